@@ -1,0 +1,94 @@
+// Group: one communicator over a set of ranks, the only way meshtrain's upper
+// layers talk to other ranks. Buffers are contiguous tensors, counts are in
+// elements, and every collective exists in a blocking and an async form
+// (async = true returns a Work to wait on; the buffers must stay alive and
+// untouched until then). Backends live in subfolders: mpi/ (host buffers;
+// device buffers staged through pinned host memory) and nccl/ (device buffers
+// on its own stream, ordered against the compute stream with events).
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/core/tensor.h"
+
+namespace mt {
+
+enum class ReduceOp { sum, avg, max, min };
+std::string_view reduce_op_name(ReduceOp op);
+ReduceOp reduce_op_from_name(std::string_view s);  // throws "[comm] ..."
+
+// Completion handle of an async collective. A default Work is already done.
+class Work {
+ public:
+  struct Impl {
+    virtual ~Impl() = default;
+    virtual void wait() = 0;  // blocks the host (MPI) or orders the compute stream (NCCL)
+    virtual bool test() = 0;  // non-blocking completion check
+  };
+  Work() = default;
+  explicit Work(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  void wait() {
+    if (impl_) impl_->wait();
+    impl_.reset();
+  }
+  bool test() { return !impl_ || impl_->test(); }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+class Group {
+ public:
+  virtual ~Group() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return int(world_ranks_.size()); }
+  const std::string& name() const { return name_; }
+  // World rank of each member, in group-rank order.
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+  std::string describe() const;  // "group 'tp' (world ranks 0,1)"
+  virtual std::string_view backend() const = 0;
+
+  // In place: t <- op over ranks of t.
+  virtual Work all_reduce(const Tensor& t, ReduceOp op, bool async = false) = 0;
+  // out (size * in.numel()) <- concatenation of every rank's in, in rank order.
+  virtual Work all_gather(const Tensor& out, const Tensor& in, bool async = false) = 0;
+  // Unequal sizes: rank r contributes counts[r] elements; out has sum(counts).
+  virtual Work all_gather_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts,
+                            bool async = false) = 0;
+  // in (size * out.numel()) reduced over ranks; rank r keeps chunk r.
+  virtual Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, bool async = false) = 0;
+  // Unequal chunks: rank r keeps counts[r] elements of the reduced in.
+  virtual Work reduce_scatter_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts,
+                                ReduceOp op, bool async = false) = 0;
+  // in and out hold size equal chunks; chunk j of in goes to rank j and
+  // arrives as chunk rank() of its out.
+  virtual Work all_to_all(const Tensor& out, const Tensor& in, bool async = false) = 0;
+  // Unequal: send_counts[j] elements (consecutive in in) to rank j,
+  // recv_counts[j] elements (consecutive in out) from rank j.
+  virtual Work all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
+                            const std::vector<int64_t>& recv_counts, bool async = false) = 0;
+  virtual Work broadcast(const Tensor& t, int root, bool async = false) = 0;
+  virtual void send(const Tensor& t, int peer) = 0;
+  virtual void recv(const Tensor& t, int peer) = 0;
+  // Sends in to rank (rank+shift) mod size, receives out from (rank-shift) mod size.
+  virtual Work ring_shift(const Tensor& out, const Tensor& in, int shift = 1, bool async = false) = 0;
+  virtual void barrier() = 0;
+
+ protected:
+  Group(std::string name, int rank, std::vector<int> world_ranks)
+      : name_(std::move(name)), rank_(rank), world_ranks_(std::move(world_ranks)) {}
+  // Shape and dtype checks shared by the backends; throw "[comm] ...".
+  void check_same(const char* op, const Tensor& a, const Tensor& b) const;
+  void check_count(const char* op, const char* what, const Tensor& t, int64_t expected) const;
+  void check_counts(const char* op, const std::vector<int64_t>& counts) const;
+
+ private:
+  std::string name_;
+  int rank_ = 0;
+  std::vector<int> world_ranks_;
+};
+
+}  // namespace mt

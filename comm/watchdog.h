@@ -1,0 +1,41 @@
+// No hangs: every collective registers with the watchdog while it is in
+// flight. A thread checks once per 100 ms; an operation older than the
+// timeout aborts the whole job after printing which collective, on which
+// group, on which rank (NCCL communicators are aborted first, then
+// MPI_Abort). A rank that dies makes its peers wait in a collective, so they
+// too end within the timeout.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace mt {
+
+class Group;
+
+void watchdog_set_timeout(double seconds);  // <= 0 disables
+double watchdog_timeout();
+// Called (on the watchdog thread) before MPI_Abort, e.g. ncclCommAbort.
+void watchdog_add_abort_hook(std::function<void()> hook);
+
+// Registers an operation; done() is polled when given (async device work),
+// otherwise the operation counts as pending until watchdog_end(id).
+uint64_t watchdog_begin(std::string op, const Group& group, std::function<bool()> done = {});
+void watchdog_end(uint64_t id);
+
+// RAII form for blocking host-side calls.
+class WatchdogScope {
+ public:
+  WatchdogScope(const char* op, const Group& g) : id_(watchdog_begin(op, g)) {}
+  ~WatchdogScope() { watchdog_end(id_); }
+  WatchdogScope(const WatchdogScope&) = delete;
+  WatchdogScope& operator=(const WatchdogScope&) = delete;
+
+ private:
+  uint64_t id_;
+};
+
+void watchdog_start();  // idempotent; started by MpiEnv
+void watchdog_stop();
+
+}  // namespace mt

@@ -1,0 +1,32 @@
+// Memory for tensors. Host memory is 64-byte aligned (Eigen and AVX like it).
+// Device memory comes from a caching allocator: freed blocks are kept in
+// size-rounded bins per device and reused, so a training step in steady state
+// never calls cudaMalloc/cudaFree (both synchronise the device).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/core/device.h"
+
+namespace mt {
+
+struct AllocatorStats {
+  size_t allocated_bytes = 0;  // in use by live tensors
+  size_t reserved_bytes = 0;   // obtained from the driver, in use or cached
+  size_t peak_allocated_bytes = 0;
+  uint64_t driver_allocs = 0;  // cudaMalloc calls so far (host: malloc calls)
+  uint64_t driver_frees = 0;
+};
+
+void* device_alloc(Device d, size_t bytes);
+void device_free(Device d, void* p, size_t bytes);
+AllocatorStats allocator_stats(Device d);
+void reset_peak_allocated(Device d);
+// Returns cached device blocks to the driver (after an out-of-memory, or at exit).
+void empty_cache(Device d);
+
+// Page-locked host memory for staging device buffers through MPI.
+void* pinned_alloc(size_t bytes);
+void pinned_free(void* p);
+
+}  // namespace mt

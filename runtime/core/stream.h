@@ -1,0 +1,59 @@
+// CUDA streams and events as move-only RAII handles. The handles are opaque
+// (void*) so that code compiled without CUDA can still name them; every
+// function throws "[cuda] ..." in a build without the CUDA backend.
+#pragma once
+#include "runtime/core/device.h"
+
+namespace mt {
+
+class Stream {
+ public:
+  Stream() = default;  // the null handle: the device's legacy default stream
+  static Stream create(int device, bool non_blocking = true);
+  ~Stream();
+  Stream(Stream&& o) noexcept : handle_(o.handle_), device_(o.device_), owned_(o.owned_) { o.owned_ = false; }
+  Stream& operator=(Stream&& o) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  void* handle() const { return handle_; }  // cudaStream_t
+  int device() const { return device_; }
+  void synchronize() const;
+  // A non-owning alias of this stream.
+  Stream borrow() const { Stream s; s.handle_ = handle_; s.device_ = device_; return s; }
+
+ private:
+  void* handle_ = nullptr;
+  int device_ = 0;
+  bool owned_ = false;
+};
+
+class Event {
+ public:
+  Event() = default;
+  static Event create(bool timing = false);
+  ~Event();
+  Event(Event&& o) noexcept : handle_(o.handle_) { o.handle_ = nullptr; }
+  Event& operator=(Event&& o) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  void* handle() const { return handle_; }  // cudaEvent_t
+  void record(const Stream& s);
+  void wait_on(const Stream& s) const;  // s waits for this event (no host block)
+  bool query() const;                   // true when complete
+  void synchronize() const;
+  float elapsed_ms(const Event& end) const;
+
+ private:
+  void* handle_ = nullptr;
+};
+
+// The stream device work of this thread is issued on (per device); by default
+// a stream created on first use, so nothing runs on the legacy default stream.
+const Stream& current_stream(int device);
+void set_current_stream(int device, Stream s);  // takes a borrowed or owned stream
+void set_device(int device);
+void device_synchronize();
+
+}  // namespace mt

@@ -1,0 +1,31 @@
+// What every subcommand shares: the parsed global options, the loaded config
+// and the process's MPI environment.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "comm/env.h"
+#include "comm/mesh.h"
+#include "runtime/io/config.h"
+
+namespace mt {
+
+struct GlobalOptions {
+  std::string config_path;             // --config
+  std::vector<std::string> overrides;  // --set a.b=c
+  std::string log_level;               // --log-level
+};
+
+struct RunContext {
+  MpiEnv* env = nullptr;
+  GlobalOptions opts;
+  Config config;
+};
+
+// Loads and validates the config on every rank (no communication), then
+// compares its hash across ranks: a mismatch names the ranks that differ.
+Config load_and_agree_config(const MpiEnv& env, const GlobalOptions& opts);
+// The device named by comm.device for this rank: cuda -> cuda:<local device>.
+Device rank_device(const MpiEnv& env, const std::string& device_name);
+
+}  // namespace mt

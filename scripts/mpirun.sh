@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# mpirun with what this kind of machine needs: --allow-run-as-root when root,
+# --oversubscribe (8 ranks on 2 cores), shared memory without ptrace (CMA is
+# not allowed in containers). Uses $MPIRUN when set (the GPU machine's packed
+# Open MPI). Usage: scripts/mpirun.sh -np 4 build/meshtrain check ...
+set -euo pipefail
+export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+export OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_hwloc_base_binding_policy=${OMPI_MCA_hwloc_base_binding_policy:-none}
+if [ -n "${MPIRUN:-}" ]; then
+  exec $MPIRUN "$@"
+fi
+args=(--oversubscribe)
+[ "$(id -u)" -eq 0 ] && args+=(--allow-run-as-root)
+exec mpirun "${args[@]}" "$@"

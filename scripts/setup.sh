@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what meshtrain needs (Debian packages; idempotent), then configures
+# and builds it in build/ (CUDA backend included whenever nvcc is found).
+#   scripts/setup.sh [--cpu-only] [BUILD_DIR]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cpu_only=0
+build="$root/build"
+for a in "$@"; do
+  case "$a" in
+    --cpu-only) cpu_only=1 ;;
+    *) build="$a" ;;
+  esac
+done
+
+pkgs=(g++ pkg-config meson ninja-build ccache openmpi-bin libopenmpi-dev libeigen3-dev libspdlog-dev
+      doctest-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev python3 python3-numpy)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# nvcc lives outside PATH in the CUDA toolkit's default place.
+if [ $cpu_only -eq 0 ] && ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+cuda_opt=auto
+[ $cpu_only -eq 1 ] && cuda_opt=disabled
+
+if [ ! -f "$build/build.ninja" ]; then
+  meson setup "$build" "$root" -Dcuda=$cuda_opt >/dev/null
+else
+  meson configure "$build" -Dcuda=$cuda_opt >/dev/null
+fi
+ninja -C "$build" | tail -n 1

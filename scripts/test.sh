@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test suite; ends with "N passed, N failed".
+#   scripts/test.sh [--full] [--no-setup]
+#     --full      longer variants (MT_TEST_FULL=1: larger sizes in the suites that have them)
+#     --no-setup  reuse build/ as it is
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+build="$root/build"
+setup=1
+for a in "$@"; do
+  case "$a" in
+    --full) export MT_TEST_FULL=1 ;;
+    --no-setup) setup=0 ;;
+    *) echo "usage: scripts/test.sh [--full] [--no-setup]" >&2; exit 2 ;;
+  esac
+done
+if [ $setup -eq 1 ]; then
+  scripts/setup.sh "$build" || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
+fi
+
+passed=0
+failed=0
+add() {  # add PASSED FAILED SUITE
+  passed=$((passed + $1))
+  failed=$((failed + $2))
+  printf '%-28s %4d passed, %d failed\n' "$3" "$1" "$2"
+}
+log_dir="$build/test-logs"
+mkdir -p "$log_dir"
+
+# Single process suite (doctest's own summary line).
+out="$log_dir/unit.log"
+timeout 600 "$build/tests/test_unit" >"$out" 2>&1
+line=$(grep -E '^\[doctest\] test cases:' "$out" | tail -n 1)
+if [ -n "$line" ]; then
+  p=$(echo "$line" | sed -E 's/.*\| *([0-9]+) passed.*/\1/')
+  f=$(echo "$line" | sed -E 's/.*\| *([0-9]+) failed.*/\1/')
+  add "$p" "$f" "unit"
+  [ "$f" -gt 0 ] && cat "$out"
+else
+  cat "$out"
+  add 0 1 "unit (crashed)"
+fi
+
+# Multi-rank suite on 1, 2, 4 and 8 ranks.
+run_mpi_suite() {  # run_mpi_suite BINARY NAME NP
+  local out="$log_dir/$2-np$3.log"
+  MT_SUITE_NAME=$2 timeout 900 scripts/mpirun.sh -np "$3" "$1" >"$out" 2>&1
+  local line
+  line=$(grep -E "^\[$2 np=$3\] [0-9]+ passed, [0-9]+ failed" "$out" | tail -n 1)
+  if [ -n "$line" ]; then
+    local p f
+    p=$(echo "$line" | sed -E 's/.*\] ([0-9]+) passed.*/\1/')
+    f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+    add "$p" "$f" "$2 np=$3"
+    [ "$f" -gt 0 ] && tail -n 60 "$out"
+  else
+    tail -n 40 "$out"
+    add 0 1 "$2 np=$3 (crashed or hung)"
+  fi
+}
+for np in 1 2 4 8; do run_mpi_suite "$build/tests/test_mpi" test_mpi $np; done
+
+# The command line end to end: config errors, the self-check, fault tests.
+out="$log_dir/cli.log"
+bash tests/cli/test_cli.sh "$build" >"$out" 2>&1
+line=$(grep -E '^cli: [0-9]+ passed, [0-9]+ failed' "$out" | tail -n 1)
+if [ -n "$line" ]; then
+  p=$(echo "$line" | sed -E 's/cli: ([0-9]+) passed.*/\1/')
+  f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+  add "$p" "$f" "cli"
+  [ "$f" -gt 0 ] && grep -E '^(FAIL|  )' "$out"
+else
+  tail -n 40 "$out"
+  add 0 1 "cli (crashed)"
+fi
+
+# GPU suite, whenever a GPU is present.
+if [ -x "$build/tests/test_gpu" ] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  run_mpi_suite "$build/tests/test_gpu" test_gpu 1
+  run_mpi_suite "$build/tests/test_gpu" test_gpu 2
+else
+  echo "gpu suite: skipped (no GPU here)"
+fi
+
+echo "logs: $log_dir"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

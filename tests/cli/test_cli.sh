@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# End-to-end tests of the meshtrain command line under mpirun: every bad
+# input gives its message and a non-zero exit on every rank count, the
+# self-check passes on 1-D, 2-D and 3-D meshes, and the fault tests end the
+# job within the timeout. Prints "cli: N passed, N failed" last.
+#   tests/cli/test_cli.sh BUILD_DIR
+set -uo pipefail
+build=${1:?usage: test_cli.sh BUILD_DIR}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+mt="$build/meshtrain"
+mpirun="$root/scripts/mpirun.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0
+failed=0
+
+ok() { passed=$((passed + 1)); echo "ok   $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
+
+# expect NAME EXIT(zero|nonzero) TEXT -- COMMAND...: runs the command, checks the exit status and that the output contains TEXT.
+expect() {
+  local name=$1 want=$2 text=$3
+  shift 4
+  local out="$tmp/out" rc
+  timeout 300 "$@" >"$out" 2>&1
+  rc=$?
+  if [ "$want" = zero ] && [ $rc -ne 0 ]; then
+    bad "$name" "exit $rc, expected 0" "$(tail -n 15 "$out")"
+    return
+  fi
+  if [ "$want" = nonzero ] && [ $rc -eq 0 ]; then
+    bad "$name" "exit 0, expected non-zero" "$(tail -n 15 "$out")"
+    return
+  fi
+  if ! grep -qF -- "$text" "$out"; then
+    bad "$name" "output lacks: $text" "$(tail -n 15 "$out")"
+    return
+  fi
+  ok "$name"
+}
+
+# Bad input: each kind, on 1 and 2 ranks.
+for np in 1 2; do
+  expect "np=$np unknown key" nonzero "[config] unknown key 'comm.timout_s'" -- \
+    "$mpirun" -np $np "$mt" --set comm.timout_s=5 check --sizes 1K
+  expect "np=$np wrong type" nonzero "comm.timeout_s" -- \
+    "$mpirun" -np $np "$mt" --set comm.timeout_s=abc check --sizes 1K
+  expect "np=$np mesh product" nonzero "[mesh] mesh tp=3 has 3 ranks but the job has $np" -- \
+    "$mpirun" -np $np "$mt" check --mesh tp=3 --sizes 1K
+  expect "np=$np config mesh product" nonzero "but the job has $np ranks" -- \
+    "$mpirun" -np $np "$mt" --set parallel.tp=4 check --sizes 1K
+  expect "np=$np missing config file" nonzero "$tmp/nope.yaml" -- \
+    "$mpirun" -np $np "$mt" --config "$tmp/nope.yaml" check
+  expect "np=$np bad size" nonzero "[check] bad size '3X'" -- \
+    "$mpirun" -np $np "$mt" check --sizes 3X
+done
+# Ranks that read different configs are stopped at the first collective.
+expect "config differs across ranks" nonzero "read a different config than rank 0" -- \
+  "$mpirun" -np 1 "$mt" --set comm.timeout_s=30 check --sizes 1K : -np 1 "$mt" --set comm.timeout_s=31 check --sizes 1K
+
+# The self-check passes on 1-D, 2-D and 3-D meshes and prints bus bandwidth.
+expect "check np=1" zero "check passed" -- "$mpirun" -np 1 "$mt" check --sizes 1K:4K --iters 2
+expect "check np=2 1-D" zero "check passed" -- "$mpirun" -np 2 "$mt" check --sizes 1K:8K --iters 2
+expect "check np=4 2-D" zero "busbw_GB/s" -- "$mpirun" -np 4 "$mt" check --mesh dp_shard=2,tp=2 --sizes 4K --iters 2
+expect "check np=8 3-D" zero "check passed" -- \
+  "$mpirun" -np 8 "$mt" check --mesh dp_replicate=2,dp_shard=2,tp=-1 --sizes 1K --iters 1 --warmup 0
+expect "check json" zero "check passed" -- "$mpirun" -np 2 "$mt" check --sizes 1K --iters 1 --json "$tmp/c.json"
+if [ -f "$tmp/c.json" ] && grep -q '"op":"all_reduce"' "$tmp/c.json" && grep -q '"ok":true' "$tmp/c.json"; then
+  ok "check json content"
+else
+  bad "check json content" "missing or wrong: $tmp/c.json"
+fi
+
+# No hangs: a rank that never joins the collective, and a rank that dies.
+start=$(date +%s)
+expect "fault: stalled rank times out with the collective named" nonzero "[comm] timeout: all_reduce on group 'world'" -- \
+  "$mpirun" -np 3 "$build/tests/test_fault" stall 3
+took=$(( $(date +%s) - start ))
+if [ $took -le 30 ]; then ok "fault: stall ends within timeout + margin (${took}s)"; else bad "fault: stall took ${took}s"; fi
+start=$(date +%s)
+expect "fault: dead rank ends the job non-zero" nonzero "" -- "$mpirun" -np 3 "$build/tests/test_fault" exit 3
+took=$(( $(date +%s) - start ))
+if [ $took -le 30 ]; then ok "fault: dead rank ends within timeout + margin (${took}s)"; else bad "fault: exit took ${took}s"; fi
+
+echo "cli: $passed passed, $failed failed"
+[ $failed -eq 0 ]

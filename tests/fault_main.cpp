@@ -1,0 +1,30 @@
+// The program the fault tests run under mpirun: every rank enters an
+// all_reduce on the world, except the last rank, which either exits at once
+// (--mode exit) or sleeps far past the timeout (--mode stall). The job must
+// end non-zero within the timeout plus a few seconds, with the watchdog's
+// message naming the collective, the group and the rank.
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "comm/env.h"
+#include "comm/mesh.h"
+#include "comm/watchdog.h"
+#include "runtime/core/log.h"
+
+int main(int argc, char** argv) {
+  mt::MpiEnv env(&argc, &argv);
+  mt::init_logging(env.rank());
+  const char* mode = argc > 1 ? argv[1] : "stall";
+  double timeout = argc > 2 ? std::atof(argv[2]) : 3.0;
+  mt::watchdog_set_timeout(timeout);
+  mt::DeviceMesh mesh = mt::DeviceMesh::create({{"dp_replicate", env.size()}});
+  if (env.rank() == env.size() - 1) {
+    if (std::strcmp(mode, "exit") == 0) std::_Exit(3);
+    std::this_thread::sleep_for(std::chrono::seconds(600));
+  }
+  mt::Tensor t = mt::zeros({16}, mt::DType::f32);
+  mesh.group("world").all_reduce(t, mt::ReduceOp::sum);
+  return 0;
+}

@@ -1,0 +1,84 @@
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include "../check_error.h"
+#include "comm/mesh.h"
+
+using namespace mt;
+
+namespace {
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+}  // namespace
+
+TEST_CASE("mesh coordinates are row-major with the last dim innermost") {
+  int n = world_size();
+  if (n < 4 || n % 2) return;
+  DeviceMesh mesh = DeviceMesh::create({{"dp_shard", n / 2}, {"tp", 2}});
+  int r = world_rank();
+  CHECK(mesh.coordinate() == std::vector<int>{r / 2, r % 2});
+  CHECK(mesh.world_rank_of(mesh.coordinate()) == r);
+  // tp neighbours are consecutive ranks; dp_shard members stride by 2.
+  CHECK(mesh.group("tp").world_ranks() == std::vector<int>{r - r % 2, r - r % 2 + 1});
+  CHECK(mesh.group("tp").rank() == r % 2);
+  CHECK(mesh.group("dp_shard").world_ranks()[1] - mesh.group("dp_shard").world_ranks()[0] == 2);
+  CHECK(mesh.group("dp").size() == n / 2);  // only dp_shard exists
+  CHECK(mesh.group("world").size() == n);
+  CHECK(mesh.group("world").rank() == r);
+}
+
+TEST_CASE("3-D mesh: dp flattens dp_replicate x dp_shard, named sets flatten in mesh order") {
+  if (world_size() != 8) return;
+  DeviceMesh mesh = DeviceMesh::create({{"dp_replicate", 2}, {"dp_shard", 2}, {"tp", 2}});
+  int r = world_rank();
+  Group& dp = mesh.group("dp");
+  CHECK(dp.size() == 4);
+  CHECK(dp.rank() == r / 2);
+  std::vector<int> expect;
+  for (int i = 0; i < 4; ++i) expect.push_back(i * 2 + r % 2);
+  CHECK(dp.world_ranks() == expect);
+  Group& st = mesh.group("tp,dp_shard");  // order given does not matter
+  CHECK(st.size() == 4);
+  CHECK(st.world_ranks()[0] == (r / 4) * 4);
+  // A sum over dp equals the sum of the dp members' world ranks.
+  Tensor t = from_values({double(r)}, {1}, DType::i64);
+  dp.all_reduce(t, ReduceOp::sum);
+  int64_t s = 0;
+  for (int w : expect) s += w;
+  CHECK(t.at<int64_t>(0) == s);
+}
+
+TEST_CASE("mesh errors") {
+  int n = world_size();
+  CHECK_ERROR_CONTAINS(DeviceMesh::create({{"tp", n + 1}}), "has " + std::to_string(n + 1) + " ranks but the job has");
+  DeviceMesh m = DeviceMesh::create({{"dp_replicate", n}});
+  CHECK_ERROR_CONTAINS(m.group("cp"), "[mesh] mesh dp_replicate=" + std::to_string(n) + " has no dim 'cp'");
+  CHECK_ERROR_CONTAINS(m.group(3), "out of range");
+  MeshOptions o;
+  o.backend = "nccl";
+  CHECK_ERROR_CONTAINS(DeviceMesh::create({{"dp_replicate", n}}, o), "the nccl backend needs device cuda");
+  o.backend = "gloo";
+  CHECK_ERROR_CONTAINS(DeviceMesh::create({{"dp_replicate", n}}, o), "unknown comm backend 'gloo'");
+}
+
+TEST_CASE("the mesh table lists every rank on rank 0") {
+  int n = world_size();
+  DeviceMesh m = DeviceMesh::create({{"dp_replicate", n}});
+  std::string t = m.table();
+  if (world_rank() == 0) {
+    CHECK(t.find("dp_replicate=" + std::to_string(n)) != std::string::npos);
+    int lines = 0;
+    for (char c : t) lines += c == '\n';
+    CHECK(lines == n + 2);
+  } else {
+    CHECK(t.empty());
+  }
+}
