@@ -10,6 +10,7 @@
 
 #include "comm/mpi/mpi_group.h"
 #include "comm/nccl/nccl_group.h"
+#include "comm/watchdog.h"
 #include "runtime/core/error.h"
 
 namespace mt {
@@ -119,7 +120,10 @@ struct DeviceMesh::Impl {
       ranks.push_back(ravel(c));
     }
     MPI_Comm comm;
-    MT_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm));
+    {
+      WatchdogScope w("MPI_Comm_split", fmt::format("making group '{}' of mesh {}", name, mesh_str(dims)));
+      MT_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm));
+    }
     if (backend == "nccl") return make_nccl_group(comm, name, ranks, opts.device.index);
     return make_mpi_group(comm, name, ranks);
   }

@@ -42,12 +42,12 @@ State& state() {
   return s;
 }
 
-[[noreturn]] void fire(const Pending& p, double waited) {
+[[noreturn]] void fire(const Pending& p, double limit) {
   auto& s = state();
   std::string msg = fmt::format(
       "[comm] timeout: {} on {} did not finish within {:g} s (comm.timeout_s) on rank {} (host {}); a peer is "
       "missing, dead or stuck; aborting the job",
-      p.op, p.group, waited, process_rank(), process_host());
+      p.op, p.group, limit, process_rank(), process_host());
   std::fprintf(stderr, "%s\n", msg.c_str());
   std::fflush(stderr);
   std::vector<std::function<void()>> hooks;
@@ -80,8 +80,9 @@ void loop() {
       double waited = std::chrono::duration<double>(now - it->second.start).count();
       if (s.timeout_s > 0 && waited > s.timeout_s) {
         Pending p = it->second;
+        double limit = s.timeout_s;
         lock.unlock();
-        fire(p, waited);
+        fire(p, limit);
       }
       ++it;
     }
@@ -104,12 +105,16 @@ void watchdog_add_abort_hook(std::function<void()> hook) {
   state().abort_hooks.push_back(std::move(hook));
 }
 
-uint64_t watchdog_begin(std::string op, const Group& group, std::function<bool()> done) {
+uint64_t watchdog_begin(std::string op, std::string where, std::function<bool()> done) {
   auto& s = state();
   std::lock_guard lock(s.mu);
   uint64_t id = s.next_id++;
-  s.pending.emplace(id, Pending{std::move(op), group.describe(), Clock::now(), std::move(done)});
+  s.pending.emplace(id, Pending{std::move(op), std::move(where), Clock::now(), std::move(done)});
   return id;
+}
+
+uint64_t watchdog_begin(std::string op, const Group& group, std::function<bool()> done) {
+  return watchdog_begin(std::move(op), group.describe(), std::move(done));
 }
 
 void watchdog_end(uint64_t id) {

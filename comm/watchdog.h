@@ -21,12 +21,15 @@ void watchdog_add_abort_hook(std::function<void()> hook);
 // Registers an operation; done() is polled when given (async device work),
 // otherwise the operation counts as pending until watchdog_end(id).
 uint64_t watchdog_begin(std::string op, const Group& group, std::function<bool()> done = {});
+// The same for operations that are not on a Group yet (making one is collective too).
+uint64_t watchdog_begin(std::string op, std::string where, std::function<bool()> done = {});
 void watchdog_end(uint64_t id);
 
 // RAII form for blocking host-side calls.
 class WatchdogScope {
  public:
   WatchdogScope(const char* op, const Group& g) : id_(watchdog_begin(op, g)) {}
+  WatchdogScope(const char* op, std::string where) : id_(watchdog_begin(op, std::move(where))) {}
   ~WatchdogScope() { watchdog_end(id_); }
   WatchdogScope(const WatchdogScope&) = delete;
   WatchdogScope& operator=(const WatchdogScope&) = delete;

@@ -20,11 +20,14 @@ int main(int argc, char** argv) {
   double timeout = argc > 2 ? std::atof(argv[2]) : 3.0;
   mt::watchdog_set_timeout(timeout);
   mt::DeviceMesh mesh = mt::DeviceMesh::create({{"dp_replicate", env.size()}});
+  // "split": the missing rank never joins the creation of a group (itself collective).
+  if (std::strcmp(mode, "split") == 0 && env.rank() != env.size() - 1) mesh.group("world");
   if (env.rank() == env.size() - 1) {
     if (std::strcmp(mode, "exit") == 0) std::_Exit(3);
+    if (std::strcmp(mode, "split") == 0) std::this_thread::sleep_for(std::chrono::seconds(600));
     std::this_thread::sleep_for(std::chrono::seconds(600));
   }
   mt::Tensor t = mt::zeros({16}, mt::DType::f32);
-  mesh.group("world").all_reduce(t, mt::ReduceOp::sum);
+  mesh.group(0).all_reduce(t, mt::ReduceOp::sum);
   return 0;
 }

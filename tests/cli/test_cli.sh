@@ -73,10 +73,12 @@ fi
 
 # No hangs: a rank that never joins the collective, and a rank that dies.
 start=$(date +%s)
-expect "fault: stalled rank times out with the collective named" nonzero "[comm] timeout: all_reduce on group 'world'" -- \
+expect "fault: stalled rank times out with the collective named" nonzero "[comm] timeout: all_reduce on group 'dp_replicate' (world ranks 0,1,2) did not finish within 3 s" -- \
   "$mpirun" -np 3 "$build/tests/test_fault" stall 3
 took=$(( $(date +%s) - start ))
 if [ $took -le 30 ]; then ok "fault: stall ends within timeout + margin (${took}s)"; else bad "fault: stall took ${took}s"; fi
+expect "fault: stalled group creation times out" nonzero "[comm] timeout: MPI_Comm_split on making group 'world'" -- \
+  "$mpirun" -np 3 "$build/tests/test_fault" split 3
 start=$(date +%s)
 expect "fault: dead rank ends the job non-zero" nonzero "" -- "$mpirun" -np 3 "$build/tests/test_fault" exit 3
 took=$(( $(date +%s) - start ))

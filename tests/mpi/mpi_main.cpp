@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   ctx.applyCommandLine(argc, argv);
   ctx.setOption("minimal", true);  // failures only; the summary comes from rank 0 below
   ctx.setOption("no-version", true);
+  ctx.setOption("no-colors", true);
   int rc = ctx.run();
   if (ctx.shouldExit()) return rc;
 
