@@ -15,9 +15,8 @@ int process_rank() { return g_rank; }
 const std::string& process_host() { return g_host; }
 
 std::string where(const char* file, int line) {
-  std::string s = fmt::format("{}:{}", file, line);
-  if (g_rank >= 0) s += fmt::format(", rank {} on host {}", g_rank, g_host);
-  return s;
+  if (g_rank < 0) return fmt::format("{}:{}", file, line);
+  return fmt::format("{}:{}, rank {} on host {}", file, line, g_rank, g_host);
 }
 
 }  // namespace mt
