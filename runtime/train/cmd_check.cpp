@@ -266,12 +266,12 @@ int run_check_command(const RunContext& ctx, const CheckArgs& args) {
         MPI_Allreduce(&bad, &bad_all, 1, MPI_INT64_T, MPI_SUM, comm);
         if (bad_all) ++failures;
         double t = median(ours), tb = median(theirs);
-        int64_t moved = count * 4;
+        int64_t moved = op == "barrier" ? 0 : count * 4;
         double alg = op == "barrier" ? 0 : double(moved) / t / 1e9, bus = alg * bus_factor(op, n);
         double mpi_bus = bare && tb > 0 && op != "barrier" ? double(moved) / tb / 1e9 * bus_factor(op, n) : 0;
         double ratio = bare && t > 0 ? tb / t : 0;
         if (env.rank() == 0) {
-          std::printf("%10s %12.1f %11.3f %11.3f", human_bytes(moved).c_str(), t * 1e6, alg, bus);
+          std::printf("%10s %12.1f %11.3f %11.3f", op == "barrier" ? "-" : human_bytes(moved).c_str(), t * 1e6, alg, bus);
           if (bare) std::printf(" %11.3f %7.3f", mpi_bus, ratio);
           std::printf("  %s\n", bad_all ? "WRONG" : "ok");
           std::fflush(stdout);

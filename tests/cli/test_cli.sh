@@ -48,7 +48,7 @@ for np in 1 2; do
   expect "np=$np mesh product" nonzero "[mesh] mesh tp=3 has 3 ranks but the job has $np" -- \
     "$mpirun" -np $np "$mt" check --mesh tp=3 --sizes 1K
   expect "np=$np config mesh product" nonzero "but the job has $np ranks" -- \
-    "$mpirun" -np $np "$mt" --set parallel.tp=4 check --sizes 1K
+    "$mpirun" -np $np "$mt" --set parallel.dp_replicate=1 --set parallel.tp=4 check --sizes 1K
   expect "np=$np missing config file" nonzero "$tmp/nope.yaml" -- \
     "$mpirun" -np $np "$mt" --config "$tmp/nope.yaml" check
   expect "np=$np bad size" nonzero "[check] bad size '3X'" -- \

@@ -1,0 +1,293 @@
+#include "runtime/io/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <type_traits>
+
+#include "runtime/core/error.h"
+
+namespace mt {
+
+namespace {
+
+// A section is anything with visit(); probe it with a visitor that accepts any key.
+struct ProbeVisitor {
+  template <class F> void operator()(const char*, F&, const char*) {}
+};
+template <class T> constexpr bool is_section_v = requires(T& t, ProbeVisitor& p) { t.visit(p); };
+
+std::string join_path(const std::string& prefix, const std::string& key) {
+  return prefix.empty() ? key : prefix + "." + key;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string describe_node(const YAML::Node& n) {
+  if (n.IsMap()) return "a map";
+  if (n.IsSequence()) return "a list";
+  if (n.IsNull()) return "nothing";
+  return "'" + n.Scalar() + "'";
+}
+
+template <class T> T scalar_as(const YAML::Node& n, const std::string& path, const char* expected) {
+  if (!n.IsScalar()) fail("config", "{}: expected {}, got {}", path, expected, describe_node(n));
+  try {
+    return n.as<T>();
+  } catch (const YAML::Exception&) {
+    fail("config", "{}: expected {}, got {}", path, expected, describe_node(n));
+  }
+}
+
+void read_value(const YAML::Node& n, const std::string& path, int& out) { out = scalar_as<int>(n, path, "an integer"); }
+[[maybe_unused]] void read_value(const YAML::Node& n, const std::string& path, int64_t& out) {
+  out = scalar_as<int64_t>(n, path, "an integer");
+}
+void read_value(const YAML::Node& n, const std::string& path, double& out) {
+  out = scalar_as<double>(n, path, "a number");
+}
+[[maybe_unused]] void read_value(const YAML::Node& n, const std::string& path, bool& out) {
+  out = scalar_as<bool>(n, path, "true or false");
+}
+void read_value(const YAML::Node& n, const std::string& path, std::string& out) {
+  out = n.IsNull() ? std::string() : scalar_as<std::string>(n, path, "a string");
+}
+template <class T> void read_list(const YAML::Node& n, const std::string& path, std::vector<T>& out) {
+  if (n.IsNull()) {
+    out.clear();
+    return;
+  }
+  if (!n.IsSequence()) fail("config", "{}: expected a list, got {}", path, describe_node(n));
+  out.clear();
+  for (size_t i = 0; i < n.size(); ++i) {
+    T v{};
+    read_value(n[i], fmt::format("{}[{}]", path, i), v);
+    out.push_back(v);
+  }
+}
+void read_value(const YAML::Node& n, const std::string& path, std::vector<double>& out) { read_list(n, path, out); }
+[[maybe_unused]] void read_value(const YAML::Node& n, const std::string& path, std::vector<std::string>& out) {
+  read_list(n, path, out);
+}
+
+struct Reader {
+  const YAML::Node& node;
+  std::string path;
+  const std::set<std::string>& from_set;  // key paths given by --set
+  std::vector<std::string> known;
+
+  template <class T> void operator()(const char* key, T& field, const char*) {
+    known.push_back(key);
+    const YAML::Node n = node[key];
+    if (!n) return;
+    std::string p = join_path(path, key);
+    if constexpr (is_section_v<T>) {
+      read_section(n, p, field, from_set);
+    } else {
+      read_value(n, p, field);
+    }
+  }
+
+  template <class S>
+  static void read_section(const YAML::Node& n, const std::string& path, S& section, const std::set<std::string>& from_set) {
+    if (n.IsNull()) return;  // "log:" with nothing under it keeps the defaults
+    if (!n.IsMap())
+      fail("config", "{}: expected a map of keys, got {}", path.empty() ? "the top level" : path, describe_node(n));
+    Reader r{n, path, from_set, {}};
+    section.visit(r);
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      std::string key = it->first.as<std::string>();
+      if (std::find(r.known.begin(), r.known.end(), key) != r.known.end()) continue;
+      std::string full = join_path(path, key);
+      std::string names;
+      std::string best;
+      size_t best_d = 1000;
+      for (auto& k : r.known) {
+        names += (names.empty() ? "" : ", ") + k;
+        size_t d = edit_distance(key, k);
+        if (d < best_d) best_d = d, best = k;
+      }
+      std::string hint = best_d <= std::max<size_t>(2, key.size() / 3) ? fmt::format("; did you mean '{}'?", best) : "";
+      fail("config", "unknown key '{}'{} (known keys in '{}': {}){}", full, from_set.count(full) ? " given by --set" : "",
+           path.empty() ? "the top level" : path, names, hint);
+    }
+  }
+};
+
+struct Writer {
+  YAML::Emitter& out;
+  template <class T> void operator()(const char* key, T& field, const char*) {
+    out << YAML::Key << key << YAML::Value;
+    if constexpr (is_section_v<T>) {
+      out << YAML::BeginMap;
+      field.visit(*this);
+      out << YAML::EndMap;
+    } else if constexpr (std::is_same_v<T, std::vector<double>> || std::is_same_v<T, std::vector<std::string>>) {
+      out << YAML::Flow << YAML::BeginSeq;
+      for (auto& x : field) out << x;
+      out << YAML::EndSeq;
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      out << YAML::DoubleQuoted << field;
+    } else {
+      out << field;
+    }
+  }
+};
+
+template <class T> void require_one_of(const std::string& key, const T& value, std::initializer_list<T> allowed) {
+  for (auto& a : allowed)
+    if (a == value) return;
+  std::string names;
+  for (auto& a : allowed) names += (names.empty() ? "'" : ", '") + fmt::format("{}", a) + "'";
+  fail("config", "{} = '{}': expected one of {}", key, value, names);
+}
+
+void validate(const Config& c) {
+  const auto& p = c.parallel;
+  int inferred = 0;
+  for (auto [key, v] : {std::pair{"dp_replicate", p.dp_replicate}, {"dp_shard", p.dp_shard}, {"cp", p.cp}, {"tp", p.tp}}) {
+    if (v == -1) ++inferred;
+    else if (v < 1) fail("config", "parallel.{} = {}: expected a size >= 1, or -1 for the remaining ranks", key, v);
+  }
+  if (inferred > 1) fail("config", "parallel: only one of dp_replicate, dp_shard, cp, tp may be -1 ({} are)", inferred);
+  if (!(c.comm.timeout_s > 0)) fail("config", "comm.timeout_s = {}: expected a number of seconds > 0", c.comm.timeout_s);
+  require_one_of<std::string>("comm.backend", c.comm.backend, {"auto", "mpi", "nccl"});
+  require_one_of<std::string>("comm.device", c.comm.device, {"cpu", "cuda"});
+  for (size_t i = 0; i < c.comm.link_gbps.size(); ++i)
+    if (!(c.comm.link_gbps[i] > 0))
+      fail("config", "comm.link_gbps[{}] = {}: expected a bandwidth in GB/s > 0", i, c.comm.link_gbps[i]);
+  require_one_of<std::string>("log.level", c.log.level, {"", "trace", "debug", "info", "warn", "error", "off"});
+  if (c.log.interval < 1) fail("config", "log.interval = {}: expected a number of steps >= 1", c.log.interval);
+}
+
+// "a.b=c": the value parsed as YAML, placed at a.b (maps made as needed).
+void apply_override(YAML::Node& root, const std::string& ov, std::set<std::string>& from_set) {
+  auto eq = ov.find('=');
+  if (eq == std::string::npos || eq == 0)
+    fail("config", "bad --set '{}': expected key.path=value, e.g. --set comm.timeout_s=60", ov);
+  std::string key = ov.substr(0, eq), value = ov.substr(eq + 1);
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  std::string part;
+  while (std::getline(ss, part, '.')) {
+    if (part.empty()) fail("config", "bad --set '{}': empty part in key '{}'", ov, key);
+    parts.push_back(part);
+  }
+  YAML::Node parsed;
+  try {
+    parsed = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    fail("config", "bad --set '{}': the value is not valid YAML ({})", ov, e.msg);
+  }
+  from_set.insert(key);
+  YAML::Node cur;
+  cur.reset(root);
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (cur[parts[i]] && !cur[parts[i]].IsMap() && !cur[parts[i]].IsNull())
+      fail("config", "bad --set '{}': '{}' is not a section", ov, parts[i]);
+    YAML::Node next = cur[parts[i]];
+    cur.reset(next);
+  }
+  cur[parts.back()] = parsed;
+}
+
+Config from_node(YAML::Node root, const std::vector<std::string>& overrides) {
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  std::set<std::string> from_set;
+  for (auto& ov : overrides) apply_override(root, ov, from_set);
+  Config c;
+  Reader::read_section(root, "", c, from_set);
+  validate(c);
+  return c;
+}
+
+}  // namespace
+
+Config config_from_yaml_string(const std::string& yaml, const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::ParserException& e) {
+    fail("config", "YAML error at line {}, column {}: {}", e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+  return from_node(root, overrides);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (path.empty()) return from_node(YAML::Node(), overrides);
+  std::ifstream in(path);
+  if (!in) fail("config", "cannot read config file '{}': {}", path, std::strerror(errno));
+  YAML::Node root;
+  try {
+    root = YAML::Load(in);
+  } catch (const YAML::ParserException& e) {
+    fail("config", "{}: YAML error at line {}, column {}: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+  try {
+    return from_node(root, overrides);
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    // Name the file: "[config] configs/x.yaml: comm.timeout_s ...".
+    throw Error("[config] " + path + ": " + msg.substr(std::string("[config] ").size()));
+  }
+}
+
+std::string config_to_yaml(const Config& c) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  Writer w{out};
+  const_cast<Config&>(c).visit(w);
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+uint64_t config_hash(const Config& c) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : config_to_yaml(c)) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::vector<int> resolve_mesh_sizes(const ParallelConfig& p, int world_size) {
+  std::vector<int> s{p.dp_replicate, p.dp_shard, p.cp, p.tp};
+  const char* names[] = {"dp_replicate", "dp_shard", "cp", "tp"};
+  int known = 1, infer = -1;
+  for (int i = 0; i < 4; ++i) {
+    if (s[size_t(i)] == -1) infer = i;
+    else known *= s[size_t(i)];
+  }
+  if (infer >= 0) {
+    if (world_size % known != 0)
+      fail("config", "parallel.{} = -1: the other sizes multiply to {}, which does not divide the job's {} ranks",
+           names[infer], known, world_size);
+    s[size_t(infer)] = world_size / known;
+  }
+  int prod = s[0] * s[1] * s[2] * s[3];
+  if (prod != world_size)
+    fail("config", "parallel: dp_replicate*dp_shard*cp*tp = {}*{}*{}*{} = {} but the job has {} ranks", s[0], s[1], s[2],
+         s[3], prod, world_size);
+  return s;
+}
+
+void require_divisible(const std::string& key, int64_t value, const std::string& by_key, int64_t by) {
+  if (by <= 0 || value % by != 0) fail("config", "{} = {} must be divisible by {} = {}", key, value, by_key, by);
+}
+
+}  // namespace mt

@@ -1,0 +1,104 @@
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "check_error.h"
+#include "runtime/io/config.h"
+
+using namespace mt;
+
+TEST_CASE("config defaults") {
+  Config c = config_from_yaml_string("");
+  CHECK(c.parallel.tp == 1);
+  CHECK(c.comm.timeout_s == 600);
+  CHECK(c.comm.backend == "auto");
+  CHECK(c.log.interval == 10);
+  CHECK(resolve_mesh_sizes(c.parallel, 1) == std::vector<int>{1, 1, 1, 1});
+}
+
+TEST_CASE("a full file parses, and the example config is valid") {
+  Config c = config_from_yaml_string(R"(
+parallel: {dp_replicate: 2, dp_shard: -1, cp: 1, tp: 2}
+comm: {timeout_s: 30.5, backend: mpi, device: cpu, link_gbps: [25, 100]}
+log: {level: debug, interval: 5, metrics_file: m.jsonl}
+)");
+  CHECK(c.parallel.dp_shard == -1);
+  CHECK(c.comm.link_gbps == std::vector<double>{25, 100});
+  CHECK(c.log.metrics_file == "m.jsonl");
+  CHECK(resolve_mesh_sizes(c.parallel, 8) == std::vector<int>{2, 2, 1, 2});
+  Config ex = load_config(MT_SOURCE_DIR "/configs/check.yaml", {});
+  CHECK(ex.parallel.tp == 2);
+}
+
+TEST_CASE("unknown keys are named, with the known ones and a suggestion") {
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timout_s: 3}"),
+                       "[config] unknown key 'comm.timout_s' (known keys in 'comm': timeout_s, backend, device, link_gbps); did you mean 'timeout_s'?");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("parralel: {tp: 2}"), "unknown key 'parralel'");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("parralel: {tp: 2}"), "did you mean 'parallel'?");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("zzzzzzzz: 1"), "known keys in 'the top level': parallel, comm, log)");
+}
+
+TEST_CASE("wrong types name the key, the value and what was expected") {
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timeout_s: abc}"),
+                       "[config] comm.timeout_s: expected a number, got 'abc'");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("parallel: {tp: 2.5}"), "parallel.tp: expected an integer, got '2.5'");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {link_gbps: 5}"), "comm.link_gbps: expected a list, got '5'");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {link_gbps: [1, x]}"), "comm.link_gbps[1]: expected a number, got 'x'");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: 5"), "comm: expected a map of keys, got '5'");
+}
+
+TEST_CASE("impossible values") {
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {backend: gloo}"),
+                       "comm.backend = 'gloo': expected one of 'auto', 'mpi', 'nccl'");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timeout_s: 0}"), "comm.timeout_s = 0: expected a number of seconds > 0");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {link_gbps: [10, -1]}"), "comm.link_gbps[1] = -1");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("log: {interval: 0}"), "log.interval = 0");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("parallel: {tp: 0}"), "parallel.tp = 0: expected a size >= 1");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("parallel: {tp: -1, cp: -1}"), "only one of dp_replicate, dp_shard, cp, tp may be -1");
+  Config c = config_from_yaml_string("parallel: {dp_replicate: 2, cp: 2, tp: 2}");
+  CHECK_ERROR_CONTAINS(resolve_mesh_sizes(c.parallel, 4),
+                       "parallel: dp_replicate*dp_shard*cp*tp = 2*1*2*2 = 8 but the job has 4 ranks");
+  Config d = config_from_yaml_string("parallel: {dp_replicate: -1, tp: 3}");
+  CHECK_ERROR_CONTAINS(resolve_mesh_sizes(d.parallel, 8), "the other sizes multiply to 3, which does not divide the job's 8 ranks");
+  CHECK_ERROR_CONTAINS(require_divisible("training.batch_size", 10, "dp", 4),
+                       "[config] training.batch_size = 10 must be divisible by dp = 4");
+  require_divisible("training.batch_size", 12, "dp", 4);  // no throw
+}
+
+TEST_CASE("--set overrides any key, lists and nested ints included") {
+  Config c = config_from_yaml_string("parallel: {tp: 2}", {"parallel.tp=4", "comm.link_gbps=[100,25]", "log.level=warn"});
+  CHECK(c.parallel.tp == 4);
+  CHECK(c.comm.link_gbps == std::vector<double>{100, 25});
+  CHECK(c.log.level == "warn");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("", {"parallel.tp"}), "bad --set 'parallel.tp': expected key.path=value");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("", {"comm.timout_s=3"}), "unknown key 'comm.timout_s' given by --set");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("", {"comm..x=3"}), "empty part in key");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("", {"comm.timeout_s.x=3"}), "comm.timeout_s: expected a number, got a map");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timeout_s: 3}", {"comm.timeout_s.x=3"}), "'timeout_s' is not a section");
+}
+
+TEST_CASE("files: missing, unparsable with line, and errors name the file") {
+  CHECK_ERROR_CONTAINS(load_config("/nonexistent/x.yaml", {}), "cannot read config file '/nonexistent/x.yaml'");
+  std::string path = "/tmp/meshtrain_test_config.yaml";
+  {
+    std::ofstream f(path);
+    f << "comm:\n  timeout_s: 5\n  backend: [unclosed\n";
+  }
+  CHECK_ERROR_CONTAINS(load_config(path, {}), path + ": YAML error at line ");
+  {
+    std::ofstream f(path);
+    f << "comm:\n  timeout_s: five\n";
+  }
+  CHECK_ERROR_CONTAINS(load_config(path, {}), "[config] " + path + ": comm.timeout_s: expected a number, got 'five'");
+  std::remove(path.c_str());
+}
+
+TEST_CASE("canonical YAML round-trips to the same hash; different configs hash differently") {
+  Config a = config_from_yaml_string("comm: {link_gbps: [1.5, 2]}\nlog: {metrics_file: 'a b'}");
+  Config b = config_from_yaml_string(config_to_yaml(a));
+  CHECK(config_hash(a) == config_hash(b));
+  CHECK(config_to_yaml(a) == config_to_yaml(b));
+  Config c = config_from_yaml_string("", {"comm.timeout_s=31"});
+  CHECK(config_hash(c) != config_hash(config_from_yaml_string("")));
+}
