@@ -1,0 +1,388 @@
+// The CUDA backend of runtime/core: streams and events (stream.h), the few
+// runtime calls the device-independent code needs (cuda_backend.h), the
+// caching device allocator, and the CUDA/cuBLAS error formatting of error.h.
+// Compiled only when CUDA is built (cuda_stub.cpp stands in otherwise).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/core/cuda_backend.h"
+#include "runtime/core/error.h"
+#include "runtime/core/stream.h"
+
+namespace mt {
+
+// ---------------------------------------------------------------- errors
+
+void fail_cuda(int code, const char* call, const char* file, int line) {
+  auto e = static_cast<cudaError_t>(code);
+  throw Error(fmt::format("[cuda] {} failed: {}: {} at {}", call, cudaGetErrorName(e), cudaGetErrorString(e),
+                          where(file, line)));
+}
+
+void fail_cublas(int code, const char* call, const char* file, int line) {
+  auto s = static_cast<cublasStatus_t>(code);
+  throw Error(fmt::format("[cublas] {} failed: {}: {} at {}", call, cublasGetStatusName(s), cublasGetStatusString(s),
+                          where(file, line)));
+}
+
+// ---------------------------------------------------------------- devices
+
+bool cuda_built() { return true; }
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the error so later calls do not see it
+    return 0;
+  }
+  return n;
+}
+
+void set_device(int device) { MT_CUDA_CHECK(cudaSetDevice(device)); }
+
+void device_synchronize() { MT_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+namespace {
+
+// Makes device the current one for a scope, restoring the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    MT_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != device) MT_CUDA_CHECK(cudaSetDevice(device));
+    else prev_ = -1;
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) (void)cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+void check_device_index(int device) {
+  int n = cuda_device_count();
+  MT_CHECK(device >= 0 && device < n, "cuda", "device cuda:{} does not exist ({} visible CUDA device{})", device, n,
+           n == 1 ? "" : "s");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- streams
+
+Stream Stream::create(int device, bool non_blocking) {
+  check_device_index(device);
+  DeviceGuard g(device);
+  cudaStream_t s = nullptr;
+  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, non_blocking ? cudaStreamNonBlocking : cudaStreamDefault));
+  Stream r;
+  r.handle_ = s;
+  r.device_ = device;
+  r.owned_ = true;
+  return r;
+}
+
+Stream::~Stream() {
+  // Errors are ignored: at process exit the runtime may already be unloading.
+  if (owned_ && handle_) (void)cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
+}
+
+Stream& Stream::operator=(Stream&& o) noexcept {
+  if (this != &o) {
+    if (owned_ && handle_) (void)cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
+    handle_ = o.handle_;
+    device_ = o.device_;
+    owned_ = o.owned_;
+    o.owned_ = false;
+  }
+  return *this;
+}
+
+void Stream::synchronize() const {
+  DeviceGuard g(device_);
+  MT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
+}
+
+Event Event::create(bool timing) {
+  cudaEvent_t e = nullptr;
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+  Event r;
+  r.handle_ = e;
+  return r;
+}
+
+Event::~Event() {
+  if (handle_) (void)cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+}
+
+Event& Event::operator=(Event&& o) noexcept {
+  if (this != &o) {
+    if (handle_) (void)cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+    handle_ = o.handle_;
+    o.handle_ = nullptr;
+  }
+  return *this;
+}
+
+void Event::record(const Stream& s) {
+  MT_CHECK(handle_, "cuda", "record on an empty Event (make one with Event::create)");
+  MT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(s.handle())));
+}
+
+void Event::wait_on(const Stream& s) const {
+  if (!handle_) return;  // an empty event is complete
+  MT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(s.handle()), static_cast<cudaEvent_t>(handle_), 0));
+}
+
+bool Event::query() const {
+  if (!handle_) return true;
+  cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(handle_));
+  if (rc == cudaSuccess) return true;
+  if (rc == cudaErrorNotReady) return false;
+  fail_cuda(rc, "cudaEventQuery", __FILE__, __LINE__);
+}
+
+void Event::synchronize() const {
+  if (handle_) MT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
+}
+
+float Event::elapsed_ms(const Event& end) const {
+  MT_CHECK(handle_ && end.handle_, "cuda", "elapsed_ms on an empty Event");
+  float ms = 0;
+  MT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(handle_), static_cast<cudaEvent_t>(end.handle_)));
+  return ms;
+}
+
+namespace {
+// This thread's current stream per device. A slot not yet set gets a fresh
+// non-blocking stream on first use (nothing runs on the legacy default stream,
+// which would serialise against every other stream).
+struct StreamSlot {
+  Stream stream;
+  bool set = false;
+};
+thread_local std::vector<StreamSlot> t_streams;
+}  // namespace
+
+const Stream& current_stream(int device) {
+  MT_CHECK(device >= 0, "cuda", "current_stream of negative device {}", device);
+  if (size_t(device) >= t_streams.size()) t_streams.resize(size_t(device) + 1);
+  auto& slot = t_streams[size_t(device)];
+  if (!slot.set) {
+    slot.stream = Stream::create(device, true);
+    slot.set = true;
+  }
+  return slot.stream;
+}
+
+void set_current_stream(int device, Stream s) {
+  MT_CHECK(device >= 0, "cuda", "set_current_stream of negative device {}", device);
+  if (size_t(device) >= t_streams.size()) t_streams.resize(size_t(device) + 1);
+  auto& slot = t_streams[size_t(device)];
+  slot.stream = std::move(s);
+  slot.set = true;
+}
+
+// ---------------------------------------------------------------- raw calls
+
+namespace cuda {
+
+void* raw_malloc(int device, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  DeviceGuard g(device);
+  void* p = nullptr;
+  MT_CUDA_CHECK(cudaMalloc(&p, bytes));
+  return p;
+}
+
+void raw_free(int device, void* p) {
+  if (!p) return;
+  DeviceGuard g(device);
+  MT_CUDA_CHECK(cudaFree(p));
+}
+
+void memcpy_async(void* dst, const void* src, size_t bytes, int kind, int device) {
+  if (bytes == 0) return;
+  static constexpr cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                                             cudaMemcpyDeviceToDevice};
+  MT_CHECK(kind >= 0 && kind <= 2, "cuda", "memcpy_async: bad kind {}", kind);
+  DeviceGuard g(device);
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kinds[kind], static_cast<cudaStream_t>(current_stream(device).handle())));
+}
+
+void memset_zero_async(void* p, size_t bytes, int device) {
+  if (bytes == 0) return;
+  DeviceGuard g(device);
+  MT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(current_stream(device).handle())));
+}
+
+void stream_sync_current(int device) { current_stream(device).synchronize(); }
+
+void* pinned_malloc(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  MT_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  return p;
+}
+
+void pinned_free(void* p) {
+  if (p) MT_CUDA_CHECK(cudaFreeHost(p));
+}
+
+}  // namespace cuda
+
+// ---------------------------------------------------------------- caching allocator
+//
+// Blocks come from cudaMalloc in rounded sizes (512 B granularity below 1 MiB,
+// 2 MiB above) and go back into per-device bins when freed; a later request
+// takes the smallest cached block that is at least its rounded size and less
+// than twice it. Blocks are never split or merged.
+//
+// Reusing a freed block without any synchronisation is safe because all of a
+// device's work is ordered on one compute stream (the current stream; the NCCL
+// backend's own stream is joined back into it with an event before a
+// collective's buffers can be released): work issued after the free runs
+// after every use issued before it. This is PyTorch's rule for its caching
+// allocator. Code that uses a block on another stream must make the compute
+// stream wait for that stream before freeing it.
+
+namespace detail {
+
+namespace {
+
+constexpr size_t kSmall = size_t(1) << 20;      // 1 MiB
+constexpr size_t kSmallRound = 512;
+constexpr size_t kLargeRound = size_t(2) << 20;  // 2 MiB
+
+size_t round_size(size_t bytes) {
+  if (bytes < kSmall) return (bytes + kSmallRound - 1) / kSmallRound * kSmallRound;
+  return (bytes + kLargeRound - 1) / kLargeRound * kLargeRound;
+}
+
+struct DeviceCache {
+  std::multimap<size_t, void*> free_blocks;  // rounded size -> block
+  std::unordered_map<void*, size_t> live;     // block -> its size
+  AllocatorStats stats;
+};
+
+struct Caches {
+  std::mutex mu;
+  std::vector<DeviceCache> dev;
+  DeviceCache& at(int device) {
+    MT_CHECK(device >= 0, "cuda", "negative device index {}", device);
+    if (size_t(device) >= dev.size()) dev.resize(size_t(device) + 1);
+    return dev[size_t(device)];
+  }
+};
+
+// Never destroyed: tensors freed from static destructors must still find it.
+Caches& caches() {
+  static Caches* c = new Caches;
+  return *c;
+}
+
+std::string human_bytes(size_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = double(b);
+  int u = 0;
+  while (v >= 1024 && u < 5) {
+    v /= 1024;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.2f} {}", v, units[u]);
+}
+
+// Returns every cached block of c to the driver (mutex held).
+void release_cached(int device, DeviceCache& c) {
+  if (c.free_blocks.empty()) return;
+  DeviceGuard g(device);
+  for (auto& [size, p] : c.free_blocks) {
+    MT_CUDA_CHECK(cudaFree(p));
+    c.stats.reserved_bytes -= size;
+    c.stats.driver_frees++;
+  }
+  c.free_blocks.clear();
+}
+
+}  // namespace
+
+void* cuda_caching_alloc(int device, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  size_t size = round_size(bytes);
+  auto& C = caches();
+  std::lock_guard lock(C.mu);
+  DeviceCache& c = C.at(device);
+  void* p = nullptr;
+  auto it = c.free_blocks.lower_bound(size);
+  if (it != c.free_blocks.end() && it->first < 2 * size) {
+    size = it->first;
+    p = it->second;
+    c.free_blocks.erase(it);
+  } else {
+    DeviceGuard g(device);
+    cudaError_t rc = cudaMalloc(&p, size);
+    if (rc == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      release_cached(device, c);
+      rc = cudaMalloc(&p, size);
+    }
+    if (rc == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+      fail("cuda", "out of memory allocating {} bytes on cuda:{} (allocated {}, reserved {}; the device has {} free of {})",
+           bytes, device, human_bytes(c.stats.allocated_bytes), human_bytes(c.stats.reserved_bytes),
+           human_bytes(free_b), human_bytes(total_b));
+    }
+    if (rc != cudaSuccess) fail_cuda(rc, "cudaMalloc", __FILE__, __LINE__);
+    c.stats.reserved_bytes += size;
+    c.stats.driver_allocs++;
+  }
+  c.live.emplace(p, size);
+  c.stats.allocated_bytes += size;
+  c.stats.peak_allocated_bytes = std::max(c.stats.peak_allocated_bytes, c.stats.allocated_bytes);
+  return p;
+}
+
+void cuda_caching_free(int device, void* p, size_t /*bytes*/) {
+  if (!p) return;
+  auto& C = caches();
+  std::lock_guard lock(C.mu);
+  DeviceCache& c = C.at(device);
+  auto it = c.live.find(p);
+  if (it == c.live.end()) return;  // not ours (never happens for tensors); do not corrupt the bins
+  size_t size = it->second;
+  c.live.erase(it);
+  c.stats.allocated_bytes -= size;
+  c.free_blocks.emplace(size, p);
+}
+
+AllocatorStats cuda_allocator_stats(int device) {
+  auto& C = caches();
+  std::lock_guard lock(C.mu);
+  return C.at(device).stats;
+}
+
+void cuda_reset_peak(int device) {
+  auto& C = caches();
+  std::lock_guard lock(C.mu);
+  auto& s = C.at(device).stats;
+  s.peak_allocated_bytes = s.allocated_bytes;
+}
+
+void cuda_empty_cache(int device) {
+  auto& C = caches();
+  std::lock_guard lock(C.mu);
+  release_cached(device, C.at(device));
+}
+
+}  // namespace detail
+
+}  // namespace mt
