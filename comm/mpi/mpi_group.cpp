@@ -7,6 +7,8 @@
 #include <mutex>
 
 #include "comm/watchdog.h"
+#include "runtime/core/allocator.h"
+#include "runtime/core/cuda_backend.h"
 
 namespace mt {
 
@@ -76,21 +78,26 @@ void divide_(const Tensor& t, int n) {
 }
 
 // A device tensor is staged through a host copy; host tensors are used as is.
+// `buffer`, when given, is reusable pinned host memory of at least t's bytes
+// (blocking calls); otherwise a fresh host tensor is made (async calls).
 struct Staged {
   Tensor dev;   // the caller's tensor (device or host)
   Tensor host;  // what MPI sees
   bool copy_back = false;
-  Staged(const Tensor& t, bool in, bool out) : dev(t) {
+  bool reused = false;  // host is a reused buffer: the copy back must finish before the next call
+  Staged(const Tensor& t, bool in, bool out, void* buffer = nullptr) : dev(t), reused(buffer != nullptr) {
     if (t.device().is_cpu()) {
       host = t;
     } else {
-      host = empty(t.shape(), t.dtype(), Device::cpu());
+      host = buffer ? from_blob(buffer, t.shape(), t.dtype(), Device::cpu()) : empty(t.shape(), t.dtype(), Device::cpu());
       if (in) copy_(host, t);
       copy_back = out;
     }
   }
   void finish() const {
-    if (copy_back) copy_(dev, host);
+    if (!copy_back) return;
+    copy_(dev, host);
+    if (reused) cuda::stream_sync_current(dev.device().index);
   }
 };
 
@@ -133,6 +140,8 @@ class MpiGroup final : public Group, public HasMpiComm {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   }
   ~MpiGroup() override {
+    for (auto& b : stage_)
+      if (b.ptr) pinned_free(b.ptr);
     if (comm_ != MPI_COMM_NULL && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF) {
       int finalized = 0;
       MPI_Finalized(&finalized);
@@ -143,7 +152,7 @@ class MpiGroup final : public Group, public HasMpiComm {
   std::string_view backend() const override { return "mpi"; }
 
   Work all_reduce(const Tensor& t, ReduceOp op, bool async) override {
-    Staged s(t, true, true);
+    Staged s(t, true, true, stage(0, t, async));
     int n = to_int(t.numel(), "all_reduce", *this);
     MPI_Datatype ty = mpi_datatype(t.dtype());
     MPI_Op mop = mpi_op(op, t.dtype());
@@ -170,7 +179,7 @@ class MpiGroup final : public Group, public HasMpiComm {
   Work all_gather(const Tensor& out, const Tensor& in, bool async) override {
     check_same("all_gather", out, in);
     check_count("all_gather", "output", out, in.numel() * size());
-    Staged si(in, true, false), so(out, false, true);
+    Staged si(in, true, false, stage(0, in, async)), so(out, false, true, stage(1, out, async));
     int n = to_int(in.numel(), "all_gather", *this);
     MPI_Datatype ty = mpi_datatype(in.dtype());
     if (!async) {
@@ -196,7 +205,7 @@ class MpiGroup final : public Group, public HasMpiComm {
     int64_t total = 0;
     for (int64_t c : counts) total += c;
     check_count("all_gather_v", "output", out, total);
-    Staged si(in, true, false), so(out, false, true);
+    Staged si(in, true, false, stage(0, in, async)), so(out, false, true, stage(1, out, async));
     auto c = to_ints(counts, "all_gather_v", *this);
     auto d = displs_of(c);
     MPI_Datatype ty = mpi_datatype(in.dtype());
@@ -222,7 +231,7 @@ class MpiGroup final : public Group, public HasMpiComm {
   Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, bool async) override {
     check_same("reduce_scatter", out, in);
     check_count("reduce_scatter", "input", in, out.numel() * size());
-    Staged si(in, true, false), so(out, false, true);
+    Staged si(in, true, false, stage(0, in, async)), so(out, false, true, stage(1, out, async));
     int n = to_int(out.numel(), "reduce_scatter", *this);
     MPI_Datatype ty = mpi_datatype(in.dtype());
     MPI_Op mop = mpi_op(op, in.dtype());
@@ -256,7 +265,7 @@ class MpiGroup final : public Group, public HasMpiComm {
     for (int64_t c : counts) total += c;
     check_count("reduce_scatter_v", "input", in, total);
     check_count("reduce_scatter_v", "output", out, counts[size_t(rank())]);
-    Staged si(in, true, false), so(out, false, true);
+    Staged si(in, true, false, stage(0, in, async)), so(out, false, true, stage(1, out, async));
     auto c = to_ints(counts, "reduce_scatter_v", *this);
     MPI_Datatype ty = mpi_datatype(in.dtype());
     MPI_Op mop = mpi_op(op, in.dtype());
@@ -288,7 +297,7 @@ class MpiGroup final : public Group, public HasMpiComm {
     check_count("all_to_all", "output", out, in.numel());
     MT_CHECK(in.numel() % size() == 0, "comm", "all_to_all on {}: {} elements do not split into {} equal chunks",
              describe(), in.numel(), size());
-    Staged si(in, true, false), so(out, false, true);
+    Staged si(in, true, false, stage(0, in, async)), so(out, false, true, stage(1, out, async));
     int n = to_int(in.numel() / size(), "all_to_all", *this);
     MPI_Datatype ty = mpi_datatype(in.dtype());
     if (!async) {
@@ -317,7 +326,7 @@ class MpiGroup final : public Group, public HasMpiComm {
     for (int64_t c : recv_counts) rt += c;
     check_count("all_to_all_v", "input", in, st);
     check_count("all_to_all_v", "output", out, rt);
-    Staged si(in, true, false), so(out, false, true);
+    Staged si(in, true, false, stage(0, in, async)), so(out, false, true, stage(1, out, async));
     auto sc = to_ints(send_counts, "all_to_all_v", *this), rc = to_ints(recv_counts, "all_to_all_v", *this);
     auto sd = displs_of(sc), rd = displs_of(rc);
     MPI_Datatype ty = mpi_datatype(in.dtype());
@@ -343,7 +352,7 @@ class MpiGroup final : public Group, public HasMpiComm {
   Work broadcast(const Tensor& t, int root, bool async) override {
     MT_CHECK(root >= 0 && root < size(), "comm", "broadcast on {}: root {} is not a rank of a group of {}",
              describe(), root, size());
-    Staged s(t, rank() == root, rank() != root);
+    Staged s(t, rank() == root, rank() != root, stage(0, t, async));
     int n = to_int(t.numel(), "broadcast", *this);
     MPI_Datatype ty = mpi_datatype(t.dtype());
     if (!async) {
@@ -363,7 +372,7 @@ class MpiGroup final : public Group, public HasMpiComm {
 
   void send(const Tensor& t, int peer) override {
     check_peer("send", peer);
-    Staged s(t, true, false);
+    Staged s(t, true, false, stage(0, t, false));
     WatchdogScope w("send", *this);
     MT_MPI_CHECK(MPI_Send(s.host.data_ptr(), to_int(t.numel(), "send", *this), mpi_datatype(t.dtype()), peer,
                           kTag, comm_));
@@ -371,7 +380,7 @@ class MpiGroup final : public Group, public HasMpiComm {
 
   void recv(const Tensor& t, int peer) override {
     check_peer("recv", peer);
-    Staged s(t, false, true);
+    Staged s(t, false, true, stage(0, t, false));
     {
       WatchdogScope w("recv", *this);
       MT_MPI_CHECK(MPI_Recv(s.host.data_ptr(), to_int(t.numel(), "recv", *this), mpi_datatype(t.dtype()), peer,
@@ -385,7 +394,7 @@ class MpiGroup final : public Group, public HasMpiComm {
     check_count("ring_shift", "output", out, in.numel());
     int n = size();
     int to = ((rank() + shift) % n + n) % n, from = ((rank() - shift) % n + n) % n;
-    Staged si(in, true, false), so(out, false, true);
+    Staged si(in, true, false, stage(0, in, async)), so(out, false, true, stage(1, out, async));
     int cnt = to_int(in.numel(), "ring_shift", *this);
     MPI_Datatype ty = mpi_datatype(in.dtype());
     if (!async) {
@@ -413,6 +422,26 @@ class MpiGroup final : public Group, public HasMpiComm {
 
  private:
   static constexpr int kTag = 7100;
+
+  // Pinned host buffers reused by blocking calls on device tensors (slot 0:
+  // input or in-place buffer, slot 1: output), grown to the largest seen: a
+  // fresh pageable buffer per call costs page faults and a slower copy.
+  struct StageBuffer {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  StageBuffer stage_[2];
+  void* stage(int slot, const Tensor& t, bool async) {
+    if (async || t.device().is_cpu() || t.nbytes() == 0) return nullptr;
+    auto& b = stage_[slot];
+    if (b.bytes < t.nbytes()) {
+      if (b.ptr) pinned_free(b.ptr);
+      b.ptr = nullptr;
+      b.ptr = pinned_alloc(t.nbytes());
+      b.bytes = t.nbytes();
+    }
+    return b.ptr;
+  }
 
   static int comm_rank(MPI_Comm c) {
     int r = 0;

@@ -23,6 +23,7 @@ const std::vector<std::string> kAllOps = {"all_reduce", "all_gather",  "reduce_s
 // nccl-tests' bus bandwidth factors: what each link carries relative to the
 // algorithm bandwidth, so that figures compare with the hardware's.
 double bus_factor(const std::string& op, int n) {
+  if (n == 1) return 0.0;  // one rank moves nothing over any link
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
   if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") return double(n - 1) / n;
   return 1.0;  // broadcast, ring_shift

@@ -1,0 +1,301 @@
+#include "parallel/dtensor.h"
+
+#include <cstring>
+#include <functional>
+
+namespace mt {
+
+void copy_block(const Tensor& dst, const Shape& dst_start, const Tensor& src, const Shape& src_start,
+                const Shape& block) {
+  MT_CHECK(dst.dtype() == src.dtype() && dst.device().is_cpu() && src.device().is_cpu(), "redistribute",
+           "copy_block needs host tensors of one dtype");
+  size_t nd = block.size(), es = dtype_size(src.dtype());
+  if (shape_numel(block) == 0) return;
+  if (nd == 0) {
+    std::memcpy(dst.data_ptr(), src.data_ptr(), es);
+    return;
+  }
+  // Row-major strides in elements.
+  auto strides = [](const Shape& s) {
+    Shape st(s.size(), 1);
+    for (size_t i = s.size() - 1; i-- > 0;) st[i] = st[i + 1] * s[i + 1];
+    return st;
+  };
+  Shape ds = strides(dst.shape()), ss = strides(src.shape());
+  auto* d0 = static_cast<char*>(dst.data_ptr());
+  auto* s0 = static_cast<const char*>(src.data_ptr());
+  size_t row = size_t(block[nd - 1]) * es;
+  std::function<void(size_t, int64_t, int64_t)> rec = [&](size_t i, int64_t doff, int64_t soff) {
+    if (i == nd - 1) {
+      std::memcpy(d0 + (doff + dst_start[i]) * int64_t(es), s0 + (soff + src_start[i]) * int64_t(es), row);
+      return;
+    }
+    for (int64_t j = 0; j < block[i]; ++j)
+      rec(i + 1, doff + (dst_start[i] + j) * ds[i], soff + (src_start[i] + j) * ss[i]);
+  };
+  rec(0, 0, 0);
+}
+
+namespace {
+
+Shape with(Shape s, int d, int64_t v) {
+  s[size_t(d)] = v;
+  return s;
+}
+
+std::vector<int> with_coord(std::vector<int> c, int m, int v) {
+  c[size_t(m)] = v;
+  return c;
+}
+
+// Slice [begin, begin+len) of dim d, as a new contiguous host tensor.
+Tensor slice_dim(const Tensor& t, int d, int64_t begin, int64_t len) {
+  Tensor out = empty(with(t.shape(), d, len), t.dtype());
+  copy_block(out, Shape(t.shape().size(), 0), t, with(Shape(t.shape().size(), 0), d, begin), out.shape());
+  return out;
+}
+
+// Divides by n (Replicate -> Partial(sum) keeps the sum over ranks equal to the value).
+void divide_(const Tensor& t, int n) {
+  dispatch_dtype(t.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* p = t.data<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if constexpr (std::is_same_v<T, bf16>) p[i] = bf16(float(p[i]) / float(n));
+      else p[i] = T(p[i] / T(n));
+    }
+  });
+}
+
+// The group runs on host buffers (MPI) or device buffers (NCCL): packed host
+// buffers go to the device and back around a collective. This is the one
+// place where device tensors pass through the host in this version.
+struct CommBuffers {
+  const DeviceMesh& mesh;
+  bool on_device() const { return mesh.backend() == "nccl"; }
+  Tensor to_comm(const Tensor& h) const { return on_device() ? h.to(mesh.device()) : h; }
+  Tensor to_host(const Tensor& d) const { return d.to(Device::cpu()); }
+};
+
+Tensor run_step(const Tensor& cur, const DTensorSpec& before, const PlanStep& st, const DeviceMesh& mesh) {
+  const int m = st.mesh_dim;
+  Group& g = mesh.group(m);
+  const int n = g.size();
+  const auto& coord = mesh.coordinate();
+  const int me = coord[size_t(m)];
+  CommBuffers cb{mesh};
+  Shape out_shape = st.after.local_shape(coord);
+  switch (st.kind) {
+    case StepKind::all_gather: {
+      int a = st.from.dim;
+      std::vector<int64_t> counts(static_cast<size_t>(n));
+      std::vector<Shape> shapes;
+      for (int j = 0; j < n; ++j) {
+        shapes.push_back(before.local_shape(with_coord(coord, m, j)));
+        counts[size_t(j)] = shape_numel(shapes.back());
+      }
+      int64_t total = 0;
+      for (auto c : counts) total += c;
+      Tensor gathered = cb.to_comm(empty({total}, cur.dtype()));
+      g.all_gather_v(gathered, cb.to_comm(cur.reshape({-1})), counts);
+      Tensor flat = cb.to_host(gathered);
+      Tensor out = empty(out_shape, cur.dtype());
+      int64_t off = 0;
+      for (int j = 0; j < n; ++j) {
+        Chunk c = chunk_of(out_shape[size_t(a)], n, j);
+        copy_block(out, with(Shape(out_shape.size(), 0), a, c.begin), flat.view(off, shapes[size_t(j)]),
+                   Shape(out_shape.size(), 0), shapes[size_t(j)]);
+        off += counts[size_t(j)];
+      }
+      return out;
+    }
+    case StepKind::all_reduce: {
+      Tensor x = cb.to_comm(cur.clone());
+      g.all_reduce(x, st.from.op);
+      return cb.to_host(x);
+    }
+    case StepKind::reduce_scatter: {
+      int a = st.to.dim;
+      std::vector<int64_t> counts(static_cast<size_t>(n));
+      Tensor packed = empty({cur.numel()}, cur.dtype());
+      int64_t off = 0;
+      for (int j = 0; j < n; ++j) {
+        Chunk c = chunk_of(cur.shape()[size_t(a)], n, j);
+        Shape bs = with(cur.shape(), a, c.len);
+        counts[size_t(j)] = shape_numel(bs);
+        copy_block(packed.view(off, bs), Shape(bs.size(), 0), cur, with(Shape(bs.size(), 0), a, c.begin), bs);
+        off += counts[size_t(j)];
+      }
+      Tensor out = cb.to_comm(empty({counts[size_t(me)]}, cur.dtype()));
+      g.reduce_scatter_v(out, cb.to_comm(packed), counts, st.from.op);
+      return cb.to_host(out).reshape(out_shape);
+    }
+    case StepKind::all_to_all: {
+      int a = st.from.dim, b = st.to.dim;
+      std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
+      std::vector<Shape> recv_shapes;
+      Tensor packed = empty({cur.numel()}, cur.dtype());
+      int64_t off = 0;
+      for (int j = 0; j < n; ++j) {
+        Chunk c = chunk_of(cur.shape()[size_t(b)], n, j);
+        Shape bs = with(cur.shape(), b, c.len);
+        send[size_t(j)] = shape_numel(bs);
+        copy_block(packed.view(off, bs), Shape(bs.size(), 0), cur, with(Shape(bs.size(), 0), b, c.begin), bs);
+        off += send[size_t(j)];
+        // Member j sends its own shard of a, restricted to my chunk of b.
+        Shape theirs = before.local_shape(with_coord(coord, m, j));
+        recv_shapes.push_back(with(theirs, b, out_shape[size_t(b)]));
+        recv[size_t(j)] = shape_numel(recv_shapes.back());
+      }
+      int64_t total = 0;
+      for (auto c : recv) total += c;
+      Tensor got = cb.to_comm(empty({total}, cur.dtype()));
+      g.all_to_all_v(got, cb.to_comm(packed), send, recv);
+      Tensor flat = cb.to_host(got);
+      Tensor out = empty(out_shape, cur.dtype());
+      off = 0;
+      for (int j = 0; j < n; ++j) {
+        Chunk c = chunk_of(out_shape[size_t(a)], n, j);
+        copy_block(out, with(Shape(out_shape.size(), 0), a, c.begin), flat.view(off, recv_shapes[size_t(j)]),
+                   Shape(out_shape.size(), 0), recv_shapes[size_t(j)]);
+        off += recv[size_t(j)];
+      }
+      return out;
+    }
+    case StepKind::local_chunk: {
+      int a = st.to.dim;
+      Chunk c = chunk_of(cur.shape()[size_t(a)], n, me);
+      return slice_dim(cur, a, c.begin, c.len);
+    }
+    case StepKind::local_partial: {
+      Tensor x = cur.clone();
+      if (st.to.op == ReduceOp::sum) divide_(x, n);
+      return x;
+    }
+  }
+  return cur;
+}
+
+DTensor execute(const DTensor& t, const Plan& plan) {
+  Tensor cur = t.local.to(Device::cpu());
+  DTensorSpec spec = t.spec;
+  for (auto& st : plan.steps) {
+    cur = run_step(cur, spec, st, t.mesh);
+    spec = st.after;
+  }
+  return DTensor{cur.to(t.local.device()), plan.dst, t.mesh};
+}
+
+}  // namespace
+
+DTensor redistribute(const DTensor& t, const DTensorSpec& target, const RedistributeOptions& opts) {
+  const Plan& plan = plan_redistribute(t.spec, target, dtype_size(t.local.dtype()), opts.link_gbps, opts.planner);
+  return execute(t, plan);
+}
+
+DTensor redistribute(const DTensor& t, const Placements& placements, const RedistributeOptions& opts,
+                     const ShardOrder& order) {
+  return redistribute(t, DTensorSpec::make(t.spec.mesh, placements, t.spec.global_shape, order), opts);
+}
+
+Tensor full_tensor(const DTensor& t, const RedistributeOptions& opts) {
+  return redistribute(t, Placements(t.spec.placements.size(), Placement::Replicate()), opts).local;
+}
+
+DTensor distribute_tensor(const Tensor& full_in, const DeviceMesh& mesh, const Placements& placements,
+                          std::optional<int> src_rank, const ShardOrder& order) {
+  Tensor full = full_in;
+  if (src_rank) {
+    // Shape and dtype first, so that only the source needs the tensor.
+    Group& world = mesh.group("world");
+    MT_CHECK(*src_rank >= 0 && *src_rank < world.size(), "distribute", "source rank {} is not a rank of the mesh ({} ranks)",
+             *src_rank, world.size());
+    bool src = world.rank() == *src_rank;
+    MT_CHECK(!src || full.defined(), "distribute", "the source rank {} has no tensor to distribute", *src_rank);
+    Tensor meta = zeros({10}, DType::i64);
+    if (src) {
+      MT_CHECK(full.dim() <= 8, "distribute", "tensors of more than 8 dims are not supported");
+      meta.at<int64_t>(0) = int64_t(full.dtype());
+      meta.at<int64_t>(1) = full.dim();
+      for (int64_t d = 0; d < full.dim(); ++d) meta.at<int64_t>(2 + d) = full.shape()[size_t(d)];
+    }
+    world.broadcast(meta, *src_rank);
+    Shape s(static_cast<size_t>(meta.at<int64_t>(1)));
+    for (size_t d = 0; d < s.size(); ++d) s[d] = meta.at<int64_t>(2 + int64_t(d));
+    Tensor host = src ? full.to(Device::cpu()).clone() : empty(s, DType(meta.at<int64_t>(0)));
+    CommBuffers cb{mesh};
+    Tensor buf = cb.to_comm(host);
+    world.broadcast(buf, *src_rank);
+    full = cb.to_host(buf);
+  }
+  MT_CHECK(full.defined(), "distribute", "no tensor given");
+  DTensorSpec spec = DTensorSpec::make(mesh.dims(), placements, full.shape(), order);
+  Tensor host = full.to(Device::cpu());
+  Shape ls = spec.local_shape(mesh.coordinate()), off = spec.local_offset(mesh.coordinate());
+  Tensor local = empty(ls, full.dtype());
+  copy_block(local, Shape(ls.size(), 0), host, off, ls);
+  for (int m = 0; m < spec.mesh_ndim(); ++m) {
+    const Placement& p = spec.placements[size_t(m)];
+    if (p.is_partial() && p.op == ReduceOp::sum) divide_(local, spec.mesh[size_t(m)].size);
+  }
+  return DTensor{local.to(full.device()), spec, mesh};
+}
+
+DTensor from_local(const Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+                   std::optional<Shape> global_shape, bool check, const ShardOrder& order) {
+  Shape gs;
+  if (global_shape) {
+    gs = *global_shape;
+  } else {
+    gs = local.shape();
+    for (auto& p : placements)
+      if (p.is_shard()) {
+        int d = p.dim < 0 ? p.dim + int(gs.size()) : p.dim;
+        MT_CHECK(d >= 0 && d < int(gs.size()), "from_local", "{} on a local tensor of shape {}", p.str(),
+                 shape_str(local.shape()));
+      }
+    for (size_t m = 0; m < placements.size(); ++m)
+      if (placements[m].is_shard()) {
+        int d = placements[m].dim < 0 ? placements[m].dim + int(gs.size()) : placements[m].dim;
+        gs[size_t(d)] *= mesh.dims()[m].size;
+      }
+  }
+  DTensorSpec spec = DTensorSpec::make(mesh.dims(), placements, gs, order);
+  if (check) {
+    Group& world = mesh.group("world");
+    int nd = spec.tensor_ndim();
+    Tensor mine = zeros({nd + 1}, DType::i64);
+    mine.at<int64_t>(0) = local.dim();
+    for (int d = 0; d < std::min<int>(nd, int(local.dim())); ++d) mine.at<int64_t>(1 + d) = local.shape()[size_t(d)];
+    Tensor all = zeros({(nd + 1) * world.size()}, DType::i64);
+    world.all_gather(all, mine);
+    for (int r = 0; r < world.size(); ++r) {
+      Shape want = spec.local_shape(mesh.coordinate_of(r));
+      Shape got;
+      for (int64_t d = 0; d < all.at<int64_t>(r * (nd + 1)); ++d) got.push_back(all.at<int64_t>(r * (nd + 1) + 1 + d));
+      MT_CHECK(got == want, "from_local",
+               "rank {} holds a local tensor of shape {}, but {} of global shape {} gives it {}", r, shape_str(got),
+               spec.str(), shape_str(gs), shape_str(want));
+    }
+  } else {
+    MT_CHECK(local.shape() == spec.local_shape(mesh.coordinate()), "from_local",
+             "local shape {} does not match {} of global shape {} (expected {})", shape_str(local.shape()), spec.str(),
+             shape_str(gs), shape_str(spec.local_shape(mesh.coordinate())));
+  }
+  return DTensor{local, spec, mesh};
+}
+
+Placements redistribute_backward_placements(const Placements& source) {
+  Placements p = source;
+  for (auto& x : p)
+    if (x.is_partial()) x = Placement::Replicate();
+  return p;
+}
+
+DTensor redistribute_backward(const DTensor& grad_out, const DTensorSpec& source, const RedistributeOptions& opts) {
+  Placements p = redistribute_backward_placements(source.placements);
+  // Shard order of the source is kept for the dims that stay sharded.
+  return redistribute(grad_out, DTensorSpec::make(source.mesh, p, source.global_shape, source.shard_order), opts);
+}
+
+}  // namespace mt

@@ -1,0 +1,54 @@
+// DTensor: a local Tensor plus the spec saying which part of the global
+// tensor it is, on a live DeviceMesh. Free functions make, move and gather them.
+#pragma once
+#include <optional>
+
+#include "comm/mesh.h"
+#include "parallel/planner.h"
+
+namespace mt {
+
+struct DTensor {
+  Tensor local;
+  DTensorSpec spec;
+  DeviceMesh mesh;
+  const Placements& placements() const { return spec.placements; }
+  const Shape& shape() const { return spec.global_shape; }
+};
+
+struct RedistributeOptions {
+  Planner planner = Planner::min_cost;
+  std::vector<double> link_gbps;  // comm.link_gbps; empty: defaults
+};
+
+// With src_rank, rank src_rank's `full` is broadcast first (the others' may be
+// undefined); without, every rank holds the same full tensor and keeps its
+// part with no communication. Partial placements take the value as
+// Replicate -> Partial does.
+DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Placements& placements,
+                          std::optional<int> src_rank = std::nullopt, const ShardOrder& order = {});
+// Wraps this rank's local tensor. Without global_shape it is inferred as
+// DTensor does (even shards: local size x shard count); check = true gathers
+// every rank's local shape and verifies it (collective).
+DTensor from_local(const Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+                   std::optional<Shape> global_shape = std::nullopt, bool check = false, const ShardOrder& order = {});
+inline Tensor to_local(const DTensor& t) { return t.local; }
+// The whole tensor on every rank (redistributes to all-Replicate).
+Tensor full_tensor(const DTensor& t, const RedistributeOptions& opts = {});
+
+DTensor redistribute(const DTensor& t, const Placements& placements, const RedistributeOptions& opts = {},
+                     const ShardOrder& order = {});
+DTensor redistribute(const DTensor& t, const DTensorSpec& target, const RedistributeOptions& opts = {});
+
+// The gradient rule of redistribute: the gradient of y = redistribute(x, ...)
+// goes back to x's placements with Partial replaced by Replicate (a partial
+// input's gradient is the same on every rank).
+Placements redistribute_backward_placements(const Placements& source);
+DTensor redistribute_backward(const DTensor& grad_out, const DTensorSpec& source, const RedistributeOptions& opts = {});
+
+// Copies a block of block_shape elements between two row-major tensors of the
+// same dtype (host memory), from src at src_start to dst at dst_start.
+void copy_block(const Tensor& dst, const Shape& dst_start, const Tensor& src, const Shape& src_start,
+                const Shape& block_shape);
+
+}  // namespace mt

@@ -1,0 +1,76 @@
+#include "parallel/random.h"
+
+#include "parallel/philox.h"
+
+namespace mt {
+
+Tensor make_local(const DTensorSpec& spec, const std::vector<int>& coord, const std::string& kind, DType dtype,
+                  const RandomKey& key, double value, double mean, double std) {
+  bool partial = false;
+  for (auto& p : spec.placements) partial |= p.is_partial();
+  MT_CHECK(!partial || kind == "zeros" || kind == "empty", "random",
+           "{} with placements {}: only zeros and empty can be made partial (a partial sum of random values is not "
+           "the random tensor)", kind, spec.str());
+  Shape ls = spec.local_shape(coord), off = spec.local_offset(coord);
+  Tensor t = mt::empty(ls, dtype);
+  if (kind == "empty") return t;
+  MT_CHECK(kind == "zeros" || kind == "ones" || kind == "full" || kind == "rand" || kind == "randn", "random",
+           "unknown factory '{}'", kind);
+  uint64_t stream = philox::stream_id(key.stream.c_str());
+  size_t nd = ls.size();
+  // Global row-major strides: the key of each element is its global index.
+  Shape gstride(nd, 1);
+  for (size_t i = nd; i-- > 1;) gstride[i - 1] = gstride[i] * spec.global_shape[i];
+  std::vector<int64_t> idx(nd, 0);
+  dispatch_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    T* p = t.data<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      int64_t g = 0;
+      for (size_t d = 0; d < nd; ++d) g += (idx[d] + off[d]) * gstride[d];
+      double v = kind == "zeros"   ? 0.0
+                 : kind == "ones"  ? 1.0
+                 : kind == "full"  ? value
+                 : kind == "rand"  ? double(philox::uniform(key.seed, stream, uint64_t(g)))
+                                   : double(float(mean + std * double(philox::normal(key.seed, stream, uint64_t(g)))));
+      if constexpr (std::is_same_v<T, bf16>) p[i] = bf16(float(v));
+      else p[i] = T(v);
+      for (size_t d = nd; d-- > 0;) {
+        if (++idx[d] < ls[d]) break;
+        idx[d] = 0;
+      }
+    }
+  });
+  return t;
+}
+
+namespace {
+DTensor make(const DeviceMesh& mesh, const Shape& shape, const Placements& p, const std::string& kind, DType dtype,
+             const RandomKey& key = {}, double value = 0, double mean = 0, double std = 1) {
+  DTensorSpec spec = DTensorSpec::make(mesh.dims(), p, shape);
+  Tensor local = make_local(spec, mesh.coordinate(), kind, dtype, key, value, mean, std);
+  return DTensor{local.to(mesh.device()), spec, mesh};
+}
+}  // namespace
+
+DTensor zeros(const DeviceMesh& mesh, const Shape& shape, const Placements& p, DType dtype) {
+  return make(mesh, shape, p, "zeros", dtype);
+}
+DTensor ones(const DeviceMesh& mesh, const Shape& shape, const Placements& p, DType dtype) {
+  return make(mesh, shape, p, "ones", dtype);
+}
+DTensor full(const DeviceMesh& mesh, const Shape& shape, const Placements& p, double value, DType dtype) {
+  return make(mesh, shape, p, "full", dtype, {}, value);
+}
+DTensor empty(const DeviceMesh& mesh, const Shape& shape, const Placements& p, DType dtype) {
+  return make(mesh, shape, p, "empty", dtype);
+}
+DTensor rand(const DeviceMesh& mesh, const Shape& shape, const Placements& p, const RandomKey& key, DType dtype) {
+  return make(mesh, shape, p, "rand", dtype, key);
+}
+DTensor randn(const DeviceMesh& mesh, const Shape& shape, const Placements& p, const RandomKey& key, DType dtype,
+              double mean, double std) {
+  return make(mesh, shape, p, "randn", dtype, key, 0, mean, std);
+}
+
+}  // namespace mt
