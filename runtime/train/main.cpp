@@ -9,10 +9,7 @@
 #include "runtime/core/log.h"
 #include "runtime/train/cli.h"
 #include "runtime/train/cmd_check.h"
-#if __has_include("runtime/train/cmd_layout.h")
 #include "runtime/train/cmd_layout.h"
-#define MT_HAVE_LAYOUT 1
-#endif
 
 namespace mt {
 
@@ -59,11 +56,9 @@ int main(int argc, char** argv) {
   mt::CheckArgs check_args;
   auto* check = app.add_subcommand("check", "self-check: run and verify every collective on every mesh dim, timed");
   mt::add_check_options(check, check_args);
-#ifdef MT_HAVE_LAYOUT
   mt::LayoutArgs layout_args;
   auto* layout = app.add_subcommand("layout", "print the local shards of a layout and the plan between two layouts");
   mt::add_layout_options(layout, layout_args);
-#endif
 
   try {
     app.parse(argc, argv);
@@ -78,9 +73,7 @@ int main(int argc, char** argv) {
     mt::RunContext ctx{&env, g, mt::load_and_agree_config(env, g)};
     if (ctx.config.log.level != "" && g.log_level.empty()) mt::init_logging(env.rank(), ctx.config.log.level);
     if (*check) return mt::run_check_command(ctx, check_args);
-#ifdef MT_HAVE_LAYOUT
-    if (*layout) return mt::run_layout_command(layout_args);
-#endif
+    if (*layout) return mt::run_layout_command(ctx, layout_args);
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     spdlog::default_logger()->flush();

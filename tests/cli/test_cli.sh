@@ -71,6 +71,30 @@ else
   bad "check json content" "missing or wrong: $tmp/c.json"
 fi
 
+# meshtrain layout: printing on one rank, executing and dumping under mpirun, errors.
+expect "layout prints shards and plan" zero "plan: S(0)R -> S(0)S(1) -> RS(1)" -- \
+  "$mt" layout --mesh dp_shard=2,tp=2 --shape 7,5 --from "S(0),R" --to "R,S(1)"
+expect "layout executes on 4 ranks" zero "every rank's shard is correct" -- \
+  "$mpirun" -np 4 "$mt" layout --mesh dp_shard=2,tp=2 --shape 7,5 --from "S(0)[1]S(0)[0]" --to "P(sum),S(1)" --dump "$tmp/dump"
+expect "layout 3-D greedy" zero "every rank's shard is correct" -- \
+  "$mpirun" -np 8 "$mt" layout --mesh dp_replicate=2,dp_shard=2,tp=2 --shape 5,3,4 --from "S(0),S(2),P(sum)" --to "R,S(0),S(1)" --planner greedy
+if /usr/bin/python3 - "$tmp/dump" <<'PY'
+import sys, numpy as np
+d = sys.argv[1]
+x = np.arange(35, dtype=np.float32).reshape(7, 5)
+# S(0)[1]S(0)[0]: tp splits rows first (0-3 | 4-6), then dp_shard splits each piece.
+src = {0: x[0:2], 1: x[4:6], 2: x[2:4], 3: x[6:7]}
+for r in range(4):
+    assert np.array_equal(np.load(f"{d}/rank{r}_src.npy"), src[r]), r
+    cols = x[:, 0:3] if r % 2 == 0 else x[:, 3:5]
+    assert np.allclose(np.load(f"{d}/rank{r}_dst.npy"), cols / 2), r
+PY
+then ok "layout dump matches numpy"; else bad "layout dump matches numpy"; fi
+expect "layout bad placements" nonzero "[placement] cannot parse placements 'S(0),Q'" -- \
+  "$mt" layout --mesh dp_shard=2 --shape 4 --from "S(0),Q"
+expect "layout partial to partial" nonzero "P(sum) -> P(max) on mesh dim 0" -- \
+  "$mt" layout --mesh dp_shard=2 --shape 4 --from "P(sum)" --to "P(max)"
+
 # No hangs: a rank that never joins the collective, and a rank that dies.
 start=$(date +%s)
 expect "fault: stalled rank times out with the collective named" nonzero "[comm] timeout: all_reduce on group 'dp_replicate' (world ranks 0,1,2) did not finish within 3 s" -- \
