@@ -28,6 +28,13 @@ std::string Group::describe() const {
   return fmt::format("group '{}' (world ranks {})", name_, r);
 }
 
+Work Group::all_reduce(const Tensor& out, const Tensor& in, ReduceOp op, bool async) {
+  check_same("all_reduce", out, in);
+  check_count("all_reduce", "output", out, in.numel());
+  copy_(out, in);
+  return all_reduce(out, op, async);
+}
+
 void Group::check_same(const char* op, const Tensor& a, const Tensor& b) const {
   MT_CHECK(a.dtype() == b.dtype() && a.device() == b.device(), "comm",
            "{} on {}: input is {} on {}, output is {} on {}; they must match", op, describe(),

@@ -53,6 +53,9 @@ class Group {
 
   // In place: t <- op over ranks of t.
   virtual Work all_reduce(const Tensor& t, ReduceOp op, bool async = false) = 0;
+  // Out of place: out <- op over ranks of in (in unchanged). The default
+  // copies then reduces in place; MPI reads in and writes out directly.
+  virtual Work all_reduce(const Tensor& out, const Tensor& in, ReduceOp op, bool async = false);
   // out (size * in.numel()) <- concatenation of every rank's in, in rank order.
   virtual Work all_gather(const Tensor& out, const Tensor& in, bool async = false) = 0;
   // Unequal sizes: rank r contributes counts[r] elements; out has sum(counts).

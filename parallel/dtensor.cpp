@@ -1,6 +1,7 @@
 #include "parallel/dtensor.h"
 
 #include <cstring>
+#include <algorithm>
 #include <functional>
 
 namespace mt {
@@ -43,10 +44,20 @@ Shape with(Shape s, int d, int64_t v) {
   return s;
 }
 
+// Elements before dim d in row-major order: 1 means the blocks of a split
+// along d are contiguous and in order, so no packing is needed.
+int64_t outer(const Shape& s, int d) {
+  int64_t p = 1;
+  for (int i = 0; i < d; ++i) p *= s[size_t(i)];
+  return p;
+}
+
 std::vector<int> with_coord(std::vector<int> c, int m, int v) {
   c[size_t(m)] = v;
   return c;
 }
+
+bool all_equal(const std::vector<int64_t>& v) { return std::adjacent_find(v.begin(), v.end(), std::not_equal_to<>()) == v.end(); }
 
 // Slice [begin, begin+len) of dim d, as a new contiguous host tensor.
 Tensor slice_dim(const Tensor& t, int d, int64_t begin, int64_t len) {
@@ -97,8 +108,11 @@ Tensor run_step(const Tensor& cur, const DTensorSpec& before, const PlanStep& st
       int64_t total = 0;
       for (auto c : counts) total += c;
       Tensor gathered = cb.to_comm(empty({total}, cur.dtype()));
-      g.all_gather_v(gathered, cb.to_comm(cur.reshape({-1})), counts);
+      // Equal shards use the plain collective: MPI's *v variants are much slower.
+      if (all_equal(counts)) g.all_gather(gathered, cb.to_comm(cur.reshape({-1})));
+      else g.all_gather_v(gathered, cb.to_comm(cur.reshape({-1})), counts);
       Tensor flat = cb.to_host(gathered);
+      if (outer(out_shape, a) == 1) return flat.reshape(out_shape);
       Tensor out = empty(out_shape, cur.dtype());
       int64_t off = 0;
       for (int j = 0; j < n; ++j) {
@@ -110,24 +124,27 @@ Tensor run_step(const Tensor& cur, const DTensorSpec& before, const PlanStep& st
       return out;
     }
     case StepKind::all_reduce: {
-      Tensor x = cb.to_comm(cur.clone());
-      g.all_reduce(x, st.from.op);
-      return cb.to_host(x);
+      Tensor out = cb.to_comm(empty(cur.shape(), cur.dtype()));
+      g.all_reduce(out, cb.to_comm(cur), st.from.op);
+      return cb.to_host(out);
     }
     case StepKind::reduce_scatter: {
       int a = st.to.dim;
       std::vector<int64_t> counts(static_cast<size_t>(n));
-      Tensor packed = empty({cur.numel()}, cur.dtype());
+      bool contiguous = outer(cur.shape(), a) == 1;
+      Tensor packed = contiguous ? cur.reshape({-1}) : empty({cur.numel()}, cur.dtype());
       int64_t off = 0;
       for (int j = 0; j < n; ++j) {
         Chunk c = chunk_of(cur.shape()[size_t(a)], n, j);
         Shape bs = with(cur.shape(), a, c.len);
         counts[size_t(j)] = shape_numel(bs);
-        copy_block(packed.view(off, bs), Shape(bs.size(), 0), cur, with(Shape(bs.size(), 0), a, c.begin), bs);
+        if (!contiguous)
+          copy_block(packed.view(off, bs), Shape(bs.size(), 0), cur, with(Shape(bs.size(), 0), a, c.begin), bs);
         off += counts[size_t(j)];
       }
       Tensor out = cb.to_comm(empty({counts[size_t(me)]}, cur.dtype()));
-      g.reduce_scatter_v(out, cb.to_comm(packed), counts, st.from.op);
+      if (all_equal(counts)) g.reduce_scatter(out, cb.to_comm(packed), st.from.op);
+      else g.reduce_scatter_v(out, cb.to_comm(packed), counts, st.from.op);
       return cb.to_host(out).reshape(out_shape);
     }
     case StepKind::all_to_all: {
@@ -150,8 +167,17 @@ Tensor run_step(const Tensor& cur, const DTensorSpec& before, const PlanStep& st
       int64_t total = 0;
       for (auto c : recv) total += c;
       Tensor got = cb.to_comm(empty({total}, cur.dtype()));
-      g.all_to_all_v(got, cb.to_comm(packed), send, recv);
+      // The choice must be the same on every rank: decide from the members'
+      // shard sizes along a and the chunk sizes along b, which all ranks share.
+      std::vector<int64_t> a_sizes, b_sizes;
+      for (int j = 0; j < n; ++j) {
+        a_sizes.push_back(before.local_shape(with_coord(coord, m, j))[size_t(a)]);
+        b_sizes.push_back(chunk_of(cur.shape()[size_t(b)], n, j).len);
+      }
+      if (all_equal(a_sizes) && all_equal(b_sizes)) g.all_to_all(got, cb.to_comm(packed));
+      else g.all_to_all_v(got, cb.to_comm(packed), send, recv);
       Tensor flat = cb.to_host(got);
+      if (outer(out_shape, a) == 1) return flat.reshape(out_shape);
       Tensor out = empty(out_shape, cur.dtype());
       off = 0;
       for (int j = 0; j < n; ++j) {

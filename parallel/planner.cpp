@@ -104,12 +104,22 @@ void check_pair(const DTensorSpec& src, const DTensorSpec& dst) {
   }
 }
 
-std::string key_of(const DTensorSpec& s) {
-  std::string k = s.str();
+// A compact identity of a layout: placements and shard order as raw bytes
+// (the planner hashes many of these; formatting would dominate).
+void append_layout(std::string& k, const DTensorSpec& s) {
+  for (auto& p : s.placements) {
+    k += char(p.kind);
+    k += char(p.is_shard() ? p.dim : p.is_partial() ? int(p.op) : 0);
+  }
   for (auto& ms : s.shard_order) {
     k += '|';
-    for (int m : ms) k += char('0' + m);
+    for (int m : ms) k += char(m);
   }
+}
+std::string key_of(const DTensorSpec& s) {
+  std::string k;
+  k.reserve(32);
+  append_layout(k, s);
   return k;
 }
 
@@ -269,9 +279,20 @@ Cache& cache() {
 
 const Plan& plan_redistribute(const DTensorSpec& src, const DTensorSpec& dst, size_t elem_bytes,
                               const std::vector<double>& link_gbps, Planner planner) {
-  std::string key = mesh_str(src.mesh) + ';' + key_of(src) + ';' + key_of(dst) + ';' + shape_str(src.global_shape) +
-                    ';' + std::to_string(elem_bytes) + ';' + std::to_string(int(planner));
-  for (double g : link_gbps) key += ';' + std::to_string(g);
+  std::string key;
+  key.reserve(128);
+  auto raw = [&key](const auto& v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  for (auto& d : src.mesh) {
+    key += d.name;
+    raw(d.size);
+  }
+  append_layout(key, src);
+  key += ';';
+  append_layout(key, dst);
+  for (int64_t x : src.global_shape) raw(x);
+  raw(elem_bytes);
+  raw(planner);
+  for (double g : link_gbps) raw(g);
   auto& c = cache();
   std::lock_guard lock(c.mu);
   auto it = c.plans.find(key);

@@ -96,3 +96,20 @@ TEST_CASE("devices parse and a build without a GPU says so") {
     CHECK_ERROR_CONTAINS(empty({4}, DType::f32, Device::cuda(0)), "[cuda]");
   }
 }
+
+TEST_CASE("large host blocks are cached and reused, small ones are not") {
+  empty_cache(Device::cpu());
+  auto s0 = allocator_stats(Device::cpu());
+  { Tensor a = empty({3 << 20}, DType::f32); }  // 12 MiB, cached on free
+  auto s1 = allocator_stats(Device::cpu());
+  CHECK(s1.driver_allocs == s0.driver_allocs + 1);
+  CHECK(s1.allocated_bytes == s0.allocated_bytes);
+  CHECK(s1.reserved_bytes >= s0.reserved_bytes + (12u << 20));
+  { Tensor b = empty({(3 << 20) - 100}, DType::f32); }  // fits the cached block: no new allocation
+  { Tensor c = empty({2 << 20}, DType::f32); }           // 8 MiB: the 12 MiB block is under 2x, reused
+  CHECK(allocator_stats(Device::cpu()).driver_allocs == s1.driver_allocs);
+  { Tensor d = empty({1 << 20}, DType::f32); }  // 4 MiB: 12 MiB would waste too much, a new block
+  CHECK(allocator_stats(Device::cpu()).driver_allocs == s1.driver_allocs + 1);
+  empty_cache(Device::cpu());
+  CHECK(allocator_stats(Device::cpu()).reserved_bytes == s0.reserved_bytes);
+}

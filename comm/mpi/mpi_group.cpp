@@ -176,6 +176,20 @@ class MpiGroup final : public Group, public HasMpiComm {
     return Work(w);
   }
 
+  using Group::all_reduce;
+  Work all_reduce(const Tensor& out, const Tensor& in, ReduceOp op, bool async) override {
+    if (async || !out.device().is_cpu() || !in.device().is_cpu()) return Group::all_reduce(out, in, op, async);
+    check_same("all_reduce", out, in);
+    check_count("all_reduce", "output", out, in.numel());
+    {
+      WatchdogScope w("all_reduce", *this);
+      MT_MPI_CHECK(MPI_Allreduce(in.data_ptr(), out.data_ptr(), to_int(in.numel(), "all_reduce", *this),
+                                 mpi_datatype(in.dtype()), mpi_op(op, in.dtype()), comm_));
+    }
+    if (op == ReduceOp::avg) divide_(out, size());
+    return {};
+  }
+
   Work all_gather(const Tensor& out, const Tensor& in, bool async) override {
     check_same("all_gather", out, in);
     check_count("all_gather", "output", out, in.numel() * size());

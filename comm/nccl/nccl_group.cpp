@@ -154,6 +154,7 @@ class NcclGroup final : public Group, public HasMpiComm {
   MPI_Comm mpi_comm() const override { return mpi_; }
   std::string_view backend() const override { return "nccl"; }
 
+  using Group::all_reduce;  // the out-of-place form: copy, then the in-place call below
   Work all_reduce(const Tensor& t, ReduceOp op, bool async) override {
     check_dev("all_reduce", t);
     auto ty = reduce_type("all_reduce", t.dtype());

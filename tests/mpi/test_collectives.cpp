@@ -235,3 +235,15 @@ TEST_CASE("collectives refuse mismatched buffers with the group named") {
   CHECK_ERROR_CONTAINS(g.broadcast(zeros({1}, DType::f32), n), "root");
   CHECK_ERROR_CONTAINS(reduce_op_from_name("prod"), "unknown reduce op 'prod'");
 }
+
+TEST_CASE("out-of-place all_reduce leaves the input alone") {
+  for_each_group([](Group& g) {
+    for (DType dt : kDtypes)
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+        Tensor in = make(g.rank(), 7, dt), keep = in.clone(), out = zeros({7}, dt);
+        g.all_reduce(out, in, op);
+        CHECK(equal(in, keep));
+        CHECK(mismatches(out, [&](int64_t i) { return reduce_expect(op, g.size(), i, dt); }) == 0);
+      }
+  });
+}
