@@ -1,0 +1,75 @@
+// Redistribution of device tensors: with NCCL (one rank per GPU) and with the
+// MPI backend staging through the host (several ranks sharing one GPU).
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <cstdlib>
+
+#include "comm/nccl/nccl_group.h"
+#include "parallel/dtensor.h"
+
+using namespace mt;
+
+namespace {
+
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+int check_all_pairs(const DeviceMesh& mesh) {
+  std::vector<Placement> one{Placement::Replicate(), Placement::Shard(0), Placement::Shard(1),
+                             Placement::Partial(ReduceOp::sum), Placement::Partial(ReduceOp::max)};
+  int bad = 0;
+  int k = 0;
+  for (Shape s : std::vector<Shape>{{8, 6}, {5, 3}, {1, 2}})
+    for (auto& a : one)
+      for (auto& b : one) {
+        if (a.is_partial() && b.is_partial() && a.op != b.op) continue;
+        DType dt = (k++ % 2) ? DType::i64 : DType::f32;
+        std::vector<double> v(static_cast<size_t>(shape_numel(s)));
+        for (size_t i = 0; i < v.size(); ++i) v[i] = 8.0 * double(i + 1);
+        Tensor x = from_values(v, s, dt);
+        DTensor src = distribute_tensor(x.to(mesh.device()), mesh, {a});
+        CHECK(src.local.device() == mesh.device());
+        DTensor dst = redistribute(src, {b});
+        CHECK(dst.local.device() == mesh.device());
+        Tensor back = full_tensor(dst).to(Device::cpu());
+        if (!equal(back, x)) {
+          ++bad;
+          MESSAGE(mesh.backend(), " ", shape_str(s), " ", a.str(), " -> ", b.str(), " got ", back.str());
+        }
+      }
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("redistribute device tensors with the MPI backend (staged through the host)") {
+  if (cuda_device_count() == 0) {
+    MESSAGE("no GPU: skipped");
+    return;
+  }
+  MeshOptions o;
+  int local = 0;
+  if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = std::atoi(l);
+  o.device = Device::cuda(local % cuda_device_count());
+  o.backend = "mpi";
+  DeviceMesh mesh = DeviceMesh::create({{"dp_shard", world_size()}}, o);
+  CHECK(check_all_pairs(mesh) == 0);
+}
+
+TEST_CASE("redistribute device tensors with NCCL") {
+  if (cuda_device_count() == 0 || world_size() > cuda_device_count()) {
+    MESSAGE("NCCL needs one GPU per rank: skipped");
+    return;
+  }
+  MeshOptions o;
+  int local = 0;
+  if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = std::atoi(l);
+  o.device = Device::cuda(local % cuda_device_count());
+  o.backend = "nccl";
+  DeviceMesh mesh = DeviceMesh::create({{"dp_shard", world_size()}}, o);
+  CHECK(check_all_pairs(mesh) == 0);
+}
