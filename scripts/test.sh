@@ -43,7 +43,7 @@ else
   add 0 1 "unit (crashed)"
 fi
 
-# Multi-rank suite on 1, 2, 4 and 8 ranks.
+# Multi-rank suite on 1, 2, 4, 6 (2x3 meshes) and 8 ranks.
 run_mpi_suite() {  # run_mpi_suite BINARY NAME NP
   local out="$log_dir/$2-np$3.log"
   MT_SUITE_NAME=$2 timeout 900 scripts/mpirun.sh -np "$3" "$1" >"$out" 2>&1
@@ -60,7 +60,7 @@ run_mpi_suite() {  # run_mpi_suite BINARY NAME NP
     add 0 1 "$2 np=$3 (crashed or hung)"
   fi
 }
-for np in 1 2 4 8; do run_mpi_suite "$build/tests/test_mpi" test_mpi $np; done
+for np in 1 2 4 6 8; do run_mpi_suite "$build/tests/test_mpi" test_mpi $np; done
 
 # The command line end to end: config errors, the self-check, fault tests.
 out="$log_dir/cli.log"

@@ -2,7 +2,7 @@
 // exactly for every ordered pair of placements on 1-D, 2-D and 3-D meshes
 // (the 3-D one on a deterministic sample of pairs), tensors of rank 1 to 3 with
 // even, uneven, smaller-than-mesh and zero sizes, default and reversed shard
-// orders, f32 and i64. Values are multiples of 8 so that partial sums made by
+// orders, f32 and i64. Values are multiples of 24 so that partial sums made by
 // dividing by a mesh size are exact.
 #include <doctest/doctest.h>
 #include <mpi.h>
@@ -22,9 +22,10 @@ int world_size() {
   return n;
 }
 
+// Multiples of 24: exact after dividing by 2, 3, 4 or 8 (partial sums on meshes of those sizes).
 Tensor iota8(const Shape& s, DType dt) {
   std::vector<double> v(static_cast<size_t>(shape_numel(s)));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = 8.0 * double(i + 1);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 24.0 * double(i + 1);
   return from_values(v, s, dt);
 }
 
