@@ -66,17 +66,6 @@ Tensor slice_dim(const Tensor& t, int d, int64_t begin, int64_t len) {
   return out;
 }
 
-// Divides by n (Replicate -> Partial(sum) keeps the sum over ranks equal to the value).
-void divide_(const Tensor& t, int n) {
-  dispatch_dtype(t.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    T* p = t.data<T>();
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      if constexpr (std::is_same_v<T, bf16>) p[i] = bf16(float(p[i]) / float(n));
-      else p[i] = T(p[i] / T(n));
-    }
-  });
-}
 
 // The group runs on host buffers (MPI) or device buffers (NCCL): packed host
 // buffers go to the device and back around a collective. This is the one

@@ -65,17 +65,6 @@ std::vector<int> displs_of(const std::vector<int>& counts) {
   return d;
 }
 
-// avg = sum then divide (MPI has no average).
-void divide_(const Tensor& t, int n) {
-  dispatch_dtype(t.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    T* p = t.data<T>();
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      if constexpr (std::is_same_v<T, bf16>) p[i] = bf16(float(p[i]) / float(n));
-      else p[i] = T(p[i] / T(n));
-    }
-  });
-}
 
 // A device tensor is staged through a host copy; host tensors are used as is.
 // `buffer`, when given, is reusable pinned host memory of at least t's bytes

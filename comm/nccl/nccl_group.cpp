@@ -15,6 +15,7 @@
 #include "comm/mpi/mpi_group.h"
 #include "comm/watchdog.h"
 #include "runtime/core/stream.h"
+#include "runtime/core/cuda_guard.h"
 
 namespace mt {
 
@@ -28,22 +29,6 @@ bool nccl_built() { return true; }
 
 namespace {
 
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    MT_CUDA_CHECK(cudaGetDevice(&prev_));
-    if (prev_ != device) MT_CUDA_CHECK(cudaSetDevice(device));
-    else prev_ = -1;
-  }
-  ~DeviceGuard() {
-    if (prev_ >= 0) (void)cudaSetDevice(prev_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int prev_ = -1;
-};
 
 // A CUDA event shared by a Work and the watchdog's completion check.
 struct DoneEvent {

@@ -13,6 +13,7 @@
 #include "runtime/core/cuda_backend.h"
 #include "runtime/core/error.h"
 #include "runtime/core/stream.h"
+#include "runtime/core/cuda_guard.h"
 
 namespace mt {
 
@@ -49,23 +50,6 @@ void device_synchronize() { MT_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 namespace {
 
-// Makes device the current one for a scope, restoring the previous one.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    MT_CUDA_CHECK(cudaGetDevice(&prev_));
-    if (prev_ != device) MT_CUDA_CHECK(cudaSetDevice(device));
-    else prev_ = -1;
-  }
-  ~DeviceGuard() {
-    if (prev_ >= 0) (void)cudaSetDevice(prev_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int prev_ = -1;
-};
 
 void check_device_index(int device) {
   int n = cuda_device_count();

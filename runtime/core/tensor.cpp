@@ -161,6 +161,18 @@ void fill_zero_(const Tensor& t) {
   else cuda::memset_zero_async(t.data_ptr(), t.nbytes(), t.device().index);
 }
 
+void divide_(const Tensor& t, int64_t n) {
+  MT_CHECK(t.device().is_cpu(), "core", "divide_ needs a host tensor, got one on {}", t.device().str());
+  dispatch_dtype(t.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* p = t.data<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if constexpr (std::is_same_v<T, bf16>) p[i] = bf16(float(p[i]) / float(n));
+      else p[i] = T(p[i] / T(n));
+    }
+  });
+}
+
 Tensor Tensor::to(Device d) const {
   if (device() == d) return *this;
   Tensor t = empty(shape_, dtype_, d);

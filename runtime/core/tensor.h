@@ -88,6 +88,9 @@ std::vector<double> to_f64(const Tensor& t);
 // the current stream; a device-to-host copy into pageable memory synchronises.
 void copy_(const Tensor& dst, const Tensor& src);
 void fill_zero_(const Tensor& t);
+// Host tensors: t <- t / n element-wise (integer division for integer dtypes;
+// used for avg reductions and Replicate -> Partial(sum)).
+void divide_(const Tensor& t, int64_t n);
 // Host tensors only: exact element-wise equality (NaN != NaN).
 bool equal(const Tensor& a, const Tensor& b);
 
