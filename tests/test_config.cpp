@@ -46,16 +46,24 @@ TEST_CASE("wrong types name the key, the value and what was expected") {
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {link_gbps: 5}"), "comm.link_gbps: expected a list, got '5'");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {link_gbps: [1, x]}"), "comm.link_gbps[1]: expected a number, got 'x'");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: 5"), "comm: expected a map of keys, got '5'");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("5", {"comm.timeout_s=3"}), "the top level: expected a map of keys, got '5'");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("[1, 2]", {"comm.timeout_s=3"}), "the top level: expected a map of keys, got a list");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {[a]: 1}"), "comm: keys must be names, got a list");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timeout_s: 1}\ncomm: {timeout_s: 2}"), "duplicate key 'comm'");
 }
 
 TEST_CASE("impossible values") {
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {backend: gloo}"),
                        "comm.backend = 'gloo': expected one of 'auto', 'mpi', 'nccl'");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timeout_s: 0}"), "comm.timeout_s = 0: expected a number of seconds > 0");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timeout_s: 0}"), "comm.timeout_s = 0: expected a finite number of seconds > 0");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timeout_s: .inf}"), "comm.timeout_s = inf");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {link_gbps: [10, -1]}"), "comm.link_gbps[1] = -1");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("log: {interval: 0}"), "log.interval = 0");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("parallel: {tp: 0}"), "parallel.tp = 0: expected a size >= 1");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string("parallel: {tp: -1, cp: -1}"), "only one of dp_replicate, dp_shard, cp, tp may be -1");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("parallel: {dp_replicate: 1, tp: -1, cp: -1}"),
+                       "parallel: only one of dp_replicate, dp_shard, cp, tp may be -1, but cp, tp are");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("parallel: {dp_shard: -1}"),
+                       "but dp_replicate, dp_shard are (dp_replicate is -1 by default: set it to 1)");
   Config c = config_from_yaml_string("parallel: {dp_replicate: 2, cp: 2, tp: 2}");
   CHECK_ERROR_CONTAINS(resolve_mesh_sizes(c.parallel, 4),
                        "parallel: dp_replicate*dp_shard*cp*tp = 2*1*2*2 = 8 but the job has 4 ranks");
@@ -64,6 +72,9 @@ TEST_CASE("impossible values") {
   CHECK_ERROR_CONTAINS(require_divisible("training.batch_size", 10, "dp", 4),
                        "[config] training.batch_size = 10 must be divisible by dp = 4");
   require_divisible("training.batch_size", 12, "dp", 4);  // no throw
+  ParallelConfig unchecked;  // built in code, never validated: resolve checks it too
+  unchecked.tp = 0;
+  CHECK_ERROR_CONTAINS(resolve_mesh_sizes(unchecked, 4), "parallel.tp = 0: expected a size >= 1");
 }
 
 TEST_CASE("--set overrides any key, lists and nested ints included") {
@@ -83,9 +94,10 @@ TEST_CASE("files: missing, unparsable with line, and errors name the file") {
   std::string path = "/tmp/meshtrain_test_config.yaml";
   {
     std::ofstream f(path);
-    f << "comm:\n  timeout_s: 5\n  backend: [unclosed\n";
+    f << "comm:\n  timeout_s: 5\n  backend: mpi: x\n";
   }
-  CHECK_ERROR_CONTAINS(load_config(path, {}), path + ": YAML error at line ");
+  CHECK_ERROR_CONTAINS(load_config(path, {}), path + ": YAML error at line 3, column 15: illegal map value");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("a: 1\n b: 2\n"), "YAML error at line 2");
   {
     std::ofstream f(path);
     f << "comm:\n  timeout_s: five\n";
@@ -101,4 +113,21 @@ TEST_CASE("canonical YAML round-trips to the same hash; different configs hash d
   CHECK(config_to_yaml(a) == config_to_yaml(b));
   Config c = config_from_yaml_string("", {"comm.timeout_s=31"});
   CHECK(config_hash(c) != config_hash(config_from_yaml_string("")));
+  Config d = config_from_yaml_string(config_to_yaml(Config{}));
+  CHECK(config_hash(d) == config_hash(Config{}));
+}
+
+TEST_CASE("a written file loads back, with --set on top") {
+  std::string path = "/tmp/meshtrain_test_config_roundtrip.yaml";
+  Config a = config_from_yaml_string("parallel: {dp_replicate: 2, tp: 2}\ncomm: {link_gbps: [50, 400]}");
+  {
+    std::ofstream f(path);
+    f << config_to_yaml(a);
+  }
+  CHECK(config_hash(load_config(path, {})) == config_hash(a));
+  Config b = load_config(path, {"parallel.tp=1", "comm.link_gbps=[]"});
+  CHECK(b.parallel.tp == 1);
+  CHECK(b.parallel.dp_replicate == 2);
+  CHECK(b.comm.link_gbps.empty());
+  std::remove(path.c_str());
 }

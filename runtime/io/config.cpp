@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -110,10 +111,15 @@ struct Reader {
       fail("config", "{}: expected a map of keys, got {}", path.empty() ? "the top level" : path, describe_node(n));
     Reader r{n, path, from_set, {}};
     section.visit(r);
+    std::set<std::string> seen;
     for (auto it = n.begin(); it != n.end(); ++it) {
-      std::string key = it->first.as<std::string>();
-      if (std::find(r.known.begin(), r.known.end(), key) != r.known.end()) continue;
+      if (!it->first.IsScalar())
+        fail("config", "{}: keys must be names, got {}", path.empty() ? "the top level" : path, describe_node(it->first));
+      std::string key = it->first.Scalar();
       std::string full = join_path(path, key);
+      // yaml-cpp keeps the first of two equal keys; silently dropping the second hides edits.
+      if (!seen.insert(key).second) fail("config", "duplicate key '{}'", full);
+      if (std::find(r.known.begin(), r.known.end(), key) != r.known.end()) continue;
       std::string names;
       std::string best;
       size_t best_d = 1000;
@@ -139,7 +145,11 @@ struct Writer {
       out << YAML::EndMap;
     } else if constexpr (std::is_same_v<T, std::vector<double>> || std::is_same_v<T, std::vector<std::string>>) {
       out << YAML::Flow << YAML::BeginSeq;
-      for (auto& x : field) out << x;
+      // Strings quoted so that '', 'yes' or '[a' read back as the same strings.
+      for (auto& x : field) {
+        if constexpr (std::is_same_v<T, std::vector<std::string>>) out << YAML::DoubleQuoted;
+        out << x;
+      }
       out << YAML::EndSeq;
     } else if constexpr (std::is_same_v<T, std::string>) {
       out << YAML::DoubleQuoted << field;
@@ -157,20 +167,31 @@ template <class T> void require_one_of(const std::string& key, const T& value, s
   fail("config", "{} = '{}': expected one of {}", key, value, names);
 }
 
-void validate(const Config& c) {
-  const auto& p = c.parallel;
-  int inferred = 0;
+// Shared by validate() and resolve_mesh_sizes(), which may be given a ParallelConfig built in code.
+void check_parallel(const ParallelConfig& p) {
+  std::string inferred;
+  int n_inferred = 0;
   for (auto [key, v] : {std::pair{"dp_replicate", p.dp_replicate}, {"dp_shard", p.dp_shard}, {"cp", p.cp}, {"tp", p.tp}}) {
-    if (v == -1) ++inferred;
+    if (v == -1) inferred += (n_inferred++ ? ", " : "") + std::string(key);
     else if (v < 1) fail("config", "parallel.{} = {}: expected a size >= 1, or -1 for the remaining ranks", key, v);
   }
-  if (inferred > 1) fail("config", "parallel: only one of dp_replicate, dp_shard, cp, tp may be -1 ({} are)", inferred);
-  if (!(c.comm.timeout_s > 0)) fail("config", "comm.timeout_s = {}: expected a number of seconds > 0", c.comm.timeout_s);
+  if (n_inferred > 1) {
+    // dp_replicate is -1 by default, so "dp_shard: -1" alone trips this; say so.
+    bool default_dp = p.dp_replicate == -1;
+    fail("config", "parallel: only one of dp_replicate, dp_shard, cp, tp may be -1, but {} are{}", inferred,
+         default_dp ? " (dp_replicate is -1 by default: set it to 1)" : "");
+  }
+}
+
+void validate(const Config& c) {
+  check_parallel(c.parallel);
+  if (!(c.comm.timeout_s > 0) || !std::isfinite(c.comm.timeout_s))
+    fail("config", "comm.timeout_s = {}: expected a finite number of seconds > 0", c.comm.timeout_s);
   require_one_of<std::string>("comm.backend", c.comm.backend, {"auto", "mpi", "nccl"});
   require_one_of<std::string>("comm.device", c.comm.device, {"cpu", "cuda"});
   for (size_t i = 0; i < c.comm.link_gbps.size(); ++i)
-    if (!(c.comm.link_gbps[i] > 0))
-      fail("config", "comm.link_gbps[{}] = {}: expected a bandwidth in GB/s > 0", i, c.comm.link_gbps[i]);
+    if (!(c.comm.link_gbps[i] > 0) || !std::isfinite(c.comm.link_gbps[i]))
+      fail("config", "comm.link_gbps[{}] = {}: expected a finite bandwidth in GB/s > 0", i, c.comm.link_gbps[i]);
   require_one_of<std::string>("log.level", c.log.level, {"", "trace", "debug", "info", "warn", "error", "off"});
   if (c.log.interval < 1) fail("config", "log.interval = {}: expected a number of steps >= 1", c.log.interval);
 }
@@ -208,10 +229,17 @@ void apply_override(YAML::Node& root, const std::string& ov, std::set<std::strin
 
 Config from_node(YAML::Node root, const std::vector<std::string>& overrides) {
   if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  std::set<std::string> from_set;
-  for (auto& ov : overrides) apply_override(root, ov, from_set);
+  // Before the overrides: yaml-cpp would turn a list into a map, or throw its own error on a scalar.
+  if (!root.IsMap()) fail("config", "the top level: expected a map of keys, got {}", describe_node(root));
   Config c;
-  Reader::read_section(root, "", c, from_set);
+  try {
+    std::set<std::string> from_set;
+    for (auto& ov : overrides) apply_override(root, ov, from_set);
+    Reader::read_section(root, "", c, from_set);
+  } catch (const YAML::Exception& e) {
+    // A yaml-cpp corner not checked above still leaves as a config error, not a bare library one.
+    fail("config", "{}", e.what());
+  }
   validate(c);
   return c;
 }
@@ -266,9 +294,11 @@ uint64_t config_hash(const Config& c) {
 }
 
 std::vector<int> resolve_mesh_sizes(const ParallelConfig& p, int world_size) {
+  check_parallel(p);
   std::vector<int> s{p.dp_replicate, p.dp_shard, p.cp, p.tp};
   const char* names[] = {"dp_replicate", "dp_shard", "cp", "tp"};
-  int known = 1, infer = -1;
+  int64_t known = 1;  // 64 bits: sizes typed by hand may overflow an int product
+  int infer = -1;
   for (int i = 0; i < 4; ++i) {
     if (s[size_t(i)] == -1) infer = i;
     else known *= s[size_t(i)];
@@ -277,9 +307,9 @@ std::vector<int> resolve_mesh_sizes(const ParallelConfig& p, int world_size) {
     if (world_size % known != 0)
       fail("config", "parallel.{} = -1: the other sizes multiply to {}, which does not divide the job's {} ranks",
            names[infer], known, world_size);
-    s[size_t(infer)] = world_size / known;
+    s[size_t(infer)] = int(world_size / known);
   }
-  int prod = s[0] * s[1] * s[2] * s[3];
+  int64_t prod = int64_t(s[0]) * s[1] * s[2] * s[3];
   if (prod != world_size)
     fail("config", "parallel: dp_replicate*dp_shard*cp*tp = {}*{}*{}*{} = {} but the job has {} ranks", s[0], s[1], s[2],
          s[3], prod, world_size);
