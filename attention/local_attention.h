@@ -1,0 +1,30 @@
+// Local attention: scaled dot-product attention on this rank's queries and
+// keys, forward returning the log-sum-exp of each query row so that ring
+// attention can merge partial results. Computed blockwise with an online
+// softmax (FlashAttention's recurrence), so memory does not grow with T^2.
+// Grouped-query: kv head j serves q heads j*H/KV ... (j+1)*H/KV - 1.
+#pragma once
+#include "runtime/core/tensor.h"
+
+namespace mt {
+
+struct AttentionOptions {
+  bool causal = true;
+  double scale = 0;      // 0: 1/sqrt(hd)
+  int64_t q_pos0 = 0;    // global position of query 0 (ring attention passes chunk offsets)
+  int64_t k_pos0 = 0;    // global position of key 0
+};
+
+// q (B, T, H, hd), k and v (B, S, KV, hd), H divisible by KV. out (B, T, H, hd), lse (B, H, T) in
+// q's dtype (natural log). Causal: query t sees key s iff k_pos0 + s <= q_pos0 + t. A query that
+// sees no key gets out = 0 and lse = -inf.
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionOptions& opt = {});
+// Recomputes the probabilities from q, k and lse. dq (B, T, H, hd) overwritten; dk, dv (B, S, KV, hd)
+// overwritten unless accumulate (ring attention adds the contributions of several query chunks).
+// dout, out (B, T, H, hd); lse (B, H, T) from the forward.
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const AttentionOptions& opt = {}, bool accumulate = false);
+
+}  // namespace mt

@@ -1,0 +1,80 @@
+// The ops of a Llama training step, forward and backward side by side, as free
+// functions over Tensors. Each dispatches on the tensors' device: the CPU
+// backend (runtime/kernels/cpu, Eigen and OpenMP) handles f32 and f64 (f64 for
+// gradient checks); the CUDA backend (runtime/kernels/cuda) comes with issue 6.
+// Conventions (llm.c's): outputs first, then inputs, then sizes/options.
+// Every tensor is contiguous; float tensors of one call share one dtype.
+// Shapes are given in comments; N is the number of rows (tokens), C channels.
+#pragma once
+#include "runtime/core/tensor.h"
+
+namespace mt {
+
+// ---- matmul (nn.Linear without bias; weight is [out, in] as in PyTorch) ----
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T; accumulate: out += instead of =.
+void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, bool accumulate = false);
+// dinp (N, C) = dout (N, OC) @ weight (OC, C)        (skipped if dinp undefined; overwritten)
+// dweight (OC, C) += dout^T @ inp                   (skipped if undefined; always accumulates,
+//                                                    so micro-batches add up; zero it per step)
+void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                     const Tensor& weight);
+
+// ---- RMSNorm: out = x * rsqrt(mean(x^2) + eps) * w ----
+// out (N, C), rstd (N) saved for backward; inp (N, C), weight (C).
+void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight, double eps);
+// dinp (N, C) overwritten; dweight (C) += sum over rows of dout * x * rstd.
+void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                      const Tensor& weight, const Tensor& rstd);
+
+// ---- RoPE, Hugging Face convention ----
+// cos, sin (P, hd) for positions (P) i64: inv_freq_i = theta^(-2i/hd), angle = pos * inv_freq,
+// repeated twice along hd ([f0..f_{hd/2-1}, f0..f_{hd/2-1}]); computed in f64, stored in cos's dtype.
+void rope_tables(const Tensor& cos, const Tensor& sin, const Tensor& positions, double theta);
+// x (B, T, H, hd): out = x * cos[t] + rotate_half(x) * sin[t], rotate_half(x) = [-x2, x1];
+// cos, sin (T, hd) give the rows for the T positions of this sequence. out may alias inp.
+void rope_forward(const Tensor& out, const Tensor& inp, const Tensor& cos, const Tensor& sin);
+// The transpose: dinp = dout * cos + rotate_half^T(dout * sin), rotate_half^T(y) = [y2, -y1]. May alias.
+void rope_backward(const Tensor& dinp, const Tensor& dout, const Tensor& cos, const Tensor& sin);
+
+// ---- SwiGLU: out = silu(gate) * up ----
+// out, gate, up (N, F).
+void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up);
+// dgate, dup (N, F) overwritten.
+void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,
+                     const Tensor& up);
+
+// ---- Embedding (table rows [row_begin, row_begin + V_local) live here: vocab-sharded tables) ----
+// out (N, C) = table[tokens[n] - row_begin], zero for tokens outside this shard; tokens (N) i32.
+// A token outside [0, vocab_size) is an error naming the position ([kernels] ...).
+void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table, int64_t row_begin = 0,
+                       int64_t vocab_size = -1);
+// dtable (V_local, C) += scatter of dout rows; deterministic (fixed order, no atomics).
+void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens, int64_t row_begin = 0);
+
+// ---- Softmax cross-entropy, fused ----
+// logits (N, V), targets (N) i32. losses (N, f32 or f64 like logits) = logsumexp(row) - row[target].
+// If dlogits (N, V) is defined it gets (softmax(row) - onehot(target)) * grad_scale in the same pass
+// (dlogits may alias logits: the logits are then overwritten). Targets < 0 are ignored (loss 0,
+// gradient 0); a target >= V is an error.
+void cross_entropy_forward_backward(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                    const Tensor& targets, double grad_scale);
+
+// ---- Element-wise and reductions ----
+void add_(const Tensor& dst, const Tensor& src);            // dst += src
+void add(const Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b (out may alias a or b)
+void scale_(const Tensor& t, double s);                     // t *= s
+double sum_squares(const Tensor& t);                        // sum of t^2, accumulated in f64
+double sum(const Tensor& t);                                // accumulated in f64
+
+// ---- AdamW, PyTorch semantics (torch.optim.AdamW, amsgrad off) ----
+// param -= lr * weight_decay * param (decoupled, first); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// param -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps). step is 1-based.
+// param, grad, m, v share shape; m and v are f32 (or f64 with f64 params).
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr,
+                double beta1, double beta2, double eps, double weight_decay, int64_t step);
+
+// Threads used by the CPU kernels (OpenMP and Eigen); 0 = all cores.
+void set_cpu_threads(int n);
+int cpu_threads();
+
+}  // namespace mt
