@@ -183,6 +183,64 @@ void check_parallel(const ParallelConfig& p) {
   }
 }
 
+void require_at_least(const std::string& key, double value, double min, const char* what) {
+  if (!(value >= min) || !std::isfinite(value)) fail("config", "{} = {}: expected {} >= {}", key, value, what, min);
+}
+
+// The model, training, data, eval, sample and checkpoint sections (mesh-dependent
+// checks, such as the batch being divisible by dp, happen when the mesh exists).
+void validate_training(const Config& c) {
+  auto& m = c.model;
+  require_at_least("model.dim", m.dim, 1, "a width");
+  require_at_least("model.n_layers", m.n_layers, 1, "a layer count");
+  require_at_least("model.n_heads", m.n_heads, 1, "a head count");
+  require_at_least("model.n_kv_heads", m.n_kv_heads, 1, "a head count");
+  require_at_least("model.ffn_dim", m.ffn_dim, 1, "a width");
+  require_at_least("model.max_seq_len", m.max_seq_len, 1, "a length");
+  if (m.vocab_size < 1 || m.vocab_size > 65536)
+    fail("config", "model.vocab_size = {}: expected 1 ... 65536 (tokens are stored as uint16)", m.vocab_size);
+  if (m.dim % m.n_heads != 0)
+    fail("config", "model.dim = {} must be divisible by model.n_heads = {}", m.dim, m.n_heads);
+  if (m.n_heads % m.n_kv_heads != 0)
+    fail("config", "model.n_heads = {} must be divisible by model.n_kv_heads = {}", m.n_heads, m.n_kv_heads);
+  if ((m.dim / m.n_heads) % 2 != 0)
+    fail("config", "model.dim / model.n_heads = {} / {} = {}: RoPE needs an even head dim", m.dim, m.n_heads,
+         m.dim / m.n_heads);
+  if (!(m.norm_eps > 0) || !std::isfinite(m.norm_eps)) fail("config", "model.norm_eps = {}: expected > 0", m.norm_eps);
+  if (!(m.rope_theta > 0) || !std::isfinite(m.rope_theta))
+    fail("config", "model.rope_theta = {}: expected > 0", m.rope_theta);
+  require_at_least("model.init_std", m.init_std, 0, "a standard deviation");
+
+  auto& t = c.training;
+  require_at_least("training.steps", t.steps, 0, "a step count");
+  require_at_least("training.batch_size", t.batch_size, 1, "a number of sequences");
+  require_at_least("training.seq_len", t.seq_len, 1, "a length");
+  require_at_least("training.micro_batch_size", t.micro_batch_size, 0, "a number of sequences");
+  if (t.seq_len > m.max_seq_len)
+    fail("config", "training.seq_len = {} exceeds model.max_seq_len = {}", t.seq_len, m.max_seq_len);
+  require_at_least("training.lr", t.lr, 0, "a learning rate");
+  require_at_least("training.lr_min", t.lr_min, 0, "a learning rate");
+  require_one_of<std::string>("training.schedule", t.schedule, {"constant", "cosine"});
+  require_at_least("training.warmup_steps", t.warmup_steps, 0, "a step count");
+  require_at_least("training.weight_decay", t.weight_decay, 0, "a decay");
+  for (auto [key, b] : {std::pair{"training.beta1", t.beta1}, {"training.beta2", t.beta2}})
+    if (!(b >= 0 && b < 1)) fail("config", "{} = {}: expected 0 <= beta < 1", key, b);
+  if (!(t.eps > 0) || !std::isfinite(t.eps)) fail("config", "training.eps = {}: expected > 0", t.eps);
+  require_at_least("training.grad_clip", t.grad_clip, 0, "a norm (0 = off)");
+  require_one_of<std::string>("training.dtype", t.dtype, {"fp32", "fp64", "bf16"});
+  require_at_least("training.threads", t.threads, 0, "a thread count (0 = auto)");
+
+  require_at_least("eval.interval", c.eval.interval, 0, "a step count (0 = never)");
+  require_at_least("eval.steps", c.eval.steps, 1, "a batch count");
+  require_at_least("sample.interval", c.sample.interval, 0, "a step count (0 = never)");
+  require_at_least("sample.tokens", c.sample.tokens, 0, "a token count");
+  require_at_least("sample.temperature", c.sample.temperature, 0, "a temperature");
+  require_at_least("checkpoint.interval", c.checkpoint.interval, 0, "a step count (0 = at the end only)");
+  require_at_least("checkpoint.keep", c.checkpoint.keep, 0, "a count (0 = all)");
+  if (c.checkpoint.resume.empty())
+    fail("config", "checkpoint.resume is empty: expected auto, never or a checkpoint directory");
+}
+
 void validate(const Config& c) {
   check_parallel(c.parallel);
   if (!(c.comm.timeout_s > 0) || !std::isfinite(c.comm.timeout_s))
@@ -194,6 +252,7 @@ void validate(const Config& c) {
       fail("config", "comm.link_gbps[{}] = {}: expected a finite bandwidth in GB/s > 0", i, c.comm.link_gbps[i]);
   require_one_of<std::string>("log.level", c.log.level, {"", "trace", "debug", "info", "warn", "error", "off"});
   if (c.log.interval < 1) fail("config", "log.interval = {}: expected a number of steps >= 1", c.log.interval);
+  validate_training(c);
 }
 
 // "a.b=c": the value parsed as YAML, placed at a.b (maps made as needed).

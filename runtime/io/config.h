@@ -47,14 +47,136 @@ struct LogConfig {
   }
 };
 
+struct ModelConfig {
+  int64_t dim = 256;
+  int64_t n_layers = 4;
+  int64_t n_heads = 8;
+  int64_t n_kv_heads = 4;
+  int64_t ffn_dim = 768;
+  int64_t vocab_size = 256;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000;
+  int64_t max_seq_len = 256;
+  bool tie_embeddings = false;
+  double init_std = 0.02;
+  std::string init_from;
+  template <class V> void visit(V& v) {
+    v("dim", dim, "model width d");
+    v("n_layers", n_layers, "decoder layers");
+    v("n_heads", n_heads, "query heads (dim divisible by it)");
+    v("n_kv_heads", n_kv_heads, "key/value heads (n_heads divisible by it)");
+    v("ffn_dim", ffn_dim, "MLP hidden width");
+    v("vocab_size", vocab_size, "vocabulary size (256: bytes)");
+    v("norm_eps", norm_eps, "RMSNorm epsilon");
+    v("rope_theta", rope_theta, "RoPE base");
+    v("max_seq_len", max_seq_len, "longest sequence (positions) the model is used with");
+    v("tie_embeddings", tie_embeddings, "lm_head shares model.embed_tokens.weight");
+    v("init_std", init_std, "std of the normal init of matrices (norm weights start at 1)");
+    v("init_from", init_from, "Hugging Face Llama safetensors file or directory to start from ('' = random init)");
+  }
+};
+
+struct TrainingConfig {
+  int64_t steps = 1000;
+  int64_t batch_size = 8;        // global, in sequences
+  int64_t seq_len = 256;
+  int64_t micro_batch_size = 0;  // per data-parallel rank; 0: batch_size / dp (no accumulation)
+  double lr = 1e-3;
+  std::string schedule = "cosine";
+  int64_t warmup_steps = 100;
+  double lr_min = 1e-4;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;
+  int64_t seed = 0;
+  std::string dtype = "fp32";
+  int threads = 0;
+  template <class V> void visit(V& v) {
+    v("steps", steps, "optimizer steps");
+    v("batch_size", batch_size, "global batch in sequences (independent of the mesh)");
+    v("seq_len", seq_len, "tokens per sequence");
+    v("micro_batch_size", micro_batch_size, "sequences per forward/backward on a rank (0: all of the rank's share)");
+    v("lr", lr, "peak learning rate");
+    v("schedule", schedule, "constant | cosine (both with linear warmup)");
+    v("warmup_steps", warmup_steps, "steps of linear warmup");
+    v("lr_min", lr_min, "learning rate at the end of the cosine");
+    v("weight_decay", weight_decay, "AdamW decoupled weight decay (2-D weights only)");
+    v("beta1", beta1, "AdamW beta1");
+    v("beta2", beta2, "AdamW beta2");
+    v("eps", eps, "AdamW epsilon (outside the square root)");
+    v("grad_clip", grad_clip, "clip the global gradient norm to this (0 = off)");
+    v("seed", seed, "seed of the parameter init and of sampling");
+    v("dtype", dtype, "fp32 | fp64 (CPU, for checks) | bf16 (CUDA)");
+    v("threads", threads, "CPU threads per rank (0: the node's cores / ranks on the node)");
+  }
+};
+
+struct DataConfig {
+  std::string train = "data/fortunes/fortunes_train_*.bin";
+  std::string val = "data/fortunes/fortunes_val_*.bin";
+  template <class V> void visit(V& v) {
+    v("train", train, "glob of llm.c token shards for training (relative to the working directory)");
+    v("val", val, "glob of validation shards ('' = no validation)");
+  }
+};
+
+struct EvalConfig {
+  int64_t interval = 100;
+  int64_t steps = 4;
+  template <class V> void visit(V& v) {
+    v("interval", interval, "steps between validation evaluations (0 = never)");
+    v("steps", steps, "validation batches per evaluation");
+  }
+};
+
+struct SampleConfig {
+  int64_t interval = 200;
+  std::string prompt = "The ";
+  int64_t tokens = 64;
+  double temperature = 0.8;
+  template <class V> void visit(V& v) {
+    v("interval", interval, "steps between generated samples (0 = never)");
+    v("prompt", prompt, "text the samples continue");
+    v("tokens", tokens, "tokens generated per sample");
+    v("temperature", temperature, "sampling temperature (0 = greedy)");
+  }
+};
+
+struct CheckpointConfig {
+  std::string dir;
+  int64_t interval = 0;
+  int64_t keep = 2;
+  std::string resume = "auto";
+  template <class V> void visit(V& v) {
+    v("dir", dir, "checkpoint directory ('' = no checkpoints)");
+    v("interval", interval, "steps between checkpoints (0 = only at the end)");
+    v("keep", keep, "newest checkpoints kept (0 = all)");
+    v("resume", resume, "auto (latest complete checkpoint in dir) | never | a step_XXXXXXXX directory");
+  }
+};
+
 struct Config {
   ParallelConfig parallel;
   CommConfig comm;
   LogConfig log;
+  ModelConfig model;
+  TrainingConfig training;
+  DataConfig data;
+  EvalConfig eval;
+  SampleConfig sample;
+  CheckpointConfig checkpoint;
   template <class V> void visit(V& v) {
     v("parallel", parallel, "mesh sizes");
     v("comm", comm, "communication");
     v("log", log, "logging and metrics");
+    v("model", model, "the Llama model");
+    v("training", training, "optimizer, schedule and batch");
+    v("data", data, "token shards");
+    v("eval", eval, "validation");
+    v("sample", sample, "generated samples during training");
+    v("checkpoint", checkpoint, "checkpoints and resume");
   }
 };
 

@@ -10,6 +10,7 @@
 #include "runtime/train/cli.h"
 #include "runtime/train/cmd_check.h"
 #include "runtime/train/cmd_layout.h"
+#include "runtime/train/trainer.h"
 
 namespace mt {
 
@@ -59,6 +60,10 @@ int main(int argc, char** argv) {
   mt::LayoutArgs layout_args;
   auto* layout = app.add_subcommand("layout", "print the local shards of a layout and the plan between two layouts");
   mt::add_layout_options(layout, layout_args);
+  auto* train = app.add_subcommand("train", "train the model of the config on its data (checkpoints, metrics, samples)");
+  mt::GenerateArgs generate_args;
+  auto* generate = app.add_subcommand("generate", "sample a continuation of a prompt from a checkpoint");
+  mt::add_generate_options(generate, generate_args);
 
   try {
     app.parse(argc, argv);
@@ -74,6 +79,8 @@ int main(int argc, char** argv) {
     if (ctx.config.log.level != "" && g.log_level.empty()) mt::init_logging(env.rank(), ctx.config.log.level);
     if (*check) return mt::run_check_command(ctx, check_args);
     if (*layout) return mt::run_layout_command(ctx, layout_args);
+    if (*train) return mt::run_train_command(ctx);
+    if (*generate) return mt::run_generate_command(ctx, generate_args);
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     spdlog::default_logger()->flush();

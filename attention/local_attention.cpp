@@ -1,0 +1,208 @@
+// Blockwise attention on the CPU (FlashAttention's recurrence): for each
+// (batch, head, block of queries), key blocks are visited in order keeping a
+// running max m, sum l and un-normalised output; fully masked key blocks are
+// skipped. Memory is O(block^2) per thread whatever T is.
+// Backward (FlashAttention-2): P is recomputed from q, k and lse;
+//   D = rowsum(dO * O), dV += P^T dO, dP = dO V^T, dS = P * (dP - D),
+//   dQ += scale * dS K, dK += scale * dS^T Q.
+// It runs per (batch, kv head) so that no two threads write the same dk/dv rows.
+#include "attention/local_attention.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "runtime/core/error.h"
+
+namespace mt {
+
+namespace {
+
+constexpr int64_t kBlockQ = 64, kBlockK = 64;
+
+template <typename T> using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename T> using Strided = Eigen::Map<RowMat<T>, 0, Eigen::OuterStride<>>;
+template <typename T> using CStrided = Eigen::Map<const RowMat<T>, 0, Eigen::OuterStride<>>;
+
+struct Dims {
+  int64_t B, T, S, H, KV, hd;
+  double scale;
+  bool causal;
+  int64_t q_pos0, k_pos0;
+  // Number of keys query t may see (keys [0, visible) ), before clamping to S.
+  int64_t visible(int64_t t) const {
+    if (!causal) return S;
+    return std::clamp<int64_t>(q_pos0 + t - k_pos0 + 1, 0, S);
+  }
+};
+
+template <typename T>
+void forward_impl(T* out, T* lse, const T* q, const T* k, const T* v, const Dims& d) {
+  const int64_t n_qb = (d.T + kBlockQ - 1) / kBlockQ, group = d.H / d.KV;
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+#pragma omp parallel for schedule(dynamic) collapse(3)
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.H; ++h)
+      for (int64_t qb = 0; qb < n_qb; ++qb) {
+        const int64_t kvh = h / group, t0 = qb * kBlockQ, nq = std::min(kBlockQ, d.T - t0);
+        CStrided<T> Q(q + ((b * d.T + t0) * d.H + h) * d.hd, nq, d.hd, Eigen::OuterStride<>(d.H * d.hd));  // (nq, hd)
+        RowMat<T> acc = RowMat<T>::Zero(nq, d.hd);  // un-normalised output
+        std::vector<T> m(size_t(nq), neg_inf), l(size_t(nq), T(0));
+        RowMat<T> S(nq, kBlockK);
+        const int64_t keys = d.visible(t0 + nq - 1);  // the last query sees the most keys
+        for (int64_t s0 = 0; s0 < keys; s0 += kBlockK) {
+          const int64_t nk = std::min(kBlockK, keys - s0);
+          CStrided<T> K(k + ((b * d.S + s0) * d.KV + kvh) * d.hd, nk, d.hd, Eigen::OuterStride<>(d.KV * d.hd));
+          CStrided<T> V(v + ((b * d.S + s0) * d.KV + kvh) * d.hd, nk, d.hd, Eigen::OuterStride<>(d.KV * d.hd));
+          auto Sb = S.leftCols(nk);
+          Sb.noalias() = Q * K.transpose();
+          for (int64_t i = 0; i < nq; ++i) {
+            const int64_t vis = d.visible(t0 + i) - s0;  // keys of this block the query sees
+            T mx = m[size_t(i)];
+            for (int64_t j = 0; j < nk; ++j) {
+              if (j >= vis) {
+                Sb(i, j) = neg_inf;
+                continue;
+              }
+              Sb(i, j) *= T(d.scale);
+              mx = std::max(mx, Sb(i, j));
+            }
+            if (mx == neg_inf) {  // nothing visible yet for this row
+              for (int64_t j = 0; j < nk; ++j) Sb(i, j) = T(0);
+              continue;
+            }
+            T corr = std::exp(m[size_t(i)] - mx), rs = 0;
+            for (int64_t j = 0; j < nk; ++j) {
+              T p = j < vis ? std::exp(Sb(i, j) - mx) : T(0);
+              Sb(i, j) = p;
+              rs += p;
+            }
+            l[size_t(i)] = l[size_t(i)] * corr + rs;
+            m[size_t(i)] = mx;
+            acc.row(i) *= corr;
+          }
+          acc.noalias() += Sb * V;
+        }
+        Strided<T> O(out + ((b * d.T + t0) * d.H + h) * d.hd, nq, d.hd, Eigen::OuterStride<>(d.H * d.hd));
+        for (int64_t i = 0; i < nq; ++i) {
+          T* L = lse + (b * d.H + h) * d.T + t0 + i;
+          if (l[size_t(i)] > T(0)) {
+            O.row(i) = acc.row(i) / l[size_t(i)];
+            *L = m[size_t(i)] + std::log(l[size_t(i)]);
+          } else {
+            O.row(i).setZero();
+            *L = neg_inf;
+          }
+        }
+      }
+}
+
+template <typename T>
+void backward_impl(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse,
+                   const Dims& d, bool accumulate) {
+  const int64_t group = d.H / d.KV;
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+#pragma omp parallel for schedule(dynamic) collapse(2)
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t kvh = 0; kvh < d.KV; ++kvh) {
+      Strided<T> dK(dk + (b * d.S * d.KV + kvh) * d.hd, d.S, d.hd, Eigen::OuterStride<>(d.KV * d.hd));  // (S, hd)
+      Strided<T> dV(dv + (b * d.S * d.KV + kvh) * d.hd, d.S, d.hd, Eigen::OuterStride<>(d.KV * d.hd));
+      if (!accumulate) {
+        dK.setZero();
+        dV.setZero();
+      }
+      RowMat<T> P(kBlockQ, kBlockK), dP(kBlockQ, kBlockK), dQacc(kBlockQ, d.hd);
+      std::vector<T> rowdot(static_cast<size_t>(kBlockQ));
+      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
+        for (int64_t t0 = 0; t0 < d.T; t0 += kBlockQ) {
+          const int64_t nq = std::min(kBlockQ, d.T - t0);
+          const int64_t rs = d.H * d.hd, off = ((b * d.T + t0) * d.H + h) * d.hd;
+          CStrided<T> Q(q + off, nq, d.hd, Eigen::OuterStride<>(rs));    // (nq, hd)
+          CStrided<T> dO(dout + off, nq, d.hd, Eigen::OuterStride<>(rs));
+          CStrided<T> O(out + off, nq, d.hd, Eigen::OuterStride<>(rs));
+          Strided<T> dQ(dq + off, nq, d.hd, Eigen::OuterStride<>(rs));
+          const T* L = lse + (b * d.H + h) * d.T + t0;  // (nq)
+          for (int64_t i = 0; i < nq; ++i) rowdot[size_t(i)] = dO.row(i).dot(O.row(i));
+          auto dQa = dQacc.topRows(nq);
+          dQa.setZero();
+          const int64_t keys = d.visible(t0 + nq - 1);
+          for (int64_t s0 = 0; s0 < keys; s0 += kBlockK) {
+            const int64_t nk = std::min(kBlockK, keys - s0);
+            const int64_t koff = ((b * d.S + s0) * d.KV + kvh) * d.hd;
+            CStrided<T> K(k + koff, nk, d.hd, Eigen::OuterStride<>(d.KV * d.hd));  // (nk, hd)
+            CStrided<T> V(v + koff, nk, d.hd, Eigen::OuterStride<>(d.KV * d.hd));
+            auto Pb = P.topLeftCorner(nq, nk);
+            auto dPb = dP.topLeftCorner(nq, nk);
+            Pb.noalias() = Q * K.transpose();
+            for (int64_t i = 0; i < nq; ++i) {
+              const int64_t vis = d.visible(t0 + i) - s0;
+              for (int64_t j = 0; j < nk; ++j)
+                Pb(i, j) = (j < vis && L[i] != neg_inf) ? std::exp(Pb(i, j) * T(d.scale) - L[i]) : T(0);
+            }
+            dV.middleRows(s0, nk).noalias() += Pb.transpose() * dO;
+            dPb.noalias() = dO * V.transpose();
+            for (int64_t i = 0; i < nq; ++i)
+              for (int64_t j = 0; j < nk; ++j) dPb(i, j) = Pb(i, j) * (dPb(i, j) - rowdot[size_t(i)]) * T(d.scale);
+            dQa.noalias() += dPb * K;
+            dK.middleRows(s0, nk).noalias() += dPb.transpose() * Q;
+          }
+          dQ = dQa;
+        }
+    }
+}
+
+Dims check(const char* op, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+           const AttentionOptions& opt) {
+  MT_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention", "{}: q, k, v must be 4-D (B, T, H, hd), got {} {} {}",
+           op, shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
+  Dims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), opt.scale, opt.causal, opt.q_pos0, opt.k_pos0};
+  if (d.scale == 0) d.scale = 1.0 / std::sqrt(double(d.hd));
+  MT_CHECK(k.size(0) == d.B && k.size(3) == d.hd && v.shape() == k.shape(), "attention",
+           "{}: k {} and v {} do not match q {}", op, shape_str(k.shape()), shape_str(v.shape()), shape_str(q.shape()));
+  MT_CHECK(d.KV > 0 && d.H % d.KV == 0, "attention", "{}: {} query heads are not a multiple of {} kv heads", op, d.H, d.KV);
+  MT_CHECK(out.shape() == q.shape(), "attention", "{}: out has shape {}, expected {}", op, shape_str(out.shape()),
+           shape_str(q.shape()));
+  MT_CHECK(lse.shape() == (Shape{d.B, d.H, d.T}), "attention", "{}: lse has shape {}, expected {}", op,
+           shape_str(lse.shape()), shape_str({d.B, d.H, d.T}));
+  for (const Tensor* t : {&out, &lse, &k, &v}) {
+    MT_CHECK(t->dtype() == q.dtype(), "attention", "{}: operands mix {} and {}", op, dtype_name(q.dtype()),
+             dtype_name(t->dtype()));
+  }
+  MT_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::f64, "attention", "{}: the CPU backend takes f32 or f64, got {}",
+           op, dtype_name(q.dtype()));
+  MT_CHECK(!q.device().is_cuda(), "attention", "{}: CUDA tensors are not supported yet", op);
+  return d;
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionOptions& opt) {
+  Dims d = check("attention_forward", out, lse, q, k, v, opt);
+  if (q.dtype() == DType::f64)
+    forward_impl<double>(out.data<double>(), lse.data<double>(), q.data<double>(), k.data<double>(), v.data<double>(), d);
+  else
+    forward_impl<float>(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(), d);
+}
+
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const AttentionOptions& opt, bool accumulate) {
+  const char* op = "attention_backward";
+  Dims d = check(op, out, lse, q, k, v, opt);
+  MT_CHECK(dq.shape() == q.shape() && dout.shape() == q.shape() && dk.shape() == k.shape() && dv.shape() == k.shape(),
+           "attention", "{}: gradient shapes dq {} dk {} dv {} dout {} do not match q {} k {}", op, shape_str(dq.shape()),
+           shape_str(dk.shape()), shape_str(dv.shape()), shape_str(dout.shape()), shape_str(q.shape()),
+           shape_str(k.shape()));
+  for (const Tensor* t : {&dq, &dk, &dv, &dout})
+    MT_CHECK(t->dtype() == q.dtype(), "attention", "{}: gradients must be {}", op, dtype_name(q.dtype()));
+  if (q.dtype() == DType::f64)
+    backward_impl<double>(dq.data<double>(), dk.data<double>(), dv.data<double>(), dout.data<double>(), q.data<double>(),
+                          k.data<double>(), v.data<double>(), out.data<double>(), lse.data<double>(), d, accumulate);
+  else
+    backward_impl<float>(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(), q.data<float>(),
+                         k.data<float>(), v.data<float>(), out.data<float>(), lse.data<float>(), d, accumulate);
+}
+
+}  // namespace mt

@@ -1,0 +1,34 @@
+// Embedding: out[n] = table[token[n]]. With a vocab-sharded table each rank
+// looks up the rows it holds and gives zeros elsewhere (a partial sum).
+#include "models/layers.h"
+#include "runtime/kernels/ops.h"
+
+namespace mt {
+
+namespace {
+// First global row of this rank's shard of the table.
+int64_t local_row_begin(const DTensor& t) { return t.spec.local_offset(t.mesh.coordinate())[0]; }
+}  // namespace
+
+Embedding::Embedding(const std::string& name, int64_t n, int64_t d, const ParamFactory& f)
+    : Module(name, "Embedding"), num_embeddings(n), dim(d) {
+  weight = add_parameter(f.make(child_name(name, "weight"), {n, d}, "normal"));
+}
+
+Tensor Embedding::forward(const Tensor& tokens) {
+  MT_CHECK(tokens.dtype() == DType::i32 && tokens.dim() == 2, "model", "{}: expected (B, T) i32 tokens, got {} {}",
+           name(), dtype_name(tokens.dtype()), shape_str(tokens.shape()));
+  const Tensor& table = weight->value.local;  // (V_local, dim_local)
+  saved_tokens_ = tokens;
+  Tensor out = empty({tokens.size(0), tokens.size(1), table.size(1)}, table.dtype(), table.device());  // (B, T, C)
+  embedding_forward(as_rows(out), tokens.reshape({-1}), table, local_row_begin(weight->value), num_embeddings);
+  return out;
+}
+
+Tensor Embedding::backward(const Tensor& dy) {
+  embedding_backward(weight->grad.local, as_rows(dy), saved_tokens_.reshape({-1}), local_row_begin(weight->value));
+  saved_tokens_ = Tensor();
+  return Tensor();
+}
+
+}  // namespace mt

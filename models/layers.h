@@ -1,0 +1,56 @@
+// The generic layers: Linear (no bias, weight [out, in]), Embedding, RMSNorm.
+// Each keeps what its backward needs from its last forward. Shapes are local
+// (what this rank holds); the leading dims of an activation are (B, T).
+#pragma once
+#include "models/module.h"
+
+namespace mt {
+
+class Linear : public Module {
+ public:
+  // weight (out_features, in_features); `tied` shares another module's weight (lm_head).
+  Linear(const std::string& name, int64_t in_features, int64_t out_features, const ParamFactory& f,
+         Parameter* tied = nullptr);
+  Parameter* weight;
+  int64_t in_features, out_features;
+
+ protected:
+  Tensor forward(const Tensor& x) override;   // (B, T, in) -> (B, T, out)
+  Tensor backward(const Tensor& dy) override;
+
+ private:
+  Tensor saved_x_;  // (B, T, in_local)
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(const std::string& name, int64_t num_embeddings, int64_t dim, const ParamFactory& f);
+  Parameter* weight;
+  int64_t num_embeddings, dim;
+
+ protected:
+  Tensor forward(const Tensor& tokens) override;  // (B, T) i32 -> (B, T, dim)
+  Tensor backward(const Tensor& dy) override;     // returns an undefined tensor (tokens have no gradient)
+
+ private:
+  Tensor saved_tokens_;  // (B, T)
+};
+
+class RMSNorm : public Module {
+ public:
+  RMSNorm(const std::string& name, int64_t dim, double eps, const ParamFactory& f);
+  Parameter* weight;
+  double eps;
+
+ protected:
+  Tensor forward(const Tensor& x) override;  // (B, T, dim) -> (B, T, dim)
+  Tensor backward(const Tensor& dy) override;
+
+ private:
+  Tensor saved_x_, saved_rstd_;  // (B, T, dim), (B*T)
+};
+
+// Leading dims times the last: (B, T, C) -> (B*T, C) view.
+Tensor as_rows(const Tensor& t);
+
+}  // namespace mt

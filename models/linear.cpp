@@ -1,0 +1,39 @@
+// Linear: y = x W^T. Backward: dx = dy W, dW += dy^T x (accumulates over micro-batches).
+#include "models/layers.h"
+#include "runtime/kernels/ops.h"
+
+namespace mt {
+
+Tensor as_rows(const Tensor& t) { return t.reshape({-1, t.size(-1)}); }
+
+Linear::Linear(const std::string& name, int64_t in, int64_t out, const ParamFactory& f, Parameter* tied)
+    : Module(name, "Linear"), in_features(in), out_features(out) {
+  if (tied) {
+    MT_CHECK(tied->value.shape() == (Shape{out, in}), "model", "{}: tied weight {} has shape {}, expected {}", name,
+             tied->name, shape_str(tied->value.shape()), shape_str({out, in}));
+    weight = tied;
+  } else {
+    weight = add_parameter(f.make(child_name(name, "weight"), {out, in}, "normal"));
+  }
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  const Tensor& w = weight->value.local;  // (out_local, in_local)
+  MT_CHECK(x.size(-1) == w.size(1), "model", "{}: input has {} features, the local weight {} expects {}", name(),
+           x.size(-1), shape_str(w.shape()), w.size(1));
+  saved_x_ = x;
+  Shape out_shape = x.shape();
+  out_shape.back() = w.size(0);
+  Tensor y = empty(out_shape, x.dtype(), x.device());  // (B, T, out_local)
+  matmul_forward(as_rows(y), as_rows(x), w);
+  return y;
+}
+
+Tensor Linear::backward(const Tensor& dy) {
+  Tensor dx = empty(saved_x_.shape(), dy.dtype(), dy.device());  // (B, T, in_local)
+  matmul_backward(as_rows(dx), weight->grad.local, as_rows(dy), as_rows(saved_x_), weight->value.local);
+  saved_x_ = Tensor();
+  return dx;
+}
+
+}  // namespace mt

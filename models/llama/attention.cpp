@@ -1,0 +1,64 @@
+// Llama self-attention: q/k/v projections, RoPE on q and k, causal grouped-query
+// attention, o projection. Head counts come from the local projection sizes, so
+// the same code runs with heads split across tensor-parallel ranks.
+#include "attention/local_attention.h"
+#include "models/llama/llama.h"
+#include "runtime/kernels/ops.h"
+
+namespace mt {
+
+void RopeTables::set_positions(const Tensor& pos, int64_t head_dim, DType dtype, Device device) {
+  if (positions.defined() && cos.defined() && cos.size(1) == head_dim && cos.dtype() == dtype &&
+      positions.shape() == pos.shape() && equal(positions, pos))
+    return;  // same positions as the last forward: keep the tables
+  positions = pos.clone();
+  Tensor c = empty({pos.numel(), head_dim}, dtype), s = empty({pos.numel(), head_dim}, dtype);  // (T, hd)
+  rope_tables(c, s, positions, theta);
+  cos = c.to(device);
+  sin = s.to(device);
+}
+
+LlamaAttention::LlamaAttention(const std::string& name, const ModelConfig& c, const ParamFactory& f,
+                               std::shared_ptr<RopeTables> rope)
+    : Module(name, "LlamaAttention"), head_dim(c.dim / c.n_heads), rope_(std::move(rope)) {
+  q_proj = add_child(std::make_unique<Linear>(child_name(name, "q_proj"), c.dim, c.n_heads * head_dim, f));
+  k_proj = add_child(std::make_unique<Linear>(child_name(name, "k_proj"), c.dim, c.n_kv_heads * head_dim, f));
+  v_proj = add_child(std::make_unique<Linear>(child_name(name, "v_proj"), c.dim, c.n_kv_heads * head_dim, f));
+  o_proj = add_child(std::make_unique<Linear>(child_name(name, "o_proj"), c.n_heads * head_dim, c.dim, f));
+}
+
+Tensor LlamaAttention::forward(const Tensor& x) {
+  int64_t B = x.size(0), T = x.size(1), hd = head_dim;
+  Tensor q = q_proj->call(x), k = k_proj->call(x), v = v_proj->call(x);  // (B, T, H*hd), (B, T, KV*hd) x2
+  q = q.reshape({B, T, -1, hd});  // (B, T, H, hd)
+  k = k.reshape({B, T, -1, hd});  // (B, T, KV, hd)
+  v = v.reshape({B, T, -1, hd});
+  MT_CHECK(rope_->cos.defined() && rope_->cos.size(0) == T, "model", "{}: RoPE tables for {} positions, input has T = {}",
+           name(), rope_->cos.defined() ? rope_->cos.size(0) : 0, T);
+  rope_forward(q, q, rope_->cos, rope_->sin);
+  rope_forward(k, k, rope_->cos, rope_->sin);
+  int64_t H = q.size(2);
+  Tensor out = empty({B, T, H, hd}, x.dtype(), x.device());  // (B, T, H, hd)
+  Tensor lse = empty({B, H, T}, x.dtype(), x.device());      // (B, H, T)
+  attention_forward(out, lse, q, k, v, AttentionOptions{});
+  q_ = q, k_ = k, v_ = v, out_ = out, lse_ = lse;
+  return o_proj->call(out.reshape({B, T, H * hd}));
+}
+
+Tensor LlamaAttention::backward(const Tensor& dy) {
+  int64_t B = dy.size(0), T = dy.size(1);
+  Tensor dout = o_proj->call_backward(dy).reshape(out_.shape());  // (B, T, H, hd)
+  Tensor dq = empty(q_.shape(), dy.dtype(), dy.device());
+  Tensor dk = empty(k_.shape(), dy.dtype(), dy.device());
+  Tensor dv = empty(v_.shape(), dy.dtype(), dy.device());
+  attention_backward(dq, dk, dv, dout, q_, k_, v_, out_, lse_, AttentionOptions{});
+  rope_backward(dq, dq, rope_->cos, rope_->sin);
+  rope_backward(dk, dk, rope_->cos, rope_->sin);
+  q_ = k_ = v_ = out_ = lse_ = Tensor();
+  Tensor dx = q_proj->call_backward(dq.reshape({B, T, -1}));
+  add_(dx, k_proj->call_backward(dk.reshape({B, T, -1})));
+  add_(dx, v_proj->call_backward(dv.reshape({B, T, -1})));
+  return dx;
+}
+
+}  // namespace mt

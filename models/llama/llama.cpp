@@ -1,0 +1,97 @@
+// Decoder layers, the model trunk and the causal-LM head.
+#include "models/llama/llama.h"
+
+#include "runtime/kernels/ops.h"
+
+namespace mt {
+
+LlamaDecoderLayer::LlamaDecoderLayer(const std::string& name, const ModelConfig& c, const ParamFactory& f,
+                                     std::shared_ptr<RopeTables> rope)
+    : Module(name, "LlamaDecoderLayer") {
+  input_layernorm = add_child(std::make_unique<RMSNorm>(child_name(name, "input_layernorm"), c.dim, c.norm_eps, f));
+  self_attn = add_child(std::make_unique<LlamaAttention>(child_name(name, "self_attn"), c, f, std::move(rope)));
+  post_attention_layernorm =
+      add_child(std::make_unique<RMSNorm>(child_name(name, "post_attention_layernorm"), c.dim, c.norm_eps, f));
+  mlp = add_child(std::make_unique<LlamaMLP>(child_name(name, "mlp"), c, f));
+}
+
+Tensor LlamaDecoderLayer::forward(const Tensor& x) {
+  Tensor h = self_attn->call(input_layernorm->call(x));  // (B, T, C)
+  add_(h, x);
+  Tensor y = mlp->call(post_attention_layernorm->call(h));
+  add_(y, h);
+  return y;
+}
+
+Tensor LlamaDecoderLayer::backward(const Tensor& dy) {
+  // dh = dy + d(mlp branch); dx = dh + d(attention branch)
+  Tensor dh = post_attention_layernorm->call_backward(mlp->call_backward(dy));
+  add_(dh, dy);
+  Tensor dx = input_layernorm->call_backward(self_attn->call_backward(dh));
+  add_(dx, dh);
+  return dx;
+}
+
+LlamaModel::LlamaModel(const std::string& name, const ModelConfig& c, const ParamFactory& f,
+                       std::shared_ptr<RopeTables> rope)
+    : Module(name, "LlamaModel") {
+  embed_tokens = add_child(std::make_unique<Embedding>(child_name(name, "embed_tokens"), c.vocab_size, c.dim, f));
+  for (int64_t i = 0; i < c.n_layers; ++i)
+    layers.push_back(add_child(
+        std::make_unique<LlamaDecoderLayer>(child_name(name, "layers." + std::to_string(i)), c, f, rope)));
+  norm = add_child(std::make_unique<RMSNorm>(child_name(name, "norm"), c.dim, c.norm_eps, f));
+}
+
+Tensor LlamaModel::forward(const Tensor& tokens) {
+  Tensor h = embed_tokens->call(tokens);  // (B, T, C)
+  for (auto* layer : layers) h = layer->call(h);
+  return norm->call(h);
+}
+
+Tensor LlamaModel::backward(const Tensor& dy) {
+  Tensor dh = norm->call_backward(dy);
+  for (auto it = layers.rbegin(); it != layers.rend(); ++it) dh = (*it)->call_backward(dh);
+  embed_tokens->call_backward(dh);
+  return Tensor();
+}
+
+LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f)
+    : Module("", "LlamaForCausalLM"), config(c), rope(std::make_shared<RopeTables>()) {
+  rope->theta = c.rope_theta;
+  model = add_child(std::make_unique<LlamaModel>("model", c, f, rope));
+  lm_head = add_child(std::make_unique<Linear>("lm_head", c.dim, c.vocab_size, f,
+                                               c.tie_embeddings ? model->embed_tokens->weight : nullptr));
+}
+
+void LlamaForCausalLM::set_positions(const Tensor& positions) {
+  const Tensor& w = model->embed_tokens->weight->value.local;
+  rope->set_positions(positions, config.dim / config.n_heads, w.dtype(), w.device());
+}
+
+Tensor LlamaForCausalLM::forward(const Tensor& tokens) {
+  int64_t T = tokens.size(1);
+  if (!rope->positions.defined() || rope->positions.numel() != T) {
+    Tensor pos = empty({T}, DType::i64);
+    for (int64_t t = 0; t < T; ++t) pos.at<int64_t>(t) = t;
+    set_positions(pos);
+  }
+  return lm_head->call(model->call(tokens));  // (B, T, V)
+}
+
+Tensor LlamaForCausalLM::backward(const Tensor& dlogits) { return model->call_backward(lm_head->call_backward(dlogits)); }
+
+int64_t llama_num_params(const ModelConfig& c, bool with_embeddings) {
+  int64_t d = c.dim, hd = c.dim / c.n_heads;
+  int64_t attn = d * c.n_heads * hd * 2 + d * c.n_kv_heads * hd * 2;
+  int64_t mlp = 3 * d * c.ffn_dim;
+  int64_t n = c.n_layers * (attn + mlp + 2 * d) + d;
+  if (with_embeddings) n += c.vocab_size * d * (c.tie_embeddings ? 1 : 2);
+  else n += c.vocab_size * d;  // the lm_head matmul counts even when tied (torchtitan's convention)
+  return n;
+}
+
+double llama_flops_per_token(const ModelConfig& c, int64_t seq_len) {
+  return 6.0 * double(llama_num_params(c, false)) + 12.0 * double(c.n_layers) * double(c.dim) * double(seq_len);
+}
+
+}  // namespace mt

@@ -1,0 +1,96 @@
+// The Llama model (Hugging Face's LlamaForCausalLM semantics and names):
+//   model.embed_tokens -> model.layers.{i} (pre-norm attention and SwiGLU MLP
+//   blocks with residuals) -> model.norm -> lm_head.
+#pragma once
+#include <memory>
+
+#include "models/layers.h"
+#include "runtime/io/config.h"
+
+namespace mt {
+
+// RoPE tables for the positions of the current sequence, shared by every attention layer.
+struct RopeTables {
+  double theta = 10000;
+  Tensor positions;  // (T) i64, host
+  Tensor cos, sin;   // (T, hd)
+  void set_positions(const Tensor& positions, int64_t head_dim, DType dtype, Device device);
+};
+
+class LlamaAttention : public Module {
+ public:
+  LlamaAttention(const std::string& name, const ModelConfig& c, const ParamFactory& f,
+                 std::shared_ptr<RopeTables> rope);
+  Linear *q_proj, *k_proj, *v_proj, *o_proj;
+  int64_t head_dim;
+
+ protected:
+  Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+  Tensor backward(const Tensor& dy) override;
+
+ private:
+  std::shared_ptr<RopeTables> rope_;
+  Tensor q_, k_, v_, out_, lse_;  // after RoPE: (B, T, H, hd), (B, T, KV, hd) x2, (B, T, H, hd), (B, H, T)
+};
+
+class LlamaMLP : public Module {
+ public:
+  LlamaMLP(const std::string& name, const ModelConfig& c, const ParamFactory& f);
+  Linear *gate_proj, *up_proj, *down_proj;
+
+ protected:
+  Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+  Tensor backward(const Tensor& dy) override;
+
+ private:
+  Tensor gate_, up_;  // (B, T, F)
+};
+
+class LlamaDecoderLayer : public Module {
+ public:
+  LlamaDecoderLayer(const std::string& name, const ModelConfig& c, const ParamFactory& f,
+                    std::shared_ptr<RopeTables> rope);
+  RMSNorm* input_layernorm;
+  LlamaAttention* self_attn;
+  RMSNorm* post_attention_layernorm;
+  LlamaMLP* mlp;
+
+ protected:
+  Tensor forward(const Tensor& x) override;  // h = x + attn(norm(x)); y = h + mlp(norm(h))
+  Tensor backward(const Tensor& dy) override;
+};
+
+// "model": embeddings, layers, final norm.
+class LlamaModel : public Module {
+ public:
+  LlamaModel(const std::string& name, const ModelConfig& c, const ParamFactory& f, std::shared_ptr<RopeTables> rope);
+  Embedding* embed_tokens;
+  std::vector<LlamaDecoderLayer*> layers;
+  RMSNorm* norm;
+
+ protected:
+  Tensor forward(const Tensor& tokens) override;  // (B, T) i32 -> (B, T, C)
+  Tensor backward(const Tensor& dy) override;
+};
+
+// The root (name ""): LlamaModel "model" and "lm_head". forward gives logits (B, T, V).
+class LlamaForCausalLM : public Module {
+ public:
+  LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f);
+  ModelConfig config;
+  LlamaModel* model;
+  Linear* lm_head;
+  std::shared_ptr<RopeTables> rope;
+  // Positions of the tokens in the next forward (default 0 ... T-1).
+  void set_positions(const Tensor& positions);
+
+ protected:
+  Tensor forward(const Tensor& tokens) override;
+  Tensor backward(const Tensor& dlogits) override;
+};
+
+// 6*N + 12*L*d*T FLOPs per token (N = parameters without embeddings), DESIGN.md's count.
+double llama_flops_per_token(const ModelConfig& c, int64_t seq_len);
+int64_t llama_num_params(const ModelConfig& c, bool with_embeddings = true);
+
+}  // namespace mt

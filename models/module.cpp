@@ -1,0 +1,85 @@
+#include "models/module.h"
+
+#include <set>
+
+#include "parallel/random.h"
+#include "runtime/kernels/ops.h"
+
+namespace mt {
+
+Tensor Module::call(const Tensor& x) {
+  for (auto& f : pre_forward) f(*this);
+  Tensor h = x;
+  for (auto& hook : input_hooks) h = hook.forward(h);
+  Tensor y = forward(h);
+  for (auto& hook : output_hooks) y = hook.forward(y);
+  return y;
+}
+
+Tensor Module::call_backward(const Tensor& dy) {
+  Tensor g = dy;
+  for (auto it = output_hooks.rbegin(); it != output_hooks.rend(); ++it) g = it->backward(g);
+  Tensor dx = backward(g);
+  for (auto it = input_hooks.rbegin(); it != input_hooks.rend(); ++it)
+    if (dx.defined()) dx = it->backward(dx);
+  for (auto& f : post_backward) f(*this);
+  return dx;
+}
+
+std::vector<Module*> Module::modules() {
+  std::vector<Module*> out{this};
+  for (Module* c : children_) {
+    auto sub = c->modules();
+    out.insert(out.end(), sub.begin(), sub.end());
+  }
+  return out;
+}
+
+std::vector<Parameter*> Module::parameters() {
+  std::vector<Parameter*> out;
+  std::set<Parameter*> seen;
+  for (Module* m : modules())
+    for (Parameter* p : m->own_parameters())
+      if (seen.insert(p).second) out.push_back(p);
+  return out;
+}
+
+Parameter* Module::add_parameter(std::unique_ptr<Parameter> p) {
+  Parameter* raw = p.get();
+  own_params_.push_back(raw);
+  owned_params_.push_back(std::move(p));
+  return raw;
+}
+
+std::string child_name(const std::string& parent, const std::string& child) {
+  return parent.empty() ? child : parent + "." + child;
+}
+
+std::unique_ptr<Parameter> ParamFactory::make(const std::string& name, const Shape& shape,
+                                              const std::string& init) const {
+  auto p = std::make_unique<Parameter>();
+  p->name = name;
+  p->init = init;
+  p->weight_decay = shape.size() >= 2;
+  Placements rep(size_t(mesh.ndim()), Placement::Replicate());
+  if (init == "ones") {
+    p->value = ones(mesh, shape, rep, dtype);
+  } else if (init == "normal") {
+    p->value = randn(mesh, shape, rep, RandomKey{seed, name}, dtype, 0.0, init_std);
+  } else {
+    fail("model", "{}: unknown init '{}'", name, init);
+  }
+  if (device.is_cuda()) p->value.local = p->value.local.to(device);
+  p->grad = p->value;
+  p->grad.local = zeros(p->value.local.shape(), dtype, device);
+  return p;
+}
+
+void zero_grads(const std::vector<Parameter*>& params) {
+  for (Parameter* p : params) {
+    fill_zero_(p->grad.local);
+    p->grad.spec = p->value.spec;
+  }
+}
+
+}  // namespace mt

@@ -1,0 +1,103 @@
+// Module: a node of the model tree, named by its dotted path (the Hugging Face
+// Llama names: "model.layers.3.self_attn.q_proj"). Parameters are DTensors with
+// a gradient DTensor beside them. Each layer writes forward and backward side by
+// side and keeps what its backward needs from the last forward.
+//
+// Activations are local Tensors. Parallel styles (issue 5) change layouts at
+// module boundaries through layout hooks: call() runs the input hooks, forward
+// and the output hooks; call_backward() runs the same in reverse, each hook's
+// backward on the gradient. Parameter gathering and recompute hook in with
+// pre_forward / post_backward callbacks.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/dtensor.h"
+
+namespace mt {
+
+struct Parameter {
+  std::string name;          // "model.layers.0.self_attn.q_proj.weight"
+  DTensor value;             // the parameter as laid out on the mesh
+  DTensor grad;              // same local shape; after backward its spec says how it is partial
+  bool weight_decay = true;  // AdamW decays 2-D weights only
+  std::string init = "normal";  // normal | ones
+};
+
+// A layout change on an activation and its reverse on the gradient.
+struct LayoutHook {
+  std::string what;  // for printing plans: "Shard(1) -> Replicate over tp"
+  std::function<Tensor(const Tensor&)> forward;
+  std::function<Tensor(const Tensor&)> backward;
+};
+
+class Module {
+ public:
+  Module(std::string name, std::string type) : name_(std::move(name)), type_(std::move(type)) {}
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  const std::string& name() const { return name_; }
+  const std::string& type() const { return type_; }  // "Linear", "Embedding", "RMSNorm", ...
+
+  // Input hooks, forward, output hooks.
+  Tensor call(const Tensor& x);
+  // Output hooks' backward (reverse order), backward, input hooks' backward.
+  Tensor call_backward(const Tensor& dy);
+
+  const std::vector<Module*>& children() const { return children_; }
+  // This module and every descendant, depth first, parents before children.
+  std::vector<Module*> modules();
+  // This module's own parameters (not children's).
+  const std::vector<Parameter*>& own_parameters() const { return own_params_; }
+  // Every parameter of the subtree once (a tied parameter appears at its owner).
+  std::vector<Parameter*> parameters();
+
+  std::vector<LayoutHook> input_hooks;   // applied in order in forward
+  std::vector<LayoutHook> output_hooks;  // applied in order in forward
+  std::vector<std::function<void(Module&)>> pre_forward;    // e.g. gather sharded parameters
+  std::vector<std::function<void(Module&)>> post_backward;  // e.g. free gathered parameters
+
+ protected:
+  virtual Tensor forward(const Tensor& x) = 0;
+  virtual Tensor backward(const Tensor& dy) = 0;
+  // Registers a child; the child's name must extend this one's.
+  template <class M> M* add_child(std::unique_ptr<M> m) {
+    M* p = m.get();
+    children_.push_back(p);
+    owned_.push_back(std::move(m));
+    return p;
+  }
+  Parameter* add_parameter(std::unique_ptr<Parameter> p);
+
+ private:
+  std::string name_, type_;
+  std::vector<Module*> children_;
+  std::vector<std::unique_ptr<Module>> owned_;
+  std::vector<Parameter*> own_params_;
+  std::vector<std::unique_ptr<Parameter>> owned_params_;
+};
+
+// "model.layers.0" + "mlp" -> "model.layers.0.mlp"; "" + "model" -> "model".
+std::string child_name(const std::string& parent, const std::string& child);
+
+// How parameters are made: dtype, the mesh and a seed for the invariant init.
+struct ParamFactory {
+  DeviceMesh mesh;
+  DType dtype = DType::f32;
+  Device device = Device::cpu();
+  uint64_t seed = 0;
+  double init_std = 0.02;
+  // A parameter of global `shape`, Replicate on every mesh dim (styles reshard it),
+  // initialised by the invariant factories keyed by its name; its gradient zeroed.
+  std::unique_ptr<Parameter> make(const std::string& name, const Shape& shape, const std::string& init) const;
+};
+
+// Zeroes every gradient and marks it as produced by this rank alone (Replicate spec
+// with the local layout of the parameter); the trainer marks the dp dims Partial.
+void zero_grads(const std::vector<Parameter*>& params);
+
+}  // namespace mt

@@ -1,0 +1,29 @@
+// RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w, statistics over the last dim.
+#include "models/layers.h"
+#include "runtime/kernels/ops.h"
+
+namespace mt {
+
+RMSNorm::RMSNorm(const std::string& name, int64_t dim, double e, const ParamFactory& f)
+    : Module(name, "RMSNorm"), eps(e) {
+  weight = add_parameter(f.make(child_name(name, "weight"), {dim}, "ones"));
+  weight->weight_decay = false;
+}
+
+Tensor RMSNorm::forward(const Tensor& x) {
+  Tensor y = empty(x.shape(), x.dtype(), x.device());          // (B, T, C)
+  Tensor rstd = empty({as_rows(x).size(0)}, x.dtype(), x.device());  // (B*T)
+  rmsnorm_forward(as_rows(y), rstd, as_rows(x), weight->value.local, eps);
+  saved_x_ = x;
+  saved_rstd_ = rstd;
+  return y;
+}
+
+Tensor RMSNorm::backward(const Tensor& dy) {
+  Tensor dx = empty(saved_x_.shape(), dy.dtype(), dy.device());  // (B, T, C)
+  rmsnorm_backward(as_rows(dx), weight->grad.local, as_rows(dy), as_rows(saved_x_), weight->value.local, saved_rstd_);
+  saved_x_ = saved_rstd_ = Tensor();
+  return dx;
+}
+
+}  // namespace mt

@@ -1,0 +1,95 @@
+#include "runtime/io/token_data.h"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/core/error.h"
+
+namespace mt {
+
+std::vector<std::string> glob_files(const std::string& pattern, const std::string& key) {
+  glob_t g{};
+  int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::string> out;
+  if (rc == 0)
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  globfree(&g);
+  MT_CHECK(!out.empty(), "data", "{}: no file matches '{}'", key, pattern);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  int32_t header[256] = {};
+  header[0] = kShardMagic;
+  header[1] = kShardVersion;
+  header[2] = int32_t(tokens.size());
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(header), sizeof(header));
+  f.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
+  MT_CHECK(f.good(), "data", "cannot write {}", path);
+}
+
+TokenStream::TokenStream(const std::string& glob, int64_t vocab_size, const std::string& key) {
+  for (const std::string& path : glob_files(glob, key)) {
+    std::error_code ec;
+    int64_t size = int64_t(std::filesystem::file_size(path, ec));
+    MT_CHECK(!ec, "data", "{}: cannot read ({})", path, ec.message());
+    MT_CHECK(size >= 1024, "data", "{}: {} bytes is shorter than the 1024-byte header (truncated file?)", path, size);
+    std::ifstream f(path, std::ios::binary);
+    int32_t header[256];
+    f.read(reinterpret_cast<char*>(header), sizeof(header));
+    MT_CHECK(f.good(), "data", "{}: cannot read the header", path);
+    MT_CHECK(header[0] == kShardMagic, "data", "{}: bad magic {} at offset 0 (expected {})", path, header[0], kShardMagic);
+    MT_CHECK(header[1] == kShardVersion, "data", "{}: version {} at offset 4 (expected {})", path, header[1],
+             kShardVersion);
+    int64_t count = header[2];
+    MT_CHECK(count >= 0 && size == 1024 + 2 * count, "data",
+             "{}: size {} does not match the header's token count {} at offset 8: 1024 + 2 x {} = {} bytes (truncated "
+             "file?)",
+             path, size, count, count, 1024 + 2 * count);
+    size_t at = tokens_.size();
+    tokens_.resize(at + size_t(count));
+    f.read(reinterpret_cast<char*>(tokens_.data() + at), std::streamsize(2 * count));
+    MT_CHECK(f.good() || count == 0, "data", "{}: cannot read {} tokens", path, count);
+    if (vocab_size > 0)
+      for (int64_t i = 0; i < count; ++i)
+        MT_CHECK(tokens_[at + size_t(i)] < vocab_size, "data", "{}: token {} at offset {} >= vocab_size {}", path,
+                 tokens_[at + size_t(i)], 1024 + 2 * i, vocab_size);
+    shards_.push_back({path, count});
+  }
+}
+
+int64_t steps_per_epoch(const TokenStream& s, int64_t B, int64_t T) {
+  int64_t n = (s.size() - 1) / (B * T);
+  MT_CHECK(s.size() > 0 && n >= 1, "data",
+           "{} tokens are fewer than one batch of B*T+1 = {} (batch_size {} x seq_len {}) in {}", s.size(), B * T + 1,
+           B, T, s.shards().empty() ? std::string("the stream") : s.shards()[0].path);
+  return n;
+}
+
+Batch get_batch(const TokenStream& s, int64_t step, int64_t B, int64_t T, int64_t row_begin, int64_t rows) {
+  int64_t per_epoch = steps_per_epoch(s, B, T);
+  MT_CHECK(row_begin >= 0 && rows >= 0 && row_begin + rows <= B, "data", "rows [{}, {}) outside a batch of {}",
+           row_begin, row_begin + rows, B);
+  Batch batch;
+  batch.epoch = step / per_epoch;
+  batch.offset = (step % per_epoch) * B * T;
+  batch.inputs = empty({rows, T}, DType::i32);   // (rows, T)
+  batch.targets = empty({rows, T}, DType::i32);  // (rows, T)
+  const uint16_t* src = s.tokens().data() + batch.offset + row_begin * T;
+  int32_t* in = rows ? batch.inputs.data<int32_t>() : nullptr;
+  int32_t* tg = rows ? batch.targets.data<int32_t>() : nullptr;
+  for (int64_t i = 0; i < rows * T; ++i) {
+    in[i] = src[i];
+    tg[i] = src[i + 1];
+  }
+  return batch;
+}
+
+}  // namespace mt

@@ -1,0 +1,265 @@
+#include "runtime/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "runtime/core/log.h"
+#include "runtime/io/safetensors.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace mt {
+
+namespace {
+
+std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+
+void fsync_path(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+Tensor host_f(const Tensor& t) { return t.device().is_cuda() ? t.to(Device::cpu()) : t; }
+
+// Test hook: MT_FAULT_CHECKPOINT=<step> kills rank 0 half way through writing that step's checkpoint.
+bool fault_at(int64_t step) {
+  const char* f = std::getenv("MT_FAULT_CHECKPOINT");
+  return f && std::atoll(f) == step;
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, LlamaForCausalLM& model,
+                            AdamW& opt, const Config& config, const DeviceMesh& mesh, int64_t keep) {
+  auto params = model.parameters();
+  std::vector<NamedTensor> weights, opt_state;
+  // Collective: every rank takes part in gathering; only rank 0 keeps the results.
+  for (Parameter* p : params) {
+    weights.push_back({p->name, host_f(full_tensor(p->value))});
+    auto& s = opt.state().at(p->name);
+    DTensor m = p->value, v = p->value;
+    m.local = s.exp_avg, v.local = s.exp_avg_sq;
+    opt_state.push_back({p->name + ".exp_avg", host_f(full_tensor(m))});
+    opt_state.push_back({p->name + ".exp_avg_sq", host_f(full_tensor(v))});
+  }
+  fs::path final_dir = fs::path(dir) / step_dir_name(progress.step);
+  if (mesh.world_rank() == 0) {
+    fs::path tmp = fs::path(dir) / (step_dir_name(progress.step) + ".tmp");
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    MT_CHECK(!ec, "checkpoint", "cannot create {}: {}", tmp.string(), ec.message());
+    write_safetensors((tmp / "model.safetensors").string(), weights, {{"format", "pt"}});
+    if (fault_at(progress.step)) {
+      spdlog::error("[checkpoint] MT_FAULT_CHECKPOINT={}: rank 0 dies while writing {}", progress.step, tmp.string());
+      spdlog::default_logger()->flush();
+      std::_Exit(9);
+    }
+    write_safetensors((tmp / "optimizer.safetensors").string(), opt_state,
+                      {{"step", std::to_string(opt.steps_taken())}});
+    json meta;
+    meta["format_version"] = 1;
+    meta["step"] = progress.step;
+    meta["optimizer_steps"] = opt.steps_taken();
+    meta["data"] = {{"epoch", progress.data_epoch}, {"offset", progress.data_offset}, {"next_step", progress.step}};
+    meta["rng"] = {{"seed", progress.seed},
+                   {"generator", "philox4x32-10 keyed by (seed, stream name, index): no hidden state"}};
+    json mesh_json = json::array();
+    for (auto& d : mesh.dims()) mesh_json.push_back({{"name", d.name}, {"size", d.size}});
+    meta["mesh"] = mesh_json;
+    meta["config"] = config_to_yaml(config);
+    meta["model"] = {{"dim", config.model.dim},         {"n_layers", config.model.n_layers},
+                     {"n_heads", config.model.n_heads}, {"n_kv_heads", config.model.n_kv_heads},
+                     {"ffn_dim", config.model.ffn_dim}, {"vocab_size", config.model.vocab_size}};
+    {
+      std::ofstream f(tmp / "meta.json");
+      f << meta.dump(2) << "\n";
+      MT_CHECK(f.good(), "checkpoint", "cannot write {}", (tmp / "meta.json").string());
+    }
+    fsync_path(tmp / "meta.json");
+    fsync_path(tmp);
+    fs::remove_all(final_dir, ec);
+    fs::rename(tmp, final_dir, ec);
+    MT_CHECK(!ec, "checkpoint", "cannot rename {} to {}: {}", tmp.string(), final_dir.string(), ec.message());
+    fsync_path(dir);
+    // Keep the newest `keep` complete checkpoints.
+    if (keep > 0) {
+      std::vector<fs::path> all;
+      std::regex re("step_[0-9]{8}");
+      for (auto& e : fs::directory_iterator(dir))
+        if (e.is_directory() && std::regex_match(e.path().filename().string(), re)) all.push_back(e.path());
+      std::sort(all.begin(), all.end());
+      for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove_all(all[i], ec);
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // nobody resumes or reads before the rename
+  return final_dir.string();
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return std::nullopt;
+  std::regex re("step_[0-9]{8}");
+  std::vector<fs::path> all;
+  for (auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory() && std::regex_match(e.path().filename().string(), re) && fs::exists(e.path() / "meta.json"))
+      all.push_back(e.path());
+  if (all.empty()) return std::nullopt;
+  return std::max_element(all.begin(), all.end())->string();
+}
+
+namespace {
+
+json read_meta(const std::string& path) {
+  fs::path p = fs::path(path) / "meta.json";
+  std::ifstream f(p);
+  MT_CHECK(f.good(), "checkpoint", "{}: no meta.json (an incomplete checkpoint?)", path);
+  try {
+    return json::parse(f);
+  } catch (const json::exception& e) {
+    fail("checkpoint", "{}: meta.json is not valid JSON ({})", p.string(), e.what());
+  }
+}
+
+// Sets a parameter's local shard from a full host tensor (converted to its dtype).
+void assign_full(const DTensor& dst, const Tensor& full_any, const std::string& file, const std::string& name) {
+  MT_CHECK(full_any.shape() == dst.shape(), "checkpoint", "{}: tensor '{}' has shape {}, the model expects {}", file,
+           name, shape_str(full_any.shape()), shape_str(dst.shape()));
+  Tensor full = full_any;
+  if (full.dtype() != dst.local.dtype()) {
+    auto v = to_f64(full);
+    full = from_values(v, full.shape(), dst.local.dtype());
+  }
+  DTensor d = distribute_tensor(full, dst.mesh, dst.placements(), std::nullopt, dst.spec.shard_order);
+  copy_(dst.local, d.local);
+}
+
+}  // namespace
+
+TrainProgress load_checkpoint(const std::string& path, LlamaForCausalLM& model, AdamW* opt) {
+  json meta = read_meta(path);
+  TrainProgress p;
+  try {
+    p.step = meta.at("step").get<int64_t>();
+    p.data_epoch = meta.at("data").at("epoch").get<int64_t>();
+    p.data_offset = meta.at("data").at("offset").get<int64_t>();
+    p.seed = meta.at("rng").at("seed").get<uint64_t>();
+  } catch (const json::exception& e) {
+    fail("checkpoint", "{}/meta.json: {}", path, e.what());
+  }
+  std::string model_file = (fs::path(path) / "model.safetensors").string();
+  auto weights = read_safetensors(model_file);
+  auto params = model.parameters();
+  for (Parameter* q : params) {
+    auto it = weights.tensors.find(q->name);
+    MT_CHECK(it != weights.tensors.end(), "checkpoint", "{}: missing tensor '{}'", model_file, q->name);
+    assign_full(q->value, it->second, model_file, q->name);
+  }
+  for (auto& [name, t] : weights.tensors) {
+    bool known = std::any_of(params.begin(), params.end(), [&](Parameter* q) { return q->name == name; });
+    MT_CHECK(known, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model", model_file,
+             name, shape_str(t.shape()));
+  }
+  if (opt) {
+    std::string opt_file = (fs::path(path) / "optimizer.safetensors").string();
+    auto st = read_safetensors(opt_file);
+    for (Parameter* q : params) {
+      auto& s = opt->state().at(q->name);
+      for (auto [suffix, dst] : {std::pair{".exp_avg", &s.exp_avg}, {".exp_avg_sq", &s.exp_avg_sq}}) {
+        auto it = st.tensors.find(q->name + suffix);
+        MT_CHECK(it != st.tensors.end(), "checkpoint", "{}: missing tensor '{}'", opt_file, q->name + suffix);
+        DTensor d = q->value;
+        d.local = *dst;
+        assign_full(d, it->second, opt_file, q->name + suffix);
+      }
+    }
+    opt->set_steps_taken(meta.value("optimizer_steps", p.step));
+  }
+  return p;
+}
+
+Config checkpoint_config(const std::string& path) {
+  json meta = read_meta(path);
+  MT_CHECK(meta.contains("config") && meta["config"].is_string(), "checkpoint", "{}/meta.json: no config", path);
+  return config_from_yaml_string(meta["config"].get<std::string>());
+}
+
+void load_hf_weights(const std::string& path, LlamaForCausalLM& model) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (auto& e : fs::directory_iterator(path))
+      if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+    MT_CHECK(!files.empty(), "checkpoint", "model.init_from = {}: no .safetensors file in the directory", path);
+    fs::path cfg = fs::path(path) / "config.json";
+    if (fs::exists(cfg)) {
+      json j;
+      try {
+        std::ifstream f(cfg);
+        j = json::parse(f);
+      } catch (const json::exception& e) {
+        fail("checkpoint", "{}: not valid JSON ({})", cfg.string(), e.what());
+      }
+      const ModelConfig& c = model.config;
+      auto expect = [&](const char* hf_key, const char* our_key, double ours) {
+        if (!j.contains(hf_key) || !j[hf_key].is_number()) return;
+        double theirs = j[hf_key].get<double>();
+        MT_CHECK(std::abs(theirs - ours) <= 1e-12 * std::max(1.0, std::abs(ours)), "checkpoint",
+                 "{}: {} = {} but model.{} = {}", cfg.string(), hf_key, theirs, our_key, ours);
+      };
+      expect("hidden_size", "dim", double(c.dim));
+      expect("num_hidden_layers", "n_layers", double(c.n_layers));
+      expect("num_attention_heads", "n_heads", double(c.n_heads));
+      expect("num_key_value_heads", "n_kv_heads", double(c.n_kv_heads));
+      expect("intermediate_size", "ffn_dim", double(c.ffn_dim));
+      expect("vocab_size", "vocab_size", double(c.vocab_size));
+      expect("rms_norm_eps", "norm_eps", c.norm_eps);
+      expect("rope_theta", "rope_theta", c.rope_theta);
+      if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean())
+        MT_CHECK(j["tie_word_embeddings"].get<bool>() == c.tie_embeddings, "checkpoint",
+                 "{}: tie_word_embeddings = {} but model.tie_embeddings = {}", cfg.string(),
+                 j["tie_word_embeddings"].get<bool>(), c.tie_embeddings);
+    }
+  } else {
+    MT_CHECK(fs::exists(path, ec), "checkpoint", "model.init_from = {}: no such file or directory", path);
+    files.push_back(path);
+  }
+  std::map<std::string, std::pair<Tensor, std::string>> all;  // name -> (tensor, file)
+  for (auto& f : files) {
+    auto st = read_safetensors(f);
+    for (auto& [name, t] : st.tensors) {
+      MT_CHECK(!all.count(name), "checkpoint", "tensor '{}' appears in both {} and {}", name, all[name].second, f);
+      all[name] = {t, f};
+    }
+  }
+  auto params = model.parameters();
+  for (Parameter* q : params) {
+    auto it = all.find(q->name);
+    MT_CHECK(it != all.end(), "checkpoint", "{}: missing tensor '{}' (shape {})", path, q->name,
+             shape_str(q->value.shape()));
+    assign_full(q->value, it->second.first, it->second.second, q->name);
+  }
+  for (auto& [name, tf] : all) {
+    bool known = std::any_of(params.begin(), params.end(), [&](Parameter* q) { return q->name == name; });
+    // Hugging Face files of tied models may still carry lm_head.weight; rotary caches are buffers, not parameters.
+    if (!known && name == "lm_head.weight" && model.config.tie_embeddings) continue;
+    if (!known && name.find("rotary_emb.inv_freq") != std::string::npos) continue;
+    MT_CHECK(known, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model", tf.second,
+             name, shape_str(tf.first.shape()));
+  }
+}
+
+}  // namespace mt

@@ -1,0 +1,142 @@
+#include "runtime/train/metrics.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+#include "runtime/core/allocator.h"
+#include "runtime/core/log.h"
+#include "runtime/kernels/ops.h"
+
+namespace mt {
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  int64_t t = int64_t(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+// Under mpirun, rank 0's stdout is a pseudo-terminal even when the job's output goes to a file:
+// scripts/mpirun.sh passes on what its own stdout is (MT_STDOUT_TTY).
+bool stdout_is_terminal() {
+  if (const char* e = std::getenv("MT_STDOUT_TTY")) return e[0] == '1';
+  return isatty(STDOUT_FILENO);
+}
+
+double cpu_peak_flops() {
+  static double peak = [] {
+    const int64_t n = 768;
+    Tensor a = empty({n, n}, DType::f32), b = empty({n, n}, DType::f32), c = empty({n, n}, DType::f32);
+    for (int64_t i = 0; i < n * n; ++i) a.at<float>(i) = float(i % 7) * 0.1f, b.at<float>(i) = float(i % 5) * 0.1f;
+    double best = 0;
+    for (int rep = 0; rep < 5; ++rep) {
+      auto t0 = std::chrono::steady_clock::now();
+      matmul_forward(c, a, b);
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (rep > 0) best = std::max(best, 2.0 * double(n * n * n) / s);
+    }
+    return best;
+  }();
+  return peak;
+}
+
+double peak_memory_bytes(Device d) {
+  if (d.is_cuda()) return double(allocator_stats(d).peak_allocated_bytes);
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) * 1024.0;
+}
+
+MetricsLogger::MetricsLogger(int rank, int world, const std::string& path, int64_t total, int64_t interval,
+                             double fpt, double peak, Device device)
+    : rank_(rank), world_(world), total_(total), interval_(interval), flops_per_token_(fpt), peak_flops_(peak),
+      device_(device), tty_(stdout_is_terminal()) {
+  if (rank_ == 0 && !path.empty()) {
+    std::error_code ec;
+    auto parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    file_ = std::fopen(path.c_str(), "a");
+    MT_CHECK(file_, "metrics", "cannot open log.metrics_file = {} for appending", path);
+  }
+}
+
+MetricsLogger::~MetricsLogger() {
+  clear_bar();
+  if (file_) std::fclose(file_);
+}
+
+void MetricsLogger::clear_bar() {
+  if (bar_shown_) {
+    std::printf("\r\033[K");
+    std::fflush(stdout);
+    bar_shown_ = false;
+  }
+}
+
+void MetricsLogger::record(nlohmann::json j) {
+  if (!file_) return;
+  // Samples may hold bytes that are not UTF-8: replaced rather than refused.
+  std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::fprintf(file_, "%s\n", s.c_str());
+  std::fflush(file_);
+}
+
+void MetricsLogger::note(const std::string& line) {
+  if (rank_ != 0) return;
+  clear_bar();
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+void MetricsLogger::step(const StepMetrics& m) {
+  if (rank_ != 0) return;
+  // The first step pays for warm-up (allocations, page faults): keep it out of the average.
+  ema_step_s_ = ema_step_s_ == 0 ? m.step_s : 0.9 * ema_step_s_ + 0.1 * m.step_s;
+  tokens_window_ += double(m.tokens);
+  time_window_ += m.step_s;
+  double tps_now = double(m.tokens) / std::max(m.step_s, 1e-12);
+  double eta = ema_step_s_ * double(total_ - m.step - 1);
+  bool log_line = (m.step + 1) % interval_ == 0 || m.step == 0 || m.step + 1 == total_;
+  if (log_line) {
+    double tps = tokens_window_ / std::max(time_window_, 1e-12);
+    double mfu = peak_flops_ > 0 ? flops_per_token_ * tps / (peak_flops_ * world_) : 0;
+    double mem = peak_memory_bytes(device_);
+    clear_bar();
+    std::printf("step %*lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f | %.0f tok/s | mfu %.1f%% | mem %.0f MiB | eta %s\n",
+                int(std::to_string(total_).size()), (long long)(m.step + 1), (long long)total_, m.loss, m.lr,
+                m.grad_norm, tps, 100 * mfu, mem / (1 << 20), format_duration(eta).c_str());
+    std::fflush(stdout);
+    record({{"step", m.step}, {"loss", m.loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm}, {"tokens_per_s", tps},
+            {"mfu", mfu}, {"step_ms", 1e3 * m.step_s}, {"peak_mem_bytes", mem}});
+    tokens_window_ = time_window_ = 0;
+  }
+  if (tty_) {
+    int width = 30, filled = int(double(width) * double(m.step + 1) / double(std::max<int64_t>(total_, 1)));
+    std::string bar(size_t(filled), '=');
+    if (filled < width) bar += '>' + std::string(size_t(width - filled - 1), ' ');
+    std::printf("\r[%s] %lld/%lld loss %.4f %.0f tok/s eta %s\033[K", bar.c_str(), (long long)(m.step + 1),
+                (long long)total_, m.loss, tps_now, format_duration(eta).c_str());
+    std::fflush(stdout);
+    bar_shown_ = true;
+  }
+}
+
+void MetricsLogger::eval(int64_t step, double val_loss) {
+  if (rank_ != 0) return;
+  note(fmt::format("eval step {} | val_loss {:.4f}", step + 1, val_loss));
+  record({{"step", step}, {"val_loss", val_loss}});
+}
+
+void MetricsLogger::sample(int64_t step, const std::string& text) {
+  if (rank_ != 0) return;
+  note(fmt::format("sample step {} | {}", step + 1, text));
+  record({{"step", step}, {"sample", text}});
+}
+
+}  // namespace mt

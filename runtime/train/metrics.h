@@ -1,0 +1,55 @@
+// Progress and metrics of a run, printed by rank 0: a progress bar with ETA
+// when stdout is a terminal, plain lines otherwise; the same records as JSON
+// lines in log.metrics_file. MFU uses DESIGN.md's FLOP count against the
+// device's peak (for a CPU, a peak measured once by a GEMM).
+#pragma once
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/core/device.h"
+
+namespace mt {
+
+struct StepMetrics {
+  int64_t step = 0;  // 0-based step just done
+  double loss = 0, lr = 0, grad_norm = 0;
+  double step_s = 0;   // wall time of the step
+  int64_t tokens = 0;  // global tokens in the step
+};
+
+class MetricsLogger {
+ public:
+  // rank: only rank 0 prints and writes. flops_per_token and peak_flops (per rank, FLOP/s) give MFU.
+  MetricsLogger(int rank, int world_size, const std::string& metrics_file, int64_t total_steps, int64_t interval,
+                double flops_per_token, double peak_flops, Device device);
+  ~MetricsLogger();
+  void step(const StepMetrics& m);
+  void eval(int64_t step, double val_loss);
+  void sample(int64_t step, const std::string& text);
+  void note(const std::string& line);  // a plain line that does not break the progress bar
+  void record(nlohmann::json j);       // a JSON line as is
+
+ private:
+  void clear_bar();
+  int rank_, world_;
+  FILE* file_ = nullptr;
+  int64_t total_, interval_;
+  double flops_per_token_, peak_flops_;
+  Device device_;
+  bool tty_;
+  bool bar_shown_ = false;
+  double tokens_window_ = 0, time_window_ = 0;
+  double ema_step_s_ = 0;
+};
+
+// Dense GEMM peak of this process's CPU threads in FLOP/s (f32, measured once, cached).
+double cpu_peak_flops();
+// Peak resident memory of this process in bytes (getrusage), or of the device's caching allocator.
+double peak_memory_bytes(Device d);
+// "1h02m", "3m05s", "12s"
+std::string format_duration(double seconds);
+
+}  // namespace mt

@@ -1,0 +1,44 @@
+// AdamW (torch.optim.AdamW's semantics), the learning-rate schedule, and the
+// global gradient norm and clipping of torch.nn.utils.clip_grad_norm_, over
+// parameters that are DTensors (each element counted once).
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "models/module.h"
+#include "runtime/io/config.h"
+
+namespace mt {
+
+class AdamW {
+ public:
+  AdamW(std::vector<Parameter*> params, const TrainingConfig& t);
+  // One update of every parameter's local shard with its (synced) gradient.
+  void step(double lr);
+  int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t s) { step_ = s; }
+  struct State {
+    Tensor exp_avg, exp_avg_sq;  // like the parameter's local shard; f32 (f64 for f64 params)
+  };
+  std::map<std::string, State>& state() { return state_; }
+  const std::vector<Parameter*>& params() const { return params_; }
+
+ private:
+  std::vector<Parameter*> params_;
+  std::map<std::string, State> state_;
+  double beta1_, beta2_, eps_, weight_decay_;
+  int64_t step_ = 0;
+};
+
+// Learning rate for 0-based step s: linear warmup lr*(s+1)/W for s < W, then
+// constant lr, or cosine from lr to lr_min over the remaining steps.
+double lr_at(const TrainingConfig& t, int64_t step);
+
+// sqrt(sum of squares) of every gradient over the mesh (collective where a
+// gradient is sharded: partial sums are all-reduced over its shard dims).
+double grad_norm(const std::vector<Parameter*>& params);
+// clip_grad_norm_: if max_norm > 0 and norm > max_norm, scale by max_norm / (norm + 1e-6).
+void clip_grads(const std::vector<Parameter*>& params, double norm, double max_norm);
+
+}  // namespace mt

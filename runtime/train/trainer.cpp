@@ -1,0 +1,309 @@
+#include "runtime/train/trainer.h"
+
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <thread>
+
+#include "parallel/philox.h"
+#include "runtime/core/log.h"
+#include "runtime/kernels/ops.h"
+#include "runtime/train/metrics.h"
+
+namespace mt {
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+DType training_dtype(const Config& c, Device device) {
+  if (c.training.dtype == "fp64") return DType::f64;
+  if (c.training.dtype == "bf16")
+    MT_CHECK(device.is_cuda(), "train", "training.dtype = bf16 needs comm.device = cuda (the CPU backend runs fp32 "
+                                        "and fp64)");
+  MT_CHECK(c.training.dtype != "bf16", "train", "training.dtype = bf16: the CUDA training step is not built yet");
+  return DType::f32;
+}
+
+int auto_threads(const MpiEnv& env) {
+  int hw = int(std::thread::hardware_concurrency());
+  return std::max(1, hw / std::max(1, env.local_size()));
+}
+
+}  // namespace
+
+TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
+  TrainRun run;
+  run.config = cfg;
+  set_cpu_threads(cfg.training.threads > 0 ? cfg.training.threads : auto_threads(env));
+
+  // Mesh: all four conventional dims, size 1 where unused, so every dim name exists.
+  auto sizes = resolve_mesh_sizes(cfg.parallel, env.size());
+  const char* not_yet[] = {"dp_replicate", "dp_shard (fully sharded data parallel)", "cp (context parallel)",
+                           "tp (tensor parallel)"};
+  for (size_t i = 1; i < 4; ++i)
+    MT_CHECK(sizes[i] == 1, "train", "parallel.{} = {}: {} is not implemented yet; use parallel.dp_replicate",
+             canonical_mesh_dims()[i], sizes[i], not_yet[i]);
+  std::vector<MeshDim> dims;
+  for (size_t i = 0; i < 4; ++i) dims.push_back({canonical_mesh_dims()[i], sizes[i]});
+  run.device = rank_device(env, cfg.comm.device);
+  run.dtype = training_dtype(cfg, run.device);
+
+  // Batch: the global batch never depends on the mesh; each dp rank takes batch_size / dp rows.
+  auto& t = cfg.training;
+  run.dp = int64_t(sizes[0]) * sizes[1];
+  require_divisible("training.batch_size", t.batch_size, "dp (dp_replicate x dp_shard)", run.dp);
+  run.rows = t.batch_size / run.dp;
+  run.micro = t.micro_batch_size > 0 ? t.micro_batch_size : run.rows;
+  if (run.rows % run.micro != 0)
+    fail("config", "training.micro_batch_size = {} must divide the rows per data-parallel rank, batch_size / dp = {} / {} = {}",
+         run.micro, t.batch_size, run.dp, run.rows);
+
+  // Data (every rank reads and validates the files itself: errors before any collective).
+  if (with_data) {
+    run.train_data = TokenStream(cfg.data.train, cfg.model.vocab_size, "data.train");
+    steps_per_epoch(run.train_data, t.batch_size, t.seq_len);  // errors if shorter than one batch
+    if (!cfg.data.val.empty() && cfg.eval.interval > 0) {
+      run.val_data = TokenStream(cfg.data.val, cfg.model.vocab_size, "data.val");
+      steps_per_epoch(run.val_data, t.batch_size, t.seq_len);
+    }
+  }
+
+  MeshOptions mo;
+  mo.device = run.device;
+  mo.backend = cfg.comm.backend;
+  run.mesh = DeviceMesh::create(dims, mo);
+  run.dp_rank = int64_t(run.mesh.coordinate(0)) * sizes[1] + run.mesh.coordinate(1);
+  run.dp_dims = {0, 1};
+
+  ParamFactory f{run.mesh, run.dtype, run.device, uint64_t(t.seed), cfg.model.init_std};
+  run.model = std::make_unique<LlamaForCausalLM>(cfg.model, f);
+  run.params = run.model->parameters();
+  run.opt = std::make_unique<AdamW>(run.params, t);
+  return run;
+}
+
+StepResult train_step(TrainRun& run, int64_t step) {
+  const auto& t = run.config.training;
+  const int64_t B = t.batch_size, T = t.seq_len;
+  // 1. This rank's rows of the global batch for this step.
+  Batch batch = get_batch(run.train_data, step, B, T, run.dp_rank * run.rows, run.rows);  // (rows, T) x2
+  // 2. Forward and backward per micro-batch; gradients accumulate in the parameters' grad buffers.
+  //    The loss is the sum of token losses over the global token count, so every mesh gives the same number.
+  zero_grads(run.params);
+  const double inv_tokens = 1.0 / double(B * T);
+  double loss_sum = 0;
+  for (int64_t r = 0; r < run.rows; r += run.micro) {
+    Tensor inputs = batch.inputs.slice0(r, r + run.micro).to(run.device);    // (mb, T)
+    Tensor targets = batch.targets.slice0(r, r + run.micro).to(run.device);  // (mb, T)
+    Tensor logits = run.model->call(inputs);                                 // (mb, T, V)
+    Tensor losses = empty({run.micro * T}, logits.dtype(), run.device);       // (mb*T)
+    cross_entropy_forward_backward(losses, as_rows(logits), as_rows(logits), targets.reshape({-1}), inv_tokens);
+    loss_sum += sum(losses);
+    run.model->call_backward(logits);  // logits now hold dloss/dlogits
+  }
+  // 3. Gradient sync, the one rule: each gradient is Partial over the data-parallel dims;
+  //    redistributing it to its parameter's placement all-reduces (or reduce-scatters) it.
+  for (Parameter* p : run.params) {
+    for (int d : run.dp_dims)
+      if (p->value.placements()[size_t(d)].is_replicate()) p->grad.spec.placements[size_t(d)] = Placement::Partial();
+    p->grad = redistribute(p->grad, p->value.spec);
+  }
+  // 4. The step's loss over the whole batch.
+  Tensor loss_t = from_values({loss_sum}, {1}, DType::f64);
+  run.mesh.group("dp").all_reduce(loss_t, ReduceOp::sum);
+  // 5. Clip by the global norm and update.
+  StepResult res;
+  res.loss = loss_t.at<double>(0) * inv_tokens;
+  res.grad_norm = grad_norm(run.params);
+  clip_grads(run.params, res.grad_norm, t.grad_clip);
+  res.lr = lr_at(t, step);
+  run.opt->step(res.lr);
+  return res;
+}
+
+double evaluate(TrainRun& run) {
+  const auto& t = run.config.training;
+  const int64_t B = t.batch_size, T = t.seq_len;
+  double loss_sum = 0;
+  for (int64_t i = 0; i < run.config.eval.steps; ++i) {
+    Batch batch = get_batch(run.val_data, i, B, T, run.dp_rank * run.rows, run.rows);
+    for (int64_t r = 0; r < run.rows; r += run.micro) {
+      Tensor logits = run.model->call(batch.inputs.slice0(r, r + run.micro).to(run.device));  // (mb, T, V)
+      Tensor losses = empty({run.micro * T}, logits.dtype(), run.device);
+      cross_entropy_forward_backward(losses, Tensor(), as_rows(logits),
+                                     batch.targets.slice0(r, r + run.micro).reshape({-1}).to(run.device), 1.0);
+      loss_sum += sum(losses);
+    }
+  }
+  Tensor loss_t = from_values({loss_sum}, {1}, DType::f64);
+  run.mesh.group("dp").all_reduce(loss_t, ReduceOp::sum);
+  return loss_t.at<double>(0) / double(run.config.eval.steps * B * T);
+}
+
+std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t n, double temperature, uint64_t seed,
+                     uint64_t stream) {
+  std::vector<int32_t> toks;
+  for (unsigned char ch : prompt) toks.push_back(int32_t(ch) % int32_t(model.config.vocab_size));
+  if (toks.empty()) toks.push_back(int32_t('\n') % int32_t(model.config.vocab_size));
+  const int64_t V = model.config.vocab_size, ctx_max = model.config.max_seq_len;
+  std::string out;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t len = std::min<int64_t>(int64_t(toks.size()), ctx_max);
+    Tensor ctx = empty({1, len}, DType::i32);
+    std::copy(toks.end() - len, toks.end(), ctx.data<int32_t>());
+    const Tensor& w = model.lm_head->weight->value.local;
+    Tensor logits = model.call(ctx.to(w.device()));                             // (1, len, V)
+    std::vector<double> row = to_f64(logits.reshape({len, V}).slice0(len - 1, len));  // (V)
+    int32_t next = 0;
+    if (temperature <= 0) {
+      next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+    } else {
+      double mx = *std::max_element(row.begin(), row.end()), total = 0;
+      for (double& x : row) total += (x = std::exp((x - mx) / temperature));
+      double u = double(philox::uniform(seed, stream, uint64_t(i))) * total, acc = 0;
+      next = int32_t(V - 1);
+      for (int64_t v = 0; v < V; ++v)
+        if ((acc += row[size_t(v)]) > u) {
+          next = int32_t(v);
+          break;
+        }
+    }
+    toks.push_back(next);
+    out.push_back(char(next & 0xff));
+  }
+  return out;
+}
+
+namespace {
+
+// One line for the terminal: control bytes shown as escapes.
+std::string printable(const std::string& s) {  // NOLINT
+  std::string r;
+  for (unsigned char c : s) {
+    if (c == '\n') r += "\\n";
+    else if (c == '\t') r += "\\t";
+    else if (c < 32 || c == 127) r += fmt::format("\\x{:02x}", c);
+    else r.push_back(char(c));
+  }
+  return r;
+}
+
+}  // namespace
+
+int run_train_command(RunContext& ctx) {
+  const Config& cfg = ctx.config;
+  const MpiEnv& env = *ctx.env;
+  TrainRun run = make_train_run(cfg, env);
+  const auto& t = cfg.training;
+
+  // Where to start: a checkpoint to resume, else Hugging Face weights, else the random init.
+  std::string resume_from;
+  if (!cfg.checkpoint.dir.empty() && cfg.checkpoint.resume != "never") {
+    if (cfg.checkpoint.resume == "auto") {
+      if (auto p = latest_checkpoint(cfg.checkpoint.dir)) resume_from = *p;
+    } else {
+      resume_from = cfg.checkpoint.resume;
+      MT_CHECK(std::filesystem::exists(std::filesystem::path(resume_from) / "meta.json"), "checkpoint",
+               "checkpoint.resume = {}: not a complete checkpoint (no meta.json)", resume_from);
+    }
+  }
+  if (!resume_from.empty()) {
+    TrainProgress p = load_checkpoint(resume_from, *run.model, run.opt.get());
+    run.start_step = p.step;
+    if (env.rank() == 0) spdlog::info("resumed from {} at step {}", resume_from, p.step);
+  } else if (!cfg.model.init_from.empty()) {
+    load_hf_weights(cfg.model.init_from, *run.model);
+    if (env.rank() == 0) spdlog::info("initialised from {}", cfg.model.init_from);
+  }
+
+  const double flops_per_token = llama_flops_per_token(cfg.model, t.seq_len);
+  const double peak = run.device.is_cuda() ? 989e12 : cpu_peak_flops();
+  if (env.rank() == 0) {
+    spdlog::info("model: {} parameters ({} without embeddings), {:.2f} MFLOP/token; mesh {}; batch {} x {} tokens, "
+                 "{} rows per dp rank, micro-batch {}; {} threads per rank, CPU GEMM peak {:.1f} GFLOP/s",
+                 llama_num_params(cfg.model), llama_num_params(cfg.model, false), flops_per_token / 1e6,
+                 mesh_str(run.mesh.dims()), t.batch_size, t.seq_len, run.rows, run.micro, cpu_threads(),
+                 peak / 1e9);
+    spdlog::info("data: {} train tokens in {} shard(s), {} steps per epoch", run.train_data.size(),
+                 run.train_data.shards().size(), steps_per_epoch(run.train_data, t.batch_size, t.seq_len));
+  }
+  MetricsLogger log(env.rank(), env.size(), cfg.log.metrics_file, t.steps, cfg.log.interval, flops_per_token, peak,
+                    run.device);
+  // Slurm sends SIGTERM (or a --signal of the user's choice) before the time limit: checkpoint and stop.
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
+
+  auto checkpoint = [&](int64_t next_step) {
+    if (cfg.checkpoint.dir.empty()) return;
+    Batch pos = get_batch(run.train_data, next_step, t.batch_size, t.seq_len, 0, 0);
+    TrainProgress p{next_step, pos.epoch, pos.offset, uint64_t(t.seed)};
+    std::string dir = save_checkpoint(cfg.checkpoint.dir, p, *run.model, *run.opt, cfg, run.mesh, cfg.checkpoint.keep);
+    log.note(fmt::format("checkpoint step {} -> {}", next_step, dir));
+  };
+
+  for (int64_t step = run.start_step; step < t.steps; ++step) {
+    auto t0 = std::chrono::steady_clock::now();
+    StepResult r = train_step(run, step);
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MT_CHECK(std::isfinite(r.loss), "train", "step {}: the loss is {} (grad norm {}): lower training.lr?", step,
+             r.loss, r.grad_norm);
+    log.step({step, r.loss, r.lr, r.grad_norm, dt, t.batch_size * t.seq_len});
+    bool last = step + 1 == t.steps;
+    if (cfg.eval.interval > 0 && run.val_data.size() > 0 && ((step + 1) % cfg.eval.interval == 0 || last))
+      log.eval(step, evaluate(run));
+    if (cfg.sample.interval > 0 && cfg.sample.tokens > 0 && ((step + 1) % cfg.sample.interval == 0 || last)) {
+      std::string text = generate(*run.model, cfg.sample.prompt, cfg.sample.tokens, cfg.sample.temperature,
+                                  uint64_t(t.seed), uint64_t(step));
+      log.sample(step, printable(cfg.sample.prompt + text));
+    }
+    // A stop signal on any rank stops every rank at the same step boundary.
+    int stop = g_stop_signal.load();
+    MT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    bool at_interval = cfg.checkpoint.interval > 0 && (step + 1) % cfg.checkpoint.interval == 0;
+    if (at_interval || last || stop) checkpoint(step + 1);
+    if (stop) {
+      log.note(fmt::format("signal {} received: stopped after step {} with a checkpoint", stop, step + 1));
+      return 0;
+    }
+  }
+  return 0;
+}
+
+void add_generate_options(CLI::App* app, GenerateArgs& a) {
+  app->add_option("--checkpoint", a.checkpoint, "checkpoint directory (step_XXXXXXXX) or a checkpoint.dir")->required();
+  app->add_option("--prompt", a.prompt, "text to continue")->capture_default_str();
+  app->add_option("--tokens", a.tokens, "tokens to generate")->capture_default_str();
+  app->add_option("--temperature", a.temperature, "sampling temperature (0 = greedy)")->capture_default_str();
+  app->add_option("--seed", a.seed, "sampling seed")->capture_default_str();
+}
+
+int run_generate_command(RunContext& ctx, const GenerateArgs& a) {
+  std::string path = a.checkpoint;
+  if (!std::filesystem::exists(std::filesystem::path(path) / "meta.json")) {
+    auto latest = latest_checkpoint(path);
+    MT_CHECK(latest.has_value(), "checkpoint", "--checkpoint {}: neither a checkpoint nor a directory holding one",
+             path);
+    path = *latest;
+  }
+  Config cfg = checkpoint_config(path);
+  cfg.parallel = ParallelConfig{};  // generation runs on whatever ranks it is given, replicated
+  cfg.comm = ctx.config.comm;
+  TrainRun run = make_train_run(cfg, *ctx.env, false);
+  load_checkpoint(path, *run.model, nullptr);
+  std::string text = generate(*run.model, a.prompt, a.tokens, a.temperature, uint64_t(a.seed), 0);
+  if (ctx.env->rank() == 0) {
+    std::fwrite(a.prompt.data(), 1, a.prompt.size(), stdout);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace mt

@@ -1,0 +1,59 @@
+// The training run: mesh, model, optimizer and data built from the config, the
+// step (readable top to bottom in train_step), evaluation, sampling, and the
+// `meshtrain train` / `meshtrain generate` subcommands.
+#pragma once
+#include <memory>
+
+#include "models/llama/llama.h"
+#include "runtime/io/token_data.h"
+#include "runtime/train/checkpoint.h"
+#include "runtime/train/cli.h"
+#include "runtime/train/optimizer.h"
+
+namespace CLI {
+class App;
+}
+
+namespace mt {
+
+struct TrainRun {
+  Config config;
+  DeviceMesh mesh;
+  Device device;
+  DType dtype = DType::f32;
+  std::unique_ptr<LlamaForCausalLM> model;
+  std::vector<Parameter*> params;
+  std::unique_ptr<AdamW> opt;
+  TokenStream train_data, val_data;
+  int64_t dp = 1, dp_rank = 0;  // data-parallel size and this rank's index
+  int64_t rows = 0;             // sequences of each step's batch on this rank (batch_size / dp)
+  int64_t micro = 0;            // sequences per forward/backward
+  std::vector<int> dp_dims;     // mesh dims a gradient is partial over after backward
+  int64_t start_step = 0;       // > 0 after resuming
+};
+
+// Builds everything on every rank; config problems are errors before any
+// collective other than building the mesh. with_data = false skips the data (generate).
+TrainRun make_train_run(const Config& config, const MpiEnv& env, bool with_data = true);
+
+struct StepResult {
+  double loss = 0, grad_norm = 0, lr = 0;
+};
+StepResult train_step(TrainRun& run, int64_t step);
+// Mean token loss over eval.steps validation batches (collective over dp).
+double evaluate(TrainRun& run);
+// Continues `prompt` (bytes) by `n` sampled tokens; every rank computes the same text.
+std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t n, double temperature, uint64_t seed,
+                     uint64_t stream);
+
+struct GenerateArgs {
+  std::string checkpoint, prompt = "The ";
+  int64_t tokens = 128;
+  double temperature = 0.8;
+  int64_t seed = 0;
+};
+void add_generate_options(CLI::App* app, GenerateArgs& args);
+int run_train_command(RunContext& ctx);
+int run_generate_command(RunContext& ctx, const GenerateArgs& args);
+
+}  // namespace mt

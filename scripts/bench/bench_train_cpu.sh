@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# CPU training-step benchmark (docs/PERFORMANCE.md): the model of
+# configs/bench_cpu.yaml (dim 256, 4 layers, 8 heads, 4 kv heads, ffn 768,
+# vocab 256, seq 256, batch 8, fp32) on 1 rank with 2 threads, and the PyTorch
+# reference (scripts/reference/llama_ref.py bench) on the same model with 2
+# threads, in one run. Prints tokens/s of both and the ratio, the achieved
+# GFLOP/s against the measured GEMM peak, and peak memory against the expected
+# parameter + optimizer + activation bytes.
+#   scripts/bench/bench_train_cpu.sh [BUILD_DIR] [STEPS]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build}
+steps=${2:-20}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+threads=2
+export OMP_NUM_THREADS=$threads
+
+# Random tokens: speed does not depend on the text.
+/usr/bin/python3 - "$tmp" <<'PY'
+import struct, sys, random
+random.seed(0)
+toks = [random.randrange(256) for _ in range(200000)]
+open(sys.argv[1] + "/bench_000.bin", "wb").write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)) + struct.pack(f"<{len(toks)}H", *toks))
+PY
+"$root/scripts/mpirun.sh" -np 1 "$build/meshtrain" --config "$root/configs/bench_cpu.yaml" \
+  --set data.train="$tmp/bench_*.bin" --set data.val="" --set training.steps=$steps --set training.threads=$threads \
+  --set log.interval=1 --set log.metrics_file="$tmp/m.jsonl" train >"$tmp/mt.log" 2>&1 || { cat "$tmp/mt.log"; exit 1; }
+peak=$(grep -oE 'CPU GEMM peak [0-9.]+' "$tmp/mt.log" | grep -oE '[0-9.]+$')
+/usr/bin/python3 "$root/scripts/reference/llama_ref.py" bench --dim 256 --n-layers 4 --n-heads 8 --n-kv-heads 4 \
+  --ffn-dim 768 --vocab-size 256 --seq-len 256 --batch-size 8 --threads $threads --steps 10 --warmup 3 >"$tmp/ref.json"
+
+/usr/bin/python3 - "$tmp/m.jsonl" "$tmp/ref.json" "$peak" <<'PY'
+import json, sys, statistics
+recs = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+ref = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
+peak = float(sys.argv[3])
+# Steady state: skip the first 3 steps (allocation, page faults); median step time.
+step_ms = statistics.median(r["step_ms"] for r in recs[3:])
+tokens = 8 * 256
+tps = tokens / (step_ms / 1e3)
+d, L, H, KV, F, V, T = 256, 4, 8, 4, 768, 256, 256
+hd = d // H
+n_nonemb = L * (2 * d * H * hd + 2 * d * KV * hd + 3 * d * F + 2 * d) + d + V * d
+n_all = n_nonemb + V * d
+flops_tok = 6 * n_nonemb + 12 * L * d * T
+gflops = flops_tok * tps / 1e9
+mem = max(r["peak_mem_bytes"] for r in recs)
+# Expected: f32 params + grads + 2 AdamW moments, plus the activations backward keeps
+# (per layer ~ x, norm out, q,k,v,out, lse, h, 2 norms, gate, up, swiglu: ~ 10*d + 3*F per token) and logits.
+act = 8 * 256 * (L * (10 * d + 3 * F) + 2 * V + 2 * d) * 4
+expected = n_all * 4 * 4 + act
+print(f"meshtrain  : {tps:10.0f} tokens/s  (median step {step_ms:.1f} ms, 1 rank x 2 threads)")
+print(f"PyTorch    : {ref['tokens_per_s']:10.0f} tokens/s  (torch {ref.get('torch')}, {ref.get('threads')} threads, {ref.get('blas', '?')})")
+print(f"ratio      : {tps / ref['tokens_per_s']:.2f}x  (target >= 1.5x)")
+print(f"compute    : {gflops:.1f} GFLOP/s of a {peak:.1f} GFLOP/s GEMM peak = {100 * gflops / peak:.0f}%  ({flops_tok / 1e6:.1f} MFLOP/token)")
+print(f"peak memory: {mem / 2**20:.0f} MiB resident vs {expected / 2**20:.0f} MiB expected (params+grads+AdamW {n_all * 16 / 2**20:.0f} MiB, activations {act / 2**20:.0f} MiB; resident also holds the binary, MPI and data)")
+PY

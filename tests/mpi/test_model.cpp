@@ -1,0 +1,223 @@
+// The model's layers against finite differences in f64: every layer's input
+// gradient and parameter gradients, and the whole Llama's loss gradient, on a
+// tiny config (tied and untied embeddings). Every rank runs the same checks on
+// a replicated mesh.
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <random>
+
+#include "../check_error.h"
+#include "models/llama/llama.h"
+#include "runtime/kernels/ops.h"
+
+using namespace mt;
+
+namespace {
+
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+ModelConfig tiny_config(bool tied = false) {
+  ModelConfig c;
+  c.dim = 16;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 24;
+  c.vocab_size = 32;
+  c.max_seq_len = 16;
+  c.norm_eps = 1e-5;
+  c.tie_embeddings = tied;
+  c.init_std = 0.3;  // large enough that every path carries signal
+  return c;
+}
+
+ParamFactory f64_factory(const DeviceMesh& mesh) {
+  ParamFactory f;
+  f.mesh = mesh;
+  f.dtype = DType::f64;
+  f.seed = 7;
+  f.init_std = 0.3;
+  return f;
+}
+
+Tensor random_tensor(const Shape& s, uint64_t seed, double scale = 1.0) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<double> n(0, scale);
+  std::vector<double> v(size_t(shape_numel(s)));
+  for (auto& x : v) x = n(g);
+  return from_values(v, s, DType::f64);
+}
+
+Tensor random_tokens(const Shape& s, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  Tensor t = empty(s, DType::i32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.at<int32_t>(i) = int32_t(g() % uint64_t(vocab));
+  return t;
+}
+
+double dot(const Tensor& a, const Tensor& b) {
+  double s = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) s += a.at<double>(i) * b.at<double>(i);
+  return s;
+}
+
+// Relative error of an analytic derivative against a central difference.
+void check_close(double analytic, double numeric, const std::string& what) {
+  double err = std::abs(analytic - numeric) / std::max(1e-6, std::abs(analytic) + std::abs(numeric));
+  INFO(what << ": analytic " << analytic << " numeric " << numeric);
+  CHECK(err < 1e-5);
+}
+
+// Checks d(sum(m(x) * R))/dx and /dparams at a few elements each.
+void check_module(Module& m, const Tensor& x, uint64_t seed) {
+  Tensor y = m.call(x);
+  Tensor R = random_tensor(y.shape(), seed);
+  auto params = m.parameters();
+  zero_grads(params);
+  Tensor dx = m.call_backward(R.clone());
+  auto loss = [&] { return dot(m.call(x), R); };
+  const double eps = 1e-6;
+  std::mt19937_64 g(seed + 1);
+  if (x.dtype() == DType::f64) {
+    REQUIRE(dx.defined());
+    for (int k = 0; k < 6; ++k) {
+      int64_t i = int64_t(g() % uint64_t(x.numel()));
+      double old = x.at<double>(i);
+      x.at<double>(i) = old + eps;
+      double lp = loss();
+      x.at<double>(i) = old - eps;
+      double lm = loss();
+      x.at<double>(i) = old;
+      check_close(dx.at<double>(i), (lp - lm) / (2 * eps), m.name() + " input[" + std::to_string(i) + "]");
+    }
+  }
+  for (Parameter* p : params) {
+    const Tensor& w = p->value.local;
+    for (int k = 0; k < 4; ++k) {
+      int64_t i = int64_t(g() % uint64_t(w.numel()));
+      double old = w.at<double>(i);
+      w.at<double>(i) = old + eps;
+      double lp = loss();
+      w.at<double>(i) = old - eps;
+      double lm = loss();
+      w.at<double>(i) = old;
+      check_close(p->grad.local.at<double>(i), (lp - lm) / (2 * eps), p->name + "[" + std::to_string(i) + "]");
+    }
+  }
+}
+
+// Mean token cross-entropy of the model's logits.
+double model_loss(LlamaForCausalLM& model, const Tensor& inputs, const Tensor& targets, bool backward) {
+  Tensor logits = model.call(inputs);
+  int64_t N = inputs.numel();
+  Tensor losses = empty({N}, DType::f64);
+  Tensor rows = as_rows(logits);
+  cross_entropy_forward_backward(losses, backward ? rows : Tensor(), rows, targets.reshape({-1}), 1.0 / double(N));
+  if (backward) model.call_backward(logits);
+  return sum(losses) / double(N);
+}
+
+}  // namespace
+
+TEST_CASE("model: every layer's gradients match finite differences (f64)") {
+  DeviceMesh mesh = DeviceMesh::create({{"dp_replicate", world_size()}});
+  ParamFactory f = f64_factory(mesh);
+  ModelConfig c = tiny_config();
+  const int64_t B = 2, T = 7;
+  auto rope = std::make_shared<RopeTables>();
+  Tensor pos = empty({T}, DType::i64);
+  for (int64_t t = 0; t < T; ++t) pos.at<int64_t>(t) = t;
+  rope->set_positions(pos, c.dim / c.n_heads, DType::f64, Device::cpu());
+
+  SUBCASE("Linear") {
+    Linear m("lin", 5, 3, f);
+    check_module(m, random_tensor({B, T, 5}, 1), 11);
+  }
+  SUBCASE("Embedding") {
+    Embedding m("emb", 11, 6, f);
+    check_module(m, random_tokens({B, T}, 11, 2), 12);
+  }
+  SUBCASE("RMSNorm") {
+    RMSNorm m("norm", 9, 1e-5, f);
+    // Non-trivial weights so that the weight gradient is tested away from 1.
+    m.weight->value.local = random_tensor({9}, 3);
+    check_module(m, random_tensor({B, T, 9}, 4), 13);
+  }
+  SUBCASE("LlamaAttention (GQA, causal, RoPE)") {
+    LlamaAttention m("attn", c, f, rope);
+    check_module(m, random_tensor({B, T, c.dim}, 5), 14);
+  }
+  SUBCASE("LlamaMLP") {
+    LlamaMLP m("mlp", c, f);
+    check_module(m, random_tensor({B, T, c.dim}, 6), 15);
+  }
+  SUBCASE("LlamaDecoderLayer") {
+    LlamaDecoderLayer m("layer", c, f, rope);
+    check_module(m, random_tensor({B, T, c.dim}, 7), 16);
+  }
+}
+
+TEST_CASE("model: the whole Llama's loss gradient matches finite differences (f64), tied and untied") {
+  DeviceMesh mesh = DeviceMesh::create({{"dp_replicate", world_size()}});
+  for (bool tied : {false, true}) {
+    ModelConfig c = tiny_config(tied);
+    LlamaForCausalLM model(c, f64_factory(mesh));
+    CHECK(model.parameters().size() == size_t(2 + 9 * c.n_layers + (tied ? 0 : 1)));
+    Tensor inputs = random_tokens({2, 9}, c.vocab_size, 21), targets = random_tokens({2, 9}, c.vocab_size, 22);
+    auto params = model.parameters();
+    zero_grads(params);
+    double l0 = model_loss(model, inputs, targets, true);
+    CHECK(std::abs(l0 - std::log(double(c.vocab_size))) < 3.0);  // near uniform at init
+    std::mt19937_64 g(tied ? 5 : 6);
+    const double eps = 1e-6;
+    for (Parameter* p : params) {
+      const Tensor& w = p->value.local;
+      for (int k = 0; k < 3; ++k) {
+        int64_t i = int64_t(g() % uint64_t(w.numel()));
+        double old = w.at<double>(i);
+        w.at<double>(i) = old + eps;
+        double lp = model_loss(model, inputs, targets, false);
+        w.at<double>(i) = old - eps;
+        double lm = model_loss(model, inputs, targets, false);
+        w.at<double>(i) = old;
+        check_close(p->grad.local.at<double>(i), (lp - lm) / (2 * eps),
+                    std::string(tied ? "tied " : "") + p->name + "[" + std::to_string(i) + "]");
+      }
+    }
+  }
+}
+
+TEST_CASE("model: Hugging Face names, shapes and the FLOP count") {
+  DeviceMesh mesh = DeviceMesh::create({{"dp_replicate", world_size()}});
+  ModelConfig c = tiny_config();
+  ParamFactory f;
+  f.mesh = mesh;
+  LlamaForCausalLM model(c, f);
+  std::vector<std::string> names;
+  for (Parameter* p : model.parameters()) names.push_back(p->name + shape_str(p->value.shape()));
+  REQUIRE(names.size() == 21);
+  CHECK(names[0] == "model.embed_tokens.weight(32, 16)");
+  CHECK(names[1] == "model.layers.0.input_layernorm.weight(16,)");
+  CHECK(names[2] == "model.layers.0.self_attn.q_proj.weight(16, 16)");
+  CHECK(names[3] == "model.layers.0.self_attn.k_proj.weight(8, 16)");
+  CHECK(names[5] == "model.layers.0.self_attn.o_proj.weight(16, 16)");
+  CHECK(names[6] == "model.layers.0.post_attention_layernorm.weight(16,)");
+  CHECK(names[7] == "model.layers.0.mlp.gate_proj.weight(24, 16)");
+  CHECK(names[9] == "model.layers.0.mlp.down_proj.weight(16, 24)");
+  CHECK(names[19] == "model.norm.weight(16,)");
+  CHECK(names[20] == "lm_head.weight(32, 16)");
+  // Parameters by hand: per layer 16*16*2 + 8*16*2 + 3*16*24 + 2*16 = 1952; + final norm 16 + two tables.
+  CHECK(llama_num_params(c) == 2 * 1952 + 16 + 2 * 32 * 16);
+  CHECK(llama_num_params(c, false) == 2 * 1952 + 16 + 32 * 16);
+  CHECK(llama_flops_per_token(c, 7) == doctest::Approx(6.0 * (2 * 1952 + 16 + 32 * 16) + 12.0 * 2 * 16 * 7));
+  // Norm weights start at one, matrices at the configured std and are parallelism-invariant.
+  CHECK(model.model->norm->weight->value.local.at<float>(3) == 1.0f);
+  CHECK_FALSE(model.parameters()[1]->weight_decay);
+  CHECK(model.parameters()[2]->weight_decay);
+}
