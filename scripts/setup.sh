@@ -14,7 +14,10 @@ for a in "$@"; do
 done
 
 pkgs=(g++ pkg-config meson ninja-build ccache openmpi-bin libopenmpi-dev libeigen3-dev libspdlog-dev
-      doctest-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev python3 python3-numpy)
+      doctest-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev python3 python3-numpy
+      fortunes python3-torch python3-matplotlib libopenblas0-pthread)
+# fortunes: the default dataset's text; python3-torch: the reference model (scripts/reference) and
+# its benchmark, on OpenBLAS (libopenblas0-pthread replaces the reference BLAS Debian's torch links)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -40,3 +43,8 @@ else
   meson configure "$build" -Dcuda=$cuda_opt >/dev/null
 fi
 ninja -C "$build" | tail -n 1
+
+# The default dataset: the text of Debian's fortunes, byte-level shards in data/fortunes.
+if [ ! -f "$root/data/fortunes/fortunes_train_000000.bin" ]; then
+  /usr/bin/python3 "$root/scripts/prepare_data" --fortunes --out "$root/data/fortunes"
+fi

@@ -76,6 +76,20 @@ else
   add 0 1 "cli (crashed)"
 fi
 
+# Training end to end: invariance over dp, the PyTorch reference, resume, checkpoint faults, bad input.
+out="$log_dir/train.log"
+bash tests/cli/test_train.sh "$build" >"$out" 2>&1
+line=$(grep -E '^train: [0-9]+ passed, [0-9]+ failed' "$out" | tail -n 1)
+if [ -n "$line" ]; then
+  p=$(echo "$line" | sed -E 's/train: ([0-9]+) passed.*/\1/')
+  f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+  add "$p" "$f" "train"
+  [ "$f" -gt 0 ] && grep -E '^(FAIL|  )' "$out"
+else
+  tail -n 40 "$out"
+  add 0 1 "train (crashed)"
+fi
+
 # GPU suite, whenever a GPU is present.
 if [ -x "$build/tests/test_gpu" ] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   run_mpi_suite "$build/tests/test_gpu" test_gpu 1
