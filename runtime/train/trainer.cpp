@@ -234,6 +234,9 @@ int run_train_command(RunContext& ctx) {
     spdlog::info("data: {} train tokens in {} shard(s), {} steps per epoch", run.train_data.size(),
                  run.train_data.shards().size(), steps_per_epoch(run.train_data, t.batch_size, t.seq_len));
   }
+  if (env.rank() == 0)
+    spdlog::info("memory after setup: {:.0f} MiB resident (model, optimizer state, data, MPI)",
+                 peak_memory_bytes(Device::cpu()) / (1 << 20));
   MetricsLogger log(env.rank(), env.size(), cfg.log.metrics_file, t.steps, cfg.log.interval, flops_per_token, peak,
                     run.device);
   // Slurm sends SIGTERM (or a --signal of the user's choice) before the time limit: checkpoint and stop.

@@ -280,8 +280,9 @@ def cmd_bench(a):
         if s >= a.warmup:
             times.append(time.perf_counter() - t0)
     step = sorted(times)[len(times) // 2]
-    cfgs = torch.__config__.show()
-    blas = "openblas" if "openblas" in cfgs.lower() else ("mkl" if "mkl" in cfgs.lower() else "?")
+    # Debian's torch calls the system libblas.so.3, which the alternatives system points at OpenBLAS or the
+    # reference BLAS: name the library actually loaded.
+    blas = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
     print(json.dumps({"tokens_per_s": a.batch_size * a.seq_len / step, "step_ms": 1e3 * step, "threads": a.threads,
                       "torch": torch.__version__, "blas": blas}))
 
