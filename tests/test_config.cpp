@@ -36,7 +36,7 @@ TEST_CASE("unknown keys are named, with the known ones and a suggestion") {
                        "[config] unknown key 'comm.timout_s' (known keys in 'comm': timeout_s, backend, device, link_gbps); did you mean 'timeout_s'?");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("parralel: {tp: 2}"), "unknown key 'parralel'");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("parralel: {tp: 2}"), "did you mean 'parallel'?");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string("zzzzzzzz: 1"), "known keys in 'the top level': parallel, comm, log)");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("zzzzzzzz: 1"), "known keys in 'the top level': parallel, comm, log, model, training, data, eval, sample, checkpoint)");
 }
 
 TEST_CASE("wrong types name the key, the value and what was expected") {
