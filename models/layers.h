@@ -2,7 +2,7 @@
 // Each keeps what its backward needs from its last forward. Shapes are local
 // (what this rank holds); the leading dims of an activation are (B, T).
 #pragma once
-#include "models/module.h"
+#include "parallel/module.h"
 
 namespace mt {
 

@@ -1,5 +1,7 @@
 #include "parallel/dtensor.h"
 
+#include <mutex>
+
 #include <cstring>
 #include <algorithm>
 #include <functional>
@@ -203,8 +205,38 @@ DTensor execute(const DTensor& t, const Plan& plan) {
 
 }  // namespace
 
+namespace {
+std::mutex g_counters_mutex;
+CommCounters g_counters;
+}  // namespace
+
+int64_t CommCounters::total() const {
+  int64_t s = 0;
+  for (auto& [k, v] : bytes_by_dim) s += v;
+  return s;
+}
+CommCounters comm_counters() {
+  std::lock_guard<std::mutex> lock(g_counters_mutex);
+  return g_counters;
+}
+void reset_comm_counters() {
+  std::lock_guard<std::mutex> lock(g_counters_mutex);
+  g_counters = CommCounters{};
+}
+
 DTensor redistribute(const DTensor& t, const DTensorSpec& target, const RedistributeOptions& opts) {
   const Plan& plan = plan_redistribute(t.spec, target, dtype_size(t.local.dtype()), opts.link_gbps, opts.planner);
+  {
+    std::lock_guard<std::mutex> lock(g_counters_mutex);
+    for (const PlanStep& st : plan.steps) {
+      if (st.bytes_per_rank == 0) continue;
+      const std::string& dim = t.mesh.dims()[size_t(st.mesh_dim)].name;
+      std::string coll = dim + " " + std::string(step_kind_name(st.kind));
+      g_counters.bytes_by_dim[dim] += st.bytes_per_rank;
+      g_counters.bytes_by_collective[coll] += st.bytes_per_rank;
+      g_counters.calls_by_collective[coll] += 1;
+    }
+  }
   return execute(t, plan);
 }
 

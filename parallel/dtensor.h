@@ -1,7 +1,9 @@
 // DTensor: a local Tensor plus the spec saying which part of the global
 // tensor it is, on a live DeviceMesh. Free functions make, move and gather them.
 #pragma once
+#include <map>
 #include <optional>
+#include <string>
 
 #include "comm/mesh.h"
 #include "parallel/planner.h"
@@ -45,6 +47,19 @@ DTensor redistribute(const DTensor& t, const DTensorSpec& target, const Redistri
 // input's gradient is the same on every rank).
 Placements redistribute_backward_placements(const Placements& source);
 DTensor redistribute_backward(const DTensor& grad_out, const DTensorSpec& source, const RedistributeOptions& opts = {});
+
+// Bytes this rank sent in redistributions since the last reset, per mesh dim
+// name and per collective ("all_gather", "reduce_scatter", ...): the plan's
+// count (the ring algorithms' (n-1)/n of the data per rank). For measuring
+// what a parallel plan communicates.
+struct CommCounters {
+  std::map<std::string, int64_t> bytes_by_dim;
+  std::map<std::string, int64_t> bytes_by_collective;  // "tp all_gather"
+  std::map<std::string, int64_t> calls_by_collective;
+  int64_t total() const;
+};
+CommCounters comm_counters();
+void reset_comm_counters();
 
 // Copies a block of block_shape elements between two row-major tensors of the
 // same dtype (host memory), from src at src_start to dst at dst_start.

@@ -46,7 +46,8 @@ Tensor LlamaAttention::forward(const Tensor& x) {
 }
 
 Tensor LlamaAttention::backward(const Tensor& dy) {
-  int64_t B = dy.size(0), T = dy.size(1);
+  // dy may be sequence-sharded (o_proj's output layout); the saved q has the full sequence.
+  int64_t B = q_.size(0), T = q_.size(1);
   Tensor dout = o_proj->call_backward(dy).reshape(out_.shape());  // (B, T, H, hd)
   Tensor dq = empty(q_.shape(), dy.dtype(), dy.device());
   Tensor dk = empty(k_.shape(), dy.dtype(), dy.device());

@@ -22,6 +22,9 @@ struct ProbeVisitor {
   template <class F> void operator()(const char*, F&, const char*) {}
 };
 template <class T> constexpr bool is_section_v = requires(T& t, ProbeVisitor& p) { t.visit(p); };
+// A list of sections (parallel.tp_plan).
+template <class T> constexpr bool is_section_list_v = false;
+template <class T> constexpr bool is_section_list_v<std::vector<T>> = is_section_v<T>;
 
 std::string join_path(const std::string& prefix, const std::string& key) {
   return prefix.empty() ? key : prefix + "." + key;
@@ -99,6 +102,17 @@ struct Reader {
     std::string p = join_path(path, key);
     if constexpr (is_section_v<T>) {
       read_section(n, p, field, from_set);
+    } else if constexpr (is_section_list_v<T>) {
+      field.clear();
+      if (n.IsNull()) return;
+      if (!n.IsSequence()) fail("config", "{}: expected a list of maps, got {}", p, describe_node(n));
+      for (size_t i = 0; i < n.size(); ++i) {
+        typename T::value_type e{};
+        std::string ep = fmt::format("{}[{}]", p, i);
+        if (!n[i].IsMap()) fail("config", "{}: expected a map of keys, got {}", ep, describe_node(n[i]));
+        read_section(n[i], ep, e, from_set);
+        field.push_back(e);
+      }
     } else {
       read_value(n, p, field);
     }
@@ -143,6 +157,14 @@ struct Writer {
       out << YAML::BeginMap;
       field.visit(*this);
       out << YAML::EndMap;
+    } else if constexpr (is_section_list_v<T>) {
+      out << YAML::BeginSeq;
+      for (auto& e : field) {
+        out << YAML::BeginMap;
+        e.visit(*this);
+        out << YAML::EndMap;
+      }
+      out << YAML::EndSeq;
     } else if constexpr (std::is_same_v<T, std::vector<double>> || std::is_same_v<T, std::vector<std::string>>) {
       out << YAML::Flow << YAML::BeginSeq;
       // Strings quoted so that '', 'yes' or '[a' read back as the same strings.

@@ -10,16 +10,41 @@
 
 namespace mt {
 
+// One entry of a tensor-parallel plan written in YAML: a module-path pattern and a style with
+// PyTorch's keyword names. Layouts are placements on the tp dim: "Shard(1)", "S(-1)", "Replicate", "R";
+// "" keeps the style's default.
+struct TpPlanEntryConfig {
+  std::string pattern;
+  std::string style;
+  std::string input_layouts, output_layouts, desired_input_layouts, desired_output_layouts;
+  std::string use_local_output;  // "" (the style's default), "true" or "false"
+  template <class V> void visit(V& v) {
+    v("pattern", pattern, "module path pattern ('*' one segment, '**' any number)");
+    v("style", style, "ColwiseParallel | RowwiseParallel | SequenceParallel | PrepareModuleInput | PrepareModuleOutput | PrepareModuleInputOutput");
+    v("input_layouts", input_layouts, "placement of the input on tp ('' = the style's default)");
+    v("output_layouts", output_layouts, "placement of the output on tp");
+    v("desired_input_layouts", desired_input_layouts, "PrepareModuleInput*: the input's placement for the module");
+    v("desired_output_layouts", desired_output_layouts, "PrepareModuleOutput*: the output's placement after the module");
+    v("use_local_output", use_local_output, "'' | true | false (PyTorch parity; modules exchange local tensors here)");
+  }
+};
+
 struct ParallelConfig {
   int dp_replicate = -1;  // replicated data parallel; by default whatever the other dims leave
   int dp_shard = 1;      // fully sharded data parallel
   int cp = 1;            // context parallel (ring attention)
   int tp = 1;            // tensor (and sequence) parallel, innermost
+  bool sequence_parallel = true;
+  bool loss_parallel = true;
+  std::vector<TpPlanEntryConfig> tp_plan;
   template <class V> void visit(V& v) {
     v("dp_replicate", dp_replicate, "replicated data-parallel degree (-1: the remaining ranks)");
     v("dp_shard", dp_shard, "fully sharded data-parallel degree (-1: the remaining ranks)");
     v("cp", cp, "context-parallel degree (-1: the remaining ranks)");
     v("tp", tp, "tensor-parallel degree (-1: the remaining ranks)");
+    v("sequence_parallel", sequence_parallel, "with tp > 1: norms and residuals sharded along the sequence");
+    v("loss_parallel", loss_parallel, "with tp > 1: cross-entropy on vocab-sharded logits, never gathered");
+    v("tp_plan", tp_plan, "tensor-parallel plan (empty: the model's default plan)");
   }
 };
 

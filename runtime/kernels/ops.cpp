@@ -247,6 +247,63 @@ void cross_entropy_forward_backward(const Tensor& losses, const Tensor& dlogits,
   });
 }
 
+namespace {
+void check_f64_rows(const char* op, const Tensor& t, int64_t N, const char* what) {
+  MT_CHECK(t.defined() && t.dtype() == DType::f64 && t.shape() == Shape{N} && !t.device().is_cuda(), "kernels",
+           "{}: {} must be ({}) f64 on the CPU", op, what, N);
+}
+}  // namespace
+
+void vocab_shard_max(const Tensor& row_max, const Tensor& logits) {
+  const char* op = "vocab_shard_max";
+  check_float(op, logits, "logits");
+  MT_CHECK(logits.dim() == 2, "kernels", "{}: logits must be (N, V_local)", op);
+  int64_t N = logits.size(0), V = logits.size(1);
+  check_f64_rows(op, row_max, N, "row_max");
+  by_float(logits, [&](auto z) {
+    using T = decltype(z);
+    cpu::vocab_shard_max<T>(row_max.data<double>(), ptr<T>(logits), N, V);
+  });
+}
+
+void vocab_shard_sumexp(const Tensor& sumexp, const Tensor& target_logit, const Tensor& logits, const Tensor& targets,
+                        const Tensor& row_max, int64_t vocab_begin) {
+  const char* op = "vocab_shard_sumexp";
+  check_float(op, logits, "logits");
+  MT_CHECK(logits.dim() == 2, "kernels", "{}: logits must be (N, V_local)", op);
+  int64_t N = logits.size(0), V = logits.size(1);
+  check_i32(op, targets, N, "targets");
+  for (auto* t : {&sumexp, &target_logit, &row_max}) check_f64_rows(op, *t, N, "statistics");
+  by_float(logits, [&](auto z) {
+    using T = decltype(z);
+    cpu::vocab_shard_sumexp<T>(sumexp.data<double>(), target_logit.data<double>(), ptr<T>(logits),
+                               targets.data<int32_t>(), row_max.data<double>(), N, V, vocab_begin);
+  });
+}
+
+void vocab_shard_loss(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                      const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit, int64_t vocab_begin,
+                      double grad_scale) {
+  const char* op = "vocab_shard_loss";
+  check_float(op, logits, "logits");
+  MT_CHECK(logits.dim() == 2, "kernels", "{}: logits must be (N, V_local)", op);
+  int64_t N = logits.size(0), V = logits.size(1);
+  check_i32(op, targets, N, "targets");
+  expect_shape(op, losses, {N}, "losses");
+  same_dtype(op, logits, losses, "losses");
+  if (dlogits.defined()) {
+    expect_shape(op, dlogits, logits.shape(), "dlogits");
+    same_dtype(op, logits, dlogits, "dlogits");
+  }
+  for (auto* t : {&sumexp, &target_logit, &row_max}) check_f64_rows(op, *t, N, "statistics");
+  by_float(logits, [&](auto z) {
+    using T = decltype(z);
+    cpu::vocab_shard_loss<T>(ptr<T>(losses), ptr<T>(dlogits), ptr<T>(logits), targets.data<int32_t>(),
+                             row_max.data<double>(), sumexp.data<double>(), target_logit.data<double>(), N, V,
+                             vocab_begin, grad_scale);
+  });
+}
+
 void add_(const Tensor& dst, const Tensor& src) { add(dst, dst, src); }
 
 void add(const Tensor& out, const Tensor& a, const Tensor& b) {

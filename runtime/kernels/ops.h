@@ -59,6 +59,21 @@ void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& 
 void cross_entropy_forward_backward(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                                     const Tensor& targets, double grad_scale);
 
+// ---- Vocab-parallel cross-entropy: the pieces between the tp all-reduces ----
+// logits (N, V_local) hold columns [vocab_begin, vocab_begin + V_local) of the full vocabulary.
+// row_max (N) f64 = max of each local row (-inf for V_local = 0).
+void vocab_shard_max(const Tensor& row_max, const Tensor& logits);
+// Given the global row_max (N) f64: sumexp (N) f64 = sum exp(x - row_max) over local columns;
+// target_logit (N) f64 = the target's logit where this shard holds it, else 0.
+void vocab_shard_sumexp(const Tensor& sumexp, const Tensor& target_logit, const Tensor& logits, const Tensor& targets,
+                        const Tensor& row_max, int64_t vocab_begin);
+// With the global row_max, sumexp and target logit: losses (N) = log(sumexp) + row_max - target_logit,
+// and, if dlogits is defined, dlogits = (softmax - onehot) * grad_scale on the local columns (may alias
+// logits). Targets < 0 are ignored (loss 0, gradient 0).
+void vocab_shard_loss(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                      const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit, int64_t vocab_begin,
+                      double grad_scale);
+
 // ---- Element-wise and reductions ----
 void add_(const Tensor& dst, const Tensor& src);            // dst += src
 void add(const Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b (out may alias a or b)

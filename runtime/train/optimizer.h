@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "models/module.h"
+#include "parallel/module.h"
 #include "runtime/io/config.h"
 
 namespace mt {

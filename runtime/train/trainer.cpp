@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "models/llama/parallelize.h"
+#include "parallel/loss_parallel.h"
 #include "parallel/philox.h"
 #include "runtime/core/log.h"
 #include "runtime/kernels/ops.h"
@@ -45,10 +47,9 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
 
   // Mesh: all four conventional dims, size 1 where unused, so every dim name exists.
   auto sizes = resolve_mesh_sizes(cfg.parallel, env.size());
-  const char* not_yet[] = {"dp_replicate", "dp_shard (fully sharded data parallel)", "cp (context parallel)",
-                           "tp (tensor parallel)"};
-  for (size_t i = 1; i < 4; ++i)
-    MT_CHECK(sizes[i] == 1, "train", "parallel.{} = {}: {} is not implemented yet; use parallel.dp_replicate",
+  const char* not_yet[] = {"dp_replicate", "dp_shard (fully sharded data parallel)", "cp (context parallel)"};
+  for (size_t i = 1; i < 3; ++i)
+    MT_CHECK(sizes[i] == 1, "train", "parallel.{} = {}: {} is not implemented yet; use parallel.dp_replicate or tp",
              canonical_mesh_dims()[i], sizes[i], not_yet[i]);
   std::vector<MeshDim> dims;
   for (size_t i = 0; i < 4; ++i) dims.push_back({canonical_mesh_dims()[i], sizes[i]});
@@ -84,9 +85,24 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
 
   ParamFactory f{run.mesh, run.dtype, run.device, uint64_t(t.seed), cfg.model.init_std};
   run.model = std::make_unique<LlamaForCausalLM>(cfg.model, f);
+  // Tensor (and sequence) parallel: shards the parameters (no communication) and installs the layout hooks.
+  parallelize_llama(*run.model, run.mesh, cfg.parallel, t.seq_len);
   run.params = run.model->parameters();
   run.opt = std::make_unique<AdamW>(run.params, t);
   return run;
+}
+
+// Per-token losses (N) of logits (N, V or V/tp); dlogits (may alias logits) gets the gradient scaled
+// by grad_scale. Vocab-sharded logits (loss parallel) never get gathered.
+void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                  const Tensor& targets, double grad_scale) {
+  if (logits.size(1) == run.config.model.vocab_size) {
+    cross_entropy_forward_backward(losses, dlogits, logits, targets, grad_scale);
+  } else {
+    const DTensor& w = run.model->lm_head->weight->value;  // (V, C) sharded by rows on tp
+    int64_t vocab_begin = w.spec.local_offset(w.mesh.coordinate())[0];
+    vocab_parallel_cross_entropy(losses, dlogits, logits, targets, vocab_begin, grad_scale, run.mesh.group("tp"));
+  }
 }
 
 StepResult train_step(TrainRun& run, int64_t step) {
@@ -104,14 +120,17 @@ StepResult train_step(TrainRun& run, int64_t step) {
     Tensor targets = batch.targets.slice0(r, r + run.micro).to(run.device);  // (mb, T)
     Tensor logits = run.model->call(inputs);                                 // (mb, T, V)
     Tensor losses = empty({run.micro * T}, logits.dtype(), run.device);       // (mb*T)
-    cross_entropy_forward_backward(losses, as_rows(logits), as_rows(logits), targets.reshape({-1}), inv_tokens);
+    token_losses(run, losses, as_rows(logits), as_rows(logits), targets.reshape({-1}), inv_tokens);
     loss_sum += sum(losses);
     run.model->call_backward(logits);  // logits now hold dloss/dlogits
   }
   // 3. Gradient sync, the one rule: each gradient is Partial over the data-parallel dims;
   //    redistributing it to its parameter's placement all-reduces (or reduce-scatters) it.
+  //    Sequence-parallel norm weights are partial over tp as well (grad_partial_dims).
   for (Parameter* p : run.params) {
-    for (int d : run.dp_dims)
+    std::vector<int> partial = run.dp_dims;
+    partial.insert(partial.end(), p->grad_partial_dims.begin(), p->grad_partial_dims.end());
+    for (int d : partial)
       if (p->value.placements()[size_t(d)].is_replicate()) p->grad.spec.placements[size_t(d)] = Placement::Partial();
     p->grad = redistribute(p->grad, p->value.spec);
   }
@@ -137,8 +156,8 @@ double evaluate(TrainRun& run) {
     for (int64_t r = 0; r < run.rows; r += run.micro) {
       Tensor logits = run.model->call(batch.inputs.slice0(r, r + run.micro).to(run.device));  // (mb, T, V)
       Tensor losses = empty({run.micro * T}, logits.dtype(), run.device);
-      cross_entropy_forward_backward(losses, Tensor(), as_rows(logits),
-                                     batch.targets.slice0(r, r + run.micro).reshape({-1}).to(run.device), 1.0);
+      token_losses(run, losses, Tensor(), as_rows(logits),
+                   batch.targets.slice0(r, r + run.micro).reshape({-1}).to(run.device), 1.0);
       loss_sum += sum(losses);
     }
   }
@@ -148,19 +167,28 @@ double evaluate(TrainRun& run) {
 }
 
 std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t n, double temperature, uint64_t seed,
-                     uint64_t stream) {
+                     uint64_t stream, int64_t pad_multiple) {
   std::vector<int32_t> toks;
   for (unsigned char ch : prompt) toks.push_back(int32_t(ch) % int32_t(model.config.vocab_size));
   if (toks.empty()) toks.push_back(int32_t('\n') % int32_t(model.config.vocab_size));
   const int64_t V = model.config.vocab_size, ctx_max = model.config.max_seq_len;
+  const DTensor& w = model.lm_head->weight->value;  // (V, C), rows sharded on tp under tensor parallel
   std::string out;
   for (int64_t i = 0; i < n; ++i) {
     int64_t len = std::min<int64_t>(int64_t(toks.size()), ctx_max);
-    Tensor ctx = empty({1, len}, DType::i32);
+    // Sequence parallel splits the sequence over tp: pad at the end (causal: the padding does not
+    // change the logits before it) to a multiple of tp.
+    int64_t padded = (len + pad_multiple - 1) / pad_multiple * pad_multiple;
+    Tensor ctx = zeros({1, padded}, DType::i32);
     std::copy(toks.end() - len, toks.end(), ctx.data<int32_t>());
-    const Tensor& w = model.lm_head->weight->value.local;
-    Tensor logits = model.call(ctx.to(w.device()));                             // (1, len, V)
-    std::vector<double> row = to_f64(logits.reshape({len, V}).slice0(len - 1, len));  // (V)
+    Tensor logits = model.call(ctx.to(w.local.device()));  // (1, padded, V or V/tp)
+    Tensor last = logits.reshape({padded, -1}).slice0(len - 1, len).clone();  // (1, V_local)
+    if (last.size(1) != V) {  // vocab-sharded (loss parallel): gather the row
+      Placements pl(size_t(w.mesh.ndim()), Placement::Replicate());
+      pl[size_t(w.mesh.dim_index("tp"))] = Placement::Shard(1);
+      last = full_tensor(from_local(last, w.mesh, pl, Shape{1, V}));
+    }
+    std::vector<double> row = to_f64(last);  // (V)
     int32_t next = 0;
     if (temperature <= 0) {
       next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
@@ -182,6 +210,12 @@ std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t
 }
 
 namespace {
+
+// Sequence lengths must be multiples of this (tp under sequence parallel).
+int64_t sequence_pad(const TrainRun& run) {
+  int tp = run.mesh.size(run.mesh.dim_index("tp"));
+  return run.config.parallel.sequence_parallel ? tp : 1;
+}
 
 // One line for the terminal: control bytes shown as escapes.
 std::string printable(const std::string& s) {  // NOLINT
@@ -263,7 +297,7 @@ int run_train_command(RunContext& ctx) {
       log.eval(step, evaluate(run));
     if (cfg.sample.interval > 0 && cfg.sample.tokens > 0 && ((step + 1) % cfg.sample.interval == 0 || last)) {
       std::string text = generate(*run.model, cfg.sample.prompt, cfg.sample.tokens, cfg.sample.temperature,
-                                  uint64_t(t.seed), uint64_t(step));
+                                  uint64_t(t.seed), uint64_t(step), sequence_pad(run));
       log.sample(step, printable(cfg.sample.prompt + text));
     }
     // A stop signal on any rank stops every rank at the same step boundary.
@@ -300,7 +334,7 @@ int run_generate_command(RunContext& ctx, const GenerateArgs& a) {
   cfg.comm = ctx.config.comm;
   TrainRun run = make_train_run(cfg, *ctx.env, false);
   load_checkpoint(path, *run.model, nullptr);
-  std::string text = generate(*run.model, a.prompt, a.tokens, a.temperature, uint64_t(a.seed), 0);
+  std::string text = generate(*run.model, a.prompt, a.tokens, a.temperature, uint64_t(a.seed), 0, sequence_pad(run));
   if (ctx.env->rank() == 0) {
     std::fwrite(a.prompt.data(), 1, a.prompt.size(), stdout);
     std::fwrite(text.data(), 1, text.size(), stdout);

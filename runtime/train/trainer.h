@@ -42,9 +42,10 @@ struct StepResult {
 StepResult train_step(TrainRun& run, int64_t step);
 // Mean token loss over eval.steps validation batches (collective over dp).
 double evaluate(TrainRun& run);
-// Continues `prompt` (bytes) by `n` sampled tokens; every rank computes the same text.
+// Continues `prompt` (bytes) by `n` sampled tokens; every rank computes the same text
+// (collective under tensor parallel). Contexts are padded to a multiple of pad_multiple.
 std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t n, double temperature, uint64_t seed,
-                     uint64_t stream);
+                     uint64_t stream, int64_t pad_multiple = 1);
 
 struct GenerateArgs {
   std::string checkpoint, prompt = "The ";

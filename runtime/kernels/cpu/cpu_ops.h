@@ -33,6 +33,14 @@ template <typename T> void embedding_backward(T* dtable, const T* dout, const in
 template <typename T> void cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
                                          int64_t V, double grad_scale);
 
+template <typename T> void vocab_shard_max(double* row_max, const T* logits, int64_t N, int64_t V);
+template <typename T> void vocab_shard_sumexp(double* sumexp, double* target_logit, const T* logits,
+                                              const int32_t* targets, const double* row_max, int64_t N, int64_t V,
+                                              int64_t vocab_begin);
+template <typename T> void vocab_shard_loss(T* losses, T* dlogits, const T* logits, const int32_t* targets,
+                                            const double* row_max, const double* sumexp, const double* target_logit,
+                                            int64_t N, int64_t V, int64_t vocab_begin, double grad_scale);
+
 template <typename T> void add(T* out, const T* a, const T* b, int64_t n);
 template <typename T> void scale(T* t, double s, int64_t n);
 template <typename T> double sum_squares(const T* t, int64_t n);

@@ -24,6 +24,9 @@ struct Parameter {
   DTensor grad;              // same local shape; after backward its spec says how it is partial
   bool weight_decay = true;  // AdamW decays 2-D weights only
   std::string init = "normal";  // normal | ones
+  // Mesh dims over which backward leaves this gradient partial besides the data-parallel ones
+  // (a sequence-parallel norm's weight: each tp rank saw part of the sequence).
+  std::vector<int> grad_partial_dims;
 };
 
 // A layout change on an activation and its reverse on the gradient.

@@ -1,9 +1,8 @@
-#include "models/module.h"
+#include "parallel/module.h"
 
 #include <set>
 
 #include "parallel/random.h"
-#include "runtime/kernels/ops.h"
 
 namespace mt {
 

@@ -1,0 +1,322 @@
+#include "parallel/style.h"
+
+#include <fnmatch.h>
+
+#include <map>
+#include <memory>
+#include <sstream>
+
+namespace mt {
+
+namespace {
+
+template <class... F> struct overloaded : F... {
+  using F::operator()...;
+};
+template <class... F> overloaded(F...) -> overloaded<F...>;
+
+Placement normalized(const Placement& p, int64_t ndim) {
+  if (p.is_shard() && p.dim < 0) return Placement::Shard(int(p.dim + ndim));
+  return p;
+}
+
+// Redistribute's gradient rule on one mesh dim (PyTorch's): a Partial source
+// gets a Replicate gradient; a Replicate source keeps a Partial gradient
+// partial (summing it is left to whoever needs it whole); else the source's.
+Placement grad_target(const Placement& from, const Placement& grad_from) {
+  if (from.is_partial()) return Placement::Replicate();
+  if (from.is_replicate() && grad_from.is_partial()) return grad_from;
+  return from;
+}
+
+std::vector<std::string> split_path(const std::string& s) {
+  std::vector<std::string> out;
+  std::string part;
+  std::stringstream ss(s);
+  while (std::getline(ss, part, '.')) out.push_back(part);
+  return out;
+}
+
+bool match_from(const std::vector<std::string>& pat, size_t i, const std::vector<std::string>& name, size_t j) {
+  if (i == pat.size()) return j == name.size();
+  if (pat[i] == "**") {
+    for (size_t k = j; k <= name.size(); ++k)
+      if (match_from(pat, i + 1, name, k)) return true;
+    return false;
+  }
+  if (j == name.size()) return false;
+  if (fnmatch(pat[i].c_str(), name[j].c_str(), 0) != 0) return false;
+  return match_from(pat, i + 1, name, j + 1);
+}
+
+std::string opt_str(const std::vector<std::optional<Placement>>& v) {
+  std::string s;
+  for (auto& p : v) s += (s.empty() ? "" : ",") + (p ? p->str() : std::string("-"));
+  return s;
+}
+
+Parameter& only_weight(Module& m, const std::string& style) {
+  MT_CHECK(m.own_parameters().size() == 1, "parallel", "{} on {} ({}): expected one weight, the module has {}", style,
+           m.name(), m.type(), m.own_parameters().size());
+  return *m.own_parameters()[0];
+}
+
+Placement single(const std::vector<std::optional<Placement>>& v, const Module& m, const char* what,
+                        const char* style, const Placement& fallback) {
+  MT_CHECK(v.size() <= 1, "parallel", "{} on {}: {} lists {} layouts but the module takes one tensor", style, m.name(),
+           what, v.size());
+  return v.empty() || !v[0] ? fallback : *v[0];
+}
+
+void add_hook(std::vector<LayoutHook>& hooks, const DeviceMesh& mesh, int dim, Placement from, Placement to,
+              Placement grad_from, int64_t global_size) {
+  // Nothing to do in either direction: skip the hook.
+  if (from == to && grad_target(from, grad_from) == grad_from) return;
+  hooks.push_back(layout_hook(mesh, dim, from, to, grad_from, global_size));
+}
+
+// input_is_dtensor: the module's input comes from an enclosing PrepareModuleInput that keeps it a
+// distributed tensor (use_local_output false): the partial input gradient then stays partial and is
+// summed with its siblings' before one reduction. A plain local input (PyTorch: from_local) makes the
+// gradient whole again at once: an all-reduce (Megatron's "f").
+void apply_colwise(Module& m, const DeviceMesh& mesh, int dim, const ColwiseParallel& s, bool input_is_dtensor) {
+  Placement in = s.input_layouts.value_or(Placement::Replicate());
+  Placement out = s.output_layouts.value_or(Placement::Shard(-1));
+  Parameter& w = only_weight(m, "ColwiseParallel");
+  if (m.type() == "Linear") {
+    shard_param(w, dim, Placement::Shard(0));
+    // x (R) @ W (S(0))^T gives S(-1); the input gradient dy W comes out Partial.
+    if (in.is_replicate() && !input_is_dtensor) {
+      LayoutHook h = layout_hook(mesh, dim, Placement::Replicate(), Placement::Replicate(), Placement::Partial());
+      auto partial_to_whole = layout_hook(mesh, dim, Placement::Partial(), Placement::Replicate(), Placement::Replicate());
+      h.what = "R -> R on " + mesh.dims()[size_t(dim)].name + " (gradient all-reduced)";
+      h.backward = partial_to_whole.forward;  // P -> R on the gradient
+      h.forward = [](const Tensor& x) { return x; };
+      // partial_to_whole.forward records the global shape from the gradient itself.
+      m.input_hooks.push_back(h);
+    } else {
+      add_hook(m.input_hooks, mesh, dim, in, Placement::Replicate(), Placement::Partial(), -1);
+    }
+    add_hook(m.output_hooks, mesh, dim, Placement::Shard(-1), out, out, w.value.shape()[0]);
+  } else if (m.type() == "Embedding") {
+    MT_CHECK(in.is_replicate(), "parallel", "ColwiseParallel on {} (Embedding): token inputs must be Replicate, got {}",
+             m.name(), in.str());
+    shard_param(w, dim, Placement::Shard(1));
+    add_hook(m.output_hooks, mesh, dim, Placement::Shard(-1), out, out, w.value.shape()[1]);
+  } else {
+    fail("parallel", "ColwiseParallel cannot handle {} ({}): it applies to Linear and Embedding modules", m.name(),
+         m.type());
+  }
+}
+
+void apply_rowwise(Module& m, const DeviceMesh& mesh, int dim, const RowwiseParallel& s) {
+  Placement out = s.output_layouts.value_or(Placement::Replicate());
+  Parameter& w = only_weight(m, "RowwiseParallel");
+  if (m.type() == "Linear") {
+    Placement in = s.input_layouts.value_or(Placement::Shard(-1));
+    shard_param(w, dim, Placement::Shard(1));
+    // x (S(-1)) @ W (S(1))^T is Partial; the input gradient dy W comes out S(-1).
+    add_hook(m.input_hooks, mesh, dim, in, Placement::Shard(-1), Placement::Shard(-1), w.value.shape()[1]);
+    add_hook(m.output_hooks, mesh, dim, Placement::Partial(), out, out, -1);
+  } else if (m.type() == "Embedding") {
+    Placement in = s.input_layouts.value_or(Placement::Replicate());
+    MT_CHECK(in.is_replicate(), "parallel", "RowwiseParallel on {} (Embedding): token inputs must be Replicate, got {}",
+             m.name(), in.str());
+    // Vocab-sharded table: rows outside a rank's shard give zeros, a Partial sum.
+    shard_param(w, dim, Placement::Shard(0));
+    add_hook(m.output_hooks, mesh, dim, Placement::Partial(), out, out, -1);
+  } else {
+    fail("parallel", "RowwiseParallel cannot handle {} ({}): it applies to Linear and Embedding modules", m.name(),
+         m.type());
+  }
+}
+
+void apply_sequence(Module& m, const DeviceMesh& mesh, int dim, const SequenceParallel& s) {
+  MT_CHECK(m.type() == "RMSNorm", "parallel",
+           "SequenceParallel cannot handle {} ({}): it applies to norm layers (RMSNorm), whose weights stay replicated",
+           m.name(), m.type());
+  (void)mesh;
+  (void)s;
+  // Input and output stay Shard(sequence_dim); each rank normalises its own tokens, so the
+  // weight's gradient is a partial sum over the tp ranks.
+  for (Parameter* p : m.own_parameters())
+    if (std::find(p->grad_partial_dims.begin(), p->grad_partial_dims.end(), dim) == p->grad_partial_dims.end())
+      p->grad_partial_dims.push_back(dim);
+}
+
+}  // namespace
+
+std::string style_name(const ParallelStyle& s) {
+  return std::visit(overloaded{[](const ColwiseParallel&) { return std::string("ColwiseParallel"); },
+                               [](const RowwiseParallel&) { return std::string("RowwiseParallel"); },
+                               [](const SequenceParallel&) { return std::string("SequenceParallel"); },
+                               [](const PrepareModuleInput&) { return std::string("PrepareModuleInput"); },
+                               [](const PrepareModuleOutput&) { return std::string("PrepareModuleOutput"); },
+                               [](const PrepareModuleInputOutput&) { return std::string("PrepareModuleInputOutput"); }},
+                    s);
+}
+
+std::string style_str(const ParallelStyle& s) {
+  return std::visit(
+      overloaded{
+          [](const ColwiseParallel& c) {
+            return "ColwiseParallel(input " + c.input_layouts.value_or(Placement::Replicate()).str() + ", output " +
+                   c.output_layouts.value_or(Placement::Shard(-1)).str() + ")";
+          },
+          [](const RowwiseParallel& c) {
+            return "RowwiseParallel(input " + c.input_layouts.value_or(Placement::Shard(-1)).str() + ", output " +
+                   c.output_layouts.value_or(Placement::Replicate()).str() + ")";
+          },
+          [](const SequenceParallel& c) { return "SequenceParallel(sequence_dim " + std::to_string(c.sequence_dim) + ")"; },
+          [](const PrepareModuleInput& c) {
+            return "PrepareModuleInput(" + opt_str(c.input_layouts) + " -> " + opt_str(c.desired_input_layouts) + ")";
+          },
+          [](const PrepareModuleOutput& c) {
+            return "PrepareModuleOutput(" + opt_str(c.output_layouts) + " -> " + opt_str(c.desired_output_layouts) + ")";
+          },
+          [](const PrepareModuleInputOutput& c) {
+            return "PrepareModuleInputOutput(input " + opt_str(c.input_layouts) + " -> " +
+                   opt_str(c.desired_input_layouts) + ", output " + opt_str(c.output_layouts) + " -> " +
+                   opt_str(c.desired_output_layouts) + ")";
+          }},
+      s);
+}
+
+bool pattern_matches(const std::string& pattern, const std::string& name) {
+  return match_from(split_path(pattern), 0, split_path(name), 0);
+}
+
+Placements activation_placements(const DeviceMesh& mesh, int mesh_dim, const Placement& p) {
+  Placements out;
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    const std::string& n = mesh.dims()[size_t(d)].name;
+    if (d == mesh_dim) out.push_back(p);
+    else if (n == "dp_replicate" || n == "dp_shard") out.push_back(Placement::Shard(0));  // batch rows
+    else out.push_back(Placement::Replicate());
+  }
+  return out;
+}
+
+LayoutHook layout_hook(const DeviceMesh& mesh, int mesh_dim, const Placement& from, const Placement& to,
+                       const Placement& grad_from, int64_t global_size) {
+  // The global shape of the last forward's activation, for its gradient in backward.
+  auto global = std::make_shared<Shape>();
+  auto make_global = [mesh, mesh_dim, global_size](const Tensor& local, const Placements& pl) {
+    Shape g = local.shape();
+    for (int d = 0; d < mesh.ndim(); ++d) {
+      const Placement& p = pl[size_t(d)];
+      if (!p.is_shard()) continue;
+      if (d == mesh_dim && global_size >= 0) g[size_t(p.dim)] = global_size;
+      else g[size_t(p.dim)] *= mesh.size(d);
+    }
+    return g;
+  };
+  LayoutHook h;
+  h.what = fmt::format("{} -> {} on {}", from.str(), to.str(), mesh.dims()[size_t(mesh_dim)].name);
+  h.forward = [=](const Tensor& x) {
+    Placement f = normalized(from, x.dim()), t = normalized(to, x.dim());
+    Placements fp = activation_placements(mesh, mesh_dim, f);
+    *global = make_global(x, fp);
+    if (f == t) return x;
+    DTensor dt = from_local(x, mesh, fp, *global);
+    return redistribute(dt, activation_placements(mesh, mesh_dim, t)).local;
+  };
+  h.backward = [=](const Tensor& g) {
+    int64_t nd = int64_t(global->size());
+    Placement gf = normalized(grad_from, nd), tgt = grad_target(normalized(from, nd), gf);
+    if (gf == tgt) return g;
+    DTensor dt = from_local(g, mesh, activation_placements(mesh, mesh_dim, gf), *global);
+    return redistribute(dt, activation_placements(mesh, mesh_dim, tgt)).local;
+  };
+  return h;
+}
+
+void shard_param(Parameter& p, int mesh_dim, const Placement& placement) {
+  Placements pl = p.value.placements();
+  Placement target = normalized(placement, int64_t(p.value.shape().size()));
+  if (pl[size_t(mesh_dim)] == target) return;  // already (a tied weight met twice)
+  MT_CHECK(pl[size_t(mesh_dim)].is_replicate(), "parallel", "shard_param {}: already laid out as {} on mesh dim {}",
+           p.name, pl[size_t(mesh_dim)].str(), mesh_dim);
+  pl[size_t(mesh_dim)] = target;
+  p.value = redistribute(p.value, pl);  // Replicate -> Shard keeps this rank's chunk: no communication
+  p.grad = p.value;
+  p.grad.local = zeros(p.value.local.shape(), p.value.local.dtype(), p.value.local.device());
+}
+
+void prepare_input(Module& m, const DeviceMesh& mesh, int mesh_dim, const Placement& layout, const Placement& desired,
+                   std::optional<Placement> grad_layout) {
+  Placement gl = grad_layout.value_or(desired.is_replicate() ? Placement::Partial() : desired);
+  add_hook(m.input_hooks, mesh, mesh_dim, layout, desired, gl, -1);
+}
+
+void prepare_output(Module& m, const DeviceMesh& mesh, int mesh_dim, const Placement& layout,
+                    const Placement& desired) {
+  add_hook(m.output_hooks, mesh, mesh_dim, layout, desired, desired, -1);
+}
+
+void prepare_input_output(Module& m, const DeviceMesh& mesh, int mesh_dim, const Placement& in_layout,
+                          const Placement& in_desired, const Placement& out_layout, const Placement& out_desired) {
+  prepare_input(m, mesh, mesh_dim, in_layout, in_desired);
+  prepare_output(m, mesh, mesh_dim, out_layout, out_desired);
+}
+
+void parallelize(Module& root, const DeviceMesh& mesh, const std::string& mesh_dim_name, const ParallelPlan& plan) {
+  int dim = mesh.dim_index(mesh_dim_name);
+  auto modules = root.modules();
+  // Match every pattern first: errors before anything changes.
+  std::map<Module*, const PlanEntry*> chosen;
+  for (const PlanEntry& e : plan) {
+    int matched = 0;
+    for (Module* m : modules) {
+      if (m->name().empty() || !pattern_matches(e.pattern, m->name())) continue;
+      ++matched;
+      auto [it, fresh] = chosen.emplace(m, &e);
+      MT_CHECK(fresh, "parallel", "{} is matched by two plan entries: '{}' ({}) and '{}' ({})", m->name(),
+               it->second->pattern, style_name(it->second->style), e.pattern, style_name(e.style));
+    }
+    MT_CHECK(matched > 0, "parallel", "plan pattern '{}' ({}) matches no module of the model", e.pattern,
+             style_name(e.style));
+  }
+  // Whether an enclosing module's PrepareModuleInput hands this module a distributed tensor.
+  auto input_is_dtensor = [&](const Module& m) {
+    for (auto& [anc, e] : chosen) {
+      if (anc == &m || m.name().rfind(anc->name() + ".", 0) != 0) continue;
+      if (auto* pi = std::get_if<PrepareModuleInput>(&e->style); pi && !pi->use_local_output) return true;
+      if (auto* pio = std::get_if<PrepareModuleInputOutput>(&e->style); pio && !pio->use_local_input) return true;
+    }
+    return false;
+  };
+  for (Module* m : modules) {
+    auto it = chosen.find(m);
+    if (it == chosen.end()) continue;
+    std::visit(overloaded{
+                   [&](const ColwiseParallel& s) { apply_colwise(*m, mesh, dim, s, input_is_dtensor(*m)); },
+                   [&](const RowwiseParallel& s) { apply_rowwise(*m, mesh, dim, s); },
+                   [&](const SequenceParallel& s) { apply_sequence(*m, mesh, dim, s); },
+                   [&](const PrepareModuleInput& s) {
+                     Placement in = single(s.input_layouts, *m, "input_layouts", "PrepareModuleInput",
+                                                  Placement::Replicate());
+                     Placement want = single(s.desired_input_layouts, *m, "desired_input_layouts",
+                                                    "PrepareModuleInput", in);
+                     prepare_input(*m, mesh, dim, in, want);
+                   },
+                   [&](const PrepareModuleOutput& s) {
+                     Placement out = single(s.output_layouts, *m, "output_layouts", "PrepareModuleOutput",
+                                                   Placement::Replicate());
+                     Placement want = single(s.desired_output_layouts, *m, "desired_output_layouts",
+                                                    "PrepareModuleOutput", out);
+                     prepare_output(*m, mesh, dim, out, want);
+                   },
+                   [&](const PrepareModuleInputOutput& s) {
+                     const char* n = "PrepareModuleInputOutput";
+                     Placement in = single(s.input_layouts, *m, "input_layouts", n, Placement::Replicate());
+                     Placement in_want = single(s.desired_input_layouts, *m, "desired_input_layouts", n, in);
+                     Placement out = single(s.output_layouts, *m, "output_layouts", n, Placement::Replicate());
+                     Placement out_want = single(s.desired_output_layouts, *m, "desired_output_layouts", n, out);
+                     prepare_input_output(*m, mesh, dim, in, in_want, out, out_want);
+                   }},
+               it->second->style);
+  }
+}
+
+}  // namespace mt
