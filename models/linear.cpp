@@ -4,7 +4,11 @@
 
 namespace mt {
 
-Tensor as_rows(const Tensor& t) { return t.reshape({-1, t.size(-1)}); }
+Tensor as_rows(const Tensor& t) {
+  int64_t rows = 1;  // explicit, so that an empty shard (last dim 0) keeps its row count
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
+  return t.reshape({rows, t.size(-1)});
+}
 
 Linear::Linear(const std::string& name, int64_t in, int64_t out, const ParamFactory& f, Parameter* tied)
     : Module(name, "Linear"), in_features(in), out_features(out) {

@@ -277,6 +277,19 @@ void parallelize(Module& root, const DeviceMesh& mesh, const std::string& mesh_d
     MT_CHECK(matched > 0, "parallel", "plan pattern '{}' ({}) matches no module of the model", e.pattern,
              style_name(e.style));
   }
+  // Every style must fit its module's type: checked for all before any is applied.
+  for (auto& [m, e] : chosen) {
+    const std::string& type = m->type();
+    if (std::holds_alternative<ColwiseParallel>(e->style) || std::holds_alternative<RowwiseParallel>(e->style)) {
+      MT_CHECK(type == "Linear" || type == "Embedding", "parallel",
+               "{} cannot handle {} ({}): it applies to Linear and Embedding modules (plan entry '{}')",
+               style_name(e->style), m->name(), type, e->pattern);
+    } else if (std::holds_alternative<SequenceParallel>(e->style)) {
+      MT_CHECK(type == "RMSNorm", "parallel",
+               "SequenceParallel cannot handle {} ({}): it applies to norm layers (RMSNorm), whose weights stay "
+               "replicated (plan entry '{}')", m->name(), type, e->pattern);
+    }
+  }
   // Whether an enclosing module's PrepareModuleInput hands this module a distributed tensor.
   auto input_is_dtensor = [&](const Module& m) {
     for (auto& [anc, e] : chosen) {

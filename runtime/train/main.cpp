@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   mt::add_layout_options(layout, layout_args);
   auto* train = app.add_subcommand("train", "train the model of the config on its data (checkpoints, metrics, samples)");
   mt::GenerateArgs generate_args;
+  auto* plan = app.add_subcommand("plan", "print the parallel plan applied: parameter and activation layouts, bytes per step");
   auto* generate = app.add_subcommand("generate", "sample a continuation of a prompt from a checkpoint");
   mt::add_generate_options(generate, generate_args);
 
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
     if (*check) return mt::run_check_command(ctx, check_args);
     if (*layout) return mt::run_layout_command(ctx, layout_args);
     if (*train) return mt::run_train_command(ctx);
+    if (*plan) return mt::run_plan_command(ctx);
     if (*generate) return mt::run_generate_command(ctx, generate_args);
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());

@@ -56,5 +56,6 @@ struct GenerateArgs {
 void add_generate_options(CLI::App* app, GenerateArgs& args);
 int run_train_command(RunContext& ctx);
 int run_generate_command(RunContext& ctx, const GenerateArgs& args);
+int run_plan_command(RunContext& ctx);
 
 }  // namespace mt

@@ -1,0 +1,131 @@
+// `meshtrain plan`: the parallel plan of a config applied, without training:
+// every parameter's placements and local shape on each rank, every module's
+// layout hooks, and the bytes one step communicates per rank, counted by the
+// runtime on a real forward/backward of a random batch and set beside the
+// analytic count for Megatron-style tensor parallel with sequence parallel.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <random>
+
+#include "parallel/loss_parallel.h"
+#include "runtime/kernels/ops.h"
+#include "runtime/train/trainer.h"
+
+namespace mt {
+
+namespace {
+
+std::string mib(double b) { return fmt::format("{:.3f} MiB", b / (1 << 20)); }
+
+}  // namespace
+
+int run_plan_command(RunContext& ctx) {
+  const Config& cfg = ctx.config;
+  TrainRun run = make_train_run(cfg, *ctx.env, false);
+  const bool root = ctx.env->rank() == 0;
+  const DeviceMesh& mesh = run.mesh;
+  const int tp_dim = mesh.dim_index("tp");
+  const int tp = mesh.size(tp_dim);
+  if (root) {
+    std::printf("mesh %s (%d ranks); plan: %s\n\n", mesh_str(mesh.dims()).c_str(), mesh.size(),
+                tp == 1 ? "none (tp = 1)" : (cfg.parallel.tp_plan.empty() ? "the model's default" : "parallel.tp_plan"));
+    std::printf("parameters: placements over (%s), local shape on each tp rank\n", [&] {
+      std::string s;
+      for (auto& d : mesh.dims()) s += (s.empty() ? "" : ", ") + d.name;
+      return s;
+    }().c_str());
+    for (Parameter* p : run.params) {
+      std::string pl, shapes;
+      for (auto& x : p->value.placements()) pl += (pl.empty() ? "" : ",") + x.str();
+      std::vector<int> coord = mesh.coordinate();
+      for (int r = 0; r < tp; ++r) {
+        coord[size_t(tp_dim)] = r;
+        shapes += (r ? " " : "") + shape_str(p->value.spec.local_shape(coord));
+      }
+      std::string grad = p->grad_partial_dims.empty() ? "" : "  (gradient partial over tp)";
+      std::printf("  %-48s %-14s [%s] %s%s\n", p->name.c_str(), shape_str(p->value.shape()).c_str(), pl.c_str(),
+                  shapes.c_str(), grad.c_str());
+    }
+    std::printf("\nmodule layouts (activations: Shard(0) over the data-parallel dims)\n");
+    int shown = 0;
+    for (Module* m : run.model->modules()) {
+      for (auto& h : m->input_hooks) std::printf("  %s: input %s\n", m->name().c_str(), h.what.c_str()), ++shown;
+      for (auto& h : m->output_hooks) std::printf("  %s: output %s\n", m->name().c_str(), h.what.c_str()), ++shown;
+    }
+    if (!shown) std::printf("  (none: every module sees its whole input)\n");
+  }
+
+  // One forward and backward of a random batch, counted.
+  const auto& t = cfg.training;
+  std::mt19937 gen(1234);
+  Tensor tokens = empty({run.micro, t.seq_len}, DType::i32), targets = empty({run.micro, t.seq_len}, DType::i32);
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    tokens.at<int32_t>(i) = int32_t(gen() % uint32_t(cfg.model.vocab_size));
+    targets.at<int32_t>(i) = int32_t(gen() % uint32_t(cfg.model.vocab_size));
+  }
+  zero_grads(run.params);
+  reset_comm_counters();
+  Tensor logits = run.model->call(tokens.to(run.device));
+  CommCounters fwd = comm_counters();
+  Tensor losses = empty({run.micro * t.seq_len}, logits.dtype(), run.device);
+  Tensor rows = as_rows(logits);
+  if (logits.size(-1) == cfg.model.vocab_size) {
+    cross_entropy_forward_backward(losses, rows, rows, targets.reshape({-1}), 1.0);
+  } else {  // vocab-parallel loss: its all-reduces of 3 numbers per token go through the tp group directly
+    const DTensor& w = run.model->lm_head->weight->value;
+    vocab_parallel_cross_entropy(losses, rows, rows, targets.reshape({-1}), w.spec.local_offset(w.mesh.coordinate())[0],
+                                 1.0, mesh.group("tp"));
+  }
+  reset_comm_counters();
+  run.model->call_backward(logits);
+  CommCounters bwd = comm_counters();
+  reset_comm_counters();
+  for (Parameter* p : run.params) {
+    std::vector<int> partial = run.dp_dims;
+    partial.insert(partial.end(), p->grad_partial_dims.begin(), p->grad_partial_dims.end());
+    for (int d : partial)
+      if (p->value.placements()[size_t(d)].is_replicate()) p->grad.spec.placements[size_t(d)] = Placement::Partial();
+    p->grad = redistribute(p->grad, p->value.spec);
+  }
+  CommCounters sync = comm_counters();
+
+  if (root) {
+    auto print = [](const char* what, const CommCounters& c) {
+      std::printf("  %-22s %s", what, mib(double(c.total())).c_str());
+      std::string parts;
+      for (auto& [k, v] : c.bytes_by_collective)
+        parts += fmt::format("{}{}: {} x{}", parts.empty() ? "" : ", ", k, mib(double(v)), c.calls_by_collective.at(k));
+      std::printf("%s%s%s\n", parts.empty() ? "" : "  (", parts.c_str(), parts.empty() ? "" : ")");
+    };
+    std::printf("\nbytes sent per rank in one micro-batch of %lld x %lld tokens (measured by the runtime):\n",
+                (long long)run.micro, (long long)t.seq_len);
+    print("forward", fwd);
+    print("backward", bwd);
+    print("gradient sync", sync);
+    // Megatron-style TP with sequence parallel: per layer and direction 2 all-gathers and 2 reduce-scatters
+    // of a (b, T, d) activation, each moving (tp-1)/tp of it per rank; plus the embedding's reduce-scatter and
+    // lm_head's all-gather.
+    if (tp > 1 && cfg.parallel.sequence_parallel && cfg.parallel.tp_plan.empty()) {
+      double act = double(run.micro * t.seq_len * cfg.model.dim) * double(dtype_size(run.dtype));
+      double analytic = double(4 * cfg.model.n_layers + 2) * act * double(tp - 1) / double(tp);
+      auto tp_bytes = [&](const CommCounters& c) {
+        auto it = c.bytes_by_dim.find("tp");
+        return it == c.bytes_by_dim.end() ? 0.0 : double(it->second);
+      };
+      double f = tp_bytes(fwd), b = tp_bytes(bwd);
+      std::printf("\nanalytic tp bytes per direction: (4 x %lld layers + 2) x (%d-1)/%d x %lld x %lld x %lld x %zu B = %s\n",
+                  (long long)cfg.model.n_layers, tp, tp, (long long)run.micro, (long long)t.seq_len,
+                  (long long)cfg.model.dim, dtype_size(run.dtype), mib(analytic).c_str());
+      bool same = f == analytic && b == analytic;
+      std::printf("tp activations: measured %s analytic (forward %s, backward %s)\n", same ? "=" : "!=",
+                  mib(f).c_str(), mib(b).c_str());
+    }
+    std::printf("(the vocab-parallel loss adds 2 all-reduces over tp, of %lld row maxima and of twice as many sums, not counted above)\n",
+                (long long)(run.micro * t.seq_len));
+  }
+  return 0;
+}
+
+}  // namespace mt

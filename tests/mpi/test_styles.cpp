@@ -1,0 +1,193 @@
+// Each parallel style alone on Linear, Embedding, RMSNorm and an MLP block,
+// forward and backward, against the same module unparallelized, on a 1-D tp
+// mesh of every test rank count (uneven shards on 4, 6 and 8 ranks), in f64.
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <random>
+
+#include "../check_error.h"
+#include "models/llama/llama.h"
+#include "models/llama/parallelize.h"
+#include "parallel/style.h"
+
+using namespace mt;
+
+namespace {
+
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+ParamFactory factory(const DeviceMesh& mesh) {
+  ParamFactory f;
+  f.mesh = mesh;
+  f.dtype = DType::f64;
+  f.seed = 11;
+  f.init_std = 0.5;
+  return f;
+}
+
+Tensor random_full(const Shape& s, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<double> n(0, 1);
+  std::vector<double> v(size_t(shape_numel(s)));
+  for (auto& x : v) x = n(g);
+  return from_values(v, s, DType::f64);
+}
+
+Placement norm(const Placement& p, int64_t ndim) {
+  return p.is_shard() && p.dim < 0 ? Placement::Shard(int(p.dim + ndim)) : p;
+}
+
+// This rank's part of a full tensor laid out as `p` on the 1-D tp mesh.
+Tensor part(const Tensor& full, const DeviceMesh& mesh, const Placement& p) {
+  if (p.is_partial()) return full.clone();  // only used for inputs, never partial here
+  return distribute_tensor(full, mesh, {norm(p, full.dim())}).local;
+}
+
+// The full tensor from this rank's part laid out as `p`, for a tensor of global shape `global`.
+Tensor whole(const Tensor& local, const DeviceMesh& mesh, const Placement& p, const Shape& global) {
+  return full_tensor(from_local(local, mesh, {norm(p, int64_t(global.size()))}, global));
+}
+
+void check_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  REQUIRE(got.shape() == want.shape());
+  double num = 0, den = 0;
+  auto a = to_f64(got), b = to_f64(want);
+  for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+  INFO(what << ": relative error " << std::sqrt(num / std::max(den, 1e-300)));
+  CHECK(std::sqrt(num) <= 1e-10 * std::sqrt(den) + 1e-14);
+}
+
+// Runs `style` on the module at `path` of `par` and compares with `ref` (the same module unparallelized):
+// the output, the input gradient and every parameter's gradient.
+template <class M>
+void compare(M& ref, M& par, const DeviceMesh& mesh, const ParallelPlan& plan, const Tensor& x_full, Placement in,
+             Placement out, Placement dx_layout) {
+  parallelize(par, mesh, "tp", plan);
+  Tensor y_ref = ref.call(x_full);
+  Tensor y_local = par.call(x_full.dtype() == DType::i32 ? x_full : part(x_full, mesh, in));
+  check_close(whole(y_local, mesh, out, y_ref.shape()), y_ref, "output");
+  Tensor dy = random_full(y_ref.shape(), 99);
+  zero_grads(ref.parameters());
+  zero_grads(par.parameters());
+  Tensor dx_ref = ref.call_backward(dy);
+  Tensor dx_local = par.call_backward(part(dy, mesh, out));
+  if (dx_ref.defined()) check_close(whole(dx_local, mesh, dx_layout, dx_ref.shape()), dx_ref, "input gradient");
+  auto rp = ref.parameters(), pp = par.parameters();
+  REQUIRE(rp.size() == pp.size());
+  for (size_t i = 0; i < rp.size(); ++i) {
+    DTensor g = pp[i]->grad;
+    for (int d : pp[i]->grad_partial_dims) g.spec.placements[size_t(d)] = Placement::Partial();
+    check_close(full_tensor(g), rp[i]->grad.local, pp[i]->name + " gradient");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("styles: Colwise, Rowwise, SequenceParallel and PrepareModuleInput against the unparallelized module") {
+  const int n = world_size();
+  DeviceMesh mesh = DeviceMesh::create({{"tp", n}});
+  ParamFactory f = factory(mesh);
+  const Placement R = Placement::Replicate(), S1 = Placement::Shard(1), Slast = Placement::Shard(-1);
+  const int64_t B = 2, T = 24;  // T divides by 1, 2, 4, 6 and 8; feature sizes 10 and 11 do not
+  Tensor x6 = random_full({B, T, 6}, 1), x10 = random_full({B, T, 10}, 2);
+  Tensor tokens = empty({B, T}, DType::i32);
+  for (int64_t i = 0; i < tokens.numel(); ++i) tokens.at<int32_t>(i) = int32_t((i * 7) % 11);
+
+  SUBCASE("ColwiseParallel on Linear, output Shard(-1) (uneven)") {
+    Linear ref("lin", 6, 10, f), par("lin", 6, 10, f);
+    compare(ref, par, mesh, {{par.name(), ColwiseParallel{}}}, x6, R, Slast, R);
+  }
+  SUBCASE("ColwiseParallel on Linear, output Replicate, input Shard(1)") {
+    Linear ref("lin", 6, 10, f), par("lin", 6, 10, f);
+    compare(ref, par, mesh, {{par.name(), ColwiseParallel{S1, R}}}, x6, S1, R, S1);
+  }
+  SUBCASE("RowwiseParallel on Linear, input Shard(-1) (uneven), output Replicate") {
+    Linear ref("lin", 10, 6, f), par("lin", 10, 6, f);
+    compare(ref, par, mesh, {{par.name(), RowwiseParallel{}}}, x10, Slast, R, Slast);
+  }
+  SUBCASE("RowwiseParallel on Linear, output Shard(1)") {
+    Linear ref("lin", 10, 6, f), par("lin", 10, 6, f);
+    compare(ref, par, mesh, {{par.name(), RowwiseParallel{std::nullopt, S1}}}, x10, Slast, S1, Slast);
+  }
+  SUBCASE("ColwiseParallel on Embedding (dim-sharded, uneven)") {
+    Embedding ref("emb", 11, 10, f), par("emb", 11, 10, f);
+    compare(ref, par, mesh, {{par.name(), ColwiseParallel{}}}, tokens, R, Slast, R);
+  }
+  SUBCASE("RowwiseParallel on Embedding (vocab-sharded, masked rows), output Replicate") {
+    Embedding ref("emb", 11, 10, f), par("emb", 11, 10, f);
+    compare(ref, par, mesh, {{par.name(), RowwiseParallel{}}}, tokens, R, R, R);
+  }
+  SUBCASE("RowwiseParallel on Embedding, output Shard(1)") {
+    Embedding ref("emb", 11, 10, f), par("emb", 11, 10, f);
+    compare(ref, par, mesh, {{par.name(), RowwiseParallel{R, S1}}}, tokens, R, S1, R);
+  }
+  SUBCASE("SequenceParallel on RMSNorm: weight gradient partial over tp") {
+    RMSNorm ref("norm", 10, 1e-5, f), par("norm", 10, 1e-5, f);
+    ref.weight->value.local = random_full({10}, 5);
+    copy_(par.weight->value.local, ref.weight->value.local);
+    compare(ref, par, mesh, {{par.name(), SequenceParallel{}}}, x10, S1, S1, S1);
+  }
+  SUBCASE("An MLP block under sequence parallel: PrepareModuleInput, Colwise, Rowwise") {
+    ModelConfig c;
+    c.dim = 10;
+    c.ffn_dim = 13;
+    LlamaMLP ref("mlp", c, f), par("mlp", c, f);
+    ParallelPlan plan{{"mlp", PrepareModuleInput{{S1}, {R}, false}},
+                      {"mlp.gate_proj", ColwiseParallel{}},
+                      {"mlp.up_proj", ColwiseParallel{}},
+                      {"mlp.down_proj", RowwiseParallel{std::nullopt, S1}}};
+    compare(ref, par, mesh, plan, x10, S1, S1, S1);
+  }
+}
+
+TEST_CASE("styles: patterns, shard_param and the errors of a plan") {
+  CHECK(pattern_matches("model.layers.*.mlp", "model.layers.3.mlp"));
+  CHECK_FALSE(pattern_matches("model.layers.*.mlp", "model.layers.3.mlp.up_proj"));
+  CHECK(pattern_matches("**.q_proj", "model.layers.0.self_attn.q_proj"));
+  CHECK(pattern_matches("model.**", "model.layers.0.self_attn.q_proj"));
+  CHECK(pattern_matches("model.layers.*.*_layernorm", "model.layers.1.post_attention_layernorm"));
+  CHECK_FALSE(pattern_matches("**.q_proj", "model.layers.0.self_attn.k_proj"));
+
+  const int n = world_size();
+  DeviceMesh mesh = DeviceMesh::create({{"tp", n}});
+  ModelConfig c;
+  c.dim = 16;
+  c.n_layers = 1;
+  c.n_heads = 2;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 24;
+  c.vocab_size = 32;
+  LlamaForCausalLM model(c, factory(mesh));
+  CHECK_ERROR_CONTAINS(parallelize(model, mesh, "tp", {{"model.layers.*.attn", ColwiseParallel{}}}),
+                       "plan pattern 'model.layers.*.attn' (ColwiseParallel) matches no module");
+  CHECK_ERROR_CONTAINS(parallelize(model, mesh, "tp", {{"lm_head", ColwiseParallel{}}, {"*", RowwiseParallel{}}}),
+                       "lm_head is matched by two plan entries");
+  CHECK_ERROR_CONTAINS(parallelize(model, mesh, "tp", {{"model.layers.0.mlp", ColwiseParallel{}}}),
+                       "ColwiseParallel cannot handle model.layers.0.mlp (LlamaMLP)");
+  CHECK_ERROR_CONTAINS(parallelize(model, mesh, "tp", {{"model.norm", RowwiseParallel{}}}),
+                       "RowwiseParallel cannot handle model.norm (RMSNorm)");
+  CHECK_ERROR_CONTAINS(parallelize(model, mesh, "tp", {{"model.layers.0", SequenceParallel{}}}),
+                       "SequenceParallel cannot handle model.layers.0 (LlamaDecoderLayer)");
+  CHECK_ERROR_CONTAINS(parallelize(model, mesh, "nope", {}), "nope");
+  CHECK_ERROR_CONTAINS(plan_from_config({TpPlanEntryConfig{"x", "Colwise", "", "", "", "", ""}}),
+                       "parallel.tp_plan[0].style = 'Colwise'");
+  CHECK(parse_tp_placement("Shard(-1)", "k") == Placement::Shard(-1));
+  CHECK(parse_tp_placement("R", "k") == Placement::Replicate());
+  CHECK_ERROR_CONTAINS(parse_tp_placement("S[1]", "k"), "k = 'S[1]': expected a placement");
+
+  // shard_param keeps this rank's chunk of the value (bit for bit) and resizes the gradient.
+  Parameter* w = model.lm_head->weight;
+  Tensor full = w->value.local.clone();
+  shard_param(*w, 0, Placement::Shard(0));
+  Chunk ch = chunk_of(32, n, mesh.coordinate(0));
+  CHECK(w->value.local.shape() == Shape{ch.len, 16});
+  CHECK(w->grad.local.shape() == Shape{ch.len, 16});
+  if (ch.len > 0) CHECK(equal(w->value.local, full.slice0(ch.begin, ch.begin + ch.len)));
+  CHECK(equal(full_tensor(w->value), full));
+}
