@@ -76,19 +76,29 @@ else
   add 0 1 "cli (crashed)"
 fi
 
-# Training end to end: invariance over dp, the PyTorch reference, resume, checkpoint faults, bad input.
-out="$log_dir/train.log"
-bash tests/cli/test_train.sh "$build" >"$out" 2>&1
-line=$(grep -E '^train: [0-9]+ passed, [0-9]+ failed' "$out" | tail -n 1)
-if [ -n "$line" ]; then
-  p=$(echo "$line" | sed -E 's/train: ([0-9]+) passed.*/\1/')
-  f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
-  add "$p" "$f" "train"
-  [ "$f" -gt 0 ] && grep -E '^(FAIL|  )' "$out"
-else
-  tail -n 40 "$out"
-  add 0 1 "train (crashed)"
-fi
+# End-to-end scripts, each ending with "NAME: N passed, N failed".
+run_script_suite() {  # run_script_suite NAME SCRIPT [ARGS...]
+  local name=$1 script=$2
+  shift 2
+  local out="$log_dir/$name.log"
+  bash "$script" "$build" "$@" >"$out" 2>&1
+  local line
+  line=$(grep -E "^$name: [0-9]+ passed, [0-9]+ failed" "$out" | tail -n 1)
+  if [ -n "$line" ]; then
+    local p f
+    p=$(echo "$line" | sed -E "s/$name: ([0-9]+) passed.*/\\1/")
+    f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+    add "$p" "$f" "$name"
+    [ "$f" -gt 0 ] && grep -E '^(FAIL|  )' "$out"
+  else
+    tail -n 40 "$out"
+    add 0 1 "$name (crashed)"
+  fi
+}
+# Training: invariance over dp, the PyTorch reference, resume, checkpoint faults, bad input.
+run_script_suite train tests/cli/test_train.sh
+# Tensor and sequence parallel: invariance over tp and dp x tp, plans, `meshtrain plan`.
+run_script_suite tp tests/cli/test_tp.sh ${MT_TEST_FULL:+--full}
 
 # GPU suite, whenever a GPU is present.
 if [ -x "$build/tests/test_gpu" ] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
