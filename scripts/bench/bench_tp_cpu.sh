@@ -16,11 +16,12 @@ mt="$build/meshtrain"
 mpirun="$root/scripts/mpirun.sh"
 cfg="$root/configs/bench_cpu.yaml"
 
-echo "== communication per rank, one step of configs/bench_cpu.yaml (batch 8 x 256 tokens, dim 256, 4 layers)"
+echo "== communication per rank, one step of configs/bench_cpu.yaml (batch 8 x 256 tokens, dim 256, 4 layers;"
+echo "   n_kv_heads 8 so that tp = 8 splits whole heads)"
 printf '%-4s %-14s %-14s %-14s %-10s %s\n' tp forward backward analytic equal "gradient sync (tp)"
 for tp in 2 4 8; do
   "$mpirun" -np $tp "$mt" --config "$cfg" --set parallel.dp_replicate=1 --set parallel.tp=$tp \
-    --set training.threads=1 plan >"$tmp/plan$tp.txt" 2>&1 || { tail "$tmp/plan$tp.txt"; exit 1; }
+    --set model.n_kv_heads=8 --set training.threads=1 plan >"$tmp/plan$tp.txt" 2>&1 || { tail "$tmp/plan$tp.txt"; exit 1; }
   f=$(grep -E '^  forward' "$tmp/plan$tp.txt" | awk '{print $2, $3}')
   b=$(grep -E '^  backward' "$tmp/plan$tp.txt" | awk '{print $2, $3}')
   g=$(grep -E '^  gradient sync' "$tmp/plan$tp.txt" | sed -E 's/.*(tp all_reduce: [0-9.]+ MiB).*/\1/')
