@@ -1,306 +1,479 @@
 #!/usr/bin/python3
-"""An independent PyTorch reference for meshtrain's Llama: Hugging Face Llama's
-parameter names and semantics, written plainly (no transformers import), used
-by the tests to check meshtrain's losses and by the CPU benchmark.
+"""An independent PyTorch reference for meshtrain's Llama.
 
-  llama_ref.py init  --out DIR [model sizes] [--tie-embeddings] [--seed S]
-  llama_ref.py train --model DIR --data GLOB --steps N --batch-size B --seq-len T [optimizer flags] --out losses.json
+The model follows Hugging Face Llama's parameter names and semantics so that
+the same config.json + model.safetensors directory can be trained by meshtrain
+(`model.init_from`) and by this script, and their per-step losses compared.
+It is written from the published definition (no `transformers` import, no code
+taken from other projects) and kept small enough to read in one sitting.
+
+  llama_ref.py init  --out DIR [--dim 64 --n-layers 2 --n-heads 4 --n-kv-heads 2 --ffn-dim 160
+                     --vocab-size 256 --norm-eps 1e-5 --rope-theta 10000 --max-seq-len 256]
+                     [--tie-embeddings] [--seed 0] [--dtype f32|bf16]
+  llama_ref.py train --model DIR --data GLOB --steps N --batch-size B --seq-len T
+                     [--micro-batch-size M] [--lr 3e-4 --schedule constant|cosine --warmup-steps 0
+                     --lr-min 0 --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8 --grad-clip 1.0]
+                     [--threads 2] [--dtype f32|f64] --out losses.json
   llama_ref.py loss  --model DIR --data GLOB --batch-size B --seq-len T --step S
-  llama_ref.py bench [model sizes] --seq-len T --batch-size B --threads N --steps N --warmup N
+  llama_ref.py bench [--dim 256 --n-layers 4 --n-heads 8 --n-kv-heads 4 --ffn-dim 768 --vocab-size 256
+                     --seq-len 256 --batch-size 8 --threads 2 --steps 10 --warmup 3]
 """
 import argparse
 import glob
 import json
 import math
 import os
+import re
 import struct
 import sys
 import time
 
 import numpy as np
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-# ---------------------------------------------------------------- safetensors
+# =============================================================== safetensors
+# Format: u64 little-endian header length N, N bytes of JSON
+# {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}},
+# then the tensor bytes; offsets are relative to the end of the header.
 
-ST_DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I32": np.int32, "I64": np.int64}
+_NP_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4"}
+
+
+def f32_to_bf16_bits(a):
+    """Rounds f32 values to bf16 (nearest, ties to even) and returns the uint16 bit patterns."""
+    u = np.ascontiguousarray(a, dtype="<f4").view("<u4").astype(np.uint64)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return rounded.astype("<u2")
+
+
+def bf16_bits_to_f32(bits):
+    # bf16 is exactly the upper 16 bits of an f32.
+    return (bits.astype("<u4") << 16).view("<f4")
+
+
+def write_safetensors(path, tensors, dtype="F32", metadata=None):
+    """tensors: {name: torch.Tensor or np.ndarray}; dtype: F32, F16 or BF16 for every tensor."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        a = t.detach().cpu().to(torch.float32).numpy() if isinstance(t, torch.Tensor) else np.asarray(t, np.float32)
+        if dtype == "BF16":
+            raw = f32_to_bf16_bits(a).tobytes()
+        elif dtype in ("F32", "F16"):
+            raw = a.astype(_NP_DTYPES[dtype]).tobytes()
+        else:
+            raise ValueError(f"write_safetensors: unsupported dtype {dtype}")
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    if metadata:
+        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
+    hdr = json.dumps(header, separators=(",", ":")).encode()
+    hdr += b" " * (-len(hdr) % 8)  # pad so the tensor data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hdr)))
+        f.write(hdr)
+        for raw in blobs:
+            f.write(raw)
 
 
 def read_safetensors(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
+    """Returns ({name: float32 np.ndarray}, metadata dict). Half types are widened to f32."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8:8 + n])
-    data = raw[8 + n:]
+    body = memoryview(raw)[8 + n:]
     out = {}
     for name, e in header.items():
         if name == "__metadata__":
             continue
-        b, end = e["data_offsets"]
-        buf = data[b:end]
-        if e["dtype"] == "BF16":  # bf16 is the upper half of an f32
-            u = np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16
-            arr = u.view(np.float32)
+        begin, end = e["data_offsets"]
+        if not 0 <= begin <= end <= len(body):
+            raise ValueError(f"{path}: tensor {name} has data_offsets {e['data_offsets']} past the file's end")
+        if e["dtype"] == "BF16":
+            a = bf16_bits_to_f32(np.frombuffer(body[begin:end], dtype="<u2"))
+        elif e["dtype"] in _NP_DTYPES:
+            a = np.frombuffer(body[begin:end], dtype=_NP_DTYPES[e["dtype"]])
         else:
-            arr = np.frombuffer(buf, dtype=ST_DTYPES[e["dtype"]]).astype(np.float32 if e["dtype"] == "F16" else None)
-        out[name] = torch.from_numpy(np.array(arr).reshape(e["shape"]))
-    return out
+            raise ValueError(f"{path}: tensor {name} has unsupported dtype {e['dtype']}")
+        if a.size != math.prod(e["shape"]):
+            raise ValueError(f"{path}: tensor {name} has {a.size} elements, shape {e['shape']}")
+        out[name] = np.array(a, dtype=np.float64 if e["dtype"] == "F64" else np.float32).reshape(e["shape"])
+    return out, header.get("__metadata__", {})
+
+# ===================================================================== model
 
 
-def write_safetensors(path, tensors, dtype="f32"):
-    header, blobs, off = {}, [], 0
-    for name, t in tensors.items():
-        a = t.detach().to(torch.float32).contiguous().numpy()
-        if dtype == "bf16":  # round to nearest even, as torch does
-            u = a.view(np.uint32).astype(np.uint64)
-            b = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF).astype("<u2").tobytes()
-            st = "BF16"
-        else:
-            b, st = a.astype("<f4").tobytes(), "F32"
-        header[name] = {"dtype": st, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-# ---------------------------------------------------------------- the model
-
-
-class Config:
+class LlamaConfig:
     def __init__(self, d):
-        self.dim = d["hidden_size"]
-        self.n_layers = d["num_hidden_layers"]
-        self.n_heads = d["num_attention_heads"]
-        self.n_kv_heads = d.get("num_key_value_heads", self.n_heads)
-        self.ffn_dim = d["intermediate_size"]
+        self.hidden_size = d["hidden_size"]
+        self.num_hidden_layers = d["num_hidden_layers"]
+        self.num_attention_heads = d["num_attention_heads"]
+        self.num_key_value_heads = d.get("num_key_value_heads", self.num_attention_heads)
+        self.intermediate_size = d["intermediate_size"]
         self.vocab_size = d["vocab_size"]
-        self.eps = d.get("rms_norm_eps", 1e-5)
-        self.theta = d.get("rope_theta", 10000.0)
-        self.tied = d.get("tie_word_embeddings", False)
-        self.head_dim = self.dim // self.n_heads
+        self.rms_norm_eps = d.get("rms_norm_eps", 1e-6)
+        self.rope_theta = d.get("rope_theta", 10000.0)
+        self.max_position_embeddings = d.get("max_position_embeddings", 2048)
+        self.tie_word_embeddings = d.get("tie_word_embeddings", False)
+        self.head_dim = d.get("head_dim", self.hidden_size // self.num_attention_heads)
+        assert self.num_attention_heads % self.num_key_value_heads == 0, "heads must be a multiple of kv heads"
+
+    @staticmethod
+    def load(model_dir):
+        with open(os.path.join(model_dir, "config.json")) as f:
+            return LlamaConfig(json.load(f))
 
 
-def param_shapes(c):
-    hd = c.head_dim
-    shapes = {"model.embed_tokens.weight": (c.vocab_size, c.dim)}
-    for i in range(c.n_layers):
-        p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (c.dim,),
-            p + "self_attn.q_proj.weight": (c.n_heads * hd, c.dim),
-            p + "self_attn.k_proj.weight": (c.n_kv_heads * hd, c.dim),
-            p + "self_attn.v_proj.weight": (c.n_kv_heads * hd, c.dim),
-            p + "self_attn.o_proj.weight": (c.dim, c.n_heads * hd),
-            p + "post_attention_layernorm.weight": (c.dim,),
-            p + "mlp.gate_proj.weight": (c.ffn_dim, c.dim),
-            p + "mlp.up_proj.weight": (c.ffn_dim, c.dim),
-            p + "mlp.down_proj.weight": (c.dim, c.ffn_dim),
-        })
-    shapes["model.norm.weight"] = (c.dim,)
-    if not c.tied:
-        shapes["lm_head.weight"] = (c.vocab_size, c.dim)
-    return shapes
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        # Normalise in at least f32 (as HF does) so half-precision inputs do not lose the mean of squares;
+        # in an f64 run this stays f64 for the finite-difference checks.
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
 
 
-def rms_norm(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def rope_tables(T, hd, theta, dtype):
-    # Hugging Face: inv_freq_i = theta^(-2i/hd); cos/sin of pos * inv_freq, repeated twice along hd.
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).to(dtype) / hd))
-    ang = torch.arange(T, dtype=dtype)[:, None] * inv_freq[None, :]
-    ang = torch.cat([ang, ang], dim=-1)
-    return ang.cos(), ang.sin()
+def rope_cos_sin(seq_len, head_dim, theta, dtype=None):
+    """cos, sin of shape (seq_len, head_dim) in HF's layout: the hd/2 frequencies, then the same again."""
+    dtype = dtype or torch.get_default_dtype()
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=dtype) / head_dim)  # theta^(-2i/hd)
+    angle = torch.arange(seq_len, dtype=dtype)[:, None] * inv_freq[None, :]
+    angle = torch.cat([angle, angle], dim=-1)
+    return angle.cos(), angle.sin()
 
 
 def rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
     return torch.cat([-x2, x1], dim=-1)
 
 
-def attention(x, P, p, c, cos, sin):
-    B, T, _ = x.shape
-    hd = c.head_dim
-    q = (x @ P[p + "q_proj.weight"].t()).view(B, T, c.n_heads, hd).transpose(1, 2)     # (B, H, T, hd)
-    k = (x @ P[p + "k_proj.weight"].t()).view(B, T, c.n_kv_heads, hd).transpose(1, 2)  # (B, KV, T, hd)
-    v = (x @ P[p + "v_proj.weight"].t()).view(B, T, c.n_kv_heads, hd).transpose(1, 2)
-    q = q * cos + rotate_half(q) * sin
-    k = k * cos + rotate_half(k) * sin
-    group = c.n_heads // c.n_kv_heads  # kv head j serves q heads j*group ... (j+1)*group-1
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
-    mask = torch.ones(T, T, dtype=torch.bool).triu(1)
-    s = s.masked_fill(mask, float("-inf"))
-    o = torch.softmax(s, dim=-1) @ v                                                      # (B, H, T, hd)
-    return o.transpose(1, 2).reshape(B, T, c.n_heads * hd) @ P[p + "o_proj.weight"].t()
+def apply_rope(x, cos, sin):
+    """x: (..., T, hd). HF pairs element i with element i + hd/2 (not adjacent elements)."""
+    return x * cos + rotate_half(x) * sin
 
 
-def forward(P, c, tokens):
-    T = tokens.shape[1]
-    cos, sin = rope_tables(T, c.head_dim, c.theta, P["model.norm.weight"].dtype)
-    h = P["model.embed_tokens.weight"][tokens]
-    for i in range(c.n_layers):
-        p = f"model.layers.{i}."
-        h = h + attention(rms_norm(h, P[p + "input_layernorm.weight"], c.eps), P, p + "self_attn.", c, cos, sin)
-        x = rms_norm(h, P[p + "post_attention_layernorm.weight"], c.eps)
-        m = F.silu(x @ P[p + "mlp.gate_proj.weight"].t()) * (x @ P[p + "mlp.up_proj.weight"].t())
-        h = h + m @ P[p + "mlp.down_proj.weight"].t()
-    h = rms_norm(h, P["model.norm.weight"], c.eps)
-    head = P["model.embed_tokens.weight"] if c.tied else P["lm_head.weight"]
-    return h @ head.t()
+def gqa_attention(q, k, v):
+    """Causal grouped-query attention without materialising repeated kv heads.
 
-# ---------------------------------------------------------------- data
+    q: (B, H, T, hd); k, v: (B, KV, T, hd). kv head j serves q heads j*G .. (j+1)*G-1 with G = H/KV,
+    which is what viewing H as (KV, G) gives.
+    """
+    B, H, T, hd = q.shape
+    KV = k.shape[1]
+    qg = q.view(B, KV, H // KV, T, hd)
+    scores = qg @ k.unsqueeze(2).transpose(-1, -2) / math.sqrt(hd)  # (B, KV, G, T, T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # True above the diagonal = future
+    scores = scores.masked_fill(causal, float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ v.unsqueeze(2)  # (B, KV, G, T, hd)
+    return out.view(B, H, T, hd)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, c.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+
+        def heads(t, n):  # (B, T, n*hd) -> (B, n, T, hd)
+            return t.view(B, T, n, self.head_dim).transpose(1, 2)
+
+        q = apply_rope(heads(self.q_proj(x), self.n_heads), cos, sin)
+        k = apply_rope(heads(self.k_proj(x), self.n_kv_heads), cos, sin)
+        v = heads(self.v_proj(x), self.n_kv_heads)
+        o = gqa_attention(q, k, v)
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = LlamaAttention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = LlamaMLP(c)
+
+    def forward(self, h, cos, sin):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(c) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """state_dict() names are exactly HF's: model.embed_tokens.weight, model.layers.{i}...., lm_head.weight."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        self.model = LlamaModel(c)
+        # Tied: no separate lm_head parameter at all, so it is neither saved nor counted twice by the optimizer.
+        self.lm_head = None if c.tie_word_embeddings else nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    def forward(self, tokens):
+        """tokens: (B, T) int64 -> logits (B, T, V)."""
+        c = self.config
+        T = tokens.shape[1]
+        w = self.model.embed_tokens.weight
+        cos, sin = rope_cos_sin(T, c.head_dim, c.rope_theta, w.dtype)
+        h = self.model.embed_tokens(tokens)
+        for layer in self.model.layers:
+            h = layer(h, cos, sin)
+        h = self.model.norm(h)
+        return F.linear(h, w) if self.lm_head is None else self.lm_head(h)
+
+    def loss(self, tokens, targets, reduction="mean"):
+        logits = self(tokens)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction)
+
+
+def init_weights(model, seed):
+    """normal(0, 0.02) for every matrix, ones for norm weights; drawn in state_dict order from one generator
+    so a seed always gives the same weights."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.02)
+
+
+def load_model(model_dir, dtype=None):
+    """Builds the model from DIR/config.json and loads DIR/model.safetensors (strict: names and shapes)."""
+    c = LlamaConfig.load(model_dir)
+    model = LlamaForCausalLM(c)
+    weights, _ = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    expected = dict(model.state_dict())
+    missing = sorted(set(expected) - set(weights))
+    extra = sorted(set(weights) - set(expected))
+    if missing or extra:
+        sys.exit(f"llama_ref: {model_dir}: missing tensors {missing}, unexpected tensors {extra}")
+    for name, t in expected.items():
+        if tuple(weights[name].shape) != tuple(t.shape):
+            sys.exit(f"llama_ref: {name} has shape {weights[name].shape}, the model expects {tuple(t.shape)}")
+    model.load_state_dict({n: torch.from_numpy(a) for n, a in weights.items()})
+    return model.to(dtype or torch.get_default_dtype())
+
+# ====================================================================== data
 
 
 def read_tokens(pattern):
+    """llm.c shards (256 x int32 header: magic 20240520, version 1, token count; then uint16 tokens),
+    concatenated in sorted file-name order."""
     files = sorted(glob.glob(pattern))
     if not files:
         sys.exit(f"llama_ref: no file matches {pattern}")
     parts = []
-    for f in files:
-        raw = open(f, "rb").read()
-        magic, version, count = struct.unpack("<3i", raw[:12])
-        assert magic == 20240520 and version == 1 and len(raw) == 1024 + 2 * count, f
+    for path in files:
+        with open(path, "rb") as f:
+            raw = f.read()
+        if len(raw) < 1024:
+            sys.exit(f"llama_ref: {path}: shorter than the 1024-byte header")
+        header = np.frombuffer(raw[:1024], dtype="<i4")
+        if header[0] != 20240520 or header[1] != 1:
+            sys.exit(f"llama_ref: {path}: bad magic {header[0]} or version {header[1]}")
+        if len(raw) != 1024 + 2 * int(header[2]):
+            sys.exit(f"llama_ref: {path}: header says {header[2]} tokens, file holds {(len(raw) - 1024) / 2}")
         parts.append(np.frombuffer(raw[1024:], dtype="<u2").astype(np.int64))
     return torch.from_numpy(np.concatenate(parts))
 
 
 def get_batch(tokens, step, B, T):
-    per_epoch = (len(tokens) - 1) // (B * T)
-    b = step % per_epoch
+    """meshtrain's convention: consecutive B*T+1 windows, wrapping around by step % steps_per_epoch."""
+    steps_per_epoch = (len(tokens) - 1) // (B * T)
+    if steps_per_epoch < 1:
+        sys.exit(f"llama_ref: {len(tokens)} tokens are fewer than one batch of {B}x{T}+1")
+    b = step % steps_per_epoch
     buf = tokens[b * B * T: b * B * T + B * T + 1]
     return buf[:-1].view(B, T), buf[1:].view(B, T)
 
-# ---------------------------------------------------------------- commands
+
+def write_shard(path, tokens):
+    """Writes an llm.c shard (used by the tests; meshtrain's own shards come from scripts/prepare_data)."""
+    tokens = np.asarray(tokens, dtype="<u2")
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = [20240520, 1, len(tokens)]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+
+# ================================================================== training
 
 
-def load_model(d, dtype):
-    cfg = json.load(open(os.path.join(d, "config.json")))
-    c = Config(cfg)
-    w = read_safetensors(os.path.join(d, "model.safetensors"))
-    P = {}
-    for name, shape in param_shapes(c).items():
-        assert tuple(w[name].shape) == shape, (name, w[name].shape, shape)
-        P[name] = w[name].to(dtype).clone().requires_grad_(True)
-    return c, P
+def lr_at(step, lr, schedule, warmup, total, lr_min):
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if schedule == "constant":
+        return lr
+    p = (step - warmup) / max(1, total - warmup)
+    return lr_min + 0.5 * (lr - lr_min) * (1 + math.cos(math.pi * p))
 
 
-def lr_at(a, s):
-    if s < a.warmup_steps:
-        return a.lr * (s + 1) / a.warmup_steps
-    if a.schedule == "constant":
-        return a.lr
-    p = min(1.0, (s - a.warmup_steps) / max(1, a.steps - a.warmup_steps))
-    return a.lr_min + 0.5 * (a.lr - a.lr_min) * (1 + math.cos(math.pi * p))
+def make_optimizer(model, lr, weight_decay, betas, eps):
+    # Decay the matrices (embeddings, linears, lm_head) only; norm gains stay undecayed.
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas, eps=eps)
+
+
+def grad_norm(params):
+    # Same formula as clip_grad_norm_: the 2-norm of the per-tensor 2-norms.
+    return torch.norm(torch.stack([p.grad.detach().norm(2) for p in params if p.grad is not None]), 2).item()
+
+
+def train_step(model, opt, x, y, micro_batch, lr, grad_clip):
+    """One optimizer step over the batch (x, y); returns (batch mean loss before the update, grad norm)."""
+    B, T = x.shape
+    opt.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for r in range(0, B, micro_batch):
+        # Each micro-batch's summed token loss over the whole batch's token count, so the accumulated
+        # gradients are exactly those of the full-batch mean.
+        loss = model.loss(x[r:r + micro_batch], y[r:r + micro_batch], reduction="sum") / (B * T)
+        loss.backward()
+        loss_sum += loss.item()
+    params = [p for p in model.parameters()]
+    norm = grad_norm(params)
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.step()
+    return loss_sum, norm
+
+# ================================================================== commands
 
 
 def cmd_init(a):
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+           "hidden_size": a.dim, "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads,
+           "num_key_value_heads": a.n_kv_heads, "intermediate_size": a.ffn_dim, "vocab_size": a.vocab_size,
+           "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_theta, "max_position_embeddings": a.max_seq_len,
+           "tie_word_embeddings": a.tie_embeddings,
+           "torch_dtype": "bfloat16" if a.dtype == "bf16" else "float32"}
+    if a.dim % a.n_heads or a.n_heads % a.n_kv_heads or (a.dim // a.n_heads) % 2:
+        sys.exit("llama_ref: dim must divide into n_heads heads of even size, n_heads into n_kv_heads groups")
+    model = LlamaForCausalLM(LlamaConfig(cfg))
+    init_weights(model, a.seed)
     os.makedirs(a.out, exist_ok=True)
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": a.dim,
-           "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_kv_heads,
-           "intermediate_size": a.ffn_dim, "vocab_size": a.vocab_size, "rms_norm_eps": a.norm_eps,
-           "rope_theta": a.rope_theta, "max_position_embeddings": a.max_seq_len,
-           "tie_word_embeddings": a.tie_embeddings, "hidden_act": "silu"}
-    json.dump(cfg, open(os.path.join(a.out, "config.json"), "w"), indent=2)
-    g = torch.Generator().manual_seed(a.seed)
-    W = {}
-    for name, shape in param_shapes(Config(cfg)).items():
-        W[name] = torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=g) * 0.02
-    write_safetensors(os.path.join(a.out, "model.safetensors"), W, a.dtype)
-    print(json.dumps({"out": a.out, "params": sum(t.numel() for t in W.values())}))
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    write_safetensors(os.path.join(a.out, "model.safetensors"), model.state_dict(),
+                      dtype="BF16" if a.dtype == "bf16" else "F32", metadata={"format": "pt"})
+    print(json.dumps({"out": a.out, "params": sum(p.numel() for p in model.parameters())}))
 
 
 def cmd_train(a):
     torch.set_num_threads(a.threads)
-    dtype = torch.float64 if a.dtype == "f64" else torch.float32
-    c, P = load_model(a.model, dtype)
+    torch.set_default_dtype(torch.float64 if a.dtype == "f64" else torch.float32)
+    model = load_model(a.model)
     tokens = read_tokens(a.data)
-    decay = [p for n, p in P.items() if p.dim() >= 2]
-    no_decay = [p for n, p in P.items() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps)
     M = a.micro_batch_size or a.batch_size
+    if a.batch_size % M:
+        sys.exit(f"llama_ref: --micro-batch-size {M} must divide --batch-size {a.batch_size}")
+    opt = make_optimizer(model, a.lr, a.weight_decay, (a.beta1, a.beta2), a.eps)
     losses, norms, lrs = [], [], []
     for s in range(a.steps):
         x, y = get_batch(tokens, s, a.batch_size, a.seq_len)
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for r in range(0, a.batch_size, M):
-            logits = forward(P, c, x[r:r + M])
-            # Sum of token losses over the global token count: micro-batches add up to the batch mean.
-            loss = F.cross_entropy(logits.reshape(-1, c.vocab_size), y[r:r + M].reshape(-1), reduction="sum")
-            loss = loss / (a.batch_size * a.seq_len)
-            loss.backward()
-            total += loss.item()
-        params = list(P.values())
-        norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
-        if a.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, a.grad_clip)
-        lr = lr_at(a, s)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        opt.step()
-        losses.append(total)
+        lr = lr_at(s, a.lr, a.schedule, a.warmup_steps, a.steps, a.lr_min)
+        loss, norm = train_step(model, opt, x, y, M, lr, a.grad_clip)
+        losses.append(loss)
         norms.append(norm)
         lrs.append(lr)
-        print(f"step {s} loss {total:.6f} grad_norm {norm:.4f} lr {lr:.3e}")
-    json.dump({"losses": losses, "grad_norms": norms, "lrs": lrs}, open(a.out, "w"))
+        print(f"step {s} loss {loss:.6f} grad_norm {norm:.6f} lr {lr:.4e}", flush=True)
+    with open(a.out, "w") as f:
+        json.dump({"losses": losses, "grad_norms": norms, "lrs": lrs}, f)
 
 
 def cmd_loss(a):
-    c, P = load_model(a.model, torch.float32)
+    torch.set_num_threads(a.threads)
+    model = load_model(a.model)
     x, y = get_batch(read_tokens(a.data), a.step, a.batch_size, a.seq_len)
     with torch.no_grad():
-        loss = F.cross_entropy(forward(P, c, x).reshape(-1, c.vocab_size), y.reshape(-1))
-    print(json.dumps({"loss": loss.item()}))
+        print(json.dumps({"loss": model.loss(x, y).item()}))
+
+
+def blas_name():
+    """A short name for the BLAS torch calls. Debian's torch reports BLAS_INFO=generic and calls the system
+    libblas.so.3, which the alternatives system points at OpenBLAS or the (slow) reference BLAS."""
+    m = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    info = m.group(1) if m else "unknown"
+    if info == "generic":
+        lib = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
+        if os.path.exists(lib):
+            flavour = os.path.basename(os.path.dirname(lib))  # e.g. openblas-pthread, blas (reference)
+            return f"generic -> {flavour}"
+    return info
 
 
 def cmd_bench(a):
     torch.set_num_threads(a.threads)
     cfg = {"hidden_size": a.dim, "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads,
-           "num_key_value_heads": a.n_kv_heads, "intermediate_size": a.ffn_dim, "vocab_size": a.vocab_size}
-    c = Config(cfg)
-    g = torch.Generator().manual_seed(0)
-    P = {n: (torch.ones(s) if len(s) == 1 else torch.randn(s, generator=g) * 0.02).requires_grad_(True)
-         for n, s in param_shapes(c).items()}
-    opt = torch.optim.AdamW(list(P.values()), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+           "num_key_value_heads": a.n_kv_heads, "intermediate_size": a.ffn_dim, "vocab_size": a.vocab_size,
+           "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
+    model = LlamaForCausalLM(LlamaConfig(cfg))
+    init_weights(model, 0)
+    opt = make_optimizer(model, 3e-4, 0.1, (0.9, 0.95), 1e-8)
+    g = torch.Generator().manual_seed(1)
     x = torch.randint(0, a.vocab_size, (a.batch_size, a.seq_len), generator=g)
     y = torch.randint(0, a.vocab_size, (a.batch_size, a.seq_len), generator=g)
     times = []
     for s in range(a.warmup + a.steps):
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(forward(P, c, x).reshape(-1, c.vocab_size), y.reshape(-1))
-        loss.backward()
-        opt.step()
+        train_step(model, opt, x, y, a.batch_size, 3e-4, 1.0)  # same work as a real step: clip included
         if s >= a.warmup:
             times.append(time.perf_counter() - t0)
-    step = sorted(times)[len(times) // 2]
-    # Debian's torch calls the system libblas.so.3, which the alternatives system points at OpenBLAS or the
-    # reference BLAS: name the library actually loaded.
-    blas = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
-    print(json.dumps({"tokens_per_s": a.batch_size * a.seq_len / step, "step_ms": 1e3 * step, "threads": a.threads,
-                      "torch": torch.__version__, "blas": blas}))
+    step = sorted(times)[len(times) // 2]  # median: robust to a noisy neighbour on shared VMs
+    print(json.dumps({"tokens_per_s": round(a.batch_size * a.seq_len / step, 1), "step_ms": round(1e3 * step, 2),
+                      "threads": a.threads, "torch": torch.__version__, "blas": blas_name()}))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    def sizes(p):
-        p.add_argument("--dim", type=int, default=64)
-        p.add_argument("--n-layers", type=int, default=2)
-        p.add_argument("--n-heads", type=int, default=4)
-        p.add_argument("--n-kv-heads", type=int, default=2)
-        p.add_argument("--ffn-dim", type=int, default=160)
+    def sizes(p, dim, layers, heads, kv, ffn):
+        p.add_argument("--dim", type=int, default=dim)
+        p.add_argument("--n-layers", type=int, default=layers)
+        p.add_argument("--n-heads", type=int, default=heads)
+        p.add_argument("--n-kv-heads", type=int, default=kv)
+        p.add_argument("--ffn-dim", type=int, default=ffn)
         p.add_argument("--vocab-size", type=int, default=256)
 
-    p = sub.add_parser("init")
-    sizes(p)
+    p = sub.add_parser("init", help="write DIR/config.json and DIR/model.safetensors with random weights")
+    sizes(p, 64, 2, 4, 2, 160)
     p.add_argument("--out", required=True)
     p.add_argument("--norm-eps", type=float, default=1e-5)
     p.add_argument("--rope-theta", type=float, default=10000.0)
@@ -309,13 +482,13 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
 
-    p = sub.add_parser("train")
+    p = sub.add_parser("train", help="train from DIR's weights; write per-step losses, grad norms, lrs as JSON")
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--batch-size", type=int, required=True)
     p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--micro-batch-size", type=int, default=0)
+    p.add_argument("--micro-batch-size", type=int, default=0, help="default: the batch size")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--schedule", choices=["constant", "cosine"], default="cosine")
     p.add_argument("--warmup-steps", type=int, default=0)
@@ -324,20 +497,21 @@ def main():
     p.add_argument("--beta1", type=float, default=0.9)
     p.add_argument("--beta2", type=float, default=0.95)
     p.add_argument("--eps", type=float, default=1e-8)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--grad-clip", type=float, default=1.0, help="0 = off")
+    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", choices=["f32", "f64"], default="f32")
     p.add_argument("--out", required=True)
 
-    p = sub.add_parser("loss")
+    p = sub.add_parser("loss", help="print the mean loss of step S's batch")
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--batch-size", type=int, required=True)
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--step", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
 
-    p = sub.add_parser("bench")
-    sizes(p)
+    p = sub.add_parser("bench", help="time full training steps on random tokens")
+    sizes(p, 256, 4, 8, 4, 768)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
