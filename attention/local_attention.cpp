@@ -14,6 +14,10 @@
 #include <limits>
 
 #include "runtime/core/error.h"
+#include "runtime/core/stream.h"
+#if MT_CUDA
+#include "runtime/kernels/cuda/cuda_ops.h"
+#endif
 
 namespace mt {
 
@@ -169,9 +173,16 @@ Dims check(const char* op, const Tensor& out, const Tensor& lse, const Tensor& q
     MT_CHECK(t->dtype() == q.dtype(), "attention", "{}: operands mix {} and {}", op, dtype_name(q.dtype()),
              dtype_name(t->dtype()));
   }
-  MT_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::f64, "attention", "{}: the CPU backend takes f32 or f64, got {}",
-           op, dtype_name(q.dtype()));
-  MT_CHECK(!q.device().is_cuda(), "attention", "{}: CUDA tensors are not supported yet", op);
+  if (q.device().is_cuda()) {
+    MT_CHECK(MT_CUDA && q.dtype() == DType::f32, "attention", "{}: CUDA tensors must be f32 in a CUDA build, got {}", op,
+             dtype_name(q.dtype()));
+    MT_CHECK(d.hd <= 256, "attention", "{}: head dim {} > 256", op, d.hd);
+  } else {
+    MT_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::f64, "attention", "{}: the CPU backend takes f32 or f64, got {}",
+             op, dtype_name(q.dtype()));
+  }
+  for (const Tensor* t : {&out, &lse, &k, &v})
+    MT_CHECK(t->device() == q.device(), "attention", "{}: operands on {} and {}", op, q.device().str(), t->device().str());
   return d;
 }
 
@@ -180,6 +191,15 @@ Dims check(const char* op, const Tensor& out, const Tensor& lse, const Tensor& q
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionOptions& opt) {
   Dims d = check("attention_forward", out, lse, q, k, v, opt);
+#if MT_CUDA
+  if (q.device().is_cuda()) {
+    int rc = cuda::attention_forward(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
+                                     v.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal, d.q_pos0, d.k_pos0,
+                                     current_stream(q.device().index).handle());
+    MT_CHECK(rc == 0, "attention", "attention_forward: CUDA error {}", rc);
+    return;
+  }
+#endif
   if (q.dtype() == DType::f64)
     forward_impl<double>(out.data<double>(), lse.data<double>(), q.data<double>(), k.data<double>(), v.data<double>(), d);
   else
@@ -196,7 +216,19 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
            shape_str(dk.shape()), shape_str(dv.shape()), shape_str(dout.shape()), shape_str(q.shape()),
            shape_str(k.shape()));
   for (const Tensor* t : {&dq, &dk, &dv, &dout})
-    MT_CHECK(t->dtype() == q.dtype(), "attention", "{}: gradients must be {}", op, dtype_name(q.dtype()));
+    MT_CHECK(t->dtype() == q.dtype() && t->device() == q.device(), "attention", "{}: gradients must be {} on {}", op,
+             dtype_name(q.dtype()), q.device().str());
+#if MT_CUDA
+  if (q.device().is_cuda()) {
+    Tensor rowdot = empty({d.B * d.H * d.T}, DType::f32, q.device());
+    int rc = cuda::attention_backward(dq.data<float>(), dk.data<float>(), dv.data<float>(), rowdot.data<float>(),
+                                      dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(),
+                                      out.data<float>(), lse.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale,
+                                      d.causal, d.q_pos0, d.k_pos0, accumulate, current_stream(q.device().index).handle());
+    MT_CHECK(rc == 0, "attention", "attention_backward: CUDA error {}", rc);
+    return;
+  }
+#endif
   if (q.dtype() == DType::f64)
     backward_impl<double>(dq.data<double>(), dk.data<double>(), dv.data<double>(), dout.data<double>(), q.data<double>(),
                           k.data<double>(), v.data<double>(), out.data<double>(), lse.data<double>(), d, accumulate);

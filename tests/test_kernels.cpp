@@ -1,21 +1,88 @@
-// CPU kernels against naive f64 references written here: attention (causal,
-// full, grouped-query, position offsets, rows that see no key), cross-entropy
-// (ignored targets, aliasing, errors), the vocab-parallel pieces, embedding
-// shards, AdamW's formula, RoPE's rotation, and determinism over threads.
-// (Layer gradients by finite differences are in tests/mpi/test_model.cpp.)
+// CPU kernels (runtime/kernels/ops.h) against naive f64 references written
+// here: every forward (f64 and f32), every backward against central finite
+// differences of its forward in f64 through a random projection loss
+// L = sum(out * R); accumulation semantics, aliasing, vocab shards, ignored
+// targets, AdamW's formula, error messages, and independence of the thread
+// count. Attention is in tests/test_attention.cpp.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
-#include <limits>
+#include <functional>
+#include <numeric>
 #include <random>
+#include <vector>
 
-#include "attention/local_attention.h"
 #include "check_error.h"
+#include "runtime/core/tensor.h"
 #include "runtime/kernels/ops.h"
 
 using namespace mt;
 
 namespace {
+
+// Uniform values in [lo, hi): random, never all zeros.
+Tensor rand_tensor(const Shape& shape, DType dt, uint64_t seed, double lo = -1, double hi = 1) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<double> v(size_t(shape_numel(shape)));
+  for (double& x : v) x = u(gen);
+  return from_values(v, shape, dt);
+}
+
+Tensor tokens_tensor(const std::vector<int32_t>& toks) {
+  std::vector<double> v(toks.begin(), toks.end());
+  return from_values(v, {int64_t(toks.size())}, DType::i32);
+}
+
+// |got - want| <= rtol * max(1, |want|) element-wise.
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double rtol, const char* what) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double e = std::abs(got[i] - want[i]) / std::max(1.0, std::abs(want[i]));
+    if (!(e <= worst)) {  // also catches NaN
+      worst = e;
+      at = i;
+    }
+  }
+  INFO(what, ": worst relative error ", worst, " at ", at, " (got ", got[at], ", want ", want[at], ")");
+  CHECK(worst <= rtol);
+}
+
+double dot(const Tensor& a, const Tensor& b) {
+  std::vector<double> x = to_f64(a), y = to_f64(b);
+  double s = 0;
+  for (size_t i = 0; i < x.size(); ++i) s += x[i] * y[i];
+  return s;
+}
+
+// Central differences of loss() with respect to every element of x (f64), compared with the analytic gradient.
+void check_gradient(const Tensor& x, const std::vector<double>& analytic, const std::function<double()>& loss,
+                    const char* what, double tol = 1e-6) {
+  REQUIRE(x.dtype() == DType::f64);
+  REQUIRE(int64_t(analytic.size()) == x.numel());
+  const double eps = 1e-6;
+  std::vector<double> numeric(analytic.size());
+  double* p = x.data<double>();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    double keep = p[i];
+    p[i] = keep + eps;
+    double lp = loss();
+    p[i] = keep - eps;
+    double lm = loss();
+    p[i] = keep;
+    numeric[size_t(i)] = (lp - lm) / (2 * eps);
+  }
+  check_close(analytic, numeric, tol, what);
+}
+
+// Runs f under 1 and then 2 CPU threads (restoring the previous count).
+struct ThreadCount {
+  int saved = cpu_threads();
+  ~ThreadCount() { set_cpu_threads(saved); }
+};
 
 Tensor randn_t(const Shape& s, uint64_t seed, DType dt = DType::f64) {
   std::mt19937_64 g(seed);
@@ -36,131 +103,9 @@ double rel_err(const Tensor& a, const Tensor& b) {
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
-struct Naive {
-  Tensor out, lse;
-};
-// softmax(q k^T * scale + mask) v per (b, h) in f64; kv head of h is h / (H / KV).
-Naive naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
-  int64_t B = q.size(0), T = q.size(1), H = q.size(2), hd = q.size(3), S = k.size(1), KV = k.size(2);
-  double scale = o.scale ? o.scale : 1.0 / std::sqrt(double(hd));
-  Naive r{zeros({B, T, H, hd}, DType::f64), empty({B, H, T}, DType::f64)};
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t t = 0; t < T; ++t) {
-        int64_t j = h / (H / KV);
-        std::vector<double> s(size_t(S), -INFINITY);
-        double mx = -INFINITY;
-        for (int64_t u = 0; u < S; ++u) {
-          if (o.causal && o.k_pos0 + u > o.q_pos0 + t) continue;
-          double d = 0;
-          for (int64_t c = 0; c < hd; ++c)
-            d += q.at<double>(((b * T + t) * H + h) * hd + c) * k.at<double>(((b * S + u) * KV + j) * hd + c);
-          s[size_t(u)] = d * scale;
-          mx = std::max(mx, s[size_t(u)]);
-        }
-        double l = 0;
-        for (int64_t u = 0; u < S; ++u) l += std::isinf(s[size_t(u)]) ? 0 : std::exp(s[size_t(u)] - mx);
-        r.lse.at<double>((b * H + h) * T + t) = l > 0 ? mx + std::log(l) : -INFINITY;
-        if (l == 0) continue;
-        for (int64_t u = 0; u < S; ++u) {
-          if (std::isinf(s[size_t(u)])) continue;
-          double p = std::exp(s[size_t(u)] - mx) / l;
-          for (int64_t c = 0; c < hd; ++c)
-            r.out.at<double>(((b * T + t) * H + h) * hd + c) += p * v.at<double>(((b * S + u) * KV + j) * hd + c);
-        }
-      }
-  return r;
-}
-
-double dot(const Tensor& a, const Tensor& b) {
-  double s = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) s += a.at<double>(i) * b.at<double>(i);
-  return s;
-}
-
 }  // namespace
 
-TEST_CASE("attention: forward and lse against the naive softmax, causal and full, GQA, offsets") {
-  struct Case {
-    int64_t T, S, H, KV, hd;
-    AttentionOptions o;
-  };
-  std::vector<Case> cases{
-      {70, 70, 4, 4, 8, {true, 0, 0, 0}},   {70, 70, 4, 2, 8, {true, 0, 0, 0}},  {130, 130, 4, 1, 16, {true, 0, 0, 0}},
-      {5, 5, 4, 2, 8, {false, 0, 0, 0}},    {70, 33, 2, 1, 8, {false, 0.3, 0, 0}},
-      {5, 70, 4, 2, 8, {true, 0, 64, 0}},   // a query chunk late in the sequence (ring attention)
-      {20, 70, 2, 2, 8, {true, 0, 0, 10}},  // the first 10 queries see no key
-  };
-  for (const Case& c : cases) {
-    CAPTURE(c.T);
-    CAPTURE(c.S);
-    CAPTURE(c.KV);
-    CAPTURE(c.o.causal);
-    CAPTURE(c.o.q_pos0);
-    CAPTURE(c.o.k_pos0);
-    Tensor q = randn_t({2, c.T, c.H, c.hd}, 1), k = randn_t({2, c.S, c.KV, c.hd}, 2), v = randn_t({2, c.S, c.KV, c.hd}, 3);
-    Naive want = naive_attention(q, k, v, c.o);
-    Tensor out = empty(q.shape(), DType::f64), lse = empty({2, c.H, c.T}, DType::f64);
-    attention_forward(out, lse, q, k, v, c.o);
-    CHECK(rel_err(out, want.out) < 1e-12);
-    for (int64_t i = 0; i < lse.numel(); ++i) {
-      double a = lse.at<double>(i), b = want.lse.at<double>(i);
-      if (std::isinf(b)) CHECK((std::isinf(a) && a < 0));
-      else CHECK(std::abs(a - b) < 1e-12);
-    }
-    // f32 within 1e-5 of f64.
-    Tensor out32 = empty(q.shape(), DType::f32), lse32 = empty({2, c.H, c.T}, DType::f32);
-    attention_forward(out32, lse32, from_values(to_f64(q), q.shape(), DType::f32),
-                      from_values(to_f64(k), k.shape(), DType::f32), from_values(to_f64(v), v.shape(), DType::f32), c.o);
-    CHECK(rel_err(out32, want.out) < 1e-5);
-  }
-}
-
-TEST_CASE("attention: backward against finite differences, rows without keys, accumulate") {
-  const int64_t B = 1, T = 20, S = 70, H = 2, KV = 1, hd = 8;
-  for (AttentionOptions o : {AttentionOptions{true, 0, 0, 0}, AttentionOptions{true, 0, 0, 10},
-                             AttentionOptions{true, 0, 64, 0}, AttentionOptions{false, 0, 0, 0}}) {
-    CAPTURE(o.q_pos0);
-    CAPTURE(o.k_pos0);
-    const int64_t Tq = o.k_pos0 == 0 && o.q_pos0 == 0 ? S : T;
-    Tensor q = randn_t({B, Tq, H, hd}, 4), k = randn_t({B, S, KV, hd}, 5), v = randn_t({B, S, KV, hd}, 6);
-    Tensor R = randn_t({B, Tq, H, hd}, 7);
-    Tensor out = empty(q.shape(), DType::f64), lse = empty({B, H, Tq}, DType::f64);
-    attention_forward(out, lse, q, k, v, o);
-    Tensor dq = empty(q.shape(), DType::f64), dk = empty(k.shape(), DType::f64), dv = empty(v.shape(), DType::f64);
-    attention_backward(dq, dk, dv, R, q, k, v, out, lse, o);
-    auto loss = [&] {
-      Tensor o2 = empty(q.shape(), DType::f64), l2 = empty({B, H, Tq}, DType::f64);
-      attention_forward(o2, l2, q, k, v, o);
-      return dot(o2, R);
-    };
-    std::mt19937_64 g(8);
-    for (auto [x, dx, name] : {std::tuple{q, dq, "dq"}, {k, dk, "dk"}, {v, dv, "dv"}})
-      for (int rep = 0; rep < 8; ++rep) {
-        int64_t i = int64_t(g() % uint64_t(x.numel()));
-        double old = x.at<double>(i);
-        x.at<double>(i) = old + 1e-6;
-        double lp = loss();
-        x.at<double>(i) = old - 1e-6;
-        double lm = loss();
-        x.at<double>(i) = old;
-        double num = (lp - lm) / 2e-6, an = dx.at<double>(i);
-        INFO(name << "[" << i << "] analytic " << an << " numeric " << num);
-        CHECK(std::abs(an - num) <= 1e-6 * std::max(1.0, std::abs(num)));
-      }
-    for (int64_t i = 0; i < dq.numel(); ++i) REQUIRE(!std::isnan(dq.at<double>(i)));
-    if (o.k_pos0 == 10) {  // queries 0..9 see nothing: output 0, lse -inf, no gradient
-      for (int64_t c = 0; c < hd; ++c) CHECK(out.at<double>(c) == 0.0);
-      CHECK(std::isinf(lse.at<double>(0)));
-      for (int64_t c = 0; c < hd; ++c) CHECK(dq.at<double>(c) == 0.0);
-    }
-    // accumulate = true adds to dk and dv; dq is overwritten.
-    Tensor dk2 = dk.clone(), dv2 = dv.clone(), dq2 = empty(q.shape(), DType::f64);
-    attention_backward(dq2, dk2, dv2, R, q, k, v, out, lse, o, true);
-    for (int64_t i = 0; i < dk.numel(); ++i) CHECK(dk2.at<double>(i) == doctest::Approx(2 * dk.at<double>(i)));
-    CHECK(rel_err(dq2, dq) == 0.0);
-  }
-}
+// ---------------------------------------------------------------- cross-entropy, vocab shards, embedding, AdamW, RoPE
 
 TEST_CASE("kernels: cross-entropy: value, gradient, ignored targets, aliasing, errors") {
   const int64_t N = 7, V = 11;
@@ -254,6 +199,7 @@ TEST_CASE("kernels: embedding shards, out-of-vocabulary tokens, deterministic ba
   CHECK_ERROR_CONTAINS(embedding_forward(full, bad, table, 0, V), "token 11 at position 2 is outside the vocabulary");
   // Backward: the transpose, accumulating; the same bits with 1 and 2 threads.
   Tensor dy = randn_t({N, C}, 12, DType::f32), d1 = zeros({V, C}, DType::f32), d2 = zeros({V, C}, DType::f32);
+  ThreadCount keep;
   set_cpu_threads(1);
   embedding_backward(d1, dy, tokens, 0);
   set_cpu_threads(2);
@@ -268,7 +214,6 @@ TEST_CASE("kernels: embedding shards, out-of-vocabulary tokens, deterministic ba
   double s1 = sum_squares(x);
   set_cpu_threads(2);
   CHECK(s1 == sum_squares(x));
-  set_cpu_threads(1);
 }
 
 TEST_CASE("kernels: AdamW follows torch.optim.AdamW's formula; RoPE rotates pairs") {
@@ -309,4 +254,528 @@ TEST_CASE("kernels: AdamW follows torch.optim.AdamW's formula; RoPE rotates pair
   Tensor r = randn_t(x.shape(), 15), dx = empty(x.shape(), DType::f64);
   rope_backward(dx, r, cs, sn);
   CHECK(dot(y, r) == doctest::Approx(dot(x, dx)).epsilon(1e-12));
+}
+
+// ---------------------------------------------------------------- matmul
+
+namespace {
+std::vector<double> ref_matmul(const Tensor& inp, const Tensor& w) {
+  int64_t N = inp.size(0), C = inp.size(1), OC = w.size(0);
+  std::vector<double> x = to_f64(inp), wv = to_f64(w), y(size_t(N * OC), 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o) {
+      double s = 0;
+      for (int64_t c = 0; c < C; ++c) s += x[size_t(n * C + c)] * wv[size_t(o * C + c)];
+      y[size_t(n * OC + o)] = s;
+    }
+  return y;
+}
+}  // namespace
+
+TEST_CASE("kernels: matmul forward against a naive product, f32 and f64, accumulate") {
+  const int64_t N = 7, C = 13, OC = 5;
+  for (DType dt : {DType::f64, DType::f32}) {
+    CAPTURE(dtype_name(dt));
+    Tensor x = rand_tensor({N, C}, dt, 1), w = rand_tensor({OC, C}, dt, 2), y = empty({N, OC}, dt);
+    matmul_forward(y, x, w);
+    std::vector<double> want = ref_matmul(x, w);
+    check_close(to_f64(y), want, dt == DType::f64 ? 1e-12 : 1e-5, "matmul");
+    matmul_forward(y, x, w, /*accumulate=*/true);
+    for (double& v : want) v *= 2;
+    check_close(to_f64(y), want, dt == DType::f64 ? 1e-12 : 1e-5, "matmul accumulate");
+  }
+}
+
+TEST_CASE("kernels: matmul backward against finite differences; dweight accumulates") {
+  const int64_t N = 7, C = 13, OC = 5;
+  const DType dt = DType::f64;
+  Tensor x = rand_tensor({N, C}, dt, 3), w = rand_tensor({OC, C}, dt, 4), R = rand_tensor({N, OC}, dt, 5);
+  Tensor y = empty({N, OC}, dt);
+  auto loss = [&] {
+    matmul_forward(y, x, w);
+    return dot(y, R);
+  };
+  Tensor dx = empty({N, C}, dt), dw = zeros({OC, C}, dt);
+  matmul_backward(dx, dw, R, x, w);
+  check_gradient(x, to_f64(dx), loss, "dinp");
+  check_gradient(w, to_f64(dw), loss, "dweight");
+  // A second call adds to dweight and overwrites dinp.
+  std::vector<double> dw1 = to_f64(dw), dx1 = to_f64(dx);
+  matmul_backward(dx, dw, R, x, w);
+  for (double& v : dw1) v *= 2;
+  check_close(to_f64(dw), dw1, 1e-12, "dweight twice");
+  check_close(to_f64(dx), dx1, 1e-12, "dinp overwritten");
+  // Either gradient may be skipped.
+  Tensor dw2 = zeros({OC, C}, dt);
+  matmul_backward(Tensor(), dw2, R, x, w);
+  std::vector<double> half = to_f64(dw);
+  for (double& v : half) v /= 2;
+  check_close(to_f64(dw2), half, 1e-12, "only dweight");
+  Tensor dx2 = empty({N, C}, dt);
+  matmul_backward(dx2, Tensor(), R, Tensor(), w);
+  check_close(to_f64(dx2), dx1, 1e-12, "only dinp");
+}
+
+TEST_CASE("kernels: matmul checks shapes and dtypes") {
+  Tensor x = rand_tensor({7, 13}, DType::f32, 1), w = rand_tensor({5, 12}, DType::f32, 2);
+  CHECK_ERROR_CONTAINS(matmul_forward(empty({7, 5}, DType::f32), x, w), "[kernels] matmul_forward: inp (7, 13)");
+  CHECK_ERROR_CONTAINS(matmul_forward(empty({7, 5}, DType::f32), x, w), "(5, 12)");
+  Tensor w2 = rand_tensor({5, 13}, DType::f32, 2);
+  CHECK_ERROR_CONTAINS(matmul_forward(empty({7, 6}, DType::f32), x, w2),
+                       "[kernels] matmul_forward: out has shape (7, 6), expected (7, 5)");
+  CHECK_ERROR_CONTAINS(matmul_forward(empty({7, 5}, DType::f64), x, w2), "[kernels] matmul_forward: out is f64");
+  Tensor xb = empty({7, 13}, DType::bf16), wb = empty({5, 13}, DType::bf16);
+  CHECK_ERROR_CONTAINS(matmul_forward(empty({7, 5}, DType::bf16), xb, wb), "inp is bf16; the CPU backend takes f32 or f64");
+  CHECK_ERROR_CONTAINS(matmul_backward(empty({7, 13}, DType::f64), Tensor(), empty({7, 5}, DType::f32), x, w2),
+                       "[kernels] matmul_backward: dinp is f64");
+}
+
+// ---------------------------------------------------------------- rmsnorm
+
+TEST_CASE("kernels: rmsnorm forward against a naive reference") {
+  const int64_t N = 7, C = 13;
+  const double eps = 1e-5;
+  for (DType dt : {DType::f64, DType::f32}) {
+    CAPTURE(dtype_name(dt));
+    Tensor x = rand_tensor({N, C}, dt, 6), w = rand_tensor({C}, dt, 7, 0.5, 1.5);
+    Tensor y = empty({N, C}, dt), rstd = empty({N}, dt);
+    rmsnorm_forward(y, rstd, x, w, eps);
+    std::vector<double> xv = to_f64(x), wv = to_f64(w);
+    std::vector<double> want(static_cast<size_t>(N * C)), want_r(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n) {
+      double ss = 0;
+      for (int64_t c = 0; c < C; ++c) ss += xv[size_t(n * C + c)] * xv[size_t(n * C + c)];
+      double r = 1 / std::sqrt(ss / double(C) + eps);
+      want_r[size_t(n)] = r;
+      for (int64_t c = 0; c < C; ++c) want[size_t(n * C + c)] = xv[size_t(n * C + c)] * r * wv[size_t(c)];
+    }
+    double tol = dt == DType::f64 ? 1e-12 : 1e-5;
+    check_close(to_f64(y), want, tol, "rmsnorm out");
+    check_close(to_f64(rstd), want_r, tol, "rmsnorm rstd");
+  }
+}
+
+TEST_CASE("kernels: rmsnorm backward against finite differences; dweight accumulates") {
+  const int64_t N = 7, C = 13;
+  const DType dt = DType::f64;
+  const double eps = 1e-5;
+  Tensor x = rand_tensor({N, C}, dt, 8), w = rand_tensor({C}, dt, 9, 0.5, 1.5), R = rand_tensor({N, C}, dt, 10);
+  Tensor y = empty({N, C}, dt), rstd = empty({N}, dt);
+  auto loss = [&] {
+    rmsnorm_forward(y, rstd, x, w, eps);
+    return dot(y, R);
+  };
+  loss();
+  Tensor dx = empty({N, C}, dt), dw = zeros({C}, dt);
+  rmsnorm_backward(dx, dw, R, x, w, rstd);
+  check_gradient(x, to_f64(dx), loss, "rmsnorm dinp");
+  check_gradient(w, to_f64(dw), loss, "rmsnorm dweight");
+  std::vector<double> twice = to_f64(dw);
+  for (double& v : twice) v *= 2;
+  loss();
+  rmsnorm_backward(dx, dw, R, x, w, rstd);
+  check_close(to_f64(dw), twice, 1e-12, "rmsnorm dweight twice");
+  CHECK_ERROR_CONTAINS(rmsnorm_forward(y, empty({N + 1}, dt), x, w, eps),
+                       "[kernels] rmsnorm_forward: rstd has shape (8,), expected (7,)");
+}
+
+// ---------------------------------------------------------------- rope
+
+namespace {
+// Hugging Face's tables in precision T (inv_freq and angle in T, as the reference script does).
+template <typename T> std::vector<double> ref_rope_table(const std::vector<int64_t>& pos, int64_t hd, double theta,
+                                                         bool want_sin) {
+  std::vector<double> out(pos.size() * size_t(hd));
+  for (size_t p = 0; p < pos.size(); ++p)
+    for (int64_t i = 0; i < hd / 2; ++i) {
+      T inv = T(1) / T(std::pow(T(theta), T(2 * i) / T(hd)));
+      T ang = T(pos[p]) * inv;
+      double v = want_sin ? std::sin(double(ang)) : std::cos(double(ang));
+      out[p * size_t(hd) + size_t(i)] = out[p * size_t(hd) + size_t(i + hd / 2)] = double(T(v));
+    }
+  return out;
+}
+
+std::vector<double> ref_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  int64_t B = x.size(0), T = x.size(1), H = x.size(2), hd = x.size(3), half = hd / 2;
+  std::vector<double> xv = to_f64(x), c = to_f64(cos), s = to_f64(sin), y(xv.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        size_t o = size_t(((b * T + t) * H + h) * hd);
+        for (int64_t i = 0; i < hd; ++i) {
+          double rot = i < half ? -xv[o + size_t(i + half)] : xv[o + size_t(i - half)];
+          y[o + size_t(i)] = xv[o + size_t(i)] * c[size_t(t * hd + i)] + rot * s[size_t(t * hd + i)];
+        }
+      }
+  return y;
+}
+
+Tensor positions_tensor(const std::vector<int64_t>& pos) {
+  std::vector<double> v(pos.begin(), pos.end());
+  return from_values(v, {int64_t(pos.size())}, DType::i64);
+}
+}  // namespace
+
+TEST_CASE("kernels: rope tables and forward against a naive reference; in place") {
+  const int64_t B = 2, T = 5, H = 3, hd = 6;
+  const std::vector<int64_t> pos = {0, 1, 2, 7, 300};
+  for (DType dt : {DType::f64, DType::f32}) {
+    CAPTURE(dtype_name(dt));
+    Tensor cos = empty({T, hd}, dt), sin = empty({T, hd}, dt);
+    rope_tables(cos, sin, positions_tensor(pos), 10000.0);
+    double tol = dt == DType::f64 ? 1e-12 : 1e-6;
+    if (dt == DType::f64) {
+      check_close(to_f64(cos), ref_rope_table<double>(pos, hd, 10000.0, false), tol, "cos");
+      check_close(to_f64(sin), ref_rope_table<double>(pos, hd, 10000.0, true), tol, "sin");
+    } else {
+      check_close(to_f64(cos), ref_rope_table<float>(pos, hd, 10000.0, false), tol, "cos");
+      check_close(to_f64(sin), ref_rope_table<float>(pos, hd, 10000.0, true), tol, "sin");
+    }
+    // Position 0 is angle 0; position 1 at frequency 0 is angle 1: values checked by hand.
+    CHECK(to_f64(cos)[0] == 1.0);
+    CHECK(to_f64(sin)[size_t(hd)] == doctest::Approx(std::sin(1.0)).epsilon(1e-7));
+    Tensor x = rand_tensor({B, T, H, hd}, dt, 11), y = empty({B, T, H, hd}, dt);
+    rope_forward(y, x, cos, sin);
+    std::vector<double> want = ref_rope(x, cos, sin);
+    check_close(to_f64(y), want, dt == DType::f64 ? 1e-12 : 1e-5, "rope out");
+    Tensor xi = x.clone();
+    rope_forward(xi, xi, cos, sin);  // aliasing
+    check_close(to_f64(xi), to_f64(y), 0, "rope in place");
+  }
+}
+
+TEST_CASE("kernels: rope backward against finite differences; in place") {
+  const int64_t B = 2, T = 5, H = 3, hd = 6;
+  const DType dt = DType::f64;
+  Tensor cos = empty({T, hd}, dt), sin = empty({T, hd}, dt);
+  rope_tables(cos, sin, positions_tensor({3, 4, 5, 6, 7}), 500.0);
+  Tensor x = rand_tensor({B, T, H, hd}, dt, 12), R = rand_tensor({B, T, H, hd}, dt, 13), y = empty(x.shape(), dt);
+  auto loss = [&] {
+    rope_forward(y, x, cos, sin);
+    return dot(y, R);
+  };
+  Tensor dx = empty(x.shape(), dt);
+  rope_backward(dx, R, cos, sin);
+  check_gradient(x, to_f64(dx), loss, "rope dinp");
+  Tensor di = R.clone();
+  rope_backward(di, di, cos, sin);
+  check_close(to_f64(di), to_f64(dx), 0, "rope backward in place");
+  CHECK_ERROR_CONTAINS(rope_forward(y, x, empty({T + 1, hd}, dt), sin),
+                       "[kernels] rope_forward: cos has shape (6, 6), expected (5, 6)");
+  CHECK_ERROR_CONTAINS(rope_tables(empty({2, 5}, dt), empty({2, 5}, dt), positions_tensor({0, 1}), 1e4),
+                       "[kernels] rope_tables: cos must be (P, hd) with an even hd, got (2, 5)");
+}
+
+// ---------------------------------------------------------------- swiglu
+
+TEST_CASE("kernels: swiglu forward against a naive reference and backward against finite differences") {
+  const int64_t N = 7, F = 13;
+  for (DType dt : {DType::f64, DType::f32}) {
+    CAPTURE(dtype_name(dt));
+    Tensor g = rand_tensor({N, F}, dt, 14, -4, 4), u = rand_tensor({N, F}, dt, 15), y = empty({N, F}, dt);
+    swiglu_forward(y, g, u);
+    std::vector<double> gv = to_f64(g), uv = to_f64(u), want(gv.size());
+    for (size_t i = 0; i < gv.size(); ++i) want[i] = gv[i] / (1 + std::exp(-gv[i])) * uv[i];
+    check_close(to_f64(y), want, dt == DType::f64 ? 1e-12 : 1e-5, "swiglu");
+  }
+  const DType dt = DType::f64;
+  Tensor g = rand_tensor({N, F}, dt, 16, -4, 4), u = rand_tensor({N, F}, dt, 17), R = rand_tensor({N, F}, dt, 18);
+  Tensor y = empty({N, F}, dt), dg = empty({N, F}, dt), du = empty({N, F}, dt);
+  auto loss = [&] {
+    swiglu_forward(y, g, u);
+    return dot(y, R);
+  };
+  swiglu_backward(dg, du, R, g, u);
+  check_gradient(g, to_f64(dg), loss, "swiglu dgate");
+  check_gradient(u, to_f64(du), loss, "swiglu dup");
+  CHECK_ERROR_CONTAINS(swiglu_forward(y, g, empty({N, F + 1}, dt)),
+                       "[kernels] swiglu_forward: up has shape (7, 14), expected (7, 13)");
+}
+
+// ---------------------------------------------------------------- embedding
+
+TEST_CASE("kernels: embedding forward with a vocab shard; out-of-shard tokens give zeros; bad tokens") {
+  const int64_t V = 11, C = 13, row_begin = 4, V_local = 5;  // this shard holds rows [4, 9)
+  const std::vector<int32_t> toks = {0, 4, 8, 9, 5, 10, 4};
+  for (DType dt : {DType::f64, DType::f32}) {
+    Tensor table = rand_tensor({V_local, C}, dt, 19), out = rand_tensor({7, C}, dt, 20);
+    embedding_forward(out, tokens_tensor(toks), table, row_begin, V);
+    std::vector<double> tv = to_f64(table), want(size_t(7 * C), 0.0);
+    for (size_t n = 0; n < toks.size(); ++n) {
+      int64_t r = toks[n] - row_begin;
+      if (r >= 0 && r < V_local)
+        for (int64_t c = 0; c < C; ++c) want[n * size_t(C) + size_t(c)] = tv[size_t(r * C + c)];
+    }
+    check_close(to_f64(out), want, 0, "embedding");
+    // Summing the shards' outputs gives the full lookup: the other rows come from other shards.
+    CHECK(to_f64(out)[0] == 0);
+  }
+  Tensor table = rand_tensor({V_local, C}, DType::f32, 21), out = empty({7, C}, DType::f32);
+  CHECK_ERROR_CONTAINS(embedding_forward(out, tokens_tensor({0, 1, 2, 11, 0, 0, 0}), table, row_begin, V),
+                       "[kernels] embedding_forward: token 11 at position 3 is outside the vocabulary [0, 11)");
+  CHECK_ERROR_CONTAINS(embedding_forward(out, tokens_tensor({0, 1, 2, 3, -1, 0, 0}), table, row_begin, V),
+                       "token -1 at position 4");
+  CHECK_ERROR_CONTAINS(embedding_forward(out, tokens_tensor({0, 1}), table, row_begin, V),
+                       "[kernels] embedding_forward: out has shape (7, 13), expected (2, 13)");
+}
+
+TEST_CASE("kernels: embedding backward scatters in order, accumulates, matches finite differences") {
+  const int64_t C = 13, row_begin = 2, V_local = 6;
+  const std::vector<int32_t> toks = {2, 3, 2, 9, 7, 0, 2};  // repeats; 9 and 0 are outside the shard
+  const DType dt = DType::f64;
+  Tensor table = rand_tensor({V_local, C}, dt, 22), R = rand_tensor({7, C}, dt, 23), out = empty({7, C}, dt);
+  Tensor tk = tokens_tensor(toks);
+  auto loss = [&] {
+    embedding_forward(out, tk, table, row_begin, 10);
+    return dot(out, R);
+  };
+  Tensor dtab = zeros({V_local, C}, dt);
+  embedding_backward(dtab, R, tk, row_begin);
+  check_gradient(table, to_f64(dtab), loss, "embedding dtable");
+  std::vector<double> twice = to_f64(dtab);
+  for (double& v : twice) v *= 2;
+  embedding_backward(dtab, R, tk, row_begin);
+  check_close(to_f64(dtab), twice, 1e-15, "embedding dtable twice");
+  // f32: same result for any thread count (fixed order per row).
+  ThreadCount keep;
+  Tensor big_tok = empty({1000}, DType::i32);
+  for (int64_t i = 0; i < 1000; ++i) big_tok.at<int32_t>(i) = int32_t((i * 7) % 37);
+  Tensor dy = rand_tensor({1000, 70}, DType::f32, 24);
+  Tensor a = zeros({37, 70}, DType::f32), b = zeros({37, 70}, DType::f32);
+  set_cpu_threads(1);
+  embedding_backward(a, dy, big_tok);
+  set_cpu_threads(2);
+  embedding_backward(b, dy, big_tok);
+  CHECK(equal(a, b));
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+namespace {
+// Losses and d(sum losses * grad_scale)/dlogits of a naive softmax in f64.
+void ref_cross_entropy(const Tensor& logits, const std::vector<int32_t>& tg, double grad_scale, std::vector<double>& loss,
+                       std::vector<double>& grad) {
+  int64_t N = logits.size(0), V = logits.size(1);
+  std::vector<double> x = to_f64(logits);
+  loss.assign(size_t(N), 0.0);
+  grad.assign(size_t(N * V), 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    if (tg[size_t(n)] < 0) continue;
+    double mx = -INFINITY, se = 0;
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, x[size_t(n * V + v)]);
+    for (int64_t v = 0; v < V; ++v) se += std::exp(x[size_t(n * V + v)] - mx);
+    double lse = mx + std::log(se);
+    loss[size_t(n)] = lse - x[size_t(n * V + tg[size_t(n)])];
+    for (int64_t v = 0; v < V; ++v)
+      grad[size_t(n * V + v)] = (std::exp(x[size_t(n * V + v)] - lse) - (v == tg[size_t(n)] ? 1 : 0)) * grad_scale;
+  }
+}
+}  // namespace
+
+TEST_CASE("kernels: cross-entropy losses and gradient; ignored targets; dlogits aliasing logits") {
+  const int64_t N = 7, V = 13;
+  const std::vector<int32_t> tg = {3, -1, 0, 12, 5, -100, 7};
+  const double gs = 1.0 / 5;
+  for (DType dt : {DType::f64, DType::f32}) {
+    CAPTURE(dtype_name(dt));
+    Tensor logits = rand_tensor({N, V}, dt, 25, -5, 5), losses = empty({N}, dt), dl = empty({N, V}, dt);
+    std::vector<double> want_l, want_g;
+    ref_cross_entropy(logits, tg, gs, want_l, want_g);
+    cross_entropy_forward_backward(losses, dl, logits, tokens_tensor(tg), gs);
+    double tol = dt == DType::f64 ? 1e-12 : 1e-5;
+    check_close(to_f64(losses), want_l, tol, "ce losses");
+    check_close(to_f64(dl), want_g, tol, "ce dlogits");
+    CHECK(to_f64(losses)[1] == 0);
+    // Loss only.
+    Tensor l2 = empty({N}, dt);
+    cross_entropy_forward_backward(l2, Tensor(), logits, tokens_tensor(tg), gs);
+    check_close(to_f64(l2), to_f64(losses), 0, "ce loss only");
+    // In place: the logits become their gradient.
+    Tensor alias = logits.clone();
+    cross_entropy_forward_backward(l2, alias, alias, tokens_tensor(tg), gs);
+    check_close(to_f64(alias), to_f64(dl), 0, "ce in place");
+    check_close(to_f64(l2), to_f64(losses), 0, "ce in place losses");
+  }
+  // Finite differences of sum(losses) * grad_scale.
+  const DType dt = DType::f64;
+  Tensor logits = rand_tensor({N, V}, dt, 26, -3, 3), losses = empty({N}, dt), dl = empty({N, V}, dt);
+  Tensor tt = tokens_tensor(tg);
+  cross_entropy_forward_backward(losses, dl, logits, tt, gs);
+  auto loss = [&] {
+    Tensor l = empty({N}, dt);
+    cross_entropy_forward_backward(l, Tensor(), logits, tt, gs);
+    return sum(l) * gs;
+  };
+  check_gradient(logits, to_f64(dl), loss, "ce dlogits");
+  CHECK_ERROR_CONTAINS(cross_entropy_forward_backward(losses, dl, logits, tokens_tensor({0, 1, 13, 0, 0, 0, 0}), gs),
+                       "[kernels] cross_entropy: target 13 at position 2 is >= the vocabulary size 13");
+}
+
+TEST_CASE("kernels: vocab-parallel cross-entropy pieces add up to the full loss") {
+  const int64_t N = 7, V = 13;
+  const std::vector<int32_t> tg = {3, -1, 0, 12, 5, 6, 7};
+  const double gs = 0.5;
+  const DType dt = DType::f64;
+  Tensor logits = rand_tensor({N, V}, dt, 27, -5, 5), tt = tokens_tensor(tg);
+  std::vector<double> want_l, want_g;
+  ref_cross_entropy(logits, tg, gs, want_l, want_g);
+  const std::vector<int64_t> cuts = {0, 5, 6, 13};  // three shards, one of a single column
+  std::vector<Tensor> shards;
+  for (size_t s = 0; s + 1 < cuts.size(); ++s) {
+    Tensor sh = empty({N, cuts[s + 1] - cuts[s]}, dt);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t v = cuts[s]; v < cuts[s + 1]; ++v)
+        sh.at<double>(n * sh.size(1) + v - cuts[s]) = logits.at<double>(n * V + v);
+    shards.push_back(sh);
+  }
+  // The all-reduces (max, then sums), done by hand.
+  std::vector<double> gmax(size_t(N), -INFINITY), gse(size_t(N), 0), gtl(size_t(N), 0);
+  for (auto& sh : shards) {
+    Tensor m = empty({N}, DType::f64);
+    vocab_shard_max(m, sh);
+    for (int64_t n = 0; n < N; ++n) gmax[size_t(n)] = std::max(gmax[size_t(n)], m.at<double>(n));
+  }
+  Tensor row_max = from_values(gmax, {N}, DType::f64);
+  for (size_t s = 0; s < shards.size(); ++s) {
+    Tensor se = empty({N}, DType::f64), tl = empty({N}, DType::f64);
+    vocab_shard_sumexp(se, tl, shards[s], tt, row_max, cuts[s]);
+    for (int64_t n = 0; n < N; ++n) {
+      gse[size_t(n)] += se.at<double>(n);
+      gtl[size_t(n)] += tl.at<double>(n);
+    }
+  }
+  Tensor sumexp = from_values(gse, {N}, DType::f64), target_logit = from_values(gtl, {N}, DType::f64);
+  for (size_t s = 0; s < shards.size(); ++s) {
+    Tensor losses = empty({N}, dt);
+    Tensor sh = shards[s].clone();
+    vocab_shard_loss(losses, sh, sh, tt, row_max, sumexp, target_logit, cuts[s], gs);  // dlogits aliasing logits
+    check_close(to_f64(losses), want_l, 1e-12, "shard losses");
+    int64_t w = cuts[s + 1] - cuts[s];
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t v = 0; v < w; ++v)
+        CHECK(sh.at<double>(n * w + v) == doctest::Approx(want_g[size_t(n * V + cuts[s] + v)]).epsilon(1e-12));
+  }
+  CHECK_ERROR_CONTAINS(vocab_shard_max(empty({N}, DType::f32), logits), "[kernels] vocab_shard_max: row_max must be (7) f64");
+}
+
+// ---------------------------------------------------------------- element-wise and reductions
+
+TEST_CASE("kernels: add, add_, scale_, sum_squares, sum against naive loops") {
+  for (DType dt : {DType::f64, DType::f32}) {
+    CAPTURE(dtype_name(dt));
+    const int64_t n = 3 * 4096 + 77;  // several reduction chunks and a ragged tail
+    Tensor a = rand_tensor({n}, dt, 28), b = rand_tensor({n}, dt, 29), out = empty({n}, dt);
+    std::vector<double> av = to_f64(a), bv = to_f64(b);
+    std::vector<double> want(av.size());
+    add(out, a, b);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = av[i] + bv[i];
+    double tol = dt == DType::f64 ? 1e-12 : 1e-6;
+    check_close(to_f64(out), want, tol, "add");
+    Tensor c = a.clone();
+    add(c, c, b);  // out aliasing a
+    check_close(to_f64(c), want, tol, "add aliased");
+    Tensor d = a.clone();
+    add_(d, b);
+    check_close(to_f64(d), want, tol, "add_");
+    scale_(d, -0.25);
+    for (double& v : want) v *= -0.25;
+    check_close(to_f64(d), want, tol, "scale_");
+    double ss = 0, s = 0;
+    for (double v : av) {
+      ss += v * v;
+      s += v;
+    }
+    CHECK(sum_squares(a) == doctest::Approx(ss).epsilon(1e-12));
+    CHECK(sum(a) == doctest::Approx(s).epsilon(1e-10));
+    CHECK(sum(a.view(0, {7, 13})) == doctest::Approx(std::accumulate(av.begin(), av.begin() + 91, 0.0)).epsilon(1e-12));
+    CHECK(sum_squares(empty({0}, dt)) == 0);
+    CHECK_ERROR_CONTAINS(add(out, a, empty({n - 1}, dt)), "[kernels] add: b has shape");
+  }
+}
+
+TEST_CASE("kernels: sums give the same bits for any thread count") {
+  ThreadCount keep;
+  Tensor a = rand_tensor({100003}, DType::f32, 30);
+  set_cpu_threads(1);
+  double s1 = sum(a), q1 = sum_squares(a);
+  set_cpu_threads(2);
+  CHECK(cpu_threads() == 2);
+  double s2 = sum(a), q2 = sum_squares(a);
+  CHECK(s1 == s2);
+  CHECK(q1 == q2);
+}
+
+// ---------------------------------------------------------------- AdamW
+
+TEST_CASE("kernels: adamw follows torch.optim.AdamW for two steps") {
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  for (DType dt : {DType::f64, DType::f32}) {
+    CAPTURE(dtype_name(dt));
+    const int64_t n = 13;
+    Tensor p = rand_tensor({n}, dt, 31), m = zeros({n}, dt), v = zeros({n}, dt);
+    Tensor g1 = rand_tensor({n}, dt, 32), g2 = rand_tensor({n}, dt, 33);
+    std::vector<double> P = to_f64(p), M(size_t(n), 0.0), Vv(size_t(n), 0.0);
+    for (int step = 1; step <= 2; ++step) {
+      std::vector<double> G = to_f64(step == 1 ? g1 : g2);
+      for (int64_t i = 0; i < n; ++i) {
+        size_t k = size_t(i);
+        P[k] -= lr * wd * P[k];  // decoupled weight decay first
+        M[k] = b1 * M[k] + (1 - b1) * G[k];
+        Vv[k] = b2 * Vv[k] + (1 - b2) * G[k] * G[k];
+        double mhat = M[k] / (1 - std::pow(b1, step)), vhat = Vv[k] / (1 - std::pow(b2, step));
+        P[k] -= lr * mhat / (std::sqrt(vhat) + eps);
+      }
+      adamw_step(p, step == 1 ? g1 : g2, m, v, lr, b1, b2, eps, wd, step);
+    }
+    double tol = dt == DType::f64 ? 1e-12 : 1e-6;
+    check_close(to_f64(p), P, tol, "adamw param");
+    check_close(to_f64(m), M, tol, "adamw m");
+    check_close(to_f64(v), Vv, tol, "adamw v");
+  }
+  Tensor p = rand_tensor({5}, DType::f32, 34);
+  CHECK_ERROR_CONTAINS(adamw_step(p, p, zeros({5}, DType::f32), zeros({5}, DType::f32), 1e-3, 0.9, 0.95, 1e-8, 0, 0),
+                       "[kernels] adamw_step: step is 1-based, got 0");
+  CHECK_ERROR_CONTAINS(adamw_step(p, p, zeros({5}, DType::f64), zeros({5}, DType::f64), 1e-3, 0.9, 0.95, 1e-8, 0, 1),
+                       "[kernels] adamw_step: optimizer state is f64 but the parameter is f32");
+}
+
+// ---------------------------------------------------------------- threads
+
+TEST_CASE("kernels: f32 results do not depend on the thread count") {
+  ThreadCount keep;
+  const int64_t N = 257, C = 96, OC = 130;
+  Tensor x = rand_tensor({N, C}, DType::f32, 35), w = rand_tensor({OC, C}, DType::f32, 36);
+  Tensor nw = rand_tensor({C}, DType::f32, 37), dy = rand_tensor({N, OC}, DType::f32, 38);
+  Tensor dyn = rand_tensor({N, C}, DType::f32, 39);
+  auto run = [&](int threads) {
+    set_cpu_threads(threads);
+    std::vector<std::vector<double>> r;
+    Tensor y = empty({N, OC}, DType::f32), dx = empty({N, C}, DType::f32), dw = zeros({OC, C}, DType::f32);
+    matmul_forward(y, x, w);
+    matmul_backward(dx, dw, dy, x, w);
+    Tensor o = empty({N, C}, DType::f32), rs = empty({N}, DType::f32), dxn = empty({N, C}, DType::f32);
+    Tensor dwn = zeros({C}, DType::f32);
+    rmsnorm_forward(o, rs, x, nw, 1e-5);
+    rmsnorm_backward(dxn, dwn, dyn, x, nw, rs);
+    Tensor losses = empty({N}, DType::f32), dl = empty({N, OC}, DType::f32);
+    Tensor tg = empty({N}, DType::i32);
+    for (int64_t i = 0; i < N; ++i) tg.at<int32_t>(i) = int32_t((i * 13) % OC);
+    cross_entropy_forward_backward(losses, dl, y, tg, 0.01);
+    for (const Tensor& t : {y, dx, dw, o, rs, dxn, dwn, losses, dl}) r.push_back(to_f64(t));
+    return r;
+  };
+  auto one = run(1), two = run(2);
+  for (size_t i = 0; i < one.size(); ++i) {
+    CAPTURE(i);
+    check_close(two[i], one[i], 1e-6, "1 vs 2 threads");
+  }
+  // rmsnorm's dweight is deterministic whatever the thread count.
+  CHECK(one[6] == two[6]);
+}
+
+TEST_CASE("kernels: CPU kernels reject other dtypes") {
+  Tensor a = empty({4}, DType::i32);
+  CHECK_ERROR_CONTAINS(sum(a), "[kernels] sum: t is i32; the CPU backend takes f32 or f64");
+  CHECK_ERROR_CONTAINS(scale_(empty({3}, DType::bf16), 2.0), "[kernels] scale_: t is bf16");
 }

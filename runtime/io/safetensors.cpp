@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -61,6 +63,9 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   uint64_t offset = 0;
   for (auto& nt : tensors) {
     MT_CHECK(!nt.tensor.device().is_cuda(), "checkpoint", "{}: tensor '{}' must be on the host", path, nt.name);
+    MT_CHECK(nt.name != "__metadata__" && !nt.name.empty(), "checkpoint", "{}: '{}' is not a valid tensor name", path,
+             nt.name);
+    MT_CHECK(nt.tensor.defined(), "checkpoint", "{}: tensor '{}' is undefined", path, nt.name);
     MT_CHECK(!header.contains(nt.name), "checkpoint", "{}: tensor '{}' given twice", path, nt.name);
     uint64_t n = nt.tensor.nbytes();
     header[nt.name] = {{"dtype", st_dtype(nt.tensor.dtype())}, {"shape", nt.tensor.shape()}, {"data_offsets", {offset, offset + n}}};
@@ -76,11 +81,22 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   for (auto& nt : tensors)
     if (ok && nt.tensor.nbytes()) ok = std::fwrite(nt.tensor.data_ptr(), 1, nt.tensor.nbytes(), f) == nt.tensor.nbytes();
   ok = ok && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-  ok = (std::fclose(f) == 0) && ok;
-  MT_CHECK(ok, "checkpoint", "cannot write {} (disk full?)", tmp);
+  int err = ok ? 0 : errno;
+  if (std::fclose(f) != 0 && ok) ok = false, err = errno;
   std::error_code ec;
+  if (!ok) {
+    std::filesystem::remove(tmp, ec);
+    fail("checkpoint", "cannot write {}: {} (disk full?)", tmp, std::strerror(err));
+  }
   std::filesystem::rename(tmp, path, ec);
   MT_CHECK(!ec, "checkpoint", "cannot rename {} to {}: {}", tmp, path, ec.message());
+  // The rename itself is durable once the directory is synced.
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    (void)::fsync(dfd);
+    ::close(dfd);
+  }
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {
@@ -89,72 +105,118 @@ SafetensorsFile read_safetensors(const std::string& path) {
   uint64_t size = std::filesystem::file_size(path, ec);
   std::ifstream f(path, std::ios::binary);
   MT_CHECK(f.good() && !ec, "checkpoint", "{}: cannot open", path);
-  MT_CHECK(size >= 8, "checkpoint", "{}: {} bytes is too short for a safetensors header", path, size);
-  uint64_t hl = 0;
+  MT_CHECK(size >= 8, "checkpoint", "{}: {} bytes is too short for the 8-byte header length (truncated file?)", path,
+           size);
+  uint64_t hl = 0;  // little-endian on every host this builds for
   f.read(reinterpret_cast<char*>(&hl), 8);
-  MT_CHECK(hl <= size - 8, "checkpoint", "{}: header length {} exceeds the file size {}", path, hl, size);
+  MT_CHECK(hl <= size - 8, "checkpoint", "{}: header length {} exceeds file size {} (corrupted header length?)", path,
+           hl, size);
   std::string h(hl, '\0');
   f.read(h.data(), std::streamsize(hl));
+  MT_CHECK(f.good(), "checkpoint", "{}: cannot read the {}-byte header", path, hl);
   json header;
   try {
     header = json::parse(h);
   } catch (const json::exception& e) {
-    fail("checkpoint", "{}: the header is not valid JSON ({})", path, e.what());
+    fail("checkpoint", "{}: header is not valid JSON ({})", path, e.what());
   }
-  MT_CHECK(header.is_object(), "checkpoint", "{}: the header is not a JSON object", path);
+  MT_CHECK(header.is_object(), "checkpoint", "{}: header is not a JSON object", path);
   const uint64_t data_size = size - 8 - hl;
+
+  struct Entry {
+    std::string name, dt;
+    Shape shape;
+    DType dtype;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
   SafetensorsFile out;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     if (name == "__metadata__") {
-      if (it->is_object())
-        for (auto m = it->begin(); m != it->end(); ++m)
-          if (m->is_string()) out.metadata[m.key()] = m->get<std::string>();
+      MT_CHECK(it->is_object(), "checkpoint", "{}: __metadata__ is not a JSON object", path);
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        MT_CHECK(m->is_string(), "checkpoint", "{}: __metadata__ value '{}' is not a string", path, m.key());
+        out.metadata[m.key()] = m->get<std::string>();
+      }
       continue;
     }
     const json& e = *it;
     MT_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"), "checkpoint",
              "{}: tensor '{}': expected dtype, shape and data_offsets", path, name);
-    Shape shape;
-    uint64_t begin = 0, end = 0;
-    std::string dt;
+    Entry en{name, "", {}, DType::f32, 0, 0};
     try {
-      dt = e["dtype"].get<std::string>();
-      shape = e["shape"].get<Shape>();
-      begin = e["data_offsets"].at(0).get<uint64_t>();
-      end = e["data_offsets"].at(1).get<uint64_t>();
+      en.dt = e["dtype"].get<std::string>();
+      en.shape = e["shape"].get<Shape>();
+      const json& off = e["data_offsets"];
+      MT_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+               "checkpoint", "{}: tensor '{}': data_offsets {} is not a pair of byte offsets", path, name, off.dump());
+      en.begin = off[0].get<uint64_t>();
+      en.end = off[1].get<uint64_t>();
     } catch (const json::exception& x) {
       fail("checkpoint", "{}: tensor '{}': bad entry ({})", path, name, x.what());
     }
-    DType dtype;
-    size_t esize;
-    if (dt == "F32") dtype = DType::f32, esize = 4;
-    else if (dt == "BF16") dtype = DType::bf16, esize = 2;
-    else if (dt == "F16") dtype = DType::f32, esize = 2;  // converted on read
-    else if (dt == "F64") dtype = DType::f64, esize = 8;
-    else if (dt == "I32") dtype = DType::i32, esize = 4;
-    else if (dt == "I64") dtype = DType::i64, esize = 8;
-    else if (dt == "U16") dtype = DType::u16, esize = 2;
-    else fail("checkpoint", "{}: tensor '{}' has unsupported dtype {}", path, name, dt);
-    for (int64_t s : shape) MT_CHECK(s >= 0, "checkpoint", "{}: tensor '{}' has a negative size", path, name);
-    MT_CHECK(begin <= end && end <= data_size, "checkpoint",
-             "{}: tensor '{}' data_offsets [{}, {}] outside the {} data bytes (truncated file?)", path, name, begin, end,
-             data_size);
-    uint64_t want = uint64_t(shape_numel(shape)) * esize;
-    MT_CHECK(end - begin == want, "checkpoint", "{}: tensor '{}' of {} {} needs {} bytes, data_offsets give {}", path,
-             name, dt, shape_str(shape), want, end - begin);
-    Tensor t = empty(shape, dtype);
-    f.seekg(std::streamoff(8 + hl + begin));
-    if (dt == "F16") {
-      std::vector<uint16_t> raw(size_t(shape_numel(shape)));
-      f.read(reinterpret_cast<char*>(raw.data()), std::streamsize(want));
-      float* d = t.data<float>();
-      for (size_t i = 0; i < raw.size(); ++i) d[i] = half_to_float(raw[i]);
-    } else if (want) {
-      f.read(static_cast<char*>(t.data_ptr()), std::streamsize(want));
+    size_t esize = 0;
+    if (en.dt == "F32") en.dtype = DType::f32, esize = 4;
+    else if (en.dt == "BF16") en.dtype = DType::bf16, esize = 2;
+    else if (en.dt == "F16") en.dtype = DType::f32, esize = 2;  // converted to f32 on read
+    else if (en.dt == "F64") en.dtype = DType::f64, esize = 8;
+    else if (en.dt == "I32") en.dtype = DType::i32, esize = 4;
+    else if (en.dt == "I64") en.dtype = DType::i64, esize = 8;
+    else if (en.dt == "U16") en.dtype = DType::u16, esize = 2;
+    else
+      fail("checkpoint", "{}: tensor '{}' has unknown dtype '{}' (expected F32, BF16, F16, F64, I32 or I64)", path,
+           name, en.dt);
+    uint64_t want = esize;
+    for (int64_t d : en.shape) {
+      MT_CHECK(d >= 0, "checkpoint", "{}: tensor '{}' has a negative size in shape {}", path, name, shape_str(en.shape));
+      MT_CHECK(!__builtin_mul_overflow(want, uint64_t(d), &want), "checkpoint", "{}: tensor '{}' shape {} is too large",
+               path, name, shape_str(en.shape));
     }
-    MT_CHECK(f.good(), "checkpoint", "{}: cannot read tensor '{}'", path, name);
-    out.tensors[name] = t;
+    MT_CHECK(en.begin <= en.end && en.end <= data_size, "checkpoint",
+             "{}: tensor '{}' data_offsets [{}, {}] out of range of the {} data bytes (truncated file?)", path, name,
+             en.begin, en.end, data_size);
+    MT_CHECK(en.end - en.begin == want, "checkpoint",
+             "{}: tensor '{}' of {} {} needs {} bytes, data_offsets [{}, {}] give {} (shape/offset size mismatch)", path,
+             name, en.dt, shape_str(en.shape), want, en.begin, en.end, en.end - en.begin);
+    entries.push_back(std::move(en));
+  }
+  // The tensors' byte ranges must tile the data exactly: no overlap, no gap, nothing after the last.
+  std::vector<const Entry*> order;
+  for (const Entry& en : entries) order.push_back(&en);
+  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  uint64_t covered = 0;
+  const Entry* prev = nullptr;
+  for (const Entry* en : order) {
+    if (en->begin < covered)
+      fail("checkpoint", "{}: tensors '{}' [{}, {}] and '{}' [{}, {}] have overlapping data_offsets", path, prev->name,
+           prev->begin, prev->end, en->name, en->begin, en->end);
+    MT_CHECK(en->begin == covered, "checkpoint",
+             "{}: data_offsets do not cover the data: bytes [{}, {}) belong to no tensor (before '{}')", path, covered,
+             en->begin, en->name);
+    covered = en->end;
+    prev = en;
+  }
+  MT_CHECK(covered == data_size, "checkpoint",
+           "{}: data_offsets do not cover the data: the tensors end at byte {} of {} data bytes", path, covered,
+           data_size);
+
+  for (const Entry& en : entries) {
+    Tensor t = empty(en.shape, en.dtype);
+    uint64_t n = en.end - en.begin;
+    f.seekg(std::streamoff(8 + hl + en.begin));
+    if (en.dt == "F16") {
+      std::vector<uint16_t> raw(size_t(t.numel()));
+      if (n) f.read(reinterpret_cast<char*>(raw.data()), std::streamsize(n));
+      float* d = t.numel() ? t.data<float>() : nullptr;
+      for (size_t i = 0; i < raw.size(); ++i) d[i] = half_to_float(raw[i]);
+    } else if (n) {
+      f.read(static_cast<char*>(t.data_ptr()), std::streamsize(n));
+    }
+    MT_CHECK(f.good(), "checkpoint", "{}: cannot read tensor '{}' (truncated file?)", path, en.name);
+    out.tensors[en.name] = t;
   }
   return out;
 }

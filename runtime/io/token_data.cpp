@@ -3,6 +3,8 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -25,17 +27,21 @@ std::vector<std::string> glob_files(const std::string& pattern, const std::strin
 }
 
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-  int32_t header[256] = {};
+  MT_CHECK(tokens.size() <= size_t(INT32_MAX), "data", "{}: {} tokens do not fit a shard's int32 count", path,
+           tokens.size());
+  int32_t header[256] = {};  // little-endian on every host this builds for
   header[0] = kShardMagic;
   header[1] = kShardVersion;
   header[2] = int32_t(tokens.size());
   std::ofstream f(path, std::ios::binary);
+  MT_CHECK(f.is_open(), "data", "cannot create {}: {}", path, std::strerror(errno));
   f.write(reinterpret_cast<const char*>(header), sizeof(header));
   f.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
-  MT_CHECK(f.good(), "data", "cannot write {}", path);
+  f.close();
+  MT_CHECK(!f.fail(), "data", "cannot write {} (disk full?)", path);
 }
 
-TokenStream::TokenStream(const std::string& glob, int64_t vocab_size, const std::string& key) {
+TokenStream::TokenStream(const std::string& glob, int64_t vocab_size, const std::string& key) : key_(key) {
   for (const std::string& path : glob_files(glob, key)) {
     std::error_code ec;
     int64_t size = int64_t(std::filesystem::file_size(path, ec));
@@ -46,37 +52,40 @@ TokenStream::TokenStream(const std::string& glob, int64_t vocab_size, const std:
     f.read(reinterpret_cast<char*>(header), sizeof(header));
     MT_CHECK(f.good(), "data", "{}: cannot read the header", path);
     MT_CHECK(header[0] == kShardMagic, "data", "{}: bad magic {} at offset 0 (expected {})", path, header[0], kShardMagic);
-    MT_CHECK(header[1] == kShardVersion, "data", "{}: version {} at offset 4 (expected {})", path, header[1],
+    MT_CHECK(header[1] == kShardVersion, "data", "{}: bad version {} at offset 4 (expected {})", path, header[1],
              kShardVersion);
     int64_t count = header[2];
-    MT_CHECK(count >= 0 && size == 1024 + 2 * count, "data",
-             "{}: size {} does not match the header's token count {} at offset 8: 1024 + 2 x {} = {} bytes (truncated "
-             "file?)",
-             path, size, count, count, 1024 + 2 * count);
+    MT_CHECK(count >= 0, "data", "{}: negative token count {} at offset 8", path, count);
+    MT_CHECK(size == 1024 + 2 * count, "data",
+             "{}: size {} does not match header: 1024 + 2 x {} = {} bytes (token count at offset 8; truncated file?)",
+             path, size, count, 1024 + 2 * count);
     size_t at = tokens_.size();
     tokens_.resize(at + size_t(count));
-    f.read(reinterpret_cast<char*>(tokens_.data() + at), std::streamsize(2 * count));
-    MT_CHECK(f.good() || count == 0, "data", "{}: cannot read {} tokens", path, count);
-    if (vocab_size > 0)
+    if (count > 0) f.read(reinterpret_cast<char*>(tokens_.data() + at), std::streamsize(2 * count));
+    MT_CHECK(f.good(), "data", "{}: cannot read {} tokens", path, count);
+    if (vocab_size > 0) {
+      const uint16_t* t = tokens_.data() + at;
       for (int64_t i = 0; i < count; ++i)
-        MT_CHECK(tokens_[at + size_t(i)] < vocab_size, "data", "{}: token {} at offset {} >= vocab_size {}", path,
-                 tokens_[at + size_t(i)], 1024 + 2 * i, vocab_size);
+        MT_CHECK(t[i] < vocab_size, "data", "{}: token {} at offset {} >= vocab_size {}", path, t[i], 1024 + 2 * i,
+                 vocab_size);
+    }
     shards_.push_back({path, count});
   }
 }
 
 int64_t steps_per_epoch(const TokenStream& s, int64_t B, int64_t T) {
-  int64_t n = (s.size() - 1) / (B * T);
-  MT_CHECK(s.size() > 0 && n >= 1, "data",
-           "{} tokens are fewer than one batch of B*T+1 = {} (batch_size {} x seq_len {}) in {}", s.size(), B * T + 1,
-           B, T, s.shards().empty() ? std::string("the stream") : s.shards()[0].path);
-  return n;
+  MT_CHECK(B > 0 && T > 0, "data", "{}: batch_size {} and seq_len {} must be positive", s.key(), B, T);
+  MT_CHECK(s.size() >= B * T + 1, "data",
+           "{}: {} tokens are fewer than one batch of B*T+1 = {} (batch_size {} x seq_len {})", s.key(), s.size(),
+           B * T + 1, B, T);
+  return (s.size() - 1) / (B * T);
 }
 
 Batch get_batch(const TokenStream& s, int64_t step, int64_t B, int64_t T, int64_t row_begin, int64_t rows) {
   int64_t per_epoch = steps_per_epoch(s, B, T);
-  MT_CHECK(row_begin >= 0 && rows >= 0 && row_begin + rows <= B, "data", "rows [{}, {}) outside a batch of {}",
-           row_begin, row_begin + rows, B);
+  MT_CHECK(step >= 0, "data", "{}: negative step {}", s.key(), step);
+  MT_CHECK(row_begin >= 0 && rows >= 0 && row_begin + rows <= B, "data", "{}: rows [{}, {}) outside a batch of {}",
+           s.key(), row_begin, row_begin + rows, B);
   Batch batch;
   batch.epoch = step / per_epoch;
   batch.offset = (step % per_epoch) * B * T;

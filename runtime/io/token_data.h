@@ -39,8 +39,10 @@ class TokenStream {
   int64_t size() const { return int64_t(tokens_.size()); }
   const std::vector<ShardInfo>& shards() const { return shards_; }
   const std::vector<uint16_t>& tokens() const { return tokens_; }
+  const std::string& key() const { return key_; }  // the config key named in errors
 
  private:
+  std::string key_ = "data";
   std::vector<ShardInfo> shards_;
   std::vector<uint16_t> tokens_;
 };
@@ -49,7 +51,8 @@ class TokenStream {
 // B*T+1 tokens starting at offset s*B*T of the stream (s counted within the
 // epoch); inputs are the first B*T, targets the next B*T shifted by one. An
 // epoch holds floor((size-1) / (B*T)) steps; step `step` reads batch
-// step % steps_per_epoch. A stream too short for one batch is an error.
+// step % steps_per_epoch. A stream too short for one batch is an error:
+//   "[data] data.train: 100 tokens are fewer than one batch of B*T+1 = 2049 (batch_size 8 x seq_len 256)"
 struct Batch {
   Tensor inputs;   // (B, T) i32
   Tensor targets;  // (B, T) i32

@@ -1,0 +1,191 @@
+// safetensors files: round trips of every written dtype with metadata, f16 on
+// read, the tmp + rename write, and the error messages of malformed files.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "check_error.h"
+#include "runtime/io/safetensors.h"
+
+using namespace mt;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("mt_test_safetensors_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& n) const { return (path / n).string(); }
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// A file written by hand: the 8-byte header length (or `hl` when given), the header, the data.
+std::string write_file(const TempDir& d, const std::string& name, const std::string& header, const std::string& data,
+                       int64_t hl = -1) {
+  uint64_t n = hl < 0 ? header.size() : uint64_t(hl);
+  std::string bytes(reinterpret_cast<const char*>(&n), 8);
+  bytes += header + data;
+  std::ofstream(d / name, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+  return d / name;
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: f32, bf16, f64, i32 and i64 round trip with metadata") {
+  TempDir d;
+  Tensor a = from_values({1.5, -2.25, 3.0, 0.1}, {2, 2}, DType::f32);
+  Tensor b = from_values({1.0, -0.5, 65504.0}, {3}, DType::bf16);
+  Tensor c = from_values({1e-300, 2.0, -1.0 / 3}, {3, 1}, DType::f64);
+  Tensor e = from_values({-7, double(1LL << 40)}, {1, 2}, DType::i64);
+  Tensor i = from_values({-3, 2147483647}, {2}, DType::i32);
+  Tensor z = empty({0, 4}, DType::f32);
+  Tensor big = from_values({1, 2, 3, 4, 5, 6, 7, 8}, {8}, DType::f32);
+  Tensor view = big.slice0(2, 5);  // a view at an element offset writes its own elements
+  const std::string path = d / "m.safetensors";
+  write_safetensors(path, {{"a", a}, {"b.weight", b}, {"c", c}, {"e", e}, {"i", i}, {"empty", z}, {"view", view}},
+                    {{"format", "pt"}, {"step", "12"}});
+  CHECK(fs::exists(path));
+  CHECK_FALSE(fs::exists(path + ".tmp"));
+
+  SafetensorsFile f = read_safetensors(path);
+  CHECK(f.metadata == std::map<std::string, std::string>{{"format", "pt"}, {"step", "12"}});
+  CHECK(f.tensors.size() == 7);
+  CHECK(equal(f.tensors.at("a"), a));
+  CHECK(f.tensors.at("b.weight").dtype() == DType::bf16);
+  CHECK(equal(f.tensors.at("b.weight").bitcast(DType::u16), b.bitcast(DType::u16)));
+  CHECK(equal(f.tensors.at("c"), c));
+  CHECK(f.tensors.at("c").shape() == Shape{3, 1});
+  CHECK(equal(f.tensors.at("e"), e));
+  CHECK(f.tensors.at("e").at<int64_t>(1) == (1LL << 40));
+  CHECK(equal(f.tensors.at("i"), i));
+  CHECK(f.tensors.at("empty").shape() == Shape{0, 4});
+  CHECK(to_f64(f.tensors.at("view")) == std::vector<double>{3, 4, 5});
+
+  // The layout: a JSON header padded to 8 bytes, the tensors' bytes in the given order.
+  std::string bytes = read_bytes(path);
+  uint64_t hl;
+  std::memcpy(&hl, bytes.data(), 8);
+  CHECK(hl % 8 == 0);
+  auto header = nlohmann::json::parse(bytes.substr(8, hl));
+  CHECK(header["a"]["dtype"] == "F32");
+  CHECK(header["b.weight"]["dtype"] == "BF16");
+  CHECK(header["c"]["dtype"] == "F64");
+  CHECK(header["e"]["dtype"] == "I64");
+  CHECK(header["i"]["dtype"] == "I32");
+  CHECK(header["a"]["data_offsets"] == nlohmann::json::array({0, 16}));
+  CHECK(header["b.weight"]["data_offsets"] == nlohmann::json::array({16, 22}));
+  CHECK(header["__metadata__"]["step"] == "12");
+  CHECK(bytes.size() == 8 + hl + 16 + 6 + 24 + 16 + 8 + 0 + 12);
+
+  // Overwriting goes through the tmp file too.
+  write_safetensors(path, {{"a", b}});
+  CHECK_FALSE(fs::exists(path + ".tmp"));
+  SafetensorsFile g = read_safetensors(path);
+  CHECK(g.tensors.size() == 1);
+  CHECK(g.metadata.empty());
+  CHECK(g.tensors.at("a").dtype() == DType::bf16);
+
+  CHECK_ERROR_CONTAINS(write_safetensors(d / "dup.safetensors", {{"a", a}, {"a", b}}), "tensor 'a' given twice");
+  CHECK_FALSE(fs::exists(d / "dup.safetensors.tmp"));
+  CHECK_ERROR_CONTAINS(write_safetensors(d / "no_dir/x.safetensors", {{"a", a}}), "[checkpoint] cannot create");
+}
+
+TEST_CASE("safetensors: f16 is converted to f32 on read") {
+  TempDir d;
+  // 1.0, -2.5, 0, 65504 (the largest half), the smallest subnormal, -inf, 0.333251953125.
+  uint16_t h[7] = {0x3c00, 0xc100, 0x0000, 0x7bff, 0x0001, 0xfc00, 0x3555};
+  std::string data(reinterpret_cast<const char*>(h), sizeof(h));
+  std::string path = write_file(
+      d, "h.safetensors", R"({"__metadata__":{"format":"pt"},"x":{"dtype":"F16","shape":[7],"data_offsets":[0,14]}})",
+      data);
+  SafetensorsFile g = read_safetensors(path);
+  const Tensor& x = g.tensors.at("x");
+  CHECK(x.dtype() == DType::f32);
+  CHECK(x.shape() == Shape{7});
+  auto v = to_f64(x);
+  CHECK(v[0] == 1.0);
+  CHECK(v[1] == -2.5);
+  CHECK(v[2] == 0.0);
+  CHECK(v[3] == 65504.0);
+  CHECK(v[4] == std::ldexp(1.0, -24));
+  CHECK(std::isinf(v[5]));
+  CHECK(v[5] < 0);
+  CHECK(v[6] == 0.333251953125);
+  CHECK(g.metadata.at("format") == "pt");
+}
+
+TEST_CASE("safetensors: malformed files name the file and what is wrong") {
+  TempDir d;
+  const std::string one = R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+
+  std::string p = write_file(d, "len.safetensors", "{}", "", 999);
+  CHECK_ERROR_CONTAINS(read_safetensors(p), "[checkpoint] " + p + ": header length 999 exceeds file size 10");
+  p = d / "tiny.safetensors";
+  std::ofstream(p, std::ios::binary) << "abc";
+  CHECK_ERROR_CONTAINS(read_safetensors(p), "[checkpoint] " + p + ": 3 bytes is too short");
+
+  p = write_file(d, "json.safetensors", "{not json", "");
+  CHECK_ERROR_CONTAINS(read_safetensors(p), "[checkpoint] " + p + ": header is not valid JSON");
+  p = write_file(d, "array.safetensors", "[1, 2]", "");
+  CHECK_ERROR_CONTAINS(read_safetensors(p), p + ": header is not a JSON object");
+
+  p = write_file(d, "range.safetensors", one, "abcd");  // 8 bytes declared, 4 present
+  CHECK_ERROR_CONTAINS(read_safetensors(p),
+                       "[checkpoint] " + p + ": tensor 'x' data_offsets [0, 8] out of range of the 4 data bytes");
+  p = write_file(d, "backwards.safetensors", R"({"x":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", "abcdefgh");
+  CHECK_ERROR_CONTAINS(read_safetensors(p), "tensor 'x' data_offsets [8, 0] out of range");
+
+  p = write_file(d, "shape.safetensors", R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "abcdefgh");
+  CHECK_ERROR_CONTAINS(read_safetensors(p),
+                       "[checkpoint] " + p + ": tensor 'x' of F32 (3,) needs 12 bytes, data_offsets [0, 8] give 8");
+
+  p = write_file(d, "dtype.safetensors", R"({"x":{"dtype":"Q8","shape":[1],"data_offsets":[0,1]}})", "a");
+  CHECK_ERROR_CONTAINS(read_safetensors(p), "[checkpoint] " + p + ": tensor 'x' has unknown dtype 'Q8'");
+
+  p = write_file(d, "overlap.safetensors",
+                 R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                 "abcdefgh");
+  CHECK_ERROR_CONTAINS(read_safetensors(p),
+                       "[checkpoint] " + p + ": tensors 'x' [0, 8] and 'y' [4, 8] have overlapping data_offsets");
+  p = write_file(d, "gap.safetensors",
+                 R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"y":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                 "abcdefghijkl");
+  CHECK_ERROR_CONTAINS(read_safetensors(p),
+                       "[checkpoint] " + p + ": data_offsets do not cover the data: bytes [4, 8) belong to no tensor");
+  p = write_file(d, "tail.safetensors", one, "abcdefghXXXX");  // 4 bytes after the last tensor
+  CHECK_ERROR_CONTAINS(read_safetensors(p), p + ": data_offsets do not cover the data: the tensors end at byte 8 of 12");
+
+  p = write_file(d, "entry.safetensors", R"({"x":{"dtype":"F32","shape":[2]}})", "abcdefgh");
+  CHECK_ERROR_CONTAINS(read_safetensors(p), p + ": tensor 'x': expected dtype, shape and data_offsets");
+  p = write_file(d, "neg.safetensors", R"({"x":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", "abcd");
+  CHECK_ERROR_CONTAINS(read_safetensors(p), p + ": tensor 'x' has a negative size");
+  p = write_file(d, "meta.safetensors", R"({"__metadata__":{"step":12}})", "");
+  CHECK_ERROR_CONTAINS(read_safetensors(p), p + ": __metadata__ value 'step' is not a string");
+
+  // A good file cut short: the last tensor's data_offsets run past the end.
+  Tensor a = from_values({1, 2, 3, 4}, {4}, DType::f32);
+  Tensor b = from_values({5, 6}, {2}, DType::f64);
+  p = d / "cut.safetensors";
+  write_safetensors(p, {{"a", a}, {"b", b}});
+  CHECK(read_safetensors(p).tensors.size() == 2);
+  fs::resize_file(p, fs::file_size(p) - 3);
+  CHECK_ERROR_CONTAINS(read_safetensors(p),
+                       "[checkpoint] " + p + ": tensor 'b' data_offsets [16, 32] out of range of the 29 data bytes "
+                       "(truncated file?)");
+
+  CHECK_ERROR_CONTAINS(read_safetensors(d / "missing.safetensors"), d / "missing.safetensors" + ": no such file");
+}
