@@ -41,62 +41,62 @@ struct Dims {
   }
 };
 
+// Masks the keys of a block that query row i may not see: columns [visible - s0, nk) become `fill`.
+// Only blocks that straddle the causal diagonal need it.
+template <typename Blk, typename T>
+void mask_block(Blk& blk, const Dims& d, int64_t t0, int64_t nq, int64_t s0, int64_t nk, T fill) {
+  if (d.visible(t0) >= s0 + nk) return;  // the first query sees the whole block, so every row does
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t vis = std::clamp<int64_t>(d.visible(t0 + i) - s0, 0, nk);
+    if (vis < nk) blk.row(i).tail(nk - vis).setConstant(fill);
+  }
+}
+
 template <typename T>
 void forward_impl(T* out, T* lse, const T* q, const T* k, const T* v, const Dims& d) {
+  using Col = Eigen::Array<T, Eigen::Dynamic, 1>;
   const int64_t n_qb = (d.T + kBlockQ - 1) / kBlockQ, group = d.H / d.KV;
-  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const T neg_inf = -std::numeric_limits<T>::infinity(), scale = T(d.scale);
+  const int64_t qs = d.H * d.hd, ks = d.KV * d.hd;  // row strides of q/out and k/v
 #pragma omp parallel for schedule(dynamic) collapse(3)
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.H; ++h)
       for (int64_t qb = 0; qb < n_qb; ++qb) {
         const int64_t kvh = h / group, t0 = qb * kBlockQ, nq = std::min(kBlockQ, d.T - t0);
-        CStrided<T> Q(q + ((b * d.T + t0) * d.H + h) * d.hd, nq, d.hd, Eigen::OuterStride<>(d.H * d.hd));  // (nq, hd)
-        RowMat<T> acc = RowMat<T>::Zero(nq, d.hd);  // un-normalised output
-        std::vector<T> m(size_t(nq), neg_inf), l(size_t(nq), T(0));
-        RowMat<T> S(nq, kBlockK);
-        const int64_t keys = d.visible(t0 + nq - 1);  // the last query sees the most keys
+        CStrided<T> Q(q + ((b * d.T + t0) * d.H + h) * d.hd, nq, d.hd, Eigen::OuterStride<>(qs));  // (nq, hd)
+        RowMat<T> acc = RowMat<T>::Zero(nq, d.hd);  // (nq, hd) un-normalised output
+        Col m = Col::Constant(nq, neg_inf), l = Col::Zero(nq);  // (nq) running max and sum
+        RowMat<T> S(nq, kBlockK);                                 // (nq, nk) scores, then probabilities
+        const int64_t keys = d.visible(t0 + nq - 1);  // the last query sees the most keys: later blocks are skipped
         for (int64_t s0 = 0; s0 < keys; s0 += kBlockK) {
           const int64_t nk = std::min(kBlockK, keys - s0);
-          CStrided<T> K(k + ((b * d.S + s0) * d.KV + kvh) * d.hd, nk, d.hd, Eigen::OuterStride<>(d.KV * d.hd));
-          CStrided<T> V(v + ((b * d.S + s0) * d.KV + kvh) * d.hd, nk, d.hd, Eigen::OuterStride<>(d.KV * d.hd));
+          CStrided<T> K(k + ((b * d.S + s0) * d.KV + kvh) * d.hd, nk, d.hd, Eigen::OuterStride<>(ks));  // (nk, hd)
+          CStrided<T> V(v + ((b * d.S + s0) * d.KV + kvh) * d.hd, nk, d.hd, Eigen::OuterStride<>(ks));  // (nk, hd)
           auto Sb = S.leftCols(nk);
           Sb.noalias() = Q * K.transpose();
-          for (int64_t i = 0; i < nq; ++i) {
-            const int64_t vis = d.visible(t0 + i) - s0;  // keys of this block the query sees
-            T mx = m[size_t(i)];
-            for (int64_t j = 0; j < nk; ++j) {
-              if (j >= vis) {
-                Sb(i, j) = neg_inf;
-                continue;
-              }
-              Sb(i, j) *= T(d.scale);
-              mx = std::max(mx, Sb(i, j));
-            }
-            if (mx == neg_inf) {  // nothing visible yet for this row
-              for (int64_t j = 0; j < nk; ++j) Sb(i, j) = T(0);
-              continue;
-            }
-            T corr = std::exp(m[size_t(i)] - mx), rs = 0;
-            for (int64_t j = 0; j < nk; ++j) {
-              T p = j < vis ? std::exp(Sb(i, j) - mx) : T(0);
-              Sb(i, j) = p;
-              rs += p;
-            }
-            l[size_t(i)] = l[size_t(i)] * corr + rs;
-            m[size_t(i)] = mx;
-            acc.row(i) *= corr;
-          }
+          Sb *= scale;
+          mask_block(Sb, d, t0, nq, s0, nk, neg_inf);
+          Col m_new = m.max(Sb.rowwise().maxCoeff().array());
+          // A row that has seen no key yet keeps max -inf; subtracting 0 instead keeps exp(-inf) = 0, not NaN.
+          Col shift = (m_new == neg_inf).select(Col::Zero(nq), m_new);
+          // Row by row: a row of a row-major block is contiguous, so Eigen vectorises the exp.
+          for (int64_t i = 0; i < nq; ++i) Sb.row(i).array() = (Sb.row(i).array() - shift(i)).exp();
+          mask_block(Sb, d, t0, nq, s0, nk, T(0));  // Eigen's vectorised exp(-inf) is tiny, not 0
+          Col corr = (m - shift).exp();  // multiplies l = 0 and acc = 0 while m is -inf
+          l = l * corr + Sb.rowwise().sum().array();
+          acc.array().colwise() *= corr;
           acc.noalias() += Sb * V;
+          m = m_new;
         }
-        Strided<T> O(out + ((b * d.T + t0) * d.H + h) * d.hd, nq, d.hd, Eigen::OuterStride<>(d.H * d.hd));
+        Strided<T> O(out + ((b * d.T + t0) * d.H + h) * d.hd, nq, d.hd, Eigen::OuterStride<>(qs));  // (nq, hd)
+        T* L = lse + (b * d.H + h) * d.T + t0;  // (nq)
         for (int64_t i = 0; i < nq; ++i) {
-          T* L = lse + (b * d.H + h) * d.T + t0 + i;
-          if (l[size_t(i)] > T(0)) {
-            O.row(i) = acc.row(i) / l[size_t(i)];
-            *L = m[size_t(i)] + std::log(l[size_t(i)]);
-          } else {
+          if (l(i) > T(0)) {
+            O.row(i) = acc.row(i) / l(i);
+            L[i] = m(i) + std::log(l(i));
+          } else {  // no visible key
             O.row(i).setZero();
-            *L = neg_inf;
+            L[i] = neg_inf;
           }
         }
       }
@@ -105,49 +105,48 @@ void forward_impl(T* out, T* lse, const T* q, const T* k, const T* v, const Dims
 template <typename T>
 void backward_impl(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse,
                    const Dims& d, bool accumulate) {
+  using Col = Eigen::Array<T, Eigen::Dynamic, 1>;
   const int64_t group = d.H / d.KV;
-  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const T neg_inf = -std::numeric_limits<T>::infinity(), scale = T(d.scale);
+  const int64_t qs = d.H * d.hd, ks = d.KV * d.hd;
 #pragma omp parallel for schedule(dynamic) collapse(2)
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t kvh = 0; kvh < d.KV; ++kvh) {
-      Strided<T> dK(dk + (b * d.S * d.KV + kvh) * d.hd, d.S, d.hd, Eigen::OuterStride<>(d.KV * d.hd));  // (S, hd)
-      Strided<T> dV(dv + (b * d.S * d.KV + kvh) * d.hd, d.S, d.hd, Eigen::OuterStride<>(d.KV * d.hd));
+      Strided<T> dK(dk + (b * d.S * d.KV + kvh) * d.hd, d.S, d.hd, Eigen::OuterStride<>(ks));  // (S, hd)
+      Strided<T> dV(dv + (b * d.S * d.KV + kvh) * d.hd, d.S, d.hd, Eigen::OuterStride<>(ks));  // (S, hd)
       if (!accumulate) {
         dK.setZero();
         dV.setZero();
       }
       RowMat<T> P(kBlockQ, kBlockK), dP(kBlockQ, kBlockK), dQacc(kBlockQ, d.hd);
-      std::vector<T> rowdot(static_cast<size_t>(kBlockQ));
+      // All query heads of this kv head's group, so that no other thread writes these dk, dv rows.
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
         for (int64_t t0 = 0; t0 < d.T; t0 += kBlockQ) {
-          const int64_t nq = std::min(kBlockQ, d.T - t0);
-          const int64_t rs = d.H * d.hd, off = ((b * d.T + t0) * d.H + h) * d.hd;
-          CStrided<T> Q(q + off, nq, d.hd, Eigen::OuterStride<>(rs));    // (nq, hd)
-          CStrided<T> dO(dout + off, nq, d.hd, Eigen::OuterStride<>(rs));
-          CStrided<T> O(out + off, nq, d.hd, Eigen::OuterStride<>(rs));
-          Strided<T> dQ(dq + off, nq, d.hd, Eigen::OuterStride<>(rs));
-          const T* L = lse + (b * d.H + h) * d.T + t0;  // (nq)
-          for (int64_t i = 0; i < nq; ++i) rowdot[size_t(i)] = dO.row(i).dot(O.row(i));
+          const int64_t nq = std::min(kBlockQ, d.T - t0), off = ((b * d.T + t0) * d.H + h) * d.hd;
+          CStrided<T> Q(q + off, nq, d.hd, Eigen::OuterStride<>(qs));      // (nq, hd)
+          CStrided<T> dO(dout + off, nq, d.hd, Eigen::OuterStride<>(qs));  // (nq, hd)
+          CStrided<T> O(out + off, nq, d.hd, Eigen::OuterStride<>(qs));    // (nq, hd)
+          Strided<T> dQ(dq + off, nq, d.hd, Eigen::OuterStride<>(qs));     // (nq, hd)
+          Eigen::Map<const Col> L(lse + (b * d.H + h) * d.T + t0, nq);     // (nq)
+          const Col rowdot = (dO.array() * O.array()).rowwise().sum();    // (nq) D_i = dO_i . O_i
+          // lse -inf (a row that saw no key) becomes +inf so that S - shift is -inf, not NaN; masked below.
+          const Col shift = (L == neg_inf).select(Col::Constant(nq, std::numeric_limits<T>::infinity()), L);
           auto dQa = dQacc.topRows(nq);
           dQa.setZero();
           const int64_t keys = d.visible(t0 + nq - 1);
           for (int64_t s0 = 0; s0 < keys; s0 += kBlockK) {
-            const int64_t nk = std::min(kBlockK, keys - s0);
-            const int64_t koff = ((b * d.S + s0) * d.KV + kvh) * d.hd;
-            CStrided<T> K(k + koff, nk, d.hd, Eigen::OuterStride<>(d.KV * d.hd));  // (nk, hd)
-            CStrided<T> V(v + koff, nk, d.hd, Eigen::OuterStride<>(d.KV * d.hd));
-            auto Pb = P.topLeftCorner(nq, nk);
-            auto dPb = dP.topLeftCorner(nq, nk);
+            const int64_t nk = std::min(kBlockK, keys - s0), koff = ((b * d.S + s0) * d.KV + kvh) * d.hd;
+            CStrided<T> K(k + koff, nk, d.hd, Eigen::OuterStride<>(ks));  // (nk, hd)
+            CStrided<T> V(v + koff, nk, d.hd, Eigen::OuterStride<>(ks));  // (nk, hd)
+            auto Pb = P.topLeftCorner(nq, nk);    // (nq, nk)
+            auto dPb = dP.topLeftCorner(nq, nk);  // (nq, nk)
             Pb.noalias() = Q * K.transpose();
-            for (int64_t i = 0; i < nq; ++i) {
-              const int64_t vis = d.visible(t0 + i) - s0;
-              for (int64_t j = 0; j < nk; ++j)
-                Pb(i, j) = (j < vis && L[i] != neg_inf) ? std::exp(Pb(i, j) * T(d.scale) - L[i]) : T(0);
-            }
+            for (int64_t i = 0; i < nq; ++i) Pb.row(i).array() = (Pb.row(i).array() * scale - shift(i)).exp();
+            mask_block(Pb, d, t0, nq, s0, nk, T(0));  // also every entry of a row with lse -inf
             dV.middleRows(s0, nk).noalias() += Pb.transpose() * dO;
             dPb.noalias() = dO * V.transpose();
-            for (int64_t i = 0; i < nq; ++i)
-              for (int64_t j = 0; j < nk; ++j) dPb(i, j) = Pb(i, j) * (dPb(i, j) - rowdot[size_t(i)]) * T(d.scale);
+            for (int64_t i = 0; i < nq; ++i)  // dS, scaled for dQ and dK
+              dPb.row(i).array() = Pb.row(i).array() * (dPb.row(i).array() - rowdot(i)) * scale;
             dQa.noalias() += dPb * K;
             dK.middleRows(s0, nk).noalias() += dPb.transpose() * Q;
           }

@@ -100,6 +100,17 @@ run_script_suite train tests/cli/test_train.sh
 # Tensor and sequence parallel: invariance over tp and dp x tp, plans, `meshtrain plan`.
 run_script_suite tp tests/cli/test_tp.sh ${MT_TEST_FULL:+--full}
 
+# The PyTorch reference model's own checks (RoPE, GQA, gradients, safetensors).
+out="$log_dir/reference.log"
+/usr/bin/python3 tests/reference/test_reference.py >"$out" 2>&1
+line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$out" | tail -n 1)
+if [ -n "$line" ]; then
+  add "$(echo "$line" | sed -E 's/([0-9]+) passed.*/\1/')" "$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')" "reference"
+else
+  tail -n 20 "$out"
+  add 0 1 "reference (crashed)"
+fi
+
 # GPU suite, whenever a GPU is present.
 if [ -x "$build/tests/test_gpu" ] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   run_mpi_suite "$build/tests/test_gpu" test_gpu 1

@@ -172,17 +172,17 @@ TEST_CASE("attention: backward against finite differences, rows without keys, ac
   }
 }
 
-TEST_CASE("attention: every gradient element against finite differences, GQA, two batches, block edges") {
+TEST_CASE("attention: every gradient element against finite differences, GQA, batches, block edges") {
   struct Case {
-    int64_t T, S, H, KV, hd;
+    int64_t B, T, S, H, KV, hd;
     AttentionOptions o;
   };
-  // Small head dims keep the exhaustive check fast; 70 crosses a 64-key block edge.
+  // Small sizes keep the exhaustive check fast; 66 crosses a 64-key block edge.
   std::vector<Case> cases{
-      {70, 70, 4, 2, 4, {true, 0, 0, 0}},
-      {5, 5, 4, 1, 4, {false, 0.7, 0, 0}},
-      {5, 70, 2, 1, 4, {true, 0, 64, 0}},
-      {9, 12, 2, 2, 4, {true, 0, 0, 4}},  // queries 0..3 see nothing
+      {1, 66, 66, 2, 1, 4, {true, 0, 0, 0}},
+      {2, 5, 5, 4, 2, 4, {false, 0.7, 0, 0}},
+      {2, 5, 70, 2, 1, 4, {true, 0, 64, 0}},
+      {2, 9, 12, 4, 2, 4, {true, 0, 0, 4}},  // queries 0..3 see nothing
   };
   for (const Case& c : cases) {
     CAPTURE(c.T);
@@ -190,7 +190,7 @@ TEST_CASE("attention: every gradient element against finite differences, GQA, tw
     CAPTURE(c.KV);
     CAPTURE(c.o.causal);
     CAPTURE(c.o.k_pos0);
-    const int64_t B = 2;
+    const int64_t B = c.B;
     Tensor q = randn_t({B, c.T, c.H, c.hd}, 21), k = randn_t({B, c.S, c.KV, c.hd}, 22);
     Tensor v = randn_t({B, c.S, c.KV, c.hd}, 23), R = randn_t({B, c.T, c.H, c.hd}, 24);
     Tensor out = empty(q.shape(), DType::f64), lse = empty({B, c.H, c.T}, DType::f64);
@@ -325,4 +325,163 @@ TEST_CASE("attention: shape and dtype errors") {
   CHECK_ERROR_CONTAINS(attention_backward(empty(q4.shape(), DType::f64), empty({1, 5, 2, 3}, DType::f64),
                                           empty(k.shape(), DType::f64), out4, q4, k, v, out4, lse4),
                        "[attention] attention_backward: gradient shapes");
+}
+
+// ---------------------------------------------------------------- the full grid, f32 rows without keys
+
+TEST_CASE("attention: forward grid: causal/full x KV 4, 2, 1 x T 5, 70, 130 x hd 8, 16, f64 and f32, out and lse") {
+  struct Dims {
+    int64_t T, S;
+    AttentionOptions o;
+  };
+  std::vector<Dims> dims;
+  for (bool causal : {true, false})
+    for (auto [T, S] : {std::pair<int64_t, int64_t>{5, 5}, {70, 70}, {130, 130}}) dims.push_back({T, S, {causal, 0, 0, 0}});
+  dims.push_back({5, 70, {true, 0, 64, 0}});    // ring chunk: queries at 64..68 see keys 0..64+t
+  dims.push_back({70, 70, {true, 0, 0, 10}});   // queries 0..9 see nothing
+  dims.push_back({70, 130, {false, 0.25, 0, 0}});  // custom scale
+  dims.push_back({5, 130, {true, 2.0, 100, 0}});   // custom scale, offset across the second key block
+  const int64_t B = 1, H = 4;
+  uint64_t seed = 1000;
+  for (const Dims& dm : dims)
+    for (int64_t KV : {4, 2, 1})
+      for (int64_t hd : {8, 16}) {
+        CAPTURE(dm.T);
+        CAPTURE(dm.S);
+        CAPTURE(KV);
+        CAPTURE(hd);
+        CAPTURE(dm.o.causal);
+        CAPTURE(dm.o.scale);
+        CAPTURE(dm.o.q_pos0);
+        CAPTURE(dm.o.k_pos0);
+        Tensor q = randn_t({B, dm.T, H, hd}, ++seed), k = randn_t({B, dm.S, KV, hd}, ++seed);
+        Tensor v = randn_t({B, dm.S, KV, hd}, ++seed);
+        Naive want = naive_attention(q, k, v, dm.o);
+        Tensor out = empty(q.shape(), DType::f64), lse = empty({B, H, dm.T}, DType::f64);
+        attention_forward(out, lse, q, k, v, dm.o);
+        CHECK(rel_err(out, want.out) < 1e-12);
+        Tensor out32 = empty(q.shape(), DType::f32), lse32 = empty({B, H, dm.T}, DType::f32);
+        attention_forward(out32, lse32, as_f32(q), as_f32(k), as_f32(v), dm.o);
+        CHECK(out32.dtype() == DType::f32);
+        CHECK(rel_err(out32, want.out) < 1e-5);
+        // lse: -inf exactly where the naive one is, close elsewhere (f64 and f32).
+        double worst = 0, worst32 = 0;
+        int64_t mismatched_inf = 0;
+        for (int64_t i = 0; i < lse.numel(); ++i) {
+          double w = want.lse.at<double>(i), a = lse.at<double>(i), a32 = double(lse32.at<float>(i));
+          if (std::isinf(w)) {
+            mismatched_inf += !(std::isinf(a) && a < 0) + !(std::isinf(a32) && a32 < 0);
+            continue;
+          }
+          worst = std::max(worst, std::abs(a - w) / std::max(1.0, std::abs(w)));
+          worst32 = std::max(worst32, std::abs(a32 - w) / std::max(1.0, std::abs(w)));
+        }
+        CHECK(mismatched_inf == 0);
+        CHECK(worst < 1e-12);
+        CHECK(worst32 < 1e-5);
+      }
+}
+
+TEST_CASE("attention: rows without keys in f32: out 0, lse -inf, zero dq, no NaN; f32 gradients match f64") {
+  const int64_t B = 2, T = 20, S = 70, H = 4, KV = 2, hd = 16;
+  const AttentionOptions o{true, 0, 0, 10};  // queries 0..9 see nothing
+  Tensor q = randn_t({B, T, H, hd}, 2001), k = randn_t({B, S, KV, hd}, 2002), v = randn_t({B, S, KV, hd}, 2003);
+  Tensor R = randn_t({B, T, H, hd}, 2004);
+  Tensor out = empty(q.shape(), DType::f64), lse = empty({B, H, T}, DType::f64);
+  attention_forward(out, lse, q, k, v, o);
+  Tensor dq = empty(q.shape(), DType::f64), dk = empty(k.shape(), DType::f64), dv = empty(v.shape(), DType::f64);
+  attention_backward(dq, dk, dv, R, q, k, v, out, lse, o);
+
+  Tensor q32 = as_f32(q), k32 = as_f32(k), v32 = as_f32(v), R32 = as_f32(R);
+  Tensor out32 = empty(q.shape(), DType::f32), lse32 = empty({B, H, T}, DType::f32);
+  attention_forward(out32, lse32, q32, k32, v32, o);
+  // Garbage in the gradients beforehand: dq is overwritten, dk/dv too without accumulate.
+  Tensor dq32 = as_f32(randn_t(q.shape(), 2005)), dk32 = as_f32(randn_t(k.shape(), 2006));
+  Tensor dv32 = as_f32(randn_t(v.shape(), 2007));
+  attention_backward(dq32, dk32, dv32, R32, q32, k32, v32, out32, lse32, o);
+  for (const Tensor& t : {out32, dq32, dk32, dv32})
+    for (int64_t i = 0; i < t.numel(); ++i) REQUIRE(!std::isnan(t.at<float>(i)));
+  for (const Tensor& t : {out, dq, dk, dv})
+    for (int64_t i = 0; i < t.numel(); ++i) REQUIRE(!std::isnan(t.at<double>(i)));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        float l = lse32.at<float>((b * H + h) * T + t);
+        REQUIRE(!std::isnan(l));
+        if (t < 10) {
+          CHECK(l == -std::numeric_limits<float>::infinity());
+          for (int64_t e = 0; e < hd; ++e) {
+            CHECK(out32.at<float>(((b * T + t) * H + h) * hd + e) == 0.0f);
+            CHECK(dq32.at<float>(((b * T + t) * H + h) * hd + e) == 0.0f);
+          }
+        } else {
+          CHECK(std::isfinite(l));
+        }
+      }
+  // Keys 10+T-1 = 29 and later are seen by no query: zero dk, dv.
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 30; s < S; ++s)
+      for (int64_t e = 0; e < KV * hd; ++e) {
+        CHECK(dk32.at<float>((b * S + s) * KV * hd + e) == 0.0f);
+        CHECK(dv32.at<float>((b * S + s) * KV * hd + e) == 0.0f);
+      }
+  CHECK(rel_err(out32, out) < 1e-5);
+  CHECK(rel_err(dq32, dq) < 1e-5);
+  CHECK(rel_err(dk32, dk) < 1e-5);
+  CHECK(rel_err(dv32, dv) < 1e-5);
+  // f32 accumulate adds to dk/dv, overwrites dq.
+  Tensor dq32b = as_f32(randn_t(q.shape(), 2008)), dk32b = dk32.clone(), dv32b = dv32.clone();
+  attention_backward(dq32b, dk32b, dv32b, R32, q32, k32, v32, out32, lse32, o, true);
+  CHECK(rel_err(dq32b, dq32) == 0.0);
+  for (int64_t i = 0; i < dk32.numel(); ++i) {
+    CHECK(dk32b.at<float>(i) == doctest::Approx(2.0 * dk32.at<float>(i)).epsilon(1e-6));
+    CHECK(dv32b.at<float>(i) == doctest::Approx(2.0 * dv32.at<float>(i)).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("attention: backward by finite differences at random elements: GQA, hd 16, custom scale, offsets") {
+  struct Case {
+    int64_t T, S, H, KV, hd;
+    AttentionOptions o;
+  };
+  std::vector<Case> cases{
+      {5, 70, 4, 2, 16, {true, 0, 64, 0}},     // ring chunk
+      {20, 70, 4, 4, 16, {true, 0, 0, 10}},    // first 10 queries see nothing
+      {70, 70, 4, 1, 8, {true, 0.5, 0, 0}},    // custom scale, crosses the 64-block
+      {130, 130, 4, 2, 8, {false, 0, 0, 0}},   // full, three key blocks
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.T);
+    CAPTURE(c.S);
+    CAPTURE(c.KV);
+    CAPTURE(c.o.scale);
+    CAPTURE(c.o.q_pos0);
+    CAPTURE(c.o.k_pos0);
+    const int64_t B = 1;
+    Tensor q = randn_t({B, c.T, c.H, c.hd}, 3001), k = randn_t({B, c.S, c.KV, c.hd}, 3002);
+    Tensor v = randn_t({B, c.S, c.KV, c.hd}, 3003), R = randn_t({B, c.T, c.H, c.hd}, 3004);
+    Tensor out = empty(q.shape(), DType::f64), lse = empty({B, c.H, c.T}, DType::f64);
+    attention_forward(out, lse, q, k, v, c.o);
+    Tensor dq = empty(q.shape(), DType::f64), dk = empty(k.shape(), DType::f64), dv = empty(v.shape(), DType::f64);
+    attention_backward(dq, dk, dv, R, q, k, v, out, lse, c.o);
+    Tensor o2 = empty(q.shape(), DType::f64), l2 = empty(lse.shape(), DType::f64);
+    auto loss = [&] {
+      attention_forward(o2, l2, q, k, v, c.o);
+      return dot(o2, R);
+    };
+    std::mt19937_64 g(3005);
+    for (auto [x, dx, name] : {std::tuple{q, dq, "dq"}, {k, dk, "dk"}, {v, dv, "dv"}})
+      for (int rep = 0; rep < 10; ++rep) {
+        int64_t i = int64_t(g() % uint64_t(x.numel()));
+        double keep = x.at<double>(i);
+        x.at<double>(i) = keep + 1e-6;
+        double lp = loss();
+        x.at<double>(i) = keep - 1e-6;
+        double lm = loss();
+        x.at<double>(i) = keep;
+        double num = (lp - lm) / 2e-6, an = dx.at<double>(i);
+        INFO(name, "[", i, "] analytic ", an, " numeric ", num);
+        CHECK(std::abs(an - num) <= 1e-6 * std::max(1.0, std::abs(num)));
+      }
+  }
 }

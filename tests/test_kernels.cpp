@@ -779,3 +779,330 @@ TEST_CASE("kernels: CPU kernels reject other dtypes") {
   CHECK_ERROR_CONTAINS(sum(a), "[kernels] sum: t is i32; the CPU backend takes f32 or f64");
   CHECK_ERROR_CONTAINS(scale_(empty({3}, DType::bf16), 2.0), "[kernels] scale_: t is bf16");
 }
+
+// ---------------------------------------------------------------- normal inputs, whole-output errors, f32 backward
+
+namespace {
+// ||got - want|| / ||want|| over the whole output (NaN counts as infinite error).
+double whole_rel(const std::vector<double>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i])) return INFINITY;
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+// Normal values in dtype dt (the references read them back with to_f64, so rounding to f32 is not an error).
+Tensor normal_t(const Shape& s, DType dt, uint64_t seed) { return randn_t(s, seed, dt); }
+
+// A kernel error message must start with "[kernels]".
+#define CHECK_KERNELS_ERROR(expr)                                        \
+  do {                                                                   \
+    std::string mt_kmsg_;                                                \
+    try {                                                                \
+      (void)(expr);                                                      \
+    } catch (const mt::Error& e) {                                       \
+      mt_kmsg_ = e.what();                                               \
+    }                                                                    \
+    INFO("expression: " #expr "; message: ", mt_kmsg_);                  \
+    CHECK(mt_kmsg_.rfind("[kernels]", 0) == 0);                          \
+  } while (0)
+}  // namespace
+
+TEST_CASE("kernels: every forward on normal inputs against f64 references, whole-output relative error") {
+  const int64_t N = 7, C = 13, OC = 5, V = 11, F = 13, B = 2, T = 5, H = 3, hd = 8;
+  for (DType dt : {DType::f64, DType::f32}) {
+    CAPTURE(dtype_name(dt));
+    const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
+    // matmul
+    Tensor x = normal_t({N, C}, dt, 101), w = normal_t({OC, C}, dt, 102), y = empty({N, OC}, dt);
+    matmul_forward(y, x, w);
+    CHECK(whole_rel(to_f64(y), ref_matmul(x, w)) < tol);
+    // rmsnorm
+    Tensor nw = normal_t({C}, dt, 103), ny = empty({N, C}, dt), rs = empty({N}, dt);
+    rmsnorm_forward(ny, rs, x, nw, 1e-6);
+    {
+      std::vector<double> xv = to_f64(x), wv = to_f64(nw), want(static_cast<size_t>(N * C)), want_r(static_cast<size_t>(N));
+      for (int64_t n = 0; n < N; ++n) {
+        double ss = 0;
+        for (int64_t c = 0; c < C; ++c) ss += xv[size_t(n * C + c)] * xv[size_t(n * C + c)];
+        want_r[size_t(n)] = 1 / std::sqrt(ss / double(C) + 1e-6);
+        for (int64_t c = 0; c < C; ++c) want[size_t(n * C + c)] = xv[size_t(n * C + c)] * want_r[size_t(n)] * wv[size_t(c)];
+      }
+      CHECK(whole_rel(to_f64(ny), want) < tol);
+      CHECK(whole_rel(to_f64(rs), want_r) < tol);
+    }
+    // rope tables: cos/sin of pos * theta^(-2i/hd), repeated twice along hd (computed in f64 here)
+    const std::vector<int64_t> pos = {0, 1, 5, 64, 1000};
+    Tensor cs = empty({T, hd}, dt), sn = empty({T, hd}, dt);
+    rope_tables(cs, sn, positions_tensor(pos), 10000.0);
+    {
+      std::vector<double> wc(size_t(T * hd)), ws(size_t(T * hd));
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < hd; ++i) {
+          double a = double(pos[size_t(t)]) * std::pow(10000.0, -2.0 * double(i % (hd / 2)) / double(hd));
+          wc[size_t(t * hd + i)] = std::cos(a);
+          ws[size_t(t * hd + i)] = std::sin(a);
+        }
+      CHECK(whole_rel(to_f64(cs), wc) < tol);
+      CHECK(whole_rel(to_f64(sn), ws) < tol);
+      for (int64_t t = 0; t < T; ++t)  // the two halves are identical
+        for (int64_t i = 0; i < hd / 2; ++i) {
+          CHECK(cs.dtype() == dt);
+          CHECK(to_f64(cs)[size_t(t * hd + i)] == to_f64(cs)[size_t(t * hd + i + hd / 2)]);
+          CHECK(to_f64(sn)[size_t(t * hd + i)] == to_f64(sn)[size_t(t * hd + i + hd / 2)]);
+        }
+    }
+    Tensor rx = normal_t({B, T, H, hd}, dt, 104), ry = empty(rx.shape(), dt);
+    rope_forward(ry, rx, cs, sn);
+    CHECK(whole_rel(to_f64(ry), ref_rope(rx, cs, sn)) < tol);
+    // swiglu
+    Tensor g = normal_t({N, F}, dt, 105), u = normal_t({N, F}, dt, 106), sy = empty({N, F}, dt);
+    swiglu_forward(sy, g, u);
+    {
+      std::vector<double> gv = to_f64(g), uv = to_f64(u), want(gv.size());
+      for (size_t i = 0; i < gv.size(); ++i) want[i] = gv[i] / (1 + std::exp(-gv[i])) * uv[i];
+      CHECK(whole_rel(to_f64(sy), want) < tol);
+    }
+    // embedding (exact copies)
+    Tensor table = normal_t({V, C}, dt, 107), ey = empty({N, C}, dt);
+    std::vector<int32_t> toks = {10, 0, 3, 3, 7, 1, 10};
+    embedding_forward(ey, tokens_tensor(toks), table, 0, V);
+    {
+      std::vector<double> tv = to_f64(table), want(size_t(N * C));
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c) want[size_t(n * C + c)] = tv[size_t(toks[size_t(n)] * C + c)];
+      CHECK(to_f64(ey) == want);
+    }
+    // cross-entropy
+    Tensor logits = normal_t({N, V}, dt, 108), losses = empty({N}, dt), dl = empty({N, V}, dt);
+    std::vector<int32_t> tg = {0, 10, 5, -1, 3, 3, 9};
+    cross_entropy_forward_backward(losses, dl, logits, tokens_tensor(tg), 0.125);
+    {
+      std::vector<double> wl, wg;
+      ref_cross_entropy(logits, tg, 0.125, wl, wg);
+      CHECK(whole_rel(to_f64(losses), wl) < tol);
+      CHECK(whole_rel(to_f64(dl), wg) < tol);
+    }
+    // add, scale_, sum, sum_squares
+    Tensor a = normal_t({N, C}, dt, 109), b = normal_t({N, C}, dt, 110), ab = empty({N, C}, dt);
+    add(ab, a, b);
+    std::vector<double> av = to_f64(a), bv = to_f64(b), want(av.size());
+    for (size_t i = 0; i < av.size(); ++i) want[i] = (av[i] + bv[i]) * 1.5;
+    scale_(ab, 1.5);
+    CHECK(whole_rel(to_f64(ab), want) < tol);
+    double s = 0, ss = 0;
+    for (double v : av) s += v, ss += v * v;
+    CHECK(std::abs(sum(a) - s) <= 1e-12 * std::sqrt(ss));
+    CHECK(std::abs(sum_squares(a) - ss) <= 1e-12 * ss);
+  }
+}
+
+TEST_CASE("kernels: f32 backward agrees with the f64 backward (whole-output relative error < 1e-5)") {
+  const int64_t N = 7, C = 13, OC = 5, F = 13, B = 2, T = 5, H = 3, hd = 8, V = 11;
+  auto both = [](const Shape& s, uint64_t seed) { return std::pair{normal_t(s, DType::f64, seed), normal_t(s, DType::f32, seed)}; };
+  // matmul
+  {
+    auto [x, x32] = both({N, C}, 201);
+    auto [w, w32] = both({OC, C}, 202);
+    auto [dy, dy32] = both({N, OC}, 203);
+    Tensor dx = empty({N, C}, DType::f64), dw = zeros({OC, C}, DType::f64);
+    Tensor dx32 = empty({N, C}, DType::f32), dw32 = zeros({OC, C}, DType::f32);
+    matmul_backward(dx, dw, dy, x, w);
+    matmul_backward(dx32, dw32, dy32, x32, w32);
+    CHECK(whole_rel(to_f64(dx32), to_f64(dx)) < 1e-5);
+    CHECK(whole_rel(to_f64(dw32), to_f64(dw)) < 1e-5);
+    // f32: dweight accumulates, dinp is overwritten.
+    std::vector<double> dw1 = to_f64(dw32), dx1 = to_f64(dx32);
+    matmul_backward(dx32, dw32, dy32, x32, w32);
+    for (double& v : dw1) v *= 2;
+    CHECK(whole_rel(to_f64(dw32), dw1) < 1e-6);
+    CHECK(to_f64(dx32) == dx1);
+  }
+  // rmsnorm
+  {
+    auto [x, x32] = both({N, C}, 204);
+    auto [w, w32] = both({C}, 205);
+    auto [dy, dy32] = both({N, C}, 206);
+    Tensor y = empty({N, C}, DType::f64), r = empty({N}, DType::f64), y32 = empty({N, C}, DType::f32),
+           r32 = empty({N}, DType::f32);
+    rmsnorm_forward(y, r, x, w, 1e-5);
+    rmsnorm_forward(y32, r32, x32, w32, 1e-5);
+    Tensor dx = empty({N, C}, DType::f64), dw = zeros({C}, DType::f64);
+    Tensor dx32 = empty({N, C}, DType::f32), dw32 = zeros({C}, DType::f32);
+    rmsnorm_backward(dx, dw, dy, x, w, r);
+    rmsnorm_backward(dx32, dw32, dy32, x32, w32, r32);
+    CHECK(whole_rel(to_f64(dx32), to_f64(dx)) < 1e-5);
+    CHECK(whole_rel(to_f64(dw32), to_f64(dw)) < 1e-5);
+  }
+  // rope
+  {
+    Tensor cs = empty({T, hd}, DType::f64), sn = empty({T, hd}, DType::f64);
+    Tensor cs32 = empty({T, hd}, DType::f32), sn32 = empty({T, hd}, DType::f32);
+    rope_tables(cs, sn, positions_tensor({2, 3, 4, 5, 6}), 10000.0);
+    rope_tables(cs32, sn32, positions_tensor({2, 3, 4, 5, 6}), 10000.0);
+    auto [dy, dy32] = both({B, T, H, hd}, 207);
+    Tensor dx = empty(dy.shape(), DType::f64);
+    rope_backward(dx, dy, cs, sn);
+    rope_backward(dy32, dy32, cs32, sn32);  // in place
+    CHECK(whole_rel(to_f64(dy32), to_f64(dx)) < 1e-5);
+  }
+  // swiglu
+  {
+    auto [g, g32] = both({N, F}, 208);
+    auto [u, u32] = both({N, F}, 209);
+    auto [dy, dy32] = both({N, F}, 210);
+    Tensor dg = empty({N, F}, DType::f64), du = empty({N, F}, DType::f64);
+    Tensor dg32 = empty({N, F}, DType::f32), du32 = empty({N, F}, DType::f32);
+    swiglu_backward(dg, du, dy, g, u);
+    swiglu_backward(dg32, du32, dy32, g32, u32);
+    CHECK(whole_rel(to_f64(dg32), to_f64(dg)) < 1e-5);
+    CHECK(whole_rel(to_f64(du32), to_f64(du)) < 1e-5);
+  }
+  // embedding
+  {
+    auto [dy, dy32] = both({N, C}, 211);
+    Tensor tk = tokens_tensor({4, 9, 4, 0, 5, 4, 10});
+    Tensor dt = zeros({6, C}, DType::f64), dt32 = zeros({6, C}, DType::f32);  // rows [4, 10)
+    embedding_backward(dt, dy, tk, 4);
+    embedding_backward(dt32, dy32, tk, 4);
+    CHECK(whole_rel(to_f64(dt32), to_f64(dt)) < 1e-6);
+    (void)V;
+  }
+}
+
+TEST_CASE("kernels: embedding backward is the transpose of embedding forward on a vocab shard") {
+  const int64_t N = 9, C = 7, V = 11, row_begin = 3, V_local = 5;
+  Tensor table = randn_t({V_local, C}, 301), R = randn_t({N, C}, 302), out = empty({N, C}, DType::f64);
+  Tensor tk = tokens_tensor({0, 3, 7, 8, 10, 3, 5, 2, 4});
+  embedding_forward(out, tk, table, row_begin, V);
+  Tensor dtab = randn_t({V_local, C}, 303);
+  std::vector<double> before = to_f64(dtab);
+  embedding_backward(dtab, R, tk, row_begin);  // accumulates onto random values
+  std::vector<double> after = to_f64(dtab), delta(after.size());
+  for (size_t i = 0; i < after.size(); ++i) delta[i] = after[i] - before[i];
+  // <emb(table), R> == <table, emb^T(R)>
+  std::vector<double> tv = to_f64(table);
+  double rhs = 0;
+  for (size_t i = 0; i < tv.size(); ++i) rhs += tv[i] * delta[i];
+  CHECK(dot(out, R) == doctest::Approx(rhs).epsilon(1e-12));
+  // Rows 5 and 6 (tokens 8 and 9 relative 5, 6): token 8 appears once, token 9 never.
+  for (int64_t c = 0; c < C; ++c) {
+    CHECK(delta[size_t(4 * C + c)] == doctest::Approx(R.at<double>(2 * C + c)));            // token 7 -> row 4
+    CHECK(delta[size_t(0 * C + c)] == doctest::Approx(R.at<double>(1 * C + c) + R.at<double>(5 * C + c)));  // token 3
+  }
+}
+
+TEST_CASE("kernels: sum and sum_squares are exact on small integer values, any thread count") {
+  ThreadCount keep;
+  const int64_t n = 100003;
+  std::mt19937_64 gen(401);
+  std::uniform_int_distribution<int> d(-8, 8);
+  std::vector<double> vals(static_cast<size_t>(n));
+  int64_t s = 0, ss = 0;
+  for (double& v : vals) {
+    int x = d(gen);
+    v = x;
+    s += x;
+    ss += int64_t(x) * x;
+  }
+  for (DType dt : {DType::f32, DType::f64}) {
+    CAPTURE(dtype_name(dt));
+    Tensor t = from_values(vals, {n}, dt);
+    for (int th : {1, 2, 3}) {
+      CAPTURE(th);
+      set_cpu_threads(th);
+      CHECK(sum(t) == double(s));
+      CHECK(sum_squares(t) == double(ss));
+    }
+    Tensor small = from_values({1, -2, 3, 4, -5}, {5}, dt);
+    CHECK(sum(small) == 1.0);
+    CHECK(sum_squares(small) == 55.0);
+  }
+}
+
+TEST_CASE("kernels: adamw three steps against torch.optim.AdamW's formula on normal values") {
+  const double lr = 3e-3, b1 = 0.8, b2 = 0.99, eps = 1e-6, wd = 0.05;
+  const int64_t n = 13;
+  for (DType dt : {DType::f64, DType::f32}) {
+    CAPTURE(dtype_name(dt));
+    Tensor p = normal_t({n}, dt, 501), m = zeros({n}, dt), v = zeros({n}, dt);
+    std::vector<double> P = to_f64(p), M(size_t(n), 0.0), Vv(size_t(n), 0.0);
+    for (int step = 1; step <= 3; ++step) {
+      Tensor g = normal_t({n}, dt, 510 + uint64_t(step));
+      std::vector<double> G = to_f64(g);
+      for (size_t i = 0; i < size_t(n); ++i) {
+        P[i] *= 1 - lr * wd;
+        M[i] = b1 * M[i] + (1 - b1) * G[i];
+        Vv[i] = b2 * Vv[i] + (1 - b2) * G[i] * G[i];
+        P[i] -= lr / (1 - std::pow(b1, step)) * M[i] / (std::sqrt(Vv[i]) / std::sqrt(1 - std::pow(b2, step)) + eps);
+      }
+      adamw_step(p, g, m, v, lr, b1, b2, eps, wd, step);
+      const double tol = dt == DType::f64 ? 1e-12 : 1e-6;
+      CHECK(whole_rel(to_f64(p), P) < tol);
+      CHECK(whole_rel(to_f64(m), M) < tol);
+      CHECK(whole_rel(to_f64(v), Vv) < tol);
+    }
+  }
+}
+
+TEST_CASE("kernels: shape and dtype mismatches are errors starting with [kernels]") {
+  const int64_t N = 7, C = 13;
+  const DType f = DType::f32, d = DType::f64;
+  Tensor x = randn_t({N, C}, 601, f), w = randn_t({5, C}, 602, f);
+  // matmul
+  CHECK_KERNELS_ERROR(matmul_forward(empty({N, 5}, f), x, randn_t({5, C}, 602, d)));
+  CHECK_KERNELS_ERROR(matmul_forward(empty({N, 4}, f), x, w));
+  CHECK_KERNELS_ERROR(matmul_backward(empty({N, C + 1}, f), Tensor(), empty({N, 5}, f), x, w));
+  CHECK_KERNELS_ERROR(matmul_backward(Tensor(), zeros({5, C}, d), empty({N, 5}, f), x, w));
+  CHECK_KERNELS_ERROR(matmul_backward(Tensor(), zeros({6, C}, f), empty({N, 5}, f), x, w));
+  // rmsnorm
+  CHECK_KERNELS_ERROR(rmsnorm_forward(empty({N, C}, f), empty({N}, f), x, empty({C + 1}, f), 1e-5));
+  CHECK_KERNELS_ERROR(rmsnorm_forward(empty({N, C}, f), empty({N}, d), x, empty({C}, f), 1e-5));
+  CHECK_KERNELS_ERROR(rmsnorm_backward(empty({N, C}, f), zeros({C + 1}, f), x, x, empty({C}, f), empty({N}, f)));
+  // rope
+  Tensor cs = empty({5, 8}, f), sn = empty({5, 8}, f);
+  CHECK_KERNELS_ERROR(rope_forward(empty({1, 5, 2, 8}, f), empty({1, 5, 2, 8}, f), cs, empty({5, 8}, d)));
+  CHECK_KERNELS_ERROR(rope_forward(empty({1, 5, 2, 8}, f), empty({1, 5, 2, 6}, f), cs, sn));
+  CHECK_KERNELS_ERROR(rope_backward(empty({1, 4, 2, 8}, f), empty({1, 4, 2, 8}, f), cs, sn));
+  CHECK_KERNELS_ERROR(rope_tables(empty({5, 8}, f), empty({4, 8}, f), positions_tensor({0, 1, 2, 3, 4}), 1e4));
+  // swiglu
+  CHECK_KERNELS_ERROR(swiglu_forward(empty({N, C}, f), x, empty({N, C}, d)));
+  CHECK_KERNELS_ERROR(swiglu_backward(empty({N, C}, f), empty({N, C + 1}, f), x, x, x));
+  // embedding
+  Tensor tk = tokens_tensor({0, 1, 2, 3, 4, 5, 6});
+  CHECK_KERNELS_ERROR(embedding_forward(empty({N, C + 1}, f), tk, randn_t({11, C}, 603, f)));
+  CHECK_KERNELS_ERROR(embedding_forward(empty({N, C}, f), from_values({0, 1, 2, 3, 4, 5, 6}, {N}, DType::i64),
+                                        randn_t({11, C}, 603, f)));
+  CHECK_KERNELS_ERROR(embedding_backward(zeros({11, C}, f), empty({N, C}, d), tk));
+  CHECK_KERNELS_ERROR(embedding_backward(zeros({11, C + 1}, f), empty({N, C}, f), tk));
+  // cross-entropy
+  Tensor lg = randn_t({N, 11}, 604, f);
+  CHECK_KERNELS_ERROR(cross_entropy_forward_backward(empty({N + 1}, f), Tensor(), lg, tk, 1.0));
+  CHECK_KERNELS_ERROR(cross_entropy_forward_backward(empty({N}, f), empty({N, 12}, f), lg, tk, 1.0));
+  CHECK_KERNELS_ERROR(cross_entropy_forward_backward(empty({N}, f), Tensor(), lg, tokens_tensor({0, 1, 2}), 1.0));
+  // element-wise, reductions, adamw
+  CHECK_KERNELS_ERROR(add_(empty({N, C}, f), empty({N, C}, d)));
+  CHECK_KERNELS_ERROR(add_(empty({N, C}, f), empty({C, N}, f)));
+  CHECK_KERNELS_ERROR(sum_squares(empty({3}, DType::i64)));
+  CHECK_KERNELS_ERROR(adamw_step(empty({5}, f), empty({6}, f), zeros({5}, f), zeros({5}, f), 1e-3, 0.9, 0.95, 1e-8, 0, 1));
+  CHECK_KERNELS_ERROR(adamw_step(empty({5}, f), empty({5}, d), zeros({5}, f), zeros({5}, f), 1e-3, 0.9, 0.95, 1e-8, 0, 1));
+}
+
+TEST_CASE("kernels: cross-entropy on an all-ignored batch and in place with f32") {
+  const int64_t N = 3, V = 11;
+  Tensor lg = randn_t({N, V}, 701, DType::f32), losses = randn_t({N}, 702, DType::f32);
+  Tensor tg = tokens_tensor({-1, -100, -1});
+  Tensor alias = lg.clone();
+  cross_entropy_forward_backward(losses, alias, alias, tg, 2.0);
+  for (int64_t i = 0; i < N; ++i) CHECK(losses.at<float>(i) == 0.0f);
+  for (int64_t i = 0; i < N * V; ++i) CHECK(alias.at<float>(i) == 0.0f);
+  // target V - 1 is fine, V is the error naming ">= the vocabulary size".
+  Tensor l = empty({N}, DType::f32);
+  cross_entropy_forward_backward(l, Tensor(), lg, tokens_tensor({10, 0, 10}), 1.0);
+  CHECK_ERROR_CONTAINS(cross_entropy_forward_backward(l, Tensor(), lg, tokens_tensor({0, 11, 0}), 1.0),
+                       ">= the vocabulary size");
+}

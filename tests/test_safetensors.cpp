@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "check_error.h"
@@ -188,4 +190,142 @@ TEST_CASE("safetensors: malformed files name the file and what is wrong") {
                        "(truncated file?)");
 
   CHECK_ERROR_CONTAINS(read_safetensors(d / "missing.safetensors"), d / "missing.safetensors" + ": no such file");
+}
+
+// ---------------------------------------------------------------- bit patterns, scalars, f16 edge values, more errors
+
+namespace {
+std::string raw_bytes(const Tensor& t) {
+  return std::string(static_cast<const char*>(t.data_ptr()), t.nbytes());
+}
+
+struct UniqueDir {
+  fs::path path;
+  UniqueDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() /
+           ("mt_test_st2_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" +
+            std::to_string(std::random_device{}()));
+    fs::create_directories(path);
+  }
+  ~UniqueDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& n) const { return (path / n).string(); }
+};
+
+// The same as write_file above, for a UniqueDir.
+std::string put(const UniqueDir& d, const std::string& name, const std::string& header, const std::string& data,
+                int64_t hl = -1) {
+  uint64_t n = hl < 0 ? header.size() : uint64_t(hl);
+  std::string bytes(reinterpret_cast<const char*>(&n), 8);
+  bytes += header + data;
+  std::ofstream(d / name, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+  return d / name;
+}
+}  // namespace
+
+TEST_CASE("safetensors: round trip is bit-exact for NaN payloads, -0, infinities, subnormals and integer limits") {
+  UniqueDir d;
+  Tensor f = empty({2, 4}, DType::f32);
+  const uint32_t fbits[8] = {0x7fc00001u, 0xff800000u, 0x7f800000u, 0x80000000u,
+                             0x00000001u, 0x7f7fffffu, 0x3eaaaaabu, 0xffc12345u};
+  std::memcpy(f.data_ptr(), fbits, sizeof(fbits));
+  Tensor g = empty({3}, DType::f64);
+  const uint64_t gbits[3] = {0x7ff8000000000123ull, 0x8000000000000000ull, 0x0000000000000001ull};
+  std::memcpy(g.data_ptr(), gbits, sizeof(gbits));
+  Tensor h = empty({5}, DType::bf16);
+  const uint16_t hbits[5] = {0x7fc1, 0x8000, 0x0001, 0xff80, 0x3f80};
+  std::memcpy(h.data_ptr(), hbits, sizeof(hbits));
+  Tensor i64 = empty({2}, DType::i64);
+  i64.at<int64_t>(0) = std::numeric_limits<int64_t>::min();
+  i64.at<int64_t>(1) = std::numeric_limits<int64_t>::max();
+  Tensor i32 = empty({3}, DType::i32);
+  i32.at<int32_t>(0) = std::numeric_limits<int32_t>::min();
+  i32.at<int32_t>(1) = std::numeric_limits<int32_t>::max();
+  i32.at<int32_t>(2) = -1;
+  Tensor scalar = from_values({2.5}, {}, DType::f32);  // shape []
+  const std::string path = d / "bits.safetensors";
+  const std::map<std::string, std::string> meta = {
+      {"quote\"and\\backslash", "line\nbreak\ttab"}, {"unicode", "caf\xc3\xa9 \xe2\x82\xac"}, {"empty", ""}};
+  write_safetensors(path, {{"model.layers.0/f", f}, {"g", g}, {"h", h}, {"i64", i64}, {"i32", i32}, {"s", scalar}},
+                    meta);
+  CHECK_FALSE(fs::exists(path + ".tmp"));
+  SafetensorsFile r = read_safetensors(path);
+  CHECK(r.metadata == meta);
+  REQUIRE(r.tensors.size() == 6);
+  const std::pair<const char*, Tensor> want[] = {{"model.layers.0/f", f}, {"g", g}, {"h", h},
+                                                 {"i64", i64}, {"i32", i32}, {"s", scalar}};
+  for (const auto& [name, t] : want) {
+    CAPTURE(name);
+    REQUIRE(r.tensors.count(name) == 1);
+    const Tensor& got = r.tensors.at(name);
+    CHECK(got.dtype() == t.dtype());
+    CHECK(got.shape() == t.shape());
+    CHECK(raw_bytes(got) == raw_bytes(t));
+  }
+  CHECK(r.tensors.at("s").numel() == 1);
+  CHECK(r.tensors.at("s").at<float>(0) == 2.5f);
+}
+
+TEST_CASE("safetensors: F16 written by hand reads as f32: normals, the largest half, subnormals, -0, NaN") {
+  UniqueDir d;
+  // 1.0, -2.5, 0.0, 65504, smallest subnormal 2^-24, largest subnormal 1023 * 2^-24, smallest normal 2^-14,
+  // -smallest subnormal, -0.0, NaN, +inf, 0.1 (0x2e66 = 0.0999755859375).
+  const uint16_t bits[12] = {0x3c00, 0xc100, 0x0000, 0x7bff, 0x0001, 0x03ff,
+                             0x0400, 0x8001, 0x8000, 0x7e00, 0x7c00, 0x2e66};
+  std::string data(reinterpret_cast<const char*>(bits), sizeof(bits));
+  // Another tensor after it keeps the offsets honest.
+  const float tail[2] = {3.0f, -4.0f};
+  data.append(reinterpret_cast<const char*>(tail), sizeof(tail));
+  std::string p = put(d, "h.safetensors",
+                      R"({"x":{"dtype":"F16","shape":[3,4],"data_offsets":[0,24]},)"
+                      R"("y":{"dtype":"F32","shape":[2],"data_offsets":[24,32]}})",
+                      data);
+  SafetensorsFile r = read_safetensors(p);
+  const Tensor& x = r.tensors.at("x");
+  CHECK(x.dtype() == DType::f32);
+  CHECK(x.shape() == Shape{3, 4});
+  const float* v = x.data<float>();
+  CHECK(v[0] == 1.0f);
+  CHECK(v[1] == -2.5f);
+  CHECK(v[2] == 0.0f);
+  CHECK_FALSE(std::signbit(v[2]));
+  CHECK(v[3] == 65504.0f);
+  CHECK(v[4] == std::ldexp(1.0f, -24));
+  CHECK(v[5] == 1023.0f * std::ldexp(1.0f, -24));
+  CHECK(v[6] == std::ldexp(1.0f, -14));
+  CHECK(v[7] == -std::ldexp(1.0f, -24));
+  CHECK(v[8] == 0.0f);
+  CHECK(std::signbit(v[8]));
+  CHECK(std::isnan(v[9]));
+  CHECK(v[10] == std::numeric_limits<float>::infinity());
+  CHECK(v[11] == 0.0999755859375f);
+  CHECK(to_f64(r.tensors.at("y")) == std::vector<double>{3.0, -4.0});
+}
+
+TEST_CASE("safetensors: error messages by substring") {
+  UniqueDir d;
+  // Header length larger than the file (also a huge one that would overflow size arithmetic).
+  std::string p = put(d, "len.safetensors", "{}", "", 100);
+  CHECK_ERROR_CONTAINS(read_safetensors(p), "exceeds file size 10");
+  p = put(d, "huge.safetensors", "{}", "", int64_t(0x7fffffffffffffffLL));
+  CHECK_ERROR_CONTAINS(read_safetensors(p), "exceeds file size");
+  // Not JSON.
+  p = put(d, "json.safetensors", "\x01\x02garbage", "");
+  CHECK_ERROR_CONTAINS(read_safetensors(p), "not valid JSON");
+  // data_offsets past the data.
+  p = put(d, "range.safetensors", R"({"x":{"dtype":"I32","shape":[2],"data_offsets":[4,12]}})", "abcdefgh");
+  CHECK_ERROR_CONTAINS(read_safetensors(p), "data_offsets [4, 12] out of range of the 8 data bytes");
+  // Byte count not matching the shape.
+  p = put(d, "needs.safetensors", R"({"x":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,8]}})", "abcdefgh");
+  CHECK_ERROR_CONTAINS(read_safetensors(p), "needs 12 bytes");
+  p = put(d, "needs64.safetensors", R"({"x":{"dtype":"F64","shape":[],"data_offsets":[0,4]}})", "abcd");
+  CHECK_ERROR_CONTAINS(read_safetensors(p), "needs 8 bytes");
+  // Unknown dtype (a real safetensors dtype this reader does not take).
+  p = put(d, "u8.safetensors", R"({"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "a");
+  CHECK_ERROR_CONTAINS(read_safetensors(p), "unknown dtype 'U8'");
+  // Missing file; a directory is not a file either.
+  CHECK_ERROR_CONTAINS(read_safetensors(d / "nope.safetensors"), "no such file");
+  CHECK_ERROR_CONTAINS(read_safetensors(d.path.string()), "no such file");
+  // Every error is a [checkpoint] error naming the file.
+  CHECK_ERROR_CONTAINS(read_safetensors(p), "[checkpoint] " + p + ":");
 }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "check_error.h"
 #include "runtime/io/token_data.h"
@@ -252,4 +253,119 @@ TEST_CASE("data: scripts/prepare_data writes byte-level shards the reader accept
   CHECK(all.find("hello world\n") == 0);
   CHECK(all.find("caf\xc3\xa9\n") != std::string::npos);
   CHECK(val.size() > 0);
+}
+
+// ---------------------------------------------------------------- uneven shards, batches across shard edges, offsets
+
+namespace {
+// A directory of its own per test case (pid, a counter and a random number), removed at the end.
+struct UniqueDir {
+  fs::path path;
+  UniqueDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() /
+           ("mt_test_data2_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" +
+            std::to_string(std::random_device{}()));
+    fs::create_directories(path);
+  }
+  ~UniqueDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& n) const { return (path / n).string(); }
+};
+}  // namespace
+
+TEST_CASE("data: batches over three uneven shards equal the stream's tokens, across shard edges and epochs") {
+  UniqueDir d;
+  // Shards of 7, 11 and 5 tokens, written out of order; values are distinct and not their positions.
+  std::vector<uint16_t> stream;
+  std::vector<std::vector<uint16_t>> shards(3);
+  const int sizes[3] = {7, 11, 5};
+  for (int s = 0; s < 3; ++s)
+    for (int i = 0; i < sizes[s]; ++i) shards[size_t(s)].push_back(uint16_t(1000 + 37 * s + 3 * i));
+  for (int s : {2, 0, 1}) write_token_shard(d / ("part_" + std::to_string(s) + ".bin"), shards[size_t(s)]);
+  for (const auto& sh : shards) stream.insert(stream.end(), sh.begin(), sh.end());
+  TokenStream ts(d / "part_*.bin", 2000);
+  REQUIRE(ts.size() == 23);
+  CHECK(ts.tokens() == stream);
+  REQUIRE(ts.shards().size() == 3);
+  for (int s = 0; s < 3; ++s) {
+    CHECK(ts.shards()[size_t(s)].path == d / ("part_" + std::to_string(s) + ".bin"));
+    CHECK(ts.shards()[size_t(s)].tokens == sizes[s]);
+  }
+  const int64_t B = 2, T = 4;
+  const int64_t spe = steps_per_epoch(ts, B, T);
+  CHECK(spe == (23 - 1) / (B * T));  // 2
+  CHECK(spe == 2);
+  for (int64_t step = 0; step < 7; ++step) {
+    CAPTURE(step);
+    Batch full = get_batch(ts, step, B, T, 0, B);
+    const int64_t off = (step % spe) * B * T;
+    CHECK(full.epoch == step / spe);
+    CHECK(full.offset == off);
+    REQUIRE(full.inputs.shape() == Shape{B, T});
+    REQUIRE(full.targets.shape() == Shape{B, T});
+    CHECK(full.targets.dtype() == DType::i32);
+    for (int64_t i = 0; i < B * T; ++i) {
+      CHECK(full.inputs.at<int32_t>(i) == stream[size_t(off + i)]);
+      CHECK(full.targets.at<int32_t>(i) == stream[size_t(off + i + 1)]);
+    }
+    for (int64_t r = 0; r < B; ++r) {
+      Batch mine = get_batch(ts, step, B, T, r, 1);
+      for (int64_t i = 0; i < T; ++i) {
+        CHECK(mine.inputs.at<int32_t>(i) == full.inputs.at<int32_t>(r * T + i));
+        CHECK(mine.targets.at<int32_t>(i) == full.targets.at<int32_t>(r * T + i));
+      }
+    }
+  }
+  // Step steps_per_epoch is batch 0 of epoch 1, bit for bit.
+  Batch b0 = get_batch(ts, 0, B, T, 0, B), bw = get_batch(ts, spe, B, T, 0, B);
+  CHECK(bw.epoch == 1);
+  CHECK(bw.offset == 0);
+  CHECK(equal(bw.inputs, b0.inputs));
+  CHECK(equal(bw.targets, b0.targets));
+  // Exact values of step 1 (offset 8: crosses from shard 0 into shard 1 at stream position 7).
+  Batch b1 = get_batch(ts, 1, B, T, 0, B);
+  CHECK(b1.inputs.at<int32_t>(0) == 1000 + 37 * 1 + 3 * 1);  // stream[8] = shard 1, token 1
+  CHECK(b0.inputs.at<int32_t>(6) == 1000 + 3 * 6);           // stream[6] = shard 0, last token
+  CHECK(b0.inputs.at<int32_t>(7) == 1037);                   // stream[7] = shard 1, token 0
+  CHECK(b0.targets.at<int32_t>(6) == 1037);
+}
+
+TEST_CASE("data: a third token over the vocabulary names offset 1028; header-only and short files") {
+  UniqueDir d;
+  write_raw(d / "v.bin", {20240520, 1, 4}, {5, 6, 300, 7});
+  CHECK_ERROR_CONTAINS(TokenStream(d / "v.bin", 256), "token 300 at offset 1028 >= vocab_size 256");
+  CHECK_ERROR_CONTAINS(TokenStream(d / "v.bin", 300), "token 300 at offset 1028 >= vocab_size 300");
+  CHECK(TokenStream(d / "v.bin", 301).size() == 4);
+
+  write_raw(d / "header_only.bin", {20240520, 1, 0}, {});  // exactly 1024 bytes: a valid empty shard
+  CHECK(fs::file_size(d / "header_only.bin") == 1024);
+  CHECK(TokenStream(d / "header_only.bin", 256).size() == 0);
+
+  write_raw(d / "h1023.bin", {20240520, 1, 0}, {}, 1);
+  CHECK_ERROR_CONTAINS(TokenStream(d / "h1023.bin", 256), "shorter than the 1024-byte header");
+  std::ofstream(d / "zero.bin", std::ios::binary).flush();
+  CHECK_ERROR_CONTAINS(TokenStream(d / "zero.bin", 256), "shorter than the 1024-byte header");
+
+  // Magic and version as given in the brief's examples, by substring.
+  write_raw(d / "m.bin", {1234, 1, 0}, {});
+  CHECK_ERROR_CONTAINS(TokenStream(d / "m.bin", 256), "bad magic 1234 at offset 0");
+  write_raw(d / "ver.bin", {20240520, 7, 0}, {});
+  CHECK_ERROR_CONTAINS(TokenStream(d / "ver.bin", 256), "version 7 at offset 4");
+  write_raw(d / "count.bin", {20240520, 1, 3}, {1, 2});
+  CHECK_ERROR_CONTAINS(TokenStream(d / "count.bin", 256), "does not match");
+
+  // A stream of 1 token is shorter than any batch.
+  write_token_shard(d / "one.bin", {42});
+  TokenStream one(d / "one.bin", 256);
+  CHECK_ERROR_CONTAINS(steps_per_epoch(one, 1, 1), "fewer than one batch");
+  CHECK_ERROR_CONTAINS(get_batch(one, 0, 1, 1, 0, 1), "fewer than one batch");
+  write_token_shard(d / "two.bin", {42, 43});
+  TokenStream two(d / "two.bin", 256);
+  CHECK(steps_per_epoch(two, 1, 1) == 1);
+  Batch b = get_batch(two, 3, 1, 1, 0, 1);
+  CHECK(b.inputs.at<int32_t>(0) == 42);
+  CHECK(b.targets.at<int32_t>(0) == 43);
+  CHECK(b.epoch == 3);
+
+  CHECK_ERROR_CONTAINS(TokenStream(d / "nothing_*.bin", 256), "no file matches");
 }

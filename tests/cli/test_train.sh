@@ -170,13 +170,20 @@ src, d = sys.argv[1], sys.argv[2]
 raw = open(src, "rb").read()
 n = struct.unpack("<Q", raw[:8])[0]
 hdr = json.loads(raw[8:8 + n]); body = raw[8 + n:]
-def write(name, h, b):
+tensors = {k: (v, body[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in hdr.items() if k != "__metadata__"}
+def write(name, ts):
+    # Re-packed so that the data offsets tile the data, as valid safetensors files do.
+    h, blobs, off = {}, [], 0
+    for k, (e, b) in ts.items():
+        h[k] = {"dtype": e["dtype"], "shape": e["shape"], "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
     hb = json.dumps(h).encode()
     os.makedirs(os.path.join(d, name), exist_ok=True)
-    open(os.path.join(d, name, "model.safetensors"), "wb").write(struct.pack("<Q", len(hb)) + hb + b)
-h = dict(hdr); del h["model.norm.weight"]; write("missing", h, body)
-h = dict(hdr); h["model.extra.weight"] = dict(hdr["model.norm.weight"]); write("extra", h, body)
-h = dict(hdr); e = dict(h["model.norm.weight"]); e["shape"] = [e["shape"][0] // 2, 2]; h["model.norm.weight"] = e; write("shape", h, body)
+    open(os.path.join(d, name, "model.safetensors"), "wb").write(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
+t = dict(tensors); del t["model.norm.weight"]; write("missing", t)
+t = dict(tensors); t["model.extra.weight"] = tensors["model.norm.weight"]; write("extra", t)
+t = dict(tensors); e, b = tensors["model.norm.weight"]; e = dict(e); e["shape"] = [e["shape"][0] // 2, 2]; t["model.norm.weight"] = (e, b); write("shape", t)
 os.makedirs(os.path.join(d, "garbage"), exist_ok=True)
 open(os.path.join(d, "garbage", "model.safetensors"), "wb").write(b"\xff" * 64)
 PY
