@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "runtime/core/error.h"
 #include "runtime/core/stream.h"
@@ -41,20 +42,8 @@ struct Dims {
   }
 };
 
-// Masks the keys of a block that query row i may not see: columns [visible - s0, nk) become `fill`.
-// Only blocks that straddle the causal diagonal need it.
-template <typename Blk, typename T>
-void mask_block(Blk& blk, const Dims& d, int64_t t0, int64_t nq, int64_t s0, int64_t nk, T fill) {
-  if (d.visible(t0) >= s0 + nk) return;  // the first query sees the whole block, so every row does
-  for (int64_t i = 0; i < nq; ++i) {
-    const int64_t vis = std::clamp<int64_t>(d.visible(t0 + i) - s0, 0, nk);
-    if (vis < nk) blk.row(i).tail(nk - vis).setConstant(fill);
-  }
-}
-
 template <typename T>
 void forward_impl(T* out, T* lse, const T* q, const T* k, const T* v, const Dims& d) {
-  using Col = Eigen::Array<T, Eigen::Dynamic, 1>;
   const int64_t n_qb = (d.T + kBlockQ - 1) / kBlockQ, group = d.H / d.KV;
   const T neg_inf = -std::numeric_limits<T>::infinity(), scale = T(d.scale);
   const int64_t qs = d.H * d.hd, ks = d.KV * d.hd;  // row strides of q/out and k/v
@@ -65,8 +54,8 @@ void forward_impl(T* out, T* lse, const T* q, const T* k, const T* v, const Dims
         const int64_t kvh = h / group, t0 = qb * kBlockQ, nq = std::min(kBlockQ, d.T - t0);
         CStrided<T> Q(q + ((b * d.T + t0) * d.H + h) * d.hd, nq, d.hd, Eigen::OuterStride<>(qs));  // (nq, hd)
         RowMat<T> acc = RowMat<T>::Zero(nq, d.hd);  // (nq, hd) un-normalised output
-        Col m = Col::Constant(nq, neg_inf), l = Col::Zero(nq);  // (nq) running max and sum
-        RowMat<T> S(nq, kBlockK);                                 // (nq, nk) scores, then probabilities
+        std::vector<T> m(size_t(nq), neg_inf), l(size_t(nq), T(0));  // (nq) running max and sum
+        RowMat<T> S(nq, kBlockK);                                       // (nq, nk) scores, then probabilities
         const int64_t keys = d.visible(t0 + nq - 1);  // the last query sees the most keys: later blocks are skipped
         for (int64_t s0 = 0; s0 < keys; s0 += kBlockK) {
           const int64_t nk = std::min(kBlockK, keys - s0);
@@ -74,26 +63,30 @@ void forward_impl(T* out, T* lse, const T* q, const T* k, const T* v, const Dims
           CStrided<T> V(v + ((b * d.S + s0) * d.KV + kvh) * d.hd, nk, d.hd, Eigen::OuterStride<>(ks));  // (nk, hd)
           auto Sb = S.leftCols(nk);
           Sb.noalias() = Q * K.transpose();
-          Sb *= scale;
-          mask_block(Sb, d, t0, nq, s0, nk, neg_inf);
-          Col m_new = m.max(Sb.rowwise().maxCoeff().array());
-          // A row that has seen no key yet keeps max -inf; subtracting 0 instead keeps exp(-inf) = 0, not NaN.
-          Col shift = (m_new == neg_inf).select(Col::Zero(nq), m_new);
-          // Row by row: a row of a row-major block is contiguous, so Eigen vectorises the exp.
-          for (int64_t i = 0; i < nq; ++i) Sb.row(i).array() = (Sb.row(i).array() - shift(i)).exp();
-          mask_block(Sb, d, t0, nq, s0, nk, T(0));  // Eigen's vectorised exp(-inf) is tiny, not 0
-          Col corr = (m - shift).exp();  // multiplies l = 0 and acc = 0 while m is -inf
-          l = l * corr + Sb.rowwise().sum().array();
-          acc.array().colwise() *= corr;
+          // Row by row over the visible prefix: a row of a row-major block is contiguous, so Eigen vectorises
+          // the max, exp and sum; masked keys get probability 0 without computing exp(-inf).
+          for (int64_t i = 0; i < nq; ++i) {
+            const int64_t vis = std::clamp<int64_t>(d.visible(t0 + i) - s0, 0, nk);
+            auto row = Sb.row(i);
+            row.tail(nk - vis).setZero();
+            if (vis == 0) continue;  // acc, l and m of this row are unchanged
+            auto p = row.head(vis).array();
+            p *= scale;
+            const T mx = std::max(m[size_t(i)], p.maxCoeff());
+            p = (p - mx).exp();
+            const T corr = mx == m[size_t(i)] ? T(1) : std::exp(m[size_t(i)] - mx);  // 0 while m is -inf
+            l[size_t(i)] = l[size_t(i)] * corr + p.sum();
+            if (corr != T(1)) acc.row(i) *= corr;
+            m[size_t(i)] = mx;
+          }
           acc.noalias() += Sb * V;
-          m = m_new;
         }
         Strided<T> O(out + ((b * d.T + t0) * d.H + h) * d.hd, nq, d.hd, Eigen::OuterStride<>(qs));  // (nq, hd)
         T* L = lse + (b * d.H + h) * d.T + t0;  // (nq)
         for (int64_t i = 0; i < nq; ++i) {
-          if (l(i) > T(0)) {
-            O.row(i) = acc.row(i) / l(i);
-            L[i] = m(i) + std::log(l(i));
+          if (l[size_t(i)] > T(0)) {
+            O.row(i) = acc.row(i) / l[size_t(i)];
+            L[i] = m[size_t(i)] + std::log(l[size_t(i)]);
           } else {  // no visible key
             O.row(i).setZero();
             L[i] = neg_inf;
@@ -105,7 +98,6 @@ void forward_impl(T* out, T* lse, const T* q, const T* k, const T* v, const Dims
 template <typename T>
 void backward_impl(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse,
                    const Dims& d, bool accumulate) {
-  using Col = Eigen::Array<T, Eigen::Dynamic, 1>;
   const int64_t group = d.H / d.KV;
   const T neg_inf = -std::numeric_limits<T>::infinity(), scale = T(d.scale);
   const int64_t qs = d.H * d.hd, ks = d.KV * d.hd;
@@ -119,6 +111,8 @@ void backward_impl(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, c
         dV.setZero();
       }
       RowMat<T> P(kBlockQ, kBlockK), dP(kBlockQ, kBlockK), dQacc(kBlockQ, d.hd);
+      std::vector<T> rowdot(static_cast<size_t>(kBlockQ));         // (nq) D_i
+      std::vector<int64_t> vis_of(static_cast<size_t>(kBlockQ));  // (nq) keys of the block each row sees
       // All query heads of this kv head's group, so that no other thread writes these dk, dv rows.
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
         for (int64_t t0 = 0; t0 < d.T; t0 += kBlockQ) {
@@ -127,10 +121,8 @@ void backward_impl(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, c
           CStrided<T> dO(dout + off, nq, d.hd, Eigen::OuterStride<>(qs));  // (nq, hd)
           CStrided<T> O(out + off, nq, d.hd, Eigen::OuterStride<>(qs));    // (nq, hd)
           Strided<T> dQ(dq + off, nq, d.hd, Eigen::OuterStride<>(qs));     // (nq, hd)
-          Eigen::Map<const Col> L(lse + (b * d.H + h) * d.T + t0, nq);     // (nq)
-          const Col rowdot = (dO.array() * O.array()).rowwise().sum();    // (nq) D_i = dO_i . O_i
-          // lse -inf (a row that saw no key) becomes +inf so that S - shift is -inf, not NaN; masked below.
-          const Col shift = (L == neg_inf).select(Col::Constant(nq, std::numeric_limits<T>::infinity()), L);
+          const T* L = lse + (b * d.H + h) * d.T + t0;                     // (nq)
+          for (int64_t i = 0; i < nq; ++i) rowdot[size_t(i)] = dO.row(i).dot(O.row(i));  // D_i = dO_i . O_i
           auto dQa = dQacc.topRows(nq);
           dQa.setZero();
           const int64_t keys = d.visible(t0 + nq - 1);
@@ -141,12 +133,23 @@ void backward_impl(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, c
             auto Pb = P.topLeftCorner(nq, nk);    // (nq, nk)
             auto dPb = dP.topLeftCorner(nq, nk);  // (nq, nk)
             Pb.noalias() = Q * K.transpose();
-            for (int64_t i = 0; i < nq; ++i) Pb.row(i).array() = (Pb.row(i).array() * scale - shift(i)).exp();
-            mask_block(Pb, d, t0, nq, s0, nk, T(0));  // also every entry of a row with lse -inf
+            // P = exp(S * scale - lse) on the visible prefix of each row, 0 elsewhere (and on rows with lse -inf).
+            for (int64_t i = 0; i < nq; ++i) {
+              int64_t vis = std::clamp<int64_t>(d.visible(t0 + i) - s0, 0, nk);
+              if (L[i] == neg_inf) vis = 0;
+              vis_of[size_t(i)] = vis;
+              auto row = Pb.row(i);
+              row.head(vis).array() = (row.head(vis).array() * scale - L[i]).exp();
+              row.tail(nk - vis).setZero();
+            }
             dV.middleRows(s0, nk).noalias() += Pb.transpose() * dO;
             dPb.noalias() = dO * V.transpose();
-            for (int64_t i = 0; i < nq; ++i)  // dS, scaled for dQ and dK
-              dPb.row(i).array() = Pb.row(i).array() * (dPb.row(i).array() - rowdot(i)) * scale;
+            for (int64_t i = 0; i < nq; ++i) {  // dS = P * (dP - D), scaled for dQ and dK; 0 where P is
+              const int64_t vis = vis_of[size_t(i)];
+              auto row = dPb.row(i);
+              row.head(vis).array() = Pb.row(i).head(vis).array() * (row.head(vis).array() - rowdot[size_t(i)]) * scale;
+              row.tail(nk - vis).setZero();
+            }
             dQa.noalias() += dPb * K;
             dK.middleRows(s0, nk).noalias() += dPb.transpose() * Q;
           }
