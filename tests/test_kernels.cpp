@@ -1041,7 +1041,7 @@ TEST_CASE("kernels: adamw three steps against torch.optim.AdamW's formula on nor
         P[i] -= lr / (1 - std::pow(b1, step)) * M[i] / (std::sqrt(Vv[i]) / std::sqrt(1 - std::pow(b2, step)) + eps);
       }
       adamw_step(p, g, m, v, lr, b1, b2, eps, wd, step);
-      const double tol = dt == DType::f64 ? 1e-12 : 1e-6;
+      const double tol = dt == DType::f64 ? 1e-12 : 1e-5;  // f32: FMA contraction (-march) changes the last bits
       CHECK(whole_rel(to_f64(p), P) < tol);
       CHECK(whole_rel(to_f64(m), M) < tol);
       CHECK(whole_rel(to_f64(v), Vv) < tol);

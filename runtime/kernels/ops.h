@@ -28,7 +28,8 @@ void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& d
 
 // ---- RoPE, Hugging Face convention ----
 // cos, sin (P, hd) for positions (P) i64: inv_freq_i = theta^(-2i/hd), angle = pos * inv_freq,
-// repeated twice along hd ([f0..f_{hd/2-1}, f0..f_{hd/2-1}]); computed in f64, stored in cos's dtype.
+// repeated twice along hd ([f0..f_{hd/2-1}, f0..f_{hd/2-1}]); computed in cos's dtype, as Hugging Face
+// computes them in the model's float type.
 void rope_tables(const Tensor& cos, const Tensor& sin, const Tensor& positions, double theta);
 // x (B, T, H, hd): out = x * cos[t] + rotate_half(x) * sin[t], rotate_half(x) = [-x2, x1];
 // cos, sin (T, hd) give the rows for the T positions of this sequence. out may alias inp.
