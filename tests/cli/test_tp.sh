@@ -67,7 +67,8 @@ same_as_base() {  # same_as_base NAME NP DESCRIPTION [--set ...]
   fi
 }
 
-train base 1 || bad "1-rank baseline" "$(tail -n 20 "$tmp/base.log")"
+train base 1 --set checkpoint.dir="$tmp/base.ckpt" --set checkpoint.interval=10 ||
+  bad "1-rank baseline" "$(tail -n 20 "$tmp/base.log")"
 same_as_base tp2 2 "tp=2 (sequence + loss parallel)" --set parallel.tp=2 --set parallel.dp_replicate=1
 same_as_base tp2_nosp 2 "tp=2 without sequence parallel" --set parallel.tp=2 --set parallel.dp_replicate=1 --set parallel.sequence_parallel=false
 same_as_base tp2_nolp 2 "tp=2 without loss parallel" --set parallel.tp=2 --set parallel.dp_replicate=1 --set parallel.loss_parallel=false
@@ -77,6 +78,15 @@ same_as_base dp2tp2 4 "dp_replicate=2 x tp=2" --set parallel.tp=2 --set parallel
 same_as_base dp2tp4 8 "dp_replicate=2 x tp=4" --set parallel.tp=4 --set parallel.dp_replicate=2
 if [ $full -eq 1 ]; then
   same_as_base tp8 8 "tp=8" --set parallel.tp=8 --set parallel.dp_replicate=1 --set model.n_heads=8 --set model.n_kv_heads=8
+fi
+
+# A 1-rank checkpoint resumed on dp = 2 x tp = 2 (DESIGN.md invariant 3: another mesh, same losses).
+if train resume_tp 4 --set parallel.tp=2 --set parallel.dp_replicate=2 --set checkpoint.dir="$tmp/resume_tp.ckpt" \
+    --set checkpoint.resume="$tmp/base.ckpt/step_00000010"; then
+  if out=$("$py" "$compare" "$tmp/resume_tp.jsonl" "$tmp/base.jsonl" --from-step 10 --steps 10 2>&1); then
+    ok "a 1-rank checkpoint resumed on dp=2 x tp=2: $out"; else bad "resume on tp" "$out"; fi
+else
+  bad "resume on tp" "$(tail -n 20 "$tmp/resume_tp.log")"
 fi
 
 # The same Hugging Face-named checkpoint loaded on 1 rank and on tp = 2.

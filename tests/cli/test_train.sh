@@ -106,6 +106,28 @@ timeout 300 "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set log.metrics_file=
   check "resume: auto continues from step 10 bit-identically" -- "$py" "$compare" "$tmp/killed.jsonl" "$tmp/dp2.jsonl" --exact --from-step 10 --steps 10 ||
   bad "resume after the kill" "$(tail -n 20 "$tmp/killed2.log")"
 
+# A stop signal (Slurm's warning before the time limit): every rank stops at the same step with a checkpoint,
+# exit 0, and resume: auto continues from there.
+rm -rf "$tmp/sig.jsonl" "$tmp/sig.ckpt"
+timeout 300 "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.steps=100000 --set checkpoint.interval=0 \
+  --set log.metrics_file="$tmp/sig.jsonl" --set checkpoint.dir="$tmp/sig.ckpt" train >"$tmp/sig.log" 2>&1 &
+sig_job=$!
+for _ in $(seq 1 300); do
+  [ -f "$tmp/sig.jsonl" ] && [ "$(grep -c '"loss"' "$tmp/sig.jsonl")" -ge 3 ] && break
+  sleep 0.2
+done
+# The ranks only (their command lines start with the binary; timeout's and mpirun's do not).
+pkill -USR1 -f -- "^$mt .*checkpoint.dir=$tmp/sig.ckpt" 2>/dev/null
+if wait $sig_job; then
+  expect "SIGUSR1: the ranks stop with a checkpoint" zero "received: stopped after step" -- cat "$tmp/sig.log"
+  sig_step=$(ls "$tmp/sig.ckpt" | grep -E '^step_[0-9]{8}$' | tail -n 1)
+  expect "SIGUSR1: resume continues from $sig_step" zero "resumed from $tmp/sig.ckpt/$sig_step" -- \
+    "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.steps=$((10#${sig_step#step_} + 2)) \
+    --set checkpoint.dir="$tmp/sig.ckpt" --set log.metrics_file="$tmp/sig2.jsonl" train
+else
+  bad "SIGUSR1: the job exits 0 after checkpointing" "$(tail -n 10 "$tmp/sig.log")"
+fi
+
 # --- generate ---
 expect "generate from a checkpoint" zero "Once upon" -- \
   "$mpirun" -np 1 "$mt" generate --checkpoint "$tmp/base.ckpt" --prompt "Once upon" --tokens 24 --temperature 0
