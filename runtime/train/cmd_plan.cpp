@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <random>
 
-#include "parallel/loss_parallel.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/train/trainer.h"
 
@@ -71,24 +70,12 @@ int run_plan_command(RunContext& ctx) {
   CommCounters fwd = comm_counters();
   Tensor losses = empty({run.micro * t.seq_len}, logits.dtype(), run.device);
   Tensor rows = as_rows(logits);
-  if (logits.size(-1) == cfg.model.vocab_size) {
-    cross_entropy_forward_backward(losses, rows, rows, targets.reshape({-1}), 1.0);
-  } else {  // vocab-parallel loss: its all-reduces of 3 numbers per token go through the tp group directly
-    const DTensor& w = run.model->lm_head->weight->value;
-    vocab_parallel_cross_entropy(losses, rows, rows, targets.reshape({-1}), w.spec.local_offset(w.mesh.coordinate())[0],
-                                 1.0, mesh.group("tp"));
-  }
+  token_losses(run, losses, rows, rows, targets.reshape({-1}).to(run.device), 1.0);
   reset_comm_counters();
   run.model->call_backward(logits);
   CommCounters bwd = comm_counters();
   reset_comm_counters();
-  for (Parameter* p : run.params) {
-    std::vector<int> partial = run.dp_dims;
-    partial.insert(partial.end(), p->grad_partial_dims.begin(), p->grad_partial_dims.end());
-    for (int d : partial)
-      if (p->value.placements()[size_t(d)].is_replicate()) p->grad.spec.placements[size_t(d)] = Placement::Partial();
-    p->grad = redistribute(p->grad, p->value.spec);
-  }
+  sync_gradients(run);
   CommCounters sync = comm_counters();
 
   if (root) {

@@ -92,8 +92,6 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   return run;
 }
 
-// Per-token losses (N) of logits (N, V or V/tp); dlogits (may alias logits) gets the gradient scaled
-// by grad_scale. Vocab-sharded logits (loss parallel) never get gathered.
 void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                   const Tensor& targets, double grad_scale) {
   if (logits.size(1) == run.config.model.vocab_size) {
@@ -102,6 +100,19 @@ void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, co
     const DTensor& w = run.model->lm_head->weight->value;  // (V, C) sharded by rows on tp
     int64_t vocab_begin = w.spec.local_offset(w.mesh.coordinate())[0];
     vocab_parallel_cross_entropy(losses, dlogits, logits, targets, vocab_begin, grad_scale, run.mesh.group("tp"));
+  }
+}
+
+void sync_gradients(TrainRun& run) {
+  // Each gradient is Partial over the data-parallel dims (and, for sequence-parallel norm weights,
+  // over tp: grad_partial_dims); redistributing it to its parameter's placement all-reduces (or
+  // reduce-scatters) it.
+  for (Parameter* p : run.params) {
+    std::vector<int> partial = run.dp_dims;
+    partial.insert(partial.end(), p->grad_partial_dims.begin(), p->grad_partial_dims.end());
+    for (int d : partial)
+      if (p->value.placements()[size_t(d)].is_replicate()) p->grad.spec.placements[size_t(d)] = Placement::Partial();
+    p->grad = redistribute(p->grad, p->value.spec);
   }
 }
 
@@ -124,16 +135,8 @@ StepResult train_step(TrainRun& run, int64_t step) {
     loss_sum += sum(losses);
     run.model->call_backward(logits);  // logits now hold dloss/dlogits
   }
-  // 3. Gradient sync, the one rule: each gradient is Partial over the data-parallel dims;
-  //    redistributing it to its parameter's placement all-reduces (or reduce-scatters) it.
-  //    Sequence-parallel norm weights are partial over tp as well (grad_partial_dims).
-  for (Parameter* p : run.params) {
-    std::vector<int> partial = run.dp_dims;
-    partial.insert(partial.end(), p->grad_partial_dims.begin(), p->grad_partial_dims.end());
-    for (int d : partial)
-      if (p->value.placements()[size_t(d)].is_replicate()) p->grad.spec.placements[size_t(d)] = Placement::Partial();
-    p->grad = redistribute(p->grad, p->value.spec);
-  }
+  // 3. Gradient sync, the one rule (see sync_gradients).
+  sync_gradients(run);
   // 4. The step's loss over the whole batch.
   Tensor loss_t = from_values({loss_sum}, {1}, DType::f64);
   run.mesh.group("dp").all_reduce(loss_t, ReduceOp::sum);

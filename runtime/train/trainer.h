@@ -40,6 +40,12 @@ struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0;
 };
 StepResult train_step(TrainRun& run, int64_t step);
+// Per-token losses (N) of logits (N, V, or V/tp under loss parallel, never gathered); dlogits
+// (undefined, or aliasing logits) gets the gradient scaled by grad_scale.
+void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                  const Tensor& targets, double grad_scale);
+// Brings every gradient to its parameter's placement (DESIGN.md's one rule).
+void sync_gradients(TrainRun& run);
 // Mean token loss over eval.steps validation batches (collective over dp).
 double evaluate(TrainRun& run);
 // Continues `prompt` (bytes) by `n` sampled tokens; every rank computes the same text
