@@ -23,9 +23,12 @@ Placement normalized(const Placement& p, int64_t ndim) {
 // Redistribute's gradient rule on one mesh dim (PyTorch's): a Partial source
 // gets a Replicate gradient; a Replicate source keeps a Partial gradient
 // partial (summing it is left to whoever needs it whole); else the source's.
-Placement grad_target(const Placement& from, const Placement& grad_from) {
+// A local input (PyTorch's from_local) has no one downstream to sum it: its
+// gradient goes back to the input's own placement (Partial -> Replicate is an
+// all-reduce, Megatron's "f").
+Placement grad_target(const Placement& from, const Placement& grad_from, bool local_input) {
   if (from.is_partial()) return Placement::Replicate();
-  if (from.is_replicate() && grad_from.is_partial()) return grad_from;
+  if (from.is_replicate() && grad_from.is_partial() && !local_input) return grad_from;
   return from;
 }
 
@@ -69,10 +72,10 @@ Placement single(const std::vector<std::optional<Placement>>& v, const Module& m
 }
 
 void add_hook(std::vector<LayoutHook>& hooks, const DeviceMesh& mesh, int dim, Placement from, Placement to,
-              Placement grad_from, int64_t global_size) {
+              Placement grad_from, int64_t global_size, bool local_input = false) {
   // Nothing to do in either direction: skip the hook.
-  if (from == to && grad_target(from, grad_from) == grad_from) return;
-  hooks.push_back(layout_hook(mesh, dim, from, to, grad_from, global_size));
+  if (from == to && grad_target(from, grad_from, local_input) == grad_from) return;
+  hooks.push_back(layout_hook(mesh, dim, from, to, grad_from, global_size, local_input));
 }
 
 // input_is_dtensor: the module's input comes from an enclosing PrepareModuleInput that keeps it a
@@ -86,17 +89,7 @@ void apply_colwise(Module& m, const DeviceMesh& mesh, int dim, const ColwisePara
   if (m.type() == "Linear") {
     shard_param(w, dim, Placement::Shard(0));
     // x (R) @ W (S(0))^T gives S(-1); the input gradient dy W comes out Partial.
-    if (in.is_replicate() && !input_is_dtensor) {
-      LayoutHook h = layout_hook(mesh, dim, Placement::Replicate(), Placement::Replicate(), Placement::Partial());
-      auto partial_to_whole = layout_hook(mesh, dim, Placement::Partial(), Placement::Replicate(), Placement::Replicate());
-      h.what = "R -> R on " + mesh.dims()[size_t(dim)].name + " (gradient all-reduced)";
-      h.backward = partial_to_whole.forward;  // P -> R on the gradient
-      h.forward = [](const Tensor& x) { return x; };
-      // partial_to_whole.forward records the global shape from the gradient itself.
-      m.input_hooks.push_back(h);
-    } else {
-      add_hook(m.input_hooks, mesh, dim, in, Placement::Replicate(), Placement::Partial(), -1);
-    }
+    add_hook(m.input_hooks, mesh, dim, in, Placement::Replicate(), Placement::Partial(), -1, !input_is_dtensor);
     add_hook(m.output_hooks, mesh, dim, Placement::Shard(-1), out, out, w.value.shape()[0]);
   } else if (m.type() == "Embedding") {
     MT_CHECK(in.is_replicate(), "parallel", "ColwiseParallel on {} (Embedding): token inputs must be Replicate, got {}",
@@ -198,7 +191,7 @@ Placements activation_placements(const DeviceMesh& mesh, int mesh_dim, const Pla
 }
 
 LayoutHook layout_hook(const DeviceMesh& mesh, int mesh_dim, const Placement& from, const Placement& to,
-                       const Placement& grad_from, int64_t global_size) {
+                       const Placement& grad_from, int64_t global_size, bool local_input) {
   // The global shape of the last forward's activation, for its gradient in backward.
   auto global = std::make_shared<Shape>();
   auto make_global = [mesh, mesh_dim, global_size](const Tensor& local, const Placements& pl) {
@@ -212,7 +205,8 @@ LayoutHook layout_hook(const DeviceMesh& mesh, int mesh_dim, const Placement& fr
     return g;
   };
   LayoutHook h;
-  h.what = fmt::format("{} -> {} on {}", from.str(), to.str(), mesh.dims()[size_t(mesh_dim)].name);
+  h.what = fmt::format("{} -> {} on {}; gradient {} -> {}", from.str(), to.str(), mesh.dims()[size_t(mesh_dim)].name,
+                       grad_from.str(), grad_target(from, grad_from, local_input).str());
   h.forward = [=](const Tensor& x) {
     Placement f = normalized(from, x.dim()), t = normalized(to, x.dim());
     Placements fp = activation_placements(mesh, mesh_dim, f);
@@ -223,7 +217,7 @@ LayoutHook layout_hook(const DeviceMesh& mesh, int mesh_dim, const Placement& fr
   };
   h.backward = [=](const Tensor& g) {
     int64_t nd = int64_t(global->size());
-    Placement gf = normalized(grad_from, nd), tgt = grad_target(normalized(from, nd), gf);
+    Placement gf = normalized(grad_from, nd), tgt = grad_target(normalized(from, nd), gf, local_input);
     if (gf == tgt) return g;
     DTensor dt = from_local(g, mesh, activation_placements(mesh, mesh_dim, gf), *global);
     return redistribute(dt, activation_placements(mesh, mesh_dim, tgt)).local;

@@ -92,8 +92,10 @@ Placements activation_placements(const DeviceMesh& mesh, int mesh_dim, const Pla
 // A hook moving an activation from `from` to `to` on mesh_dim; its backward moves
 // the gradient (arriving as `grad_from`) back by redistribute's gradient rule.
 // global_size: the global size of the sharded tensor dim when it cannot be
-// inferred from the local size (uneven shards), -1 otherwise.
+// inferred from the local size (uneven shards), -1 otherwise. local_input: the
+// activation arrives as a plain local tensor (PyTorch's from_local), so a partial
+// gradient is made whole before it leaves (an all-reduce) instead of staying partial.
 LayoutHook layout_hook(const DeviceMesh& mesh, int mesh_dim, const Placement& from, const Placement& to,
-                       const Placement& grad_from, int64_t global_size = -1);
+                       const Placement& grad_from, int64_t global_size = -1, bool local_input = false);
 
 }  // namespace mt
