@@ -17,23 +17,9 @@ py=/usr/bin/python3
 compare="$root/tests/cli/compare_runs.py"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-passed=0
-failed=0
 export OMP_NUM_THREADS=1
 
-ok() { passed=$((passed + 1)); echo "ok   $1"; }
-bad() { failed=$((failed + 1)); echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
-expect() {
-  local name=$1 want=$2 text=$3
-  shift 4
-  local out="$tmp/out" rc
-  timeout 300 "$@" >"$out" 2>&1
-  rc=$?
-  if [ "$want" = zero ] && [ $rc -ne 0 ]; then bad "$name" "exit $rc, expected 0" "$(tail -n 15 "$out")"; return; fi
-  if [ "$want" = nonzero ] && [ $rc -eq 0 ]; then bad "$name" "exit 0, expected non-zero" "$(tail -n 15 "$out")"; return; fi
-  if ! grep -qF -- "$text" "$out"; then bad "$name" "output lacks: $text" "$(tail -n 15 "$out")"; return; fi
-  ok "$name"
-}
+source "$root/tests/cli/common.sh"
 
 "$py" "$root/scripts/prepare_data" --out "$tmp/data" --name docs "$root"/docs/*.md >/dev/null || bad "prepare_data"
 # ffn_dim 100 and vocab 250 do not divide by 4 or 8: uneven shards of MLP and vocabulary.
