@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "../check_error.h"
+#include "gpu_test.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
@@ -14,20 +15,6 @@
 using namespace mt;
 
 namespace {
-
-#define MT_REQUIRE_GPU()                                         \
-  do {                                                           \
-    if (mt::cuda_device_count() == 0) {                          \
-      MESSAGE("no CUDA device visible: GPU test skipped");       \
-      return;                                                    \
-    }                                                            \
-  } while (0)
-
-int test_device() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r % cuda_device_count();
-}
 
 Tensor host_values(int64_t n, DType dt) {
   std::vector<double> v(static_cast<size_t>(n));

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "attention/local_attention.h"
+#include "gpu_test.h"
 #include "runtime/core/stream.h"
 #include "runtime/kernels/ops.h"
 
@@ -16,19 +17,7 @@ using namespace mt;
 
 namespace {
 
-#define MT_REQUIRE_GPU()                                   \
-  do {                                                     \
-    if (mt::cuda_device_count() == 0) {                    \
-      MESSAGE("no CUDA device visible: GPU test skipped"); \
-      return;                                              \
-    }                                                      \
-  } while (0)
-
-Device gpu() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return Device::cuda(r % cuda_device_count());
-}
+Device gpu() { return Device::cuda(test_device()); }
 
 Tensor rnd(const Shape& s, uint64_t seed, double scale = 1.0) {
   std::mt19937_64 g(seed);
