@@ -33,6 +33,19 @@ void fsync_path(const fs::path& p) {
 
 Tensor host_f(const Tensor& t) { return t.device().is_cuda() ? t.to(Device::cpu()) : t; }
 
+// The complete checkpoints in dir (step_XXXXXXXX directories with a meta.json), oldest first.
+std::vector<fs::path> complete_checkpoints(const std::string& dir) {
+  std::error_code ec;
+  std::vector<fs::path> all;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return all;
+  const std::regex re("step_[0-9]{8}");
+  for (auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory() && std::regex_match(e.path().filename().string(), re) && fs::exists(e.path() / "meta.json"))
+      all.push_back(e.path());
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
 // Test hook: MT_FAULT_CHECKPOINT=<step> kills rank 0 half way through writing that step's checkpoint.
 bool fault_at(int64_t step) {
   const char* f = std::getenv("MT_FAULT_CHECKPOINT");
@@ -96,11 +109,7 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
     fsync_path(dir);
     // Keep the newest `keep` complete checkpoints.
     if (keep > 0) {
-      std::vector<fs::path> all;
-      std::regex re("step_[0-9]{8}");
-      for (auto& e : fs::directory_iterator(dir))
-        if (e.is_directory() && std::regex_match(e.path().filename().string(), re)) all.push_back(e.path());
-      std::sort(all.begin(), all.end());
+      std::vector<fs::path> all = complete_checkpoints(dir);
       for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove_all(all[i], ec);
     }
   }
@@ -109,15 +118,9 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {
-  std::error_code ec;
-  if (dir.empty() || !fs::is_directory(dir, ec)) return std::nullopt;
-  std::regex re("step_[0-9]{8}");
-  std::vector<fs::path> all;
-  for (auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_directory() && std::regex_match(e.path().filename().string(), re) && fs::exists(e.path() / "meta.json"))
-      all.push_back(e.path());
+  std::vector<fs::path> all = complete_checkpoints(dir);
   if (all.empty()) return std::nullopt;
-  return std::max_element(all.begin(), all.end())->string();
+  return all.back().string();
 }
 
 namespace {
