@@ -11,13 +11,23 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <limits>
 #include <vector>
 
 #include "runtime/core/error.h"
 #include "runtime/core/stream.h"
+#include "runtime/kernels/ops.h"
 #if MT_CUDA
 #include "runtime/kernels/cuda/cuda_ops.h"
+#if __has_include("runtime/kernels/cuda/flash_attention.h")
+#include "runtime/kernels/cuda/flash_attention.h"
+#define MT_FLASH_ATTENTION 1
+#endif
+#endif
+#ifndef MT_FLASH_ATTENTION
+#define MT_FLASH_ATTENTION 0
 #endif
 
 namespace mt {
@@ -171,21 +181,44 @@ Dims check(const char* op, const Tensor& out, const Tensor& lse, const Tensor& q
            shape_str(q.shape()));
   MT_CHECK(lse.shape() == (Shape{d.B, d.H, d.T}), "attention", "{}: lse has shape {}, expected {}", op,
            shape_str(lse.shape()), shape_str({d.B, d.H, d.T}));
-  for (const Tensor* t : {&out, &lse, &k, &v}) {
+  for (const Tensor* t : {&out, &k, &v}) {
     MT_CHECK(t->dtype() == q.dtype(), "attention", "{}: operands mix {} and {}", op, dtype_name(q.dtype()),
              dtype_name(t->dtype()));
   }
+  // The log-sum-exp is a softmax statistic: f32 when the activations are bf16.
+  const DType lse_dtype = q.dtype() == DType::bf16 ? DType::f32 : q.dtype();
+  MT_CHECK(lse.dtype() == lse_dtype, "attention", "{}: lse is {}; with {} q it must be {}", op, dtype_name(lse.dtype()),
+           dtype_name(q.dtype()), dtype_name(lse_dtype));
   if (q.device().is_cuda()) {
-    MT_CHECK(MT_CUDA && q.dtype() == DType::f32, "attention", "{}: CUDA tensors must be f32 in a CUDA build, got {}", op,
+    MT_CHECK(MT_CUDA, "attention", "{}: CUDA tensors in a build without CUDA", op);
+    MT_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16, "attention", "{}: CUDA takes f32 or bf16, got {}", op,
              dtype_name(q.dtype()));
     MT_CHECK(d.hd <= 256, "attention", "{}: head dim {} > 256", op, d.hd);
   } else {
-    MT_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::f64, "attention", "{}: the CPU backend takes f32 or f64, got {}",
-             op, dtype_name(q.dtype()));
+    MT_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::f64 || q.dtype() == DType::bf16, "attention",
+             "{}: the CPU backend takes f32, bf16 or f64, got {}", op, dtype_name(q.dtype()));
   }
   for (const Tensor* t : {&out, &lse, &k, &v})
     MT_CHECK(t->device() == q.device(), "attention", "{}: operands on {} and {}", op, q.device().str(), t->device().str());
   return d;
+}
+
+// bf16 through the f32 kernels on widened copies, outputs rounded once: the CPU's bf16 path (the
+// reference for the CUDA kernel), and on CUDA the fallback for head dims the tensor-core kernel does
+// not take, or for everything when MT_REFERENCE_ATTENTION=1 (to rule the fast kernel out).
+Tensor widen(const Tensor& t) {
+  if (t.dtype() != DType::bf16) return t;
+  Tensor r = empty(t.shape(), DType::f32, t.device());
+  convert(r, t);
+  return r;
+}
+[[maybe_unused]] bool use_flash(const Tensor& q, const Dims& d) {
+  static const bool reference = [] {
+    const char* e = std::getenv("MT_REFERENCE_ATTENTION");
+    return e && std::string(e) == "1";
+  }();
+  return MT_FLASH_ATTENTION && q.device().is_cuda() && q.dtype() == DType::bf16 && (d.hd == 64 || d.hd == 128) &&
+         !reference;
 }
 
 }  // namespace
@@ -193,8 +226,17 @@ Dims check(const char* op, const Tensor& out, const Tensor& lse, const Tensor& q
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionOptions& opt) {
   Dims d = check("attention_forward", out, lse, q, k, v, opt);
+#if MT_FLASH_ATTENTION
+  if (use_flash(q, d)) {
+    int rc = cuda::flash_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                           d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal, d.q_pos0, d.k_pos0,
+                                           current_stream(q.device().index).handle());
+    MT_CHECK(rc == 0, "attention", "attention_forward: CUDA error {}", rc);
+    return;
+  }
+#endif
 #if MT_CUDA
-  if (q.device().is_cuda()) {
+  if (q.device().is_cuda() && q.dtype() == DType::f32) {
     int rc = cuda::attention_forward(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
                                      v.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal, d.q_pos0, d.k_pos0,
                                      current_stream(q.device().index).handle());
@@ -202,6 +244,11 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
     return;
   }
 #endif
+  if (q.dtype() == DType::bf16) {
+    Tensor o = empty(out.shape(), DType::f32, q.device());
+    attention_forward(o, lse, widen(q), widen(k), widen(v), opt);
+    return convert(out, o);
+  }
   if (q.dtype() == DType::f64)
     forward_impl<double>(out.data<double>(), lse.data<double>(), q.data<double>(), k.data<double>(), v.data<double>(), d);
   else
@@ -220,8 +267,20 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   for (const Tensor* t : {&dq, &dk, &dv, &dout})
     MT_CHECK(t->dtype() == q.dtype() && t->device() == q.device(), "attention", "{}: gradients must be {} on {}", op,
              dtype_name(q.dtype()), q.device().str());
+#if MT_FLASH_ATTENTION
+  if (use_flash(q, d)) {
+    Tensor scratch = empty({int64_t(cuda::flash_attention_backward_scratch_bytes(d.B, d.T, d.S, d.H, d.KV, d.hd) + 1) / 2},
+                           DType::u16, q.device());  // bytes, as u16 elements
+    int rc = cuda::flash_attention_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), scratch.data_ptr(),
+                                            dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                            lse.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal,
+                                            d.q_pos0, d.k_pos0, accumulate, current_stream(q.device().index).handle());
+    MT_CHECK(rc == 0, "attention", "attention_backward: CUDA error {}", rc);
+    return;
+  }
+#endif
 #if MT_CUDA
-  if (q.device().is_cuda()) {
+  if (q.device().is_cuda() && q.dtype() == DType::f32) {
     Tensor rowdot = empty({d.B * d.H * d.T}, DType::f32, q.device());
     int rc = cuda::attention_backward(dq.data<float>(), dk.data<float>(), dv.data<float>(), rowdot.data<float>(),
                                       dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(),
@@ -231,6 +290,13 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
     return;
   }
 #endif
+  if (q.dtype() == DType::bf16) {
+    Tensor dq32 = empty(dq.shape(), DType::f32, q.device()), dk32 = widen(dk), dv32 = widen(dv);
+    attention_backward(dq32, dk32, dv32, widen(dout), widen(q), widen(k), widen(v), widen(out), lse, opt, accumulate);
+    convert(dq, dq32);
+    convert(dk, dk32);
+    return convert(dv, dv32);
+  }
   if (q.dtype() == DType::f64)
     backward_impl<double>(dq.data<double>(), dk.data<double>(), dv.data<double>(), dout.data<double>(), q.data<double>(),
                           k.data<double>(), v.data<double>(), out.data<double>(), lse.data<double>(), d, accumulate);

@@ -16,7 +16,9 @@ struct AttentionOptions {
 };
 
 // q (B, T, H, hd), k and v (B, S, KV, hd), H divisible by KV. out (B, T, H, hd), lse (B, H, T) in
-// q's dtype (natural log). Causal: query t sees key s iff k_pos0 + s <= q_pos0 + t. A query that
+// q's dtype, f32 for bf16 q (natural log). bf16 on CUDA runs the tensor-core kernel
+// (runtime/kernels/cuda/flash_attention.h: head dim 64 or 128; other head dims, or
+// MT_REFERENCE_ATTENTION=1, run the f32 kernels on widened copies); bf16 on the CPU runs in f32. Causal: query t sees key s iff k_pos0 + s <= q_pos0 + t. A query that
 // sees no key gets out = 0 and lse = -inf.
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionOptions& opt = {});

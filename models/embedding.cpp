@@ -18,7 +18,7 @@ Embedding::Embedding(const std::string& name, int64_t n, int64_t d, const ParamF
 Tensor Embedding::forward(const Tensor& tokens) {
   MT_CHECK(tokens.dtype() == DType::i32 && tokens.dim() == 2, "model", "{}: expected (B, T) i32 tokens, got {} {}",
            name(), dtype_name(tokens.dtype()), shape_str(tokens.shape()));
-  const Tensor& table = weight->value.local;  // (V_local, dim_local)
+  const Tensor& table = weight->compute_local();  // (V_local, dim_local)
   saved_tokens_ = tokens;
   Tensor out = empty({tokens.size(0), tokens.size(1), table.size(1)}, table.dtype(), table.device());  // (B, T, C)
   embedding_forward(as_rows(out), tokens.reshape({-1}), table, local_row_begin(weight->value), num_embeddings);

@@ -22,7 +22,7 @@ Linear::Linear(const std::string& name, int64_t in, int64_t out, const ParamFact
 }
 
 Tensor Linear::forward(const Tensor& x) {
-  const Tensor& w = weight->value.local;  // (out_local, in_local)
+  const Tensor& w = weight->compute_local();  // (out_local, in_local)
   MT_CHECK(x.size(-1) == w.size(1), "model", "{}: input has {} features, the local weight {} expects {}", name(),
            x.size(-1), shape_str(w.shape()), w.size(1));
   saved_x_ = x;
@@ -35,7 +35,7 @@ Tensor Linear::forward(const Tensor& x) {
 
 Tensor Linear::backward(const Tensor& dy) {
   Tensor dx = empty(saved_x_.shape(), dy.dtype(), dy.device());  // (B, T, in_local)
-  matmul_backward(as_rows(dx), weight->grad.local, as_rows(dy), as_rows(saved_x_), weight->value.local);
+  matmul_backward(as_rows(dx), weight->grad.local, as_rows(dy), as_rows(saved_x_), weight->compute_local());
   saved_x_ = Tensor();
   return dx;
 }

@@ -12,8 +12,8 @@ RMSNorm::RMSNorm(const std::string& name, int64_t dim, double e, const ParamFact
 
 Tensor RMSNorm::forward(const Tensor& x) {
   Tensor y = empty(x.shape(), x.dtype(), x.device());          // (B, T, C)
-  Tensor rstd = empty({as_rows(x).size(0)}, x.dtype(), x.device());  // (B*T)
-  rmsnorm_forward(as_rows(y), rstd, as_rows(x), weight->value.local, eps);
+  Tensor rstd = empty({as_rows(x).size(0)}, accum_dtype(x.dtype()), x.device());  // (B*T)
+  rmsnorm_forward(as_rows(y), rstd, as_rows(x), weight->compute_local(), eps);
   saved_x_ = x;
   saved_rstd_ = rstd;
   return y;
@@ -21,7 +21,7 @@ Tensor RMSNorm::forward(const Tensor& x) {
 
 Tensor RMSNorm::backward(const Tensor& dy) {
   Tensor dx = empty(saved_x_.shape(), dy.dtype(), dy.device());  // (B, T, C)
-  rmsnorm_backward(as_rows(dx), weight->grad.local, as_rows(dy), as_rows(saved_x_), weight->value.local, saved_rstd_);
+  rmsnorm_backward(as_rows(dx), weight->grad.local, as_rows(dy), as_rows(saved_x_), weight->compute_local(), saved_rstd_);
   saved_x_ = saved_rstd_ = Tensor();
   return dx;
 }

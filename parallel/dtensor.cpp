@@ -224,6 +224,14 @@ void reset_comm_counters() {
   g_counters = CommCounters{};
 }
 
+void count_collective(const std::string& dims, const std::string& kind, int64_t bytes_per_rank) {
+  std::lock_guard<std::mutex> lock(g_counters_mutex);
+  std::string coll = dims + " " + kind;
+  g_counters.bytes_by_dim[dims] += bytes_per_rank;
+  g_counters.bytes_by_collective[coll] += bytes_per_rank;
+  g_counters.calls_by_collective[coll] += 1;
+}
+
 DTensor redistribute(const DTensor& t, const DTensorSpec& target, const RedistributeOptions& opts) {
   const Plan& plan = plan_redistribute(t.spec, target, dtype_size(t.local.dtype()), opts.link_gbps, opts.planner);
   {

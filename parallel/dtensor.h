@@ -60,6 +60,9 @@ struct CommCounters {
 };
 CommCounters comm_counters();
 void reset_comm_counters();
+// Adds a collective issued outside redistribute (the bucketed gradient all-reduces): `dims` names
+// the group ("dp_replicate" or "dp_replicate,tp"), bytes_per_rank as the ring algorithms send.
+void count_collective(const std::string& dims, const std::string& kind, int64_t bytes_per_rank);
 
 // Copies a block of block_shape elements between two row-major tensors of the
 // same dtype (host memory), from src at src_start to dst at dst_start.

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "parallel/random.h"
+#include "runtime/kernels/ops.h"
 
 namespace mt {
 
@@ -61,17 +62,28 @@ std::unique_ptr<Parameter> ParamFactory::make(const std::string& name, const Sha
   p->init = init;
   p->weight_decay = shape.size() >= 2;
   Placements rep(size_t(mesh.ndim()), Placement::Replicate());
+  const DType master = accum_dtype(dtype);  // initialised in f32 and rounded: the same draw as an f32 model
   if (init == "ones") {
-    p->value = ones(mesh, shape, rep, dtype);
+    p->value = ones(mesh, shape, rep, master);
   } else if (init == "normal") {
-    p->value = randn(mesh, shape, rep, RandomKey{seed, name}, dtype, 0.0, init_std);
+    p->value = randn(mesh, shape, rep, RandomKey{seed, name}, master, 0.0, init_std);
   } else {
     fail("model", "{}: unknown init '{}'", name, init);
   }
   if (device.is_cuda()) p->value.local = p->value.local.to(device);
   p->grad = p->value;
-  p->grad.local = zeros(p->value.local.shape(), dtype, device);
+  p->grad.local = zeros(p->value.local.shape(), master, device);
+  if (master != dtype) {
+    p->compute = empty(p->value.local.shape(), dtype, device);
+    p->refresh_compute();
+  }
   return p;
+}
+
+void Parameter::refresh_compute() {
+  if (!compute.defined()) return;
+  if (compute.shape() != value.local.shape()) compute = empty(value.local.shape(), compute.dtype(), value.local.device());
+  convert(compute, value.local);
 }
 
 void zero_grads(const std::vector<Parameter*>& params) {

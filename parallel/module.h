@@ -27,6 +27,15 @@ struct Parameter {
   // Mesh dims over which backward leaves this gradient partial besides the data-parallel ones
   // (a sequence-parallel norm's weight: each tp rank saw part of the sequence).
   std::vector<int> grad_partial_dims;
+  // Mixed precision: value and grad are the f32 master weights and gradient (what the optimizer,
+  // the gradient sync and checkpoints see); compute is the bf16 copy of value.local the layers
+  // run with, rewritten by the optimizer step. Undefined when the model computes in value's dtype.
+  Tensor compute;
+
+  // The local tensor layers compute with.
+  const Tensor& compute_local() const { return compute.defined() ? compute : value.local; }
+  // Rounds value.local into compute (after value changed outside the optimizer: sharding, loading).
+  void refresh_compute();
 };
 
 // A layout change on an activation and its reverse on the gradient.
@@ -90,7 +99,7 @@ std::string child_name(const std::string& parent, const std::string& child);
 // How parameters are made: dtype, the mesh and a seed for the invariant init.
 struct ParamFactory {
   DeviceMesh mesh;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;  // the compute dtype: bf16 makes f32 master weights with a bf16 copy
   Device device = Device::cpu();
   uint64_t seed = 0;
   double init_std = 0.02;

@@ -235,6 +235,7 @@ void shard_param(Parameter& p, int mesh_dim, const Placement& placement) {
   p.value = redistribute(p.value, pl);  // Replicate -> Shard keeps this rank's chunk: no communication
   p.grad = p.value;
   p.grad.local = zeros(p.value.local.shape(), p.value.local.dtype(), p.value.local.device());
+  p.refresh_compute();
 }
 
 void prepare_input(Module& m, const DeviceMesh& mesh, int mesh_dim, const Placement& layout, const Placement& desired,

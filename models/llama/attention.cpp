@@ -39,7 +39,7 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   rope_forward(k, k, rope_->cos, rope_->sin);
   int64_t H = q.size(2);
   Tensor out = empty({B, T, H, hd}, x.dtype(), x.device());  // (B, T, H, hd)
-  Tensor lse = empty({B, H, T}, x.dtype(), x.device());      // (B, H, T)
+  Tensor lse = empty({B, H, T}, accum_dtype(x.dtype()), x.device()); // (B, H, T)
   attention_forward(out, lse, q, k, v, AttentionOptions{});
   q_ = q, k_ = k, v_ = v, out_ = out, lse_ = lse;
   return o_proj->call(out.reshape({B, T, H * hd}));

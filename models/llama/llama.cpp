@@ -64,7 +64,7 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f)
 }
 
 void LlamaForCausalLM::set_positions(const Tensor& positions) {
-  const Tensor& w = model->embed_tokens->weight->value.local;
+  const Tensor& w = model->embed_tokens->weight->compute_local();
   rope->set_positions(positions, config.dim / config.n_heads, w.dtype(), w.device());
 }
 

@@ -14,6 +14,9 @@ size_t dtype_size(DType d);
 std::string_view dtype_name(DType d);
 DType dtype_from_name(std::string_view name);  // throws "[core] unknown dtype ..."
 bool dtype_is_float(DType d);
+// The mixed-precision rule: with bf16 activations, statistics (norms' rstd, attention's lse, losses),
+// weight gradients, master weights and optimizer state are f32; otherwise the activations' own dtype.
+inline DType accum_dtype(DType d) { return d == DType::bf16 ? DType::f32 : d; }
 
 // bfloat16 on the host: the top 16 bits of an IEEE f32, round-to-nearest-even
 // on conversion (as PyTorch and CUDA's __float2bfloat16 do).

@@ -250,6 +250,8 @@ void validate_training(const Config& c) {
   if (!(t.eps > 0) || !std::isfinite(t.eps)) fail("config", "training.eps = {}: expected > 0", t.eps);
   require_at_least("training.grad_clip", t.grad_clip, 0, "a norm (0 = off)");
   require_one_of<std::string>("training.dtype", t.dtype, {"fp32", "fp64", "bf16"});
+  require_one_of<std::string>("training.grad_reduce_dtype", t.grad_reduce_dtype, {"fp32", "bf16"});
+  require_at_least("training.grad_bucket_mb", t.grad_bucket_mb, 0, "a size in MiB (0 = per parameter)");
   require_at_least("training.threads", t.threads, 0, "a thread count (0 = auto)");
 
   require_at_least("eval.interval", c.eval.interval, 0, "a step count (0 = never)");

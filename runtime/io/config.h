@@ -117,6 +117,8 @@ struct TrainingConfig {
   double grad_clip = 1.0;
   int64_t seed = 0;
   std::string dtype = "fp32";
+  std::string grad_reduce_dtype = "fp32";
+  double grad_bucket_mb = 25;
   int threads = 0;
   template <class V> void visit(V& v) {
     v("steps", steps, "optimizer steps");
@@ -133,7 +135,14 @@ struct TrainingConfig {
     v("eps", eps, "AdamW epsilon (outside the square root)");
     v("grad_clip", grad_clip, "clip the global gradient norm to this (0 = off)");
     v("seed", seed, "seed of the parameter init and of sampling");
-    v("dtype", dtype, "fp32 | fp64 (CPU, for checks) | bf16 (CUDA)");
+    v("dtype", dtype,
+      "fp32 | bf16 (mixed precision: bf16 compute, f32 master weights, optimizer state, norms' statistics, softmax "
+      "and loss; on the CPU bf16 is emulated in f32 for checks) | fp64 (CPU, for checks)");
+    v("grad_reduce_dtype", grad_reduce_dtype,
+      "fp32 | bf16: the dtype gradients are all-reduced in across data-parallel ranks (bf16 halves the bytes)");
+    v("grad_bucket_mb", grad_bucket_mb,
+      "gradients are synced in buckets of about this many MiB, each launched as soon as backward has produced it "
+      "(0: one collective per parameter)");
     v("threads", threads, "CPU threads per rank (0: the node's cores / ranks on the node)");
   }
 };

@@ -19,12 +19,20 @@ void check_float(const char* op, const Tensor& t, const char* what) {
   MT_CHECK(t.defined(), "kernels", "{}: {} is undefined", op, what);
   if (t.device().is_cuda()) {
     MT_CHECK(MT_CUDA, "kernels", "{}: {} is on {} but meshtrain was built without CUDA", op, what, t.device().str());
-    MT_CHECK(t.dtype() == DType::f32, "kernels", "{}: {} is {}; the CUDA backend takes f32 (bf16 comes with issue 6)", op,
-             what, dtype_name(t.dtype()));
+    MT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, "kernels",
+             "{}: {} is {}; the CUDA backend takes f32 or bf16", op, what, dtype_name(t.dtype()));
     return;
   }
-  MT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, "kernels", "{}: {} is {}; the CPU backend takes f32 or f64",
-           op, what, dtype_name(t.dtype()));
+  MT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || t.dtype() == DType::bf16, "kernels",
+           "{}: {} is {}; the CPU backend takes f32, bf16 or f64", op, what, dtype_name(t.dtype()));
+}
+
+// The mixed-precision rule: with bf16 activations, statistics (rstd, lse, losses) and weight
+// gradients are f32; otherwise they share the activations' dtype.
+DType acc_dtype(DType compute) { return compute == DType::bf16 ? DType::f32 : compute; }
+void expect_acc(const char* op, const Tensor& t, DType compute, const char* what) {
+  MT_CHECK(t.dtype() == acc_dtype(compute), "kernels", "{}: {} is {}; with {} activations it must be {}", op, what,
+           dtype_name(t.dtype()), dtype_name(compute), dtype_name(acc_dtype(compute)));
 }
 
 // All operands on the first one's device.
@@ -39,20 +47,27 @@ bool on_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
   return first && first->device().is_cuda();
 }
 
+template <typename T> T* ptr(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
+
 #if MT_CUDA
 void* stream_of(const Tensor& t) { return current_stream(t.device().index).handle(); }
-float* fp(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 void cuda_check(int rc, const char* op) {
   MT_CHECK(rc == 0, "kernels", "{}: CUDA or cuBLAS error {}", op, rc);
 }
-// MT_CUDA_DISPATCH(op, launcher(...), operands...): the CUDA launcher when the operands are on a device.
-#define MT_CUDA_DISPATCH(op, call, ...)        \
-  if (on_cuda(op, {__VA_ARGS__})) {            \
-    cuda_check(cuda::call, op);                \
-    return;                                    \
+// Calls f(T{}) with T = float or bf16 by the tensor's dtype (the CUDA launchers' activation types).
+template <typename F> int by_cuda_float(const Tensor& t, F&& f) {
+  if (t.dtype() == DType::bf16) return f(bf16{});
+  return f(float{});
+}
+// MT_CUDA_DISPATCH(op, x, launcher<T>(...), operands...): the CUDA launcher, with T the activation type of x,
+// when the operands are on a device.
+#define MT_CUDA_DISPATCH(op, x, call, ...)                                                      \
+  if (on_cuda(op, {__VA_ARGS__})) {                                                              \
+    cuda_check(by_cuda_float(x, [&](auto z) { using T = decltype(z); return cuda::call; }), op); \
+    return;                                                                                      \
   }
 #else
-#define MT_CUDA_DISPATCH(op, call, ...) (void)on_cuda(op, {__VA_ARGS__});
+#define MT_CUDA_DISPATCH(op, x, call, ...) (void)on_cuda(op, {__VA_ARGS__});
 #endif
 
 void same_dtype(const char* op, const Tensor& a, const Tensor& b, const char* what) {
@@ -75,7 +90,19 @@ template <typename F> void by_float(const Tensor& t, F&& f) {
   else f(float{});
 }
 
-template <typename T> T* ptr(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
+// ---- bf16 on the CPU: the op runs in f32 on widened copies and its outputs are rounded once. ----
+// This is the reference the CUDA bf16 kernels are checked against, and what lets the bf16 training
+// policy be tested on machines without a GPU; it is not meant to be fast.
+bool cpu_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::bf16 && !t.device().is_cuda(); }
+Tensor widen(const Tensor& t) {
+  if (!cpu_bf16(t)) return t;
+  Tensor r = empty(t.shape(), DType::f32);
+  convert(r, t);
+  return r;
+}
+void narrow_into(const Tensor& dst, const Tensor& wide) {
+  if (cpu_bf16(dst)) convert(dst, wide);
+}
 
 }  // namespace
 
@@ -90,7 +117,14 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
            "{}: inp {} @ weight {}^T: inner sizes differ", op, shape_str(inp.shape()), shape_str(weight.shape()));
   int64_t N = inp.size(0), C = inp.size(1), OC = weight.size(0);
   expect_shape(op, out, {N, OC}, "out");
-  MT_CUDA_DISPATCH(op, matmul_forward(fp(out), fp(inp), fp(weight), N, C, OC, accumulate, stream_of(inp), inp.device().index), &out, &inp, &weight)
+  MT_CUDA_DISPATCH(op, inp, matmul_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(weight), N, C, OC, accumulate,
+                                              stream_of(inp), inp.device().index),
+                   &out, &inp, &weight)
+  if (cpu_bf16(inp)) {
+    Tensor o = widen(out);
+    matmul_forward(o, widen(inp), widen(weight), accumulate);
+    return narrow_into(out, o);
+  }
   by_float(inp, [&](auto z) {
     using T = decltype(z);
     cpu::matmul_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(weight), N, C, OC, accumulate);
@@ -114,13 +148,19 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& do
   if (dweight.defined()) {
     check_float(op, dweight, "dweight");
     check_float(op, inp, "inp");
-    same_dtype(op, dout, dweight, "dweight");
+    expect_acc(op, dweight, dout.dtype(), "dweight");
     same_dtype(op, dout, inp, "inp");
     expect_shape(op, dweight, {OC, C}, "dweight");
     expect_shape(op, inp, {N, C}, "inp");
   }
-  MT_CUDA_DISPATCH(op, matmul_backward(fp(dinp), fp(dweight), fp(dout), fp(inp), fp(weight), N, C, OC, stream_of(dout),
-                                   dout.device().index), &dinp, &dweight, &dout, &inp, &weight)
+  MT_CUDA_DISPATCH(op, dout, matmul_backward<T>(ptr<T>(dinp), ptr<float>(dweight), ptr<T>(dout), ptr<T>(inp),
+                                                ptr<T>(weight), N, C, OC, stream_of(dout), dout.device().index),
+                   &dinp, &dweight, &dout, &inp, &weight)
+  if (cpu_bf16(dout)) {
+    Tensor di = dinp.defined() ? empty(dinp.shape(), DType::f32) : Tensor();
+    matmul_backward(di, dweight, widen(dout), dweight.defined() ? widen(inp) : Tensor(), widen(weight));
+    return narrow_into(dinp, di);
+  }
   by_float(dout, [&](auto z) {
     using T = decltype(z);
     cpu::matmul_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dout), ptr<T>(inp), ptr<T>(weight), N, C, OC);
@@ -135,8 +175,16 @@ void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, c
   expect_shape(op, out, {N, C}, "out");
   expect_shape(op, rstd, {N}, "rstd");
   expect_shape(op, weight, {C}, "weight");
-  for (auto* t : {&out, &rstd, &weight}) same_dtype(op, inp, *t, "an operand");
-  MT_CUDA_DISPATCH(op, rmsnorm_forward(fp(out), fp(rstd), fp(inp), fp(weight), N, C, eps, stream_of(inp)), &out, &rstd, &inp, &weight)
+  for (auto* t : {&out, &weight}) same_dtype(op, inp, *t, "an operand");
+  expect_acc(op, rstd, inp.dtype(), "rstd");
+  MT_CUDA_DISPATCH(op, inp, rmsnorm_forward<T>(ptr<T>(out), ptr<float>(rstd), ptr<T>(inp), ptr<T>(weight), N, C, eps,
+                                               stream_of(inp)),
+                   &out, &rstd, &inp, &weight)
+  if (cpu_bf16(inp)) {
+    Tensor o = empty(out.shape(), DType::f32);
+    rmsnorm_forward(o, rstd, widen(inp), widen(weight), eps);
+    return narrow_into(out, o);
+  }
   by_float(inp, [&](auto z) {
     using T = decltype(z);
     cpu::rmsnorm_forward<T>(ptr<T>(out), ptr<T>(rstd), ptr<T>(inp), ptr<T>(weight), N, C, eps);
@@ -154,16 +202,26 @@ void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& d
   expect_shape(op, dweight, {C}, "dweight");
   expect_shape(op, weight, {C}, "weight");
   expect_shape(op, rstd, {N}, "rstd");
-  for (auto* t : {&dinp, &dweight, &dout, &weight, &rstd}) same_dtype(op, inp, *t, "an operand");
+  for (auto* t : {&dinp, &dout, &weight}) same_dtype(op, inp, *t, "an operand");
+  expect_acc(op, rstd, inp.dtype(), "rstd");
+  expect_acc(op, dweight, inp.dtype(), "dweight");
 #if MT_CUDA
   if (on_cuda(op, {&dinp, &dweight, &dout, &inp, &weight, &rstd})) {
     Tensor scratch = empty({cuda::rmsnorm_backward_scratch(N, C)}, DType::f32, inp.device());
-    cuda_check(cuda::rmsnorm_backward(fp(dinp), fp(dweight), fp(scratch), fp(dout), fp(inp), fp(weight), fp(rstd), N, C,
-                                      stream_of(inp)),
+    cuda_check(by_cuda_float(inp, [&](auto z) {
+                 using T = decltype(z);
+                 return cuda::rmsnorm_backward<T>(ptr<T>(dinp), ptr<float>(dweight), ptr<float>(scratch), ptr<T>(dout),
+                                                  ptr<T>(inp), ptr<T>(weight), ptr<float>(rstd), N, C, stream_of(inp));
+               }),
                op);
     return;
   }
 #endif
+  if (cpu_bf16(inp)) {
+    Tensor di = empty(dinp.shape(), DType::f32);
+    rmsnorm_backward(di, dweight, widen(dout), widen(inp), widen(weight), rstd);
+    return narrow_into(dinp, di);
+  }
   by_float(inp, [&](auto z) {
     using T = decltype(z);
     cpu::rmsnorm_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dout), ptr<T>(inp), ptr<T>(weight), ptr<T>(rstd),
@@ -182,6 +240,12 @@ void rope_tables(const Tensor& cos, const Tensor& sin, const Tensor& positions, 
            "{}: cos must be (P, hd) with an even hd, got {}", op, shape_str(cos.shape()));
   expect_shape(op, sin, cos.shape(), "sin");
   same_dtype(op, cos, sin, "sin");
+  if (cpu_bf16(cos)) {  // computed in f32 and rounded, as Hugging Face does for a bf16 model
+    Tensor c = empty(cos.shape(), DType::f32), s = empty(sin.shape(), DType::f32);
+    rope_tables(c, s, positions, theta);
+    narrow_into(cos, c);
+    return narrow_into(sin, s);
+  }
   by_float(cos, [&](auto z) {
     using T = decltype(z);
     cpu::rope_tables<T>(ptr<T>(cos), ptr<T>(sin), positions.data<int64_t>(), P, cos.size(1), theta);
@@ -202,8 +266,15 @@ void rope_check(const char* op, const Tensor& out, const Tensor& inp, const Tens
 
 void rope_forward(const Tensor& out, const Tensor& inp, const Tensor& cos, const Tensor& sin) {
   rope_check("rope_forward", out, inp, cos, sin);
-  MT_CUDA_DISPATCH("rope_forward", rope_forward(fp(out), fp(inp), fp(cos), fp(sin), inp.size(0), inp.size(1), inp.size(2), inp.size(3),
-                                false, stream_of(inp)), &out, &inp, &cos, &sin)
+  MT_CUDA_DISPATCH("rope_forward", inp,
+                   rope_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(cos), ptr<T>(sin), inp.size(0), inp.size(1),
+                                   inp.size(2), inp.size(3), false, stream_of(inp)),
+                   &out, &inp, &cos, &sin)
+  if (cpu_bf16(inp)) {
+    Tensor o = empty(out.shape(), DType::f32);
+    rope_forward(o, widen(inp), widen(cos), widen(sin));
+    return narrow_into(out, o);
+  }
   by_float(inp, [&](auto z) {
     using T = decltype(z);
     cpu::rope_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(cos), ptr<T>(sin), inp.size(0), inp.size(1), inp.size(2),
@@ -213,8 +284,15 @@ void rope_forward(const Tensor& out, const Tensor& inp, const Tensor& cos, const
 
 void rope_backward(const Tensor& dinp, const Tensor& dout, const Tensor& cos, const Tensor& sin) {
   rope_check("rope_backward", dinp, dout, cos, sin);
-  MT_CUDA_DISPATCH("rope_backward", rope_forward(fp(dinp), fp(dout), fp(cos), fp(sin), dout.size(0), dout.size(1), dout.size(2),
-                                dout.size(3), true, stream_of(dout)), &dinp, &dout, &cos, &sin)
+  MT_CUDA_DISPATCH("rope_backward", dout,
+                   rope_forward<T>(ptr<T>(dinp), ptr<T>(dout), ptr<T>(cos), ptr<T>(sin), dout.size(0), dout.size(1),
+                                   dout.size(2), dout.size(3), true, stream_of(dout)),
+                   &dinp, &dout, &cos, &sin)
+  if (cpu_bf16(dout)) {
+    Tensor d = empty(dinp.shape(), DType::f32);
+    rope_backward(d, widen(dout), widen(cos), widen(sin));
+    return narrow_into(dinp, d);
+  }
   by_float(dout, [&](auto z) {
     using T = decltype(z);
     cpu::rope_backward<T>(ptr<T>(dinp), ptr<T>(dout), ptr<T>(cos), ptr<T>(sin), dout.size(0), dout.size(1),
@@ -228,7 +306,13 @@ void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
   expect_shape(op, up, gate.shape(), "up");
   expect_shape(op, out, gate.shape(), "out");
   for (auto* t : {&out, &up}) same_dtype(op, gate, *t, "an operand");
-  MT_CUDA_DISPATCH(op, swiglu_forward(fp(out), fp(gate), fp(up), gate.numel(), stream_of(gate)), &out, &gate, &up)
+  MT_CUDA_DISPATCH(op, gate, swiglu_forward<T>(ptr<T>(out), ptr<T>(gate), ptr<T>(up), gate.numel(), stream_of(gate)),
+                   &out, &gate, &up)
+  if (cpu_bf16(gate)) {
+    Tensor o = empty(out.shape(), DType::f32);
+    swiglu_forward(o, widen(gate), widen(up));
+    return narrow_into(out, o);
+  }
   by_float(gate, [&](auto z) {
     using T = decltype(z);
     cpu::swiglu_forward<T>(ptr<T>(out), ptr<T>(gate), ptr<T>(up), gate.numel());
@@ -242,7 +326,16 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
     expect_shape(op, *t, gate.shape(), "an operand");
     same_dtype(op, gate, *t, "an operand");
   }
-  MT_CUDA_DISPATCH(op, swiglu_backward(fp(dgate), fp(dup), fp(dout), fp(gate), fp(up), gate.numel(), stream_of(gate)), &dgate, &dup, &dout, &gate, &up)
+  MT_CUDA_DISPATCH(op, gate,
+                   swiglu_backward<T>(ptr<T>(dgate), ptr<T>(dup), ptr<T>(dout), ptr<T>(gate), ptr<T>(up), gate.numel(),
+                                      stream_of(gate)),
+                   &dgate, &dup, &dout, &gate, &up)
+  if (cpu_bf16(gate)) {
+    Tensor dg = empty(dgate.shape(), DType::f32), du = empty(dup.shape(), DType::f32);
+    swiglu_backward(dg, du, widen(dout), widen(gate), widen(up));
+    narrow_into(dgate, dg);
+    return narrow_into(dup, du);
+  }
   by_float(gate, [&](auto z) {
     using T = decltype(z);
     cpu::swiglu_backward<T>(ptr<T>(dgate), ptr<T>(dup), ptr<T>(dout), ptr<T>(gate), ptr<T>(up), gate.numel());
@@ -259,12 +352,20 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& ta
   expect_shape(op, out, {N, C}, "out");
   same_dtype(op, table, out, "out");
   // Device tokens come from the data loader, which checked them against the vocabulary.
-  MT_CUDA_DISPATCH(op, embedding_forward(fp(out), tokens.data<int32_t>(), fp(table), N, V, C, row_begin, stream_of(table)), &out, &tokens, &table)
+  MT_CUDA_DISPATCH(op, table,
+                   embedding_forward<T>(ptr<T>(out), tokens.data<int32_t>(), ptr<T>(table), N, V, C, row_begin,
+                                        stream_of(table)),
+                   &out, &tokens, &table)
   if (vocab_size > 0) {
     const int32_t* tk = tokens.data<int32_t>();
     for (int64_t n = 0; n < N; ++n)
       MT_CHECK(tk[n] >= 0 && tk[n] < vocab_size, "kernels", "{}: token {} at position {} is outside the vocabulary [0, {})",
                op, tk[n], n, vocab_size);
+  }
+  if (cpu_bf16(table)) {  // a gather: copying the rows is exact, so the f32 path gives the same bits
+    Tensor o = empty(out.shape(), DType::f32);
+    embedding_forward(o, tokens, widen(table), row_begin);
+    return narrow_into(out, o);
   }
   by_float(table, [&](auto z) {
     using T = decltype(z);
@@ -274,13 +375,26 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& ta
 
 void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens, int64_t row_begin) {
   const char* op = "embedding_backward";
+  check_float(op, dout, "dout");
   check_float(op, dtable, "dtable");
   MT_CHECK(dtable.dim() == 2, "kernels", "{}: dtable must be (V, C), got {}", op, shape_str(dtable.shape()));
   int64_t N = tokens.numel(), V = dtable.size(0), C = dtable.size(1);
   check_i32(op, tokens, N, "tokens");
   expect_shape(op, dout, {N, C}, "dout");
-  same_dtype(op, dtable, dout, "dout");
-  MT_CUDA_DISPATCH(op, embedding_backward(fp(dtable), fp(dout), tokens.data<int32_t>(), N, V, C, row_begin, stream_of(dout)), &dtable, &dout, &tokens)
+  expect_acc(op, dtable, dout.dtype(), "dtable");
+#if MT_CUDA
+  if (on_cuda(op, {&dtable, &dout, &tokens})) {
+    Tensor scratch = empty({(cuda::embedding_backward_scratch_bytes(N) + 1) / 2}, DType::u16, dout.device());  // bytes
+    cuda_check(by_cuda_float(dout, [&](auto z) {
+                 using T = decltype(z);
+                 return cuda::embedding_backward<T>(ptr<float>(dtable), scratch.data_ptr(), ptr<T>(dout),
+                                                    tokens.data<int32_t>(), N, V, C, row_begin, stream_of(dout));
+               }),
+               op);
+    return;
+  }
+#endif
+  if (cpu_bf16(dout)) return embedding_backward(dtable, widen(dout), tokens, row_begin);
   by_float(dtable, [&](auto z) {
     using T = decltype(z);
     cpu::embedding_backward<T>(ptr<T>(dtable), ptr<T>(dout), tokens.data<int32_t>(), N, V, C, row_begin);
@@ -295,16 +409,24 @@ void cross_entropy_forward_backward(const Tensor& losses, const Tensor& dlogits,
   int64_t N = logits.size(0), V = logits.size(1);
   check_i32(op, targets, N, "targets");
   expect_shape(op, losses, {N}, "losses");
-  same_dtype(op, logits, losses, "losses");
+  expect_acc(op, losses, logits.dtype(), "losses");
   if (dlogits.defined()) {
     expect_shape(op, dlogits, logits.shape(), "dlogits");
     same_dtype(op, logits, dlogits, "dlogits");
   }
-  MT_CUDA_DISPATCH(op, cross_entropy(fp(losses), fp(dlogits), fp(logits), targets.data<int32_t>(), N, V, grad_scale,
-                                 stream_of(logits)), &losses, &dlogits, &logits, &targets)
+  MT_CUDA_DISPATCH(op, logits,
+                   cross_entropy<T>(ptr<float>(losses), ptr<T>(dlogits), ptr<T>(logits), targets.data<int32_t>(), N, V,
+                                    grad_scale, stream_of(logits)),
+                   &losses, &dlogits, &logits, &targets)
   const int32_t* tg = targets.data<int32_t>();
   for (int64_t n = 0; n < N; ++n)
     MT_CHECK(tg[n] < V, "kernels", "{}: target {} at position {} is >= the vocabulary size {}", op, tg[n], n, V);
+  if (cpu_bf16(logits)) {  // softmax and loss in f32 on the widened logits
+    Tensor wide = widen(logits);
+    Tensor d = dlogits.defined() ? empty(dlogits.shape(), DType::f32) : Tensor();
+    cross_entropy_forward_backward(losses, d, wide, targets, grad_scale);
+    return narrow_into(dlogits, d);
+  }
   by_float(logits, [&](auto z) {
     using T = decltype(z);
     cpu::cross_entropy<T>(ptr<T>(losses), ptr<T>(dlogits), ptr<T>(logits), tg, N, V, grad_scale);
@@ -312,19 +434,21 @@ void cross_entropy_forward_backward(const Tensor& losses, const Tensor& dlogits,
 }
 
 namespace {
-void check_f64_rows(const char* op, const Tensor& t, int64_t N, const char* what) {
-  MT_CHECK(t.defined() && t.dtype() == DType::f64 && t.shape() == Shape{N} && !t.device().is_cuda(), "kernels",
-           "{}: {} must be ({}) f64 on the CPU", op, what, N);
+void check_f64_rows(const char* op, const Tensor& t, const Tensor& logits, int64_t N, const char* what) {
+  MT_CHECK(t.defined() && t.dtype() == DType::f64 && t.shape() == Shape{N} && t.device() == logits.device(), "kernels",
+           "{}: {} must be ({}) f64 on the logits' device ({})", op, what, N, logits.device().str());
 }
 }  // namespace
 
 void vocab_shard_max(const Tensor& row_max, const Tensor& logits) {
   const char* op = "vocab_shard_max";
   check_float(op, logits, "logits");
-  MT_CHECK(!logits.device().is_cuda(), "kernels", "{}: loss parallel on CUDA tensors comes with the CUDA step (issue 6)", op);
   MT_CHECK(logits.dim() == 2, "kernels", "{}: logits must be (N, V_local)", op);
   int64_t N = logits.size(0), V = logits.size(1);
-  check_f64_rows(op, row_max, N, "row_max");
+  check_f64_rows(op, row_max, logits, N, "row_max");
+  MT_CUDA_DISPATCH(op, logits, vocab_shard_max<T>(ptr<double>(row_max), ptr<T>(logits), N, V, stream_of(logits)),
+                   &row_max, &logits)
+  if (cpu_bf16(logits)) return vocab_shard_max(row_max, widen(logits));
   by_float(logits, [&](auto z) {
     using T = decltype(z);
     cpu::vocab_shard_max<T>(row_max.data<double>(), ptr<T>(logits), N, V);
@@ -335,11 +459,16 @@ void vocab_shard_sumexp(const Tensor& sumexp, const Tensor& target_logit, const 
                         const Tensor& row_max, int64_t vocab_begin) {
   const char* op = "vocab_shard_sumexp";
   check_float(op, logits, "logits");
-  MT_CHECK(!logits.device().is_cuda(), "kernels", "{}: loss parallel on CUDA tensors comes with the CUDA step (issue 6)", op);
   MT_CHECK(logits.dim() == 2, "kernels", "{}: logits must be (N, V_local)", op);
   int64_t N = logits.size(0), V = logits.size(1);
   check_i32(op, targets, N, "targets");
-  for (auto* t : {&sumexp, &target_logit, &row_max}) check_f64_rows(op, *t, N, "statistics");
+  for (auto* t : {&sumexp, &target_logit, &row_max}) check_f64_rows(op, *t, logits, N, "statistics");
+  MT_CUDA_DISPATCH(op, logits,
+                   vocab_shard_sumexp<T>(ptr<double>(sumexp), ptr<double>(target_logit), ptr<T>(logits),
+                                         targets.data<int32_t>(), ptr<double>(row_max), N, V, vocab_begin,
+                                         stream_of(logits)),
+                   &sumexp, &target_logit, &logits, &targets, &row_max)
+  if (cpu_bf16(logits)) return vocab_shard_sumexp(sumexp, target_logit, widen(logits), targets, row_max, vocab_begin);
   by_float(logits, [&](auto z) {
     using T = decltype(z);
     cpu::vocab_shard_sumexp<T>(sumexp.data<double>(), target_logit.data<double>(), ptr<T>(logits),
@@ -352,17 +481,26 @@ void vocab_shard_loss(const Tensor& losses, const Tensor& dlogits, const Tensor&
                       double grad_scale) {
   const char* op = "vocab_shard_loss";
   check_float(op, logits, "logits");
-  MT_CHECK(!logits.device().is_cuda(), "kernels", "{}: loss parallel on CUDA tensors comes with the CUDA step (issue 6)", op);
   MT_CHECK(logits.dim() == 2, "kernels", "{}: logits must be (N, V_local)", op);
   int64_t N = logits.size(0), V = logits.size(1);
   check_i32(op, targets, N, "targets");
   expect_shape(op, losses, {N}, "losses");
-  same_dtype(op, logits, losses, "losses");
+  expect_acc(op, losses, logits.dtype(), "losses");
   if (dlogits.defined()) {
     expect_shape(op, dlogits, logits.shape(), "dlogits");
     same_dtype(op, logits, dlogits, "dlogits");
   }
-  for (auto* t : {&sumexp, &target_logit, &row_max}) check_f64_rows(op, *t, N, "statistics");
+  for (auto* t : {&sumexp, &target_logit, &row_max}) check_f64_rows(op, *t, logits, N, "statistics");
+  MT_CUDA_DISPATCH(op, logits,
+                   vocab_shard_loss<T>(ptr<float>(losses), ptr<T>(dlogits), ptr<T>(logits), targets.data<int32_t>(),
+                                       ptr<double>(row_max), ptr<double>(sumexp), ptr<double>(target_logit), N, V,
+                                       vocab_begin, grad_scale, stream_of(logits)),
+                   &losses, &dlogits, &logits, &targets, &row_max, &sumexp, &target_logit)
+  if (cpu_bf16(logits)) {
+    Tensor d = dlogits.defined() ? empty(dlogits.shape(), DType::f32) : Tensor();
+    vocab_shard_loss(losses, d, widen(logits), targets, row_max, sumexp, target_logit, vocab_begin, grad_scale);
+    return narrow_into(dlogits, d);
+  }
   by_float(logits, [&](auto z) {
     using T = decltype(z);
     cpu::vocab_shard_loss<T>(ptr<T>(losses), ptr<T>(dlogits), ptr<T>(logits), targets.data<int32_t>(),
@@ -379,7 +517,12 @@ void add(const Tensor& out, const Tensor& a, const Tensor& b) {
   expect_shape(op, b, a.shape(), "b");
   expect_shape(op, out, a.shape(), "out");
   for (auto* t : {&out, &b}) same_dtype(op, a, *t, "an operand");
-  MT_CUDA_DISPATCH(op, add(fp(out), fp(a), fp(b), a.numel(), stream_of(a)), &out, &a, &b)
+  MT_CUDA_DISPATCH(op, a, add<T>(ptr<T>(out), ptr<T>(a), ptr<T>(b), a.numel(), stream_of(a)), &out, &a, &b)
+  if (cpu_bf16(a)) {
+    Tensor o = empty(out.shape(), DType::f32);
+    add(o, widen(a), widen(b));
+    return narrow_into(out, o);
+  }
   by_float(a, [&](auto z) {
     using T = decltype(z);
     cpu::add<T>(ptr<T>(out), ptr<T>(a), ptr<T>(b), a.numel());
@@ -388,11 +531,63 @@ void add(const Tensor& out, const Tensor& a, const Tensor& b) {
 
 void scale_(const Tensor& t, double s) {
   check_float("scale_", t, "t");
-  MT_CUDA_DISPATCH("scale_", scale(fp(t), s, t.numel(), stream_of(t)), &t)
+  MT_CUDA_DISPATCH("scale_", t, scale<T>(ptr<T>(t), s, t.numel(), stream_of(t)), &t)
+  if (cpu_bf16(t)) {
+    Tensor w = widen(t);
+    scale_(w, s);
+    return narrow_into(t, w);
+  }
   by_float(t, [&](auto z) {
     using T = decltype(z);
     cpu::scale<T>(ptr<T>(t), s, t.numel());
   });
+}
+
+void convert(const Tensor& dst, const Tensor& src) {
+  const char* op = "convert";
+  check_float(op, dst, "dst");
+  check_float(op, src, "src");
+  MT_CHECK(dst.numel() == src.numel(), "kernels", "{}: dst {} and src {} differ in size", op, shape_str(dst.shape()),
+           shape_str(src.shape()));
+  if (dst.dtype() == src.dtype()) return copy_(dst.reshape(src.shape()), src);
+#if MT_CUDA
+  if (on_cuda(op, {&dst, &src})) {
+    cuda_check(cuda::convert(dst.data_ptr(), dst.dtype(), src.data_ptr(), src.dtype(), src.numel(), stream_of(src)), op);
+    return;
+  }
+#else
+  (void)on_cuda(op, {&dst, &src});
+#endif
+  // Through f32 or f64 registers; bf16 rounds to nearest even as CUDA's __float2bfloat16_rn does.
+  auto run = [&](auto d, auto s) {
+    using D = decltype(d);
+    using S = decltype(s);
+    D* out = dst.data<D>();
+    const S* in = src.data<S>();
+    const int64_t n = src.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<S, bf16>) {
+        out[i] = D(bf16::to_float(in[i].bits));
+      } else if constexpr (std::is_same_v<D, bf16>) {
+        out[i] = bf16(float(in[i]));
+      } else {
+        out[i] = D(in[i]);
+      }
+    }
+  };
+  auto by_src = [&](auto d) {
+    switch (src.dtype()) {
+      case DType::bf16: return run(d, bf16{});
+      case DType::f32: return run(d, float{});
+      default: return run(d, double{});
+    }
+  };
+  switch (dst.dtype()) {
+    case DType::bf16: return by_src(bf16{});
+    case DType::f32: return by_src(float{});
+    default: return by_src(double{});
+  }
 }
 
 #if MT_CUDA
@@ -402,7 +597,11 @@ double cuda_sum(const Tensor& t, bool squares, const char* op) {
   int64_t n = cuda::reduce_partials_count(t.numel());
   if (n == 0) return 0;
   Tensor partials = empty({n}, DType::f64, t.device());
-  cuda_check(cuda::reduce_sum(partials.data<double>(), fp(t), t.numel(), squares, stream_of(t)), op);
+  cuda_check(by_cuda_float(t, [&](auto z) {
+               using T = decltype(z);
+               return cuda::reduce_sum<T>(partials.data<double>(), ptr<T>(t), t.numel(), squares, stream_of(t));
+             }),
+             op);
   double total = 0;
   for (double p : to_f64(partials)) total += p;
   return total;
@@ -415,6 +614,7 @@ double sum_squares(const Tensor& t) {
 #if MT_CUDA
   if (t.device().is_cuda()) return cuda_sum(t, true, "sum_squares");
 #endif
+  if (cpu_bf16(t)) return sum_squares(widen(t));
   double r = 0;
   by_float(t, [&](auto z) {
     using T = decltype(z);
@@ -428,6 +628,7 @@ double sum(const Tensor& t) {
 #if MT_CUDA
   if (t.device().is_cuda()) return cuda_sum(t, false, "sum");
 #endif
+  if (cpu_bf16(t)) return sum(widen(t));
   double r = 0;
   by_float(t, [&](auto z) {
     using T = decltype(z);
@@ -437,22 +638,36 @@ double sum(const Tensor& t) {
 }
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr, double beta1,
-                double beta2, double eps, double weight_decay, int64_t step) {
+                double beta2, double eps, double weight_decay, int64_t step, const Tensor& param_lowp) {
   const char* op = "adamw_step";
   check_float(op, param, "param");
+  MT_CHECK(param.dtype() != DType::bf16, "kernels", "{}: the parameter updated is the f32 master copy, got bf16", op);
   MT_CHECK(step >= 1, "kernels", "{}: step is 1-based, got {}", op, step);
   for (auto* t : {&grad, &m, &v}) expect_shape(op, *t, param.shape(), "grad/m/v");
   same_dtype(op, param, grad, "grad");
   same_dtype(op, m, v, "v");
   MT_CHECK(m.dtype() == param.dtype(), "kernels", "{}: optimizer state is {} but the parameter is {}", op,
            dtype_name(m.dtype()), dtype_name(param.dtype()));
-  MT_CUDA_DISPATCH(op, adamw(fp(param), fp(grad), fp(m), fp(v), param.numel(), lr, beta1, beta2, eps, weight_decay, step,
-                         stream_of(param)), &param, &grad, &m, &v)
+  if (param_lowp.defined()) {
+    MT_CHECK(param_lowp.dtype() == DType::bf16 && param_lowp.numel() == param.numel(), "kernels",
+             "{}: the compute copy must be bf16 of {} elements", op, param.numel());
+  }
+#if MT_CUDA
+  if (on_cuda(op, {&param, &grad, &m, &v, &param_lowp})) {
+    cuda_check(cuda::adamw(ptr<float>(param), ptr<bf16>(param_lowp), ptr<float>(grad), ptr<float>(m), ptr<float>(v),
+                           param.numel(), lr, beta1, beta2, eps, weight_decay, step, stream_of(param)),
+               op);
+    return;
+  }
+#else
+  (void)on_cuda(op, {&param, &grad, &m, &v, &param_lowp});
+#endif
   by_float(param, [&](auto z) {
     using T = decltype(z);
     cpu::adamw<T, T>(ptr<T>(param), ptr<T>(grad), ptr<T>(m), ptr<T>(v), param.numel(), lr, beta1, beta2, eps,
                      weight_decay, step);
   });
+  if (param_lowp.defined()) convert(param_lowp, param);
 }
 
 void set_cpu_threads(int n) {

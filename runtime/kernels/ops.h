@@ -1,9 +1,13 @@
 // The ops of a Llama training step, forward and backward side by side, as free
 // functions over Tensors. Each dispatches on the tensors' device: the CPU
-// backend (runtime/kernels/cpu, Eigen and OpenMP) handles f32 and f64 (f64 for
-// gradient checks); the CUDA backend (runtime/kernels/cuda) comes with issue 6.
+// backend (runtime/kernels/cpu, Eigen and OpenMP) computes f32 and f64 (f64 for
+// gradient checks) and runs bf16 by widening to f32 and rounding the outputs
+// once (a reference, not fast); the CUDA backend (runtime/kernels/cuda) takes
+// f32 and bf16.
 // Conventions (llm.c's): outputs first, then inputs, then sizes/options.
-// Every tensor is contiguous; float tensors of one call share one dtype.
+// Every tensor is contiguous; float tensors of one call share one dtype, except
+// the mixed-precision rule: with bf16 activations, statistics (rstd, lse,
+// losses) and weight gradients (dweight, dtable) are f32.
 // Shapes are given in comments; N is the number of rows (tokens), C channels.
 #pragma once
 #include "runtime/core/tensor.h"
@@ -49,11 +53,12 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
 // A token outside [0, vocab_size) is an error naming the position ([kernels] ...).
 void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table, int64_t row_begin = 0,
                        int64_t vocab_size = -1);
-// dtable (V_local, C) += scatter of dout rows; deterministic (fixed order, no atomics).
+// dtable (V_local, C) += scatter of dout rows; deterministic (fixed order, no atomics). dtable is f32
+// when dout is bf16.
 void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens, int64_t row_begin = 0);
 
 // ---- Softmax cross-entropy, fused ----
-// logits (N, V), targets (N) i32. losses (N, f32 or f64 like logits) = logsumexp(row) - row[target].
+// logits (N, V), targets (N) i32. losses (N, f64 for f64 logits, else f32) = logsumexp(row) - row[target].
 // If dlogits (N, V) is defined it gets (softmax(row) - onehot(target)) * grad_scale in the same pass
 // (dlogits may alias logits: the logits are then overwritten). Targets < 0 are ignored (loss 0,
 // gradient 0); a target >= V is an error.
@@ -62,7 +67,7 @@ void cross_entropy_forward_backward(const Tensor& losses, const Tensor& dlogits,
 
 // ---- Vocab-parallel cross-entropy: the pieces between the tp all-reduces ----
 // logits (N, V_local) hold columns [vocab_begin, vocab_begin + V_local) of the full vocabulary.
-// row_max (N) f64 = max of each local row (-inf for V_local = 0).
+// Statistics are (N) f64 on the logits' device. row_max = max of each local row (-inf for V_local = 0).
 void vocab_shard_max(const Tensor& row_max, const Tensor& logits);
 // Given the global row_max (N) f64: sumexp (N) f64 = sum exp(x - row_max) over local columns;
 // target_logit (N) f64 = the target's logit where this shard holds it, else 0.
@@ -79,15 +84,21 @@ void vocab_shard_loss(const Tensor& losses, const Tensor& dlogits, const Tensor&
 void add_(const Tensor& dst, const Tensor& src);            // dst += src
 void add(const Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b (out may alias a or b)
 void scale_(const Tensor& t, double s);                     // t *= s
+// dst <- src element-wise between float dtypes (f32, bf16, f64 on the CPU), same element count, same
+// device; rounding to bf16 is to nearest even (as CUDA's __float2bfloat16_rn).
+void convert(const Tensor& dst, const Tensor& src);
 double sum_squares(const Tensor& t);                        // sum of t^2, accumulated in f64
 double sum(const Tensor& t);                                // accumulated in f64
 
 // ---- AdamW, PyTorch semantics (torch.optim.AdamW, amsgrad off) ----
 // param -= lr * weight_decay * param (decoupled, first); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // param -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps). step is 1-based.
-// param, grad, m, v share shape; m and v are f32 (or f64 with f64 params).
+// param, grad, m, v share shape; m and v are f32 (or f64 with f64 params). param is the master copy
+// (f32 or f64); if param_lowp (bf16, the compute copy) is defined it gets the updated values rounded,
+// in the same pass on CUDA.
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr,
-                double beta1, double beta2, double eps, double weight_decay, int64_t step);
+                double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                const Tensor& param_lowp = Tensor());
 
 // Threads used by the CPU kernels (OpenMP and Eigen); 0 = all cores.
 void set_cpu_threads(int n);

@@ -68,7 +68,7 @@ int run_plan_command(RunContext& ctx) {
   reset_comm_counters();
   Tensor logits = run.model->call(tokens.to(run.device));
   CommCounters fwd = comm_counters();
-  Tensor losses = empty({run.micro * t.seq_len}, logits.dtype(), run.device);
+  Tensor losses = empty({run.micro * t.seq_len}, accum_dtype(logits.dtype()), run.device);
   Tensor rows = as_rows(logits);
   token_losses(run, losses, rows, rows, targets.reshape({-1}).to(run.device), 1.0);
   reset_comm_counters();

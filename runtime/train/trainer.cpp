@@ -25,12 +25,11 @@ std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 DType training_dtype(const Config& c, Device device) {
-  if (c.training.dtype == "fp64") return DType::f64;
-  if (c.training.dtype == "bf16")
-    MT_CHECK(device.is_cuda(), "train", "training.dtype = bf16 needs comm.device = cuda (the CPU backend runs fp32 "
-                                        "and fp64)");
-  MT_CHECK(c.training.dtype != "bf16", "train", "training.dtype = bf16: the CUDA training step is not built yet");
-  return DType::f32;
+  if (c.training.dtype == "fp64") {
+    MT_CHECK(!device.is_cuda(), "train", "training.dtype = fp64 is for CPU checks; on CUDA use fp32 or bf16");
+    return DType::f64;
+  }
+  return c.training.dtype == "bf16" ? DType::bf16 : DType::f32;
 }
 
 int auto_threads(const MpiEnv& env) {
@@ -55,6 +54,13 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   for (size_t i = 0; i < 4; ++i) dims.push_back({canonical_mesh_dims()[i], sizes[i]});
   run.device = rank_device(env, cfg.comm.device);
   run.dtype = training_dtype(cfg, run.device);
+  if (run.device.is_cuda() && run.dtype == DType::bf16 && env.rank() == 0) {
+    int64_t hd = cfg.model.dim / cfg.model.n_heads;
+    if (hd != 64 && hd != 128)
+      spdlog::warn("training.dtype = bf16 with head dim {}: the tensor-core attention kernel takes 64 or 128, so "
+                   "attention runs the slow fp32 reference kernel",
+                   hd);
+  }
 
   // Batch: the global batch never depends on the mesh; each dp rank takes batch_size / dp rows.
   auto& t = cfg.training;
@@ -89,6 +95,11 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   parallelize_llama(*run.model, run.mesh, cfg.parallel, t.seq_len);
   run.params = run.model->parameters();
   run.opt = std::make_unique<AdamW>(run.params, t);
+  if (t.grad_bucket_mb > 0) {
+    GradSyncOptions gs{run.dp_dims, size_t(t.grad_bucket_mb * double(1 << 20)),
+                       t.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32};
+    run.grad_sync = std::make_unique<GradSync>(*run.model, run.mesh, gs);
+  }
   return run;
 }
 
@@ -104,15 +115,27 @@ void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, co
 }
 
 void sync_gradients(TrainRun& run) {
+  if (run.grad_sync) return run.grad_sync->finish();
   // Each gradient is Partial over the data-parallel dims (and, for sequence-parallel norm weights,
   // over tp: grad_partial_dims); redistributing it to its parameter's placement all-reduces (or
   // reduce-scatters) it.
+  const bool bf16_sync = run.config.training.grad_reduce_dtype == "bf16";
   for (Parameter* p : run.params) {
     std::vector<int> partial = run.dp_dims;
     partial.insert(partial.end(), p->grad_partial_dims.begin(), p->grad_partial_dims.end());
     for (int d : partial)
       if (p->value.placements()[size_t(d)].is_replicate()) p->grad.spec.placements[size_t(d)] = Placement::Partial();
-    p->grad = redistribute(p->grad, p->value.spec);
+    if (!bf16_sync) {
+      p->grad = redistribute(p->grad, p->value.spec);
+      continue;
+    }
+    DTensor low = p->grad;  // reduced in bf16, then widened back into the f32 gradient
+    low.local = empty(p->grad.local.shape(), DType::bf16, p->grad.local.device());
+    convert(low.local, p->grad.local);
+    low = redistribute(low, p->value.spec);
+    p->grad.spec = low.spec;
+    if (p->grad.local.shape() != low.local.shape()) p->grad.local = empty(low.local.shape(), p->grad.local.dtype(), low.local.device());
+    convert(p->grad.local, low.local);
   }
 }
 
@@ -125,19 +148,22 @@ StepResult train_step(TrainRun& run, int64_t step) {
   //    The loss is the sum of token losses over the global token count, so every mesh gives the same number.
   zero_grads(run.params);
   const double inv_tokens = 1.0 / double(B * T);
-  double loss_sum = 0;
+  std::vector<Tensor> micro_losses;  // read after backward: no host sync inside the micro-batch loop
   for (int64_t r = 0; r < run.rows; r += run.micro) {
+    if (run.grad_sync) run.grad_sync->arm(r + run.micro >= run.rows);  // the last backward launches the sync
     Tensor inputs = batch.inputs.slice0(r, r + run.micro).to(run.device);    // (mb, T)
     Tensor targets = batch.targets.slice0(r, r + run.micro).to(run.device);  // (mb, T)
     Tensor logits = run.model->call(inputs);                                 // (mb, T, V)
-    Tensor losses = empty({run.micro * T}, logits.dtype(), run.device);       // (mb*T)
+    Tensor losses = empty({run.micro * T}, accum_dtype(logits.dtype()), run.device);     // (mb*T)
     token_losses(run, losses, as_rows(logits), as_rows(logits), targets.reshape({-1}), inv_tokens);
-    loss_sum += sum(losses);
+    micro_losses.push_back(losses);
     run.model->call_backward(logits);  // logits now hold dloss/dlogits
   }
-  // 3. Gradient sync, the one rule (see sync_gradients).
+  // 3. Gradient sync, the one rule (see sync_gradients): waits for the buckets backward launched.
   sync_gradients(run);
   // 4. The step's loss over the whole batch.
+  double loss_sum = 0;
+  for (const Tensor& l : micro_losses) loss_sum += sum(l);
   Tensor loss_t = from_values({loss_sum}, {1}, DType::f64);
   run.mesh.group("dp").all_reduce(loss_t, ReduceOp::sum);
   // 5. Clip by the global norm and update.
@@ -158,7 +184,7 @@ double evaluate(TrainRun& run) {
     Batch batch = get_batch(run.val_data, i, B, T, run.dp_rank * run.rows, run.rows);
     for (int64_t r = 0; r < run.rows; r += run.micro) {
       Tensor logits = run.model->call(batch.inputs.slice0(r, r + run.micro).to(run.device));  // (mb, T, V)
-      Tensor losses = empty({run.micro * T}, logits.dtype(), run.device);
+      Tensor losses = empty({run.micro * T}, accum_dtype(logits.dtype()), run.device);
       token_losses(run, losses, Tensor(), as_rows(logits),
                    batch.targets.slice0(r, r + run.micro).reshape({-1}).to(run.device), 1.0);
       loss_sum += sum(losses);
@@ -271,6 +297,24 @@ int run_train_command(RunContext& ctx) {
     spdlog::info("data: {} train tokens in {} shard(s), {} steps per epoch", run.train_data.size(),
                  run.train_data.shards().size(), steps_per_epoch(run.train_data, t.batch_size, t.seq_len));
   }
+  if (env.rank() == 0 && run.grad_sync) spdlog::info("gradient sync: {}", run.grad_sync->describe());
+  {
+    // The memory that does not depend on the batch: what peak memory is compared against.
+    size_t state = 0;
+    for (Parameter* p : run.params) {
+      state += p->value.local.nbytes() + p->grad.local.nbytes() + (p->compute.defined() ? p->compute.nbytes() : 0);
+      const auto& s = run.opt->state().at(p->name);
+      state += s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
+    }
+    if (env.rank() == 0)
+      spdlog::info("model state on rank 0: {:.1f} MiB ({} B per parameter element: {}weights, gradient, AdamW m and v)",
+                   double(state) / (1 << 20), run.dtype == DType::bf16 ? 18 : int(4 * dtype_size(run.dtype)),
+                   run.dtype == DType::bf16 ? "bf16 copy, f32 master " : "");
+  }
+  if (env.rank() == 0 && run.dtype == DType::bf16)
+    spdlog::info("mixed precision: bf16 compute{}, f32 master weights, gradients, optimizer state, statistics and loss; "
+                 "gradients reduced in {}",
+                 run.device.is_cuda() ? "" : " (emulated in f32 on the CPU: a check, not fast)", t.grad_reduce_dtype);
   if (env.rank() == 0)
     spdlog::info("memory after setup: {:.0f} MiB resident (model, optimizer state, data, MPI)",
                  peak_memory_bytes(Device::cpu()) / (1 << 20));

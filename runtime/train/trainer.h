@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "models/llama/llama.h"
+#include "parallel/grad_sync.h"
 #include "runtime/io/token_data.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/cli.h"
@@ -30,6 +31,9 @@ struct TrainRun {
   int64_t micro = 0;            // sequences per forward/backward
   std::vector<int> dp_dims;     // mesh dims a gradient is partial over after backward
   int64_t start_step = 0;       // > 0 after resuming
+  // Bucketed gradient sync overlapped with backward (training.grad_bucket_mb > 0); destroyed before
+  // the model whose hooks point at it.
+  std::unique_ptr<GradSync> grad_sync;
 };
 
 // Builds everything on every rank; config problems are errors before any
@@ -44,7 +48,9 @@ StepResult train_step(TrainRun& run, int64_t step);
 // (undefined, or aliasing logits) gets the gradient scaled by grad_scale.
 void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                   const Tensor& targets, double grad_scale);
-// Brings every gradient to its parameter's placement (DESIGN.md's one rule).
+// Brings every gradient to its parameter's placement (DESIGN.md's one rule): through the buckets of
+// run.grad_sync when there is one, else one redistribute per parameter. Both reduce in
+// training.grad_reduce_dtype.
 void sync_gradients(TrainRun& run);
 // Mean token loss over eval.steps validation batches (collective over dp).
 double evaluate(TrainRun& run);

@@ -1,42 +1,93 @@
-// The CUDA backend of runtime/kernels/ops.h (fp32 for now): launchers over raw
-// device pointers, outputs first, then inputs, sizes and the stream
-// (a cudaStream_t passed as void*). Private to runtime/kernels; ops.cpp checks
-// shapes and dispatches here. Compiled by nvcc: no fmt or spdlog in here.
+// The CUDA backend of runtime/kernels/ops.h: launchers over raw device
+// pointers, outputs first, then inputs, sizes and the stream (a cudaStream_t
+// passed as void*). Private to runtime/kernels; ops.cpp checks shapes and
+// dispatches here. Compiled by nvcc: no fmt or spdlog in here.
+//
+// T is the activation and parameter type: float (fp32 runs, TF32 off) or
+// mt::bf16 (mixed precision, computed as __nv_bfloat16 with fp32 math).
+// Whatever T is, the mixed-precision policy keeps these in fp32 (float*):
+// weight gradients (dweight, dtable), norms' statistics (rstd), losses, the
+// master weights and the optimizer state. Every launcher returns a
+// cudaError_t / cublasStatus_t code (0 = success) for the caller to check,
+// and opens an NVTX range named after the op.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+
+#include "runtime/core/dtype.h"
 
 namespace mt::cuda {
 
-// Returns a cudaError_t / cublasStatus_t code (0 = success) for the caller to check.
-int matmul_forward(float* out, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate,
+// ---- GEMMs (cuBLASLt, fp32 accumulate; the algorithm is chosen once per shape and cached) ----
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T, or += if accumulate.
+template <typename T>
+int matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, bool accumulate,
                    void* stream, int device);
-int matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, int64_t N,
-                    int64_t C, int64_t OC, void* stream, int device);
-int rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N, int64_t C, double eps,
+// dinp (N, C) = dout (N, OC) @ weight (OC, C) (if dinp); dweight (OC, C) f32 += dout^T @ inp (if dweight).
+template <typename T>
+int matmul_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
+                    int64_t OC, void* stream, int device);
+// Shapes whose algorithm is cached, on every device so far (for tests and logs).
+int64_t gemm_cached_algos();
+
+// ---- RMSNorm ----
+// out (N, C), rstd (N) f32, inp (N, C), weight (C); a warp per row, statistics in fp32.
+template <typename T>
+int rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C, double eps,
                     void* stream);
-// scratch: (ceil(N / 256), C) floats for deterministic partial sums of dweight.
-int rmsnorm_backward(float* dinp, float* dweight, float* scratch, const float* dout, const float* inp,
-                     const float* weight, const float* rstd, int64_t N, int64_t C, void* stream);
+// scratch: rmsnorm_backward_scratch(N, C) floats for deterministic partial sums of dweight (C) f32.
+template <typename T>
+int rmsnorm_backward(T* dinp, float* dweight, float* scratch, const T* dout, const T* inp, const T* weight,
+                     const float* rstd, int64_t N, int64_t C, void* stream);
 int64_t rmsnorm_backward_scratch(int64_t N, int64_t C);
-int rope_forward(float* out, const float* inp, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H,
-                 int64_t hd, bool backward, void* stream);
-int swiglu_forward(float* out, const float* gate, const float* up, int64_t n, void* stream);
-int swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n,
-                    void* stream);
-int embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N, int64_t V_local, int64_t C,
+
+// ---- RoPE (backward: the transpose), SwiGLU ----
+template <typename T>
+int rope_forward(T* out, const T* inp, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t H, int64_t hd,
+                 bool backward, void* stream);
+template <typename T> int swiglu_forward(T* out, const T* gate, const T* up, int64_t n, void* stream);
+template <typename T>
+int swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n, void* stream);
+
+// ---- Embedding: forward gathers rows; backward scatters in token order (deterministic, no atomics) ----
+template <typename T>
+int embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t V_local, int64_t C,
                       int64_t row_begin, void* stream);
-int embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t N, int64_t V_local, int64_t C,
-                       int64_t row_begin, void* stream);
-int cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int64_t N, int64_t V,
+// scratch: embedding_backward_scratch_bytes(N) bytes (a stable sort of the positions by token).
+template <typename T>
+int embedding_backward(float* dtable, void* scratch, const T* dout, const int32_t* tokens, int64_t N, int64_t V_local,
+                       int64_t C, int64_t row_begin, void* stream);
+int64_t embedding_backward_scratch_bytes(int64_t N);
+
+// ---- Softmax cross-entropy: one read of the logits for the statistics, one pass writing the gradient ----
+template <typename T>
+int cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N, int64_t V,
                   double grad_scale, void* stream);
-int add(float* out, const float* a, const float* b, int64_t n, void* stream);
-int scale(float* t, double s, int64_t n, void* stream);
-// partials: reduce_partials_count(n) doubles; the caller sums them on the host in order.
+// Vocab-parallel pieces (see ops.h); the statistics are (N) f64 on the device.
+template <typename T> int vocab_shard_max(double* row_max, const T* logits, int64_t N, int64_t V, void* stream);
+template <typename T>
+int vocab_shard_sumexp(double* sumexp, double* target_logit, const T* logits, const int32_t* targets,
+                       const double* row_max, int64_t N, int64_t V, int64_t vocab_begin, void* stream);
+template <typename T>
+int vocab_shard_loss(float* losses, T* dlogits, const T* logits, const int32_t* targets, const double* row_max,
+                     const double* sumexp, const double* target_logit, int64_t N, int64_t V, int64_t vocab_begin,
+                     double grad_scale, void* stream);
+
+// ---- Element-wise, conversion, reductions ----
+template <typename T> int add(T* out, const T* a, const T* b, int64_t n, void* stream);
+template <typename T> int scale(T* t, double s, int64_t n, void* stream);
+// dst <- src converted (f32 <-> bf16, round to nearest even), n elements.
+int convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, void* stream);
+// partials: reduce_partials_count(n) doubles; the caller sums them in order (deterministic).
 int64_t reduce_partials_count(int64_t n);
-int reduce_sum(double* partials, const float* t, int64_t n, bool squares, void* stream);
-int adamw(float* param, const float* grad, float* m, float* v, int64_t n, double lr, double beta1, double beta2,
-          double eps, double weight_decay, int64_t step, void* stream);
-// Blockwise attention in fp32 (a correct reference kernel; the tensor-core one is issue 6's).
+template <typename T> int reduce_sum(double* partials, const T* t, int64_t n, bool squares, void* stream);
+
+// ---- AdamW on fp32 master weights; param_lowp (may be null) gets the updated weights rounded to bf16 ----
+int adamw(float* param, bf16* param_lowp, const float* grad, float* m, float* v, int64_t n, double lr, double beta1,
+          double beta2, double eps, double weight_decay, int64_t step, void* stream);
+
+// ---- Attention in fp32 (one thread per row: the correctness reference for fp32 runs; bf16 runs use
+// the tensor-core kernel of flash_attention.h) ----
 int attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
                       int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
                       int64_t k_pos0, void* stream);

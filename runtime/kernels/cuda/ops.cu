@@ -1,11 +1,18 @@
-// fp32 CUDA kernels of the training step (see cuda_ops.h). Simple and
-// deterministic first: no atomics, reductions in a fixed order; the fused,
-// bf16, tensor-core versions replace them one by one (issue 6).
-#include <cublas_v2.h>
+// CUDA kernels of the training step (see cuda_ops.h), templated on the
+// activation type T (float or bf16, computed in fp32 registers). Deterministic
+// throughout: no floating-point atomics, reductions in a fixed order, so that
+// a rerun gives the same bits (exact resume).
+#include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
+#include <cub/device/device_radix_sort.cuh>
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "runtime/kernels/cuda/cuda_ops.h"
@@ -20,10 +27,25 @@ int blocks_for(int64_t n, int threads = kThreads) { return int((n + threads - 1)
 cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }
 int last_error() { return int(cudaGetLastError()); }
 
-__device__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+// The device type of a host element type.
+template <typename T> struct DevType { using type = T; };
+template <> struct DevType<bf16> { using type = __nv_bfloat16; };
+template <typename T> using Dev = typename DevType<T>::type;
+template <typename T> Dev<T>* dp(T* p) { return reinterpret_cast<Dev<T>*>(p); }
+template <typename T> const Dev<T>* dp(const T* p) { return reinterpret_cast<const Dev<T>*>(p); }
+
+__device__ __forceinline__ float ld(float x) { return x; }
+__device__ __forceinline__ float ld(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T to(float x);
+template <> __device__ __forceinline__ float to<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 to<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// An NVTX range over a launcher, so that Nsight Systems shows the op by name.
+struct Range {
+  explicit Range(const char* name) { nvtxRangePushA(name); }
+  ~Range() { nvtxRangePop(); }
+};
+
 __device__ double warp_sum_d(double v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -32,59 +54,153 @@ __device__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-
-// One cuBLAS handle per device, made on first use.
-cublasHandle_t cublas_handle(int device, int* err) {
-  static std::mutex mu;
-  static std::vector<cublasHandle_t> handles;
-  std::lock_guard<std::mutex> lock(mu);
-  if (int(handles.size()) <= device) handles.resize(size_t(device + 1), nullptr);
-  if (!handles[size_t(device)]) {
-    *err = int(cublasCreate(&handles[size_t(device)]));
-    // fp32 stays fp32: no TF32 tensor-op math (cuBLAS's default math mode).
-    if (!*err) *err = int(cublasSetMathMode(handles[size_t(device)], CUBLAS_DEFAULT_MATH));
-  }
-  return handles[size_t(device)];
+__device__ double warp_max_d(double v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
 }
 
-// ---- kernels ----
+// ---------------------------------------------------------------- GEMMs (cuBLASLt)
 
-__global__ void rmsnorm_fwd_k(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C, float eps) {
+template <typename T> constexpr cudaDataType_t cuda_type() {
+  if constexpr (std::is_same_v<T, bf16>) return CUDA_R_16BF;
+  else return CUDA_R_32F;
+}
+
+// One plan per (device, problem): descriptors, layouts and the heuristic's algorithm, made on first
+// use; later calls with the same shape only launch (no heuristic query, no descriptor set-up).
+struct GemmKey {
+  int device, transa, transb, m, n, k;
+  int a_type, d_type, align, accumulate;
+  auto tie() const { return std::tie(device, transa, transb, m, n, k, a_type, d_type, align, accumulate); }
+  bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
+};
+struct GemmPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+struct LtDevice {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;  // cuBLASLt's scratch, one per device, allocated once
+};
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+std::mutex g_gemm_mu;
+std::map<GemmKey, GemmPlan> g_plans;
+std::vector<LtDevice> g_lt;
+
+int lt_device(int device, LtDevice** out) {
+  if (int(g_lt.size()) <= device) g_lt.resize(size_t(device + 1));
+  LtDevice& d = g_lt[size_t(device)];
+  if (!d.handle) {
+    if (int err = int(cublasLtCreate(&d.handle))) return err;
+    if (int err = int(cudaMalloc(&d.workspace, kWorkspaceBytes))) return err;
+  }
+  *out = &d;
+  return 0;
+}
+
+int alignment_of(const void* p) {
+  uintptr_t u = reinterpret_cast<uintptr_t>(p);
+  int a = 256;
+  while (a > 1 && u % uintptr_t(a) != 0) a /= 2;
+  return a;
+}
+
+// Column-major D (m, n) = op(A) (m, k) op(B) (k, n) (+ D if accumulate), fp32 accumulation
+// (CUBLAS_COMPUTE_32F: no TF32 for fp32 inputs). A and B have type AT, D has type DT.
+template <typename AT, typename DT>
+int lt_gemm(int device, cudaStream_t stream, bool transa, bool transb, int m, int n, int k, const AT* A, int lda,
+            const AT* B, int ldb, DT* D, int ldd, bool accumulate) {
+  std::lock_guard<std::mutex> lock(g_gemm_mu);
+  LtDevice* dev = nullptr;
+  if (int err = lt_device(device, &dev)) return err;
+  int align = std::min(alignment_of(A), std::min(alignment_of(B), alignment_of(D)));
+  GemmKey key{device, transa, transb, m, n, k, int(cuda_type<AT>()), int(cuda_type<DT>()), align, accumulate};
+  auto it = g_plans.find(key);
+  if (it == g_plans.end()) {
+    GemmPlan p;
+    cublasOperation_t ta = transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    int err = int(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    if (!err) err = int(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    if (!err) err = int(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    // Layouts of the stored matrices: op(A) is (m, k), so A is (k, m) when transposed.
+    if (!err) err = int(cublasLtMatrixLayoutCreate(&p.a, cuda_type<AT>(), transa ? k : m, transa ? m : k, lda));
+    if (!err) err = int(cublasLtMatrixLayoutCreate(&p.b, cuda_type<AT>(), transb ? n : k, transb ? k : n, ldb));
+    if (!err) err = int(cublasLtMatrixLayoutCreate(&p.d, cuda_type<DT>(), m, n, ldd));
+    cublasLtMatmulPreference_t pref = nullptr;
+    if (!err) err = int(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = kWorkspaceBytes;
+    uint32_t al = uint32_t(align);
+    if (!err) err = int(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      if (!err) err = int(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (!err)
+      err = int(cublasLtMatmulAlgoGetHeuristic(dev->handle, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (!err && found == 0) err = int(CUBLAS_STATUS_NOT_SUPPORTED);
+    if (err) {
+      if (p.op) cublasLtMatmulDescDestroy(p.op);
+      for (auto l : {p.a, p.b, p.d})
+        if (l) cublasLtMatrixLayoutDestroy(l);
+      return err;
+    }
+    p.algo = result.algo;
+    it = g_plans.emplace(key, p).first;
+  }
+  const GemmPlan& p = it->second;
+  float alpha = 1, beta = accumulate ? 1 : 0;
+  return int(cublasLtMatmul(dev->handle, p.op, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo, dev->workspace,
+                            kWorkspaceBytes, stream));
+}
+
+// ---------------------------------------------------------------- RMSNorm
+
+// A warp per row; the sum of squares in fp32 per lane, then across the warp in double.
+template <typename T>
+__global__ void rmsnorm_fwd_k(T* out, float* rstd, const T* inp, const T* w, int64_t N, int64_t C, float eps) {
   int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
   if (row >= N) return;
-  const float* x = inp + row * C;
+  const T* x = inp + row * C;
   double ss = 0;
-  for (int64_t c = lane; c < C; c += 32) ss += double(x[c]) * x[c];
+  for (int64_t c = lane; c < C; c += 32) ss += double(ld(x[c])) * ld(x[c]);
   ss = warp_sum_d(ss);
   float r = float(1.0 / sqrt(ss / double(C) + double(eps)));
   if (lane == 0) rstd[row] = r;
-  for (int64_t c = lane; c < C; c += 32) out[row * C + c] = x[c] * r * w[c];
+  // Hugging Face's order: normalise in fp32, round to the activation type, then scale by the weight.
+  for (int64_t c = lane; c < C; c += 32) out[row * C + c] = to<T>(ld(to<T>(ld(x[c]) * r)) * ld(w[c]));
 }
 
-__global__ void rmsnorm_bwd_dx_k(float* dinp, const float* dout, const float* inp, const float* w, const float* rstd,
-                                 int64_t N, int64_t C) {
+template <typename T>
+__global__ void rmsnorm_bwd_dx_k(T* dinp, const T* dout, const T* inp, const T* w, const float* rstd, int64_t N,
+                                 int64_t C) {
   int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
   if (row >= N) return;
-  const float* x = inp + row * C;
-  const float* dy = dout + row * C;
+  const T* x = inp + row * C;
+  const T* dy = dout + row * C;
   double r = rstd[row], dot = 0;
-  for (int64_t c = lane; c < C; c += 32) dot += double(dy[c]) * w[c] * x[c] * r;
+  for (int64_t c = lane; c < C; c += 32) dot += double(ld(dy[c])) * ld(w[c]) * ld(x[c]) * r;
   dot = warp_sum_d(dot);
   double mean = dot / double(C);
-  for (int64_t c = lane; c < C; c += 32) dinp[row * C + c] = float(r * (double(dy[c]) * w[c] - double(x[c]) * r * mean));
+  for (int64_t c = lane; c < C; c += 32)
+    dinp[row * C + c] = to<T>(float(r * (double(ld(dy[c])) * ld(w[c]) - double(ld(x[c])) * r * mean)));
 }
 
 constexpr int64_t kRowChunk = 256;
 // scratch[chunk][c] = sum over the chunk's rows of dy * x * rstd, rows in order.
-__global__ void rmsnorm_bwd_partial_k(float* scratch, const float* dout, const float* inp, const float* rstd, int64_t N,
+template <typename T>
+__global__ void rmsnorm_bwd_partial_k(float* scratch, const T* dout, const T* inp, const float* rstd, int64_t N,
                                       int64_t C) {
   int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, chunk = blockIdx.y;
   if (c >= C) return;
   double acc = 0;
   for (int64_t n = chunk * kRowChunk; n < min(N, (chunk + 1) * kRowChunk); ++n)
-    acc += double(dout[n * C + c]) * inp[n * C + c] * rstd[n];
+    acc += double(ld(dout[n * C + c])) * ld(inp[n * C + c]) * rstd[n];
   scratch[chunk * C + c] = float(acc);
 }
 __global__ void rmsnorm_bwd_sum_k(float* dweight, const float* scratch, int64_t chunks, int64_t C) {
@@ -95,101 +211,197 @@ __global__ void rmsnorm_bwd_sum_k(float* dweight, const float* scratch, int64_t 
   dweight[c] += float(acc);
 }
 
-__global__ void rope_k(float* out, const float* inp, const float* cs, const float* sn, int64_t B, int64_t T, int64_t H,
-                       int64_t hd, bool backward) {
-  int64_t half = hd / 2, n = B * T * H * half;
+// ---------------------------------------------------------------- RoPE, SwiGLU
+
+template <typename T>
+__global__ void rope_k(T* out, const T* inp, const T* cs, const T* sn, int64_t B, int64_t T_, int64_t H, int64_t hd,
+                       bool backward) {
+  int64_t half = hd / 2, n = B * T_ * H * half;
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  int64_t j = i % half, bth = i / half, t = (bth / H) % T;
-  const float* c = cs + t * hd;
-  const float* s = sn + t * hd;
-  float x1 = inp[bth * hd + j], x2 = inp[bth * hd + j + half];
+  int64_t j = i % half, bth = i / half, t = (bth / H) % T_;
+  const T* c = cs + t * hd;
+  const T* s = sn + t * hd;
+  float x1 = ld(inp[bth * hd + j]), x2 = ld(inp[bth * hd + j + half]);
   if (!backward) {
-    out[bth * hd + j] = x1 * c[j] - x2 * s[j];
-    out[bth * hd + j + half] = x2 * c[j + half] + x1 * s[j + half];
+    out[bth * hd + j] = to<T>(x1 * ld(c[j]) - x2 * ld(s[j]));
+    out[bth * hd + j + half] = to<T>(x2 * ld(c[j + half]) + x1 * ld(s[j + half]));
   } else {
-    out[bth * hd + j] = x1 * c[j] + x2 * s[j + half];
-    out[bth * hd + j + half] = x2 * c[j + half] - x1 * s[j];
+    out[bth * hd + j] = to<T>(x1 * ld(c[j]) + x2 * ld(s[j + half]));
+    out[bth * hd + j + half] = to<T>(x2 * ld(c[j + half]) - x1 * ld(s[j]));
   }
 }
 
-__global__ void swiglu_fwd_k(float* out, const float* g, const float* u, int64_t n) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-}
-__global__ void swiglu_bwd_k(float* dg, float* du, const float* dy, const float* g, const float* u, int64_t n) {
+template <typename T> __global__ void swiglu_fwd_k(T* out, const T* g, const T* u, int64_t n) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  float x = g[i], s = 1.0f / (1.0f + expf(-x)), d = dy[i], up = u[i];
-  du[i] = d * x * s;
-  dg[i] = d * up * s * (1.0f + x * (1.0f - s));
+  float x = ld(g[i]);
+  out[i] = to<T>(x / (1.0f + expf(-x)) * ld(u[i]));
+}
+template <typename T> __global__ void swiglu_bwd_k(T* dg, T* du, const T* dy, const T* g, const T* u, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float x = ld(g[i]), s = 1.0f / (1.0f + expf(-x)), d = ld(dy[i]), up = ld(u[i]);
+  du[i] = to<T>(d * x * s);
+  dg[i] = to<T>(d * up * s * (1.0f + x * (1.0f - s)));
 }
 
-__global__ void embedding_fwd_k(float* out, const int32_t* tok, const float* table, int64_t N, int64_t V, int64_t C,
+// ---------------------------------------------------------------- Embedding
+
+template <typename T>
+__global__ void embedding_fwd_k(T* out, const int32_t* tok, const T* table, int64_t N, int64_t V, int64_t C,
                                 int64_t row_begin) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N * C) return;
   int64_t n = i / C, c = i % C, r = int64_t(tok[n]) - row_begin;
-  out[i] = (r >= 0 && r < V) ? table[r * C + c] : 0.0f;
+  out[i] = (r >= 0 && r < V) ? table[r * C + c] : to<T>(0.0f);
 }
-// One thread per column, tokens in order: deterministic, no atomics.
-__global__ void embedding_bwd_k(float* dtable, const float* dout, const int32_t* tok, int64_t N, int64_t V, int64_t C,
-                                int64_t row_begin) {
-  int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  for (int64_t n = 0; n < N; ++n) {
-    int64_t r = int64_t(tok[n]) - row_begin;
-    if (r >= 0 && r < V) dtable[r * C + c] += dout[n * C + c];
+
+__global__ void iota_k(int32_t* idx, const int32_t* tok, int32_t* keys, int64_t N) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < N) idx[i] = int32_t(i), keys[i] = tok[i];
+}
+// After a stable sort of (token, position) by token: the block at the first position of each token's
+// run sums that token's rows in position order (deterministic), then adds them to its table row.
+template <typename T>
+__global__ void embedding_bwd_k(float* dtable, const T* dout, const int32_t* keys, const int32_t* pos, int64_t N,
+                                int64_t V, int64_t C, int64_t row_begin) {
+  int64_t i = blockIdx.x;
+  if (i >= N || (i > 0 && keys[i] == keys[i - 1])) return;
+  int64_t r = int64_t(keys[i]) - row_begin;
+  if (r < 0 || r >= V) return;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = 0;
+    for (int64_t j = i; j < N && keys[j] == keys[i]; ++j) acc += ld(dout[int64_t(pos[j]) * C + c]);
+    dtable[r * C + c] += acc;
   }
 }
 
-// A warp per row: max, sum of exponentials, loss, gradient written over the logits' buffer if asked.
-__global__ void cross_entropy_k(float* losses, float* dlogits, const float* logits, const int32_t* targets, int64_t N,
-                                int64_t V, float scale) {
+// Scratch of the embedding backward: sorted keys and positions (4 arrays of N) and CUB's temporary storage.
+size_t embedding_sort_temp_bytes(int64_t N) {
+  size_t bytes = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, bytes, (const int32_t*)nullptr, (int32_t*)nullptr, (const int32_t*)nullptr,
+                                  (int32_t*)nullptr, int(N));
+  return bytes;
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+// Online max and sum of exponentials of a row, per lane then merged across the warp.
+template <typename T> __device__ void row_stats(const T* x, int64_t V, int lane, float* mx_out, double* se_out) {
+  float m = -INFINITY;
+  double s = 0;
+  for (int64_t v = lane; v < V; v += 32) {
+    float xv = ld(x[v]);
+    if (xv > m) {
+      s = s * exp(double(m) - xv) + 1.0;
+      m = xv;
+    } else {
+      s += double(__expf(xv - m));
+    }
+  }
+  float M = warp_max(m);
+  s = m == -INFINITY ? 0.0 : s * exp(double(m) - M);
+  *mx_out = M;
+  *se_out = warp_sum_d(s);
+}
+
+// A warp per row: one read for the statistics, one pass writing the gradient over the logits' buffer.
+template <typename T>
+__global__ void cross_entropy_k(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N, int64_t V,
+                                float scale) {
   int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
   if (row >= N) return;
-  const float* x = logits + row * V;
+  const T* x = logits + row * V;
   int32_t t = targets[row];
   if (t < 0) {
     if (lane == 0) losses[row] = 0.0f;
     if (dlogits)
-      for (int64_t v = lane; v < V; v += 32) dlogits[row * V + v] = 0.0f;
+      for (int64_t v = lane; v < V; v += 32) dlogits[row * V + v] = to<T>(0.0f);
     return;
   }
-  float mx = -INFINITY;
-  for (int64_t v = lane; v < V; v += 32) mx = fmaxf(mx, x[v]);
-  mx = warp_max(mx);
-  double se = 0;
-  for (int64_t v = lane; v < V; v += 32) se += exp(double(x[v]) - mx);
-  se = warp_sum_d(se);
+  float mx;
+  double se;
+  row_stats(x, V, lane, &mx, &se);
   double lse = mx + log(se);
-  float xt = x[t];
-  __syncwarp();
+  float xt = ld(x[t]);
+  __syncwarp();  // every lane has read x[t] before the gradient overwrites it
   if (lane == 0) losses[row] = float(lse - xt);
   if (dlogits) {
     for (int64_t v = lane; v < V; v += 32) {
-      float p = float(exp(double(x[v]) - lse) * scale);
-      dlogits[row * V + v] = v == t ? p - scale : p;
+      float p = float(exp(double(ld(x[v])) - lse)) * scale;
+      dlogits[row * V + v] = to<T>(v == t ? p - scale : p);
     }
   }
 }
 
-__global__ void add_k(float* out, const float* a, const float* b, int64_t n) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = a[i] + b[i];
+template <typename T> __global__ void vocab_max_k(double* row_max, const T* logits, int64_t N, int64_t V) {
+  int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  double m = -INFINITY;
+  for (int64_t v = lane; v < V; v += 32) m = fmax(m, double(ld(logits[row * V + v])));
+  m = warp_max_d(m);
+  if (lane == 0) row_max[row] = m;
 }
-__global__ void scale_k(float* t, float s, int64_t n) {
+template <typename T>
+__global__ void vocab_sumexp_k(double* sumexp, double* target_logit, const T* logits, const int32_t* targets,
+                               const double* row_max, int64_t N, int64_t V, int64_t vocab_begin) {
+  int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  double m = row_max[row], s = 0;
+  for (int64_t v = lane; v < V; v += 32) s += exp(double(ld(logits[row * V + v])) - m);
+  s = warp_sum_d(s);
+  if (lane == 0) {
+    int64_t t = int64_t(targets[row]) - vocab_begin;
+    sumexp[row] = s;
+    target_logit[row] = (targets[row] >= 0 && t >= 0 && t < V) ? double(ld(logits[row * V + t])) : 0.0;
+  }
+}
+template <typename T>
+__global__ void vocab_loss_k(float* losses, T* dlogits, const T* logits, const int32_t* targets, const double* row_max,
+                             const double* sumexp, const double* target_logit, int64_t N, int64_t V,
+                             int64_t vocab_begin, float scale) {
+  int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  bool ignored = targets[row] < 0;
+  double lse = log(sumexp[row]) + row_max[row];
+  if (lane == 0) losses[row] = ignored ? 0.0f : float(lse - target_logit[row]);
+  if (!dlogits) return;
+  int64_t t = int64_t(targets[row]) - vocab_begin;
+  for (int64_t v = lane; v < V; v += 32) {
+    float p = ignored ? 0.0f : float(exp(double(ld(logits[row * V + v])) - lse)) * scale;
+    dlogits[row * V + v] = to<T>(!ignored && v == t ? p - scale : p);
+  }
+}
+
+// ---------------------------------------------------------------- element-wise, reductions, AdamW
+
+template <typename T> __global__ void add_k(T* out, const T* a, const T* b, int64_t n) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) t[i] *= s;
+  if (i < n) out[i] = to<T>(ld(a[i]) + ld(b[i]));
+}
+template <typename T> __global__ void scale_k(T* t, float s, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) t[i] = to<T>(ld(t[i]) * s);
+}
+template <typename D, typename S> __global__ void convert_k(D* dst, const S* src, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = to<D>(ld(src[i]));
 }
 
 constexpr int64_t kReduceChunk = 4096;
-__global__ void reduce_k(double* partials, const float* t, int64_t n, bool squares) {
+template <typename T> __global__ void reduce_k(double* partials, const T* t, int64_t n, bool squares) {
   __shared__ double warp_part[kThreads / 32];
   int64_t begin = int64_t(blockIdx.x) * kReduceChunk, end = min(n, begin + kReduceChunk);
   double s = 0;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) s += squares ? double(t[i]) * t[i] : double(t[i]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    double x = ld(t[i]);
+    s += squares ? x * x : x;
+  }
   s = warp_sum_d(s);
   if (threadIdx.x % 32 == 0) warp_part[threadIdx.x / 32] = s;
   __syncthreads();
@@ -200,8 +412,8 @@ __global__ void reduce_k(double* partials, const float* t, int64_t n, bool squar
   }
 }
 
-__global__ void adamw_k(float* p, const float* g, float* m, float* v, int64_t n, float decay, float b1, float b2,
-                        float step_size, float bc2_sqrt, float eps) {
+__global__ void adamw_k(float* p, __nv_bfloat16* p_lowp, const float* g, float* m, float* v, int64_t n, float decay,
+                        float b1, float b2, float step_size, float bc2_sqrt, float eps) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float pi = p[i] * decay, gi = g[i];
@@ -209,8 +421,12 @@ __global__ void adamw_k(float* p, const float* g, float* m, float* v, int64_t n,
   float vi = v[i] * b2 + (1.0f - b2) * gi * gi;
   m[i] = mi;
   v[i] = vi;
-  p[i] = pi - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+  pi -= step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+  p[i] = pi;
+  if (p_lowp) p_lowp[i] = __float2bfloat16_rn(pi);  // the compute copy, written in the same pass
 }
+
+// ---------------------------------------------------------------- fp32 reference attention
 
 struct AttnDims {
   int64_t B, T, S, H, KV, hd;
@@ -274,9 +490,9 @@ __global__ void attn_dq_k(float* dq, const float* D, const float* dout, const fl
     for (int64_t s = 0, vis = d.visible(t); s < vis; ++s) {
       const float* kr = k + ((b * d.S + s) * d.KV + j) * d.hd;
       const float* vr = v + ((b * d.S + s) * d.KV + j) * d.hd;
-      float sc = 0, dp = 0;
-      for (int64_t c = 0; c < d.hd; ++c) sc += qr[c] * kr[c], dp += dor[c] * vr[c];
-      float p = expf(sc * d.scale - L), ds = p * (dp - D[i]) * d.scale;
+      float sc = 0, dpv = 0;
+      for (int64_t c = 0; c < d.hd; ++c) sc += qr[c] * kr[c], dpv += dor[c] * vr[c];
+      float p = expf(sc * d.scale - L), ds = p * (dpv - D[i]) * d.scale;
       for (int64_t c = 0; c < d.hd; ++c) acc[c] += ds * kr[c];
     }
   float* o = dq + ((b * d.T + t) * d.H + h) * d.hd;
@@ -300,9 +516,9 @@ __global__ void attn_dkv_k(float* dk, float* dv, const float* D, const float* do
       if (L == -INFINITY) continue;
       const float* qr = q + ((b * d.T + t) * d.H + h) * d.hd;
       const float* dor = dout + ((b * d.T + t) * d.H + h) * d.hd;
-      float sc = 0, dp = 0;
-      for (int64_t c = 0; c < d.hd; ++c) sc += qr[c] * kr[c], dp += dor[c] * vr[c];
-      float p = expf(sc * d.scale - L), ds = p * (dp - D[(b * d.H + h) * d.T + t]) * d.scale;
+      float sc = 0, dpv = 0;
+      for (int64_t c = 0; c < d.hd; ++c) sc += qr[c] * kr[c], dpv += dor[c] * vr[c];
+      float p = expf(sc * d.scale - L), ds = p * (dpv - D[(b * d.H + h) * d.T + t]) * d.scale;
       for (int64_t c = 0; c < d.hd; ++c) av[c] += p * dor[c], ak[c] += ds * qr[c];
     }
   float* okr = dk + ((b * d.S + s) * d.KV + j) * d.hd;
@@ -315,133 +531,215 @@ __global__ void attn_dkv_k(float* dk, float* dv, const float* D, const float* do
 
 }  // namespace
 
-int matmul_forward(float* out, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate,
+// ================================================================ launchers
+
+template <typename T>
+int matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, bool accumulate,
                    void* stream, int device) {
+  Range r("matmul_forward");
   if (N == 0 || OC == 0) return 0;
-  int err = 0;
-  cublasHandle_t h = cublas_handle(device, &err);
-  if (err) return err;
-  if ((err = int(cublasSetStream(h, st(stream))))) return err;
-  float alpha = 1, beta = accumulate ? 1 : 0;
-  if (C == 0) return accumulate ? 0 : int(cudaMemsetAsync(out, 0, size_t(N * OC) * 4, st(stream)));
+  if (C == 0) return accumulate ? 0 : int(cudaMemsetAsync(out, 0, size_t(N * OC) * sizeof(T), st(stream)));
   // Row-major out (N, OC) = inp (N, C) W^T is column-major out^T (OC, N) = W (OC, C) . inp^T.
-  return int(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, int(OC), int(N), int(C), &alpha, weight, int(C), inp, int(C),
-                         &beta, out, int(OC)));
+  return lt_gemm(device, st(stream), true, false, int(OC), int(N), int(C), weight, int(C), inp, int(C), out, int(OC),
+                 accumulate);
 }
 
-int matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, int64_t N,
-                    int64_t C, int64_t OC, void* stream, int device) {
-  int err = 0;
-  cublasHandle_t h = cublas_handle(device, &err);
-  if (err) return err;
-  if ((err = int(cublasSetStream(h, st(stream))))) return err;
-  float one = 1, zero = 0;
+template <typename T>
+int matmul_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
+                    int64_t OC, void* stream, int device) {
+  Range r("matmul_backward");
   if (dinp && N > 0 && C > 0) {
-    if (OC == 0) err = int(cudaMemsetAsync(dinp, 0, size_t(N * C) * 4, st(stream)));
-    else  // dinp (N, C) = dout (N, OC) W (OC, C)
-      err = int(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, int(C), int(N), int(OC), &one, weight, int(C), dout, int(OC),
-                            &zero, dinp, int(C)));
+    int err = 0;
+    if (OC == 0) err = int(cudaMemsetAsync(dinp, 0, size_t(N * C) * sizeof(T), st(stream)));
+    else  // dinp^T (C, N) = W^T (C, OC) . dout^T (OC, N)
+      err = lt_gemm(device, st(stream), false, false, int(C), int(N), int(OC), weight, int(C), dout, int(OC), dinp,
+                    int(C), false);
     if (err) return err;
   }
-  if (dweight && N > 0 && C > 0 && OC > 0)  // dW (OC, C) += dout^T (OC, N) inp (N, C)
-    err = int(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, int(C), int(OC), int(N), &one, inp, int(C), dout, int(OC), &one,
-                          dweight, int(C)));
-  return err;
+  if (dweight && N > 0 && C > 0 && OC > 0)  // dW^T (C, OC) += inp^T (C, N) . dout (N, OC), in fp32
+    return lt_gemm(device, st(stream), false, true, int(C), int(OC), int(N), inp, int(C), dout, int(OC), dweight,
+                   int(C), true);
+  return 0;
 }
 
-int rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N, int64_t C, double eps,
+int64_t gemm_cached_algos() {
+  std::lock_guard<std::mutex> lock(g_gemm_mu);
+  return int64_t(g_plans.size());
+}
+
+template <typename T>
+int rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C, double eps,
                     void* stream) {
+  Range r("rmsnorm_forward");
   if (N == 0) return 0;
-  rmsnorm_fwd_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(out, rstd, inp, weight, N, C, float(eps));
+  rmsnorm_fwd_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(dp(out), rstd, dp(inp), dp(weight), N, C, float(eps));
   return last_error();
 }
 
 int64_t rmsnorm_backward_scratch(int64_t N, int64_t C) { return ((N + kRowChunk - 1) / kRowChunk) * C; }
 
-int rmsnorm_backward(float* dinp, float* dweight, float* scratch, const float* dout, const float* inp,
-                     const float* weight, const float* rstd, int64_t N, int64_t C, void* stream) {
+template <typename T>
+int rmsnorm_backward(T* dinp, float* dweight, float* scratch, const T* dout, const T* inp, const T* weight,
+                     const float* rstd, int64_t N, int64_t C, void* stream) {
+  Range r("rmsnorm_backward");
   if (N == 0 || C == 0) return 0;
-  rmsnorm_bwd_dx_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(dinp, dout, inp, weight, rstd, N, C);
+  rmsnorm_bwd_dx_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(dp(dinp), dp(dout), dp(inp), dp(weight), rstd, N, C);
   int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
-  rmsnorm_bwd_partial_k<<<dim3(unsigned(blocks_for(C)), unsigned(chunks)), kThreads, 0, st(stream)>>>(scratch, dout, inp,
-                                                                                                    rstd, N, C);
+  rmsnorm_bwd_partial_k<<<dim3(unsigned(blocks_for(C)), unsigned(chunks)), kThreads, 0, st(stream)>>>(
+      scratch, dp(dout), dp(inp), rstd, N, C);
   rmsnorm_bwd_sum_k<<<blocks_for(C), kThreads, 0, st(stream)>>>(dweight, scratch, chunks, C);
   return last_error();
 }
 
-int rope_forward(float* out, const float* inp, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H,
-                 int64_t hd, bool backward, void* stream) {
-  int64_t n = B * T * H * (hd / 2);
+template <typename T>
+int rope_forward(T* out, const T* inp, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t H, int64_t hd,
+                 bool backward, void* stream) {
+  Range r(backward ? "rope_backward" : "rope_forward");
+  int64_t n = B * T_ * H * (hd / 2);
   if (n == 0) return 0;
-  rope_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(out, inp, cos, sin, B, T, H, hd, backward);
+  rope_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(dp(out), dp(inp), dp(cos), dp(sin), B, T_, H, hd, backward);
   return last_error();
 }
 
-int swiglu_forward(float* out, const float* gate, const float* up, int64_t n, void* stream) {
+template <typename T> int swiglu_forward(T* out, const T* gate, const T* up, int64_t n, void* stream) {
+  Range r("swiglu_forward");
   if (n == 0) return 0;
-  swiglu_fwd_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(out, gate, up, n);
+  swiglu_fwd_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(dp(out), dp(gate), dp(up), n);
   return last_error();
 }
-int swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n,
-                    void* stream) {
+template <typename T>
+int swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n, void* stream) {
+  Range r("swiglu_backward");
   if (n == 0) return 0;
-  swiglu_bwd_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(dgate, dup, dout, gate, up, n);
+  swiglu_bwd_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(dp(dgate), dp(dup), dp(dout), dp(gate), dp(up), n);
   return last_error();
 }
 
-int embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N, int64_t V_local, int64_t C,
+template <typename T>
+int embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t V_local, int64_t C,
                       int64_t row_begin, void* stream) {
+  Range r("embedding_forward");
   if (N * C == 0) return 0;
-  embedding_fwd_k<<<blocks_for(N * C), kThreads, 0, st(stream)>>>(out, tokens, table, N, V_local, C, row_begin);
-  return last_error();
-}
-int embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int64_t N, int64_t V_local, int64_t C,
-                       int64_t row_begin, void* stream) {
-  if (N * C == 0) return 0;
-  embedding_bwd_k<<<blocks_for(C, 64), 64, 0, st(stream)>>>(dtable, dout, tokens, N, V_local, C, row_begin);
+  embedding_fwd_k<<<blocks_for(N * C), kThreads, 0, st(stream)>>>(dp(out), tokens, dp(table), N, V_local, C, row_begin);
   return last_error();
 }
 
-int cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int64_t N, int64_t V,
+int64_t embedding_backward_scratch_bytes(int64_t N) {
+  return int64_t(4 * size_t(N) * sizeof(int32_t) + embedding_sort_temp_bytes(N) + 256);
+}
+
+template <typename T>
+int embedding_backward(float* dtable, void* scratch, const T* dout, const int32_t* tokens, int64_t N, int64_t V_local,
+                       int64_t C, int64_t row_begin, void* stream) {
+  Range r("embedding_backward");
+  if (N * C == 0) return 0;
+  auto* keys_in = static_cast<int32_t*>(scratch);  // (N) tokens
+  int32_t* pos_in = keys_in + N;                    // (N) positions 0..N-1
+  int32_t* keys = pos_in + N;                       // (N) tokens, sorted
+  int32_t* pos = keys + N;                          // (N) positions, grouped by token, ascending within a token
+  // CUB's temporary storage, 256-byte aligned (the scratch size has the slack).
+  void* temp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(pos + N) + 255) & ~uintptr_t(255));
+  size_t temp_bytes = embedding_sort_temp_bytes(N);
+  iota_k<<<blocks_for(N), kThreads, 0, st(stream)>>>(pos_in, tokens, keys_in, N);
+  // Radix sort is stable: positions stay ascending within each token's run.
+  if (int err = int(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys, pos_in, pos, int(N), 0, 32,
+                                                    st(stream))))
+    return err;
+  embedding_bwd_k<<<unsigned(N), 128, 0, st(stream)>>>(dtable, dp(dout), keys, pos, N, V_local, C, row_begin);
+  return last_error();
+}
+
+template <typename T>
+int cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N, int64_t V,
                   double grad_scale, void* stream) {
+  Range r("cross_entropy");
   if (N == 0) return 0;
-  cross_entropy_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(losses, dlogits, logits, targets, N, V,
+  cross_entropy_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(losses, dp(dlogits), dp(logits), targets, N, V,
                                                                     float(grad_scale));
   return last_error();
 }
 
-int add(float* out, const float* a, const float* b, int64_t n, void* stream) {
-  if (n == 0) return 0;
-  add_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(out, a, b, n);
+template <typename T> int vocab_shard_max(double* row_max, const T* logits, int64_t N, int64_t V, void* stream) {
+  Range r("vocab_shard_max");
+  if (N == 0) return 0;
+  vocab_max_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(row_max, dp(logits), N, V);
   return last_error();
 }
-int scale(float* t, double s, int64_t n, void* stream) {
+template <typename T>
+int vocab_shard_sumexp(double* sumexp, double* target_logit, const T* logits, const int32_t* targets,
+                       const double* row_max, int64_t N, int64_t V, int64_t vocab_begin, void* stream) {
+  Range r("vocab_shard_sumexp");
+  if (N == 0) return 0;
+  vocab_sumexp_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(sumexp, target_logit, dp(logits), targets, row_max, N,
+                                                                   V, vocab_begin);
+  return last_error();
+}
+template <typename T>
+int vocab_shard_loss(float* losses, T* dlogits, const T* logits, const int32_t* targets, const double* row_max,
+                     const double* sumexp, const double* target_logit, int64_t N, int64_t V, int64_t vocab_begin,
+                     double grad_scale, void* stream) {
+  Range r("vocab_shard_loss");
+  if (N == 0) return 0;
+  vocab_loss_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(losses, dp(dlogits), dp(logits), targets, row_max,
+                                                                 sumexp, target_logit, N, V, vocab_begin,
+                                                                 float(grad_scale));
+  return last_error();
+}
+
+template <typename T> int add(T* out, const T* a, const T* b, int64_t n, void* stream) {
+  Range r("add");
   if (n == 0) return 0;
-  scale_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(t, float(s), n);
+  add_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(dp(out), dp(a), dp(b), n);
+  return last_error();
+}
+template <typename T> int scale(T* t, double s, int64_t n, void* stream) {
+  Range r("scale");
+  if (n == 0) return 0;
+  scale_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(dp(t), float(s), n);
+  return last_error();
+}
+
+int convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, void* stream) {
+  Range r("convert");
+  if (n == 0) return 0;
+  if (dst_type == DType::bf16 && src_type == DType::f32)
+    convert_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(static_cast<__nv_bfloat16*>(dst),
+                                                          static_cast<const float*>(src), n);
+  else if (dst_type == DType::f32 && src_type == DType::bf16)
+    convert_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(static_cast<float*>(dst),
+                                                          static_cast<const __nv_bfloat16*>(src), n);
+  else if (dst_type == src_type)
+    return int(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(dst_type), cudaMemcpyDeviceToDevice, st(stream)));
+  else
+    return int(cudaErrorInvalidValue);
   return last_error();
 }
 
 int64_t reduce_partials_count(int64_t n) { return (n + kReduceChunk - 1) / kReduceChunk; }
-int reduce_sum(double* partials, const float* t, int64_t n, bool squares, void* stream) {
+template <typename T> int reduce_sum(double* partials, const T* t, int64_t n, bool squares, void* stream) {
+  Range r(squares ? "sum_squares" : "sum");
   int64_t blocks = reduce_partials_count(n);
   if (blocks == 0) return 0;
-  reduce_k<<<unsigned(blocks), kThreads, 0, st(stream)>>>(partials, t, n, squares);
+  reduce_k<<<unsigned(blocks), kThreads, 0, st(stream)>>>(partials, dp(t), n, squares);
   return last_error();
 }
 
-int adamw(float* param, const float* grad, float* m, float* v, int64_t n, double lr, double beta1, double beta2,
-          double eps, double weight_decay, int64_t step, void* stream) {
+int adamw(float* param, bf16* param_lowp, const float* grad, float* m, float* v, int64_t n, double lr, double beta1,
+          double beta2, double eps, double weight_decay, int64_t step, void* stream) {
+  Range r("adamw");
   if (n == 0) return 0;
   float step_size = float(lr / (1.0 - std::pow(beta1, double(step))));
   float bc2_sqrt = float(std::sqrt(1.0 - std::pow(beta2, double(step))));
-  adamw_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(param, grad, m, v, n, float(1.0 - lr * weight_decay), float(beta1),
-                                                      float(beta2), step_size, bc2_sqrt, float(eps));
+  adamw_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(param, dp(param_lowp), grad, m, v, n,
+                                                      float(1.0 - lr * weight_decay), float(beta1), float(beta2),
+                                                      step_size, bc2_sqrt, float(eps));
   return last_error();
 }
 
 int attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
                       int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
                       int64_t k_pos0, void* stream) {
+  Range r("attention_forward_f32");
   if (hd > kMaxHeadDim) return int(cudaErrorInvalidValue);
   AttnDims d{B, T, S, H, KV, hd, float(scale), causal, q_pos0, k_pos0};
   if (B * H * T == 0) return 0;
@@ -453,6 +751,7 @@ int attention_backward(float* dq, float* dk, float* dv, float* scratch, const fl
                        const float* k, const float* v, const float* out, const float* lse, int64_t B, int64_t T,
                        int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
                        int64_t k_pos0, bool accumulate, void* stream) {
+  Range r("attention_backward_f32");
   if (hd > kMaxHeadDim) return int(cudaErrorInvalidValue);
   AttnDims d{B, T, S, H, KV, hd, float(scale), causal, q_pos0, k_pos0};
   if (B * H * T > 0) {
@@ -463,5 +762,31 @@ int attention_backward(float* dq, float* dk, float* dv, float* scratch, const fl
     attn_dkv_k<<<blocks_for(B * KV * S, 128), 128, 0, st(stream)>>>(dk, dv, scratch, dout, q, k, v, lse, d, accumulate);
   return last_error();
 }
+
+// Explicit instantiations for the two activation types.
+#define MT_INSTANTIATE(T)                                                                                             \
+  template int matmul_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool, void*, int);              \
+  template int matmul_backward<T>(T*, float*, const T*, const T*, const T*, int64_t, int64_t, int64_t, void*, int); \
+  template int rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int64_t, double, void*);                 \
+  template int rmsnorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, int64_t, int64_t, \
+                                   void*);                                                                            \
+  template int rope_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, bool, void*);  \
+  template int swiglu_forward<T>(T*, const T*, const T*, int64_t, void*);                                           \
+  template int swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, void*);                            \
+  template int embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t, int64_t, void*);       \
+  template int embedding_backward<T>(float*, void*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t,   \
+                                     void*);                                                                          \
+  template int cross_entropy<T>(float*, T*, const T*, const int32_t*, int64_t, int64_t, double, void*);             \
+  template int vocab_shard_max<T>(double*, const T*, int64_t, int64_t, void*);                                      \
+  template int vocab_shard_sumexp<T>(double*, double*, const T*, const int32_t*, const double*, int64_t, int64_t,   \
+                                     int64_t, void*);                                                                 \
+  template int vocab_shard_loss<T>(float*, T*, const T*, const int32_t*, const double*, const double*,              \
+                                   const double*, int64_t, int64_t, int64_t, double, void*);                          \
+  template int add<T>(T*, const T*, const T*, int64_t, void*);                                                      \
+  template int scale<T>(T*, double, int64_t, void*);                                                                \
+  template int reduce_sum<T>(double*, const T*, int64_t, bool, void*);
+MT_INSTANTIATE(float)
+MT_INSTANTIATE(bf16)
+#undef MT_INSTANTIATE
 
 }  // namespace mt::cuda

@@ -1,0 +1,123 @@
+#include "parallel/grad_sync.h"
+
+#include <algorithm>
+#include <map>
+
+#include "runtime/kernels/ops.h"
+
+namespace mt {
+
+GradSync::GradSync(Module& model, const DeviceMesh& mesh, GradSyncOptions opt) : mesh_(mesh), opt_(std::move(opt)) {
+  // Owners in forward order; their parameters reversed give (about) the order backward finishes them.
+  std::vector<Parameter*> order;
+  for (Module* m : model.modules())
+    for (Parameter* p : m->own_parameters()) order.push_back(p);
+  std::reverse(order.begin(), order.end());
+
+  std::map<std::string, size_t> filling;  // group name -> index of the bucket still filling
+  std::vector<int64_t> numel;             // elements per bucket
+  for (Parameter* p : order) {
+    std::vector<int> partial = opt_.dp_dims;
+    partial.insert(partial.end(), p->grad_partial_dims.begin(), p->grad_partial_dims.end());
+    std::sort(partial.begin(), partial.end());
+    partial.erase(std::unique(partial.begin(), partial.end()), partial.end());
+    std::string dims;  // the dims that need a sum (size > 1), in mesh order
+    bool general = false;
+    for (int d : partial) {
+      if (mesh.size(d) == 1) continue;
+      dims += (dims.empty() ? "" : ",") + mesh.dims()[size_t(d)].name;
+      if (!p->value.placements()[size_t(d)].is_replicate()) general = true;  // Partial -> Shard: reduce-scatter
+    }
+    if (dims.empty()) continue;  // one rank holds the whole gradient: nothing to sync
+    if (general) {
+      general_.emplace_back(p, partial);
+      continue;
+    }
+    auto it = filling.find(dims);
+    bool full = it != filling.end() &&
+                size_t(numel[it->second]) * dtype_size(opt_.reduce_dtype) >= std::max<size_t>(opt_.bucket_bytes, 1);
+    if (it == filling.end() || full) {
+      buckets_.push_back(Bucket{dims, {}, {}, Tensor(), 0, false, Work()});
+      numel.push_back(0);
+      it = filling.insert_or_assign(dims, buckets_.size() - 1).first;
+    }
+    Bucket& b = buckets_[it->second];
+    b.params.push_back(p);
+    b.offsets.push_back(numel[it->second]);
+    numel[it->second] += p->grad.local.numel();
+    bucket_of_[p] = it->second;
+  }
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    buckets_[i].flat = empty({numel[i]}, opt_.reduce_dtype, buckets_[i].params.front()->grad.local.device());
+    mesh_.group(buckets_[i].dims);  // flattened groups are made collectively: here, on every rank, in one order
+  }
+
+  // The gradient of each own parameter is complete once the owner's backward has run.
+  for (Module* m : model.modules()) {
+    if (m->own_parameters().empty()) continue;
+    m->post_backward.push_back([this](Module& mod) {
+      if (!armed_) return;
+      for (Parameter* p : mod.own_parameters()) mark_ready(p);
+    });
+  }
+}
+
+void GradSync::arm(bool last_micro_batch) {
+  armed_ = last_micro_batch;
+  if (!armed_) return;
+  for (Bucket& b : buckets_) b.pending = int(b.params.size()), b.launched = false;
+}
+
+void GradSync::mark_ready(Parameter* p) {
+  auto it = bucket_of_.find(p);
+  if (it == bucket_of_.end()) return;
+  Bucket& b = buckets_[it->second];
+  if (--b.pending == 0 && !b.launched) {
+    launch(b);
+    ++launched_early_;
+  }
+}
+
+void GradSync::launch(Bucket& b) {
+  for (size_t i = 0; i < b.params.size(); ++i) {
+    const Tensor& g = b.params[i]->grad.local;
+    convert(b.flat.view(b.offsets[i], g.shape()), g);
+  }
+  Group& g = mesh_.group(b.dims);
+  // A ring all-reduce sends 2 (n-1)/n of the buffer per rank (reduce-scatter, then all-gather).
+  count_collective(b.dims, "all_reduce", 2 * int64_t(b.flat.nbytes()) * (g.size() - 1) / g.size());
+  b.work = g.all_reduce(b.flat, ReduceOp::sum, /*async=*/true);
+  b.launched = true;
+}
+
+void GradSync::finish() {
+  for (Bucket& b : buckets_)
+    if (!b.launched) launch(b);
+  for (Bucket& b : buckets_) {
+    b.work.wait();
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      Parameter* p = b.params[i];
+      convert(p->grad.local, b.flat.view(b.offsets[i], p->grad.local.shape()));
+      p->grad.spec = p->value.spec;
+    }
+    b.launched = false;
+  }
+  // The general rule for the rest: mark the partial dims, redistribute to the parameter's placement.
+  for (auto& [p, partial] : general_) {
+    for (int d : partial)
+      if (p->value.placements()[size_t(d)].is_replicate()) p->grad.spec.placements[size_t(d)] = Placement::Partial();
+    p->grad = redistribute(p->grad, p->value.spec);
+  }
+  armed_ = false;
+}
+
+std::string GradSync::describe() const {
+  std::string s = fmt::format("{} bucket(s) ({})", buckets_.size(), dtype_name(opt_.reduce_dtype));
+  for (size_t i = 0; i < buckets_.size(); ++i)
+    s += fmt::format("{} {:.1f} KiB over {}", i ? "," : ":", double(buckets_[i].flat.nbytes()) / 1024,
+                     buckets_[i].dims);
+  if (!general_.empty()) s += fmt::format("; {} parameter(s) by redistribute", general_.size());
+  return s;
+}
+
+}  // namespace mt
