@@ -623,6 +623,46 @@ double sum_squares(const Tensor& t) {
   return r;
 }
 
+std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
+  std::vector<double> out(ts.size(), 0.0);
+#if MT_CUDA
+  // Every device tensor's chunk partials into one buffer, copied to the host once, summed in order.
+  std::vector<int64_t> first(ts.size(), -1), count(ts.size(), 0);
+  int64_t total = 0;
+  Device dev;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    check_float("sum_squares_each", ts[i], "a tensor");
+    if (!ts[i].device().is_cuda()) continue;
+    dev = ts[i].device();
+    first[i] = total;
+    count[i] = cuda::reduce_partials_count(ts[i].numel());
+    total += count[i];
+  }
+  if (total > 0) {
+    Tensor partials = empty({total}, DType::f64, dev);
+    for (size_t i = 0; i < ts.size(); ++i) {
+      if (first[i] < 0 || count[i] == 0) continue;
+      MT_CHECK(ts[i].device() == dev, "kernels", "sum_squares_each: tensors on {} and {}", dev.str(), ts[i].device().str());
+      const Tensor& t = ts[i];
+      cuda_check(by_cuda_float(t, [&](auto z) {
+                   using T = decltype(z);
+                   return cuda::reduce_sum<T>(partials.data<double>() + first[i], ptr<T>(t), t.numel(), true,
+                                              stream_of(t));
+                 }),
+                 "sum_squares_each");
+    }
+    std::vector<double> host = to_f64(partials);
+    for (size_t i = 0; i < ts.size(); ++i)
+      for (int64_t j = 0; j < count[i]; ++j) out[i] += host[size_t(first[i] + j)];
+  }
+  for (size_t i = 0; i < ts.size(); ++i)
+    if (!ts[i].device().is_cuda()) out[i] = sum_squares(ts[i]);
+#else
+  for (size_t i = 0; i < ts.size(); ++i) out[i] = sum_squares(ts[i]);
+#endif
+  return out;
+}
+
 double sum(const Tensor& t) {
   check_float("sum", t, "t");
 #if MT_CUDA

@@ -10,6 +10,8 @@
 // losses) and weight gradients (dweight, dtable) are f32.
 // Shapes are given in comments; N is the number of rows (tokens), C channels.
 #pragma once
+#include <vector>
+
 #include "runtime/core/tensor.h"
 
 namespace mt {
@@ -89,6 +91,9 @@ void scale_(const Tensor& t, double s);                     // t *= s
 void convert(const Tensor& dst, const Tensor& src);
 double sum_squares(const Tensor& t);                        // sum of t^2, accumulated in f64
 double sum(const Tensor& t);                                // accumulated in f64
+// sum_squares of each tensor, the same bits as one call per tensor; on a device one host sync in all
+// (the global gradient norm reads ~10 tensors per layer).
+std::vector<double> sum_squares_each(const std::vector<Tensor>& ts);
 
 // ---- AdamW, PyTorch semantics (torch.optim.AdamW, amsgrad off) ----
 // param -= lr * weight_decay * param (decoupled, first); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

@@ -38,7 +38,11 @@ double grad_norm(const std::vector<Parameter*>& params) {
   // element is counted once, a sharded one is summed over its shards.
   std::map<std::string, double> by_dims;
   const DeviceMesh* mesh = nullptr;
-  for (Parameter* p : params) {
+  std::vector<Tensor> grads;
+  for (Parameter* p : params) grads.push_back(p->grad.local);
+  const std::vector<double> squares = sum_squares_each(grads);  // one host sync on a GPU
+  for (size_t i = 0; i < params.size(); ++i) {
+    Parameter* p = params[i];
     const DTensor& g = p->grad;
     mesh = &g.mesh;
     std::string dims;
@@ -48,7 +52,7 @@ double grad_norm(const std::vector<Parameter*>& params) {
                g.mesh.dims()[d].name);
       if (g.placements()[d].is_shard()) dims += (dims.empty() ? "" : ",") + g.mesh.dims()[d].name;
     }
-    by_dims[dims] += sum_squares(g.local);
+    by_dims[dims] += squares[i];
   }
   double total = 0;
   for (auto& [dims, local] : by_dims) {

@@ -134,6 +134,10 @@ TEST_CASE("gpu bf16: matmul, RMSNorm, RoPE, SwiGLU, embedding, cross-entropy, ad
   CHECK_BF16(sd, s);
   CHECK(sum(bf(ga)) == doctest::Approx(sum(ga)).epsilon(1e-9));
   CHECK(sum_squares(bf(ga)) == doctest::Approx(sum_squares(ga)).epsilon(1e-9));
+  // The gradient norm's batched form: the same bits as one call per tensor.
+  std::vector<Tensor> many = {ga.to(gpu()), bf(up), rnd({100003}, 17).to(gpu()), empty({0}, DType::f32, gpu())};
+  std::vector<double> each = sum_squares_each(many);
+  for (size_t i = 0; i < many.size(); ++i) CHECK(each[i] == sum_squares(many[i]));
 
   // convert on the device rounds like the host (nearest even).
   Tensor f = rnd({1000}, 16, 1.0);
