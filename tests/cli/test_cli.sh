@@ -83,5 +83,14 @@ expect "fault: dead rank ends the job non-zero" nonzero "" -- "$mpirun" -np 3 "$
 took=$(( $(date +%s) - start ))
 if [ $took -le 30 ]; then ok "fault: dead rank ends within timeout + margin (${took}s)"; else bad "fault: exit took ${took}s"; fi
 
+# The GPU benchmark script end to end on tiny shapes (on a machine without a GPU every part runs on the CPU).
+OUT="$tmp/bench" bash "$root/scripts/bench/bench_gpu.sh" "$build" --quick >"$tmp/bench.out" 2>&1
+if grep -qE "^meshtrain +tokens/s +[0-9]" "$tmp/bench.out" && grep -qE "^torch_eager +tokens/s +[0-9]" "$tmp/bench.out" &&
+  grep -qE "^attention fwd\+bwd TFLOP/s: meshtrain [0-9]" "$tmp/bench.out" && [ "$(wc -l <"$tmp/bench/bench_gpu.jsonl")" -ge 5 ]; then
+  ok "bench_gpu.sh --quick: every part ran and the table has figures"
+else
+  bad "bench_gpu.sh --quick" "$(tail -n 12 "$tmp/bench.out")"
+fi
+
 echo "cli: $passed passed, $failed failed"
 [ $failed -eq 0 ]

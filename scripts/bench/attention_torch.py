@@ -1,0 +1,63 @@
+#!/usr/bin/python3
+"""PyTorch's scaled_dot_product_attention on the shapes of meshtrain's attention
+benchmark (scripts/bench/bench_attention.cpp), same JSON line and FLOP count:
+forward 4 B H T^2 hd (halved when causal), backward 2.5x the forward.
+  attention_torch.py [--device cuda|cpu] [--dtype bf16|fp32] [--B 4] [--H 16] [--T 8192] [--hd 128] [--causal 1]
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def attention(q, k, v, causal):
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # torch < 2.0: the naive form
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, default in [("B", 4), ("H", 16), ("T", 8192), ("hd", 128), ("causal", 1), ("iters", 10)]:
+        p.add_argument("--" + name, type=int, default=default)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    a = p.parse_args()
+    dt = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(a.B, a.H, a.T, a.hd, generator=g).to(a.device, dt) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+
+    def sync():
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+
+    def time_it(backward):
+        def once():
+            o = attention(q, k, v, bool(a.causal))
+            if backward:
+                o.backward(do)
+        once()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(a.iters):
+            once()
+        sync()
+        return (time.perf_counter() - t0) / a.iters
+
+    fwd_s, all_s = time_it(False), time_it(True)
+    flops = 4.0 * a.B * a.H * a.T * a.T * a.hd * (0.5 if a.causal else 1.0)
+    print(json.dumps({"kernel": "torch_sdpa", "device": a.device, "dtype": a.dtype, "causal": bool(a.causal),
+                      "B": a.B, "H": a.H, "T": a.T, "hd": a.hd, "fwd_ms": round(1e3 * fwd_s, 3),
+                      "fwdbwd_ms": round(1e3 * all_s, 3), "fwd_tflops": round(flops / fwd_s / 1e12, 2),
+                      "fwdbwd_tflops": round(3.5 * flops / all_s / 1e12, 2), "torch": torch.__version__}))
+
+
+if __name__ == "__main__":
+    main()
