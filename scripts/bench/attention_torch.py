@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """PyTorch's scaled_dot_product_attention on the shapes of meshtrain's attention
-benchmark (scripts/bench/bench_attention.cpp), same JSON line and FLOP count:
+benchmarks (scripts/bench/bench_attention.cpp, bench_attention_gpu.cpp), same JSON line and FLOP count:
 forward 4 B H T^2 hd (halved when causal), backward 2.5x the forward.
-  attention_torch.py [--device cuda|cpu] [--dtype bf16|fp32] [--B 4] [--H 16] [--T 8192] [--hd 128] [--causal 1]
+  attention_torch.py [--device cuda|cpu] [--dtype bf16|fp32] [--B 4] [--H 16] [--KV 16] [--T 8192] [--hd 128] [--causal 1]
+--KV below --H: grouped-query, k and v repeated to H heads inside the timed step (as a GQA model does).
 """
 import argparse
 import json
@@ -23,14 +24,16 @@ def attention(q, k, v, causal):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name, default in [("B", 4), ("H", 16), ("T", 8192), ("hd", 128), ("causal", 1), ("iters", 10)]:
+    for name, default in [("B", 4), ("H", 16), ("KV", 0), ("T", 8192), ("hd", 128), ("causal", 1), ("iters", 10)]:
         p.add_argument("--" + name, type=int, default=default)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     a = p.parse_args()
+    a.KV = a.KV or a.H
+    assert a.H % a.KV == 0, "H must be a multiple of KV"
     dt = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     g = torch.Generator().manual_seed(0)
-    q, k, v, do = (torch.randn(a.B, a.H, a.T, a.hd, generator=g).to(a.device, dt) for _ in range(4))
+    q, k, v, do = (torch.randn(a.B, h, a.T, a.hd, generator=g).to(a.device, dt) for h in (a.H, a.KV, a.KV, a.H))
     for t in (q, k, v):
         t.requires_grad_(True)
 
@@ -40,7 +43,8 @@ def main():
 
     def time_it(backward):
         def once():
-            o = attention(q, k, v, bool(a.causal))
+            kk, vv = (k, v) if a.KV == a.H else (x.repeat_interleave(a.H // a.KV, dim=1) for x in (k, v))
+            o = attention(q, kk, vv, bool(a.causal))
             if backward:
                 o.backward(do)
         once()
@@ -54,7 +58,7 @@ def main():
     fwd_s, all_s = time_it(False), time_it(True)
     flops = 4.0 * a.B * a.H * a.T * a.T * a.hd * (0.5 if a.causal else 1.0)
     print(json.dumps({"kernel": "torch_sdpa", "device": a.device, "dtype": a.dtype, "causal": bool(a.causal),
-                      "B": a.B, "H": a.H, "T": a.T, "hd": a.hd, "fwd_ms": round(1e3 * fwd_s, 3),
+                      "B": a.B, "H": a.H, "KV": a.KV, "T": a.T, "hd": a.hd, "fwd_ms": round(1e3 * fwd_s, 3),
                       "fwdbwd_ms": round(1e3 * all_s, 3), "fwd_tflops": round(flops / fwd_s / 1e12, 2),
                       "fwdbwd_tflops": round(3.5 * flops / all_s / 1e12, 2), "torch": torch.__version__}))
 

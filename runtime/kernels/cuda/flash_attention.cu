@@ -1,0 +1,654 @@
+// FlashAttention-2 style attention in bf16 on tensor cores: mma.sync m16n8k16 (bf16 in, fp32 accumulate)
+// fed by ldmatrix from shared memory, tiles streamed in by cp.async. See flash_attention.h for the contract.
+//
+// Tiles. 64 queries x 64 keys, 4 warps of 16 rows: one warp's rows are exactly one m16 row block of the
+// mma, so a warp owns its rows end to end (softmax statistics never leave the warp) and the per-thread
+// accumulators stay at hd/2 floats (64 for hd 128). That is what lets the dk/dv kernel hold both dK and
+// dV (128 floats) in registers (at hd 128 ptxas spills 8 bytes there, nothing elsewhere). 64 keys per
+// step amortise each barrier over 64-128 mma per warp. Shared memory rows are padded by 8 bf16 (16 bytes), so
+// the 8 row addresses of every ldmatrix 8x8 matrix hit different banks. Per CTA (hd 128): forward 85 KiB,
+// dq 102 KiB, dk/dv 103 KiB, so two CTAs (8 warps) fit on an H100 SM; hd 64 about half of that.
+//
+// Forward, one CTA per (64-query block, b, h), the heaviest causal blocks launched first:
+//   for each key block j the block's last query sees (two-stage pipeline: block j+1's K and V load
+//   while block j computes):  S = Q K^T;  online softmax in the log2 domain (running max m, running
+//   sum l, scores prescaled by scale*log2e, exp2f);  O = O * 2^(m_old - m) + P V, with P rounded to
+//   bf16 straight from the accumulator registers (the C layout of two n8 tiles is the A layout).
+//   Only key blocks that cross the causal diagonal or the end of the keys are masked element-wise;
+//   fully masked blocks are never visited. A row that sees no key keeps m = -inf and l = 0: its
+//   exponentials use base 0 instead of -inf (no inf - inf), and it stores out = 0, lse = -inf.
+// Backward (deterministic, no atomics), three kernels:
+//   1. D = rowsum(dout * out), (B, H, T) f32 in the scratch.
+//   2. dK, dV: one CTA per (64-key block, b, kv head); warp w owns keys 16w..16w+15 and keeps their
+//      dK, dV in registers while it walks every q head of the GQA group and every q block that sees a
+//      key of the block, in a fixed order. It works on the transposed products (keys as mma rows):
+//      S^T = K Q^T, P^T = 2^(S^T*scale*log2e - lse*log2e), dP^T = V dO^T, dS^T = P^T (dP^T - D),
+//      dV += P^T dO, dK += dS^T Q (scaled once at the end), in two halves of 32 queries to bound the
+//      registers. Q, dO, lse and D of the next item load while the current one computes.
+//   3. dQ: one CTA per (64-query block, b, h) like the forward: S = Q K^T, dP = dO V^T,
+//      dS = P (dP - D), dQ += dS K. S and dP are computed twice (in 2 and 3), the price of no atomics.
+//   Tails: rows past T or S are zero-filled in shared memory (0 * garbage could be NaN); key columns
+//   past S are masked; queries past T get lse = +inf in the backward, so their P is exactly 0.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "runtime/kernels/cuda/flash_attention.h"
+
+namespace mt::cuda {
+
+namespace {
+
+using bf16_t = __nv_bfloat16;
+
+constexpr int kBlockM = 64;  // queries per tile: 4 warps x one m16 row block
+constexpr int kBlockN = 64;  // keys per tile
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+// CTAs per SM the register allocation must allow (<= 255 registers a thread): shared memory admits 2 at hd 128
+// (~100 KiB each); asking 3 at hd 64 (<= 168 registers) makes the backward spill.
+constexpr int kMinBlocks = 2;
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+// A 64-row tile of HD bf16 in shared memory, rows padded by 8 elements (see the top comment).
+template <int HD> struct Tile {
+  static constexpr int kLd = HD + 8;  // elements per row
+  static constexpr int kElems = 64 * kLd;
+  static constexpr int kBytes = kElems * int(sizeof(bf16_t));
+};
+
+struct Range {  // an NVTX range over a launcher, so that Nsight Systems shows the op by name
+  explicit Range(const char* name) { nvtxRangePushA(name); }
+  ~Range() { nvtxRangePop(); }
+};
+
+// Sizes (checked to fit in int by the launchers) and the masking rule.
+struct Dims {
+  int B, T, S, H, KV, group;
+  float scale, scale_log2;  // softmax scale, and scale * log2(e) for exp2f
+  bool causal;
+  long long q_pos0, k_pos0;
+  // Query t sees keys [0, limit(t)).
+  __device__ int limit(int64_t t) const {
+    if (!causal) return S;
+    const long long v = q_pos0 + t - k_pos0 + 1;
+    return v <= 0 ? 0 : (v >= S ? S : int(v));
+  }
+  // Key s is seen by queries [first_query(s), ...); INT_MAX when no query sees it (s >= S).
+  __device__ int first_query(int64_t s) const {
+    if (s >= S) return INT_MAX;
+    if (!causal) return 0;
+    const long long v = s + k_pos0 - q_pos0;
+    return v <= 0 ? 0 : (v >= INT_MAX ? INT_MAX : int(v));
+  }
+};
+
+// ---------------------------------------------------------------- PTX wrappers
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared, asynchronously; with valid false nothing is read and the 16 bytes are zeroed.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+               "l"(__cvta_generic_to_global(src)), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8x8 b16 matrices; lane i gives the address of row i % 8 of matrix i / 8. Register j holds, in lane l,
+// row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix j (transposed with .trans).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const bf16_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+
+// c (16 x 8, f32) += a (16 x 16, bf16, row) . b (16 x 8, bf16, col). Lane l (g = l / 4, i = l % 4) holds
+// a: {(g, 2i..2i+1), (g+8, 2i..), (g, 2i+8..), (g+8, 2i+8..)}; b: {(k 2i..2i+1, n g), (k 2i+8.., n g)};
+// c: {(g, 2i), (g, 2i+1), (g+8, 2i), (g+8, 2i+1)}.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as a bf16 pair (round to nearest even), lo in the low half (the lower column).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
+}
+
+// ---------------------------------------------------------------- tiles and warp GEMMs
+
+// Rows [0, rows) of a 64 x HD tile whose row r starts at src + r * ld, into dst (row stride HD + 8). Rows
+// >= rows are zero-filled: tails then add exact zeros to the products. any_valid: a readable address passed
+// for the zero-filled chunks (nothing is read from it).
+template <int HD>
+__device__ __forceinline__ void load_tile(bf16_t* dst, const bf16_t* src, int64_t ld, int rows,
+                                          const bf16_t* any_valid) {
+  constexpr int kPerRow = HD / 8, kChunks = 64 * kPerRow;  // 16-byte chunks
+  static_assert(kChunks % kThreads == 0, "whole chunks per thread");
+#pragma unroll
+  for (int i = 0; i < kChunks / kThreads; ++i) {
+    const int c = int(threadIdx.x) + i * kThreads, r = c / kPerRow, col = (c % kPerRow) * 8;
+    const bool ok = r < rows;
+    cp_async16(dst + r * Tile<HD>::kLd + col, ok ? src + r * ld + col : any_valid, ok);
+  }
+}
+
+// acc (16 x 8 NT) += A B^T, A = rows a_row .. a_row+15 of sA (16 x HD), B = rows b_row .. b_row + 8 NT - 1 of
+// sB (8 NT x HD): both operands row-major along HD, as Q K^T, K Q^T, dO V^T, V dO^T are.
+template <int HD, int NT>
+__device__ __forceinline__ void gemm_abt(float (&acc)[NT][4], const bf16_t* sA, int a_row, const bf16_t* sB,
+                                         int b_row) {
+  static_assert(NT % 2 == 0, "n tiles in pairs");
+  constexpr int LD = Tile<HD>::kLd;
+  const int lane = int(threadIdx.x) % 32;
+#pragma unroll
+  for (int kc = 0; kc < HD / 16; ++kc) {
+    uint32_t a[4];  // matrices: rows 0-7 / 8-15 x cols 0-7, then cols 8-15
+    ldsm_x4(a, sA + (a_row + lane % 16) * LD + kc * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];  // matrices: n 0-7 x k 0-7, n 0-7 x k 8-15, n 8-15 x k 0-7, n 8-15 x k 8-15
+      ldsm_x4(b, sB + (b_row + np * 16 + lane % 8 + (lane / 16) * 8) * LD + kc * 16 + ((lane / 8) % 2) * 8);
+      mma_bf16(acc[2 * np], a, b[0], b[1]);
+      mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// P (16 x 8 NT) given as NT f32 accumulator tiles, rounded to bf16 as KC = NT / 2 A operands (16 x 16). The C
+// layout of n tiles 2kc and 2kc + 1 is the A layout of k chunk kc: no shuffles needed.
+template <int NT>
+__device__ __forceinline__ void to_a(uint32_t (&a)[NT / 2][4], const float (&p)[NT][4]) {
+  static_assert(NT % 2 == 0, "k chunks of 16");
+#pragma unroll
+  for (int kc = 0; kc < NT / 2; ++kc) {
+    a[kc][0] = pack_bf16(p[2 * kc][0], p[2 * kc][1]);
+    a[kc][1] = pack_bf16(p[2 * kc][2], p[2 * kc][3]);
+    a[kc][2] = pack_bf16(p[2 * kc + 1][0], p[2 * kc + 1][1]);
+    a[kc][3] = pack_bf16(p[2 * kc + 1][2], p[2 * kc + 1][3]);
+  }
+}
+
+// acc (16 x HD) += P B, P (16 x 16 KC) as KC A operands (to_a), B = rows b_row .. b_row + 16 KC - 1 of sB
+// (16 KC x HD, row-major along HD), as P V, P^T dO, dS^T Q, dS K are.
+template <int HD, int KC>
+__device__ __forceinline__ void gemm_pb(float (&acc)[HD / 8][4], const uint32_t (&a)[KC][4], const bf16_t* sB,
+                                        int b_row) {
+  constexpr int LD = Tile<HD>::kLd;
+  const int lane = int(threadIdx.x) % 32;
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+    for (int dp = 0; dp < HD / 16; ++dp) {
+      uint32_t b[4];  // transposed matrices: k 0-7 x n 0-7, k 8-15 x n 0-7, k 0-7 x n 8-15, k 8-15 x n 8-15
+      ldsm_x4_trans(b, sB + (b_row + kc * 16 + lane % 8 + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
+      mma_bf16(acc[2 * dp], a[kc], b[0], b[1]);
+      mma_bf16(acc[2 * dp + 1], a[kc], b[2], b[3]);
+    }
+}
+
+// ---------------------------------------------------------------- forward
+
+// grid (B*H, query blocks), 128 threads; smem 5 tiles: Q, then K and V of two stages.
+template <int HD>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    flash_fwd_k(bf16_t* __restrict__ out, float* __restrict__ lse, const bf16_t* __restrict__ q,
+                const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, Dims d) {
+  constexpr int kElems = Tile<HD>::kElems;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16_t* sQ = reinterpret_cast<bf16_t*>(smem);  // (64, HD + 8)
+  bf16_t* sK = sQ + kElems;                      // [2] (64, HD + 8): key block j in stage j % 2
+  bf16_t* sV = sK + 2 * kElems;                  // [2] (64, HD + 8)
+  const int b = int(blockIdx.x) / d.H, h = int(blockIdx.x) % d.H, kvh = h / d.group;
+  const int t0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kBlockM;  // the last (heaviest causal) blocks first
+  const int nq = min(kBlockM, d.T - t0);
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int64_t q_ld = int64_t(d.H) * HD, kv_ld = int64_t(d.KV) * HD;  // row strides
+  const bf16_t* qg = q + ((int64_t(b) * d.T + t0) * d.H + h) * HD;       // (nq, hd)
+  const bf16_t* kg = k + (int64_t(b) * d.S * d.KV + kvh) * HD;           // (S, hd)
+  const bf16_t* vg = v + (int64_t(b) * d.S * d.KV + kvh) * HD;           // (S, hd)
+  // The last row sees the most keys: later key blocks are fully masked and skipped. The first row sees
+  // the fewest: blocks ending within its limit need no mask.
+  const int n_blocks = (d.limit(t0 + nq - 1) + kBlockN - 1) / kBlockN;
+  const int lim_first = d.limit(t0);
+  const int row = t0 + warp * 16 + lane / 4;  // this thread's rows: row and row + 8
+  const int lim[2] = {d.limit(row), d.limit(row + 8)};
+  const int col = (lane % 4) * 2;  // this thread's first column in each n8 tile
+
+  auto load_kv = [&](int j, int stage) {
+    const int s0 = j * kBlockN, rows = min(kBlockN, d.S - s0);
+    load_tile<HD>(sK + stage * kElems, kg + s0 * kv_ld, kv_ld, rows, k);
+    load_tile<HD>(sV + stage * kElems, vg + s0 * kv_ld, kv_ld, rows, v);
+  };
+  load_tile<HD>(sQ, qg, q_ld, nq, q);
+  if (n_blocks > 0) load_kv(0, 0);
+  cp_async_commit();
+
+  float o[HD / 8][4] = {};                           // (16, HD) un-normalised output of the warp's rows
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};  // running max (log2 domain) and this thread's part of the sum
+  for (int j = 0; j < n_blocks; ++j) {
+    if (j + 1 < n_blocks) load_kv(j + 1, (j + 1) % 2);
+    cp_async_commit();  // possibly empty: keeps one group per iteration so wait<1> means "block j is here"
+    cp_async_wait<1>();
+    __syncthreads();
+    const bf16_t* cK = sK + (j % 2) * kElems;
+    const bf16_t* cV = sV + (j % 2) * kElems;
+    float s[kBlockN / 8][4] = {};  // (16, 64) scores, then probabilities
+    gemm_abt<HD, kBlockN / 8>(s, sQ, warp * 16, cK, 0);
+    const int s0 = j * kBlockN;
+    const bool masked = s0 + kBlockN > lim_first;
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[nt][e] * d.scale_log2;
+        if (masked && s0 + nt * 8 + col + (e & 1) >= lim[e / 2]) x = -INFINITY;
+        s[nt][e] = x;
+        mx[e / 2] = fmaxf(mx[e / 2], x);
+      }
+    float base[2], corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // The 4 lanes of a quad hold the same row.
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      base[r] = mx[r] == -INFINITY ? 0.f : mx[r];  // a row with nothing visible yet: exp2(-inf - 0) = 0, no NaN
+      corr[r] = exp2f(m[r] - base[r]);            // 0 while m is -inf
+      m[r] = mx[r];
+      l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(s[nt][e] - base[e / 2]);
+        s[nt][e] = p;
+        l[e / 2] += p;
+      }
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[dt][e] *= corr[e / 2];
+    uint32_t pa[kBlockN / 16][4];
+    to_a(pa, s);
+    gemm_pb<HD, kBlockN / 16>(o, pa, cV, 0);
+    __syncthreads();  // every warp is done with this stage before iteration j + 1 refills it
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = row + 8 * r;
+    if (t >= d.T) continue;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;  // a row that saw no key: out = 0
+    bf16_t* og = out + ((int64_t(b) * d.T + t) * d.H + h) * HD + col;
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(og + dt * 8) = pack_bf16(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+    if (lane % 4 == 0)
+      lse[(int64_t(b) * d.H + h) * d.T + t] = l[r] > 0.f ? m[r] * kLn2 + logf(l[r]) : -INFINITY;
+  }
+}
+
+// ---------------------------------------------------------------- backward
+
+// D (B, H, T) = rowsum(dout * out): a warp per row, rows in memory order ((b, t, h)).
+template <int HD>
+__global__ void flash_rowdot_k(float* __restrict__ D, const bf16_t* __restrict__ dout, const bf16_t* __restrict__ out,
+                               int64_t rows, int T, int H) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = int(threadIdx.x) % 32;
+  if (row >= rows) return;  // whole warps leave together
+  constexpr int kPer = HD / 32;
+  const bf16_t* a = dout + row * HD + lane * kPer;
+  const bf16_t* o = out + row * HD + lane * kPer;
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) s = fmaf(__bfloat162float(a[i]), __bfloat162float(o[i]), s);
+  for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (lane == 0) {
+    const int64_t h = row % H, bt = row / H;
+    D[(bt / T * H + h) * T + bt % T] = s;
+  }
+}
+
+// dK, dV. grid (B*KV, key blocks), 128 threads; smem: K, V, then Q and dO of two stages, then lse*log2e and D
+// of two stages (64 floats each).
+template <int HD>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    flash_bwd_dkdv_k(bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, const bf16_t* __restrict__ dout,
+                     const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                     const float* __restrict__ lse, const float* __restrict__ rowdot, Dims d, bool accumulate) {
+  constexpr int kElems = Tile<HD>::kElems;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16_t* sK = reinterpret_cast<bf16_t*>(smem);  // (64, HD + 8) this CTA's keys
+  bf16_t* sV = sK + kElems;                      // (64, HD + 8)
+  bf16_t* sQ = sV + kElems;                      // [2] (64, HD + 8): item i in stage i % 2
+  bf16_t* sdO = sQ + 2 * kElems;                 // [2] (64, HD + 8)
+  float* sL = reinterpret_cast<float*>(sdO + 2 * kElems);  // [2] (64) lse * log2e; +inf past T or for -inf
+  float* sD = sL + 2 * kBlockM;                              // [2] (64) row dots; 0 past T
+  const int b = int(blockIdx.x) / d.KV, kvh = int(blockIdx.x) % d.KV;
+  const int s0 = int(blockIdx.y) * kBlockN, nk = min(kBlockN, d.S - s0);
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int64_t q_ld = int64_t(d.H) * HD, kv_ld = int64_t(d.KV) * HD;
+  // Items: every q head of the group, and for each the q blocks from the one holding the first query that sees
+  // key s0 (later queries see at least as many keys) to the last.
+  const int n_qb = (d.T + kBlockM - 1) / kBlockM;
+  const int first = d.first_query(s0);
+  const int qb_begin = first >= d.T ? n_qb : first / kBlockM;
+  const int per_head = n_qb - qb_begin, n_items = d.group * per_head;
+  const int key = s0 + warp * 16 + lane / 4;  // this thread's keys (mma rows): key and key + 8
+  const int first_q[2] = {d.first_query(key), d.first_query(key + 8)};  // the first queries that see them
+  const int col = (lane % 4) * 2;
+
+  auto load_item = [&](int it, int stage) {
+    const int h = kvh * d.group + it / per_head, t0 = (qb_begin + it % per_head) * kBlockM;
+    const int nq = min(kBlockM, d.T - t0);
+    const int64_t off = ((int64_t(b) * d.T + t0) * d.H + h) * HD;
+    load_tile<HD>(sQ + stage * kElems, q + off, q_ld, nq, q);
+    load_tile<HD>(sdO + stage * kElems, dout + off, q_ld, nq, dout);
+    if (int(threadIdx.x) < kBlockM) {
+      const int i = int(threadIdx.x);
+      float L2 = INFINITY, Dv = 0.f;  // P = 2^(x - inf) = 0 for queries past T and for rows that saw no key
+      if (i < nq) {
+        const int64_t idx = (int64_t(b) * d.H + h) * d.T + t0 + i;
+        const float L = lse[idx];
+        L2 = L == -INFINITY ? INFINITY : L * kLog2e;
+        Dv = rowdot[idx];
+      }
+      sL[stage * kBlockM + i] = L2;
+      sD[stage * kBlockM + i] = Dv;
+    }
+  };
+  const int64_t kv_off = ((int64_t(b) * d.S + s0) * d.KV + kvh) * HD;
+  load_tile<HD>(sK, k + kv_off, kv_ld, nk, k);
+  load_tile<HD>(sV, v + kv_off, kv_ld, nk, v);
+  if (n_items > 0) load_item(0, 0);
+  cp_async_commit();
+
+  float dK[HD / 8][4] = {}, dV[HD / 8][4] = {};  // (16, HD) each, the warp's keys
+  for (int it = 0; it < n_items; ++it) {
+    const int stage = it % 2;
+    if (it + 1 < n_items) load_item(it + 1, 1 - stage);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();  // item it (and K, V) landed for every thread; sL, sD stores visible
+    const bf16_t* cQ = sQ + stage * kElems;
+    const bf16_t* cdO = sdO + stage * kElems;
+    const float* cL = sL + stage * kBlockM;
+    const float* cD = sD + stage * kBlockM;
+    const int t0 = (qb_begin + it % per_head) * kBlockM;
+    const bool masked = s0 + kBlockN > d.limit(t0);  // some (query, key) of the tile is not visible
+#pragma unroll 1  // not unrolled: the two halves' live ranges would overlap and spill (hd 128)
+    for (int half = 0; half < 2; ++half) {
+      const int qo = half * 32;  // queries qo .. qo + 31 of the tile
+      float st[4][4] = {}, dpt[4][4] = {};  // (16 keys, 32 queries): S^T, then P^T; dP^T, then dS^T
+      gemm_abt<HD, 4>(st, sK, warp * 16, cQ, qo);
+      gemm_abt<HD, 4>(dpt, sV, warp * 16, cdO, qo);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = qo + nt * 8 + col + (e & 1);  // query within the tile
+          float p = exp2f(fmaf(st[nt][e], d.scale_log2, -cL[i]));
+          if (masked && t0 + i < first_q[e / 2]) p = 0.f;  // select, not multiply: p may be inf there
+          st[nt][e] = p;
+          dpt[nt][e] = p * (dpt[nt][e] - cD[i]);
+        }
+      uint32_t pa[2][4], dsa[2][4];  // P^T and dS^T as bf16 A operands: the f32 tiles die here
+      to_a(pa, st);
+      to_a(dsa, dpt);
+      gemm_pb<HD, 2>(dV, pa, cdO, qo);
+      gemm_pb<HD, 2>(dK, dsa, cQ, qo);
+    }
+    __syncthreads();  // every warp is done with this stage before iteration it + 1 refills it
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int s = key + 8 * r;
+    if (s >= d.S) continue;
+    const int64_t off = ((int64_t(b) * d.S + s) * d.KV + kvh) * HD + col;
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt) {
+      float kx = dK[dt][2 * r] * d.scale, ky = dK[dt][2 * r + 1] * d.scale;
+      float vx = dV[dt][2 * r], vy = dV[dt][2 * r + 1];
+      uint32_t* pk = reinterpret_cast<uint32_t*>(dk + off + dt * 8);
+      uint32_t* pv = reinterpret_cast<uint32_t*>(dv + off + dt * 8);
+      if (accumulate) {  // in fp32, rounded once
+        const float2 ok = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pk));
+        const float2 ov = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pv));
+        kx += ok.x, ky += ok.y, vx += ov.x, vy += ov.y;
+      }
+      *pk = pack_bf16(kx, ky);
+      *pv = pack_bf16(vx, vy);
+    }
+  }
+}
+
+// dQ. grid (B*H, query blocks), 128 threads; smem: Q, dO, then K and V of two stages.
+template <int HD>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    flash_bwd_dq_k(bf16_t* __restrict__ dq, const bf16_t* __restrict__ dout, const bf16_t* __restrict__ q,
+                   const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, const float* __restrict__ lse,
+                   const float* __restrict__ rowdot, Dims d) {
+  constexpr int kElems = Tile<HD>::kElems;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16_t* sQ = reinterpret_cast<bf16_t*>(smem);  // (64, HD + 8)
+  bf16_t* sdO = sQ + kElems;                     // (64, HD + 8)
+  bf16_t* sK = sdO + kElems;                     // [2] (64, HD + 8): key block j in stage j % 2
+  bf16_t* sV = sK + 2 * kElems;                  // [2] (64, HD + 8)
+  const int b = int(blockIdx.x) / d.H, h = int(blockIdx.x) % d.H, kvh = h / d.group;
+  const int t0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kBlockM;
+  const int nq = min(kBlockM, d.T - t0);
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int64_t q_ld = int64_t(d.H) * HD, kv_ld = int64_t(d.KV) * HD;
+  const int64_t q_off = ((int64_t(b) * d.T + t0) * d.H + h) * HD;
+  const bf16_t* kg = k + (int64_t(b) * d.S * d.KV + kvh) * HD;  // (S, hd)
+  const bf16_t* vg = v + (int64_t(b) * d.S * d.KV + kvh) * HD;  // (S, hd)
+  const int n_blocks = (d.limit(t0 + nq - 1) + kBlockN - 1) / kBlockN;
+  const int lim_first = d.limit(t0);
+  const int row = t0 + warp * 16 + lane / 4;
+  const int lim[2] = {d.limit(row), d.limit(row + 8)};
+  const int col = (lane % 4) * 2;
+  float L2[2], Dv[2];  // lse * log2e (+inf past T or for a row that saw no key: P = 0) and the row dot
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = row + 8 * r;
+    L2[r] = INFINITY, Dv[r] = 0.f;
+    if (t < d.T) {
+      const int64_t idx = (int64_t(b) * d.H + h) * d.T + t;
+      const float L = lse[idx];
+      L2[r] = L == -INFINITY ? INFINITY : L * kLog2e;
+      Dv[r] = rowdot[idx];
+    }
+  }
+
+  auto load_kv = [&](int j, int stage) {
+    const int s0 = j * kBlockN, rows = min(kBlockN, d.S - s0);
+    load_tile<HD>(sK + stage * kElems, kg + s0 * kv_ld, kv_ld, rows, k);
+    load_tile<HD>(sV + stage * kElems, vg + s0 * kv_ld, kv_ld, rows, v);
+  };
+  load_tile<HD>(sQ, q + q_off, q_ld, nq, q);
+  load_tile<HD>(sdO, dout + q_off, q_ld, nq, dout);
+  if (n_blocks > 0) load_kv(0, 0);
+  cp_async_commit();
+
+  float acc[HD / 8][4] = {};  // (16, HD) dQ of the warp's rows, unscaled
+  for (int j = 0; j < n_blocks; ++j) {
+    if (j + 1 < n_blocks) load_kv(j + 1, (j + 1) % 2);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const bf16_t* cK = sK + (j % 2) * kElems;
+    const bf16_t* cV = sV + (j % 2) * kElems;
+    float s[kBlockN / 8][4] = {}, dp[kBlockN / 8][4] = {};  // (16, 64): S then dS; dP
+    gemm_abt<HD, kBlockN / 8>(s, sQ, warp * 16, cK, 0);
+    gemm_abt<HD, kBlockN / 8>(dp, sdO, warp * 16, cV, 0);
+    const int s0 = j * kBlockN;
+    const bool masked = s0 + kBlockN > lim_first;
+#pragma unroll
+    for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = exp2f(fmaf(s[nt][e], d.scale_log2, -L2[e / 2]));
+        if (masked && s0 + nt * 8 + col + (e & 1) >= lim[e / 2]) p = 0.f;
+        s[nt][e] = p * (dp[nt][e] - Dv[e / 2]);
+      }
+    uint32_t dsa[kBlockN / 16][4];
+    to_a(dsa, s);
+    gemm_pb<HD, kBlockN / 16>(acc, dsa, cK, 0);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = row + 8 * r;
+    if (t >= d.T) continue;
+    bf16_t* g = dq + ((int64_t(b) * d.T + t) * d.H + h) * HD + col;
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(g + dt * 8) = pack_bf16(acc[dt][2 * r] * d.scale, acc[dt][2 * r + 1] * d.scale);
+  }
+}
+
+// ---------------------------------------------------------------- launchers
+
+cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }
+bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// 0, or -1 for sizes the kernels do not take (grid.y is limited to 65535 blocks, sizes must fit in int).
+int check_sizes(int64_t B, int64_t T, int64_t S, int64_t H, int64_t KV, int64_t hd) {
+  if (B < 0 || T < 0 || S < 0 || H < 1 || KV < 1 || H % KV != 0) return -1;
+  if (hd != 64 && hd != 128) return -1;
+  if (T > (int64_t(1) << 30) || S > (int64_t(1) << 30)) return -1;
+  if (B * H > INT_MAX || cdiv(T, kBlockM) > 65535 || cdiv(S, kBlockN) > 65535) return -1;
+  return 0;
+}
+
+Dims make_dims(int64_t B, int64_t T, int64_t S, int64_t H, int64_t KV, double scale, bool causal, int64_t q_pos0,
+               int64_t k_pos0) {
+  Dims d;
+  d.B = int(B), d.T = int(T), d.S = int(S), d.H = int(H), d.KV = int(KV), d.group = int(H / KV);
+  d.scale = float(scale);
+  d.scale_log2 = float(scale * 1.4426950408889634);
+  d.causal = causal;
+  d.q_pos0 = q_pos0, d.k_pos0 = k_pos0;
+  return d;
+}
+
+// Opts a kernel into more than 48 KiB of dynamic shared memory, then launches it.
+template <typename Kernel, typename... Args>
+int launch(Kernel kernel, dim3 grid, size_t smem, cudaStream_t stream, Args... args) {
+  if (int err = int(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)))) return err;
+  kernel<<<grid, kThreads, smem, stream>>>(args...);
+  return int(cudaGetLastError());
+}
+
+template <int HD>
+int forward_hd(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v, const Dims& d,
+               cudaStream_t stream) {
+  const dim3 grid(unsigned(d.B * d.H), unsigned(cdiv(d.T, kBlockM)));
+  return launch(flash_fwd_k<HD>, grid, 5 * size_t(Tile<HD>::kBytes), stream, out, lse, q, k, v, d);
+}
+
+template <int HD>
+int backward_hd(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* D, const bf16_t* dout, const bf16_t* q, const bf16_t* k,
+                const bf16_t* v, const bf16_t* out, const float* lse, const Dims& d, bool accumulate,
+                cudaStream_t stream) {
+  const int64_t rows = int64_t(d.B) * d.T * d.H;
+  if (rows > 0) {
+    constexpr int kRowThreads = 256;  // 8 rows per block
+    flash_rowdot_k<HD><<<unsigned(cdiv(rows * 32, kRowThreads)), kRowThreads, 0, stream>>>(D, dout, out, rows, d.T,
+                                                                                         d.H);
+    if (int err = int(cudaGetLastError())) return err;
+    const dim3 grid(unsigned(d.B * d.H), unsigned(cdiv(d.T, kBlockM)));
+    if (int err = launch(flash_bwd_dq_k<HD>, grid, 6 * size_t(Tile<HD>::kBytes), stream, dq, dout, q, k, v, lse,
+                         static_cast<const float*>(D), d))
+      return err;
+  }
+  if (int64_t(d.B) * d.KV * d.S > 0) {  // runs with T == 0 too: dk, dv are then zeroed (or left as they are)
+    const dim3 grid(unsigned(d.B * d.KV), unsigned(cdiv(d.S, kBlockN)));
+    const size_t smem = 6 * size_t(Tile<HD>::kBytes) + 4 * kBlockM * sizeof(float);
+    if (int err = launch(flash_bwd_dkdv_k<HD>, grid, smem, stream, dk, dv, dout, q, k, v, lse,
+                         static_cast<const float*>(D), d, accumulate))
+      return err;
+  }
+  return 0;
+}
+
+const bf16_t* bp(const void* p) { return static_cast<const bf16_t*>(p); }
+bf16_t* bp(void* p) { return static_cast<bf16_t*>(p); }
+
+}  // namespace
+
+int flash_attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, int64_t B, int64_t T,
+                            int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
+                            int64_t k_pos0, void* stream) {
+  if (int err = check_sizes(B, T, S, H, KV, hd)) return err;
+  if (B == 0 || T == 0) return 0;
+  if (!aligned(out, 16) || !aligned(q, 16) || !aligned(lse, 4) || (S > 0 && (!aligned(k, 16) || !aligned(v, 16))))
+    return -1;
+  Range r("flash_attention_forward");
+  const Dims d = make_dims(B, T, S, H, KV, scale, causal, q_pos0, k_pos0);
+  return hd == 64 ? forward_hd<64>(bp(out), lse, bp(q), bp(k), bp(v), d, st(stream))
+                  : forward_hd<128>(bp(out), lse, bp(q), bp(k), bp(v), d, st(stream));
+}
+
+size_t flash_attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t /*S*/, int64_t H, int64_t /*KV*/,
+                                              int64_t /*hd*/) {
+  const int64_t n = B > 0 && T > 0 && H > 0 ? B * H * T : 0;
+  return size_t(cdiv(n * int64_t(sizeof(float)), 256) * 256);  // D (B, H, T) f32
+}
+
+int flash_attention_backward(void* dq, void* dk, void* dv, void* scratch, const void* dout, const void* q,
+                             const void* k, const void* v, const void* out, const float* lse, int64_t B, int64_t T,
+                             int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
+                             int64_t k_pos0, bool accumulate, void* stream) {
+  if (int err = check_sizes(B, T, S, H, KV, hd)) return err;
+  if (B == 0 || (T == 0 && S == 0)) return 0;
+  if (T > 0 && (!aligned(dq, 16) || !aligned(dout, 16) || !aligned(q, 16) || !aligned(out, 16) || !aligned(lse, 4) ||
+                !aligned(scratch, 4)))
+    return -1;
+  if (S > 0 && (!aligned(dk, 16) || !aligned(dv, 16) || !aligned(k, 16) || !aligned(v, 16))) return -1;
+  Range r("flash_attention_backward");
+  const Dims d = make_dims(B, T, S, H, KV, scale, causal, q_pos0, k_pos0);
+  float* D = static_cast<float*>(scratch);  // (B, H, T)
+  return hd == 64 ? backward_hd<64>(bp(dq), bp(dk), bp(dv), D, bp(dout), bp(q), bp(k), bp(v), bp(out), lse, d,
+                                    accumulate, st(stream))
+                  : backward_hd<128>(bp(dq), bp(dk), bp(dv), D, bp(dout), bp(q), bp(k), bp(v), bp(out), lse, d,
+                                     accumulate, st(stream));
+}
+
+}  // namespace mt::cuda
