@@ -43,6 +43,25 @@ else
   add 0 1 "unit (crashed)"
 fi
 
+# The flash attention kernels run by the warp emulator on the CPU (built where the CUDA headers are; fast
+# selection of shapes, all of them with --full).
+if [ -x "$build/tests/test_flash_emulated" ]; then
+  out="$log_dir/flash-emulated.log"
+  timeout 900 "$build/tests/test_flash_emulated" >"$out" 2>&1
+  line=$(grep -E '^\[doctest\] test cases:' "$out" | tail -n 1)
+  if [ -n "$line" ]; then
+    p=$(echo "$line" | sed -E 's/.*\| *([0-9]+) passed.*/\1/')
+    f=$(echo "$line" | sed -E 's/.*\| *([0-9]+) failed.*/\1/')
+    add "$p" "$f" "flash (emulated)"
+    [ "$f" -gt 0 ] && cat "$out"
+  else
+    tail -n 20 "$out"
+    add 0 1 "flash (emulated, crashed)"
+  fi
+else
+  echo "flash (emulated): not built (no CUDA headers)"
+fi
+
 # Multi-rank suite on 1, 2, 4, 6 (2x3 meshes) and 8 ranks.
 run_mpi_suite() {  # run_mpi_suite BINARY NAME NP
   local out="$log_dir/$2-np$3.log"

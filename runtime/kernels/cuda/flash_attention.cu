@@ -29,9 +29,16 @@
 //      dS = P (dP - D), dQ += dS K. S and dP are computed twice (in 2 and 3), the price of no atomics.
 //   Tails: rows past T or S are zero-filled in shared memory (0 * garbage could be NaN); key columns
 //   past S are masked; queries past T get lse = +inf in the backward, so their P is exactly 0.
+//
+// tests/emu compiles this file with the host compiler under MT_CUDA_EMULATOR (tests/emu/cuda_emulator.h): the
+// emulator then supplies the CUDA headers' surface, the PTX wrappers, dynamic shared memory and launches.
+#ifndef MT_CUDA_EMULATOR
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
+#define MT_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#define MT_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#endif
 
 #include <climits>
 #include <cmath>
@@ -87,6 +94,7 @@ struct Dims {
   }
 };
 
+#ifndef MT_CUDA_EMULATOR
 // ---------------------------------------------------------------- PTX wrappers
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
@@ -128,6 +136,8 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+#endif  // MT_CUDA_EMULATOR
 
 // Two floats as a bf16 pair (round to nearest even), lo in the low half (the lower column).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -217,7 +227,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     flash_fwd_k(bf16_t* __restrict__ out, float* __restrict__ lse, const bf16_t* __restrict__ q,
                 const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, Dims d) {
   constexpr int kElems = Tile<HD>::kElems;
-  extern __shared__ __align__(16) unsigned char smem[];
+  MT_DYNAMIC_SMEM(smem);
   bf16_t* sQ = reinterpret_cast<bf16_t*>(smem);  // (64, HD + 8)
   bf16_t* sK = sQ + kElems;                      // [2] (64, HD + 8): key block j in stage j % 2
   bf16_t* sV = sK + 2 * kElems;                  // [2] (64, HD + 8)
@@ -348,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                      const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                      const float* __restrict__ lse, const float* __restrict__ rowdot, Dims d, bool accumulate) {
   constexpr int kElems = Tile<HD>::kElems;
-  extern __shared__ __align__(16) unsigned char smem[];
+  MT_DYNAMIC_SMEM(smem);
   bf16_t* sK = reinterpret_cast<bf16_t*>(smem);  // (64, HD + 8) this CTA's keys
   bf16_t* sV = sK + kElems;                      // (64, HD + 8)
   bf16_t* sQ = sV + kElems;                      // [2] (64, HD + 8): item i in stage i % 2
@@ -462,7 +472,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                    const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, const float* __restrict__ lse,
                    const float* __restrict__ rowdot, Dims d) {
   constexpr int kElems = Tile<HD>::kElems;
-  extern __shared__ __align__(16) unsigned char smem[];
+  MT_DYNAMIC_SMEM(smem);
   bf16_t* sQ = reinterpret_cast<bf16_t*>(smem);  // (64, HD + 8)
   bf16_t* sdO = sQ + kElems;                     // (64, HD + 8)
   bf16_t* sK = sdO + kElems;                     // [2] (64, HD + 8): key block j in stage j % 2
@@ -572,7 +582,7 @@ Dims make_dims(int64_t B, int64_t T, int64_t S, int64_t H, int64_t KV, double sc
 template <typename Kernel, typename... Args>
 int launch(Kernel kernel, dim3 grid, size_t smem, cudaStream_t stream, Args... args) {
   if (int err = int(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)))) return err;
-  kernel<<<grid, kThreads, smem, stream>>>(args...);
+  MT_LAUNCH(kernel, grid, kThreads, smem, stream, args...);
   return int(cudaGetLastError());
 }
 
@@ -590,8 +600,8 @@ int backward_hd(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* D, const bf16_t* dout
   const int64_t rows = int64_t(d.B) * d.T * d.H;
   if (rows > 0) {
     constexpr int kRowThreads = 256;  // 8 rows per block
-    flash_rowdot_k<HD><<<unsigned(cdiv(rows * 32, kRowThreads)), kRowThreads, 0, stream>>>(D, dout, out, rows, d.T,
-                                                                                         d.H);
+    MT_LAUNCH(flash_rowdot_k<HD>, dim3(unsigned(cdiv(rows * 32, kRowThreads))), kRowThreads, 0, stream, D, dout, out,
+              rows, d.T, d.H);
     if (int err = int(cudaGetLastError())) return err;
     const dim3 grid(unsigned(d.B * d.H), unsigned(cdiv(d.T, kBlockM)));
     if (int err = launch(flash_bwd_dq_k<HD>, grid, 6 * size_t(Tile<HD>::kBytes), stream, dq, dout, q, k, v, lse,
