@@ -42,6 +42,13 @@ class RMSNorm : public Module {
   Parameter* weight;
   double eps;
 
+  // The decoder's residual add fused into the norm, one pass fewer over the residual stream each way.
+  // call_add: sum = x + residual written into x's storage, returns {sum, call(sum)}.
+  // call_backward_add: returns call_backward(dy) + dresidual, the gradient reaching sum.
+  // With input layout hooks on the norm (sequence parallel) the add is done apart, in the caller's layout.
+  std::pair<Tensor, Tensor> call_add(const Tensor& x, const Tensor& residual);
+  Tensor call_backward_add(const Tensor& dy, const Tensor& dresidual);
+
  protected:
   Tensor forward(const Tensor& x) override;  // (B, T, dim) -> (B, T, dim)
   Tensor backward(const Tensor& dy) override;

@@ -19,6 +19,37 @@ Tensor RMSNorm::forward(const Tensor& x) {
   return y;
 }
 
+std::pair<Tensor, Tensor> RMSNorm::call_add(const Tensor& x, const Tensor& residual) {
+  if (!input_hooks.empty()) {
+    add_(x, residual);
+    return {x, call(x)};
+  }
+  for (auto& f : pre_forward) f(*this);
+  Tensor y = empty(x.shape(), x.dtype(), x.device());                            // (B, T, C)
+  Tensor rstd = empty({as_rows(x).size(0)}, accum_dtype(x.dtype()), x.device());  // (B*T)
+  add_rmsnorm_forward(as_rows(x), as_rows(y), rstd, as_rows(x), as_rows(residual), weight->compute_local(), eps);
+  saved_x_ = x;
+  saved_rstd_ = rstd;
+  for (auto& hook : output_hooks) y = hook.forward(y);
+  return {x, y};
+}
+
+Tensor RMSNorm::call_backward_add(const Tensor& dy, const Tensor& dresidual) {
+  if (!input_hooks.empty()) {
+    Tensor dx = call_backward(dy);
+    add_(dx, dresidual);
+    return dx;
+  }
+  Tensor g = dy;
+  for (auto it = output_hooks.rbegin(); it != output_hooks.rend(); ++it) g = it->backward(g);
+  Tensor dx = empty(saved_x_.shape(), g.dtype(), g.device());  // (B, T, C)
+  rmsnorm_backward(as_rows(dx), weight->grad.local, as_rows(g), as_rows(saved_x_), weight->compute_local(), saved_rstd_,
+                   as_rows(dresidual));
+  saved_x_ = saved_rstd_ = Tensor();
+  for (auto& f : post_backward) f(*this);
+  return dx;
+}
+
 Tensor RMSNorm::backward(const Tensor& dy) {
   Tensor dx = empty(saved_x_.shape(), dy.dtype(), dy.device());  // (B, T, C)
   rmsnorm_backward(as_rows(dx), weight->grad.local, as_rows(dy), as_rows(saved_x_), weight->compute_local(), saved_rstd_);

@@ -379,6 +379,46 @@ TEST_CASE("kernels: rmsnorm backward against finite differences; dweight accumul
                        "[kernels] rmsnorm_forward: rstd has shape (8,), expected (7,)");
 }
 
+TEST_CASE("kernels: the residual add fused into rmsnorm equals add then rmsnorm") {
+  const int64_t N = 9, C = 37;
+  auto full = [](const Shape& sh, double v, DType d) {
+    return from_values(std::vector<double>(size_t(shape_numel(sh)), v), sh, d);
+  };
+  for (DType dt : {DType::f64, DType::f32}) {
+    CAPTURE(dtype_name(dt));
+    Tensor a = rand_tensor({N, C}, dt, 11), b = rand_tensor({N, C}, dt, 12), w = rand_tensor({C}, dt, 13, 0.5, 1.5);
+    // Unfused: sum = a + b, then the norm.
+    Tensor sum = empty({N, C}, dt), y = empty({N, C}, dt), rstd = empty({N}, dt);
+    add(sum, a, b);
+    rmsnorm_forward(y, rstd, sum, w, 1e-5);
+    // Fused, the sum written over a (as the decoder layer does): the same bits.
+    Tensor a2 = a.clone(), y2 = full({N, C}, std::nan(""), dt), rstd2 = full({N}, std::nan(""), dt);
+    add_rmsnorm_forward(a2, y2, rstd2, a2, b, w, 1e-5);
+    CHECK(to_f64(a2) == to_f64(sum));
+    CHECK(to_f64(y2) == to_f64(y));
+    CHECK(to_f64(rstd2) == to_f64(rstd));
+    // Backward with the residual gradient added: equals backward then add (one rounding instead of two).
+    Tensor dy = rand_tensor({N, C}, dt, 14), dres = rand_tensor({N, C}, dt, 15);
+    Tensor dx = empty({N, C}, dt), dw = zeros({C}, dt), dx2 = full({N, C}, std::nan(""), dt), dw2 = zeros({C}, dt);
+    rmsnorm_backward(dx, dw, dy, sum, w, rstd);
+    add_(dx, dres);
+    rmsnorm_backward(dx2, dw2, dy, sum, w, rstd, dres);
+    check_close(to_f64(dx2), to_f64(dx), dt == DType::f64 ? 1e-14 : 1e-6, "dinp + dresidual");
+    CHECK(to_f64(dw2) == to_f64(dw));
+    // dresidual may alias dinp.
+    Tensor dx3 = dres.clone(), dw3 = zeros({C}, dt);
+    rmsnorm_backward(dx3, dw3, dy, sum, w, rstd, dx3);
+    CHECK(to_f64(dx3) == to_f64(dx2));
+  }
+  Tensor a = rand_tensor({N, C}, DType::f32, 1);
+  CHECK_ERROR_CONTAINS(add_rmsnorm_forward(a, empty({N, C}, DType::f32), empty({N}, DType::f32), a,
+                                           empty({N, C + 1}, DType::f32), empty({C}, DType::f32), 1e-5),
+                       "[kernels] add_rmsnorm_forward: b has shape (9, 38), expected (9, 37)");
+  CHECK_ERROR_CONTAINS(rmsnorm_backward(empty({N, C}, DType::f32), zeros({C}, DType::f32), a, a, zeros({C}, DType::f32),
+                                        zeros({N}, DType::f32), empty({N, C}, DType::f64)),
+                       "[kernels] rmsnorm_backward: dresidual is f64");
+}
+
 // ---------------------------------------------------------------- rope
 
 namespace {

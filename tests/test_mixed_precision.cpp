@@ -121,6 +121,32 @@ TEST_CASE("mixed precision: RMSNorm keeps rstd and dweight in f32") {
                        "[kernels] rmsnorm_forward: rstd is bf16; with bf16 activations it must be f32");
 }
 
+TEST_CASE("mixed precision: the residual add fused into RMSNorm, in bf16") {
+  const int64_t N = 33, C = 40;
+  Tensor a = rnd32({N, C}, 15), b = rnd32({N, C}, 16), w = rnd32({C}, 17, 0.5), dy = rnd32({N, C}, 18),
+         dres = rnd32({N, C}, 19);
+  // f32 reference: add, norm; backward then add.
+  Tensor s32 = empty({N, C}, B::f32), y32 = empty({N, C}, B::f32), r32 = empty({N}, B::f32);
+  add(s32, a, b);
+  rmsnorm_forward(y32, r32, s32, w, 1e-5);
+  Tensor dx32 = empty({N, C}, B::f32), dw32 = zeros({C}, B::f32);
+  rmsnorm_backward(dx32, dw32, dy, s32, w, r32);
+  add_(dx32, dres);
+  // bf16 fused: the sum rounded as add() rounds it (the same bits as the unfused bf16 add).
+  Tensor ab = as(a, B::bf16), sb_unfused = empty({N, C}, B::bf16);
+  add(sb_unfused, ab, as(b, B::bf16));
+  Tensor yb = nan_tensor({N, C}, B::bf16), rb = nan_tensor({N}, B::f32);
+  add_rmsnorm_forward(ab, yb, rb, ab, as(b, B::bf16), as(w, B::bf16), 1e-5);
+  CHECK(to_f64(ab) == to_f64(sb_unfused));
+  CHECK(rel(ab, s32) < kTol);
+  CHECK(rel(yb, y32) < kTol);
+  CHECK(rel(rb, r32) < 1e-3);
+  Tensor dxb = nan_tensor({N, C}, B::bf16), dwb = zeros({C}, B::f32);
+  rmsnorm_backward(dxb, dwb, as(dy, B::bf16), ab, as(w, B::bf16), rb, as(dres, B::bf16));
+  CHECK(rel(dxb, dx32) < kTol);
+  CHECK(rel(dwb, dw32) < kTol);
+}
+
 TEST_CASE("mixed precision: RoPE, SwiGLU, add, scale, sums in bf16") {
   const int64_t Bt = 2, T = 9, H = 3, hd = 8;
   Tensor x = rnd32({Bt, T, H, hd}, 8);

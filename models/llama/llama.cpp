@@ -16,20 +16,17 @@ LlamaDecoderLayer::LlamaDecoderLayer(const std::string& name, const ModelConfig&
 }
 
 Tensor LlamaDecoderLayer::forward(const Tensor& x) {
-  Tensor h = self_attn->call(input_layernorm->call(x));  // (B, T, C)
-  add_(h, x);
-  Tensor y = mlp->call(post_attention_layernorm->call(h));
+  Tensor attn = self_attn->call(input_layernorm->call(x));            // (B, T, C) the attention branch
+  auto [h, h_normed] = post_attention_layernorm->call_add(attn, x);  // h = x + attn, in attn's storage
+  Tensor y = mlp->call(h_normed);                                    // (B, T, C)
   add_(y, h);
   return y;
 }
 
 Tensor LlamaDecoderLayer::backward(const Tensor& dy) {
-  // dh = dy + d(mlp branch); dx = dh + d(attention branch)
-  Tensor dh = post_attention_layernorm->call_backward(mlp->call_backward(dy));
-  add_(dh, dy);
-  Tensor dx = input_layernorm->call_backward(self_attn->call_backward(dh));
-  add_(dx, dh);
-  return dx;
+  // dh = dy + d(mlp branch); dx = dh + d(attention branch): each residual add fused into a norm's backward.
+  Tensor dh = post_attention_layernorm->call_backward_add(mlp->call_backward(dy), dy);
+  return input_layernorm->call_backward_add(self_attn->call_backward(dh), dh);
 }
 
 LlamaModel::LlamaModel(const std::string& name, const ModelConfig& c, const ParamFactory& f,

@@ -191,8 +191,32 @@ void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, c
   });
 }
 
+void add_rmsnorm_forward(const Tensor& sum, const Tensor& out, const Tensor& rstd, const Tensor& a, const Tensor& b,
+                         const Tensor& weight, double eps) {
+  const char* op = "add_rmsnorm_forward";
+  check_float(op, a, "a");
+  MT_CHECK(a.dim() == 2, "kernels", "{}: a must be (N, C), got {}", op, shape_str(a.shape()));
+  int64_t N = a.size(0), C = a.size(1);
+  for (auto [t, name] : {std::pair{&sum, "sum"}, {&out, "out"}, {&b, "b"}}) expect_shape(op, *t, {N, C}, name);
+  expect_shape(op, rstd, {N}, "rstd");
+  expect_shape(op, weight, {C}, "weight");
+  for (auto* t : {&sum, &out, &b, &weight}) same_dtype(op, a, *t, "an operand");
+  expect_acc(op, rstd, a.dtype(), "rstd");
+  MT_CUDA_DISPATCH(op, a, add_rmsnorm_forward<T>(ptr<T>(sum), ptr<T>(out), ptr<float>(rstd), ptr<T>(a), ptr<T>(b),
+                                                 ptr<T>(weight), N, C, eps, stream_of(a)),
+                   &sum, &out, &rstd, &a, &b, &weight)
+  if (cpu_bf16(a)) {  // the emulated bf16 path: the add rounds, then the norm of the rounded sum, as on CUDA
+    add(sum, a, b);
+    return rmsnorm_forward(out, rstd, sum, weight, eps);
+  }
+  by_float(a, [&](auto z) {
+    using T = decltype(z);
+    cpu::rmsnorm_forward<T>(ptr<T>(out), ptr<T>(rstd), ptr<T>(a), ptr<T>(weight), N, C, eps, ptr<T>(sum), ptr<T>(b));
+  });
+}
+
 void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
-                      const Tensor& weight, const Tensor& rstd) {
+                      const Tensor& weight, const Tensor& rstd, const Tensor& dresidual) {
   const char* op = "rmsnorm_backward";
   check_float(op, inp, "inp");
   MT_CHECK(inp.dim() == 2, "kernels", "{}: inp must be (N, C), got {}", op, shape_str(inp.shape()));
@@ -205,27 +229,33 @@ void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& d
   for (auto* t : {&dinp, &dout, &weight}) same_dtype(op, inp, *t, "an operand");
   expect_acc(op, rstd, inp.dtype(), "rstd");
   expect_acc(op, dweight, inp.dtype(), "dweight");
+  if (dresidual.defined()) {
+    expect_shape(op, dresidual, {N, C}, "dresidual");
+    same_dtype(op, inp, dresidual, "dresidual");
+  }
 #if MT_CUDA
-  if (on_cuda(op, {&dinp, &dweight, &dout, &inp, &weight, &rstd})) {
+  if (on_cuda(op, {&dinp, &dweight, &dout, &inp, &weight, &rstd, &dresidual})) {
     Tensor scratch = empty({cuda::rmsnorm_backward_scratch(N, C)}, DType::f32, inp.device());
     cuda_check(by_cuda_float(inp, [&](auto z) {
                  using T = decltype(z);
                  return cuda::rmsnorm_backward<T>(ptr<T>(dinp), ptr<float>(dweight), ptr<float>(scratch), ptr<T>(dout),
-                                                  ptr<T>(inp), ptr<T>(weight), ptr<float>(rstd), N, C, stream_of(inp));
+                                                  ptr<T>(inp), ptr<T>(weight), ptr<float>(rstd), N, C, stream_of(inp),
+                                                  ptr<T>(dresidual));
                }),
                op);
     return;
   }
 #endif
-  if (cpu_bf16(inp)) {
+  if (cpu_bf16(inp)) {  // widened, the residual added in f32, one rounding (as on CUDA)
     Tensor di = empty(dinp.shape(), DType::f32);
-    rmsnorm_backward(di, dweight, widen(dout), widen(inp), widen(weight), rstd);
+    rmsnorm_backward(di, dweight, widen(dout), widen(inp), widen(weight), rstd,
+                     dresidual.defined() ? widen(dresidual) : Tensor());
     return narrow_into(dinp, di);
   }
   by_float(inp, [&](auto z) {
     using T = decltype(z);
     cpu::rmsnorm_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dout), ptr<T>(inp), ptr<T>(weight), ptr<T>(rstd),
-                             N, C);
+                             N, C, ptr<T>(dresidual));
   });
 }
 

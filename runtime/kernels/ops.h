@@ -28,9 +28,15 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& do
 // ---- RMSNorm: out = x * rsqrt(mean(x^2) + eps) * w ----
 // out (N, C), rstd (N) saved for backward; inp (N, C), weight (C).
 void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight, double eps);
+// The residual add fused in front of the norm (one pass fewer over the residual stream):
+// sum (N, C) = a + b, rounded to the activation type as add() would (sum may alias a or b); out = rmsnorm(sum).
+void add_rmsnorm_forward(const Tensor& sum, const Tensor& out, const Tensor& rstd, const Tensor& a, const Tensor& b,
+                         const Tensor& weight, double eps);
 // dinp (N, C) overwritten; dweight (C) += sum over rows of dout * x * rstd.
+// dresidual (N, C), if defined: added to dinp in the same pass (the residual branch's gradient; it may alias
+// dinp), the sum rounded once.
 void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
-                      const Tensor& weight, const Tensor& rstd);
+                      const Tensor& weight, const Tensor& rstd, const Tensor& dresidual = Tensor());
 
 // ---- RoPE, Hugging Face convention ----
 // cos, sin (P, hd) for positions (P) i64: inv_freq_i = theta^(-2i/hd), angle = pos * inv_freq,

@@ -75,6 +75,24 @@ TEST_CASE("gpu bf16: matmul, RMSNorm, RoPE, SwiGLU, embedding, cross-entropy, ad
   rmsnorm_backward(dnxd, dgwd, bf(dn), bf(x), bf(g), rd);
   CHECK_BF16(dnxd, dnx);
   CHECK_F32(dgwd, dgw);
+  {  // the residual add fused into the norm, both ways
+    Tensor res = rnd({N, C}, 40), dres = rnd({N, C}, 41);
+    Tensor s = empty({N, C}, DType::f32), o2 = empty({N, C}, DType::f32), r2 = empty({N}, DType::f32);
+    add(s, x, res);
+    rmsnorm_forward(o2, r2, s, g, 1e-5);
+    Tensor sd = bf(x), o2d = nan_dev({N, C}, DType::bf16), r2d = nan_dev({N}, DType::f32);
+    add_rmsnorm_forward(sd, o2d, r2d, sd, bf(res), bf(g), 1e-5);  // the sum over the first operand, in place
+    CHECK_BF16(sd, s);
+    CHECK_BF16(o2d, o2);
+    CHECK(rel(r2d, r2) < 1e-3);
+    Tensor dx2 = empty({N, C}, DType::f32), dw2 = zeros({C}, DType::f32);
+    rmsnorm_backward(dx2, dw2, dn, s, g, r2);
+    add_(dx2, dres);
+    Tensor dx2d = bf(dres), dw2d = zeros({C}, DType::f32, gpu());
+    rmsnorm_backward(dx2d, dw2d, bf(dn), sd, bf(g), r2d, dx2d);  // dresidual aliasing dinp
+    CHECK_BF16(dx2d, dx2);
+    CHECK(rel(dw2d, dw2) < 1e-2);
+  }
 
   const int64_t B = 3, T = 17, H = 4, hd = 16;
   Tensor pos = empty({T}, DType::i64);

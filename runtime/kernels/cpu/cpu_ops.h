@@ -11,10 +11,12 @@ template <typename T> void matmul_forward(T* out, const T* inp, const T* weight,
 template <typename T> void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
                                            int64_t N, int64_t C, int64_t OC);
 
+// residual != nullptr: sum = inp + residual first (sum may alias either), then the norm of sum.
 template <typename T> void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
-                                           double eps);
+                                           double eps, T* sum = nullptr, const T* residual = nullptr);
+// dresidual != nullptr: added to dinp (may alias it).
 template <typename T> void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
-                                            const T* rstd, int64_t N, int64_t C);
+                                            const T* rstd, int64_t N, int64_t C, const T* dresidual = nullptr);
 
 template <typename T> void rope_tables(T* cos, T* sin, const int64_t* positions, int64_t P, int64_t hd, double theta);
 template <typename T> void rope_forward(T* out, const T* inp, const T* cos, const T* sin, int64_t B, int64_t T_,

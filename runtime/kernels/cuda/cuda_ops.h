@@ -35,10 +35,15 @@ int64_t gemm_cached_algos();
 template <typename T>
 int rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C, double eps,
                     void* stream);
+// sum (N, C) = a + b rounded to T (sum may alias a or b), then out = rmsnorm(sum): the residual add fused.
+template <typename T>
+int add_rmsnorm_forward(T* sum, T* out, float* rstd, const T* a, const T* b, const T* weight, int64_t N, int64_t C,
+                        double eps, void* stream);
 // scratch: rmsnorm_backward_scratch(N, C) floats for deterministic partial sums of dweight (C) f32.
+// dresidual (N, C) or null: added to dinp before its one rounding (may alias dinp).
 template <typename T>
 int rmsnorm_backward(T* dinp, float* dweight, float* scratch, const T* dout, const T* inp, const T* weight,
-                     const float* rstd, int64_t N, int64_t C, void* stream);
+                     const float* rstd, int64_t N, int64_t C, void* stream, const T* dresidual = nullptr);
 int64_t rmsnorm_backward_scratch(int64_t N, int64_t C);
 
 // ---- RoPE (backward: the transpose), SwiGLU ----
