@@ -97,7 +97,7 @@ adtype=bf16
 "$build/scripts/bench/bench_attention" --device "$device" --dtype $adtype --B "$aB" --H "$aH" --KV "$aKV" --T "$aT" \
   --hd "$ahd" >>"$results" 2>"$tmp/att.err" || true
 "$py" "$root/scripts/bench/attention_torch.py" --device "$device" --dtype "$([ $adtype = f32 ] && echo fp32 || echo bf16)" \
-  --B "$aB" --H "$aH" --T "$aT" --hd "$ahd" >>"$results" 2>"$tmp/att_torch.err" ||
+  --B "$aB" --H "$aH" --KV "$aKV" --T "$aT" --hd "$ahd" >>"$results" 2>"$tmp/att_torch.err" ||
   echo "{\"kernel\": \"torch_sdpa\", \"error\": \"$(tail -n 1 "$tmp/att_torch.err" | sed 's/"/\\"/g' | cut -c1-200)\"}" >>"$results"
 
 # Summary.
