@@ -128,4 +128,9 @@ a, t = by.get("attention_meshtrain"), by.get("attention_torch_sdpa")
 print(f"attention fwd+bwd TFLOP/s: meshtrain {fmt(a, 'fwdbwd_tflops')}, torch SDPA {fmt(t, 'fwdbwd_tflops')} "
       f"(target >= 330); forward: {fmt(a, 'fwd_tflops')} vs {fmt(t, 'fwd_tflops')}")
 PY
+# The flash kernel alone, timed with CUDA events, over both head dims and two lengths (one JSON line each).
+if [ $device = cuda ] && [ -x "$build/scripts/bench/bench_attention_gpu" ] && [ $quick = 0 ]; then
+  echo "== flash attention kernel alone (bench_attention_gpu, CUDA events, causal, B 4, H 16)"
+  "$build/scripts/bench/bench_attention_gpu" --T 2048,8192 --hd 64,128 | tee "$out_dir/bench_attention_gpu.jsonl"
+fi
 echo "raw results: $results"
