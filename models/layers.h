@@ -14,6 +14,11 @@ class Linear : public Module {
   Parameter* weight;
   int64_t in_features, out_features;
 
+  // call_backward(dy) added into dx_sum (returned): linears that share an input (q/k/v, gate/up) sum their
+  // input gradients in the GEMM (beta = 1) instead of a separate add. With input layout hooks on the
+  // linear (tensor parallel) the gradient goes through them first and is added apart.
+  Tensor call_backward_into(const Tensor& dy, const Tensor& dx_sum);
+
  protected:
   Tensor forward(const Tensor& x) override;   // (B, T, in) -> (B, T, out)
   Tensor backward(const Tensor& dy) override;

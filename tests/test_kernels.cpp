@@ -314,6 +314,12 @@ TEST_CASE("kernels: matmul backward against finite differences; dweight accumula
   Tensor dx2 = empty({N, C}, dt);
   matmul_backward(dx2, Tensor(), R, Tensor(), w);
   check_close(to_f64(dx2), dx1, 1e-12, "only dinp");
+  // accumulate_dinp: the GEMM adds to dinp (linears sharing an input).
+  Tensor acc = rand_tensor({N, C}, dt, 77);
+  std::vector<double> want = to_f64(acc);
+  for (size_t i = 0; i < want.size(); ++i) want[i] += dx1[i];
+  matmul_backward(acc, Tensor(), R, Tensor(), w, /*accumulate_dinp=*/true);
+  check_close(to_f64(acc), want, 1e-12, "dinp accumulated");
 }
 
 TEST_CASE("kernels: matmul checks shapes and dtypes") {

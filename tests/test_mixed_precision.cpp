@@ -98,6 +98,14 @@ TEST_CASE("mixed precision: matmul forward and backward in bf16 with an f32 weig
   matmul_backward(dxb, dwb, as(dy, B::bf16), as(x, B::bf16), as(w, B::bf16));
   CHECK(rel(dxb, dx32) < kTol);
   CHECK(rel(dwb, dw32) < 1e-5);  // f32 accumulation of bf16-exact inputs: only the f32 rounding differs
+  {  // dinp accumulated (beta = 1): the bf16 sum rounded once
+    Tensor base = rnd32({N, C}, 90), want = empty({N, C}, B::f32);
+    matmul_backward(want, Tensor(), dy, Tensor(), w);
+    add_(want, base);
+    Tensor got = as(base, B::bf16);
+    matmul_backward(got, Tensor(), as(dy, B::bf16), Tensor(), as(w, B::bf16), true);
+    CHECK(rel(got, want) < kTol);
+  }
   CHECK_ERROR_CONTAINS(matmul_backward(Tensor(), empty({OC, C}, B::bf16), as(dy, B::bf16), as(x, B::bf16), as(w, B::bf16)),
                        "[kernels] matmul_backward: dweight is bf16; with bf16 activations it must be f32");
 }

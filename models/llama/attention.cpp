@@ -56,9 +56,9 @@ Tensor LlamaAttention::backward(const Tensor& dy) {
   rope_backward(dq, dq, rope_->cos, rope_->sin);
   rope_backward(dk, dk, rope_->cos, rope_->sin);
   q_ = k_ = v_ = out_ = lse_ = Tensor();
-  Tensor dx = q_proj->call_backward(dq.reshape({B, T, -1}));
-  add_(dx, k_proj->call_backward(dk.reshape({B, T, -1})));
-  add_(dx, v_proj->call_backward(dv.reshape({B, T, -1})));
+  Tensor dx = q_proj->call_backward(dq.reshape({B, T, -1}));  // (B, T, C), then k's and v's added by their GEMMs
+  k_proj->call_backward_into(dk.reshape({B, T, -1}), dx);
+  v_proj->call_backward_into(dv.reshape({B, T, -1}), dx);
   return dx;
 }
 

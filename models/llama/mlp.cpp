@@ -23,9 +23,8 @@ Tensor LlamaMLP::backward(const Tensor& dy) {
   Tensor dgate = empty(gate_.shape(), dy.dtype(), dy.device()), dup = empty(up_.shape(), dy.dtype(), dy.device());
   swiglu_backward(dgate, dup, dh, gate_, up_);
   gate_ = up_ = Tensor();
-  Tensor dx = gate_proj->call_backward(dgate);
-  add_(dx, up_proj->call_backward(dup));
-  return dx;
+  Tensor dx = gate_proj->call_backward(dgate);  // (B, T, C), then up's added by its GEMM
+  return up_proj->call_backward_into(dup, dx);
 }
 
 }  // namespace mt

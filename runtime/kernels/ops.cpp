@@ -132,7 +132,7 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
 }
 
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
-                     const Tensor& weight) {
+                     const Tensor& weight, bool accumulate_dinp) {
   const char* op = "matmul_backward";
   check_float(op, dout, "dout");
   check_float(op, weight, "weight");
@@ -154,16 +154,18 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& do
     expect_shape(op, inp, {N, C}, "inp");
   }
   MT_CUDA_DISPATCH(op, dout, matmul_backward<T>(ptr<T>(dinp), ptr<float>(dweight), ptr<T>(dout), ptr<T>(inp),
-                                                ptr<T>(weight), N, C, OC, stream_of(dout), dout.device().index),
+                                                ptr<T>(weight), N, C, OC, stream_of(dout), dout.device().index,
+                                                accumulate_dinp),
                    &dinp, &dweight, &dout, &inp, &weight)
-  if (cpu_bf16(dout)) {
-    Tensor di = dinp.defined() ? empty(dinp.shape(), DType::f32) : Tensor();
-    matmul_backward(di, dweight, widen(dout), dweight.defined() ? widen(inp) : Tensor(), widen(weight));
+  if (cpu_bf16(dout)) {  // accumulating: the old dinp widened, the sum rounded once (as cuBLASLt's beta = 1)
+    Tensor di = dinp.defined() ? (accumulate_dinp ? widen(dinp) : empty(dinp.shape(), DType::f32)) : Tensor();
+    matmul_backward(di, dweight, widen(dout), dweight.defined() ? widen(inp) : Tensor(), widen(weight), accumulate_dinp);
     return narrow_into(dinp, di);
   }
   by_float(dout, [&](auto z) {
     using T = decltype(z);
-    cpu::matmul_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dout), ptr<T>(inp), ptr<T>(weight), N, C, OC);
+    cpu::matmul_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dout), ptr<T>(inp), ptr<T>(weight), N, C, OC,
+                            accumulate_dinp);
   });
 }
 

@@ -19,11 +19,14 @@ namespace mt {
 // ---- matmul (nn.Linear without bias; weight is [out, in] as in PyTorch) ----
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T; accumulate: out += instead of =.
 void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, bool accumulate = false);
-// dinp (N, C) = dout (N, OC) @ weight (OC, C)        (skipped if dinp undefined; overwritten)
+// dinp (N, C) = dout (N, OC) @ weight (OC, C)        (skipped if dinp undefined; overwritten, or with
+//                                                    accumulate_dinp added to: the GEMM's beta = 1, so
+//                                                    linears sharing an input sum their gradients with no
+//                                                    separate add pass)
 // dweight (OC, C) += dout^T @ inp                   (skipped if undefined; always accumulates,
 //                                                    so micro-batches add up; zero it per step)
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
-                     const Tensor& weight);
+                     const Tensor& weight, bool accumulate_dinp = false);
 
 // ---- RMSNorm: out = x * rsqrt(mean(x^2) + eps) * w ----
 // out (N, C), rstd (N) saved for backward; inp (N, C), weight (C).

@@ -62,6 +62,14 @@ TEST_CASE("gpu bf16: matmul, RMSNorm, RoPE, SwiGLU, embedding, cross-entropy, ad
   matmul_backward(dxd, dwd, bf(dy), bf(x), bf(w));
   CHECK_BF16(dxd, dx);
   CHECK_F32(dwd, dw);  // fp32 accumulation into the fp32 gradient
+  {  // dinp accumulated by the GEMM (beta = 1), as q/k/v and gate/up sum their input gradients
+    Tensor base = rnd({N, C}, 42), want = empty({N, C}, DType::f32);
+    matmul_backward(want, Tensor(), dy, Tensor(), w);
+    add_(want, base);
+    Tensor got = bf(base);
+    matmul_backward(got, Tensor(), bf(dy), Tensor(), bf(w), true);
+    CHECK_BF16(got, want);
+  }
 
   Tensor g = rnd({C}, 5), o = empty({N, C}, DType::f32), r = empty({N}, DType::f32);
   Tensor od = nan_dev({N, C}, DType::bf16), rd = nan_dev({N}, DType::f32);

@@ -9,7 +9,7 @@ namespace mt::cpu {
 template <typename T> void matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC,
                                           bool accumulate);
 template <typename T> void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
-                                           int64_t N, int64_t C, int64_t OC);
+                                           int64_t N, int64_t C, int64_t OC, bool accumulate_dinp = false);
 
 // residual != nullptr: sum = inp + residual first (sum may alias either), then the norm of sum.
 template <typename T> void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C,

@@ -18,12 +18,13 @@ void matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C,
 
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
-                     int64_t OC) {
+                     int64_t OC, bool accumulate_dinp) {
   Eigen::Map<const RowMat<T>> dy(dout, N, OC);  // (N, OC)
   if (dinp) {
     Eigen::Map<const RowMat<T>> w(weight, OC, C);
     Eigen::Map<RowMat<T>> dx(dinp, N, C);  // (N, C)
-    dx.noalias() = dy * w;
+    if (accumulate_dinp) dx.noalias() += dy * w;
+    else dx.noalias() = dy * w;
   }
   if (dweight) {
     Eigen::Map<const RowMat<T>> x(inp, N, C);
@@ -34,8 +35,9 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
 
 template void matmul_forward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t, bool);
 template void matmul_forward<double>(double*, const double*, const double*, int64_t, int64_t, int64_t, bool);
-template void matmul_backward<float>(float*, float*, const float*, const float*, const float*, int64_t, int64_t, int64_t);
+template void matmul_backward<float>(float*, float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                                     bool);
 template void matmul_backward<double>(double*, double*, const double*, const double*, const double*, int64_t, int64_t,
-                                      int64_t);
+                                      int64_t, bool);
 
 }  // namespace mt::cpu

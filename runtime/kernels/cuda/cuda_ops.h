@@ -23,10 +23,11 @@ namespace mt::cuda {
 template <typename T>
 int matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, bool accumulate,
                    void* stream, int device);
-// dinp (N, C) = dout (N, OC) @ weight (OC, C) (if dinp); dweight (OC, C) f32 += dout^T @ inp (if dweight).
+// dinp (N, C) = (or += with accumulate_dinp) dout (N, OC) @ weight (OC, C) (if dinp);
+// dweight (OC, C) f32 += dout^T @ inp (if dweight).
 template <typename T>
 int matmul_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
-                    int64_t OC, void* stream, int device);
+                    int64_t OC, void* stream, int device, bool accumulate_dinp = false);
 // Shapes whose algorithm is cached, on every device so far (for tests and logs).
 int64_t gemm_cached_algos();
 

@@ -560,14 +560,14 @@ int matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, 
 
 template <typename T>
 int matmul_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
-                    int64_t OC, void* stream, int device) {
+                    int64_t OC, void* stream, int device, bool accumulate_dinp) {
   Range r("matmul_backward");
   if (dinp && N > 0 && C > 0) {
     int err = 0;
-    if (OC == 0) err = int(cudaMemsetAsync(dinp, 0, size_t(N * C) * sizeof(T), st(stream)));
-    else  // dinp^T (C, N) = W^T (C, OC) . dout^T (OC, N)
+    if (OC == 0) err = accumulate_dinp ? 0 : int(cudaMemsetAsync(dinp, 0, size_t(N * C) * sizeof(T), st(stream)));
+    else  // dinp^T (C, N) = W^T (C, OC) . dout^T (OC, N), + dinp^T with beta = 1 when accumulating
       err = lt_gemm(device, st(stream), false, false, int(C), int(N), int(OC), weight, int(C), dout, int(OC), dinp,
-                    int(C), false);
+                    int(C), accumulate_dinp);
     if (err) return err;
   }
   if (dweight && N > 0 && C > 0 && OC > 0)  // dW^T (C, OC) += inp^T (C, N) . dout (N, OC), in fp32
@@ -792,7 +792,8 @@ int attention_backward(float* dq, float* dk, float* dv, float* scratch, const fl
 // Explicit instantiations for the two activation types.
 #define MT_INSTANTIATE(T)                                                                                             \
   template int matmul_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool, void*, int);              \
-  template int matmul_backward<T>(T*, float*, const T*, const T*, const T*, int64_t, int64_t, int64_t, void*, int); \
+  template int matmul_backward<T>(T*, float*, const T*, const T*, const T*, int64_t, int64_t, int64_t, void*, int,   \
+                                  bool);                                                                              \
   template int rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int64_t, double, void*);                 \
   template int add_rmsnorm_forward<T>(T*, T*, float*, const T*, const T*, const T*, int64_t, int64_t, double, void*); \
   template int rmsnorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, int64_t, int64_t, \
