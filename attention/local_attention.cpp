@@ -186,7 +186,7 @@ Dims check(const char* op, const Tensor& out, const Tensor& lse, const Tensor& q
              dtype_name(t->dtype()));
   }
   // The log-sum-exp is a softmax statistic: f32 when the activations are bf16.
-  const DType lse_dtype = q.dtype() == DType::bf16 ? DType::f32 : q.dtype();
+  const DType lse_dtype = accum_dtype(q.dtype());
   MT_CHECK(lse.dtype() == lse_dtype, "attention", "{}: lse is {}; with {} q it must be {}", op, dtype_name(lse.dtype()),
            dtype_name(q.dtype()), dtype_name(lse_dtype));
   if (q.device().is_cuda()) {

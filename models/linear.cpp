@@ -38,15 +38,14 @@ Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
     add_(dx_sum, call_backward(dy));
     return dx_sum;
   }
-  Tensor g = dy;
-  for (auto it = output_hooks.rbegin(); it != output_hooks.rend(); ++it) g = it->backward(g);
   MT_CHECK(dx_sum.shape() == saved_x_.shape(), "model", "{}: the gradient sum has shape {}, the input {}", name(),
            shape_str(dx_sum.shape()), shape_str(saved_x_.shape()));
-  matmul_backward(as_rows(dx_sum), weight->grad.local, as_rows(g), as_rows(saved_x_), weight->compute_local(),
-                  /*accumulate_dinp=*/true);
-  saved_x_ = Tensor();
-  for (auto& f : post_backward) f(*this);
-  return dx_sum;
+  return call_backward_around(dy, [&](const Tensor& g) {
+    matmul_backward(as_rows(dx_sum), weight->grad.local, as_rows(g), as_rows(saved_x_), weight->compute_local(),
+                    /*accumulate_dinp=*/true);
+    saved_x_ = Tensor();
+    return dx_sum;
+  });
 }
 
 Tensor Linear::backward(const Tensor& dy) {

@@ -24,13 +24,14 @@ std::pair<Tensor, Tensor> RMSNorm::call_add(const Tensor& x, const Tensor& resid
     add_(x, residual);
     return {x, call(x)};
   }
-  for (auto& f : pre_forward) f(*this);
-  Tensor y = empty(x.shape(), x.dtype(), x.device());                            // (B, T, C)
-  Tensor rstd = empty({as_rows(x).size(0)}, accum_dtype(x.dtype()), x.device());  // (B*T)
-  add_rmsnorm_forward(as_rows(x), as_rows(y), rstd, as_rows(x), as_rows(residual), weight->compute_local(), eps);
-  saved_x_ = x;
-  saved_rstd_ = rstd;
-  for (auto& hook : output_hooks) y = hook.forward(y);
+  Tensor y = call_around([&] {
+    Tensor out = empty(x.shape(), x.dtype(), x.device());                          // (B, T, C)
+    Tensor rstd = empty({as_rows(x).size(0)}, accum_dtype(x.dtype()), x.device());  // (B*T)
+    add_rmsnorm_forward(as_rows(x), as_rows(out), rstd, as_rows(x), as_rows(residual), weight->compute_local(), eps);
+    saved_x_ = x;
+    saved_rstd_ = rstd;
+    return out;
+  });
   return {x, y};
 }
 
@@ -40,14 +41,13 @@ Tensor RMSNorm::call_backward_add(const Tensor& dy, const Tensor& dresidual) {
     add_(dx, dresidual);
     return dx;
   }
-  Tensor g = dy;
-  for (auto it = output_hooks.rbegin(); it != output_hooks.rend(); ++it) g = it->backward(g);
-  Tensor dx = empty(saved_x_.shape(), g.dtype(), g.device());  // (B, T, C)
-  rmsnorm_backward(as_rows(dx), weight->grad.local, as_rows(g), as_rows(saved_x_), weight->compute_local(), saved_rstd_,
-                   as_rows(dresidual));
-  saved_x_ = saved_rstd_ = Tensor();
-  for (auto& f : post_backward) f(*this);
-  return dx;
+  return call_backward_around(dy, [&](const Tensor& g) {
+    Tensor dx = empty(saved_x_.shape(), g.dtype(), g.device());  // (B, T, C)
+    rmsnorm_backward(as_rows(dx), weight->grad.local, as_rows(g), as_rows(saved_x_), weight->compute_local(),
+                     saved_rstd_, as_rows(dresidual));
+    saved_x_ = saved_rstd_ = Tensor();
+    return dx;
+  });
 }
 
 Tensor RMSNorm::backward(const Tensor& dy) {

@@ -8,22 +8,20 @@
 namespace mt {
 
 Tensor Module::call(const Tensor& x) {
-  for (auto& f : pre_forward) f(*this);
-  Tensor h = x;
-  for (auto& hook : input_hooks) h = hook.forward(h);
-  Tensor y = forward(h);
-  for (auto& hook : output_hooks) y = hook.forward(y);
-  return y;
+  return call_around([&] {
+    Tensor h = x;
+    for (auto& hook : input_hooks) h = hook.forward(h);
+    return forward(h);
+  });
 }
 
 Tensor Module::call_backward(const Tensor& dy) {
-  Tensor g = dy;
-  for (auto it = output_hooks.rbegin(); it != output_hooks.rend(); ++it) g = it->backward(g);
-  Tensor dx = backward(g);
-  for (auto it = input_hooks.rbegin(); it != input_hooks.rend(); ++it)
-    if (dx.defined()) dx = it->backward(dx);
-  for (auto& f : post_backward) f(*this);
-  return dx;
+  return call_backward_around(dy, [&](const Tensor& g) {
+    Tensor dx = backward(g);
+    for (auto it = input_hooks.rbegin(); it != input_hooks.rend(); ++it)
+      if (dx.defined()) dx = it->backward(dx);
+    return dx;
+  });
 }
 
 std::vector<Module*> Module::modules() {

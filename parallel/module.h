@@ -76,6 +76,21 @@ class Module {
  protected:
   virtual Tensor forward(const Tensor& x) = 0;
   virtual Tensor backward(const Tensor& dy) = 0;
+  // The callbacks and output hooks of call() / call_backward() around a body: call() passes the input hooks
+  // and forward(), a fused variant its fused op (RMSNorm::call_add, Linear::call_backward_into).
+  template <class F> Tensor call_around(F&& body) {
+    for (auto& f : pre_forward) f(*this);
+    Tensor y = body();
+    for (auto& hook : output_hooks) y = hook.forward(y);
+    return y;
+  }
+  template <class F> Tensor call_backward_around(const Tensor& dy, F&& body) {
+    Tensor g = dy;
+    for (auto it = output_hooks.rbegin(); it != output_hooks.rend(); ++it) g = it->backward(g);
+    Tensor dx = body(g);
+    for (auto& f : post_backward) f(*this);
+    return dx;
+  }
   // Registers a child; the child's name must extend this one's.
   template <class M> M* add_child(std::unique_ptr<M> m) {
     M* p = m.get();

@@ -27,12 +27,10 @@ void check_float(const char* op, const Tensor& t, const char* what) {
            "{}: {} is {}; the CPU backend takes f32, bf16 or f64", op, what, dtype_name(t.dtype()));
 }
 
-// The mixed-precision rule: with bf16 activations, statistics (rstd, lse, losses) and weight
-// gradients are f32; otherwise they share the activations' dtype.
-DType acc_dtype(DType compute) { return compute == DType::bf16 ? DType::f32 : compute; }
+// The mixed-precision rule (accum_dtype, runtime/core/dtype.h) for statistics and weight gradients.
 void expect_acc(const char* op, const Tensor& t, DType compute, const char* what) {
-  MT_CHECK(t.dtype() == acc_dtype(compute), "kernels", "{}: {} is {}; with {} activations it must be {}", op, what,
-           dtype_name(t.dtype()), dtype_name(compute), dtype_name(acc_dtype(compute)));
+  MT_CHECK(t.dtype() == accum_dtype(compute), "kernels", "{}: {} is {}; with {} activations it must be {}", op, what,
+           dtype_name(t.dtype()), dtype_name(compute), dtype_name(accum_dtype(compute)));
 }
 
 // All operands on the first one's device.
