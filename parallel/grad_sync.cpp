@@ -29,13 +29,12 @@ GradSync::GradSync(Module& model, const DeviceMesh& mesh, GradSyncOptions opt) :
       if (!p->value.placements()[size_t(d)].is_replicate()) general = true;  // Partial -> Shard: reduce-scatter
     }
     if (dims.empty()) continue;  // one rank holds the whole gradient: nothing to sync
-    if (general) {
+    if (general || opt_.bucket_bytes == 0) {
       general_.emplace_back(p, partial);
       continue;
     }
     auto it = filling.find(dims);
-    bool full = it != filling.end() &&
-                size_t(numel[it->second]) * dtype_size(opt_.reduce_dtype) >= std::max<size_t>(opt_.bucket_bytes, 1);
+    bool full = it != filling.end() && size_t(numel[it->second]) * dtype_size(opt_.reduce_dtype) >= opt_.bucket_bytes;
     if (it == filling.end() || full) {
       buckets_.push_back(Bucket{dims, {}, {}, Tensor(), 0, false, Work()});
       numel.push_back(0);
@@ -53,6 +52,7 @@ GradSync::GradSync(Module& model, const DeviceMesh& mesh, GradSyncOptions opt) :
   }
 
   // The gradient of each own parameter is complete once the owner's backward has run.
+  if (buckets_.empty()) return;
   for (Module* m : model.modules()) {
     if (m->own_parameters().empty()) continue;
     m->post_backward.push_back([this](Module& mod) {
@@ -102,11 +102,23 @@ void GradSync::finish() {
     }
     b.launched = false;
   }
-  // The general rule for the rest: mark the partial dims, redistribute to the parameter's placement.
+  // The general rule for the rest: mark the partial dims, redistribute to the parameter's placement
+  // (in the reduce dtype, the sums widened back into the gradient).
   for (auto& [p, partial] : general_) {
     for (int d : partial)
       if (p->value.placements()[size_t(d)].is_replicate()) p->grad.spec.placements[size_t(d)] = Placement::Partial();
-    p->grad = redistribute(p->grad, p->value.spec);
+    if (opt_.reduce_dtype == p->grad.local.dtype()) {
+      p->grad = redistribute(p->grad, p->value.spec);
+      continue;
+    }
+    DTensor low = p->grad;
+    low.local = empty(p->grad.local.shape(), opt_.reduce_dtype, p->grad.local.device());
+    convert(low.local, p->grad.local);
+    low = redistribute(low, p->value.spec);
+    p->grad.spec = low.spec;
+    if (p->grad.local.shape() != low.local.shape())
+      p->grad.local = empty(low.local.shape(), p->grad.local.dtype(), low.local.device());
+    convert(p->grad.local, low.local);
   }
   armed_ = false;
 }

@@ -7,7 +7,8 @@
 // the last micro-batch, so communication overlaps the rest of backward (on
 // NCCL's own stream on GPUs). finish() waits and copies the sums back.
 // Parameters whose placement is not Replicate on a partial dim (sharded data
-// parallel) take the general redistribute path.
+// parallel), and every parameter when bucket_bytes is 0, take the general path:
+// one redistribute each, in finish().
 #pragma once
 #include <string>
 #include <unordered_map>
@@ -20,7 +21,7 @@ namespace mt {
 
 struct GradSyncOptions {
   std::vector<int> dp_dims;        // mesh dims the batch is split over: every gradient is Partial on them
-  size_t bucket_bytes = 25 << 20;  // target bucket size (in the reduce dtype)
+  size_t bucket_bytes = 25 << 20;  // target bucket size (in the reduce dtype); 0: one redistribute per parameter
   DType reduce_dtype = DType::f32;  // bf16 halves the bytes; sums are converted back to the gradient's dtype
 };
 

@@ -95,11 +95,9 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   parallelize_llama(*run.model, run.mesh, cfg.parallel, t.seq_len);
   run.params = run.model->parameters();
   run.opt = std::make_unique<AdamW>(run.params, t);
-  if (t.grad_bucket_mb > 0) {
-    GradSyncOptions gs{run.dp_dims, size_t(t.grad_bucket_mb * double(1 << 20)),
-                       t.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32};
-    run.grad_sync = std::make_unique<GradSync>(*run.model, run.mesh, gs);
-  }
+  GradSyncOptions gs{run.dp_dims, size_t(t.grad_bucket_mb * double(1 << 20)),
+                     t.grad_reduce_dtype == "bf16" ? DType::bf16 : accum_dtype(run.dtype)};
+  run.grad_sync = std::make_unique<GradSync>(*run.model, run.mesh, gs);
   return run;
 }
 
@@ -115,28 +113,10 @@ void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, co
 }
 
 void sync_gradients(TrainRun& run) {
-  if (run.grad_sync) return run.grad_sync->finish();
   // Each gradient is Partial over the data-parallel dims (and, for sequence-parallel norm weights,
   // over tp: grad_partial_dims); redistributing it to its parameter's placement all-reduces (or
-  // reduce-scatters) it.
-  const bool bf16_sync = run.config.training.grad_reduce_dtype == "bf16";
-  for (Parameter* p : run.params) {
-    std::vector<int> partial = run.dp_dims;
-    partial.insert(partial.end(), p->grad_partial_dims.begin(), p->grad_partial_dims.end());
-    for (int d : partial)
-      if (p->value.placements()[size_t(d)].is_replicate()) p->grad.spec.placements[size_t(d)] = Placement::Partial();
-    if (!bf16_sync) {
-      p->grad = redistribute(p->grad, p->value.spec);
-      continue;
-    }
-    DTensor low = p->grad;  // reduced in bf16, then widened back into the f32 gradient
-    low.local = empty(p->grad.local.shape(), DType::bf16, p->grad.local.device());
-    convert(low.local, p->grad.local);
-    low = redistribute(low, p->value.spec);
-    p->grad.spec = low.spec;
-    if (p->grad.local.shape() != low.local.shape()) p->grad.local = empty(low.local.shape(), p->grad.local.dtype(), low.local.device());
-    convert(p->grad.local, low.local);
-  }
+  // reduce-scatters) it. GradSync does that in buckets, or one parameter at a time (grad_bucket_mb: 0).
+  run.grad_sync->finish();
 }
 
 StepResult train_step(TrainRun& run, int64_t step) {
@@ -150,7 +130,7 @@ StepResult train_step(TrainRun& run, int64_t step) {
   const double inv_tokens = 1.0 / double(B * T);
   std::vector<Tensor> micro_losses;  // read after backward: no host sync inside the micro-batch loop
   for (int64_t r = 0; r < run.rows; r += run.micro) {
-    if (run.grad_sync) run.grad_sync->arm(r + run.micro >= run.rows);  // the last backward launches the sync
+    run.grad_sync->arm(r + run.micro >= run.rows);  // the last backward launches the sync
     Tensor inputs = batch.inputs.slice0(r, r + run.micro).to(run.device);    // (mb, T)
     Tensor targets = batch.targets.slice0(r, r + run.micro).to(run.device);  // (mb, T)
     Tensor logits = run.model->call(inputs);                                 // (mb, T, V)

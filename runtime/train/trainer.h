@@ -31,8 +31,8 @@ struct TrainRun {
   int64_t micro = 0;            // sequences per forward/backward
   std::vector<int> dp_dims;     // mesh dims a gradient is partial over after backward
   int64_t start_step = 0;       // > 0 after resuming
-  // Bucketed gradient sync overlapped with backward (training.grad_bucket_mb > 0); destroyed before
-  // the model whose hooks point at it.
+  // Gradient sync: buckets overlapped with backward (training.grad_bucket_mb > 0) or one redistribute
+  // per parameter (0); destroyed before the model whose hooks point at it.
   std::unique_ptr<GradSync> grad_sync;
 };
 
@@ -48,9 +48,8 @@ StepResult train_step(TrainRun& run, int64_t step);
 // (undefined, or aliasing logits) gets the gradient scaled by grad_scale.
 void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                   const Tensor& targets, double grad_scale);
-// Brings every gradient to its parameter's placement (DESIGN.md's one rule): through the buckets of
-// run.grad_sync when there is one, else one redistribute per parameter. Both reduce in
-// training.grad_reduce_dtype.
+// Brings every gradient to its parameter's placement (DESIGN.md's one rule) through run.grad_sync:
+// buckets, or one redistribute per parameter with grad_bucket_mb 0; both reduce in training.grad_reduce_dtype.
 void sync_gradients(TrainRun& run);
 // Mean token loss over eval.steps validation batches (collective over dp).
 double evaluate(TrainRun& run);

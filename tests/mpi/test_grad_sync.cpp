@@ -13,16 +13,11 @@
 #include "models/llama/parallelize.h"
 #include "parallel/grad_sync.h"
 #include "runtime/kernels/ops.h"
+#include "mpi_world.h"
 
 using namespace mt;
 
 namespace {
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 ModelConfig tiny() {
   ModelConfig c;
@@ -95,6 +90,32 @@ TEST_CASE("grad sync: hook-launched buckets equal per-parameter redistribute, bi
     if (n <= 2) CHECK(equal(pa[i]->grad.local, pb[i]->grad.local));
     auto x = to_f64(pa[i]->grad.local), y = to_f64(pb[i]->grad.local);
     for (size_t j = 0; j < x.size(); ++j) CHECK(std::abs(x[j] - y[j]) <= 1e-12 * std::max(1.0, std::abs(y[j])));
+  }
+}
+
+TEST_CASE("grad sync: bucket_bytes 0 is one redistribute per parameter, the same bits") {
+  const int n = world_size();
+  DeviceMesh mesh = DeviceMesh::create({{"dp_replicate", n}});
+  ParamFactory f{mesh, DType::f64, Device::cpu(), 3, 0.3};
+  LlamaForCausalLM a(tiny(), f), b(tiny(), f);
+  GradSync sync(a, mesh, GradSyncOptions{{0}, 0, DType::f64});
+  auto pa = a.parameters(), pb = b.parameters();
+  zero_grads(pa);
+  zero_grads(pb);
+  sync.arm(true);
+  backward_once(a, rank_tokens(mesh.coordinate(0), 3));
+  CHECK(sync.buckets_launched_early() == 0);  // no buckets: nothing launched by the hooks
+  sync.finish();
+  if (n > 1) CHECK(sync.describe().find("0 bucket(s) (f64); " + std::to_string(pa.size()) + " parameter(s)") == 0);
+  backward_once(b, rank_tokens(mesh.coordinate(0), 3));
+  for (Parameter* p : pb) {
+    p->grad.spec.placements[0] = Placement::Partial();
+    p->grad = redistribute(p->grad, p->value.spec);
+  }
+  for (size_t i = 0; i < pa.size(); ++i) {
+    INFO(pa[i]->name);
+    CHECK(pa[i]->grad.placements() == pa[i]->value.placements());
+    CHECK(equal(pa[i]->grad.local, pb[i]->grad.local));  // the same collectives on the same messages
   }
 }
 
