@@ -29,37 +29,30 @@ add() {  # add PASSED FAILED SUITE
 log_dir="$build/test-logs"
 mkdir -p "$log_dir"
 
-# Single process suite (doctest's own summary line).
-out="$log_dir/unit.log"
-timeout 600 "$build/tests/test_unit" >"$out" 2>&1
-line=$(grep -E '^\[doctest\] test cases:' "$out" | tail -n 1)
-if [ -n "$line" ]; then
-  p=$(echo "$line" | sed -E 's/.*\| *([0-9]+) passed.*/\1/')
-  f=$(echo "$line" | sed -E 's/.*\| *([0-9]+) failed.*/\1/')
-  add "$p" "$f" "unit"
-  [ "$f" -gt 0 ] && cat "$out"
-else
-  cat "$out"
-  add 0 1 "unit (crashed)"
-fi
-
+# Single-process doctest suites, counted from doctest's own summary line.
+run_doctest_suite() {  # run_doctest_suite BINARY NAME TIMEOUT_S
+  local out="$log_dir/$2.log"
+  timeout "$3" "$1" >"$out" 2>&1
+  local line
+  line=$(grep -E '^\[doctest\] test cases:' "$out" | tail -n 1)
+  if [ -n "$line" ]; then
+    local p f
+    p=$(echo "$line" | sed -E 's/.*\| *([0-9]+) passed.*/\1/')
+    f=$(echo "$line" | sed -E 's/.*\| *([0-9]+) failed.*/\1/')
+    add "$p" "$f" "$2"
+    [ "$f" -gt 0 ] && cat "$out"
+  else
+    tail -n 40 "$out"
+    add 0 1 "$2 (crashed)"
+  fi
+}
+run_doctest_suite "$build/tests/test_unit" unit 600
 # The flash attention kernels run by the warp emulator on the CPU (built where the CUDA headers are; fast
 # selection of shapes, all of them with --full).
 if [ -x "$build/tests/test_flash_emulated" ]; then
-  out="$log_dir/flash-emulated.log"
-  timeout 900 "$build/tests/test_flash_emulated" >"$out" 2>&1
-  line=$(grep -E '^\[doctest\] test cases:' "$out" | tail -n 1)
-  if [ -n "$line" ]; then
-    p=$(echo "$line" | sed -E 's/.*\| *([0-9]+) passed.*/\1/')
-    f=$(echo "$line" | sed -E 's/.*\| *([0-9]+) failed.*/\1/')
-    add "$p" "$f" "flash (emulated)"
-    [ "$f" -gt 0 ] && cat "$out"
-  else
-    tail -n 20 "$out"
-    add 0 1 "flash (emulated, crashed)"
-  fi
+  run_doctest_suite "$build/tests/test_flash_emulated" flash-emulated 900
 else
-  echo "flash (emulated): not built (no CUDA headers)"
+  echo "flash-emulated: not built (no CUDA headers)"
 fi
 
 # Multi-rank suite on 1, 2, 4, 6 (2x3 meshes) and 8 ranks.

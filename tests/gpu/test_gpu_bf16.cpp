@@ -13,42 +13,6 @@
 
 using namespace mt;
 
-namespace {
-
-Device gpu() { return Device::cuda(test_device()); }
-
-// Normal values rounded to bf16 and held in f32 (the CPU reference's inputs).
-Tensor rnd(const Shape& s, uint64_t seed, double scale = 1.0) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<double> n(0, scale);
-  std::vector<double> v(size_t(shape_numel(s)));
-  for (auto& x : v) x = double(float(bf16(float(n(g)))));
-  return from_values(v, s, DType::f32);
-}
-// The same values as a bf16 tensor on the GPU.
-Tensor bf(const Tensor& t) {
-  Tensor b = empty(t.shape(), DType::bf16);
-  convert(b, t);
-  return b.to(gpu());
-}
-Tensor nan_dev(const Shape& s, DType dt) {
-  std::vector<double> v(size_t(shape_numel(s)), std::nan(""));
-  return from_values(v, s, dt).to(gpu());
-}
-double rel(const Tensor& got_dev, const Tensor& want) {
-  auto a = to_f64(got_dev), b = to_f64(want);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i])) return INFINITY;
-    num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-#define CHECK_BF16(got, want) CHECK(rel(got, want) < 1e-2)
-#define CHECK_F32(got, want) CHECK(rel(got, want) < 1e-5)
-
-}  // namespace
-
 TEST_CASE("gpu bf16: matmul, RMSNorm, RoPE, SwiGLU, embedding, cross-entropy, add, convert, AdamW vs CPU f32") {
   MT_REQUIRE_GPU();
   const int64_t N = 300, C = 96, OC = 200, V = 301;

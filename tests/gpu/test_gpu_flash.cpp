@@ -22,42 +22,7 @@ using namespace mt;
 
 namespace {
 
-Device gpu() { return Device::cuda(test_device()); }
 void* stream() { return current_stream(test_device()).handle(); }
-
-// Normal values rounded to bf16 and held in f32 (the CPU reference's inputs).
-Tensor rnd(const Shape& s, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<double> n(0, 1);
-  std::vector<double> v(size_t(shape_numel(s)));
-  for (auto& x : v) x = double(float(bf16(float(n(g)))));
-  return from_values(v, s, DType::f32);
-}
-// The same values as a bf16 tensor on the GPU.
-Tensor bf(const Tensor& t) {
-  Tensor b = empty(t.shape(), DType::bf16);
-  convert(b, t);
-  return b.to(gpu());
-}
-Tensor nan_dev(const Shape& s, DType dt) {
-  std::vector<double> v(size_t(shape_numel(s)), std::nan(""));
-  return from_values(v, s, dt).to(gpu());
-}
-double rel(const Tensor& got_dev, const Tensor& want) {
-  auto a = to_f64(got_dev), b = to_f64(want);
-  REQUIRE(a.size() == b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i])) return INFINITY;
-    if (std::isinf(a[i]) || std::isinf(b[i])) {  // -inf log-sum-exp of rows that see no key: exactly
-      if (a[i] != b[i]) return INFINITY;
-      continue;
-    }
-    num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-#define CHECK_BF16(got, want) CHECK(rel(got, want) < 1e-2)
 #define CHECK_LSE(got, want) CHECK(rel(got, want) < 1e-3)
 
 struct Case {

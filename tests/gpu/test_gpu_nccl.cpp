@@ -12,21 +12,11 @@
 #include "comm/mesh.h"
 #include "comm/mpi/mpi_group.h"
 #include "comm/nccl/nccl_group.h"
+#include "../mpi/mpi_world.h"
 
 using namespace mt;
 
 namespace {
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 double val(int r, int64_t i) { return double((r * 5 + 1) % 11) + double(i % 7); }
 

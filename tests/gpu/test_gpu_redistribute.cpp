@@ -7,16 +7,11 @@
 
 #include "comm/nccl/nccl_group.h"
 #include "parallel/dtensor.h"
+#include "../mpi/mpi_world.h"
 
 using namespace mt;
 
 namespace {
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 int check_all_pairs(const DeviceMesh& mesh) {
   std::vector<Placement> one{Placement::Replicate(), Placement::Shard(0), Placement::Shard(1),

@@ -10,16 +10,11 @@
 
 #include "../check_error.h"
 #include "comm/mesh.h"
+#include "mpi_world.h"
 
 using namespace mt;
 
 namespace {
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 // Rank r's input at element i: small integers, exact in every dtype's reductions.
 double val(int r, int64_t i) { return double((r * 5 + 1) % 11) + double(i % 7); }

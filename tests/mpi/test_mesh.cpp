@@ -3,21 +3,9 @@
 
 #include "../check_error.h"
 #include "comm/mesh.h"
+#include "mpi_world.h"
 
 using namespace mt;
-
-namespace {
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-}  // namespace
 
 TEST_CASE("mesh coordinates are row-major with the last dim innermost") {
   int n = world_size();

@@ -11,16 +11,11 @@
 #include "../check_error.h"
 #include "models/llama/llama.h"
 #include "runtime/kernels/ops.h"
+#include "mpi_world.h"
 
 using namespace mt;
 
 namespace {
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 ModelConfig tiny_config(bool tied = false) {
   ModelConfig c;

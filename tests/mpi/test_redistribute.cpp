@@ -11,16 +11,11 @@
 
 #include "../check_error.h"
 #include "parallel/random.h"
+#include "mpi_world.h"
 
 using namespace mt;
 
 namespace {
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 // Multiples of 24: exact after dividing by 2, 3, 4 or 8 (partial sums on meshes of those sizes).
 Tensor iota8(const Shape& s, DType dt) {

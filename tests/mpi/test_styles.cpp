@@ -11,16 +11,11 @@
 #include "models/llama/llama.h"
 #include "models/llama/parallelize.h"
 #include "parallel/style.h"
+#include "mpi_world.h"
 
 using namespace mt;
 
 namespace {
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 ParamFactory factory(const DeviceMesh& mesh) {
   ParamFactory f;
