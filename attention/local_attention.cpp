@@ -45,10 +45,24 @@ struct Dims {
   double scale;
   bool causal;
   int64_t q_pos0, k_pos0;
-  // Number of keys query t may see (keys [0, visible) ), before clamping to S.
+  const int64_t* doc_start = nullptr;  // (B, T) host, or null: no document mask (the CPU kernels)
+  const int64_t* doc_start_dev = nullptr;  // the same on the device, for the CUDA kernels
+  // Query t of row b sees keys [first(b, t), visible(t)): keys at or after its document's start, and with
+  // causal masking none after it. The range is empty when first >= visible.
   int64_t visible(int64_t t) const {
     if (!causal) return S;
     return std::clamp<int64_t>(q_pos0 + t - k_pos0 + 1, 0, S);
+  }
+  int64_t first(int64_t b, int64_t t) const {
+    return doc_start ? std::clamp<int64_t>(doc_start[b * T + t] - k_pos0, 0, S) : 0;
+  }
+  // The keys some query of rows [t0, t0 + nq) of row b sees: [lo, hi). Blocks outside are skipped.
+  std::pair<int64_t, int64_t> block_range(int64_t b, int64_t t0, int64_t nq) const {
+    int64_t lo = S;
+    for (int64_t i = 0; i < nq && doc_start; ++i) lo = std::min(lo, first(b, t0 + i));
+    if (!doc_start) lo = 0;
+    const int64_t hi = visible(t0 + nq - 1);  // the last query sees the most keys
+    return {std::min(lo, hi), hi};
   }
 };
 
@@ -66,8 +80,8 @@ void forward_impl(T* out, T* lse, const T* q, const T* k, const T* v, const Dims
         RowMat<T> acc = RowMat<T>::Zero(nq, d.hd);  // (nq, hd) un-normalised output
         std::vector<T> m(size_t(nq), neg_inf), l(size_t(nq), T(0));  // (nq) running max and sum
         RowMat<T> S(nq, kBlockK);                                       // (nq, nk) scores, then probabilities
-        const int64_t keys = d.visible(t0 + nq - 1);  // the last query sees the most keys: later blocks are skipped
-        for (int64_t s0 = 0; s0 < keys; s0 += kBlockK) {
+        const auto [k_lo, keys] = d.block_range(b, t0, nq);  // key blocks no query of this block sees are skipped
+        for (int64_t s0 = k_lo / kBlockK * kBlockK; s0 < keys; s0 += kBlockK) {
           const int64_t nk = std::min(kBlockK, keys - s0);
           CStrided<T> K(k + ((b * d.S + s0) * d.KV + kvh) * d.hd, nk, d.hd, Eigen::OuterStride<>(ks));  // (nk, hd)
           CStrided<T> V(v + ((b * d.S + s0) * d.KV + kvh) * d.hd, nk, d.hd, Eigen::OuterStride<>(ks));  // (nk, hd)
@@ -77,10 +91,12 @@ void forward_impl(T* out, T* lse, const T* q, const T* k, const T* v, const Dims
           // the max, exp and sum; masked keys get probability 0 without computing exp(-inf).
           for (int64_t i = 0; i < nq; ++i) {
             const int64_t vis = std::clamp<int64_t>(d.visible(t0 + i) - s0, 0, nk);
+            const int64_t lo = std::min(vis, std::clamp<int64_t>(d.first(b, t0 + i) - s0, 0, nk));
             auto row = Sb.row(i);
+            row.head(lo).setZero();
             row.tail(nk - vis).setZero();
-            if (vis == 0) continue;  // acc, l and m of this row are unchanged
-            auto p = row.head(vis).array();
+            if (vis == lo) continue;  // acc, l and m of this row are unchanged
+            auto p = row.segment(lo, vis - lo).array();
             p *= scale;
             const T mx = std::max(m[size_t(i)], p.maxCoeff());
             p = (p - mx).exp();
@@ -122,7 +138,8 @@ void backward_impl(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, c
       }
       RowMat<T> P(kBlockQ, kBlockK), dP(kBlockQ, kBlockK), dQacc(kBlockQ, d.hd);
       std::vector<T> rowdot(static_cast<size_t>(kBlockQ));         // (nq) D_i
-      std::vector<int64_t> vis_of(static_cast<size_t>(kBlockQ));  // (nq) keys of the block each row sees
+      std::vector<int64_t> vis_of(static_cast<size_t>(kBlockQ));  // (nq) end of the keys of the block each row sees
+      std::vector<int64_t> lo_of(static_cast<size_t>(kBlockQ));   // (nq) and their start (its document's)
       // All query heads of this kv head's group, so that no other thread writes these dk, dv rows.
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
         for (int64_t t0 = 0; t0 < d.T; t0 += kBlockQ) {
@@ -135,8 +152,8 @@ void backward_impl(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, c
           for (int64_t i = 0; i < nq; ++i) rowdot[size_t(i)] = dO.row(i).dot(O.row(i));  // D_i = dO_i . O_i
           auto dQa = dQacc.topRows(nq);
           dQa.setZero();
-          const int64_t keys = d.visible(t0 + nq - 1);
-          for (int64_t s0 = 0; s0 < keys; s0 += kBlockK) {
+          const auto [k_lo, keys] = d.block_range(b, t0, nq);
+          for (int64_t s0 = k_lo / kBlockK * kBlockK; s0 < keys; s0 += kBlockK) {
             const int64_t nk = std::min(kBlockK, keys - s0), koff = ((b * d.S + s0) * d.KV + kvh) * d.hd;
             CStrided<T> K(k + koff, nk, d.hd, Eigen::OuterStride<>(ks));  // (nk, hd)
             CStrided<T> V(v + koff, nk, d.hd, Eigen::OuterStride<>(ks));  // (nk, hd)
@@ -146,18 +163,23 @@ void backward_impl(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, c
             // P = exp(S * scale - lse) on the visible prefix of each row, 0 elsewhere (and on rows with lse -inf).
             for (int64_t i = 0; i < nq; ++i) {
               int64_t vis = std::clamp<int64_t>(d.visible(t0 + i) - s0, 0, nk);
-              if (L[i] == neg_inf) vis = 0;
+              int64_t lo = std::min(vis, std::clamp<int64_t>(d.first(b, t0 + i) - s0, 0, nk));
+              if (L[i] == neg_inf) vis = lo = 0;
               vis_of[size_t(i)] = vis;
+              lo_of[size_t(i)] = lo;
               auto row = Pb.row(i);
-              row.head(vis).array() = (row.head(vis).array() * scale - L[i]).exp();
+              row.segment(lo, vis - lo).array() = (row.segment(lo, vis - lo).array() * scale - L[i]).exp();
+              row.head(lo).setZero();
               row.tail(nk - vis).setZero();
             }
             dV.middleRows(s0, nk).noalias() += Pb.transpose() * dO;
             dPb.noalias() = dO * V.transpose();
             for (int64_t i = 0; i < nq; ++i) {  // dS = P * (dP - D), scaled for dQ and dK; 0 where P is
-              const int64_t vis = vis_of[size_t(i)];
+              const int64_t vis = vis_of[size_t(i)], lo = lo_of[size_t(i)];
               auto row = dPb.row(i);
-              row.head(vis).array() = Pb.row(i).head(vis).array() * (row.head(vis).array() - rowdot[size_t(i)]) * scale;
+              row.segment(lo, vis - lo).array() =
+                  Pb.row(i).segment(lo, vis - lo).array() * (row.segment(lo, vis - lo).array() - rowdot[size_t(i)]) * scale;
+              row.head(lo).setZero();
               row.tail(nk - vis).setZero();
             }
             dQa.noalias() += dPb * K;
@@ -200,6 +222,14 @@ Dims check(const char* op, const Tensor& out, const Tensor& lse, const Tensor& q
   }
   for (const Tensor* t : {&out, &lse, &k, &v})
     MT_CHECK(t->device() == q.device(), "attention", "{}: operands on {} and {}", op, q.device().str(), t->device().str());
+  if (opt.doc_start.defined()) {
+    MT_CHECK(opt.doc_start.shape() == (Shape{d.B, d.T}) && opt.doc_start.dtype() == DType::i64 &&
+                 opt.doc_start.device() == q.device(),
+             "attention", "{}: doc_start must be (B, T) = {} i64 on {}, got {} {} on {}", op, shape_str({d.B, d.T}),
+             q.device().str(), shape_str(opt.doc_start.shape()), dtype_name(opt.doc_start.dtype()),
+             opt.doc_start.device().str());
+    (q.device().is_cuda() ? d.doc_start_dev : d.doc_start) = opt.doc_start.data<int64_t>();
+  }
   return d;
 }
 
@@ -230,7 +260,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   if (use_flash(q, d)) {
     int rc = cuda::flash_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                            d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal, d.q_pos0, d.k_pos0,
-                                           current_stream(q.device().index).handle());
+                                           d.doc_start_dev, current_stream(q.device().index).handle());
     MT_CHECK(rc == 0, "attention", "attention_forward: CUDA error {}", rc);
     return;
   }
@@ -239,7 +269,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   if (q.device().is_cuda() && q.dtype() == DType::f32) {
     int rc = cuda::attention_forward(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
                                      v.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal, d.q_pos0, d.k_pos0,
-                                     current_stream(q.device().index).handle());
+                                     d.doc_start_dev, current_stream(q.device().index).handle());
     MT_CHECK(rc == 0, "attention", "attention_forward: CUDA error {}", rc);
     return;
   }
@@ -274,7 +304,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
     int rc = cuda::flash_attention_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), scratch.data_ptr(),
                                             dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                                             lse.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal,
-                                            d.q_pos0, d.k_pos0, accumulate, current_stream(q.device().index).handle());
+                                            d.q_pos0, d.k_pos0, d.doc_start_dev, accumulate,
+                                            current_stream(q.device().index).handle());
     MT_CHECK(rc == 0, "attention", "attention_backward: CUDA error {}", rc);
     return;
   }
@@ -285,7 +316,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
     int rc = cuda::attention_backward(dq.data<float>(), dk.data<float>(), dv.data<float>(), rowdot.data<float>(),
                                       dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(),
                                       out.data<float>(), lse.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale,
-                                      d.causal, d.q_pos0, d.k_pos0, accumulate, current_stream(q.device().index).handle());
+                                      d.causal, d.q_pos0, d.k_pos0, d.doc_start_dev, accumulate,
+                                      current_stream(q.device().index).handle());
     MT_CHECK(rc == 0, "attention", "attention_backward: CUDA error {}", rc);
     return;
   }

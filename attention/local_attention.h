@@ -13,13 +13,20 @@ struct AttentionOptions {
   double scale = 0;      // 0: 1/sqrt(hd)
   int64_t q_pos0 = 0;    // global position of query 0 (ring attention passes chunk offsets)
   int64_t k_pos0 = 0;    // global position of key 0
+  // Packed documents: (B, T) i64 on q's device, the global position where each query's document starts
+  // (non-decreasing along each row: documents are runs of positions). A query sees only keys at or after it;
+  // with causal masking that is exactly the earlier tokens of its own document. (Without causal masking keys
+  // of later documents stay visible: this is a lower bound only.) Undefined: no document mask.
+  Tensor doc_start;
 };
 
 // q (B, T, H, hd), k and v (B, S, KV, hd), H divisible by KV. out (B, T, H, hd), lse (B, H, T) in
 // q's dtype, f32 for bf16 q (natural log). bf16 on CUDA runs the tensor-core kernel
 // (runtime/kernels/cuda/flash_attention.h: head dim 64 or 128; other head dims, or
-// MT_REFERENCE_ATTENTION=1, run the f32 kernels on widened copies); bf16 on the CPU runs in f32. Causal: query t sees key s iff k_pos0 + s <= q_pos0 + t. A query that
-// sees no key gets out = 0 and lse = -inf.
+// MT_REFERENCE_ATTENTION=1, run the f32 kernels on widened copies); bf16 on the CPU runs in f32.
+// Causal: query t sees key s iff k_pos0 + s <= q_pos0 + t; with doc_start also iff
+// k_pos0 + s >= doc_start[b, t]. A query that sees no key gets out = 0 and lse = -inf. Key blocks that
+// no query of a query block sees are skipped, so a document-masked call costs less than a causal one.
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionOptions& opt = {});
 // Recomputes the probabilities from q, k and lse. dq (B, T, H, hd) overwritten; dk, dv (B, S, KV, hd)

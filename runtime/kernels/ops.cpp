@@ -3,6 +3,9 @@
 
 #include <omp.h>
 
+#include <cstring>
+#include <limits>
+
 #include <Eigen/Core>
 
 #include "runtime/core/stream.h"
@@ -738,6 +741,89 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
                      weight_decay, step);
   });
   if (param_lowp.defined()) convert(param_lowp, param);
+}
+
+void copy_slice(const Tensor& dst, int64_t dst_begin, const Tensor& src, int64_t src_begin, int64_t n, int dim) {
+  const char* op = "copy_slice";
+  MT_CHECK(dst.defined() && src.defined() && dst.dtype() == src.dtype() && dst.dim() == src.dim() && dim >= 0 &&
+               dim < dst.dim(),
+           "kernels", "{}: dst {} {} and src {} {} along dim {}", op, dst.defined() ? shape_str(dst.shape()) : "none",
+           dst.defined() ? dtype_name(dst.dtype()) : "", src.defined() ? shape_str(src.shape()) : "none",
+           src.defined() ? dtype_name(src.dtype()) : "", dim);
+  for (int d = 0; d < dst.dim(); ++d)
+    MT_CHECK(d == dim || dst.size(d) == src.size(d), "kernels", "{}: dst {} and src {} differ outside dim {}", op,
+             shape_str(dst.shape()), shape_str(src.shape()), dim);
+  MT_CHECK(n >= 0 && dst_begin >= 0 && src_begin >= 0 && dst_begin + n <= dst.size(dim) &&
+               src_begin + n <= src.size(dim),
+           "kernels", "{}: {} rows from {} of src {} to {} of dst {} along dim {}", op, n, src_begin,
+           shape_str(src.shape()), dst_begin, shape_str(dst.shape()), dim);
+  int64_t rows = 1, inner = int64_t(dtype_size(dst.dtype()));
+  for (int d = 0; d < dim; ++d) rows *= dst.size(d);
+  for (int d = dim + 1; d < dst.dim(); ++d) inner *= dst.size(d);
+  // Bytes: each of `rows` rows copies n * inner from a row of pitch src.size(dim) * inner.
+  const size_t width = size_t(n * inner), dpitch = size_t(dst.size(dim) * inner), spitch = size_t(src.size(dim) * inner);
+  auto* d0 = static_cast<char*>(dst.data_ptr()) + dst_begin * inner;
+  auto* s0 = static_cast<const char*>(src.data_ptr()) + src_begin * inner;
+  if (width == 0 || rows == 0) return;
+  if (on_cuda(op, {&dst, &src})) {
+#if MT_CUDA
+    cuda_check(cuda::copy_2d(d0, dpitch, s0, spitch, width, size_t(rows), stream_of(dst)), op);
+#endif
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(d0 + size_t(r) * dpitch, s0 + size_t(r) * spitch, width);
+}
+
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part_out, const Tensor& part_lse) {
+  const char* op = "attention_merge";
+  check_float(op, part_out, "part_out");
+  MT_CHECK(part_out.dim() == 4, "kernels", "{}: part_out must be (B, T, H, hd), got {}", op, shape_str(part_out.shape()));
+  const int64_t B = part_out.size(0), L = part_out.size(1), H = part_out.size(2), hd = part_out.size(3);
+  expect_shape(op, out, part_out.shape(), "out");
+  expect_shape(op, lse, {B, H, L}, "lse");
+  expect_shape(op, part_lse, {B, H, L}, "part_lse");
+  expect_acc(op, out, part_out.dtype(), "out");
+  expect_acc(op, lse, part_out.dtype(), "lse");
+  expect_acc(op, part_lse, part_out.dtype(), "part_lse");
+  if (on_cuda(op, {&out, &lse, &part_out, &part_lse})) {
+#if MT_CUDA
+    cuda_check(by_cuda_float(part_out, [&](auto z) {
+                 using T = decltype(z);
+                 return cuda::attention_merge<T>(out.data<float>(), lse.data<float>(), ptr<T>(part_out),
+                                                 part_lse.data<float>(), B, L, H, hd, stream_of(out));
+               }),
+               op);
+#endif
+    return;
+  }
+  if (cpu_bf16(part_out)) return attention_merge(out, lse, widen(part_out), part_lse);
+  by_float(out, [&](auto z) {
+    using F = decltype(z);
+    F* o = out.data<F>();
+    F* l = lse.data<F>();
+    const F* po = part_out.data<F>();
+    const F* pl = part_lse.data<F>();
+    const F neg_inf = -std::numeric_limits<F>::infinity();
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < L; ++t) {
+          const int64_t li = (b * H + h) * L + t;
+          const F a = l[li], p = pl[li];
+          if (p == neg_inf) continue;  // the part saw no key: nothing changes
+          F* orow = o + ((b * L + t) * H + h) * hd;
+          const F* prow = po + ((b * L + t) * H + h) * hd;
+          if (a == neg_inf) {  // nothing so far: take the part
+            for (int64_t i = 0; i < hd; ++i) orow[i] = prow[i];
+            l[li] = p;
+            continue;
+          }
+          const F m = std::max(a, p), merged = m + std::log(std::exp(a - m) + std::exp(p - m));
+          const F wa = std::exp(a - merged), wp = std::exp(p - merged);
+          for (int64_t i = 0; i < hd; ++i) orow[i] = wa * orow[i] + wp * prow[i];
+          l[li] = merged;
+        }
+  });
 }
 
 void set_cpu_threads(int n) {

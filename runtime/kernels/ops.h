@@ -104,6 +104,19 @@ double sum(const Tensor& t);                                // accumulated in f6
 // (the global gradient norm reads ~10 tensors per layer).
 std::vector<double> sum_squares_each(const std::vector<Tensor>& ts);
 
+// ---- Copies along one dim and the attention merge (context parallel) ----
+// dst[..., dst_begin + i, ...] = src[..., src_begin + i, ...] for i < n along tensor dim `dim`; the other dims
+// of dst and src are equal. Any dtype; one strided 2-D copy (rows: the dims before `dim`), stream-ordered on
+// a device. dst and src must not overlap.
+void copy_slice(const Tensor& dst, int64_t dst_begin, const Tensor& src, int64_t src_begin, int64_t n, int dim);
+// Log-sum-exp merge of two attention results over disjoint sets of keys. out (B, T, H, hd) and lse (B, H, T)
+// hold one (both in accum_dtype of the activations: f32 for bf16, else the activations' dtype); part_out
+// (B, T, H, hd) in the activation dtype and part_lse (B, H, T) in accum dtype hold the other. Afterwards
+// out and lse hold the result over the union: lse' = log(exp(lse) + exp(part_lse)),
+// out' = exp(lse - lse') out + exp(part_lse - lse') part_out. Rows with -inf on one side take the other
+// side's values; rows with -inf on both stay (out 0, lse -inf).
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part_out, const Tensor& part_lse);
+
 // ---- AdamW, PyTorch semantics (torch.optim.AdamW, amsgrad off) ----
 // param -= lr * weight_decay * param (decoupled, first); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // param -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps). step is 1-based.

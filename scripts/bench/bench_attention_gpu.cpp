@@ -85,14 +85,15 @@ int main(int argc, char** argv) {
         Tensor scratch = empty({int64_t(scratch_bytes / sizeof(float)) + 1}, DType::f32, d);
         auto forward = [&] {
           check(cuda::flash_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(),
-                                              v.data_ptr(), B, T, S, H, KV, hd, scale, causal, 0, 0, st.handle()),
+                                              v.data_ptr(), B, T, S, H, KV, hd, scale, causal, 0, 0, nullptr,
+                                              st.handle()),
                 "flash_attention_forward");
         };
         auto backward = [&] {
           check(cuda::flash_attention_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), scratch.data_ptr(),
                                                dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                                out.data_ptr(), lse.data<float>(), B, T, S, H, KV, hd, scale, causal,
-                                               0, 0, false, st.handle()),
+                                               0, 0, nullptr, false, st.handle()),
                 "flash_attention_backward");
         };
         // Mean milliseconds per iteration between two events on the stream, after warm-up runs.

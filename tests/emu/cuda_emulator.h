@@ -68,11 +68,13 @@ inline std::atomic<long long> mma_count{0};  // warp-level mma instructions, for
 inline std::atomic<size_t> max_smem{0};
 
 struct Pending { void* dst; const void* src; bool valid; };
-struct Slot { const void* addr; uint32_t a[4]; uint32_t b[2]; float f; };
+struct Slot { const void* addr; uint32_t a[4]; uint32_t b[2]; float f; int i; };
 
 struct Fiber {
   ucontext_t ctx;
-  std::vector<unsigned char> stack;
+  // Left uninitialised: the pages a fiber never touches are never faulted in (zeroing 128 stacks a launch was
+  // most of the emulator's time on small shapes).
+  std::unique_ptr<unsigned char[]> stack;
   unsigned tid = 0;
   int waiting = -1;         // barrier index (0 = block, 1 + w = warp w), -1 when runnable
   unsigned long gen = 0;    // that barrier's generation when this fiber arrived
@@ -175,10 +177,11 @@ void launch(Kernel kernel, dim3 grid, unsigned threads, size_t smem, Args... arg
       for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = b.fibers[t];
         f.tid = t, f.waiting = -1, f.done = false, f.groups.clear(), f.open.clear();
-        f.stack.resize(256 * 1024);
+        constexpr size_t kStack = 256 * 1024;
+        if (!f.stack) f.stack.reset(new unsigned char[kStack]);
         getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp = f.stack.data();
-        f.ctx.uc_stack.ss_size = f.stack.size();
+        f.ctx.uc_stack.ss_sp = f.stack.get();
+        f.ctx.uc_stack.ss_size = kStack;
         f.ctx.uc_link = nullptr;
         makecontext(&f.ctx, fiber_entry, 0);
       }
@@ -204,6 +207,14 @@ inline float __shfl_xor_sync(unsigned mask, float v, int offset) {
   emu::slot(emu::lane()).f = v;
   emu::warp_sync();
   const float r = emu::slot(emu::lane() ^ unsigned(offset)).f;
+  emu::warp_sync();
+  return r;
+}
+inline int __shfl_xor_sync(unsigned mask, int v, int offset) {
+  if (mask != 0xffffffffu) emu::fail("__shfl_xor_sync: only full-warp masks are emulated");
+  emu::slot(emu::lane()).i = v;
+  emu::warp_sync();
+  const int r = emu::slot(emu::lane() ^ unsigned(offset)).i;
   emu::warp_sync();
   return r;
 }

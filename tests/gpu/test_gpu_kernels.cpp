@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -126,11 +127,11 @@ TEST_CASE("gpu kernels: attention forward and backward vs CPU (causal, full, GQA
     int64_t T, S, H, KV, hd;
     AttentionOptions o;
   };
-  for (const Case& c : std::vector<Case>{{70, 70, 4, 2, 32, {true, 0, 0, 0}},
-                                         {33, 33, 4, 4, 64, {false, 0, 0, 0}},
-                                         {130, 130, 8, 1, 128, {true, 0, 0, 0}},
-                                         {20, 70, 2, 2, 16, {true, 0, 0, 10}},
-                                         {5, 70, 4, 2, 16, {true, 0, 64, 0}}}) {
+  for (const Case& c : std::vector<Case>{{70, 70, 4, 2, 32, {true, 0, 0, 0, {}}},
+                                         {33, 33, 4, 4, 64, {false, 0, 0, 0, {}}},
+                                         {130, 130, 8, 1, 128, {true, 0, 0, 0, {}}},
+                                         {20, 70, 2, 2, 16, {true, 0, 0, 10, {}}},
+                                         {5, 70, 4, 2, 16, {true, 0, 64, 0, {}}}}) {
     CAPTURE(c.T);
     CAPTURE(c.hd);
     Tensor q = rnd32({2, c.T, c.H, c.hd}, 1), k = rnd32({2, c.S, c.KV, c.hd}, 2), v = rnd32({2, c.S, c.KV, c.hd}, 3);
@@ -148,5 +149,58 @@ TEST_CASE("gpu kernels: attention forward and backward vs CPU (causal, full, GQA
     CHECK_F32(dqd, dq);
     CHECK_F32(dkd, dk);
     CHECK_F32(dvd, dv);
+  }
+}
+
+TEST_CASE("gpu kernels: f32 attention with document masks vs CPU (causal, full, GQA, offsets, rows that see nothing)") {
+  MT_REQUIRE_GPU();
+  Device d = gpu();
+  struct Case {
+    int64_t T, S, H, KV, hd;
+    bool causal;
+    int64_t q_pos0, k_pos0;
+    std::vector<std::vector<int64_t>> starts;  // per batch row: where documents start (global positions)
+  };
+  for (const Case& c : std::vector<Case>{{70, 70, 4, 2, 32, true, 0, 0, {{10, 40, 69}, {64}}},
+                                         {33, 50, 4, 4, 64, false, 0, 0, {{5, 20}, {32}}},
+                                         {130, 130, 8, 1, 128, true, 0, 0, {{63, 64, 65, 128}, {1}}},
+                                         {20, 70, 2, 2, 16, true, 100, 30, {{40, 105, 110}, {0}}},
+                                         {40, 70, 4, 2, 16, true, 70, 0, {{30, 75}, {69, 71}}}}) {
+    CAPTURE(c.T);
+    CAPTURE(c.hd);
+    CAPTURE(c.causal);
+    const int64_t B = 2;
+    // doc_start (B, T): the largest start at or before the query's position, 0 when none is.
+    Tensor doc = empty({B, c.T}, DType::i64);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < c.T; ++t) {
+        int64_t x = 0;
+        for (int64_t s : c.starts[size_t(b)])
+          if (s <= c.q_pos0 + t) x = std::max(x, s);
+        doc.at<int64_t>(b * c.T + t) = x;
+      }
+    AttentionOptions o{c.causal, 0, c.q_pos0, c.k_pos0, doc}, od = o;
+    od.doc_start = doc.to(d);
+    Tensor q = rnd32({B, c.T, c.H, c.hd}, 1), k = rnd32({B, c.S, c.KV, c.hd}, 2), v = rnd32({B, c.S, c.KV, c.hd}, 3);
+    Tensor out = empty(q.shape(), DType::f32), lse = empty({B, c.H, c.T}, DType::f32);
+    Tensor outd = nan_like(out, d), lsed = nan_like(lse, d);
+    attention_forward(out, lse, q, k, v, o);
+    attention_forward(outd, lsed, q.to(d), k.to(d), v.to(d), od);
+    CHECK_F32(outd, out);
+    CHECK_F32(lsed, lse);  // -inf (rows that see no key) must match exactly
+    Tensor dout = rnd32(q.shape(), 4);
+    Tensor dq = empty(q.shape(), DType::f32), dk = empty(k.shape(), DType::f32), dv = empty(k.shape(), DType::f32);
+    Tensor dqd = nan_like(dq, d), dkd = nan_like(dk, d), dvd = nan_like(dv, d);
+    attention_backward(dq, dk, dv, dout, q, k, v, out, lse, o);
+    attention_backward(dqd, dkd, dvd, dout.to(d), q.to(d), k.to(d), v.to(d), outd, lsed, od);
+    CHECK_F32(dqd, dq);
+    CHECK_F32(dkd, dk);
+    CHECK_F32(dvd, dv);
+    // Accumulate onto a non-zero start (ring attention's later query chunks).
+    Tensor dk0 = rnd32(k.shape(), 5), dv0 = rnd32(k.shape(), 6), dk0d = dk0.to(d), dv0d = dv0.to(d);
+    attention_backward(dq, dk0, dv0, dout, q, k, v, out, lse, o, true);
+    attention_backward(dqd, dk0d, dv0d, dout.to(d), q.to(d), k.to(d), v.to(d), outd, lsed, od, true);
+    CHECK_F32(dk0d, dk0);
+    CHECK_F32(dv0d, dv0);
   }
 }

@@ -94,13 +94,24 @@ int adamw(float* param, bf16* param_lowp, const float* grad, float* m, float* v,
 
 // ---- Attention in fp32 (one thread per row: the correctness reference for fp32 runs; bf16 runs use
 // the tensor-core kernel of flash_attention.h) ----
+// doc_start: (B, T) i64 on the device, the global position where each query's document starts (query t of row
+// b sees no key before doc_start[b * T + t] - k_pos0), or null: no document mask.
 int attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
                       int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
-                      int64_t k_pos0, void* stream);
+                      int64_t k_pos0, const int64_t* doc_start, void* stream);
 // scratch: B*H*T floats (the row dots of dout and out).
 int attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q,
                        const float* k, const float* v, const float* out, const float* lse, int64_t B, int64_t T,
                        int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
-                       int64_t k_pos0, bool accumulate, void* stream);
+                       int64_t k_pos0, const int64_t* doc_start, bool accumulate, void* stream);
+
+// ---- Copies and the attention merge (context parallel) ----
+// rows rows of width bytes, from src (row pitch spitch bytes) to dst (pitch dpitch), device to device.
+int copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, void* stream);
+// out (B, T, H, hd) f32, lse (B, H, T) f32 merged with part_out (B, T, H, hd) T and part_lse (B, H, T) f32 by
+// log-sum-exp (ops.h attention_merge).
+template <typename T>
+int attention_merge(float* out, float* lse, const T* part_out, const float* part_lse, int64_t B, int64_t T_,
+                    int64_t H, int64_t hd, void* stream);
 
 }  // namespace mt::cuda

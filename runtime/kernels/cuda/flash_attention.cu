@@ -17,6 +17,9 @@
 //   Only key blocks that cross the causal diagonal or the end of the keys are masked element-wise;
 //   fully masked blocks are never visited. A row that sees no key keeps m = -inf and l = 0: its
 //   exponentials use base 0 instead of -inf (no inf - inf), and it stores out = 0, lse = -inf.
+// Document masks (doc_start): a query also sees no key before its document's start (first_key). The key
+//   blocks visited start at the one holding the smallest first_key of the query block (each warp reduces
+//   the 64 values itself), and blocks before a row's first key are masked element-wise as well.
 // Backward (deterministic, no atomics), three kernels:
 //   1. D = rowsum(dout * out), (B, H, T) f32 in the scratch.
 //   2. dK, dV: one CTA per (64-key block, b, kv head); warp w owns keys 16w..16w+15 and keeps their
@@ -24,7 +27,10 @@
 //      key of the block, in a fixed order. It works on the transposed products (keys as mma rows):
 //      S^T = K Q^T, P^T = 2^(S^T*scale*log2e - lse*log2e), dP^T = V dO^T, dS^T = P^T (dP^T - D),
 //      dV += P^T dO, dK += dS^T Q (scaled once at the end), in two halves of 32 queries to bound the
-//      registers. Q, dO, lse and D of the next item load while the current one computes.
+//      registers. Q, dO, lse and D of the next item load while the current one computes. With document
+//      masks the q blocks run from the first to the last whose smallest first_key is within the key block
+//      (per-q-block bounds from a small kernel, flash_doc_tiles_k, in the scratch), and the queries'
+//      first keys load with lse and D.
 //   3. dQ: one CTA per (64-query block, b, h) like the forward: S = Q K^T, dP = dO V^T,
 //      dS = P (dP - D), dQ += dS K. S and dP are computed twice (in 2 and 3), the price of no atomics.
 //   Tails: rows past T or S are zero-filled in shared memory (0 * garbage could be NaN); key columns
@@ -85,14 +91,37 @@ struct Dims {
     const long long v = q_pos0 + t - k_pos0 + 1;
     return v <= 0 ? 0 : (v >= S ? S : int(v));
   }
-  // Key s is seen by queries [first_query(s), ...); INT_MAX when no query sees it (s >= S).
+  // Key s is seen by queries [first_query(s), ...); INT_MAX when no query sees it (s >= S). Causal only: the
+  // document mask is applied on top (first_key).
   __device__ int first_query(int64_t s) const {
     if (s >= S) return INT_MAX;
     if (!causal) return 0;
     const long long v = s + k_pos0 - q_pos0;
     return v <= 0 ? 0 : (v >= INT_MAX ? INT_MAX : int(v));
   }
+  // Document masks: doc_start (B, T) (global positions) or null. Query t of row b sees no key before
+  // first_key(b, t) (clamped to [0, S]; 0 without a mask or for t past T).
+  const int64_t* doc_start;
+  // Backward only, with doc_start: (B, query blocks, 2) the smallest and largest first_key of each 64-query block
+  // (flash_doc_tiles_k, in the scratch).
+  const int* tile_first;
+  __device__ int first_key(int b, int64_t t) const {
+    if (!doc_start || t >= T) return 0;
+    const long long v = (long long)doc_start[int64_t(b) * T + t] - k_pos0;
+    return v <= 0 ? 0 : (v >= S ? S : int(v));
+  }
 };
+
+// The smallest first_key of queries [t0, t0 + nq) of row b (the first key any of them sees; S when they all start
+// past the keys), the same in every lane: each warp computes it on its own. 0 without a document mask.
+__device__ __forceinline__ int tile_first_min(const Dims& d, int b, int t0, int nq) {
+  if (!d.doc_start) return 0;
+  int v = d.S;
+  for (int i = int(threadIdx.x) % 32; i < nq; i += 32) v = min(v, d.first_key(b, t0 + i));
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) v = min(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
 
 #ifndef MT_CUDA_EMULATOR
 // ---------------------------------------------------------------- PTX wrappers
@@ -239,12 +268,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const bf16_t* qg = q + ((int64_t(b) * d.T + t0) * d.H + h) * HD;       // (nq, hd)
   const bf16_t* kg = k + (int64_t(b) * d.S * d.KV + kvh) * HD;           // (S, hd)
   const bf16_t* vg = v + (int64_t(b) * d.S * d.KV + kvh) * HD;           // (S, hd)
-  // The last row sees the most keys: later key blocks are fully masked and skipped. The first row sees
-  // the fewest: blocks ending within its limit need no mask.
-  const int n_blocks = (d.limit(t0 + nq - 1) + kBlockN - 1) / kBlockN;
+  // Key blocks [j_begin, j_end). The last row sees the most keys: later key blocks are fully masked and
+  // skipped; no row sees a key before the earliest document start of the tile: earlier blocks are skipped too.
+  // The first row sees the fewest: blocks ending within its limit need no causal mask.
+  const int hi = d.limit(t0 + nq - 1), lo = tile_first_min(d, b, t0, nq);
+  const int j_begin = lo / kBlockN, j_end = lo < hi ? (hi + kBlockN - 1) / kBlockN : j_begin;
   const int lim_first = d.limit(t0);
   const int row = t0 + warp * 16 + lane / 4;  // this thread's rows: row and row + 8
   const int lim[2] = {d.limit(row), d.limit(row + 8)};
+  const int fk[2] = {d.first_key(b, row), d.first_key(b, row + 8)};  // their first keys (document masks)
+  const int fk_max = fk[0] > fk[1] ? fk[0] : fk[1];
   const int col = (lane % 4) * 2;  // this thread's first column in each n8 tile
 
   auto load_kv = [&](int j, int stage) {
@@ -253,13 +286,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     load_tile<HD>(sV + stage * kElems, vg + s0 * kv_ld, kv_ld, rows, v);
   };
   load_tile<HD>(sQ, qg, q_ld, nq, q);
-  if (n_blocks > 0) load_kv(0, 0);
+  if (j_begin < j_end) load_kv(j_begin, j_begin % 2);
   cp_async_commit();
 
   float o[HD / 8][4] = {};                           // (16, HD) un-normalised output of the warp's rows
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};  // running max (log2 domain) and this thread's part of the sum
-  for (int j = 0; j < n_blocks; ++j) {
-    if (j + 1 < n_blocks) load_kv(j + 1, (j + 1) % 2);
+  for (int j = j_begin; j < j_end; ++j) {
+    if (j + 1 < j_end) load_kv(j + 1, (j + 1) % 2);
     cp_async_commit();  // possibly empty: keeps one group per iteration so wait<1> means "block j is here"
     cp_async_wait<1>();
     __syncthreads();
@@ -268,14 +301,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     float s[kBlockN / 8][4] = {};  // (16, 64) scores, then probabilities
     gemm_abt<HD, kBlockN / 8>(s, sQ, warp * 16, cK, 0);
     const int s0 = j * kBlockN;
-    const bool masked = s0 + kBlockN > lim_first;
+    const bool masked = s0 + kBlockN > lim_first || s0 < fk_max;  // a key past a causal limit or before a document
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int nt = 0; nt < kBlockN / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = s[nt][e] * d.scale_log2;
-        if (masked && s0 + nt * 8 + col + (e & 1) >= lim[e / 2]) x = -INFINITY;
+        const int key = s0 + nt * 8 + col + (e & 1);
+        if (masked && (key >= lim[e / 2] || key < fk[e / 2])) x = -INFINITY;
         s[nt][e] = x;
         mx[e / 2] = fmaxf(mx[e / 2], x);
       }
@@ -350,8 +384,29 @@ __global__ void flash_rowdot_k(float* __restrict__ D, const bf16_t* __restrict__
   }
 }
 
-// dK, dV. grid (B*KV, key blocks), 128 threads; smem: K, V, then Q and dO of two stages, then lse*log2e and D
-// of two stages (64 floats each).
+// Document masks: per (b, 64-query block) the smallest and the largest first_key of its queries, into
+// tile_first (B, n_qb, 2), for the dK/dV kernel's choice of q blocks and of masking. A warp per query block.
+__global__ void flash_doc_tiles_k(int* __restrict__ tile_first, Dims d, int n_qb) {
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = int(threadIdx.x) % 32;
+  if (w >= int64_t(d.B) * n_qb) return;  // whole warps leave together
+  const int b = int(w / n_qb), t0 = int(w % n_qb) * kBlockM, nq = min(kBlockM, d.T - t0);
+  int lo = d.S, hi = 0;
+  for (int i = lane; i < nq; i += 32) {
+    const int f = d.first_key(b, t0 + i);
+    lo = min(lo, f);
+    hi = hi > f ? hi : f;
+  }
+  for (int off = 16; off > 0; off /= 2) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, off));
+    const int o = __shfl_xor_sync(0xffffffffu, hi, off);
+    hi = hi > o ? hi : o;
+  }
+  if (lane == 0) tile_first[2 * w] = lo, tile_first[2 * w + 1] = hi;
+}
+
+// dK, dV. grid (B*KV, key blocks), 128 threads; smem: K, V, then Q and dO of two stages, then lse*log2e, D and
+// the queries' first keys of two stages (64 floats or ints each), then 2 kWarps ints.
 template <int HD>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     flash_bwd_dkdv_k(bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, const bf16_t* __restrict__ dout,
@@ -365,6 +420,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   bf16_t* sdO = sQ + 2 * kElems;                 // [2] (64, HD + 8)
   float* sL = reinterpret_cast<float*>(sdO + 2 * kElems);  // [2] (64) lse * log2e; +inf past T or for -inf
   float* sD = sL + 2 * kBlockM;                              // [2] (64) row dots; 0 past T
+  int* sF = reinterpret_cast<int*>(sD + 2 * kBlockM);        // [2] (64) first_key of each query; 0 past T
+  int* sRange = sF + 2 * kBlockM;                            // [2][kWarps] the q block range, per warp
   const int b = int(blockIdx.x) / d.KV, kvh = int(blockIdx.x) % d.KV;
   const int s0 = int(blockIdx.y) * kBlockN, nk = min(kBlockN, d.S - s0);
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -373,8 +430,34 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // key s0 (later queries see at least as many keys) to the last.
   const int n_qb = (d.T + kBlockM - 1) / kBlockM;
   const int first = d.first_query(s0);
-  const int qb_begin = first >= d.T ? n_qb : first / kBlockM;
-  const int per_head = n_qb - qb_begin, n_items = d.group * per_head;
+  int qb_begin = first >= d.T ? n_qb : first / kBlockM, qb_end = n_qb;
+  if (d.doc_start) {
+    // Document masks: only from the first to the last q block with a query whose document starts at or before
+    // the block's last key (the smallest first_key of the q block, from flash_doc_tiles_k). Document starts are
+    // not assumed ordered along t: blocks in between are visited, masked element-wise.
+    int lo = INT_MAX, hi = -1;
+    for (int qb = qb_begin + int(threadIdx.x); qb < n_qb; qb += kThreads)
+      if (d.tile_first[2 * (int64_t(b) * n_qb + qb)] < s0 + nk) {
+        lo = min(lo, qb);
+        hi = hi > qb ? hi : qb;
+      }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, off));
+      const int o = __shfl_xor_sync(0xffffffffu, hi, off);
+      hi = hi > o ? hi : o;
+    }
+    if (lane == 0) sRange[warp] = lo, sRange[kWarps + warp] = hi;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      lo = min(lo, sRange[w]);
+      hi = hi > sRange[kWarps + w] ? hi : sRange[kWarps + w];
+    }
+    if (hi < 0) qb_end = qb_begin;  // no query sees a key of the block
+    else qb_begin = lo, qb_end = hi + 1;
+  }
+  const int per_head = qb_end - qb_begin, n_items = d.group * per_head;
   const int key = s0 + warp * 16 + lane / 4;  // this thread's keys (mma rows): key and key + 8
   const int first_q[2] = {d.first_query(key), d.first_query(key + 8)};  // the first queries that see them
   const int col = (lane % 4) * 2;
@@ -396,6 +479,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
       sL[stage * kBlockM + i] = L2;
       sD[stage * kBlockM + i] = Dv;
+      sF[stage * kBlockM + i] = d.first_key(b, t0 + i);
     }
   };
   const int64_t kv_off = ((int64_t(b) * d.S + s0) * d.KV + kvh) * HD;
@@ -415,8 +499,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     const bf16_t* cdO = sdO + stage * kElems;
     const float* cL = sL + stage * kBlockM;
     const float* cD = sD + stage * kBlockM;
+    const int* cF = sF + stage * kBlockM;
     const int t0 = (qb_begin + it % per_head) * kBlockM;
-    const bool masked = s0 + kBlockN > d.limit(t0);  // some (query, key) of the tile is not visible
+    // Some (query, key) of the tile is not visible: past a causal limit, or before a query's document.
+    const bool masked = s0 + kBlockN > d.limit(t0) ||
+                        (d.doc_start && d.tile_first[2 * (int64_t(b) * n_qb + t0 / kBlockM) + 1] > s0);
 #pragma unroll 1  // not unrolled: the two halves' live ranges would overlap and spill (hd 128)
     for (int half = 0; half < 2; ++half) {
       const int qo = half * 32;  // queries qo .. qo + 31 of the tile
@@ -429,7 +516,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         for (int e = 0; e < 4; ++e) {
           const int i = qo + nt * 8 + col + (e & 1);  // query within the tile
           float p = exp2f(fmaf(st[nt][e], d.scale_log2, -cL[i]));
-          if (masked && t0 + i < first_q[e / 2]) p = 0.f;  // select, not multiply: p may be inf there
+          // Select, not multiply: p may be inf there.
+          if (masked && (t0 + i < first_q[e / 2] || key + 8 * (e / 2) < cF[i])) p = 0.f;
           st[nt][e] = p;
           dpt[nt][e] = p * (dpt[nt][e] - cD[i]);
         }
@@ -485,10 +573,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int64_t q_off = ((int64_t(b) * d.T + t0) * d.H + h) * HD;
   const bf16_t* kg = k + (int64_t(b) * d.S * d.KV + kvh) * HD;  // (S, hd)
   const bf16_t* vg = v + (int64_t(b) * d.S * d.KV + kvh) * HD;  // (S, hd)
-  const int n_blocks = (d.limit(t0 + nq - 1) + kBlockN - 1) / kBlockN;
+  // Key blocks [j_begin, j_end), as in the forward.
+  const int hi = d.limit(t0 + nq - 1), lo = tile_first_min(d, b, t0, nq);
+  const int j_begin = lo / kBlockN, j_end = lo < hi ? (hi + kBlockN - 1) / kBlockN : j_begin;
   const int lim_first = d.limit(t0);
   const int row = t0 + warp * 16 + lane / 4;
   const int lim[2] = {d.limit(row), d.limit(row + 8)};
+  const int fk[2] = {d.first_key(b, row), d.first_key(b, row + 8)};
+  const int fk_max = fk[0] > fk[1] ? fk[0] : fk[1];
   const int col = (lane % 4) * 2;
   float L2[2], Dv[2];  // lse * log2e (+inf past T or for a row that saw no key: P = 0) and the row dot
 #pragma unroll
@@ -510,12 +602,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   };
   load_tile<HD>(sQ, q + q_off, q_ld, nq, q);
   load_tile<HD>(sdO, dout + q_off, q_ld, nq, dout);
-  if (n_blocks > 0) load_kv(0, 0);
+  if (j_begin < j_end) load_kv(j_begin, j_begin % 2);
   cp_async_commit();
 
   float acc[HD / 8][4] = {};  // (16, HD) dQ of the warp's rows, unscaled
-  for (int j = 0; j < n_blocks; ++j) {
-    if (j + 1 < n_blocks) load_kv(j + 1, (j + 1) % 2);
+  for (int j = j_begin; j < j_end; ++j) {
+    if (j + 1 < j_end) load_kv(j + 1, (j + 1) % 2);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -525,13 +617,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     gemm_abt<HD, kBlockN / 8>(s, sQ, warp * 16, cK, 0);
     gemm_abt<HD, kBlockN / 8>(dp, sdO, warp * 16, cV, 0);
     const int s0 = j * kBlockN;
-    const bool masked = s0 + kBlockN > lim_first;
+    const bool masked = s0 + kBlockN > lim_first || s0 < fk_max;
 #pragma unroll
     for (int nt = 0; nt < kBlockN / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float p = exp2f(fmaf(s[nt][e], d.scale_log2, -L2[e / 2]));
-        if (masked && s0 + nt * 8 + col + (e & 1) >= lim[e / 2]) p = 0.f;
+        const int key = s0 + nt * 8 + col + (e & 1);
+        if (masked && (key >= lim[e / 2] || key < fk[e / 2])) p = 0.f;  // select: p may be inf there
         s[nt][e] = p * (dp[nt][e] - Dv[e / 2]);
       }
     uint32_t dsa[kBlockN / 16][4];
@@ -567,14 +660,23 @@ int check_sizes(int64_t B, int64_t T, int64_t S, int64_t H, int64_t KV, int64_t 
   return 0;
 }
 
+// Bytes of the backward scratch's row dots D (B, H, T) f32; the document-mask bounds (B, query blocks, 2) i32
+// follow them.
+size_t rowdot_bytes(int64_t B, int64_t T, int64_t H) {
+  const int64_t n = B > 0 && T > 0 && H > 0 ? B * H * T : 0;
+  return size_t(cdiv(n * int64_t(sizeof(float)), 256) * 256);
+}
+
 Dims make_dims(int64_t B, int64_t T, int64_t S, int64_t H, int64_t KV, double scale, bool causal, int64_t q_pos0,
-               int64_t k_pos0) {
+               int64_t k_pos0, const int64_t* doc_start) {
   Dims d;
   d.B = int(B), d.T = int(T), d.S = int(S), d.H = int(H), d.KV = int(KV), d.group = int(H / KV);
   d.scale = float(scale);
   d.scale_log2 = float(scale * 1.4426950408889634);
   d.causal = causal;
   d.q_pos0 = q_pos0, d.k_pos0 = k_pos0;
+  d.doc_start = doc_start;
+  d.tile_first = nullptr;
   return d;
 }
 
@@ -598,6 +700,13 @@ int backward_hd(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* D, const bf16_t* dout
                 const bf16_t* v, const bf16_t* out, const float* lse, const Dims& d, bool accumulate,
                 cudaStream_t stream) {
   const int64_t rows = int64_t(d.B) * d.T * d.H;
+  if (d.doc_start && int64_t(d.B) * d.T * d.S > 0) {  // the q block bounds the dK/dV kernel reads
+    constexpr int kTileThreads = 256;  // 8 query blocks per CTA
+    const int n_qb = int(cdiv(d.T, kBlockM));
+    MT_LAUNCH(flash_doc_tiles_k, dim3(unsigned(cdiv(int64_t(d.B) * n_qb * 32, kTileThreads))), kTileThreads, 0,
+              stream, const_cast<int*>(d.tile_first), d, n_qb);
+    if (int err = int(cudaGetLastError())) return err;
+  }
   if (rows > 0) {
     constexpr int kRowThreads = 256;  // 8 rows per block
     MT_LAUNCH(flash_rowdot_k<HD>, dim3(unsigned(cdiv(rows * 32, kRowThreads))), kRowThreads, 0, stream, D, dout, out,
@@ -610,7 +719,8 @@ int backward_hd(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* D, const bf16_t* dout
   }
   if (int64_t(d.B) * d.KV * d.S > 0) {  // runs with T == 0 too: dk, dv are then zeroed (or left as they are)
     const dim3 grid(unsigned(d.B * d.KV), unsigned(cdiv(d.S, kBlockN)));
-    const size_t smem = 6 * size_t(Tile<HD>::kBytes) + 4 * kBlockM * sizeof(float);
+    const size_t smem = 6 * size_t(Tile<HD>::kBytes) + 4 * kBlockM * sizeof(float) + 2 * kBlockM * sizeof(int) +
+                        2 * kWarps * sizeof(int);
     if (int err = launch(flash_bwd_dkdv_k<HD>, grid, smem, stream, dk, dv, dout, q, k, v, lse,
                          static_cast<const float*>(D), d, accumulate))
       return err;
@@ -625,36 +735,40 @@ bf16_t* bp(void* p) { return static_cast<bf16_t*>(p); }
 
 int flash_attention_forward(void* out, float* lse, const void* q, const void* k, const void* v, int64_t B, int64_t T,
                             int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
-                            int64_t k_pos0, void* stream) {
+                            int64_t k_pos0, const int64_t* doc_start, void* stream) {
   if (int err = check_sizes(B, T, S, H, KV, hd)) return err;
   if (B == 0 || T == 0) return 0;
-  if (!aligned(out, 16) || !aligned(q, 16) || !aligned(lse, 4) || (S > 0 && (!aligned(k, 16) || !aligned(v, 16))))
+  if (!aligned(out, 16) || !aligned(q, 16) || !aligned(lse, 4) || (S > 0 && (!aligned(k, 16) || !aligned(v, 16))) ||
+      !aligned(doc_start, 8))
     return -1;
   Range r("flash_attention_forward");
-  const Dims d = make_dims(B, T, S, H, KV, scale, causal, q_pos0, k_pos0);
+  const Dims d = make_dims(B, T, S, H, KV, scale, causal, q_pos0, k_pos0, doc_start);
   return hd == 64 ? forward_hd<64>(bp(out), lse, bp(q), bp(k), bp(v), d, st(stream))
                   : forward_hd<128>(bp(out), lse, bp(q), bp(k), bp(v), d, st(stream));
 }
 
 size_t flash_attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t /*S*/, int64_t H, int64_t /*KV*/,
                                               int64_t /*hd*/) {
-  const int64_t n = B > 0 && T > 0 && H > 0 ? B * H * T : 0;
-  return size_t(cdiv(n * int64_t(sizeof(float)), 256) * 256);  // D (B, H, T) f32
+  // D (B, H, T) f32, then the document-mask bounds (B, query blocks, 2) i32 (reserved whether or not a mask is
+  // passed).
+  const int64_t tiles = B > 0 && T > 0 && H > 0 ? B * cdiv(T, kBlockM) : 0;
+  return rowdot_bytes(B, T, H) + size_t(cdiv(tiles * 2 * int64_t(sizeof(int)), 256) * 256);
 }
 
 int flash_attention_backward(void* dq, void* dk, void* dv, void* scratch, const void* dout, const void* q,
                              const void* k, const void* v, const void* out, const float* lse, int64_t B, int64_t T,
                              int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
-                             int64_t k_pos0, bool accumulate, void* stream) {
+                             int64_t k_pos0, const int64_t* doc_start, bool accumulate, void* stream) {
   if (int err = check_sizes(B, T, S, H, KV, hd)) return err;
   if (B == 0 || (T == 0 && S == 0)) return 0;
   if (T > 0 && (!aligned(dq, 16) || !aligned(dout, 16) || !aligned(q, 16) || !aligned(out, 16) || !aligned(lse, 4) ||
-                !aligned(scratch, 4)))
+                !aligned(scratch, 4) || !aligned(doc_start, 8)))
     return -1;
   if (S > 0 && (!aligned(dk, 16) || !aligned(dv, 16) || !aligned(k, 16) || !aligned(v, 16))) return -1;
   Range r("flash_attention_backward");
-  const Dims d = make_dims(B, T, S, H, KV, scale, causal, q_pos0, k_pos0);
+  Dims d = make_dims(B, T, S, H, KV, scale, causal, q_pos0, k_pos0, T > 0 ? doc_start : nullptr);
   float* D = static_cast<float*>(scratch);  // (B, H, T)
+  if (d.doc_start) d.tile_first = reinterpret_cast<const int*>(static_cast<char*>(scratch) + rowdot_bytes(B, T, H));
   return hd == 64 ? backward_hd<64>(bp(dq), bp(dk), bp(dv), D, bp(dout), bp(q), bp(k), bp(v), bp(out), lse, d,
                                     accumulate, st(stream))
                   : backward_hd<128>(bp(dq), bp(dk), bp(dv), D, bp(dout), bp(q), bp(k), bp(v), bp(out), lse, d,

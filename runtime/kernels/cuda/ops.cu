@@ -447,9 +447,16 @@ struct AttnDims {
   float scale;
   bool causal;
   int64_t q_pos0, k_pos0;
+  const int64_t* doc_start;  // (B, T) global positions where each query's document starts, or null
+  // Query t of row b sees keys [first(b, t), visible(t)) (none when first >= visible).
   __device__ int64_t visible(int64_t t) const {
     if (!causal) return S;
     int64_t v = q_pos0 + t - k_pos0 + 1;
+    return v < 0 ? 0 : (v > S ? S : v);
+  }
+  __device__ int64_t first(int64_t b, int64_t t) const {
+    if (!doc_start) return 0;
+    int64_t v = doc_start[b * T + t] - k_pos0;
     return v < 0 ? 0 : (v > S ? S : v);
   }
 };
@@ -463,7 +470,7 @@ __global__ void attn_fwd_k(float* out, float* lse, const float* q, const float* 
   float acc[kMaxHeadDim];
   for (int64_t c = 0; c < d.hd; ++c) acc[c] = 0;
   float m = -INFINITY, l = 0;
-  for (int64_t s = 0, vis = d.visible(t); s < vis; ++s) {
+  for (int64_t s = d.first(b, t), vis = d.visible(t); s < vis; ++s) {
     const float* kr = k + ((b * d.S + s) * d.KV + j) * d.hd;
     float sc = 0;
     for (int64_t c = 0; c < d.hd; ++c) sc += qr[c] * kr[c];
@@ -501,7 +508,7 @@ __global__ void attn_dq_k(float* dq, const float* D, const float* dout, const fl
   float acc[kMaxHeadDim];
   for (int64_t c = 0; c < d.hd; ++c) acc[c] = 0;
   if (L != -INFINITY)
-    for (int64_t s = 0, vis = d.visible(t); s < vis; ++s) {
+    for (int64_t s = d.first(b, t), vis = d.visible(t); s < vis; ++s) {
       const float* kr = k + ((b * d.S + s) * d.KV + j) * d.hd;
       const float* vr = v + ((b * d.S + s) * d.KV + j) * d.hd;
       float sc = 0, dpv = 0;
@@ -525,7 +532,7 @@ __global__ void attn_dkv_k(float* dk, float* dv, const float* D, const float* do
   for (int64_t c = 0; c < d.hd; ++c) ak[c] = av[c] = 0;
   for (int64_t h = j * group; h < (j + 1) * group; ++h)
     for (int64_t t = 0; t < d.T; ++t) {
-      if (s >= d.visible(t)) continue;
+      if (s >= d.visible(t) || s < d.first(b, t)) continue;  // query t does not see key s
       float L = lse[(b * d.H + h) * d.T + t];
       if (L == -INFINITY) continue;
       const float* qr = q + ((b * d.T + t) * d.H + h) * d.hd;
@@ -764,10 +771,10 @@ int adamw(float* param, bf16* param_lowp, const float* grad, float* m, float* v,
 
 int attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
                       int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
-                      int64_t k_pos0, void* stream) {
+                      int64_t k_pos0, const int64_t* doc_start, void* stream) {
   Range r("attention_forward_f32");
   if (hd > kMaxHeadDim) return int(cudaErrorInvalidValue);
-  AttnDims d{B, T, S, H, KV, hd, float(scale), causal, q_pos0, k_pos0};
+  AttnDims d{B, T, S, H, KV, hd, float(scale), causal, q_pos0, k_pos0, doc_start};
   if (B * H * T == 0) return 0;
   attn_fwd_k<<<blocks_for(B * H * T, 128), 128, 0, st(stream)>>>(out, lse, q, k, v, d);
   return last_error();
@@ -776,16 +783,54 @@ int attention_forward(float* out, float* lse, const float* q, const float* k, co
 int attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q,
                        const float* k, const float* v, const float* out, const float* lse, int64_t B, int64_t T,
                        int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
-                       int64_t k_pos0, bool accumulate, void* stream) {
+                       int64_t k_pos0, const int64_t* doc_start, bool accumulate, void* stream) {
   Range r("attention_backward_f32");
   if (hd > kMaxHeadDim) return int(cudaErrorInvalidValue);
-  AttnDims d{B, T, S, H, KV, hd, float(scale), causal, q_pos0, k_pos0};
+  AttnDims d{B, T, S, H, KV, hd, float(scale), causal, q_pos0, k_pos0, doc_start};
   if (B * H * T > 0) {
     attn_rowdot_k<<<blocks_for(B * H * T, 128), 128, 0, st(stream)>>>(scratch, dout, out, d);
     attn_dq_k<<<blocks_for(B * H * T, 128), 128, 0, st(stream)>>>(dq, scratch, dout, q, k, v, lse, d);
   }
   if (B * KV * S > 0)
     attn_dkv_k<<<blocks_for(B * KV * S, 128), 128, 0, st(stream)>>>(dk, dv, scratch, dout, q, k, v, lse, d, accumulate);
+  return last_error();
+}
+
+int copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, void* stream) {
+  Range r("copy_2d");
+  if (width == 0 || rows == 0) return 0;
+  return int(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, st(stream)));
+}
+
+// One thread per (b, t, h) row: the weights of the two sides, then the row's hd values.
+template <typename T>
+__global__ void attention_merge_k(float* out, float* lse, const T* part_out, const float* part_lse, int64_t B,
+                                  int64_t T_, int64_t H, int64_t hd) {
+  int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // (b, t, h) in out's order
+  if (row >= B * T_ * H) return;
+  int64_t h = row % H, t = (row / H) % T_, b = row / (H * T_);
+  int64_t li = (b * H + h) * T_ + t;
+  float a = lse[li], p = part_lse[li];
+  if (p == -INFINITY) return;
+  float* o = out + row * hd;
+  const T* po = part_out + row * hd;
+  if (a == -INFINITY) {
+    for (int64_t i = 0; i < hd; ++i) o[i] = ld(po[i]);
+    lse[li] = p;
+    return;
+  }
+  float m = fmaxf(a, p), merged = m + logf(expf(a - m) + expf(p - m));
+  float wa = expf(a - merged), wp = expf(p - merged);
+  for (int64_t i = 0; i < hd; ++i) o[i] = wa * o[i] + wp * ld(po[i]);
+  lse[li] = merged;
+}
+template <typename T>
+int attention_merge(float* out, float* lse, const T* part_out, const float* part_lse, int64_t B, int64_t T_,
+                    int64_t H, int64_t hd, void* stream) {
+  Range r("attention_merge");
+  if (B * T_ * H == 0) return 0;
+  attention_merge_k<<<blocks_for(B * T_ * H, 128), 128, 0, st(stream)>>>(out, lse, dp(part_out), part_lse, B, T_, H,
+                                                                          hd);
   return last_error();
 }
 
@@ -812,7 +857,8 @@ int attention_backward(float* dq, float* dk, float* dv, float* scratch, const fl
                                    const double*, int64_t, int64_t, int64_t, double, void*);                          \
   template int add<T>(T*, const T*, const T*, int64_t, void*);                                                      \
   template int scale<T>(T*, double, int64_t, void*);                                                                \
-  template int reduce_sum<T>(double*, const T*, int64_t, bool, void*);
+  template int reduce_sum<T>(double*, const T*, int64_t, bool, void*);                                             \
+  template int attention_merge<T>(float*, float*, const T*, const float*, int64_t, int64_t, int64_t, int64_t, void*);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(bf16)
 #undef MT_INSTANTIATE
