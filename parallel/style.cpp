@@ -1,5 +1,7 @@
 #include "parallel/style.h"
 
+#include "parallel/parallel_dims.h"
+
 #include <fnmatch.h>
 
 #include <map>
@@ -182,10 +184,8 @@ bool pattern_matches(const std::string& pattern, const std::string& name) {
 Placements activation_placements(const DeviceMesh& mesh, int mesh_dim, const Placement& p) {
   Placements out;
   for (int d = 0; d < mesh.ndim(); ++d) {
-    const std::string& n = mesh.dims()[size_t(d)].name;
     if (d == mesh_dim) out.push_back(p);
-    else if (n == "dp_replicate" || n == "dp_shard") out.push_back(Placement::Shard(0));  // batch rows
-    else out.push_back(Placement::Replicate());
+    else out.push_back(ParallelDims::activation_placement(mesh.dims()[size_t(d)].name));
   }
   return out;
 }

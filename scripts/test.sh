@@ -111,6 +111,8 @@ run_script_suite() {  # run_script_suite NAME SCRIPT [ARGS...]
 run_script_suite train tests/cli/test_train.sh
 # Tensor and sequence parallel: invariance over tp and dp x tp, plans, `meshtrain plan`.
 run_script_suite tp tests/cli/test_tp.sh ${MT_TEST_FULL:+--full}
+# Context parallel: invariance over cp, dp x cp, cp x tp, both methods, packed documents, `meshtrain plan`.
+run_script_suite cp tests/cli/test_cp.sh ${MT_TEST_FULL:+--full}
 
 # The PyTorch reference model's own checks (RoPE, GQA, gradients, safetensors).
 out="$log_dir/reference.log"

@@ -5,13 +5,16 @@
 // finite differences, accumulation, thread-count independence and errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <random>
 #include <tuple>
 #include <vector>
 
 #include "attention/local_attention.h"
+#include "attention/sequence_shard.h"
 #include "check_error.h"
 #include "runtime/kernels/ops.h"
 
@@ -41,7 +44,8 @@ double rel_err(const Tensor& a, const Tensor& b) {
 struct Naive {
   Tensor out, lse;
 };
-// softmax(q k^T * scale + mask) v per (b, h) in f64; kv head of h is h / (H / KV).
+// softmax(q k^T * scale + mask) v per (b, h) in f64; kv head of h is h / (H / KV). The mask: causal
+// (key position <= query position) and, with o.doc_start, key position >= the query's document start.
 Naive naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
   int64_t B = q.size(0), T = q.size(1), H = q.size(2), hd = q.size(3), S = k.size(1), KV = k.size(2);
   double scale = o.scale ? o.scale : 1.0 / std::sqrt(double(hd));
@@ -54,6 +58,7 @@ Naive naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, const A
         double mx = -INFINITY;
         for (int64_t u = 0; u < S; ++u) {
           if (o.causal && o.k_pos0 + u > o.q_pos0 + t) continue;
+          if (o.doc_start.defined() && o.k_pos0 + u < o.doc_start.at<int64_t>(b * T + t)) continue;
           double d = 0;
           for (int64_t c = 0; c < hd; ++c)
             d += q.at<double>(((b * T + t) * H + h) * hd + c) * k.at<double>(((b * S + u) * KV + j) * hd + c);
@@ -74,10 +79,110 @@ Naive naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, const A
   return r;
 }
 
+struct NaiveGrads {
+  Tensor dq, dk, dv;
+};
+// The backward of naive_attention by the standard formulas, in f64: P = softmax row (0 where masked),
+// dV += P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO * O)), dQ = dS K * scale, dK = dS^T Q * scale.
+NaiveGrads naive_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& o) {
+  int64_t B = q.size(0), T = q.size(1), H = q.size(2), hd = q.size(3), S = k.size(1), KV = k.size(2);
+  double scale = o.scale ? o.scale : 1.0 / std::sqrt(double(hd));
+  Naive f = naive_attention(q, k, v, o);
+  NaiveGrads g{zeros(q.shape(), DType::f64), zeros(k.shape(), DType::f64), zeros(v.shape(), DType::f64)};
+  auto qi = [&](int64_t b, int64_t t, int64_t h, int64_t c) { return ((b * T + t) * H + h) * hd + c; };
+  auto ki = [&](int64_t b, int64_t u, int64_t j, int64_t c) { return ((b * S + u) * KV + j) * hd + c; };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t j = h / (H / KV);
+        const double L = f.lse.at<double>((b * H + h) * T + t);
+        if (std::isinf(L)) continue;
+        double D = 0;
+        for (int64_t c = 0; c < hd; ++c) D += dout.at<double>(qi(b, t, h, c)) * f.out.at<double>(qi(b, t, h, c));
+        for (int64_t u = 0; u < S; ++u) {
+          if (o.causal && o.k_pos0 + u > o.q_pos0 + t) continue;
+          if (o.doc_start.defined() && o.k_pos0 + u < o.doc_start.at<int64_t>(b * T + t)) continue;
+          double sc = 0, dp = 0;
+          for (int64_t c = 0; c < hd; ++c) {
+            sc += q.at<double>(qi(b, t, h, c)) * k.at<double>(ki(b, u, j, c));
+            dp += dout.at<double>(qi(b, t, h, c)) * v.at<double>(ki(b, u, j, c));
+          }
+          const double P = std::exp(sc * scale - L), dS = P * (dp - D) * scale;
+          for (int64_t c = 0; c < hd; ++c) {
+            g.dv.at<double>(ki(b, u, j, c)) += P * dout.at<double>(qi(b, t, h, c));
+            g.dq.at<double>(qi(b, t, h, c)) += dS * k.at<double>(ki(b, u, j, c));
+            g.dk.at<double>(ki(b, u, j, c)) += dS * q.at<double>(qi(b, t, h, c));
+          }
+        }
+      }
+  return g;
+}
+
+// (B, T) i64 document starts for queries at global positions q_pos0 + t: the largest entry of the row's
+// `starts` at or before the position, 0 when none is.
+Tensor doc_start_tensor(int64_t T, int64_t q_pos0, const std::vector<std::vector<int64_t>>& starts) {
+  const int64_t B = int64_t(starts.size());
+  Tensor d = empty({B, T}, DType::i64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      int64_t s = 0;
+      for (int64_t x : starts[size_t(b)])
+        if (x <= q_pos0 + t) s = std::max(s, x);
+      d.at<int64_t>(b * T + t) = s;
+    }
+  return d;
+}
+
+// lse: -inf exactly where want is; elsewhere the largest |got - want| / max(1, |want|).
+double lse_err(const Tensor& got, const Tensor& want, int64_t& mismatched_inf) {
+  auto a = to_f64(got), w = to_f64(want);
+  REQUIRE(a.size() == w.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(!std::isnan(a[i]));
+    if (std::isinf(w[i]) || std::isinf(a[i])) {
+      mismatched_inf += !(a[i] == w[i] && w[i] < 0);
+      continue;
+    }
+    worst = std::max(worst, std::abs(a[i] - w[i]) / std::max(1.0, std::abs(w[i])));
+  }
+  return worst;
+}
+
 double dot(const Tensor& a, const Tensor& b) {
   double s = 0;
   for (int64_t i = 0; i < a.numel(); ++i) s += a.at<double>(i) * b.at<double>(i);
   return s;
+}
+
+// The kernel's dq, dk, dv (f64) against central differences of the scalar loss sum(out * R), at `reps`
+// random elements of each input.
+void check_gradients_fd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& R, const AttentionOptions& o,
+                        uint64_t seed, int reps) {
+  Tensor out = empty(q.shape(), DType::f64), lse = empty({q.size(0), q.size(2), q.size(1)}, DType::f64);
+  attention_forward(out, lse, q, k, v, o);
+  Tensor dq = empty(q.shape(), DType::f64), dk = empty(k.shape(), DType::f64), dv = empty(v.shape(), DType::f64);
+  attention_backward(dq, dk, dv, R, q, k, v, out, lse, o);
+  Tensor o2 = empty(q.shape(), DType::f64), l2 = empty(lse.shape(), DType::f64);
+  auto loss = [&] {
+    attention_forward(o2, l2, q, k, v, o);
+    return dot(o2, R);
+  };
+  std::mt19937_64 g(seed);
+  for (auto [x, dx, name] : {std::tuple{q, dq, "dq"}, {k, dk, "dk"}, {v, dv, "dv"}})
+    for (int rep = 0; rep < reps; ++rep) {
+      int64_t i = int64_t(g() % uint64_t(x.numel()));
+      double keep = x.at<double>(i);
+      x.at<double>(i) = keep + 1e-6;
+      double lp = loss();
+      x.at<double>(i) = keep - 1e-6;
+      double lm = loss();
+      x.at<double>(i) = keep;
+      double num = (lp - lm) / 2e-6, an = dx.at<double>(i);
+      INFO(name, "[", i, "] analytic ", an, " numeric ", num);
+      CHECK(std::abs(an - num) <= 1e-6 * std::max(1.0, std::abs(num)));
+    }
 }
 
 
@@ -96,10 +201,10 @@ TEST_CASE("attention: forward and lse against the naive softmax, causal and full
     AttentionOptions o;
   };
   std::vector<Case> cases{
-      {70, 70, 4, 4, 8, {true, 0, 0, 0}},   {70, 70, 4, 2, 8, {true, 0, 0, 0}},  {130, 130, 4, 1, 16, {true, 0, 0, 0}},
-      {5, 5, 4, 2, 8, {false, 0, 0, 0}},    {70, 33, 2, 1, 8, {false, 0.3, 0, 0}},
-      {5, 70, 4, 2, 8, {true, 0, 64, 0}},   // a query chunk late in the sequence (ring attention)
-      {20, 70, 2, 2, 8, {true, 0, 0, 10}},  // the first 10 queries see no key
+      {70, 70, 4, 4, 8, {true, 0, 0, 0, {}}},   {70, 70, 4, 2, 8, {true, 0, 0, 0, {}}},  {130, 130, 4, 1, 16, {true, 0, 0, 0, {}}},
+      {5, 5, 4, 2, 8, {false, 0, 0, 0, {}}},    {70, 33, 2, 1, 8, {false, 0.3, 0, 0, {}}},
+      {5, 70, 4, 2, 8, {true, 0, 64, 0, {}}},   // a query chunk late in the sequence (ring attention)
+      {20, 70, 2, 2, 8, {true, 0, 0, 10, {}}},  // the first 10 queries see no key
   };
   for (const Case& c : cases) {
     CAPTURE(c.T);
@@ -128,8 +233,8 @@ TEST_CASE("attention: forward and lse against the naive softmax, causal and full
 
 TEST_CASE("attention: backward against finite differences, rows without keys, accumulate") {
   const int64_t B = 1, T = 20, S = 70, H = 2, KV = 1, hd = 8;
-  for (AttentionOptions o : {AttentionOptions{true, 0, 0, 0}, AttentionOptions{true, 0, 0, 10},
-                             AttentionOptions{true, 0, 64, 0}, AttentionOptions{false, 0, 0, 0}}) {
+  for (AttentionOptions o : {AttentionOptions{true, 0, 0, 0, {}}, AttentionOptions{true, 0, 0, 10, {}},
+                             AttentionOptions{true, 0, 64, 0, {}}, AttentionOptions{false, 0, 0, 0, {}}}) {
     CAPTURE(o.q_pos0);
     CAPTURE(o.k_pos0);
     const int64_t Tq = o.k_pos0 == 0 && o.q_pos0 == 0 ? S : T;
@@ -179,10 +284,10 @@ TEST_CASE("attention: every gradient element against finite differences, GQA, ba
   };
   // Small sizes keep the exhaustive check fast; 66 crosses a 64-key block edge.
   std::vector<Case> cases{
-      {1, 66, 66, 2, 1, 4, {true, 0, 0, 0}},
-      {2, 5, 5, 4, 2, 4, {false, 0.7, 0, 0}},
-      {2, 5, 70, 2, 1, 4, {true, 0, 64, 0}},
-      {2, 9, 12, 4, 2, 4, {true, 0, 0, 4}},  // queries 0..3 see nothing
+      {1, 66, 66, 2, 1, 4, {true, 0, 0, 0, {}}},
+      {2, 5, 5, 4, 2, 4, {false, 0.7, 0, 0, {}}},
+      {2, 5, 70, 2, 1, 4, {true, 0, 64, 0, {}}},
+      {2, 9, 12, 4, 2, 4, {true, 0, 0, 4, {}}},  // queries 0..3 see nothing
   };
   for (const Case& c : cases) {
     CAPTURE(c.T);
@@ -249,13 +354,13 @@ TEST_CASE("attention: lse and out by hand for one query and two keys") {
   Tensor k = from_values({1, 0, 0, 1}, {1, 2, 1, 2}, DType::f64);
   Tensor v = from_values({2, 4, -6, 8}, {1, 2, 1, 2}, DType::f64);
   Tensor out = empty({1, 1, 1, 2}, DType::f64), lse = empty({1, 1, 1}, DType::f64);
-  attention_forward(out, lse, q, k, v, {false, 1.0, 0, 0});
+  attention_forward(out, lse, q, k, v, {false, 1.0, 0, 0, {}});
   const double e = std::exp(1.0), p0 = e / (e + 1), p1 = 1 / (e + 1);
   CHECK(lse.at<double>(0) == doctest::Approx(std::log(e + 1)).epsilon(1e-15));
   CHECK(out.at<double>(0) == doctest::Approx(2 * p0 - 6 * p1).epsilon(1e-15));
   CHECK(out.at<double>(1) == doctest::Approx(4 * p0 + 8 * p1).epsilon(1e-15));
   // Causal with the query at position 0: only key 0 is visible.
-  attention_forward(out, lse, q, k, v, {true, 1.0, 0, 0});
+  attention_forward(out, lse, q, k, v, {true, 1.0, 0, 0, {}});
   CHECK(lse.at<double>(0) == doctest::Approx(1.0).epsilon(1e-15));
   CHECK(out.at<double>(0) == doctest::Approx(2.0).epsilon(1e-15));
   CHECK(out.at<double>(1) == doctest::Approx(4.0).epsilon(1e-15));
@@ -264,16 +369,16 @@ TEST_CASE("attention: lse and out by hand for one query and two keys") {
 TEST_CASE("attention: every query masked, and no keys at all") {
   Tensor q = randn_t({1, 5, 2, 4}, 26), k = randn_t({1, 7, 1, 4}, 27), v = randn_t({1, 7, 1, 4}, 28);
   Tensor out = randn_t(q.shape(), 29), lse = empty({1, 2, 5}, DType::f64);
-  attention_forward(out, lse, q, k, v, {true, 0, 0, 100});  // the keys lie after every query
+  attention_forward(out, lse, q, k, v, {true, 0, 0, 100, {}});  // the keys lie after every query
   for (int64_t i = 0; i < out.numel(); ++i) CHECK(out.at<double>(i) == 0.0);
   for (int64_t i = 0; i < lse.numel(); ++i) CHECK(lse.at<double>(i) == -std::numeric_limits<double>::infinity());
   Tensor dq = randn_t(q.shape(), 30), dk = randn_t(k.shape(), 31), dv = randn_t(v.shape(), 32);
-  attention_backward(dq, dk, dv, randn_t(q.shape(), 33), q, k, v, out, lse, {true, 0, 0, 100});
+  attention_backward(dq, dk, dv, randn_t(q.shape(), 33), q, k, v, out, lse, {true, 0, 0, 100, {}});
   for (const Tensor& g : {dq, dk, dv})
     for (int64_t i = 0; i < g.numel(); ++i) CHECK(g.at<double>(i) == 0.0);
   // S = 0.
   Tensor k0 = empty({1, 0, 1, 4}, DType::f64), v0 = empty({1, 0, 1, 4}, DType::f64);
-  attention_forward(out, lse, q, k0, v0, {false, 0, 0, 0});
+  attention_forward(out, lse, q, k0, v0, {false, 0, 0, 0, {}});
   for (int64_t i = 0; i < out.numel(); ++i) CHECK(out.at<double>(i) == 0.0);
   CHECK(lse.at<double>(0) == -std::numeric_limits<double>::infinity());
 }
@@ -336,11 +441,11 @@ TEST_CASE("attention: forward grid: causal/full x KV 4, 2, 1 x T 5, 70, 130 x hd
   };
   std::vector<Dims> dims;
   for (bool causal : {true, false})
-    for (auto [T, S] : {std::pair<int64_t, int64_t>{5, 5}, {70, 70}, {130, 130}}) dims.push_back({T, S, {causal, 0, 0, 0}});
-  dims.push_back({5, 70, {true, 0, 64, 0}});    // ring chunk: queries at 64..68 see keys 0..64+t
-  dims.push_back({70, 70, {true, 0, 0, 10}});   // queries 0..9 see nothing
-  dims.push_back({70, 130, {false, 0.25, 0, 0}});  // custom scale
-  dims.push_back({5, 130, {true, 2.0, 100, 0}});   // custom scale, offset across the second key block
+    for (auto [T, S] : {std::pair<int64_t, int64_t>{5, 5}, {70, 70}, {130, 130}}) dims.push_back({T, S, {causal, 0, 0, 0, {}}});
+  dims.push_back({5, 70, {true, 0, 64, 0, {}}});    // ring chunk: queries at 64..68 see keys 0..64+t
+  dims.push_back({70, 70, {true, 0, 0, 10, {}}});   // queries 0..9 see nothing
+  dims.push_back({70, 130, {false, 0.25, 0, 0, {}}});  // custom scale
+  dims.push_back({5, 130, {true, 2.0, 100, 0, {}}});   // custom scale, offset across the second key block
   const int64_t B = 1, H = 4;
   uint64_t seed = 1000;
   for (const Dims& dm : dims)
@@ -384,7 +489,7 @@ TEST_CASE("attention: forward grid: causal/full x KV 4, 2, 1 x T 5, 70, 130 x hd
 
 TEST_CASE("attention: rows without keys in f32: out 0, lse -inf, zero dq, no NaN; f32 gradients match f64") {
   const int64_t B = 2, T = 20, S = 70, H = 4, KV = 2, hd = 16;
-  const AttentionOptions o{true, 0, 0, 10};  // queries 0..9 see nothing
+  const AttentionOptions o{true, 0, 0, 10, {}};  // queries 0..9 see nothing
   Tensor q = randn_t({B, T, H, hd}, 2001), k = randn_t({B, S, KV, hd}, 2002), v = randn_t({B, S, KV, hd}, 2003);
   Tensor R = randn_t({B, T, H, hd}, 2004);
   Tensor out = empty(q.shape(), DType::f64), lse = empty({B, H, T}, DType::f64);
@@ -445,10 +550,10 @@ TEST_CASE("attention: backward by finite differences at random elements: GQA, hd
     AttentionOptions o;
   };
   std::vector<Case> cases{
-      {5, 70, 4, 2, 16, {true, 0, 64, 0}},     // ring chunk
-      {20, 70, 4, 4, 16, {true, 0, 0, 10}},    // first 10 queries see nothing
-      {70, 70, 4, 1, 8, {true, 0.5, 0, 0}},    // custom scale, crosses the 64-block
-      {130, 130, 4, 2, 8, {false, 0, 0, 0}},   // full, three key blocks
+      {5, 70, 4, 2, 16, {true, 0, 64, 0, {}}},     // ring chunk
+      {20, 70, 4, 4, 16, {true, 0, 0, 10, {}}},    // first 10 queries see nothing
+      {70, 70, 4, 1, 8, {true, 0.5, 0, 0, {}}},    // custom scale, crosses the 64-block
+      {130, 130, 4, 2, 8, {false, 0, 0, 0, {}}},   // full, three key blocks
   };
   for (const Case& c : cases) {
     CAPTURE(c.T);
@@ -460,28 +565,494 @@ TEST_CASE("attention: backward by finite differences at random elements: GQA, hd
     const int64_t B = 1;
     Tensor q = randn_t({B, c.T, c.H, c.hd}, 3001), k = randn_t({B, c.S, c.KV, c.hd}, 3002);
     Tensor v = randn_t({B, c.S, c.KV, c.hd}, 3003), R = randn_t({B, c.T, c.H, c.hd}, 3004);
-    Tensor out = empty(q.shape(), DType::f64), lse = empty({B, c.H, c.T}, DType::f64);
-    attention_forward(out, lse, q, k, v, c.o);
-    Tensor dq = empty(q.shape(), DType::f64), dk = empty(k.shape(), DType::f64), dv = empty(v.shape(), DType::f64);
-    attention_backward(dq, dk, dv, R, q, k, v, out, lse, c.o);
-    Tensor o2 = empty(q.shape(), DType::f64), l2 = empty(lse.shape(), DType::f64);
-    auto loss = [&] {
-      attention_forward(o2, l2, q, k, v, c.o);
-      return dot(o2, R);
-    };
-    std::mt19937_64 g(3005);
-    for (auto [x, dx, name] : {std::tuple{q, dq, "dq"}, {k, dk, "dk"}, {v, dv, "dv"}})
-      for (int rep = 0; rep < 10; ++rep) {
-        int64_t i = int64_t(g() % uint64_t(x.numel()));
-        double keep = x.at<double>(i);
-        x.at<double>(i) = keep + 1e-6;
-        double lp = loss();
-        x.at<double>(i) = keep - 1e-6;
-        double lm = loss();
-        x.at<double>(i) = keep;
-        double num = (lp - lm) / 2e-6, an = dx.at<double>(i);
-        INFO(name, "[", i, "] analytic ", an, " numeric ", num);
-        CHECK(std::abs(an - num) <= 1e-6 * std::max(1.0, std::abs(num)));
+    check_gradients_fd(q, k, v, R, c.o, 3005, 10);
+  }
+}
+
+// ---------------------------------------------------------------- document masks (doc_start)
+
+TEST_CASE("attention: document masks against the naive f64 attention: forward, lse, gradients, f64 and f32") {
+  struct Case {
+    const char* what;
+    int64_t T, S, KV, hd;
+    bool causal;
+    double scale;
+    int64_t q_pos0, k_pos0;
+    std::vector<std::vector<int64_t>> starts;  // per batch row: the global positions where documents start
+    int64_t keyless_rows;                      // (b, t) rows that see no key (out 0, lse -inf)
+  };
+  // Boundaries inside 64-row blocks (37, 100, 101, 5, 6, 130) and on them (64); B = 2, H = 4.
+  std::vector<Case> cases{
+      {"causal, no offsets", 150, 150, 2, 8, true, 0, 0, 0, {{37, 100, 101}, {0, 5, 6, 64, 130}}, 0},
+      {"full, no offsets", 150, 150, 2, 8, false, 0, 0, 0, {{37, 100, 101}, {0, 5, 6, 64, 130}}, 0},
+      {"causal, KV 1, hd 16, scale 0.5", 150, 150, 1, 16, true, 0.5, 0, 0, {{1, 2, 3, 90}, {149}}, 0},
+      // queries 200..349 against keys 100..249: documents from 300 (row 0) and 260 (row 1) see no key
+      {"causal, query chunk after the key chunk", 150, 150, 2, 8, true, 0, 200, 100, {{150, 230, 300}, {90, 260}},
+       50 + 90},
+      // queries 100..249 against keys 0..149: the document from 200 sees no key; row 1 sees every key
+      {"full, query chunk after the key chunk", 150, 150, 2, 8, false, 0, 100, 0, {{40, 120, 200}, {}}, 50},
+      // queries 0..69 against keys 70..139, full: every document starts before the keys, nothing is hidden
+      {"full, key chunk after the query chunk", 70, 70, 2, 8, false, 0, 0, 70, {{30, 60}, {0}}, 0},
+      // every query of row 1 starts its document after the last key: row 1's dk, dv are zero
+      {"causal, a batch row that sees nothing", 100, 70, 2, 8, true, 0, 100, 0, {{20, 65}, {80}}, 100},
+  };
+  const int64_t B = 2, H = 4;
+  uint64_t seed = 5000;
+  for (const Case& c : cases) {
+    INFO(c.what);
+    CAPTURE(c.T);
+    CAPTURE(c.S);
+    CAPTURE(c.q_pos0);
+    CAPTURE(c.k_pos0);
+    AttentionOptions o{c.causal, c.scale, c.q_pos0, c.k_pos0, doc_start_tensor(c.T, c.q_pos0, c.starts)};
+    Tensor q = randn_t({B, c.T, H, c.hd}, ++seed), k = randn_t({B, c.S, c.KV, c.hd}, ++seed);
+    Tensor v = randn_t({B, c.S, c.KV, c.hd}, ++seed), R = randn_t({B, c.T, H, c.hd}, ++seed);
+    Naive want = naive_attention(q, k, v, o);
+    NaiveGrads wg = naive_attention_backward(R, q, k, v, o);
+    // The naive reference has the rows without keys the case says (so the case tests what it claims).
+    int64_t keyless = 0;
+    for (int64_t i = 0; i < want.lse.numel(); ++i) keyless += std::isinf(want.lse.at<double>(i));
+    CHECK(keyless == c.keyless_rows * H);
+
+    for (DType dt : {DType::f64, DType::f32}) {
+      INFO("dtype ", dtype_name(dt));
+      const double tol = dt == DType::f64 ? 1e-10 : 1e-5;
+      auto cast = [&](const Tensor& t) { return dt == DType::f64 ? t.clone() : as_f32(t); };
+      Tensor qd = cast(q), kd = cast(k), vd = cast(v), Rd = cast(R);
+      Tensor out = empty(q.shape(), dt), lse = empty({B, H, c.T}, dt);
+      attention_forward(out, lse, qd, kd, vd, o);
+      CHECK(rel_err(out, want.out) < tol);
+      int64_t bad_inf = 0;
+      CHECK(lse_err(lse, want.lse, bad_inf) < tol);
+      CHECK(bad_inf == 0);
+      // Garbage in the gradients beforehand: all three are overwritten.
+      Tensor dq = cast(randn_t(q.shape(), ++seed)), dk = cast(randn_t(k.shape(), ++seed));
+      Tensor dv = cast(randn_t(v.shape(), ++seed));
+      attention_backward(dq, dk, dv, Rd, qd, kd, vd, out, lse, o);
+      CHECK(rel_err(dq, wg.dq) < tol);
+      CHECK(rel_err(dk, wg.dk) < tol);
+      CHECK(rel_err(dv, wg.dv) < tol);
+      // Rows without keys: out 0, lse -inf, dq 0, exactly.
+      auto outv = to_f64(out), lsev = to_f64(lse), dqv = to_f64(dq);
+      int64_t zero_rows = 0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t t = 0; t < c.T; ++t) {
+            if (!std::isinf(want.lse.at<double>((b * H + h) * c.T + t))) continue;
+            bool zero = lsev[size_t((b * H + h) * c.T + t)] == -INFINITY;
+            for (int64_t e = 0; e < c.hd; ++e) {
+              const size_t i = size_t(((b * c.T + t) * H + h) * c.hd + e);
+              zero = zero && outv[i] == 0.0 && dqv[i] == 0.0;
+            }
+            zero_rows += zero;
+          }
+      CHECK(zero_rows == c.keyless_rows * H);
+      if (c.keyless_rows == c.T) {  // every query of row 1 sees nothing: row 1's key gradients are 0
+        auto dkv = to_f64(dk), dvv = to_f64(dv);
+        const size_t half = dkv.size() / 2;
+        double s = 0;
+        for (size_t i = half; i < dkv.size(); ++i) s += std::abs(dkv[i]) + std::abs(dvv[i]);
+        CHECK(s == 0.0);
       }
+      // accumulate = true adds to dk and dv (whatever they hold) and overwrites dq.
+      Tensor dk0 = cast(randn_t(k.shape(), ++seed)), dv0 = cast(randn_t(v.shape(), ++seed));
+      Tensor dk2 = dk0.clone(), dv2 = dv0.clone(), dq2 = cast(randn_t(q.shape(), ++seed));
+      attention_backward(dq2, dk2, dv2, Rd, qd, kd, vd, out, lse, o, /*accumulate=*/true);
+      CHECK(rel_err(dq2, dq) == 0.0);
+      Tensor dk_sum = empty(k.shape(), DType::f64), dv_sum = empty(v.shape(), DType::f64);
+      auto a = to_f64(dk0), bb = to_f64(dk), x = to_f64(dv0), y = to_f64(dv);
+      for (int64_t i = 0; i < dk_sum.numel(); ++i) {
+        dk_sum.at<double>(i) = a[size_t(i)] + bb[size_t(i)];
+        dv_sum.at<double>(i) = x[size_t(i)] + y[size_t(i)];
+      }
+      CHECK(rel_err(dk2, dk_sum) < (dt == DType::f64 ? 1e-14 : 1e-6));
+      CHECK(rel_err(dv2, dv_sum) < (dt == DType::f64 ? 1e-14 : 1e-6));
+    }
+  }
+}
+
+TEST_CASE("attention: document masks, gradients by finite differences of the kernel's own forward") {
+  const int64_t B = 2, T = 150, H = 4, KV = 2, hd = 8;
+  for (bool causal : {true, false}) {
+    CAPTURE(causal);
+    AttentionOptions o{causal, 0, 0, 0, doc_start_tensor(T, 0, {{37, 100}, {5, 6, 70}})};
+    Tensor q = randn_t({B, T, H, hd}, 5101), k = randn_t({B, T, KV, hd}, 5102), v = randn_t({B, T, KV, hd}, 5103);
+    Tensor R = randn_t({B, T, H, hd}, 5104);
+    check_gradients_fd(q, k, v, R, o, 5105, 8);
+  }
+}
+
+TEST_CASE("attention: document masks: every query starting at 0 is no mask; doc_start errors") {
+  const int64_t B = 2, T = 70, H = 4, KV = 2, hd = 8;
+  Tensor q = randn_t({B, T, H, hd}, 5201), k = randn_t({B, T, KV, hd}, 5202), v = randn_t({B, T, KV, hd}, 5203);
+  for (bool causal : {true, false}) {
+    CAPTURE(causal);
+    Tensor out = empty(q.shape(), DType::f64), lse = empty({B, H, T}, DType::f64);
+    Tensor out2 = empty(q.shape(), DType::f64), lse2 = empty({B, H, T}, DType::f64);
+    attention_forward(out, lse, q, k, v, {causal, 0, 0, 0, {}});
+    attention_forward(out2, lse2, q, k, v, {causal, 0, 0, 0, zeros({B, T}, DType::i64)});
+    CHECK(rel_err(out2, out) < 1e-14);
+    CHECK(rel_err(lse2, lse) < 1e-14);
+  }
+  Tensor out = empty(q.shape(), DType::f64), lse = empty({B, H, T}, DType::f64);
+  CHECK_ERROR_CONTAINS(attention_forward(out, lse, q, k, v, {true, 0, 0, 0, zeros({B, T + 1}, DType::i64)}),
+                       "doc_start");
+  CHECK_ERROR_CONTAINS(attention_forward(out, lse, q, k, v, {true, 0, 0, 0, zeros({B, T}, DType::i32)}),
+                       "doc_start");
+}
+
+// ---------------------------------------------------------------- copy_slice and attention_merge
+
+namespace {
+
+// Fills t with `sign * (1 + flat index)` (small integers: exact in every dtype up to 256 for bf16).
+void fill_index(const Tensor& t, double sign, int64_t mod = 1 << 20) {
+  std::vector<double> v(size_t(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = sign * double(1 + int64_t(i) % mod);
+  copy_(t, from_values(v, t.shape(), t.dtype()));
+}
+
+// Row-major multi-index of flat index i.
+std::vector<int64_t> unravel(int64_t i, const Shape& s) {
+  std::vector<int64_t> idx(s.size());
+  for (size_t d = s.size(); d-- > 0;) {
+    idx[d] = i % s[d];
+    i /= s[d];
+  }
+  return idx;
+}
+int64_t ravel(const std::vector<int64_t>& idx, const Shape& s) {
+  int64_t i = 0;
+  for (size_t d = 0; d < s.size(); ++d) i = i * s[d] + idx[d];
+  return i;
+}
+
+}  // namespace
+
+TEST_CASE("copy_slice: 2-D, 3-D and 4-D tensors along each dim, several dtypes") {
+  const std::vector<Shape> bases{{4, 5}, {3, 4, 5}, {2, 3, 4, 5}};
+  for (const Shape& base : bases)
+    for (int dim = 0; dim < int(base.size()); ++dim)
+      for (DType dt : {DType::f64, DType::f32, DType::i64, DType::i32, DType::bf16}) {
+        // (n, src_begin, dst_begin): a middle part, the whole src, nothing.
+        const int64_t len = base[size_t(dim)];
+        for (auto [n, sb, db] : {std::tuple<int64_t, int64_t, int64_t>{len - 1, 1, 2}, {len, 0, 2}, {0, 0, 0}}) {
+          CAPTURE(shape_str(base));
+          CAPTURE(dim);
+          CAPTURE(dtype_name(dt));
+          CAPTURE(n);
+          CAPTURE(sb);
+          CAPTURE(db);
+          Shape ds = base;
+          ds[size_t(dim)] += 2;
+          Tensor src = empty(base, dt), dst = empty(ds, dt);
+          fill_index(src, 1, 250);
+          fill_index(dst, -1, 250);
+          const auto before = to_f64(dst), sv = to_f64(src);
+          copy_slice(dst, db, src, sb, n, dim);
+          const auto got = to_f64(dst);
+          int64_t wrong = 0, copied = 0;
+          for (int64_t i = 0; i < dst.numel(); ++i) {
+            auto idx = unravel(i, ds);
+            double want = before[size_t(i)];
+            if (idx[size_t(dim)] >= db && idx[size_t(dim)] < db + n) {
+              idx[size_t(dim)] += sb - db;
+              want = sv[size_t(ravel(idx, base))];
+              ++copied;
+            }
+            wrong += got[size_t(i)] != want;
+          }
+          CHECK(wrong == 0);
+          CHECK(copied == n * (src.numel() / len));
+        }
+      }
+}
+
+TEST_CASE("copy_slice: errors") {
+  Tensor a = empty({3, 4, 5}, DType::f32), b = zeros({3, 6, 5}, DType::f32);
+  fill_index(a, 1);
+  copy_slice(b, 1, a, 0, 4, 1);  // fine
+  const Tensor before = b.clone();
+  CHECK_ERROR_CONTAINS(copy_slice(b, 0, zeros({3, 4, 5}, DType::f64), 0, 4, 1), "copy_slice");  // dtypes differ
+  CHECK_ERROR_CONTAINS(copy_slice(b, 0, zeros({3, 4}, DType::f32), 0, 4, 1), "copy_slice");     // ranks differ
+  CHECK_ERROR_CONTAINS(copy_slice(b, 0, zeros({3, 4, 6}, DType::f32), 0, 4, 1), "copy_slice");  // dim 2 differs
+  CHECK_ERROR_CONTAINS(copy_slice(b, 0, zeros({2, 4, 5}, DType::f32), 0, 4, 1), "copy_slice");  // dim 0 differs
+  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 0, 3, 3), "copy_slice");    // no dim 3
+  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 0, 3, -1), "copy_slice");   // negative dim
+  CHECK_ERROR_CONTAINS(copy_slice(b, 3, a, 0, 4, 1), "copy_slice");    // past the end of dst (3 + 4 > 6)
+  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 1, 4, 1), "copy_slice");    // past the end of src (1 + 4 > 4)
+  CHECK_ERROR_CONTAINS(copy_slice(b, -1, a, 0, 2, 1), "copy_slice");   // negative begin
+  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, -1, 2, 1), "copy_slice");
+  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 0, -1, 1), "copy_slice");   // negative count
+  CHECK_ERROR_CONTAINS(copy_slice(b, 0, Tensor(), 0, 1, 1), "copy_slice");
+  CHECK(equal(b, before));  // nothing written by a failed call
+}
+
+TEST_CASE("attention_merge: two or three disjoint key sets merge to attention over all keys") {
+  const int64_t B = 2, T = 150, S = 150, H = 4, KV = 2, hd = 8;
+  Tensor q = randn_t({B, T, H, hd}, 5301), k = randn_t({B, S, KV, hd}, 5302), v = randn_t({B, S, KV, hd}, 5303);
+  // Key splits: [0, 70) + [70, 150) and [0, 70) + [70, 130) + [130, 150).
+  for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{0, 70, 150}, std::vector<int64_t>{0, 70, 130, 150}})
+    for (bool causal : {true, false})
+      for (bool docs : {false, true})
+        for (DType dt : {DType::f64, DType::f32})
+          for (bool reversed : {false, true}) {
+            CAPTURE(cuts.size() - 1);
+            CAPTURE(causal);
+            CAPTURE(docs);
+            CAPTURE(dtype_name(dt));
+            CAPTURE(reversed);
+            // With documents: row 0 queries from 140 start their document at 1000, after every key (-inf in
+            // every part); row 1 queries from 100 start at 100 (-inf in the parts before it).
+            AttentionOptions all{causal, 0, 0, 0, {}};
+            if (docs) {
+              all.doc_start = doc_start_tensor(T, 0, {{20, 100}, {100}});
+              for (int64_t t = 140; t < T; ++t) all.doc_start.at<int64_t>(t) = 1000;
+            }
+            auto cast = [&](const Tensor& t) { return dt == DType::f64 ? t.clone() : as_f32(t); };
+            Tensor qd = cast(q), kd = cast(k), vd = cast(v);
+            Tensor want_out = empty(q.shape(), dt), want_lse = empty({B, H, T}, dt);
+            attention_forward(want_out, want_lse, qd, kd, vd, all);
+            // Each part: its keys, with k_pos0 at the part's start.
+            std::vector<std::pair<Tensor, Tensor>> parts;
+            for (size_t p = 0; p + 1 < cuts.size(); ++p) {
+              const int64_t s0 = cuts[p], n = cuts[p + 1] - s0;
+              Tensor kp = empty({B, n, KV, hd}, dt), vp = empty({B, n, KV, hd}, dt);
+              copy_slice(kp, 0, kd, s0, n, 1);
+              copy_slice(vp, 0, vd, s0, n, 1);
+              AttentionOptions o = all;
+              o.k_pos0 = s0;
+              Tensor po = empty(q.shape(), dt), pl = empty({B, H, T}, dt);
+              attention_forward(po, pl, qd, kp, vp, o);
+              parts.emplace_back(po, pl);
+            }
+            if (reversed) std::reverse(parts.begin(), parts.end());
+            Tensor out = parts[0].first.clone(), lse = parts[0].second.clone();
+            for (size_t p = 1; p < parts.size(); ++p) attention_merge(out, lse, parts[p].first, parts[p].second);
+            CHECK(rel_err(out, want_out) < (dt == DType::f64 ? 1e-13 : 1e-6));
+            int64_t bad_inf = 0;
+            CHECK(lse_err(lse, want_lse, bad_inf) < (dt == DType::f64 ? 1e-13 : 1e-6));
+            CHECK(bad_inf == 0);
+            // The rows whose document starts after every key stay out 0, lse -inf.
+            if (docs) {
+              auto ov = to_f64(out), lv = to_f64(lse);
+              int64_t nonzero = 0;
+              for (int64_t h = 0; h < H; ++h)
+                for (int64_t t = 140; t < T; ++t) {
+                  nonzero += lv[size_t(h * T + t)] != -INFINITY;
+                  for (int64_t e = 0; e < hd; ++e) nonzero += ov[size_t((t * H + h) * hd + e)] != 0.0;
+                }
+              CHECK(nonzero == 0);
+            }
+          }
+}
+
+TEST_CASE("attention_merge: by hand, -inf on either side and both, bf16 parts") {
+  // One row, hd 2. out/lse = (1, 2) at log 1 = 0; part = (3, -2) at log 3: weights 1/4 and 3/4.
+  Tensor out = from_values({1, 2}, {1, 1, 1, 2}, DType::f64), lse = from_values({0}, {1, 1, 1}, DType::f64);
+  attention_merge(out, lse, from_values({3, -2}, {1, 1, 1, 2}, DType::f64),
+                  from_values({std::log(3.0)}, {1, 1, 1}, DType::f64));
+  CHECK(out.at<double>(0) == doctest::Approx(0.25 * 1 + 0.75 * 3).epsilon(1e-15));
+  CHECK(out.at<double>(1) == doctest::Approx(0.25 * 2 + 0.75 * -2).epsilon(1e-15));
+  CHECK(lse.at<double>(0) == doctest::Approx(std::log(4.0)).epsilon(1e-15));
+  // Two rows (T = 2): row 0 has -inf in out/lse, row 1 -inf in the part; then both -inf.
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DType dt : {DType::f64, DType::f32}) {
+    CAPTURE(dtype_name(dt));
+    Tensor o = from_values({0, 0, 5, 6}, {1, 2, 1, 2}, dt), l = from_values({-inf, 1.5}, {1, 1, 2}, dt);
+    Tensor po = from_values({7, 8, 0, 0}, {1, 2, 1, 2}, dt), pl = from_values({-0.5, -inf}, {1, 1, 2}, dt);
+    attention_merge(o, l, po, pl);
+    CHECK(to_f64(o) == std::vector<double>{7, 8, 5, 6});
+    CHECK(to_f64(l) == std::vector<double>{-0.5, 1.5});
+    Tensor o2 = zeros({1, 2, 1, 2}, dt), l2 = from_values({-inf, -inf}, {1, 1, 2}, dt);
+    attention_merge(o2, l2, zeros({1, 2, 1, 2}, dt), from_values({-inf, -inf}, {1, 1, 2}, dt));
+    CHECK(to_f64(o2) == std::vector<double>{0, 0, 0, 0});
+    CHECK(to_f64(l2) == std::vector<double>{-inf, -inf});
+  }
+  // bf16 part_out with f32 out/lse: the same as merging the part's values widened to f32.
+  Tensor q = randn_t({2, 5, 4, 8}, 5401), part = randn_t({2, 5, 4, 8}, 5402);
+  Tensor l = randn_t({2, 4, 5}, 5403), pl = randn_t({2, 4, 5}, 5404);
+  Tensor part16 = from_values(to_f64(part), part.shape(), DType::bf16);
+  Tensor o_a = as_f32(q), l_a = as_f32(l), o_b = as_f32(q), l_b = as_f32(l);
+  attention_merge(o_a, l_a, part16, as_f32(pl));
+  attention_merge(o_b, l_b, as_f32(part16), as_f32(pl));
+  CHECK(rel_err(o_a, o_b) < 1e-7);
+  CHECK(rel_err(l_a, l_b) < 1e-7);
+}
+
+// ---------------------------------------------------------------- sequence shards and documents
+
+TEST_CASE("sequence_shard: chunk positions for none and head_tail") {
+  CHECK(sequence_parts(CpLoadBalance::none, 4) == 4);
+  CHECK(sequence_parts(CpLoadBalance::head_tail, 4) == 8);
+  CHECK(sequence_parts(CpLoadBalance::head_tail, 1) == 1);  // one rank holds the sequence in order
+  CHECK(sequence_parts(CpLoadBalance::none, 1) == 1);
+  struct Case {
+    CpLoadBalance lb;
+    int64_t T;
+    int n, rank;
+    int64_t chunk_len;
+    std::vector<int64_t> chunk_pos;
+  };
+  const auto none = CpLoadBalance::none, ht = CpLoadBalance::head_tail;
+  std::vector<Case> cases{
+      {none, 24, 1, 0, 24, {0}},       {none, 24, 4, 0, 6, {0}},        {none, 24, 4, 3, 6, {18}},
+      {none, 24, 3, 1, 8, {8}},        {ht, 24, 1, 0, 24, {0}},     {ht, 24, 4, 0, 3, {0, 21}},
+      {ht, 24, 4, 1, 3, {3, 18}},      {ht, 24, 4, 3, 3, {9, 12}},      {ht, 24, 2, 1, 6, {6, 12}},
+      {ht, 36, 6, 2, 3, {6, 27}},      {ht, 16, 8, 7, 1, {7, 8}},       {ht, 640, 8, 5, 40, {200, 400}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(cp_load_balance_name(c.lb));
+    CAPTURE(c.T);
+    CAPTURE(c.n);
+    CAPTURE(c.rank);
+    SequenceShard sh = sequence_shard(c.lb, c.T, c.n, c.rank);
+    CHECK(sh.chunk_len == c.chunk_len);
+    CHECK(sh.chunk_pos == c.chunk_pos);
+    CHECK(sh.size() == c.T / c.n);
+  }
+}
+
+TEST_CASE("sequence_shard: the ranks' positions cover the sequence once; shard_positions; errors") {
+  for (CpLoadBalance lb : {CpLoadBalance::none, CpLoadBalance::head_tail})
+    for (int n : {1, 2, 3, 4, 6, 8})
+      for (int64_t k : {1, 3, 5}) {
+        const int64_t T = sequence_parts(lb, n) * k;
+        CAPTURE(cp_load_balance_name(lb));
+        CAPTURE(n);
+        CAPTURE(T);
+        std::vector<int> seen(size_t(T), 0);
+        for (int r = 0; r < n; ++r) {
+          SequenceShard sh = sequence_shard(lb, T, n, r);
+          REQUIRE(sh.size() == T / n);
+          Tensor pos = shard_positions(sh);
+          REQUIRE(pos.dtype() == DType::i64);
+          REQUIRE(pos.shape() == Shape{T / n});
+          for (int64_t t = 0; t < sh.size(); ++t) {
+            const int64_t p = pos.at<int64_t>(t);
+            CHECK(p == sh.position(t));
+            REQUIRE((p >= 0 && p < T));
+            ++seen[size_t(p)];
+            if (t > 0 && t % sh.chunk_len != 0) CHECK(p == pos.at<int64_t>(t - 1) + 1);  // chunks are contiguous
+          }
+          // head_tail: rank r holds chunks r and 2n-1-r; none (and one rank): chunk r.
+          const int64_t parts_len = T / sequence_parts(lb, n);
+          if (lb == CpLoadBalance::head_tail && n > 1)
+            CHECK(sh.chunk_pos == std::vector<int64_t>{r * parts_len, (2 * n - 1 - r) * parts_len});
+          else
+            CHECK(sh.chunk_pos == std::vector<int64_t>{r * parts_len});
+        }
+        int64_t not_once = 0;
+        for (int x : seen) not_once += x != 1;
+        CHECK(not_once == 0);
+      }
+  CHECK_ERROR_CONTAINS(sequence_shard(CpLoadBalance::head_tail, 12, 4, 0), "[attention]");  // 12 % 8
+  CHECK_ERROR_CONTAINS(sequence_shard(CpLoadBalance::none, 10, 4, 0), "[attention]");
+  CHECK_ERROR_CONTAINS(sequence_shard(CpLoadBalance::head_tail, 6, 2, 0), "[attention]");  // 6 % 4
+  CHECK(sequence_shard(CpLoadBalance::head_tail, 7, 1, 0).chunk_len == 7);  // one rank: any length
+}
+
+TEST_CASE("shard_sequence: picks the shard's tokens in local order, (B, T) and (B, T, H, hd)") {
+  const int64_t B = 2, T = 24, H = 3, hd = 2;
+  // Values encode (b, t, e): b * 1000 + t * 10 + e.
+  Tensor x4 = empty({B, T, H, hd}, DType::f64), x2 = empty({B, T}, DType::i64), x3 = empty({B, T, 5}, DType::f32);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t e = 0; e < H * hd; ++e) x4.at<double>((b * T + t) * H * hd + e) = double(b * 1000 + t * 10 + e);
+      for (int64_t e = 0; e < 5; ++e) x3.at<float>((b * T + t) * 5 + e) = float(b * 1000 + t * 10 + e);
+      x2.at<int64_t>(b * T + t) = b * 1000 + t * 10;
+    }
+  for (CpLoadBalance lb : {CpLoadBalance::none, CpLoadBalance::head_tail})
+    for (int n : {1, 2, 3, 4})
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(cp_load_balance_name(lb));
+        CAPTURE(n);
+        CAPTURE(r);
+        SequenceShard sh = sequence_shard(lb, T, n, r);
+        const int64_t Tl = sh.size();
+        Tensor y4 = shard_sequence(x4, sh), y2 = shard_sequence(x2, sh), y3 = shard_sequence(x3, sh);
+        REQUIRE(y4.shape() == Shape{B, Tl, H, hd});
+        REQUIRE(y2.shape() == Shape{B, Tl});
+        REQUIRE(y3.shape() == Shape{B, Tl, 5});
+        CHECK(y4.dtype() == DType::f64);
+        CHECK(y2.dtype() == DType::i64);
+        CHECK(y3.dtype() == DType::f32);
+        int64_t wrong = 0;
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t t = 0; t < Tl; ++t) {
+            const int64_t p = sh.position(t);
+            for (int64_t e = 0; e < H * hd; ++e)
+              wrong += y4.at<double>((b * Tl + t) * H * hd + e) != double(b * 1000 + p * 10 + e);
+            for (int64_t e = 0; e < 5; ++e) wrong += y3.at<float>((b * Tl + t) * 5 + e) != float(b * 1000 + p * 10 + e);
+            wrong += y2.at<int64_t>(b * Tl + t) != b * 1000 + p * 10;
+          }
+        CHECK(wrong == 0);
+        // A copy: writing it leaves the source alone.
+        y2.at<int64_t>(0) = -5;
+        CHECK(x2.at<int64_t>(0) == 0);
+      }
+}
+
+TEST_CASE("document_starts: hand-made rows") {
+  const int32_t sep = 7;
+  struct Case {
+    const char* what;
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> starts;
+  };
+  std::vector<Case> cases{
+      {"separator at 0 and in the middle", {7, 1, 2, 7, 3, 4, 5, 6}, {0, 0, 0, 3, 3, 3, 3, 3}},
+      {"tokens before the first separator start at 0", {1, 2, 7, 3, 4, 5, 6, 1}, {0, 0, 2, 2, 2, 2, 2, 2}},
+      {"consecutive separators", {1, 7, 7, 7, 2, 3, 7, 4}, {0, 1, 2, 3, 3, 3, 6, 6}},
+      {"no separator", {1, 2, 3, 4, 5, 6, 0, 8}, {0, 0, 0, 0, 0, 0, 0, 0}},
+      {"separator last", {1, 2, 3, 4, 5, 6, 0, 7}, {0, 0, 0, 0, 0, 0, 0, 7}},
+      {"all separators", {7, 7, 7, 7, 7, 7, 7, 7}, {0, 1, 2, 3, 4, 5, 6, 7}},
+  };
+  // Each row alone, then all rows as one batch (rows are independent).
+  const int64_t T = 8, B = int64_t(cases.size());
+  Tensor all = empty({B, T}, DType::i32);
+  for (int64_t b = 0; b < B; ++b) {
+    const Case& c = cases[size_t(b)];
+    INFO(c.what);
+    Tensor tok = empty({1, T}, DType::i32);
+    for (int64_t t = 0; t < T; ++t) all.at<int32_t>(b * T + t) = tok.at<int32_t>(t) = c.tokens[size_t(t)];
+    Tensor d = document_starts(tok, sep);
+    REQUIRE(d.shape() == Shape{1, T});
+    REQUIRE(d.dtype() == DType::i64);
+    std::vector<int64_t> got(d.data<int64_t>(), d.data<int64_t>() + T);
+    CHECK(got == c.starts);
+  }
+  Tensor d = document_starts(all, sep);
+  REQUIRE(d.shape() == Shape{B, T});
+  for (int64_t b = 0; b < B; ++b) {
+    INFO(cases[size_t(b)].what);
+    std::vector<int64_t> got(d.data<int64_t>() + b * T, d.data<int64_t>() + (b + 1) * T);
+    CHECK(got == cases[size_t(b)].starts);
+  }
+  // Another separator value: 7 is then an ordinary token.
+  Tensor d1 = document_starts(all, 1);
+  std::vector<int64_t> row0(d1.data<int64_t>(), d1.data<int64_t>() + T);
+  CHECK(row0 == std::vector<int64_t>{0, 1, 1, 1, 1, 1, 1, 1});
+}
+
+TEST_CASE("cp method and load balance names") {
+  CHECK(cp_method_from_name("ring", "parallel.cp_method") == CpMethod::ring);
+  CHECK(cp_method_from_name("all_gather", "parallel.cp_method") == CpMethod::all_gather);
+  CHECK(cp_load_balance_from_name("none", "parallel.cp_load_balance") == CpLoadBalance::none);
+  CHECK(cp_load_balance_from_name("head_tail", "parallel.cp_load_balance") == CpLoadBalance::head_tail);
+  for (CpMethod m : {CpMethod::ring, CpMethod::all_gather}) CHECK(cp_method_from_name(cp_method_name(m), "k") == m);
+  for (CpLoadBalance lb : {CpLoadBalance::none, CpLoadBalance::head_tail})
+    CHECK(cp_load_balance_from_name(cp_load_balance_name(lb), "k") == lb);
+  CHECK(cp_method_name(CpMethod::all_gather) == "all_gather");
+  CHECK(cp_load_balance_name(CpLoadBalance::head_tail) == "head_tail");
+  for (const char* bad : {"Ring", "", "allgather", "none", "head_tail"}) {
+    CAPTURE(bad);
+    CHECK_ERROR_CONTAINS(cp_method_from_name(bad, "parallel.cp_method"), "parallel.cp_method");
+    CHECK_ERROR_CONTAINS(cp_method_from_name(bad, "parallel.cp_method"), "all_gather");
+  }
+  for (const char* bad : {"None", "", "headtail", "ring", "zigzag"}) {
+    CAPTURE(bad);
+    CHECK_ERROR_CONTAINS(cp_load_balance_from_name(bad, "parallel.cp_load_balance"), "parallel.cp_load_balance");
+    CHECK_ERROR_CONTAINS(cp_load_balance_from_name(bad, "parallel.cp_load_balance"), "head_tail");
   }
 }

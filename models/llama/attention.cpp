@@ -7,7 +7,7 @@
 
 namespace mt {
 
-void RopeTables::set_positions(const Tensor& pos, int64_t head_dim, DType dtype, Device device) {
+void SequenceContext::set_positions(const Tensor& pos, int64_t head_dim, DType dtype, Device device) {
   if (positions.defined() && cos.defined() && cos.size(1) == head_dim && cos.dtype() == dtype &&
       positions.shape() == pos.shape() && equal(positions, pos))
     return;  // same positions as the last forward: keep the tables
@@ -19,12 +19,20 @@ void RopeTables::set_positions(const Tensor& pos, int64_t head_dim, DType dtype,
 }
 
 LlamaAttention::LlamaAttention(const std::string& name, const ModelConfig& c, const ParamFactory& f,
-                               std::shared_ptr<RopeTables> rope)
-    : Module(name, "LlamaAttention"), head_dim(c.dim / c.n_heads), rope_(std::move(rope)) {
+                               std::shared_ptr<SequenceContext> seq)
+    : Module(name, "LlamaAttention"), head_dim(c.dim / c.n_heads), seq_(std::move(seq)) {
   q_proj = add_child(std::make_unique<Linear>(child_name(name, "q_proj"), c.dim, c.n_heads * head_dim, f));
   k_proj = add_child(std::make_unique<Linear>(child_name(name, "k_proj"), c.dim, c.n_kv_heads * head_dim, f));
   v_proj = add_child(std::make_unique<Linear>(child_name(name, "v_proj"), c.dim, c.n_kv_heads * head_dim, f));
   o_proj = add_child(std::make_unique<Linear>(child_name(name, "o_proj"), c.n_heads * head_dim, c.dim, f));
+}
+
+RingAttentionOptions LlamaAttention::attention_options(int64_t T) const {
+  RingAttentionOptions o = seq_->cp;
+  if (!o.group) o.seq_len = T;  // whole sequences here
+  o.causal = true;
+  o.doc_start = seq_->doc_start;
+  return o;
 }
 
 Tensor LlamaAttention::forward(const Tensor& x) {
@@ -33,14 +41,15 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   q = q.reshape({B, T, -1, hd});  // (B, T, H, hd)
   k = k.reshape({B, T, -1, hd});  // (B, T, KV, hd)
   v = v.reshape({B, T, -1, hd});
-  MT_CHECK(rope_->cos.defined() && rope_->cos.size(0) == T, "model", "{}: RoPE tables for {} positions, input has T = {}",
-           name(), rope_->cos.defined() ? rope_->cos.size(0) : 0, T);
-  rope_forward(q, q, rope_->cos, rope_->sin);
-  rope_forward(k, k, rope_->cos, rope_->sin);
+  MT_CHECK(seq_->cos.defined() && seq_->cos.size(0) == T, "model", "{}: RoPE tables for {} positions, input has T = {}",
+           name(), seq_->cos.defined() ? seq_->cos.size(0) : 0, T);
+  rope_forward(q, q, seq_->cos, seq_->sin);
+  rope_forward(k, k, seq_->cos, seq_->sin);
   int64_t H = q.size(2);
   Tensor out = empty({B, T, H, hd}, x.dtype(), x.device());  // (B, T, H, hd)
   Tensor lse = empty({B, H, T}, accum_dtype(x.dtype()), x.device()); // (B, H, T)
-  attention_forward(out, lse, q, k, v, AttentionOptions{});
+  // Local attention over whole sequences, or ring attention over the cp group on this rank's part.
+  ring_attention_forward(out, lse, q, k, v, attention_options(T));
   q_ = q, k_ = k, v_ = v, out_ = out, lse_ = lse;
   return o_proj->call(out.reshape({B, T, H * hd}));
 }
@@ -52,9 +61,9 @@ Tensor LlamaAttention::backward(const Tensor& dy) {
   Tensor dq = empty(q_.shape(), dy.dtype(), dy.device());
   Tensor dk = empty(k_.shape(), dy.dtype(), dy.device());
   Tensor dv = empty(v_.shape(), dy.dtype(), dy.device());
-  attention_backward(dq, dk, dv, dout, q_, k_, v_, out_, lse_, AttentionOptions{});
-  rope_backward(dq, dq, rope_->cos, rope_->sin);
-  rope_backward(dk, dk, rope_->cos, rope_->sin);
+  ring_attention_backward(dq, dk, dv, dout, q_, k_, v_, out_, lse_, attention_options(T));
+  rope_backward(dq, dq, seq_->cos, seq_->sin);
+  rope_backward(dk, dk, seq_->cos, seq_->sin);
   q_ = k_ = v_ = out_ = lse_ = Tensor();
   Tensor dx = q_proj->call_backward(dq.reshape({B, T, -1}));  // (B, T, C), then k's and v's added by their GEMMs
   k_proj->call_backward_into(dk.reshape({B, T, -1}), dx);

@@ -6,10 +6,10 @@
 namespace mt {
 
 LlamaDecoderLayer::LlamaDecoderLayer(const std::string& name, const ModelConfig& c, const ParamFactory& f,
-                                     std::shared_ptr<RopeTables> rope)
+                                     std::shared_ptr<SequenceContext> seq)
     : Module(name, "LlamaDecoderLayer") {
   input_layernorm = add_child(std::make_unique<RMSNorm>(child_name(name, "input_layernorm"), c.dim, c.norm_eps, f));
-  self_attn = add_child(std::make_unique<LlamaAttention>(child_name(name, "self_attn"), c, f, std::move(rope)));
+  self_attn = add_child(std::make_unique<LlamaAttention>(child_name(name, "self_attn"), c, f, std::move(seq)));
   post_attention_layernorm =
       add_child(std::make_unique<RMSNorm>(child_name(name, "post_attention_layernorm"), c.dim, c.norm_eps, f));
   mlp = add_child(std::make_unique<LlamaMLP>(child_name(name, "mlp"), c, f));
@@ -30,12 +30,12 @@ Tensor LlamaDecoderLayer::backward(const Tensor& dy) {
 }
 
 LlamaModel::LlamaModel(const std::string& name, const ModelConfig& c, const ParamFactory& f,
-                       std::shared_ptr<RopeTables> rope)
+                       std::shared_ptr<SequenceContext> seq)
     : Module(name, "LlamaModel") {
   embed_tokens = add_child(std::make_unique<Embedding>(child_name(name, "embed_tokens"), c.vocab_size, c.dim, f));
   for (int64_t i = 0; i < c.n_layers; ++i)
     layers.push_back(add_child(
-        std::make_unique<LlamaDecoderLayer>(child_name(name, "layers." + std::to_string(i)), c, f, rope)));
+        std::make_unique<LlamaDecoderLayer>(child_name(name, "layers." + std::to_string(i)), c, f, seq)));
   norm = add_child(std::make_unique<RMSNorm>(child_name(name, "norm"), c.dim, c.norm_eps, f));
 }
 
@@ -53,21 +53,27 @@ Tensor LlamaModel::backward(const Tensor& dy) {
 }
 
 LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f)
-    : Module("", "LlamaForCausalLM"), config(c), rope(std::make_shared<RopeTables>()) {
-  rope->theta = c.rope_theta;
-  model = add_child(std::make_unique<LlamaModel>("model", c, f, rope));
+    : Module("", "LlamaForCausalLM"), config(c), seq(std::make_shared<SequenceContext>()) {
+  seq->theta = c.rope_theta;
+  model = add_child(std::make_unique<LlamaModel>("model", c, f, seq));
   lm_head = add_child(std::make_unique<Linear>("lm_head", c.dim, c.vocab_size, f,
                                                c.tie_embeddings ? model->embed_tokens->weight : nullptr));
 }
 
 void LlamaForCausalLM::set_positions(const Tensor& positions) {
   const Tensor& w = model->embed_tokens->weight->compute_local();
-  rope->set_positions(positions, config.dim / config.n_heads, w.dtype(), w.device());
+  seq->set_positions(positions, config.dim / config.n_heads, w.dtype(), w.device());
 }
 
 Tensor LlamaForCausalLM::forward(const Tensor& tokens) {
   int64_t T = tokens.size(1);
-  if (!rope->positions.defined() || rope->positions.numel() != T) {
+  // Whole sequences get positions 0 ... T-1 by default; a cp rank's part must have been given its global
+  // positions (never reset silently).
+  MT_CHECK(!seq->cp.group || seq->cp.group->size() == 1 || (seq->positions.defined() && seq->positions.numel() == T),
+           "model", "context parallel: the input holds {} tokens per sequence but positions were set for {}: each cp "
+           "rank's tokens need their global positions (set_positions)", T,
+           seq->positions.defined() ? seq->positions.numel() : 0);
+  if (!seq->positions.defined() || seq->positions.numel() != T) {
     Tensor pos = empty({T}, DType::i64);
     for (int64_t t = 0; t < T; ++t) pos.at<int64_t>(t) = t;
     set_positions(pos);

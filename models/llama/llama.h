@@ -4,23 +4,29 @@
 #pragma once
 #include <memory>
 
+#include "attention/ring_attention.h"
 #include "models/layers.h"
 #include "runtime/io/config.h"
 
 namespace mt {
 
-// RoPE tables for the positions of the current sequence, shared by every attention layer.
-struct RopeTables {
+// What every attention layer needs to know of the tokens of the current forward, shared by them all:
+// their global positions (RoPE and the causal rule), where their documents start (packed documents), and
+// how the sequence is split over the context-parallel ranks.
+struct SequenceContext {
   double theta = 10000;
-  Tensor positions;  // (T) i64, host
-  Tensor cos, sin;   // (T, hd)
+  Tensor positions;  // (T) i64, host: global positions of this rank's tokens
+  Tensor cos, sin;   // (T, hd) RoPE tables for them
+  Tensor doc_start;  // (B, T) i64, host: where each token's document starts; undefined: one causal sequence
+  // The cp group, method, balancing and global length; group null: this rank holds whole sequences.
+  RingAttentionOptions cp;
   void set_positions(const Tensor& positions, int64_t head_dim, DType dtype, Device device);
 };
 
 class LlamaAttention : public Module {
  public:
   LlamaAttention(const std::string& name, const ModelConfig& c, const ParamFactory& f,
-                 std::shared_ptr<RopeTables> rope);
+                 std::shared_ptr<SequenceContext> seq);
   Linear *q_proj, *k_proj, *v_proj, *o_proj;
   int64_t head_dim;
 
@@ -29,7 +35,8 @@ class LlamaAttention : public Module {
   Tensor backward(const Tensor& dy) override;
 
  private:
-  std::shared_ptr<RopeTables> rope_;
+  RingAttentionOptions attention_options(int64_t T) const;
+  std::shared_ptr<SequenceContext> seq_;
   Tensor q_, k_, v_, out_, lse_;  // after RoPE: (B, T, H, hd), (B, T, KV, hd) x2, (B, T, H, hd), (B, H, T)
 };
 
@@ -49,7 +56,7 @@ class LlamaMLP : public Module {
 class LlamaDecoderLayer : public Module {
  public:
   LlamaDecoderLayer(const std::string& name, const ModelConfig& c, const ParamFactory& f,
-                    std::shared_ptr<RopeTables> rope);
+                    std::shared_ptr<SequenceContext> seq);
   RMSNorm* input_layernorm;
   LlamaAttention* self_attn;
   RMSNorm* post_attention_layernorm;
@@ -63,7 +70,7 @@ class LlamaDecoderLayer : public Module {
 // "model": embeddings, layers, final norm.
 class LlamaModel : public Module {
  public:
-  LlamaModel(const std::string& name, const ModelConfig& c, const ParamFactory& f, std::shared_ptr<RopeTables> rope);
+  LlamaModel(const std::string& name, const ModelConfig& c, const ParamFactory& f, std::shared_ptr<SequenceContext> seq);
   Embedding* embed_tokens;
   std::vector<LlamaDecoderLayer*> layers;
   RMSNorm* norm;
@@ -80,9 +87,11 @@ class LlamaForCausalLM : public Module {
   ModelConfig config;
   LlamaModel* model;
   Linear* lm_head;
-  std::shared_ptr<RopeTables> rope;
-  // Positions of the tokens in the next forward (default 0 ... T-1).
+  std::shared_ptr<SequenceContext> seq;
+  // Global positions (T) of the tokens of the next forward (default 0 ... T-1: whole sequences).
   void set_positions(const Tensor& positions);
+  // Where each token's document starts, (B, T) i64 on the host (document_starts); undefined: no documents.
+  void set_documents(const Tensor& doc_start) { seq->doc_start = doc_start; }
 
  protected:
   Tensor forward(const Tensor& tokens) override;

@@ -81,19 +81,32 @@ ParallelPlan plan_from_config(const std::vector<TpPlanEntryConfig>& entries) {
   return plan;
 }
 
-void parallelize_llama(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelConfig& p, int64_t seq_len) {
-  int tp = mesh.size(mesh.dim_index("tp"));
+void apply_tp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, const ParallelConfig& p) {
+  const int tp = pd.tp;
   if (tp == 1) return;
   const ModelConfig& c = model.config;
   if (c.n_heads % tp != 0 || c.n_kv_heads % tp != 0)
     fail("config", "model.n_heads = {} and model.n_kv_heads = {} must both be divisible by parallel.tp = {} "
                    "(tensor parallel splits whole heads)", c.n_heads, c.n_kv_heads, tp);
-  if (p.sequence_parallel && seq_len % tp != 0)
-    fail("config", "training.seq_len = {} must be divisible by parallel.tp = {} with parallel.sequence_parallel "
-                   "(each tp rank holds seq_len / tp tokens between blocks)", seq_len, tp);
   ParallelPlan plan = p.tp_plan.empty() ? llama_tp_plan(p.sequence_parallel, p.loss_parallel)
                                         : plan_from_config(p.tp_plan);
   parallelize(model, mesh, "tp", plan);
+}
+
+void apply_cp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, int64_t seq_len) {
+  if (pd.cp == 1) return;
+  RingAttentionOptions& o = model.seq->cp;
+  o.group = &mesh.group(ParallelDims::kCp);
+  o.method = pd.cp_method;
+  o.load_balance = pd.cp_load_balance;
+  o.seq_len = seq_len;
+}
+
+void parallelize_llama(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, const ParallelConfig& p,
+                       int64_t seq_len) {
+  pd.check_seq_len(seq_len);
+  apply_tp(model, mesh, pd, p);
+  apply_cp(model, mesh, pd, seq_len);
 }
 
 }  // namespace mt

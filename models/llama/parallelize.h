@@ -2,6 +2,7 @@
 // the plan of a run (the default or parallel.tp_plan) to the model.
 #pragma once
 #include "models/llama/llama.h"
+#include "parallel/parallel_dims.h"
 #include "parallel/style.h"
 
 namespace mt {
@@ -16,8 +17,14 @@ ParallelPlan plan_from_config(const std::vector<TpPlanEntryConfig>& entries);
 // "Shard(1)", "S(-1)", "Replicate", "R", "Partial", "P"
 Placement parse_tp_placement(const std::string& text, const std::string& key);
 
-// Checks what the plan needs of the sizes (heads divisible by tp, the sequence by tp
-// under sequence parallel), then parallelizes the model over the mesh's "tp" dim.
-void parallelize_llama(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelConfig& p, int64_t seq_len);
+// Tensor (and sequence) parallel over the mesh's "tp" dim: heads must divide by tp; the plan is
+// parallel.tp_plan or the model's default.
+void apply_tp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, const ParallelConfig& p);
+// Context parallel: every attention layer runs ring attention over the cp group on this rank's part of the
+// sequence (SequenceContext::cp); the trainer feeds each rank its tokens and their positions.
+void apply_cp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, int64_t seq_len);
+// The model's parallelisms composed, after checking that seq_len splits over cp and tp.
+void parallelize_llama(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, const ParallelConfig& p,
+                       int64_t seq_len);
 
 }  // namespace mt

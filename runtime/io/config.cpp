@@ -251,6 +251,12 @@ void validate_training(const Config& c) {
   require_at_least("training.grad_clip", t.grad_clip, 0, "a norm (0 = off)");
   require_one_of<std::string>("training.dtype", t.dtype, {"fp32", "fp64", "bf16"});
   require_one_of<std::string>("training.grad_reduce_dtype", t.grad_reduce_dtype, {"fp32", "bf16"});
+  require_one_of<std::string>("parallel.cp_method", c.parallel.cp_method, {"ring", "all_gather"});
+  require_one_of<std::string>("parallel.cp_load_balance", c.parallel.cp_load_balance, {"head_tail", "none"});
+  if (c.data.document_separator != -1 &&
+      (c.data.document_separator < 0 || c.data.document_separator >= c.model.vocab_size))
+    fail("config", "data.document_separator = {}: expected a token id in [0, model.vocab_size = {}), or -1 (off)",
+         c.data.document_separator, c.model.vocab_size);
   require_at_least("training.grad_bucket_mb", t.grad_bucket_mb, 0, "a size in MiB (0 = per parameter)");
   require_at_least("training.threads", t.threads, 0, "a thread count (0 = auto)");
 

@@ -36,6 +36,8 @@ struct ParallelConfig {
   int tp = 1;            // tensor (and sequence) parallel, innermost
   bool sequence_parallel = true;
   bool loss_parallel = true;
+  std::string cp_method = "ring";
+  std::string cp_load_balance = "head_tail";
   std::vector<TpPlanEntryConfig> tp_plan;
   template <class V> void visit(V& v) {
     v("dp_replicate", dp_replicate, "replicated data-parallel degree (-1: the remaining ranks)");
@@ -44,6 +46,10 @@ struct ParallelConfig {
     v("tp", tp, "tensor-parallel degree (-1: the remaining ranks)");
     v("sequence_parallel", sequence_parallel, "with tp > 1: norms and residuals sharded along the sequence");
     v("loss_parallel", loss_parallel, "with tp > 1: cross-entropy on vocab-sharded logits, never gathered");
+    v("cp_method", cp_method, "with cp > 1: ring (K/V passed around the cp ranks, overlapped with compute) | "
+                              "all_gather (K/V gathered once per layer, dK/dV reduce-scattered)");
+    v("cp_load_balance", cp_load_balance, "with cp > 1: head_tail (2 cp chunks, rank r holds r and 2 cp - 1 - r: "
+                                          "equal causal work) | none (contiguous)");
     v("tp_plan", tp_plan, "tensor-parallel plan (empty: the model's default plan)");
   }
 };
@@ -150,9 +156,12 @@ struct TrainingConfig {
 struct DataConfig {
   std::string train = "data/fortunes/fortunes_train_*.bin";
   std::string val = "data/fortunes/fortunes_val_*.bin";
+  int64_t document_separator = -1;
   template <class V> void visit(V& v) {
     v("train", train, "glob of llm.c token shards for training (relative to the working directory)");
     v("val", val, "glob of validation shards ('' = no validation)");
+    v("document_separator", document_separator, "token id that starts a document: attention stays inside "
+                                                "documents (-1 = off: plain causal attention over the sequence)");
   }
 };
 

@@ -28,8 +28,22 @@ int run_plan_command(RunContext& ctx) {
   const int tp_dim = mesh.dim_index("tp");
   const int tp = mesh.size(tp_dim);
   if (root) {
-    std::printf("mesh %s (%d ranks); plan: %s\n\n", mesh_str(mesh.dims()).c_str(), mesh.size(),
+    std::printf("mesh %s (%d ranks): %s; tp plan: %s\n\n", mesh_str(mesh.dims()).c_str(), mesh.size(),
+                run.pd.describe().c_str(),
                 tp == 1 ? "none (tp = 1)" : (cfg.parallel.tp_plan.empty() ? "the model's default" : "parallel.tp_plan"));
+    if (run.pd.cp > 1) {
+      // Each cp rank's tokens of every sequence (the same on every dp and tp coordinate).
+      std::printf("sequence (%lld tokens) over cp = %d, %s: each rank's chunks of global positions\n",
+                  (long long)cfg.training.seq_len, run.pd.cp, cp_load_balance_name(run.pd.cp_load_balance).c_str());
+      for (int r = 0; r < run.pd.cp; ++r) {
+        SequenceShard sh = sequence_shard(run.pd.cp_load_balance, cfg.training.seq_len, run.pd.cp, r);
+        std::string chunks;
+        for (int64_t p0 : sh.chunk_pos)
+          chunks += fmt::format("{}[{}, {})", chunks.empty() ? "" : " ", p0, p0 + sh.chunk_len);
+        std::printf("  cp rank %d: %s (%lld tokens)\n", r, chunks.c_str(), (long long)sh.size());
+      }
+      std::printf("\n");
+    }
     std::printf("parameters: placements over (%s), local shape on each tp rank\n", [&] {
       std::string s;
       for (auto& d : mesh.dims()) s += (s.empty() ? "" : ", ") + d.name;
@@ -47,7 +61,7 @@ int run_plan_command(RunContext& ctx) {
       std::printf("  %-48s %-14s [%s] %s%s\n", p->name.c_str(), shape_str(p->value.shape()).c_str(), pl.c_str(),
                   shapes.c_str(), grad.c_str());
     }
-    std::printf("\nmodule layouts (activations: Shard(0) over the data-parallel dims)\n");
+    std::printf("\nmodule layouts (activations: Shard(0) over the data-parallel dims, Shard(1) over cp)\n");
     int shown = 0;
     for (Module* m : run.model->modules()) {
       for (auto& h : m->input_hooks) std::printf("  %s: input %s\n", m->name().c_str(), h.what.c_str()), ++shown;
@@ -56,21 +70,24 @@ int run_plan_command(RunContext& ctx) {
     if (!shown) std::printf("  (none: every module sees its whole input)\n");
   }
 
-  // One forward and backward of a random batch, counted.
+  // One forward and backward of a random batch (each rank's part of it), counted.
   const auto& t = cfg.training;
   std::mt19937 gen(1234);
-  Tensor tokens = empty({run.micro, t.seq_len}, DType::i32), targets = empty({run.micro, t.seq_len}, DType::i32);
-  for (int64_t i = 0; i < tokens.numel(); ++i) {
-    tokens.at<int32_t>(i) = int32_t(gen() % uint32_t(cfg.model.vocab_size));
-    targets.at<int32_t>(i) = int32_t(gen() % uint32_t(cfg.model.vocab_size));
+  Batch batch;
+  batch.inputs = empty({run.micro, t.seq_len}, DType::i32), batch.targets = empty({run.micro, t.seq_len}, DType::i32);
+  for (int64_t i = 0; i < batch.inputs.numel(); ++i) {
+    batch.inputs.at<int32_t>(i) = int32_t(gen() % uint32_t(cfg.model.vocab_size));
+    batch.targets.at<int32_t>(i) = int32_t(gen() % uint32_t(cfg.model.vocab_size));
   }
+  MicroBatch mb = local_micro_batch(run, batch, 0);
+  run.model->set_documents(mb.doc_start);
   zero_grads(run.params);
   reset_comm_counters();
-  Tensor logits = run.model->call(tokens.to(run.device));
+  Tensor logits = run.model->call(mb.inputs);
   CommCounters fwd = comm_counters();
-  Tensor losses = empty({run.micro * t.seq_len}, accum_dtype(logits.dtype()), run.device);
+  Tensor losses = empty({mb.targets.numel()}, accum_dtype(logits.dtype()), run.device);
   Tensor rows = as_rows(logits);
-  token_losses(run, losses, rows, rows, targets.reshape({-1}).to(run.device), 1.0);
+  token_losses(run, losses, rows, rows, mb.targets.reshape({-1}), 1.0);
   reset_comm_counters();
   run.model->call_backward(logits);
   CommCounters bwd = comm_counters();
@@ -86,8 +103,8 @@ int run_plan_command(RunContext& ctx) {
         parts += fmt::format("{}{}: {} x{}", parts.empty() ? "" : ", ", k, mib(double(v)), c.calls_by_collective.at(k));
       std::printf("%s%s%s\n", parts.empty() ? "" : "  (", parts.c_str(), parts.empty() ? "" : ")");
     };
-    std::printf("\nbytes sent per rank in one micro-batch of %lld x %lld tokens (measured by the runtime):\n",
-                (long long)run.micro, (long long)t.seq_len);
+    std::printf("\nbytes sent per rank in one micro-batch of %lld x %lld tokens (%lld on this rank; measured by the "
+                "runtime):\n", (long long)run.micro, (long long)t.seq_len, (long long)run.shard.size());
     print("forward", fwd);
     print("backward", bwd);
     print("gradient sync", sync);
@@ -95,7 +112,7 @@ int run_plan_command(RunContext& ctx) {
     // of a (b, T, d) activation, each moving (tp-1)/tp of it per rank; plus the embedding's reduce-scatter and
     // lm_head's all-gather.
     if (tp > 1 && cfg.parallel.sequence_parallel && cfg.parallel.tp_plan.empty()) {
-      double act = double(run.micro * t.seq_len * cfg.model.dim) * double(dtype_size(run.dtype));
+      double act = double(run.micro * run.shard.size() * cfg.model.dim) * double(dtype_size(run.dtype));
       double analytic = double(4 * cfg.model.n_layers + 2) * act * double(tp - 1) / double(tp);
       auto tp_bytes = [&](const CommCounters& c) {
         auto it = c.bytes_by_dim.find("tp");
@@ -103,11 +120,35 @@ int run_plan_command(RunContext& ctx) {
       };
       double f = tp_bytes(fwd), b = tp_bytes(bwd);
       std::printf("\nanalytic tp bytes per direction: (4 x %lld layers + 2) x (%d-1)/%d x %lld x %lld x %lld x %zu B = %s\n",
-                  (long long)cfg.model.n_layers, tp, tp, (long long)run.micro, (long long)t.seq_len,
-                  (long long)cfg.model.dim, dtype_size(run.dtype), mib(analytic).c_str());
+                  (long long)cfg.model.n_layers, tp, tp, (long long)run.micro,
+                  (long long)run.shard.size(), (long long)cfg.model.dim, dtype_size(run.dtype), mib(analytic).c_str());
       bool same = f == analytic && b == analytic;
       std::printf("tp activations: measured %s analytic (forward %s, backward %s)\n", same ? "=" : "!=",
                   mib(f).c_str(), mib(b).c_str());
+    }
+    if (run.pd.cp > 1) {
+      // Per layer a rank's K and V are (micro, T/cp, n_kv_heads/tp, hd). ring: forward (N-1) shifts of them;
+      // backward (N-1) shifts again plus N shifts of the dK/dV accumulator. all_gather: (N-1) x local K/V
+      // gathered in forward and again in backward, dK/dV reduce-scattered: (N-1) x local.
+      const int N = run.pd.cp;
+      const int64_t hd = cfg.model.dim / cfg.model.n_heads, kv_heads = cfg.model.n_kv_heads / tp;
+      const double kv_elems = 2.0 * double(run.micro * run.shard.size() * kv_heads * hd);
+      const double kv = kv_elems * double(dtype_size(run.dtype)), dkv = kv_elems * double(dtype_size(accum_dtype(run.dtype)));
+      const double L = double(cfg.model.n_layers);
+      const double f_an = L * (N - 1) * kv;
+      const double b_an = L * ((N - 1) * kv + (run.pd.cp_method == CpMethod::ring ? N : N - 1) * dkv);
+      auto cp_bytes = [&](const CommCounters& c) {
+        auto it = c.bytes_by_dim.find("cp");
+        return it == c.bytes_by_dim.end() ? 0.0 : double(it->second);
+      };
+      double f = cp_bytes(fwd), b = cp_bytes(bwd);
+      std::printf("\ncp (%s) bytes per rank: forward measured %s, analytic %lld layers x (%d-1) x K/V %s = %s (%s)\n",
+                  cp_method_name(run.pd.cp_method).c_str(), mib(f).c_str(), (long long)cfg.model.n_layers, N,
+                  mib(kv).c_str(), mib(f_an).c_str(), f == f_an ? "equal" : "DIFFERENT");
+      std::printf("cp bytes per rank: backward measured %s, analytic %lld layers x ((%d-1) x K/V + %d x dK/dV %s) = %s (%s)\n",
+                  mib(b).c_str(), (long long)cfg.model.n_layers, N,
+                  run.pd.cp_method == CpMethod::ring ? N : N - 1, mib(dkv).c_str(), mib(b_an).c_str(),
+                  b == b_an ? "equal" : "DIFFERENT");
     }
     std::printf("(the vocab-parallel loss adds 2 all-reduces over tp, of %lld row maxima and of twice as many sums, not counted above)\n",
                 (long long)(run.micro * t.seq_len));

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "attention/sequence_shard.h"
 #include "models/llama/parallelize.h"
 #include "parallel/loss_parallel.h"
 #include "parallel/philox.h"
@@ -39,19 +40,42 @@ int auto_threads(const MpiEnv& env) {
 
 }  // namespace
 
+ParallelDims parallel_dims(const Config& cfg, int world_size) {
+  auto sizes = resolve_mesh_sizes(cfg.parallel, world_size);
+  ParallelDims pd;
+  pd.dp_replicate = sizes[0], pd.dp_shard = sizes[1], pd.cp = sizes[2], pd.tp = sizes[3];
+  pd.sequence_parallel = cfg.parallel.sequence_parallel;
+  pd.cp_method = cp_method_from_name(cfg.parallel.cp_method, "parallel.cp_method");
+  pd.cp_load_balance = cp_load_balance_from_name(cfg.parallel.cp_load_balance, "parallel.cp_load_balance");
+  return pd;
+}
+
+MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r) {
+  MicroBatch mb;
+  Tensor inputs = batch.inputs.slice0(r, r + run.micro), targets = batch.targets.slice0(r, r + run.micro);  // (mb, T)
+  Tensor docs;
+  if (run.config.data.document_separator >= 0)
+    docs = document_starts(inputs, int32_t(run.config.data.document_separator));  // (mb, T) from whole sequences
+  if (run.pd.cp > 1) {  // this rank's part of each sequence
+    inputs = shard_sequence(inputs, run.shard);
+    targets = shard_sequence(targets, run.shard);
+    if (docs.defined()) docs = shard_sequence(docs, run.shard);
+  }
+  mb.inputs = inputs.to(run.device);    // (mb, T_local)
+  mb.targets = targets.to(run.device);  // (mb, T_local)
+  mb.doc_start = docs;                  // (mb, T_local) host, or undefined
+  return mb;
+}
+
 TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   TrainRun run;
   run.config = cfg;
   set_cpu_threads(cfg.training.threads > 0 ? cfg.training.threads : auto_threads(env));
 
-  // Mesh: all four conventional dims, size 1 where unused, so every dim name exists.
-  auto sizes = resolve_mesh_sizes(cfg.parallel, env.size());
-  const char* not_yet[] = {"dp_replicate", "dp_shard (fully sharded data parallel)", "cp (context parallel)"};
-  for (size_t i = 1; i < 3; ++i)
-    MT_CHECK(sizes[i] == 1, "train", "parallel.{} = {}: {} is not implemented yet; use parallel.dp_replicate or tp",
-             canonical_mesh_dims()[i], sizes[i], not_yet[i]);
-  std::vector<MeshDim> dims;
-  for (size_t i = 0; i < 4; ++i) dims.push_back({canonical_mesh_dims()[i], sizes[i]});
+  // What each mesh dim means (parallel_dims.h); all four dims exist, size 1 where unused.
+  run.pd = parallel_dims(cfg, env.size());
+  MT_CHECK(run.pd.dp_shard == 1, "train", "parallel.dp_shard = {}: fully sharded data parallel is not implemented "
+           "yet; use parallel.dp_replicate", run.pd.dp_shard);
   run.device = rank_device(env, cfg.comm.device);
   run.dtype = training_dtype(cfg, run.device);
   if (run.device.is_cuda() && run.dtype == DType::bf16 && env.rank() == 0) {
@@ -62,10 +86,12 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
                    hd);
   }
 
-  // Batch: the global batch never depends on the mesh; each dp rank takes batch_size / dp rows.
+  // Batch: the global batch never depends on the mesh; each dp rank takes batch_size / dp rows, and each cp
+  // rank of those its part of every sequence.
   auto& t = cfg.training;
-  run.dp = int64_t(sizes[0]) * sizes[1];
+  run.dp = run.pd.dp();
   require_divisible("training.batch_size", t.batch_size, "dp (dp_replicate x dp_shard)", run.dp);
+  run.pd.check_seq_len(t.seq_len);
   run.rows = t.batch_size / run.dp;
   run.micro = t.micro_batch_size > 0 ? t.micro_batch_size : run.rows;
   if (run.rows % run.micro != 0)
@@ -85,17 +111,20 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   MeshOptions mo;
   mo.device = run.device;
   mo.backend = cfg.comm.backend;
-  run.mesh = DeviceMesh::create(dims, mo);
-  run.dp_rank = int64_t(run.mesh.coordinate(0)) * sizes[1] + run.mesh.coordinate(1);
-  run.dp_dims = {0, 1};
+  run.mesh = DeviceMesh::create(run.pd.mesh_dims(), mo);
+  run.pd.make_groups(run.mesh);
+  run.dp_rank = run.pd.dp_rank(run.mesh);
+  run.shard = sequence_shard(run.pd.cp_load_balance, t.seq_len, run.pd.cp, run.pd.cp_rank(run.mesh));
 
   ParamFactory f{run.mesh, run.dtype, run.device, uint64_t(t.seed), cfg.model.init_std};
   run.model = std::make_unique<LlamaForCausalLM>(cfg.model, f);
-  // Tensor (and sequence) parallel: shards the parameters (no communication) and installs the layout hooks.
-  parallelize_llama(*run.model, run.mesh, cfg.parallel, t.seq_len);
+  // Tensor (and sequence) parallel: shards the parameters (no communication) and installs the layout hooks;
+  // context parallel: attention runs as ring attention over the cp group.
+  parallelize_llama(*run.model, run.mesh, run.pd, cfg.parallel, t.seq_len);
+  run.model->set_positions(shard_positions(run.shard));
   run.params = run.model->parameters();
   run.opt = std::make_unique<AdamW>(run.params, t);
-  GradSyncOptions gs{run.dp_dims, size_t(t.grad_bucket_mb * double(1 << 20)),
+  GradSyncOptions gs{run.pd.grad_partial_dims(), size_t(t.grad_bucket_mb * double(1 << 20)),
                      t.grad_reduce_dtype == "bf16" ? DType::bf16 : accum_dtype(run.dtype)};
   run.grad_sync = std::make_unique<GradSync>(*run.model, run.mesh, gs);
   return run;
@@ -128,24 +157,25 @@ StepResult train_step(TrainRun& run, int64_t step) {
   //    The loss is the sum of token losses over the global token count, so every mesh gives the same number.
   zero_grads(run.params);
   const double inv_tokens = 1.0 / double(B * T);
+  const int64_t T_local = run.shard.size();  // T / cp tokens of each sequence on this rank
   std::vector<Tensor> micro_losses;  // read after backward: no host sync inside the micro-batch loop
   for (int64_t r = 0; r < run.rows; r += run.micro) {
     run.grad_sync->arm(r + run.micro >= run.rows);  // the last backward launches the sync
-    Tensor inputs = batch.inputs.slice0(r, r + run.micro).to(run.device);    // (mb, T)
-    Tensor targets = batch.targets.slice0(r, r + run.micro).to(run.device);  // (mb, T)
-    Tensor logits = run.model->call(inputs);                                 // (mb, T, V)
-    Tensor losses = empty({run.micro * T}, accum_dtype(logits.dtype()), run.device);     // (mb*T)
-    token_losses(run, losses, as_rows(logits), as_rows(logits), targets.reshape({-1}), inv_tokens);
+    MicroBatch mb = local_micro_batch(run, batch, r);                    // (mb, T_local) x2, this rank's tokens
+    run.model->set_documents(mb.doc_start);
+    Tensor logits = run.model->call(mb.inputs);                          // (mb, T_local, V)
+    Tensor losses = empty({run.micro * T_local}, accum_dtype(logits.dtype()), run.device);  // (mb*T_local)
+    token_losses(run, losses, as_rows(logits), as_rows(logits), mb.targets.reshape({-1}), inv_tokens);
     micro_losses.push_back(losses);
     run.model->call_backward(logits);  // logits now hold dloss/dlogits
   }
   // 3. Gradient sync, the one rule (see sync_gradients): waits for the buckets backward launched.
   sync_gradients(run);
-  // 4. The step's loss over the whole batch.
+  // 4. The step's loss over the whole batch: every token's loss is on exactly one rank of dp x cp.
   double loss_sum = 0;
   for (const Tensor& l : micro_losses) loss_sum += sum(l);
   Tensor loss_t = from_values({loss_sum}, {1}, DType::f64);
-  run.mesh.group("dp").all_reduce(loss_t, ReduceOp::sum);
+  run.mesh.group(run.pd.loss_group()).all_reduce(loss_t, ReduceOp::sum);
   // 5. Clip by the global norm and update.
   StepResult res;
   res.loss = loss_t.at<double>(0) * inv_tokens;
@@ -163,20 +193,34 @@ double evaluate(TrainRun& run) {
   for (int64_t i = 0; i < run.config.eval.steps; ++i) {
     Batch batch = get_batch(run.val_data, i, B, T, run.dp_rank * run.rows, run.rows);
     for (int64_t r = 0; r < run.rows; r += run.micro) {
-      Tensor logits = run.model->call(batch.inputs.slice0(r, r + run.micro).to(run.device));  // (mb, T, V)
-      Tensor losses = empty({run.micro * T}, accum_dtype(logits.dtype()), run.device);
-      token_losses(run, losses, Tensor(), as_rows(logits),
-                   batch.targets.slice0(r, r + run.micro).reshape({-1}).to(run.device), 1.0);
+      MicroBatch mb = local_micro_batch(run, batch, r);
+      run.model->set_documents(mb.doc_start);
+      Tensor logits = run.model->call(mb.inputs);  // (mb, T_local, V)
+      Tensor losses = empty({mb.targets.numel()}, accum_dtype(logits.dtype()), run.device);
+      token_losses(run, losses, Tensor(), as_rows(logits), mb.targets.reshape({-1}), 1.0);
       loss_sum += sum(losses);
     }
   }
   Tensor loss_t = from_values({loss_sum}, {1}, DType::f64);
-  run.mesh.group("dp").all_reduce(loss_t, ReduceOp::sum);
+  run.mesh.group(run.pd.loss_group()).all_reduce(loss_t, ReduceOp::sum);
   return loss_t.at<double>(0) / double(run.config.eval.steps * B * T);
 }
 
 std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t n, double temperature, uint64_t seed,
-                     uint64_t stream, int64_t pad_multiple) {
+                     uint64_t stream, int64_t pad_multiple, int64_t document_separator) {
+  // Every rank runs the whole context: no cp split while generating; the training positions, documents
+  // and cp settings come back afterwards.
+  SequenceContext saved = *model.seq;
+  model.seq->cp.group = nullptr;
+  struct Restore {
+    LlamaForCausalLM& m;
+    SequenceContext& s;
+    ~Restore() {
+      m.seq->cp = s.cp;
+      m.seq->doc_start = s.doc_start;
+      if (s.positions.defined()) m.set_positions(s.positions);
+    }
+  } restore{model, saved};
   std::vector<int32_t> toks;
   for (unsigned char ch : prompt) toks.push_back(int32_t(ch) % int32_t(model.config.vocab_size));
   if (toks.empty()) toks.push_back(int32_t('\n') % int32_t(model.config.vocab_size));
@@ -190,6 +234,10 @@ std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t
     int64_t padded = (len + pad_multiple - 1) / pad_multiple * pad_multiple;
     Tensor ctx = zeros({1, padded}, DType::i32);
     std::copy(toks.end() - len, toks.end(), ctx.data<int32_t>());
+    Tensor pos = empty({padded}, DType::i64);
+    for (int64_t t = 0; t < padded; ++t) pos.at<int64_t>(t) = t;
+    model.set_positions(pos);
+    model.set_documents(document_separator >= 0 ? document_starts(ctx, int32_t(document_separator)) : Tensor());
     Tensor logits = model.call(ctx.to(w.local.device()));  // (1, padded, V or V/tp)
     Tensor last = logits.reshape({padded, -1}).slice0(len - 1, len).clone();  // (1, V_local)
     if (last.size(1) != V) {  // vocab-sharded (loss parallel): gather the row
@@ -272,7 +320,7 @@ int run_train_command(RunContext& ctx) {
     spdlog::info("model: {} parameters ({} without embeddings), {:.2f} MFLOP/token; mesh {}; batch {} x {} tokens, "
                  "{} rows per dp rank, micro-batch {}; {} threads per rank, CPU GEMM peak {:.1f} GFLOP/s",
                  llama_num_params(cfg.model), llama_num_params(cfg.model, false), flops_per_token / 1e6,
-                 mesh_str(run.mesh.dims()), t.batch_size, t.seq_len, run.rows, run.micro, cpu_threads(),
+                 mesh_str(run.mesh.dims()) + " (" + run.pd.describe() + ")", t.batch_size, t.seq_len, run.rows, run.micro, cpu_threads(),
                  peak / 1e9);
     spdlog::info("data: {} train tokens in {} shard(s), {} steps per epoch", run.train_data.size(),
                  run.train_data.shards().size(), steps_per_epoch(run.train_data, t.batch_size, t.seq_len));
@@ -324,7 +372,7 @@ int run_train_command(RunContext& ctx) {
       log.eval(step, evaluate(run));
     if (cfg.sample.interval > 0 && cfg.sample.tokens > 0 && ((step + 1) % cfg.sample.interval == 0 || last)) {
       std::string text = generate(*run.model, cfg.sample.prompt, cfg.sample.tokens, cfg.sample.temperature,
-                                  uint64_t(t.seed), uint64_t(step), sequence_pad(run));
+                                  uint64_t(t.seed), uint64_t(step), sequence_pad(run), cfg.data.document_separator);
       log.sample(step, printable(cfg.sample.prompt + text));
     }
     // A stop signal on any rank stops every rank at the same step boundary.
@@ -361,7 +409,8 @@ int run_generate_command(RunContext& ctx, const GenerateArgs& a) {
   cfg.comm = ctx.config.comm;
   TrainRun run = make_train_run(cfg, *ctx.env, false);
   load_checkpoint(path, *run.model, nullptr);
-  std::string text = generate(*run.model, a.prompt, a.tokens, a.temperature, uint64_t(a.seed), 0, sequence_pad(run));
+  std::string text = generate(*run.model, a.prompt, a.tokens, a.temperature, uint64_t(a.seed), 0, sequence_pad(run),
+                              cfg.data.document_separator);
   if (ctx.env->rank() == 0) {
     std::fwrite(a.prompt.data(), 1, a.prompt.size(), stdout);
     std::fwrite(text.data(), 1, text.size(), stdout);

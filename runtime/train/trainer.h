@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 
+#include "attention/sequence_shard.h"
 #include "models/llama/llama.h"
 #include "parallel/grad_sync.h"
 #include "runtime/io/token_data.h"
@@ -26,19 +27,31 @@ struct TrainRun {
   std::vector<Parameter*> params;
   std::unique_ptr<AdamW> opt;
   TokenStream train_data, val_data;
+  ParallelDims pd;              // what each mesh dim means
   int64_t dp = 1, dp_rank = 0;  // data-parallel size and this rank's index
   int64_t rows = 0;             // sequences of each step's batch on this rank (batch_size / dp)
   int64_t micro = 0;            // sequences per forward/backward
-  std::vector<int> dp_dims;     // mesh dims a gradient is partial over after backward
+  SequenceShard shard;          // this rank's tokens of each sequence (all of them without cp)
   int64_t start_step = 0;       // > 0 after resuming
   // Gradient sync: buckets overlapped with backward (training.grad_bucket_mb > 0) or one redistribute
   // per parameter (0); destroyed before the model whose hooks point at it.
   std::unique_ptr<GradSync> grad_sync;
 };
 
+// The mesh sizes and their meaning from the config (sizes resolved against the world; errors name the keys).
+ParallelDims parallel_dims(const Config& config, int world_size);
+
 // Builds everything on every rank; config problems are errors before any
 // collective other than building the mesh. with_data = false skips the data (generate).
 TrainRun make_train_run(const Config& config, const MpiEnv& env, bool with_data = true);
+
+// This rank's part of rows [r, r + micro) of a batch: its tokens of each sequence (all of them without cp) on
+// the run's device, and where their documents start (host; undefined without data.document_separator).
+struct MicroBatch {
+  Tensor inputs, targets;  // (micro, T_local) i32
+  Tensor doc_start;        // (micro, T_local) i64
+};
+MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r);
 
 struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0;
@@ -56,7 +69,7 @@ double evaluate(TrainRun& run);
 // Continues `prompt` (bytes) by `n` sampled tokens; every rank computes the same text
 // (collective under tensor parallel). Contexts are padded to a multiple of pad_multiple.
 std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t n, double temperature, uint64_t seed,
-                     uint64_t stream, int64_t pad_multiple = 1);
+                     uint64_t stream, int64_t pad_multiple = 1, int64_t document_separator = -1);
 
 struct GenerateArgs {
   std::string checkpoint, prompt = "The ";

@@ -133,7 +133,7 @@ plan_error "bad placement" "parallel.tp_plan[0].output_layouts = 'Shard(x)': exp
   "{pattern: lm_head, style: ColwiseParallel, output_layouts: Shard(x)}"
 expect "indivisible heads" nonzero "model.n_heads = 8 and model.n_kv_heads = 4 must both be divisible by parallel.tp = 8" -- \
   "$mpirun" -np 8 "$mt" --config "$tmp/t.yaml" --set parallel.tp=8 --set parallel.dp_replicate=1 train
-expect "sequence length" nonzero "training.seq_len = 30 must be divisible by parallel.tp = 4 with parallel.sequence_parallel" -- \
+expect "sequence length" nonzero "training.seq_len = 30 must be a multiple of 4: parallel.tp = 4 with sequence_parallel" -- \
   "$mpirun" -np 4 "$mt" --config "$tmp/t.yaml" --set parallel.tp=4 --set parallel.dp_replicate=1 --set training.seq_len=30 train
 
 # meshtrain plan: layouts per rank and the communication of a step.

@@ -231,7 +231,7 @@ expect "resume: not a checkpoint" nonzero "not a complete checkpoint" -- "$mpiru
 expect "resume: a different model" nonzero "the model expects" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.ffn_dim=48 --set checkpoint.resume="$tmp/base.ckpt/step_00000010" --set checkpoint.dir="$tmp/x" train
 
 # --- Bad input: config ---
-expect "config: cp not implemented" nonzero "parallel.cp = 2: cp (context parallel) is not implemented yet" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set parallel.dp_replicate=1 --set parallel.cp=2 train
+expect "config: dp_shard not implemented" nonzero "parallel.dp_shard = 2: fully sharded data parallel is not implemented yet" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set parallel.dp_replicate=1 --set parallel.dp_shard=2 train
 expect "config: batch not divisible by dp" nonzero "training.batch_size = 6 must be divisible by dp" -- "$mpirun" -np 4 "$mt" --config "$tmp/t.yaml" --set training.batch_size=6 train
 expect "config: micro-batch" nonzero "training.micro_batch_size = 3 must divide" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.micro_batch_size=3 train
 expect "config: seq_len > max_seq_len" nonzero "training.seq_len = 64 exceeds model.max_seq_len = 32" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.seq_len=64 train

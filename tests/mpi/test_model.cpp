@@ -125,7 +125,7 @@ TEST_CASE("model: every layer's gradients match finite differences (f64)") {
   ParamFactory f = f64_factory(mesh);
   ModelConfig c = tiny_config();
   const int64_t B = 2, T = 7;
-  auto rope = std::make_shared<RopeTables>();
+  auto rope = std::make_shared<SequenceContext>();
   Tensor pos = empty({T}, DType::i64);
   for (int64_t t = 0; t < T; ++t) pos.at<int64_t>(t) = t;
   rope->set_positions(pos, c.dim / c.n_heads, DType::f64, Device::cpu());

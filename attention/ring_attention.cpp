@@ -1,0 +1,294 @@
+// Ring attention (see ring_attention.h for the rules). Buffers are kept
+// chunk-major, (m, B, c, X, hd) with m = 1 or 2 chunks per rank of c tokens,
+// so that every (query chunk, key chunk) pair is a pair of contiguous tensors
+// the local attention kernel takes as they are; K and V travel together in one
+// (2, m, B, c, KV, hd) buffer, one message per ring step.
+#include "attention/ring_attention.h"
+
+#include <limits>
+#include <utility>
+
+#include "parallel/dtensor.h"
+#include "runtime/core/error.h"
+#include "runtime/kernels/ops.h"
+
+namespace mt {
+
+namespace {
+
+struct Ring {
+  int n = 1, rank = 0;
+  int64_t B = 0, Tl = 0, H = 0, KV = 0, hd = 0;
+  int64_t m = 1, c = 0;  // chunks per rank and their length
+  DType dt = DType::f32, acc = DType::f32;
+  Device dev;
+  SequenceShard mine;
+  int64_t q_numel() const { return B * c * H * hd; }   // one query chunk
+  int64_t kv_numel() const { return B * c * KV * hd; }  // one key (or value) chunk
+  int64_t kv_block() const { return 2 * m * kv_numel(); }  // a rank's K and V
+};
+
+Ring setup(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const RingAttentionOptions& opt) {
+  Ring r;
+  MT_CHECK(q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == q.size(0) &&
+               k.size(1) == q.size(1) && k.size(3) == q.size(3),
+           "attention", "{}: q (B, T, H, hd) {} and k, v (B, T, KV, hd) {} {} do not match", op, shape_str(q.shape()),
+           shape_str(k.shape()), shape_str(v.shape()));
+  r.n = opt.group ? opt.group->size() : 1;
+  r.rank = opt.group ? opt.group->rank() : 0;
+  r.B = q.size(0), r.Tl = q.size(1), r.H = q.size(2), r.KV = k.size(2), r.hd = q.size(3);
+  r.mine = sequence_shard(opt.load_balance, opt.seq_len, r.n, r.rank);
+  MT_CHECK(r.mine.size() == r.Tl, "attention", "{}: q holds {} tokens, but a sequence of {} over {} cp ranks ({}) "
+           "gives each rank {}", op, r.Tl, opt.seq_len, r.n, cp_load_balance_name(opt.load_balance), r.mine.size());
+  r.m = int64_t(r.mine.chunk_pos.size()), r.c = r.mine.chunk_len;
+  r.dt = q.dtype(), r.acc = accum_dtype(q.dtype()), r.dev = q.device();
+  if (opt.doc_start.defined())
+    MT_CHECK(opt.doc_start.shape() == (Shape{r.B, r.Tl}) && opt.doc_start.dtype() == DType::i64 &&
+                 !opt.doc_start.device().is_cuda(),
+             "attention", "{}: doc_start must be (B, T_local) = {} i64 on the host, got {} {}", op,
+             shape_str({r.B, r.Tl}), shape_str(opt.doc_start.shape()), dtype_name(opt.doc_start.dtype()));
+  return r;
+}
+
+// x (B, Tl, X, hd) -> chunk i as (B, c, X, hd), written into dst (contiguous).
+void take_chunk(const Tensor& dst, const Tensor& x, const Ring& r, int64_t i) {
+  copy_slice(dst, 0, x, i * r.c, r.c, 1);
+}
+// The chunk-major copy of x: (m, B, c, X, hd) flattened; with one chunk it is x itself.
+Tensor chunk_major(const Tensor& x, const Ring& r) {
+  if (r.m == 1) return x.reshape({-1});
+  Tensor out = empty({x.numel()}, x.dtype(), x.device());
+  const int64_t per = x.numel() / r.m;
+  for (int64_t i = 0; i < r.m; ++i) take_chunk(out.view(i * per, {r.B, r.c, x.size(2), x.size(3)}), x, r, i);
+  return out;
+}
+// Chunk i of a chunk-major buffer of (B, c, X, hd) chunks.
+Tensor chunk(const Tensor& flat, int64_t i, int64_t X, const Ring& r) {
+  const int64_t per = r.B * r.c * X * r.hd;
+  return flat.view(i * per, {r.B, r.c, X, r.hd});
+}
+// The inverse of chunk_major into x (B, Tl, X, hd), converting dtype if needed.
+void from_chunk_major(const Tensor& x, const Tensor& flat, int64_t X, const Ring& r) {
+  for (int64_t i = 0; i < r.m; ++i) {
+    Tensor part = chunk(flat, i, X, r);
+    if (part.dtype() != x.dtype()) {
+      Tensor t = empty(part.shape(), x.dtype(), x.device());
+      convert(t, part);
+      part = t;
+    }
+    copy_slice(x, i * r.c, part, 0, r.c, 1);
+  }
+}
+
+// This rank's K and V as one chunk-major block, (2, m, B, c, KV, hd) flattened: one message per ring step.
+Tensor pack_kv(const Tensor& k, const Tensor& v, const Ring& r) {
+  const int64_t half = r.m * r.kv_numel();
+  Tensor kv = empty({r.kv_block()}, r.dt, r.dev);
+  copy_slice(kv.view(0, {half}), 0, chunk_major(k, r), 0, half, 0);
+  copy_slice(kv.view(half, {half}), 0, chunk_major(v, r), 0, half, 0);
+  return kv;
+}
+
+// The document starts of each query chunk, (B, c) i64 on the device of the kernels.
+std::vector<Tensor> doc_chunks(const RingAttentionOptions& opt, const Ring& r, std::vector<Tensor>* host) {
+  std::vector<Tensor> out;
+  if (!opt.doc_start.defined()) return out;
+  for (int64_t i = 0; i < r.m; ++i) {
+    Tensor h = empty({r.B, r.c}, DType::i64);
+    copy_slice(h, 0, opt.doc_start, i * r.c, r.c, 1);
+    if (host) host->push_back(h);
+    out.push_back(r.dev.is_cuda() ? h.to(r.dev) : h);
+  }
+  return out;
+}
+
+// Whether any query of the chunk at q0 sees any key of the chunk at k0 (both c long).
+bool pair_visible(int64_t q0, int64_t k0, int64_t c, bool causal, const Tensor& docs /* (B, c) host or undefined */) {
+  if (causal && k0 > q0 + c - 1) return false;  // every key after every query
+  if (!docs.defined()) return true;
+  // Document starts grow along the sequence, so the first query that may see the chunk has the smallest start.
+  const int64_t t = causal ? std::max<int64_t>(0, k0 - q0) : 0, B = docs.size(0);
+  for (int64_t b = 0; b < B; ++b)
+    if (docs.at<int64_t>(b * c + t) <= k0 + c - 1) return true;
+  return false;
+}
+
+AttentionOptions pair_options(const RingAttentionOptions& opt, int64_t q0, int64_t k0, const std::vector<Tensor>& docs,
+                              int64_t i) {
+  AttentionOptions a;
+  a.causal = opt.causal, a.scale = opt.scale, a.q_pos0 = q0, a.k_pos0 = k0;
+  if (!docs.empty()) a.doc_start = docs[size_t(i)];
+  return a;
+}
+
+// dst (accum dtype) += part (activation dtype).
+void accumulate(const Tensor& dst, const Tensor& part) {
+  if (dst.dtype() == part.dtype()) return add_(dst, part);
+  Tensor t = empty(part.shape(), dst.dtype(), part.device());
+  convert(t, part);
+  add_(dst, t);
+}
+
+void count(const RingAttentionOptions& opt, const char* kind, int64_t bytes) {
+  count_collective(opt.group->name(), kind, bytes);
+}
+
+bool local_only(const RingAttentionOptions& opt) { return !opt.group || opt.group->size() == 1; }
+
+// The local kernel's options when this rank holds whole sequences.
+AttentionOptions whole_sequence_options(const RingAttentionOptions& opt, const Ring& r) {
+  return AttentionOptions{opt.causal, opt.scale, 0, 0, opt.doc_start.defined() ? opt.doc_start.to(r.dev) : Tensor()};
+}
+
+}  // namespace
+
+void ring_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const RingAttentionOptions& opt) {
+  const Ring r = setup("ring_attention_forward", q, k, v, opt);
+  if (local_only(opt) && r.m == 1)  // the whole sequence here: one call of the local kernel
+    return attention_forward(out, lse, q, k, v, whole_sequence_options(opt, r));
+  std::vector<Tensor> docs_host, docs = doc_chunks(opt, r, &docs_host);
+  Tensor qc = chunk_major(q, r);  // (m, B, c, H, hd)
+  Tensor kv = pack_kv(k, v, r);   // (2, m, B, c, KV, hd)
+  const int64_t kv_bytes = r.kv_block() * int64_t(dtype_size(r.dt));
+
+  Tensor gathered, next;
+  if (opt.method == CpMethod::all_gather) {
+    gathered = empty({r.n * r.kv_block()}, r.dt, r.dev);  // every rank's block, in rank order
+    count(opt, "all_gather", kv_bytes * (r.n - 1));
+    opt.group->all_gather(gathered, kv);
+  } else {
+    next = empty({r.kv_block()}, r.dt, r.dev);
+  }
+  // Running results per query chunk in the accum dtype: nothing seen yet (lse -inf).
+  Tensor out_acc = zeros({r.m * r.q_numel()}, r.acc, r.dev);
+  Tensor lse_acc = from_values(std::vector<double>(size_t(r.m * r.B * r.H * r.c), -std::numeric_limits<double>::infinity()),
+                               {r.m * r.B * r.H * r.c}, r.acc)
+                       .to(r.dev);
+  Tensor part_out = empty({r.B, r.c, r.H, r.hd}, r.dt, r.dev), part_lse = empty({r.B, r.H, r.c}, r.acc, r.dev);
+
+  Tensor cur = kv;
+  for (int s = 0; s < r.n; ++s) {
+    const int src = ((r.rank - s) % r.n + r.n) % r.n;  // whose K/V this step sees
+    Tensor block = opt.method == CpMethod::all_gather ? gathered.view(int64_t(src) * r.kv_block(), {r.kv_block()}) : cur;
+    Work shift;
+    if (opt.method == CpMethod::ring && s + 1 < r.n) {  // the next step's K/V, in flight while this one computes
+      count(opt, "ring_shift", kv_bytes);
+      shift = opt.group->ring_shift(next, cur, 1, /*async=*/true);
+    }
+    const SequenceShard theirs = sequence_shard(opt.load_balance, opt.seq_len, r.n, src);
+    for (int64_t i = 0; i < r.m; ++i)
+      for (int64_t j = 0; j < r.m; ++j) {
+        const int64_t q0 = r.mine.chunk_pos[size_t(i)], k0 = theirs.chunk_pos[size_t(j)];
+        if (!pair_visible(q0, k0, r.c, opt.causal, docs_host.empty() ? Tensor() : docs_host[size_t(i)])) continue;
+        Tensor kj = chunk(block, j, r.KV, r), vj = chunk(block, r.m + j, r.KV, r);
+        attention_forward(part_out, part_lse, chunk(qc, i, r.H, r), kj, vj, pair_options(opt, q0, k0, docs, i));
+        attention_merge(chunk(out_acc, i, r.H, r), lse_acc.view(i * r.B * r.H * r.c, {r.B, r.H, r.c}), part_out,
+                        part_lse);
+      }
+    if (opt.method == CpMethod::ring && s + 1 < r.n) {
+      shift.wait();
+      std::swap(cur, next);  // the block just used (ours at first: a copy) takes the next arrival
+    }
+  }
+  from_chunk_major(out, out_acc, r.H, r);
+  for (int64_t i = 0; i < r.m; ++i)
+    copy_slice(lse, i * r.c, lse_acc.view(i * r.B * r.H * r.c, {r.B, r.H, r.c}), 0, r.c, 2);
+}
+
+void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                             const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                             const RingAttentionOptions& opt) {
+  const Ring r = setup("ring_attention_backward", q, k, v, opt);
+  if (local_only(opt) && r.m == 1)
+    return attention_backward(dq, dk, dv, dout, q, k, v, out, lse, whole_sequence_options(opt, r));
+  std::vector<Tensor> docs_host, docs = doc_chunks(opt, r, &docs_host);
+  Tensor qc = chunk_major(q, r), oc = chunk_major(out, r), doc_ = chunk_major(dout, r);  // (m, B, c, H, hd)
+  std::vector<Tensor> lse_c;  // (B, H, c) per query chunk
+  for (int64_t i = 0; i < r.m; ++i) {
+    Tensor l = empty({r.B, r.H, r.c}, lse.dtype(), r.dev);
+    copy_slice(l, 0, lse, i * r.c, r.c, 2);
+    lse_c.push_back(l);
+  }
+  Tensor kv = pack_kv(k, v, r);  // (2, m, B, c, KV, hd)
+  const int64_t kv_bytes = r.kv_block() * int64_t(dtype_size(r.dt));
+  const int64_t dkv_bytes = r.kv_block() * int64_t(dtype_size(r.acc));
+
+  Tensor gathered, dkv_all, next;
+  if (opt.method == CpMethod::all_gather) {
+    gathered = empty({r.n * r.kv_block()}, r.dt, r.dev);
+    count(opt, "all_gather", kv_bytes * (r.n - 1));
+    opt.group->all_gather(gathered, kv);
+    dkv_all = zeros({r.n * r.kv_block()}, r.acc, r.dev);  // contributions to every rank's dK/dV, in rank order
+  } else {
+    next = empty({r.kv_block()}, r.dt, r.dev);
+  }
+  Tensor dq_acc = zeros({r.m * r.q_numel()}, r.acc, r.dev);
+  Tensor dq_part = empty({r.B, r.c, r.H, r.hd}, r.dt, r.dev);
+  Tensor dk_part = empty({r.B, r.c, r.KV, r.hd}, r.dt, r.dev), dv_part = empty(dk_part.shape(), r.dt, r.dev);
+  // ring: the dK/dV accumulator of the block being visited travels with it; contrib is this rank's part.
+  Tensor contrib, travelling, arriving;
+  if (opt.method == CpMethod::ring) {
+    contrib = empty({r.kv_block()}, r.acc, r.dev);
+    arriving = empty({r.kv_block()}, r.acc, r.dev);
+  }
+  Work dkv_shift;
+
+  Tensor cur = kv;
+  for (int s = 0; s < r.n; ++s) {
+    const int src = ((r.rank - s) % r.n + r.n) % r.n;
+    Tensor block = opt.method == CpMethod::all_gather ? gathered.view(int64_t(src) * r.kv_block(), {r.kv_block()}) : cur;
+    Tensor dblock = opt.method == CpMethod::all_gather ? dkv_all.view(int64_t(src) * r.kv_block(), {r.kv_block()})
+                                                       : contrib;
+    Work shift;
+    if (opt.method == CpMethod::ring) {
+      if (s + 1 < r.n) {
+        count(opt, "ring_shift", kv_bytes);
+        shift = opt.group->ring_shift(next, cur, 1, /*async=*/true);
+      }
+      fill_zero_(contrib);
+    }
+    const SequenceShard theirs = sequence_shard(opt.load_balance, opt.seq_len, r.n, src);
+    for (int64_t i = 0; i < r.m; ++i)
+      for (int64_t j = 0; j < r.m; ++j) {
+        const int64_t q0 = r.mine.chunk_pos[size_t(i)], k0 = theirs.chunk_pos[size_t(j)];
+        if (!pair_visible(q0, k0, r.c, opt.causal, docs_host.empty() ? Tensor() : docs_host[size_t(i)])) continue;
+        Tensor kj = chunk(block, j, r.KV, r), vj = chunk(block, r.m + j, r.KV, r);
+        attention_backward(dq_part, dk_part, dv_part, chunk(doc_, i, r.H, r), chunk(qc, i, r.H, r), kj, vj,
+                           chunk(oc, i, r.H, r), lse_c[size_t(i)], pair_options(opt, q0, k0, docs, i));
+        accumulate(chunk(dq_acc, i, r.H, r), dq_part);
+        accumulate(chunk(dblock, j, r.KV, r), dk_part);
+        accumulate(chunk(dblock, r.m + j, r.KV, r), dv_part);
+      }
+    if (opt.method == CpMethod::ring) {
+      // Add what arrived for this block (its earlier visitors' parts) and pass it on; after n shifts the
+      // accumulator of every block is back with its owner.
+      if (s > 0) {
+        dkv_shift.wait();
+        add_(contrib, arriving);
+      }
+      std::swap(travelling, contrib);  // travelling: what we send now; contrib: a free buffer for the next step
+      if (!contrib.defined()) contrib = empty({r.kv_block()}, r.acc, r.dev);
+      count(opt, "ring_shift", dkv_bytes);
+      dkv_shift = opt.group->ring_shift(arriving, travelling, 1, /*async=*/true);
+      if (s + 1 < r.n) {
+        shift.wait();
+        std::swap(cur, next);
+      }
+    }
+  }
+  Tensor mine_dkv;
+  if (opt.method == CpMethod::ring) {
+    dkv_shift.wait();
+    mine_dkv = arriving;
+  } else {
+    mine_dkv = empty({r.kv_block()}, r.acc, r.dev);
+    count(opt, "reduce_scatter", dkv_bytes * (r.n - 1));
+    opt.group->reduce_scatter(mine_dkv, dkv_all, ReduceOp::sum);
+  }
+  from_chunk_major(dq, dq_acc, r.H, r);
+  from_chunk_major(dk, mine_dkv.view(0, {r.m * r.kv_numel()}), r.KV, r);
+  from_chunk_major(dv, mine_dkv.view(r.m * r.kv_numel(), {r.m * r.kv_numel()}), r.KV, r);
+}
+
+}  // namespace mt

@@ -1,0 +1,59 @@
+// Ring attention: attention over a sequence split across the ranks of a
+// context-parallel (cp) group, each rank holding its queries, keys and values
+// for the positions of its SequenceShard (sequence_shard.h).
+//
+// Forward: for each rank's K/V block in turn, the local attention kernel on
+// every (query chunk, key chunk) pair that some query may see, each returning
+// its log-sum-exp; partial results are merged by log-sum-exp in f32 (f64 for
+// f64). Per pair, with causal masking: a key chunk wholly before the query
+// chunk is full attention, the same chunk is causal, a later one is skipped
+// (with head_tail that is what the seed's halves rule gives: earlier ranks'
+// blocks are seen by both query chunks through their first key chunk only,
+// later ranks' by the second query chunk only). With documents, pairs that no
+// query may see are skipped as well.
+// Backward recomputes per pair with the final out and lse, accumulating dQ
+// locally and dK/dV for the block being visited; dK/dV then go back to their
+// owner.
+// How K/V move (CpMethod):
+//  ring:       K/V shifted to the next rank each step, the shift for step
+//              i+1 in flight while step i computes (async Group::ring_shift:
+//              non-blocking MPI on CPU ranks, NCCL on its own stream on GPUs).
+//              Backward shifts K/V the same way and a dK/dV accumulator travels
+//              with them, returning to its owner after N shifts.
+//              Bytes per rank and layer: forward (N-1) x local K/V; backward
+//              (N-1) x local K/V + N x local dK/dV.
+//  all_gather: K/V all-gathered once per layer in forward and again in
+//              backward, dK/dV reduce-scattered: (N-1)/N of the whole
+//              sequence's K/V each time, and of its dK/dV.
+#pragma once
+#include "attention/local_attention.h"
+#include "attention/sequence_shard.h"
+#include "comm/group.h"
+
+namespace mt {
+
+struct RingAttentionOptions {
+  bool causal = true;
+  double scale = 0;         // 0: 1/sqrt(hd)
+  Group* group = nullptr;   // the cp group; null (or size 1): this rank holds the whole sequence
+  CpMethod method = CpMethod::ring;
+  CpLoadBalance load_balance = CpLoadBalance::head_tail;
+  int64_t seq_len = 0;      // the global sequence length T
+  // Packed documents: (B, T_local) i64 on the host, the global position where each local query's document
+  // starts (document_starts, then shard_sequence). Undefined: no document mask.
+  Tensor doc_start;
+};
+
+// q (B, T_local, H, hd), k, v (B, T_local, KV, hd): this rank's tokens, in the order of
+// sequence_shard(load_balance, seq_len, group size, group rank). out (B, T_local, H, hd) in q's dtype,
+// lse (B, H, T_local) in accum_dtype(q), as attention_forward gives for these queries against the whole
+// sequence. Collective over the group (every rank calls it with the same shapes and options).
+void ring_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const RingAttentionOptions& opt);
+// dq (B, T_local, H, hd), dk, dv (B, T_local, KV, hd) overwritten: the gradients of this rank's q, k, v.
+// dout, out, lse from the forward. Collective over the group.
+void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                             const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                             const RingAttentionOptions& opt);
+
+}  // namespace mt
