@@ -5,11 +5,6 @@
 
 namespace mt {
 
-namespace {
-// First global row of this rank's shard of the table.
-int64_t local_row_begin(const DTensor& t) { return t.spec.local_offset(t.mesh.coordinate())[0]; }
-}  // namespace
-
 Embedding::Embedding(const std::string& name, int64_t n, int64_t d, const ParamFactory& f)
     : Module(name, "Embedding"), num_embeddings(n), dim(d) {
   weight = add_parameter(f.make(child_name(name, "weight"), {n, d}, "normal"));
@@ -21,12 +16,12 @@ Tensor Embedding::forward(const Tensor& tokens) {
   const Tensor& table = weight->compute_local();  // (V_local, dim_local)
   saved_tokens_ = tokens;
   Tensor out = empty({tokens.size(0), tokens.size(1), table.size(1)}, table.dtype(), table.device());  // (B, T, C)
-  embedding_forward(as_rows(out), tokens.reshape({-1}), table, local_row_begin(weight->value), num_embeddings);
+  embedding_forward(as_rows(out), tokens.reshape({-1}), table, weight->compute_offset()[0], num_embeddings);
   return out;
 }
 
 Tensor Embedding::backward(const Tensor& dy) {
-  embedding_backward(weight->grad.local, as_rows(dy), saved_tokens_.reshape({-1}), local_row_begin(weight->value));
+  embedding_backward(weight->grad_local(), as_rows(dy), saved_tokens_.reshape({-1}), weight->compute_offset()[0]);
   saved_tokens_ = Tensor();
   return Tensor();
 }

@@ -1,5 +1,6 @@
 // The generic layers: Linear (no bias, weight [out, in]), Embedding, RMSNorm.
-// Each keeps what its backward needs from its last forward. Shapes are local
+// Each keeps what its backward needs from its last forward (drop_saved releases
+// it: activation recompute). Shapes are local
 // (what this rank holds); the leading dims of an activation are (B, T).
 #pragma once
 #include "parallel/module.h"
@@ -22,6 +23,7 @@ class Linear : public Module {
  protected:
   Tensor forward(const Tensor& x) override;   // (B, T, in) -> (B, T, out)
   Tensor backward(const Tensor& dy) override;
+  void drop_saved() override { saved_x_ = Tensor(); }
 
  private:
   Tensor saved_x_;  // (B, T, in_local)
@@ -36,6 +38,7 @@ class Embedding : public Module {
  protected:
   Tensor forward(const Tensor& tokens) override;  // (B, T) i32 -> (B, T, dim)
   Tensor backward(const Tensor& dy) override;     // returns an undefined tensor (tokens have no gradient)
+  void drop_saved() override { saved_tokens_ = Tensor(); }
 
  private:
   Tensor saved_tokens_;  // (B, T)
@@ -57,6 +60,7 @@ class RMSNorm : public Module {
  protected:
   Tensor forward(const Tensor& x) override;  // (B, T, dim) -> (B, T, dim)
   Tensor backward(const Tensor& dy) override;
+  void drop_saved() override { saved_x_ = saved_rstd_ = Tensor(); }
 
  private:
   Tensor saved_x_, saved_rstd_;  // (B, T, dim), (B*T)

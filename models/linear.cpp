@@ -41,7 +41,7 @@ Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
   MT_CHECK(dx_sum.shape() == saved_x_.shape(), "model", "{}: the gradient sum has shape {}, the input {}", name(),
            shape_str(dx_sum.shape()), shape_str(saved_x_.shape()));
   return call_backward_around(dy, [&](const Tensor& g) {
-    matmul_backward(as_rows(dx_sum), weight->grad.local, as_rows(g), as_rows(saved_x_), weight->compute_local(),
+    matmul_backward(as_rows(dx_sum), weight->grad_local(), as_rows(g), as_rows(saved_x_), weight->compute_local(),
                     /*accumulate_dinp=*/true);
     saved_x_ = Tensor();
     return dx_sum;
@@ -50,7 +50,7 @@ Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
 
 Tensor Linear::backward(const Tensor& dy) {
   Tensor dx = empty(saved_x_.shape(), dy.dtype(), dy.device());  // (B, T, in_local)
-  matmul_backward(as_rows(dx), weight->grad.local, as_rows(dy), as_rows(saved_x_), weight->compute_local());
+  matmul_backward(as_rows(dx), weight->grad_local(), as_rows(dy), as_rows(saved_x_), weight->compute_local());
   saved_x_ = Tensor();
   return dx;
 }

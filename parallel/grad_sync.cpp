@@ -21,6 +21,10 @@ GradSync::GradSync(Module& model, const DeviceMesh& mesh, GradSyncOptions opt) :
     partial.insert(partial.end(), p->grad_partial_dims.begin(), p->grad_partial_dims.end());
     std::sort(partial.begin(), partial.end());
     partial.erase(std::unique(partial.begin(), partial.end()), partial.end());
+    // Sums backward already did (fully_shard reduce-scatters over dp_shard) are not done again.
+    std::erase_if(partial, [&](int d) {
+      return std::find(p->grad_reduced_dims.begin(), p->grad_reduced_dims.end(), d) != p->grad_reduced_dims.end();
+    });
     std::string dims;  // the dims that need a sum (size > 1), in mesh order
     bool general = false;
     for (int d : partial) {
@@ -51,15 +55,22 @@ GradSync::GradSync(Module& model, const DeviceMesh& mesh, GradSyncOptions opt) :
     mesh_.group(buckets_[i].dims);  // flattened groups are made collectively: here, on every rank, in one order
   }
 
-  // The gradient of each own parameter is complete once the owner's backward has run.
+  // The gradient of each own parameter is complete once the owner's backward has run, or, with fully_shard,
+  // once its unit's backward has reduce-scattered it (grad_ready_at, whose hook runs before this one).
   if (buckets_.empty()) return;
-  for (Module* m : model.modules()) {
-    if (m->own_parameters().empty()) continue;
-    m->post_backward.push_back([this](Module& mod) {
+  std::map<Module*, std::vector<Parameter*>> ready_at;
+  std::vector<Module*> hooked;
+  for (Module* m : model.modules())
+    for (Parameter* p : m->own_parameters()) {
+      Module* at = p->grad_ready_at ? p->grad_ready_at : m;
+      if (ready_at[at].empty()) hooked.push_back(at);
+      ready_at[at].push_back(p);
+    }
+  for (Module* m : hooked)
+    m->post_backward.push_back([this, params = ready_at[m]](Module&) {
       if (!armed_) return;
-      for (Parameter* p : mod.own_parameters()) mark_ready(p);
+      for (Parameter* p : params) mark_ready(p);
     });
-  }
 }
 
 void GradSync::arm(bool last_micro_batch) {

@@ -11,12 +11,25 @@ Tensor Module::call(const Tensor& x) {
   return call_around([&] {
     Tensor h = x;
     for (auto& hook : input_hooks) h = hook.forward(h);
-    return forward(h);
+    Tensor y = forward(h);
+    if (recompute) {  // keep the input only
+      recompute_input_ = h;
+      for (Module* m : modules()) m->drop_saved();
+    }
+    return y;
   });
 }
 
 Tensor Module::call_backward(const Tensor& dy) {
   return call_backward_around(dy, [&](const Tensor& g) {
+    if (recompute) {  // forward again on the kept input: the subtree saves what its backward needs
+      MT_CHECK(recompute_input_.defined(), "module", "{}: backward without a forward to recompute", name_);
+      auto sub = modules();
+      for (Module* m : sub) m->recomputing_ = true;
+      forward(recompute_input_);
+      for (Module* m : sub) m->recomputing_ = false;
+      recompute_input_ = Tensor();
+    }
     Tensor dx = backward(g);
     for (auto it = input_hooks.rbegin(); it != input_hooks.rend(); ++it)
       if (dx.defined()) dx = it->backward(dx);
@@ -76,6 +89,12 @@ std::unique_ptr<Parameter> ParamFactory::make(const std::string& name, const Sha
     p->refresh_compute();
   }
   return p;
+}
+
+Shape Parameter::compute_offset() const {
+  std::vector<int> coord = value.mesh.coordinate();
+  if (unshard_dim >= 0) coord[size_t(unshard_dim)] = 0;
+  return value.spec.local_offset(coord);
 }
 
 void Parameter::refresh_compute() {

@@ -31,9 +31,29 @@ struct Parameter {
   // the gradient sync and checkpoints see); compute is the bf16 copy of value.local the layers
   // run with, rewritten by the optimizer step. Undefined when the model computes in value's dtype.
   Tensor compute;
+  // Fully sharded data parallel (fully_shard): while the parameter's unit runs, unsharded holds the
+  // weight gathered over the fsdp mesh dim (the shape layers expect) and, in backward, unsharded_grad
+  // the full-size gradient the layers write; the unit's hook reduce-scatters it into grad. Undefined
+  // otherwise.
+  Tensor unsharded, unsharded_grad;
+  // Mesh dims whose sum backward has already done (fully_shard's reduce-scatter over dp_shard): the
+  // gradient sync leaves them out. grad_ready_at: the module whose post_backward completes this
+  // gradient (null: the owner).
+  std::vector<int> grad_reduced_dims;
+  class Module* grad_ready_at = nullptr;
+  int unshard_dim = -1;  // fully_shard's mesh dim: unsharded is whole on it
+
+  // Global offset of the tensor layers compute with: this rank's part, or with fully_shard the part
+  // gathered over unshard_dim (a vocab-sharded embedding needs its first row).
+  Shape compute_offset() const;
 
   // The local tensor layers compute with.
-  const Tensor& compute_local() const { return compute.defined() ? compute : value.local; }
+  const Tensor& compute_local() const {
+    if (unsharded.defined()) return unsharded;
+    return compute.defined() ? compute : value.local;
+  }
+  // The gradient buffer layers accumulate into (same shape as compute_local()).
+  const Tensor& grad_local() const { return unsharded_grad.defined() ? unsharded_grad : grad.local; }
   // Rounds value.local into compute (after value changed outside the optimizer: sharding, loading).
   void refresh_compute();
 };
@@ -70,21 +90,37 @@ class Module {
 
   std::vector<LayoutHook> input_hooks;   // applied in order in forward
   std::vector<LayoutHook> output_hooks;  // applied in order in forward
-  std::vector<std::function<void(Module&)>> pre_forward;    // e.g. gather sharded parameters
-  std::vector<std::function<void(Module&)>> post_backward;  // e.g. free gathered parameters
+  // Callbacks around forward and backward (fully_shard: gather before, free after; gradient sync).
+  // A module's call() runs pre_forward, the input hooks, forward, the output hooks, post_forward;
+  // call_backward() runs pre_backward, the output hooks' backward, backward, the input hooks'
+  // backward, post_backward.
+  std::vector<std::function<void(Module&)>> pre_forward;
+  std::vector<std::function<void(Module&)>> post_forward;
+  std::vector<std::function<void(Module&)>> pre_backward;
+  std::vector<std::function<void(Module&)>> post_backward;
+
+  // Activation recompute (apply_recompute): forward keeps only the module's input and releases what the
+  // subtree saved for backward (drop_saved); backward first runs forward again on that input.
+  bool recompute = false;
+  // True on every module of a subtree while its forward runs again inside backward.
+  bool recomputing() const { return recomputing_; }
 
  protected:
   virtual Tensor forward(const Tensor& x) = 0;
   virtual Tensor backward(const Tensor& dy) = 0;
+  // What this module saved in forward for its backward, released (recompute). Layers that save override it.
+  virtual void drop_saved() {}
   // The callbacks and output hooks of call() / call_backward() around a body: call() passes the input hooks
   // and forward(), a fused variant its fused op (RMSNorm::call_add, Linear::call_backward_into).
   template <class F> Tensor call_around(F&& body) {
     for (auto& f : pre_forward) f(*this);
     Tensor y = body();
     for (auto& hook : output_hooks) y = hook.forward(y);
+    for (auto& f : post_forward) f(*this);
     return y;
   }
   template <class F> Tensor call_backward_around(const Tensor& dy, F&& body) {
+    for (auto& f : pre_backward) f(*this);
     Tensor g = dy;
     for (auto it = output_hooks.rbegin(); it != output_hooks.rend(); ++it) g = it->backward(g);
     Tensor dx = body(g);
@@ -102,6 +138,8 @@ class Module {
 
  private:
   std::string name_, type_;
+  bool recomputing_ = false;
+  Tensor recompute_input_;  // the input forward ran on, kept for backward when recompute is set
   std::vector<Module*> children_;
   std::vector<std::unique_ptr<Module>> owned_;
   std::vector<Parameter*> own_params_;

@@ -113,6 +113,10 @@ run_script_suite train tests/cli/test_train.sh
 run_script_suite tp tests/cli/test_tp.sh ${MT_TEST_FULL:+--full}
 # Context parallel: invariance over cp, dp x cp, cp x tp, both methods, packed documents, `meshtrain plan`.
 run_script_suite cp tests/cli/test_cp.sh ${MT_TEST_FULL:+--full}
+# Activation recompute: full, selective, every N-th and MLP-only give the same losses bit for bit (1 rank, tp, cp).
+run_script_suite recompute tests/cli/test_recompute.sh
+# Fully sharded data parallel: invariance over dp_shard, HSDP, with tp and cp, layouts, memory, bytes, checkpoints.
+run_script_suite fsdp tests/cli/test_fsdp.sh ${MT_TEST_FULL:+--full}
 
 # The PyTorch reference model's own checks (RoPE, GQA, gradients, safetensors).
 out="$log_dir/reference.log"

@@ -4,6 +4,9 @@
 #include <fstream>
 
 #include "check_error.h"
+#include <spdlog/sinks/stdout_color_sinks.h>
+
+#include "runtime/core/log.h"
 #include "runtime/io/config.h"
 
 using namespace mt;
@@ -130,4 +133,41 @@ TEST_CASE("a written file loads back, with --set on top") {
   CHECK(b.parallel.dp_replicate == 2);
   CHECK(b.comm.link_gbps.empty());
   std::remove(path.c_str());
+}
+
+TEST_CASE("sizes that would overflow when multiplied are refused before any code multiplies them") {
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {dim: 4611686018427387904}"),
+                       "model.dim x model.vocab_size = 4611686018427387904 x 256: the product overflows 64 bits");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {dim: 64, ffn_dim: 4611686018427387904}"),
+                       "model.dim x model.ffn_dim = 64 x 4611686018427387904: the product overflows");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("training: {batch_size: 1152921504606846976, seq_len: 32}"),
+                       "training.batch_size x training.seq_len = 1152921504606846976 x 32: the product overflows");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("training: {batch_size: 4398046511104, seq_len: 256}"),
+                       "training.batch_size x training.seq_len x model.dim = 4398046511104 x 256 x 256");
+  config_from_yaml_string("model: {dim: 8192, vocab_size: 65536, ffn_dim: 28672, n_layers: 80, n_heads: 64, "
+                          "n_kv_heads: 8, max_seq_len: 8192}\ntraining: {batch_size: 1024, seq_len: 8192}");
+}
+
+TEST_CASE("threads, non-finite steps, resume without a dir") {
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("training: {threads: 100000}"),
+                       "training.threads = 100000: expected at most 1024 threads per rank");
+  CHECK(config_from_yaml_string("").training.nonfinite == "stop");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("training: {nonfinite: ignore}"),
+                       "training.nonfinite = 'ignore': expected one of 'stop', 'skip'");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("training: {nonfinite: skip, max_nonfinite_steps: 0}"),
+                       "training.max_nonfinite_steps = 0");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("checkpoint: {resume: runs/x/step_00000010}"),
+                       "checkpoint.resume = runs/x/step_00000010 but checkpoint.dir is empty");
+  config_from_yaml_string("checkpoint: {resume: never}");
+  CHECK(!config_from_yaml_string("").checkpoint.allow_config_change);
+}
+
+TEST_CASE("an unknown log level is an error that can still be reported (it used to leave no logger)") {
+  auto before = spdlog::default_logger();
+  spdlog::drop("meshtrain");
+  spdlog::set_default_logger(spdlog::stderr_color_mt("meshtrain"));
+  CHECK_ERROR_CONTAINS(init_logging(0, "bogus"), "bad log level 'bogus'");
+  CHECK(spdlog::default_logger() != nullptr);
+  spdlog::drop("meshtrain");
+  spdlog::set_default_logger(before);
 }

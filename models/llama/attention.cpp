@@ -46,12 +46,25 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   rope_forward(q, q, seq_->cos, seq_->sin);
   rope_forward(k, k, seq_->cos, seq_->sin);
   int64_t H = q.size(2);
-  Tensor out = empty({B, T, H, hd}, x.dtype(), x.device());  // (B, T, H, hd)
-  Tensor lse = empty({B, H, T}, accum_dtype(x.dtype()), x.device()); // (B, H, T)
-  // Local attention over whole sequences, or ring attention over the cp group on this rank's part.
-  ring_attention_forward(out, lse, q, k, v, attention_options(T));
+  Tensor out = out_, lse = lse_;
+  if (recomputing() && keep_attention_output) {
+    // Selective recompute: the first forward's attention output and log-sum-exp were kept; the kernel's
+    // result would be the same bits, so it (and ring attention's cp communication) is not run again.
+    MT_CHECK(out.defined() && lse.defined() && out.shape() == (Shape{B, T, H, hd}), "model",
+             "{}: recompute without the attention output kept by the first forward", name());
+  } else {
+    out = empty({B, T, H, hd}, x.dtype(), x.device());           // (B, T, H, hd)
+    lse = empty({B, H, T}, accum_dtype(x.dtype()), x.device());  // (B, H, T)
+    // Local attention over whole sequences, or ring attention over the cp group on this rank's part.
+    ring_attention_forward(out, lse, q, k, v, attention_options(T));
+  }
   q_ = q, k_ = k, v_ = v, out_ = out, lse_ = lse;
   return o_proj->call(out.reshape({B, T, H * hd}));
+}
+
+void LlamaAttention::drop_saved() {
+  q_ = k_ = v_ = Tensor();
+  if (!keep_attention_output) out_ = lse_ = Tensor();
 }
 
 Tensor LlamaAttention::backward(const Tensor& dy) {

@@ -29,10 +29,16 @@ class LlamaAttention : public Module {
                  std::shared_ptr<SequenceContext> seq);
   Linear *q_proj, *k_proj, *v_proj, *o_proj;
   int64_t head_dim;
+  // Selective recompute (parallel.recompute.keep: [attention]): in a recomputed subtree this layer keeps the
+  // attention's output and log-sum-exp when the rest is dropped, and its forward run again inside backward
+  // recomputes q, k, v (projections and RoPE) but reuses them instead of running attention (and, with cp, its
+  // communication) again.
+  bool keep_attention_output = false;
 
  protected:
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
   Tensor backward(const Tensor& dy) override;
+  void drop_saved() override;
 
  private:
   RingAttentionOptions attention_options(int64_t T) const;
@@ -48,6 +54,7 @@ class LlamaMLP : public Module {
  protected:
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
   Tensor backward(const Tensor& dy) override;
+  void drop_saved() override { gate_ = up_ = Tensor(); }
 
  private:
   Tensor gate_, up_;  // (B, T, F)

@@ -102,11 +102,44 @@ void apply_cp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDim
   o.seq_len = seq_len;
 }
 
-void parallelize_llama(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, const ParallelConfig& p,
-                       int64_t seq_len) {
+std::vector<Module*> apply_recompute_llama(LlamaForCausalLM& model, const RecomputeConfig& c) {
+  RecomputePolicy policy;
+  // The blocks whose parents call them through Module::call (the norms and linears are called through fused
+  // variants, and recomputing a single GEMM saves nothing).
+  policy.types = {"LlamaModel", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP"};
+  policy.keep["attention"] = {
+      [](const Module& m) { return dynamic_cast<const LlamaAttention*>(&m) != nullptr; },
+      [](Module& m) { static_cast<LlamaAttention&>(m).keep_attention_output = true; }};
+  return apply_recompute(model, RecomputeOptions{c.patterns, c.every, c.keep}, policy);
+}
+
+std::unique_ptr<FullyShard> apply_fsdp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd,
+                                       const FsdpConfig& c, DType reduce_dtype) {
+  if (pd.dp_shard == 1) return nullptr;
+  FullyShardOptions o;
+  o.mesh_dim = "dp_shard";
+  o.min_weight_size = c.min_weight_size;
+  o.reshard_after_forward = c.reshard_after_forward;
+  // Units: each decoder layer, the embedding, the final norm with lm_head (torchtitan's); a tied embedding
+  // shares its weight with lm_head, so they are one unit.
+  o.units = c.patterns;
+  if (o.units.empty())
+    o.units = model.config.tie_embeddings
+                  ? std::vector<std::string>{"model.layers.*", "model.embed_tokens+model.norm+lm_head"}
+                  : std::vector<std::string>{"model.embed_tokens", "model.layers.*", "model.norm+lm_head"};
+  o.param_dtype = model.model->embed_tokens->weight->compute_local().dtype();  // the compute dtype
+  o.reduce_dtype = c.reduce_dtype.empty() ? reduce_dtype : (c.reduce_dtype == "bf16" ? DType::bf16 : DType::f32);
+  if (o.param_dtype == DType::f64) o.reduce_dtype = DType::f64;  // f64 checks reduce in f64
+  return fully_shard(model, mesh, o);
+}
+
+std::unique_ptr<FullyShard> parallelize_llama(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd,
+                                              const ParallelConfig& p, int64_t seq_len, DType reduce_dtype) {
   pd.check_seq_len(seq_len);
   apply_tp(model, mesh, pd, p);
   apply_cp(model, mesh, pd, seq_len);
+  apply_recompute_llama(model, p.recompute);
+  return apply_fsdp(model, mesh, pd, p.fsdp, reduce_dtype);
 }
 
 }  // namespace mt

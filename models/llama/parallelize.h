@@ -2,7 +2,9 @@
 // the plan of a run (the default or parallel.tp_plan) to the model.
 #pragma once
 #include "models/llama/llama.h"
+#include "parallel/fully_shard.h"
 #include "parallel/parallel_dims.h"
+#include "parallel/recompute.h"
 #include "parallel/style.h"
 
 namespace mt {
@@ -23,8 +25,18 @@ void apply_tp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDim
 // Context parallel: every attention layer runs ring attention over the cp group on this rank's part of the
 // sequence (SequenceContext::cp); the trainer feeds each rank its tokens and their positions.
 void apply_cp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, int64_t seq_len);
-// The model's parallelisms composed, after checking that seq_len splits over cp and tp.
-void parallelize_llama(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, const ParallelConfig& p,
-                       int64_t seq_len);
+// Activation recompute (parallel.recompute): the matched blocks (decoder layers, their self_attn or mlp, or the
+// whole model.model) keep only their input in forward and run forward again inside backward; keep: [attention]
+// makes the attention layers inside them keep their output and log-sum-exp, so the attention kernel (and with
+// cp its communication) is not repeated. Returns the recomputed modules.
+std::vector<Module*> apply_recompute_llama(LlamaForCausalLM& model, const RecomputeConfig& c);
+// Fully sharded data parallel over dp_shard (parallel.fsdp; null when dp_shard is 1): the returned state must
+// outlive the model's forward and backward calls.
+std::unique_ptr<FullyShard> apply_fsdp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd,
+                                       const FsdpConfig& c, DType reduce_dtype);
+// The model's parallelisms composed (tp, cp, recompute, fsdp), after checking that seq_len splits over cp and tp.
+std::unique_ptr<FullyShard> parallelize_llama(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd,
+                                              const ParallelConfig& p, int64_t seq_len,
+                                              DType reduce_dtype = DType::f32);
 
 }  // namespace mt

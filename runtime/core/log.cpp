@@ -15,6 +15,9 @@ spdlog::level::level_enum parse_log_level(const std::string& level) {
 }
 
 void init_logging(int rank, const std::string& level) {
+  // The level first: a bad one throws while the current logger (the one the error is reported through) still
+  // exists; dropping it first left no default logger, and reporting the error crashed every rank.
+  auto lvl = level.empty() ? spdlog::level::info : parse_log_level(level);
   // stderr for every rank: stdout stays for tables and results a user may pipe.
   spdlog::drop("meshtrain");  // init_logging may be called again (tests, --log-level)
   auto logger = spdlog::stderr_color_mt("meshtrain");
@@ -22,7 +25,6 @@ void init_logging(int rank, const std::string& level) {
   if (!level.empty()) {
     // An explicit level applies to rank 0; other ranks never go below warn so
     // that 64 ranks do not print 64 copies (debug and trace apply everywhere).
-    auto lvl = parse_log_level(level);
     logger->set_level(rank == 0 || lvl < spdlog::level::info ? lvl : std::max(lvl, spdlog::level::warn));
   } else {
     logger->set_level(rank == 0 ? spdlog::level::info : spdlog::level::warn);

@@ -209,6 +209,21 @@ void require_at_least(const std::string& key, double value, double min, const ch
   if (!(value >= min) || !std::isfinite(value)) fail("config", "{} = {}: expected {} >= {}", key, value, what, min);
 }
 
+// Sizes multiplied into tensor sizes (elements, then bytes) must not overflow 64 bits: checked before any code
+// multiplies them. factors: (key, value) pairs, each already >= 1.
+void require_product_fits(std::initializer_list<std::pair<const char*, int64_t>> factors) {
+  int64_t prod = 32;  // bytes per element, with room: f64 values, gradients and optimizer state
+  std::string keys, values;
+  bool overflow = false;
+  for (auto& [key, v] : factors) {
+    keys += (keys.empty() ? "" : " x ") + std::string(key);
+    values += (values.empty() ? "" : " x ") + std::to_string(v);
+    overflow = overflow || __builtin_mul_overflow(prod, v, &prod);
+  }
+  if (overflow)
+    fail("config", "{} = {}: the product overflows 64 bits (a tensor of that many elements cannot exist)", keys, values);
+}
+
 // The model, training, data, eval, sample and checkpoint sections (mesh-dependent
 // checks, such as the batch being divisible by dp, happen when the mesh exists).
 void validate_training(const Config& c) {
@@ -232,12 +247,25 @@ void validate_training(const Config& c) {
   if (!(m.rope_theta > 0) || !std::isfinite(m.rope_theta))
     fail("config", "model.rope_theta = {}: expected > 0", m.rope_theta);
   require_at_least("model.init_std", m.init_std, 0, "a standard deviation");
+  require_product_fits({{"model.dim", m.dim}, {"model.vocab_size", m.vocab_size}});
+  require_product_fits({{"model.dim", m.dim}, {"model.dim", m.dim}});
+  require_product_fits({{"model.dim", m.dim}, {"model.ffn_dim", m.ffn_dim}});
+  require_product_fits({{"model.n_layers", m.n_layers}, {"model.dim", m.dim}, {"model.dim", m.dim}});
+  require_product_fits({{"model.n_layers", m.n_layers}, {"model.dim", m.dim}, {"model.ffn_dim", m.ffn_dim}});
+  require_product_fits({{"model.max_seq_len", m.max_seq_len}, {"model.dim", m.dim}});
 
   auto& t = c.training;
   require_at_least("training.steps", t.steps, 0, "a step count");
   require_at_least("training.batch_size", t.batch_size, 1, "a number of sequences");
   require_at_least("training.seq_len", t.seq_len, 1, "a length");
   require_at_least("training.micro_batch_size", t.micro_batch_size, 0, "a number of sequences");
+  // The step's activations: (batch x seq_len) rows of dim, ffn_dim and vocab_size (any mesh holds at most these).
+  require_product_fits({{"training.batch_size", t.batch_size}, {"training.seq_len", t.seq_len}});
+  require_product_fits({{"training.batch_size", t.batch_size}, {"training.seq_len", t.seq_len}, {"model.dim", m.dim}});
+  require_product_fits(
+      {{"training.batch_size", t.batch_size}, {"training.seq_len", t.seq_len}, {"model.ffn_dim", m.ffn_dim}});
+  require_product_fits(
+      {{"training.batch_size", t.batch_size}, {"training.seq_len", t.seq_len}, {"model.vocab_size", m.vocab_size}});
   if (t.seq_len > m.max_seq_len)
     fail("config", "training.seq_len = {} exceeds model.max_seq_len = {}", t.seq_len, m.max_seq_len);
   require_at_least("training.lr", t.lr, 0, "a learning rate");
@@ -252,13 +280,33 @@ void validate_training(const Config& c) {
   require_one_of<std::string>("training.dtype", t.dtype, {"fp32", "fp64", "bf16"});
   require_one_of<std::string>("training.grad_reduce_dtype", t.grad_reduce_dtype, {"fp32", "bf16"});
   require_one_of<std::string>("parallel.cp_method", c.parallel.cp_method, {"ring", "all_gather"});
+  if (c.parallel.fsdp.min_weight_size < 0)
+    fail("config", "parallel.fsdp.min_weight_size = {}: expected a number of elements >= 0",
+         c.parallel.fsdp.min_weight_size);
+  require_one_of<std::string>("parallel.fsdp.param_dtype", c.parallel.fsdp.param_dtype, {"", "fp32", "bf16", "fp64"});
+  require_one_of<std::string>("parallel.fsdp.reduce_dtype", c.parallel.fsdp.reduce_dtype, {"", "fp32", "bf16"});
+  if (!c.parallel.fsdp.param_dtype.empty() && c.parallel.fsdp.param_dtype != t.dtype)
+    fail("config", "parallel.fsdp.param_dtype = {} differs from training.dtype = {}: parameters are gathered in the "
+                   "dtype the model computes in; set training.dtype instead", c.parallel.fsdp.param_dtype, t.dtype);
   require_one_of<std::string>("parallel.cp_load_balance", c.parallel.cp_load_balance, {"head_tail", "none"});
+  const RecomputeConfig& rc = c.parallel.recompute;
+  for (size_t i = 0; i < rc.patterns.size(); ++i)
+    if (rc.patterns[i].empty()) fail("config", "parallel.recompute.patterns[{}] is empty: expected a module path", i);
+  if (rc.every < 1)
+    fail("config", "parallel.recompute.every = {}: expected every N-th matched module, N >= 1", rc.every);
+  for (size_t i = 0; i < rc.keep.size(); ++i)
+    require_one_of<std::string>(fmt::format("parallel.recompute.keep[{}]", i), rc.keep[i], {"attention"});
+  if (!rc.keep.empty() && rc.patterns.empty())
+    fail("config", "parallel.recompute.keep is set but parallel.recompute.patterns is empty: nothing is recomputed");
   if (c.data.document_separator != -1 &&
       (c.data.document_separator < 0 || c.data.document_separator >= c.model.vocab_size))
     fail("config", "data.document_separator = {}: expected a token id in [0, model.vocab_size = {}), or -1 (off)",
          c.data.document_separator, c.model.vocab_size);
   require_at_least("training.grad_bucket_mb", t.grad_bucket_mb, 0, "a size in MiB (0 = per parameter)");
   require_at_least("training.threads", t.threads, 0, "a thread count (0 = auto)");
+  if (t.threads > 1024) fail("config", "training.threads = {}: expected at most 1024 threads per rank", t.threads);
+  require_one_of<std::string>("training.nonfinite", t.nonfinite, {"stop", "skip"});
+  require_at_least("training.max_nonfinite_steps", t.max_nonfinite_steps, 1, "a step count");
 
   require_at_least("eval.interval", c.eval.interval, 0, "a step count (0 = never)");
   require_at_least("eval.steps", c.eval.steps, 1, "a batch count");
@@ -269,6 +317,9 @@ void validate_training(const Config& c) {
   require_at_least("checkpoint.keep", c.checkpoint.keep, 0, "a count (0 = all)");
   if (c.checkpoint.resume.empty())
     fail("config", "checkpoint.resume is empty: expected auto, never or a checkpoint directory");
+  if (c.checkpoint.dir.empty() && c.checkpoint.resume != "auto" && c.checkpoint.resume != "never")
+    fail("config", "checkpoint.resume = {} but checkpoint.dir is empty: a resumed run needs a checkpoint.dir to "
+                   "write its own checkpoints into", c.checkpoint.resume);
 }
 
 void validate(const Config& c) {

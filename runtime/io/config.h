@@ -29,6 +29,39 @@ struct TpPlanEntryConfig {
   }
 };
 
+// Fully sharded data parallel (parallel.dp_shard > 1): which modules form units and how parameters are laid out.
+struct FsdpConfig {
+  int64_t min_weight_size = int64_t(1) << 18;
+  std::vector<std::string> patterns;  // units ([] = the model's default: each decoder layer, the embedding, norm+lm_head)
+  bool reshard_after_forward = true;
+  std::string param_dtype;   // "" = training.dtype (the dtype parameters are gathered and computed in)
+  std::string reduce_dtype;  // "" = training.grad_reduce_dtype
+  template <class V> void visit(V& v) {
+    v("min_weight_size", min_weight_size, "parameters with at most this many elements stay replicated");
+    v("patterns", patterns, "the units: module patterns, each match a unit; 'a+b' puts the matches of a and b "
+                            "in one unit ([] = each decoder layer, the embedding, the final norm with lm_head)");
+    v("reshard_after_forward", reshard_after_forward, "free a unit's gathered parameters after its forward "
+                                                      "(false: keep them until its backward: less traffic, more memory)");
+    v("param_dtype", param_dtype, "'' | fp32 | bf16 | fp64: must be training.dtype ('' = that)");
+    v("reduce_dtype", reduce_dtype, "'' | fp32 | bf16: gradients reduce-scattered in ('' = training.grad_reduce_dtype)");
+  }
+};
+
+// Activation recompute (parallel/recompute.h): matched modules keep only their input in forward and run their
+// forward again inside backward. Default off (no patterns).
+struct RecomputeConfig {
+  std::vector<std::string> patterns;
+  int every = 1;
+  std::vector<std::string> keep;
+  template <class V> void visit(V& v) {
+    v("patterns", patterns, "module paths to recompute, e.g. [\"model.layers.*\"] ('*' one segment, '**' any "
+                            "number; empty: off)");
+    v("every", every, "recompute every N-th matched module in forward order (1: all)");
+    v("keep", keep, "what recomputed modules keep besides their input: [attention] (its output and log-sum-exp: "
+                    "attention and its cp communication are not repeated)");
+  }
+};
+
 struct ParallelConfig {
   int dp_replicate = -1;  // replicated data parallel; by default whatever the other dims leave
   int dp_shard = 1;      // fully sharded data parallel
@@ -39,6 +72,8 @@ struct ParallelConfig {
   std::string cp_method = "ring";
   std::string cp_load_balance = "head_tail";
   std::vector<TpPlanEntryConfig> tp_plan;
+  RecomputeConfig recompute;
+  FsdpConfig fsdp;
   template <class V> void visit(V& v) {
     v("dp_replicate", dp_replicate, "replicated data-parallel degree (-1: the remaining ranks)");
     v("dp_shard", dp_shard, "fully sharded data-parallel degree (-1: the remaining ranks)");
@@ -51,6 +86,8 @@ struct ParallelConfig {
     v("cp_load_balance", cp_load_balance, "with cp > 1: head_tail (2 cp chunks, rank r holds r and 2 cp - 1 - r: "
                                           "equal causal work) | none (contiguous)");
     v("tp_plan", tp_plan, "tensor-parallel plan (empty: the model's default plan)");
+    v("recompute", recompute, "activation recompute by module pattern (default off)");
+    v("fsdp", fsdp, "fully sharded data parallel (with dp_shard > 1)");
   }
 };
 
@@ -126,6 +163,8 @@ struct TrainingConfig {
   std::string grad_reduce_dtype = "fp32";
   double grad_bucket_mb = 25;
   int threads = 0;
+  std::string nonfinite = "stop";
+  int64_t max_nonfinite_steps = 5;
   template <class V> void visit(V& v) {
     v("steps", steps, "optimizer steps");
     v("batch_size", batch_size, "global batch in sequences (independent of the mesh)");
@@ -149,7 +188,10 @@ struct TrainingConfig {
     v("grad_bucket_mb", grad_bucket_mb,
       "gradients are synced in buckets of about this many MiB, each launched as soon as backward has produced it "
       "(0: one collective per parameter)");
-    v("threads", threads, "CPU threads per rank (0: the node's cores / ranks on the node)");
+    v("threads", threads, "CPU threads per rank (0: the node's cores / ranks on the node; at most 1024)");
+    v("nonfinite", nonfinite, "a step whose loss or gradient norm is not finite is never applied: stop (end the "
+                              "run naming the step) | skip (count it in the metrics and go on)");
+    v("max_nonfinite_steps", max_nonfinite_steps, "with nonfinite: skip, stop after this many non-finite steps in a row");
   }
 };
 
@@ -192,11 +234,14 @@ struct CheckpointConfig {
   int64_t interval = 0;
   int64_t keep = 2;
   std::string resume = "auto";
+  bool allow_config_change = false;
   template <class V> void visit(V& v) {
     v("dir", dir, "checkpoint directory ('' = no checkpoints)");
     v("interval", interval, "steps between checkpoints (0 = only at the end)");
     v("keep", keep, "newest checkpoints kept (0 = all)");
     v("resume", resume, "auto (latest complete checkpoint in dir) | never | a step_XXXXXXXX directory");
+    v("allow_config_change", allow_config_change, "resume even when the data path, seed, model or schedule "
+                                                  "differ from the checkpoint's (they are reported either way)");
   }
 };
 

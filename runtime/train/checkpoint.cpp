@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -46,10 +47,44 @@ std::vector<fs::path> complete_checkpoints(const std::string& dir) {
   return all;
 }
 
-// Test hook: MT_FAULT_CHECKPOINT=<step> kills rank 0 half way through writing that step's checkpoint.
-bool fault_at(int64_t step) {
+// Test hook: MT_FAULT_CHECKPOINT=<step> kills rank 0 half way through writing that step's checkpoint;
+// MT_FAULT_CHECKPOINT=<step>:error makes that write fail with an error instead (a full disk).
+bool fault_at(int64_t step, bool error) {
   const char* f = std::getenv("MT_FAULT_CHECKPOINT");
-  return f && std::atoll(f) == step;
+  if (!f || std::atoll(f) != step) return false;
+  return error == (std::string(f).find(":error") != std::string::npos);
+}
+
+// The index of the first NaN or infinity in a host tensor, or -1 (integer tensors: -1).
+int64_t first_nonfinite(const Tensor& t) {
+  int64_t bad = -1;
+  if (!dtype_is_float(t.dtype())) return bad;
+  dispatch_dtype(t.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bf16>) {
+      const T* p = t.data<T>();
+      for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+        double x;
+        if constexpr (std::is_same_v<T, bf16>) x = double(float(p[i]));
+        else x = double(p[i]);
+        if (!std::isfinite(x)) {
+          bad = i;
+          return;
+        }
+      }
+    }
+  });
+  return bad;
+}
+
+void require_finite(const std::vector<NamedTensor>& ts, const std::string& what, int64_t step) {
+  for (const NamedTensor& nt : ts) {
+    int64_t i = first_nonfinite(nt.tensor);
+    MT_CHECK(i < 0, "checkpoint",
+             "step {}: {} tensor '{}' holds a non-finite value ({} at element {}): the checkpoint is not written, "
+             "the previous ones are kept",
+             step, what, nt.name, to_f64(nt.tensor.reshape({-1}).slice0(i, i + 1))[0], i);
+  }
 }
 
 }  // namespace
@@ -69,43 +104,54 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
   }
   fs::path final_dir = fs::path(dir) / step_dir_name(progress.step);
   if (mesh.world_rank() == 0) {
+    // Only finite tensors are saved: a NaN model never replaces (or, through rotation, deletes) a good checkpoint.
+    require_finite(weights, "parameter", progress.step);
+    require_finite(opt_state, "optimizer", progress.step);
     fs::path tmp = fs::path(dir) / (step_dir_name(progress.step) + ".tmp");
     std::error_code ec;
     fs::remove_all(tmp, ec);
     fs::create_directories(tmp, ec);
     MT_CHECK(!ec, "checkpoint", "cannot create {}: {}", tmp.string(), ec.message());
-    write_safetensors((tmp / "model.safetensors").string(), weights, {{"format", "pt"}});
-    if (fault_at(progress.step)) {
-      spdlog::error("[checkpoint] MT_FAULT_CHECKPOINT={}: rank 0 dies while writing {}", progress.step, tmp.string());
-      spdlog::default_logger()->flush();
-      std::_Exit(9);
+    try {  // a failed write removes its temporary directory
+      write_safetensors((tmp / "model.safetensors").string(), weights, {{"format", "pt"}});
+      if (fault_at(progress.step, true)) fail("checkpoint", "MT_FAULT_CHECKPOINT={}:error: writing {} fails",
+                                              progress.step, tmp.string());
+      if (fault_at(progress.step, false)) {
+        spdlog::error("[checkpoint] MT_FAULT_CHECKPOINT={}: rank 0 dies while writing {}", progress.step, tmp.string());
+        spdlog::default_logger()->flush();
+        std::_Exit(9);
+      }
+      write_safetensors((tmp / "optimizer.safetensors").string(), opt_state,
+                        {{"step", std::to_string(opt.steps_taken())}});
+      json meta;
+      meta["format_version"] = 1;
+      meta["step"] = progress.step;
+      meta["optimizer_steps"] = opt.steps_taken();
+      meta["data"] = {{"epoch", progress.data_epoch}, {"offset", progress.data_offset}, {"next_step", progress.step}};
+      meta["rng"] = {{"seed", progress.seed},
+                     {"generator", "philox4x32-10 keyed by (seed, stream name, index): no hidden state"}};
+      json mesh_json = json::array();
+      for (auto& d : mesh.dims()) mesh_json.push_back({{"name", d.name}, {"size", d.size}});
+      meta["mesh"] = mesh_json;
+      meta["config"] = config_to_yaml(config);
+      meta["model"] = {{"dim", config.model.dim},         {"n_layers", config.model.n_layers},
+                       {"n_heads", config.model.n_heads}, {"n_kv_heads", config.model.n_kv_heads},
+                       {"ffn_dim", config.model.ffn_dim}, {"vocab_size", config.model.vocab_size}};
+      {
+        std::ofstream f(tmp / "meta.json");
+        f << meta.dump(2) << "\n";
+        MT_CHECK(f.good(), "checkpoint", "cannot write {}", (tmp / "meta.json").string());
+      }
+      fsync_path(tmp / "meta.json");
+      fsync_path(tmp);
+      fs::remove_all(final_dir, ec);
+      fs::rename(tmp, final_dir, ec);
+      MT_CHECK(!ec, "checkpoint", "cannot rename {} to {}: {}", tmp.string(), final_dir.string(), ec.message());
+    } catch (...) {
+      std::error_code ec2;
+      fs::remove_all(tmp, ec2);
+      throw;
     }
-    write_safetensors((tmp / "optimizer.safetensors").string(), opt_state,
-                      {{"step", std::to_string(opt.steps_taken())}});
-    json meta;
-    meta["format_version"] = 1;
-    meta["step"] = progress.step;
-    meta["optimizer_steps"] = opt.steps_taken();
-    meta["data"] = {{"epoch", progress.data_epoch}, {"offset", progress.data_offset}, {"next_step", progress.step}};
-    meta["rng"] = {{"seed", progress.seed},
-                   {"generator", "philox4x32-10 keyed by (seed, stream name, index): no hidden state"}};
-    json mesh_json = json::array();
-    for (auto& d : mesh.dims()) mesh_json.push_back({{"name", d.name}, {"size", d.size}});
-    meta["mesh"] = mesh_json;
-    meta["config"] = config_to_yaml(config);
-    meta["model"] = {{"dim", config.model.dim},         {"n_layers", config.model.n_layers},
-                     {"n_heads", config.model.n_heads}, {"n_kv_heads", config.model.n_kv_heads},
-                     {"ffn_dim", config.model.ffn_dim}, {"vocab_size", config.model.vocab_size}};
-    {
-      std::ofstream f(tmp / "meta.json");
-      f << meta.dump(2) << "\n";
-      MT_CHECK(f.good(), "checkpoint", "cannot write {}", (tmp / "meta.json").string());
-    }
-    fsync_path(tmp / "meta.json");
-    fsync_path(tmp);
-    fs::remove_all(final_dir, ec);
-    fs::rename(tmp, final_dir, ec);
-    MT_CHECK(!ec, "checkpoint", "cannot rename {} to {}: {}", tmp.string(), final_dir.string(), ec.message());
     fsync_path(dir);
     // Keep the newest `keep` complete checkpoints.
     if (keep > 0) {
@@ -115,6 +161,12 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
   }
   MPI_Barrier(MPI_COMM_WORLD);  // nobody resumes or reads before the rename
   return final_dir.string();
+}
+
+std::vector<std::string> checkpoints_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (auto& p : complete_checkpoints(dir)) out.push_back(p.string());
+  return out;
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {
@@ -140,6 +192,12 @@ json read_meta(const std::string& path) {
 void assign_full(const DTensor& dst, const Tensor& full_any, const std::string& file, const std::string& name) {
   MT_CHECK(full_any.shape() == dst.shape(), "checkpoint", "{}: tensor '{}' has shape {}, the model expects {}", file,
            name, shape_str(full_any.shape()), shape_str(dst.shape()));
+  MT_CHECK(dtype_is_float(full_any.dtype()), "checkpoint",
+           "{}: tensor '{}' has dtype {}: weights and optimizer state must be a float type (F32, BF16, F16, F64)", file,
+           name, dtype_name(full_any.dtype()));
+  int64_t bad = first_nonfinite(full_any);
+  MT_CHECK(bad < 0, "checkpoint", "{}: tensor '{}' holds a non-finite value ({} at element {}): refused", file, name,
+           to_f64(full_any.reshape({-1}).slice0(bad, bad + 1))[0], bad);
   Tensor full = full_any;
   if (full.dtype() != dst.local.dtype()) {
     auto v = to_f64(full);

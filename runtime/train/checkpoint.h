@@ -8,6 +8,7 @@
 #pragma once
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "models/llama/llama.h"
 #include "runtime/train/optimizer.h"
@@ -24,6 +25,8 @@ struct TrainProgress {
 // Collective (full tensors are gathered); rank 0 writes. Returns the directory.
 std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, LlamaForCausalLM& model,
                             AdamW& opt, const Config& config, const DeviceMesh& mesh, int64_t keep);
+// The complete checkpoints (step_XXXXXXXX with meta.json) in dir, oldest first.
+std::vector<std::string> checkpoints_in(const std::string& dir);
 // The newest complete checkpoint (step_XXXXXXXX with meta.json) in dir, if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 // Loads parameters and optimizer state (every rank reads the files); returns the progress.

@@ -50,8 +50,8 @@ int run_plan_command(RunContext& ctx) {
       return s;
     }().c_str());
     for (Parameter* p : run.params) {
-      std::string pl, shapes;
-      for (auto& x : p->value.placements()) pl += (pl.empty() ? "" : ",") + x.str();
+      std::string pl, shapes;  // placements, local shapes
+      pl = p->value.spec.str();  // with [k] marks where several mesh dims split one tensor dim
       std::vector<int> coord = mesh.coordinate();
       for (int r = 0; r < tp; ++r) {
         coord[size_t(tp_dim)] = r;
@@ -60,6 +60,17 @@ int run_plan_command(RunContext& ctx) {
       std::string grad = p->grad_partial_dims.empty() ? "" : "  (gradient partial over tp)";
       std::printf("  %-48s %-14s [%s] %s%s\n", p->name.c_str(), shape_str(p->value.shape()).c_str(), pl.c_str(),
                   shapes.c_str(), grad.c_str());
+    }
+    if (run.fsdp) {
+      std::printf("\nfully_shard over dp_shard = %d (min_weight_size %lld, reshard_after_forward %s): %s\n  units:",
+                  run.pd.dp_shard, (long long)run.fsdp->options().min_weight_size,
+                  run.fsdp->options().reshard_after_forward ? "true" : "false", run.fsdp->describe().c_str());
+      for (auto& u : run.fsdp->unit_names()) std::printf(" %s", u.c_str());
+      std::printf("\n");
+      for (const FsdpDecision& d : run.fsdp->decisions())
+        std::printf("  %-48s %s%s\n", d.param.c_str(),
+                    d.tensor_dim < 0 ? "replicated: " : fmt::format("Shard({}){}: ", d.tensor_dim, d.with_tp ? " with tp" : "").c_str(),
+                    d.reason.c_str());
     }
     std::printf("\nmodule layouts (activations: Shard(0) over the data-parallel dims, Shard(1) over cp)\n");
     int shown = 0;
@@ -149,6 +160,26 @@ int run_plan_command(RunContext& ctx) {
                   mib(b).c_str(), (long long)cfg.model.n_layers, N,
                   run.pd.cp_method == CpMethod::ring ? N : N - 1, mib(dkv).c_str(), mib(b_an).c_str(),
                   b == b_an ? "equal" : "DIFFERENT");
+    }
+    if (run.fsdp) {
+      // Per step and rank: the units' flat buffers all-gathered in forward, again in backward (with reshard), the
+      // gradients reduce-scattered: each sends (N-1) x one rank's buffer.
+      const int N = run.pd.dp_shard;
+      const double slot = double(run.fsdp->slot_elements());
+      const double pb = double(dtype_size(run.fsdp->options().param_dtype)),
+                   rb = double(dtype_size(run.fsdp->options().reduce_dtype));
+      const bool reshard = run.fsdp->options().reshard_after_forward;
+      const double f_an = (N - 1) * slot * pb, b_an = (reshard ? (N - 1) * slot * pb : 0.0) + (N - 1) * slot * rb;
+      auto ds_bytes = [&](const CommCounters& c) {
+        auto it = c.bytes_by_dim.find("dp_shard");
+        return it == c.bytes_by_dim.end() ? 0.0 : double(it->second);
+      };
+      double f = ds_bytes(fwd), b = ds_bytes(bwd);
+      std::printf("\nfsdp bytes per rank: forward measured %s, analytic (%d-1) x %.0f elements x %.0f B = %s (%s)\n",
+                  mib(f).c_str(), N, slot, pb, mib(f_an).c_str(), f == f_an ? "equal" : "DIFFERENT");
+      std::printf("fsdp bytes per rank: backward measured %s, analytic %s(%d-1) x %.0f x %.0f B reduce-scatter = %s (%s)\n",
+                  mib(b).c_str(), reshard ? fmt::format("({}-1) x {:.0f} x {:.0f} B gather + ", N, slot, pb).c_str() : "",
+                  N, slot, rb, mib(b_an).c_str(), b == b_an ? "equal" : "DIFFERENT");
     }
     std::printf("(the vocab-parallel loss adds 2 all-reduces over tp, of %lld row maxima and of twice as many sums, not counted above)\n",
                 (long long)(run.micro * t.seq_len));

@@ -18,6 +18,7 @@ struct StepMetrics {
   double loss = 0, lr = 0, grad_norm = 0;
   double step_s = 0;   // wall time of the step
   int64_t tokens = 0;  // global tokens in the step
+  int64_t skipped = 0;  // steps not applied so far (non-finite loss or grad norm, training.nonfinite: skip)
 };
 
 class MetricsLogger {

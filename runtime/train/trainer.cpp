@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
+#include <unistd.h>
 #include <filesystem>
 #include <thread>
 
@@ -14,6 +16,7 @@
 #include "models/llama/parallelize.h"
 #include "parallel/loss_parallel.h"
 #include "parallel/philox.h"
+#include "runtime/core/allocator.h"
 #include "runtime/core/log.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/train/metrics.h"
@@ -74,8 +77,6 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
 
   // What each mesh dim means (parallel_dims.h); all four dims exist, size 1 where unused.
   run.pd = parallel_dims(cfg, env.size());
-  MT_CHECK(run.pd.dp_shard == 1, "train", "parallel.dp_shard = {}: fully sharded data parallel is not implemented "
-           "yet; use parallel.dp_replicate", run.pd.dp_shard);
   run.device = rank_device(env, cfg.comm.device);
   run.dtype = training_dtype(cfg, run.device);
   if (run.device.is_cuda() && run.dtype == DType::bf16 && env.rank() == 0) {
@@ -120,13 +121,15 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   run.model = std::make_unique<LlamaForCausalLM>(cfg.model, f);
   // Tensor (and sequence) parallel: shards the parameters (no communication) and installs the layout hooks;
   // context parallel: attention runs as ring attention over the cp group.
-  parallelize_llama(*run.model, run.mesh, run.pd, cfg.parallel, t.seq_len);
+  const DType reduce_dtype = t.grad_reduce_dtype == "bf16" ? DType::bf16 : accum_dtype(run.dtype);
+  run.fsdp = parallelize_llama(*run.model, run.mesh, run.pd, cfg.parallel, t.seq_len, reduce_dtype);
   run.model->set_positions(shard_positions(run.shard));
   run.params = run.model->parameters();
   run.opt = std::make_unique<AdamW>(run.params, t);
-  GradSyncOptions gs{run.pd.grad_partial_dims(), size_t(t.grad_bucket_mb * double(1 << 20)),
-                     t.grad_reduce_dtype == "bf16" ? DType::bf16 : accum_dtype(run.dtype)};
+  GradSyncOptions gs{run.pd.grad_partial_dims(), size_t(t.grad_bucket_mb * double(1 << 20)), reduce_dtype};
   run.grad_sync = std::make_unique<GradSync>(*run.model, run.mesh, gs);
+  // Parameters are made whole and then sharded: hand the whole tensors' cached blocks back.
+  empty_cache(Device::cpu());
   return run;
 }
 
@@ -135,8 +138,8 @@ void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, co
   if (logits.size(1) == run.config.model.vocab_size) {
     cross_entropy_forward_backward(losses, dlogits, logits, targets, grad_scale);
   } else {
-    const DTensor& w = run.model->lm_head->weight->value;  // (V, C) sharded by rows on tp
-    int64_t vocab_begin = w.spec.local_offset(w.mesh.coordinate())[0];
+    // (V, C) sharded by rows on tp: this rank's first vocabulary row
+    int64_t vocab_begin = run.model->lm_head->weight->compute_offset()[0];
     vocab_parallel_cross_entropy(losses, dlogits, logits, targets, vocab_begin, grad_scale, run.mesh.group("tp"));
   }
 }
@@ -176,12 +179,15 @@ StepResult train_step(TrainRun& run, int64_t step) {
   for (const Tensor& l : micro_losses) loss_sum += sum(l);
   Tensor loss_t = from_values({loss_sum}, {1}, DType::f64);
   run.mesh.group(run.pd.loss_group()).all_reduce(loss_t, ReduceOp::sum);
-  // 5. Clip by the global norm and update.
+  // 5. Clip by the global norm and update. A non-finite loss or norm skips the update: both are all-reduced,
+  //    so every rank decides the same with no extra communication, and a NaN never reaches the weights.
   StepResult res;
   res.loss = loss_t.at<double>(0) * inv_tokens;
   res.grad_norm = grad_norm(run.params);
-  clip_grads(run.params, res.grad_norm, t.grad_clip);
   res.lr = lr_at(t, step);
+  res.skipped = !std::isfinite(res.loss) || !std::isfinite(res.grad_norm);
+  if (res.skipped) return res;
+  clip_grads(run.params, res.grad_norm, t.grad_clip);
   run.opt->step(res.lr);
   return res;
 }
@@ -286,6 +292,55 @@ std::string printable(const std::string& s) {  // NOLINT
   return r;
 }
 
+// What a resumed run may not change silently: the data, the seed, the model and the schedule (training.steps may
+// grow: a run is extended by resuming it with more steps). "key: X in the checkpoint, Y now" per difference.
+std::vector<std::string> config_changes(const Config& was, const Config& now) {
+  std::vector<std::string> d;
+  auto cmp = [&](const char* key, const auto& a, const auto& b) {
+    if (a != b) d.push_back(fmt::format("{}: {} in the checkpoint, {} now", key, a, b));
+  };
+  cmp("data.train", was.data.train, now.data.train);
+  cmp("training.seed", was.training.seed, now.training.seed);
+  const ModelConfig &a = was.model, &b = now.model;
+  cmp("model.dim", a.dim, b.dim);
+  cmp("model.n_layers", a.n_layers, b.n_layers);
+  cmp("model.n_heads", a.n_heads, b.n_heads);
+  cmp("model.n_kv_heads", a.n_kv_heads, b.n_kv_heads);
+  cmp("model.ffn_dim", a.ffn_dim, b.ffn_dim);
+  cmp("model.vocab_size", a.vocab_size, b.vocab_size);
+  cmp("model.norm_eps", a.norm_eps, b.norm_eps);
+  cmp("model.rope_theta", a.rope_theta, b.rope_theta);
+  cmp("model.max_seq_len", a.max_seq_len, b.max_seq_len);
+  cmp("model.tie_embeddings", a.tie_embeddings, b.tie_embeddings);
+  cmp("training.schedule", was.training.schedule, now.training.schedule);
+  cmp("training.lr", was.training.lr, now.training.lr);
+  cmp("training.warmup_steps", was.training.warmup_steps, now.training.warmup_steps);
+  cmp("training.lr_min", was.training.lr_min, now.training.lr_min);
+  return d;
+}
+
+// checkpoint.dir must take files before the first step, not fail at the first checkpoint after hours of training.
+// Rank 0 tries; every rank gets its answer, so all stop together with the same message.
+void check_checkpoint_dir_writable(const std::string& dir, const MpiEnv& env) {
+  if (dir.empty()) return;
+  char why[256] = {0};
+  if (env.rank() == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    std::filesystem::path probe = std::filesystem::path(dir) / fmt::format(".write_test.{}", ::getpid());
+    if (ec) {
+      std::snprintf(why, sizeof why, "%s", ec.message().c_str());
+    } else {
+      FILE* f = std::fopen(probe.c_str(), "w");
+      if (!f || std::fputs("ok\n", f) < 0) std::snprintf(why, sizeof why, "%s", std::strerror(errno));
+      if (f && std::fclose(f) != 0 && !why[0]) std::snprintf(why, sizeof why, "%s", std::strerror(errno));
+      std::filesystem::remove(probe, ec);
+    }
+  }
+  MT_MPI_CHECK(MPI_Bcast(why, int(sizeof why), MPI_CHAR, 0, MPI_COMM_WORLD));
+  MT_CHECK(!why[0], "checkpoint", "checkpoint.dir = {} is not writable: {}", dir, why);
+}
+
 }  // namespace
 
 int run_train_command(RunContext& ctx) {
@@ -294,21 +349,60 @@ int run_train_command(RunContext& ctx) {
   TrainRun run = make_train_run(cfg, env);
   const auto& t = cfg.training;
 
+  check_checkpoint_dir_writable(cfg.checkpoint.dir, env);
+
   // Where to start: a checkpoint to resume, else Hugging Face weights, else the random init.
-  std::string resume_from;
+  // resume: auto tries the newest complete checkpoint first and falls back to older ones when it cannot be read.
+  std::vector<std::string> candidates;
+  const bool resume_auto = cfg.checkpoint.resume == "auto";
   if (!cfg.checkpoint.dir.empty() && cfg.checkpoint.resume != "never") {
-    if (cfg.checkpoint.resume == "auto") {
-      if (auto p = latest_checkpoint(cfg.checkpoint.dir)) resume_from = *p;
+    if (resume_auto) {
+      candidates = checkpoints_in(cfg.checkpoint.dir);
+      std::reverse(candidates.begin(), candidates.end());  // newest first
     } else {
-      resume_from = cfg.checkpoint.resume;
-      MT_CHECK(std::filesystem::exists(std::filesystem::path(resume_from) / "meta.json"), "checkpoint",
-               "checkpoint.resume = {}: not a complete checkpoint (no meta.json)", resume_from);
+      candidates.push_back(cfg.checkpoint.resume);
+      MT_CHECK(std::filesystem::exists(std::filesystem::path(cfg.checkpoint.resume) / "meta.json"), "checkpoint",
+               "checkpoint.resume = {}: not a complete checkpoint (no meta.json)", cfg.checkpoint.resume);
+    }
+  }
+  std::string resume_from;
+  for (size_t i = 0; i < candidates.size() && resume_from.empty(); ++i) {
+    const std::string& c = candidates[i];
+    // Every rank reads the same files and fails the same way: they fall back together.
+    auto fall_back = [&](const Error& e) {
+      if (!resume_auto || i + 1 == candidates.size()) return false;
+      if (env.rank() == 0)
+        spdlog::warn("cannot resume from {}, it is damaged: {}; resume: auto falls back to {}", c, e.what(),
+                     candidates[i + 1]);
+      return true;
+    };
+    Config was;
+    try {
+      was = checkpoint_config(c);
+    } catch (const Error& e) {
+      if (fall_back(e)) continue;
+      throw;
+    }
+    auto changes = config_changes(was, cfg);
+    if (!changes.empty()) {
+      std::string list = fmt::format("{}", fmt::join(changes, "; "));
+      MT_CHECK(cfg.checkpoint.allow_config_change, "checkpoint",
+               "resuming from {} with a different config: {} (set checkpoint.allow_config_change: true to resume "
+               "anyway, or checkpoint.resume: never to start over)",
+               c, list);
+      if (env.rank() == 0) spdlog::warn("resuming from {} with a different config: {}", c, list);
+    }
+    try {
+      TrainProgress p = load_checkpoint(c, *run.model, run.opt.get());
+      run.start_step = p.step;
+      resume_from = c;
+    } catch (const Error& e) {
+      if (fall_back(e)) continue;
+      throw;
     }
   }
   if (!resume_from.empty()) {
-    TrainProgress p = load_checkpoint(resume_from, *run.model, run.opt.get());
-    run.start_step = p.step;
-    if (env.rank() == 0) spdlog::info("resumed from {} at step {}", resume_from, p.step);
+    if (env.rank() == 0) spdlog::info("resumed from {} at step {}", resume_from, run.start_step);
   } else if (!cfg.model.init_from.empty()) {
     load_hf_weights(cfg.model.init_from, *run.model);
     if (env.rank() == 0) spdlog::info("initialised from {}", cfg.model.init_from);
@@ -334,10 +428,28 @@ int run_train_command(RunContext& ctx) {
       const auto& s = run.opt->state().at(p->name);
       state += s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
     }
-    if (env.rank() == 0)
-      spdlog::info("model state on rank 0: {:.1f} MiB ({} B per parameter element: {}weights, gradient, AdamW m and v)",
-                   double(state) / (1 << 20), run.dtype == DType::bf16 ? 18 : int(4 * dtype_size(run.dtype)),
-                   run.dtype == DType::bf16 ? "bf16 copy, f32 master " : "");
+    // The expected count from the layouts alone: rank 0 holds the first (largest) chunk of every sharded dim,
+    // and with fully_shard 1/dp_shard of each sharded parameter's tp part.
+    const double per_element = run.dtype == DType::bf16 ? 18 : double(4 * dtype_size(run.dtype));
+    double elements = 0;
+    for (Parameter* p : run.params) {
+      Shape s = p->value.shape();
+      for (int m = 0; m < run.mesh.ndim(); ++m) {
+        const Placement& pl = p->value.placements()[size_t(m)];
+        if (pl.is_shard()) s[size_t(pl.dim)] = (s[size_t(pl.dim)] + run.mesh.size(m) - 1) / run.mesh.size(m);
+      }
+      elements += double(shape_numel(s));
+    }
+    const double expected = elements * per_element;
+    if (env.rank() == 0) {
+      spdlog::info("model state on rank 0: {:.3f} MiB ({} B per parameter element: {}weights, gradient, AdamW m and v); "
+                   "expected {:.3f} MiB = {} B x {:.0f} elements{}: {}",
+                   double(state) / (1 << 20), per_element, run.dtype == DType::bf16 ? "bf16 copy, f32 master " : "",
+                   expected / (1 << 20), per_element, elements,
+                   run.fsdp ? " (the rank's shards and the replicated small parameters)" : "",
+                   double(state) == expected ? "equal" : "DIFFERENT");
+      if (run.fsdp) spdlog::info("fully_shard over dp_shard = {}: {}", run.pd.dp_shard, run.fsdp->describe());
+    }
   }
   if (env.rank() == 0 && run.dtype == DType::bf16)
     spdlog::info("mixed precision: bf16 compute{}, f32 master weights, gradients, optimizer state, statistics and loss; "
@@ -360,13 +472,28 @@ int run_train_command(RunContext& ctx) {
     log.note(fmt::format("checkpoint step {} -> {}", next_step, dir));
   };
 
+  int64_t skipped = 0, skipped_in_a_row = 0;  // non-finite steps (not applied): in all, and the current run of them
   for (int64_t step = run.start_step; step < t.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
     StepResult r = train_step(run, step);
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    MT_CHECK(std::isfinite(r.loss), "train", "step {}: the loss is {} (grad norm {}): lower training.lr?", step,
-             r.loss, r.grad_norm);
-    log.step({step, r.loss, r.lr, r.grad_norm, dt, t.batch_size * t.seq_len});
+    if (r.skipped) {
+      ++skipped, ++skipped_in_a_row;
+      MT_CHECK(t.nonfinite == "skip", "train",
+               "step {}: the loss is {} and the grad norm {}: not finite, the update was not applied and the run "
+               "stops (training.nonfinite = stop; lower training.lr, or nonfinite: skip to go on)",
+               step, r.loss, r.grad_norm);
+      MT_CHECK(skipped_in_a_row < t.max_nonfinite_steps, "train",
+               "step {}: the loss is {} and the grad norm {}: {} non-finite steps in a row "
+               "(training.max_nonfinite_steps = {}), none applied: the run stops (lower training.lr?)",
+               step, r.loss, r.grad_norm, skipped_in_a_row, t.max_nonfinite_steps);
+      if (env.rank() == 0)
+        spdlog::warn("step {}: the loss is {} and the grad norm {}: not finite, the update is skipped ({} in a row, "
+                     "{} in all)", step, r.loss, r.grad_norm, skipped_in_a_row, skipped);
+    } else {
+      skipped_in_a_row = 0;
+    }
+    log.step({step, r.loss, r.lr, r.grad_norm, dt, t.batch_size * t.seq_len, skipped});
     bool last = step + 1 == t.steps;
     if (cfg.eval.interval > 0 && run.val_data.size() > 0 && ((step + 1) % cfg.eval.interval == 0 || last))
       log.eval(step, evaluate(run));

@@ -6,6 +6,7 @@
 
 #include "attention/sequence_shard.h"
 #include "models/llama/llama.h"
+#include "parallel/fully_shard.h"
 #include "parallel/grad_sync.h"
 #include "runtime/io/token_data.h"
 #include "runtime/train/checkpoint.h"
@@ -24,6 +25,7 @@ struct TrainRun {
   Device device;
   DType dtype = DType::f32;
   std::unique_ptr<LlamaForCausalLM> model;
+  std::unique_ptr<FullyShard> fsdp;  // fully sharded data parallel's units (dp_shard > 1); destroyed before the model
   std::vector<Parameter*> params;
   std::unique_ptr<AdamW> opt;
   TokenStream train_data, val_data;
@@ -55,6 +57,7 @@ MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r)
 
 struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0;
+  bool skipped = false;  // the loss or grad norm was not finite: the update was not applied
 };
 StepResult train_step(TrainRun& run, int64_t step);
 // Per-token losses (N) of logits (N, V, or V/tp under loss parallel, never gathered); dlogits

@@ -140,6 +140,56 @@ else
   bad "SIGUSR1: the job exits 0 after checkpointing" "$(tail -n 10 "$tmp/sig.log")"
 fi
 
+# --- Non-finite steps: never applied, never saved; resume: auto survives a damaged checkpoint ---
+# finite.py DIR: every tensor of every checkpoint in DIR is finite.
+cat >"$tmp/finite.py" <<'PY'
+import glob, json, math, struct, sys
+bad = []
+for f in sorted(glob.glob(sys.argv[1] + "/step_*/*.safetensors")):
+    raw = open(f, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n]); body = raw[8 + n:]
+    for k, e in h.items():
+        if k == "__metadata__": continue
+        a, b = e["data_offsets"]
+        if any(not math.isfinite(x) for x in struct.unpack("<%df" % ((b - a) // 4), body[a:b])): bad.append(f + ": " + k)
+print(len(bad), "non-finite tensors", bad[:3]); sys.exit(1 if bad else 0)
+PY
+# lr 1e4 without clipping: AdamW's exp_avg_sq overflows at step 2, and with keep 1 a saved NaN checkpoint
+# deleted the last good one.
+train nan 1 --set training.lr=1e4 --set training.grad_clip=0 --set training.warmup_steps=0 \
+  --set checkpoint.interval=1 --set checkpoint.keep=1 && bad "diverging run (lr 1e4): exits non-zero" "exit 0"
+# Which guard stops it depends on the kernels' rounding: a finite gradient with an overflowing AdamW state (the
+# checkpoint refused, naming the tensor), or a non-finite gradient norm (the update not applied).
+if grep -qE "tensor '[^']+' holds a non-finite value|not finite, the update was not applied" "$tmp/nan.log"; then
+  ok "diverging run: stopped with the non-finite tensor or step named"
+else
+  bad "diverging run: stopped with the non-finite tensor or step named" "$(tail -n 15 "$tmp/nan.log")"
+fi
+check "diverging run: every checkpoint left holds only finite tensors" -- "$py" "$tmp/finite.py" "$tmp/nan.ckpt"
+nan_step=$(ls "$tmp/nan.ckpt" | grep -E '^step_[0-9]{8}$' | tail -n 1)
+expect "diverging run: resume: auto loads the last good checkpoint, $nan_step" zero "resumed from $tmp/nan.ckpt/$nan_step" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.steps=$((10#${nan_step#step_})) --set checkpoint.dir="$tmp/nan.ckpt" \
+  --set checkpoint.allow_config_change=true train
+# lr 1e3: the loss and gradients become NaN at step 5; the update is not applied and the run stops naming the step.
+train nanstop 2 --set training.lr=1e3 --set training.warmup_steps=0 --set checkpoint.interval=1 --set checkpoint.keep=1 &&
+  bad "NaN gradients: exits non-zero" "exit 0"
+expect "NaN gradients: the run stops naming the step, loss and grad norm" zero "the update was not applied and the run stops" -- cat "$tmp/nanstop.log"
+check "NaN gradients: every checkpoint left holds only finite tensors" -- "$py" "$tmp/finite.py" "$tmp/nanstop.ckpt"
+train nanskip 1 --set training.lr=1e3 --set training.warmup_steps=0 --set training.nonfinite=skip \
+  --set training.max_nonfinite_steps=3 && bad "nonfinite: skip: exits non-zero after 3 in a row" "exit 0"
+expect "nonfinite: skip: stops after max_nonfinite_steps in a row" zero "3 non-finite steps in a row" -- cat "$tmp/nanskip.log"
+expect "nonfinite: skip: skipped steps counted in the metrics" zero '"skipped_steps":2' -- cat "$tmp/nanskip.jsonl"
+# The newest checkpoint is damaged: resume names the file; resume: auto falls back to the previous one.
+rm -rf "$tmp/dmg.ckpt" && cp -r "$tmp/base.ckpt" "$tmp/dmg.ckpt" && truncate -s 100 "$tmp/dmg.ckpt/step_00000020/model.safetensors"
+expect "damaged newest checkpoint: resume: auto falls back with a warning" zero "falls back to $tmp/dmg.ckpt/step_00000010" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.steps=21 --set checkpoint.dir="$tmp/dmg.ckpt" train
+truncate -s 100 "$tmp/dmg.ckpt/step_00000021/model.safetensors"
+expect "damaged checkpoint, explicit resume: the file is named" nonzero "$tmp/dmg.ckpt/step_00000021/model.safetensors" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set checkpoint.resume="$tmp/dmg.ckpt/step_00000021" --set checkpoint.dir="$tmp/x" train
+# A failed save removes its temporary directory and keeps the previous checkpoint.
+MT_FAULT_CHECKPOINT=20:error train failsave 1 && bad "failed save: exits non-zero" "exit 0"
+check "failed save: no .tmp left, step 10 kept" -- test ! -e "$tmp/failsave.ckpt/step_00000020.tmp" -a \
+  -f "$tmp/failsave.ckpt/step_00000010/meta.json"
+
 # --- generate ---
 expect "generate from a checkpoint" zero "Once upon" -- \
   "$mpirun" -np 1 "$mt" generate --checkpoint "$tmp/base.ckpt" --prompt "Once upon" --tokens 24 --temperature 0
@@ -218,26 +268,42 @@ def write(name, ts):
 t = dict(tensors); del t["model.norm.weight"]; write("missing", t)
 t = dict(tensors); t["model.extra.weight"] = tensors["model.norm.weight"]; write("extra", t)
 t = dict(tensors); e, b = tensors["model.norm.weight"]; e = dict(e); e["shape"] = [e["shape"][0] // 2, 2]; t["model.norm.weight"] = (e, b); write("shape", t)
+t = dict(tensors); e, b = tensors["model.norm.weight"]; e = dict(e); e["dtype"] = "I32"; t["model.norm.weight"] = (e, b); write("int", t)
+t = dict(tensors); e, b = tensors["model.norm.weight"]; t["model.norm.weight"] = (e, struct.pack("<f", float("nan")) + b[4:]); write("nan", t)
 os.makedirs(os.path.join(d, "garbage"), exist_ok=True)
 open(os.path.join(d, "garbage", "model.safetensors"), "wb").write(b"\xff" * 64)
 PY
 expect "init_from: missing tensor" nonzero "missing tensor 'model.norm.weight'" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/missing" train
 expect "init_from: extra tensor" nonzero "unexpected tensor 'model.extra.weight'" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/extra" train
 expect "init_from: mis-shaped tensor" nonzero "'model.norm.weight' has shape (16, 2), the model expects (32,)" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/shape" train
+expect "init_from: an integer tensor is refused" nonzero "tensor 'model.norm.weight' has dtype i32" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/int" train
+expect "init_from: a NaN weight is refused at load" nonzero "tensor 'model.norm.weight' holds a non-finite value (nan at element 0)" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/nan" train
+cp "$tmp/base.ckpt/step_00000020/meta.json" "$tmp/base.ckpt/step_00000020/optimizer.safetensors" "$tmp/bad/nan/"
+expect "resume: a NaN weight in a checkpoint is refused at load" nonzero "model.safetensors: tensor 'model.norm.weight' holds a non-finite value" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set checkpoint.resume="$tmp/bad/nan" --set checkpoint.dir="$tmp/x" train
 expect "init_from: corrupt file" nonzero "[checkpoint]" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/garbage" train
 expect "init_from: no such path" nonzero "no such file or directory" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/nope" train
 expect "init_from: config.json disagrees" nonzero "hidden_size = 32 but model.dim = 64" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.dim=64 --set model.init_from="$tmp/ref0" train
 expect "resume: not a checkpoint" nonzero "not a complete checkpoint" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set checkpoint.resume="$tmp/bad" --set checkpoint.dir="$tmp/x" train
-expect "resume: a different model" nonzero "the model expects" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.ffn_dim=48 --set checkpoint.resume="$tmp/base.ckpt/step_00000010" --set checkpoint.dir="$tmp/x" train
+expect "resume: a different model is refused" nonzero "model.ffn_dim: 64 in the checkpoint, 48 now" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.ffn_dim=48 --set checkpoint.resume="$tmp/base.ckpt/step_00000010" --set checkpoint.dir="$tmp/x" train
+expect "resume: a different model, allowed, still fails on the shapes" nonzero "the model expects" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.ffn_dim=48 --set checkpoint.allow_config_change=true --set checkpoint.resume="$tmp/base.ckpt/step_00000010" --set checkpoint.dir="$tmp/x" train
+expect "resume: a different seed is refused" nonzero "training.seed: 0 in the checkpoint, 5 now" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.seed=5 --set checkpoint.resume="$tmp/base.ckpt/step_00000010" --set checkpoint.dir="$tmp/x" train
+expect "resume: a different schedule, allowed, is reported" zero "with a different config: training.lr: 0.003 in the checkpoint, 0.002 now" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.lr=2e-3 --set training.steps=11 --set checkpoint.allow_config_change=true --set checkpoint.resume="$tmp/base.ckpt/step_00000010" --set checkpoint.dir="$tmp/x2" train
+expect "resume: checkpoint.resume without checkpoint.dir is an error" nonzero "checkpoint.dir is empty" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set checkpoint.resume="$tmp/base.ckpt/step_00000010" train
+expect "checkpoint.dir not writable: refused before the first step" nonzero "checkpoint.dir = $tmp/t.yaml/ck is not writable" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set checkpoint.dir="$tmp/t.yaml/ck" --set log.metrics_file="$tmp/nowrite.jsonl" train
+check "checkpoint.dir not writable: no step was run" -- test ! -s "$tmp/nowrite.jsonl"
 
 # --- Bad input: config ---
-expect "config: dp_shard not implemented" nonzero "parallel.dp_shard = 2: fully sharded data parallel is not implemented yet" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set parallel.dp_replicate=1 --set parallel.dp_shard=2 train
 expect "config: batch not divisible by dp" nonzero "training.batch_size = 6 must be divisible by dp" -- "$mpirun" -np 4 "$mt" --config "$tmp/t.yaml" --set training.batch_size=6 train
 expect "config: micro-batch" nonzero "training.micro_batch_size = 3 must divide" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.micro_batch_size=3 train
 expect "config: seq_len > max_seq_len" nonzero "training.seq_len = 64 exceeds model.max_seq_len = 32" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.seq_len=64 train
 expect "config: heads" nonzero "model.n_heads = 4 must be divisible by model.n_kv_heads = 3" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.n_kv_heads=3 train
 expect "config: schedule" nonzero "training.schedule = 'linear': expected one of" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.schedule=linear train
 expect "config: grad_reduce_dtype" nonzero "training.grad_reduce_dtype = 'fp16': expected one of" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.grad_reduce_dtype=fp16 train
+
+expect "config: threads bounded" nonzero "training.threads = 100000: expected at most 1024" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.threads=100000 train
+expect "config: model.dim overflow" nonzero "model.dim x model.vocab_size = 4611686018427387904 x 256: the product overflows" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.dim=4611686018427387904 train
+expect "config: batch x seq_len overflow" nonzero "training.batch_size x training.seq_len = 1152921504606846976 x 32: the product overflows" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.batch_size=1152921504606846976 train
+expect "--log-level: an unknown level is a clear error on every rank" nonzero "bad log level 'bogus'" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --log-level bogus train
 
 echo "train: $passed passed, $failed failed"
 [ $failed -eq 0 ]

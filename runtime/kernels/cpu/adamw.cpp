@@ -4,8 +4,9 @@
 #include <cmath>
 
 #include "runtime/kernels/cpu/cpu_ops.h"
+#include "runtime/kernels/cpu/isa_level.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_ISA {
 
 template <typename T, typename S>
 void adamw(T* param, const T* grad, S* m, S* v, int64_t n, double lr, double beta1, double beta2, double eps,
@@ -31,4 +32,4 @@ template void adamw<float, float>(float*, const float*, float*, float*, int64_t,
 template void adamw<double, double>(double*, const double*, double*, double*, int64_t, double, double, double, double,
                                     double, int64_t);
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_ISA

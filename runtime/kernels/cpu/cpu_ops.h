@@ -1,55 +1,17 @@
 // The CPU backend of runtime/kernels/ops.h: raw-pointer kernels templated on
 // float and double, threaded with OpenMP; matmuls on Eigen. Private to
 // runtime/kernels (ops.cpp checks shapes and dispatches here).
+//
+// The kernel files are compiled once per x86 instruction-set level
+// (x86-64-v2, -v3, -v4; see isa.h) into mt::cpu::isa_<level>; the functions
+// declared here, in mt::cpu, call the level this process runs at
+// (dispatch.cpp).
 #pragma once
 #include <cstdint>
 
 namespace mt::cpu {
 
-template <typename T> void matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC,
-                                          bool accumulate);
-template <typename T> void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
-                                           int64_t N, int64_t C, int64_t OC, bool accumulate_dinp = false);
-
-// residual != nullptr: sum = inp + residual first (sum may alias either), then the norm of sum.
-template <typename T> void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
-                                           double eps, T* sum = nullptr, const T* residual = nullptr);
-// dresidual != nullptr: added to dinp (may alias it).
-template <typename T> void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
-                                            const T* rstd, int64_t N, int64_t C, const T* dresidual = nullptr);
-
-template <typename T> void rope_tables(T* cos, T* sin, const int64_t* positions, int64_t P, int64_t hd, double theta);
-template <typename T> void rope_forward(T* out, const T* inp, const T* cos, const T* sin, int64_t B, int64_t T_,
-                                        int64_t H, int64_t hd);
-template <typename T> void rope_backward(T* dinp, const T* dout, const T* cos, const T* sin, int64_t B, int64_t T_,
-                                         int64_t H, int64_t hd);
-
-template <typename T> void swiglu_forward(T* out, const T* gate, const T* up, int64_t n);
-template <typename T> void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n);
-
-template <typename T> void embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t V_local,
-                                             int64_t C, int64_t row_begin);
-template <typename T> void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t N,
-                                              int64_t V_local, int64_t C, int64_t row_begin);
-
-template <typename T> void cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
-                                         int64_t V, double grad_scale);
-
-template <typename T> void vocab_shard_max(double* row_max, const T* logits, int64_t N, int64_t V);
-template <typename T> void vocab_shard_sumexp(double* sumexp, double* target_logit, const T* logits,
-                                              const int32_t* targets, const double* row_max, int64_t N, int64_t V,
-                                              int64_t vocab_begin);
-template <typename T> void vocab_shard_loss(T* losses, T* dlogits, const T* logits, const int32_t* targets,
-                                            const double* row_max, const double* sumexp, const double* target_logit,
-                                            int64_t N, int64_t V, int64_t vocab_begin, double grad_scale);
-
-template <typename T> void add(T* out, const T* a, const T* b, int64_t n);
-template <typename T> void scale(T* t, double s, int64_t n);
-template <typename T> double sum_squares(const T* t, int64_t n);
-template <typename T> double sum(const T* t, int64_t n);
-
-template <typename T, typename S> void adamw(T* param, const T* grad, S* m, S* v, int64_t n, double lr, double beta1,
-                                             double beta2, double eps, double weight_decay, int64_t step);
+#include "runtime/kernels/cpu/cpu_ops_decl.h"
 
 // Rows [0, n) split into the same chunks whatever the thread count, so that
 // reductions over chunks (summed in order) give the same bits on any machine.

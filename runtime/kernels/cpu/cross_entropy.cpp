@@ -6,8 +6,9 @@
 #include <limits>
 
 #include "runtime/kernels/cpu/cpu_ops.h"
+#include "runtime/kernels/cpu/isa_level.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_ISA {
 
 template <typename T>
 void cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N, int64_t V,
@@ -90,4 +91,4 @@ MT_VOCAB_SHARD(double)
 template void cross_entropy<float>(float*, float*, const float*, const int32_t*, int64_t, int64_t, double);
 template void cross_entropy<double>(double*, double*, const double*, const int32_t*, int64_t, int64_t, double);
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_ISA

@@ -1,10 +1,11 @@
 // Element-wise ops and deterministic reductions.
 #include <algorithm>
-#include <vector>
+#include <memory>
 
 #include "runtime/kernels/cpu/cpu_ops.h"
+#include "runtime/kernels/cpu/isa_level.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_ISA {
 
 template <typename T> void add(T* out, const T* a, const T* b, int64_t n) {
 #pragma omp parallel for schedule(static)
@@ -21,7 +22,8 @@ namespace {
 // Partial sums over fixed chunks, added in chunk order: the same bits for any thread count.
 template <typename T, typename F> double chunked_sum(const T* t, int64_t n, F f) {
   int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
-  std::vector<double> part(size_t(std::max<int64_t>(chunks, 1)), 0.0);
+  // Not std::vector: no out-of-line std instances in a per-level file (isa_level.h).
+  std::unique_ptr<double[]> part(new double[size_t(std::max<int64_t>(chunks, 1))]());
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
     double s = 0;
@@ -29,7 +31,7 @@ template <typename T, typename F> double chunked_sum(const T* t, int64_t n, F f)
     part[size_t(c)] = s;
   }
   double total = 0;
-  for (double p : part) total += p;
+  for (int64_t c = 0; c < chunks; ++c) total += part[size_t(c)];
   return total;
 }
 }  // namespace
@@ -50,4 +52,4 @@ template double sum_squares<double>(const double*, int64_t);
 template double sum<float>(const float*, int64_t);
 template double sum<double>(const double*, int64_t);
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_ISA

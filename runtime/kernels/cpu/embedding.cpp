@@ -4,8 +4,9 @@
 #include <cstring>
 
 #include "runtime/kernels/cpu/cpu_ops.h"
+#include "runtime/kernels/cpu/isa_level.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_ISA {
 
 template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t V_local, int64_t C,
@@ -42,4 +43,4 @@ template void embedding_forward<double>(double*, const int32_t*, const double*, 
 template void embedding_backward<float>(float*, const float*, const int32_t*, int64_t, int64_t, int64_t, int64_t);
 template void embedding_backward<double>(double*, const double*, const int32_t*, int64_t, int64_t, int64_t, int64_t);
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_ISA

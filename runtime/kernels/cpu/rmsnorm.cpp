@@ -5,8 +5,9 @@
 #include <cmath>
 
 #include "runtime/kernels/cpu/cpu_ops.h"
+#include "runtime/kernels/cpu/isa_level.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_ISA {
 
 template <typename T>
 void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C, double eps, T* sum,
@@ -68,4 +69,4 @@ template void rmsnorm_backward<float>(float*, float*, const float*, const float*
 template void rmsnorm_backward<double>(double*, double*, const double*, const double*, const double*, const double*,
                                        int64_t, int64_t, const double*);
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_ISA

@@ -3,8 +3,9 @@
 #include <cmath>
 
 #include "runtime/kernels/cpu/cpu_ops.h"
+#include "runtime/kernels/cpu/isa_level.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_ISA {
 
 template <typename T> void rope_tables(T* cos, T* sin, const int64_t* positions, int64_t P, int64_t hd, double theta) {
   const int64_t half = hd / 2;
@@ -66,4 +67,4 @@ template void rope_backward<float>(float*, const float*, const float*, const flo
 template void rope_backward<double>(double*, const double*, const double*, const double*, int64_t, int64_t, int64_t,
                                     int64_t);
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_ISA

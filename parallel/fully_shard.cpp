@@ -1,0 +1,365 @@
+#include "parallel/fully_shard.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "parallel/style.h"
+#include "runtime/core/log.h"
+#include "runtime/kernels/ops.h"
+
+namespace mt {
+
+// One sharded parameter of a unit and where its pieces sit in the unit's flat buffers.
+struct FsdpParam {
+  Parameter* p = nullptr;
+  int dim = 0;                  // the tensor dim sharded on the fsdp mesh dim
+  Shape full;                   // the gathered shape (this rank's tp part, whole on the fsdp dim)
+  Shape padded;                 // full with dim = chunk: one rank's slot
+  std::vector<int64_t> start;   // per fsdp rank: first index along dim of its piece, in full
+  std::vector<int64_t> len;     // per fsdp rank: the piece's length along dim (torch.chunk: the last may be short)
+  int64_t offset = 0;           // of the slot in a rank's flat buffer (elements)
+};
+
+struct FsdpUnit {
+  std::string name;
+  std::vector<Module*> modules;  // forward order
+  std::vector<FsdpParam> params;
+  int64_t slot = 0;              // elements of one rank's flat buffer
+  Group* group = nullptr;
+  int n = 1, rank = 0;
+  FullyShardOptions opt;
+  FsdpUnit* prev = nullptr;      // units in forward order
+  FsdpUnit* next = nullptr;
+  Tensor own;                    // (slot) this rank's shards, the gather's input (kept until it is done)
+  Tensor gathered;               // (n * slot) param_dtype while a gather is in flight or unpacked
+  Work pending;
+  bool in_flight = false, unpacked = false;
+
+  Device device() const { return params.front().p->value.local.device(); }
+
+  // Starts the all-gather of this unit's shards (no-op if started or done).
+  void start_gather() {
+    if (in_flight || unpacked || params.empty()) return;
+    own = empty({slot}, opt.param_dtype, device());
+    for (FsdpParam& f : params) {
+      Tensor shard = f.p->compute_local();  // the shard: unsharded is undefined here
+      if (shard.dtype() != opt.param_dtype) {
+        Tensor c = empty(shard.shape(), opt.param_dtype, shard.device());
+        convert(c, shard);
+        shard = c;
+      }
+      copy_slice(own.view(f.offset, f.padded), 0, shard, 0, f.len[size_t(rank)], f.dim);
+    }
+    gathered = empty({int64_t(n) * slot}, opt.param_dtype, device());
+    count_collective(group->name(), "all_gather",
+                     slot * int64_t(dtype_size(opt.param_dtype)) * (n - 1));
+    pending = group->all_gather(gathered, own, /*async=*/true);
+    in_flight = true;
+  }
+  // Waits for the gather and gives every parameter its whole tensor.
+  void materialize() {
+    if (unpacked || params.empty()) return;
+    start_gather();
+    pending.wait();
+    in_flight = false;
+    own = Tensor();
+    for (FsdpParam& f : params) {
+      Tensor full = empty(f.full, opt.param_dtype, device());
+      for (int r = 0; r < n; ++r)
+        copy_slice(full, f.start[size_t(r)], gathered.view(int64_t(r) * slot + f.offset, f.padded), 0,
+                   f.len[size_t(r)], f.dim);
+      f.p->unsharded = full;
+    }
+    gathered = Tensor();
+    unpacked = true;
+  }
+  void free_params() {
+    for (FsdpParam& f : params) f.p->unsharded = Tensor();
+    unpacked = false;
+  }
+  // The full-size gradient buffers backward writes into.
+  void give_grads() {
+    for (FsdpParam& f : params)
+      if (!f.p->unsharded_grad.defined())
+        f.p->unsharded_grad = zeros(f.full, f.p->grad.local.dtype(), f.p->grad.local.device());
+  }
+  // Reduce-scatters the full-size gradients and adds each rank's piece to its sharded gradient.
+  void reduce_grads() {
+    if (params.empty()) return;
+    const DType rdt = opt.reduce_dtype;
+    Tensor all = zeros({int64_t(n) * slot}, rdt, device());  // padding summed as zeros, never read
+    for (FsdpParam& f : params) {
+      Tensor g = f.p->unsharded_grad;
+      if (g.dtype() != rdt) {
+        Tensor c = empty(g.shape(), rdt, g.device());
+        convert(c, g);
+        g = c;
+      }
+      for (int r = 0; r < n; ++r)
+        copy_slice(all.view(int64_t(r) * slot + f.offset, f.padded), 0, g, f.start[size_t(r)], f.len[size_t(r)],
+                   f.dim);
+    }
+    Tensor own = empty({slot}, rdt, device());
+    count_collective(group->name(), "reduce_scatter", slot * int64_t(dtype_size(rdt)) * (n - 1));
+    group->reduce_scatter(own, all, ReduceOp::sum);
+    for (FsdpParam& f : params) {
+      const Tensor& dst = f.p->grad.local;  // (the shard) accumulates over micro-batches
+      Tensor piece = empty(dst.shape(), rdt, dst.device());
+      copy_slice(piece, 0, own.view(f.offset, f.padded), 0, f.len[size_t(rank)], f.dim);
+      if (rdt != dst.dtype()) {
+        Tensor c = empty(dst.shape(), dst.dtype(), dst.device());
+        convert(c, piece);
+        piece = c;
+      }
+      add_(dst, piece);
+      f.p->unsharded_grad = Tensor();
+    }
+  }
+};
+
+namespace {
+
+std::vector<std::string> split_plus(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string part;
+  while (std::getline(ss, part, '+'))
+    if (!part.empty()) out.push_back(part);
+  return out;
+}
+
+// Shards p on mesh_dim along tensor_dim, applied after any other mesh dim that splits that tensor dim: a tp
+// part stays the block of rows tp gives it, and dp_shard splits that block, so gathering over dp_shard gives
+// exactly the tensor the tp-parallel layers compute with. Keeps this rank's part: no communication.
+void shard_last(Parameter& p, int mesh_dim, int tensor_dim) {
+  Placements pl = p.value.placements();
+  pl[size_t(mesh_dim)] = Placement::Shard(tensor_dim);
+  ShardOrder order = p.value.spec.shard_order;
+  if (order.size() != p.value.shape().size()) {  // no explicit order: mesh-dim order
+    order.assign(p.value.shape().size(), {});
+    for (size_t m = 0; m < pl.size(); ++m)
+      if (int(m) != mesh_dim && pl[m].is_shard()) order[size_t(pl[m].dim)].push_back(int(m));
+  }
+  order[size_t(tensor_dim)].push_back(mesh_dim);
+  p.value = redistribute(p.value, pl, {}, order);
+  p.grad = p.value;
+  p.grad.local = zeros(p.value.local.shape(), p.value.local.dtype(), p.value.local.device());
+  p.refresh_compute();
+}
+
+}  // namespace
+
+FsdpDecision decide_fsdp_layout(const std::string& name, const DTensorSpec& spec, int mesh_dim,
+                                int64_t min_weight_size) {
+  FsdpDecision d;
+  d.param = name;
+  const Shape& shape = spec.global_shape;
+  const int64_t numel = shape_numel(shape);
+  const int64_t n = spec.mesh[size_t(mesh_dim)].size;
+  if (numel <= min_weight_size) {
+    d.reason = fmt::format("{} elements <= min_weight_size {}", numel, min_weight_size);
+    return d;
+  }
+  // Mesh dims other than the fsdp one that shard each tensor dim (their product).
+  std::vector<int64_t> others(shape.size(), 1);
+  for (size_t m = 0; m < spec.placements.size(); ++m)
+    if (int(m) != mesh_dim && spec.placements[m].is_shard()) others[size_t(spec.placements[m].dim)] *= spec.mesh[m].size;
+  std::vector<int> order(shape.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return shape[size_t(a)] > shape[size_t(b)]; });
+  for (int t : order)  // the largest dim nothing else shards
+    if (others[size_t(t)] == 1 && shape[size_t(t)] % n == 0) {
+      d.tensor_dim = t;
+      d.reason = fmt::format("largest dim divisible by {} = {}: dim {} ({})", spec.mesh[size_t(mesh_dim)].name, n, t,
+                             shape[size_t(t)]);
+      return d;
+    }
+  for (int t : order)  // else a dim another mesh dim shards: sharded over both
+    if (others[size_t(t)] > 1 && shape[size_t(t)] % (n * others[size_t(t)]) == 0) {
+      d.tensor_dim = t;
+      d.with_tp = true;
+      d.reason = fmt::format("only dim {} ({}) divides, already sharded {}x: sharded over both ({} = {} x {} parts)",
+                             t, shape[size_t(t)], others[size_t(t)], shape[size_t(t)], others[size_t(t)], n);
+      return d;
+    }
+  d.warn = true;
+  d.reason = fmt::format("no dim of {} divides by {} = {}: stays replicated", shape_str(shape),
+                         spec.mesh[size_t(mesh_dim)].name, n);
+  return d;
+}
+
+FullyShard::~FullyShard() = default;
+
+std::string FullyShard::describe() const {
+  int sharded = 0, both = 0, replicated = 0;
+  for (auto& d : decisions_) {
+    if (d.tensor_dim < 0) ++replicated;
+    else ++sharded, both += d.with_tp;
+  }
+  return fmt::format("{} units; {} parameters sharded ({} over two mesh dims), {} replicated", units_.size(), sharded,
+                     both, replicated);
+}
+
+int64_t FullyShard::slot_elements() const {
+  int64_t n = 0;
+  for (auto& u : units_) n += u->slot;
+  return n;
+}
+
+std::vector<std::string> FullyShard::unit_names() const {
+  std::vector<std::string> out;
+  for (auto& u : units_) out.push_back(u->name);
+  return out;
+}
+
+std::unique_ptr<FullyShard> fully_shard(Module& root, const DeviceMesh& mesh, const FullyShardOptions& opts) {
+  MT_CHECK(opts.min_weight_size >= 0, "config", "parallel.fsdp.min_weight_size = {}: expected >= 0",
+           opts.min_weight_size);
+  const int mdim = mesh.dim_index(opts.mesh_dim);
+  auto modules = root.modules();
+  std::map<Module*, size_t> order;  // forward order of modules (depth first = the order they run here)
+  for (size_t i = 0; i < modules.size(); ++i) order[modules[i]] = i;
+
+  // 1. Units: every pattern must match; no module in two units; no parameter in two units.
+  struct Spec {
+    std::string name;
+    std::vector<Module*> modules;
+  };
+  std::vector<Spec> specs;
+  for (const std::string& u : opts.units) {
+    auto parts = split_plus(u);
+    MT_CHECK(!parts.empty(), "config", "parallel.fsdp.patterns: an empty unit pattern");
+    std::vector<std::vector<Module*>> matches;
+    for (const std::string& pat : parts) {
+      std::vector<Module*> found;
+      for (Module* m : modules)
+        if (!m->name().empty() && pattern_matches(pat, m->name())) found.push_back(m);
+      MT_CHECK(!found.empty(), "config", "parallel.fsdp.patterns: pattern '{}' matches no module of the model", pat);
+      matches.push_back(found);
+    }
+    if (parts.size() == 1) {
+      for (Module* m : matches[0]) specs.push_back({m->name(), {m}});
+    } else {
+      Spec s{u, {}};
+      for (auto& f : matches) s.modules.insert(s.modules.end(), f.begin(), f.end());
+      std::sort(s.modules.begin(), s.modules.end(), [&](Module* a, Module* b) { return order[a] < order[b]; });
+      specs.push_back(s);
+    }
+  }
+  std::map<Module*, std::string> module_unit;
+  std::map<Parameter*, std::string> param_unit;
+  for (const Spec& s : specs)
+    for (Module* m : s.modules) {
+      for (Module* sub : m->modules()) {
+        auto [it, fresh] = module_unit.emplace(sub, s.name);
+        MT_CHECK(fresh || it->second == s.name, "config", "fully_shard: module {} is in two units, '{}' and '{}'",
+                 sub->name(), it->second, s.name);
+        for (Parameter* p : sub->own_parameters()) {
+          auto [pit, pfresh] = param_unit.emplace(p, s.name);
+          MT_CHECK(pfresh || pit->second == s.name, "config",
+                   "fully_shard: parameter {} is used by units '{}' and '{}' (tied embeddings?): put the modules that "
+                   "share it in one unit ('a+b')", p->name, pit->second, s.name);
+        }
+      }
+    }
+  std::sort(specs.begin(), specs.end(),
+            [&](const Spec& a, const Spec& b) { return order[a.modules.front()] < order[b.modules.front()]; });
+
+  // 2. Decide every unit parameter's layout (pure), then shard.
+  auto fs = std::unique_ptr<FullyShard>(new FullyShard());
+  fs->opts_ = opts;
+  Group* group = &mesh.group(mdim);
+  const int n = mesh.size(mdim), rank = mesh.coordinate(mdim);
+  for (const Spec& s : specs) {
+    auto unit = std::make_unique<FsdpUnit>();
+    unit->name = s.name;
+    unit->modules = s.modules;
+    unit->group = group;
+    unit->n = n, unit->rank = rank;
+    unit->opt = opts;
+    std::set<Parameter*> seen;
+    for (Module* m : s.modules)
+      for (Parameter* p : m->parameters()) {
+        if (!seen.insert(p).second) continue;
+        FsdpDecision d = decide_fsdp_layout(p->name, p->value.spec, mdim, opts.min_weight_size);
+        fs->decisions_.push_back(d);
+        if (d.tensor_dim < 0) {
+          if (d.warn && mesh.world_rank() == 0) spdlog::warn("fully_shard: {}: {}", p->name, d.reason);
+          continue;
+        }
+        MT_CHECK(p->value.placements()[size_t(mdim)].is_replicate(), "parallel",
+                 "fully_shard: {} is already laid out as {} on {}", p->name,
+                 p->value.placements()[size_t(mdim)].str(), opts.mesh_dim);
+        shard_last(*p, mdim, d.tensor_dim);
+        p->unshard_dim = mdim;
+        p->grad_reduced_dims = {mdim};
+        p->grad_ready_at = s.modules.front();
+        FsdpParam f;
+        f.p = p;
+        f.dim = d.tensor_dim;
+        std::vector<int> coord = mesh.coordinate();
+        int64_t first = 0, total = 0, chunk = 0;
+        for (int r = 0; r < n; ++r) {
+          coord[size_t(mdim)] = r;
+          int64_t off = p->value.spec.local_offset(coord)[size_t(f.dim)];
+          int64_t len = p->value.spec.local_shape(coord)[size_t(f.dim)];
+          if (r == 0) first = off;
+          f.start.push_back(off - first);
+          f.len.push_back(len);
+          total += len;
+          chunk = std::max(chunk, len);
+        }
+        f.full = p->value.local.shape();
+        f.full[size_t(f.dim)] = total;
+        f.padded = f.full;
+        f.padded[size_t(f.dim)] = chunk;
+        f.offset = unit->slot;
+        unit->slot += shape_numel(f.padded);
+        unit->params.push_back(f);
+      }
+    fs->units_.push_back(std::move(unit));
+  }
+  for (size_t i = 0; i < fs->units_.size(); ++i) {
+    fs->units_[i]->prev = i > 0 ? fs->units_[i - 1].get() : nullptr;
+    fs->units_[i]->next = i + 1 < fs->units_.size() ? fs->units_[i + 1].get() : nullptr;
+  }
+
+  // 3. The hooks: gather before a unit's forward and backward, prefetch the next one, free after, reduce-scatter
+  // the gradients after backward.
+  for (auto& up : fs->units_) {
+    FsdpUnit* u = up.get();
+    if (u->params.empty()) continue;
+    Module* first = u->modules.front();
+    Module* last = u->modules.back();
+    first->pre_forward.push_back([u](Module&) {
+      u->materialize();
+      for (FsdpUnit* nx = u->next; nx; nx = nx->next)
+        if (!nx->params.empty()) {
+          nx->start_gather();  // in flight while this unit computes
+          break;
+        }
+    });
+    last->post_forward.push_back([u](Module&) {
+      if (u->opt.reshard_after_forward) u->free_params();
+    });
+    last->pre_backward.push_back([u](Module&) {
+      u->materialize();
+      u->give_grads();
+      for (FsdpUnit* pv = u->prev; pv; pv = pv->prev)
+        if (!pv->params.empty()) {
+          pv->start_gather();
+          break;
+        }
+    });
+    first->post_backward.push_back([u](Module&) {
+      u->reduce_grads();
+      u->free_params();
+    });
+  }
+  return fs;
+}
+
+}  // namespace mt

@@ -1,0 +1,88 @@
+// Fully sharded data parallel (ZeRO-3, PyTorch's fully_shard): every large
+// parameter is sharded over the fsdp mesh dim (dp_shard), so parameters,
+// gradients and optimizer state take 1/N of the memory; the parameters of a
+// unit (a decoder layer, the embedding, the final norm with lm_head) are
+// all-gathered just before the unit runs and freed after it, and its gradients
+// leave backward reduce-scattered to the shards.
+//
+// Layout inference (the founding notes' rule), per parameter: at most
+// min_weight_size elements stays replicated; otherwise the largest tensor dim
+// that divides by the fsdp dim's size and that no other mesh dim shards gets
+// Shard on the fsdp dim; when the only divisible dim is one tensor parallel
+// already shards, it is sharded over both (tp first, then dp_shard within each
+// tp part: divisibility by the product); with no divisible dim it stays
+// replicated with a warning. Sharding keeps this rank's part of the current
+// value: no communication.
+//
+// A unit's life: before its forward, its sharded parameters are gathered from
+// one flat buffer per unit (one all-gather in param_dtype) into
+// Parameter::unsharded, which layers read through compute_local(); the next
+// unit's gather is started before this one computes (prefetch). After forward
+// they are freed (reshard_after_forward) or kept until backward. Before its
+// backward they are gathered again (and the previous unit's gather started),
+// and full-size gradient buffers (Parameter::unsharded_grad) are given to the
+// layers; after its backward the gradients are reduce-scattered (one flat
+// buffer, reduce_dtype) and added to the parameters' sharded gradients. At
+// most two units' gathered parameters are alive at a time (with reshard).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/module.h"
+
+namespace mt {
+
+struct FullyShardOptions {
+  std::string mesh_dim = "dp_shard";
+  int64_t min_weight_size = int64_t(1) << 18;  // elements; parameters this small stay replicated
+  // The units, in any order: a module pattern (each module it matches is a unit: "model.layers.*"), or
+  // patterns joined by '+' (every module they match together form one unit: "model.norm+lm_head").
+  std::vector<std::string> units;
+  bool reshard_after_forward = true;
+  DType param_dtype = DType::f32;   // the dtype parameters are gathered in (the compute dtype)
+  DType reduce_dtype = DType::f32;  // the dtype gradients are reduce-scattered in
+};
+
+// Where one parameter goes on the fsdp dim.
+struct FsdpDecision {
+  std::string param;
+  int tensor_dim = -1;     // sharded tensor dim, -1: replicated
+  bool with_tp = false;    // that dim is also sharded by another mesh dim (sharded over both)
+  bool warn = false;       // replicated although large: no dim divides
+  std::string reason;      // "largest divisible dim 1 (768)", "256 elements <= min_weight_size 262144", ...
+};
+// The rule alone (pure), for a parameter of this spec; mesh_dim is the fsdp dim's index.
+FsdpDecision decide_fsdp_layout(const std::string& name, const DTensorSpec& spec, int mesh_dim,
+                                int64_t min_weight_size);
+
+struct FsdpUnit;
+// The state behind a fully sharded model's hooks: it must outlive every forward and backward.
+class FullyShard {
+ public:
+  FullyShard(const FullyShard&) = delete;
+  FullyShard& operator=(const FullyShard&) = delete;
+  ~FullyShard();
+  const std::vector<FsdpDecision>& decisions() const { return decisions_; }
+  // "26 units: 24 parameters sharded on dp_shard (3 with tp), 9 replicated"
+  std::string describe() const;
+  // Names of the units in forward order.
+  std::vector<std::string> unit_names() const;
+  // Elements of one rank's flat buffers over all units (each all-gather sends (dp_shard - 1) of them).
+  int64_t slot_elements() const;
+  const FullyShardOptions& options() const { return opts_; }
+
+ private:
+  friend std::unique_ptr<FullyShard> fully_shard(Module&, const DeviceMesh&, const FullyShardOptions&);
+  FullyShard() = default;
+  std::vector<FsdpDecision> decisions_;
+  std::vector<std::unique_ptr<FsdpUnit>> units_;
+  FullyShardOptions opts_;
+};
+
+// Shards root's parameters over opts.mesh_dim by the rule above and installs the unit hooks. Errors
+// (before anything changes) name a unit pattern that matches nothing, a module in two units, a parameter
+// shared by two units (tied embeddings in different units), a negative min_weight_size.
+std::unique_ptr<FullyShard> fully_shard(Module& root, const DeviceMesh& mesh, const FullyShardOptions& opts);
+
+}  // namespace mt

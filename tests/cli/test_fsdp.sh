@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Fully sharded data parallel end to end (DESIGN.md invariant 1): dp_shard = 2, 4, 8, dp_replicate 2 x dp_shard 2,
+# dp_shard 2 x tp 2, dp_replicate 2 x dp_shard 2 x tp 2 and dp_shard 2 x cp 2, each also with
+# reshard_after_forward false and with recompute, give the losses of 1 rank over 20 steps; a model whose weights
+# only divide along the tp-sharded dim is sharded over both mesh dims; the model state on rank 0 equals the
+# expected sharded count; `meshtrain plan` prints every layout decision and bytes equal to the analytic count;
+# checkpoints saved on dp_shard = 4 resume on dp_replicate 2 x tp 2 and the reverse; bad input is a clear error.
+# Prints "fsdp: N passed, N failed" last.
+#   tests/cli/test_fsdp.sh BUILD_DIR [--full]
+set -uo pipefail
+build=${1:?usage: test_fsdp.sh BUILD_DIR}
+full=0
+[ "${2:-}" = "--full" ] && full=1
+root=$(cd "$(dirname "$0")/../.." && pwd)
+mt="$build/meshtrain"
+mpirun="$root/scripts/mpirun.sh"
+py=/usr/bin/python3
+compare="$root/tests/cli/compare_runs.py"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1
+
+source "$root/tests/cli/common.sh"
+
+"$py" "$root/scripts/prepare_data" --out "$tmp/data" --name docs "$root"/docs/*.md >/dev/null || bad "prepare_data"
+# min_weight_size 1000: every matrix is sharded, the norm weights (64) stay replicated.
+cat >"$tmp/t.yaml" <<YAML
+model: {dim: 64, n_layers: 2, n_heads: 8, n_kv_heads: 4, ffn_dim: 96, vocab_size: 256, max_seq_len: 32}
+training: {steps: 20, batch_size: 8, seq_len: 32, lr: 3.0e-3, warmup_steps: 3, lr_min: 3.0e-4, grad_clip: 1.0,
+           weight_decay: 0.1, threads: 1}
+data: {train: "$tmp/data/docs_train_*.bin", val: "$tmp/data/docs_val_*.bin"}
+eval: {interval: 10, steps: 2}
+sample: {interval: 10, tokens: 8, prompt: "The "}
+log: {interval: 1}
+parallel: {dp_replicate: 1, fsdp: {min_weight_size: 1000}}
+YAML
+train() {  # train NAME NP [--set ...]
+  local name=$1 np=$2
+  shift 2
+  timeout 600 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set log.metrics_file="$tmp/$name.jsonl" "$@" train \
+    >"$tmp/$name.log" 2>&1
+}
+same_as() {  # same_as BASE NAME NP DESCRIPTION [--set ...]
+  local base=$1 name=$2 np=$3 what=$4
+  shift 4
+  if train "$name" "$np" "$@"; then
+    if out=$("$py" "$compare" "$tmp/$name.jsonl" "$tmp/$base.jsonl" --steps 20 2>&1); then ok "$what: $out"
+    else bad "$what" "$out"; fi
+    if [ "$(grep -a 'sample step 20' "$tmp/$name.log")" = "$(grep -a 'sample step 20' "$tmp/$base.log")" ]; then
+      ok "$what: the same sample"; else bad "$what: the same sample" "$(grep -a 'sample step 20' "$tmp/$name.log")"; fi
+  else
+    bad "$what" "$(tail -n 20 "$tmp/$name.log")"
+  fi
+}
+
+train base 1 || bad "1-rank baseline" "$(tail -n 20 "$tmp/base.log")"
+meshes=("2|dp_shard=2|--set parallel.dp_shard=2"
+        "4|dp_shard=4|--set parallel.dp_shard=4"
+        "8|dp_shard=8|--set parallel.dp_shard=8"
+        "4|dp_replicate=2 x dp_shard=2|--set parallel.dp_replicate=2 --set parallel.dp_shard=2"
+        "4|dp_shard=2 x tp=2|--set parallel.dp_shard=2 --set parallel.tp=2"
+        "8|dp_replicate=2 x dp_shard=2 x tp=2|--set parallel.dp_replicate=2 --set parallel.dp_shard=2 --set parallel.tp=2"
+        "4|dp_shard=2 x cp=2|--set parallel.dp_shard=2 --set parallel.cp=2")
+i=0
+for m in "${meshes[@]}"; do
+  IFS='|' read -r np what args <<<"$m"
+  i=$((i + 1))
+  # shellcheck disable=SC2086
+  same_as base m$i "$np" "$what" $args
+  # shellcheck disable=SC2086
+  same_as base m${i}_keep "$np" "$what, reshard_after_forward false" $args --set parallel.fsdp.reshard_after_forward=false
+  # shellcheck disable=SC2086
+  same_as base m${i}_ac "$np" "$what, recompute" $args --set 'parallel.recompute.patterns=["model.layers.*"]'
+done
+# The model state on rank 0: the shards' and the replicated parameters' bytes, as the layouts predict.
+for n in 2 4 8; do
+  idx=$([ $n = 2 ] && echo 1 || ([ $n = 4 ] && echo 2 || echo 3))
+  expect "model state on rank 0 at dp_shard=$n equals the expected sharded count" zero "elements (the rank's shards and the replicated small parameters): equal" -- \
+    grep "model state on rank 0" "$tmp/m$idx.log"
+done
+# dp_shard=2 halves it (up to the replicated norm weights).
+s1=$(grep -oE 'model state on rank 0: [0-9.]+' "$tmp/base.log" | grep -oE '[0-9.]+$')
+s2=$(grep -oE 'model state on rank 0: [0-9.]+' "$tmp/m1.log" | grep -oE '[0-9.]+$')
+if "$py" -c "import sys; a, b = float('$s1'), float('$s2'); sys.exit(0 if 0.49 < b / a < 0.52 else 1)"; then
+  ok "dp_shard=2 holds about half the model state of 1 rank ($s2 of $s1 MiB)"; else bad "half the model state" "$s2 of $s1 MiB"; fi
+
+# dp_shard = 3 x tp = 2 on a narrow model (dim 8): the MLP and embedding weights divide only along the
+# tp-sharded dim (ffn 96 and vocab 256 by 3 x 2 = 6? 96 yes: sharded over both mesh dims; 256 no: a large weight
+# nothing divides stays replicated, with a warning); the same losses as 1 rank.
+odd=(--set model.dim=8 --set model.n_heads=2 --set model.n_kv_heads=2 --set training.batch_size=6 --set parallel.fsdp.min_weight_size=500)
+train odd1 1 "${odd[@]}" || bad "narrow-model baseline" "$(tail -n 20 "$tmp/odd1.log")"
+same_as odd1 odd_ds3tp2 6 "dp_shard=3 x tp=2, weights sharded over both mesh dims" "${odd[@]}" --set parallel.dp_shard=3 --set parallel.tp=2
+"$mpirun" -np 6 "$mt" --config "$tmp/t.yaml" "${odd[@]}" --set parallel.dp_shard=3 --set parallel.tp=2 plan >"$tmp/odd_plan.out" 2>&1 ||
+  bad "meshtrain plan on dp_shard=3 x tp=2" "$(tail -n 20 "$tmp/odd_plan.out")"
+expect "meshtrain plan: a weight sharded over both mesh dims" zero "Shard(0) with tp: only dim 0 (96) divides, already sharded 2x: sharded over both (96 = 2 x 3 parts)" -- \
+  grep "model.layers.0.mlp.gate_proj.weight" "$tmp/odd_plan.out"
+expect "meshtrain plan: a large weight that nothing divides stays replicated" zero "replicated: no dim of (256, 8) divides by dp_shard = 3: stays replicated" -- \
+  grep "model.embed_tokens.weight   " "$tmp/odd_plan.out"
+expect "a large weight that nothing divides: a warning" zero "fully_shard: lm_head.weight: no dim of (256, 8) divides" -- cat "$tmp/odd_plan.out"
+
+# meshtrain plan: every decision, and the bytes of a step against the analytic count.
+for keep in true false; do
+  "$mpirun" -np 4 "$mt" --config "$tmp/t.yaml" --set parallel.dp_shard=2 --set parallel.tp=2 \
+    --set parallel.fsdp.reshard_after_forward=$keep plan >"$tmp/plan.out" 2>&1 || bad "meshtrain plan" "$(tail -n 20 "$tmp/plan.out")"
+  expect "meshtrain plan (reshard_after_forward $keep): a decision" zero "Shard(1): largest dim divisible by dp_shard = 2: dim 1 (64)" -- \
+    grep "model.layers.0.self_attn.q_proj.weight" "$tmp/plan.out"
+  expect "meshtrain plan (reshard_after_forward $keep): replicated norm" zero "replicated: 64 elements <= min_weight_size 1000" -- \
+    grep "model.norm.weight   " "$tmp/plan.out"
+  expect "meshtrain plan (reshard_after_forward $keep): forward bytes = analytic" zero "(equal)" -- grep "fsdp bytes per rank: forward" "$tmp/plan.out"
+  expect "meshtrain plan (reshard_after_forward $keep): backward bytes = analytic" zero "(equal)" -- grep "fsdp bytes per rank: backward" "$tmp/plan.out"
+done
+
+# Checkpoints hold whole Hugging Face tensors: saved on dp_shard = 4, resumed on dp_replicate 2 x tp 2, and the
+# reverse; the same losses as the run that did not stop.
+ck=(--set checkpoint.interval=10)
+if train save_ds4 4 --set parallel.dp_shard=4 --set checkpoint.dir="$tmp/ds4.ckpt" "${ck[@]}" &&
+   train resume_on_tp 4 --set parallel.dp_replicate=2 --set parallel.tp=2 --set checkpoint.dir="$tmp/r1.ckpt" \
+     --set checkpoint.resume="$tmp/ds4.ckpt/step_00000010"; then
+  if out=$("$py" "$compare" "$tmp/resume_on_tp.jsonl" "$tmp/base.jsonl" --from-step 10 --steps 10 2>&1); then
+    ok "saved on dp_shard=4, resumed on dp_replicate=2 x tp=2: $out"; else bad "resume dp_shard -> tp" "$out"; fi
+else
+  bad "resume dp_shard -> tp" "$(tail -n 20 "$tmp/save_ds4.log" "$tmp/resume_on_tp.log" 2>/dev/null)"
+fi
+if train save_tp 4 --set parallel.dp_replicate=2 --set parallel.tp=2 --set checkpoint.dir="$tmp/tp.ckpt" "${ck[@]}" &&
+   train resume_on_ds 4 --set parallel.dp_shard=4 --set checkpoint.dir="$tmp/r2.ckpt" \
+     --set checkpoint.resume="$tmp/tp.ckpt/step_00000010"; then
+  if out=$("$py" "$compare" "$tmp/resume_on_ds.jsonl" "$tmp/base.jsonl" --from-step 10 --steps 10 2>&1); then
+    ok "saved on dp_replicate=2 x tp=2, resumed on dp_shard=4: $out"; else bad "resume tp -> dp_shard" "$out"; fi
+else
+  bad "resume tp -> dp_shard" "$(tail -n 20 "$tmp/save_tp.log" "$tmp/resume_on_ds.log" 2>/dev/null)"
+fi
+
+# Bad input.
+expect "dp_shard does not divide the ranks" nonzero "parallel: dp_replicate*dp_shard*cp*tp = 1*3*1*1 = 3 but the job has 4 ranks" -- \
+  "$mpirun" -np 4 "$mt" --config "$tmp/t.yaml" --set parallel.dp_shard=3 train
+expect "a unit pattern that matches nothing" nonzero "parallel.fsdp.patterns: pattern 'model.layer.*' matches no module of the model" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set parallel.dp_shard=2 --set 'parallel.fsdp.patterns=["model.layer.*"]' train
+expect "min_weight_size negative" nonzero "parallel.fsdp.min_weight_size = -5: expected a number of elements >= 0" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set parallel.dp_shard=2 --set parallel.fsdp.min_weight_size=-5 train
+expect "param_dtype other than training.dtype" nonzero "parallel.fsdp.param_dtype = bf16 differs from training.dtype = fp32" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set parallel.dp_shard=2 --set parallel.fsdp.param_dtype=bf16 train
+expect "a module in two units" nonzero "is in two units" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set parallel.dp_shard=2 --set 'parallel.fsdp.patterns=["model.layers.*", "model.layers.0.mlp"]' train
+
+echo "fsdp: $passed passed, $failed failed"
+[ $failed -eq 0 ]
