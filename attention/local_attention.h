@@ -10,9 +10,9 @@ namespace mt {
 
 struct AttentionOptions {
   bool causal = true;
-  double scale = 0;      // 0: 1/sqrt(hd)
-  int64_t q_pos0 = 0;    // global position of query 0 (ring attention passes chunk offsets)
-  int64_t k_pos0 = 0;    // global position of key 0
+  double scale = 0;    // 0: 1/sqrt(hd)
+  int64_t q_pos0 = 0;  // global position of query 0 (ring attention passes chunk offsets)
+  int64_t k_pos0 = 0;  // global position of key 0
   // Packed documents: (B, T) i64 on q's device, the global position where each query's document starts
   // (non-decreasing along each row: documents are runs of positions). A query sees only keys at or after it;
   // with causal masking that is exactly the earlier tokens of its own document. (Without causal masking keys

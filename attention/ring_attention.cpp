@@ -23,23 +23,25 @@ struct Ring {
   DType dt = DType::f32, acc = DType::f32;
   Device dev;
   SequenceShard mine;
-  int64_t q_numel() const { return B * c * H * hd; }   // one query chunk
-  int64_t kv_numel() const { return B * c * KV * hd; }  // one key (or value) chunk
+  int64_t q_numel() const { return B * c * H * hd; }       // one query chunk
+  int64_t kv_numel() const { return B * c * KV * hd; }     // one key (or value) chunk
   int64_t kv_block() const { return 2 * m * kv_numel(); }  // a rank's K and V
 };
 
 Ring setup(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const RingAttentionOptions& opt) {
   Ring r;
-  MT_CHECK(q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == q.size(0) &&
-               k.size(1) == q.size(1) && k.size(3) == q.size(3),
+  MT_CHECK(q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
+               k.size(3) == q.size(3),
            "attention", "{}: q (B, T, H, hd) {} and k, v (B, T, KV, hd) {} {} do not match", op, shape_str(q.shape()),
            shape_str(k.shape()), shape_str(v.shape()));
   r.n = opt.group ? opt.group->size() : 1;
   r.rank = opt.group ? opt.group->rank() : 0;
   r.B = q.size(0), r.Tl = q.size(1), r.H = q.size(2), r.KV = k.size(2), r.hd = q.size(3);
   r.mine = sequence_shard(opt.load_balance, opt.seq_len, r.n, r.rank);
-  MT_CHECK(r.mine.size() == r.Tl, "attention", "{}: q holds {} tokens, but a sequence of {} over {} cp ranks ({}) "
-           "gives each rank {}", op, r.Tl, opt.seq_len, r.n, cp_load_balance_name(opt.load_balance), r.mine.size());
+  MT_CHECK(r.mine.size() == r.Tl, "attention",
+           "{}: q holds {} tokens, but a sequence of {} over {} cp ranks ({}) "
+           "gives each rank {}",
+           op, r.Tl, opt.seq_len, r.n, cp_load_balance_name(opt.load_balance), r.mine.size());
   r.m = int64_t(r.mine.chunk_pos.size()), r.c = r.mine.chunk_len;
   r.dt = q.dtype(), r.acc = accum_dtype(q.dtype()), r.dev = q.device();
   if (opt.doc_start.defined())
@@ -162,15 +164,17 @@ void ring_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& 
   }
   // Running results per query chunk in the accum dtype: nothing seen yet (lse -inf).
   Tensor out_acc = zeros({r.m * r.q_numel()}, r.acc, r.dev);
-  Tensor lse_acc = from_values(std::vector<double>(size_t(r.m * r.B * r.H * r.c), -std::numeric_limits<double>::infinity()),
-                               {r.m * r.B * r.H * r.c}, r.acc)
-                       .to(r.dev);
+  Tensor lse_acc =
+      from_values(std::vector<double>(size_t(r.m * r.B * r.H * r.c), -std::numeric_limits<double>::infinity()),
+                  {r.m * r.B * r.H * r.c}, r.acc)
+          .to(r.dev);
   Tensor part_out = empty({r.B, r.c, r.H, r.hd}, r.dt, r.dev), part_lse = empty({r.B, r.H, r.c}, r.acc, r.dev);
 
   Tensor cur = kv;
   for (int s = 0; s < r.n; ++s) {
     const int src = ((r.rank - s) % r.n + r.n) % r.n;  // whose K/V this step sees
-    Tensor block = opt.method == CpMethod::all_gather ? gathered.view(int64_t(src) * r.kv_block(), {r.kv_block()}) : cur;
+    Tensor block =
+        opt.method == CpMethod::all_gather ? gathered.view(int64_t(src) * r.kv_block(), {r.kv_block()}) : cur;
     Work shift;
     if (opt.method == CpMethod::ring && s + 1 < r.n) {  // the next step's K/V, in flight while this one computes
       count(opt, "ring_shift", kv_bytes);
@@ -196,15 +200,15 @@ void ring_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& 
     copy_slice(lse, i * r.c, lse_acc.view(i * r.B * r.H * r.c, {r.B, r.H, r.c}), 0, r.c, 2);
 }
 
-void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
-                             const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                             const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                              const RingAttentionOptions& opt) {
   const Ring r = setup("ring_attention_backward", q, k, v, opt);
   if (local_only(opt) && r.m == 1)
     return attention_backward(dq, dk, dv, dout, q, k, v, out, lse, whole_sequence_options(opt, r));
   std::vector<Tensor> docs_host, docs = doc_chunks(opt, r, &docs_host);
   Tensor qc = chunk_major(q, r), oc = chunk_major(out, r), doc_ = chunk_major(dout, r);  // (m, B, c, H, hd)
-  std::vector<Tensor> lse_c;  // (B, H, c) per query chunk
+  std::vector<Tensor> lse_c;                                                             // (B, H, c) per query chunk
   for (int64_t i = 0; i < r.m; ++i) {
     Tensor l = empty({r.B, r.H, r.c}, lse.dtype(), r.dev);
     copy_slice(l, 0, lse, i * r.c, r.c, 2);
@@ -237,9 +241,10 @@ void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
   Tensor cur = kv;
   for (int s = 0; s < r.n; ++s) {
     const int src = ((r.rank - s) % r.n + r.n) % r.n;
-    Tensor block = opt.method == CpMethod::all_gather ? gathered.view(int64_t(src) * r.kv_block(), {r.kv_block()}) : cur;
-    Tensor dblock = opt.method == CpMethod::all_gather ? dkv_all.view(int64_t(src) * r.kv_block(), {r.kv_block()})
-                                                       : contrib;
+    Tensor block =
+        opt.method == CpMethod::all_gather ? gathered.view(int64_t(src) * r.kv_block(), {r.kv_block()}) : cur;
+    Tensor dblock =
+        opt.method == CpMethod::all_gather ? dkv_all.view(int64_t(src) * r.kv_block(), {r.kv_block()}) : contrib;
     Work shift;
     if (opt.method == CpMethod::ring) {
       if (s + 1 < r.n) {

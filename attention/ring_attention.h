@@ -34,11 +34,11 @@ namespace mt {
 
 struct RingAttentionOptions {
   bool causal = true;
-  double scale = 0;         // 0: 1/sqrt(hd)
-  Group* group = nullptr;   // the cp group; null (or size 1): this rank holds the whole sequence
+  double scale = 0;        // 0: 1/sqrt(hd)
+  Group* group = nullptr;  // the cp group; null (or size 1): this rank holds the whole sequence
   CpMethod method = CpMethod::ring;
   CpLoadBalance load_balance = CpLoadBalance::head_tail;
-  int64_t seq_len = 0;      // the global sequence length T
+  int64_t seq_len = 0;  // the global sequence length T
   // Packed documents: (B, T_local) i64 on the host, the global position where each local query's document
   // starts (document_starts, then shard_sequence). Undefined: no document mask.
   Tensor doc_start;
@@ -52,8 +52,8 @@ void ring_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& 
                             const RingAttentionOptions& opt);
 // dq (B, T_local, H, hd), dk, dv (B, T_local, KV, hd) overwritten: the gradients of this rank's q, k, v.
 // dout, out, lse from the forward. Collective over the group.
-void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
-                             const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                             const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                              const RingAttentionOptions& opt);
 
 }  // namespace mt

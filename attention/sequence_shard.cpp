@@ -11,8 +11,10 @@ int64_t sequence_parts(CpLoadBalance lb, int n) { return lb == CpLoadBalance::he
 SequenceShard sequence_shard(CpLoadBalance lb, int64_t T, int n, int rank) {
   const int64_t parts = sequence_parts(lb, n);
   MT_CHECK(n >= 1 && rank >= 0 && rank < n, "attention", "sequence_shard: rank {} of {}", rank, n);
-  MT_CHECK(T % parts == 0, "attention", "sequence_shard: a sequence of {} tokens does not split into {} equal chunks "
-           "({} over {} ranks)", T, parts, cp_load_balance_name(lb), n);
+  MT_CHECK(T % parts == 0, "attention",
+           "sequence_shard: a sequence of {} tokens does not split into {} equal chunks "
+           "({} over {} ranks)",
+           T, parts, cp_load_balance_name(lb), n);
   SequenceShard s;
   s.chunk_len = T / parts;
   if (parts == 2 * int64_t(n)) s.chunk_pos = {rank * s.chunk_len, (parts - 1 - rank) * s.chunk_len};

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "comm/control.h"
 #include "comm/watchdog.h"
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
@@ -25,9 +26,16 @@ int env_int(const char* name, int fallback) {
 
 MpiEnv::MpiEnv(int* argc, char*** argv) {
   int provided = 0;
+  // The watchdog runs from the start: MPI_Init waits for every rank of the job
+  // (with the default timeout; the config's is set once it is read).
+  watchdog_start();
   // MULTIPLE: the watchdog thread may call MPI_Abort while the main thread is
   // blocked inside a collective.
-  MT_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  {
+    WatchdogScope w("MPI_Init", "the job's start-up");
+    MT_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  }
+  watchdog_mpi_ready();
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
@@ -40,7 +48,10 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
   // Node-local rank: the launcher's variables when present (Open MPI, Slurm),
   // else ranks sharing memory with this one.
   MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  {
+    WatchdogScope w("MPI_Comm_split_type", fmt::format("the world ({} ranks), finding node-local ranks", size_));
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  }
   int node_rank = 0, node_size = 1;
   MPI_Comm_rank(node, &node_rank);
   MPI_Comm_size(node, &node_size);
@@ -54,14 +65,27 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
     set_device(cuda_device_);
   }
   (void)provided;
-  watchdog_start();
 }
 
+// A rank stopped near the end must not hold the others forever: a watched
+// barrier first (it names the ranks that did not arrive), then MPI_Finalize
+// (which waits for every rank too) still under the watchdog.
 MpiEnv::~MpiEnv() {
-  watchdog_stop();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (!finalized) {
+    if (size_ > 1) {
+      try {
+        control_barrier(MPI_COMM_WORLD, "exit barrier");
+      } catch (const std::exception& e) {
+        abort_job(e.what(), 1);
+      }
+    }
+    watchdog_mpi_finalizing();
+    WatchdogScope w("MPI_Finalize", fmt::format("the world ({} ranks), at exit", size_));
+    MPI_Finalize();
+  }
+  watchdog_stop();
 }
 
 void abort_job(const std::string& msg, int code) {

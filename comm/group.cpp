@@ -6,10 +6,14 @@ namespace mt {
 
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
   }
   return "?";
 }
@@ -37,13 +41,13 @@ Work Group::all_reduce(const Tensor& out, const Tensor& in, ReduceOp op, bool as
 
 void Group::check_same(const char* op, const Tensor& a, const Tensor& b) const {
   MT_CHECK(a.dtype() == b.dtype() && a.device() == b.device(), "comm",
-           "{} on {}: input is {} on {}, output is {} on {}; they must match", op, describe(),
-           dtype_name(b.dtype()), b.device().str(), dtype_name(a.dtype()), a.device().str());
+           "{} on {}: input is {} on {}, output is {} on {}; they must match", op, describe(), dtype_name(b.dtype()),
+           b.device().str(), dtype_name(a.dtype()), a.device().str());
 }
 
 void Group::check_count(const char* op, const char* what, const Tensor& t, int64_t expected) const {
-  MT_CHECK(t.numel() == expected, "comm", "{} on {}: {} has {} elements, expected {}", op, describe(), what,
-           t.numel(), expected);
+  MT_CHECK(t.numel() == expected, "comm", "{} on {}: {} has {} elements, expected {}", op, describe(), what, t.numel(),
+           expected);
 }
 
 void Group::check_counts(const char* op, const std::vector<int64_t>& counts) const {

@@ -64,8 +64,8 @@ class Group {
   // in (size * out.numel()) reduced over ranks; rank r keeps chunk r.
   virtual Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, bool async = false) = 0;
   // Unequal chunks: rank r keeps counts[r] elements of the reduced in.
-  virtual Work reduce_scatter_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts,
-                                ReduceOp op, bool async = false) = 0;
+  virtual Work reduce_scatter_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, ReduceOp op,
+                                bool async = false) = 0;
   // in and out hold size equal chunks; chunk j of in goes to rank j and
   // arrives as chunk rank() of its out.
   virtual Work all_to_all(const Tensor& out, const Tensor& in, bool async = false) = 0;

@@ -3,14 +3,17 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
 
+#include "comm/control.h"
 #include "comm/mpi/mpi_group.h"
 #include "comm/nccl/nccl_group.h"
 #include "comm/watchdog.h"
+#include "runtime/core/cuda_backend.h"
 #include "runtime/core/error.h"
 
 namespace mt {
@@ -42,8 +45,8 @@ std::vector<MeshDim> parse_mesh_spec(const std::string& spec, int world_size) {
     int known = 1;
     for (auto& d : dims)
       if (d.size > 0) known *= d.size;
-    MT_CHECK(world_size % known == 0, "mesh", "mesh '{}': the other dims multiply to {}, which does not divide {} ranks",
-             spec, known, world_size);
+    MT_CHECK(world_size % known == 0, "mesh",
+             "mesh '{}': the other dims multiply to {}, which does not divide {} ranks", spec, known, world_size);
     dims[size_t(infer)].size = world_size / known;
   }
   validate_mesh_dims(dims, world_size);
@@ -69,6 +72,43 @@ std::string mesh_str(const std::vector<MeshDim>& dims) {
   for (size_t i = 0; i < dims.size(); ++i) r += (i ? "," : "") + dims[i].name + "=" + std::to_string(dims[i].size);
   return r;
 }
+
+namespace {
+
+// The first pair of ranks of one node that would use the same GPU, as "world ranks A and B share the GPU
+// <PCI bus id>", or "" when every rank has its own (collective over the world; the same answer on every rank).
+// NCCL cannot hold one GPU twice in a communicator, so such ranks talk through the MPI backend, which stages
+// device buffers through the host (tests running several ranks on one GPU).
+std::string shared_device(const Device& d) {
+  constexpr int kId = 64;
+  char mine[kId] = {0};
+  std::snprintf(mine, kId, "%s", cuda::pci_bus_id(d.index).c_str());
+  MPI_Comm node;
+  int world_rank = 0, n = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  {
+    WatchdogScope w("MPI_Comm_split_type", "grouping the ranks of each node to compare their GPUs");
+    MT_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node));
+  }
+  MPI_Comm_size(node, &n);
+  std::vector<char> ids(size_t(n) * kId);
+  std::vector<int> ranks(static_cast<size_t>(n));
+  control_all_gather(node, ids.data(), mine, kId, MPI_CHAR, "GPU ids", "the ranks of this node");
+  control_all_gather(node, ranks.data(), &world_rank, 1, MPI_INT, "GPU ranks", "the ranks of this node");
+  MPI_Comm_free(&node);
+  std::string what;
+  for (int i = 0; i < n && what.empty(); ++i)
+    for (int j = i + 1; j < n && what.empty(); ++j)
+      if (std::string(&ids[size_t(i) * kId]) == std::string(&ids[size_t(j) * kId]))
+        what = fmt::format("world ranks {} and {} share the GPU {}", ranks[size_t(i)], ranks[size_t(j)],
+                           std::string(&ids[size_t(i) * kId]));
+  int any = what.empty() ? 0 : 1;
+  control_all_reduce(MPI_COMM_WORLD, &any, 1, MPI_INT, MPI_MAX, "GPU sharing");
+  if (any && what.empty()) what = "ranks of another node share a GPU";
+  return any ? what : std::string();
+}
+
+}  // namespace
 
 struct DeviceMesh::Impl {
   std::vector<MeshDim> dims;
@@ -142,14 +182,25 @@ DeviceMesh DeviceMesh::create(const std::vector<MeshDim>& dims, const MeshOption
   I.world_rank = rank;
   I.coord = I.unravel(rank);
   if (opts.backend == "auto") {
-    I.backend = opts.device.is_cuda() && nccl_built() ? "nccl" : "mpi";
+    // NCCL on device buffers when every rank has its own GPU; ranks sharing one stage through MPI.
+    I.backend = opts.device.is_cuda() && nccl_built() && shared_device(opts.device).empty() ? "nccl" : "mpi";
   } else {
     MT_CHECK(opts.backend == "mpi" || opts.backend == "nccl", "mesh",
              "unknown comm backend '{}' (expected auto, mpi or nccl)", opts.backend);
-    MT_CHECK(opts.backend == "mpi" || opts.device.is_cuda(), "mesh",
-             "the nccl backend needs device cuda (got {})", opts.device.str());
+    MT_CHECK(opts.backend == "mpi" || opts.device.is_cuda(), "mesh", "the nccl backend needs device cuda (got {})",
+             opts.device.str());
+    if (opts.backend == "nccl" && nccl_built()) {
+      std::string shared = shared_device(opts.device);
+      MT_CHECK(shared.empty(), "mesh",
+               "comm.backend nccl: {}, and NCCL needs one GPU per rank (use comm.backend auto or mpi, which stages "
+               "device buffers through the host)",
+               shared);
+    }
     I.backend = opts.backend;
   }
+  // Every rank arrives before the first group is made (MPI_Comm_split cannot
+  // say who is missing; this barrier can).
+  if (world > 1) control_barrier(MPI_COMM_WORLD, "mesh creation", fmt::format("the world ({} ranks)", world));
   for (int d = 0; d < int(dims.size()); ++d) I.dim_groups.push_back(I.make_group({d}, dims[size_t(d)].name));
   return m;
 }
@@ -229,7 +280,7 @@ std::string DeviceMesh::table() const {
   std::snprintf(mine + kLen, kLen, "%s", I.opts.device.str().c_str());
   int world = size();
   std::vector<char> all(size_t(world) * 2 * kLen);
-  MT_MPI_CHECK(MPI_Gather(mine, 2 * kLen, MPI_CHAR, all.data(), 2 * kLen, MPI_CHAR, 0, MPI_COMM_WORLD));
+  control_gather(MPI_COMM_WORLD, all.data(), mine, 2 * kLen, MPI_CHAR, 0, "mesh table");
   if (I.world_rank != 0) return {};
   std::string out = fmt::format("mesh {} ({} ranks, backend {})\n", mesh_str(I.dims), world, I.backend);
   std::string head = fmt::format("{:>5}  {:<24} {:<8}", "rank", "host", "device");

@@ -44,11 +44,11 @@ class DeviceMesh {
 
   int ndim() const;
   const std::vector<MeshDim>& dims() const;
-  int size() const;             // product of dim sizes (= world size)
+  int size() const;  // product of dim sizes (= world size)
   int size(int dim) const;
   int dim_index(const std::string& name) const;  // throws "[mesh] no dim ..."
   bool has_dim(const std::string& name) const;
-  const std::vector<int>& coordinate() const;    // this rank's
+  const std::vector<int>& coordinate() const;  // this rank's
   int coordinate(int dim) const { return coordinate()[size_t(dim)]; }
   int world_rank() const;
   std::vector<int> coordinate_of(int world_rank) const;

@@ -3,11 +3,15 @@
 // timeout aborts the whole job after printing which collective, on which
 // group, on which rank (NCCL communicators are aborted first, then
 // MPI_Abort). A rank that dies makes its peers wait in a collective, so they
-// too end within the timeout.
+// too end within the timeout. The watchdog runs from before MPI_Init to after
+// MPI_Finalize. A rank that was itself suspended (SIGSTOP, a paused machine)
+// does not count that time as waiting on its peers, and a rank resumed after
+// a peer aborted the job says so instead of blaming the peers.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 
 namespace mt {
 
@@ -23,6 +27,10 @@ void watchdog_add_abort_hook(std::function<void()> hook);
 uint64_t watchdog_begin(std::string op, const Group& group, std::function<bool()> done = {});
 // The same for operations that are not on a Group yet (making one is collective too).
 uint64_t watchdog_begin(std::string op, std::string where, std::function<bool()> done = {});
+// detail() is called once, at the timeout, and its text replaces the generic
+// "a peer is missing" in the message (e.g. which ranks did not arrive).
+uint64_t watchdog_begin(std::string op, std::string where, std::function<bool()> done,
+                        std::function<std::string()> detail);
 void watchdog_end(uint64_t id);
 
 // RAII form for blocking host-side calls.
@@ -40,5 +48,15 @@ class WatchdogScope {
 
 void watchdog_start();  // idempotent; started by MpiEnv
 void watchdog_stop();
+// MPI is up (after MPI_Init): the watchdog thread starts answering peers that
+// time out and ask where this rank is.
+void watchdog_mpi_ready();
+// From here on MPI may no longer be called: a timeout exits without MPI_Abort.
+void watchdog_mpi_finalizing();
+
+// Test hook for the stuck-rank drills: with MT_FAULT_STOP_AT=<point>:<rank>,
+// that world rank raises SIGSTOP on itself the first time it reaches a call
+// whose label starts with <point> (e.g. "checkpoint barrier:1"). No-op otherwise.
+void fault_stop_point(std::string_view label);
 
 }  // namespace mt

@@ -21,7 +21,7 @@ class Linear : public Module {
   Tensor call_backward_into(const Tensor& dy, const Tensor& dx_sum);
 
  protected:
-  Tensor forward(const Tensor& x) override;   // (B, T, in) -> (B, T, out)
+  Tensor forward(const Tensor& x) override;  // (B, T, in) -> (B, T, out)
   Tensor backward(const Tensor& dy) override;
   void drop_saved() override { saved_x_ = Tensor(); }
 

@@ -11,7 +11,7 @@ RMSNorm::RMSNorm(const std::string& name, int64_t dim, double e, const ParamFact
 }
 
 Tensor RMSNorm::forward(const Tensor& x) {
-  Tensor y = empty(x.shape(), x.dtype(), x.device());          // (B, T, C)
+  Tensor y = empty(x.shape(), x.dtype(), x.device());                             // (B, T, C)
   Tensor rstd = empty({as_rows(x).size(0)}, accum_dtype(x.dtype()), x.device());  // (B*T)
   rmsnorm_forward(as_rows(y), rstd, as_rows(x), weight->compute_local(), eps);
   saved_x_ = x;
@@ -25,7 +25,7 @@ std::pair<Tensor, Tensor> RMSNorm::call_add(const Tensor& x, const Tensor& resid
     return {x, call(x)};
   }
   Tensor y = call_around([&] {
-    Tensor out = empty(x.shape(), x.dtype(), x.device());                          // (B, T, C)
+    Tensor out = empty(x.shape(), x.dtype(), x.device());                           // (B, T, C)
     Tensor rstd = empty({as_rows(x).size(0)}, accum_dtype(x.dtype()), x.device());  // (B*T)
     add_rmsnorm_forward(as_rows(x), as_rows(out), rstd, as_rows(x), as_rows(residual), weight->compute_local(), eps);
     saved_x_ = x;
@@ -52,7 +52,8 @@ Tensor RMSNorm::call_backward_add(const Tensor& dy, const Tensor& dresidual) {
 
 Tensor RMSNorm::backward(const Tensor& dy) {
   Tensor dx = empty(saved_x_.shape(), dy.dtype(), dy.device());  // (B, T, C)
-  rmsnorm_backward(as_rows(dx), weight->grad_local(), as_rows(dy), as_rows(saved_x_), weight->compute_local(), saved_rstd_);
+  rmsnorm_backward(as_rows(dx), weight->grad_local(), as_rows(dy), as_rows(saved_x_), weight->compute_local(),
+                   saved_rstd_);
   saved_x_ = saved_rstd_ = Tensor();
   return dx;
 }

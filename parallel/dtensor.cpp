@@ -1,5 +1,7 @@
 #include "parallel/dtensor.h"
 
+#include "runtime/kernels/ops.h"
+
 #include <mutex>
 
 #include <cstring>
@@ -59,134 +61,123 @@ std::vector<int> with_coord(std::vector<int> c, int m, int v) {
   return c;
 }
 
-bool all_equal(const std::vector<int64_t>& v) { return std::adjacent_find(v.begin(), v.end(), std::not_equal_to<>()) == v.end(); }
-
-// Slice [begin, begin+len) of dim d, as a new contiguous host tensor.
-Tensor slice_dim(const Tensor& t, int d, int64_t begin, int64_t len) {
-  Tensor out = empty(with(t.shape(), d, len), t.dtype());
-  copy_block(out, Shape(t.shape().size(), 0), t, with(Shape(t.shape().size(), 0), d, begin), out.shape());
-  return out;
+bool all_equal(const std::vector<int64_t>& v) {
+  return std::adjacent_find(v.begin(), v.end(), std::not_equal_to<>()) == v.end();
 }
 
+// The device a redistribution runs on: the tensor's own (host tensors on an MPI mesh, device tensors on
+// NCCL or on MPI, which stages device buffers through the host itself), except a host tensor on a mesh whose
+// collectives take device buffers only (NCCL): it visits the mesh's device.
+Device work_device(const Tensor& t, const DeviceMesh& mesh) {
+  return mesh.backend() == "nccl" && t.device().is_cpu() ? mesh.device() : t.device();
+}
 
-// The group runs on host buffers (MPI) or device buffers (NCCL): packed host
-// buffers go to the device and back around a collective. This is the one
-// place where device tensors pass through the host in this version.
-struct CommBuffers {
-  const DeviceMesh& mesh;
-  bool on_device() const { return mesh.backend() == "nccl"; }
-  Tensor to_comm(const Tensor& h) const { return on_device() ? h.to(mesh.device()) : h; }
-  Tensor to_host(const Tensor& d) const { return d.to(Device::cpu()); }
-};
+// The lengths of the n torch.chunk pieces of a dim of `size` elements.
+std::vector<int64_t> chunk_lens(int64_t size, int n) {
+  std::vector<int64_t> lens(static_cast<size_t>(n));
+  for (int j = 0; j < n; ++j) lens[size_t(j)] = chunk_of(size, n, j).len;
+  return lens;
+}
 
+bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// One plan step where the tensor lives: shards are packed and unpacked by device ops (pack_blocks,
+// unpack_blocks, copy_slice) and the collectives take the tensor's buffers, so a device tensor never visits
+// the host and nothing waits for the device (the MPI backend stages device buffers itself: ranks sharing a GPU).
 Tensor run_step(const Tensor& cur, const DTensorSpec& before, const PlanStep& st, const DeviceMesh& mesh) {
   const int m = st.mesh_dim;
   Group& g = mesh.group(m);
   const int n = g.size();
   const auto& coord = mesh.coordinate();
   const int me = coord[size_t(m)];
-  CommBuffers cb{mesh};
+  const Device dev = cur.device();
+  const DType dt = cur.dtype();
   Shape out_shape = st.after.local_shape(coord);
   switch (st.kind) {
     case StepKind::all_gather: {
       int a = st.from.dim;
       std::vector<int64_t> counts(static_cast<size_t>(n));
-      std::vector<Shape> shapes;
-      for (int j = 0; j < n; ++j) {
-        shapes.push_back(before.local_shape(with_coord(coord, m, j)));
-        counts[size_t(j)] = shape_numel(shapes.back());
-      }
+      for (int j = 0; j < n; ++j) counts[size_t(j)] = shape_numel(before.local_shape(with_coord(coord, m, j)));
       int64_t total = 0;
       for (auto c : counts) total += c;
-      Tensor gathered = cb.to_comm(empty({total}, cur.dtype()));
+      Tensor gathered = empty({total}, dt, dev);  // every member's shard, in member order
       // Equal shards use the plain collective: MPI's *v variants are much slower.
-      if (all_equal(counts)) g.all_gather(gathered, cb.to_comm(cur.reshape({-1})));
-      else g.all_gather_v(gathered, cb.to_comm(cur.reshape({-1})), counts);
-      Tensor flat = cb.to_host(gathered);
-      if (outer(out_shape, a) == 1) return flat.reshape(out_shape);
-      Tensor out = empty(out_shape, cur.dtype());
-      int64_t off = 0;
-      for (int j = 0; j < n; ++j) {
-        Chunk c = chunk_of(out_shape[size_t(a)], n, j);
-        copy_block(out, with(Shape(out_shape.size(), 0), a, c.begin), flat.view(off, shapes[size_t(j)]),
-                   Shape(out_shape.size(), 0), shapes[size_t(j)]);
-        off += counts[size_t(j)];
-      }
+      if (all_equal(counts)) g.all_gather(gathered, cur.reshape({-1}));
+      else g.all_gather_v(gathered, cur.reshape({-1}), counts);
+      if (outer(out_shape, a) == 1) return gathered.reshape(out_shape);
+      Tensor out = empty(out_shape, dt, dev);
+      unpack_blocks(out, gathered, a, chunk_lens(out_shape[size_t(a)], n));
       return out;
     }
     case StepKind::all_reduce: {
-      Tensor out = cb.to_comm(empty(cur.shape(), cur.dtype()));
-      g.all_reduce(out, cb.to_comm(cur), st.from.op);
-      return cb.to_host(out);
+      Tensor out = empty(cur.shape(), dt, dev);
+      g.all_reduce(out, cur, st.from.op);
+      return out;
     }
     case StepKind::reduce_scatter: {
       int a = st.to.dim;
-      std::vector<int64_t> counts(static_cast<size_t>(n));
-      bool contiguous = outer(cur.shape(), a) == 1;
-      Tensor packed = contiguous ? cur.reshape({-1}) : empty({cur.numel()}, cur.dtype());
-      int64_t off = 0;
-      for (int j = 0; j < n; ++j) {
-        Chunk c = chunk_of(cur.shape()[size_t(a)], n, j);
-        Shape bs = with(cur.shape(), a, c.len);
-        counts[size_t(j)] = shape_numel(bs);
-        if (!contiguous)
-          copy_block(packed.view(off, bs), Shape(bs.size(), 0), cur, with(Shape(bs.size(), 0), a, c.begin), bs);
-        off += counts[size_t(j)];
+      std::vector<int64_t> lens = chunk_lens(cur.shape()[size_t(a)], n), counts(static_cast<size_t>(n));
+      for (int j = 0; j < n; ++j) counts[size_t(j)] = shape_numel(with(cur.shape(), a, lens[size_t(j)]));
+      Tensor packed = cur.reshape({-1});  // member j's block j, one after the other
+      if (outer(cur.shape(), a) != 1) {
+        packed = empty({cur.numel()}, dt, dev);
+        pack_blocks(packed, cur, a, lens);
       }
-      Tensor out = cb.to_comm(empty({counts[size_t(me)]}, cur.dtype()));
-      if (all_equal(counts)) g.reduce_scatter(out, cb.to_comm(packed), st.from.op);
-      else g.reduce_scatter_v(out, cb.to_comm(packed), counts, st.from.op);
-      return cb.to_host(out).reshape(out_shape);
+      Tensor out = empty({counts[size_t(me)]}, dt, dev);
+      if (all_equal(counts)) g.reduce_scatter(out, packed, st.from.op);
+      else g.reduce_scatter_v(out, packed, counts, st.from.op);
+      return out.reshape(out_shape);
     }
     case StepKind::all_to_all: {
       int a = st.from.dim, b = st.to.dim;
       std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
-      std::vector<Shape> recv_shapes;
-      Tensor packed = empty({cur.numel()}, cur.dtype());
-      int64_t off = 0;
+      std::vector<int64_t> b_lens = chunk_lens(cur.shape()[size_t(b)], n), a_sizes;
       for (int j = 0; j < n; ++j) {
-        Chunk c = chunk_of(cur.shape()[size_t(b)], n, j);
-        Shape bs = with(cur.shape(), b, c.len);
-        send[size_t(j)] = shape_numel(bs);
-        copy_block(packed.view(off, bs), Shape(bs.size(), 0), cur, with(Shape(bs.size(), 0), b, c.begin), bs);
-        off += send[size_t(j)];
+        send[size_t(j)] = shape_numel(with(cur.shape(), b, b_lens[size_t(j)]));
         // Member j sends its own shard of a, restricted to my chunk of b.
         Shape theirs = before.local_shape(with_coord(coord, m, j));
-        recv_shapes.push_back(with(theirs, b, out_shape[size_t(b)]));
-        recv[size_t(j)] = shape_numel(recv_shapes.back());
+        a_sizes.push_back(theirs[size_t(a)]);
+        recv[size_t(j)] = shape_numel(with(theirs, b, out_shape[size_t(b)]));
+      }
+      Tensor packed = cur.reshape({-1});  // my chunk j of b for member j, one after the other
+      if (outer(cur.shape(), b) != 1) {
+        packed = empty({cur.numel()}, dt, dev);
+        pack_blocks(packed, cur, b, b_lens);
       }
       int64_t total = 0;
       for (auto c : recv) total += c;
-      Tensor got = cb.to_comm(empty({total}, cur.dtype()));
-      // The choice must be the same on every rank: decide from the members'
-      // shard sizes along a and the chunk sizes along b, which all ranks share.
-      std::vector<int64_t> a_sizes, b_sizes;
-      for (int j = 0; j < n; ++j) {
-        a_sizes.push_back(before.local_shape(with_coord(coord, m, j))[size_t(a)]);
-        b_sizes.push_back(chunk_of(cur.shape()[size_t(b)], n, j).len);
-      }
-      if (all_equal(a_sizes) && all_equal(b_sizes)) g.all_to_all(got, cb.to_comm(packed));
-      else g.all_to_all_v(got, cb.to_comm(packed), send, recv);
-      Tensor flat = cb.to_host(got);
-      if (outer(out_shape, a) == 1) return flat.reshape(out_shape);
-      Tensor out = empty(out_shape, cur.dtype());
-      off = 0;
-      for (int j = 0; j < n; ++j) {
-        Chunk c = chunk_of(out_shape[size_t(a)], n, j);
-        copy_block(out, with(Shape(out_shape.size(), 0), a, c.begin), flat.view(off, recv_shapes[size_t(j)]),
-                   Shape(out_shape.size(), 0), recv_shapes[size_t(j)]);
-        off += recv[size_t(j)];
-      }
+      Tensor got = empty({total}, dt, dev);
+      // The choice must be the same on every rank: decide from the members' shard sizes along a and the
+      // chunk sizes along b, which all ranks share.
+      if (all_equal(a_sizes) && all_equal(b_lens)) g.all_to_all(got, packed);
+      else g.all_to_all_v(got, packed, send, recv);
+      if (outer(out_shape, a) == 1) return got.reshape(out_shape);
+      Tensor out = empty(out_shape, dt, dev);
+      unpack_blocks(out, got, a, chunk_lens(out_shape[size_t(a)], n));
       return out;
     }
     case StepKind::local_chunk: {
       int a = st.to.dim;
       Chunk c = chunk_of(cur.shape()[size_t(a)], n, me);
-      return slice_dim(cur, a, c.begin, c.len);
+      Tensor out = empty(with(cur.shape(), a, c.len), dt, dev);
+      copy_slice(out, 0, cur, c.begin, c.len, a);
+      return out;
     }
     case StepKind::local_partial: {
       Tensor x = cur.clone();
-      if (st.to.op == ReduceOp::sum) divide_(x, n);
+      if (st.to.op != ReduceOp::sum) return x;
+      // Partial(sum) divides by n: on the host exactly (divide_); on a device by a scale, which is the same
+      // bits when n is a power of two; other sizes (and integers) take the division on the host.
+      bool exact_scale = (dt == DType::f32 || dt == DType::bf16) && power_of_two(n);
+      if (dev.is_cpu()) {
+        divide_(x, n);
+      } else if (exact_scale) {
+        scale_(x, 1.0 / double(n));
+      } else {
+        Tensor h = x.to(Device::cpu());
+        divide_(h, n);
+        x = h.to(dev);
+      }
       return x;
     }
   }
@@ -194,7 +185,7 @@ Tensor run_step(const Tensor& cur, const DTensorSpec& before, const PlanStep& st
 }
 
 DTensor execute(const DTensor& t, const Plan& plan) {
-  Tensor cur = t.local.to(Device::cpu());
+  Tensor cur = t.local.to(work_device(t.local, t.mesh));  // the same tensor unless a host tensor meets NCCL
   DTensorSpec spec = t.spec;
   for (auto& st : plan.steps) {
     cur = run_step(cur, spec, st, t.mesh);
@@ -263,8 +254,8 @@ DTensor distribute_tensor(const Tensor& full_in, const DeviceMesh& mesh, const P
   if (src_rank) {
     // Shape and dtype first, so that only the source needs the tensor.
     Group& world = mesh.group("world");
-    MT_CHECK(*src_rank >= 0 && *src_rank < world.size(), "distribute", "source rank {} is not a rank of the mesh ({} ranks)",
-             *src_rank, world.size());
+    MT_CHECK(*src_rank >= 0 && *src_rank < world.size(), "distribute",
+             "source rank {} is not a rank of the mesh ({} ranks)", *src_rank, world.size());
     bool src = world.rank() == *src_rank;
     MT_CHECK(!src || full.defined(), "distribute", "the source rank {} has no tensor to distribute", *src_rank);
     Tensor meta = zeros({10}, DType::i64);
@@ -274,14 +265,17 @@ DTensor distribute_tensor(const Tensor& full_in, const DeviceMesh& mesh, const P
       meta.at<int64_t>(1) = full.dim();
       for (int64_t d = 0; d < full.dim(); ++d) meta.at<int64_t>(2 + d) = full.shape()[size_t(d)];
     }
-    world.broadcast(meta, *src_rank);
+    {
+      Tensor m = meta.to(work_device(meta, mesh));
+      world.broadcast(m, *src_rank);
+      meta = m.to(Device::cpu());
+    }
     Shape s(static_cast<size_t>(meta.at<int64_t>(1)));
     for (size_t d = 0; d < s.size(); ++d) s[d] = meta.at<int64_t>(2 + int64_t(d));
     Tensor host = src ? full.to(Device::cpu()).clone() : empty(s, DType(meta.at<int64_t>(0)));
-    CommBuffers cb{mesh};
-    Tensor buf = cb.to_comm(host);
+    Tensor buf = host.to(work_device(host, mesh));
     world.broadcast(buf, *src_rank);
-    full = cb.to_host(buf);
+    full = buf.to(Device::cpu());
   }
   MT_CHECK(full.defined(), "distribute", "no tensor given");
   DTensorSpec spec = DTensorSpec::make(mesh.dims(), placements, full.shape(), order);
@@ -322,8 +316,9 @@ DTensor from_local(const Tensor& local, const DeviceMesh& mesh, const Placements
     Tensor mine = zeros({nd + 1}, DType::i64);
     mine.at<int64_t>(0) = local.dim();
     for (int d = 0; d < std::min<int>(nd, int(local.dim())); ++d) mine.at<int64_t>(1 + d) = local.shape()[size_t(d)];
-    Tensor all = zeros({(nd + 1) * world.size()}, DType::i64);
-    world.all_gather(all, mine);
+    Tensor all = zeros({(nd + 1) * world.size()}, DType::i64, work_device(mine, mesh));
+    world.all_gather(all, mine.to(all.device()));
+    all = all.to(Device::cpu());
     for (int r = 0; r < world.size(); ++r) {
       Shape want = spec.local_shape(mesh.coordinate_of(r));
       Shape got;
@@ -340,10 +335,13 @@ DTensor from_local(const Tensor& local, const DeviceMesh& mesh, const Placements
   return DTensor{local, spec, mesh};
 }
 
+Placement redistribute_grad_placement(const Placement& source) {
+  return source.is_partial() ? Placement::Replicate() : source;
+}
+
 Placements redistribute_backward_placements(const Placements& source) {
-  Placements p = source;
-  for (auto& x : p)
-    if (x.is_partial()) x = Placement::Replicate();
+  Placements p;
+  for (const Placement& x : source) p.push_back(redistribute_grad_placement(x));
   return p;
 }
 

@@ -34,7 +34,6 @@ DTensor distribute_tensor(const Tensor& full, const DeviceMesh& mesh, const Plac
 // every rank's local shape and verifies it (collective).
 DTensor from_local(const Tensor& local, const DeviceMesh& mesh, const Placements& placements,
                    std::optional<Shape> global_shape = std::nullopt, bool check = false, const ShardOrder& order = {});
-inline Tensor to_local(const DTensor& t) { return t.local; }
 // The whole tensor on every rank (redistributes to all-Replicate).
 Tensor full_tensor(const DTensor& t, const RedistributeOptions& opts = {});
 
@@ -42,9 +41,15 @@ DTensor redistribute(const DTensor& t, const Placements& placements, const Redis
                      const ShardOrder& order = {});
 DTensor redistribute(const DTensor& t, const DTensorSpec& target, const RedistributeOptions& opts = {});
 
-// The gradient rule of redistribute: the gradient of y = redistribute(x, ...)
-// goes back to x's placements with Partial replaced by Replicate (a partial
-// input's gradient is the same on every rank).
+// The gradient rule of redistribute, one for every caller (redistribute_backward
+// and the parallel styles' layout hooks): the gradient of y = redistribute(x, ...)
+// goes back to x's placement on each mesh dim, with Partial replaced by
+// Replicate. A partial x's gradient is the same on every rank (each term of the
+// sum moves the sum alike); a replicated x is one value whose gradient is the
+// sum of every rank's part, so a Partial gradient is all-reduced to Replicate.
+// A module input that stays a distributed tensor with no redistribute keeps its
+// Partial gradient (there is no redistribute to differentiate).
+Placement redistribute_grad_placement(const Placement& source);
 Placements redistribute_backward_placements(const Placements& source);
 DTensor redistribute_backward(const DTensor& grad_out, const DTensorSpec& source, const RedistributeOptions& opts = {});
 

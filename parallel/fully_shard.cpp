@@ -15,26 +15,26 @@ namespace mt {
 // One sharded parameter of a unit and where its pieces sit in the unit's flat buffers.
 struct FsdpParam {
   Parameter* p = nullptr;
-  int dim = 0;                  // the tensor dim sharded on the fsdp mesh dim
-  Shape full;                   // the gathered shape (this rank's tp part, whole on the fsdp dim)
-  Shape padded;                 // full with dim = chunk: one rank's slot
-  std::vector<int64_t> start;   // per fsdp rank: first index along dim of its piece, in full
-  std::vector<int64_t> len;     // per fsdp rank: the piece's length along dim (torch.chunk: the last may be short)
-  int64_t offset = 0;           // of the slot in a rank's flat buffer (elements)
+  int dim = 0;                 // the tensor dim sharded on the fsdp mesh dim
+  Shape full;                  // the gathered shape (this rank's tp part, whole on the fsdp dim)
+  Shape padded;                // full with dim = chunk: one rank's slot
+  std::vector<int64_t> start;  // per fsdp rank: first index along dim of its piece, in full
+  std::vector<int64_t> len;    // per fsdp rank: the piece's length along dim (torch.chunk: the last may be short)
+  int64_t offset = 0;          // of the slot in a rank's flat buffer (elements)
 };
 
 struct FsdpUnit {
   std::string name;
   std::vector<Module*> modules;  // forward order
   std::vector<FsdpParam> params;
-  int64_t slot = 0;              // elements of one rank's flat buffer
+  int64_t slot = 0;  // elements of one rank's flat buffer
   Group* group = nullptr;
   int n = 1, rank = 0;
   FullyShardOptions opt;
-  FsdpUnit* prev = nullptr;      // units in forward order
+  FsdpUnit* prev = nullptr;  // units in forward order
   FsdpUnit* next = nullptr;
-  Tensor own;                    // (slot) this rank's shards, the gather's input (kept until it is done)
-  Tensor gathered;               // (n * slot) param_dtype while a gather is in flight or unpacked
+  Tensor own;       // (slot) this rank's shards, the gather's input (kept until it is done)
+  Tensor gathered;  // (n * slot) param_dtype while a gather is in flight or unpacked
   Work pending;
   bool in_flight = false, unpacked = false;
 
@@ -54,8 +54,7 @@ struct FsdpUnit {
       copy_slice(own.view(f.offset, f.padded), 0, shard, 0, f.len[size_t(rank)], f.dim);
     }
     gathered = empty({int64_t(n) * slot}, opt.param_dtype, device());
-    count_collective(group->name(), "all_gather",
-                     slot * int64_t(dtype_size(opt.param_dtype)) * (n - 1));
+    count_collective(group->name(), "all_gather", slot * int64_t(dtype_size(opt.param_dtype)) * (n - 1));
     pending = group->all_gather(gathered, own, /*async=*/true);
     in_flight = true;
   }
@@ -69,8 +68,8 @@ struct FsdpUnit {
     for (FsdpParam& f : params) {
       Tensor full = empty(f.full, opt.param_dtype, device());
       for (int r = 0; r < n; ++r)
-        copy_slice(full, f.start[size_t(r)], gathered.view(int64_t(r) * slot + f.offset, f.padded), 0,
-                   f.len[size_t(r)], f.dim);
+        copy_slice(full, f.start[size_t(r)], gathered.view(int64_t(r) * slot + f.offset, f.padded), 0, f.len[size_t(r)],
+                   f.dim);
       f.p->unsharded = full;
     }
     gathered = Tensor();
@@ -99,8 +98,7 @@ struct FsdpUnit {
         g = c;
       }
       for (int r = 0; r < n; ++r)
-        copy_slice(all.view(int64_t(r) * slot + f.offset, f.padded), 0, g, f.start[size_t(r)], f.len[size_t(r)],
-                   f.dim);
+        copy_slice(all.view(int64_t(r) * slot + f.offset, f.padded), 0, g, f.start[size_t(r)], f.len[size_t(r)], f.dim);
     }
     Tensor own = empty({slot}, rdt, device());
     count_collective(group->name(), "reduce_scatter", slot * int64_t(dtype_size(rdt)) * (n - 1));
@@ -166,7 +164,8 @@ FsdpDecision decide_fsdp_layout(const std::string& name, const DTensorSpec& spec
   // Mesh dims other than the fsdp one that shard each tensor dim (their product).
   std::vector<int64_t> others(shape.size(), 1);
   for (size_t m = 0; m < spec.placements.size(); ++m)
-    if (int(m) != mesh_dim && spec.placements[m].is_shard()) others[size_t(spec.placements[m].dim)] *= spec.mesh[m].size;
+    if (int(m) != mesh_dim && spec.placements[m].is_shard())
+      others[size_t(spec.placements[m].dim)] *= spec.mesh[m].size;
   std::vector<int> order(shape.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return shape[size_t(a)] > shape[size_t(b)]; });
@@ -181,8 +180,8 @@ FsdpDecision decide_fsdp_layout(const std::string& name, const DTensorSpec& spec
     if (others[size_t(t)] > 1 && shape[size_t(t)] % (n * others[size_t(t)]) == 0) {
       d.tensor_dim = t;
       d.with_tp = true;
-      d.reason = fmt::format("only dim {} ({}) divides, already sharded {}x: sharded over both ({} = {} x {} parts)",
-                             t, shape[size_t(t)], others[size_t(t)], shape[size_t(t)], others[size_t(t)], n);
+      d.reason = fmt::format("only dim {} ({}) divides, already sharded {}x: sharded over both ({} = {} x {} parts)", t,
+                             shape[size_t(t)], others[size_t(t)], shape[size_t(t)], others[size_t(t)], n);
       return d;
     }
   d.warn = true;
@@ -261,7 +260,8 @@ std::unique_ptr<FullyShard> fully_shard(Module& root, const DeviceMesh& mesh, co
           auto [pit, pfresh] = param_unit.emplace(p, s.name);
           MT_CHECK(pfresh || pit->second == s.name, "config",
                    "fully_shard: parameter {} is used by units '{}' and '{}' (tied embeddings?): put the modules that "
-                   "share it in one unit ('a+b')", p->name, pit->second, s.name);
+                   "share it in one unit ('a+b')",
+                   p->name, pit->second, s.name);
         }
       }
     }
@@ -291,8 +291,8 @@ std::unique_ptr<FullyShard> fully_shard(Module& root, const DeviceMesh& mesh, co
           continue;
         }
         MT_CHECK(p->value.placements()[size_t(mdim)].is_replicate(), "parallel",
-                 "fully_shard: {} is already laid out as {} on {}", p->name,
-                 p->value.placements()[size_t(mdim)].str(), opts.mesh_dim);
+                 "fully_shard: {} is already laid out as {} on {}", p->name, p->value.placements()[size_t(mdim)].str(),
+                 opts.mesh_dim);
         shard_last(*p, mdim, d.tensor_dim);
         p->unshard_dim = mdim;
         p->grad_reduced_dims = {mdim};

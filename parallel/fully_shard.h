@@ -5,7 +5,7 @@
 // all-gathered just before the unit runs and freed after it, and its gradients
 // leave backward reduce-scattered to the shards.
 //
-// Layout inference (the founding notes' rule), per parameter: at most
+// Layout inference, per parameter: at most
 // min_weight_size elements stays replicated; otherwise the largest tensor dim
 // that divides by the fsdp dim's size and that no other mesh dim shards gets
 // Shard on the fsdp dim; when the only divisible dim is one tensor parallel
@@ -47,10 +47,10 @@ struct FullyShardOptions {
 // Where one parameter goes on the fsdp dim.
 struct FsdpDecision {
   std::string param;
-  int tensor_dim = -1;     // sharded tensor dim, -1: replicated
-  bool with_tp = false;    // that dim is also sharded by another mesh dim (sharded over both)
-  bool warn = false;       // replicated although large: no dim divides
-  std::string reason;      // "largest divisible dim 1 (768)", "256 elements <= min_weight_size 262144", ...
+  int tensor_dim = -1;   // sharded tensor dim, -1: replicated
+  bool with_tp = false;  // that dim is also sharded by another mesh dim (sharded over both)
+  bool warn = false;     // replicated although large: no dim divides
+  std::string reason;    // "largest divisible dim 1 (768)", "256 elements <= min_weight_size 262144", ...
 };
 // The rule alone (pure), for a parameter of this spec; mesh_dim is the fsdp dim's index.
 FsdpDecision decide_fsdp_layout(const std::string& name, const DTensorSpec& spec, int mesh_dim,

@@ -137,8 +137,8 @@ void GradSync::finish() {
 std::string GradSync::describe() const {
   std::string s = fmt::format("{} bucket(s) ({})", buckets_.size(), dtype_name(opt_.reduce_dtype));
   for (size_t i = 0; i < buckets_.size(); ++i)
-    s += fmt::format("{} {:.1f} KiB over {}", i ? "," : ":", double(buckets_[i].flat.nbytes()) / 1024,
-                     buckets_[i].dims);
+    s +=
+        fmt::format("{} {:.1f} KiB over {}", i ? "," : ":", double(buckets_[i].flat.nbytes()) / 1024, buckets_[i].dims);
   if (!general_.empty()) s += fmt::format("; {} parameter(s) by redistribute", general_.size());
   return s;
 }

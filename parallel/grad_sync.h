@@ -1,5 +1,5 @@
 // Gradient sync, bucketed and overlapped with backward: step 5 of the training
-// step (DESIGN.md), the one rule "redistribute each gradient to its
+// step (train_step), the one rule "redistribute each gradient to its
 // parameter's placement" carried out as a few large all-reduces instead of one
 // per parameter. Gradients that are Partial over the same mesh dims go into
 // flat buckets of about bucket_bytes, in backward order; a bucket's all-reduce
@@ -20,8 +20,8 @@
 namespace mt {
 
 struct GradSyncOptions {
-  std::vector<int> dp_dims;        // mesh dims the batch is split over: every gradient is Partial on them
-  size_t bucket_bytes = 25 << 20;  // target bucket size (in the reduce dtype); 0: one redistribute per parameter
+  std::vector<int> dp_dims;         // mesh dims the batch is split over: every gradient is Partial on them
+  size_t bucket_bytes = 25 << 20;   // target bucket size (in the reduce dtype); 0: one redistribute per parameter
   DType reduce_dtype = DType::f32;  // bf16 halves the bytes; sums are converted back to the gradient's dtype
 };
 
@@ -45,11 +45,11 @@ class GradSync {
 
  private:
   struct Bucket {
-    std::string dims;            // the group's name: "dp_replicate" or "dp_replicate,tp"
+    std::string dims;  // the group's name: "dp_replicate" or "dp_replicate,tp"
     std::vector<Parameter*> params;
     std::vector<int64_t> offsets;  // element offset of each parameter in flat
-    Tensor flat;                 // (numel) in the reduce dtype, on the gradients' device, made once
-    int pending = 0;             // parameters whose backward has not run yet on this micro-batch
+    Tensor flat;                   // (numel) in the reduce dtype, on the gradients' device, made once
+    int pending = 0;               // parameters whose backward has not run yet on this micro-batch
     bool launched = false;
     Work work;
   };
@@ -60,7 +60,7 @@ class GradSync {
   GradSyncOptions opt_;
   std::vector<Bucket> buckets_;
   std::vector<std::pair<Parameter*, std::vector<int>>> general_;  // (parameter, partial dims): redistribute
-  std::unordered_map<Parameter*, size_t> bucket_of_;                // parameter -> bucket index
+  std::unordered_map<Parameter*, size_t> bucket_of_;              // parameter -> bucket index
   bool armed_ = false;
   int64_t launched_early_ = 0;
 };

@@ -99,7 +99,8 @@ Shape Parameter::compute_offset() const {
 
 void Parameter::refresh_compute() {
   if (!compute.defined()) return;
-  if (compute.shape() != value.local.shape()) compute = empty(value.local.shape(), compute.dtype(), value.local.device());
+  if (compute.shape() != value.local.shape())
+    compute = empty(value.local.shape(), compute.dtype(), value.local.device());
   convert(compute, value.local);
 }
 

@@ -3,7 +3,7 @@
 // a gradient DTensor beside them. Each layer writes forward and backward side by
 // side and keeps what its backward needs from the last forward.
 //
-// Activations are local Tensors. Parallel styles (issue 5) change layouts at
+// Activations are local Tensors. Parallel styles (style.h) change layouts at
 // module boundaries through layout hooks: call() runs the input hooks, forward
 // and the output hooks; call_backward() runs the same in reverse, each hook's
 // backward on the gradient. Parameter gathering and recompute hook in with
@@ -19,10 +19,10 @@
 namespace mt {
 
 struct Parameter {
-  std::string name;          // "model.layers.0.self_attn.q_proj.weight"
-  DTensor value;             // the parameter as laid out on the mesh
-  DTensor grad;              // same local shape; after backward its spec says how it is partial
-  bool weight_decay = true;  // AdamW decays 2-D weights only
+  std::string name;             // "model.layers.0.self_attn.q_proj.weight"
+  DTensor value;                // the parameter as laid out on the mesh
+  DTensor grad;                 // same local shape; after backward its spec says how it is partial
+  bool weight_decay = true;     // AdamW decays 2-D weights only
   std::string init = "normal";  // normal | ones
   // Mesh dims over which backward leaves this gradient partial besides the data-parallel ones
   // (a sequence-parallel norm's weight: each tp rank saw part of the sequence).

@@ -7,15 +7,19 @@ namespace mt {
 CpLoadBalance cp_load_balance_from_name(const std::string& s, const std::string& key) {
   if (s == "none") return CpLoadBalance::none;
   if (s == "head_tail") return CpLoadBalance::head_tail;
-  fail("config", "{} = '{}': expected head_tail (the sequence in 2 x cp chunks, rank r holding chunks r and "
-                 "2 cp - 1 - r) or none (contiguous)", key, s);
+  fail("config",
+       "{} = '{}': expected head_tail (the sequence in 2 x cp chunks, rank r holding chunks r and "
+       "2 cp - 1 - r) or none (contiguous)",
+       key, s);
 }
 
 CpMethod cp_method_from_name(const std::string& s, const std::string& key) {
   if (s == "ring") return CpMethod::ring;
   if (s == "all_gather") return CpMethod::all_gather;
-  fail("config", "{} = '{}': expected ring (K/V passed around the cp ranks, overlapped with compute) or "
-                 "all_gather (K/V gathered once per layer, dK/dV reduce-scattered)", key, s);
+  fail("config",
+       "{} = '{}': expected ring (K/V passed around the cp ranks, overlapped with compute) or "
+       "all_gather (K/V gathered once per layer, dK/dV reduce-scattered)",
+       key, s);
 }
 
 std::string cp_load_balance_name(CpLoadBalance lb) { return lb == CpLoadBalance::none ? "none" : "head_tail"; }
@@ -63,8 +67,8 @@ std::string ParallelDims::describe() const {
   if (dp_replicate > 1) parts.push_back(fmt::format("dp_replicate={} (batch)", dp_replicate));
   if (dp_shard > 1) parts.push_back(fmt::format("dp_shard={} (batch)", dp_shard));
   if (cp > 1)
-    parts.push_back(fmt::format("cp={} (sequence: {}, {})", cp, cp_load_balance_name(cp_load_balance),
-                                cp_method_name(cp_method)));
+    parts.push_back(
+        fmt::format("cp={} (sequence: {}, {})", cp, cp_load_balance_name(cp_load_balance), cp_method_name(cp_method)));
   if (tp > 1) parts.push_back(fmt::format("tp={} (heads{})", tp, sequence_parallel ? ", sequence parallel" : ""));
   if (parts.empty()) return "1 rank";
   std::string s;

@@ -7,9 +7,12 @@ namespace mt {
 
 std::string Placement::str() const {
   switch (kind) {
-    case Kind::shard: return fmt::format("S({})", dim);
-    case Kind::replicate: return "R";
-    case Kind::partial: return fmt::format("P({})", reduce_op_name(op));
+    case Kind::shard:
+      return fmt::format("S({})", dim);
+    case Kind::replicate:
+      return "R";
+    case Kind::partial:
+      return fmt::format("P({})", reduce_op_name(op));
   }
   return "?";
 }
@@ -217,7 +220,8 @@ DTensorSpec shard_param(const DTensorSpec& spec, int tensor_dim, const std::vect
   std::string names;
   for (int m : spec.shard_order[size_t(d)]) existing *= spec.mesh[size_t(m)].size;
   for (int m : mesh_dims) {
-    MT_CHECK(m >= 0 && m < spec.mesh_ndim(), "shard_param", "mesh dim {} out of range (mesh {})", m, mesh_str(spec.mesh));
+    MT_CHECK(m >= 0 && m < spec.mesh_ndim(), "shard_param", "mesh dim {} out of range (mesh {})", m,
+             mesh_str(spec.mesh));
     MT_CHECK(spec.placements[size_t(m)].is_replicate(), "shard_param",
              "mesh dim {} ('{}') is already {}; only a replicated mesh dim can shard a parameter", m,
              spec.mesh[size_t(m)].name, spec.placements[size_t(m)].str());

@@ -20,8 +20,8 @@ namespace mt {
 struct Placement {
   enum class Kind { shard, replicate, partial };
   Kind kind = Kind::replicate;
-  int dim = 0;                   // shard: the tensor dim (may be negative before normalise)
-  ReduceOp op = ReduceOp::sum;   // partial: how the values combine
+  int dim = 0;                  // shard: the tensor dim (may be negative before normalise)
+  ReduceOp op = ReduceOp::sum;  // partial: how the values combine
 
   static Placement Shard(int d) { return {Kind::shard, d, ReduceOp::sum}; }
   static Placement Replicate() { return {Kind::replicate, 0, ReduceOp::sum}; }
@@ -60,8 +60,7 @@ struct DTensorSpec {
 
   // Normalises negative shard dims, fills the default shard order (mesh-dim
   // order) when `order` is empty, and checks everything: throws "[placement] ...".
-  static DTensorSpec make(std::vector<MeshDim> mesh, Placements placements, Shape global_shape,
-                          ShardOrder order = {});
+  static DTensorSpec make(std::vector<MeshDim> mesh, Placements placements, Shape global_shape, ShardOrder order = {});
   // Placements plus the [k] marks of a parsed text.
   static DTensorSpec make(std::vector<MeshDim> mesh, const ParsedPlacements& parsed, Shape global_shape);
 

@@ -10,12 +10,18 @@ namespace mt {
 
 std::string_view step_kind_name(StepKind k) {
   switch (k) {
-    case StepKind::all_gather: return "all_gather";
-    case StepKind::all_reduce: return "all_reduce";
-    case StepKind::reduce_scatter: return "reduce_scatter";
-    case StepKind::all_to_all: return "all_to_all";
-    case StepKind::local_chunk: return "local chunk";
-    case StepKind::local_partial: return "local partial";
+    case StepKind::all_gather:
+      return "all_gather";
+    case StepKind::all_reduce:
+      return "all_reduce";
+    case StepKind::reduce_scatter:
+      return "reduce_scatter";
+    case StepKind::all_to_all:
+      return "all_to_all";
+    case StepKind::local_chunk:
+      return "local chunk";
+    case StepKind::local_partial:
+      return "local partial";
   }
   return "?";
 }
@@ -63,9 +69,7 @@ bool apply(const DTensorSpec& s, int m, const Placement& to, DTensorSpec& out) {
   return true;
 }
 
-int64_t local_numel_max(const DTensorSpec& s) {
-  return shape_numel(s.local_shape(std::vector<int>(s.mesh.size(), 0)));
-}
+int64_t local_numel_max(const DTensorSpec& s) { return shape_numel(s.local_shape(std::vector<int>(s.mesh.size(), 0))); }
 
 PlanStep make_step(const DTensorSpec& s, int m, StepKind kind, const Placement& to, const DTensorSpec& after,
                    size_t elem_bytes, const std::vector<double>& gbps) {
@@ -78,11 +82,18 @@ PlanStep make_step(const DTensorSpec& s, int m, StepKind kind, const Placement& 
   int n = s.mesh[size_t(m)].size;
   int64_t local = local_numel_max(s) * int64_t(elem_bytes);
   switch (kind) {
-    case StepKind::all_gather: st.bytes_per_rank = local * (n - 1); break;
-    case StepKind::all_reduce: st.bytes_per_rank = 2 * local * (n - 1) / n; break;
+    case StepKind::all_gather:
+      st.bytes_per_rank = local * (n - 1);
+      break;
+    case StepKind::all_reduce:
+      st.bytes_per_rank = 2 * local * (n - 1) / n;
+      break;
     case StepKind::reduce_scatter:
-    case StepKind::all_to_all: st.bytes_per_rank = local * (n - 1) / n; break;
-    default: st.bytes_per_rank = 0;
+    case StepKind::all_to_all:
+      st.bytes_per_rank = local * (n - 1) / n;
+      break;
+    default:
+      st.bytes_per_rank = 0;
   }
   bool comm = kind != StepKind::local_chunk && kind != StepKind::local_partial && n > 1;
   st.cost_s = comm ? double(st.bytes_per_rank) / (gbps[size_t(m)] * 1e9) + kCollectiveLatencyS : 1e-12;
@@ -93,14 +104,16 @@ void check_pair(const DTensorSpec& src, const DTensorSpec& dst) {
   bool same_mesh = src.mesh.size() == dst.mesh.size();
   for (size_t i = 0; same_mesh && i < src.mesh.size(); ++i)
     same_mesh = src.mesh[i].name == dst.mesh[i].name && src.mesh[i].size == dst.mesh[i].size;
-  MT_CHECK(same_mesh, "redistribute", "source mesh {} and target mesh {} differ", mesh_str(src.mesh), mesh_str(dst.mesh));
+  MT_CHECK(same_mesh, "redistribute", "source mesh {} and target mesh {} differ", mesh_str(src.mesh),
+           mesh_str(dst.mesh));
   MT_CHECK(src.global_shape == dst.global_shape, "redistribute", "source shape {} and target shape {} differ",
            shape_str(src.global_shape), shape_str(dst.global_shape));
   for (int m = 0; m < src.mesh_ndim(); ++m) {
     const auto &a = src.placements[size_t(m)], &b = dst.placements[size_t(m)];
     MT_CHECK(!(a.is_partial() && b.is_partial() && a.op != b.op), "redistribute",
              "{} -> {} on mesh dim {} ('{}'): a partial value cannot change its reduction; reduce first "
-             "(redistribute to R) and then partition", a.str(), b.str(), m, src.mesh[size_t(m)].name);
+             "(redistribute to R) and then partition",
+             a.str(), b.str(), m, src.mesh[size_t(m)].name);
   }
 }
 
@@ -165,7 +178,8 @@ Plan min_cost_plan(const DTensorSpec& src, const DTensorSpec& dst, size_t elem_b
       std::string k = key_of(st.after);
       double c = base + st.cost_s;
       auto it = seen.find(k);
-      if (it == seen.end() || (!it->second.done && (c < it->second.cost || (c == it->second.cost && steps + 1 < it->second.steps)))) {
+      if (it == seen.end() ||
+          (!it->second.done && (c < it->second.cost || (c == it->second.cost && steps + 1 < it->second.steps)))) {
         seen.insert_or_assign(k, Seen{c, steps + 1, st.after, n.key, st, false});
         pq.push({c, steps + 1, k});
       }

@@ -1,6 +1,6 @@
 // The redistribution planner: a path of single-mesh-dim transitions from one
 // layout to another. States are (placements, shard order); the six kinds of
-// step are DTensor's (seeds/redistribute.py.txt). Unlike DTensor's fixed
+// step (StepKind) each change one mesh dim's placement. Unlike DTensor's fixed
 // weights, a step costs the bytes each rank sends in it (from the logical
 // shape at that step) divided by the link bandwidth of its mesh dim, plus a
 // fixed latency per collective; local steps cost nothing.

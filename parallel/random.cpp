@@ -10,7 +10,8 @@ Tensor make_local(const DTensorSpec& spec, const std::vector<int>& coord, const 
   for (auto& p : spec.placements) partial |= p.is_partial();
   MT_CHECK(!partial || kind == "zeros" || kind == "empty", "random",
            "{} with placements {}: only zeros and empty can be made partial (a partial sum of random values is not "
-           "the random tensor)", kind, spec.str());
+           "the random tensor)",
+           kind, spec.str());
   Shape ls = spec.local_shape(coord), off = spec.local_offset(coord);
   Tensor t = mt::empty(ls, dtype);
   if (kind == "empty") return t;
@@ -28,11 +29,11 @@ Tensor make_local(const DTensorSpec& spec, const std::vector<int>& coord, const 
     for (int64_t i = 0; i < t.numel(); ++i) {
       int64_t g = 0;
       for (size_t d = 0; d < nd; ++d) g += (idx[d] + off[d]) * gstride[d];
-      double v = kind == "zeros"   ? 0.0
-                 : kind == "ones"  ? 1.0
-                 : kind == "full"  ? value
-                 : kind == "rand"  ? double(philox::uniform(key.seed, stream, uint64_t(g)))
-                                   : double(float(mean + std * double(philox::normal(key.seed, stream, uint64_t(g)))));
+      double v = kind == "zeros"  ? 0.0
+                 : kind == "ones" ? 1.0
+                 : kind == "full" ? value
+                 : kind == "rand" ? double(philox::uniform(key.seed, stream, uint64_t(g)))
+                                  : double(float(mean + std * double(philox::normal(key.seed, stream, uint64_t(g)))));
       if constexpr (std::is_same_v<T, bf16>) p[i] = bf16(float(v));
       else p[i] = T(v);
       for (size_t d = nd; d-- > 0;) {

@@ -1,7 +1,7 @@
 // Factories for distributed tensors. Random ones are parallelism-invariant:
 // element values depend only on (seed, stream name, global element index),
 // so a tensor made sharded equals, bit for bit, the same tensor made whole and
-// then sharded, on any mesh (DESIGN.md invariant 2).
+// then sharded, on any mesh: initialisation does not depend on the layout.
 #pragma once
 #include <string>
 

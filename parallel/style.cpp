@@ -4,6 +4,7 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -12,26 +13,9 @@ namespace mt {
 
 namespace {
 
-template <class... F> struct overloaded : F... {
-  using F::operator()...;
-};
-template <class... F> overloaded(F...) -> overloaded<F...>;
-
 Placement normalized(const Placement& p, int64_t ndim) {
   if (p.is_shard() && p.dim < 0) return Placement::Shard(int(p.dim + ndim));
   return p;
-}
-
-// Redistribute's gradient rule on one mesh dim (PyTorch's): a Partial source
-// gets a Replicate gradient; a Replicate source keeps a Partial gradient
-// partial (summing it is left to whoever needs it whole); else the source's.
-// A local input (PyTorch's from_local) has no one downstream to sum it: its
-// gradient goes back to the input's own placement (Partial -> Replicate is an
-// all-reduce, Megatron's "f").
-Placement grad_target(const Placement& from, const Placement& grad_from, bool local_input) {
-  if (from.is_partial()) return Placement::Replicate();
-  if (from.is_replicate() && grad_from.is_partial() && !local_input) return grad_from;
-  return from;
 }
 
 std::vector<std::string> split_path(const std::string& s) {
@@ -66,115 +50,186 @@ Parameter& only_weight(Module& m, const std::string& style) {
   return *m.own_parameters()[0];
 }
 
-Placement single(const std::vector<std::optional<Placement>>& v, const Module& m, const char* what,
-                        const char* style, const Placement& fallback) {
+Placement single(const std::vector<std::optional<Placement>>& v, const Module& m, const char* what, const char* style,
+                 const Placement& fallback) {
   MT_CHECK(v.size() <= 1, "parallel", "{} on {}: {} lists {} layouts but the module takes one tensor", style, m.name(),
            what, v.size());
   return v.empty() || !v[0] ? fallback : *v[0];
 }
 
 void add_hook(std::vector<LayoutHook>& hooks, const DeviceMesh& mesh, int dim, Placement from, Placement to,
-              Placement grad_from, int64_t global_size, bool local_input = false) {
+              Placement grad_from, int64_t global_size) {
   // Nothing to do in either direction: skip the hook.
-  if (from == to && grad_target(from, grad_from, local_input) == grad_from) return;
-  hooks.push_back(layout_hook(mesh, dim, from, to, grad_from, global_size, local_input));
-}
-
-// input_is_dtensor: the module's input comes from an enclosing PrepareModuleInput that keeps it a
-// distributed tensor (use_local_output false): the partial input gradient then stays partial and is
-// summed with its siblings' before one reduction. A plain local input (PyTorch: from_local) makes the
-// gradient whole again at once: an all-reduce (Megatron's "f").
-void apply_colwise(Module& m, const DeviceMesh& mesh, int dim, const ColwiseParallel& s, bool input_is_dtensor) {
-  Placement in = s.input_layouts.value_or(Placement::Replicate());
-  Placement out = s.output_layouts.value_or(Placement::Shard(-1));
-  Parameter& w = only_weight(m, "ColwiseParallel");
-  if (m.type() == "Linear") {
-    shard_param(w, dim, Placement::Shard(0));
-    // x (R) @ W (S(0))^T gives S(-1); the input gradient dy W comes out Partial.
-    add_hook(m.input_hooks, mesh, dim, in, Placement::Replicate(), Placement::Partial(), -1, !input_is_dtensor);
-    add_hook(m.output_hooks, mesh, dim, Placement::Shard(-1), out, out, w.value.shape()[0]);
-  } else if (m.type() == "Embedding") {
-    MT_CHECK(in.is_replicate(), "parallel", "ColwiseParallel on {} (Embedding): token inputs must be Replicate, got {}",
-             m.name(), in.str());
-    shard_param(w, dim, Placement::Shard(1));
-    add_hook(m.output_hooks, mesh, dim, Placement::Shard(-1), out, out, w.value.shape()[1]);
-  } else {
-    fail("parallel", "ColwiseParallel cannot handle {} ({}): it applies to Linear and Embedding modules", m.name(),
-         m.type());
-  }
-}
-
-void apply_rowwise(Module& m, const DeviceMesh& mesh, int dim, const RowwiseParallel& s) {
-  Placement out = s.output_layouts.value_or(Placement::Replicate());
-  Parameter& w = only_weight(m, "RowwiseParallel");
-  if (m.type() == "Linear") {
-    Placement in = s.input_layouts.value_or(Placement::Shard(-1));
-    shard_param(w, dim, Placement::Shard(1));
-    // x (S(-1)) @ W (S(1))^T is Partial; the input gradient dy W comes out S(-1).
-    add_hook(m.input_hooks, mesh, dim, in, Placement::Shard(-1), Placement::Shard(-1), w.value.shape()[1]);
-    add_hook(m.output_hooks, mesh, dim, Placement::Partial(), out, out, -1);
-  } else if (m.type() == "Embedding") {
-    Placement in = s.input_layouts.value_or(Placement::Replicate());
-    MT_CHECK(in.is_replicate(), "parallel", "RowwiseParallel on {} (Embedding): token inputs must be Replicate, got {}",
-             m.name(), in.str());
-    // Vocab-sharded table: rows outside a rank's shard give zeros, a Partial sum.
-    shard_param(w, dim, Placement::Shard(0));
-    add_hook(m.output_hooks, mesh, dim, Placement::Partial(), out, out, -1);
-  } else {
-    fail("parallel", "RowwiseParallel cannot handle {} ({}): it applies to Linear and Embedding modules", m.name(),
-         m.type());
-  }
-}
-
-void apply_sequence(Module& m, const DeviceMesh& mesh, int dim, const SequenceParallel& s) {
-  MT_CHECK(m.type() == "RMSNorm", "parallel",
-           "SequenceParallel cannot handle {} ({}): it applies to norm layers (RMSNorm), whose weights stay replicated",
-           m.name(), m.type());
-  (void)mesh;
-  (void)s;
-  // Input and output stay Shard(sequence_dim); each rank normalises its own tokens, so the
-  // weight's gradient is a partial sum over the tp ranks.
-  for (Parameter* p : m.own_parameters())
-    if (std::find(p->grad_partial_dims.begin(), p->grad_partial_dims.end(), dim) == p->grad_partial_dims.end())
-      p->grad_partial_dims.push_back(dim);
+  if (from == to && redistribute_grad_placement(from) == grad_from) return;
+  hooks.push_back(layout_hook(mesh, dim, from, to, grad_from, global_size));
 }
 
 }  // namespace
 
-std::string style_name(const ParallelStyle& s) {
-  return std::visit(overloaded{[](const ColwiseParallel&) { return std::string("ColwiseParallel"); },
-                               [](const RowwiseParallel&) { return std::string("RowwiseParallel"); },
-                               [](const SequenceParallel&) { return std::string("SequenceParallel"); },
-                               [](const PrepareModuleInput&) { return std::string("PrepareModuleInput"); },
-                               [](const PrepareModuleOutput&) { return std::string("PrepareModuleOutput"); },
-                               [](const PrepareModuleInputOutput&) { return std::string("PrepareModuleInputOutput"); }},
-                    s);
+void StyleArgs::only(const char* style, const std::vector<std::string>& takes) const {
+  auto given = [&](const char* key, bool has) {
+    if (!has || std::find(takes.begin(), takes.end(), key) != takes.end()) return;
+    std::string list;
+    for (auto& t : takes) list += (list.empty() ? "" : ", ") + t;
+    fail("config", "{}.{}: {} takes {}", at, key, style, list.empty() ? std::string("no arguments") : list);
+  };
+  given("input_layouts", input_layouts.has_value());
+  given("output_layouts", output_layouts.has_value());
+  given("desired_input_layouts", desired_input_layouts.has_value());
+  given("desired_output_layouts", desired_output_layouts.has_value());
+  given("use_local_output", use_local_output.has_value());
 }
 
-std::string style_str(const ParallelStyle& s) {
-  return std::visit(
-      overloaded{
-          [](const ColwiseParallel& c) {
-            return "ColwiseParallel(input " + c.input_layouts.value_or(Placement::Replicate()).str() + ", output " +
-                   c.output_layouts.value_or(Placement::Shard(-1)).str() + ")";
-          },
-          [](const RowwiseParallel& c) {
-            return "RowwiseParallel(input " + c.input_layouts.value_or(Placement::Shard(-1)).str() + ", output " +
-                   c.output_layouts.value_or(Placement::Replicate()).str() + ")";
-          },
-          [](const SequenceParallel& c) { return "SequenceParallel(sequence_dim " + std::to_string(c.sequence_dim) + ")"; },
-          [](const PrepareModuleInput& c) {
-            return "PrepareModuleInput(" + opt_str(c.input_layouts) + " -> " + opt_str(c.desired_input_layouts) + ")";
-          },
-          [](const PrepareModuleOutput& c) {
-            return "PrepareModuleOutput(" + opt_str(c.output_layouts) + " -> " + opt_str(c.desired_output_layouts) + ")";
-          },
-          [](const PrepareModuleInputOutput& c) {
-            return "PrepareModuleInputOutput(input " + opt_str(c.input_layouts) + " -> " +
-                   opt_str(c.desired_input_layouts) + ", output " + opt_str(c.output_layouts) + " -> " +
-                   opt_str(c.desired_output_layouts) + ")";
-          }},
-      s);
+namespace {}  // namespace
+
+// ---- ColwiseParallel
+
+std::string ColwiseParallel::str() const {
+  return fmt::format("ColwiseParallel(input {}, output {})", input_layouts.value_or(Placement::Replicate()).str(),
+                     output_layouts.value_or(Placement::Shard(-1)).str());
+}
+
+void ColwiseParallel::check(const Module& m, const std::string& pattern) const {
+  MT_CHECK(m.type() == "Linear" || m.type() == "Embedding", "parallel",
+           "ColwiseParallel cannot handle {} ({}): it applies to Linear and Embedding modules (plan entry '{}')",
+           m.name(), m.type(), pattern);
+}
+
+// A plain local input (PyTorch: from_local) gets its partial gradient made whole at once (an all-reduce,
+// Megatron's "f"). An input an enclosing PrepareModuleInput keeps distributed and already Replicate is not
+// redistributed at all: its partial gradient is summed with its siblings' before that module's one reduction.
+void ColwiseParallel::apply(Module& m, const StyleContext& c) const {
+  Placement in = input_layouts.value_or(Placement::Replicate());
+  Placement out = output_layouts.value_or(Placement::Shard(-1));
+  Parameter& w = only_weight(m, name);
+  if (m.type() == "Linear") {
+    shard_param(w, c.dim, Placement::Shard(0));
+    // x (R) @ W (S(0))^T gives S(-1); the input gradient dy W comes out Partial.
+    if (!(c.input_is_dtensor && in.is_replicate()))
+      add_hook(m.input_hooks, c.mesh, c.dim, in, Placement::Replicate(), Placement::Partial(), -1);
+    add_hook(m.output_hooks, c.mesh, c.dim, Placement::Shard(-1), out, out, w.value.shape()[0]);
+  } else {  // Embedding
+    MT_CHECK(in.is_replicate(), "parallel", "ColwiseParallel on {} (Embedding): token inputs must be Replicate, got {}",
+             m.name(), in.str());
+    shard_param(w, c.dim, Placement::Shard(1));
+    add_hook(m.output_hooks, c.mesh, c.dim, Placement::Shard(-1), out, out, w.value.shape()[1]);
+  }
+}
+
+ColwiseParallel ColwiseParallel::from_args(const StyleArgs& a) {
+  a.only(name, {"input_layouts", "output_layouts"});
+  return {a.input_layouts, a.output_layouts};
+}
+
+// ---- RowwiseParallel
+
+std::string RowwiseParallel::str() const {
+  return fmt::format("RowwiseParallel(input {}, output {})", input_layouts.value_or(Placement::Shard(-1)).str(),
+                     output_layouts.value_or(Placement::Replicate()).str());
+}
+
+void RowwiseParallel::check(const Module& m, const std::string& pattern) const {
+  MT_CHECK(m.type() == "Linear" || m.type() == "Embedding", "parallel",
+           "RowwiseParallel cannot handle {} ({}): it applies to Linear and Embedding modules (plan entry '{}')",
+           m.name(), m.type(), pattern);
+}
+
+void RowwiseParallel::apply(Module& m, const StyleContext& c) const {
+  Placement out = output_layouts.value_or(Placement::Replicate());
+  Parameter& w = only_weight(m, name);
+  if (m.type() == "Linear") {
+    Placement in = input_layouts.value_or(Placement::Shard(-1));
+    shard_param(w, c.dim, Placement::Shard(1));
+    // x (S(-1)) @ W (S(1))^T is Partial; the input gradient dy W comes out S(-1).
+    add_hook(m.input_hooks, c.mesh, c.dim, in, Placement::Shard(-1), Placement::Shard(-1), w.value.shape()[1]);
+    add_hook(m.output_hooks, c.mesh, c.dim, Placement::Partial(), out, out, -1);
+  } else {  // Embedding
+    Placement in = input_layouts.value_or(Placement::Replicate());
+    MT_CHECK(in.is_replicate(), "parallel", "RowwiseParallel on {} (Embedding): token inputs must be Replicate, got {}",
+             m.name(), in.str());
+    // Vocab-sharded table: rows outside a rank's shard give zeros, a Partial sum.
+    shard_param(w, c.dim, Placement::Shard(0));
+    add_hook(m.output_hooks, c.mesh, c.dim, Placement::Partial(), out, out, -1);
+  }
+}
+
+RowwiseParallel RowwiseParallel::from_args(const StyleArgs& a) {
+  a.only(name, {"input_layouts", "output_layouts"});
+  return {a.input_layouts, a.output_layouts};
+}
+
+// ---- SequenceParallel
+
+std::string SequenceParallel::str() const { return "SequenceParallel"; }
+
+void SequenceParallel::check(const Module& m, const std::string& pattern) const {
+  MT_CHECK(m.type() == "RMSNorm", "parallel",
+           "SequenceParallel cannot handle {} ({}): it applies to norm layers (RMSNorm), whose weights stay "
+           "replicated (plan entry '{}')",
+           m.name(), m.type(), pattern);
+}
+
+void SequenceParallel::apply(Module& m, const StyleContext& c) const {
+  // Input and output stay Shard(1); each rank normalises its own tokens, so the weight's gradient is a
+  // partial sum over the mesh dim.
+  for (Parameter* p : m.own_parameters())
+    if (std::find(p->grad_partial_dims.begin(), p->grad_partial_dims.end(), c.dim) == p->grad_partial_dims.end())
+      p->grad_partial_dims.push_back(c.dim);
+}
+
+SequenceParallel SequenceParallel::from_args(const StyleArgs& a) {
+  a.only(name, {});
+  return {};
+}
+
+// ---- PrepareModuleInput, PrepareModuleOutput, PrepareModuleInputOutput
+
+std::string PrepareModuleInput::str() const {
+  return "PrepareModuleInput(" + opt_str(input_layouts) + " -> " + opt_str(desired_input_layouts) + ")";
+}
+
+void PrepareModuleInput::apply(Module& m, const StyleContext& c) const {
+  Placement in = single(input_layouts, m, "input_layouts", name, Placement::Replicate());
+  Placement want = single(desired_input_layouts, m, "desired_input_layouts", name, in);
+  prepare_input(m, c.mesh, c.dim, in, want);
+}
+
+PrepareModuleInput PrepareModuleInput::from_args(const StyleArgs& a) {
+  a.only(name, {"input_layouts", "desired_input_layouts", "use_local_output"});
+  return {{a.input_layouts}, {a.desired_input_layouts}, a.use_local_output.value_or(false)};
+}
+
+std::string PrepareModuleOutput::str() const {
+  return "PrepareModuleOutput(" + opt_str(output_layouts) + " -> " + opt_str(desired_output_layouts) + ")";
+}
+
+void PrepareModuleOutput::apply(Module& m, const StyleContext& c) const {
+  Placement out = single(output_layouts, m, "output_layouts", name, Placement::Replicate());
+  Placement want = single(desired_output_layouts, m, "desired_output_layouts", name, out);
+  prepare_output(m, c.mesh, c.dim, out, want);
+}
+
+PrepareModuleOutput PrepareModuleOutput::from_args(const StyleArgs& a) {
+  a.only(name, {"output_layouts", "desired_output_layouts"});
+  return {{a.output_layouts}, {a.desired_output_layouts}};
+}
+
+std::string PrepareModuleInputOutput::str() const {
+  return "PrepareModuleInputOutput(input " + opt_str(input_layouts) + " -> " + opt_str(desired_input_layouts) +
+         ", output " + opt_str(output_layouts) + " -> " + opt_str(desired_output_layouts) + ")";
+}
+
+void PrepareModuleInputOutput::apply(Module& m, const StyleContext& c) const {
+  Placement in = single(input_layouts, m, "input_layouts", name, Placement::Replicate());
+  Placement in_want = single(desired_input_layouts, m, "desired_input_layouts", name, in);
+  Placement out = single(output_layouts, m, "output_layouts", name, Placement::Replicate());
+  Placement out_want = single(desired_output_layouts, m, "desired_output_layouts", name, out);
+  prepare_input_output(m, c.mesh, c.dim, in, in_want, out, out_want);
+}
+
+PrepareModuleInputOutput PrepareModuleInputOutput::from_args(const StyleArgs& a) {
+  a.only(name, {"input_layouts", "desired_input_layouts", "output_layouts", "desired_output_layouts"});
+  return {{a.input_layouts}, {a.desired_input_layouts}, false, {a.output_layouts}, {a.desired_output_layouts}};
 }
 
 bool pattern_matches(const std::string& pattern, const std::string& name) {
@@ -191,7 +246,7 @@ Placements activation_placements(const DeviceMesh& mesh, int mesh_dim, const Pla
 }
 
 LayoutHook layout_hook(const DeviceMesh& mesh, int mesh_dim, const Placement& from, const Placement& to,
-                       const Placement& grad_from, int64_t global_size, bool local_input) {
+                       const Placement& grad_from, int64_t global_size) {
   // The global shape of the last forward's activation, for its gradient in backward.
   auto global = std::make_shared<Shape>();
   auto make_global = [mesh, mesh_dim, global_size](const Tensor& local, const Placements& pl) {
@@ -206,7 +261,7 @@ LayoutHook layout_hook(const DeviceMesh& mesh, int mesh_dim, const Placement& fr
   };
   LayoutHook h;
   h.what = fmt::format("{} -> {} on {}; gradient {} -> {}", from.str(), to.str(), mesh.dims()[size_t(mesh_dim)].name,
-                       grad_from.str(), grad_target(from, grad_from, local_input).str());
+                       grad_from.str(), redistribute_grad_placement(from).str());
   h.forward = [=](const Tensor& x) {
     Placement f = normalized(from, x.dim()), t = normalized(to, x.dim());
     Placements fp = activation_placements(mesh, mesh_dim, f);
@@ -217,7 +272,7 @@ LayoutHook layout_hook(const DeviceMesh& mesh, int mesh_dim, const Placement& fr
   };
   h.backward = [=](const Tensor& g) {
     int64_t nd = int64_t(global->size());
-    Placement gf = normalized(grad_from, nd), tgt = grad_target(normalized(from, nd), gf, local_input);
+    Placement gf = normalized(grad_from, nd), tgt = redistribute_grad_placement(normalized(from, nd));
     if (gf == tgt) return g;
     DTensor dt = from_local(g, mesh, activation_placements(mesh, mesh_dim, gf), *global);
     return redistribute(dt, activation_placements(mesh, mesh_dim, tgt)).local;
@@ -273,18 +328,7 @@ void parallelize(Module& root, const DeviceMesh& mesh, const std::string& mesh_d
              style_name(e.style));
   }
   // Every style must fit its module's type: checked for all before any is applied.
-  for (auto& [m, e] : chosen) {
-    const std::string& type = m->type();
-    if (std::holds_alternative<ColwiseParallel>(e->style) || std::holds_alternative<RowwiseParallel>(e->style)) {
-      MT_CHECK(type == "Linear" || type == "Embedding", "parallel",
-               "{} cannot handle {} ({}): it applies to Linear and Embedding modules (plan entry '{}')",
-               style_name(e->style), m->name(), type, e->pattern);
-    } else if (std::holds_alternative<SequenceParallel>(e->style)) {
-      MT_CHECK(type == "RMSNorm", "parallel",
-               "SequenceParallel cannot handle {} ({}): it applies to norm layers (RMSNorm), whose weights stay "
-               "replicated (plan entry '{}')", m->name(), type, e->pattern);
-    }
-  }
+  for (auto& [m, e] : chosen) std::visit([&](const auto& st) { st.check(*m, e->pattern); }, e->style);
   // Whether an enclosing module's PrepareModuleInput hands this module a distributed tensor.
   auto input_is_dtensor = [&](const Module& m) {
     for (auto& [anc, e] : chosen) {
@@ -297,33 +341,8 @@ void parallelize(Module& root, const DeviceMesh& mesh, const std::string& mesh_d
   for (Module* m : modules) {
     auto it = chosen.find(m);
     if (it == chosen.end()) continue;
-    std::visit(overloaded{
-                   [&](const ColwiseParallel& s) { apply_colwise(*m, mesh, dim, s, input_is_dtensor(*m)); },
-                   [&](const RowwiseParallel& s) { apply_rowwise(*m, mesh, dim, s); },
-                   [&](const SequenceParallel& s) { apply_sequence(*m, mesh, dim, s); },
-                   [&](const PrepareModuleInput& s) {
-                     Placement in = single(s.input_layouts, *m, "input_layouts", "PrepareModuleInput",
-                                                  Placement::Replicate());
-                     Placement want = single(s.desired_input_layouts, *m, "desired_input_layouts",
-                                                    "PrepareModuleInput", in);
-                     prepare_input(*m, mesh, dim, in, want);
-                   },
-                   [&](const PrepareModuleOutput& s) {
-                     Placement out = single(s.output_layouts, *m, "output_layouts", "PrepareModuleOutput",
-                                                   Placement::Replicate());
-                     Placement want = single(s.desired_output_layouts, *m, "desired_output_layouts",
-                                                    "PrepareModuleOutput", out);
-                     prepare_output(*m, mesh, dim, out, want);
-                   },
-                   [&](const PrepareModuleInputOutput& s) {
-                     const char* n = "PrepareModuleInputOutput";
-                     Placement in = single(s.input_layouts, *m, "input_layouts", n, Placement::Replicate());
-                     Placement in_want = single(s.desired_input_layouts, *m, "desired_input_layouts", n, in);
-                     Placement out = single(s.output_layouts, *m, "output_layouts", n, Placement::Replicate());
-                     Placement out_want = single(s.desired_output_layouts, *m, "desired_output_layouts", n, out);
-                     prepare_input_output(*m, mesh, dim, in, in_want, out, out_want);
-                   }},
-               it->second->style);
+    StyleContext c{mesh, dim, input_is_dtensor(*m)};
+    std::visit([&](const auto& st) { st.apply(*m, c); }, it->second->style);
   }
 }
 

@@ -1,15 +1,21 @@
-// Parallel styles (PyTorch's torch.distributed.tensor.parallel semantics, see
-// seeds/notes_parallel_styles_dtensor.txt) as plain value types, and the free
-// functions that apply them: parallelize() by name patterns, shard_param(),
-// prepare_input() / prepare_output() / prepare_input_output().
+// Parallel styles (PyTorch's torch.distributed.tensor.parallel semantics) as
+// plain value types, and the free functions that apply them: parallelize() by
+// name patterns, shard_param(), prepare_input() / prepare_output() /
+// prepare_input_output().
 //
 // Activations between modules are local Tensors; a style installs layout
 // hooks on its module (Module::call runs them around forward, call_backward
 // runs their backward in reverse) that redistribute the activation over one
 // mesh dim (tp) in forward and its gradient in backward. On the other mesh
 // dims an activation is Shard(0) over the data-parallel dims (batch rows) and
-// Replicate elsewhere. use_local_output is kept for PyTorch parity: modules
-// always exchange local tensors here, whose layouts the hooks know.
+// Replicate elsewhere.
+//
+// A style is one type: its keyword fields, and beside them its name, its text
+// form, the modules it fits (check), how it lays a module out (apply) and how
+// a plan file's arguments make one (from_args). ParallelStyle lists the types;
+// everything else (parallelize, style_name, style_str, the YAML plan reader in
+// parallel/plan_yaml.h) dispatches over that list. Adding a style is adding a
+// type with these members and naming it in ParallelStyle.
 #pragma once
 #include <optional>
 #include <string>
@@ -20,40 +26,92 @@
 
 namespace mt {
 
-struct ColwiseParallel {
-  std::optional<Placement> input_layouts;   // default Replicate
-  std::optional<Placement> output_layouts;  // default Shard(-1)
-  bool use_local_output = true;
+// What applying a style needs besides its module.
+struct StyleContext {
+  const DeviceMesh& mesh;
+  int dim;                // the mesh dim laid out (tp)
+  bool input_is_dtensor;  // an enclosing PrepareModuleInput keeps this module's input distributed
 };
+
+// A style's keyword arguments as a plan file writes them (PyTorch's names), placements parsed;
+// `at` names the entry ("parallel.tp_plan[3]") in errors.
+struct StyleArgs {
+  std::string at;
+  std::optional<Placement> input_layouts, output_layouts, desired_input_layouts, desired_output_layouts;
+  std::optional<bool> use_local_output;
+  // Errors naming the key unless every argument given is one of `takes`.
+  void only(const char* style, const std::vector<std::string>& takes) const;
+};
+
+// Shards a Linear's output features (weight Shard(0)) or an Embedding's columns (Shard(1)).
+struct ColwiseParallel {
+  static constexpr const char* name = "ColwiseParallel";
+  std::optional<Placement> input_layouts;                         // default Replicate
+  std::optional<Placement> output_layouts;                        // default Shard(-1)
+  std::string str() const;                                        // "ColwiseParallel(input R, output S(-1))"
+  void check(const Module& m, const std::string& pattern) const;  // a Linear or an Embedding
+  void apply(Module& m, const StyleContext& c) const;
+  static ColwiseParallel from_args(const StyleArgs& a);
+};
+// Shards a Linear's input features (weight Shard(1)) or an Embedding's rows (the vocabulary, Shard(0)).
 struct RowwiseParallel {
+  static constexpr const char* name = "RowwiseParallel";
   std::optional<Placement> input_layouts;   // default Shard(-1)
   std::optional<Placement> output_layouts;  // default Replicate
-  bool use_local_output = true;
+  std::string str() const;
+  void check(const Module& m, const std::string& pattern) const;  // a Linear or an Embedding
+  void apply(Module& m, const StyleContext& c) const;
+  static RowwiseParallel from_args(const StyleArgs& a);
 };
+// A norm over tokens split along the sequence (dim 1, the layout its neighbours' hooks give it): the
+// weight stays replicated and its gradient is a partial sum over the mesh dim.
 struct SequenceParallel {
-  int sequence_dim = 1;
-  bool use_local_output = false;
+  static constexpr const char* name = "SequenceParallel";
+  std::string str() const;
+  void check(const Module& m, const std::string& pattern) const;  // an RMSNorm
+  void apply(Module& m, const StyleContext& c) const;
+  static SequenceParallel from_args(const StyleArgs& a);
 };
 // Modules here take one input and give one output: the layout lists hold one entry
 // (std::nullopt: leave that input as it is).
+// use_local_output false: the module's children receive the input as a distributed tensor, so their
+// partial input gradients are summed before one reduction (instead of each being reduced at once).
 struct PrepareModuleInput {
+  static constexpr const char* name = "PrepareModuleInput";
   std::vector<std::optional<Placement>> input_layouts, desired_input_layouts;
   bool use_local_output = false;
+  std::string str() const;
+  void check(const Module&, const std::string&) const {}  // any module
+  void apply(Module& m, const StyleContext& c) const;
+  static PrepareModuleInput from_args(const StyleArgs& a);
 };
 struct PrepareModuleOutput {
+  static constexpr const char* name = "PrepareModuleOutput";
   std::vector<std::optional<Placement>> output_layouts, desired_output_layouts;
-  bool use_local_output = true;
+  std::string str() const;
+  void check(const Module&, const std::string&) const {}  // any module
+  void apply(Module& m, const StyleContext& c) const;
+  static PrepareModuleOutput from_args(const StyleArgs& a);
 };
+// use_local_input: as PrepareModuleInput's use_local_output.
 struct PrepareModuleInputOutput {
+  static constexpr const char* name = "PrepareModuleInputOutput";
   std::vector<std::optional<Placement>> input_layouts, desired_input_layouts;
   bool use_local_input = false;
   std::vector<std::optional<Placement>> output_layouts, desired_output_layouts;
-  bool use_local_output = true;
+  std::string str() const;
+  void check(const Module&, const std::string&) const {}  // any module
+  void apply(Module& m, const StyleContext& c) const;
+  static PrepareModuleInputOutput from_args(const StyleArgs& a);
 };
 using ParallelStyle = std::variant<ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput,
                                    PrepareModuleOutput, PrepareModuleInputOutput>;
-std::string style_name(const ParallelStyle& s);  // "ColwiseParallel"
-std::string style_str(const ParallelStyle& s);   // "ColwiseParallel(input R, output S(-1))"
+inline std::string style_name(const ParallelStyle& s) {  // "ColwiseParallel"
+  return std::visit([](const auto& x) { return std::string(x.name); }, s);
+}
+inline std::string style_str(const ParallelStyle& s) {  // "ColwiseParallel(input R, output S(-1))"
+  return std::visit([](const auto& x) { return x.str(); }, s);
+}
 
 struct PlanEntry {
   std::string pattern;  // module path; '*' one segment (or part of one), '**' any number of segments
@@ -90,12 +148,11 @@ void prepare_input_output(Module& m, const DeviceMesh& mesh, int mesh_dim, const
 Placements activation_placements(const DeviceMesh& mesh, int mesh_dim, const Placement& p);
 
 // A hook moving an activation from `from` to `to` on mesh_dim; its backward moves
-// the gradient (arriving as `grad_from`) back by redistribute's gradient rule.
+// the gradient (arriving as `grad_from`) back by redistribute's gradient rule
+// (redistribute_grad_placement: to `from`, Partial replaced by Replicate).
 // global_size: the global size of the sharded tensor dim when it cannot be
-// inferred from the local size (uneven shards), -1 otherwise. local_input: the
-// activation arrives as a plain local tensor (PyTorch's from_local), so a partial
-// gradient is made whole before it leaves (an all-reduce) instead of staying partial.
+// inferred from the local size (uneven shards), -1 otherwise.
 LayoutHook layout_hook(const DeviceMesh& mesh, int mesh_dim, const Placement& from, const Placement& to,
-                       const Placement& grad_from, int64_t global_size = -1, bool local_input = false);
+                       const Placement& grad_from, int64_t global_size = -1);
 
 }  // namespace mt

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issue 6): build with CUDA, run the GPU test suite, then train the
+# GPU check: build with CUDA, run the GPU test suite, then train the
 # same small model 20 steps on the CPU and on the GPU and compare the losses:
 # fp32 within 1e-4 of the CPU on 1 rank, dp = 2 and tp = 2 (2 ranks sharing the
 # GPU, staged MPI); bf16 within 2% of fp32 at step 20 (1 rank, tp = 2, dp = 2

@@ -7,8 +7,10 @@ set -euo pipefail
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
 export OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_hwloc_base_binding_policy=${OMPI_MCA_hwloc_base_binding_policy:-none}
-# Rank 0's stdout is a pty under mpirun whatever ours is: tell meshtrain (progress bar or plain lines).
+# A rank's stdout may be a pty under mpirun whatever ours is: tell meshtrain where its output really goes
+# (progress bar or plain lines, coloured log or plain).
 if [ -t 1 ]; then export MT_STDOUT_TTY=1; else export MT_STDOUT_TTY=0; fi
+if [ -t 2 ]; then export MT_STDERR_TTY=1; else export MT_STDERR_TTY=0; fi
 if [ -n "${MPIRUN:-}" ]; then
   exec $MPIRUN "$@"
 fi

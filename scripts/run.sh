@@ -6,8 +6,17 @@
 #   scripts/run.sh [--fresh] [--set key=value ...]
 #     --fresh   start over (removes runs/tiny)
 #     NP=4 scripts/run.sh   another rank count
+#     exit code: meshtrain's (0 done, 1 an error, 2 a command-line error,
+#     128 + N stopped by signal N after a checkpoint: run it again to resume)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+case "${1:-}" in
+  -h | --help)
+    # The header above, without the interpreter line and the comment marks.
+    sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'
+    exit 0
+    ;;
+esac
 cd "$root"
 if [ "${1:-}" = "--fresh" ]; then
   rm -rf runs/tiny

@@ -30,6 +30,24 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Optional: Slurm and munge, for the test that runs scripts/slurm/*.sbatch on a private one-node cluster
+# (tests/cli/test_slurm.sh, skipped without them). Never fatal; MT_NO_SLURM=1 leaves them out.
+slurm_pkgs=(munge slurmctld slurmd slurm-client)
+slurm_missing=()
+if [ -z "${MT_NO_SLURM:-}" ]; then
+  for p in "${slurm_pkgs[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || slurm_missing+=("$p")
+  done
+fi
+if [ ${#slurm_missing[@]} -gt 0 ] && command -v apt-get >/dev/null; then
+  echo "setup: installing ${slurm_missing[*]} (optional: the Slurm test)"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo -n"
+  { $sudo_cmd apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${slurm_missing[@]}"; } \
+    >/dev/null 2>&1 || echo "setup: could not install ${slurm_missing[*]}: the Slurm test will be skipped"
+fi
+
 # nvcc lives outside PATH in the CUDA toolkit's default place.
 if [ $cpu_only -eq 0 ] && ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH

@@ -16,30 +16,15 @@
 #include "attention/local_attention.h"
 #include "attention/sequence_shard.h"
 #include "check_error.h"
+#include "test_util.h"
 #include "runtime/kernels/ops.h"
 
 using namespace mt;
 
 namespace {
 
-Tensor randn_t(const Shape& s, uint64_t seed, DType dt = DType::f64) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<double> n(0, 1);
-  std::vector<double> v(size_t(shape_numel(s)));
-  for (auto& x : v) x = n(g);
-  return from_values(v, s, dt);
-}
-
-double rel_err(const Tensor& a, const Tensor& b) {
-  auto x = to_f64(a), y = to_f64(b);
-  REQUIRE(x.size() == y.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    REQUIRE(!std::isnan(x[i]));
-    num += (x[i] - y[i]) * (x[i] - y[i]), den += y[i] * y[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
+Tensor randn_t(const Shape& s, uint64_t seed, DType dt = DType::f64) { return test::randn(s, seed, dt); }
+using test::rel_err;  // norm-wise relative error (tests/test_util.h), a NaN fails
 
 struct Naive {
   Tensor out, lse;
@@ -185,7 +170,6 @@ void check_gradients_fd(const Tensor& q, const Tensor& k, const Tensor& v, const
     }
 }
 
-
 Tensor as_f32(const Tensor& t) { return from_values(to_f64(t), t.shape(), DType::f32); }
 
 struct ThreadCount {  // restores the thread count at the end of a test
@@ -201,8 +185,11 @@ TEST_CASE("attention: forward and lse against the naive softmax, causal and full
     AttentionOptions o;
   };
   std::vector<Case> cases{
-      {70, 70, 4, 4, 8, {true, 0, 0, 0, {}}},   {70, 70, 4, 2, 8, {true, 0, 0, 0, {}}},  {130, 130, 4, 1, 16, {true, 0, 0, 0, {}}},
-      {5, 5, 4, 2, 8, {false, 0, 0, 0, {}}},    {70, 33, 2, 1, 8, {false, 0.3, 0, 0, {}}},
+      {70, 70, 4, 4, 8, {true, 0, 0, 0, {}}},
+      {70, 70, 4, 2, 8, {true, 0, 0, 0, {}}},
+      {130, 130, 4, 1, 16, {true, 0, 0, 0, {}}},
+      {5, 5, 4, 2, 8, {false, 0, 0, 0, {}}},
+      {70, 33, 2, 1, 8, {false, 0.3, 0, 0, {}}},
       {5, 70, 4, 2, 8, {true, 0, 64, 0, {}}},   // a query chunk late in the sequence (ring attention)
       {20, 70, 2, 2, 8, {true, 0, 0, 10, {}}},  // the first 10 queries see no key
   };
@@ -213,7 +200,8 @@ TEST_CASE("attention: forward and lse against the naive softmax, causal and full
     CAPTURE(c.o.causal);
     CAPTURE(c.o.q_pos0);
     CAPTURE(c.o.k_pos0);
-    Tensor q = randn_t({2, c.T, c.H, c.hd}, 1), k = randn_t({2, c.S, c.KV, c.hd}, 2), v = randn_t({2, c.S, c.KV, c.hd}, 3);
+    Tensor q = randn_t({2, c.T, c.H, c.hd}, 1), k = randn_t({2, c.S, c.KV, c.hd}, 2),
+           v = randn_t({2, c.S, c.KV, c.hd}, 3);
     Naive want = naive_attention(q, k, v, c.o);
     Tensor out = empty(q.shape(), DType::f64), lse = empty({2, c.H, c.T}, DType::f64);
     attention_forward(out, lse, q, k, v, c.o);
@@ -226,7 +214,8 @@ TEST_CASE("attention: forward and lse against the naive softmax, causal and full
     // f32 within 1e-5 of f64.
     Tensor out32 = empty(q.shape(), DType::f32), lse32 = empty({2, c.H, c.T}, DType::f32);
     attention_forward(out32, lse32, from_values(to_f64(q), q.shape(), DType::f32),
-                      from_values(to_f64(k), k.shape(), DType::f32), from_values(to_f64(v), v.shape(), DType::f32), c.o);
+                      from_values(to_f64(k), k.shape(), DType::f32), from_values(to_f64(v), v.shape(), DType::f32),
+                      c.o);
     CHECK(rel_err(out32, want.out) < 1e-5);
   }
 }
@@ -417,7 +406,8 @@ TEST_CASE("attention: f32 results do not depend on the thread count") {
 TEST_CASE("attention: shape and dtype errors") {
   Tensor q = randn_t({1, 5, 3, 4}, 38), k = randn_t({1, 5, 2, 4}, 39), v = randn_t({1, 5, 2, 4}, 40);
   Tensor out = empty(q.shape(), DType::f64), lse = empty({1, 3, 5}, DType::f64);
-  CHECK_ERROR_CONTAINS(attention_forward(out, lse, q, k, v), "[attention] attention_forward: 3 query heads are not a multiple of 2 kv heads");
+  CHECK_ERROR_CONTAINS(attention_forward(out, lse, q, k, v),
+                       "[attention] attention_forward: 3 query heads are not a multiple of 2 kv heads");
   Tensor q4 = randn_t({1, 5, 4, 4}, 41), out4 = empty(q4.shape(), DType::f64);
   CHECK_ERROR_CONTAINS(attention_forward(out4, empty({1, 4, 6}, DType::f64), q4, k, v),
                        "[attention] attention_forward: lse has shape (1, 4, 6), expected (1, 4, 5)");
@@ -441,9 +431,10 @@ TEST_CASE("attention: forward grid: causal/full x KV 4, 2, 1 x T 5, 70, 130 x hd
   };
   std::vector<Dims> dims;
   for (bool causal : {true, false})
-    for (auto [T, S] : {std::pair<int64_t, int64_t>{5, 5}, {70, 70}, {130, 130}}) dims.push_back({T, S, {causal, 0, 0, 0, {}}});
-  dims.push_back({5, 70, {true, 0, 64, 0, {}}});    // ring chunk: queries at 64..68 see keys 0..64+t
-  dims.push_back({70, 70, {true, 0, 0, 10, {}}});   // queries 0..9 see nothing
+    for (auto [T, S] : {std::pair<int64_t, int64_t>{5, 5}, {70, 70}, {130, 130}})
+      dims.push_back({T, S, {causal, 0, 0, 0, {}}});
+  dims.push_back({5, 70, {true, 0, 64, 0, {}}});       // ring chunk: queries at 64..68 see keys 0..64+t
+  dims.push_back({70, 70, {true, 0, 0, 10, {}}});      // queries 0..9 see nothing
   dims.push_back({70, 130, {false, 0.25, 0, 0, {}}});  // custom scale
   dims.push_back({5, 130, {true, 2.0, 100, 0, {}}});   // custom scale, offset across the second key block
   const int64_t B = 1, H = 4;
@@ -550,10 +541,10 @@ TEST_CASE("attention: backward by finite differences at random elements: GQA, hd
     AttentionOptions o;
   };
   std::vector<Case> cases{
-      {5, 70, 4, 2, 16, {true, 0, 64, 0, {}}},     // ring chunk
-      {20, 70, 4, 4, 16, {true, 0, 0, 10, {}}},    // first 10 queries see nothing
-      {70, 70, 4, 1, 8, {true, 0.5, 0, 0, {}}},    // custom scale, crosses the 64-block
-      {130, 130, 4, 2, 8, {false, 0, 0, 0, {}}},   // full, three key blocks
+      {5, 70, 4, 2, 16, {true, 0, 64, 0, {}}},    // ring chunk
+      {20, 70, 4, 4, 16, {true, 0, 0, 10, {}}},   // first 10 queries see nothing
+      {70, 70, 4, 1, 8, {true, 0.5, 0, 0, {}}},   // custom scale, crosses the 64-block
+      {130, 130, 4, 2, 8, {false, 0, 0, 0, {}}},  // full, three key blocks
   };
   for (const Case& c : cases) {
     CAPTURE(c.T);
@@ -587,7 +578,16 @@ TEST_CASE("attention: document masks against the naive f64 attention: forward, l
       {"full, no offsets", 150, 150, 2, 8, false, 0, 0, 0, {{37, 100, 101}, {0, 5, 6, 64, 130}}, 0},
       {"causal, KV 1, hd 16, scale 0.5", 150, 150, 1, 16, true, 0.5, 0, 0, {{1, 2, 3, 90}, {149}}, 0},
       // queries 200..349 against keys 100..249: documents from 300 (row 0) and 260 (row 1) see no key
-      {"causal, query chunk after the key chunk", 150, 150, 2, 8, true, 0, 200, 100, {{150, 230, 300}, {90, 260}},
+      {"causal, query chunk after the key chunk",
+       150,
+       150,
+       2,
+       8,
+       true,
+       0,
+       200,
+       100,
+       {{150, 230, 300}, {90, 260}},
        50 + 90},
       // queries 100..249 against keys 0..149: the document from 200 sees no key; row 1 sees every key
       {"full, query chunk after the key chunk", 150, 150, 2, 8, false, 0, 100, 0, {{40, 120, 200}, {}}, 50},
@@ -697,8 +697,7 @@ TEST_CASE("attention: document masks: every query starting at 0 is no mask; doc_
   Tensor out = empty(q.shape(), DType::f64), lse = empty({B, H, T}, DType::f64);
   CHECK_ERROR_CONTAINS(attention_forward(out, lse, q, k, v, {true, 0, 0, 0, zeros({B, T + 1}, DType::i64)}),
                        "doc_start");
-  CHECK_ERROR_CONTAINS(attention_forward(out, lse, q, k, v, {true, 0, 0, 0, zeros({B, T}, DType::i32)}),
-                       "doc_start");
+  CHECK_ERROR_CONTAINS(attention_forward(out, lse, q, k, v, {true, 0, 0, 0, zeros({B, T}, DType::i32)}), "doc_start");
 }
 
 // ---------------------------------------------------------------- copy_slice and attention_merge
@@ -777,13 +776,13 @@ TEST_CASE("copy_slice: errors") {
   CHECK_ERROR_CONTAINS(copy_slice(b, 0, zeros({3, 4}, DType::f32), 0, 4, 1), "copy_slice");     // ranks differ
   CHECK_ERROR_CONTAINS(copy_slice(b, 0, zeros({3, 4, 6}, DType::f32), 0, 4, 1), "copy_slice");  // dim 2 differs
   CHECK_ERROR_CONTAINS(copy_slice(b, 0, zeros({2, 4, 5}, DType::f32), 0, 4, 1), "copy_slice");  // dim 0 differs
-  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 0, 3, 3), "copy_slice");    // no dim 3
-  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 0, 3, -1), "copy_slice");   // negative dim
-  CHECK_ERROR_CONTAINS(copy_slice(b, 3, a, 0, 4, 1), "copy_slice");    // past the end of dst (3 + 4 > 6)
-  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 1, 4, 1), "copy_slice");    // past the end of src (1 + 4 > 4)
-  CHECK_ERROR_CONTAINS(copy_slice(b, -1, a, 0, 2, 1), "copy_slice");   // negative begin
+  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 0, 3, 3), "copy_slice");                             // no dim 3
+  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 0, 3, -1), "copy_slice");                            // negative dim
+  CHECK_ERROR_CONTAINS(copy_slice(b, 3, a, 0, 4, 1), "copy_slice");   // past the end of dst (3 + 4 > 6)
+  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 1, 4, 1), "copy_slice");   // past the end of src (1 + 4 > 4)
+  CHECK_ERROR_CONTAINS(copy_slice(b, -1, a, 0, 2, 1), "copy_slice");  // negative begin
   CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, -1, 2, 1), "copy_slice");
-  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 0, -1, 1), "copy_slice");   // negative count
+  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 0, -1, 1), "copy_slice");  // negative count
   CHECK_ERROR_CONTAINS(copy_slice(b, 0, Tensor(), 0, 1, 1), "copy_slice");
   CHECK(equal(b, before));  // nothing written by a failed call
 }
@@ -896,10 +895,10 @@ TEST_CASE("sequence_shard: chunk positions for none and head_tail") {
   };
   const auto none = CpLoadBalance::none, ht = CpLoadBalance::head_tail;
   std::vector<Case> cases{
-      {none, 24, 1, 0, 24, {0}},       {none, 24, 4, 0, 6, {0}},        {none, 24, 4, 3, 6, {18}},
-      {none, 24, 3, 1, 8, {8}},        {ht, 24, 1, 0, 24, {0}},     {ht, 24, 4, 0, 3, {0, 21}},
-      {ht, 24, 4, 1, 3, {3, 18}},      {ht, 24, 4, 3, 3, {9, 12}},      {ht, 24, 2, 1, 6, {6, 12}},
-      {ht, 36, 6, 2, 3, {6, 27}},      {ht, 16, 8, 7, 1, {7, 8}},       {ht, 640, 8, 5, 40, {200, 400}},
+      {none, 24, 1, 0, 24, {0}},  {none, 24, 4, 0, 6, {0}},   {none, 24, 4, 3, 6, {18}},
+      {none, 24, 3, 1, 8, {8}},   {ht, 24, 1, 0, 24, {0}},    {ht, 24, 4, 0, 3, {0, 21}},
+      {ht, 24, 4, 1, 3, {3, 18}}, {ht, 24, 4, 3, 3, {9, 12}}, {ht, 24, 2, 1, 6, {6, 12}},
+      {ht, 36, 6, 2, 3, {6, 27}}, {ht, 16, 8, 7, 1, {7, 8}},  {ht, 640, 8, 5, 40, {200, 400}},
   };
   for (const Case& c : cases) {
     CAPTURE(cp_load_balance_name(c.lb));
@@ -939,8 +938,7 @@ TEST_CASE("sequence_shard: the ranks' positions cover the sequence once; shard_p
           const int64_t parts_len = T / sequence_parts(lb, n);
           if (lb == CpLoadBalance::head_tail && n > 1)
             CHECK(sh.chunk_pos == std::vector<int64_t>{r * parts_len, (2 * n - 1 - r) * parts_len});
-          else
-            CHECK(sh.chunk_pos == std::vector<int64_t>{r * parts_len});
+          else CHECK(sh.chunk_pos == std::vector<int64_t>{r * parts_len});
         }
         int64_t not_once = 0;
         for (int x : seen) not_once += x != 1;
@@ -949,7 +947,7 @@ TEST_CASE("sequence_shard: the ranks' positions cover the sequence once; shard_p
   CHECK_ERROR_CONTAINS(sequence_shard(CpLoadBalance::head_tail, 12, 4, 0), "[attention]");  // 12 % 8
   CHECK_ERROR_CONTAINS(sequence_shard(CpLoadBalance::none, 10, 4, 0), "[attention]");
   CHECK_ERROR_CONTAINS(sequence_shard(CpLoadBalance::head_tail, 6, 2, 0), "[attention]");  // 6 % 4
-  CHECK(sequence_shard(CpLoadBalance::head_tail, 7, 1, 0).chunk_len == 7);  // one rank: any length
+  CHECK(sequence_shard(CpLoadBalance::head_tail, 7, 1, 0).chunk_len == 7);                 // one rank: any length
 }
 
 TEST_CASE("shard_sequence: picks the shard's tokens in local order, (B, T) and (B, T, H, hd)") {

@@ -36,10 +36,13 @@ log: {level: debug, interval: 5, metrics_file: m.jsonl}
 
 TEST_CASE("unknown keys are named, with the known ones and a suggestion") {
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timout_s: 3}"),
-                       "[config] unknown key 'comm.timout_s' (known keys in 'comm': timeout_s, backend, device, link_gbps); did you mean 'timeout_s'?");
+                       "[config] unknown key 'comm.timout_s' (known keys in 'comm': timeout_s, backend, device, "
+                       "link_gbps); did you mean 'timeout_s'?");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("parralel: {tp: 2}"), "unknown key 'parralel'");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("parralel: {tp: 2}"), "did you mean 'parallel'?");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string("zzzzzzzz: 1"), "known keys in 'the top level': parallel, comm, log, model, training, data, eval, sample, checkpoint)");
+  CHECK_ERROR_CONTAINS(
+      config_from_yaml_string("zzzzzzzz: 1"),
+      "known keys in 'the top level': parallel, comm, log, model, training, data, eval, sample, checkpoint)");
 }
 
 TEST_CASE("wrong types name the key, the value and what was expected") {
@@ -47,10 +50,13 @@ TEST_CASE("wrong types name the key, the value and what was expected") {
                        "[config] comm.timeout_s: expected a number, got 'abc'");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("parallel: {tp: 2.5}"), "parallel.tp: expected an integer, got '2.5'");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {link_gbps: 5}"), "comm.link_gbps: expected a list, got '5'");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {link_gbps: [1, x]}"), "comm.link_gbps[1]: expected a number, got 'x'");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {link_gbps: [1, x]}"),
+                       "comm.link_gbps[1]: expected a number, got 'x'");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: 5"), "comm: expected a map of keys, got '5'");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string("5", {"comm.timeout_s=3"}), "the top level: expected a map of keys, got '5'");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string("[1, 2]", {"comm.timeout_s=3"}), "the top level: expected a map of keys, got a list");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("5", {"comm.timeout_s=3"}),
+                       "the top level: expected a map of keys, got '5'");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("[1, 2]", {"comm.timeout_s=3"}),
+                       "the top level: expected a map of keys, got a list");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {[a]: 1}"), "comm: keys must be names, got a list");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timeout_s: 1}\ncomm: {timeout_s: 2}"), "duplicate key 'comm'");
 }
@@ -58,7 +64,8 @@ TEST_CASE("wrong types name the key, the value and what was expected") {
 TEST_CASE("impossible values") {
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {backend: gloo}"),
                        "comm.backend = 'gloo': expected one of 'auto', 'mpi', 'nccl'");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timeout_s: 0}"), "comm.timeout_s = 0: expected a finite number of seconds > 0");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timeout_s: 0}"),
+                       "comm.timeout_s = 0: expected a finite number of seconds > 0");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timeout_s: .inf}"), "comm.timeout_s = inf");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {link_gbps: [10, -1]}"), "comm.link_gbps[1] = -1");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("log: {interval: 0}"), "log.interval = 0");
@@ -71,25 +78,53 @@ TEST_CASE("impossible values") {
   CHECK_ERROR_CONTAINS(resolve_mesh_sizes(c.parallel, 4),
                        "parallel: dp_replicate*dp_shard*cp*tp = 2*1*2*2 = 8 but the job has 4 ranks");
   Config d = config_from_yaml_string("parallel: {dp_replicate: -1, tp: 3}");
-  CHECK_ERROR_CONTAINS(resolve_mesh_sizes(d.parallel, 8), "the other sizes multiply to 3, which does not divide the job's 8 ranks");
+  CHECK_ERROR_CONTAINS(resolve_mesh_sizes(d.parallel, 8),
+                       "the other sizes multiply to 3, which does not divide the job's 8 ranks");
   CHECK_ERROR_CONTAINS(require_divisible("training.batch_size", 10, "dp", 4),
                        "[config] training.batch_size = 10 must be divisible by dp = 4");
   require_divisible("training.batch_size", 12, "dp", 4);  // no throw
-  ParallelConfig unchecked;  // built in code, never validated: resolve checks it too
+  ParallelConfig unchecked;                               // built in code, never validated: resolve checks it too
   unchecked.tp = 0;
   CHECK_ERROR_CONTAINS(resolve_mesh_sizes(unchecked, 4), "parallel.tp = 0: expected a size >= 1");
 }
 
 TEST_CASE("--set overrides any key, lists and nested ints included") {
-  Config c = config_from_yaml_string("parallel: {tp: 2}", {"parallel.tp=4", "comm.link_gbps=[100,25]", "log.level=warn"});
+  Config c =
+      config_from_yaml_string("parallel: {tp: 2}", {"parallel.tp=4", "comm.link_gbps=[100,25]", "log.level=warn"});
   CHECK(c.parallel.tp == 4);
   CHECK(c.comm.link_gbps == std::vector<double>{100, 25});
   CHECK(c.log.level == "warn");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string("", {"parallel.tp"}), "bad --set 'parallel.tp': expected key.path=value");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("", {"parallel.tp"}),
+                       "bad --set 'parallel.tp': expected key.path=value");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("", {"comm.timout_s=3"}), "unknown key 'comm.timout_s' given by --set");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("", {"comm..x=3"}), "empty part in key");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string("", {"comm.timeout_s.x=3"}), "comm.timeout_s: expected a number, got a map");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timeout_s: 3}", {"comm.timeout_s.x=3"}), "'timeout_s' is not a section");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("", {"comm.timeout_s.x=3"}),
+                       "comm.timeout_s: expected a number, got a map");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timeout_s: 3}", {"comm.timeout_s.x=3"}),
+                       "'timeout_s' is not a section");
+}
+
+TEST_CASE("a bad value names its origin: the --set that gave it, else the file") {
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("", {"training.steps=abc"}),
+                       "[config] --set training.steps=abc: training.steps: expected an integer, got 'abc'");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("", {"training.lr=-1"}),
+                       "[config] --set training.lr=-1: training.lr = -1");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {dim: 30}", {"model.n_heads=4"}),
+                       "[config] --set model.n_heads=4: model.dim = 30 must be divisible by model.n_heads = 4");
+  // A --set of another key does not take the blame: a key named inside a longer one does not count.
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("training: {warmup_steps: -1}", {"training.steps=5"}),
+                       "[config] training.warmup_steps = -1");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("", {"log.progress=maybe"}),
+                       "--set log.progress=maybe: log.progress = 'maybe': expected one of 'auto', 'on', 'off'");
+  CHECK(config_from_yaml_string("", {"log.progress=off"}).log.progress == "off");
+  CHECK(config_from_yaml_string("").log.progress == "auto");
+}
+
+TEST_CASE("nearest_name: a typo's nearest name, nothing for an unrelated word") {
+  std::vector<std::string> subs{"check", "layout", "train", "plan", "generate"};
+  CHECK(nearest_name("trian", subs) == "train");
+  CHECK(nearest_name("genrate", subs) == "generate");
+  CHECK(nearest_name("xyzzy", subs) == "");
 }
 
 TEST_CASE("files: missing, unparsable with line, and errors name the file") {
@@ -144,8 +179,9 @@ TEST_CASE("sizes that would overflow when multiplied are refused before any code
                        "training.batch_size x training.seq_len = 1152921504606846976 x 32: the product overflows");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("training: {batch_size: 4398046511104, seq_len: 256}"),
                        "training.batch_size x training.seq_len x model.dim = 4398046511104 x 256 x 256");
-  config_from_yaml_string("model: {dim: 8192, vocab_size: 65536, ffn_dim: 28672, n_layers: 80, n_heads: 64, "
-                          "n_kv_heads: 8, max_seq_len: 8192}\ntraining: {batch_size: 1024, seq_len: 8192}");
+  config_from_yaml_string(
+      "model: {dim: 8192, vocab_size: 65536, ffn_dim: 28672, n_layers: 80, n_heads: 64, "
+      "n_kv_heads: 8, max_seq_len: 8192}\ntraining: {batch_size: 1024, seq_len: 8192}");
 }
 
 TEST_CASE("threads, non-finite steps, resume without a dir") {

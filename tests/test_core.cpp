@@ -106,7 +106,7 @@ TEST_CASE("large host blocks are cached and reused, small ones are not") {
   CHECK(s1.allocated_bytes == s0.allocated_bytes);
   CHECK(s1.reserved_bytes >= s0.reserved_bytes + (12u << 20));
   { Tensor b = empty({(3 << 20) - 100}, DType::f32); }  // fits the cached block: no new allocation
-  { Tensor c = empty({2 << 20}, DType::f32); }           // 8 MiB: the 12 MiB block is under 2x, reused
+  { Tensor c = empty({2 << 20}, DType::f32); }          // 8 MiB: the 12 MiB block is under 2x, reused
   CHECK(allocator_stats(Device::cpu()).driver_allocs == s1.driver_allocs);
   { Tensor d = empty({1 << 20}, DType::f32); }  // 4 MiB: 12 MiB would waste too much, a new block
   CHECK(allocator_stats(Device::cpu()).driver_allocs == s1.driver_allocs + 1);

@@ -16,7 +16,8 @@ TEST_CASE("mesh specs parse in the order given, with one inferred size") {
 }
 
 TEST_CASE("bad mesh specs name the problem") {
-  CHECK_ERROR_CONTAINS(parse_mesh_spec("dp_shard=2,tp=2", 8), "[mesh] mesh dp_shard=2,tp=2 has 4 ranks but the job has 8");
+  CHECK_ERROR_CONTAINS(parse_mesh_spec("dp_shard=2,tp=2", 8),
+                       "[mesh] mesh dp_shard=2,tp=2 has 4 ranks but the job has 8");
   CHECK_ERROR_CONTAINS(parse_mesh_spec("tp=-1,cp=-1", 8), "only one dim may be -1");
   CHECK_ERROR_CONTAINS(parse_mesh_spec("tp=3,dp=-1", 8), "does not divide 8 ranks");
   CHECK_ERROR_CONTAINS(parse_mesh_spec("tp", 8), "bad mesh dim 'tp'");

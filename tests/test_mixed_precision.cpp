@@ -13,6 +13,7 @@
 
 #include "attention/local_attention.h"
 #include "check_error.h"
+#include "test_util.h"
 #include "runtime/kernels/ops.h"
 
 using namespace mt;
@@ -21,32 +22,15 @@ namespace {
 
 // Normal values rounded to bf16, held in an f32 tensor (so both paths see the same inputs).
 Tensor rnd32(const Shape& s, uint64_t seed, double scale = 1.0) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<double> n(0, scale);
-  std::vector<double> v(size_t(shape_numel(s)));
-  for (auto& x : v) x = double(float(bf16(float(n(g)))));
-  return from_values(v, s, DType::f32);
+  return test::randn(s, seed, DType::f32, scale, true);
 }
 Tensor as(const Tensor& t, DType d) {
   Tensor r = empty(t.shape(), d);
   convert(r, t);
   return r;
 }
-Tensor nan_tensor(const Shape& s, DType d) {
-  std::vector<double> v(size_t(shape_numel(s)), std::nan(""));
-  return from_values(v, s, d);
-}
-double rel(const Tensor& got, const Tensor& want) {
-  auto a = to_f64(got), b = to_f64(want);
-  REQUIRE(a.size() == b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i])) return INFINITY;
-    if (std::isinf(b[i]) && a[i] == b[i]) continue;
-    num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
+Tensor nan_tensor(const Shape& s, DType d) { return test::poisoned(s, d); }
+double rel(const Tensor& got, const Tensor& want) { return test::rel_err(got, want); }
 constexpr double kTol = 1e-2;
 using B = DType;
 
@@ -55,8 +39,8 @@ using B = DType;
 TEST_CASE("mixed precision: convert rounds to nearest even, keeps NaN and infinities") {
   // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to the even one (1).
   // 1 + 3*2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: even is 1 + 2^-6.
-  std::vector<double> v = {1.0, 1.0 + std::ldexp(1.0, -8), 1.0 + 3 * std::ldexp(1.0, -8), -2.5,
-                           INFINITY, -INFINITY, std::nan(""), 1e-40};
+  std::vector<double> v = {
+      1.0, 1.0 + std::ldexp(1.0, -8), 1.0 + 3 * std::ldexp(1.0, -8), -2.5, INFINITY, -INFINITY, std::nan(""), 1e-40};
   Tensor f = from_values(v, {int64_t(v.size())}, DType::f32);
   Tensor b = as(f, DType::bf16);
   auto r = to_f64(b);
@@ -71,7 +55,8 @@ TEST_CASE("mixed precision: convert rounds to nearest even, keeps NaN and infini
   // Back to f32 is exact, and f64 <-> f32 goes through once.
   Tensor back = as(b, DType::f32);
   CHECK(to_f64(back)[2] == r[2]);
-  CHECK_ERROR_CONTAINS(convert(empty({3}, DType::f32), empty({4}, DType::bf16)), "[kernels] convert: dst (3,) and src (4,) differ in size");
+  CHECK_ERROR_CONTAINS(convert(empty({3}, DType::f32), empty({4}, DType::bf16)),
+                       "[kernels] convert: dst (3,) and src (4,) differ in size");
 }
 
 TEST_CASE("mixed precision: matmul forward and backward in bf16 with an f32 weight gradient") {
@@ -98,7 +83,7 @@ TEST_CASE("mixed precision: matmul forward and backward in bf16 with an f32 weig
   matmul_backward(dxb, dwb, as(dy, B::bf16), as(x, B::bf16), as(w, B::bf16));
   CHECK(rel(dxb, dx32) < kTol);
   CHECK(rel(dwb, dw32) < 1e-5);  // f32 accumulation of bf16-exact inputs: only the f32 rounding differs
-  {  // dinp accumulated (beta = 1): the bf16 sum rounded once
+  {                              // dinp accumulated (beta = 1): the bf16 sum rounded once
     Tensor base = rnd32({N, C}, 90), want = empty({N, C}, B::f32);
     matmul_backward(want, Tensor(), dy, Tensor(), w);
     add_(want, base);
@@ -106,8 +91,9 @@ TEST_CASE("mixed precision: matmul forward and backward in bf16 with an f32 weig
     matmul_backward(got, Tensor(), as(dy, B::bf16), Tensor(), as(w, B::bf16), true);
     CHECK(rel(got, want) < kTol);
   }
-  CHECK_ERROR_CONTAINS(matmul_backward(Tensor(), empty({OC, C}, B::bf16), as(dy, B::bf16), as(x, B::bf16), as(w, B::bf16)),
-                       "[kernels] matmul_backward: dweight is bf16; with bf16 activations it must be f32");
+  CHECK_ERROR_CONTAINS(
+      matmul_backward(Tensor(), empty({OC, C}, B::bf16), as(dy, B::bf16), as(x, B::bf16), as(w, B::bf16)),
+      "[kernels] matmul_backward: dweight is bf16; with bf16 activations it must be f32");
 }
 
 TEST_CASE("mixed precision: RMSNorm keeps rstd and dweight in f32") {
@@ -125,8 +111,9 @@ TEST_CASE("mixed precision: RMSNorm keeps rstd and dweight in f32") {
   rmsnorm_backward(dxb, dwb, as(dy, B::bf16), as(x, B::bf16), as(w, B::bf16), rb);
   CHECK(rel(dxb, dx32) < kTol);
   CHECK(rel(dwb, dw32) < 1e-5);
-  CHECK_ERROR_CONTAINS(rmsnorm_forward(empty({N, C}, B::bf16), empty({N}, B::bf16), as(x, B::bf16), as(w, B::bf16), 1e-5),
-                       "[kernels] rmsnorm_forward: rstd is bf16; with bf16 activations it must be f32");
+  CHECK_ERROR_CONTAINS(
+      rmsnorm_forward(empty({N, C}, B::bf16), empty({N}, B::bf16), as(x, B::bf16), as(w, B::bf16), 1e-5),
+      "[kernels] rmsnorm_forward: rstd is bf16; with bf16 activations it must be f32");
 }
 
 TEST_CASE("mixed precision: the residual add fused into RMSNorm, in bf16") {
@@ -230,7 +217,7 @@ TEST_CASE("mixed precision: cross-entropy on bf16 logits gives f32 losses and bf
   cross_entropy_forward_backward(l32, d32, logits, targets, 0.1);
   Tensor lb = nan_tensor({N}, B::f32), lg = as(logits, B::bf16);
   cross_entropy_forward_backward(lb, lg, lg, targets, 0.1);  // gradient over the logits' buffer
-  CHECK(rel(lb, l32) < 1e-6);  // the softmax and loss are f32 on the same values
+  CHECK(rel(lb, l32) < 1e-6);                                // the softmax and loss are f32 on the same values
   CHECK(rel(lg, d32) < kTol);
   CHECK(to_f64(lb)[4] == 0.0);
   CHECK_ERROR_CONTAINS(cross_entropy_forward_backward(empty({N}, B::bf16), Tensor(), as(logits, B::bf16), targets, 1.0),
@@ -277,7 +264,8 @@ TEST_CASE("mixed precision: attention in bf16 returns an f32 log-sum-exp") {
     CHECK(rel(lseb, lse32) < 1e-6);
     Tensor dq32 = empty(q.shape(), B::f32), dk32 = empty(k.shape(), B::f32), dv32 = empty(k.shape(), B::f32);
     attention_backward(dq32, dk32, dv32, dout, q, k, v, out32, lse32, o);
-    Tensor dqb = nan_tensor(q.shape(), B::bf16), dkb = nan_tensor(k.shape(), B::bf16), dvb = nan_tensor(k.shape(), B::bf16);
+    Tensor dqb = nan_tensor(q.shape(), B::bf16), dkb = nan_tensor(k.shape(), B::bf16),
+           dvb = nan_tensor(k.shape(), B::bf16);
     attention_backward(dqb, dkb, dvb, as(dout, B::bf16), as(q, B::bf16), as(k, B::bf16), as(v, B::bf16), outb, lseb, o);
     CHECK(rel(dqb, dq32) < kTol);
     CHECK(rel(dkb, dk32) < kTol);
@@ -297,8 +285,8 @@ TEST_CASE("mixed precision: AdamW updates the f32 master and rewrites the bf16 c
     adamw_step(p, g, m, v, 1e-2, 0.9, 0.95, 1e-8, 0.1, step, low);
     adamw_step(p_ref, g, m_ref, v_ref, 1e-2, 0.9, 0.95, 1e-8, 0.1, step);
   }
-  CHECK(equal(p, p_ref));              // the master follows the plain f32 update exactly
-  CHECK(equal(low, as(p, B::bf16)));   // and the compute copy is its rounding
+  CHECK(equal(p, p_ref));             // the master follows the plain f32 update exactly
+  CHECK(equal(low, as(p, B::bf16)));  // and the compute copy is its rounding
   CHECK_ERROR_CONTAINS(adamw_step(as(p, B::bf16), as(g, B::bf16), m, v, 1e-2, 0.9, 0.95, 1e-8, 0.1, 1),
                        "[kernels] adamw_step: the parameter updated is the f32 master copy, got bf16");
 }

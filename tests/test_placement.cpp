@@ -112,7 +112,8 @@ TEST_CASE("notation prints and parses back, with shard order marks") {
   CHECK_ERROR_CONTAINS(parse_placements("P(prod)"), "unknown partial op 'prod'");
   CHECK_ERROR_CONTAINS(parse_placements("R[0]"), "only S(d) takes a shard order mark");
   CHECK_ERROR_CONTAINS(DTensorSpec::make(mesh, parse_placements("S(0),R"), {8}), "2 placements for a mesh of 3 dims");
-  CHECK_ERROR_CONTAINS(DTensorSpec::make(mesh, parse_placements("S(2),R,R"), {8, 8}), "S(2) on a tensor of shape (8, 8)");
+  CHECK_ERROR_CONTAINS(DTensorSpec::make(mesh, parse_placements("S(2),R,R"), {8, 8}),
+                       "S(2) on a tensor of shape (8, 8)");
   CHECK(DTensorSpec::make(mesh, parse_placements("S(0)S(0)R"), {8}).str() == "S(0)[0]S(0)[1]R");  // default order
   CHECK_ERROR_CONTAINS(DTensorSpec::make(mesh, parse_placements("S(0)[0]S(0)R"), {8}), "give each an order mark");
 }
@@ -241,7 +242,7 @@ TEST_CASE("random factories are bitwise invariant to the layout") {
   auto u = to_f64(make_local(s, {0}, "rand", DType::f32, {1, "u"}));
   CHECK(*std::min_element(u.begin(), u.end()) >= 0.0);
   CHECK(*std::max_element(u.begin(), u.end()) < 1.0);
-  CHECK_ERROR_CONTAINS(make_local(DTensorSpec::make(mesh_of({2}), {Placement::Partial()}, {4}), {0}, "randn",
-                                  DType::f32, {}),
-                       "only zeros and empty can be made partial");
+  CHECK_ERROR_CONTAINS(
+      make_local(DTensorSpec::make(mesh_of({2}), {Placement::Partial()}, {4}), {0}, "randn", DType::f32, {}),
+      "only zeros and empty can be made partial");
 }

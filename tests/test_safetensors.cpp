@@ -111,9 +111,9 @@ TEST_CASE("safetensors: f16 is converted to f32 on read") {
   // 1.0, -2.5, 0, 65504 (the largest half), the smallest subnormal, -inf, 0.333251953125.
   uint16_t h[7] = {0x3c00, 0xc100, 0x0000, 0x7bff, 0x0001, 0xfc00, 0x3555};
   std::string data(reinterpret_cast<const char*>(h), sizeof(h));
-  std::string path = write_file(
-      d, "h.safetensors", R"({"__metadata__":{"format":"pt"},"x":{"dtype":"F16","shape":[7],"data_offsets":[0,14]}})",
-      data);
+  std::string path =
+      write_file(d, "h.safetensors",
+                 R"({"__metadata__":{"format":"pt"},"x":{"dtype":"F16","shape":[7],"data_offsets":[0,14]}})", data);
   SafetensorsFile g = read_safetensors(path);
   const Tensor& x = g.tensors.at("x");
   CHECK(x.dtype() == DType::f32);
@@ -158,18 +158,21 @@ TEST_CASE("safetensors: malformed files name the file and what is wrong") {
   p = write_file(d, "dtype.safetensors", R"({"x":{"dtype":"Q8","shape":[1],"data_offsets":[0,1]}})", "a");
   CHECK_ERROR_CONTAINS(read_safetensors(p), "[checkpoint] " + p + ": tensor 'x' has unknown dtype 'Q8'");
 
-  p = write_file(d, "overlap.safetensors",
-                 R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-                 "abcdefgh");
+  p = write_file(
+      d, "overlap.safetensors",
+      R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+      "abcdefgh");
   CHECK_ERROR_CONTAINS(read_safetensors(p),
                        "[checkpoint] " + p + ": tensors 'x' [0, 8] and 'y' [4, 8] have overlapping data_offsets");
-  p = write_file(d, "gap.safetensors",
-                 R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"y":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
-                 "abcdefghijkl");
+  p = write_file(
+      d, "gap.safetensors",
+      R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"y":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+      "abcdefghijkl");
   CHECK_ERROR_CONTAINS(read_safetensors(p),
                        "[checkpoint] " + p + ": data_offsets do not cover the data: bytes [4, 8) belong to no tensor");
   p = write_file(d, "tail.safetensors", one, "abcdefghXXXX");  // 4 bytes after the last tensor
-  CHECK_ERROR_CONTAINS(read_safetensors(p), p + ": data_offsets do not cover the data: the tensors end at byte 8 of 12");
+  CHECK_ERROR_CONTAINS(read_safetensors(p),
+                       p + ": data_offsets do not cover the data: the tensors end at byte 8 of 12");
 
   p = write_file(d, "entry.safetensors", R"({"x":{"dtype":"F32","shape":[2]}})", "abcdefgh");
   CHECK_ERROR_CONTAINS(read_safetensors(p), p + ": tensor 'x': expected dtype, shape and data_offsets");
@@ -185,9 +188,9 @@ TEST_CASE("safetensors: malformed files name the file and what is wrong") {
   write_safetensors(p, {{"a", a}, {"b", b}});
   CHECK(read_safetensors(p).tensors.size() == 2);
   fs::resize_file(p, fs::file_size(p) - 3);
-  CHECK_ERROR_CONTAINS(read_safetensors(p),
-                       "[checkpoint] " + p + ": tensor 'b' data_offsets [16, 32] out of range of the 29 data bytes "
-                       "(truncated file?)");
+  CHECK_ERROR_CONTAINS(read_safetensors(p), "[checkpoint] " + p +
+                                                ": tensor 'b' data_offsets [16, 32] out of range of the 29 data bytes "
+                                                "(truncated file?)");
 
   CHECK_ERROR_CONTAINS(read_safetensors(d / "missing.safetensors"), d / "missing.safetensors" + ": no such file");
 }
@@ -195,17 +198,14 @@ TEST_CASE("safetensors: malformed files name the file and what is wrong") {
 // ---------------------------------------------------------------- bit patterns, scalars, f16 edge values, more errors
 
 namespace {
-std::string raw_bytes(const Tensor& t) {
-  return std::string(static_cast<const char*>(t.data_ptr()), t.nbytes());
-}
+std::string raw_bytes(const Tensor& t) { return std::string(static_cast<const char*>(t.data_ptr()), t.nbytes()); }
 
 struct UniqueDir {
   fs::path path;
   UniqueDir() {
     static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("mt_test_st2_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" +
-            std::to_string(std::random_device{}()));
+    path = fs::temp_directory_path() / ("mt_test_st2_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) +
+                                        "_" + std::to_string(std::random_device{}()));
     fs::create_directories(path);
   }
   ~UniqueDir() { fs::remove_all(path); }
@@ -252,8 +252,8 @@ TEST_CASE("safetensors: round trip is bit-exact for NaN payloads, -0, infinities
   SafetensorsFile r = read_safetensors(path);
   CHECK(r.metadata == meta);
   REQUIRE(r.tensors.size() == 6);
-  const std::pair<const char*, Tensor> want[] = {{"model.layers.0/f", f}, {"g", g}, {"h", h},
-                                                 {"i64", i64}, {"i32", i32}, {"s", scalar}};
+  const std::pair<const char*, Tensor> want[] = {
+      {"model.layers.0/f", f}, {"g", g}, {"h", h}, {"i64", i64}, {"i32", i32}, {"s", scalar}};
   for (const auto& [name, t] : want) {
     CAPTURE(name);
     REQUIRE(r.tensors.count(name) == 1);

@@ -12,6 +12,7 @@
 
 #include "check_error.h"
 #include "runtime/io/token_data.h"
+#include "skip.h"
 
 using namespace mt;
 namespace fs = std::filesystem;
@@ -196,14 +197,14 @@ TEST_CASE("data: malformed shards name the file and the offset") {
   CHECK_ERROR_CONTAINS(TokenStream(d / "version.bin", 256),
                        "[data] " + d / "version.bin" + ": bad version 7 at offset 4 (expected 1)");
   CHECK_ERROR_CONTAINS(TokenStream(d / "size.bin", 256),
-                       "[data] " + d / "size.bin" +
-                           ": size 2000 does not match header: 1024 + 2 x 600 = 2224 bytes");
+                       "[data] " + d / "size.bin" + ": size 2000 does not match header: 1024 + 2 x 600 = 2224 bytes");
   CHECK_ERROR_CONTAINS(TokenStream(d / "size.bin", 256), "truncated file?");
   CHECK_ERROR_CONTAINS(TokenStream(d / "trunc.bin", 256),
                        d / "trunc.bin" + ": size 1027 does not match header: 1024 + 2 x 2 = 1028 bytes");
   CHECK_ERROR_CONTAINS(TokenStream(d / "short.bin", 256),
                        d / "short.bin" + ": 424 bytes is shorter than the 1024-byte header (truncated file?)");
-  CHECK_ERROR_CONTAINS(TokenStream(d / "negative.bin", 256), d / "negative.bin" + ": negative token count -5 at offset 8");
+  CHECK_ERROR_CONTAINS(TokenStream(d / "negative.bin", 256),
+                       d / "negative.bin" + ": negative token count -5 at offset 8");
   CHECK_ERROR_CONTAINS(TokenStream(d / "vocab.bin", 256),
                        "[data] " + d / "vocab.bin" + ": token 300 at offset 1030 >= vocab_size 256");
   CHECK(TokenStream(d / "vocab.bin", 301).size() == 5);
@@ -232,10 +233,8 @@ TEST_CASE("data: scripts/prepare_data writes byte-level shards the reader accept
   fs::path script;
   for (const fs::path& p : candidates)
     if (script.empty() && fs::exists(p)) script = p;
-  if (script.empty() || !fs::exists("/usr/bin/python3")) {
-    MESSAGE("scripts/prepare_data not found from the working directory; skipped");
-    return;
-  }
+  if (script.empty() || !fs::exists("/usr/bin/python3"))
+    MT_SKIP("scripts/prepare_data or /usr/bin/python3 not found from the working directory");
   TempDir d;
   fs::create_directories(d.path / "in");
   std::ofstream(d / "in/a.txt") << "hello world\n";
@@ -263,9 +262,8 @@ struct UniqueDir {
   fs::path path;
   UniqueDir() {
     static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("mt_test_data2_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" +
-            std::to_string(std::random_device{}()));
+    path = fs::temp_directory_path() / ("mt_test_data2_" + std::to_string(::getpid()) + "_" +
+                                        std::to_string(counter++) + "_" + std::to_string(std::random_device{}()));
     fs::create_directories(path);
   }
   ~UniqueDir() { fs::remove_all(path); }

@@ -65,7 +65,6 @@ std::vector<int> displs_of(const std::vector<int>& counts) {
   return d;
 }
 
-
 // A device tensor is staged through a host copy; host tensors are used as is.
 // `buffer`, when given, is reusable pinned host memory of at least t's bytes
 // (blocking calls); otherwise a fresh host tensor is made (async calls).
@@ -78,7 +77,8 @@ struct Staged {
     if (t.device().is_cpu()) {
       host = t;
     } else {
-      host = buffer ? from_blob(buffer, t.shape(), t.dtype(), Device::cpu()) : empty(t.shape(), t.dtype(), Device::cpu());
+      host =
+          buffer ? from_blob(buffer, t.shape(), t.dtype(), Device::cpu()) : empty(t.shape(), t.dtype(), Device::cpu());
       if (in) copy_(host, t);
       copy_back = out;
     }
@@ -215,8 +215,8 @@ class MpiGroup final : public Group, public HasMpiComm {
     if (!async) {
       {
         WatchdogScope w("all_gather_v", *this);
-        MT_MPI_CHECK(MPI_Allgatherv(si.host.data_ptr(), c[size_t(rank())], ty, so.host.data_ptr(), c.data(),
-                                    d.data(), ty, comm_));
+        MT_MPI_CHECK(MPI_Allgatherv(si.host.data_ptr(), c[size_t(rank())], ty, so.host.data_ptr(), c.data(), d.data(),
+                                    ty, comm_));
       }
       so.finish();
       return {};
@@ -252,8 +252,7 @@ class MpiGroup final : public Group, public HasMpiComm {
     }
     auto w = start("reduce_scatter");
     w->reqs.resize(1);
-    MT_MPI_CHECK(
-        MPI_Ireduce_scatter_block(si.host.data_ptr(), so.host.data_ptr(), n, ty, mop, comm_, &w->reqs[0]));
+    MT_MPI_CHECK(MPI_Ireduce_scatter_block(si.host.data_ptr(), so.host.data_ptr(), n, ty, mop, comm_, &w->reqs[0]));
     w->after = post;
     w->staged = {so};
     keep_alive(*w, si);
@@ -287,8 +286,8 @@ class MpiGroup final : public Group, public HasMpiComm {
     auto w = start("reduce_scatter_v");
     w->reqs.resize(1);
     w->keep = {c};
-    MT_MPI_CHECK(MPI_Ireduce_scatter(si.host.data_ptr(), so.host.data_ptr(), w->keep[0].data(), ty, mop, comm_,
-                                     &w->reqs[0]));
+    MT_MPI_CHECK(
+        MPI_Ireduce_scatter(si.host.data_ptr(), so.host.data_ptr(), w->keep[0].data(), ty, mop, comm_, &w->reqs[0]));
     w->after = post;
     w->staged = {so};
     keep_alive(*w, si);
@@ -353,8 +352,8 @@ class MpiGroup final : public Group, public HasMpiComm {
   }
 
   Work broadcast(const Tensor& t, int root, bool async) override {
-    MT_CHECK(root >= 0 && root < size(), "comm", "broadcast on {}: root {} is not a rank of a group of {}",
-             describe(), root, size());
+    MT_CHECK(root >= 0 && root < size(), "comm", "broadcast on {}: root {} is not a rank of a group of {}", describe(),
+             root, size());
     Staged s(t, rank() == root, rank() != root, stage(0, t, async));
     int n = to_int(t.numel(), "broadcast", *this);
     MPI_Datatype ty = mpi_datatype(t.dtype());
@@ -377,8 +376,8 @@ class MpiGroup final : public Group, public HasMpiComm {
     check_peer("send", peer);
     Staged s(t, true, false, stage(0, t, false));
     WatchdogScope w("send", *this);
-    MT_MPI_CHECK(MPI_Send(s.host.data_ptr(), to_int(t.numel(), "send", *this), mpi_datatype(t.dtype()), peer,
-                          kTag, comm_));
+    MT_MPI_CHECK(
+        MPI_Send(s.host.data_ptr(), to_int(t.numel(), "send", *this), mpi_datatype(t.dtype()), peer, kTag, comm_));
   }
 
   void recv(const Tensor& t, int peer) override {
@@ -386,8 +385,8 @@ class MpiGroup final : public Group, public HasMpiComm {
     Staged s(t, false, true, stage(0, t, false));
     {
       WatchdogScope w("recv", *this);
-      MT_MPI_CHECK(MPI_Recv(s.host.data_ptr(), to_int(t.numel(), "recv", *this), mpi_datatype(t.dtype()), peer,
-                            kTag, comm_, MPI_STATUS_IGNORE));
+      MT_MPI_CHECK(MPI_Recv(s.host.data_ptr(), to_int(t.numel(), "recv", *this), mpi_datatype(t.dtype()), peer, kTag,
+                            comm_, MPI_STATUS_IGNORE));
     }
     s.finish();
   }
@@ -465,8 +464,8 @@ class MpiGroup final : public Group, public HasMpiComm {
     }
   }
   void check_peer(const char* op, int peer) const {
-    MT_CHECK(peer >= 0 && peer < size(), "comm", "{} on {}: peer {} is not a rank of a group of {}", op,
-             describe(), peer, size());
+    MT_CHECK(peer >= 0 && peer < size(), "comm", "{} on {}: peer {} is not a rank of a group of {}", op, describe(),
+             peer, size());
   }
 
   MPI_Comm comm_;
@@ -476,12 +475,19 @@ class MpiGroup final : public Group, public HasMpiComm {
 
 MPI_Datatype mpi_datatype(DType d) {
   switch (d) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::u16: return MPI_UINT16_T;
-    case DType::bf16: init_bf16_types(); return g_bf16_type;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::u16:
+      return MPI_UINT16_T;
+    case DType::bf16:
+      init_bf16_types();
+      return g_bf16_type;
   }
   return MPI_BYTE;
 }

@@ -29,7 +29,6 @@ bool nccl_built() { return true; }
 
 namespace {
 
-
 // A CUDA event shared by a Work and the watchdog's completion check.
 struct DoneEvent {
   cudaEvent_t e = nullptr;
@@ -252,8 +251,8 @@ class NcclGroup final : public Group, public HasMpiComm {
   }
 
   Work broadcast(const Tensor& t, int root, bool async) override {
-    MT_CHECK(root >= 0 && root < size(), "comm", "broadcast on {}: root {} is not a rank of a group of {}",
-             describe(), root, size());
+    MT_CHECK(root >= 0 && root < size(), "comm", "broadcast on {}: root {} is not a rank of a group of {}", describe(),
+             root, size());
     check_dev("broadcast", t);
     auto [ty, mult] = move_type(t.dtype());
     size_t n = size_t(t.numel()) * mult;
@@ -284,6 +283,7 @@ class NcclGroup final : public Group, public HasMpiComm {
                     comm_);
     });
     DeviceGuard g(device_);
+    note_host_sync();
     MT_CUDA_CHECK(cudaStreamSynchronize(nstream()));
   }
 
@@ -292,16 +292,20 @@ class NcclGroup final : public Group, public HasMpiComm {
 
   void check_dev(const char* op, const Tensor& t) const {
     MT_CHECK(t.device() == Device::cuda(device_), "nccl",
-             "{} on group '{}': tensor is on {}, NCCL needs cuda:{} buffers (use the mpi backend for host tensors)",
-             op, name(), t.device().str(), device_);
+             "{} on group '{}': tensor is on {}, NCCL needs cuda:{} buffers (use the mpi backend for host tensors)", op,
+             name(), t.device().str(), device_);
   }
 
   static ncclRedOp_t nccl_op(ReduceOp op) {
     switch (op) {
-      case ReduceOp::sum: return ncclSum;
-      case ReduceOp::avg: return ncclAvg;
-      case ReduceOp::max: return ncclMax;
-      case ReduceOp::min: return ncclMin;
+      case ReduceOp::sum:
+        return ncclSum;
+      case ReduceOp::avg:
+        return ncclAvg;
+      case ReduceOp::max:
+        return ncclMax;
+      case ReduceOp::min:
+        return ncclMin;
     }
     return ncclSum;
   }
@@ -309,12 +313,18 @@ class NcclGroup final : public Group, public HasMpiComm {
   // The NCCL type of a reduction's elements.
   ncclDataType_t reduce_type(const char* op, DType d) const {
     switch (d) {
-      case DType::f32: return ncclFloat32;
-      case DType::bf16: return ncclBfloat16;
-      case DType::f64: return ncclFloat64;
-      case DType::i32: return ncclInt32;
-      case DType::i64: return ncclInt64;
-      case DType::u16: break;
+      case DType::f32:
+        return ncclFloat32;
+      case DType::bf16:
+        return ncclBfloat16;
+      case DType::f64:
+        return ncclFloat64;
+      case DType::i32:
+        return ncclInt32;
+      case DType::i64:
+        return ncclInt64;
+      case DType::u16:
+        break;
     }
     fail("nccl", "{} on group '{}': u16 tensors cannot be reduced (NCCL has no 16-bit integer type)", op, name());
   }
@@ -322,12 +332,18 @@ class NcclGroup final : public Group, public HasMpiComm {
   // The NCCL type that moves d's elements, and the element count multiplier.
   static std::pair<ncclDataType_t, size_t> move_type(DType d) {
     switch (d) {
-      case DType::f32: return {ncclFloat32, 1};
-      case DType::bf16: return {ncclBfloat16, 1};
-      case DType::f64: return {ncclFloat64, 1};
-      case DType::i32: return {ncclInt32, 1};
-      case DType::i64: return {ncclInt64, 1};
-      case DType::u16: return {ncclUint8, 2};
+      case DType::f32:
+        return {ncclFloat32, 1};
+      case DType::bf16:
+        return {ncclBfloat16, 1};
+      case DType::f64:
+        return {ncclFloat64, 1};
+      case DType::i32:
+        return {ncclInt32, 1};
+      case DType::i64:
+        return {ncclInt64, 1};
+      case DType::u16:
+        return {ncclUint8, 2};
     }
     return {ncclUint8, dtype_size(d)};
   }
@@ -363,8 +379,8 @@ class NcclGroup final : public Group, public HasMpiComm {
                 const std::vector<int64_t>& rc, bool async) {
     check_dev(op, in);
     MT_CHECK(sc[size_t(rank())] == rc[size_t(rank())], "comm",
-             "{} on {}: rank {} sends {} elements to itself but expects {}", op, describe(), rank(),
-             sc[size_t(rank())], rc[size_t(rank())]);
+             "{} on {}: rank {} sends {} elements to itself but expects {}", op, describe(), rank(), sc[size_t(rank())],
+             rc[size_t(rank())]);
     int64_t st = 0, rt = 0;
     for (int64_t c : sc) st += c;
     for (int64_t c : rc) rt += c;
@@ -391,11 +407,9 @@ class NcclGroup final : public Group, public HasMpiComm {
       for (int j = 0; j < size(); ++j) {
         if (j == me) continue;
         if (sc[size_t(j)] > 0)
-          MT_NCCL_CHECK(ncclSend(i + size_t(sd[size_t(j)]) * es, size_t(sc[size_t(j)]) * mult, ty, j, comm_, s),
-                        comm_);
+          MT_NCCL_CHECK(ncclSend(i + size_t(sd[size_t(j)]) * es, size_t(sc[size_t(j)]) * mult, ty, j, comm_, s), comm_);
         if (rc[size_t(j)] > 0)
-          MT_NCCL_CHECK(ncclRecv(o + size_t(rd[size_t(j)]) * es, size_t(rc[size_t(j)]) * mult, ty, j, comm_, s),
-                        comm_);
+          MT_NCCL_CHECK(ncclRecv(o + size_t(rd[size_t(j)]) * es, size_t(rc[size_t(j)]) * mult, ty, j, comm_, s), comm_);
       }
       MT_NCCL_CHECK(ncclGroupEnd(), comm_);
     });
@@ -415,6 +429,7 @@ class NcclGroup final : public Group, public HasMpiComm {
     // Blocking: the host continues once the transfer is complete (a peer that
     // never arrives is caught by the watchdog entry made above).
     DeviceGuard g(device_);
+    note_host_sync();
     MT_CUDA_CHECK(cudaStreamSynchronize(nstream()));
   }
 

@@ -38,8 +38,8 @@ RingAttentionOptions LlamaAttention::attention_options(int64_t T) const {
 Tensor LlamaAttention::forward(const Tensor& x) {
   int64_t B = x.size(0), T = x.size(1), hd = head_dim;
   Tensor q = q_proj->call(x), k = k_proj->call(x), v = v_proj->call(x);  // (B, T, H*hd), (B, T, KV*hd) x2
-  q = q.reshape({B, T, -1, hd});  // (B, T, H, hd)
-  k = k.reshape({B, T, -1, hd});  // (B, T, KV, hd)
+  q = q.reshape({B, T, -1, hd});                                         // (B, T, H, hd)
+  k = k.reshape({B, T, -1, hd});                                         // (B, T, KV, hd)
   v = v.reshape({B, T, -1, hd});
   MT_CHECK(seq_->cos.defined() && seq_->cos.size(0) == T, "model", "{}: RoPE tables for {} positions, input has T = {}",
            name(), seq_->cos.defined() ? seq_->cos.size(0) : 0, T);

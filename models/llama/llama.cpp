@@ -16,7 +16,7 @@ LlamaDecoderLayer::LlamaDecoderLayer(const std::string& name, const ModelConfig&
 }
 
 Tensor LlamaDecoderLayer::forward(const Tensor& x) {
-  Tensor attn = self_attn->call(input_layernorm->call(x));            // (B, T, C) the attention branch
+  Tensor attn = self_attn->call(input_layernorm->call(x));           // (B, T, C) the attention branch
   auto [h, h_normed] = post_attention_layernorm->call_add(attn, x);  // h = x + attn, in attn's storage
   Tensor y = mlp->call(h_normed);                                    // (B, T, C)
   add_(y, h);
@@ -34,8 +34,8 @@ LlamaModel::LlamaModel(const std::string& name, const ModelConfig& c, const Para
     : Module(name, "LlamaModel") {
   embed_tokens = add_child(std::make_unique<Embedding>(child_name(name, "embed_tokens"), c.vocab_size, c.dim, f));
   for (int64_t i = 0; i < c.n_layers; ++i)
-    layers.push_back(add_child(
-        std::make_unique<LlamaDecoderLayer>(child_name(name, "layers." + std::to_string(i)), c, f, seq)));
+    layers.push_back(
+        add_child(std::make_unique<LlamaDecoderLayer>(child_name(name, "layers." + std::to_string(i)), c, f, seq)));
   norm = add_child(std::make_unique<RMSNorm>(child_name(name, "norm"), c.dim, c.norm_eps, f));
 }
 
@@ -70,9 +70,10 @@ Tensor LlamaForCausalLM::forward(const Tensor& tokens) {
   // Whole sequences get positions 0 ... T-1 by default; a cp rank's part must have been given its global
   // positions (never reset silently).
   MT_CHECK(!seq->cp.group || seq->cp.group->size() == 1 || (seq->positions.defined() && seq->positions.numel() == T),
-           "model", "context parallel: the input holds {} tokens per sequence but positions were set for {}: each cp "
-           "rank's tokens need their global positions (set_positions)", T,
-           seq->positions.defined() ? seq->positions.numel() : 0);
+           "model",
+           "context parallel: the input holds {} tokens per sequence but positions were set for {}: each cp "
+           "rank's tokens need their global positions (set_positions)",
+           T, seq->positions.defined() ? seq->positions.numel() : 0);
   if (!seq->positions.defined() || seq->positions.numel() != T) {
     Tensor pos = empty({T}, DType::i64);
     for (int64_t t = 0; t < T; ++t) pos.at<int64_t>(t) = t;
@@ -81,7 +82,9 @@ Tensor LlamaForCausalLM::forward(const Tensor& tokens) {
   return lm_head->call(model->call(tokens));  // (B, T, V)
 }
 
-Tensor LlamaForCausalLM::backward(const Tensor& dlogits) { return model->call_backward(lm_head->call_backward(dlogits)); }
+Tensor LlamaForCausalLM::backward(const Tensor& dlogits) {
+  return model->call_backward(lm_head->call_backward(dlogits));
+}
 
 int64_t llama_num_params(const ModelConfig& c, bool with_embeddings) {
   int64_t d = c.dim, hd = c.dim / c.n_heads;

@@ -77,7 +77,8 @@ class LlamaDecoderLayer : public Module {
 // "model": embeddings, layers, final norm.
 class LlamaModel : public Module {
  public:
-  LlamaModel(const std::string& name, const ModelConfig& c, const ParamFactory& f, std::shared_ptr<SequenceContext> seq);
+  LlamaModel(const std::string& name, const ModelConfig& c, const ParamFactory& f,
+             std::shared_ptr<SequenceContext> seq);
   Embedding* embed_tokens;
   std::vector<LlamaDecoderLayer*> layers;
   RMSNorm* norm;
@@ -105,7 +106,8 @@ class LlamaForCausalLM : public Module {
   Tensor backward(const Tensor& dlogits) override;
 };
 
-// 6*N + 12*L*d*T FLOPs per token (N = parameters without embeddings), DESIGN.md's count.
+// 6*N + 12*L*d*T FLOPs per token (N = parameters without embeddings): the
+// forward and backward GEMMs, and QK^T and PV at full (not causal-halved) cost.
 double llama_flops_per_token(const ModelConfig& c, int64_t seq_len);
 int64_t llama_num_params(const ModelConfig& c, bool with_embeddings = true);
 

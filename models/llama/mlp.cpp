@@ -11,8 +11,8 @@ LlamaMLP::LlamaMLP(const std::string& name, const ModelConfig& c, const ParamFac
 }
 
 Tensor LlamaMLP::forward(const Tensor& x) {
-  gate_ = gate_proj->call(x);  // (B, T, F)
-  up_ = up_proj->call(x);      // (B, T, F)
+  gate_ = gate_proj->call(x);                              // (B, T, F)
+  up_ = up_proj->call(x);                                  // (B, T, F)
   Tensor h = empty(gate_.shape(), x.dtype(), x.device());  // (B, T, F)
   swiglu_forward(h, gate_, up_);
   return down_proj->call(h);

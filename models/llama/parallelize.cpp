@@ -1,6 +1,6 @@
 #include "models/llama/parallelize.h"
 
-#include <regex>
+#include "parallel/plan_yaml.h"
 
 namespace mt {
 
@@ -9,7 +9,7 @@ ParallelPlan llama_tp_plan(bool sp, bool loss_parallel) {
   const Placement between = sp ? S1 : R;  // the residual stream's layout
   ParallelPlan plan;
   plan.push_back({"model.embed_tokens", RowwiseParallel{R, between}});
-  plan.push_back({"lm_head", ColwiseParallel{between, loss_parallel ? Slast : R, !loss_parallel}});
+  plan.push_back({"lm_head", ColwiseParallel{between, loss_parallel ? Slast : R}});
   if (sp) plan.push_back({"model.norm", SequenceParallel{}});
   if (sp) plan.push_back({"model.layers.*.input_layernorm", SequenceParallel{}});
   if (sp) plan.push_back({"model.layers.*.self_attn", PrepareModuleInput{{S1}, {R}, false}});
@@ -25,71 +25,17 @@ ParallelPlan llama_tp_plan(bool sp, bool loss_parallel) {
   return plan;
 }
 
-Placement parse_tp_placement(const std::string& text, const std::string& key) {
-  static const std::regex shard(R"((?:Shard|S)\((-?[0-9]+)\))");
-  std::smatch m;
-  if (std::regex_match(text, m, shard)) return Placement::Shard(std::stoi(m[1]));
-  if (text == "Replicate" || text == "R") return Placement::Replicate();
-  if (text == "Partial" || text == "P" || text == "P(sum)") return Placement::Partial();
-  fail("config", "{} = '{}': expected a placement: Shard(d), S(d), Replicate, R or Partial", key, text);
-}
-
-ParallelPlan plan_from_config(const std::vector<TpPlanEntryConfig>& entries) {
-  ParallelPlan plan;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const TpPlanEntryConfig& e = entries[i];
-    std::string at = fmt::format("parallel.tp_plan[{}]", i);
-    MT_CHECK(!e.pattern.empty(), "config", "{}.pattern is empty", at);
-    auto opt = [&](const std::string& v, const char* k) -> std::optional<Placement> {
-      if (v.empty()) return std::nullopt;
-      return parse_tp_placement(v, at + "." + k);
-    };
-    auto list = [&](const std::string& v, const char* k) {
-      return std::vector<std::optional<Placement>>{opt(v, k)};
-    };
-    std::optional<bool> local;
-    if (e.use_local_output == "true") local = true;
-    else if (e.use_local_output == "false") local = false;
-    else MT_CHECK(e.use_local_output.empty(), "config", "{}.use_local_output = '{}': expected true, false or ''", at,
-                  e.use_local_output);
-    auto in = opt(e.input_layouts, "input_layouts"), out = opt(e.output_layouts, "output_layouts");
-    if (e.style == "ColwiseParallel") {
-      plan.push_back({e.pattern, ColwiseParallel{in, out, local.value_or(true)}});
-    } else if (e.style == "RowwiseParallel") {
-      plan.push_back({e.pattern, RowwiseParallel{in, out, local.value_or(true)}});
-    } else if (e.style == "SequenceParallel") {
-      plan.push_back({e.pattern, SequenceParallel{1, local.value_or(false)}});
-    } else if (e.style == "PrepareModuleInput") {
-      plan.push_back({e.pattern, PrepareModuleInput{list(e.input_layouts, "input_layouts"),
-                                                    list(e.desired_input_layouts, "desired_input_layouts"),
-                                                    local.value_or(false)}});
-    } else if (e.style == "PrepareModuleOutput") {
-      plan.push_back({e.pattern, PrepareModuleOutput{list(e.output_layouts, "output_layouts"),
-                                                     list(e.desired_output_layouts, "desired_output_layouts"),
-                                                     local.value_or(true)}});
-    } else if (e.style == "PrepareModuleInputOutput") {
-      plan.push_back({e.pattern, PrepareModuleInputOutput{list(e.input_layouts, "input_layouts"),
-                                                          list(e.desired_input_layouts, "desired_input_layouts"), false,
-                                                          list(e.output_layouts, "output_layouts"),
-                                                          list(e.desired_output_layouts, "desired_output_layouts"),
-                                                          local.value_or(true)}});
-    } else {
-      fail("config", "{}.style = '{}': expected ColwiseParallel, RowwiseParallel, SequenceParallel, "
-                     "PrepareModuleInput, PrepareModuleOutput or PrepareModuleInputOutput", at, e.style);
-    }
-  }
-  return plan;
-}
-
 void apply_tp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, const ParallelConfig& p) {
   const int tp = pd.tp;
   if (tp == 1) return;
   const ModelConfig& c = model.config;
   if (c.n_heads % tp != 0 || c.n_kv_heads % tp != 0)
-    fail("config", "model.n_heads = {} and model.n_kv_heads = {} must both be divisible by parallel.tp = {} "
-                   "(tensor parallel splits whole heads)", c.n_heads, c.n_kv_heads, tp);
-  ParallelPlan plan = p.tp_plan.empty() ? llama_tp_plan(p.sequence_parallel, p.loss_parallel)
-                                        : plan_from_config(p.tp_plan);
+    fail("config",
+         "model.n_heads = {} and model.n_kv_heads = {} must both be divisible by parallel.tp = {} "
+         "(tensor parallel splits whole heads)",
+         c.n_heads, c.n_kv_heads, tp);
+  ParallelPlan plan =
+      p.tp_plan.empty() ? llama_tp_plan(p.sequence_parallel, p.loss_parallel) : plan_from_config(p.tp_plan);
   parallelize(model, mesh, "tp", plan);
 }
 
@@ -107,9 +53,8 @@ std::vector<Module*> apply_recompute_llama(LlamaForCausalLM& model, const Recomp
   // The blocks whose parents call them through Module::call (the norms and linears are called through fused
   // variants, and recomputing a single GEMM saves nothing).
   policy.types = {"LlamaModel", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP"};
-  policy.keep["attention"] = {
-      [](const Module& m) { return dynamic_cast<const LlamaAttention*>(&m) != nullptr; },
-      [](Module& m) { static_cast<LlamaAttention&>(m).keep_attention_output = true; }};
+  policy.keep["attention"] = {[](const Module& m) { return dynamic_cast<const LlamaAttention*>(&m) != nullptr; },
+                              [](Module& m) { static_cast<LlamaAttention&>(m).keep_attention_output = true; }};
   return apply_recompute(model, RecomputeOptions{c.patterns, c.every, c.keep}, policy);
 }
 

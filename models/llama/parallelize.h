@@ -14,13 +14,9 @@ namespace mt {
 // Rowwise to Shard(1); lm_head Colwise from Shard(1), to Shard(-1) under loss parallel.
 // Without sequence parallel the activations between blocks stay Replicate.
 ParallelPlan llama_tp_plan(bool sequence_parallel, bool loss_parallel);
-// parallel.tp_plan entries as styles; errors name the entry and the key.
-ParallelPlan plan_from_config(const std::vector<TpPlanEntryConfig>& entries);
-// "Shard(1)", "S(-1)", "Replicate", "R", "Partial", "P"
-Placement parse_tp_placement(const std::string& text, const std::string& key);
 
 // Tensor (and sequence) parallel over the mesh's "tp" dim: heads must divide by tp; the plan is
-// parallel.tp_plan or the model's default.
+// parallel.tp_plan (read by parallel/plan_yaml.h) or the model's default.
 void apply_tp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, const ParallelConfig& p);
 // Context parallel: every attention layer runs ring attention over the cp group on this rank's part of the
 // sequence (SequenceContext::cp); the trainer feeds each rank its tokens and their positions.

@@ -21,8 +21,8 @@ constexpr size_t kLargeGranule = 2 << 20;
 struct HostPool {
   std::mutex mu;
   AllocatorStats s;
-  std::multimap<size_t, void*> cached;       // block size -> free block
-  std::unordered_map<void*, size_t> live;    // large blocks in use -> block size
+  std::multimap<size_t, void*> cached;     // block size -> free block
+  std::unordered_map<void*, size_t> live;  // large blocks in use -> block size
 };
 HostPool& host_pool() {
   static HostPool h;

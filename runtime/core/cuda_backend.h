@@ -4,6 +4,7 @@
 // cuda_stub.cpp when CUDA is not built).
 #pragma once
 #include <cstddef>
+#include <string>
 
 #include "runtime/core/allocator.h"
 
@@ -16,6 +17,9 @@ void memset_zero_async(void* p, size_t bytes, int device);
 void stream_sync_current(int device);
 void* pinned_malloc(size_t bytes);
 void pinned_free(void* p);
+// The device's PCI bus id ("0000:3b:00.0"): the same GPU has the same id in every process of a node, whatever
+// each process's CUDA_VISIBLE_DEVICES.
+std::string pci_bus_id(int device);
 }  // namespace mt::cuda
 
 namespace mt::detail {

@@ -46,10 +46,12 @@ int cuda_device_count() {
 
 void set_device(int device) { MT_CUDA_CHECK(cudaSetDevice(device)); }
 
-void device_synchronize() { MT_CUDA_CHECK(cudaDeviceSynchronize()); }
+void device_synchronize() {
+  note_host_sync();
+  MT_CUDA_CHECK(cudaDeviceSynchronize());
+}
 
 namespace {
-
 
 void check_device_index(int device) {
   int n = cuda_device_count();
@@ -90,6 +92,7 @@ Stream& Stream::operator=(Stream&& o) noexcept {
 }
 
 void Stream::synchronize() const {
+  note_host_sync();
   DeviceGuard g(device_);
   MT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
 }
@@ -134,6 +137,7 @@ bool Event::query() const {
 }
 
 void Event::synchronize() const {
+  if (handle_) note_host_sync();
   if (handle_) MT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
 }
 
@@ -194,11 +198,11 @@ void raw_free(int device, void* p) {
 
 void memcpy_async(void* dst, const void* src, size_t bytes, int kind, int device) {
   if (bytes == 0) return;
-  static constexpr cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
-                                             cudaMemcpyDeviceToDevice};
+  static constexpr cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
   MT_CHECK(kind >= 0 && kind <= 2, "cuda", "memcpy_async: bad kind {}", kind);
   DeviceGuard g(device);
-  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kinds[kind], static_cast<cudaStream_t>(current_stream(device).handle())));
+  MT_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, bytes, kinds[kind], static_cast<cudaStream_t>(current_stream(device).handle())));
 }
 
 void memset_zero_async(void* p, size_t bytes, int device) {
@@ -218,6 +222,12 @@ void* pinned_malloc(size_t bytes) {
 
 void pinned_free(void* p) {
   if (p) MT_CUDA_CHECK(cudaFreeHost(p));
+}
+
+std::string pci_bus_id(int device) {
+  char id[64] = {0};
+  MT_CUDA_CHECK(cudaDeviceGetPCIBusId(id, int(sizeof id), device));
+  return id;
 }
 
 }  // namespace cuda
@@ -241,7 +251,7 @@ namespace detail {
 
 namespace {
 
-constexpr size_t kSmall = size_t(1) << 20;      // 1 MiB
+constexpr size_t kSmall = size_t(1) << 20;  // 1 MiB
 constexpr size_t kSmallRound = 512;
 constexpr size_t kLargeRound = size_t(2) << 20;  // 2 MiB
 
@@ -252,7 +262,7 @@ size_t round_size(size_t bytes) {
 
 struct DeviceCache {
   std::multimap<size_t, void*> free_blocks;  // rounded size -> block
-  std::unordered_map<void*, size_t> live;     // block -> its size
+  std::unordered_map<void*, size_t> live;    // block -> its size
   AllocatorStats stats;
 };
 
@@ -321,7 +331,8 @@ void* cuda_caching_alloc(int device, size_t bytes) {
       (void)cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
-      fail("cuda", "out of memory allocating {} bytes on cuda:{} (allocated {}, reserved {}; the device has {} free of {})",
+      fail("cuda",
+           "out of memory allocating {} bytes on cuda:{} (allocated {}, reserved {}; the device has {} free of {})",
            bytes, device, human_bytes(c.stats.allocated_bytes), human_bytes(c.stats.reserved_bytes),
            human_bytes(free_b), human_bytes(total_b));
     }

@@ -73,6 +73,7 @@ void* pinned_malloc(size_t bytes) {
   no_cuda();
 }
 void pinned_free(void*) {}
+std::string pci_bus_id(int) { no_cuda(); }
 }  // namespace cuda
 
 namespace detail {

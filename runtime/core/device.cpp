@@ -1,10 +1,19 @@
 #include "runtime/core/device.h"
 
+#include <atomic>
 #include <cstdlib>
 
 #include "runtime/core/error.h"
+#include "runtime/core/stream.h"
 
 namespace mt {
+
+namespace {
+std::atomic<int64_t> g_host_syncs{0};
+}  // namespace
+
+void note_host_sync() { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
+int64_t host_sync_count() { return g_host_syncs.load(std::memory_order_relaxed); }
 
 Device Device::parse(const std::string& s) {
   if (s == "cpu") return cpu();

@@ -6,21 +6,33 @@ namespace mt {
 
 size_t dtype_size(DType d) {
   switch (d) {
-    case DType::f32: case DType::i32: return 4;
-    case DType::f64: case DType::i64: return 8;
-    case DType::bf16: case DType::u16: return 2;
+    case DType::f32:
+    case DType::i32:
+      return 4;
+    case DType::f64:
+    case DType::i64:
+      return 8;
+    case DType::bf16:
+    case DType::u16:
+      return 2;
   }
   return 0;
 }
 
 std::string_view dtype_name(DType d) {
   switch (d) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f64: return "f64";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u16: return "u16";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f64:
+      return "f64";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u16:
+      return "u16";
   }
   return "?";
 }

@@ -51,12 +51,18 @@ template <> constexpr DType dtype_of<uint16_t>() { return DType::u16; }
 // Calls f(T{}) with T the C++ type of d.
 template <typename F> decltype(auto) dispatch_dtype(DType d, F&& f) {
   switch (d) {
-    case DType::f32: return f(float{});
-    case DType::bf16: return f(bf16{});
-    case DType::f64: return f(double{});
-    case DType::i32: return f(int32_t{});
-    case DType::i64: return f(int64_t{});
-    case DType::u16: return f(uint16_t{});
+    case DType::f32:
+      return f(float{});
+    case DType::bf16:
+      return f(bf16{});
+    case DType::f64:
+      return f(double{});
+    case DType::i32:
+      return f(int32_t{});
+    case DType::i64:
+      return f(int64_t{});
+    case DType::u16:
+      return f(uint16_t{});
   }
   return f(float{});
 }

@@ -16,7 +16,7 @@ struct Error : std::runtime_error {
 
 // This process's identity in error messages; set once MPI is up.
 void set_process_identity(int rank, std::string host);
-int process_rank();                  // -1 before MPI is initialised
+int process_rank();  // -1 before MPI is initialised
 const std::string& process_host();
 std::string where(const char* file, int line);  // "file:line, rank R on host H"
 
@@ -32,30 +32,30 @@ template <typename... Args>
 
 }  // namespace mt
 
-#define MT_CHECK(cond, component, ...)                 \
-  do {                                                 \
-    if (!(cond)) ::mt::fail(component, __VA_ARGS__);   \
+#define MT_CHECK(cond, component, ...)               \
+  do {                                               \
+    if (!(cond)) ::mt::fail(component, __VA_ARGS__); \
   } while (0)
 
 // MPI_SUCCESS is 0 in every MPI; the macro avoids including mpi.h here.
-#define MT_MPI_CHECK(call)                                                \
-  do {                                                                    \
-    int mt_rc_ = (call);                                                  \
-    if (mt_rc_ != 0) ::mt::fail_mpi(mt_rc_, #call, __FILE__, __LINE__);   \
+#define MT_MPI_CHECK(call)                                              \
+  do {                                                                  \
+    int mt_rc_ = (call);                                                \
+    if (mt_rc_ != 0) ::mt::fail_mpi(mt_rc_, #call, __FILE__, __LINE__); \
   } while (0)
-#define MT_CUDA_CHECK(call)                                                     \
-  do {                                                                          \
-    int mt_rc_ = static_cast<int>(call);                                        \
-    if (mt_rc_ != 0) ::mt::fail_cuda(mt_rc_, #call, __FILE__, __LINE__);        \
+#define MT_CUDA_CHECK(call)                                              \
+  do {                                                                   \
+    int mt_rc_ = static_cast<int>(call);                                 \
+    if (mt_rc_ != 0) ::mt::fail_cuda(mt_rc_, #call, __FILE__, __LINE__); \
   } while (0)
-#define MT_CUBLAS_CHECK(call)                                                   \
-  do {                                                                          \
-    int mt_rc_ = static_cast<int>(call);                                        \
-    if (mt_rc_ != 0) ::mt::fail_cublas(mt_rc_, #call, __FILE__, __LINE__);      \
+#define MT_CUBLAS_CHECK(call)                                              \
+  do {                                                                     \
+    int mt_rc_ = static_cast<int>(call);                                   \
+    if (mt_rc_ != 0) ::mt::fail_cublas(mt_rc_, #call, __FILE__, __LINE__); \
   } while (0)
 // comm: the ncclComm_t, for ncclGetLastError (may be nullptr).
-#define MT_NCCL_CHECK(call, comm)                                               \
-  do {                                                                          \
-    int mt_rc_ = static_cast<int>(call);                                        \
+#define MT_NCCL_CHECK(call, comm)                                                       \
+  do {                                                                                  \
+    int mt_rc_ = static_cast<int>(call);                                                \
     if (mt_rc_ != 0) ::mt::fail_nccl(mt_rc_, (void*)(comm), #call, __FILE__, __LINE__); \
   } while (0)

@@ -20,7 +20,12 @@ class Stream {
   int device() const { return device_; }
   void synchronize() const;
   // A non-owning alias of this stream.
-  Stream borrow() const { Stream s; s.handle_ = handle_; s.device_ = device_; return s; }
+  Stream borrow() const {
+    Stream s;
+    s.handle_ = handle_;
+    s.device_ = device_;
+    return s;
+  }
 
  private:
   void* handle_ = nullptr;
@@ -55,5 +60,12 @@ const Stream& current_stream(int device);
 void set_current_stream(int device, Stream s);  // takes a borrowed or owned stream
 void set_device(int device);
 void device_synchronize();
+
+// Host synchronisations: every place where the host waits for the device (stream, event and device
+// synchronize, so every copy from a device into host memory) adds one. On the CPU backend the same code
+// points add one (a host read of a tensor's values: to_f64, sum, sum_squares, sum_squares_each), so a CPU
+// run counts what a GPU run would. The trainer logs the count per step at debug level.
+void note_host_sync();
+int64_t host_sync_count();  // since the process started; thread-safe
 
 }  // namespace mt

@@ -4,6 +4,7 @@
 
 #include "runtime/core/allocator.h"
 #include "runtime/core/cuda_backend.h"
+#include "runtime/core/stream.h"
 
 namespace mt {
 
@@ -122,6 +123,7 @@ Tensor from_values(const std::vector<double>& values, const Shape& shape, DType 
 }
 
 std::vector<double> to_f64(const Tensor& t) {
+  if (t.device().is_cpu()) note_host_sync();  // a device tensor's copy to the host counts itself
   Tensor h = t.to(Device::cpu());
   std::vector<double> out(size_t(h.numel()));
   dispatch_dtype(h.dtype(), [&](auto zero) {
@@ -209,7 +211,8 @@ std::string Tensor::str(int64_t max_elems) const {
   if (!defined()) return "Tensor(undefined)";
   auto v = to_f64(*this);
   s += " [";
-  for (int64_t i = 0; i < std::min<int64_t>(max_elems, int64_t(v.size())); ++i) s += (i ? ", " : "") + fmt::format("{:g}", v[size_t(i)]);
+  for (int64_t i = 0; i < std::min<int64_t>(max_elems, int64_t(v.size())); ++i)
+    s += (i ? ", " : "") + fmt::format("{:g}", v[size_t(i)]);
   if (int64_t(v.size()) > max_elems) s += ", ...";
   return s + "]";
 }

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -118,8 +119,8 @@ struct Reader {
     }
   }
 
-  template <class S>
-  static void read_section(const YAML::Node& n, const std::string& path, S& section, const std::set<std::string>& from_set) {
+  template <class S> static void read_section(const YAML::Node& n, const std::string& path, S& section,
+                                              const std::set<std::string>& from_set) {
     if (n.IsNull()) return;  // "log:" with nothing under it keeps the defaults
     if (!n.IsMap())
       fail("config", "{}: expected a map of keys, got {}", path.empty() ? "the top level" : path, describe_node(n));
@@ -128,23 +129,19 @@ struct Reader {
     std::set<std::string> seen;
     for (auto it = n.begin(); it != n.end(); ++it) {
       if (!it->first.IsScalar())
-        fail("config", "{}: keys must be names, got {}", path.empty() ? "the top level" : path, describe_node(it->first));
+        fail("config", "{}: keys must be names, got {}", path.empty() ? "the top level" : path,
+             describe_node(it->first));
       std::string key = it->first.Scalar();
       std::string full = join_path(path, key);
       // yaml-cpp keeps the first of two equal keys; silently dropping the second hides edits.
       if (!seen.insert(key).second) fail("config", "duplicate key '{}'", full);
       if (std::find(r.known.begin(), r.known.end(), key) != r.known.end()) continue;
       std::string names;
-      std::string best;
-      size_t best_d = 1000;
-      for (auto& k : r.known) {
-        names += (names.empty() ? "" : ", ") + k;
-        size_t d = edit_distance(key, k);
-        if (d < best_d) best_d = d, best = k;
-      }
-      std::string hint = best_d <= std::max<size_t>(2, key.size() / 3) ? fmt::format("; did you mean '{}'?", best) : "";
-      fail("config", "unknown key '{}'{} (known keys in '{}': {}){}", full, from_set.count(full) ? " given by --set" : "",
-           path.empty() ? "the top level" : path, names, hint);
+      for (auto& k : r.known) names += (names.empty() ? "" : ", ") + k;
+      std::string best = nearest_name(key, r.known);
+      std::string hint = best.empty() ? "" : fmt::format("; did you mean '{}'?", best);
+      fail("config", "unknown key '{}'{} (known keys in '{}': {}){}", full,
+           from_set.count(full) ? " given by --set" : "", path.empty() ? "the top level" : path, names, hint);
     }
   }
 };
@@ -193,7 +190,8 @@ template <class T> void require_one_of(const std::string& key, const T& value, s
 void check_parallel(const ParallelConfig& p) {
   std::string inferred;
   int n_inferred = 0;
-  for (auto [key, v] : {std::pair{"dp_replicate", p.dp_replicate}, {"dp_shard", p.dp_shard}, {"cp", p.cp}, {"tp", p.tp}}) {
+  for (auto [key, v] :
+       {std::pair{"dp_replicate", p.dp_replicate}, {"dp_shard", p.dp_shard}, {"cp", p.cp}, {"tp", p.tp}}) {
     if (v == -1) inferred += (n_inferred++ ? ", " : "") + std::string(key);
     else if (v < 1) fail("config", "parallel.{} = {}: expected a size >= 1, or -1 for the remaining ranks", key, v);
   }
@@ -221,7 +219,8 @@ void require_product_fits(std::initializer_list<std::pair<const char*, int64_t>>
     overflow = overflow || __builtin_mul_overflow(prod, v, &prod);
   }
   if (overflow)
-    fail("config", "{} = {}: the product overflows 64 bits (a tensor of that many elements cannot exist)", keys, values);
+    fail("config", "{} = {}: the product overflows 64 bits (a tensor of that many elements cannot exist)", keys,
+         values);
 }
 
 // The model, training, data, eval, sample and checkpoint sections (mesh-dependent
@@ -286,8 +285,10 @@ void validate_training(const Config& c) {
   require_one_of<std::string>("parallel.fsdp.param_dtype", c.parallel.fsdp.param_dtype, {"", "fp32", "bf16", "fp64"});
   require_one_of<std::string>("parallel.fsdp.reduce_dtype", c.parallel.fsdp.reduce_dtype, {"", "fp32", "bf16"});
   if (!c.parallel.fsdp.param_dtype.empty() && c.parallel.fsdp.param_dtype != t.dtype)
-    fail("config", "parallel.fsdp.param_dtype = {} differs from training.dtype = {}: parameters are gathered in the "
-                   "dtype the model computes in; set training.dtype instead", c.parallel.fsdp.param_dtype, t.dtype);
+    fail("config",
+         "parallel.fsdp.param_dtype = {} differs from training.dtype = {}: parameters are gathered in the "
+         "dtype the model computes in; set training.dtype instead",
+         c.parallel.fsdp.param_dtype, t.dtype);
   require_one_of<std::string>("parallel.cp_load_balance", c.parallel.cp_load_balance, {"head_tail", "none"});
   const RecomputeConfig& rc = c.parallel.recompute;
   for (size_t i = 0; i < rc.patterns.size(); ++i)
@@ -318,8 +319,10 @@ void validate_training(const Config& c) {
   if (c.checkpoint.resume.empty())
     fail("config", "checkpoint.resume is empty: expected auto, never or a checkpoint directory");
   if (c.checkpoint.dir.empty() && c.checkpoint.resume != "auto" && c.checkpoint.resume != "never")
-    fail("config", "checkpoint.resume = {} but checkpoint.dir is empty: a resumed run needs a checkpoint.dir to "
-                   "write its own checkpoints into", c.checkpoint.resume);
+    fail("config",
+         "checkpoint.resume = {} but checkpoint.dir is empty: a resumed run needs a checkpoint.dir to "
+         "write its own checkpoints into",
+         c.checkpoint.resume);
 }
 
 void validate(const Config& c) {
@@ -333,6 +336,7 @@ void validate(const Config& c) {
       fail("config", "comm.link_gbps[{}] = {}: expected a finite bandwidth in GB/s > 0", i, c.comm.link_gbps[i]);
   require_one_of<std::string>("log.level", c.log.level, {"", "trace", "debug", "info", "warn", "error", "off"});
   if (c.log.interval < 1) fail("config", "log.interval = {}: expected a number of steps >= 1", c.log.interval);
+  require_one_of<std::string>("log.progress", c.log.progress, {"auto", "on", "off"});
   validate_training(c);
 }
 
@@ -367,24 +371,70 @@ void apply_override(YAML::Node& root, const std::string& ov, std::set<std::strin
   cur[parts.back()] = parsed;
 }
 
-Config from_node(YAML::Node root, const std::vector<std::string>& overrides) {
+// Whether msg names key as a whole key path ("training.steps" but not "training.steps_x" or "a.training.steps").
+bool names_key(const std::string& msg, const std::string& key) {
+  auto word = [](char ch) { return std::isalnum((unsigned char)ch) || ch == '_' || ch == '.'; };
+  for (size_t at = msg.find(key); at != std::string::npos; at = msg.find(key, at + 1)) {
+    size_t end = at + key.size();
+    bool open = at == 0 || !word(msg[at - 1]);
+    bool close = end == msg.size() || !(std::isalnum((unsigned char)msg[end]) || msg[end] == '_' ||
+                                        (msg[end] == '.' && end + 1 < msg.size() && word(msg[end + 1])));
+    if (open && close) return true;
+  }
+  return false;
+}
+
+// An error says where the bad value came from: the --set arguments whose keys it names, else the file.
+// "[config] --set training.steps=-1: training.steps = -1: expected ...", "[config] configs/x.yaml: ...".
+[[noreturn]] void fail_with_origin(const Error& e, const std::string& path, const std::vector<std::string>& overrides) {
+  const std::string prefix = "[config] ";
+  std::string body = e.what();
+  if (body.rfind(prefix, 0) == 0) body = body.substr(prefix.size());
+  std::string origin;
+  if (body.find("--set") == std::string::npos) {  // "bad --set ..." and "... given by --set" say so already
+    for (auto& ov : overrides) {
+      auto eq = ov.find('=');
+      if (eq != std::string::npos && eq > 0 && names_key(body, ov.substr(0, eq)))
+        origin += (origin.empty() ? "--set " : ", --set ") + ov;
+    }
+  }
+  if (origin.empty()) origin = path;
+  throw Error(prefix + (origin.empty() ? "" : origin + ": ") + body);
+}
+
+// path: the file the YAML came from, for messages ("" = a string or defaults).
+Config from_node(YAML::Node root, const std::vector<std::string>& overrides, const std::string& path = "") {
   if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  // Before the overrides: yaml-cpp would turn a list into a map, or throw its own error on a scalar.
-  if (!root.IsMap()) fail("config", "the top level: expected a map of keys, got {}", describe_node(root));
   Config c;
   try {
-    std::set<std::string> from_set;
-    for (auto& ov : overrides) apply_override(root, ov, from_set);
-    Reader::read_section(root, "", c, from_set);
-  } catch (const YAML::Exception& e) {
-    // A yaml-cpp corner not checked above still leaves as a config error, not a bare library one.
-    fail("config", "{}", e.what());
+    // Before the overrides: yaml-cpp would turn a list into a map, or throw its own error on a scalar.
+    if (!root.IsMap()) fail("config", "the top level: expected a map of keys, got {}", describe_node(root));
+    try {
+      std::set<std::string> from_set;
+      for (auto& ov : overrides) apply_override(root, ov, from_set);
+      Reader::read_section(root, "", c, from_set);
+    } catch (const YAML::Exception& e) {
+      // A yaml-cpp corner not checked above still leaves as a config error, not a bare library one.
+      fail("config", "{}", e.what());
+    }
+    validate(c);
+  } catch (const Error& e) {
+    fail_with_origin(e, path, overrides);
   }
-  validate(c);
   return c;
 }
 
 }  // namespace
+
+std::string nearest_name(const std::string& word, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_d = 1000;
+  for (auto& n : names) {
+    size_t d = edit_distance(word, n);
+    if (d < best_d) best_d = d, best = n;
+  }
+  return best_d <= std::max<size_t>(2, word.size() / 3) ? best : "";
+}
 
 Config config_from_yaml_string(const std::string& yaml, const std::vector<std::string>& overrides) {
   YAML::Node root;
@@ -406,13 +456,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   } catch (const YAML::ParserException& e) {
     fail("config", "{}: YAML error at line {}, column {}: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
   }
-  try {
-    return from_node(root, overrides);
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    // Name the file: "[config] configs/x.yaml: comm.timeout_s ...".
-    throw Error("[config] " + path + ": " + msg.substr(std::string("[config] ").size()));
-  }
+  return from_node(root, overrides, path);  // errors name the file, or the --set that gave the bad value
 }
 
 std::string config_to_yaml(const Config& c) {
@@ -451,8 +495,8 @@ std::vector<int> resolve_mesh_sizes(const ParallelConfig& p, int world_size) {
   }
   int64_t prod = int64_t(s[0]) * s[1] * s[2] * s[3];
   if (prod != world_size)
-    fail("config", "parallel: dp_replicate*dp_shard*cp*tp = {}*{}*{}*{} = {} but the job has {} ranks", s[0], s[1], s[2],
-         s[3], prod, world_size);
+    fail("config", "parallel: dp_replicate*dp_shard*cp*tp = {}*{}*{}*{} = {} but the job has {} ranks", s[0], s[1],
+         s[2], s[3], prod, world_size);
   return s;
 }
 

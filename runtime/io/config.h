@@ -20,30 +20,40 @@ struct TpPlanEntryConfig {
   std::string use_local_output;  // "" (the style's default), "true" or "false"
   template <class V> void visit(V& v) {
     v("pattern", pattern, "module path pattern ('*' one segment, '**' any number)");
-    v("style", style, "ColwiseParallel | RowwiseParallel | SequenceParallel | PrepareModuleInput | PrepareModuleOutput | PrepareModuleInputOutput");
+    v("style", style,
+      "ColwiseParallel | RowwiseParallel | SequenceParallel | PrepareModuleInput | PrepareModuleOutput | "
+      "PrepareModuleInputOutput");
     v("input_layouts", input_layouts, "placement of the input on tp ('' = the style's default)");
     v("output_layouts", output_layouts, "placement of the output on tp");
     v("desired_input_layouts", desired_input_layouts, "PrepareModuleInput*: the input's placement for the module");
-    v("desired_output_layouts", desired_output_layouts, "PrepareModuleOutput*: the output's placement after the module");
-    v("use_local_output", use_local_output, "'' | true | false (PyTorch parity; modules exchange local tensors here)");
+    v("desired_output_layouts", desired_output_layouts,
+      "PrepareModuleOutput*: the output's placement after the module");
+    v("use_local_output", use_local_output,
+      "PrepareModuleInput: '' | true | false: false (the default) hands the "
+      "module's children a distributed input, whose partial gradients are "
+      "summed before one reduction");
   }
 };
 
 // Fully sharded data parallel (parallel.dp_shard > 1): which modules form units and how parameters are laid out.
 struct FsdpConfig {
   int64_t min_weight_size = int64_t(1) << 18;
-  std::vector<std::string> patterns;  // units ([] = the model's default: each decoder layer, the embedding, norm+lm_head)
+  std::vector<std::string>
+      patterns;  // units ([] = the model's default: each decoder layer, the embedding, norm+lm_head)
   bool reshard_after_forward = true;
   std::string param_dtype;   // "" = training.dtype (the dtype parameters are gathered and computed in)
   std::string reduce_dtype;  // "" = training.grad_reduce_dtype
   template <class V> void visit(V& v) {
     v("min_weight_size", min_weight_size, "parameters with at most this many elements stay replicated");
-    v("patterns", patterns, "the units: module patterns, each match a unit; 'a+b' puts the matches of a and b "
-                            "in one unit ([] = each decoder layer, the embedding, the final norm with lm_head)");
-    v("reshard_after_forward", reshard_after_forward, "free a unit's gathered parameters after its forward "
-                                                      "(false: keep them until its backward: less traffic, more memory)");
+    v("patterns", patterns,
+      "the units: module patterns, each match a unit; 'a+b' puts the matches of a and b "
+      "in one unit ([] = each decoder layer, the embedding, the final norm with lm_head)");
+    v("reshard_after_forward", reshard_after_forward,
+      "free a unit's gathered parameters after its forward "
+      "(false: keep them until its backward: less traffic, more memory)");
     v("param_dtype", param_dtype, "'' | fp32 | bf16 | fp64: must be training.dtype ('' = that)");
-    v("reduce_dtype", reduce_dtype, "'' | fp32 | bf16: gradients reduce-scattered in ('' = training.grad_reduce_dtype)");
+    v("reduce_dtype", reduce_dtype,
+      "'' | fp32 | bf16: gradients reduce-scattered in ('' = training.grad_reduce_dtype)");
   }
 };
 
@@ -54,19 +64,21 @@ struct RecomputeConfig {
   int every = 1;
   std::vector<std::string> keep;
   template <class V> void visit(V& v) {
-    v("patterns", patterns, "module paths to recompute, e.g. [\"model.layers.*\"] ('*' one segment, '**' any "
-                            "number; empty: off)");
+    v("patterns", patterns,
+      "module paths to recompute, e.g. [\"model.layers.*\"] ('*' one segment, '**' any "
+      "number; empty: off)");
     v("every", every, "recompute every N-th matched module in forward order (1: all)");
-    v("keep", keep, "what recomputed modules keep besides their input: [attention] (its output and log-sum-exp: "
-                    "attention and its cp communication are not repeated)");
+    v("keep", keep,
+      "what recomputed modules keep besides their input: [attention] (its output and log-sum-exp: "
+      "attention and its cp communication are not repeated)");
   }
 };
 
 struct ParallelConfig {
   int dp_replicate = -1;  // replicated data parallel; by default whatever the other dims leave
-  int dp_shard = 1;      // fully sharded data parallel
-  int cp = 1;            // context parallel (ring attention)
-  int tp = 1;            // tensor (and sequence) parallel, innermost
+  int dp_shard = 1;       // fully sharded data parallel
+  int cp = 1;             // context parallel (ring attention)
+  int tp = 1;             // tensor (and sequence) parallel, innermost
   bool sequence_parallel = true;
   bool loss_parallel = true;
   std::string cp_method = "ring";
@@ -81,10 +93,12 @@ struct ParallelConfig {
     v("tp", tp, "tensor-parallel degree (-1: the remaining ranks)");
     v("sequence_parallel", sequence_parallel, "with tp > 1: norms and residuals sharded along the sequence");
     v("loss_parallel", loss_parallel, "with tp > 1: cross-entropy on vocab-sharded logits, never gathered");
-    v("cp_method", cp_method, "with cp > 1: ring (K/V passed around the cp ranks, overlapped with compute) | "
-                              "all_gather (K/V gathered once per layer, dK/dV reduce-scattered)");
-    v("cp_load_balance", cp_load_balance, "with cp > 1: head_tail (2 cp chunks, rank r holds r and 2 cp - 1 - r: "
-                                          "equal causal work) | none (contiguous)");
+    v("cp_method", cp_method,
+      "with cp > 1: ring (K/V passed around the cp ranks, overlapped with compute) | "
+      "all_gather (K/V gathered once per layer, dK/dV reduce-scattered)");
+    v("cp_load_balance", cp_load_balance,
+      "with cp > 1: head_tail (2 cp chunks, rank r holds r and 2 cp - 1 - r: "
+      "equal causal work) | none (contiguous)");
     v("tp_plan", tp_plan, "tensor-parallel plan (empty: the model's default plan)");
     v("recompute", recompute, "activation recompute by module pattern (default off)");
     v("fsdp", fsdp, "fully sharded data parallel (with dp_shard > 1)");
@@ -98,7 +112,7 @@ struct CommConfig {
   std::vector<double> link_gbps;
   template <class V> void visit(V& v) {
     v("timeout_s", timeout_s, "seconds before a stuck collective aborts the job");
-    v("backend", backend, "auto | mpi | nccl (auto: nccl for cuda when built)");
+    v("backend", backend, "auto | mpi | nccl (auto: nccl for cuda when built and each rank has its own GPU)");
     v("device", device, "cpu | cuda");
     v("link_gbps", link_gbps, "link bandwidth per mesh dim in GB/s, outermost first (empty: defaults)");
   }
@@ -108,10 +122,14 @@ struct LogConfig {
   std::string level;  // empty: info on rank 0, warn elsewhere
   int interval = 10;
   std::string metrics_file;
+  std::string progress = "auto";
   template <class V> void visit(V& v) {
     v("level", level, "'' | trace | debug | info | warn | error | off");
     v("interval", interval, "steps between progress lines");
     v("metrics_file", metrics_file, "JSON-lines metrics file ('' = none)");
+    v("progress", progress,
+      "auto | on | off: the redrawn progress bar on rank 0's stdout (auto: only when that "
+      "reaches a person's terminal, never a file or a batch log)");
   }
 };
 
@@ -146,7 +164,7 @@ struct ModelConfig {
 
 struct TrainingConfig {
   int64_t steps = 1000;
-  int64_t batch_size = 8;        // global, in sequences
+  int64_t batch_size = 8;  // global, in sequences
   int64_t seq_len = 256;
   int64_t micro_batch_size = 0;  // per data-parallel rank; 0: batch_size / dp (no accumulation)
   double lr = 1e-3;
@@ -189,9 +207,11 @@ struct TrainingConfig {
       "gradients are synced in buckets of about this many MiB, each launched as soon as backward has produced it "
       "(0: one collective per parameter)");
     v("threads", threads, "CPU threads per rank (0: the node's cores / ranks on the node; at most 1024)");
-    v("nonfinite", nonfinite, "a step whose loss or gradient norm is not finite is never applied: stop (end the "
-                              "run naming the step) | skip (count it in the metrics and go on)");
-    v("max_nonfinite_steps", max_nonfinite_steps, "with nonfinite: skip, stop after this many non-finite steps in a row");
+    v("nonfinite", nonfinite,
+      "a step whose loss or gradient norm is not finite is never applied: stop (end the "
+      "run naming the step) | skip (count it in the metrics and go on)");
+    v("max_nonfinite_steps", max_nonfinite_steps,
+      "with nonfinite: skip, stop after this many non-finite steps in a row");
   }
 };
 
@@ -202,8 +222,9 @@ struct DataConfig {
   template <class V> void visit(V& v) {
     v("train", train, "glob of llm.c token shards for training (relative to the working directory)");
     v("val", val, "glob of validation shards ('' = no validation)");
-    v("document_separator", document_separator, "token id that starts a document: attention stays inside "
-                                                "documents (-1 = off: plain causal attention over the sequence)");
+    v("document_separator", document_separator,
+      "token id that starts a document: attention stays inside "
+      "documents (-1 = off: plain causal attention over the sequence)");
   }
 };
 
@@ -240,8 +261,9 @@ struct CheckpointConfig {
     v("interval", interval, "steps between checkpoints (0 = only at the end)");
     v("keep", keep, "newest checkpoints kept (0 = all)");
     v("resume", resume, "auto (latest complete checkpoint in dir) | never | a step_XXXXXXXX directory");
-    v("allow_config_change", allow_config_change, "resume even when the data path, seed, model or schedule "
-                                                  "differ from the checkpoint's (they are reported either way)");
+    v("allow_config_change", allow_config_change,
+      "resume even when the data path, seed, model or schedule "
+      "differ from the checkpoint's (they are reported either way)");
   }
 };
 
@@ -275,6 +297,9 @@ std::string config_to_yaml(const Config& c);  // canonical: every key, defaults 
 uint64_t config_hash(const Config& c);        // FNV-1a 64 of config_to_yaml
 // Resolves a -1 and checks the product equals world_size; returns {dp_replicate, dp_shard, cp, tp}.
 std::vector<int> resolve_mesh_sizes(const ParallelConfig& p, int world_size);
+// The name in names nearest to word (edit distance) when it is near enough to be a typo of it, else "":
+// unknown config keys, subcommands and options are answered with "did you mean ...?".
+std::string nearest_name(const std::string& word, const std::vector<std::string>& names);
 // "[config] training.batch_size = 10 must be divisible by dp = 4"
 void require_divisible(const std::string& key, int64_t value, const std::string& by_key, int64_t by);
 

@@ -10,11 +10,17 @@ namespace {
 // bf16 has no NumPy type: it is stored as its 16 raw bits ('<u2').
 const char* descr(DType d) {
   switch (d) {
-    case DType::f32: return "<f4";
-    case DType::f64: return "<f8";
-    case DType::i32: return "<i4";
-    case DType::i64: return "<i8";
-    case DType::u16: case DType::bf16: return "<u2";
+    case DType::f32:
+      return "<f4";
+    case DType::f64:
+      return "<f8";
+    case DType::i32:
+      return "<i4";
+    case DType::i64:
+      return "<i8";
+    case DType::u16:
+    case DType::bf16:
+      return "<u2";
   }
   return "?";
 }
@@ -23,7 +29,8 @@ const char* descr(DType d) {
 void write_npy(const std::string& path, const Tensor& t) {
   Tensor h = t.to(Device::cpu());
   std::string shape = "(";
-  for (size_t i = 0; i < h.shape().size(); ++i) shape += std::to_string(h.shape()[i]) + (h.shape().size() == 1 ? "," : i + 1 < h.shape().size() ? ", " : "");
+  for (size_t i = 0; i < h.shape().size(); ++i)
+    shape += std::to_string(h.shape()[i]) + (h.shape().size() == 1 ? "," : i + 1 < h.shape().size() ? ", " : "");
   shape += ")";
   std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}", descr(h.dtype()), shape);
   // Magic (6) + version (2) + length (2) + header, padded with spaces and a newline to a multiple of 64.

@@ -21,12 +21,18 @@ namespace {
 
 std::string st_dtype(DType d) {
   switch (d) {
-    case DType::f32: return "F32";
-    case DType::bf16: return "BF16";
-    case DType::f64: return "F64";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::u16: return "U16";
+    case DType::f32:
+      return "F32";
+    case DType::bf16:
+      return "BF16";
+    case DType::f64:
+      return "F64";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
+    case DType::u16:
+      return "U16";
   }
   return "?";
 }
@@ -68,7 +74,8 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     MT_CHECK(nt.tensor.defined(), "checkpoint", "{}: tensor '{}' is undefined", path, nt.name);
     MT_CHECK(!header.contains(nt.name), "checkpoint", "{}: tensor '{}' given twice", path, nt.name);
     uint64_t n = nt.tensor.nbytes();
-    header[nt.name] = {{"dtype", st_dtype(nt.tensor.dtype())}, {"shape", nt.tensor.shape()}, {"data_offsets", {offset, offset + n}}};
+    header[nt.name] = {
+        {"dtype", st_dtype(nt.tensor.dtype())}, {"shape", nt.tensor.shape()}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string h = header.dump();
@@ -79,7 +86,8 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   uint64_t hl = h.size();
   bool ok = std::fwrite(&hl, 8, 1, f) == 1 && std::fwrite(h.data(), 1, h.size(), f) == h.size();
   for (auto& nt : tensors)
-    if (ok && nt.tensor.nbytes()) ok = std::fwrite(nt.tensor.data_ptr(), 1, nt.tensor.nbytes(), f) == nt.tensor.nbytes();
+    if (ok && nt.tensor.nbytes())
+      ok = std::fwrite(nt.tensor.data_ptr(), 1, nt.tensor.nbytes(), f) == nt.tensor.nbytes();
   ok = ok && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   int err = ok ? 0 : errno;
   if (std::fclose(f) != 0 && ok) ok = false, err = errno;
@@ -169,7 +177,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
            name, en.dt);
     uint64_t want = esize;
     for (int64_t d : en.shape) {
-      MT_CHECK(d >= 0, "checkpoint", "{}: tensor '{}' has a negative size in shape {}", path, name, shape_str(en.shape));
+      MT_CHECK(d >= 0, "checkpoint", "{}: tensor '{}' has a negative size in shape {}", path, name,
+               shape_str(en.shape));
       MT_CHECK(!__builtin_mul_overflow(want, uint64_t(d), &want), "checkpoint", "{}: tensor '{}' shape {} is too large",
                path, name, shape_str(en.shape));
     }
@@ -177,8 +186,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
              "{}: tensor '{}' data_offsets [{}, {}] out of range of the {} data bytes (truncated file?)", path, name,
              en.begin, en.end, data_size);
     MT_CHECK(en.end - en.begin == want, "checkpoint",
-             "{}: tensor '{}' of {} {} needs {} bytes, data_offsets [{}, {}] give {} (shape/offset size mismatch)", path,
-             name, en.dt, shape_str(en.shape), want, en.begin, en.end, en.end - en.begin);
+             "{}: tensor '{}' of {} {} needs {} bytes, data_offsets [{}, {}] give {} (shape/offset size mismatch)",
+             path, name, en.dt, shape_str(en.shape), want, en.begin, en.end, en.end - en.begin);
     entries.push_back(std::move(en));
   }
   // The tensors' byte ranges must tile the data exactly: no overlap, no gap, nothing after the last.

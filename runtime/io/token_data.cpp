@@ -51,7 +51,8 @@ TokenStream::TokenStream(const std::string& glob, int64_t vocab_size, const std:
     int32_t header[256];
     f.read(reinterpret_cast<char*>(header), sizeof(header));
     MT_CHECK(f.good(), "data", "{}: cannot read the header", path);
-    MT_CHECK(header[0] == kShardMagic, "data", "{}: bad magic {} at offset 0 (expected {})", path, header[0], kShardMagic);
+    MT_CHECK(header[0] == kShardMagic, "data", "{}: bad magic {} at offset 0 (expected {})", path, header[0],
+             kShardMagic);
     MT_CHECK(header[1] == kShardVersion, "data", "{}: bad version {} at offset 4 (expected {})", path, header[1],
              kShardVersion);
     int64_t count = header[2];

@@ -52,23 +52,12 @@ template <typename T> T* ptr(const Tensor& t) { return t.defined() ? t.data<T>()
 
 #if MT_CUDA
 void* stream_of(const Tensor& t) { return current_stream(t.device().index).handle(); }
-void cuda_check(int rc, const char* op) {
-  MT_CHECK(rc == 0, "kernels", "{}: CUDA or cuBLAS error {}", op, rc);
-}
+void cuda_check(int rc, const char* op) { MT_CHECK(rc == 0, "kernels", "{}: CUDA or cuBLAS error {}", op, rc); }
 // Calls f(T{}) with T = float or bf16 by the tensor's dtype (the CUDA launchers' activation types).
 template <typename F> int by_cuda_float(const Tensor& t, F&& f) {
   if (t.dtype() == DType::bf16) return f(bf16{});
   return f(float{});
 }
-// MT_CUDA_DISPATCH(op, x, launcher<T>(...), operands...): the CUDA launcher, with T the activation type of x,
-// when the operands are on a device.
-#define MT_CUDA_DISPATCH(op, x, call, ...)                                                      \
-  if (on_cuda(op, {__VA_ARGS__})) {                                                              \
-    cuda_check(by_cuda_float(x, [&](auto z) { using T = decltype(z); return cuda::call; }), op); \
-    return;                                                                                      \
-  }
-#else
-#define MT_CUDA_DISPATCH(op, x, call, ...) (void)on_cuda(op, {__VA_ARGS__});
 #endif
 
 void same_dtype(const char* op, const Tensor& a, const Tensor& b, const char* what) {
@@ -81,8 +70,9 @@ void expect_shape(const char* op, const Tensor& t, const Shape& s, const char* w
 }
 
 void check_i32(const char* op, const Tensor& t, int64_t n, const char* what) {
-  MT_CHECK(t.defined() && t.dtype() == DType::i32 && t.numel() == n, "kernels", "{}: {} must be {} i32 values, got {} {}",
-           op, what, n, t.defined() ? dtype_name(t.dtype()) : "none", t.defined() ? shape_str(t.shape()) : "");
+  MT_CHECK(t.defined() && t.dtype() == DType::i32 && t.numel() == n, "kernels",
+           "{}: {} must be {} i32 values, got {} {}", op, what, n, t.defined() ? dtype_name(t.dtype()) : "none",
+           t.defined() ? shape_str(t.shape()) : "");
 }
 
 // Calls f(T{}) with T = float or double by the tensor's dtype.
@@ -105,6 +95,31 @@ void narrow_into(const Tensor& dst, const Tensor& wide) {
   if (cpu_bf16(dst)) convert(dst, wide);
 }
 
+// An op's backend, after its checks: CUDA tensors go to the CUDA kernel; bf16 on the CPU runs the f32 kernel on
+// widened copies, outputs rounded once; f32/f64 go to the CPU kernel (T by x's dtype: float/bf16, float/double).
+template <typename CudaFn, typename Bf16Fn, typename CpuFn>
+void dispatch(const char* op, const Tensor& x, std::initializer_list<const Tensor*> operands,
+              [[maybe_unused]] CudaFn&& cuda_fn, Bf16Fn&& bf16_fn, CpuFn&& cpu_fn) {
+  if (on_cuda(op, operands)) {
+#if MT_CUDA
+    cuda_check(by_cuda_float(x, cuda_fn), op);
+#endif
+    return;  // without CUDA, check_float(x) has already refused a device tensor
+  }
+  if (cpu_bf16(x)) return bf16_fn();
+  by_float(x, cpu_fn);
+}
+// dispatch's cuda_fn: a lambda running the statements with T the activation type; none without CUDA (no cuda::).
+#if MT_CUDA
+#define MT_CUDA_FN(...)    \
+  [&](auto z) {            \
+    using T = decltype(z); \
+    __VA_ARGS__            \
+  }
+#else
+#define MT_CUDA_FN(...) nullptr
+#endif
+
 }  // namespace
 
 void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, bool accumulate) {
@@ -118,18 +133,19 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
            "{}: inp {} @ weight {}^T: inner sizes differ", op, shape_str(inp.shape()), shape_str(weight.shape()));
   int64_t N = inp.size(0), C = inp.size(1), OC = weight.size(0);
   expect_shape(op, out, {N, OC}, "out");
-  MT_CUDA_DISPATCH(op, inp, matmul_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(weight), N, C, OC, accumulate,
-                                              stream_of(inp), inp.device().index),
-                   &out, &inp, &weight)
-  if (cpu_bf16(inp)) {
-    Tensor o = widen(out);
-    matmul_forward(o, widen(inp), widen(weight), accumulate);
-    return narrow_into(out, o);
-  }
-  by_float(inp, [&](auto z) {
-    using T = decltype(z);
-    cpu::matmul_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(weight), N, C, OC, accumulate);
-  });
+  dispatch(
+      op, inp, {&out, &inp, &weight},
+      MT_CUDA_FN(return cuda::matmul_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(weight), N, C, OC, accumulate,
+                                                stream_of(inp), inp.device().index);),
+      [&] {
+        Tensor o = widen(out);
+        matmul_forward(o, widen(inp), widen(weight), accumulate);
+        narrow_into(out, o);
+      },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::matmul_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(weight), N, C, OC, accumulate);
+      });
 }
 
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
@@ -154,20 +170,22 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& do
     expect_shape(op, dweight, {OC, C}, "dweight");
     expect_shape(op, inp, {N, C}, "inp");
   }
-  MT_CUDA_DISPATCH(op, dout, matmul_backward<T>(ptr<T>(dinp), ptr<float>(dweight), ptr<T>(dout), ptr<T>(inp),
-                                                ptr<T>(weight), N, C, OC, stream_of(dout), dout.device().index,
-                                                accumulate_dinp),
-                   &dinp, &dweight, &dout, &inp, &weight)
-  if (cpu_bf16(dout)) {  // accumulating: the old dinp widened, the sum rounded once (as cuBLASLt's beta = 1)
-    Tensor di = dinp.defined() ? (accumulate_dinp ? widen(dinp) : empty(dinp.shape(), DType::f32)) : Tensor();
-    matmul_backward(di, dweight, widen(dout), dweight.defined() ? widen(inp) : Tensor(), widen(weight), accumulate_dinp);
-    return narrow_into(dinp, di);
-  }
-  by_float(dout, [&](auto z) {
-    using T = decltype(z);
-    cpu::matmul_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dout), ptr<T>(inp), ptr<T>(weight), N, C, OC,
-                            accumulate_dinp);
-  });
+  dispatch(
+      op, dout, {&dinp, &dweight, &dout, &inp, &weight},
+      MT_CUDA_FN(return cuda::matmul_backward<T>(ptr<T>(dinp), ptr<float>(dweight), ptr<T>(dout), ptr<T>(inp),
+                                                 ptr<T>(weight), N, C, OC, stream_of(dout), dout.device().index,
+                                                 accumulate_dinp);),
+      [&] {  // accumulating: the old dinp widened, the sum rounded once (as cuBLASLt's beta = 1)
+        Tensor di = dinp.defined() ? (accumulate_dinp ? widen(dinp) : empty(dinp.shape(), DType::f32)) : Tensor();
+        matmul_backward(di, dweight, widen(dout), dweight.defined() ? widen(inp) : Tensor(), widen(weight),
+                        accumulate_dinp);
+        narrow_into(dinp, di);
+      },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::matmul_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dout), ptr<T>(inp), ptr<T>(weight), N, C, OC,
+                                accumulate_dinp);
+      });
 }
 
 void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight, double eps) {
@@ -180,18 +198,19 @@ void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, c
   expect_shape(op, weight, {C}, "weight");
   for (auto* t : {&out, &weight}) same_dtype(op, inp, *t, "an operand");
   expect_acc(op, rstd, inp.dtype(), "rstd");
-  MT_CUDA_DISPATCH(op, inp, rmsnorm_forward<T>(ptr<T>(out), ptr<float>(rstd), ptr<T>(inp), ptr<T>(weight), N, C, eps,
-                                               stream_of(inp)),
-                   &out, &rstd, &inp, &weight)
-  if (cpu_bf16(inp)) {
-    Tensor o = empty(out.shape(), DType::f32);
-    rmsnorm_forward(o, rstd, widen(inp), widen(weight), eps);
-    return narrow_into(out, o);
-  }
-  by_float(inp, [&](auto z) {
-    using T = decltype(z);
-    cpu::rmsnorm_forward<T>(ptr<T>(out), ptr<T>(rstd), ptr<T>(inp), ptr<T>(weight), N, C, eps);
-  });
+  dispatch(
+      op, inp, {&out, &rstd, &inp, &weight},
+      MT_CUDA_FN(return cuda::rmsnorm_forward<T>(ptr<T>(out), ptr<float>(rstd), ptr<T>(inp), ptr<T>(weight), N, C, eps,
+                                                 stream_of(inp));),
+      [&] {
+        Tensor o = empty(out.shape(), DType::f32);
+        rmsnorm_forward(o, rstd, widen(inp), widen(weight), eps);
+        narrow_into(out, o);
+      },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::rmsnorm_forward<T>(ptr<T>(out), ptr<T>(rstd), ptr<T>(inp), ptr<T>(weight), N, C, eps);
+      });
 }
 
 void add_rmsnorm_forward(const Tensor& sum, const Tensor& out, const Tensor& rstd, const Tensor& a, const Tensor& b,
@@ -205,17 +224,19 @@ void add_rmsnorm_forward(const Tensor& sum, const Tensor& out, const Tensor& rst
   expect_shape(op, weight, {C}, "weight");
   for (auto* t : {&sum, &out, &b, &weight}) same_dtype(op, a, *t, "an operand");
   expect_acc(op, rstd, a.dtype(), "rstd");
-  MT_CUDA_DISPATCH(op, a, add_rmsnorm_forward<T>(ptr<T>(sum), ptr<T>(out), ptr<float>(rstd), ptr<T>(a), ptr<T>(b),
-                                                 ptr<T>(weight), N, C, eps, stream_of(a)),
-                   &sum, &out, &rstd, &a, &b, &weight)
-  if (cpu_bf16(a)) {  // the emulated bf16 path: the add rounds, then the norm of the rounded sum, as on CUDA
-    add(sum, a, b);
-    return rmsnorm_forward(out, rstd, sum, weight, eps);
-  }
-  by_float(a, [&](auto z) {
-    using T = decltype(z);
-    cpu::rmsnorm_forward<T>(ptr<T>(out), ptr<T>(rstd), ptr<T>(a), ptr<T>(weight), N, C, eps, ptr<T>(sum), ptr<T>(b));
-  });
+  dispatch(
+      op, a, {&sum, &out, &rstd, &a, &b, &weight},
+      MT_CUDA_FN(return cuda::add_rmsnorm_forward<T>(ptr<T>(sum), ptr<T>(out), ptr<float>(rstd), ptr<T>(a), ptr<T>(b),
+                                                     ptr<T>(weight), N, C, eps, stream_of(a));),
+      [&] {  // the emulated bf16 path: the add rounds, then the norm of the rounded sum, as on CUDA
+        add(sum, a, b);
+        rmsnorm_forward(out, rstd, sum, weight, eps);
+      },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::rmsnorm_forward<T>(ptr<T>(out), ptr<T>(rstd), ptr<T>(a), ptr<T>(weight), N, C, eps, ptr<T>(sum),
+                                ptr<T>(b));
+      });
 }
 
 void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
@@ -236,32 +257,26 @@ void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& d
     expect_shape(op, dresidual, {N, C}, "dresidual");
     same_dtype(op, inp, dresidual, "dresidual");
   }
-#if MT_CUDA
-  if (on_cuda(op, {&dinp, &dweight, &dout, &inp, &weight, &rstd, &dresidual})) {
-    Tensor scratch = empty({cuda::rmsnorm_backward_scratch(N, C)}, DType::f32, inp.device());
-    cuda_check(by_cuda_float(inp, [&](auto z) {
-                 using T = decltype(z);
+  dispatch(
+      op, inp, {&dinp, &dweight, &dout, &inp, &weight, &rstd, &dresidual},
+      MT_CUDA_FN(Tensor scratch = empty({cuda::rmsnorm_backward_scratch(N, C)}, DType::f32, inp.device());
                  return cuda::rmsnorm_backward<T>(ptr<T>(dinp), ptr<float>(dweight), ptr<float>(scratch), ptr<T>(dout),
                                                   ptr<T>(inp), ptr<T>(weight), ptr<float>(rstd), N, C, stream_of(inp),
-                                                  ptr<T>(dresidual));
-               }),
-               op);
-    return;
-  }
-#endif
-  if (cpu_bf16(inp)) {  // widened, the residual added in f32, one rounding (as on CUDA)
-    Tensor di = empty(dinp.shape(), DType::f32);
-    rmsnorm_backward(di, dweight, widen(dout), widen(inp), widen(weight), rstd,
-                     dresidual.defined() ? widen(dresidual) : Tensor());
-    return narrow_into(dinp, di);
-  }
-  by_float(inp, [&](auto z) {
-    using T = decltype(z);
-    cpu::rmsnorm_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dout), ptr<T>(inp), ptr<T>(weight), ptr<T>(rstd),
-                             N, C, ptr<T>(dresidual));
-  });
+                                                  ptr<T>(dresidual));),
+      [&] {  // widened, the residual added in f32, one rounding (as on CUDA)
+        Tensor di = empty(dinp.shape(), DType::f32);
+        rmsnorm_backward(di, dweight, widen(dout), widen(inp), widen(weight), rstd,
+                         dresidual.defined() ? widen(dresidual) : Tensor());
+        narrow_into(dinp, di);
+      },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::rmsnorm_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dout), ptr<T>(inp), ptr<T>(weight), ptr<T>(rstd),
+                                 N, C, ptr<T>(dresidual));
+      });
 }
 
+// Not through dispatch: the tables are made on the host only (no CUDA kernel), then copied.
 void rope_tables(const Tensor& cos, const Tensor& sin, const Tensor& positions, double theta) {
   const char* op = "rope_tables";
   check_float(op, cos, "cos");
@@ -299,38 +314,38 @@ void rope_check(const char* op, const Tensor& out, const Tensor& inp, const Tens
 
 void rope_forward(const Tensor& out, const Tensor& inp, const Tensor& cos, const Tensor& sin) {
   rope_check("rope_forward", out, inp, cos, sin);
-  MT_CUDA_DISPATCH("rope_forward", inp,
-                   rope_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(cos), ptr<T>(sin), inp.size(0), inp.size(1),
-                                   inp.size(2), inp.size(3), false, stream_of(inp)),
-                   &out, &inp, &cos, &sin)
-  if (cpu_bf16(inp)) {
-    Tensor o = empty(out.shape(), DType::f32);
-    rope_forward(o, widen(inp), widen(cos), widen(sin));
-    return narrow_into(out, o);
-  }
-  by_float(inp, [&](auto z) {
-    using T = decltype(z);
-    cpu::rope_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(cos), ptr<T>(sin), inp.size(0), inp.size(1), inp.size(2),
-                         inp.size(3));
-  });
+  dispatch(
+      "rope_forward", inp, {&out, &inp, &cos, &sin},
+      MT_CUDA_FN(return cuda::rope_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(cos), ptr<T>(sin), inp.size(0),
+                                              inp.size(1), inp.size(2), inp.size(3), false, stream_of(inp));),
+      [&] {
+        Tensor o = empty(out.shape(), DType::f32);
+        rope_forward(o, widen(inp), widen(cos), widen(sin));
+        narrow_into(out, o);
+      },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::rope_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(cos), ptr<T>(sin), inp.size(0), inp.size(1), inp.size(2),
+                             inp.size(3));
+      });
 }
 
 void rope_backward(const Tensor& dinp, const Tensor& dout, const Tensor& cos, const Tensor& sin) {
   rope_check("rope_backward", dinp, dout, cos, sin);
-  MT_CUDA_DISPATCH("rope_backward", dout,
-                   rope_forward<T>(ptr<T>(dinp), ptr<T>(dout), ptr<T>(cos), ptr<T>(sin), dout.size(0), dout.size(1),
-                                   dout.size(2), dout.size(3), true, stream_of(dout)),
-                   &dinp, &dout, &cos, &sin)
-  if (cpu_bf16(dout)) {
-    Tensor d = empty(dinp.shape(), DType::f32);
-    rope_backward(d, widen(dout), widen(cos), widen(sin));
-    return narrow_into(dinp, d);
-  }
-  by_float(dout, [&](auto z) {
-    using T = decltype(z);
-    cpu::rope_backward<T>(ptr<T>(dinp), ptr<T>(dout), ptr<T>(cos), ptr<T>(sin), dout.size(0), dout.size(1),
-                          dout.size(2), dout.size(3));
-  });
+  dispatch(
+      "rope_backward", dout, {&dinp, &dout, &cos, &sin},
+      MT_CUDA_FN(return cuda::rope_forward<T>(ptr<T>(dinp), ptr<T>(dout), ptr<T>(cos), ptr<T>(sin), dout.size(0),
+                                              dout.size(1), dout.size(2), dout.size(3), true, stream_of(dout));),
+      [&] {
+        Tensor d = empty(dinp.shape(), DType::f32);
+        rope_backward(d, widen(dout), widen(cos), widen(sin));
+        narrow_into(dinp, d);
+      },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::rope_backward<T>(ptr<T>(dinp), ptr<T>(dout), ptr<T>(cos), ptr<T>(sin), dout.size(0), dout.size(1),
+                              dout.size(2), dout.size(3));
+      });
 }
 
 void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
@@ -339,17 +354,18 @@ void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
   expect_shape(op, up, gate.shape(), "up");
   expect_shape(op, out, gate.shape(), "out");
   for (auto* t : {&out, &up}) same_dtype(op, gate, *t, "an operand");
-  MT_CUDA_DISPATCH(op, gate, swiglu_forward<T>(ptr<T>(out), ptr<T>(gate), ptr<T>(up), gate.numel(), stream_of(gate)),
-                   &out, &gate, &up)
-  if (cpu_bf16(gate)) {
-    Tensor o = empty(out.shape(), DType::f32);
-    swiglu_forward(o, widen(gate), widen(up));
-    return narrow_into(out, o);
-  }
-  by_float(gate, [&](auto z) {
-    using T = decltype(z);
-    cpu::swiglu_forward<T>(ptr<T>(out), ptr<T>(gate), ptr<T>(up), gate.numel());
-  });
+  dispatch(
+      op, gate, {&out, &gate, &up},
+      MT_CUDA_FN(return cuda::swiglu_forward<T>(ptr<T>(out), ptr<T>(gate), ptr<T>(up), gate.numel(), stream_of(gate));),
+      [&] {
+        Tensor o = empty(out.shape(), DType::f32);
+        swiglu_forward(o, widen(gate), widen(up));
+        narrow_into(out, o);
+      },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::swiglu_forward<T>(ptr<T>(out), ptr<T>(gate), ptr<T>(up), gate.numel());
+      });
 }
 
 void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate, const Tensor& up) {
@@ -359,20 +375,20 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
     expect_shape(op, *t, gate.shape(), "an operand");
     same_dtype(op, gate, *t, "an operand");
   }
-  MT_CUDA_DISPATCH(op, gate,
-                   swiglu_backward<T>(ptr<T>(dgate), ptr<T>(dup), ptr<T>(dout), ptr<T>(gate), ptr<T>(up), gate.numel(),
-                                      stream_of(gate)),
-                   &dgate, &dup, &dout, &gate, &up)
-  if (cpu_bf16(gate)) {
-    Tensor dg = empty(dgate.shape(), DType::f32), du = empty(dup.shape(), DType::f32);
-    swiglu_backward(dg, du, widen(dout), widen(gate), widen(up));
-    narrow_into(dgate, dg);
-    return narrow_into(dup, du);
-  }
-  by_float(gate, [&](auto z) {
-    using T = decltype(z);
-    cpu::swiglu_backward<T>(ptr<T>(dgate), ptr<T>(dup), ptr<T>(dout), ptr<T>(gate), ptr<T>(up), gate.numel());
-  });
+  dispatch(
+      op, gate, {&dgate, &dup, &dout, &gate, &up},
+      MT_CUDA_FN(return cuda::swiglu_backward<T>(ptr<T>(dgate), ptr<T>(dup), ptr<T>(dout), ptr<T>(gate), ptr<T>(up),
+                                                 gate.numel(), stream_of(gate));),
+      [&] {
+        Tensor dg = empty(dgate.shape(), DType::f32), du = empty(dup.shape(), DType::f32);
+        swiglu_backward(dg, du, widen(dout), widen(gate), widen(up));
+        narrow_into(dgate, dg);
+        narrow_into(dup, du);
+      },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::swiglu_backward<T>(ptr<T>(dgate), ptr<T>(dup), ptr<T>(dout), ptr<T>(gate), ptr<T>(up), gate.numel());
+      });
 }
 
 void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table, int64_t row_begin,
@@ -384,26 +400,29 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& ta
   check_i32(op, tokens, N, "tokens");
   expect_shape(op, out, {N, C}, "out");
   same_dtype(op, table, out, "out");
-  // Device tokens come from the data loader, which checked them against the vocabulary.
-  MT_CUDA_DISPATCH(op, table,
-                   embedding_forward<T>(ptr<T>(out), tokens.data<int32_t>(), ptr<T>(table), N, V, C, row_begin,
-                                        stream_of(table)),
-                   &out, &tokens, &table)
-  if (vocab_size > 0) {
+  // Host tokens only: device tokens come from the data loader, which checked them against the vocabulary.
+  auto check_tokens = [&] {
+    if (vocab_size <= 0) return;
     const int32_t* tk = tokens.data<int32_t>();
     for (int64_t n = 0; n < N; ++n)
-      MT_CHECK(tk[n] >= 0 && tk[n] < vocab_size, "kernels", "{}: token {} at position {} is outside the vocabulary [0, {})",
-               op, tk[n], n, vocab_size);
-  }
-  if (cpu_bf16(table)) {  // a gather: copying the rows is exact, so the f32 path gives the same bits
-    Tensor o = empty(out.shape(), DType::f32);
-    embedding_forward(o, tokens, widen(table), row_begin);
-    return narrow_into(out, o);
-  }
-  by_float(table, [&](auto z) {
-    using T = decltype(z);
-    cpu::embedding_forward<T>(ptr<T>(out), tokens.data<int32_t>(), ptr<T>(table), N, V, C, row_begin);
-  });
+      MT_CHECK(tk[n] >= 0 && tk[n] < vocab_size, "kernels",
+               "{}: token {} at position {} is outside the vocabulary [0, {})", op, tk[n], n, vocab_size);
+  };
+  dispatch(
+      op, table, {&out, &tokens, &table},
+      MT_CUDA_FN(return cuda::embedding_forward<T>(ptr<T>(out), tokens.data<int32_t>(), ptr<T>(table), N, V, C,
+                                                   row_begin, stream_of(table));),
+      [&] {  // a gather: copying the rows is exact, so the f32 path gives the same bits
+        check_tokens();
+        Tensor o = empty(out.shape(), DType::f32);
+        embedding_forward(o, tokens, widen(table), row_begin);
+        narrow_into(out, o);
+      },
+      [&](auto z) {
+        using T = decltype(z);
+        check_tokens();
+        cpu::embedding_forward<T>(ptr<T>(out), tokens.data<int32_t>(), ptr<T>(table), N, V, C, row_begin);
+      });
 }
 
 void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens, int64_t row_begin) {
@@ -415,23 +434,18 @@ void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& 
   check_i32(op, tokens, N, "tokens");
   expect_shape(op, dout, {N, C}, "dout");
   expect_acc(op, dtable, dout.dtype(), "dtable");
-#if MT_CUDA
-  if (on_cuda(op, {&dtable, &dout, &tokens})) {
-    Tensor scratch = empty({(cuda::embedding_backward_scratch_bytes(N) + 1) / 2}, DType::u16, dout.device());  // bytes
-    cuda_check(by_cuda_float(dout, [&](auto z) {
-                 using T = decltype(z);
+  // Dispatched by dout; the CPU kernel's T is dtable's too (f32 or f64 dout: dtable has its dtype).
+  dispatch(
+      op, dout, {&dtable, &dout, &tokens},
+      MT_CUDA_FN(Tensor scratch = empty({(cuda::embedding_backward_scratch_bytes(N) + 1) / 2}, DType::u16,
+                                        dout.device());  // bytes
                  return cuda::embedding_backward<T>(ptr<float>(dtable), scratch.data_ptr(), ptr<T>(dout),
-                                                    tokens.data<int32_t>(), N, V, C, row_begin, stream_of(dout));
-               }),
-               op);
-    return;
-  }
-#endif
-  if (cpu_bf16(dout)) return embedding_backward(dtable, widen(dout), tokens, row_begin);
-  by_float(dtable, [&](auto z) {
-    using T = decltype(z);
-    cpu::embedding_backward<T>(ptr<T>(dtable), ptr<T>(dout), tokens.data<int32_t>(), N, V, C, row_begin);
-  });
+                                                    tokens.data<int32_t>(), N, V, C, row_begin, stream_of(dout));),
+      [&] { embedding_backward(dtable, widen(dout), tokens, row_begin); },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::embedding_backward<T>(ptr<T>(dtable), ptr<T>(dout), tokens.data<int32_t>(), N, V, C, row_begin);
+      });
 }
 
 void cross_entropy_forward_backward(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
@@ -447,23 +461,28 @@ void cross_entropy_forward_backward(const Tensor& losses, const Tensor& dlogits,
     expect_shape(op, dlogits, logits.shape(), "dlogits");
     same_dtype(op, logits, dlogits, "dlogits");
   }
-  MT_CUDA_DISPATCH(op, logits,
-                   cross_entropy<T>(ptr<float>(losses), ptr<T>(dlogits), ptr<T>(logits), targets.data<int32_t>(), N, V,
-                                    grad_scale, stream_of(logits)),
-                   &losses, &dlogits, &logits, &targets)
-  const int32_t* tg = targets.data<int32_t>();
-  for (int64_t n = 0; n < N; ++n)
-    MT_CHECK(tg[n] < V, "kernels", "{}: target {} at position {} is >= the vocabulary size {}", op, tg[n], n, V);
-  if (cpu_bf16(logits)) {  // softmax and loss in f32 on the widened logits
-    Tensor wide = widen(logits);
-    Tensor d = dlogits.defined() ? empty(dlogits.shape(), DType::f32) : Tensor();
-    cross_entropy_forward_backward(losses, d, wide, targets, grad_scale);
-    return narrow_into(dlogits, d);
-  }
-  by_float(logits, [&](auto z) {
-    using T = decltype(z);
-    cpu::cross_entropy<T>(ptr<T>(losses), ptr<T>(dlogits), ptr<T>(logits), tg, N, V, grad_scale);
-  });
+  auto check_targets = [&] {  // host targets only
+    const int32_t* tg = targets.data<int32_t>();
+    for (int64_t n = 0; n < N; ++n)
+      MT_CHECK(tg[n] < V, "kernels", "{}: target {} at position {} is >= the vocabulary size {}", op, tg[n], n, V);
+  };
+  dispatch(
+      op, logits, {&losses, &dlogits, &logits, &targets},
+      MT_CUDA_FN(return cuda::cross_entropy<T>(ptr<float>(losses), ptr<T>(dlogits), ptr<T>(logits),
+                                               targets.data<int32_t>(), N, V, grad_scale, stream_of(logits));),
+      [&] {  // softmax and loss in f32 on the widened logits
+        check_targets();
+        Tensor wide = widen(logits);
+        Tensor d = dlogits.defined() ? empty(dlogits.shape(), DType::f32) : Tensor();
+        cross_entropy_forward_backward(losses, d, wide, targets, grad_scale);
+        narrow_into(dlogits, d);
+      },
+      [&](auto z) {
+        using T = decltype(z);
+        check_targets();
+        cpu::cross_entropy<T>(ptr<T>(losses), ptr<T>(dlogits), ptr<T>(logits), targets.data<int32_t>(), N, V,
+                              grad_scale);
+      });
 }
 
 namespace {
@@ -479,13 +498,14 @@ void vocab_shard_max(const Tensor& row_max, const Tensor& logits) {
   MT_CHECK(logits.dim() == 2, "kernels", "{}: logits must be (N, V_local)", op);
   int64_t N = logits.size(0), V = logits.size(1);
   check_f64_rows(op, row_max, logits, N, "row_max");
-  MT_CUDA_DISPATCH(op, logits, vocab_shard_max<T>(ptr<double>(row_max), ptr<T>(logits), N, V, stream_of(logits)),
-                   &row_max, &logits)
-  if (cpu_bf16(logits)) return vocab_shard_max(row_max, widen(logits));
-  by_float(logits, [&](auto z) {
-    using T = decltype(z);
-    cpu::vocab_shard_max<T>(row_max.data<double>(), ptr<T>(logits), N, V);
-  });
+  dispatch(
+      op, logits, {&row_max, &logits},
+      MT_CUDA_FN(return cuda::vocab_shard_max<T>(ptr<double>(row_max), ptr<T>(logits), N, V, stream_of(logits));),
+      [&] { vocab_shard_max(row_max, widen(logits)); },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::vocab_shard_max<T>(row_max.data<double>(), ptr<T>(logits), N, V);
+      });
 }
 
 void vocab_shard_sumexp(const Tensor& sumexp, const Tensor& target_logit, const Tensor& logits, const Tensor& targets,
@@ -496,17 +516,17 @@ void vocab_shard_sumexp(const Tensor& sumexp, const Tensor& target_logit, const 
   int64_t N = logits.size(0), V = logits.size(1);
   check_i32(op, targets, N, "targets");
   for (auto* t : {&sumexp, &target_logit, &row_max}) check_f64_rows(op, *t, logits, N, "statistics");
-  MT_CUDA_DISPATCH(op, logits,
-                   vocab_shard_sumexp<T>(ptr<double>(sumexp), ptr<double>(target_logit), ptr<T>(logits),
-                                         targets.data<int32_t>(), ptr<double>(row_max), N, V, vocab_begin,
-                                         stream_of(logits)),
-                   &sumexp, &target_logit, &logits, &targets, &row_max)
-  if (cpu_bf16(logits)) return vocab_shard_sumexp(sumexp, target_logit, widen(logits), targets, row_max, vocab_begin);
-  by_float(logits, [&](auto z) {
-    using T = decltype(z);
-    cpu::vocab_shard_sumexp<T>(sumexp.data<double>(), target_logit.data<double>(), ptr<T>(logits),
-                               targets.data<int32_t>(), row_max.data<double>(), N, V, vocab_begin);
-  });
+  dispatch(
+      op, logits, {&sumexp, &target_logit, &logits, &targets, &row_max},
+      MT_CUDA_FN(return cuda::vocab_shard_sumexp<T>(ptr<double>(sumexp), ptr<double>(target_logit), ptr<T>(logits),
+                                                    targets.data<int32_t>(), ptr<double>(row_max), N, V, vocab_begin,
+                                                    stream_of(logits));),
+      [&] { vocab_shard_sumexp(sumexp, target_logit, widen(logits), targets, row_max, vocab_begin); },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::vocab_shard_sumexp<T>(sumexp.data<double>(), target_logit.data<double>(), ptr<T>(logits),
+                                   targets.data<int32_t>(), row_max.data<double>(), N, V, vocab_begin);
+      });
 }
 
 void vocab_shard_loss(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
@@ -524,22 +544,23 @@ void vocab_shard_loss(const Tensor& losses, const Tensor& dlogits, const Tensor&
     same_dtype(op, logits, dlogits, "dlogits");
   }
   for (auto* t : {&sumexp, &target_logit, &row_max}) check_f64_rows(op, *t, logits, N, "statistics");
-  MT_CUDA_DISPATCH(op, logits,
-                   vocab_shard_loss<T>(ptr<float>(losses), ptr<T>(dlogits), ptr<T>(logits), targets.data<int32_t>(),
-                                       ptr<double>(row_max), ptr<double>(sumexp), ptr<double>(target_logit), N, V,
-                                       vocab_begin, grad_scale, stream_of(logits)),
-                   &losses, &dlogits, &logits, &targets, &row_max, &sumexp, &target_logit)
-  if (cpu_bf16(logits)) {
-    Tensor d = dlogits.defined() ? empty(dlogits.shape(), DType::f32) : Tensor();
-    vocab_shard_loss(losses, d, widen(logits), targets, row_max, sumexp, target_logit, vocab_begin, grad_scale);
-    return narrow_into(dlogits, d);
-  }
-  by_float(logits, [&](auto z) {
-    using T = decltype(z);
-    cpu::vocab_shard_loss<T>(ptr<T>(losses), ptr<T>(dlogits), ptr<T>(logits), targets.data<int32_t>(),
-                             row_max.data<double>(), sumexp.data<double>(), target_logit.data<double>(), N, V,
-                             vocab_begin, grad_scale);
-  });
+  dispatch(
+      op, logits, {&losses, &dlogits, &logits, &targets, &row_max, &sumexp, &target_logit},
+      MT_CUDA_FN(return cuda::vocab_shard_loss<T>(ptr<float>(losses), ptr<T>(dlogits), ptr<T>(logits),
+                                                  targets.data<int32_t>(), ptr<double>(row_max), ptr<double>(sumexp),
+                                                  ptr<double>(target_logit), N, V, vocab_begin, grad_scale,
+                                                  stream_of(logits));),
+      [&] {
+        Tensor d = dlogits.defined() ? empty(dlogits.shape(), DType::f32) : Tensor();
+        vocab_shard_loss(losses, d, widen(logits), targets, row_max, sumexp, target_logit, vocab_begin, grad_scale);
+        narrow_into(dlogits, d);
+      },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::vocab_shard_loss<T>(ptr<T>(losses), ptr<T>(dlogits), ptr<T>(logits), targets.data<int32_t>(),
+                                 row_max.data<double>(), sumexp.data<double>(), target_logit.data<double>(), N, V,
+                                 vocab_begin, grad_scale);
+      });
 }
 
 void add_(const Tensor& dst, const Tensor& src) { add(dst, dst, src); }
@@ -550,30 +571,33 @@ void add(const Tensor& out, const Tensor& a, const Tensor& b) {
   expect_shape(op, b, a.shape(), "b");
   expect_shape(op, out, a.shape(), "out");
   for (auto* t : {&out, &b}) same_dtype(op, a, *t, "an operand");
-  MT_CUDA_DISPATCH(op, a, add<T>(ptr<T>(out), ptr<T>(a), ptr<T>(b), a.numel(), stream_of(a)), &out, &a, &b)
-  if (cpu_bf16(a)) {
-    Tensor o = empty(out.shape(), DType::f32);
-    add(o, widen(a), widen(b));
-    return narrow_into(out, o);
-  }
-  by_float(a, [&](auto z) {
-    using T = decltype(z);
-    cpu::add<T>(ptr<T>(out), ptr<T>(a), ptr<T>(b), a.numel());
-  });
+  dispatch(
+      op, a, {&out, &a, &b},
+      MT_CUDA_FN(return cuda::add<T>(ptr<T>(out), ptr<T>(a), ptr<T>(b), a.numel(), stream_of(a));),
+      [&] {
+        Tensor o = empty(out.shape(), DType::f32);
+        add(o, widen(a), widen(b));
+        narrow_into(out, o);
+      },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::add<T>(ptr<T>(out), ptr<T>(a), ptr<T>(b), a.numel());
+      });
 }
 
 void scale_(const Tensor& t, double s) {
   check_float("scale_", t, "t");
-  MT_CUDA_DISPATCH("scale_", t, scale<T>(ptr<T>(t), s, t.numel(), stream_of(t)), &t)
-  if (cpu_bf16(t)) {
-    Tensor w = widen(t);
-    scale_(w, s);
-    return narrow_into(t, w);
-  }
-  by_float(t, [&](auto z) {
-    using T = decltype(z);
-    cpu::scale<T>(ptr<T>(t), s, t.numel());
-  });
+  dispatch(
+      "scale_", t, {&t}, MT_CUDA_FN(return cuda::scale<T>(ptr<T>(t), s, t.numel(), stream_of(t));),
+      [&] {
+        Tensor w = widen(t);
+        scale_(w, s);
+        narrow_into(t, w);
+      },
+      [&](auto z) {
+        using T = decltype(z);
+        cpu::scale<T>(ptr<T>(t), s, t.numel());
+      });
 }
 
 void convert(const Tensor& dst, const Tensor& src) {
@@ -585,7 +609,8 @@ void convert(const Tensor& dst, const Tensor& src) {
   if (dst.dtype() == src.dtype()) return copy_(dst.reshape(src.shape()), src);
 #if MT_CUDA
   if (on_cuda(op, {&dst, &src})) {
-    cuda_check(cuda::convert(dst.data_ptr(), dst.dtype(), src.data_ptr(), src.dtype(), src.numel(), stream_of(src)), op);
+    cuda_check(cuda::convert(dst.data_ptr(), dst.dtype(), src.data_ptr(), src.dtype(), src.numel(), stream_of(src)),
+               op);
     return;
   }
 #else
@@ -611,15 +636,21 @@ void convert(const Tensor& dst, const Tensor& src) {
   };
   auto by_src = [&](auto d) {
     switch (src.dtype()) {
-      case DType::bf16: return run(d, bf16{});
-      case DType::f32: return run(d, float{});
-      default: return run(d, double{});
+      case DType::bf16:
+        return run(d, bf16{});
+      case DType::f32:
+        return run(d, float{});
+      default:
+        return run(d, double{});
     }
   };
   switch (dst.dtype()) {
-    case DType::bf16: return by_src(bf16{});
-    case DType::f32: return by_src(float{});
-    default: return by_src(double{});
+    case DType::bf16:
+      return by_src(bf16{});
+    case DType::f32:
+      return by_src(float{});
+    default:
+      return by_src(double{});
   }
 }
 
@@ -630,10 +661,12 @@ double cuda_sum(const Tensor& t, bool squares, const char* op) {
   int64_t n = cuda::reduce_partials_count(t.numel());
   if (n == 0) return 0;
   Tensor partials = empty({n}, DType::f64, t.device());
-  cuda_check(by_cuda_float(t, [&](auto z) {
-               using T = decltype(z);
-               return cuda::reduce_sum<T>(partials.data<double>(), ptr<T>(t), t.numel(), squares, stream_of(t));
-             }),
+  cuda_check(by_cuda_float(t,
+                           [&](auto z) {
+                             using T = decltype(z);
+                             return cuda::reduce_sum<T>(partials.data<double>(), ptr<T>(t), t.numel(), squares,
+                                                        stream_of(t));
+                           }),
              op);
   double total = 0;
   for (double p : to_f64(partials)) total += p;
@@ -642,22 +675,31 @@ double cuda_sum(const Tensor& t, bool squares, const char* op) {
 }  // namespace
 #endif
 
+namespace {
+// sum or sum of squares of a host tensor in f64, in the kernels' fixed order (no host-sync count: the callers count).
+double host_sum(const Tensor& t, bool squares) {
+  const Tensor w = widen(t);
+  double r = 0;
+  by_float(w, [&](auto z) {
+    using T = decltype(z);
+    r = squares ? cpu::sum_squares<T>(ptr<T>(w), w.numel()) : cpu::sum<T>(ptr<T>(w), w.numel());
+  });
+  return r;
+}
+}  // namespace
+
 double sum_squares(const Tensor& t) {
   check_float("sum_squares", t, "t");
 #if MT_CUDA
-  if (t.device().is_cuda()) return cuda_sum(t, true, "sum_squares");
+  if (t.device().is_cuda()) return cuda_sum(t, true, "sum_squares");  // its copy to the host counts the sync
 #endif
-  if (cpu_bf16(t)) return sum_squares(widen(t));
-  double r = 0;
-  by_float(t, [&](auto z) {
-    using T = decltype(z);
-    r = cpu::sum_squares<T>(ptr<T>(t), t.numel());
-  });
-  return r;
+  note_host_sync();  // the host reads a result: on a device, the synchronising copy
+  return host_sum(t, true);
 }
 
 std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
   std::vector<double> out(ts.size(), 0.0);
+  bool counted = false;  // one host read for the whole call, on either backend
 #if MT_CUDA
   // Every device tensor's chunk partials into one buffer, copied to the host once, summed in order.
   std::vector<int64_t> first(ts.size(), -1), count(ts.size(), 0);
@@ -675,24 +717,30 @@ std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
     Tensor partials = empty({total}, DType::f64, dev);
     for (size_t i = 0; i < ts.size(); ++i) {
       if (first[i] < 0 || count[i] == 0) continue;
-      MT_CHECK(ts[i].device() == dev, "kernels", "sum_squares_each: tensors on {} and {}", dev.str(), ts[i].device().str());
+      MT_CHECK(ts[i].device() == dev, "kernels", "sum_squares_each: tensors on {} and {}", dev.str(),
+               ts[i].device().str());
       const Tensor& t = ts[i];
-      cuda_check(by_cuda_float(t, [&](auto z) {
-                   using T = decltype(z);
-                   return cuda::reduce_sum<T>(partials.data<double>() + first[i], ptr<T>(t), t.numel(), true,
-                                              stream_of(t));
-                 }),
+      cuda_check(by_cuda_float(t,
+                               [&](auto z) {
+                                 using T = decltype(z);
+                                 return cuda::reduce_sum<T>(partials.data<double>() + first[i], ptr<T>(t), t.numel(),
+                                                            true, stream_of(t));
+                               }),
                  "sum_squares_each");
     }
-    std::vector<double> host = to_f64(partials);
+    std::vector<double> host = to_f64(partials);  // counts the sync
+    counted = true;
     for (size_t i = 0; i < ts.size(); ++i)
       for (int64_t j = 0; j < count[i]; ++j) out[i] += host[size_t(first[i] + j)];
   }
-  for (size_t i = 0; i < ts.size(); ++i)
-    if (!ts[i].device().is_cuda()) out[i] = sum_squares(ts[i]);
-#else
-  for (size_t i = 0; i < ts.size(); ++i) out[i] = sum_squares(ts[i]);
 #endif
+  for (size_t i = 0; i < ts.size(); ++i) {
+    check_float("sum_squares_each", ts[i], "a tensor");
+    if (ts[i].device().is_cuda()) continue;
+    if (!counted) note_host_sync();
+    counted = true;
+    out[i] = host_sum(ts[i], true);
+  }
   return out;
 }
 
@@ -701,13 +749,49 @@ double sum(const Tensor& t) {
 #if MT_CUDA
   if (t.device().is_cuda()) return cuda_sum(t, false, "sum");
 #endif
-  if (cpu_bf16(t)) return sum(widen(t));
-  double r = 0;
-  by_float(t, [&](auto z) {
-    using T = decltype(z);
-    r = cpu::sum<T>(ptr<T>(t), t.numel());
-  });
-  return r;
+  note_host_sync();
+  return host_sum(t, false);
+}
+
+namespace {
+void check_sum_out(const char* op, const Tensor& out, int64_t slot, const Tensor& t) {
+  MT_CHECK(out.defined() && out.dtype() == DType::f64 && out.dim() == 1, "kernels",
+           "{}: out must be a 1-d f64 tensor, got {}", op, out.defined() ? out.str(0) : "undefined");
+  MT_CHECK(slot >= 0 && slot < out.numel(), "kernels", "{}: slot {} outside out's {} entries", op, slot, out.numel());
+  MT_CHECK(out.device() == t.device(), "kernels", "{}: out on {}, tensor on {}", op, out.device().str(),
+           t.device().str());
+}
+#if MT_CUDA
+// reduce_sum's chunk partials, then one thread adds them in order into out[slot]: cuda_sum's bits, on the device.
+void cuda_sum_into(const Tensor& out, int64_t slot, const Tensor& t, bool squares, const char* op) {
+  int64_t n = cuda::reduce_partials_count(t.numel());
+  if (n == 0) return;
+  Tensor partials = empty({n}, DType::f64, t.device());
+  cuda_check(by_cuda_float(t,
+                           [&](auto z) {
+                             using T = decltype(z);
+                             return cuda::reduce_sum<T>(partials.data<double>(), ptr<T>(t), t.numel(), squares,
+                                                        stream_of(t));
+                           }),
+             op);
+  cuda_check(cuda::sum_partials_into(out.data<double>() + slot, partials.data<double>(), n, stream_of(t)), op);
+}
+#endif
+void sum_into_one(const Tensor& out, int64_t slot, const Tensor& t, bool squares, const char* op) {
+  check_float(op, t, "t");
+  check_sum_out(op, out, slot, t);
+#if MT_CUDA
+  if (t.device().is_cuda()) return cuda_sum_into(out, slot, t, squares, op);
+#endif
+  out.data<double>()[slot] += host_sum(t, squares);
+}
+}  // namespace
+
+void sum_into(const Tensor& out, int64_t slot, const Tensor& t) { sum_into_one(out, slot, t, false, "sum_into"); }
+
+void sum_squares_into(const Tensor& out, const std::vector<int64_t>& slots, const std::vector<Tensor>& ts) {
+  MT_CHECK(slots.size() == ts.size(), "kernels", "sum_squares_into: {} slots for {} tensors", slots.size(), ts.size());
+  for (size_t i = 0; i < ts.size(); ++i) sum_into_one(out, slots[i], ts[i], true, "sum_squares_into");
 }
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr, double beta1,
@@ -753,15 +837,16 @@ void copy_slice(const Tensor& dst, int64_t dst_begin, const Tensor& src, int64_t
   for (int d = 0; d < dst.dim(); ++d)
     MT_CHECK(d == dim || dst.size(d) == src.size(d), "kernels", "{}: dst {} and src {} differ outside dim {}", op,
              shape_str(dst.shape()), shape_str(src.shape()), dim);
-  MT_CHECK(n >= 0 && dst_begin >= 0 && src_begin >= 0 && dst_begin + n <= dst.size(dim) &&
-               src_begin + n <= src.size(dim),
-           "kernels", "{}: {} rows from {} of src {} to {} of dst {} along dim {}", op, n, src_begin,
-           shape_str(src.shape()), dst_begin, shape_str(dst.shape()), dim);
+  MT_CHECK(
+      n >= 0 && dst_begin >= 0 && src_begin >= 0 && dst_begin + n <= dst.size(dim) && src_begin + n <= src.size(dim),
+      "kernels", "{}: {} rows from {} of src {} to {} of dst {} along dim {}", op, n, src_begin, shape_str(src.shape()),
+      dst_begin, shape_str(dst.shape()), dim);
   int64_t rows = 1, inner = int64_t(dtype_size(dst.dtype()));
   for (int d = 0; d < dim; ++d) rows *= dst.size(d);
   for (int d = dim + 1; d < dst.dim(); ++d) inner *= dst.size(d);
   // Bytes: each of `rows` rows copies n * inner from a row of pitch src.size(dim) * inner.
-  const size_t width = size_t(n * inner), dpitch = size_t(dst.size(dim) * inner), spitch = size_t(src.size(dim) * inner);
+  const size_t width = size_t(n * inner), dpitch = size_t(dst.size(dim) * inner),
+               spitch = size_t(src.size(dim) * inner);
   auto* d0 = static_cast<char*>(dst.data_ptr()) + dst_begin * inner;
   auto* s0 = static_cast<const char*>(src.data_ptr()) + src_begin * inner;
   if (width == 0 || rows == 0) return;
@@ -777,7 +862,8 @@ void copy_slice(const Tensor& dst, int64_t dst_begin, const Tensor& src, int64_t
 void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part_out, const Tensor& part_lse) {
   const char* op = "attention_merge";
   check_float(op, part_out, "part_out");
-  MT_CHECK(part_out.dim() == 4, "kernels", "{}: part_out must be (B, T, H, hd), got {}", op, shape_str(part_out.shape()));
+  MT_CHECK(part_out.dim() == 4, "kernels", "{}: part_out must be (B, T, H, hd), got {}", op,
+           shape_str(part_out.shape()));
   const int64_t B = part_out.size(0), L = part_out.size(1), H = part_out.size(2), hd = part_out.size(3);
   expect_shape(op, out, part_out.shape(), "out");
   expect_shape(op, lse, {B, H, L}, "lse");
@@ -785,45 +871,88 @@ void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part_ou
   expect_acc(op, out, part_out.dtype(), "out");
   expect_acc(op, lse, part_out.dtype(), "lse");
   expect_acc(op, part_lse, part_out.dtype(), "part_lse");
-  if (on_cuda(op, {&out, &lse, &part_out, &part_lse})) {
+  // Dispatched by part_out; the CPU loop's F is out's too (f32 or f64 part_out: out has its dtype).
+  dispatch(
+      op, part_out, {&out, &lse, &part_out, &part_lse},
+      MT_CUDA_FN(return cuda::attention_merge<T>(out.data<float>(), lse.data<float>(), ptr<T>(part_out),
+                                                 part_lse.data<float>(), B, L, H, hd, stream_of(out));),
+      [&] { attention_merge(out, lse, widen(part_out), part_lse); },
+      [&](auto z) {
+        using F = decltype(z);
+        F* o = out.data<F>();
+        F* l = lse.data<F>();
+        const F* po = part_out.data<F>();
+        const F* pl = part_lse.data<F>();
+        const F neg_inf = -std::numeric_limits<F>::infinity();
+#pragma omp parallel for collapse(2) schedule(static)
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t t = 0; t < L; ++t) {
+              const int64_t li = (b * H + h) * L + t;
+              const F a = l[li], p = pl[li];
+              if (p == neg_inf) continue;  // the part saw no key: nothing changes
+              F* orow = o + ((b * L + t) * H + h) * hd;
+              const F* prow = po + ((b * L + t) * H + h) * hd;
+              if (a == neg_inf) {  // nothing so far: take the part
+                for (int64_t i = 0; i < hd; ++i) orow[i] = prow[i];
+                l[li] = p;
+                continue;
+              }
+              const F m = std::max(a, p), merged = m + std::log(std::exp(a - m) + std::exp(p - m));
+              const F wa = std::exp(a - merged), wp = std::exp(p - merged);
+              for (int64_t i = 0; i < hd; ++i) orow[i] = wa * orow[i] + wp * prow[i];
+              l[li] = merged;
+            }
+      });
+}
+
+namespace {
+// pack_blocks and unpack_blocks: the tensor as (outer, D, inner bytes) with D = the split dim.
+void pack_or_unpack(const char* op, const Tensor& packed, const Tensor& t, int dim, const std::vector<int64_t>& lens,
+                    bool unpack) {
+  MT_CHECK(packed.defined() && t.defined() && packed.dtype() == t.dtype() && packed.numel() == t.numel(), "kernels",
+           "{}: packed {} {} and tensor {} {} must have one dtype and as many elements", op,
+           packed.defined() ? shape_str(packed.shape()) : "none", packed.defined() ? dtype_name(packed.dtype()) : "",
+           t.defined() ? shape_str(t.shape()) : "none", t.defined() ? dtype_name(t.dtype()) : "");
+  MT_CHECK(dim >= 0 && dim < t.dim(), "kernels", "{}: dim {} of a tensor of shape {}", op, dim, shape_str(t.shape()));
+  std::vector<int64_t> begin(lens.size() + 1, 0);
+  for (size_t j = 0; j < lens.size(); ++j) {
+    MT_CHECK(lens[j] >= 0, "kernels", "{}: block {} has length {}", op, j, lens[j]);
+    begin[j + 1] = begin[j] + lens[j];
+  }
+  MT_CHECK(begin.back() == t.size(dim), "kernels", "{}: blocks of {} elements along dim {} of shape {} (expected {})",
+           op, begin.back(), dim, shape_str(t.shape()), t.size(dim));
+  int64_t outer = 1, inner = int64_t(dtype_size(t.dtype()));
+  for (int d = 0; d < dim; ++d) outer *= t.size(d);
+  for (int d = dim + 1; d < t.dim(); ++d) inner *= t.size(d);
+  const int64_t D = t.size(dim);
+  if (on_cuda(op, {&packed, &t})) {
 #if MT_CUDA
-    cuda_check(by_cuda_float(part_out, [&](auto z) {
-                 using T = decltype(z);
-                 return cuda::attention_merge<T>(out.data<float>(), lse.data<float>(), ptr<T>(part_out),
-                                                 part_lse.data<float>(), B, L, H, hd, stream_of(out));
-               }),
+    cuda_check(cuda::pack_blocks(packed.data_ptr(), t.data_ptr(), outer, D, size_t(inner), begin.data(),
+                                 int(lens.size()), unpack, stream_of(t)),
                op);
 #endif
     return;
   }
-  if (cpu_bf16(part_out)) return attention_merge(out, lse, widen(part_out), part_lse);
-  by_float(out, [&](auto z) {
-    using F = decltype(z);
-    F* o = out.data<F>();
-    F* l = lse.data<F>();
-    const F* po = part_out.data<F>();
-    const F* pl = part_lse.data<F>();
-    const F neg_inf = -std::numeric_limits<F>::infinity();
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t t = 0; t < L; ++t) {
-          const int64_t li = (b * H + h) * L + t;
-          const F a = l[li], p = pl[li];
-          if (p == neg_inf) continue;  // the part saw no key: nothing changes
-          F* orow = o + ((b * L + t) * H + h) * hd;
-          const F* prow = po + ((b * L + t) * H + h) * hd;
-          if (a == neg_inf) {  // nothing so far: take the part
-            for (int64_t i = 0; i < hd; ++i) orow[i] = prow[i];
-            l[li] = p;
-            continue;
-          }
-          const F m = std::max(a, p), merged = m + std::log(std::exp(a - m) + std::exp(p - m));
-          const F wa = std::exp(a - merged), wp = std::exp(p - merged);
-          for (int64_t i = 0; i < hd; ++i) orow[i] = wa * orow[i] + wp * prow[i];
-          l[li] = merged;
-        }
-  });
+  auto* p = static_cast<char*>(packed.data_ptr());
+  auto* x = static_cast<char*>(t.data_ptr());
+  for (size_t j = 0; j < lens.size(); ++j) {
+    const size_t width = size_t(lens[j] * inner);
+    char* block = p + outer * inner * begin[j];
+    for (int64_t r = 0; r < outer && width > 0; ++r) {
+      char* row = x + (r * D + begin[j]) * inner;
+      if (unpack) std::memcpy(row, block + size_t(r) * width, width);
+      else std::memcpy(block + size_t(r) * width, row, width);
+    }
+  }
+}
+}  // namespace
+
+void pack_blocks(const Tensor& packed, const Tensor& src, int dim, const std::vector<int64_t>& lens) {
+  pack_or_unpack("pack_blocks", packed, src, dim, lens, false);
+}
+void unpack_blocks(const Tensor& dst, const Tensor& packed, int dim, const std::vector<int64_t>& lens) {
+  pack_or_unpack("unpack_blocks", packed, dst, dim, lens, true);
 }
 
 void set_cpu_threads(int n) {

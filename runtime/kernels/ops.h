@@ -56,8 +56,7 @@ void rope_backward(const Tensor& dinp, const Tensor& dout, const Tensor& cos, co
 // out, gate, up (N, F).
 void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up);
 // dgate, dup (N, F) overwritten.
-void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,
-                     const Tensor& up);
+void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
 
 // ---- Embedding (table rows [row_begin, row_begin + V_local) live here: vocab-sharded tables) ----
 // out (N, C) = table[tokens[n] - row_begin], zero for tokens outside this shard; tokens (N) i32.
@@ -92,17 +91,22 @@ void vocab_shard_loss(const Tensor& losses, const Tensor& dlogits, const Tensor&
                       double grad_scale);
 
 // ---- Element-wise and reductions ----
-void add_(const Tensor& dst, const Tensor& src);            // dst += src
+void add_(const Tensor& dst, const Tensor& src);                // dst += src
 void add(const Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b (out may alias a or b)
-void scale_(const Tensor& t, double s);                     // t *= s
+void scale_(const Tensor& t, double s);                         // t *= s
 // dst <- src element-wise between float dtypes (f32, bf16, f64 on the CPU), same element count, same
 // device; rounding to bf16 is to nearest even (as CUDA's __float2bfloat16_rn).
 void convert(const Tensor& dst, const Tensor& src);
-double sum_squares(const Tensor& t);                        // sum of t^2, accumulated in f64
-double sum(const Tensor& t);                                // accumulated in f64
+double sum_squares(const Tensor& t);  // sum of t^2, accumulated in f64
+double sum(const Tensor& t);          // accumulated in f64
 // sum_squares of each tensor, the same bits as one call per tensor; on a device one host sync in all
 // (the global gradient norm reads ~10 tensors per layer).
 std::vector<double> sum_squares_each(const std::vector<Tensor>& ts);
+// The same sums left on the device (no host read, so no host sync): out (k) f64 on the tensors' device, not
+// zeroed; out[slot] += sum(t), and out[slots[i]] += sum_squares(ts[i]) in the order given. Each addition has the
+// bits of `x += sum(t)` on the host with the functions above.
+void sum_into(const Tensor& out, int64_t slot, const Tensor& t);
+void sum_squares_into(const Tensor& out, const std::vector<int64_t>& slots, const std::vector<Tensor>& ts);
 
 // ---- Copies along one dim and the attention merge (context parallel) ----
 // dst[..., dst_begin + i, ...] = src[..., src_begin + i, ...] for i < n along tensor dim `dim`; the other dims
@@ -116,6 +120,13 @@ void copy_slice(const Tensor& dst, int64_t dst_begin, const Tensor& src, int64_t
 // out' = exp(lse - lse') out + exp(part_lse - lse') part_out. Rows with -inf on one side take the other
 // side's values; rows with -inf on both stay (out 0, lse -inf).
 void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part_out, const Tensor& part_lse);
+// Shards packed for a collective (redistribution on the tensor's device). lens split tensor dim `dim` into
+// consecutive pieces (sum of lens = the dim's size); block j is the tensor's piece j, shape with lens[j] at dim,
+// and the blocks lie one after the other in `packed` (numel of the tensor), each contiguous.
+// pack_blocks: packed <- blocks of src; unpack_blocks: dst <- blocks of packed. Any dtype; stream-ordered on a
+// device (one launch per 64 blocks); packed and the tensor must not overlap.
+void pack_blocks(const Tensor& packed, const Tensor& src, int dim, const std::vector<int64_t>& lens);
+void unpack_blocks(const Tensor& dst, const Tensor& packed, int dim, const std::vector<int64_t>& lens);
 
 // ---- AdamW, PyTorch semantics (torch.optim.AdamW, amsgrad off) ----
 // param -= lr * weight_decay * param (decoupled, first); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
@@ -123,9 +134,8 @@ void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part_ou
 // param, grad, m, v share shape; m and v are f32 (or f64 with f64 params). param is the master copy
 // (f32 or f64); if param_lowp (bf16, the compute copy) is defined it gets the updated values rounded,
 // in the same pass on CUDA.
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr,
-                double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                const Tensor& param_lowp = Tensor());
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr, double beta1,
+                double beta2, double eps, double weight_decay, int64_t step, const Tensor& param_lowp = Tensor());
 
 // Threads used by the CPU kernels (OpenMP and Eigen); 0 = all cores.
 void set_cpu_threads(int n);

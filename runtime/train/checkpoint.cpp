@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "comm/control.h"
 #include "runtime/core/log.h"
 #include "runtime/io/safetensors.h"
 
@@ -89,8 +90,8 @@ void require_finite(const std::vector<NamedTensor>& ts, const std::string& what,
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, LlamaForCausalLM& model,
-                            AdamW& opt, const Config& config, const DeviceMesh& mesh, int64_t keep) {
+std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, LlamaForCausalLM& model, AdamW& opt,
+                            const Config& config, const DeviceMesh& mesh, int64_t keep) {
   auto params = model.parameters();
   std::vector<NamedTensor> weights, opt_state;
   // Collective: every rank takes part in gathering; only rank 0 keeps the results.
@@ -114,8 +115,8 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
     MT_CHECK(!ec, "checkpoint", "cannot create {}: {}", tmp.string(), ec.message());
     try {  // a failed write removes its temporary directory
       write_safetensors((tmp / "model.safetensors").string(), weights, {{"format", "pt"}});
-      if (fault_at(progress.step, true)) fail("checkpoint", "MT_FAULT_CHECKPOINT={}:error: writing {} fails",
-                                              progress.step, tmp.string());
+      if (fault_at(progress.step, true))
+        fail("checkpoint", "MT_FAULT_CHECKPOINT={}:error: writing {} fails", progress.step, tmp.string());
       if (fault_at(progress.step, false)) {
         spdlog::error("[checkpoint] MT_FAULT_CHECKPOINT={}: rank 0 dies while writing {}", progress.step, tmp.string());
         spdlog::default_logger()->flush();
@@ -159,7 +160,8 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
       for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove_all(all[i], ec);
     }
   }
-  MPI_Barrier(MPI_COMM_WORLD);  // nobody resumes or reads before the rename
+  // Nobody resumes or reads before the rename.
+  control_barrier(MPI_COMM_WORLD, fmt::format("checkpoint barrier (step {})", progress.step));
   return final_dir.string();
 }
 

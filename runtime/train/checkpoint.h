@@ -16,15 +16,15 @@
 namespace mt {
 
 struct TrainProgress {
-  int64_t step = 0;          // optimizer steps done; training continues at this step
-  int64_t data_epoch = 0;    // where the next batch comes from (informational: the position is a function of step)
+  int64_t step = 0;        // optimizer steps done; training continues at this step
+  int64_t data_epoch = 0;  // where the next batch comes from (informational: the position is a function of step)
   int64_t data_offset = 0;
   uint64_t seed = 0;
 };
 
 // Collective (full tensors are gathered); rank 0 writes. Returns the directory.
-std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, LlamaForCausalLM& model,
-                            AdamW& opt, const Config& config, const DeviceMesh& mesh, int64_t keep);
+std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, LlamaForCausalLM& model, AdamW& opt,
+                            const Config& config, const DeviceMesh& mesh, int64_t keep);
 // The complete checkpoints (step_XXXXXXXX with meta.json) in dir, oldest first.
 std::vector<std::string> checkpoints_in(const std::string& dir);
 // The newest complete checkpoint (step_XXXXXXXX with meta.json) in dir, if any.

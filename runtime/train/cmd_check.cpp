@@ -7,7 +7,9 @@
 #include <fstream>
 #include <functional>
 
+#include "comm/control.h"
 #include "comm/mpi/mpi_group.h"
+#include "comm/watchdog.h"
 #include "runtime/core/log.h"
 #include "runtime/core/stream.h"
 
@@ -17,7 +19,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const std::vector<std::string> kAllOps = {"all_reduce", "all_gather",  "reduce_scatter", "all_to_all",
+const std::vector<std::string> kAllOps = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                                           "broadcast",  "ring_shift", "barrier"};
 
 // nccl-tests' bus bandwidth factors: what each link carries relative to the
@@ -137,7 +139,7 @@ std::vector<int64_t> parse_size_range(const std::string& spec) {
     char* end = nullptr;
     double x = std::strtod(s.c_str(), &end);
     std::string unit(end);
-    int64_t mul = unit.empty() || unit == "B" ? 1
+    int64_t mul = unit.empty() || unit == "B"    ? 1
                   : unit == "K" || unit == "KiB" ? int64_t(1) << 10
                   : unit == "M" || unit == "MiB" ? int64_t(1) << 20
                   : unit == "G" || unit == "GiB" ? int64_t(1) << 30
@@ -174,7 +176,8 @@ int run_check_command(const RunContext& ctx, const CheckArgs& args) {
   for (auto& op : args.ops)
     MT_CHECK(std::find(kAllOps.begin(), kAllOps.end(), op) != kAllOps.end(), "check",
              "unknown op '{}' in --ops (expected some of all_reduce, all_gather, reduce_scatter, all_to_all, "
-             "broadcast, ring_shift, barrier)", op);
+             "broadcast, ring_shift, barrier)",
+             op);
   auto sizes = parse_size_range(args.sizes);
 
   std::vector<MeshDim> dims;
@@ -246,14 +249,16 @@ int run_check_command(const RunContext& ctx, const CheckArgs& args) {
         int64_t bad = verify(op, b, count, me, n);
         std::vector<double> ours(size_t(args.iters)), theirs(size_t(args.iters), 0.0);
         for (int it = -args.warmup; it < args.iters; ++it) {
-          MPI_Barrier(comm);
+          control_barrier(comm, fmt::format("check timing barrier ({})", op), g.describe());
           auto t0 = Clock::now();
           run_op(g, op, b).wait();
           sync_device(mo.device);
           double t = std::chrono::duration<double>(Clock::now() - t0).count();
           if (it >= 0) ours[size_t(it)] = t;
           if (bare) {
-            MPI_Barrier(comm);
+            control_barrier(comm, fmt::format("check timing barrier (bare {})", op), g.describe());
+            // Watched like ours, with the watchdog's bookkeeping outside the timed span.
+            WatchdogScope w(op.c_str(), g);
             t0 = Clock::now();
             run_bare(comm, op, b, me, n);
             t = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -261,10 +266,11 @@ int run_check_command(const RunContext& ctx, const CheckArgs& args) {
           }
         }
         // An iteration lasts as long as its slowest rank.
-        MPI_Allreduce(MPI_IN_PLACE, ours.data(), args.iters, MPI_DOUBLE, MPI_MAX, comm);
-        MPI_Allreduce(MPI_IN_PLACE, theirs.data(), args.iters, MPI_DOUBLE, MPI_MAX, comm);
+        control_all_reduce(comm, ours.data(), args.iters, MPI_DOUBLE, MPI_MAX, "check timing all_reduce", g.describe());
+        control_all_reduce(comm, theirs.data(), args.iters, MPI_DOUBLE, MPI_MAX, "check timing all_reduce",
+                           g.describe());
         int64_t bad_all = bad;
-        MPI_Allreduce(&bad, &bad_all, 1, MPI_INT64_T, MPI_SUM, comm);
+        control_all_reduce(comm, &bad_all, 1, MPI_INT64_T, MPI_SUM, "check wrong-element count", g.describe());
         if (bad_all) ++failures;
         double t = median(ours), tb = median(theirs);
         int64_t moved = op == "barrier" ? 0 : count * 4;
@@ -272,7 +278,8 @@ int run_check_command(const RunContext& ctx, const CheckArgs& args) {
         double mpi_bus = bare && tb > 0 && op != "barrier" ? double(moved) / tb / 1e9 * bus_factor(op, n) : 0;
         double ratio = bare && t > 0 ? tb / t : 0;
         if (env.rank() == 0) {
-          std::printf("%10s %12.1f %11.3f %11.3f", op == "barrier" ? "-" : human_bytes(moved).c_str(), t * 1e6, alg, bus);
+          std::printf("%10s %12.1f %11.3f %11.3f", op == "barrier" ? "-" : human_bytes(moved).c_str(), t * 1e6, alg,
+                      bus);
           if (bare) std::printf(" %11.3f %7.3f", mpi_bus, ratio);
           std::printf("  %s\n", bad_all ? "WRONG" : "ok");
           std::fflush(stdout);
@@ -287,11 +294,11 @@ int run_check_command(const RunContext& ctx, const CheckArgs& args) {
       }
     }
   }
-  int64_t total = 0;
-  MPI_Allreduce(&failures, &total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  int64_t total = failures;
+  control_all_reduce(MPI_COMM_WORLD, &total, 1, MPI_INT64_T, MPI_SUM, "check failure count");
   if (env.rank() == 0)
-    std::printf("\ncheck %s: %lld wrong result(s) over %zu group(s)\n", total ? "FAILED" : "passed",
-                (long long)total, groups.size());
+    std::printf("\ncheck %s: %lld wrong result(s) over %zu group(s)\n", total ? "FAILED" : "passed", (long long)total,
+                groups.size());
   return total ? 1 : 0;
 }
 

@@ -14,15 +14,15 @@
 namespace mt {
 
 struct CheckArgs {
-  std::string mesh;            // "dp_shard=2,cp=2,tp=2"; empty: from the config
+  std::string mesh;  // "dp_shard=2,cp=2,tp=2"; empty: from the config
   std::string sizes = "1K:64M";
   int iters = 20;
   int warmup = 3;
-  std::string device;          // cpu | cuda; empty: comm.device
-  std::string backend;         // auto | mpi | nccl; empty: comm.backend
+  std::string device;            // cpu | cuda; empty: comm.device
+  std::string backend;           // auto | mpi | nccl; empty: comm.backend
   std::vector<std::string> ops;  // empty: all
-  bool compare_mpi = true;     // time bare MPI beside ours (host buffers)
-  std::string json;            // write the results as JSON lines here (rank 0)
+  bool compare_mpi = true;       // time bare MPI beside ours (host buffers)
+  std::string json;              // write the results as JSON lines here (rank 0)
 };
 
 void add_check_options(CLI::App* sub, CheckArgs& args);

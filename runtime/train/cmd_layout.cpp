@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "comm/control.h"
 #include "parallel/dtensor.h"
 #include "runtime/io/npy.h"
 
@@ -27,9 +28,9 @@ Shape parse_shape(const std::string& s) {
 }
 
 std::string shards_table(const DTensorSpec& spec) {
-  std::string out = fmt::format("{} of global shape {} on mesh {}\n{:>5}  {:<14} {:<16} {:<16}\n", spec.str(),
-                                shape_str(spec.global_shape), mesh_str(spec.mesh), "rank", "coordinate", "local shape",
-                                "offset");
+  std::string out =
+      fmt::format("{} of global shape {} on mesh {}\n{:>5}  {:<14} {:<16} {:<16}\n", spec.str(),
+                  shape_str(spec.global_shape), mesh_str(spec.mesh), "rank", "coordinate", "local shape", "offset");
   int world = 1;
   for (auto& d : spec.mesh) world *= d.size;
   for (int r = 0; r < world; ++r) {
@@ -64,7 +65,8 @@ int run_layout_command(const RunContext& ctx, const LayoutArgs& a) {
     std::string part;
     mesh_world = 1;
     while (std::getline(ss, part, ','))
-      if (auto eq = part.find('='); eq != std::string::npos) mesh_world *= std::max(1, std::atoi(part.c_str() + eq + 1));
+      if (auto eq = part.find('='); eq != std::string::npos)
+        mesh_world *= std::max(1, std::atoi(part.c_str() + eq + 1));
   }
   auto dims = parse_mesh_spec(a.mesh, mesh_world);
   Shape shape = parse_shape(a.shape);
@@ -83,8 +85,7 @@ int run_layout_command(const RunContext& ctx, const LayoutArgs& a) {
     }
   }
   if (env.size() != mesh_world) {
-    if (rank0)
-      std::printf("\n(not executed: run under mpirun -np %d to execute and check the plan)\n", mesh_world);
+    if (rank0) std::printf("\n(not executed: run under mpirun -np %d to execute and check the plan)\n", mesh_world);
     return 0;
   }
 
@@ -109,8 +110,8 @@ int run_layout_command(const RunContext& ctx, const LayoutArgs& a) {
     write_npy(fmt::format("{}/rank{}_src.npy", a.dump, env.rank()), x.local);
     write_npy(fmt::format("{}/rank{}_dst.npy", a.dump, env.rank()), y.local);
   }
-  int64_t total = 0;
-  MT_MPI_CHECK(MPI_Allreduce(&bad, &total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+  int64_t total = bad;
+  control_all_reduce(MPI_COMM_WORLD, &total, 1, MPI_INT64_T, MPI_SUM, "layout error count");
   if (rank0) {
     std::printf("\nexecuted on %d ranks (%s backend): %s\n", env.size(), mesh.backend().c_str(),
                 total ? fmt::format("WRONG on {} rank(s)", total).c_str() : "every rank's shard is correct");

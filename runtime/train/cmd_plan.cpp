@@ -10,6 +10,7 @@
 #include <random>
 
 #include "runtime/kernels/ops.h"
+#include "runtime/train/cmd_plan.h"
 #include "runtime/train/trainer.h"
 
 namespace mt {
@@ -28,9 +29,10 @@ int run_plan_command(RunContext& ctx) {
   const int tp_dim = mesh.dim_index("tp");
   const int tp = mesh.size(tp_dim);
   if (root) {
-    std::printf("mesh %s (%d ranks): %s; tp plan: %s\n\n", mesh_str(mesh.dims()).c_str(), mesh.size(),
-                run.pd.describe().c_str(),
-                tp == 1 ? "none (tp = 1)" : (cfg.parallel.tp_plan.empty() ? "the model's default" : "parallel.tp_plan"));
+    std::printf(
+        "mesh %s (%d ranks): %s; tp plan: %s\n\n", mesh_str(mesh.dims()).c_str(), mesh.size(),
+        run.pd.describe().c_str(),
+        tp == 1 ? "none (tp = 1)" : (cfg.parallel.tp_plan.empty() ? "the model's default" : "parallel.tp_plan"));
     if (run.pd.cp > 1) {
       // Each cp rank's tokens of every sequence (the same on every dp and tp coordinate).
       std::printf("sequence (%lld tokens) over cp = %d, %s: each rank's chunks of global positions\n",
@@ -44,13 +46,15 @@ int run_plan_command(RunContext& ctx) {
       }
       std::printf("\n");
     }
-    std::printf("parameters: placements over (%s), local shape on each tp rank\n", [&] {
-      std::string s;
-      for (auto& d : mesh.dims()) s += (s.empty() ? "" : ", ") + d.name;
-      return s;
-    }().c_str());
+    std::printf("parameters: placements over (%s), local shape on each tp rank\n",
+                [&] {
+                  std::string s;
+                  for (auto& d : mesh.dims()) s += (s.empty() ? "" : ", ") + d.name;
+                  return s;
+                }()
+                    .c_str());
     for (Parameter* p : run.params) {
-      std::string pl, shapes;  // placements, local shapes
+      std::string pl, shapes;    // placements, local shapes
       pl = p->value.spec.str();  // with [k] marks where several mesh dims split one tensor dim
       std::vector<int> coord = mesh.coordinate();
       for (int r = 0; r < tp; ++r) {
@@ -69,7 +73,8 @@ int run_plan_command(RunContext& ctx) {
       std::printf("\n");
       for (const FsdpDecision& d : run.fsdp->decisions())
         std::printf("  %-48s %s%s\n", d.param.c_str(),
-                    d.tensor_dim < 0 ? "replicated: " : fmt::format("Shard({}){}: ", d.tensor_dim, d.with_tp ? " with tp" : "").c_str(),
+                    d.tensor_dim < 0 ? "replicated: "
+                                     : fmt::format("Shard({}){}: ", d.tensor_dim, d.with_tp ? " with tp" : "").c_str(),
                     d.reason.c_str());
     }
     std::printf("\nmodule layouts (activations: Shard(0) over the data-parallel dims, Shard(1) over cp)\n");
@@ -114,8 +119,10 @@ int run_plan_command(RunContext& ctx) {
         parts += fmt::format("{}{}: {} x{}", parts.empty() ? "" : ", ", k, mib(double(v)), c.calls_by_collective.at(k));
       std::printf("%s%s%s\n", parts.empty() ? "" : "  (", parts.c_str(), parts.empty() ? "" : ")");
     };
-    std::printf("\nbytes sent per rank in one micro-batch of %lld x %lld tokens (%lld on this rank; measured by the "
-                "runtime):\n", (long long)run.micro, (long long)t.seq_len, (long long)run.shard.size());
+    std::printf(
+        "\nbytes sent per rank in one micro-batch of %lld x %lld tokens (%lld on this rank; measured by the "
+        "runtime):\n",
+        (long long)run.micro, (long long)t.seq_len, (long long)run.shard.size());
     print("forward", fwd);
     print("backward", bwd);
     print("gradient sync", sync);
@@ -130,12 +137,13 @@ int run_plan_command(RunContext& ctx) {
         return it == c.bytes_by_dim.end() ? 0.0 : double(it->second);
       };
       double f = tp_bytes(fwd), b = tp_bytes(bwd);
-      std::printf("\nanalytic tp bytes per direction: (4 x %lld layers + 2) x (%d-1)/%d x %lld x %lld x %lld x %zu B = %s\n",
-                  (long long)cfg.model.n_layers, tp, tp, (long long)run.micro,
-                  (long long)run.shard.size(), (long long)cfg.model.dim, dtype_size(run.dtype), mib(analytic).c_str());
+      std::printf(
+          "\nanalytic tp bytes per direction: (4 x %lld layers + 2) x (%d-1)/%d x %lld x %lld x %lld x %zu B = %s\n",
+          (long long)cfg.model.n_layers, tp, tp, (long long)run.micro, (long long)run.shard.size(),
+          (long long)cfg.model.dim, dtype_size(run.dtype), mib(analytic).c_str());
       bool same = f == analytic && b == analytic;
-      std::printf("tp activations: measured %s analytic (forward %s, backward %s)\n", same ? "=" : "!=",
-                  mib(f).c_str(), mib(b).c_str());
+      std::printf("tp activations: measured %s analytic (forward %s, backward %s)\n", same ? "=" : "!=", mib(f).c_str(),
+                  mib(b).c_str());
     }
     if (run.pd.cp > 1) {
       // Per layer a rank's K and V are (micro, T/cp, n_kv_heads/tp, hd). ring: forward (N-1) shifts of them;
@@ -144,7 +152,8 @@ int run_plan_command(RunContext& ctx) {
       const int N = run.pd.cp;
       const int64_t hd = cfg.model.dim / cfg.model.n_heads, kv_heads = cfg.model.n_kv_heads / tp;
       const double kv_elems = 2.0 * double(run.micro * run.shard.size() * kv_heads * hd);
-      const double kv = kv_elems * double(dtype_size(run.dtype)), dkv = kv_elems * double(dtype_size(accum_dtype(run.dtype)));
+      const double kv = kv_elems * double(dtype_size(run.dtype)),
+                   dkv = kv_elems * double(dtype_size(accum_dtype(run.dtype)));
       const double L = double(cfg.model.n_layers);
       const double f_an = L * (N - 1) * kv;
       const double b_an = L * ((N - 1) * kv + (run.pd.cp_method == CpMethod::ring ? N : N - 1) * dkv);
@@ -156,10 +165,10 @@ int run_plan_command(RunContext& ctx) {
       std::printf("\ncp (%s) bytes per rank: forward measured %s, analytic %lld layers x (%d-1) x K/V %s = %s (%s)\n",
                   cp_method_name(run.pd.cp_method).c_str(), mib(f).c_str(), (long long)cfg.model.n_layers, N,
                   mib(kv).c_str(), mib(f_an).c_str(), f == f_an ? "equal" : "DIFFERENT");
-      std::printf("cp bytes per rank: backward measured %s, analytic %lld layers x ((%d-1) x K/V + %d x dK/dV %s) = %s (%s)\n",
-                  mib(b).c_str(), (long long)cfg.model.n_layers, N,
-                  run.pd.cp_method == CpMethod::ring ? N : N - 1, mib(dkv).c_str(), mib(b_an).c_str(),
-                  b == b_an ? "equal" : "DIFFERENT");
+      std::printf(
+          "cp bytes per rank: backward measured %s, analytic %lld layers x ((%d-1) x K/V + %d x dK/dV %s) = %s (%s)\n",
+          mib(b).c_str(), (long long)cfg.model.n_layers, N, run.pd.cp_method == CpMethod::ring ? N : N - 1,
+          mib(dkv).c_str(), mib(b_an).c_str(), b == b_an ? "equal" : "DIFFERENT");
     }
     if (run.fsdp) {
       // Per step and rank: the units' flat buffers all-gathered in forward, again in backward (with reshard), the
@@ -177,12 +186,15 @@ int run_plan_command(RunContext& ctx) {
       double f = ds_bytes(fwd), b = ds_bytes(bwd);
       std::printf("\nfsdp bytes per rank: forward measured %s, analytic (%d-1) x %.0f elements x %.0f B = %s (%s)\n",
                   mib(f).c_str(), N, slot, pb, mib(f_an).c_str(), f == f_an ? "equal" : "DIFFERENT");
-      std::printf("fsdp bytes per rank: backward measured %s, analytic %s(%d-1) x %.0f x %.0f B reduce-scatter = %s (%s)\n",
-                  mib(b).c_str(), reshard ? fmt::format("({}-1) x {:.0f} x {:.0f} B gather + ", N, slot, pb).c_str() : "",
-                  N, slot, rb, mib(b_an).c_str(), b == b_an ? "equal" : "DIFFERENT");
+      std::printf(
+          "fsdp bytes per rank: backward measured %s, analytic %s(%d-1) x %.0f x %.0f B reduce-scatter = %s (%s)\n",
+          mib(b).c_str(), reshard ? fmt::format("({}-1) x {:.0f} x {:.0f} B gather + ", N, slot, pb).c_str() : "", N,
+          slot, rb, mib(b_an).c_str(), b == b_an ? "equal" : "DIFFERENT");
     }
-    std::printf("(the vocab-parallel loss adds 2 all-reduces over tp, of %lld row maxima and of twice as many sums, not counted above)\n",
-                (long long)(run.micro * t.seq_len));
+    std::printf(
+        "(the vocab-parallel loss adds 2 all-reduces over tp, of %lld row maxima and of twice as many sums, not "
+        "counted above)\n",
+        (long long)(run.micro * t.seq_len));
   }
   return 0;
 }

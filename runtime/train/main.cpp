@@ -1,43 +1,72 @@
 // meshtrain: one binary, launched with mpirun or srun, one rank per GPU.
 //   meshtrain [--config FILE] [--set key=value ...] [--log-level L] <subcommand> ...
+// The global options may also follow the subcommand: meshtrain train --config FILE --set k=v.
+// Exit codes: 0 done, 1 an error, 2 a command-line error, 128 + N a training run stopped by signal N
+// (after its checkpoint; 143 SIGTERM, 138 SIGUSR1, 130 SIGINT).
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "comm/control.h"
 #include "comm/watchdog.h"
 #include "runtime/core/log.h"
+#include "runtime/train/agree.h"
 #include "runtime/train/cli.h"
 #include "runtime/train/cmd_check.h"
 #include "runtime/train/cmd_layout.h"
-#include "runtime/train/trainer.h"
+#include "runtime/train/cmd_generate.h"
+#include "runtime/train/cmd_plan.h"
+#include "runtime/train/cmd_train.h"
 
 namespace mt {
 
-Config load_and_agree_config(const MpiEnv& env, const GlobalOptions& opts) {
-  Config c = load_config(opts.config_path, opts.overrides);
-  watchdog_set_timeout(c.comm.timeout_s);
-  // First collective of the run: every rank must have read the same config.
-  uint64_t h = config_hash(c);
-  std::vector<uint64_t> all(size_t(env.size()));
-  MT_MPI_CHECK(MPI_Allgather(&h, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD));
-  std::string differ;
-  for (int r = 0; r < env.size(); ++r)
-    if (all[size_t(r)] != all[0]) differ += (differ.empty() ? "" : ",") + std::to_string(r);
-  MT_CHECK(differ.empty(), "config",
-           "ranks {} read a different config than rank 0 (hash {:016x} vs {:016x}): is the file the same on every "
-           "node, and are the --set overrides the same on every rank?",
-           differ, all[0], h);
-  return c;
+namespace {
+
+// What to add to a command-line error: the subcommand or option a typo was probably meant to be.
+// Global options are known before the subcommand; after it, its own and the global ones.
+std::string command_line_hint(CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> subcommands;
+  for (const CLI::App* sub : app.get_subcommands({})) subcommands.push_back(sub->get_name());
+  auto long_names = [](const CLI::App* a, std::vector<std::string>& out) {
+    for (const CLI::Option* o : a->get_options({}))
+      for (const std::string& n : o->get_lnames()) out.push_back("--" + n);
+  };
+  std::vector<std::string> global, all;
+  long_names(&app, global);
+  all = global;
+  for (const CLI::App* sub : app.get_subcommands({})) long_names(sub, all);
+  const CLI::App* chosen = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) == 0 && a.size() > 2) {
+      std::string name = a.substr(0, a.find('='));
+      if (std::find(all.begin(), all.end(), name) == all.end()) {
+        std::vector<std::string> here = global;
+        if (chosen) long_names(chosen, here);
+        std::string best = nearest_name(name, here);
+        return fmt::format("unknown option '{}'{}", name,
+                           best.empty() ? "" : fmt::format("; did you mean '{}'?", best));
+      }
+      // A global option's value is the next argument unless given as --name=value.
+      if (!chosen && a.find('=') == std::string::npos && name != "--help") ++i;
+    } else if (a == "-c") {
+      ++i;
+    } else if (!chosen && a.rfind("-", 0) != 0) {
+      for (const CLI::App* sub : app.get_subcommands({}))
+        if (sub->get_name() == a) chosen = sub;
+      if (!chosen) {
+        std::string best = nearest_name(a, subcommands);
+        return fmt::format("unknown subcommand '{}'{} (subcommands: {})", a,
+                           best.empty() ? "" : fmt::format("; did you mean '{}'?", best), fmt::join(subcommands, ", "));
+      }
+    }
+  }
+  if (!chosen) return fmt::format("a subcommand is needed: {}", fmt::join(subcommands, ", "));
+  return "";
 }
 
-Device rank_device(const MpiEnv& env, const std::string& device_name) {
-  if (device_name == "cpu") return Device::cpu();
-  MT_CHECK(env.cuda_device() >= 0, "config",
-           "comm.device = {} but {} (rank {} on {})", device_name,
-           cuda_built() ? "no CUDA device is visible" : "meshtrain was built without CUDA", env.rank(), env.host());
-  return Device::cuda(env.cuda_device());
-}
+}  // namespace
 
 }  // namespace mt
 
@@ -47,6 +76,8 @@ int main(int argc, char** argv) {
 
   CLI::App app{"meshtrain: train Llama-family models on a device mesh built from MPI ranks"};
   app.require_subcommand(1);
+  // Subcommands pass the global options on: --config, --set and --log-level work before or after the subcommand.
+  app.fallthrough();
   mt::GlobalOptions g;
   app.add_option("-c,--config", g.config_path, "YAML config file");
   app.add_option("--set", g.overrides, "override a config key: --set comm.timeout_s=30 (repeatable)")
@@ -60,22 +91,40 @@ int main(int argc, char** argv) {
   mt::LayoutArgs layout_args;
   auto* layout = app.add_subcommand("layout", "print the local shards of a layout and the plan between two layouts");
   mt::add_layout_options(layout, layout_args);
-  auto* train = app.add_subcommand("train", "train the model of the config on its data (checkpoints, metrics, samples)");
+  auto* train =
+      app.add_subcommand("train", "train the model of the config on its data (checkpoints, metrics, samples)");
   mt::GenerateArgs generate_args;
-  auto* plan = app.add_subcommand("plan", "print the parallel plan applied: parameter and activation layouts, bytes per step");
+  auto* plan =
+      app.add_subcommand("plan", "print the parallel plan applied: parameter and activation layouts, bytes per step");
   auto* generate = app.add_subcommand("generate", "sample a continuation of a prompt from a checkpoint");
   mt::add_generate_options(generate, generate_args);
 
+  for (CLI::App* sub : app.get_subcommands({}))
+    sub->footer(
+        "Global options, here or before the subcommand: -c,--config FILE, --set KEY=VALUE (repeatable), "
+        "--log-level LEVEL (meshtrain --help)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // Every rank parses the same arguments, so only rank 0 needs to talk.
-    int code = env.rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+    // Every rank parses the same arguments, so only rank 0 needs to talk; every rank leaves with the same code.
+    const int code = e.get_exit_code() == 0 ? 0 : 2;
+    if (env.rank() == 0) {
+      if (code == 0) {
+        app.exit(e);  // --help
+      } else {
+        std::string hint = mt::command_line_hint(app, argc, argv);
+        std::fprintf(stderr,
+                     "meshtrain: %s\n%s%sRun 'meshtrain --help' (or 'meshtrain SUBCOMMAND --help') for usage.\n",
+                     e.what(), hint.c_str(), hint.empty() ? "" : "\n");
+      }
+    }
     return code;
   }
 
   try {
-    if (!g.log_level.empty()) mt::init_logging(env.rank(), g.log_level);
+    mt::run_agreed(env, "--log-level", [&] {
+      if (!g.log_level.empty()) mt::init_logging(env.rank(), g.log_level);
+    });
     mt::RunContext ctx{&env, g, mt::load_and_agree_config(env, g)};
     if (ctx.config.log.level != "" && g.log_level.empty()) mt::init_logging(env.rank(), ctx.config.log.level);
     if (*check) return mt::run_check_command(ctx, check_args);
@@ -83,6 +132,11 @@ int main(int argc, char** argv) {
     if (*train) return mt::run_train_command(ctx);
     if (*plan) return mt::run_plan_command(ctx);
     if (*generate) return mt::run_generate_command(ctx, generate_args);
+  } catch (const mt::ReportedError& e) {
+    // Agreed on by every rank (agree.h): printed where it should be, and no rank is left in a collective.
+    if (e.print) spdlog::error("{}", e.what());
+    spdlog::default_logger()->flush();
+    return e.code;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     spdlog::default_logger()->flush();

@@ -23,11 +23,10 @@ std::string format_duration(double s) {
   return fmt::format("{}s", t);
 }
 
-// Under mpirun, rank 0's stdout is a pseudo-terminal even when the job's output goes to a file:
-// scripts/mpirun.sh passes on what its own stdout is (MT_STDOUT_TTY).
-bool stdout_is_terminal() {
-  if (const char* e = std::getenv("MT_STDOUT_TTY")) return e[0] == '1';
-  return isatty(STDOUT_FILENO);
+bool progress_bar_wanted(const std::string& mode) {
+  if (mode == "on") return true;
+  if (mode == "off") return false;
+  return reaches_terminal(STDOUT_FILENO);
 }
 
 // Measured with the GEMM the training step uses (matmul_forward: the CPU kernels at the instruction-set
@@ -59,10 +58,16 @@ double peak_memory_bytes(Device d) {
   return double(u.ru_maxrss) * 1024.0;
 }
 
-MetricsLogger::MetricsLogger(int rank, int world, const std::string& path, int64_t total, int64_t interval,
-                             double fpt, double peak, Device device)
-    : rank_(rank), world_(world), total_(total), interval_(interval), flops_per_token_(fpt), peak_flops_(peak),
-      device_(device), tty_(stdout_is_terminal()) {
+MetricsLogger::MetricsLogger(int rank, int world, const std::string& path, int64_t total, int64_t interval, double fpt,
+                             double peak, Device device, const std::string& progress)
+    : rank_(rank),
+      world_(world),
+      total_(total),
+      interval_(interval),
+      flops_per_token_(fpt),
+      peak_flops_(peak),
+      device_(device),
+      tty_(rank == 0 && progress_bar_wanted(progress)) {
   if (rank_ == 0 && !path.empty()) {
     std::error_code ec;
     auto parent = std::filesystem::path(path).parent_path();
@@ -114,12 +119,20 @@ void MetricsLogger::step(const StepMetrics& m) {
     double mfu = peak_flops_ > 0 ? flops_per_token_ * tps / (peak_flops_ * world_) : 0;
     double mem = peak_memory_bytes(device_);
     clear_bar();
-    std::printf("step %*lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f | %.0f tok/s | mfu %.1f%% | mem %.0f MiB | eta %s\n",
-                int(std::to_string(total_).size()), (long long)(m.step + 1), (long long)total_, m.loss, m.lr,
-                m.grad_norm, tps, 100 * mfu, mem / (1 << 20), format_duration(eta).c_str());
+    std::printf(
+        "step %*lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f | %.0f tok/s | mfu %.1f%% | mem %.0f MiB | eta %s\n",
+        int(std::to_string(total_).size()), (long long)(m.step + 1), (long long)total_, m.loss, m.lr, m.grad_norm, tps,
+        100 * mfu, mem / (1 << 20), format_duration(eta).c_str());
     std::fflush(stdout);
-    record({{"step", m.step}, {"loss", m.loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm}, {"tokens_per_s", tps},
-            {"mfu", mfu}, {"step_ms", 1e3 * m.step_s}, {"peak_mem_bytes", mem}, {"skipped_steps", m.skipped}});
+    record({{"step", m.step + 1},
+            {"loss", m.loss},
+            {"lr", m.lr},
+            {"grad_norm", m.grad_norm},
+            {"tokens_per_s", tps},
+            {"mfu", mfu},
+            {"step_ms", 1e3 * m.step_s},
+            {"peak_mem_bytes", mem},
+            {"skipped_steps", m.skipped}});
     tokens_window_ = time_window_ = 0;
   }
   if (tty_) {
@@ -136,13 +149,13 @@ void MetricsLogger::step(const StepMetrics& m) {
 void MetricsLogger::eval(int64_t step, double val_loss) {
   if (rank_ != 0) return;
   note(fmt::format("eval step {} | val_loss {:.4f}", step + 1, val_loss));
-  record({{"step", step}, {"val_loss", val_loss}});
+  record({{"step", step + 1}, {"val_loss", val_loss}});
 }
 
 void MetricsLogger::sample(int64_t step, const std::string& text) {
   if (rank_ != 0) return;
   note(fmt::format("sample step {} | {}", step + 1, text));
-  record({{"step", step}, {"sample", text}});
+  record({{"step", step + 1}, {"sample", text}});
 }
 
 }  // namespace mt

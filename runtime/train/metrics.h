@@ -1,7 +1,10 @@
 // Progress and metrics of a run, printed by rank 0: a progress bar with ETA
-// when stdout is a terminal, plain lines otherwise; the same records as JSON
-// lines in log.metrics_file. MFU uses DESIGN.md's FLOP count against the
-// device's peak (for a CPU, a peak measured once by a GEMM).
+// when stdout reaches a person's terminal (log.progress, progress_bar_wanted),
+// plain lines always; the same records as JSON lines in log.metrics_file.
+// Step numbers count optimizer steps done: "step 1" is the first step's
+// result, in the console, the metrics ("step"), checkpoints (step_00000001)
+// and messages alike. MFU counts 6N + 12 L d T FLOPs per token (N the
+// parameters without embeddings) against the device's peak (for a CPU, a peak measured once by a GEMM).
 #pragma once
 #include <chrono>
 #include <cstdio>
@@ -14,21 +17,22 @@
 namespace mt {
 
 struct StepMetrics {
-  int64_t step = 0;  // 0-based step just done
+  int64_t step = 0;  // 0-based index of the step just done (printed and recorded as step + 1, the steps done)
   double loss = 0, lr = 0, grad_norm = 0;
-  double step_s = 0;   // wall time of the step
-  int64_t tokens = 0;  // global tokens in the step
+  double step_s = 0;    // wall time of the step
+  int64_t tokens = 0;   // global tokens in the step
   int64_t skipped = 0;  // steps not applied so far (non-finite loss or grad norm, training.nonfinite: skip)
 };
 
 class MetricsLogger {
  public:
   // rank: only rank 0 prints and writes. flops_per_token and peak_flops (per rank, FLOP/s) give MFU.
+  // progress: log.progress (auto | on | off).
   MetricsLogger(int rank, int world_size, const std::string& metrics_file, int64_t total_steps, int64_t interval,
-                double flops_per_token, double peak_flops, Device device);
+                double flops_per_token, double peak_flops, Device device, const std::string& progress = "auto");
   ~MetricsLogger();
   void step(const StepMetrics& m);
-  void eval(int64_t step, double val_loss);
+  void eval(int64_t step, double val_loss);  // step: 0-based index, as in StepMetrics
   void sample(int64_t step, const std::string& text);
   void note(const std::string& line);  // a plain line that does not break the progress bar
   void record(nlohmann::json j);       // a JSON line as is
@@ -46,6 +50,9 @@ class MetricsLogger {
   double ema_step_s_ = 0;
 };
 
+// Whether rank 0 draws the progress bar: on / off as said; auto when stdout reaches a person's terminal
+// (reaches_terminal in runtime/core/log.h: not when mpirun copies a rank's pty into a file or a batch log).
+bool progress_bar_wanted(const std::string& mode);
 // Dense GEMM peak of this process's CPU threads in FLOP/s (f32, measured once, cached).
 double cpu_peak_flops();
 // Peak resident memory of this process in bytes (getrusage), or of the device's caching allocator.

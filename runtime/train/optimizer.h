@@ -36,8 +36,15 @@ class AdamW {
 double lr_at(const TrainingConfig& t, int64_t step);
 
 // sqrt(sum of squares) of every gradient over the mesh (collective where a
-// gradient is sharded: partial sums are all-reduced over its shard dims).
+// gradient is sharded: partial sums are all-reduced over its shard dims). One host read.
 double grad_norm(const std::vector<Parameter*>& params);
+// The same in pieces, so the step reads it with its loss in one host sync: grad_norm_slots(params) = k groups of
+// gradients sharded over the same mesh dims; grad_norm_squares adds each group's sum of squares into
+// out[first + group] (f64 on the gradients' device, zeroed by the caller) and all-reduces it over the group's
+// shard dims on the device; grad_norm_from takes the root of the k entries read back on the host.
+int64_t grad_norm_slots(const std::vector<Parameter*>& params);
+void grad_norm_squares(const Tensor& out, int64_t first, const std::vector<Parameter*>& params);
+double grad_norm_from(const std::vector<double>& squares, int64_t first, int64_t count);
 // clip_grad_norm_: if max_norm > 0 and norm > max_norm, scale by max_norm / (norm + 1e-6).
 void clip_grads(const std::vector<Parameter*>& params, double norm, double max_norm);
 

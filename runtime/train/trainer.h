@@ -1,6 +1,6 @@
 // The training run: mesh, model, optimizer and data built from the config, the
-// step (readable top to bottom in train_step), evaluation, sampling, and the
-// `meshtrain train` / `meshtrain generate` subcommands.
+// step (readable top to bottom in train_step), evaluation and sampling; the
+// subcommands that drive them are cmd_train.cpp and cmd_generate.cpp.
 #pragma once
 #include <memory>
 
@@ -12,10 +12,6 @@
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/cli.h"
 #include "runtime/train/optimizer.h"
-
-namespace CLI {
-class App;
-}
 
 namespace mt {
 
@@ -64,7 +60,7 @@ StepResult train_step(TrainRun& run, int64_t step);
 // (undefined, or aliasing logits) gets the gradient scaled by grad_scale.
 void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                   const Tensor& targets, double grad_scale);
-// Brings every gradient to its parameter's placement (DESIGN.md's one rule) through run.grad_sync:
+// Brings every gradient to its parameter's placement (a gradient ends in its parameter's placements) through run.grad_sync:
 // buckets, or one redistribute per parameter with grad_bucket_mb 0; both reduce in training.grad_reduce_dtype.
 void sync_gradients(TrainRun& run);
 // Mean token loss over eval.steps validation batches (collective over dp).
@@ -74,15 +70,7 @@ double evaluate(TrainRun& run);
 std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t n, double temperature, uint64_t seed,
                      uint64_t stream, int64_t pad_multiple = 1, int64_t document_separator = -1);
 
-struct GenerateArgs {
-  std::string checkpoint, prompt = "The ";
-  int64_t tokens = 128;
-  double temperature = 0.8;
-  int64_t seed = 0;
-};
-void add_generate_options(CLI::App* app, GenerateArgs& args);
-int run_train_command(RunContext& ctx);
-int run_generate_command(RunContext& ctx, const GenerateArgs& args);
-int run_plan_command(RunContext& ctx);
+// Sequence lengths must be multiples of this: tp under sequence parallel, else 1.
+int64_t sequence_pad(const TrainRun& run);
 
 }  // namespace mt

@@ -78,12 +78,13 @@ int main(int argc, char** argv) {
     };
     double fwd_s = time_it(false), all_s = time_it(true);
     double fwd_flops = 4.0 * double(B * H) * double(T) * double(T) * double(hd) * (causal ? 0.5 : 1.0);
-    std::printf("{\"kernel\":\"meshtrain\",\"device\":\"%s\",\"dtype\":\"%s\",\"causal\":%s,\"B\":%lld,\"H\":%lld,"
-                "\"KV\":%lld,\"T\":%lld,\"hd\":%lld,\"fwd_ms\":%.3f,\"fwdbwd_ms\":%.3f,\"fwd_tflops\":%.2f,"
-                "\"fwdbwd_tflops\":%.2f}\n",
-                device.c_str(), dtype.c_str(), causal ? "true" : "false", (long long)B, (long long)H, (long long)KV,
-                (long long)T, (long long)hd, 1e3 * fwd_s, 1e3 * all_s, fwd_flops / fwd_s / 1e12,
-                3.5 * fwd_flops / all_s / 1e12);
+    std::printf(
+        "{\"kernel\":\"meshtrain\",\"device\":\"%s\",\"dtype\":\"%s\",\"causal\":%s,\"B\":%lld,\"H\":%lld,"
+        "\"KV\":%lld,\"T\":%lld,\"hd\":%lld,\"fwd_ms\":%.3f,\"fwdbwd_ms\":%.3f,\"fwd_tflops\":%.2f,"
+        "\"fwdbwd_tflops\":%.2f}\n",
+        device.c_str(), dtype.c_str(), causal ? "true" : "false", (long long)B, (long long)H, (long long)KV,
+        (long long)T, (long long)hd, 1e3 * fwd_s, 1e3 * all_s, fwd_flops / fwd_s / 1e12,
+        3.5 * fwd_flops / all_s / 1e12);
   } catch (const std::exception& e) {
     std::printf("{\"kernel\":\"meshtrain\",\"error\":\"%s\"}\n", e.what());
     return 1;

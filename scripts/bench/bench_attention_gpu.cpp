@@ -84,16 +84,16 @@ int main(int argc, char** argv) {
         const size_t scratch_bytes = cuda::flash_attention_backward_scratch_bytes(B, T, S, H, KV, hd);
         Tensor scratch = empty({int64_t(scratch_bytes / sizeof(float)) + 1}, DType::f32, d);
         auto forward = [&] {
-          check(cuda::flash_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(),
-                                              v.data_ptr(), B, T, S, H, KV, hd, scale, causal, 0, 0, nullptr,
-                                              st.handle()),
-                "flash_attention_forward");
+          check(
+              cuda::flash_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                            B, T, S, H, KV, hd, scale, causal, 0, 0, nullptr, st.handle()),
+              "flash_attention_forward");
         };
         auto backward = [&] {
           check(cuda::flash_attention_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), scratch.data_ptr(),
                                                dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                               out.data_ptr(), lse.data<float>(), B, T, S, H, KV, hd, scale, causal,
-                                               0, 0, nullptr, false, st.handle()),
+                                               out.data_ptr(), lse.data<float>(), B, T, S, H, KV, hd, scale, causal, 0,
+                                               0, nullptr, false, st.handle()),
                 "flash_attention_backward");
         };
         // Mean milliseconds per iteration between two events on the stream, after warm-up runs.
@@ -114,12 +114,12 @@ int main(int argc, char** argv) {
         };
         const double fwd_ms = time_ms(false), all_ms = time_ms(true);
         const double fwd_flops = 4.0 * double(B * H) * double(T) * double(S) * double(hd) * (causal ? 0.5 : 1.0);
-        std::printf("{\"kernel\":\"meshtrain\",\"timer\":\"cuda_events\",\"device\":\"cuda\",\"dtype\":\"bf16\","
-                    "\"causal\":%s,\"B\":%lld,\"H\":%lld,\"KV\":%lld,\"T\":%lld,\"hd\":%lld,\"fwd_ms\":%.3f,"
-                    "\"fwdbwd_ms\":%.3f,\"fwd_tflops\":%.2f,\"fwdbwd_tflops\":%.2f}\n",
-                    causal ? "true" : "false", (long long)B, (long long)H, (long long)KV, (long long)T,
-                    (long long)hd, fwd_ms, all_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12,
-                    3.5 * fwd_flops / (all_ms * 1e-3) / 1e12);
+        std::printf(
+            "{\"kernel\":\"meshtrain\",\"timer\":\"cuda_events\",\"device\":\"cuda\",\"dtype\":\"bf16\","
+            "\"causal\":%s,\"B\":%lld,\"H\":%lld,\"KV\":%lld,\"T\":%lld,\"hd\":%lld,\"fwd_ms\":%.3f,"
+            "\"fwdbwd_ms\":%.3f,\"fwd_tflops\":%.2f,\"fwdbwd_tflops\":%.2f}\n",
+            causal ? "true" : "false", (long long)B, (long long)H, (long long)KV, (long long)T, (long long)hd, fwd_ms,
+            all_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, 3.5 * fwd_flops / (all_ms * 1e-3) / 1e12);
         std::fflush(stdout);
       }
   } catch (const std::exception& e) {

@@ -123,9 +123,10 @@ int main(int argc, char** argv) {
         };
         std::string per_rank;
         for (int r = 0; r < n; ++r) per_rank += fmt::format("{}{:.4f}", r ? "," : "", time[size_t(r)]);
-        std::printf("{\"bench\": \"cp_load_balance\", \"cp\": %d, \"load_balance\": \"%s\", \"T\": %lld, "
-                    "\"work_max_over_mean\": %.3f, \"time_max_over_mean\": %.3f, \"rank_seconds\": [%s]}\n",
-                    n, cp_load_balance_name(lb).c_str(), (long long)z.T, ratio(work), ratio(time), per_rank.c_str());
+        std::printf(
+            "{\"bench\": \"cp_load_balance\", \"cp\": %d, \"load_balance\": \"%s\", \"T\": %lld, "
+            "\"work_max_over_mean\": %.3f, \"time_max_over_mean\": %.3f, \"rank_seconds\": [%s]}\n",
+            n, cp_load_balance_name(lb).c_str(), (long long)z.T, ratio(work), ratio(time), per_rank.c_str());
         std::fflush(stdout);
       }
     }
@@ -176,11 +177,12 @@ int main(int argc, char** argv) {
       if (env.rank() == 0) {
         // Hidden share, clamped to [0, 1]: a total below the compute alone is noise, not negative transfers.
         double hidden = fig[2] > 0 ? std::clamp((fig[1] + fig[2] - fig[0]) / fig[2], 0.0, 1.0) : 1.0;
-        std::printf("{\"bench\": \"cp_overlap\", \"cp\": %d, \"method\": \"%s\", \"T\": %lld, \"KV\": %lld, "
-                    "\"hd\": %lld, \"total_s\": %.4f, \"compute_s\": %.4f, \"transfers_s\": %.4f, \"sum_s\": %.4f, "
-                    "\"total_over_sum\": %.3f, \"hidden_share\": %.2f}\n",
-                    n, cp_method_name(method).c_str(), (long long)z.T, (long long)z.KV, (long long)z.hd, fig[0],
-                    fig[1], fig[2], fig[1] + fig[2], fig[0] / (fig[1] + fig[2]), hidden);
+        std::printf(
+            "{\"bench\": \"cp_overlap\", \"cp\": %d, \"method\": \"%s\", \"T\": %lld, \"KV\": %lld, "
+            "\"hd\": %lld, \"total_s\": %.4f, \"compute_s\": %.4f, \"transfers_s\": %.4f, \"sum_s\": %.4f, "
+            "\"total_over_sum\": %.3f, \"hidden_share\": %.2f}\n",
+            n, cp_method_name(method).c_str(), (long long)z.T, (long long)z.KV, (long long)z.hd, fig[0], fig[1], fig[2],
+            fig[1] + fig[2], fig[0] / (fig[1] + fig[2]), hidden);
         std::fflush(stdout);
       }
     }

@@ -2,7 +2,7 @@
 # Issue 6's GPU benchmarks in one run, with a summary table:
 #  1. meshtrain training a ~1B Llama (dim 2048, 16 layers, 16 heads, 8 kv heads, ffn 5632, vocab 32000,
 #     seq 2048, bf16) on one GPU: median tokens/s after the first 5 steps, MFU against 989 TFLOP/s
-#     (DESIGN.md's FLOP count), peak device memory beside the model state it expects;
+#     (6N + 12 L d T FLOPs per token), peak device memory beside the model state it expects;
 #  2. PyTorch on the same model, batch and sequence (scripts/bench/torch_llama_bench.py): eager with SDPA
 #     and torch.compile; the ratio meshtrain / compiled (target >= 1.1);
 #  3. attention alone, causal, head dim 128, seq 8192, forward+backward TFLOP/s (target >= 330) beside

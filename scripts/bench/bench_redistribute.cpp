@@ -45,7 +45,8 @@ void planning(int rank) {
   }
   std::vector<std::pair<DTensorSpec, DTensorSpec>> pairs;
   for (auto& a : all)
-    for (auto& b : all) pairs.emplace_back(DTensorSpec::make(mesh, a, {4096, 4096}), DTensorSpec::make(mesh, b, {4096, 4096}));
+    for (auto& b : all)
+      pairs.emplace_back(DTensorSpec::make(mesh, a, {4096, 4096}), DTensorSpec::make(mesh, b, {4096, 4096}));
   std::vector<double> unc;
   double worst = 0;
   for (auto& [a, b] : pairs) {
@@ -65,9 +66,10 @@ void planning(int rank) {
   double mean = 0;
   for (double t : unc) mean += t / double(unc.size());
   if (rank == 0)
-    std::printf("planning, 3-D mesh 2x2x2, %zu pairs of {R,S(0),S(1),P}^3: uncached mean %.1f us, median %.1f us, "
-                "max %.1f us (target < 1000 us); cached %.3f us (target < 1 us)\n",
-                pairs.size(), mean * 1e6, median(unc) * 1e6, worst * 1e6, cached * 1e6);
+    std::printf(
+        "planning, 3-D mesh 2x2x2, %zu pairs of {R,S(0),S(1),P}^3: uncached mean %.1f us, median %.1f us, "
+        "max %.1f us (target < 1000 us); cached %.3f us (target < 1 us)\n",
+        pairs.size(), mean * 1e6, median(unc) * 1e6, worst * 1e6, cached * 1e6);
 }
 
 }  // namespace
@@ -105,10 +107,10 @@ int main(int argc, char** argv) {
                           {"P->S(0)", {Placement::Partial()}, {Placement::Shard(0)}},
                           {"S(0)->S(1)", {Placement::Shard(0)}, {Placement::Shard(1)}}};
   if (env.rank() == 0)
-    std::printf("\nredistribute %lld MiB f32 (%lldx%lld) on %d ranks, median of %d (slowest rank per iteration)\n"
-                "%-12s %12s %12s %8s  %s\n",
-                (long long)mib, (long long)side, (long long)side, n, iters, "case", "ours_ms", "bare_ms", "ratio",
-                "bare call");
+    std::printf(
+        "\nredistribute %lld MiB f32 (%lldx%lld) on %d ranks, median of %d (slowest rank per iteration)\n"
+        "%-12s %12s %12s %8s  %s\n",
+        (long long)mib, (long long)side, (long long)side, n, iters, "case", "ours_ms", "bare_ms", "ratio", "bare call");
   for (auto& c : cases) {
     DTensor src = distribute_tensor(x, mesh, c.from);
     Tensor local = src.local;
@@ -124,9 +126,11 @@ int main(int argc, char** argv) {
       MPI_Barrier(comm);
       auto t1 = Clock::now();
       std::string name(c.name);
-      if (name == "S(0)->R") MPI_Allgather(local.data_ptr(), int(cnt), MPI_FLOAT, out.data_ptr(), int(cnt), MPI_FLOAT, comm);
+      if (name == "S(0)->R")
+        MPI_Allgather(local.data_ptr(), int(cnt), MPI_FLOAT, out.data_ptr(), int(cnt), MPI_FLOAT, comm);
       else if (name == "P->R") MPI_Allreduce(MPI_IN_PLACE, work.data_ptr(), int(cnt), MPI_FLOAT, MPI_SUM, comm);
-      else if (name == "P->S(0)") MPI_Reduce_scatter_block(local.data_ptr(), part.data_ptr(), int(cnt / n), MPI_FLOAT, MPI_SUM, comm);
+      else if (name == "P->S(0)")
+        MPI_Reduce_scatter_block(local.data_ptr(), part.data_ptr(), int(cnt / n), MPI_FLOAT, MPI_SUM, comm);
       else MPI_Alltoall(local.data_ptr(), int(cnt / n), MPI_FLOAT, a2a.data_ptr(), int(cnt / n), MPI_FLOAT, comm);
       double tb = seconds_since(t1);
       if (it >= 0) ours.push_back(t), bare.push_back(tb);
@@ -134,10 +138,11 @@ int main(int argc, char** argv) {
     MPI_Allreduce(MPI_IN_PLACE, ours.data(), iters, MPI_DOUBLE, MPI_MAX, comm);
     MPI_Allreduce(MPI_IN_PLACE, bare.data(), iters, MPI_DOUBLE, MPI_MAX, comm);
     double to = median(ours), tb = median(bare);
-    const char* call = std::string(c.name) == "S(0)->R" ? "MPI_Allgather" : std::string(c.name) == "P->R" ? "MPI_Allreduce"
-                       : std::string(c.name) == "P->S(0)" ? "MPI_Reduce_scatter_block" : "MPI_Alltoall (pre-packed)";
-    if (env.rank() == 0)
-      std::printf("%-12s %12.2f %12.2f %8.3f  %s\n", c.name, to * 1e3, tb * 1e3, to / tb, call);
+    const char* call = std::string(c.name) == "S(0)->R"   ? "MPI_Allgather"
+                       : std::string(c.name) == "P->R"    ? "MPI_Allreduce"
+                       : std::string(c.name) == "P->S(0)" ? "MPI_Reduce_scatter_block"
+                                                          : "MPI_Alltoall (pre-packed)";
+    if (env.rank() == 0) std::printf("%-12s %12.2f %12.2f %8.3f  %s\n", c.name, to * 1e3, tb * 1e3, to / tb, call);
   }
   return 0;
 }

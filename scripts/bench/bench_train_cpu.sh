@@ -6,7 +6,8 @@
 # threads, in one run. Prints the machine's CPU model and vector extensions, the
 # instruction-set level meshtrain's kernels run at and the kernels PyTorch's
 # OpenBLAS picked, tokens/s of both and the ratio, the achieved GFLOP/s against
-# the measured GEMM peak, and peak memory against the expected parameter +
+# the measured GEMM peak, where the step's time goes (its linear GEMMs and its
+# attention timed alone by bench_step_parts, the rest by difference), and peak memory against the expected parameter +
 # optimizer + activation bytes. MT_CPU_ISA (base, avx2, avx512) and
 # OPENBLAS_CORETYPE in the environment pass through to meshtrain and PyTorch.
 #   scripts/bench/bench_train_cpu.sh [BUILD_DIR] [STEPS]
@@ -47,10 +48,13 @@ PY
 peak=$(grep -oE 'CPU GEMM peak [0-9.]+' "$tmp/mt.log" | grep -oE '[0-9.]+$')
 isa=$(grep -oE 'CPU kernels: [^(]*\([^)]*\)' "$tmp/mt.log" | head -n 1 | sed 's/^CPU kernels: //' || true)
 setup_mib=$(grep -oE 'memory after setup: [0-9.]+' "$tmp/mt.log" | grep -oE '[0-9.]+$')
+# The step's linear GEMMs and its attention, each timed alone at the same shapes and threads.
+"$build/scripts/bench/bench_step_parts" --dim 256 --layers 4 --heads 8 --kv 4 --ffn 768 --vocab 256 --batch 8 \
+  --seq 256 >"$tmp/parts.json"
 /usr/bin/python3 "$root/scripts/reference/llama_ref.py" bench --dim 256 --n-layers 4 --n-heads 8 --n-kv-heads 4 \
   --ffn-dim 768 --vocab-size 256 --seq-len 256 --batch-size 8 --threads $threads --steps 10 --warmup 3 >"$tmp/ref.json"
 
-/usr/bin/python3 - "$tmp/m.jsonl" "$tmp/ref.json" "$peak" "$setup_mib" "$isa" "$blas_core" <<'PY'
+/usr/bin/python3 - "$tmp/m.jsonl" "$tmp/ref.json" "$peak" "$setup_mib" "$isa" "$blas_core" "$tmp/parts.json" <<'PY'
 import json, sys, statistics
 recs = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
 ref = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
@@ -78,6 +82,14 @@ print(f"PyTorch    : {ref['tokens_per_s']:10.0f} tokens/s  (torch {ref.get('torc
       f"{ref.get('blas', '?')}, OpenBLAS kernels {blas_core})")
 print(f"ratio      : {tps / ref['tokens_per_s']:.2f}x  (target >= 2x)")
 print(f"compute    : {gflops:.1f} GFLOP/s of a {peak:.1f} GFLOP/s GEMM peak = {100 * gflops / peak:.0f}%  ({flops_tok / 1e6:.1f} MFLOP/token)")
+parts = json.loads(open(sys.argv[7]).read())
+rest = step_ms - parts["gemm_ms"] - parts["attention_ms"]
+print(f"GEMMs      : {parts['gemm_ms']:.1f} ms of the {step_ms:.1f} ms step ({100 * parts['gemm_ms'] / step_ms:.0f}%) at "
+      f"{parts['gemm_gflops']:.1f} GFLOP/s = {100 * parts['gemm_gflops'] / peak:.0f}% of the peak  (the linears' "
+      f"{parts['gemm_mflop'] / 1e3:.1f} GFLOP, timed alone)")
+print(f"attention  : {parts['attention_ms']:.1f} ms ({100 * parts['attention_ms'] / step_ms:.0f}%) at "
+      f"{parts['attention_gflops']:.1f} GFLOP/s; the rest (norms, RoPE, SwiGLU, embedding, loss, AdamW, "
+      f"clipping): {rest:.1f} ms ({100 * rest / step_ms:.0f}%)")
 print(f"peak memory: {mem / 2**20:.0f} MiB resident; {setup / 2**20:.0f} MiB after setup (binary, MPI, data, "
       f"model and optimizer state: {state / 2**20:.0f} MiB of it); the step adds {(mem - setup) / 2**20:.0f} MiB "
       f"against {act / 2**20:.0f} MiB of saved activations expected ({(mem - setup) / act:.2f}x: "

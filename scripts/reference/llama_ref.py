@@ -15,6 +15,9 @@ taken from other projects) and kept small enough to read in one sitting.
                      --lr-min 0 --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8 --grad-clip 1.0]
                      [--threads 2] [--dtype f32|f64] --out losses.json
   llama_ref.py loss  --model DIR --data GLOB --batch-size B --seq-len T --step S
+  llama_ref.py generate --model DIR --prompt TEXT --tokens N [--max-seq-len T --norm-eps 1e-5 --rope-theta 10000]
+                     greedy continuation as JSON {"tokens", "margins"}; DIR is a Hugging Face directory or a
+                     meshtrain checkpoint (step_XXXXXXXX: sizes from meta.json, the rest from the options)
   llama_ref.py bench [--dim 256 --n-layers 4 --n-heads 8 --n-kv-heads 4 --ffn-dim 768 --vocab-size 256
                      --seq-len 256 --batch-size 8 --threads 2 --steps 10 --warmup 3]
 """
@@ -269,9 +272,10 @@ def init_weights(model, seed):
                 p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.02)
 
 
-def load_model(model_dir, dtype=None):
-    """Builds the model from DIR/config.json and loads DIR/model.safetensors (strict: names and shapes)."""
-    c = LlamaConfig.load(model_dir)
+def load_model(model_dir, dtype=None, config=None):
+    """Builds the model from DIR/config.json (or `config`) and loads DIR/model.safetensors (strict: names and
+    shapes)."""
+    c = config or LlamaConfig.load(model_dir)
     model = LlamaForCausalLM(c)
     weights, _ = read_safetensors(os.path.join(model_dir, "model.safetensors"))
     expected = dict(model.state_dict())
@@ -425,6 +429,39 @@ def cmd_loss(a):
         print(json.dumps({"loss": model.loss(x, y).item()}))
 
 
+def cmd_generate(a):
+    """Greedy decoding as `meshtrain generate --temperature 0` does it: prompt bytes as tokens, the context the
+    last max_seq_len tokens at positions 0.., the next token the first maximum of the last row's logits. In f64;
+    margins[i] is the gap between the best and second-best logit at step i (a near tie may go either way in
+    f32)."""
+    torch.set_num_threads(a.threads)
+    meta = os.path.join(a.model, "meta.json")
+    config = None
+    if not os.path.exists(os.path.join(a.model, "config.json")) and os.path.exists(meta):
+        m = json.load(open(meta))["model"]  # a meshtrain checkpoint
+        config = LlamaConfig({"hidden_size": m["dim"], "num_hidden_layers": m["n_layers"],
+                              "num_attention_heads": m["n_heads"], "num_key_value_heads": m["n_kv_heads"],
+                              "intermediate_size": m["ffn_dim"], "vocab_size": m["vocab_size"],
+                              "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_theta,
+                              "max_position_embeddings": a.max_seq_len,
+                              "tie_word_embeddings": "lm_head.weight" not in
+                              read_safetensors(os.path.join(a.model, "model.safetensors"))[0]})
+    model = load_model(a.model, torch.float64, config)
+    c = model.config
+    ctx_max = a.max_seq_len or c.max_position_embeddings
+    toks = [b % c.vocab_size for b in a.prompt.encode()] or [ord("\n") % c.vocab_size]
+    out, margins = [], []
+    with torch.no_grad():
+        for _ in range(a.tokens):
+            row = model(torch.tensor([toks[-ctx_max:]]))[0, -1]
+            top = torch.topk(row, 2)
+            nxt = int(torch.argmax(row))  # the first maximum, as std::max_element
+            out.append(nxt)
+            margins.append(float(top.values[0] - top.values[1]))
+            toks.append(nxt)
+    print(json.dumps({"tokens": out, "margins": margins}))
+
+
 def blas_name():
     """A short name for the BLAS torch calls. Debian's torch reports BLAS_INFO=generic and calls the system
     libblas.so.3, which the alternatives system points at OpenBLAS or the (slow) reference BLAS."""
@@ -510,6 +547,15 @@ def main():
     p.add_argument("--step", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
 
+    p = sub.add_parser("generate", help="greedy continuation of a prompt, as JSON tokens and logit margins")
+    p.add_argument("--model", required=True, help="a Hugging Face directory or a meshtrain step_XXXXXXXX checkpoint")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--tokens", type=int, required=True)
+    p.add_argument("--max-seq-len", type=int, default=0, help="context kept (0: the model's max_position_embeddings)")
+    p.add_argument("--norm-eps", type=float, default=1e-5, help="for a meshtrain checkpoint")
+    p.add_argument("--rope-theta", type=float, default=10000.0, help="for a meshtrain checkpoint")
+    p.add_argument("--threads", type=int, default=2)
+
     p = sub.add_parser("bench", help="time full training steps on random tokens")
     sizes(p, 256, 4, 8, 4, 768)
     p.add_argument("--seq-len", type=int, default=256)
@@ -519,7 +565,7 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
 
     a = ap.parse_args()
-    {"init": cmd_init, "train": cmd_train, "loss": cmd_loss, "bench": cmd_bench}[a.cmd](a)
+    {"init": cmd_init, "train": cmd_train, "loss": cmd_loss, "generate": cmd_generate, "bench": cmd_bench}[a.cmd](a)
 
 
 if __name__ == "__main__":

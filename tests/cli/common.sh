@@ -1,9 +1,27 @@
 # Shared by the end-to-end test scripts (sourced after $tmp exists): counters and checks.
 passed=0
 failed=0
+skipped=0
 
 ok() { passed=$((passed + 1)); echo "ok   $1"; }
 bad() { failed=$((failed + 1)); echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
+# same_sample WHAT LOG BASE_LOG: the step-20 sample lines of two runs exist and are equal (the same model
+# generates the same text); two missing lines would compare equal, so a missing one fails.
+same_sample() {
+  local a b
+  a=$(grep -a 'sample step 20' "$2")
+  b=$(grep -a 'sample step 20' "$3")
+  if [ -z "$a" ] || [ -z "$b" ]; then bad "$1: the same sample" "no 'sample step 20' line in $2 or $3"
+  elif [ "$a" = "$b" ]; then ok "$1: the same sample"
+  else bad "$1: the same sample" "$a" "$b"; fi
+}
+# skip NAME WHY: a check that cannot run here (a missing tool or device): counted as skipped, never as passed.
+skip() { skipped=$((skipped + 1)); echo "skip $1: $2"; }
+# summary NAME: the last line scripts/test.sh reads, "NAME: N passed, N failed" with ", N skipped" when any were.
+summary() {
+  if [ "$skipped" -gt 0 ]; then echo "$1: $passed passed, $failed failed, $skipped skipped"; else
+    echo "$1: $passed passed, $failed failed"; fi
+}
 
 # expect NAME EXIT(zero|nonzero) TEXT -- COMMAND...: runs the command, checks the exit status and that the output contains TEXT.
 expect() {

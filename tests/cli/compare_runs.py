@@ -2,8 +2,11 @@
 """Compares the per-step losses of two runs (meshtrain metrics JSON lines, or the
 reference's JSON {"losses": [...]}).
   compare_runs.py A B [--rel0 1e-5] [--abs 1e-4] [--exact [--expect-differ]] [--from-step K] [--steps N]
-Exit 0 when step 0 agrees within --rel0 (relative), every step within --abs
-(absolute) or, with --exact, bit for bit; prints the largest differences."""
+Steps are numbered as meshtrain's metrics number them: step N is the loss of the
+N-th optimizer step (1-based); the reference's list starts at step 1 likewise.
+Exit 0 when the first common step agrees within --rel0 (relative), every step
+within --abs (absolute) or, with --exact, bit for bit; prints the largest
+differences."""
 import argparse
 import json
 import sys
@@ -15,7 +18,7 @@ def losses(path):
     try:
         j = json.loads(text)
         if isinstance(j, dict) and "losses" in j:
-            return {i: float(x) for i, x in enumerate(j["losses"])}
+            return {i + 1: float(x) for i, x in enumerate(j["losses"])}
     except json.JSONDecodeError:
         pass
     out = {}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Context parallel end to end (DESIGN.md invariant 1): cp = 2, 4 and 8,
+# Context parallel end to end (parallelism invariance): cp = 2, 4 and 8,
 # dp_replicate 2 x cp 2, cp 2 x tp 2 and dp_replicate 2 x cp 2 x tp 2, with the
 # ring and the all-gather methods, give the losses of 1 rank over 20 steps;
 # head_tail and contiguous splits agree; packed documents (data.document_separator)
@@ -58,8 +58,7 @@ same_as() {  # same_as BASE NAME NP DESCRIPTION [--set ...]
     if out=$("$py" "$compare" "$tmp/$name.jsonl" "$tmp/$base.jsonl" --steps 20 2>&1); then ok "$what: $out"
     else bad "$what" "$out"; fi
     # Validation and samples run with the same model: the same figures and text.
-    if [ "$(grep -a 'sample step 20' "$tmp/$name.log")" = "$(grep -a 'sample step 20' "$tmp/$base.log")" ]; then
-      ok "$what: the same sample"; else bad "$what: the same sample" "$(grep -a 'sample step 20' "$tmp/$name.log")"; fi
+    same_sample "$what" "$tmp/$name.log" "$tmp/$base.log"
   else
     bad "$what" "$(tail -n 20 "$tmp/$name.log")"
   fi

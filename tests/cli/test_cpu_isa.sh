@@ -7,7 +7,7 @@
 #  - the level is the widest the machine has, MT_CPU_ISA picks a narrower one, a bad value is refused;
 #  - training at every level this machine supports gives the same losses within 1e-4 (the levels differ
 #    in FMA and GEMM blocking: summation order only).
-# Prints "cpu_isa: N passed, N failed" last.
+# Prints "cpu_isa: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_cpu_isa.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: test_cpu_isa.sh BUILD_DIR}
@@ -61,7 +61,7 @@ PY
   if [ $? -eq 0 ]; then ok "only the per-level kernels use AVX/AVX-512 ($(head -n 1 "$tmp/isa.out"))"; else
     bad "wide instructions outside the per-level kernels (or no levels built)" "$(tail -n 22 "$tmp/isa.out")"; fi
 else
-  echo "skip binary check: not x86-64 or no objdump"
+  skip "binary check" "not x86-64 or no objdump"
 fi
 
 # --- The level: widest by default, MT_CPU_ISA narrower, bad values refused ---
@@ -113,5 +113,5 @@ if [ "${#levels[@]}" -lt 3 ]; then
     env MT_CPU_ISA=avx512 "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.steps=1 train
 fi
 
-echo "cpu_isa: $passed passed, $failed failed"
+summary cpu_isa
 [ "$failed" -eq 0 ]

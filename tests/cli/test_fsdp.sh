@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fully sharded data parallel end to end (DESIGN.md invariant 1): dp_shard = 2, 4, 8, dp_replicate 2 x dp_shard 2,
+# Fully sharded data parallel end to end (parallelism invariance): dp_shard = 2, 4, 8, dp_replicate 2 x dp_shard 2,
 # dp_shard 2 x tp 2, dp_replicate 2 x dp_shard 2 x tp 2 and dp_shard 2 x cp 2, each also with
 # reshard_after_forward false and with recompute, give the losses of 1 rank over 20 steps; a model whose weights
 # only divide along the tp-sharded dim is sharded over both mesh dims; the model state on rank 0 equals the
@@ -46,8 +46,7 @@ same_as() {  # same_as BASE NAME NP DESCRIPTION [--set ...]
   if train "$name" "$np" "$@"; then
     if out=$("$py" "$compare" "$tmp/$name.jsonl" "$tmp/$base.jsonl" --steps 20 2>&1); then ok "$what: $out"
     else bad "$what" "$out"; fi
-    if [ "$(grep -a 'sample step 20' "$tmp/$name.log")" = "$(grep -a 'sample step 20' "$tmp/$base.log")" ]; then
-      ok "$what: the same sample"; else bad "$what: the same sample" "$(grep -a 'sample step 20' "$tmp/$name.log")"; fi
+    same_sample "$what" "$tmp/$name.log" "$tmp/$base.log"
   else
     bad "$what" "$(tail -n 20 "$tmp/$name.log")"
   fi

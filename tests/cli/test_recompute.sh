@@ -40,8 +40,7 @@ same_as() {
   if train "$name" "$np" "$@"; then
     if out=$("$py" "$compare" "$tmp/$name.jsonl" "$tmp/$base.jsonl" --exact --steps 20 2>&1); then ok "$what: $out"
     else bad "$what" "$out"; fi
-    if [ "$(grep -a 'sample step 20' "$tmp/$name.log")" = "$(grep -a 'sample step 20' "$tmp/$base.log")" ]; then
-      ok "$what: the same sample"; else bad "$what: the same sample" "$(grep -a 'sample step 20' "$tmp/$name.log")"; fi
+    same_sample "$what" "$tmp/$name.log" "$tmp/$base.log"
   else
     bad "$what" "$(tail -n 20 "$tmp/$name.log")"
   fi

@@ -40,7 +40,8 @@
 #define __align__(x)
 #define MT_CUDA_EMULATOR 1
 #define MT_DYNAMIC_SMEM(name) unsigned char* name = emu::shared_memory()
-#define MT_LAUNCH(kernel, grid, block, smem, stream, ...) ((void)(stream), emu::launch(kernel, grid, block, smem, __VA_ARGS__))
+#define MT_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  ((void)(stream), emu::launch(kernel, grid, block, smem, __VA_ARGS__))
 
 inline thread_local dim3 threadIdx, blockIdx, gridDim, blockDim;
 
@@ -53,9 +54,14 @@ namespace emu {
 }
 
 // Global ranges cp.async may read; registered by the test before a launch.
-struct Range { const unsigned char* begin; size_t bytes; };
+struct Range {
+  const unsigned char* begin;
+  size_t bytes;
+};
 inline std::vector<Range> readable;
-inline void allow_reads(const void* p, size_t bytes) { readable.push_back({static_cast<const unsigned char*>(p), bytes}); }
+inline void allow_reads(const void* p, size_t bytes) {
+  readable.push_back({static_cast<const unsigned char*>(p), bytes});
+}
 inline void clear_reads() { readable.clear(); }
 inline bool may_read(const void* p, size_t n) {
   auto* c = static_cast<const unsigned char*>(p);
@@ -67,8 +73,18 @@ inline bool may_read(const void* p, size_t n) {
 inline std::atomic<long long> mma_count{0};  // warp-level mma instructions, for the test's report
 inline std::atomic<size_t> max_smem{0};
 
-struct Pending { void* dst; const void* src; bool valid; };
-struct Slot { const void* addr; uint32_t a[4]; uint32_t b[2]; float f; int i; };
+struct Pending {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+struct Slot {
+  const void* addr;
+  uint32_t a[4];
+  uint32_t b[2];
+  float f;
+  int i;
+};
 
 struct Fiber {
   ucontext_t ctx;
@@ -76,14 +92,17 @@ struct Fiber {
   // most of the emulator's time on small shapes).
   std::unique_ptr<unsigned char[]> stack;
   unsigned tid = 0;
-  int waiting = -1;         // barrier index (0 = block, 1 + w = warp w), -1 when runnable
-  unsigned long gen = 0;    // that barrier's generation when this fiber arrived
+  int waiting = -1;       // barrier index (0 = block, 1 + w = warp w), -1 when runnable
+  unsigned long gen = 0;  // that barrier's generation when this fiber arrived
   bool done = false;
   std::vector<std::vector<Pending>> groups;  // committed cp.async groups, oldest first
   std::vector<Pending> open;                 // not yet committed
 };
 
-struct Barrier { unsigned expected = 0, arrived = 0; unsigned long gen = 0; };
+struct Barrier {
+  unsigned expected = 0, arrived = 0;
+  unsigned long gen = 0;
+};
 
 // One OS thread's scheduler: runs a block's fibers until all return.
 struct Block {
@@ -156,8 +175,7 @@ void launch(Kernel kernel, dim3 grid, unsigned threads, size_t smem, Args... arg
   if (threads == 0 || threads > 1024 || threads % 32 != 0) fail("launch: block size");
   if (smem > 227 * 1024) fail("launch: more dynamic shared memory than an H100 SM has (227 KiB)");
   if (grid.y > 65535 || grid.z > 65535 || grid.x == 0 || grid.y == 0 || grid.z == 0) fail("launch: grid");
-  for (size_t m = max_smem; smem > m && !max_smem.compare_exchange_weak(m, smem);) {
-  }
+  for (size_t m = max_smem; smem > m && !max_smem.compare_exchange_weak(m, smem);) {}
   const long long n_blocks = (long long)grid.x * grid.y * grid.z;
   std::atomic<long long> next{0};
   auto worker = [&] {
@@ -221,7 +239,8 @@ inline int __shfl_xor_sync(unsigned mask, int v, int offset) {
 
 // cp.async.cg 16 bytes: queued in the open group; valid false zero-fills (src is not read).
 inline void cp_async16(void* dst, const void* src, bool valid) {
-  if (!emu::in_smem(dst, 16) || reinterpret_cast<uintptr_t>(dst) % 16) emu::fail("cp.async: destination not 16-byte aligned shared memory");
+  if (!emu::in_smem(dst, 16) || reinterpret_cast<uintptr_t>(dst) % 16)
+    emu::fail("cp.async: destination not 16-byte aligned shared memory");
   if (valid && (reinterpret_cast<uintptr_t>(src) % 16 || !emu::may_read(src, 16)))
     emu::fail("cp.async: source misaligned or outside the input buffers");
   emu::me().open.push_back({dst, src, valid});
@@ -246,7 +265,8 @@ template <int N> inline void cp_async_wait() {
 // ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lane i gives the address of row i % 8 of matrix i / 8;
 // register j of lane l gets row l / 4, columns 2 (l % 4), +1 of matrix j (of its transpose with .trans).
 inline void emu_ldmatrix(uint32_t (&r)[4], const __nv_bfloat16* p, bool trans) {
-  if (!emu::in_smem(p, 16) || reinterpret_cast<uintptr_t>(p) % 16) emu::fail("ldmatrix: row address not 16-byte aligned shared memory");
+  if (!emu::in_smem(p, 16) || reinterpret_cast<uintptr_t>(p) % 16)
+    emu::fail("ldmatrix: row address not 16-byte aligned shared memory");
   emu::slot(emu::lane()).addr = p;
   emu::warp_sync();
   const unsigned l = emu::lane();

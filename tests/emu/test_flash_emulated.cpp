@@ -282,7 +282,8 @@ void check_case(const Case& c, const Docs* docs = nullptr) {
 
   const std::vector<double> lse_got(lse.data(), lse.data() + nl);
   std::vector<double> dka_want(nk), dva_want(nk);
-  for (size_t i = 0; i < nk; ++i) dka_want[i] = from_bits(dk0[i]) + ref.dk[i], dva_want[i] = from_bits(dv0[i]) + ref.dv[i];
+  for (size_t i = 0; i < nk; ++i)
+    dka_want[i] = from_bits(dk0[i]) + ref.dk[i], dva_want[i] = from_bits(dv0[i]) + ref.dv[i];
   CHECK(rel_err(widen(out), ref.out) < 1e-2);
   CHECK(rel_err(lse_got, ref.lse) < 1e-4);
   CHECK(rel_err(widen(dq), ref.dq) < 1e-2);
@@ -314,22 +315,21 @@ void check_case(const Case& c, const Docs* docs = nullptr) {
 // Shapes: tails (T, S not multiples of 64), GQA groups 1-4, both head dims, ring-attention offsets (a shard of
 // queries after, before or overlapping the keys), rows that see no key, empty T or S.
 const Case kCases[] = {
-    {1, 100, 100, 4, 2, 64, true, 0, 0, true},    // causal, GQA 2, tails
-    {1, 130, 130, 2, 2, 128, true, 0, 0, false},  // hd 128, 3 blocks
-    {1, 130, 130, 4, 2, 128, false, 0, 0, false}, // full attention
-    {1, 100, 70, 2, 1, 64, false, 0, 0, true},    // full, S < T, GQA 2
-    {1, 128, 128, 2, 1, 64, true, 64, 0, false},  // ring: queries after the keys start
-    {1, 128, 128, 2, 2, 128, true, 0, 64, true},  // ring: keys start later, the first 64 rows see nothing
-    {2, 70, 150, 2, 1, 64, true, 100, 10, false}, // B 2, S > T
-    {1, 1, 5, 2, 2, 64, true, 0, 3, true},        // one query, sees no key
-    {1, 65, 0, 2, 1, 64, true, 0, 0, true},       // no keys
-    {1, 0, 65, 2, 1, 64, true, 0, 0, true},       // no queries: dk, dv zero
-    {1, 200, 200, 4, 1, 64, true, 0, 0, false},   // GQA 4, 4 blocks
-    {1, 64, 192, 2, 1, 128, true, 128, 0, false}, // ring: the last shard
-    {1, 1, 1, 1, 1, 128, false, 0, 0, true},      // smallest
-    {1, 3, 5, 2, 1, 64, false, 0, 0, true},
-    {1, 150, 40, 2, 2, 128, true, 0, 30, false},  // S < T with offset
-    {2, 90, 90, 2, 2, 64, true, 5, 100, true},    // every row masked
+    {1, 100, 100, 4, 2, 64, true, 0, 0, true},     // causal, GQA 2, tails
+    {1, 130, 130, 2, 2, 128, true, 0, 0, false},   // hd 128, 3 blocks
+    {1, 130, 130, 4, 2, 128, false, 0, 0, false},  // full attention
+    {1, 100, 70, 2, 1, 64, false, 0, 0, true},     // full, S < T, GQA 2
+    {1, 128, 128, 2, 1, 64, true, 64, 0, false},   // ring: queries after the keys start
+    {1, 128, 128, 2, 2, 128, true, 0, 64, true},   // ring: keys start later, the first 64 rows see nothing
+    {2, 70, 150, 2, 1, 64, true, 100, 10, false},  // B 2, S > T
+    {1, 1, 5, 2, 2, 64, true, 0, 3, true},         // one query, sees no key
+    {1, 65, 0, 2, 1, 64, true, 0, 0, true},        // no keys
+    {1, 0, 65, 2, 1, 64, true, 0, 0, true},        // no queries: dk, dv zero
+    {1, 200, 200, 4, 1, 64, true, 0, 0, false},    // GQA 4, 4 blocks
+    {1, 64, 192, 2, 1, 128, true, 128, 0, false},  // ring: the last shard
+    {1, 1, 1, 1, 1, 128, false, 0, 0, true},       // smallest
+    {1, 3, 5, 2, 1, 64, false, 0, 0, true},       {1, 150, 40, 2, 2, 128, true, 0, 30, false},  // S < T with offset
+    {2, 90, 90, 2, 2, 64, true, 5, 100, true},                                                  // every row masked
 };
 
 // Document masks (packed sequences): document starts inside a tile and on tile edges, one-token documents,
@@ -347,11 +347,11 @@ const std::pair<Case, Docs> kDocCases[] = {
     // on, none.
     {{1, 70, 130, 1, 1, 128, false, 100, 0, true}, {{{64, 120, 150}}}},
     // MT_TEST_FULL only.
-    {{1, 130, 130, 4, 1, 128, true, 0, 0, false}, {{{1, 63, 64, 65, 127, 128, 129}}}},     // GQA 4, tiny documents
-    {{1, 192, 128, 2, 2, 64, true, 0, 64, false}, {{{10, 70, 128}}}},                      // keys after the queries
-    {{2, 150, 150, 2, 1, 64, true, 0, 0, false}, {{}, true}},                               // starts in any order
+    {{1, 130, 130, 4, 1, 128, true, 0, 0, false}, {{{1, 63, 64, 65, 127, 128, 129}}}},  // GQA 4, tiny documents
+    {{1, 192, 128, 2, 2, 64, true, 0, 64, false}, {{{10, 70, 128}}}},                   // keys after the queries
+    {{2, 150, 150, 2, 1, 64, true, 0, 0, false}, {{}, true}},                           // starts in any order
     {{2, 90, 100, 4, 2, 128, true, 80, 0, false}, {{{0}, {100, 150}}}},  // row 1: queries from 100 see nothing
-    {{1, 70, 130, 2, 1, 64, false, 0, 0, false}, {{{5, 64, 69}}}},                          // full, S > T
+    {{1, 70, 130, 2, 1, 64, false, 0, 0, false}, {{{5, 64, 69}}}},       // full, S > T
 };
 
 }  // namespace
@@ -366,8 +366,8 @@ TEST_CASE("flash attention kernels, emulated, against attention in double") {
     if (!full && !c.fast) continue;
     check_case(c, &docs);
   }
-  MESSAGE("mma instructions emulated: " << emu::mma_count.load() << ", largest shared memory "
-                                        << emu::max_smem.load() << " bytes");
+  MESSAGE("mma instructions emulated: " << emu::mma_count.load() << ", largest shared memory " << emu::max_smem.load()
+                                        << " bytes");
 }
 
 TEST_CASE("flash attention launchers refuse what the kernels do not take") {
@@ -375,10 +375,12 @@ TEST_CASE("flash attention launchers refuse what the kernels do not take") {
   std::vector<uint16_t> buf(1024 + 8);
   std::vector<float> f(64);
   void* p = buf.data();
-  CHECK(flash_attention_forward(p, f.data(), p, p, p, 1, 4, 4, 2, 1, 96, 0.1, true, 0, 0, nullptr, nullptr) == -1);  // hd
-  CHECK(flash_attention_forward(p, f.data(), p, p, p, 1, 4, 4, 3, 2, 64, 0.1, true, 0, 0, nullptr, nullptr) == -1);  // H % KV
+  CHECK(flash_attention_forward(p, f.data(), p, p, p, 1, 4, 4, 2, 1, 96, 0.1, true, 0, 0, nullptr, nullptr) ==
+        -1);  // hd
+  CHECK(flash_attention_forward(p, f.data(), p, p, p, 1, 4, 4, 3, 2, 64, 0.1, true, 0, 0, nullptr, nullptr) ==
+        -1);                                                     // H % KV
   void* odd = reinterpret_cast<unsigned char*>(buf.data()) + 2;  // not 16-byte aligned
   CHECK(flash_attention_forward(odd, f.data(), p, p, p, 1, 4, 4, 2, 1, 64, 0.1, true, 0, 0, nullptr, nullptr) == -1);
-  CHECK(flash_attention_forward(p, f.data(), p, p, p, 1, int64_t(65536) * 64 + 1, 4, 2, 1, 64, 0.1, true, 0, 0,
-                                nullptr, nullptr) == -1);  // grid.y
+  CHECK(flash_attention_forward(p, f.data(), p, p, p, 1, int64_t(65536) * 64 + 1, 4, 2, 1, 64, 0.1, true, 0, 0, nullptr,
+                                nullptr) == -1);  // grid.y
 }

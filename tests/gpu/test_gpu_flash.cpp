@@ -60,11 +60,10 @@ Grads flash_backward(const Case& c, const Tensor& dout, const Tensor& q, const T
           accumulate ? dv0->clone() : nan_dev(k.shape(), DType::bf16)};
   const size_t bytes = cuda::flash_attention_backward_scratch_bytes(c.B, c.T, c.S, c.H, c.KV, c.hd);
   Tensor scratch = nan_dev({int64_t(bytes / sizeof(float)) + 1}, DType::f32);
-  int rc = cuda::flash_attention_backward(g.dq.data_ptr(), g.dk.data_ptr(), g.dv.data_ptr(), scratch.data_ptr(),
-                                          dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                                          lse.data<float>(), c.B, c.T, c.S, c.H, c.KV, c.hd,
-                                          1.0 / std::sqrt(double(c.hd)), c.causal, c.q_pos0, c.k_pos0, doc_ptr(doc),
-                                          accumulate, stream());
+  int rc = cuda::flash_attention_backward(
+      g.dq.data_ptr(), g.dk.data_ptr(), g.dv.data_ptr(), scratch.data_ptr(), dout.data_ptr(), q.data_ptr(),
+      k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data<float>(), c.B, c.T, c.S, c.H, c.KV, c.hd,
+      1.0 / std::sqrt(double(c.hd)), c.causal, c.q_pos0, c.k_pos0, doc_ptr(doc), accumulate, stream());
   REQUIRE(rc == 0);
   current_stream(test_device()).synchronize();
   return g;
@@ -188,7 +187,8 @@ TEST_CASE("gpu flash attention: forward and backward vs CPU f32 (hd 64/128, caus
   }
 }
 
-TEST_CASE("gpu flash attention: document masks vs CPU f32 (starts in and on the edges of tiles, rows that see nothing)") {
+TEST_CASE(
+    "gpu flash attention: document masks vs CPU f32 (starts in and on the edges of tiles, rows that see nothing)") {
   MT_REQUIRE_GPU();
   struct DocCase {
     Case c;

@@ -10,6 +10,7 @@
 
 #include "parallel/philox.h"
 #include "runtime/core/device.h"
+#include "../skip.h"
 
 namespace {
 __global__ void fill(float* u, float* z, uint64_t seed, uint64_t stream, uint64_t base, int n) {
@@ -22,10 +23,7 @@ __global__ void fill(float* u, float* z, uint64_t seed, uint64_t stream, uint64_
 }  // namespace
 
 TEST_CASE("philox uniform and normal are bit-identical on CPU and CUDA") {
-  if (mt::cuda_device_count() == 0) {
-    MESSAGE("no GPU: skipped");
-    return;
-  }
+  if (mt::cuda_device_count() == 0) MT_SKIP("no GPU");
   const int n = 1 << 20;
   uint64_t seed = 20261122, stream = mt::philox::stream_id("model.layers.7.self_attn.q_proj.weight"),
            base = (uint64_t(1) << 33) + 5;  // indices past 2^32 use the counter's high word

@@ -7,7 +7,9 @@
 
 #include "comm/nccl/nccl_group.h"
 #include "parallel/dtensor.h"
+#include "runtime/core/stream.h"
 #include "../mpi/mpi_world.h"
+#include "../skip.h"
 
 using namespace mt;
 
@@ -18,7 +20,7 @@ int check_all_pairs(const DeviceMesh& mesh) {
                              Placement::Partial(ReduceOp::sum), Placement::Partial(ReduceOp::max)};
   int bad = 0;
   int k = 0;
-  for (Shape s : std::vector<Shape>{{8, 6}, {5, 3}, {1, 2}})
+  for (Shape s : std::vector<Shape>{{8, 6}, {5, 3}, {1, 2}, {3, 7, 5}})
     for (auto& a : one)
       for (auto& b : one) {
         if (a.is_partial() && b.is_partial() && a.op != b.op) continue;
@@ -28,7 +30,12 @@ int check_all_pairs(const DeviceMesh& mesh) {
         Tensor x = from_values(v, s, dt);
         DTensor src = distribute_tensor(x.to(mesh.device()), mesh, {a});
         CHECK(src.local.device() == mesh.device());
+        const int64_t syncs = host_sync_count();
         DTensor dst = redistribute(src, {b});
+        // On NCCL the redistribution packs, communicates and unpacks on the device: the host waits for
+        // nothing (R -> P(sum) divides on the host only for mesh sizes that are not powers of two).
+        const int n = mesh.size();
+        if (mesh.backend() == "nccl" && (n & (n - 1)) == 0) CHECK(host_sync_count() == syncs);
         CHECK(dst.local.device() == mesh.device());
         Tensor back = full_tensor(dst).to(Device::cpu());
         if (!equal(back, x)) {
@@ -42,10 +49,7 @@ int check_all_pairs(const DeviceMesh& mesh) {
 }  // namespace
 
 TEST_CASE("redistribute device tensors with the MPI backend (staged through the host)") {
-  if (cuda_device_count() == 0) {
-    MESSAGE("no GPU: skipped");
-    return;
-  }
+  if (cuda_device_count() == 0) MT_SKIP("no GPU");
   MeshOptions o;
   int local = 0;
   if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = std::atoi(l);
@@ -56,10 +60,7 @@ TEST_CASE("redistribute device tensors with the MPI backend (staged through the 
 }
 
 TEST_CASE("redistribute device tensors with NCCL") {
-  if (cuda_device_count() == 0 || world_size() > cuda_device_count()) {
-    MESSAGE("NCCL needs one GPU per rank: skipped");
-    return;
-  }
+  if (cuda_device_count() == 0 || world_size() > cuda_device_count()) MT_SKIP("NCCL needs one GPU per rank");
   MeshOptions o;
   int local = 0;
   if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = std::atoi(l);
@@ -67,4 +68,26 @@ TEST_CASE("redistribute device tensors with NCCL") {
   o.backend = "nccl";
   DeviceMesh mesh = DeviceMesh::create({{"dp_shard", world_size()}}, o);
   CHECK(check_all_pairs(mesh) == 0);
+}
+
+TEST_CASE("the auto backend: NCCL when every rank has its own GPU, staged MPI when ranks share one") {
+  if (cuda_device_count() == 0) MT_SKIP("no GPU");
+  MeshOptions o;
+  int local = 0;
+  if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = std::atoi(l);
+  o.device = Device::cuda(local % cuda_device_count());
+  DeviceMesh mesh = DeviceMesh::create({{"dp_shard", world_size()}}, o);  // backend auto
+  const bool shared = world_size() > cuda_device_count();                 // one node: some ranks get the same device
+  CHECK(mesh.backend() == (shared ? "mpi" : "nccl"));
+  if (shared) {
+    o.backend = "nccl";
+    std::string what;
+    try {
+      DeviceMesh::create({{"dp_shard", world_size()}}, o);
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    CHECK(what.find("[mesh] comm.backend nccl: world ranks") != std::string::npos);
+    CHECK(what.find("share the GPU") != std::string::npos);
+  }
 }

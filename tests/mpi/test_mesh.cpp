@@ -4,12 +4,13 @@
 #include "../check_error.h"
 #include "comm/mesh.h"
 #include "mpi_world.h"
+#include "../skip.h"
 
 using namespace mt;
 
 TEST_CASE("mesh coordinates are row-major with the last dim innermost") {
   int n = world_size();
-  if (n < 4 || n % 2) return;
+  if (n < 4 || n % 2) MT_SKIP("needs an even number of ranks >= 4");
   DeviceMesh mesh = DeviceMesh::create({{"dp_shard", n / 2}, {"tp", 2}});
   int r = world_rank();
   CHECK(mesh.coordinate() == std::vector<int>{r / 2, r % 2});
@@ -24,7 +25,7 @@ TEST_CASE("mesh coordinates are row-major with the last dim innermost") {
 }
 
 TEST_CASE("3-D mesh: dp flattens dp_replicate x dp_shard, named sets flatten in mesh order") {
-  if (world_size() != 8) return;
+  if (world_size() != 8) MT_SKIP("needs 8 ranks");
   DeviceMesh mesh = DeviceMesh::create({{"dp_replicate", 2}, {"dp_shard", 2}, {"tp", 2}});
   int r = world_rank();
   Group& dp = mesh.group("dp");

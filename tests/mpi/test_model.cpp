@@ -12,6 +12,7 @@
 #include "models/llama/llama.h"
 #include "runtime/kernels/ops.h"
 #include "mpi_world.h"
+#include "../test_util.h"
 
 using namespace mt;
 
@@ -42,11 +43,7 @@ ParamFactory f64_factory(const DeviceMesh& mesh) {
 }
 
 Tensor random_tensor(const Shape& s, uint64_t seed, double scale = 1.0) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<double> n(0, scale);
-  std::vector<double> v(size_t(shape_numel(s)));
-  for (auto& x : v) x = n(g);
-  return from_values(v, s, DType::f64);
+  return test::randn(s, seed, DType::f64, scale);
 }
 
 Tensor random_tokens(const Shape& s, int64_t vocab, uint64_t seed) {

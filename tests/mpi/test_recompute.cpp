@@ -20,6 +20,8 @@
 #include "runtime/io/config.h"
 #include "runtime/kernels/ops.h"
 #include "mpi_world.h"
+#include "../test_util.h"
+#include "../skip.h"
 
 using namespace mt;
 
@@ -85,19 +87,13 @@ Tensor tokens(uint64_t seed) {
   return t;
 }
 
-Tensor random_like(const Tensor& t, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<double> n(0, 1);
-  std::vector<double> v(size_t(t.numel()));
-  for (auto& x : v) x = n(g);
-  return from_values(v, t.shape(), t.dtype());
-}
+Tensor random_like(const Tensor& t, uint64_t seed) { return test::randn(t.shape(), seed, t.dtype()); }
 
 struct Result {
-  std::vector<Tensor> logits;          // per micro-batch, this rank's part
-  std::vector<Tensor> grads;           // every parameter's local gradient after both micro-batches
-  std::vector<int64_t> held;           // bytes held after each forward (allocated after - before)
-  int64_t peak = 0;                    // peak allocated bytes over forwards and backwards, above the start
+  std::vector<Tensor> logits;               // per micro-batch, this rank's part
+  std::vector<Tensor> grads;                // every parameter's local gradient after both micro-batches
+  std::vector<int64_t> held;                // bytes held after each forward (allocated after - before)
+  int64_t peak = 0;                         // peak allocated bytes over forwards and backwards, above the start
   int64_t cp_forward = 0, cp_backward = 0;  // cp bytes of the first micro-batch
   std::vector<Module*> recomputed;
 };
@@ -193,8 +189,8 @@ void check_mesh(int cp, int tp, const std::vector<std::string>& f64_names, const
     CHECK(base.recomputed.empty());
     for (const Variant& v : variants()) {
       if (!names.empty() && std::find(names.begin(), names.end(), v.name) == names.end()) continue;
-      std::string what = fmt::format("{} on cp={} x tp={} ({} ranks), {}", v.name, cp, tp, world_size(),
-                                     dtype_name(dt));
+      std::string what =
+          fmt::format("{} on cp={} x tp={} ({} ranks), {}", v.name, cp, tp, world_size(), dtype_name(dt));
       Result r = run(s, dt, v.config);
       const std::string p0 = v.config.patterns[0];
       const size_t expected = p0 == "model" ? 1 : p0.find("[01]") != std::string::npos ? 2 : size_t(L / v.config.every);
@@ -210,7 +206,8 @@ void check_mesh(int cp, int tp, const std::vector<std::string>& f64_names, const
                                    (p0 == "model.layers.*" || p0 == "model.layers.*.self_attn" || p0 == "model");
         if (keeps || p0 == "model.layers.*.mlp") CHECK(r.cp_backward == base.cp_backward);
         if (all_attention) CHECK(r.cp_backward == base.cp_backward + base.cp_forward);
-        if (v.config.every == 2 && p0 == "model.layers.*") CHECK(r.cp_backward == base.cp_backward + base.cp_forward / 2);
+        if (v.config.every == 2 && p0 == "model.layers.*")
+          CHECK(r.cp_backward == base.cp_backward + base.cp_forward / 2);
       }
     }
   }
@@ -225,14 +222,15 @@ TEST_CASE("recompute: bit-identical losses and gradients on 1 rank (every rank a
 // Fewer variants where every forward communicates: oversubscribed ranks make each collective slow.
 TEST_CASE("recompute: bit-identical losses and gradients with tp") {
   const int tp = pick_tp(world_size());
-  if (tp == 1) return;  // 1 rank: the case above
-  check_mesh(1, tp, {"full: model.layers.*", "selective: model.layers.*, keep attention", "every 2: model.layers.*",
-                     "model.layers.*.mlp", "model.layers.*.self_attn"},
+  if (tp == 1) MT_SKIP("needs 2 ranks or more (1 rank: the case above)");
+  check_mesh(1, tp,
+             {"full: model.layers.*", "selective: model.layers.*, keep attention", "every 2: model.layers.*",
+              "model.layers.*.mlp", "model.layers.*.self_attn"},
              {"full: model.layers.*", "selective: model.layers.*, keep attention"});
 }
 
 TEST_CASE("recompute: bit-identical with cp x tp; selective recompute never repeats ring attention's transfers") {
-  if (world_size() % 2 != 0) return;
+  if (world_size() % 2 != 0) MT_SKIP("needs an even number of ranks");
   check_mesh(2, pick_tp(world_size() / 2),
              {"full: model.layers.*", "selective: model.layers.*, keep attention", "every 2: model.layers.*",
               "model.layers.*.mlp"},
@@ -307,8 +305,7 @@ TEST_CASE("recompute: errors name the key, the pattern and the module; nothing c
   CHECK(config_from_yaml_string("").parallel.recompute.patterns.empty());
   CHECK_ERROR_CONTAINS(config_from_yaml_string(base, {"parallel.recompute.keep=[mlp]"}),
                        "parallel.recompute.keep[0] = 'mlp': expected one of 'attention'");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string(base, {"parallel.recompute.every=0"}),
-                       "parallel.recompute.every = 0");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string(base, {"parallel.recompute.every=0"}), "parallel.recompute.every = 0");
   CHECK_ERROR_CONTAINS(config_from_yaml_string(base, {"parallel.recompute.patterns=['']"}),
                        "parallel.recompute.patterns[0] is empty");
   CHECK_ERROR_CONTAINS(config_from_yaml_string(base, {"parallel.recompute.patterns=[]"}),

@@ -11,6 +11,8 @@
 
 #include "../check_error.h"
 #include "parallel/random.h"
+#include "parallel/style.h"
+#include "../skip.h"
 #include "mpi_world.h"
 
 using namespace mt;
@@ -109,7 +111,7 @@ TEST_CASE("redistribute: every pair on a 1-D mesh, uneven, smaller than the mesh
 
 TEST_CASE("redistribute: every pair on a 2-D mesh, with reversed shard orders; greedy too") {
   int n = world_size();
-  if (n < 4 || n % 2) return;
+  if (n < 4 || n % 2) MT_SKIP("needs an even number of ranks >= 4");
   DeviceMesh mesh = DeviceMesh::create({{"dp_shard", 2}, {"tp", n / 2}});
   CHECK(check_pairs(mesh, {{8, 6}, {5, 3}, {1, 2}}, false, 0) == 0);
   CHECK(check_pairs(mesh, {{7, 5}}, false, 0, Planner::greedy) == 0);
@@ -117,7 +119,7 @@ TEST_CASE("redistribute: every pair on a 2-D mesh, with reversed shard orders; g
 }
 
 TEST_CASE("redistribute: sampled pairs on a 3-D mesh") {
-  if (world_size() != 8) return;
+  if (world_size() != 8) MT_SKIP("needs 8 ranks");
   DeviceMesh mesh = DeviceMesh::create({{"dp_replicate", 2}, {"dp_shard", 2}, {"tp", 2}});
   CHECK(check_pairs(mesh, {{8, 4}, {3, 5}, {0, 2}}, false, 150) == 0);
   CHECK(check_pairs(mesh, {{5, 2, 3}}, false, 100) == 0);
@@ -154,7 +156,8 @@ TEST_CASE("the gradient of redistribute matches finite differences") {
   std::vector<double> wv(15), xv(15);
   for (int i = 0; i < 15; ++i) wv[size_t(i)] = 0.25 * (i % 7) - 0.5, xv[size_t(i)] = 0.1 * i;
   Tensor w = from_values(wv, s, DType::f64), X = from_values(xv, s, DType::f64);
-  std::vector<Placements> srcs{{Placement::Shard(0)}, {Placement::Replicate()}, {Placement::Partial()}, {Placement::Shard(1)}};
+  std::vector<Placements> srcs{
+      {Placement::Shard(0)}, {Placement::Replicate()}, {Placement::Partial()}, {Placement::Shard(1)}};
   std::vector<Placements> dsts{{Placement::Replicate()}, {Placement::Shard(1)}, {Placement::Shard(0)}};
   auto loss = [&](const Tensor& x, const Placements& a, const Placements& b) {
     Tensor y = full_tensor(redistribute(distribute_tensor(x, mesh, a), b));
@@ -179,4 +182,58 @@ TEST_CASE("the gradient of redistribute matches finite differences") {
         CHECK(g.at<double>(j) == doctest::Approx(fd).epsilon(1e-9));
       }
     }
+}
+
+// The one gradient rule of redistribute (redistribute_grad_placement), used by redistribute_backward and the
+// styles' layout hooks alike, against central differences when the incoming gradient is Partial: a consumer
+// on every rank uses the whole y = redistribute(x, -> R) with its own weights, L = sum_r <w_r, y>, so rank r
+// holds dL/dy = w_r, a Partial gradient. Each rank's local gradient, read with the placement the rule must
+// give (written out here: R -> R, S(d) -> S(d), P -> R), must equal dL/dx; keeping a Replicate source's
+// gradient Partial would leave w_r on rank r instead of their sum.
+TEST_CASE("redistribute's gradient rule with a Partial gradient: redistribute_backward and the style hooks") {
+  const int n = world_size(), rank = world_rank();
+  DeviceMesh mesh = DeviceMesh::create({{"tp", n}});
+  const Shape s{4, 3};
+  std::vector<double> xv(12), wv(12);
+  for (int i = 0; i < 12; ++i) xv[size_t(i)] = 0.1 * i - 0.4, wv[size_t(i)] = 0.25 * (i % 5) - 0.3 + 0.7 * rank;
+  Tensor X = from_values(xv, s, DType::f64), w = from_values(wv, s, DType::f64);  // (4, 3) each
+  struct Case {
+    Placement from, grad;  // the source's placement and its gradient's
+  };
+  std::vector<Case> cases{{Placement::Replicate(), Placement::Replicate()},
+                          {Placement::Shard(0), Placement::Shard(0)},
+                          {Placement::Shard(1), Placement::Shard(1)},
+                          {Placement::Partial(), Placement::Replicate()}};
+  auto loss = [&](const Tensor& x, const Placement& a) {
+    Tensor y = redistribute(distribute_tensor(x, mesh, {a}), {Placement::Replicate()}).local;  // (4, 3)
+    double l = 0, total = 0;
+    for (int i = 0; i < 12; ++i) l += wv[size_t(i)] * y.at<double>(i);
+    MPI_Allreduce(&l, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return total;
+  };
+  for (const Case& c : cases) {
+    CHECK(redistribute_grad_placement(c.from) == c.grad);
+    DTensor x = distribute_tensor(X, mesh, {c.from});
+    DTensor grad_out = from_local(w, mesh, {Placement::Partial()}, s);
+    // redistribute_backward: a DTensor gradient laid out by the rule.
+    DTensor g1 = redistribute_backward(grad_out, x.spec);
+    CHECK(g1.placements() == Placements{c.grad});
+    // A layout hook from the source to Replicate whose module gives a Partial input gradient.
+    LayoutHook hook = layout_hook(mesh, 0, c.from, Placement::Replicate(), Placement::Partial(),
+                                  c.from.is_shard() ? s[size_t(c.from.dim)] : -1);  // uneven shards on 4+ ranks
+    hook.forward(x.local);
+    Tensor g2_local = hook.backward(w);
+    Tensor g1_full = full_tensor(from_local(g1.local, mesh, {c.grad}, s));
+    Tensor g2_full = full_tensor(from_local(g2_local, mesh, {c.grad}, s));
+    for (int j : {0, 5, 11}) {
+      const double eps = 1e-3;
+      Tensor xp = X.clone(), xm = X.clone();
+      xp.at<double>(j) += eps;
+      xm.at<double>(j) -= eps;
+      double fd = (loss(xp, c.from) - loss(xm, c.from)) / (2 * eps);
+      INFO(c.from.str(), " element ", j, ": finite difference ", fd);
+      CHECK(g1_full.at<double>(j) == doctest::Approx(fd).epsilon(1e-9));
+      CHECK(g2_full.at<double>(j) == doctest::Approx(fd).epsilon(1e-9));
+    }
+  }
 }

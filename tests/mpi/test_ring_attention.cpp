@@ -21,8 +21,10 @@
 #include "attention/ring_attention.h"
 #include "comm/mesh.h"
 #include "mpi_world.h"
+#include "../test_util.h"
 #include "parallel/dtensor.h"
 #include "runtime/kernels/ops.h"
+#include "../skip.h"
 
 using namespace mt;
 
@@ -31,24 +33,11 @@ namespace {
 const int64_t B = 2, H = 4, KV = 2, hd = 8;  // GQA: two q heads per kv head
 const int32_t kSeparator = 0;
 
-Tensor randn_full(const Shape& s, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<double> n(0, 1);
-  std::vector<double> v(size_t(shape_numel(s)));
-  for (auto& x : v) x = n(g);
-  return from_values(v, s, DType::f64);
-}
+Tensor randn_full(const Shape& s, uint64_t seed) { return test::randn(s, seed); }
 
 Tensor cast(const Tensor& t, DType dt) { return from_values(to_f64(t), t.shape(), dt); }
 
-// Norm-wise relative error of got against want (f64 values); NaN if got holds a NaN.
-double rel_err(const Tensor& got, const Tensor& want) {
-  auto a = to_f64(got), b = to_f64(want);
-  REQUIRE(a.size() == b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
+using test::rel_err;  // norm-wise relative error (tests/test_util.h)
 
 // lse: -inf exactly where want is (counted in mismatched_inf otherwise); elsewhere the largest
 // |got - want| / max(1, |want|); NaN if got holds a NaN.
@@ -207,11 +196,10 @@ void ring_grid(Group& group, const std::vector<int64_t>& ks, uint64_t seed_offse
           for (CpLoadBalance lb : {CpLoadBalance::none, CpLoadBalance::head_tail})
             for (DType dt : {DType::f64, DType::f32}) {
               if (!full_grid && (dt == DType::f64) != causal) continue;
-              const std::string what = "cp " + std::to_string(n) + " (" + group.name() + ", rank " +
-                                       std::to_string(group.rank()) + "), T " + std::to_string(T) + ", " +
-                                       cp_method_name(method) + ", " + cp_load_balance_name(lb) +
-                                       (causal ? ", causal" : ", full") + (docs ? ", documents" : "") + ", " +
-                                       std::string(dtype_name(dt));
+              const std::string what =
+                  "cp " + std::to_string(n) + " (" + group.name() + ", rank " + std::to_string(group.rank()) + "), T " +
+                  std::to_string(T) + ", " + cp_method_name(method) + ", " + cp_load_balance_name(lb) +
+                  (causal ? ", causal" : ", full") + (docs ? ", documents" : "") + ", " + std::string(dtype_name(dt));
               INFO(what);
               Result got = run_ring(ref, &group, method, lb, causal, scale, dt);
               check_against(got, ref, sequence_shard(lb, T, n, group.rank()), dt);
@@ -236,7 +224,7 @@ TEST_CASE("ring attention: the whole world as the cp group, against attention ov
 TEST_CASE("ring attention: the cp dim of a dp_replicate x cp mesh, each replica with its own data") {
   ThreadsPerRank threads;
   const int n = world_size();
-  if (n < 4 || n % 2) return;
+  if (n < 4 || n % 2) MT_SKIP("needs an even number of ranks >= 4");
   DeviceMesh mesh = DeviceMesh::create({{"dp_replicate", 2}, {"cp", n / 2}});
   Group& cp = mesh.group("cp");
   REQUIRE(cp.size() == n / 2);
@@ -306,7 +294,7 @@ TEST_CASE("ring attention: the bytes counted for the cp traffic") {
         CommCounters bwd = comm_counters();
         // ring: K/V shifted N-1 times and the dK/dV accumulator N times (back to its owner);
         // all_gather: K/V gathered again, dK/dV reduce-scattered ((N-1)/N of N ranks' dK/dV).
-        const int64_t want_bwd = N == 1 ? 0
+        const int64_t want_bwd = N == 1                     ? 0
                                  : method == CpMethod::ring ? (N - 1) * kv + N * dkv
                                                             : (N - 1) * kv + (N - 1) * dkv;
         CHECK(bwd.bytes_by_dim["cp"] == want_bwd);

@@ -10,8 +10,10 @@
 #include "../check_error.h"
 #include "models/llama/llama.h"
 #include "models/llama/parallelize.h"
+#include "parallel/plan_yaml.h"
 #include "parallel/style.h"
 #include "mpi_world.h"
+#include "../test_util.h"
 
 using namespace mt;
 
@@ -26,13 +28,7 @@ ParamFactory factory(const DeviceMesh& mesh) {
   return f;
 }
 
-Tensor random_full(const Shape& s, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<double> n(0, 1);
-  std::vector<double> v(size_t(shape_numel(s)));
-  for (auto& x : v) x = n(g);
-  return from_values(v, s, DType::f64);
-}
+Tensor random_full(const Shape& s, uint64_t seed) { return test::randn(s, seed); }
 
 Placement norm(const Placement& p, int64_t ndim) {
   return p.is_shard() && p.dim < 0 ? Placement::Shard(int(p.dim + ndim)) : p;
@@ -60,9 +56,8 @@ void check_close(const Tensor& got, const Tensor& want, const std::string& what)
 
 // Runs `style` on the module at `path` of `par` and compares with `ref` (the same module unparallelized):
 // the output, the input gradient and every parameter's gradient.
-template <class M>
-void compare(M& ref, M& par, const DeviceMesh& mesh, const ParallelPlan& plan, const Tensor& x_full, Placement in,
-             Placement out, Placement dx_layout) {
+template <class M> void compare(M& ref, M& par, const DeviceMesh& mesh, const ParallelPlan& plan, const Tensor& x_full,
+                                Placement in, Placement out, Placement dx_layout) {
   parallelize(par, mesh, "tp", plan);
   Tensor y_ref = ref.call(x_full);
   Tensor y_local = par.call(x_full.dtype() == DType::i32 ? x_full : part(x_full, mesh, in));
@@ -172,9 +167,27 @@ TEST_CASE("styles: patterns, shard_param and the errors of a plan") {
   CHECK_ERROR_CONTAINS(parallelize(model, mesh, "nope", {}), "nope");
   CHECK_ERROR_CONTAINS(plan_from_config({TpPlanEntryConfig{"x", "Colwise", "", "", "", "", ""}}),
                        "parallel.tp_plan[0].style = 'Colwise'");
-  CHECK(parse_tp_placement("Shard(-1)", "k") == Placement::Shard(-1));
-  CHECK(parse_tp_placement("R", "k") == Placement::Replicate());
-  CHECK_ERROR_CONTAINS(parse_tp_placement("S[1]", "k"), "k = 'S[1]': expected a placement");
+  CHECK(parse_plan_placement("Shard(-1)", "k") == Placement::Shard(-1));
+  CHECK(parse_plan_placement("R", "k") == Placement::Replicate());
+  CHECK(parse_plan_placement("Replicate", "k") == Placement::Replicate());
+  CHECK(parse_plan_placement("Partial", "k") == Placement::Partial());
+  CHECK(parse_plan_placement("P(max)", "k") == Placement::Partial(ReduceOp::max));
+  CHECK_ERROR_CONTAINS(parse_plan_placement("S[1]", "k"), "k = 'S[1]': expected a placement");
+  CHECK_ERROR_CONTAINS(parse_plan_placement("S(0)R", "k"), "k = 'S(0)R': expected a placement");
+  // Each style takes its own arguments; the plan reader finds the style by its name.
+  CHECK_ERROR_CONTAINS(plan_from_config({TpPlanEntryConfig{"x", "SequenceParallel", "", "", "", "", "true"}}),
+                       "parallel.tp_plan[0].use_local_output: SequenceParallel takes no arguments");
+  CHECK_ERROR_CONTAINS(
+      plan_from_config({TpPlanEntryConfig{"x", "RowwiseParallel", "", "", "R", "", ""}}),
+      "parallel.tp_plan[0].desired_input_layouts: RowwiseParallel takes input_layouts, output_layouts");
+  ParallelPlan read = plan_from_config({TpPlanEntryConfig{"a", "ColwiseParallel", "Shard(1)", "S(-1)", "", "", ""},
+                                        TpPlanEntryConfig{"b", "PrepareModuleInput", "S(1)", "", "R", "", "true"},
+                                        TpPlanEntryConfig{"c", "SequenceParallel", "", "", "", "", ""}});
+  REQUIRE(read.size() == 3);
+  CHECK(style_str(read[0].style) == "ColwiseParallel(input S(1), output S(-1))");
+  CHECK(style_str(read[1].style) == "PrepareModuleInput(S(1) -> R)");
+  CHECK(std::get<PrepareModuleInput>(read[1].style).use_local_output);
+  CHECK(style_name(read[2].style) == "SequenceParallel");
 
   // shard_param keeps this rank's chunk of the value (bit for bit) and resizes the gradient.
   Parameter* w = model.lm_head->weight;

@@ -8,9 +8,8 @@
 
 namespace mt::cpu::MT_CPU_ISA {
 
-template <typename T, typename S>
-void adamw(T* param, const T* grad, S* m, S* v, int64_t n, double lr, double beta1, double beta2, double eps,
-           double weight_decay, int64_t step) {
+template <typename T, typename S> void adamw(T* param, const T* grad, S* m, S* v, int64_t n, double lr, double beta1,
+                                             double beta2, double eps, double weight_decay, int64_t step) {
   const S decay = S(1.0 - lr * weight_decay);
   const S b1 = S(beta1), b2 = S(beta2);
   const S step_size = S(lr / (1.0 - std::pow(beta1, double(step))));

@@ -9,6 +9,8 @@
 #pragma once
 #include <cstdint>
 
+#include "runtime/kernels/cpu/attention_dims.h"
+
 namespace mt::cpu {
 
 #include "runtime/kernels/cpu/cpu_ops_decl.h"

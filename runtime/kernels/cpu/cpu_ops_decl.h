@@ -4,13 +4,20 @@
 // (mt::cpu::isa_base, isa_avx2, isa_avx512: the kernel files compiled for
 // that level). Only declarations, and no #include: <cstdint> comes first.
 
-template <typename T> void matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC,
-                                          bool accumulate);
-template <typename T> void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
-                                           int64_t N, int64_t C, int64_t OC, bool accumulate_dinp = false);
+template <typename T>
+void matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, bool accumulate);
+template <typename T> void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t N,
+                                           int64_t C, int64_t OC, bool accumulate_dinp = false);
 // General strided GEMM, row-major (gemm.h): C = alpha op(A) op(B) + beta C.
 template <typename T> void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
                                 int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+
+// Local attention, blockwise (attention.cpp): out (B, T, H, hd), lse (B, H, T); backward writes (or with
+// accumulate adds to) dq (B, T, H, hd), dk and dv (B, S, KV, hd). H a multiple of KV (grouped-query).
+template <typename T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionDims& d);
+template <typename T> void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                                              const T* out, const T* lse, const AttentionDims& d, bool accumulate);
 
 // residual != nullptr: sum = inp + residual first (sum may alias either), then the norm of sum.
 template <typename T> void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
@@ -20,10 +27,10 @@ template <typename T> void rmsnorm_backward(T* dinp, T* dweight, const T* dout, 
                                             const T* rstd, int64_t N, int64_t C, const T* dresidual = nullptr);
 
 template <typename T> void rope_tables(T* cos, T* sin, const int64_t* positions, int64_t P, int64_t hd, double theta);
-template <typename T> void rope_forward(T* out, const T* inp, const T* cos, const T* sin, int64_t B, int64_t T_,
-                                        int64_t H, int64_t hd);
-template <typename T> void rope_backward(T* dinp, const T* dout, const T* cos, const T* sin, int64_t B, int64_t T_,
-                                         int64_t H, int64_t hd);
+template <typename T>
+void rope_forward(T* out, const T* inp, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t H, int64_t hd);
+template <typename T>
+void rope_backward(T* dinp, const T* dout, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t H, int64_t hd);
 
 template <typename T> void swiglu_forward(T* out, const T* gate, const T* up, int64_t n);
 template <typename T> void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n);

@@ -10,9 +10,8 @@
 
 namespace mt::cpu::MT_CPU_ISA {
 
-template <typename T>
-void cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N, int64_t V,
-                   double grad_scale) {
+template <typename T> void cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
+                                         int64_t V, double grad_scale) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const T* x = logits + n * V;  // (V)
@@ -46,9 +45,9 @@ template <typename T> void vocab_shard_max(double* row_max, const T* logits, int
   }
 }
 
-template <typename T>
-void vocab_shard_sumexp(double* sumexp, double* target_logit, const T* logits, const int32_t* targets,
-                        const double* row_max, int64_t N, int64_t V, int64_t vocab_begin) {
+template <typename T> void vocab_shard_sumexp(double* sumexp, double* target_logit, const T* logits,
+                                              const int32_t* targets, const double* row_max, int64_t N, int64_t V,
+                                              int64_t vocab_begin) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const T* x = logits + n * V;
@@ -60,10 +59,9 @@ void vocab_shard_sumexp(double* sumexp, double* target_logit, const T* logits, c
   }
 }
 
-template <typename T>
-void vocab_shard_loss(T* losses, T* dlogits, const T* logits, const int32_t* targets, const double* row_max,
-                      const double* sumexp, const double* target_logit, int64_t N, int64_t V, int64_t vocab_begin,
-                      double grad_scale) {
+template <typename T> void vocab_shard_loss(T* losses, T* dlogits, const T* logits, const int32_t* targets,
+                                            const double* row_max, const double* sumexp, const double* target_logit,
+                                            int64_t N, int64_t V, int64_t vocab_begin, double grad_scale) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const bool ignored = targets[n] < 0;

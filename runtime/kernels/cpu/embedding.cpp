@@ -8,9 +8,8 @@
 
 namespace mt::cpu::MT_CPU_ISA {
 
-template <typename T>
-void embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t V_local, int64_t C,
-                       int64_t row_begin) {
+template <typename T> void embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t V_local,
+                                             int64_t C, int64_t row_begin) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     int64_t r = int64_t(tokens[n]) - row_begin;
@@ -20,9 +19,8 @@ void embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N,
   }
 }
 
-template <typename T>
-void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t V_local, int64_t C,
-                        int64_t row_begin) {
+template <typename T> void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t N,
+                                              int64_t V_local, int64_t C, int64_t row_begin) {
   // Columns split across threads; each thread visits the tokens in order: deterministic, no atomics.
   constexpr int64_t kCols = 32;
 #pragma omp parallel for schedule(static)

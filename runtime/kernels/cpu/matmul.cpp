@@ -20,9 +20,8 @@ void matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C,
   else y.noalias() = x * w.transpose();
 }
 
-template <typename T>
-void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
-                     int64_t OC, bool accumulate_dinp) {
+template <typename T> void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, int64_t N,
+                                           int64_t C, int64_t OC, bool accumulate_dinp) {
   Eigen::Map<const RowMat<T>> dy(dout, N, OC);  // (N, OC)
   if (dinp) {
     Eigen::Map<const RowMat<T>> w(weight, OC, C);
@@ -37,9 +36,8 @@ void matmul_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
   }
 }
 
-template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
-          int64_t ldb, T beta, T* C, int64_t ldc) {
+template <typename T> void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                                int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   using Stride = Eigen::OuterStride<>;
   using CMap = Eigen::Map<const RowMat<T>, 0, Stride>;
   Eigen::Map<RowMat<T>, 0, Stride> c(C, M, N, Stride(ldc));
@@ -64,8 +62,8 @@ template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const 
                            int64_t, double, double*, int64_t);
 template void matmul_forward<float>(float*, const float*, const float*, int64_t, int64_t, int64_t, bool);
 template void matmul_forward<double>(double*, const double*, const double*, int64_t, int64_t, int64_t, bool);
-template void matmul_backward<float>(float*, float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                                     bool);
+template void matmul_backward<float>(float*, float*, const float*, const float*, const float*, int64_t, int64_t,
+                                     int64_t, bool);
 template void matmul_backward<double>(double*, double*, const double*, const double*, const double*, int64_t, int64_t,
                                       int64_t, bool);
 

@@ -9,9 +9,8 @@
 
 namespace mt::cpu::MT_CPU_ISA {
 
-template <typename T>
-void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C, double eps, T* sum,
-                     const T* residual) {
+template <typename T> void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
+                                           double eps, T* sum, const T* residual) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const T* x = inp + n * C;  // (C)
@@ -29,9 +28,8 @@ void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, 
   }
 }
 
-template <typename T>
-void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, const T* rstd, int64_t N,
-                      int64_t C, const T* dresidual) {
+template <typename T> void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                                            const T* rstd, int64_t N, int64_t C, const T* dresidual) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const T* x = inp + n * C;
@@ -62,8 +60,8 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
 
 template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int64_t, int64_t, double, float*,
                                      const float*);
-template void rmsnorm_forward<double>(double*, double*, const double*, const double*, int64_t, int64_t, double,
-                                      double*, const double*);
+template void rmsnorm_forward<double>(double*, double*, const double*, const double*, int64_t, int64_t, double, double*,
+                                      const double*);
 template void rmsnorm_backward<float>(float*, float*, const float*, const float*, const float*, const float*, int64_t,
                                       int64_t, const float*);
 template void rmsnorm_backward<double>(double*, double*, const double*, const double*, const double*, const double*,

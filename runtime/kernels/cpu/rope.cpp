@@ -63,7 +63,8 @@ template void rope_tables<double>(double*, double*, const int64_t*, int64_t, int
 template void rope_forward<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t);
 template void rope_forward<double>(double*, const double*, const double*, const double*, int64_t, int64_t, int64_t,
                                    int64_t);
-template void rope_backward<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t);
+template void rope_backward<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                                   int64_t);
 template void rope_backward<double>(double*, const double*, const double*, const double*, int64_t, int64_t, int64_t,
                                     int64_t);
 

@@ -20,64 +20,56 @@ namespace mt::cuda {
 
 // ---- GEMMs (cuBLASLt, fp32 accumulate; the algorithm is chosen once per shape and cached) ----
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T, or += if accumulate.
-template <typename T>
-int matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, bool accumulate,
-                   void* stream, int device);
+template <typename T> int matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC,
+                                         bool accumulate, void* stream, int device);
 // dinp (N, C) = (or += with accumulate_dinp) dout (N, OC) @ weight (OC, C) (if dinp);
 // dweight (OC, C) f32 += dout^T @ inp (if dweight).
-template <typename T>
-int matmul_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
-                    int64_t OC, void* stream, int device, bool accumulate_dinp = false);
+template <typename T> int matmul_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight,
+                                          int64_t N, int64_t C, int64_t OC, void* stream, int device,
+                                          bool accumulate_dinp = false);
 // Shapes whose algorithm is cached, on every device so far (for tests and logs).
 int64_t gemm_cached_algos();
 
 // ---- RMSNorm ----
 // out (N, C), rstd (N) f32, inp (N, C), weight (C); a warp per row, statistics in fp32.
 template <typename T>
-int rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C, double eps,
-                    void* stream);
+int rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C, double eps, void* stream);
 // sum (N, C) = a + b rounded to T (sum may alias a or b), then out = rmsnorm(sum): the residual add fused.
-template <typename T>
-int add_rmsnorm_forward(T* sum, T* out, float* rstd, const T* a, const T* b, const T* weight, int64_t N, int64_t C,
-                        double eps, void* stream);
+template <typename T> int add_rmsnorm_forward(T* sum, T* out, float* rstd, const T* a, const T* b, const T* weight,
+                                              int64_t N, int64_t C, double eps, void* stream);
 // scratch: rmsnorm_backward_scratch(N, C) floats for deterministic partial sums of dweight (C) f32.
 // dresidual (N, C) or null: added to dinp before its one rounding (may alias dinp).
-template <typename T>
-int rmsnorm_backward(T* dinp, float* dweight, float* scratch, const T* dout, const T* inp, const T* weight,
-                     const float* rstd, int64_t N, int64_t C, void* stream, const T* dresidual = nullptr);
+template <typename T> int rmsnorm_backward(T* dinp, float* dweight, float* scratch, const T* dout, const T* inp,
+                                           const T* weight, const float* rstd, int64_t N, int64_t C, void* stream,
+                                           const T* dresidual = nullptr);
 int64_t rmsnorm_backward_scratch(int64_t N, int64_t C);
 
 // ---- RoPE (backward: the transpose), SwiGLU ----
-template <typename T>
-int rope_forward(T* out, const T* inp, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t H, int64_t hd,
-                 bool backward, void* stream);
+template <typename T> int rope_forward(T* out, const T* inp, const T* cos, const T* sin, int64_t B, int64_t T_,
+                                       int64_t H, int64_t hd, bool backward, void* stream);
 template <typename T> int swiglu_forward(T* out, const T* gate, const T* up, int64_t n, void* stream);
 template <typename T>
 int swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n, void* stream);
 
 // ---- Embedding: forward gathers rows; backward scatters in token order (deterministic, no atomics) ----
-template <typename T>
-int embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t V_local, int64_t C,
-                      int64_t row_begin, void* stream);
+template <typename T> int embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t V_local,
+                                            int64_t C, int64_t row_begin, void* stream);
 // scratch: embedding_backward_scratch_bytes(N) bytes (a stable sort of the positions by token).
-template <typename T>
-int embedding_backward(float* dtable, void* scratch, const T* dout, const int32_t* tokens, int64_t N, int64_t V_local,
-                       int64_t C, int64_t row_begin, void* stream);
+template <typename T> int embedding_backward(float* dtable, void* scratch, const T* dout, const int32_t* tokens,
+                                             int64_t N, int64_t V_local, int64_t C, int64_t row_begin, void* stream);
 int64_t embedding_backward_scratch_bytes(int64_t N);
 
 // ---- Softmax cross-entropy: one read of the logits for the statistics, one pass writing the gradient ----
-template <typename T>
-int cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N, int64_t V,
-                  double grad_scale, void* stream);
+template <typename T> int cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
+                                        int64_t V, double grad_scale, void* stream);
 // Vocab-parallel pieces (see ops.h); the statistics are (N) f64 on the device.
 template <typename T> int vocab_shard_max(double* row_max, const T* logits, int64_t N, int64_t V, void* stream);
-template <typename T>
-int vocab_shard_sumexp(double* sumexp, double* target_logit, const T* logits, const int32_t* targets,
-                       const double* row_max, int64_t N, int64_t V, int64_t vocab_begin, void* stream);
-template <typename T>
-int vocab_shard_loss(float* losses, T* dlogits, const T* logits, const int32_t* targets, const double* row_max,
-                     const double* sumexp, const double* target_logit, int64_t N, int64_t V, int64_t vocab_begin,
-                     double grad_scale, void* stream);
+template <typename T> int vocab_shard_sumexp(double* sumexp, double* target_logit, const T* logits,
+                                             const int32_t* targets, const double* row_max, int64_t N, int64_t V,
+                                             int64_t vocab_begin, void* stream);
+template <typename T> int vocab_shard_loss(float* losses, T* dlogits, const T* logits, const int32_t* targets,
+                                           const double* row_max, const double* sumexp, const double* target_logit,
+                                           int64_t N, int64_t V, int64_t vocab_begin, double grad_scale, void* stream);
 
 // ---- Element-wise, conversion, reductions ----
 template <typename T> int add(T* out, const T* a, const T* b, int64_t n, void* stream);
@@ -110,8 +102,15 @@ int attention_backward(float* dq, float* dk, float* dv, float* scratch, const fl
 int copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, void* stream);
 // out (B, T, H, hd) f32, lse (B, H, T) f32 merged with part_out (B, T, H, hd) T and part_lse (B, H, T) f32 by
 // log-sum-exp (ops.h attention_merge).
-template <typename T>
-int attention_merge(float* out, float* lse, const T* part_out, const float* part_lse, int64_t B, int64_t T_,
-                    int64_t H, int64_t hd, void* stream);
+template <typename T> int attention_merge(float* out, float* lse, const T* part_out, const float* part_lse, int64_t B,
+                                          int64_t T_, int64_t H, int64_t hd, void* stream);
+// The blocks of a split of a row-major (outer, D, inner) tensor t along D at begin[0] = 0 < ... < begin[n] = D,
+// stored one after the other in packed, each contiguous (block j starts at outer * inner * begin[j]):
+// packed <- blocks of t, or with unpack t <- blocks of packed. inner in bytes; any n (launches of up to 64 blocks).
+int pack_blocks(void* packed, void* t, int64_t outer, int64_t D, size_t inner_bytes, const int64_t* begin, int n,
+                bool unpack, void* stream);
+// out[0] += (partials[0] + ... + partials[n-1]), summed in that order by one thread: the same bits as the host
+// summing reduce_sum's partials, without reading them on the host.
+int sum_partials_into(double* out, const double* partials, int64_t n, void* stream);
 
 }  // namespace mt::cuda

@@ -181,9 +181,8 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // Rows [0, rows) of a 64 x HD tile whose row r starts at src + r * ld, into dst (row stride HD + 8). Rows
 // >= rows are zero-filled: tails then add exact zeros to the products. any_valid: a readable address passed
 // for the zero-filled chunks (nothing is read from it).
-template <int HD>
-__device__ __forceinline__ void load_tile(bf16_t* dst, const bf16_t* src, int64_t ld, int rows,
-                                          const bf16_t* any_valid) {
+template <int HD> __device__ __forceinline__ void load_tile(bf16_t* dst, const bf16_t* src, int64_t ld, int rows,
+                                                            const bf16_t* any_valid) {
   constexpr int kPerRow = HD / 8, kChunks = 64 * kPerRow;  // 16-byte chunks
   static_assert(kChunks % kThreads == 0, "whole chunks per thread");
 #pragma unroll
@@ -196,9 +195,8 @@ __device__ __forceinline__ void load_tile(bf16_t* dst, const bf16_t* src, int64_
 
 // acc (16 x 8 NT) += A B^T, A = rows a_row .. a_row+15 of sA (16 x HD), B = rows b_row .. b_row + 8 NT - 1 of
 // sB (8 NT x HD): both operands row-major along HD, as Q K^T, K Q^T, dO V^T, V dO^T are.
-template <int HD, int NT>
-__device__ __forceinline__ void gemm_abt(float (&acc)[NT][4], const bf16_t* sA, int a_row, const bf16_t* sB,
-                                         int b_row) {
+template <int HD, int NT> __device__ __forceinline__ void gemm_abt(float (&acc)[NT][4], const bf16_t* sA, int a_row,
+                                                                   const bf16_t* sB, int b_row) {
   static_assert(NT % 2 == 0, "n tiles in pairs");
   constexpr int LD = Tile<HD>::kLd;
   const int lane = int(threadIdx.x) % 32;
@@ -218,8 +216,7 @@ __device__ __forceinline__ void gemm_abt(float (&acc)[NT][4], const bf16_t* sA, 
 
 // P (16 x 8 NT) given as NT f32 accumulator tiles, rounded to bf16 as KC = NT / 2 A operands (16 x 16). The C
 // layout of n tiles 2kc and 2kc + 1 is the A layout of k chunk kc: no shuffles needed.
-template <int NT>
-__device__ __forceinline__ void to_a(uint32_t (&a)[NT / 2][4], const float (&p)[NT][4]) {
+template <int NT> __device__ __forceinline__ void to_a(uint32_t (&a)[NT / 2][4], const float (&p)[NT][4]) {
   static_assert(NT % 2 == 0, "k chunks of 16");
 #pragma unroll
   for (int kc = 0; kc < NT / 2; ++kc) {
@@ -232,9 +229,8 @@ __device__ __forceinline__ void to_a(uint32_t (&a)[NT / 2][4], const float (&p)[
 
 // acc (16 x HD) += P B, P (16 x 16 KC) as KC A operands (to_a), B = rows b_row .. b_row + 16 KC - 1 of sB
 // (16 KC x HD, row-major along HD), as P V, P^T dO, dS^T Q, dS K are.
-template <int HD, int KC>
-__device__ __forceinline__ void gemm_pb(float (&acc)[HD / 8][4], const uint32_t (&a)[KC][4], const bf16_t* sB,
-                                        int b_row) {
+template <int HD, int KC> __device__ __forceinline__ void gemm_pb(float (&acc)[HD / 8][4], const uint32_t (&a)[KC][4],
+                                                                  const bf16_t* sB, int b_row) {
   constexpr int LD = Tile<HD>::kLd;
   const int lane = int(threadIdx.x) % 32;
 #pragma unroll
@@ -251,8 +247,7 @@ __device__ __forceinline__ void gemm_pb(float (&acc)[HD / 8][4], const uint32_t 
 // ---------------------------------------------------------------- forward
 
 // grid (B*H, query blocks), 128 threads; smem 5 tiles: Q, then K and V of two stages.
-template <int HD>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
+template <int HD> __global__ void __launch_bounds__(kThreads, kMinBlocks)
     flash_fwd_k(bf16_t* __restrict__ out, float* __restrict__ lse, const bf16_t* __restrict__ q,
                 const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, Dims d) {
   constexpr int kElems = Tile<HD>::kElems;
@@ -265,9 +260,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int nq = min(kBlockM, d.T - t0);
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int64_t q_ld = int64_t(d.H) * HD, kv_ld = int64_t(d.KV) * HD;  // row strides
-  const bf16_t* qg = q + ((int64_t(b) * d.T + t0) * d.H + h) * HD;       // (nq, hd)
-  const bf16_t* kg = k + (int64_t(b) * d.S * d.KV + kvh) * HD;           // (S, hd)
-  const bf16_t* vg = v + (int64_t(b) * d.S * d.KV + kvh) * HD;           // (S, hd)
+  const bf16_t* qg = q + ((int64_t(b) * d.T + t0) * d.H + h) * HD;     // (nq, hd)
+  const bf16_t* kg = k + (int64_t(b) * d.S * d.KV + kvh) * HD;         // (S, hd)
+  const bf16_t* vg = v + (int64_t(b) * d.S * d.KV + kvh) * HD;         // (S, hd)
   // Key blocks [j_begin, j_end). The last row sees the most keys: later key blocks are fully masked and
   // skipped; no row sees a key before the earliest document start of the tile: earlier blocks are skipped too.
   // The first row sees the fewest: blocks ending within its limit need no causal mask.
@@ -289,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   if (j_begin < j_end) load_kv(j_begin, j_begin % 2);
   cp_async_commit();
 
-  float o[HD / 8][4] = {};                           // (16, HD) un-normalised output of the warp's rows
+  float o[HD / 8][4] = {};                             // (16, HD) un-normalised output of the warp's rows
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};  // running max (log2 domain) and this thread's part of the sum
   for (int j = j_begin; j < j_end; ++j) {
     if (j + 1 < j_end) load_kv(j + 1, (j + 1) % 2);
@@ -320,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       base[r] = mx[r] == -INFINITY ? 0.f : mx[r];  // a row with nothing visible yet: exp2(-inf - 0) = 0, no NaN
-      corr[r] = exp2f(m[r] - base[r]);            // 0 while m is -inf
+      corr[r] = exp2f(m[r] - base[r]);             // 0 while m is -inf
       m[r] = mx[r];
       l[r] *= corr[r];
     }
@@ -357,17 +352,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
     for (int dt = 0; dt < HD / 8; ++dt)
       *reinterpret_cast<uint32_t*>(og + dt * 8) = pack_bf16(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-    if (lane % 4 == 0)
-      lse[(int64_t(b) * d.H + h) * d.T + t] = l[r] > 0.f ? m[r] * kLn2 + logf(l[r]) : -INFINITY;
+    if (lane % 4 == 0) lse[(int64_t(b) * d.H + h) * d.T + t] = l[r] > 0.f ? m[r] * kLn2 + logf(l[r]) : -INFINITY;
   }
 }
 
 // ---------------------------------------------------------------- backward
 
 // D (B, H, T) = rowsum(dout * out): a warp per row, rows in memory order ((b, t, h)).
-template <int HD>
-__global__ void flash_rowdot_k(float* __restrict__ D, const bf16_t* __restrict__ dout, const bf16_t* __restrict__ out,
-                               int64_t rows, int T, int H) {
+template <int HD> __global__ void flash_rowdot_k(float* __restrict__ D, const bf16_t* __restrict__ dout,
+                                                 const bf16_t* __restrict__ out, int64_t rows, int T, int H) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = int(threadIdx.x) % 32;
   if (row >= rows) return;  // whole warps leave together
@@ -407,21 +400,20 @@ __global__ void flash_doc_tiles_k(int* __restrict__ tile_first, Dims d, int n_qb
 
 // dK, dV. grid (B*KV, key blocks), 128 threads; smem: K, V, then Q and dO of two stages, then lse*log2e, D and
 // the queries' first keys of two stages (64 floats or ints each), then 2 kWarps ints.
-template <int HD>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
+template <int HD> __global__ void __launch_bounds__(kThreads, kMinBlocks)
     flash_bwd_dkdv_k(bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, const bf16_t* __restrict__ dout,
                      const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                      const float* __restrict__ lse, const float* __restrict__ rowdot, Dims d, bool accumulate) {
   constexpr int kElems = Tile<HD>::kElems;
   MT_DYNAMIC_SMEM(smem);
-  bf16_t* sK = reinterpret_cast<bf16_t*>(smem);  // (64, HD + 8) this CTA's keys
-  bf16_t* sV = sK + kElems;                      // (64, HD + 8)
-  bf16_t* sQ = sV + kElems;                      // [2] (64, HD + 8): item i in stage i % 2
-  bf16_t* sdO = sQ + 2 * kElems;                 // [2] (64, HD + 8)
+  bf16_t* sK = reinterpret_cast<bf16_t*>(smem);            // (64, HD + 8) this CTA's keys
+  bf16_t* sV = sK + kElems;                                // (64, HD + 8)
+  bf16_t* sQ = sV + kElems;                                // [2] (64, HD + 8): item i in stage i % 2
+  bf16_t* sdO = sQ + 2 * kElems;                           // [2] (64, HD + 8)
   float* sL = reinterpret_cast<float*>(sdO + 2 * kElems);  // [2] (64) lse * log2e; +inf past T or for -inf
-  float* sD = sL + 2 * kBlockM;                              // [2] (64) row dots; 0 past T
-  int* sF = reinterpret_cast<int*>(sD + 2 * kBlockM);        // [2] (64) first_key of each query; 0 past T
-  int* sRange = sF + 2 * kBlockM;                            // [2][kWarps] the q block range, per warp
+  float* sD = sL + 2 * kBlockM;                            // [2] (64) row dots; 0 past T
+  int* sF = reinterpret_cast<int*>(sD + 2 * kBlockM);      // [2] (64) first_key of each query; 0 past T
+  int* sRange = sF + 2 * kBlockM;                          // [2][kWarps] the q block range, per warp
   const int b = int(blockIdx.x) / d.KV, kvh = int(blockIdx.x) % d.KV;
   const int s0 = int(blockIdx.y) * kBlockN, nk = min(kBlockN, d.S - s0);
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -502,11 +494,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     const int* cF = sF + stage * kBlockM;
     const int t0 = (qb_begin + it % per_head) * kBlockM;
     // Some (query, key) of the tile is not visible: past a causal limit, or before a query's document.
-    const bool masked = s0 + kBlockN > d.limit(t0) ||
-                        (d.doc_start && d.tile_first[2 * (int64_t(b) * n_qb + t0 / kBlockM) + 1] > s0);
+    const bool masked =
+        s0 + kBlockN > d.limit(t0) || (d.doc_start && d.tile_first[2 * (int64_t(b) * n_qb + t0 / kBlockM) + 1] > s0);
 #pragma unroll 1  // not unrolled: the two halves' live ranges would overlap and spill (hd 128)
     for (int half = 0; half < 2; ++half) {
-      const int qo = half * 32;  // queries qo .. qo + 31 of the tile
+      const int qo = half * 32;             // queries qo .. qo + 31 of the tile
       float st[4][4] = {}, dpt[4][4] = {};  // (16 keys, 32 queries): S^T, then P^T; dP^T, then dS^T
       gemm_abt<HD, 4>(st, sK, warp * 16, cQ, qo);
       gemm_abt<HD, 4>(dpt, sV, warp * 16, cdO, qo);
@@ -554,8 +546,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 }
 
 // dQ. grid (B*H, query blocks), 128 threads; smem: Q, dO, then K and V of two stages.
-template <int HD>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
+template <int HD> __global__ void __launch_bounds__(kThreads, kMinBlocks)
     flash_bwd_dq_k(bf16_t* __restrict__ dq, const bf16_t* __restrict__ dout, const bf16_t* __restrict__ q,
                    const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, const float* __restrict__ lse,
                    const float* __restrict__ rowdot, Dims d) {
@@ -688,23 +679,21 @@ int launch(Kernel kernel, dim3 grid, size_t smem, cudaStream_t stream, Args... a
   return int(cudaGetLastError());
 }
 
-template <int HD>
-int forward_hd(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v, const Dims& d,
-               cudaStream_t stream) {
+template <int HD> int forward_hd(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                                 const Dims& d, cudaStream_t stream) {
   const dim3 grid(unsigned(d.B * d.H), unsigned(cdiv(d.T, kBlockM)));
   return launch(flash_fwd_k<HD>, grid, 5 * size_t(Tile<HD>::kBytes), stream, out, lse, q, k, v, d);
 }
 
-template <int HD>
-int backward_hd(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* D, const bf16_t* dout, const bf16_t* q, const bf16_t* k,
-                const bf16_t* v, const bf16_t* out, const float* lse, const Dims& d, bool accumulate,
-                cudaStream_t stream) {
+template <int HD> int backward_hd(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* D, const bf16_t* dout, const bf16_t* q,
+                                  const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse, const Dims& d,
+                                  bool accumulate, cudaStream_t stream) {
   const int64_t rows = int64_t(d.B) * d.T * d.H;
   if (d.doc_start && int64_t(d.B) * d.T * d.S > 0) {  // the q block bounds the dK/dV kernel reads
-    constexpr int kTileThreads = 256;  // 8 query blocks per CTA
+    constexpr int kTileThreads = 256;                 // 8 query blocks per CTA
     const int n_qb = int(cdiv(d.T, kBlockM));
-    MT_LAUNCH(flash_doc_tiles_k, dim3(unsigned(cdiv(int64_t(d.B) * n_qb * 32, kTileThreads))), kTileThreads, 0,
-              stream, const_cast<int*>(d.tile_first), d, n_qb);
+    MT_LAUNCH(flash_doc_tiles_k, dim3(unsigned(cdiv(int64_t(d.B) * n_qb * 32, kTileThreads))), kTileThreads, 0, stream,
+              const_cast<int*>(d.tile_first), d, n_qb);
     if (int err = int(cudaGetLastError())) return err;
   }
   if (rows > 0) {

@@ -109,9 +109,9 @@ int alignment_of(const void* p) {
 
 // Column-major D (m, n) = op(A) (m, k) op(B) (k, n) (+ D if accumulate), fp32 accumulation
 // (CUBLAS_COMPUTE_32F: no TF32 for fp32 inputs). A and B have type AT, D has type DT.
-template <typename AT, typename DT>
-int lt_gemm(int device, cudaStream_t stream, bool transa, bool transb, int m, int n, int k, const AT* A, int lda,
-            const AT* B, int ldb, DT* D, int ldd, bool accumulate) {
+template <typename AT, typename DT> int lt_gemm(int device, cudaStream_t stream, bool transa, bool transb, int m, int n,
+                                                int k, const AT* A, int lda, const AT* B, int ldb, DT* D, int ldd,
+                                                bool accumulate) {
   std::lock_guard<std::mutex> lock(g_gemm_mu);
   LtDevice* dev = nullptr;
   if (int err = lt_device(device, &dev)) return err;
@@ -132,7 +132,8 @@ int lt_gemm(int device, cudaStream_t stream, bool transa, bool transb, int m, in
     if (!err) err = int(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = kWorkspaceBytes;
     uint32_t al = uint32_t(align);
-    if (!err) err = int(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    if (!err)
+      err = int(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
       if (!err) err = int(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al)));
@@ -160,15 +161,14 @@ int lt_gemm(int device, cudaStream_t stream, bool transa, bool transb, int m, in
 // ---------------------------------------------------------------- RMSNorm
 
 // A warp per row; the sum of squares in fp32 per lane, then across the warp in double.
-template <typename T>
-__global__ void rmsnorm_fwd_k(T* out, float* rstd, const T* inp, const T* w, int64_t N, int64_t C, float eps, T* sum,
-                              const T* residual) {
+template <typename T> __global__ void rmsnorm_fwd_k(T* out, float* rstd, const T* inp, const T* w, int64_t N, int64_t C,
+                                                    float eps, T* sum, const T* residual) {
   int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
   if (row >= N) return;
   const T* x = inp + row * C;
   double ss = 0;
-  if (residual) {  // fused residual add: sum = inp + residual, rounded as add() rounds; the norm reads it back
+  if (residual) {          // fused residual add: sum = inp + residual, rounded as add() rounds; the norm reads it back
     T* s = sum + row * C;  // from the cache (each lane re-reads only what it wrote)
     for (int64_t c = lane; c < C; c += 32) {
       const T v = to<T>(ld(x[c]) + ld(residual[row * C + c]));
@@ -186,9 +186,8 @@ __global__ void rmsnorm_fwd_k(T* out, float* rstd, const T* inp, const T* w, int
   for (int64_t c = lane; c < C; c += 32) out[row * C + c] = to<T>(ld(to<T>(ld(x[c]) * r)) * ld(w[c]));
 }
 
-template <typename T>
-__global__ void rmsnorm_bwd_dx_k(T* dinp, const T* dout, const T* inp, const T* w, const float* rstd, int64_t N,
-                                 int64_t C, const T* dres) {
+template <typename T> __global__ void rmsnorm_bwd_dx_k(T* dinp, const T* dout, const T* inp, const T* w,
+                                                       const float* rstd, int64_t N, int64_t C, const T* dres) {
   int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -207,9 +206,8 @@ __global__ void rmsnorm_bwd_dx_k(T* dinp, const T* dout, const T* inp, const T* 
 
 constexpr int64_t kRowChunk = 256;
 // scratch[chunk][c] = sum over the chunk's rows of dy * x * rstd, rows in order.
-template <typename T>
-__global__ void rmsnorm_bwd_partial_k(float* scratch, const T* dout, const T* inp, const float* rstd, int64_t N,
-                                      int64_t C) {
+template <typename T> __global__ void rmsnorm_bwd_partial_k(float* scratch, const T* dout, const T* inp,
+                                                            const float* rstd, int64_t N, int64_t C) {
   int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, chunk = blockIdx.y;
   if (c >= C) return;
   double acc = 0;
@@ -227,9 +225,8 @@ __global__ void rmsnorm_bwd_sum_k(float* dweight, const float* scratch, int64_t 
 
 // ---------------------------------------------------------------- RoPE, SwiGLU
 
-template <typename T>
-__global__ void rope_k(T* out, const T* inp, const T* cs, const T* sn, int64_t B, int64_t T_, int64_t H, int64_t hd,
-                       bool backward) {
+template <typename T> __global__ void rope_k(T* out, const T* inp, const T* cs, const T* sn, int64_t B, int64_t T_,
+                                             int64_t H, int64_t hd, bool backward) {
   int64_t half = hd / 2, n = B * T_ * H * half;
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -262,9 +259,8 @@ template <typename T> __global__ void swiglu_bwd_k(T* dg, T* du, const T* dy, co
 
 // ---------------------------------------------------------------- Embedding
 
-template <typename T>
-__global__ void embedding_fwd_k(T* out, const int32_t* tok, const T* table, int64_t N, int64_t V, int64_t C,
-                                int64_t row_begin) {
+template <typename T> __global__ void embedding_fwd_k(T* out, const int32_t* tok, const T* table, int64_t N, int64_t V,
+                                                      int64_t C, int64_t row_begin) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N * C) return;
   int64_t n = i / C, c = i % C, r = int64_t(tok[n]) - row_begin;
@@ -277,9 +273,9 @@ __global__ void iota_k(int32_t* idx, const int32_t* tok, int32_t* keys, int64_t 
 }
 // After a stable sort of (token, position) by token: the block at the first position of each token's
 // run sums that token's rows in position order (deterministic), then adds them to its table row.
-template <typename T>
-__global__ void embedding_bwd_k(float* dtable, const T* dout, const int32_t* keys, const int32_t* pos, int64_t N,
-                                int64_t V, int64_t C, int64_t row_begin) {
+template <typename T> __global__ void embedding_bwd_k(float* dtable, const T* dout, const int32_t* keys,
+                                                      const int32_t* pos, int64_t N, int64_t V, int64_t C,
+                                                      int64_t row_begin) {
   int64_t i = blockIdx.x;
   if (i >= N || (i > 0 && keys[i] == keys[i - 1])) return;
   int64_t r = int64_t(keys[i]) - row_begin;
@@ -321,9 +317,8 @@ template <typename T> __device__ void row_stats(const T* x, int64_t V, int lane,
 }
 
 // A warp per row: one read for the statistics, one pass writing the gradient over the logits' buffer.
-template <typename T>
-__global__ void cross_entropy_k(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N, int64_t V,
-                                float scale) {
+template <typename T> __global__ void cross_entropy_k(float* losses, T* dlogits, const T* logits,
+                                                      const int32_t* targets, int64_t N, int64_t V, float scale) {
   int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -359,9 +354,9 @@ template <typename T> __global__ void vocab_max_k(double* row_max, const T* logi
   m = warp_max_d(m);
   if (lane == 0) row_max[row] = m;
 }
-template <typename T>
-__global__ void vocab_sumexp_k(double* sumexp, double* target_logit, const T* logits, const int32_t* targets,
-                               const double* row_max, int64_t N, int64_t V, int64_t vocab_begin) {
+template <typename T> __global__ void vocab_sumexp_k(double* sumexp, double* target_logit, const T* logits,
+                                                     const int32_t* targets, const double* row_max, int64_t N,
+                                                     int64_t V, int64_t vocab_begin) {
   int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -374,10 +369,10 @@ __global__ void vocab_sumexp_k(double* sumexp, double* target_logit, const T* lo
     target_logit[row] = (targets[row] >= 0 && t >= 0 && t < V) ? double(ld(logits[row * V + t])) : 0.0;
   }
 }
-template <typename T>
-__global__ void vocab_loss_k(float* losses, T* dlogits, const T* logits, const int32_t* targets, const double* row_max,
-                             const double* sumexp, const double* target_logit, int64_t N, int64_t V,
-                             int64_t vocab_begin, float scale) {
+template <typename T> __global__ void vocab_loss_k(float* losses, T* dlogits, const T* logits, const int32_t* targets,
+                                                   const double* row_max, const double* sumexp,
+                                                   const double* target_logit, int64_t N, int64_t V,
+                                                   int64_t vocab_begin, float scale) {
   int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -554,9 +549,8 @@ __global__ void attn_dkv_k(float* dk, float* dv, const float* D, const float* do
 
 // ================================================================ launchers
 
-template <typename T>
-int matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, bool accumulate,
-                   void* stream, int device) {
+template <typename T> int matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC,
+                                         bool accumulate, void* stream, int device) {
   Range r("matmul_forward");
   if (N == 0 || OC == 0) return 0;
   if (C == 0) return accumulate ? 0 : int(cudaMemsetAsync(out, 0, size_t(N * OC) * sizeof(T), st(stream)));
@@ -565,9 +559,9 @@ int matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, 
                  accumulate);
 }
 
-template <typename T>
-int matmul_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
-                    int64_t OC, void* stream, int device, bool accumulate_dinp) {
+template <typename T> int matmul_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight,
+                                          int64_t N, int64_t C, int64_t OC, void* stream, int device,
+                                          bool accumulate_dinp) {
   Range r("matmul_backward");
   if (dinp && N > 0 && C > 0) {
     int err = 0;
@@ -588,35 +582,34 @@ int64_t gemm_cached_algos() {
   return int64_t(g_plans.size());
 }
 
-template <typename T>
-int rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C, double eps,
-                    void* stream) {
+template <typename T> int rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
+                                          double eps, void* stream) {
   Range r("rmsnorm_forward");
   if (N == 0) return 0;
   rmsnorm_fwd_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(dp(out), rstd, dp(inp), dp(weight), N, C, float(eps),
-                                                                  dp(static_cast<T*>(nullptr)), dp(static_cast<const T*>(nullptr)));
+                                                                 dp(static_cast<T*>(nullptr)),
+                                                                 dp(static_cast<const T*>(nullptr)));
   return last_error();
 }
 
-template <typename T>
-int add_rmsnorm_forward(T* sum, T* out, float* rstd, const T* a, const T* b, const T* weight, int64_t N, int64_t C,
-                        double eps, void* stream) {
+template <typename T> int add_rmsnorm_forward(T* sum, T* out, float* rstd, const T* a, const T* b, const T* weight,
+                                              int64_t N, int64_t C, double eps, void* stream) {
   Range r("add_rmsnorm_forward");
   if (N == 0) return 0;
   rmsnorm_fwd_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(dp(out), rstd, dp(a), dp(weight), N, C, float(eps),
-                                                                  dp(sum), dp(b));
+                                                                 dp(sum), dp(b));
   return last_error();
 }
 
 int64_t rmsnorm_backward_scratch(int64_t N, int64_t C) { return ((N + kRowChunk - 1) / kRowChunk) * C; }
 
-template <typename T>
-int rmsnorm_backward(T* dinp, float* dweight, float* scratch, const T* dout, const T* inp, const T* weight,
-                     const float* rstd, int64_t N, int64_t C, void* stream, const T* dresidual) {
+template <typename T> int rmsnorm_backward(T* dinp, float* dweight, float* scratch, const T* dout, const T* inp,
+                                           const T* weight, const float* rstd, int64_t N, int64_t C, void* stream,
+                                           const T* dresidual) {
   Range r("rmsnorm_backward");
   if (N == 0 || C == 0) return 0;
   rmsnorm_bwd_dx_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(dp(dinp), dp(dout), dp(inp), dp(weight), rstd, N, C,
-                                                                     dp(dresidual));
+                                                                    dp(dresidual));
   int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
   rmsnorm_bwd_partial_k<<<dim3(unsigned(blocks_for(C)), unsigned(chunks)), kThreads, 0, st(stream)>>>(
       scratch, dp(dout), dp(inp), rstd, N, C);
@@ -624,9 +617,8 @@ int rmsnorm_backward(T* dinp, float* dweight, float* scratch, const T* dout, con
   return last_error();
 }
 
-template <typename T>
-int rope_forward(T* out, const T* inp, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t H, int64_t hd,
-                 bool backward, void* stream) {
+template <typename T> int rope_forward(T* out, const T* inp, const T* cos, const T* sin, int64_t B, int64_t T_,
+                                       int64_t H, int64_t hd, bool backward, void* stream) {
   Range r(backward ? "rope_backward" : "rope_forward");
   int64_t n = B * T_ * H * (hd / 2);
   if (n == 0) return 0;
@@ -648,9 +640,8 @@ int swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up,
   return last_error();
 }
 
-template <typename T>
-int embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t V_local, int64_t C,
-                      int64_t row_begin, void* stream) {
+template <typename T> int embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t V_local,
+                                            int64_t C, int64_t row_begin, void* stream) {
   Range r("embedding_forward");
   if (N * C == 0) return 0;
   embedding_fwd_k<<<blocks_for(N * C), kThreads, 0, st(stream)>>>(dp(out), tokens, dp(table), N, V_local, C, row_begin);
@@ -661,34 +652,32 @@ int64_t embedding_backward_scratch_bytes(int64_t N) {
   return int64_t(4 * size_t(N) * sizeof(int32_t) + embedding_sort_temp_bytes(N) + 256);
 }
 
-template <typename T>
-int embedding_backward(float* dtable, void* scratch, const T* dout, const int32_t* tokens, int64_t N, int64_t V_local,
-                       int64_t C, int64_t row_begin, void* stream) {
+template <typename T> int embedding_backward(float* dtable, void* scratch, const T* dout, const int32_t* tokens,
+                                             int64_t N, int64_t V_local, int64_t C, int64_t row_begin, void* stream) {
   Range r("embedding_backward");
   if (N * C == 0) return 0;
   auto* keys_in = static_cast<int32_t*>(scratch);  // (N) tokens
-  int32_t* pos_in = keys_in + N;                    // (N) positions 0..N-1
-  int32_t* keys = pos_in + N;                       // (N) tokens, sorted
-  int32_t* pos = keys + N;                          // (N) positions, grouped by token, ascending within a token
+  int32_t* pos_in = keys_in + N;                   // (N) positions 0..N-1
+  int32_t* keys = pos_in + N;                      // (N) tokens, sorted
+  int32_t* pos = keys + N;                         // (N) positions, grouped by token, ascending within a token
   // CUB's temporary storage, 256-byte aligned (the scratch size has the slack).
   void* temp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(pos + N) + 255) & ~uintptr_t(255));
   size_t temp_bytes = embedding_sort_temp_bytes(N);
   iota_k<<<blocks_for(N), kThreads, 0, st(stream)>>>(pos_in, tokens, keys_in, N);
   // Radix sort is stable: positions stay ascending within each token's run.
-  if (int err = int(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys, pos_in, pos, int(N), 0, 32,
-                                                    st(stream))))
+  if (int err =
+          int(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys, pos_in, pos, int(N), 0, 32, st(stream))))
     return err;
   embedding_bwd_k<<<unsigned(N), 128, 0, st(stream)>>>(dtable, dp(dout), keys, pos, N, V_local, C, row_begin);
   return last_error();
 }
 
-template <typename T>
-int cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N, int64_t V,
-                  double grad_scale, void* stream) {
+template <typename T> int cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
+                                        int64_t V, double grad_scale, void* stream) {
   Range r("cross_entropy");
   if (N == 0) return 0;
   cross_entropy_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(losses, dp(dlogits), dp(logits), targets, N, V,
-                                                                    float(grad_scale));
+                                                                   float(grad_scale));
   return last_error();
 }
 
@@ -698,24 +687,22 @@ template <typename T> int vocab_shard_max(double* row_max, const T* logits, int6
   vocab_max_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(row_max, dp(logits), N, V);
   return last_error();
 }
-template <typename T>
-int vocab_shard_sumexp(double* sumexp, double* target_logit, const T* logits, const int32_t* targets,
-                       const double* row_max, int64_t N, int64_t V, int64_t vocab_begin, void* stream) {
+template <typename T> int vocab_shard_sumexp(double* sumexp, double* target_logit, const T* logits,
+                                             const int32_t* targets, const double* row_max, int64_t N, int64_t V,
+                                             int64_t vocab_begin, void* stream) {
   Range r("vocab_shard_sumexp");
   if (N == 0) return 0;
   vocab_sumexp_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(sumexp, target_logit, dp(logits), targets, row_max, N,
-                                                                   V, vocab_begin);
+                                                                  V, vocab_begin);
   return last_error();
 }
-template <typename T>
-int vocab_shard_loss(float* losses, T* dlogits, const T* logits, const int32_t* targets, const double* row_max,
-                     const double* sumexp, const double* target_logit, int64_t N, int64_t V, int64_t vocab_begin,
-                     double grad_scale, void* stream) {
+template <typename T> int vocab_shard_loss(float* losses, T* dlogits, const T* logits, const int32_t* targets,
+                                           const double* row_max, const double* sumexp, const double* target_logit,
+                                           int64_t N, int64_t V, int64_t vocab_begin, double grad_scale, void* stream) {
   Range r("vocab_shard_loss");
   if (N == 0) return 0;
-  vocab_loss_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(losses, dp(dlogits), dp(logits), targets, row_max,
-                                                                 sumexp, target_logit, N, V, vocab_begin,
-                                                                 float(grad_scale));
+  vocab_loss_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(
+      losses, dp(dlogits), dp(logits), targets, row_max, sumexp, target_logit, N, V, vocab_begin, float(grad_scale));
   return last_error();
 }
 
@@ -743,8 +730,7 @@ int convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t 
                                                           static_cast<const __nv_bfloat16*>(src), n);
   else if (dst_type == src_type)
     return int(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(dst_type), cudaMemcpyDeviceToDevice, st(stream)));
-  else
-    return int(cudaErrorInvalidValue);
+  else return int(cudaErrorInvalidValue);
   return last_error();
 }
 
@@ -803,9 +789,9 @@ int copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t wid
 }
 
 // One thread per (b, t, h) row: the weights of the two sides, then the row's hd values.
-template <typename T>
-__global__ void attention_merge_k(float* out, float* lse, const T* part_out, const float* part_lse, int64_t B,
-                                  int64_t T_, int64_t H, int64_t hd) {
+template <typename T> __global__ void attention_merge_k(float* out, float* lse, const T* part_out,
+                                                        const float* part_lse, int64_t B, int64_t T_, int64_t H,
+                                                        int64_t hd) {
   int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // (b, t, h) in out's order
   if (row >= B * T_ * H) return;
   int64_t h = row % H, t = (row / H) % T_, b = row / (H * T_);
@@ -824,40 +810,98 @@ __global__ void attention_merge_k(float* out, float* lse, const T* part_out, con
   for (int64_t i = 0; i < hd; ++i) o[i] = wa * o[i] + wp * ld(po[i]);
   lse[li] = merged;
 }
-template <typename T>
-int attention_merge(float* out, float* lse, const T* part_out, const float* part_lse, int64_t B, int64_t T_,
-                    int64_t H, int64_t hd, void* stream) {
+template <typename T> int attention_merge(float* out, float* lse, const T* part_out, const float* part_lse, int64_t B,
+                                          int64_t T_, int64_t H, int64_t hd, void* stream) {
   Range r("attention_merge");
   if (B * T_ * H == 0) return 0;
   attention_merge_k<<<blocks_for(B * T_ * H, 128), 128, 0, st(stream)>>>(out, lse, dp(part_out), part_lse, B, T_, H,
-                                                                          hd);
+                                                                         hd);
+  return last_error();
+}
+
+// Block j of the pack: blockIdx.y; its rows of len * inner units copied by a grid-stride loop over x.
+constexpr int kMaxPackBlocks = 64;
+struct PackBlocks {
+  int64_t begin[kMaxPackBlocks + 1];  // along D, relative to the tensor's row
+  int n;
+};
+template <typename U>
+__global__ void pack_blocks_k(U* packed, U* t, int64_t D, int64_t inner, int64_t outer, PackBlocks b, bool unpack) {
+  const int j = int(blockIdx.y);
+  const int64_t len = b.begin[j + 1] - b.begin[j], width = len * inner, count = outer * width;
+  U* block = packed + outer * inner * b.begin[j];
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / width, c = i % width;
+    U* x = t + r * D * inner + b.begin[j] * inner + c;
+    if (unpack) *x = block[i];
+    else block[i] = *x;
+  }
+}
+template <typename U> int launch_pack(void* packed, void* t, int64_t outer, int64_t D, size_t inner_bytes,
+                                      const int64_t* begin, int n, bool unpack, void* stream) {
+  const int64_t inner = int64_t(inner_bytes / sizeof(U));
+  for (int j0 = 0; j0 < n; j0 += kMaxPackBlocks) {
+    PackBlocks b{};
+    b.n = std::min(kMaxPackBlocks, n - j0);
+    int64_t widest = 0;
+    for (int j = 0; j <= b.n; ++j) b.begin[j] = begin[j0 + j];
+    for (int j = 0; j < b.n; ++j) widest = std::max(widest, outer * (b.begin[j + 1] - b.begin[j]) * inner);
+    if (widest == 0) continue;
+    const unsigned gx = unsigned(std::min<int64_t>(blocks_for(widest), 1024));
+    pack_blocks_k<U><<<dim3(gx, unsigned(b.n)), kThreads, 0, st(stream)>>>(static_cast<U*>(packed), static_cast<U*>(t),
+                                                                           D, inner, outer, b, unpack);
+  }
+  return last_error();
+}
+
+int pack_blocks(void* packed, void* t, int64_t outer, int64_t D, size_t inner_bytes, const int64_t* begin, int n,
+                bool unpack, void* stream) {
+  Range r(unpack ? "unpack_blocks" : "pack_blocks");
+  if (outer * D == 0 || inner_bytes == 0 || n == 0) return 0;
+  // The widest unit that divides the rows and the two base addresses.
+  const uintptr_t a = reinterpret_cast<uintptr_t>(packed) | reinterpret_cast<uintptr_t>(t) | uintptr_t(inner_bytes);
+  if (a % 16 == 0) return launch_pack<uint4>(packed, t, outer, D, inner_bytes, begin, n, unpack, stream);
+  if (a % 8 == 0) return launch_pack<uint2>(packed, t, outer, D, inner_bytes, begin, n, unpack, stream);
+  if (a % 4 == 0) return launch_pack<uint32_t>(packed, t, outer, D, inner_bytes, begin, n, unpack, stream);
+  if (a % 2 == 0) return launch_pack<uint16_t>(packed, t, outer, D, inner_bytes, begin, n, unpack, stream);
+  return launch_pack<uint8_t>(packed, t, outer, D, inner_bytes, begin, n, unpack, stream);
+}
+
+__global__ void sum_partials_into_k(double* out, const double* partials, int64_t n) {
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) total += partials[i];
+  out[0] += total;
+}
+int sum_partials_into(double* out, const double* partials, int64_t n, void* stream) {
+  Range r("sum_partials_into");
+  sum_partials_into_k<<<1, 1, 0, st(stream)>>>(out, partials, n);
   return last_error();
 }
 
 // Explicit instantiations for the two activation types.
 #define MT_INSTANTIATE(T)                                                                                             \
-  template int matmul_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool, void*, int);              \
-  template int matmul_backward<T>(T*, float*, const T*, const T*, const T*, int64_t, int64_t, int64_t, void*, int,   \
+  template int matmul_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool, void*, int);                \
+  template int matmul_backward<T>(T*, float*, const T*, const T*, const T*, int64_t, int64_t, int64_t, void*, int,    \
                                   bool);                                                                              \
-  template int rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int64_t, double, void*);                 \
+  template int rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int64_t, double, void*);                   \
   template int add_rmsnorm_forward<T>(T*, T*, float*, const T*, const T*, const T*, int64_t, int64_t, double, void*); \
-  template int rmsnorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, int64_t, int64_t, \
+  template int rmsnorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, int64_t, int64_t,  \
                                    void*, const T*);                                                                  \
-  template int rope_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, bool, void*);  \
-  template int swiglu_forward<T>(T*, const T*, const T*, int64_t, void*);                                           \
-  template int swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, void*);                            \
-  template int embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t, int64_t, void*);       \
-  template int embedding_backward<T>(float*, void*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t,   \
+  template int rope_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, bool, void*);    \
+  template int swiglu_forward<T>(T*, const T*, const T*, int64_t, void*);                                             \
+  template int swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, void*);                              \
+  template int embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t, int64_t, void*);         \
+  template int embedding_backward<T>(float*, void*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t,     \
                                      void*);                                                                          \
-  template int cross_entropy<T>(float*, T*, const T*, const int32_t*, int64_t, int64_t, double, void*);             \
-  template int vocab_shard_max<T>(double*, const T*, int64_t, int64_t, void*);                                      \
-  template int vocab_shard_sumexp<T>(double*, double*, const T*, const int32_t*, const double*, int64_t, int64_t,   \
+  template int cross_entropy<T>(float*, T*, const T*, const int32_t*, int64_t, int64_t, double, void*);               \
+  template int vocab_shard_max<T>(double*, const T*, int64_t, int64_t, void*);                                        \
+  template int vocab_shard_sumexp<T>(double*, double*, const T*, const int32_t*, const double*, int64_t, int64_t,     \
                                      int64_t, void*);                                                                 \
-  template int vocab_shard_loss<T>(float*, T*, const T*, const int32_t*, const double*, const double*,              \
-                                   const double*, int64_t, int64_t, int64_t, double, void*);                          \
-  template int add<T>(T*, const T*, const T*, int64_t, void*);                                                      \
-  template int scale<T>(T*, double, int64_t, void*);                                                                \
-  template int reduce_sum<T>(double*, const T*, int64_t, bool, void*);                                             \
+  template int vocab_shard_loss<T>(float*, T*, const T*, const int32_t*, const double*, const double*, const double*, \
+                                   int64_t, int64_t, int64_t, double, void*);                                         \
+  template int add<T>(T*, const T*, const T*, int64_t, void*);                                                        \
+  template int scale<T>(T*, double, int64_t, void*);                                                                  \
+  template int reduce_sum<T>(double*, const T*, int64_t, bool, void*);                                                \
   template int attention_merge<T>(float*, float*, const T*, const float*, int64_t, int64_t, int64_t, int64_t, void*);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(bf16)

@@ -1,0 +1,43 @@
+// What every subcommand does first: the config, read by every rank and agreed
+// on, and the device of this rank.
+#include "runtime/train/cli.h"
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "comm/control.h"
+#include "comm/watchdog.h"
+#include "runtime/core/device.h"
+#include "runtime/train/agree.h"
+
+namespace mt {
+
+Config load_and_agree_config(const MpiEnv& env, const GlobalOptions& opts) {
+  // Every rank reads the same file and --set: an error printed once when it is the same everywhere.
+  Config c;
+  run_agreed(env, "the config", [&] { c = load_config(opts.config_path, opts.overrides); });
+  watchdog_set_timeout(c.comm.timeout_s);
+  // First collective of the run: every rank must have read the same config.
+  uint64_t h = config_hash(c);
+  std::vector<uint64_t> all(size_t(env.size()));
+  control_all_gather(MPI_COMM_WORLD, all.data(), &h, 1, MPI_UINT64_T, "config agreement");
+  std::string differ;
+  for (int r = 0; r < env.size(); ++r)
+    if (all[size_t(r)] != all[0]) differ += (differ.empty() ? "" : ",") + std::to_string(r);
+  MT_CHECK(differ.empty(), "config",
+           "ranks {} read a different config than rank 0 (hash {:016x} vs {:016x}): is the file the same on every "
+           "node, and are the --set overrides the same on every rank?",
+           differ, all[0], h);
+  return c;
+}
+
+Device rank_device(const MpiEnv& env, const std::string& device_name) {
+  if (device_name == "cpu") return Device::cpu();
+  MT_CHECK(env.cuda_device() >= 0, "config", "comm.device = {} but {} (rank {} on {})", device_name,
+           cuda_built() ? "no CUDA device is visible" : "meshtrain was built without CUDA", env.rank(), env.host());
+  return Device::cuda(env.cuda_device());
+}
+
+}  // namespace mt

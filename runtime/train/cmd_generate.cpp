@@ -1,0 +1,45 @@
+// `meshtrain generate`: text from a checkpoint, on whatever ranks it is given
+// (replicated; the same text on every rank, printed by rank 0).
+#include "runtime/train/cmd_generate.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "runtime/train/checkpoint.h"
+#include "runtime/train/trainer.h"
+
+namespace mt {
+
+void add_generate_options(CLI::App* app, GenerateArgs& a) {
+  app->add_option("--checkpoint", a.checkpoint, "checkpoint directory (step_XXXXXXXX) or a checkpoint.dir")->required();
+  app->add_option("--prompt", a.prompt, "text to continue")->capture_default_str();
+  app->add_option("--tokens", a.tokens, "tokens to generate")->capture_default_str();
+  app->add_option("--temperature", a.temperature, "sampling temperature (0 = greedy)")->capture_default_str();
+  app->add_option("--seed", a.seed, "sampling seed")->capture_default_str();
+}
+
+int run_generate_command(RunContext& ctx, const GenerateArgs& a) {
+  std::string path = a.checkpoint;
+  if (!std::filesystem::exists(std::filesystem::path(path) / "meta.json")) {
+    auto latest = latest_checkpoint(path);
+    MT_CHECK(latest.has_value(), "checkpoint", "--checkpoint {}: neither a checkpoint nor a directory holding one",
+             path);
+    path = *latest;
+  }
+  Config cfg = checkpoint_config(path);
+  cfg.parallel = ParallelConfig{};  // generation runs on whatever ranks it is given, replicated
+  cfg.comm = ctx.config.comm;
+  TrainRun run = make_train_run(cfg, *ctx.env, false);
+  load_checkpoint(path, *run.model, nullptr);
+  std::string text = generate(*run.model, a.prompt, a.tokens, a.temperature, uint64_t(a.seed), 0, sequence_pad(run),
+                              cfg.data.document_separator);
+  if (ctx.env->rank() == 0) {
+    std::fwrite(a.prompt.data(), 1, a.prompt.size(), stdout);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace mt

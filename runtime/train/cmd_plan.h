@@ -1,0 +1,10 @@
+// meshtrain plan: the config's parallel plan applied without training (placements,
+// layout hooks, bytes per step, measured and analytic).
+#pragma once
+#include "runtime/train/cli.h"
+
+namespace mt {
+
+int run_plan_command(RunContext& ctx);
+
+}  // namespace mt

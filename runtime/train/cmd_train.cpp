@@ -1,0 +1,296 @@
+// `meshtrain train`: the training loop around train_step (trainer.h): resume,
+// evaluation, samples, checkpoints, metrics, and a clean stop on SIGTERM,
+// SIGUSR1 or SIGINT (checkpoint, then exit 128 + the signal number).
+#include "runtime/train/cmd_train.h"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "comm/control.h"
+#include "runtime/core/log.h"
+#include "runtime/core/stream.h"
+#include "runtime/kernels/ops.h"
+#include "runtime/train/agree.h"
+#include "runtime/train/checkpoint.h"
+#include "runtime/train/metrics.h"
+#include "runtime/train/trainer.h"
+
+namespace mt {
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+// A second Ctrl-C does not wait for the step to end: the default action, at once.
+extern "C" void on_stop_signal(int sig) {
+  if (sig == SIGINT && g_stop_signal.load() != 0) {
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
+  }
+  g_stop_signal = sig;
+}
+
+// One line for the terminal: control bytes shown as escapes.
+std::string printable(const std::string& s) {  // NOLINT
+  std::string r;
+  for (unsigned char c : s) {
+    if (c == '\n') r += "\\n";
+    else if (c == '\t') r += "\\t";
+    else if (c < 32 || c == 127) r += fmt::format("\\x{:02x}", c);
+    else r.push_back(char(c));
+  }
+  return r;
+}
+
+// What a resumed run may not change silently: the data, the seed, the model and the schedule (training.steps may
+// grow: a run is extended by resuming it with more steps). "key: X in the checkpoint, Y now" per difference.
+std::vector<std::string> config_changes(const Config& was, const Config& now) {
+  std::vector<std::string> d;
+  auto cmp = [&](const char* key, const auto& a, const auto& b) {
+    if (a != b) d.push_back(fmt::format("{}: {} in the checkpoint, {} now", key, a, b));
+  };
+  cmp("data.train", was.data.train, now.data.train);
+  cmp("training.seed", was.training.seed, now.training.seed);
+  const ModelConfig &a = was.model, &b = now.model;
+  cmp("model.dim", a.dim, b.dim);
+  cmp("model.n_layers", a.n_layers, b.n_layers);
+  cmp("model.n_heads", a.n_heads, b.n_heads);
+  cmp("model.n_kv_heads", a.n_kv_heads, b.n_kv_heads);
+  cmp("model.ffn_dim", a.ffn_dim, b.ffn_dim);
+  cmp("model.vocab_size", a.vocab_size, b.vocab_size);
+  cmp("model.norm_eps", a.norm_eps, b.norm_eps);
+  cmp("model.rope_theta", a.rope_theta, b.rope_theta);
+  cmp("model.max_seq_len", a.max_seq_len, b.max_seq_len);
+  cmp("model.tie_embeddings", a.tie_embeddings, b.tie_embeddings);
+  cmp("training.schedule", was.training.schedule, now.training.schedule);
+  cmp("training.lr", was.training.lr, now.training.lr);
+  cmp("training.warmup_steps", was.training.warmup_steps, now.training.warmup_steps);
+  cmp("training.lr_min", was.training.lr_min, now.training.lr_min);
+  return d;
+}
+
+// checkpoint.dir must take files before the first step, not fail at the first checkpoint after hours of training.
+// Rank 0 tries; every rank gets its answer, so all stop together with the same message.
+void check_checkpoint_dir_writable(const std::string& dir, const MpiEnv& env) {
+  if (dir.empty()) return;
+  char why[256] = {0};
+  if (env.rank() == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    std::filesystem::path probe = std::filesystem::path(dir) / fmt::format(".write_test.{}", ::getpid());
+    if (ec) {
+      std::snprintf(why, sizeof why, "%s", ec.message().c_str());
+    } else {
+      FILE* f = std::fopen(probe.c_str(), "w");
+      if (!f || std::fputs("ok\n", f) < 0) std::snprintf(why, sizeof why, "%s", std::strerror(errno));
+      if (f && std::fclose(f) != 0 && !why[0]) std::snprintf(why, sizeof why, "%s", std::strerror(errno));
+      std::filesystem::remove(probe, ec);
+    }
+  }
+  control_broadcast(MPI_COMM_WORLD, why, int(sizeof why), MPI_CHAR, 0, "checkpoint.dir check");
+  // Every rank has rank 0's answer: one message, printed by rank 0.
+  if (why[0])
+    throw ReportedError(fmt::format("[checkpoint] checkpoint.dir = {} is not writable: {}", dir, why), 1,
+                        env.rank() == 0);
+}
+
+}  // namespace
+
+int run_train_command(RunContext& ctx) {
+  // Slurm sends SIGTERM (or a --signal of the user's choice) before the time limit: checkpoint and stop.
+  // The run then exits with 128 + the signal's number (143 SIGTERM, 138 SIGUSR1, 130 SIGINT), the shell's code
+  // for "ended by this signal", after the checkpoint: a batch script tells "stopped, requeue me" from 0 (done)
+  // and 1 (an error). Caught from the start: a signal during setup stops the run after its first step.
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
+  const Config& cfg = ctx.config;
+  const MpiEnv& env = *ctx.env;
+  TrainRun run = make_train_run(cfg, env);
+  const auto& t = cfg.training;
+
+  check_checkpoint_dir_writable(cfg.checkpoint.dir, env);
+
+  // Where to start: a checkpoint to resume, else Hugging Face weights, else the random init.
+  // resume: auto tries the newest complete checkpoint first and falls back to older ones when it cannot be read.
+  std::vector<std::string> candidates;
+  const bool resume_auto = cfg.checkpoint.resume == "auto";
+  if (!cfg.checkpoint.dir.empty() && cfg.checkpoint.resume != "never") {
+    if (resume_auto) {
+      candidates = checkpoints_in(cfg.checkpoint.dir);
+      std::reverse(candidates.begin(), candidates.end());  // newest first
+    } else {
+      candidates.push_back(cfg.checkpoint.resume);
+      MT_CHECK(std::filesystem::exists(std::filesystem::path(cfg.checkpoint.resume) / "meta.json"), "checkpoint",
+               "checkpoint.resume = {}: not a complete checkpoint (no meta.json)", cfg.checkpoint.resume);
+    }
+  }
+  std::string resume_from;
+  for (size_t i = 0; i < candidates.size() && resume_from.empty(); ++i) {
+    const std::string& c = candidates[i];
+    // Every rank reads the same files and fails the same way: they fall back together.
+    auto fall_back = [&](const Error& e) {
+      if (!resume_auto || i + 1 == candidates.size()) return false;
+      if (env.rank() == 0)
+        spdlog::warn("cannot resume from {}, it is damaged: {}; resume: auto falls back to {}", c, e.what(),
+                     candidates[i + 1]);
+      return true;
+    };
+    Config was;
+    try {
+      was = checkpoint_config(c);
+    } catch (const Error& e) {
+      if (fall_back(e)) continue;
+      throw;
+    }
+    auto changes = config_changes(was, cfg);
+    if (!changes.empty()) {
+      std::string list = fmt::format("{}", fmt::join(changes, "; "));
+      MT_CHECK(cfg.checkpoint.allow_config_change, "checkpoint",
+               "resuming from {} with a different config: {} (set checkpoint.allow_config_change: true to resume "
+               "anyway, or checkpoint.resume: never to start over)",
+               c, list);
+      if (env.rank() == 0) spdlog::warn("resuming from {} with a different config: {}", c, list);
+    }
+    try {
+      TrainProgress p = load_checkpoint(c, *run.model, run.opt.get());
+      run.start_step = p.step;
+      resume_from = c;
+    } catch (const Error& e) {
+      if (fall_back(e)) continue;
+      throw;
+    }
+  }
+  if (!resume_from.empty()) {
+    if (env.rank() == 0) spdlog::info("resumed from {} at step {}", resume_from, run.start_step);
+  } else if (!cfg.model.init_from.empty()) {
+    load_hf_weights(cfg.model.init_from, *run.model);
+    if (env.rank() == 0) spdlog::info("initialised from {}", cfg.model.init_from);
+  }
+
+  const double flops_per_token = llama_flops_per_token(cfg.model, t.seq_len);
+  const double peak = run.device.is_cuda() ? 989e12 : cpu_peak_flops();
+  if (env.rank() == 0) {
+    spdlog::info(
+        "model: {} parameters ({} without embeddings), {:.2f} MFLOP/token; mesh {}; batch {} x {} tokens, "
+        "{} rows per dp rank, micro-batch {}; {} threads per rank, CPU GEMM peak {:.1f} GFLOP/s",
+        llama_num_params(cfg.model), llama_num_params(cfg.model, false), flops_per_token / 1e6,
+        mesh_str(run.mesh.dims()) + " (" + run.pd.describe() + ")", t.batch_size, t.seq_len, run.rows, run.micro,
+        cpu_threads(), peak / 1e9);
+    spdlog::info("data: {} train tokens in {} shard(s), {} steps per epoch", run.train_data.size(),
+                 run.train_data.shards().size(), steps_per_epoch(run.train_data, t.batch_size, t.seq_len));
+  }
+  if (env.rank() == 0 && run.grad_sync) spdlog::info("gradient sync: {}", run.grad_sync->describe());
+  {
+    // The memory that does not depend on the batch: what peak memory is compared against.
+    size_t state = 0;
+    for (Parameter* p : run.params) {
+      state += p->value.local.nbytes() + p->grad.local.nbytes() + (p->compute.defined() ? p->compute.nbytes() : 0);
+      const auto& s = run.opt->state().at(p->name);
+      state += s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
+    }
+    // The expected count from the layouts alone: rank 0 holds the first (largest) chunk of every sharded dim,
+    // and with fully_shard 1/dp_shard of each sharded parameter's tp part.
+    const double per_element = run.dtype == DType::bf16 ? 18 : double(4 * dtype_size(run.dtype));
+    double elements = 0;
+    for (Parameter* p : run.params) {
+      Shape s = p->value.shape();
+      for (int m = 0; m < run.mesh.ndim(); ++m) {
+        const Placement& pl = p->value.placements()[size_t(m)];
+        if (pl.is_shard()) s[size_t(pl.dim)] = (s[size_t(pl.dim)] + run.mesh.size(m) - 1) / run.mesh.size(m);
+      }
+      elements += double(shape_numel(s));
+    }
+    const double expected = elements * per_element;
+    if (env.rank() == 0) {
+      spdlog::info(
+          "model state on rank 0: {:.3f} MiB ({} B per parameter element: {}weights, gradient, AdamW m and v); "
+          "expected {:.3f} MiB = {} B x {:.0f} elements{}: {}",
+          double(state) / (1 << 20), per_element, run.dtype == DType::bf16 ? "bf16 copy, f32 master " : "",
+          expected / (1 << 20), per_element, elements,
+          run.fsdp ? " (the rank's shards and the replicated small parameters)" : "",
+          double(state) == expected ? "equal" : "DIFFERENT");
+      if (run.fsdp) spdlog::info("fully_shard over dp_shard = {}: {}", run.pd.dp_shard, run.fsdp->describe());
+    }
+  }
+  if (env.rank() == 0 && run.dtype == DType::bf16)
+    spdlog::info(
+        "mixed precision: bf16 compute{}, f32 master weights, gradients, optimizer state, statistics and loss; "
+        "gradients reduced in {}",
+        run.device.is_cuda() ? "" : " (emulated in f32 on the CPU: a check, not fast)", t.grad_reduce_dtype);
+  if (env.rank() == 0)
+    spdlog::info("memory after setup: {:.0f} MiB resident (model, optimizer state, data, MPI)",
+                 peak_memory_bytes(Device::cpu()) / (1 << 20));
+  MetricsLogger log(env.rank(), env.size(), cfg.log.metrics_file, t.steps, cfg.log.interval, flops_per_token, peak,
+                    run.device, cfg.log.progress);
+
+  auto checkpoint = [&](int64_t next_step) {
+    if (cfg.checkpoint.dir.empty()) return;
+    Batch pos = get_batch(run.train_data, next_step, t.batch_size, t.seq_len, 0, 0);
+    TrainProgress p{next_step, pos.epoch, pos.offset, uint64_t(t.seed)};
+    std::string dir = save_checkpoint(cfg.checkpoint.dir, p, *run.model, *run.opt, cfg, run.mesh, cfg.checkpoint.keep);
+    log.note(fmt::format("checkpoint step {} -> {}", next_step, dir));
+  };
+
+  int64_t skipped = 0, skipped_in_a_row = 0;  // non-finite steps (not applied): in all, and the current run of them
+  for (int64_t step = run.start_step; step < t.steps; ++step) {
+    auto t0 = std::chrono::steady_clock::now();
+    const int64_t syncs_before = host_sync_count();
+    StepResult r = train_step(run, step);
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // The step's device work is enqueued without waiting but for the one read of loss and grad norm (see
+    // train_step); eval, samples and checkpoints come after the step and are not counted.
+    spdlog::debug("step {}: host syncs this step: {}", step + 1, host_sync_count() - syncs_before);
+    if (r.skipped) {
+      ++skipped, ++skipped_in_a_row;
+      MT_CHECK(t.nonfinite == "skip", "train",
+               "step {}: the loss is {} and the grad norm {}: not finite, the update was not applied and the run "
+               "stops (training.nonfinite = stop; lower training.lr, or nonfinite: skip to go on)",
+               step + 1, r.loss, r.grad_norm);
+      MT_CHECK(skipped_in_a_row < t.max_nonfinite_steps, "train",
+               "step {}: the loss is {} and the grad norm {}: {} non-finite steps in a row "
+               "(training.max_nonfinite_steps = {}), none applied: the run stops (lower training.lr?)",
+               step + 1, r.loss, r.grad_norm, skipped_in_a_row, t.max_nonfinite_steps);
+      if (env.rank() == 0)
+        spdlog::warn(
+            "step {}: the loss is {} and the grad norm {}: not finite, the update is skipped ({} in a row, "
+            "{} in all)",
+            step + 1, r.loss, r.grad_norm, skipped_in_a_row, skipped);
+    } else {
+      skipped_in_a_row = 0;
+    }
+    log.step({step, r.loss, r.lr, r.grad_norm, dt, t.batch_size * t.seq_len, skipped});
+    bool last = step + 1 == t.steps;
+    if (cfg.eval.interval > 0 && run.val_data.size() > 0 && ((step + 1) % cfg.eval.interval == 0 || last))
+      log.eval(step, evaluate(run));
+    if (cfg.sample.interval > 0 && cfg.sample.tokens > 0 && ((step + 1) % cfg.sample.interval == 0 || last)) {
+      std::string text = generate(*run.model, cfg.sample.prompt, cfg.sample.tokens, cfg.sample.temperature,
+                                  uint64_t(t.seed), uint64_t(step), sequence_pad(run), cfg.data.document_separator);
+      log.sample(step, printable(cfg.sample.prompt + text));
+    }
+    // A stop signal on any rank stops every rank at the same step boundary.
+    int stop = g_stop_signal.load();
+    control_all_reduce(MPI_COMM_WORLD, &stop, 1, MPI_INT, MPI_MAX, "stop-signal all_reduce");
+    bool at_interval = cfg.checkpoint.interval > 0 && (step + 1) % cfg.checkpoint.interval == 0;
+    if (at_interval || last || stop) checkpoint(step + 1);
+    if (stop) {
+      log.note(fmt::format(
+          "signal {} ({}) received: stopped after step {}{}; exit code {}", stop, strsignal(stop), step + 1,
+          cfg.checkpoint.dir.empty() ? " (no checkpoint.dir: nothing saved)" : " with a checkpoint", 128 + stop));
+      return 128 + stop;
+    }
+  }
+  return 0;
+}
+
+}  // namespace mt

@@ -1,0 +1,752 @@
+// The op table (tests/op_cases.h): one entry per op of runtime/kernels/ops.h and per local-attention
+// variant. Adding an op is one entry here: its forward, its backward (if it has one), a naive f64
+// reference of the forward, and which forward inputs the backward differentiates.
+#include "op_cases.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <doctest/doctest.h>
+
+#include "attention/local_attention.h"
+#include "runtime/kernels/ops.h"
+#include "test_util.h"
+
+namespace mt::test {
+
+Dims dims_for(Size s) {
+  switch (s) {
+    case Size::small:
+      return {3, 4, 3, 4, 5, 1, 3, 3, 2, 1, 4};
+    case Size::normal:
+      return {67, 96, 80, 72, 101, 2, 33, 33, 4, 2, 16};
+    case Size::perf:
+      return {2048, 1024, 1024, 2816, 8192, 4, 512, 512, 8, 4, 64};
+  }
+  return {};
+}
+
+namespace {
+uint64_t seed_of(const std::string& s) {  // FNV-1a: the same seed on every platform
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+double round_bf16(double x) { return double(float(bf16(float(x)))); }
+}  // namespace
+
+DType OpRun::dtype(Kind k) const {
+  switch (k) {
+    case Kind::act:
+      return act;
+    case Kind::acc:
+      return accum_dtype(act);
+    case Kind::f64:
+      return DType::f64;
+  }
+  return act;
+}
+
+const std::vector<double>& OpRun::values_of(const std::string& name, int64_t n, double scale) {
+  auto it = values->find(name);
+  if (it == values->end())
+    it = values->emplace(name, randn_values(size_t(n), seed_of(case_name + "/" + name), scale, true)).first;
+  REQUIRE(int64_t(it->second.size()) == n);
+  return it->second;
+}
+
+Tensor OpRun::in(const std::string& name, const Shape& s, Kind k, double scale) {
+  if (reuse && cache.count("in " + name)) return cache.at("in " + name);
+  Tensor t = from_values(values_of(name, shape_numel(s), scale), s, dtype(k));
+  if (dev.is_cuda()) t = t.to(dev);
+  if (reuse) cache["in " + name] = t;
+  return t;
+}
+
+Tensor OpRun::ints(const std::vector<int64_t>& v, const Shape& s, DType dt, bool host) const {
+  Tensor t = from_values(std::vector<double>(v.begin(), v.end()), s, dt);
+  return dev.is_cuda() && !host ? t.to(dev) : t;
+}
+
+Tensor OpRun::out(const std::string& name, const Shape& s, Kind k) {
+  if (reuse && cache.count("out " + name)) return cache.at("out " + name);
+  Tensor t = poisoned(s, dtype(k), dev);
+  outputs.push_back({name, t});
+  if (reuse) cache["out " + name] = t;
+  return t;
+}
+
+Tensor OpRun::acc(const std::string& name, const Shape& s, Kind k) {
+  if (reuse && cache.count("acc " + name)) return cache.at("acc " + name);
+  Tensor t = zero_acc ? zeros(s, dtype(k), dev) : from_values(values_of(name, shape_numel(s)), s, dtype(k));
+  if (dev.is_cuda() && !zero_acc) t = t.to(dev);
+  outputs.push_back({name, t});
+  if (reuse) cache["acc " + name] = t;
+  return t;
+}
+
+Tensor OpRun::inout(const std::string& name, const Shape& s, Kind k, double scale) {
+  if (reuse && cache.count("inout " + name)) return cache.at("inout " + name);
+  Tensor t = from_values(values_of(name, shape_numel(s), scale), s, dtype(k));
+  if (dev.is_cuda()) t = t.to(dev);
+  outputs.push_back({name + " (in place)", t});
+  if (reuse) cache["inout " + name] = t;
+  return t;
+}
+
+Results OpRun::results() const {
+  Results r;
+  for (const auto& [name, t] : outputs) r.push_back({name, to_f64(t)});
+  for (const auto& s : scalars) r.push_back(s);
+  return r;
+}
+
+namespace {
+
+using V = std::vector<double>;
+
+// ---- naive f64 references ----
+V ref_matmul(const V& x, const V& w, int64_t N, int64_t C, int64_t OC) {
+  V y(size_t(N * OC), 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o) {
+      double s = 0;
+      for (int64_t c = 0; c < C; ++c) s += x[size_t(n * C + c)] * w[size_t(o * C + c)];
+      y[size_t(n * OC + o)] = s;
+    }
+  return y;
+}
+
+void ref_rmsnorm(V& y, V& rstd, const V& x, const V& w, int64_t N, int64_t C, double eps) {
+  y.assign(x.size(), 0);
+  rstd.assign(size_t(N), 0);
+  for (int64_t n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int64_t c = 0; c < C; ++c) ss += x[size_t(n * C + c)] * x[size_t(n * C + c)];
+    rstd[size_t(n)] = 1 / std::sqrt(ss / double(C) + eps);
+    for (int64_t c = 0; c < C; ++c) y[size_t(n * C + c)] = x[size_t(n * C + c)] * rstd[size_t(n)] * w[size_t(c)];
+  }
+}
+
+// Losses and d(grad_scale * sum of losses)/dlogits; targets < 0 ignored.
+void ref_cross_entropy(V& loss, V& grad, const V& x, const std::vector<int64_t>& tg, int64_t N, int64_t Vn, double gs) {
+  loss.assign(size_t(N), 0.0);
+  grad.assign(size_t(N * Vn), 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    if (tg[size_t(n)] < 0) continue;
+    double mx = -INFINITY, se = 0;
+    for (int64_t v = 0; v < Vn; ++v) mx = std::max(mx, x[size_t(n * Vn + v)]);
+    for (int64_t v = 0; v < Vn; ++v) se += std::exp(x[size_t(n * Vn + v)] - mx);
+    const double lse = mx + std::log(se);
+    loss[size_t(n)] = lse - x[size_t(n * Vn + tg[size_t(n)])];
+    for (int64_t v = 0; v < Vn; ++v)
+      grad[size_t(n * Vn + v)] = (std::exp(x[size_t(n * Vn + v)] - lse) - (v == tg[size_t(n)] ? 1 : 0)) * gs;
+  }
+}
+
+// Targets: every 7th ignored, the rest spread over [0, V) with repeats.
+std::vector<int64_t> targets_for(int64_t N, int64_t Vn) {
+  std::vector<int64_t> t(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) t[size_t(i)] = i % 7 == 3 ? -1 : (i * i + 3 * i + 1) % Vn;
+  return t;
+}
+// Tokens with repeats, some outside a middle shard of the table.
+std::vector<int64_t> tokens_for(int64_t N, int64_t Vn) {
+  std::vector<int64_t> t(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) t[size_t(i)] = (i * i + 2 * i + 3) % Vn;
+  return t;
+}
+
+// RoPE tables at positions 3, 5, 7, ... computed in f64 and rounded to bf16, the same numbers on every backend.
+void rope_inputs(OpRun& r, const Dims& d, Tensor& cs, Tensor& sn, V& csv, V& snv) {
+  std::vector<int64_t> pos(static_cast<size_t>(d.T));
+  for (int64_t t = 0; t < d.T; ++t) pos[size_t(t)] = 3 + 2 * t;
+  Tensor c64 = empty({d.T, d.hd}, DType::f64), s64 = empty({d.T, d.hd}, DType::f64);
+  rope_tables(c64, s64, r.ints(pos, {d.T}, DType::i64, /*host=*/true), 10000.0);
+  csv = to_f64(c64), snv = to_f64(s64);
+  for (double& x : csv) x = round_bf16(x);
+  for (double& x : snv) x = round_bf16(x);
+  cs = from_values(csv, {d.T, d.hd}, r.act), sn = from_values(snv, {d.T, d.hd}, r.act);
+  if (r.dev.is_cuda()) cs = cs.to(r.dev), sn = sn.to(r.dev);
+}
+
+V ref_rope(const V& x, const V& c, const V& s, int64_t B, int64_t T, int64_t H, int64_t hd) {
+  V y(x.size());
+  const int64_t half = hd / 2;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const size_t o = size_t(((b * T + t) * H + h) * hd);
+        for (int64_t i = 0; i < hd; ++i) {
+          const double rot = i < half ? -x[o + size_t(i + half)] : x[o + size_t(i - half)];
+          y[o + size_t(i)] = x[o + size_t(i)] * c[size_t(t * hd + i)] + rot * s[size_t(t * hd + i)];
+        }
+      }
+  return y;
+}
+
+// ---- local attention variants ----
+struct AttnGeom {
+  int64_t T, S, hd;
+  bool causal;
+  int64_t q_pos0, k_pos0;
+  bool docs;
+};
+
+// doc_start (B, T): documents start at q_pos0 + T/3 + b and q_pos0 + 2T/3 in row b; 0 before the first.
+std::vector<int64_t> doc_starts(const AttnGeom& g, int64_t B) {
+  std::vector<int64_t> ds(static_cast<size_t>(B * g.T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < g.T; ++t) {
+      const int64_t p = g.q_pos0 + t, s1 = g.q_pos0 + g.T / 3 + b, s2 = g.q_pos0 + 2 * g.T / 3;
+      ds[size_t(b * g.T + t)] = p >= s2 ? s2 : p >= s1 ? s1 : 0;
+    }
+  return ds;
+}
+
+OpCase attention_case(const std::string& name, std::function<AttnGeom(const Dims&)> geom) {
+  OpCase c;
+  c.name = name;
+  auto options = [geom](OpRun& r, const Dims& d) {
+    AttnGeom g = geom(d);
+    AttentionOptions o;
+    o.causal = g.causal, o.q_pos0 = g.q_pos0, o.k_pos0 = g.k_pos0;
+    if (g.docs) o.doc_start = r.ints(doc_starts(g, d.B), {d.B, g.T}, DType::i64);
+    return std::pair{g, o};
+  };
+  c.forward = [options](OpRun& r, const Dims& d) {
+    auto [g, o] = options(r, d);
+    Tensor q = r.in("q", {d.B, g.T, d.H, g.hd}), k = r.in("k", {d.B, g.S, d.KV, g.hd}),
+           v = r.in("v", {d.B, g.S, d.KV, g.hd});
+    Tensor out = r.out("out", q.shape()), lse = r.out("lse", {d.B, d.H, g.T}, Kind::acc);
+    attention_forward(out, lse, q, k, v, o);
+  };
+  c.backward = [options](OpRun& r, const Dims& d) {
+    auto [g, o] = options(r, d);
+    Tensor q = r.in("q", {d.B, g.T, d.H, g.hd}), k = r.in("k", {d.B, g.S, d.KV, g.hd}),
+           v = r.in("v", {d.B, g.S, d.KV, g.hd});
+    Tensor dout = r.in("dout", q.shape());
+    Tensor out = empty(q.shape(), r.act, r.dev), lse = empty({d.B, d.H, g.T}, accum_dtype(r.act), r.dev);
+    attention_forward(out, lse, q, k, v, o);
+    Tensor dq = r.out("dq", q.shape()), dk = r.out("dk", k.shape()), dv = r.out("dv", v.shape());
+    attention_backward(dq, dk, dv, dout, q, k, v, out, lse, o);
+    // Accumulating onto a start (ring attention's later query chunks).
+    Tensor dq2 = empty(q.shape(), r.act, r.dev), dk2 = r.acc("dk accumulated", k.shape(), Kind::act),
+           dv2 = r.acc("dv accumulated", v.shape(), Kind::act);
+    attention_backward(dq2, dk2, dv2, dout, q, k, v, out, lse, o, /*accumulate=*/true);
+  };
+  c.seeds = {{"out", "dout"}};
+  c.grads = {{"q", "dq"}, {"k", "dk"}, {"v", "dv"}};
+  return c;
+}
+
+}  // namespace
+
+std::vector<OpCase> op_cases() {
+  std::vector<OpCase> cases;
+  const double eps = 1e-5;
+
+  {  // matmul: out = inp @ weight^T, accumulate; dinp overwritten or accumulated, dweight accumulated
+    OpCase c;
+    c.name = "matmul";
+    c.forward = [](OpRun& r, const Dims& d) {
+      Tensor x = r.in("x", {d.N, d.C}), w = r.in("w", {d.OC, d.C}, Kind::act, 0.2);
+      matmul_forward(r.out("y", {d.N, d.OC}), x, w);
+      matmul_forward(r.acc("y accumulated", {d.N, d.OC}, Kind::act), x, w, /*accumulate=*/true);
+    };
+    c.reference = [](OpRun& r, const Dims& d) {
+      V y = ref_matmul(r.values_of("x", d.N * d.C), r.values_of("w", d.OC * d.C), d.N, d.C, d.OC), ya = y;
+      const V& start = r.values_of("y accumulated", d.N * d.OC);
+      for (size_t i = 0; i < ya.size(); ++i) ya[i] += start[i];
+      return Results{{"y", y}, {"y accumulated", ya}};
+    };
+    c.backward = [](OpRun& r, const Dims& d) {
+      Tensor x = r.in("x", {d.N, d.C}), w = r.in("w", {d.OC, d.C}, Kind::act, 0.2), dy = r.in("dy", {d.N, d.OC});
+      matmul_backward(r.out("dx", {d.N, d.C}), r.acc("dw", {d.OC, d.C}), dy, x, w);
+      matmul_backward(r.acc("dx accumulated", {d.N, d.C}, Kind::act), Tensor(), dy, Tensor(), w,
+                      /*accumulate_dinp=*/true);
+      matmul_backward(Tensor(), r.acc("dw only", {d.OC, d.C}), dy, x, w);
+    };
+    c.seeds = {{"y", "dy"}};
+    c.grads = {{"x", "dx"}, {"w", "dw"}};
+    cases.push_back(c);
+  }
+  {  // RMSNorm; the backward with and without the residual gradient (aliasing dinp)
+    OpCase c;
+    c.name = "rmsnorm";
+    c.forward = [eps](OpRun& r, const Dims& d) {
+      Tensor x = r.in("x", {d.N, d.C}), w = r.in("w", {d.C});
+      rmsnorm_forward(r.out("y", {d.N, d.C}), r.out("rstd", {d.N}, Kind::acc), x, w, eps);
+    };
+    c.reference = [eps](OpRun& r, const Dims& d) {
+      V y, rs;
+      ref_rmsnorm(y, rs, r.values_of("x", d.N * d.C), r.values_of("w", d.C), d.N, d.C, eps);
+      return Results{{"y", y}, {"rstd", rs}};
+    };
+    c.backward = [eps](OpRun& r, const Dims& d) {
+      Tensor x = r.in("x", {d.N, d.C}), w = r.in("w", {d.C}), dy = r.in("dy", {d.N, d.C});
+      Tensor y = empty({d.N, d.C}, r.act, r.dev), rstd = empty({d.N}, accum_dtype(r.act), r.dev);
+      rmsnorm_forward(y, rstd, x, w, eps);
+      rmsnorm_backward(r.out("dx", {d.N, d.C}), r.acc("dw", {d.C}), dy, x, w, rstd);
+      Tensor dres = r.inout("dresidual", {d.N, d.C});
+      rmsnorm_backward(dres, r.acc("dw with residual", {d.C}), dy, x, w, rstd, dres);
+    };
+    c.seeds = {{"y", "dy"}};
+    c.grads = {{"x", "dx"}, {"w", "dw"}};
+    cases.push_back(c);
+  }
+  {  // the residual add fused in front of the norm, the sum written over a
+    OpCase c;
+    c.name = "add_rmsnorm";
+    c.forward = [eps](OpRun& r, const Dims& d) {
+      Tensor a = r.inout("a", {d.N, d.C}), b = r.in("b", {d.N, d.C}), w = r.in("w", {d.C});
+      add_rmsnorm_forward(a, r.out("y", {d.N, d.C}), r.out("rstd", {d.N}, Kind::acc), a, b, w, eps);
+    };
+    c.reference = [eps](OpRun& r, const Dims& d) {
+      V s = r.values_of("a", d.N * d.C);
+      const V& b = r.values_of("b", d.N * d.C);
+      for (size_t i = 0; i < s.size(); ++i) s[i] += b[i];
+      V y, rs;
+      ref_rmsnorm(y, rs, s, r.values_of("w", d.C), d.N, d.C, eps);
+      return Results{{"a (in place)", s}, {"y", y}, {"rstd", rs}};
+    };
+    cases.push_back(c);
+  }
+  {  // RoPE tables: cos/sin of pos * theta^(-2i/hd), the halves repeated; computed on the host in cos's dtype
+    OpCase c;
+    c.name = "rope_tables";
+    c.cpu_only = true;
+    c.tol_bf16 = 2e-2;  // the angles are computed in bf16: pos * inv_freq loses ~pos * 2^-9 radians
+    auto pos = [](const Dims& d) {
+      std::vector<int64_t> p(static_cast<size_t>(d.T));
+      for (int64_t t = 0; t < d.T; ++t) p[size_t(t)] = t;
+      return p;
+    };
+    c.forward = [pos](OpRun& r, const Dims& d) {
+      rope_tables(r.out("cos", {d.T, d.hd}), r.out("sin", {d.T, d.hd}), r.ints(pos(d), {d.T}, DType::i64, true), 500.0);
+    };
+    c.reference = [pos](OpRun&, const Dims& d) {
+      V cs(size_t(d.T * d.hd)), sn(cs.size());
+      for (int64_t t = 0; t < d.T; ++t)
+        for (int64_t i = 0; i < d.hd; ++i) {
+          const double a = double(pos(d)[size_t(t)]) * std::pow(500.0, -2.0 * double(i % (d.hd / 2)) / double(d.hd));
+          cs[size_t(t * d.hd + i)] = std::cos(a), sn[size_t(t * d.hd + i)] = std::sin(a);
+        }
+      return Results{{"cos", cs}, {"sin", sn}};
+    };
+    cases.push_back(c);
+  }
+  {  // RoPE forward (also in place) and its transpose
+    OpCase c;
+    c.name = "rope";
+    c.forward = [](OpRun& r, const Dims& d) {
+      Tensor cs, sn;
+      V cv, sv;
+      rope_inputs(r, d, cs, sn, cv, sv);
+      Tensor x = r.in("x", {d.B, d.T, d.H, d.hd});
+      rope_forward(r.out("y", x.shape()), x, cs, sn);
+      Tensor xi = r.inout("x2", x.shape());
+      rope_forward(xi, xi, cs, sn);
+    };
+    c.reference = [](OpRun& r, const Dims& d) {
+      Tensor cs, sn;
+      V cv, sv;
+      rope_inputs(r, d, cs, sn, cv, sv);
+      const int64_t n = d.B * d.T * d.H * d.hd;
+      return Results{{"y", ref_rope(r.values_of("x", n), cv, sv, d.B, d.T, d.H, d.hd)},
+                     {"x2 (in place)", ref_rope(r.values_of("x2", n), cv, sv, d.B, d.T, d.H, d.hd)}};
+    };
+    c.backward = [](OpRun& r, const Dims& d) {
+      Tensor cs, sn;
+      V cv, sv;
+      rope_inputs(r, d, cs, sn, cv, sv);
+      Tensor dy = r.in("dy", {d.B, d.T, d.H, d.hd});
+      rope_backward(r.out("dx", dy.shape()), dy, cs, sn);
+      Tensor di = r.inout("dy2", dy.shape());
+      rope_backward(di, di, cs, sn);
+    };
+    c.seeds = {{"y", "dy"}};
+    c.grads = {{"x", "dx"}};
+    cases.push_back(c);
+  }
+  {  // SwiGLU: silu(gate) * up
+    OpCase c;
+    c.name = "swiglu";
+    c.forward = [](OpRun& r, const Dims& d) {
+      swiglu_forward(r.out("y", {d.N, d.F}), r.in("gate", {d.N, d.F}, Kind::act, 2.0), r.in("up", {d.N, d.F}));
+    };
+    c.reference = [](OpRun& r, const Dims& d) {
+      const V &g = r.values_of("gate", d.N * d.F), &u = r.values_of("up", d.N * d.F);
+      V y(g.size());
+      for (size_t i = 0; i < g.size(); ++i) y[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+      return Results{{"y", y}};
+    };
+    c.backward = [](OpRun& r, const Dims& d) {
+      Tensor g = r.in("gate", {d.N, d.F}, Kind::act, 2.0), u = r.in("up", {d.N, d.F}), dy = r.in("dy", {d.N, d.F});
+      swiglu_backward(r.out("dgate", g.shape()), r.out("dup", g.shape()), dy, g, u);
+    };
+    c.seeds = {{"y", "dy"}};
+    c.grads = {{"gate", "dgate"}, {"up", "dup"}};
+    cases.push_back(c);
+  }
+  {  // Embedding on a vocab shard of rows [V/4, V/4 + V/2): other tokens give zeros; the backward scatters
+    OpCase c;
+    c.name = "embedding";
+    auto shard = [](const Dims& d) { return std::pair{d.V / 4, std::max<int64_t>(d.V / 2, 1)}; };
+    auto gather = [shard](OpRun& r, const Dims& d) {  // the naive lookup
+      auto [begin, rows] = shard(d);
+      const V& tab = r.values_of("table", rows * d.C);
+      V y(size_t(d.N * d.C), 0.0);
+      auto tok = tokens_for(d.N, d.V);
+      for (int64_t n = 0; n < d.N; ++n)
+        if (tok[size_t(n)] >= begin && tok[size_t(n)] < begin + rows)
+          for (int64_t e = 0; e < d.C; ++e) y[size_t(n * d.C + e)] = tab[size_t((tok[size_t(n)] - begin) * d.C + e)];
+      return y;
+    };
+    c.forward = [shard, gather](OpRun& r, const Dims& d) {
+      auto [begin, rows] = shard(d);
+      Tensor tok = r.ints(tokens_for(d.N, d.V), {d.N}, DType::i32), y = r.out("y", {d.N, d.C});
+      embedding_forward(y, tok, r.in("table", {rows, d.C}), begin, d.V);
+      if (r.check) CHECK(to_f64(y) == gather(r, d));  // a gather of bf16-exact values: exact on every backend
+    };
+    c.reference = [gather](OpRun& r, const Dims& d) { return Results{{"y", gather(r, d)}}; };
+    c.backward = [shard](OpRun& r, const Dims& d) {
+      auto [begin, rows] = shard(d);
+      Tensor tok = r.ints(tokens_for(d.N, d.V), {d.N}, DType::i32), dy = r.in("dy", {d.N, d.C});
+      Tensor dt = r.acc("dtable", {rows, d.C});
+      Tensor again = dt.clone();
+      embedding_backward(dt, dy, tok, begin);
+      if (r.check) {  // deterministic: the same bits on a rerun
+        embedding_backward(again, dy, tok, begin);
+        CHECK(equal(dt, again));
+      }
+    };
+    c.seeds = {{"y", "dy"}};
+    c.grads = {{"table", "dtable"}};
+    cases.push_back(c);
+  }
+  {  // Fused softmax cross-entropy: losses only, and losses with the gradient written over the logits
+    OpCase c;
+    c.name = "cross_entropy";
+    auto gs = [](const Dims&) { return 0.5; };
+    c.forward = [gs](OpRun& r, const Dims& d) {
+      Tensor tg = r.ints(targets_for(d.N, d.V), {d.N}, DType::i32);
+      cross_entropy_forward_backward(r.out("losses", {d.N}, Kind::acc), Tensor(),
+                                     r.in("logits", {d.N, d.V}, Kind::act, 3.0), tg, gs(d));
+      Tensor lg = r.inout("logits", {d.N, d.V}, Kind::act, 3.0);
+      cross_entropy_forward_backward(r.out("losses with gradient", {d.N}, Kind::acc), lg, lg, tg, gs(d));
+    };
+    c.reference = [gs](OpRun& r, const Dims& d) {
+      V l, g;
+      ref_cross_entropy(l, g, r.values_of("logits", d.N * d.V), targets_for(d.N, d.V), d.N, d.V, gs(d));
+      return Results{{"losses", l}, {"logits (in place)", g}, {"losses with gradient", l}};
+    };
+    c.backward = [gs](OpRun& r, const Dims& d) {
+      Tensor tg = r.ints(targets_for(d.N, d.V), {d.N}, DType::i32), lg = r.in("logits", {d.N, d.V}, Kind::act, 3.0);
+      cross_entropy_forward_backward(empty({d.N}, accum_dtype(r.act), r.dev), r.out("dlogits", lg.shape()), lg, tg,
+                                     gs(d));
+    };
+    c.seeds = {{"losses", "", 0.5}};  // d(grad_scale * sum of losses)
+    c.grads = {{"logits", "dlogits"}};
+    cases.push_back(c);
+  }
+  {  // Vocab-parallel cross-entropy over three shards (one a single column), the all-reduces done on the host
+    OpCase c;
+    c.name = "vocab_parallel";
+    c.forward = [](OpRun& r, const Dims& d) {
+      const std::vector<int64_t> cut = {0, d.V / 2, d.V / 2 + 1, d.V};
+      const V& x = r.values_of("logits", d.N * d.V, 3.0);
+      Tensor tg = r.ints(targets_for(d.N, d.V), {d.N}, DType::i32);
+      std::vector<Tensor> sh;
+      V gmax(size_t(d.N), -INFINITY), gse(size_t(d.N), 0), gtl(size_t(d.N), 0);
+      for (size_t s = 0; s + 1 < cut.size(); ++s) {
+        const int64_t w = cut[s + 1] - cut[s];
+        V part(static_cast<size_t>(d.N * w));
+        for (int64_t n = 0; n < d.N; ++n)
+          for (int64_t v = 0; v < w; ++v) part[size_t(n * w + v)] = x[size_t(n * d.V + cut[s] + v)];
+        sh.push_back(from_values(part, {d.N, w}, r.act).to(r.dev));
+        Tensor mx = r.out("row_max " + std::to_string(s), {d.N}, Kind::f64);
+        vocab_shard_max(mx, sh.back());
+        V m = to_f64(mx);
+        for (int64_t n = 0; n < d.N; ++n) gmax[size_t(n)] = std::max(gmax[size_t(n)], m[size_t(n)]);
+      }
+      Tensor row_max = from_values(gmax, {d.N}, DType::f64).to(r.dev);
+      for (size_t s = 0; s + 1 < cut.size(); ++s) {
+        Tensor se = r.out("sumexp " + std::to_string(s), {d.N}, Kind::f64),
+               tl = r.out("target_logit " + std::to_string(s), {d.N}, Kind::f64);
+        vocab_shard_sumexp(se, tl, sh[s], tg, row_max, cut[s]);
+        V a = to_f64(se), b = to_f64(tl);
+        for (int64_t n = 0; n < d.N; ++n) gse[size_t(n)] += a[size_t(n)], gtl[size_t(n)] += b[size_t(n)];
+      }
+      Tensor sumexp = from_values(gse, {d.N}, DType::f64).to(r.dev),
+             tlog = from_values(gtl, {d.N}, DType::f64).to(r.dev);
+      for (size_t s = 0; s + 1 < cut.size(); ++s) {
+        r.outputs.push_back({"dlogits " + std::to_string(s), sh[s]});  // the gradient over the shard's logits
+        vocab_shard_loss(r.out("losses " + std::to_string(s), {d.N}, Kind::acc), sh[s], sh[s], tg, row_max, sumexp,
+                         tlog, cut[s], 0.5);
+      }
+    };
+    c.reference = [](OpRun& r, const Dims& d) {
+      const std::vector<int64_t> cut = {0, d.V / 2, d.V / 2 + 1, d.V};
+      const V& x = r.values_of("logits", d.N * d.V, 3.0);
+      auto tg = targets_for(d.N, d.V);
+      V l, g;
+      ref_cross_entropy(l, g, x, tg, d.N, d.V, 0.5);
+      V gmax(size_t(d.N), -INFINITY);
+      Results res;
+      for (size_t s = 0; s + 1 < cut.size(); ++s) {
+        V m(size_t(d.N), -INFINITY);
+        for (int64_t n = 0; n < d.N; ++n)
+          for (int64_t v = cut[s]; v < cut[s + 1]; ++v) m[size_t(n)] = std::max(m[size_t(n)], x[size_t(n * d.V + v)]);
+        for (int64_t n = 0; n < d.N; ++n) gmax[size_t(n)] = std::max(gmax[size_t(n)], m[size_t(n)]);
+        res.push_back({"row_max " + std::to_string(s), m});
+      }
+      for (size_t s = 0; s + 1 < cut.size(); ++s) {
+        V se(size_t(d.N), 0), tl(size_t(d.N), 0);
+        for (int64_t n = 0; n < d.N; ++n) {
+          for (int64_t v = cut[s]; v < cut[s + 1]; ++v)
+            se[size_t(n)] += std::exp(x[size_t(n * d.V + v)] - gmax[size_t(n)]);
+          const int64_t t = tg[size_t(n)];
+          if (t >= cut[s] && t < cut[s + 1]) tl[size_t(n)] = x[size_t(n * d.V + t)];
+        }
+        res.push_back({"sumexp " + std::to_string(s), se});
+        res.push_back({"target_logit " + std::to_string(s), tl});
+      }
+      for (size_t s = 0; s + 1 < cut.size(); ++s) {
+        const int64_t w = cut[s + 1] - cut[s];
+        V part(static_cast<size_t>(d.N * w));
+        for (int64_t n = 0; n < d.N; ++n)
+          for (int64_t v = 0; v < w; ++v) part[size_t(n * w + v)] = g[size_t(n * d.V + cut[s] + v)];
+        res.push_back({"dlogits " + std::to_string(s), part});
+        res.push_back({"losses " + std::to_string(s), l});
+      }
+      // The order the forward registers them in: maxima, then sums, then (gradient, losses) per shard.
+      return res;
+    };
+    cases.push_back(c);
+  }
+  {  // add (out of place and accumulating), then scale_
+    OpCase c;
+    c.name = "add_scale";
+    c.forward = [](OpRun& r, const Dims& d) {
+      const int64_t n = 3 * 4096 + 77;  // several reduction chunks and a ragged tail on every backend
+      (void)d;
+      Tensor a = r.in("a", {n}), b = r.in("b", {n});
+      add(r.out("a + b", {n}), a, b);
+      Tensor c2 = r.inout("c", {n});
+      add_(c2, b);
+      scale_(c2, -0.25);
+    };
+    c.reference = [](OpRun& r, const Dims&) {
+      const int64_t n = 3 * 4096 + 77;
+      const V &a = r.values_of("a", n), &b = r.values_of("b", n), &c2 = r.values_of("c", n);
+      V s(a.size()), t(a.size());
+      for (size_t i = 0; i < a.size(); ++i) s[i] = a[i] + b[i], t[i] = (c2[i] + b[i]) * -0.25;
+      return Results{{"a + b", s}, {"c (in place)", t}};
+    };
+    cases.push_back(c);
+  }
+  {  // convert from f32 values that are not bf16-exact: rounding to nearest even, the same bits on every device
+    OpCase c;
+    c.name = "convert";
+    auto src_values = [](OpRun& r, const Dims& d) {
+      V v = r.values_of("src", d.N * d.C);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = double(float(v[i] * (1.0 + 1e-3 * double(i % 7))));
+      return v;
+    };
+    c.forward = [src_values](OpRun& r, const Dims& d) {
+      V v = src_values(r, d);
+      Tensor src = from_values(v, {d.N, d.C}, DType::f32).to(r.dev), dst = r.out("dst", {d.N, d.C});
+      convert(dst, src);
+      if (r.check) {  // exact: the host's rounding (the bf16 type of runtime/core/dtype.h) or no rounding
+        V want = v;
+        if (r.act == DType::bf16)
+          for (double& x : want) x = round_bf16(x);
+        CHECK(to_f64(dst) == want);
+      }
+    };
+    c.reference = [src_values](OpRun& r, const Dims& d) { return Results{{"dst", src_values(r, d)}}; };
+    cases.push_back(c);
+  }
+  {  // sum, sum_squares and the batched sum_squares_each (the same bits as one call per tensor)
+    OpCase c;
+    c.name = "sum";
+    c.tol_f32 = c.tol_bf16 = 1e-9;  // bf16-exact inputs summed in f64 on every backend: only the order differs
+    c.forward = [](OpRun& r, const Dims& d) {
+      const int64_t big = 100003;
+      Tensor a = r.in("a", {d.N, d.C}), b = r.in("b", {big});
+      r.scalar("sum a", sum(a));
+      r.scalar("sum b", sum(b));
+      r.scalar("sum_squares a", sum_squares(a));
+      r.scalar("sum_squares b", sum_squares(b));
+      std::vector<Tensor> many = {a, b, empty({0}, r.act, r.dev)};
+      std::vector<double> each = sum_squares_each(many);
+      REQUIRE(each.size() == 3);
+      for (size_t i = 0; i < each.size(); ++i) r.scalar("sum_squares_each " + std::to_string(i), each[i]);
+      if (r.check)
+        for (size_t i = 0; i < many.size(); ++i) CHECK(each[i] == sum_squares(many[i]));
+    };
+    c.reference = [](OpRun& r, const Dims& d) {
+      const V &a = r.values_of("a", d.N * d.C), &b = r.values_of("b", 100003);
+      double sa = 0, sb = 0, qa = 0, qb = 0;
+      for (double x : a) sa += x, qa += x * x;
+      for (double x : b) sb += x, qb += x * x;
+      return Results{{"sum a", {sa}},
+                     {"sum b", {sb}},
+                     {"sum_squares a", {qa}},
+                     {"sum_squares b", {qb}},
+                     {"sum_squares_each 0", {qa}},
+                     {"sum_squares_each 1", {qb}},
+                     {"sum_squares_each 2", {0.0}}};
+    };
+    cases.push_back(c);
+  }
+  {  // AdamW, three steps on the master copy (acc dtype); with bf16 activations the bf16 copy in the same pass
+    OpCase c;
+    c.name = "adamw";
+    c.tol_f32 = 1e-5;
+    struct H {
+      double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    };
+    c.forward = [](OpRun& r, const Dims& d) {
+      const H h;
+      const Shape s = {d.N, d.C};
+      Tensor p = r.inout("param", s, Kind::acc), m = r.out("m", s, Kind::acc), v = r.out("v", s, Kind::acc);
+      fill_zero_(m), fill_zero_(v);  // (zeros on the device: the state starts at zero)
+      Tensor low = r.act == DType::bf16 ? r.out("param bf16", s, Kind::act) : Tensor();
+      for (int step = 1; step <= 3; ++step)
+        adamw_step(p, r.in("grad " + std::to_string(step), s, Kind::acc), m, v, h.lr, h.b1, h.b2, h.eps, h.wd, step,
+                   low);
+      if (r.check && low.defined()) {  // the bf16 copy is the master rounded to nearest even
+        V want = to_f64(p);
+        for (double& x : want) x = round_bf16(x);
+        CHECK(to_f64(low) == want);
+      }
+    };
+    c.reference = [](OpRun& r, const Dims& d) {
+      const H h;
+      const int64_t n = d.N * d.C;
+      V P = r.values_of("param", n), M(size_t(n), 0), Vv(size_t(n), 0);
+      for (int step = 1; step <= 3; ++step) {
+        const V& G = r.values_of("grad " + std::to_string(step), n);
+        for (size_t i = 0; i < P.size(); ++i) {
+          P[i] -= h.lr * h.wd * P[i];  // decoupled weight decay first
+          M[i] = h.b1 * M[i] + (1 - h.b1) * G[i];
+          Vv[i] = h.b2 * Vv[i] + (1 - h.b2) * G[i] * G[i];
+          P[i] -= h.lr * (M[i] / (1 - std::pow(h.b1, step))) / (std::sqrt(Vv[i] / (1 - std::pow(h.b2, step))) + h.eps);
+        }
+      }
+      return Results{{"param (in place)", P}, {"m", M}, {"v", Vv}};
+    };
+    cases.push_back(c);
+  }
+  {  // copy_slice along dims 0, 1 and 3 of a (B, T, H, hd) tensor into a wider one
+    OpCase c;
+    c.name = "copy_slice";
+    c.forward = [](OpRun& r, const Dims& d) {
+      Tensor src = r.in("src", {d.B + 1, d.T, d.H, d.hd});
+      copy_slice(r.inout("dst1", {d.B + 1, d.T + 3, d.H, d.hd}), 2, src, 1, d.T - 1, 1);
+      copy_slice(r.inout("dst0", {d.B + 2, d.T, d.H, d.hd}), 1, src, 0, d.B + 1, 0);
+      copy_slice(r.inout("dst3", {d.B + 1, d.T, d.H, d.hd + 2}), 0, src, 2, d.hd - 2, 3);
+    };
+    c.reference = [](OpRun& r, const Dims& d) {
+      const Shape ss = {d.B + 1, d.T, d.H, d.hd};
+      const V& src = r.values_of("src", shape_numel(ss));
+      Results res;
+      // dst[..., db + i, ...] = src[..., sb + i, ...] along dim `dim`, in row-major index arithmetic.
+      auto run = [&](const std::string& name, Shape ds, int64_t db, int64_t sb, int64_t n, int dim) {
+        V dst = r.values_of(name, shape_numel(ds));
+        int64_t rows = 1, inner = 1;
+        for (int k = 0; k < dim; ++k) rows *= ds[size_t(k)];
+        for (size_t k = size_t(dim) + 1; k < ds.size(); ++k) inner *= ds[k];
+        for (int64_t row = 0; row < rows; ++row)
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t e = 0; e < inner; ++e)
+              dst[size_t((row * ds[size_t(dim)] + db + i) * inner + e)] =
+                  src[size_t((row * ss[size_t(dim)] + sb + i) * inner + e)];
+        res.push_back({name + " (in place)", dst});
+      };
+      run("dst1", {d.B + 1, d.T + 3, d.H, d.hd}, 2, 1, d.T - 1, 1);
+      run("dst0", {d.B + 2, d.T, d.H, d.hd}, 1, 0, d.B + 1, 0);
+      run("dst3", {d.B + 1, d.T, d.H, d.hd + 2}, 0, 2, d.hd - 2, 3);
+      return res;
+    };
+    cases.push_back(c);
+  }
+  {  // the log-sum-exp merge of two partial attention results, with rows of -inf on one side and on both
+    OpCase c;
+    c.name = "attention_merge";
+    auto lses = [](OpRun& r, const Dims& d) {
+      const int64_t n = d.B * d.H * d.T;
+      V a = r.values_of("lse", n), b = r.values_of("part_lse", n);
+      for (int64_t i = 0; i < n; ++i) {
+        if (i % 5 == 1) a[size_t(i)] = -INFINITY;
+        if (i % 5 == 2) b[size_t(i)] = -INFINITY;
+        if (i % 5 == 3) a[size_t(i)] = b[size_t(i)] = -INFINITY;
+      }
+      return std::pair{a, b};
+    };
+    auto outs = [](OpRun& r, const Dims& d, const std::string& name, const V& l) {
+      V o = r.values_of(name, d.B * d.T * d.H * d.hd);
+      for (int64_t b = 0; b < d.B; ++b)  // rows that saw no key hold zeros
+        for (int64_t h = 0; h < d.H; ++h)
+          for (int64_t t = 0; t < d.T; ++t)
+            if (std::isinf(l[size_t((b * d.H + h) * d.T + t)]))
+              for (int64_t e = 0; e < d.hd; ++e) o[size_t(((b * d.T + t) * d.H + h) * d.hd + e)] = 0;
+      return o;
+    };
+    c.forward = [lses, outs](OpRun& r, const Dims& d) {
+      auto [la, lb] = lses(r, d);
+      const Shape so = {d.B, d.T, d.H, d.hd}, sl = {d.B, d.H, d.T};
+      auto make = [&](const V& v, const Shape& s, Kind k) {
+        Tensor t = from_values(v, s, r.dtype(k));
+        return r.dev.is_cuda() ? t.to(r.dev) : t;
+      };
+      Tensor out = make(outs(r, d, "out", la), so, Kind::acc), lse = make(la, sl, Kind::acc);
+      r.outputs.push_back({"out", out});
+      r.outputs.push_back({"lse", lse});
+      attention_merge(out, lse, make(outs(r, d, "part_out", lb), so, Kind::act), make(lb, sl, Kind::acc));
+    };
+    c.reference = [lses, outs](OpRun& r, const Dims& d) {
+      auto [la, lb] = lses(r, d);
+      V o = outs(r, d, "out", la), po = outs(r, d, "part_out", lb), l(la.size());
+      for (int64_t b = 0; b < d.B; ++b)
+        for (int64_t h = 0; h < d.H; ++h)
+          for (int64_t t = 0; t < d.T; ++t) {
+            const size_t k = size_t((b * d.H + h) * d.T + t);
+            const double m = std::max(la[k], lb[k]);
+            l[k] = std::isinf(m) ? m : m + std::log(std::exp(la[k] - m) + std::exp(lb[k] - m));
+            const double wa = std::isinf(la[k]) ? 0 : std::exp(la[k] - l[k]),
+                         wb = std::isinf(lb[k]) ? 0 : std::exp(lb[k] - l[k]);
+            for (int64_t e = 0; e < d.hd; ++e) {
+              const size_t i = size_t(((b * d.T + t) * d.H + h) * d.hd + e);
+              o[i] = wa * o[i] + wb * po[i];
+            }
+          }
+      return Results{{"out", o}, {"lse", l}};
+    };
+    cases.push_back(c);
+  }
+
+  // Local attention: causal with grouped-query heads, full with more keys than queries, chunk offsets (rows
+  // that see no key: out 0, lse -inf), document masks, and head dim 64 (the bf16 tensor-core kernel on CUDA).
+  cases.push_back(
+      attention_case("attention causal", [](const Dims& d) { return AttnGeom{d.T, d.S, d.hd, true, 0, 0, false}; }));
+  cases.push_back(
+      attention_case("attention full", [](const Dims& d) { return AttnGeom{d.T, d.S + 2, d.hd, false, 0, 0, false}; }));
+  cases.push_back(attention_case("attention offsets", [](const Dims& d) {
+    return AttnGeom{std::max<int64_t>(d.T / 2, 2), d.S, d.hd, true, 0, 1, false};
+  }));
+  cases.push_back(attention_case("attention doc_start causal",
+                                 [](const Dims& d) { return AttnGeom{d.T, d.S, d.hd, true, 0, 0, true}; }));
+  cases.push_back(attention_case("attention doc_start offsets", [](const Dims& d) {
+    return AttnGeom{std::max<int64_t>(d.T / 2, 2), d.S, d.hd, true, d.S - d.T / 2, 0, true};
+  }));
+  cases.push_back(attention_case("attention doc_start full",
+                                 [](const Dims& d) { return AttnGeom{d.T, d.S, d.hd, false, 0, 0, true}; }));
+  cases.push_back(attention_case(
+      "attention hd 64", [](const Dims& d) { return AttnGeom{d.T, d.S, d.hd < 16 ? d.hd : 64, true, 0, 0, false}; }));
+  return cases;
+}
+
+}  // namespace mt::test

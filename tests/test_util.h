@@ -1,0 +1,105 @@
+// What the test files share: random inputs (normal or uniform, never all zero), outputs poisoned with NaN,
+// the two error measures (whole-output relative error and worst element), and central finite differences.
+// Everything is inline; the vector helpers need no library, the Tensor ones need meshtrain's core.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "runtime/core/tensor.h"
+
+namespace mt::test {
+
+// n normal values N(0, scale^2) from seed; bf16_exact rounds each to bf16 so that a bf16 kernel and its f32 or
+// f64 reference read the same numbers.
+inline std::vector<double> randn_values(size_t n, uint64_t seed, double scale = 1.0, bool bf16_exact = false) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<double> d(0, scale);
+  std::vector<double> v(n);
+  for (double& x : v) x = bf16_exact ? double(float(bf16(float(d(g))))) : d(g);
+  return v;
+}
+
+// ||got - want|| / ||want|| over the whole output (||got - want|| when want is zero). A NaN in got fails
+// (infinite error); infinities (the -inf log-sum-exp of a row that sees no key) must match exactly.
+inline double rel_err(const std::vector<double>& got, const std::vector<double>& want) {
+  if (got.size() != want.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i])) return INFINITY;
+    if (std::isinf(got[i]) || std::isinf(want[i])) {
+      if (got[i] != want[i]) return INFINITY;
+      continue;
+    }
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+// The worst element: max |got - want| / max(1, |want|); a NaN fails.
+inline double max_rel_err(const std::vector<double>& got, const std::vector<double>& want) {
+  if (got.size() != want.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double e = std::abs(got[i] - want[i]) / std::max(1.0, std::abs(want[i]));
+    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
+  }
+  return worst;
+}
+
+inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Normal values in dtype dt on the host (see randn_values).
+inline Tensor randn(const Shape& s, uint64_t seed, DType dt = DType::f64, double scale = 1.0, bool bf16_exact = false) {
+  return from_values(randn_values(size_t(shape_numel(s)), seed, scale, bf16_exact), s, dt);
+}
+
+// Uniform values in [lo, hi) in dtype dt on the host.
+inline Tensor randu(const Shape& s, uint64_t seed, DType dt = DType::f64, double lo = -1, double hi = 1) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<double> v(size_t(shape_numel(s)));
+  for (double& x : v) x = u(g);
+  return from_values(v, s, dt);
+}
+
+// An output the kernel must overwrite: every element NaN.
+inline Tensor poisoned(const Shape& s, DType dt, Device d = Device::cpu()) {
+  Tensor t = from_values(std::vector<double>(size_t(shape_numel(s)), std::nan("")), s, dt);
+  return d.is_cuda() ? t.to(d) : t;
+}
+
+// Integer tensors (tokens and targets i32, positions i64) from a list.
+inline Tensor ints(const std::vector<int64_t>& v, DType dt = DType::i32) {
+  return from_values(std::vector<double>(v.begin(), v.end()), {int64_t(v.size())}, dt);
+}
+
+inline double rel_err(const Tensor& got, const Tensor& want) { return rel_err(to_f64(got), to_f64(want)); }
+inline double rel_err(const Tensor& got, const std::vector<double>& want) { return rel_err(to_f64(got), want); }
+inline double dot(const Tensor& a, const Tensor& b) { return dot(to_f64(a), to_f64(b)); }
+
+// d loss / d x[i] for every element of the f64 host tensor x by central differences (x is restored).
+inline std::vector<double> finite_differences(const Tensor& x, const std::function<double()>& loss, double eps = 1e-6) {
+  std::vector<double> g(size_t(x.numel()));
+  double* p = x.data<double>();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double keep = p[i];
+    p[i] = keep + eps;
+    const double lp = loss();
+    p[i] = keep - eps;
+    const double lm = loss();
+    p[i] = keep;
+    g[size_t(i)] = (lp - lm) / (2 * eps);
+  }
+  return g;
+}
+
+}  // namespace mt::test
