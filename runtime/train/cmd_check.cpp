@@ -12,6 +12,7 @@
 #include "comm/watchdog.h"
 #include "runtime/core/log.h"
 #include "runtime/core/stream.h"
+#include "runtime/train/agree.h"
 
 namespace mt {
 
@@ -172,23 +173,26 @@ void add_check_options(CLI::App* sub, CheckArgs& a) {
 int run_check_command(const RunContext& ctx, const CheckArgs& args) {
   const MpiEnv& env = *ctx.env;
   const Config& cfg = ctx.config;
-  MT_CHECK(args.iters >= 1 && args.warmup >= 0, "check", "--iters must be >= 1 and --warmup >= 0");
-  for (auto& op : args.ops)
-    MT_CHECK(std::find(kAllOps.begin(), kAllOps.end(), op) != kAllOps.end(), "check",
-             "unknown op '{}' in --ops (expected some of all_reduce, all_gather, reduce_scatter, all_to_all, "
-             "broadcast, ring_shift, barrier)",
-             op);
-  auto sizes = parse_size_range(args.sizes);
-
+  // The options and the mesh's sizes are the same on every rank: an error in them is printed once.
+  std::vector<int64_t> sizes;
   std::vector<MeshDim> dims;
-  if (!args.mesh.empty()) {
-    dims = parse_mesh_spec(args.mesh, env.size());
-  } else {
-    auto s = resolve_mesh_sizes(cfg.parallel, env.size());
-    for (size_t i = 0; i < s.size(); ++i)
-      if (s[i] > 1) dims.push_back({canonical_mesh_dims()[i], s[i]});
-    if (dims.empty()) dims.push_back({"dp_replicate", 1});
-  }
+  run_agreed(env, "the check options", [&] {
+    MT_CHECK(args.iters >= 1 && args.warmup >= 0, "check", "--iters must be >= 1 and --warmup >= 0");
+    for (auto& op : args.ops)
+      MT_CHECK(std::find(kAllOps.begin(), kAllOps.end(), op) != kAllOps.end(), "check",
+               "unknown op '{}' in --ops (expected some of all_reduce, all_gather, reduce_scatter, all_to_all, "
+               "broadcast, ring_shift, barrier)",
+               op);
+    sizes = parse_size_range(args.sizes);
+    if (!args.mesh.empty()) {
+      dims = parse_mesh_spec(args.mesh, env.size());
+    } else {
+      auto s = resolve_mesh_sizes(cfg.parallel, env.size());
+      for (size_t i = 0; i < s.size(); ++i)
+        if (s[i] > 1) dims.push_back({canonical_mesh_dims()[i], s[i]});
+      if (dims.empty()) dims.push_back({"dp_replicate", 1});
+    }
+  });
   MeshOptions mo;
   mo.device = rank_device(env, args.device.empty() ? cfg.comm.device : args.device);
   mo.backend = args.backend.empty() ? cfg.comm.backend : args.backend;

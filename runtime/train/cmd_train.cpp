@@ -156,10 +156,13 @@ int run_train_command(RunContext& ctx) {
     auto changes = config_changes(was, cfg);
     if (!changes.empty()) {
       std::string list = fmt::format("{}", fmt::join(changes, "; "));
-      MT_CHECK(cfg.checkpoint.allow_config_change, "checkpoint",
-               "resuming from {} with a different config: {} (set checkpoint.allow_config_change: true to resume "
-               "anyway, or checkpoint.resume: never to start over)",
-               c, list);
+      // Every rank compares the same config with the same checkpoint: the refusal is printed once.
+      run_agreed(env, "the resume config check", [&] {
+        MT_CHECK(cfg.checkpoint.allow_config_change, "checkpoint",
+                 "resuming from {} with a different config: {} (set checkpoint.allow_config_change: true to resume "
+                 "anyway, or checkpoint.resume: never to start over)",
+                 c, list);
+      });
       if (env.rank() == 0) spdlog::warn("resuming from {} with a different config: {}", c, list);
     }
     try {

@@ -1,4 +1,17 @@
-# Shared by the end-to-end test scripts (sourced after $tmp exists): counters and checks.
+# Shared by the end-to-end test scripts, sourced once `build` is set: the paths they use, a temporary
+# directory removed at exit (a script that sets $tmp first keeps its own; one that sets its own EXIT trap
+# removes $tmp there), one OpenMP thread per rank, and the counters and checks.
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+mt="$build/meshtrain"
+mpirun="$root/scripts/mpirun.sh"
+py=/usr/bin/python3
+compare="$root/tests/cli/compare_runs.py"
+if [ -z "${tmp:-}" ]; then
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+fi
+export OMP_NUM_THREADS=1
+
 passed=0
 failed=0
 skipped=0

@@ -6,13 +6,8 @@
 #   tests/cli/test_cli.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: test_cli.sh BUILD_DIR}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mt="$build/meshtrain"
-mpirun="$root/scripts/mpirun.sh"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 
-source "$root/tests/cli/common.sh"
+source "$(dirname "$0")/common.sh"
 
 # Bad input: each kind, on 1 and 2 ranks.
 for np in 1 2; do

@@ -10,18 +10,7 @@
 set -uo pipefail
 build=${1:?usage: test_cmdline.sh BUILD_DIR}
 build=$(cd "$build" && pwd)
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mt="$build/meshtrain"
-mpirun="$root/scripts/mpirun.sh"
-py=/usr/bin/python3
-compare="$root/tests/cli/compare_runs.py"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1
-skipped=0
-skip() { skipped=$((skipped + 1)); echo "skip $1: $2"; }
-
-source "$root/tests/cli/common.sh"
+source "$(dirname "$0")/common.sh"
 
 # count_lines NAME WANT PATTERN FILE: FILE has exactly WANT lines holding PATTERN (fixed string).
 count_lines() {
@@ -76,6 +65,14 @@ count_lines "identical config error: printed by rank 0" 1 "[r0] [error] [config]
 "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set data.train="$tmp/nothing_*.bin" train >"$tmp/nodata.log" 2>&1 &&
   bad "identical data error: exits non-zero" "exit 0"
 count_lines "identical missing-data error on 2 ranks: printed once" 1 "$tmp/nothing_*.bin" "$tmp/nodata.log"
+# After start-up too: the check's mesh sizes (the same on every rank) and a resume refused over a changed config.
+"$mpirun" -np 2 "$mt" check --mesh tp=3 --sizes 1K >"$tmp/mesh.log" 2>&1 && bad "check --mesh tp=3: exits non-zero" "exit 0"
+count_lines "check --mesh tp=3 on 2 ranks: printed once" 1 "mesh tp=3 has 3 ranks but the job has 2" "$tmp/mesh.log"
+"$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.steps=2 --set checkpoint.dir="$tmp/rc" \
+  --set checkpoint.interval=2 train >"$tmp/rc1.log" 2>&1 || bad "a 2-step run with a checkpoint" "$(tail -n 5 "$tmp/rc1.log")"
+"$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.steps=4 --set checkpoint.dir="$tmp/rc" \
+  --set training.seed=7 train >"$tmp/rc2.log" 2>&1 && bad "resume with another seed: refused" "exit 0"
+count_lines "resume with another seed on 2 ranks: refused once" 1 "resuming from" "$tmp/rc2.log"
 # The data found on rank 0 only (a relative path, and each rank in its own working directory): rank 1 says so.
 mkdir -p "$tmp/wd0" "$tmp/wd1" && cp -r "$tmp/data" "$tmp/wd0/data"
 "$mpirun" -np 1 -wdir "$tmp/wd0" "$mt" --config "$tmp/t.yaml" --set data.train="data/docs_train_*.bin" train : \

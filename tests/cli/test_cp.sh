@@ -11,16 +11,8 @@ set -uo pipefail
 build=${1:?usage: test_cp.sh BUILD_DIR}
 full=0
 [ "${2:-}" = "--full" ] && full=1
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mt="$build/meshtrain"
-mpirun="$root/scripts/mpirun.sh"
-py=/usr/bin/python3
-compare="$root/tests/cli/compare_runs.py"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1
 
-source "$root/tests/cli/common.sh"
+source "$(dirname "$0")/common.sh"
 
 # The docs as documents, each file starting with byte 30 (the separator): documents of a few KiB cross the
 # chunk boundaries of a 64-token sequence split 16 ways.

@@ -11,16 +11,8 @@
 #   tests/cli/test_cpu_isa.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: test_cpu_isa.sh BUILD_DIR}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mt="$build/meshtrain"
-mpirun="$root/scripts/mpirun.sh"
-py=/usr/bin/python3
-compare="$root/tests/cli/compare_runs.py"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1
 
-source "$root/tests/cli/common.sh"
+source "$(dirname "$0")/common.sh"
 
 # --- The binary: wide instructions only inside the per-level kernels (x86-64) ---
 if [ "$(uname -m)" = x86_64 ] && command -v objdump >/dev/null; then

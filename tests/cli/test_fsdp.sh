@@ -11,16 +11,8 @@ set -uo pipefail
 build=${1:?usage: test_fsdp.sh BUILD_DIR}
 full=0
 [ "${2:-}" = "--full" ] && full=1
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mt="$build/meshtrain"
-mpirun="$root/scripts/mpirun.sh"
-py=/usr/bin/python3
-compare="$root/tests/cli/compare_runs.py"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1
 
-source "$root/tests/cli/common.sh"
+source "$(dirname "$0")/common.sh"
 
 "$py" "$root/scripts/prepare_data" --out "$tmp/data" --name docs "$root"/docs/*.md >/dev/null || bad "prepare_data"
 # min_weight_size 1000: every matrix is sharded, the norm weights (64) stay replicated.

@@ -10,14 +10,8 @@
 #   tests/cli/test_hang.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: test_hang.sh BUILD_DIR}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mt="$build/meshtrain"
-mpirun="$root/scripts/mpirun.sh"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1
 
-source "$root/tests/cli/common.sh"
+source "$(dirname "$0")/common.sh"
 
 limit=3     # comm.timeout_s
 margin=15   # start-up of the ranks on a loaded machine, the peer query, the abort

@@ -8,15 +8,8 @@
 #   tests/cli/test_host_sync.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: test_host_sync.sh BUILD_DIR}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mt="$build/meshtrain"
-mpirun="$root/scripts/mpirun.sh"
-py=/usr/bin/python3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1
 
-source "$root/tests/cli/common.sh"
+source "$(dirname "$0")/common.sh"
 
 # The documented number of host syncs in a step (docs/ARCHITECTURE.md, "Host synchronisations").
 max_syncs=1

@@ -6,16 +6,8 @@
 #   tests/cli/test_recompute.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: test_recompute.sh BUILD_DIR}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mt="$build/meshtrain"
-mpirun="$root/scripts/mpirun.sh"
-py=/usr/bin/python3
-compare="$root/tests/cli/compare_runs.py"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1
 
-source "$root/tests/cli/common.sh"
+source "$(dirname "$0")/common.sh"
 
 "$py" "$root/scripts/prepare_data" --out "$tmp/data" --name docs "$root"/docs/*.md >/dev/null || bad "prepare_data"
 cat >"$tmp/t.yaml" <<YAML

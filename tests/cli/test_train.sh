@@ -10,17 +10,8 @@
 #   tests/cli/test_train.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: test_train.sh BUILD_DIR}
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mt="$build/meshtrain"
-mpirun="$root/scripts/mpirun.sh"
-py=/usr/bin/python3
-compare="$root/tests/cli/compare_runs.py"
+source "$(dirname "$0")/common.sh"
 ref="$root/scripts/reference/llama_ref.py"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1
-
-source "$root/tests/cli/common.sh"
 
 # check NAME -- COMMAND...: passes when the command exits 0.
 check() {
