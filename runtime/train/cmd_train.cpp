@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/control.h"
+#include "comm/watchdog.h"
 #include "runtime/core/log.h"
 #include "runtime/core/stream.h"
 #include "runtime/kernels/ops.h"
@@ -274,9 +275,12 @@ int run_train_command(RunContext& ctx) {
     }
     log.step({step, r.loss, r.lr, r.grad_norm, dt, t.batch_size * t.seq_len, skipped});
     bool last = step + 1 == t.steps;
-    if (cfg.eval.interval > 0 && run.val_data.size() > 0 && ((step + 1) % cfg.eval.interval == 0 || last))
+    if (cfg.eval.interval > 0 && run.val_data.size() > 0 && ((step + 1) % cfg.eval.interval == 0 || last)) {
+      fault_stop_point("evaluation");
       log.eval(step, evaluate(run));
+    }
     if (cfg.sample.interval > 0 && cfg.sample.tokens > 0 && ((step + 1) % cfg.sample.interval == 0 || last)) {
+      fault_stop_point("sampling");
       std::string text = generate(*run.model, cfg.sample.prompt, cfg.sample.tokens, cfg.sample.temperature,
                                   uint64_t(t.seed), uint64_t(step), sequence_pad(run), cfg.data.document_separator);
       log.sample(step, printable(cfg.sample.prompt + text));

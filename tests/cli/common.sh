@@ -36,6 +36,15 @@ summary() {
     echo "$1: $passed passed, $failed failed"; fi
 }
 
+# train NAME NP [--set ...]: the script's $tmp/t.yaml on NP ranks; metrics in $tmp/NAME.jsonl, output in
+# $tmp/NAME.log. (A script with other needs defines its own train after sourcing this file.)
+train() {
+  local name=$1 np=$2
+  shift 2
+  timeout 600 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set log.metrics_file="$tmp/$name.jsonl" "$@" train \
+    >"$tmp/$name.log" 2>&1
+}
+
 # expect NAME EXIT(zero|nonzero) TEXT -- COMMAND...: runs the command, checks the exit status and that the output contains TEXT.
 expect() {
   local name=$1 want=$2 text=$3

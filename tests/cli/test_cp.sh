@@ -37,12 +37,6 @@ eval: {interval: 10, steps: 2}
 sample: {interval: 10, tokens: 8, prompt: "The "}
 log: {interval: 1}
 YAML
-train() {  # train NAME NP [--set ...]
-  local name=$1 np=$2
-  shift 2
-  timeout 600 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set log.metrics_file="$tmp/$name.jsonl" "$@" train \
-    >"$tmp/$name.log" 2>&1
-}
 same_as() {  # same_as BASE NAME NP DESCRIPTION [--set ...]
   local base=$1 name=$2 np=$3 what=$4
   shift 4

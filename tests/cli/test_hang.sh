@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stuck-rank drills: one rank is stopped (SIGSTOP) at each moment of a run
-# (start-up, a training step, a checkpoint, the exit, `meshtrain check`) and
+# (start-up, a training step, evaluation, sampling, a checkpoint, the exit,
+# `meshtrain check`) and
 # the job must end non-zero within comm.timeout_s plus a margin, with the
 # message naming the call and the rank that did not arrive. The stop comes
 # from the MT_FAULT_STOP_AT hook (deterministic) or from outside with kill
@@ -74,6 +75,11 @@ MT_FAULT_STOP_AT="check timing barrier:1" drill "meshtrain check: timing barrier
   "${run2[@]}" check --sizes 1K --iters 2
 MT_FAULT_STOP_AT="check failure count:1" drill "meshtrain check: failure count" \
   "$(timeout_of "check failure count on the world (2 ranks)")" "$stopped1" -- "${run2[@]}" check --sizes 1K --iters 1
+# Inside Group collectives (no arrival messages): the waiting rank asks its peers where they are.
+MT_FAULT_STOP_AT="evaluation:1" drill "evaluation: rank 1 stopped before it" \
+  "[comm] timeout" "$stopped1" -- "${run2[@]}" --set eval.interval=1 train
+MT_FAULT_STOP_AT="sampling:1" drill "sampling: rank 1 stopped in it" \
+  "[comm] timeout" "$stopped1" -- "${run2[@]}" --set sample.interval=1 --set sample.tokens=4 train
 # On 3 ranks only the stopped one is named.
 MT_FAULT_STOP_AT="stop-signal all_reduce:2" drill "3 ranks: rank 2 stopped at a step" \
   "world rank 2 did not arrive" -- "$mpirun" -np 3 "$mt" --config "$tmp/h.yaml" --set training.batch_size=6 train

@@ -25,12 +25,6 @@ sample: {interval: 10, tokens: 8, prompt: "The "}
 log: {interval: 1}
 YAML
 # The docs are plain ASCII (< 128), so vocabulary 250 holds every byte.
-train() {  # train NAME NP [--set ...]
-  local name=$1 np=$2
-  shift 2
-  timeout 600 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set log.metrics_file="$tmp/$name.jsonl" "$@" train \
-    >"$tmp/$name.log" 2>&1
-}
 same_as_base() {  # same_as_base NAME NP DESCRIPTION [--set ...]
   local name=$1 np=$2 what=$3
   shift 3
