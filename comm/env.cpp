@@ -27,12 +27,13 @@ int env_int(const char* name, int fallback) {
 MpiEnv::MpiEnv(int* argc, char*** argv) {
   int provided = 0;
   // The watchdog runs from the start: MPI_Init waits for every rank of the job
-  // (with the default timeout; the config's is set once it is read).
+  // (with the timeout set before, from the command line's config, or the default).
   watchdog_start();
   // MULTIPLE: the watchdog thread may call MPI_Abort while the main thread is
   // blocked inside a collective.
   {
     WatchdogScope w("MPI_Init", "the job's start-up");
+    fault_stop_point("MPI_Init");
     MT_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   }
   watchdog_mpi_ready();

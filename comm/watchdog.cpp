@@ -374,7 +374,15 @@ void fault_stop_point(std::string_view label) {
   if (colon == std::string_view::npos) return;
   std::string_view point = v.substr(0, colon);
   int rank = std::atoi(std::string(v.substr(colon + 1)).c_str());
-  if (rank != process_rank() || label.substr(0, point.size()) != point) return;
+  // Before MPI_Init this process knows its rank only from the launcher.
+  int me = process_rank();
+  if (me < 0)
+    for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"})
+      if (const char* v = std::getenv(var); v && *v) {
+        me = std::atoi(v);
+        break;
+      }
+  if (rank != me || label.substr(0, point.size()) != point) return;
   fired = true;
   std::fprintf(stderr, "[fault] MT_FAULT_STOP_AT=%s: rank %d (pid %d) stops itself at '%.*s'\n", spec, rank,
                int(::getpid()), int(label.size()), label.data());

@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,24 @@
 #include "runtime/train/agree.h"
 
 namespace mt {
+
+double startup_timeout_s(int argc, char** argv) {
+  std::string path;
+  std::vector<std::string> overrides;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == "-c" || a == "--config") && i + 1 < argc) path = argv[++i];
+    else if (a.rfind("--config=", 0) == 0) path = a.substr(9);
+    else if (a == "--set")  // takes every following key=value
+      while (i + 1 < argc && std::strchr(argv[i + 1], '=') && argv[i + 1][0] != '-') overrides.push_back(argv[++i]);
+    else if (a.rfind("--set=", 0) == 0) overrides.push_back(a.substr(6));
+  }
+  try {
+    return load_config(path, overrides).comm.timeout_s;
+  } catch (...) {
+    return Config{}.comm.timeout_s;
+  }
+}
 
 Config load_and_agree_config(const MpiEnv& env, const GlobalOptions& opts) {
   // Every rank reads the same file and --set: an error printed once when it is the same everywhere.

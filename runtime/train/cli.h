@@ -25,6 +25,10 @@ struct RunContext {
 // Loads and validates the config on every rank (no communication), then
 // compares its hash across ranks: a mismatch names the ranks that differ.
 Config load_and_agree_config(const MpiEnv& env, const GlobalOptions& opts);
+// comm.timeout_s as the command line gives it (--config FILE, --set comm.timeout_s=X), read before MPI_Init so
+// that the start-up's own waits are bounded by it; the default when the config cannot be read (its errors are
+// reported once MPI is up).
+double startup_timeout_s(int argc, char** argv);
 // The device named by comm.device for this rank: cuda -> cuda:<local device>.
 Device rank_device(const MpiEnv& env, const std::string& device_name);
 

@@ -71,6 +71,7 @@ std::string command_line_hint(CLI::App& app, int argc, char** argv) {
 }  // namespace mt
 
 int main(int argc, char** argv) {
+  mt::watchdog_set_timeout(mt::startup_timeout_s(argc, argv));
   mt::MpiEnv env(&argc, &argv);
   mt::init_logging(env.rank());
 

@@ -60,6 +60,9 @@ stopped1="world rank 1 did not arrive"
 expect "no fault: 2 ranks train, checkpoint and exit" zero "checkpoint step 3" -- "${run2[@]}" train
 
 # Each moment, rank 1 stopping itself there.
+# MPI_Init: the config's timeout is read from the command line before it (no peer can be named yet).
+MT_FAULT_STOP_AT="MPI_Init:1" drill "start-up: MPI_Init" "[comm] timeout: MPI_Init on the job's start-up did not finish within $limit s" -- \
+  "${run2[@]}" train
 MT_FAULT_STOP_AT="config agreement:1" drill "start-up: config agreement" \
   "$(timeout_of "config agreement on the world (2 ranks)")" "$stopped1" -- "${run2[@]}" train
 MT_FAULT_STOP_AT="mesh creation:1" drill "start-up: mesh creation" \
