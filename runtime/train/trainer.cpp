@@ -1,5 +1,7 @@
 #include "runtime/train/trainer.h"
 
+#include <sched.h>
+
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -28,8 +30,15 @@ DType training_dtype(const Config& c, Device device) {
   return c.training.dtype == "bf16" ? DType::bf16 : DType::f32;
 }
 
+// training.threads 0: the cores this process may run on. A launcher that binds (Slurm's --cpus-per-task, mpirun
+// --bind-to) gives each rank its own set; one that does not gives every rank all the node's cores, shared by the
+// ranks on the node.
 int auto_threads(const MpiEnv& env) {
-  int hw = int(std::thread::hardware_concurrency());
+  const int hw = int(std::thread::hardware_concurrency());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int allowed = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : hw;
+  if (allowed > 0 && allowed < hw) return allowed;
   return std::max(1, hw / std::max(1, env.local_size()));
 }
 

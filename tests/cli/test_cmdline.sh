@@ -192,5 +192,22 @@ else
   skipped=$((skipped + 2))
 fi
 
+# --- training.threads 0: the cores the rank may run on (a binding launcher's set), else the node's / its ranks ---
+threads_of() { grep -oE '[0-9]+ threads per rank' "$1" | head -n 1 | grep -oE '^[0-9]+'; }
+ncores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # the cores this shell may run on
+first_cpu=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*\([0-9]*\).*/\1/p' /proc/self/status)
+if command -v taskset >/dev/null && [ "$ncores" -ge 2 ] && [ -n "$first_cpu" ]; then
+  taskset -c "$first_cpu" "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.threads=0 --set training.steps=1 train \
+    >"$tmp/bound.log" 2>&1
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.threads=0 --set training.steps=1 train >"$tmp/free.log" 2>&1
+  if [ "$(threads_of "$tmp/bound.log")" = 1 ] && [ "$(threads_of "$tmp/free.log")" = "$ncores" ]; then
+    ok "training.threads 0: 1 thread bound to 1 core, $ncores unbound on 1 rank"
+  else
+    bad "training.threads 0 follows the binding" "bound: $(threads_of "$tmp/bound.log"), free: $(threads_of "$tmp/free.log")"
+  fi
+else
+  skip "training.threads 0 follows the binding" "needs taskset and 2 cores"
+fi
+
 echo "cmdline: $passed passed, $failed failed, $skipped skipped"
 [ $failed -eq 0 ]
