@@ -24,14 +24,9 @@ namespace mt {
 
 namespace {
 
-struct Dims {
-  int64_t B, T, S, H, KV, hd;
-  double scale;
-  bool causal;
-  int64_t q_pos0, k_pos0;
-  const int64_t* doc_start = nullptr;      // (B, T) host, or null: no document mask (the CPU kernels)
-  const int64_t* doc_start_dev = nullptr;  // the same on the device, for the CUDA kernels
-  cpu::AttentionDims cpu() const { return {B, T, S, H, KV, hd, scale, causal, q_pos0, k_pos0, doc_start}; }
+// The CPU kernel's sizes and host document starts, and the document starts on the device for the CUDA kernels.
+struct Dims : cpu::AttentionDims {
+  const int64_t* doc_start_dev = nullptr;
 };
 
 Dims check(const char* op, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -39,8 +34,8 @@ Dims check(const char* op, const Tensor& out, const Tensor& lse, const Tensor& q
   MT_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention",
            "{}: q, k, v must be 4-D (B, T, H, hd), got {} {} {}", op, shape_str(q.shape()), shape_str(k.shape()),
            shape_str(v.shape()));
-  Dims d{q.size(0), q.size(1), k.size(1),  q.size(2),  k.size(2),
-         q.size(3), opt.scale, opt.causal, opt.q_pos0, opt.k_pos0};
+  Dims d{{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), opt.scale, opt.causal, opt.q_pos0,
+          opt.k_pos0, nullptr}};
   if (d.scale == 0) d.scale = 1.0 / std::sqrt(double(d.hd));
   MT_CHECK(k.size(0) == d.B && k.size(3) == d.hd && v.shape() == k.shape(), "attention",
            "{}: k {} and v {} do not match q {}", op, shape_str(k.shape()), shape_str(v.shape()), shape_str(q.shape()));
@@ -129,10 +124,10 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   }
   if (q.dtype() == DType::f64)
     cpu::attention_forward<double>(out.data<double>(), lse.data<double>(), q.data<double>(), k.data<double>(),
-                                   v.data<double>(), d.cpu());
+                                   v.data<double>(), d);
   else
     cpu::attention_forward<float>(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
-                                  v.data<float>(), d.cpu());
+                                  v.data<float>(), d);
 }
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
@@ -181,11 +176,11 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   if (q.dtype() == DType::f64)
     cpu::attention_backward<double>(dq.data<double>(), dk.data<double>(), dv.data<double>(), dout.data<double>(),
                                     q.data<double>(), k.data<double>(), v.data<double>(), out.data<double>(),
-                                    lse.data<double>(), d.cpu(), accumulate);
+                                    lse.data<double>(), d, accumulate);
   else
     cpu::attention_backward<float>(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(),
                                    q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
-                                   lse.data<float>(), d.cpu(), accumulate);
+                                   lse.data<float>(), d, accumulate);
 }
 
 }  // namespace mt

@@ -45,6 +45,22 @@ train() {
     >"$tmp/$name.log" 2>&1
 }
 
+# same_as BASE NAME NP DESCRIPTION [--set ...]: trains NAME and checks its 20 steps against BASE's (compare_runs'
+# tolerance, or bit for bit when the script sets same_as_exact=1) and that both printed the same sample.
+same_as() {
+  local base=$1 name=$2 np=$3 what=$4
+  shift 4
+  local exact=()
+  [ "${same_as_exact:-0}" = 1 ] && exact=(--exact)
+  if train "$name" "$np" "$@"; then
+    if out=$("$py" "$compare" "$tmp/$name.jsonl" "$tmp/$base.jsonl" "${exact[@]}" --steps 20 2>&1); then ok "$what: $out"
+    else bad "$what" "$out"; fi
+    same_sample "$what" "$tmp/$name.log" "$tmp/$base.log"
+  else
+    bad "$what" "$(tail -n 20 "$tmp/$name.log")"
+  fi
+}
+
 # expect NAME EXIT(zero|nonzero) TEXT -- COMMAND...: runs the command, checks the exit status and that the output contains TEXT.
 expect() {
   local name=$1 want=$2 text=$3

@@ -26,17 +26,6 @@ sample: {interval: 10, tokens: 8, prompt: "The "}
 log: {interval: 1}
 parallel: {dp_replicate: 1, fsdp: {min_weight_size: 1000}}
 YAML
-same_as() {  # same_as BASE NAME NP DESCRIPTION [--set ...]
-  local base=$1 name=$2 np=$3 what=$4
-  shift 4
-  if train "$name" "$np" "$@"; then
-    if out=$("$py" "$compare" "$tmp/$name.jsonl" "$tmp/$base.jsonl" --steps 20 2>&1); then ok "$what: $out"
-    else bad "$what" "$out"; fi
-    same_sample "$what" "$tmp/$name.log" "$tmp/$base.log"
-  else
-    bad "$what" "$(tail -n 20 "$tmp/$name.log")"
-  fi
-}
 
 train base 1 || bad "1-rank baseline" "$(tail -n 20 "$tmp/base.log")"
 meshes=("2|dp_shard=2|--set parallel.dp_shard=2"

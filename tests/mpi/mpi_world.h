@@ -1,6 +1,11 @@
-// The world communicator's size and this process's rank, for the multi-rank test files.
+// The world communicator's size and this process's rank, for the multi-rank test files, and the CPU
+// threads shared among the ranks of a node.
 #pragma once
 #include <mpi.h>
+
+#include <algorithm>
+
+#include "runtime/kernels/ops.h"
 
 inline int world_size() {
   int n = 0;
@@ -12,3 +17,18 @@ inline int world_rank() {
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   return r;
 }
+
+// This node's cores shared among its ranks for the CPU kernels (OpenMP threads of 8 ranks on 2 cores
+// otherwise spin against each other: ten times slower), restored at the end. Collective over the world.
+struct ThreadsPerRank {
+  int saved = mt::cpu_threads();
+  ThreadsPerRank() {
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int local = 1;
+    MPI_Comm_size(node, &local);
+    MPI_Comm_free(&node);
+    mt::set_cpu_threads(std::max(1, saved / local));
+  }
+  ~ThreadsPerRank() { mt::set_cpu_threads(saved); }
+};

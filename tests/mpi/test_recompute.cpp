@@ -29,21 +29,6 @@ namespace {
 
 constexpr int64_t kB = 2, kT = 16;
 
-// This node's cores shared among its ranks for the CPU kernels (OpenMP threads of 8 ranks on 2 cores
-// otherwise spin against each other), restored at the end. Collective over the world.
-struct ThreadsPerRank {
-  int saved = cpu_threads();
-  ThreadsPerRank() {
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    int local = 1;
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
-    set_cpu_threads(std::max(1, saved / local));
-  }
-  ~ThreadsPerRank() { set_cpu_threads(saved); }
-};
-
 ModelConfig small_config() {
   ModelConfig c;
   c.dim = 64;

@@ -163,21 +163,6 @@ void check_against(const Result& got, const Reference& ref, const SequenceShard&
   CHECK(e_dv < tol);
 }
 
-// This node's cores shared among its ranks for the CPU kernels (OpenMP threads of 8 ranks on 2 cores
-// otherwise spin against each other: ten times slower), restored at the end. Collective over the world.
-struct ThreadsPerRank {
-  int saved = cpu_threads();
-  ThreadsPerRank() {
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    int local = 1;
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
-    set_cpu_threads(std::max(1, saved / local));
-  }
-  ~ThreadsPerRank() { set_cpu_threads(saved); }
-};
-
 // The whole grid on one cp group: methods x load balances x causal/full x documents off/on x f64/f32, for
 // T = 2 n k with each k of ks; without full_grid only causal with documents in f64 and full without
 // documents in f32 (for the larger sizes). seed_offset differs between groups that must not mix their data.
