@@ -4,11 +4,13 @@
 // the CPU runs the f32 kernel on widened copies.
 #include "attention/local_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
 
 #include "runtime/core/error.h"
+#include "runtime/core/kernel_profile.h"
 #include "runtime/core/stream.h"
 #include "runtime/kernels/cpu/cpu_ops.h"
 #include "runtime/kernels/ops.h"
@@ -94,11 +96,25 @@ Tensor widen(const Tensor& t) {
          !reference;
 }
 
+// The forward's FLOPs for the profiler: 4 hd per visible (query, key) pair and head (QK^T and PV), the pairs
+// counted by the causal rule with the position offsets (document masks not counted: an upper bound then).
+double forward_flops(const Dims& d) {
+  double pairs = double(d.T) * double(d.S);
+  if (d.causal) {
+    pairs = 0;
+    for (int64_t t = 0; t < d.T; ++t)
+      pairs += double(std::clamp<int64_t>(d.q_pos0 + t - d.k_pos0 + 1, 0, d.S));  // keys at positions <= the query's
+  }
+  return 4.0 * double(d.B) * double(d.H) * double(d.hd) * pairs;
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionOptions& opt) {
   Dims d = check("attention_forward", out, lse, q, k, v, opt);
+  kprof::Scope prof("attention_forward", q.device(), kprof::enabled() ? forward_flops(d) : 0,
+                    kprof::enabled() ? kprof::bytes_of({&out, &lse, &q, &k, &v}) : 0);
 #if MT_FLASH_ATTENTION
   if (use_flash(q, d)) {
     int rc = cuda::flash_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
@@ -142,6 +158,9 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   for (const Tensor* t : {&dq, &dk, &dv, &dout})
     MT_CHECK(t->dtype() == q.dtype() && t->device() == q.device(), "attention", "{}: gradients must be {} on {}", op,
              dtype_name(q.dtype()), q.device().str());
+  // Backward: 2.5x the forward's FLOPs (FlashAttention-2's count: the scores recomputed, four more products).
+  kprof::Scope prof(op, q.device(), kprof::enabled() ? 2.5 * forward_flops(d) : 0,
+                    kprof::enabled() ? kprof::bytes_of({&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse}) : 0);
 #if MT_FLASH_ATTENTION
   if (use_flash(q, d)) {
     Tensor scratch =

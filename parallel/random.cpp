@@ -22,24 +22,32 @@ Tensor make_local(const DTensorSpec& spec, const std::vector<int>& coord, const 
   // Global row-major strides: the key of each element is its global index.
   Shape gstride(nd, 1);
   for (size_t i = nd; i-- > 1;) gstride[i - 1] = gstride[i] * spec.global_shape[i];
-  std::vector<int64_t> idx(nd, 0);
+  // Each element's value depends on its global index only, so the elements are filled in parallel (a 1B-parameter
+  // model's weights, gradients and optimizer state are billions of elements) with the same bits as in order.
+  enum Kind { k_zeros, k_ones, k_full, k_rand, k_randn };
+  const Kind k = kind == "zeros"  ? k_zeros
+                 : kind == "ones" ? k_ones
+                 : kind == "full" ? k_full
+                 : kind == "rand" ? k_rand
+                                  : k_randn;
+  const int64_t n = t.numel();
   dispatch_dtype(dtype, [&](auto zero) {
     using T = decltype(zero);
     T* p = t.data<T>();
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      int64_t g = 0;
-      for (size_t d = 0; d < nd; ++d) g += (idx[d] + off[d]) * gstride[d];
-      double v = kind == "zeros"  ? 0.0
-                 : kind == "ones" ? 1.0
-                 : kind == "full" ? value
-                 : kind == "rand" ? double(philox::uniform(key.seed, stream, uint64_t(g)))
-                                  : double(float(mean + std * double(philox::normal(key.seed, stream, uint64_t(g)))));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      double v = k == k_zeros ? 0.0 : k == k_ones ? 1.0 : value;
+      if (k == k_rand || k == k_randn) {
+        int64_t g = 0, rest = i;  // the global index of local element i (row-major, last dim fastest)
+        for (size_t d = nd; d-- > 0;) {
+          g += (rest % ls[d] + off[d]) * gstride[d];
+          rest /= ls[d];
+        }
+        v = k == k_rand ? double(philox::uniform(key.seed, stream, uint64_t(g)))
+                        : double(float(mean + std * double(philox::normal(key.seed, stream, uint64_t(g)))));
+      }
       if constexpr (std::is_same_v<T, bf16>) p[i] = bf16(float(v));
       else p[i] = T(v);
-      for (size_t d = nd; d-- > 0;) {
-        if (++idx[d] < ls[d]) break;
-        idx[d] = 0;
-      }
     }
   });
   return t;

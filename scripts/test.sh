@@ -111,6 +111,11 @@ run_script_suite slurm tests/cli/test_slurm.sh ${MT_TEST_FULL:+--full}
 out="$log_dir/reference.log"
 /usr/bin/python3 tests/reference/test_reference.py >"$out" 2>&1
 report reference "$out" ""
+# Hugging Face interoperability: meshtrain's checkpoints in llama_ref.py and transformers (skipped where it does not
+# import), their saved models in meshtrain (logits, init_from); skipped as a whole without python3-torch.
+out="$log_dir/hf_interop.log"
+/usr/bin/python3 tests/reference/test_hf_interop.py --meshtrain "$build/meshtrain" >"$out" 2>&1
+report hf_interop "$out" ""
 
 # GPU suite, whenever a GPU is present.
 if [ -x "$build/tests/test_gpu" ] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then

@@ -14,6 +14,7 @@
 
 #include "comm/mpi/mpi_group.h"
 #include "comm/watchdog.h"
+#include "runtime/core/kernel_profile.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/cuda_guard.h"
 
@@ -41,6 +42,19 @@ struct DoneEvent {
 };
 
 cudaStream_t compute_stream(int device) { return static_cast<cudaStream_t>(current_stream(device).handle()); }
+
+// Whether the collective behind `done` has finished, asked from the watchdog's thread. A new thread's current
+// device is 0: its first CUDA call (the query, or the event's destruction when the watchdog drops the last
+// reference) would create a primary context on GPU 0 for every rank of a node (about 0.5 GiB each there, and
+// an error on GPUs in exclusive-process mode). So the thread first makes the collective's device current.
+bool done_on_device(const DoneEvent& done, int device) {
+  thread_local int current = -1;
+  if (current != device) {
+    if (cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
+    current = device;
+  }
+  return cudaEventQuery(done.e) == cudaSuccess;
+}
 
 struct NcclWork : Work::Impl {
   std::shared_ptr<DoneEvent> done;
@@ -70,7 +84,10 @@ struct NcclWork : Work::Impl {
   bool test() override {
     cudaError_t rc = cudaEventQuery(done->e);
     if (rc == cudaSuccess) return true;
-    if (rc == cudaErrorNotReady) return false;
+    if (rc == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // an answer, not an error a later launch check should read
+      return false;
+    }
     fail_cuda(rc, "cudaEventQuery", __FILE__, __LINE__);
   }
 };
@@ -357,10 +374,17 @@ class NcclGroup final : public Group, public HasMpiComm {
     cudaStream_t ns = nstream();
     MT_CUDA_CHECK(cudaEventRecord(ready_, cs));
     MT_CUDA_CHECK(cudaStreamWaitEvent(ns, ready_, 0));
-    issue(ns);
+    {
+      // Nsight's range, and with MT_PROFILE_KERNELS=1 the collective's time on the group's stream, counting the
+      // bytes of its buffers.
+      NvtxRange range(op);
+      kprof::Scope prof(op, Device::cuda(device_), 0, kprof::enabled() ? kprof::bytes_of_all(keep) : 0, &stream_,
+                        "nccl");
+      issue(ns);
+    }
     auto done = std::make_shared<DoneEvent>();
     MT_CUDA_CHECK(cudaEventRecord(done->e, ns));
-    watchdog_begin(op, *this, [done] { return cudaEventQuery(done->e) == cudaSuccess; });
+    watchdog_begin(op, *this, [done, dev = device_] { return done_on_device(*done, dev); });
     if (!async) {
       MT_CUDA_CHECK(cudaStreamWaitEvent(cs, done->e, 0));
       return {};

@@ -132,7 +132,10 @@ bool Event::query() const {
   if (!handle_) return true;
   cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(handle_));
   if (rc == cudaSuccess) return true;
-  if (rc == cudaErrorNotReady) return false;
+  if (rc == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // "not ready" is an answer: it must not be the error a later launch check reads
+    return false;
+  }
   fail_cuda(rc, "cudaEventQuery", __FILE__, __LINE__);
 }
 

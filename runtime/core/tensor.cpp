@@ -4,6 +4,7 @@
 
 #include "runtime/core/allocator.h"
 #include "runtime/core/cuda_backend.h"
+#include "runtime/core/kernel_profile.h"
 #include "runtime/core/stream.h"
 
 namespace mt {
@@ -147,20 +148,26 @@ void copy_(const Tensor& dst, const Tensor& src) {
   if (a.is_cpu() && b.is_cpu()) {
     std::memmove(dst.data_ptr(), src.data_ptr(), n);
   } else if (a.is_cpu()) {
+    kprof::Scope prof("copy H2D", b, 0, double(n));
     cuda::memcpy_async(dst.data_ptr(), src.data_ptr(), n, 0, b.index);
   } else if (b.is_cpu()) {
-    cuda::memcpy_async(dst.data_ptr(), src.data_ptr(), n, 1, a.index);
+    {
+      kprof::Scope prof("copy D2H", a, 0, double(n));
+      cuda::memcpy_async(dst.data_ptr(), src.data_ptr(), n, 1, a.index);
+    }
     // The host reads the result next: wait for it (the only synchronising copy).
     cuda::stream_sync_current(a.index);
   } else {
+    kprof::Scope prof("copy D2D", b, 0, 2.0 * double(n));
     cuda::memcpy_async(dst.data_ptr(), src.data_ptr(), n, 2, b.index);
   }
 }
 
 void fill_zero_(const Tensor& t) {
   if (t.nbytes() == 0) return;
-  if (t.device().is_cpu()) std::memset(t.data_ptr(), 0, t.nbytes());
-  else cuda::memset_zero_async(t.data_ptr(), t.nbytes(), t.device().index);
+  if (t.device().is_cpu()) return (void)std::memset(t.data_ptr(), 0, t.nbytes());
+  kprof::Scope prof("fill_zero", t.device(), 0, double(t.nbytes()));
+  cuda::memset_zero_async(t.data_ptr(), t.nbytes(), t.device().index);
 }
 
 void divide_(const Tensor& t, int64_t n) {

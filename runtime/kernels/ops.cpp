@@ -8,6 +8,7 @@
 
 #include <Eigen/Core>
 
+#include "runtime/core/kernel_profile.h"
 #include "runtime/core/stream.h"
 #include "runtime/kernels/cpu/cpu_ops.h"
 #if MT_CUDA
@@ -97,9 +98,11 @@ void narrow_into(const Tensor& dst, const Tensor& wide) {
 
 // An op's backend, after its checks: CUDA tensors go to the CUDA kernel; bf16 on the CPU runs the f32 kernel on
 // widened copies, outputs rounded once; f32/f64 go to the CPU kernel (T by x's dtype: float/bf16, float/double).
+// With MT_PROFILE_KERNELS=1 the launch is timed under the op's name (kernel_profile.h), its bytes the operands'.
 template <typename CudaFn, typename Bf16Fn, typename CpuFn>
 void dispatch(const char* op, const Tensor& x, std::initializer_list<const Tensor*> operands,
               [[maybe_unused]] CudaFn&& cuda_fn, Bf16Fn&& bf16_fn, CpuFn&& cpu_fn) {
+  kprof::Scope prof(op, x.device(), 0, kprof::enabled() ? kprof::bytes_of(operands) : 0);
   if (on_cuda(op, operands)) {
 #if MT_CUDA
     cuda_check(by_cuda_float(x, cuda_fn), op);
@@ -133,6 +136,10 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
            "{}: inp {} @ weight {}^T: inner sizes differ", op, shape_str(inp.shape()), shape_str(weight.shape()));
   int64_t N = inp.size(0), C = inp.size(1), OC = weight.size(0);
   expect_shape(op, out, {N, OC}, "out");
+  // Profiled with its FLOPs: 2 N C OC, the operands read once (out twice when accumulating).
+  kprof::Scope prof(
+      op, inp.device(), 2.0 * double(N) * double(C) * double(OC),
+      kprof::enabled() ? kprof::bytes_of({&inp, &weight, &out}) + (accumulate ? double(out.nbytes()) : 0) : 0);
   dispatch(
       op, inp, {&out, &inp, &weight},
       MT_CUDA_FN(return cuda::matmul_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(weight), N, C, OC, accumulate,
@@ -170,6 +177,15 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& do
     expect_shape(op, dweight, {OC, C}, "dweight");
     expect_shape(op, inp, {N, C}, "inp");
   }
+  // Profiled with its FLOPs: 2 N C OC per product computed; dweight (f32, beta = 1) read and written.
+  kprof::Scope prof(
+      op, dout.device(),
+      2.0 * double(N) * double(C) * double(OC) * ((dinp.defined() ? 1 : 0) + (dweight.defined() ? 1 : 0)),
+      kprof::enabled()
+          ? double(dout.nbytes()) +
+                (dinp.defined() ? double(weight.nbytes() + dinp.nbytes() * (accumulate_dinp ? 2 : 1)) : 0) +
+                (dweight.defined() ? double(inp.nbytes() + 2 * dweight.nbytes()) : 0)
+          : 0);
   dispatch(
       op, dout, {&dinp, &dweight, &dout, &inp, &weight},
       MT_CUDA_FN(return cuda::matmul_backward<T>(ptr<T>(dinp), ptr<float>(dweight), ptr<T>(dout), ptr<T>(inp),
@@ -607,6 +623,7 @@ void convert(const Tensor& dst, const Tensor& src) {
   MT_CHECK(dst.numel() == src.numel(), "kernels", "{}: dst {} and src {} differ in size", op, shape_str(dst.shape()),
            shape_str(src.shape()));
   if (dst.dtype() == src.dtype()) return copy_(dst.reshape(src.shape()), src);
+  kprof::Scope prof(op, src.device(), 0, kprof::enabled() ? kprof::bytes_of({&dst, &src}) : 0);
 #if MT_CUDA
   if (on_cuda(op, {&dst, &src})) {
     cuda_check(cuda::convert(dst.data_ptr(), dst.dtype(), src.data_ptr(), src.dtype(), src.numel(), stream_of(src)),
@@ -660,6 +677,7 @@ namespace {
 double cuda_sum(const Tensor& t, bool squares, const char* op) {
   int64_t n = cuda::reduce_partials_count(t.numel());
   if (n == 0) return 0;
+  kprof::Scope prof(op, t.device(), 0, double(t.nbytes()));
   Tensor partials = empty({n}, DType::f64, t.device());
   cuda_check(by_cuda_float(t,
                            [&](auto z) {
@@ -766,6 +784,7 @@ void check_sum_out(const char* op, const Tensor& out, int64_t slot, const Tensor
 void cuda_sum_into(const Tensor& out, int64_t slot, const Tensor& t, bool squares, const char* op) {
   int64_t n = cuda::reduce_partials_count(t.numel());
   if (n == 0) return;
+  kprof::Scope prof(op, t.device(), 0, double(t.nbytes()));
   Tensor partials = empty({n}, DType::f64, t.device());
   cuda_check(by_cuda_float(t,
                            [&](auto z) {
@@ -809,6 +828,11 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
     MT_CHECK(param_lowp.dtype() == DType::bf16 && param_lowp.numel() == param.numel(), "kernels",
              "{}: the compute copy must be bf16 of {} elements", op, param.numel());
   }
+  // Profiled with the bytes it moves: param, m and v read and written, grad read, the bf16 copy written.
+  kprof::Scope prof(op, param.device(), 0,
+                    kprof::enabled() ? kprof::bytes_of({&param, &grad, &m, &v, &param_lowp}) +
+                                           double(param.nbytes() + m.nbytes() + v.nbytes())
+                                     : 0);
 #if MT_CUDA
   if (on_cuda(op, {&param, &grad, &m, &v, &param_lowp})) {
     cuda_check(cuda::adamw(ptr<float>(param), ptr<bf16>(param_lowp), ptr<float>(grad), ptr<float>(m), ptr<float>(v),
@@ -850,6 +874,7 @@ void copy_slice(const Tensor& dst, int64_t dst_begin, const Tensor& src, int64_t
   auto* d0 = static_cast<char*>(dst.data_ptr()) + dst_begin * inner;
   auto* s0 = static_cast<const char*>(src.data_ptr()) + src_begin * inner;
   if (width == 0 || rows == 0) return;
+  kprof::Scope prof(op, src.device(), 0, 2.0 * double(width) * double(rows));
   if (on_cuda(op, {&dst, &src})) {
 #if MT_CUDA
     cuda_check(cuda::copy_2d(d0, dpitch, s0, spitch, width, size_t(rows), stream_of(dst)), op);
@@ -926,6 +951,7 @@ void pack_or_unpack(const char* op, const Tensor& packed, const Tensor& t, int d
   for (int d = 0; d < dim; ++d) outer *= t.size(d);
   for (int d = dim + 1; d < t.dim(); ++d) inner *= t.size(d);
   const int64_t D = t.size(dim);
+  kprof::Scope prof(op, t.device(), 0, 2.0 * double(t.nbytes()));
   if (on_cuda(op, {&packed, &t})) {
 #if MT_CUDA
     cuda_check(cuda::pack_blocks(packed.data_ptr(), t.data_ptr(), outer, D, size_t(inner), begin.data(),

@@ -1,10 +1,14 @@
 // Checkpoints: a directory per step, dir/step_00000100/, holding
 //   model.safetensors      full parameters under their Hugging Face names
 //   optimizer.safetensors  AdamW's exp_avg / exp_avg_sq per parameter ("<name>.exp_avg")
+//   config.json            the Hugging Face LlamaConfig of the model (hidden_size, ..., rope_theta and
+//                          rope_parameters, tie_word_embeddings, hidden_act silu, no biases), so that
+//                          transformers' LlamaForCausalLM.from_pretrained(dir) loads the directory as it is
 //   meta.json              step, data position, RNG, config, mesh; written last
 // Written by rank 0 into step_XXXXXXXX.tmp, flushed, then renamed: a crash
 // mid-write leaves the previous checkpoint intact and the .tmp is ignored.
-// Tensors are stored whole, so a run may resume on another mesh.
+// Tensors are stored whole, so a run may resume on another mesh. A tied lm_head is not stored (it is
+// model.embed_tokens.weight), as transformers saves tied models and expects to find them.
 #pragma once
 #include <optional>
 #include <string>
@@ -34,10 +38,19 @@ TrainProgress load_checkpoint(const std::string& path, LlamaForCausalLM& model, 
 // The config stored in a checkpoint's meta.json (for `meshtrain generate`).
 Config checkpoint_config(const std::string& path);
 
-// Loads a Hugging Face Llama safetensors file or directory (model.safetensors or
-// model-0000x-of-0000y.safetensors shards, optionally config.json, whose sizes
-// must agree with the model's). Every parameter must be present with its shape;
-// a missing, extra or mis-shaped tensor is an error naming it. f32, bf16 and f16.
+// The model of a Hugging Face LlamaConfig file (config.json): hidden_size -> dim, num_hidden_layers -> n_layers,
+// num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, rms_norm_eps, rope_theta (top-level,
+// transformers 4, or rope_parameters.rope_theta, transformers 5), max_position_embeddings -> max_seq_len,
+// tie_word_embeddings, with transformers' defaults for the optional keys. What meshtrain's Llama does not compute
+// is an error naming the key and the file: RoPE scaling (a rope_scaling or rope_parameters whose rope_type is not
+// "default", or any key there but rope_theta), attention_bias or mlp_bias true, hidden_act other than silu, a
+// head_dim other than hidden_size / num_attention_heads, a model_type other than llama.
+ModelConfig hf_model_config(const std::string& config_json);
+
+// Loads a Hugging Face Llama safetensors file or directory (model.safetensors, else
+// model-0000x-of-0000y.safetensors shards; optionally config.json, read by hf_model_config, whose model must be
+// this one). Every parameter must be present with its shape; a missing, extra or mis-shaped tensor is an error
+// naming it. f32, bf16 and f16.
 void load_hf_weights(const std::string& path, LlamaForCausalLM& model);
 
 }  // namespace mt

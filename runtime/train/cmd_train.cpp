@@ -12,13 +12,17 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/control.h"
 #include "comm/watchdog.h"
+#include "runtime/core/allocator.h"
+#include "runtime/core/kernel_profile.h"
 #include "runtime/core/log.h"
 #include "runtime/core/stream.h"
 #include "runtime/kernels/ops.h"
@@ -240,21 +244,69 @@ int run_train_command(RunContext& ctx) {
 
   auto checkpoint = [&](int64_t next_step) {
     if (cfg.checkpoint.dir.empty()) return;
+    kprof::Mute not_profiled;
     Batch pos = get_batch(run.train_data, next_step, t.batch_size, t.seq_len, 0, 0);
     TrainProgress p{next_step, pos.epoch, pos.offset, uint64_t(t.seed)};
     std::string dir = save_checkpoint(cfg.checkpoint.dir, p, *run.model, *run.opt, cfg, run.mesh, cfg.checkpoint.keep);
     log.note(fmt::format("checkpoint step {} -> {}", next_step, dir));
   };
 
+  // MT_PROFILE_KERNELS=1: every op's time per step (kernel_profile.h), over the last MT_PROFILE_STEPS steps (by
+  // default all but the first, a warm-up, when more follow); the steps before run muted, as without profiling. The
+  // top 10 are printed at the end with the device memory, and recorded in the metrics.
+  int64_t first_profiled = t.steps - run.start_step > 1 ? run.start_step + 1 : run.start_step;
+  if (const char* e = std::getenv("MT_PROFILE_STEPS"); e && *e)
+    first_profiled = std::max(run.start_step, t.steps - std::max<int64_t>(1, std::atoll(e)));
+  int64_t profiled_steps = 0;
+  double profiled_wall_s = 0;
+  auto profile_step = [&](int64_t step, double dt) {
+    if (!kprof::enabled() || step < first_profiled) return;
+    kprof::flush();  // waits for the device: between steps, after the step's own host-sync count
+    ++profiled_steps;
+    profiled_wall_s += dt;
+  };
+  auto profile_report = [&] {
+    if (run.device.is_cuda() && env.rank() == 0) {
+      AllocatorStats m = allocator_stats(run.device);
+      log.note(fmt::format(
+          "device memory on rank 0: peak allocated {:.3f} GiB, reserved {:.3f} GiB ({} cudaMalloc calls)",
+          double(m.peak_allocated_bytes) / (1 << 30), double(m.reserved_bytes) / (1 << 30), m.driver_allocs));
+      log.record({{"peak_allocated_bytes", m.peak_allocated_bytes}, {"reserved_bytes", m.reserved_bytes}});
+    }
+    if (!kprof::enabled() || env.rank() != 0) return;
+    kprof::flush();
+    // The H200's dense bf16 peak and HBM3e bandwidth give the ridge point on a GPU; on the CPU no bandwidth is
+    // known, so no bound is estimated.
+    const bool gpu = run.device.is_cuda();
+    std::string what = fmt::format(
+        "MT_PROFILE_KERNELS=1, rank 0, steps {} to {}, {:.3f} ms wall per step; {}", first_profiled + 1,
+        first_profiled + profiled_steps, profiled_steps ? 1e3 * profiled_wall_s / double(profiled_steps) : 0.0,
+        gpu ? "CUDA events around each launch on its stream (ops overlap only across streams: NCCL's)"
+            : "host clock around each op");
+    std::string table = kprof::report(10, profiled_steps, gpu ? 989e12 : 0, gpu ? 4.8e12 : 0, what);
+    if (!table.empty() && table.back() == '\n') table.pop_back();
+    log.note(table);
+    nlohmann::json ops = nlohmann::json::array();
+    for (const kprof::OpStat& o : kprof::stats())
+      ops.push_back({{"op", o.name}, {"calls", o.calls}, {"ms", o.ms}, {"flops", o.flops}, {"bytes", o.bytes}});
+    log.record({{"kernel_profile", ops}, {"profiled_steps", profiled_steps}, {"wall_ms", 1e3 * profiled_wall_s}});
+  };
+
   int64_t skipped = 0, skipped_in_a_row = 0;  // non-finite steps (not applied): in all, and the current run of them
   for (int64_t step = run.start_step; step < t.steps; ++step) {
+    if (kprof::enabled() && step == first_profiled) kprof::reset();  // drops what set-up recorded
     auto t0 = std::chrono::steady_clock::now();
     const int64_t syncs_before = host_sync_count();
-    StepResult r = train_step(run, step);
+    StepResult r = [&] {
+      std::optional<kprof::Mute> before_profiled;  // steps before the profiled ones are not timed
+      if (kprof::enabled() && step < first_profiled) before_profiled.emplace();
+      return train_step(run, step);
+    }();
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // The step's device work is enqueued without waiting but for the one read of loss and grad norm (see
     // train_step); eval, samples and checkpoints come after the step and are not counted.
     spdlog::debug("step {}: host syncs this step: {}", step + 1, host_sync_count() - syncs_before);
+    profile_step(step, dt);
     if (r.skipped) {
       ++skipped, ++skipped_in_a_row;
       MT_CHECK(t.nonfinite == "skip", "train",
@@ -277,10 +329,12 @@ int run_train_command(RunContext& ctx) {
     bool last = step + 1 == t.steps;
     if (cfg.eval.interval > 0 && run.val_data.size() > 0 && ((step + 1) % cfg.eval.interval == 0 || last)) {
       fault_stop_point("evaluation");
+      kprof::Mute not_profiled;
       log.eval(step, evaluate(run));
     }
     if (cfg.sample.interval > 0 && cfg.sample.tokens > 0 && ((step + 1) % cfg.sample.interval == 0 || last)) {
       fault_stop_point("sampling");
+      kprof::Mute not_profiled;
       std::string text = generate(*run.model, cfg.sample.prompt, cfg.sample.tokens, cfg.sample.temperature,
                                   uint64_t(t.seed), uint64_t(step), sequence_pad(run), cfg.data.document_separator);
       log.sample(step, printable(cfg.sample.prompt + text));
@@ -294,9 +348,11 @@ int run_train_command(RunContext& ctx) {
       log.note(fmt::format(
           "signal {} ({}) received: stopped after step {}{}; exit code {}", stop, strsignal(stop), step + 1,
           cfg.checkpoint.dir.empty() ? " (no checkpoint.dir: nothing saved)" : " with a checkpoint", 128 + stop));
+      profile_report();
       return 128 + stop;
     }
   }
+  profile_report();
   return 0;
 }
 

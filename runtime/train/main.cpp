@@ -14,8 +14,9 @@
 #include "runtime/train/agree.h"
 #include "runtime/train/cli.h"
 #include "runtime/train/cmd_check.h"
-#include "runtime/train/cmd_layout.h"
 #include "runtime/train/cmd_generate.h"
+#include "runtime/train/cmd_layout.h"
+#include "runtime/train/cmd_logits.h"
 #include "runtime/train/cmd_plan.h"
 #include "runtime/train/cmd_train.h"
 
@@ -99,6 +100,10 @@ int main(int argc, char** argv) {
       app.add_subcommand("plan", "print the parallel plan applied: parameter and activation layouts, bytes per step");
   auto* generate = app.add_subcommand("generate", "sample a continuation of a prompt from a checkpoint");
   mt::add_generate_options(generate, generate_args);
+  mt::LogitsArgs logits_args;
+  auto* logits = app.add_subcommand(
+      "logits", "write the fp32 logits of a token sequence under a checkpoint or a Hugging Face model as .npy");
+  mt::add_logits_options(logits, logits_args);
 
   for (CLI::App* sub : app.get_subcommands({}))
     sub->footer(
@@ -133,6 +138,7 @@ int main(int argc, char** argv) {
     if (*train) return mt::run_train_command(ctx);
     if (*plan) return mt::run_plan_command(ctx);
     if (*generate) return mt::run_generate_command(ctx, generate_args);
+    if (*logits) return mt::run_logits_command(ctx, logits_args);
   } catch (const mt::ReportedError& e) {
     // Agreed on by every rank (agree.h): printed where it should be, and no rank is left in a collective.
     if (e.print) spdlog::error("{}", e.what());

@@ -12,6 +12,7 @@
 #include "parallel/loss_parallel.h"
 #include "parallel/philox.h"
 #include "runtime/core/allocator.h"
+#include "runtime/core/kernel_profile.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/log.h"
 #include "runtime/kernels/ops.h"
@@ -172,13 +173,21 @@ StepResult train_step(TrainRun& run, int64_t step) {
     run.grad_sync->arm(r + run.micro >= run.rows);     // the last backward launches the sync
     MicroBatch mb = local_micro_batch(run, batch, r);  // (mb, T_local) x2, this rank's tokens
     run.model->set_documents(mb.doc_start);
-    Tensor logits = run.model->call(mb.inputs);                                             // (mb, T_local, V)
+    Tensor logits = [&] {
+      NvtxRange range("forward");         // Nsight Systems' view of the step (kernel_profile.h)
+      return run.model->call(mb.inputs);  // (mb, T_local, V)
+    }();
     Tensor losses = empty({run.micro * T_local}, accum_dtype(logits.dtype()), run.device);  // (mb*T_local)
-    token_losses(run, losses, as_rows(logits), as_rows(logits), mb.targets.reshape({-1}), inv_tokens);
+    {
+      NvtxRange range("loss");
+      token_losses(run, losses, as_rows(logits), as_rows(logits), mb.targets.reshape({-1}), inv_tokens);
+    }
     micro_losses.push_back(losses);
+    NvtxRange range("backward");
     run.model->call_backward(logits);  // logits now hold dloss/dlogits
   }
   // 3. Gradient sync, the one rule (see sync_gradients): waits for the buckets backward launched.
+  NvtxRange range("grad sync, loss and norm, optimizer");
   sync_gradients(run);
   // 4. The step's loss over the whole batch (every token's loss is on exactly one rank of dp x cp) and the
   //    gradient norm's squares, summed and all-reduced on the device: stats (1 + k) f64 holds the loss sum,

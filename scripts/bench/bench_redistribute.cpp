@@ -4,18 +4,32 @@
 // MPI collective on the same buffers in the same run; prints both and the ratio.
 //   build/scripts/bench/bench_redistribute                     (1 process: planning times)
 //   mpirun -np 4 build/scripts/bench/bench_redistribute [--iters N] [--mib M]
+// (3) Issue 17 part 5, a tensor-parallel activation's layout changes (any --shape or --device selects it):
+//   [mpirun -np N] bench_redistribute --device cuda|cpu --shape 8x2048x2048 --dtype bf16|f32
+//                  [--backend auto|nccl|mpi] [--iters 20] [--step-ms MS] [--layers 16] [--link-gbps 360] [--json FILE]
+// the all-gather Shard(1) -> Replicate and the reduce-scatter Partial -> Shard(1) of a (B, T, d) activation on a
+// 1-D "tp" mesh of the N ranks, each through `redistribute` on the tensor's device, its device-side parts alone
+// (pack/unpack kernels, the collective on device buffers), and a bench-local host-staged baseline (device to host,
+// pack and collective on the host through MPI, host to device). With one rank the per-rank work of tp = 2 is
+// timed (the peer's half stood in by this rank's), since one GPU hosts one NCCL rank: a 2-GPU machine adds the
+// link. Time, bytes, GB/s and each as a share of a training step (--step-ms; x 4 L: tp with sequence parallel
+// does 2 all-gathers and 2 reduce-scatters per layer and direction, 4 L of each per step).
 #include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <sstream>
 #include <string>
 
 #include "comm/env.h"
 #include "comm/mpi/mpi_group.h"
 #include "parallel/dtensor.h"
 #include "runtime/core/log.h"
+#include "runtime/core/stream.h"
+#include "runtime/kernels/ops.h"
 
 using namespace mt;
 using Clock = std::chrono::steady_clock;
@@ -72,6 +86,211 @@ void planning(int rank) {
         pairs.size(), mean * 1e6, median(unc) * 1e6, worst * 1e6, cached * 1e6);
 }
 
+struct ActivationOptions {
+  std::string device = "cpu", dtype = "bf16", backend = "auto", json;
+  Shape shape{8, 2048, 2048};
+  int iters = 20, layers = 16;
+  double step_ms = 0, link_gbps = 360;
+};
+
+// Fills a host tensor with small values (0.001 steps), f32 or bf16.
+Tensor pattern(const Shape& s, DType dt) {
+  Tensor t = empty(s, dt);
+  const int64_t n = t.numel();
+  if (dt == DType::bf16)
+    for (int64_t i = 0; i < n; ++i) t.data<bf16>()[i] = bf16(float(i % 1000) * 1e-3f);
+  else
+    for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = float(i % 1000) * 1e-3f;
+  return t;
+}
+
+// Milliseconds per call of fn: with one rank on a GPU, events around `iters` calls after 2 warm-up calls (no host
+// wait between calls); otherwise the median over iterations of the slowest rank, each iteration between a barrier
+// and a device synchronisation.
+double time_ms(const std::function<void()>& fn, int iters, int n, Device dev, MPI_Comm comm) {
+  if (n == 1 && dev.is_cuda()) {
+    fn(), fn();
+    const Stream& st = current_stream(dev.index);
+    Event a = Event::create(true), b = Event::create(true);
+    a.record(st);
+    for (int i = 0; i < iters; ++i) fn();
+    b.record(st);
+    b.synchronize();
+    return double(a.elapsed_ms(b)) / iters;
+  }
+  std::vector<double> t;
+  for (int it = -2; it < iters; ++it) {
+    if (dev.is_cuda()) current_stream(dev.index).synchronize();
+    MPI_Barrier(comm);
+    auto t0 = Clock::now();
+    fn();
+    if (dev.is_cuda()) current_stream(dev.index).synchronize();
+    if (it >= 0) t.push_back(seconds_since(t0) * 1e3);
+  }
+  MPI_Allreduce(MPI_IN_PLACE, t.data(), int(t.size()), MPI_DOUBLE, MPI_MAX, comm);
+  return median(t);
+}
+
+int activation_bench(const MpiEnv& env, const ActivationOptions& o) {
+  const int n = env.size();
+  const bool cuda = o.device == "cuda";
+  MT_CHECK(!cuda || cuda_device_count() > 0, "bench", "--device cuda: no CUDA device visible");
+  const Device dev = cuda ? Device::cuda(env.cuda_device() >= 0 ? env.cuda_device() : 0) : Device::cpu();
+  if (cuda) set_device(dev.index);
+  const DType dt = o.dtype == "bf16" ? DType::bf16 : DType::f32;
+  MT_CHECK(o.shape.size() == 3, "bench", "--shape takes B x T x d");
+  const int64_t B = o.shape[0], T = o.shape[1], d = o.shape[2];
+  const int tp = n == 1 ? 2 : n;  // the tp size whose per-rank work is timed
+  MT_CHECK(T % tp == 0, "bench", "T = {} must divide by {}", T, tp);
+  MeshOptions mo;
+  mo.device = dev;
+  mo.backend = o.backend;
+  DeviceMesh mesh = DeviceMesh::create({{"tp", n}}, mo);
+  Group& g = mesh.group(0);
+  // The baseline's host collectives: an MPI mesh on the host (its bf16 sums in f32, as the staged backend's).
+  DeviceMesh host_mesh = DeviceMesh::create({{"tp", n}}, MeshOptions{Device::cpu(), "mpi"});
+  Group& hg = host_mesh.group(0);
+  MPI_Comm comm = group_mpi_comm(hg);
+  const double es = double(dtype_size(dt)), full = double(B * T * d) * es;
+  const std::vector<int64_t> lens(size_t(tp), T / tp);
+  Tensor x = pattern(o.shape, dt).to(dev);
+
+  struct Row {
+    std::string kase, path, bytes_what;
+    double ms, bytes;
+    bool estimate = false;
+  };
+  std::vector<Row> rows;
+  auto add_row = [&](const std::string& kase, const std::string& path, double ms, double bytes,
+                     const std::string& bytes_what, bool estimate = false) {
+    rows.push_back({kase, path, bytes_what, ms, bytes, estimate});
+  };
+  const std::string where = fmt::format("{} ({})", dev.str(), mesh.backend());
+  const double link = (double(tp) - 1) / tp * full;  // bytes each rank receives (all-gather) or sends (reduce-scatter)
+
+  // ---- all-gather Shard(1) -> Replicate ----
+  {
+    const char* k = "all-gather S(1)->R";
+    DTensor src = distribute_tensor(x, mesh, {Placement::Shard(1)});
+    add_row(k, fmt::format("redistribute, {} rank(s), {}", n, where),
+            time_ms([&] { redistribute(src, {Placement::Replicate()}); }, o.iters, n, dev, comm),
+            (double(n) - 1) / n * full, n == 1 ? "none: one rank exchanges nothing" : "received per rank");
+    Tensor gathered = empty({B * T * d}, dt, dev), out = empty(o.shape, dt, dev);
+    const double unpack = time_ms([&] { unpack_blocks(out, gathered, 1, lens); }, o.iters, n, dev, comm);
+    add_row(k, fmt::format("{} unpack_blocks alone ({} blocks, tp = {})", dev.str(), tp, tp), unpack, 2 * full,
+            "read + written");
+    Tensor local = src.local.reshape({-1});
+    add_row(k, fmt::format("collective alone: {} all_gather, {} rank(s)", g.backend(), n),
+            time_ms([&] { g.all_gather(gathered.view(0, {local.numel() * n}), local); }, o.iters, n, dev, comm),
+            n == 1 ? full : link, n == 1 ? "copied (one rank: no link)" : "received per rank");
+    // Host-staged: the rank's (B, T/tp, d) to the host, gathered on the host (MPI; one rank stands in for its
+    // peers with copies of its own), unpacked on the host, the (B, T, d) result back to the device.
+    Tensor shard = x.view(0, {B, T / tp, d}).clone();  // a (B, T/tp, d) piece: the rank's shard at tp
+    Tensor hg_out = empty({B * T * d}, dt), h_out = empty(o.shape, dt);
+    add_row(k,
+            fmt::format("{}{}", cuda ? "host-staged: D2H, " : "host (CPU: no staging): ",
+                        n == 1 ? "host copy (tp = 2 stand-in), host unpack, H2D"
+                               : "MPI all_gather on the host, host unpack, H2D"),
+            time_ms(
+                [&] {
+                  Tensor h = shard.to(Device::cpu());
+                  if (n > 1) {
+                    hg.all_gather(hg_out, h.reshape({-1}));
+                  } else {
+                    for (int j = 0; j < tp; ++j) copy_(hg_out.view(j * h.numel(), {h.numel()}), h.reshape({-1}));
+                  }
+                  unpack_blocks(h_out, hg_out, 1, lens);
+                  Tensor back = h_out.to(dev);
+                },
+                o.iters, n, dev, comm),
+            cuda ? full / tp + full : link, cuda ? "over PCIe (D2H + H2D)" : "received per rank");
+    if (cuda && n == 1)
+      add_row(k, fmt::format("estimate for 2 GPUs: unpack + link bytes at {:.0f} GB/s (assumed busbw)", o.link_gbps),
+              unpack + link / (o.link_gbps * 1e9) * 1e3, link, "received per rank", true);
+  }
+  // ---- reduce-scatter Partial -> Shard(1) ----
+  {
+    const char* k = "reduce-scatter P->S(1)";
+    DTensor src = distribute_tensor(x, mesh, {Placement::Partial()});
+    add_row(k, fmt::format("redistribute, {} rank(s), {}", n, where),
+            time_ms([&] { redistribute(src, {Placement::Shard(1)}); }, o.iters, n, dev, comm),
+            (double(n) - 1) / n * full, n == 1 ? "none: one rank exchanges nothing" : "sent per rank");
+    Tensor packed = empty({B * T * d}, dt, dev);
+    const double pack = time_ms([&] { pack_blocks(packed, x, 1, lens); }, o.iters, n, dev, comm);
+    add_row(k, fmt::format("{} pack_blocks alone ({} blocks, tp = {})", dev.str(), tp, tp), pack, 2 * full,
+            "read + written");
+    Tensor part = empty({B * T * d / n}, dt, dev);
+    add_row(k, fmt::format("collective alone: {} reduce_scatter, {} rank(s)", g.backend(), n),
+            time_ms([&] { g.reduce_scatter(part, packed, ReduceOp::sum); }, o.iters, n, dev, comm),
+            n == 1 ? full : link, n == 1 ? "copied (one rank: no link)" : "sent per rank");
+    // Host-staged: the (B, T, d) partial to the host, packed and reduce-scattered there (one rank: its blocks
+    // summed, standing in for the peers' reduction), the (B, T/tp, d) result back to the device.
+    Tensor h_packed = empty({B * T * d}, dt), h_part = empty({B * T * d / tp}, dt);
+    add_row(k,
+            fmt::format("{}{}", cuda ? "host-staged: D2H, " : "host (CPU: no staging): ",
+                        n == 1 ? "host pack, host sum (tp = 2 stand-in), H2D"
+                               : "host pack, MPI reduce_scatter on the host, H2D"),
+            time_ms(
+                [&] {
+                  Tensor h = x.to(Device::cpu());
+                  pack_blocks(h_packed, h, 1, lens);
+                  if (n > 1) {
+                    hg.reduce_scatter(h_part, h_packed, ReduceOp::sum);
+                  } else {
+                    const int64_t m = h_part.numel();
+                    add(h_part, h_packed.view(0, {m}), h_packed.view(m, {m}));
+                  }
+                  Tensor back = h_part.to(dev);
+                },
+                o.iters, n, dev, comm),
+            cuda ? full + full / tp : link, cuda ? "over PCIe (D2H + H2D)" : "sent per rank");
+    if (cuda && n == 1)
+      add_row(k, fmt::format("estimate for 2 GPUs: pack + link bytes at {:.0f} GB/s (assumed busbw)", o.link_gbps),
+              pack + link / (o.link_gbps * 1e9) * 1e3, link, "sent per rank", true);
+  }
+
+  if (env.rank() != 0) return 0;
+  const std::string dname(dtype_name(dt));
+  std::printf("\nredistribution of a (%lld, %lld, %lld) %s activation (%.1f MiB) on a tp mesh of %d rank(s), %s; %s\n",
+              (long long)B, (long long)T, (long long)d, dname.c_str(), full / (1 << 20), n, where.c_str(),
+              n == 1 ? "one rank: per-rank work of tp = 2 timed, the link estimated" : "measured");
+  std::string step_hdr =
+      o.step_ms > 0 ? fmt::format("of a {:.1f} ms step; x {} per step", o.step_ms, 4 * o.layers) : "(no --step-ms)";
+  std::printf("%-24s %-78s %9s %10s %9s  %s (%s)\n", "case", "path", "ms", "MiB", "GB/s", "share", step_hdr.c_str());
+  FILE* js = o.json.empty() ? nullptr : std::fopen(o.json.c_str(), "a");
+  for (const Row& r : rows) {
+    const double gbs = r.ms > 0 ? r.bytes / (r.ms * 1e-3) / 1e9 : 0;
+    std::string share =
+        o.step_ms > 0 ? fmt::format("{:.2f}%; {:.1f}%", 100 * r.ms / o.step_ms, 100 * r.ms * 4 * o.layers / o.step_ms)
+                      : "-";
+    std::printf("%-24s %-78s %9.3f %10.1f %9.1f  %s   [bytes: %s]%s\n", r.kase.c_str(), r.path.c_str(), r.ms,
+                r.bytes / (1 << 20), gbs, share.c_str(), r.bytes_what.c_str(), r.estimate ? " ESTIMATE" : "");
+    if (js)
+      std::fprintf(js,
+                   "{\"bench\":\"redistribute\",\"case\":\"%s\",\"path\":\"%s\",\"ranks\":%d,\"device\":\"%s\","
+                   "\"backend\":\"%s\",\"shape\":[%lld,%lld,%lld],\"dtype\":\"%s\",\"ms\":%.4f,\"bytes\":%.0f,"
+                   "\"bytes_what\":\"%s\",\"gbps\":%.2f,\"estimate\":%s,\"step_ms\":%.3f,\"layers\":%d}\n",
+                   r.kase.c_str(), r.path.c_str(), n, dev.str().c_str(), mesh.backend().c_str(), (long long)B,
+                   (long long)T, (long long)d, dname.c_str(), r.ms, r.bytes, r.bytes_what.c_str(), gbs,
+                   r.estimate ? "true" : "false", o.step_ms, o.layers);
+  }
+  if (js) std::fclose(js);
+  if (n == 1 && cuda)
+    std::printf(
+        "One GPU hosts one NCCL rank, so the collective above is a device copy; a 2-GPU machine adds the NVLink\n"
+        "transfer of the bytes marked 'received/sent per rank' (the ESTIMATE rows assume %.0f GB/s bus bandwidth)\n"
+        "and the overlap of NCCL's stream with compute. Run with -np 2 on two GPUs to measure it.\n",
+        o.link_gbps);
+  return 0;
+}
+
+Shape parse_shape(const std::string& s) {
+  Shape r;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, 'x');) r.push_back(std::stoll(item));
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,9 +298,39 @@ int main(int argc, char** argv) {
   init_logging(env.rank(), "warn");
   int iters = 10;
   int64_t mib = 16;
+  ActivationOptions ao;
+  bool activation = false;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--mib")) mib = std::atoll(argv[i + 1]);
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--iters") iters = ao.iters = std::atoi(v.c_str());
+    else if (k == "--mib") mib = std::atoll(v.c_str());
+    else if (k == "--device") ao.device = v, activation = true;
+    else if (k == "--shape") ao.shape = parse_shape(v), activation = true;
+    else if (k == "--dtype") ao.dtype = v;
+    else if (k == "--backend") ao.backend = v;
+    else if (k == "--step-ms") ao.step_ms = std::atof(v.c_str());
+    else if (k == "--layers") ao.layers = std::atoi(v.c_str());
+    else if (k == "--link-gbps") ao.link_gbps = std::atof(v.c_str());
+    else if (k == "--json") ao.json = v;
+    else {
+      if (env.rank() == 0) std::fprintf(stderr, "bench_redistribute: unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (activation) {
+    try {
+      return activation_bench(env, ao);
+    } catch (const std::exception& e) {
+      if (env.rank() == 0) std::printf("{\"bench\":\"redistribute\",\"error\":\"%s\"}\n", e.what());
+      if (env.rank() == 0 && !ao.json.empty())
+        if (FILE* js = std::fopen(ao.json.c_str(), "a")) {
+          std::string m = e.what();
+          std::replace(m.begin(), m.end(), '"', '\'');
+          std::fprintf(js, "{\"bench\":\"redistribute\",\"error\":\"%s\"}\n", m.c_str());
+          std::fclose(js);
+        }
+      return 1;
+    }
   }
   // Planning is timed by one process alone (other ranks would share its cores).
   if (env.size() == 1) {

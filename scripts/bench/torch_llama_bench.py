@@ -8,8 +8,8 @@ mixed precision: fp32 parameters and AdamW state (fused AdamW on CUDA) under
 torch.autocast(bfloat16) -- the same split meshtrain makes (bf16 compute, fp32
 master weights, optimizer state, softmax and loss). A step is forward, backward,
 clip_grad_norm_(1.0), AdamW, zero_grad; the median step after --warmup is timed.
-Prints one JSON line per mode: tokens/s, MFU against --peak-tflops (989 for an
-H100 SXM; FLOPs per token = 6 N + 12 L d T with meshtrain's N), peak memory.
+Prints one JSON line per mode: tokens/s, MFU against --peak-tflops (989, dense bf16 of an
+H100 or H200 SXM; FLOPs per token = 6 N + 12 L d T with meshtrain's N), peak memory.
   torch_llama_bench.py [--mode eager|compile|both] [--device cuda|cpu] [--dtype bf16|fp32] ...
 """
 import argparse
@@ -112,6 +112,8 @@ def run(a, mode):
         return result
     t = sorted(times)[len(times) // 2]
     tps = a.batch_size * a.seq_len / t
+    if mb != a.batch_size:
+        result["micro_batch"] = mb
     result.update({"tokens_per_s": round(tps, 1), "step_ms": round(1e3 * t, 2),
                    "mfu": round(tps * flops_per_token(a) / (a.peak_tflops * 1e12), 6)})
     if DEVICE == "cuda":

@@ -80,8 +80,14 @@ if [ $took -le 30 ]; then ok "fault: dead rank ends within timeout + margin (${t
 
 # The GPU benchmark script end to end on tiny shapes (on a machine without a GPU every part runs on the CPU).
 OUT="$tmp/bench" bash "$root/scripts/bench/bench_gpu.sh" "$build" --quick >"$tmp/bench.out" 2>&1
-if grep -qE "^meshtrain +tokens/s +[0-9]" "$tmp/bench.out" && grep -qE "^torch_eager +tokens/s +[0-9]" "$tmp/bench.out" &&
-  grep -qE "^attention fwd\+bwd TFLOP/s: meshtrain [0-9]" "$tmp/bench.out" && [ "$(wc -l <"$tmp/bench/bench_gpu.jsonl")" -ge 5 ]; then
+# Summary rows: meshtrain and PyTorch eager each with a tokens/s figure, meshtrain's attention with TFLOP/s, both
+# redistributions timed, memory and the kernel profile present.
+if grep -qE "^1B: meshtrain vs PyTorch eager.*\| [0-9]+ tok/s +\| [0-9]+ tok/s" "$tmp/bench.out" &&
+  [ "$(grep -cE "^attention T [0-9]+ hd [0-9]+ fwd\+bwd.*\| [0-9.]+ TFLOP/s" "$tmp/bench.out")" -eq 2 ] &&
+  grep -qE "^all-gather S\(1\)->R, 2 rank.*\| [0-9.]+ ms" "$tmp/bench.out" &&
+  grep -qE "^reduce-scatter P->S\(1\), 2 rank.*\| [0-9.]+ ms" "$tmp/bench.out" &&
+  grep -qE "^peak memory vs expected +\| [0-9.]+ GiB" "$tmp/bench.out" && grep -qE "^kernel #1: " "$tmp/bench.out" &&
+  [ "$(wc -l <"$tmp/bench/bench_gpu.jsonl")" -ge 5 ]; then
   ok "bench_gpu.sh --quick: every part ran and the table has figures"
 else
   bad "bench_gpu.sh --quick" "$(tail -n 12 "$tmp/bench.out")"

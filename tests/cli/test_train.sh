@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# End-to-end tests of `meshtrain train` and `meshtrain generate` under mpirun:
+# End-to-end tests of `meshtrain train`, `meshtrain generate` and `meshtrain logits` under mpirun:
 #  - parallelism invariance: dp_replicate = 2 and 4, and micro-batching, give the losses of 1 rank;
 #  - the PyTorch reference (scripts/reference/llama_ref.py) on the same weights and data:
 #    step 0 within 1e-5 relative, 10 AdamW steps within 1e-4 absolute (untied and tied);
 #  - resume from a checkpoint is bit-identical; on another mesh within tolerance;
 #  - a rank killed while writing a checkpoint leaves the previous one, and resume: auto uses it;
-#  - every kind of bad data, checkpoint and config input gives its message.
+#  - every kind of bad data, checkpoint, config.json (RoPE scaling, biases, activation) and config input gives
+#    its message; logits of a checkpoint and of a Hugging Face directory, and their bad input.
 # Prints "train: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_train.sh BUILD_DIR
 set -uo pipefail
@@ -308,6 +309,49 @@ expect "resume: a NaN weight in a checkpoint is refused at load" nonzero "model.
 expect "init_from: corrupt file" nonzero "[checkpoint]" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/garbage" train
 expect "init_from: no such path" nonzero "no such file or directory" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/nope" train
 expect "init_from: config.json disagrees" nonzero "hidden_size = 32 but model.dim = 64" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.dim=64 --set model.init_from="$tmp/ref0" train
+# A checkpoint's config.json (the Hugging Face LlamaConfig save_checkpoint writes), edited: transformers 5's
+# rope_parameters in place of rope_theta is read; what meshtrain's Llama does not compute is refused by name.
+"$py" - "$tmp/base.ckpt/step_00000020" "$tmp/hfcfg" <<'PY'
+import json, os, shutil, sys
+src, d = sys.argv[1], sys.argv[2]
+base = json.load(open(os.path.join(src, "config.json")))
+def variant(name, drop=(), **over):
+    os.makedirs(os.path.join(d, name), exist_ok=True)
+    shutil.copy(os.path.join(src, "model.safetensors"), os.path.join(d, name))
+    c = {k: v for k, v in base.items() if k not in drop}
+    c.update(over)
+    json.dump(c, open(os.path.join(d, name, "config.json"), "w"), indent=2)
+variant("v5", drop=("rope_theta", "torch_dtype"), rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+variant("v5theta", drop=("rope_theta",), rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+variant("v4", drop=("rope_parameters", "dtype"), rope_scaling=None)
+variant("llama3", rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+variant("scaling", drop=("rope_parameters",), rope_scaling={"type": "linear", "factor": 2.0})
+variant("attn_bias", attention_bias=True)
+variant("mlp_bias", mlp_bias=True)
+variant("gelu", hidden_act="gelu")
+PY
+expect "init_from: a checkpoint directory (config.json, model.safetensors; optimizer.safetensors ignored)" zero "initialised from" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.steps=1 --set model.init_from="$tmp/base.ckpt/step_00000020" train
+expect "init_from: transformers 5's config.json (rope_parameters, dtype)" zero "initialised from" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.steps=1 --set model.init_from="$tmp/hfcfg/v5" train
+expect "init_from: transformers 4's config.json (rope_theta, rope_scaling null)" zero "initialised from" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.steps=1 --set model.init_from="$tmp/hfcfg/v4" train
+expect "init_from: rope_parameters.rope_theta disagrees" nonzero "rope_theta = 500 but model.rope_theta = 10000" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/v5theta" train
+expect "init_from: llama3 RoPE scaling is refused" nonzero "hfcfg/llama3/config.json: rope_parameters.rope_type = \"llama3\": meshtrain implements plain RoPE" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/llama3" train
+expect "init_from: rope_scaling is refused" nonzero "hfcfg/scaling/config.json: rope_scaling.type = \"linear\"" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/scaling" train
+expect "init_from: attention_bias is refused" nonzero "hfcfg/attn_bias/config.json: attention_bias = true: meshtrain's linear layers have no bias" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/attn_bias" train
+expect "init_from: mlp_bias is refused" nonzero "hfcfg/mlp_bias/config.json: mlp_bias = true" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/mlp_bias" train
+expect "init_from: hidden_act gelu is refused" nonzero "hfcfg/gelu/config.json: hidden_act = \"gelu\": meshtrain's MLP is SwiGLU" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/gelu" train
+# meshtrain logits: a checkpoint (or a Hugging Face directory, the same config.json) to a (T, V) float32 .npy.
+expect "logits: a checkpoint.dir's newest checkpoint, on 2 ranks" zero "logits (5, 256) of $tmp/base.ckpt/step_00000020 written" -- "$mpirun" -np 2 "$mt" logits --checkpoint "$tmp/base.ckpt" --tokens 84,104,101,32,113 --out "$tmp/logits.npy"
+check "logits: the .npy holds float32 (5, 256)" -- "$py" -c "
+h = open('$tmp/logits.npy', 'rb').read(128).decode('latin1')
+assert \"'descr': '<f4'\" in h and \"'shape': (5, 256)\" in h, h
+print(h.split(chr(10))[0][10:].strip())"
+expect "logits: a Hugging Face directory (config.json, no meta.json)" zero "logits (3, 256)" -- "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/hfcfg/v5" --tokens 1,2,3 --out "$tmp/logits_hf.npy"
+expect "logits: a token past the vocabulary" nonzero "--tokens: token 256 (item 1) is >= vocab_size 256" -- "$mpirun" -np 2 "$mt" logits --checkpoint "$tmp/base.ckpt" --tokens 1,256 --out "$tmp/l.npy"
+expect "logits: a token that is not a number" nonzero "--tokens: 'x' (item 2) is not a token id" -- "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/base.ckpt" --tokens 1,2,x --out "$tmp/l.npy"
+expect "logits: more tokens than model.max_seq_len" nonzero "33 tokens, more than the model's 32 positions" -- "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/base.ckpt" --tokens "$(seq -s, 1 33)" --out "$tmp/l.npy"
+expect "logits: neither a checkpoint nor a Hugging Face model" nonzero "neither a checkpoint (meta.json), a directory holding one, nor a Hugging Face model" -- "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/bad" --tokens 1 --out "$tmp/l.npy"
+expect "logits: a Hugging Face directory with llama3 RoPE is refused" nonzero "rope_parameters.rope_type = \"llama3\"" -- "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/hfcfg/llama3" --tokens 1 --out "$tmp/l.npy"
 expect "resume: not a checkpoint" nonzero "not a complete checkpoint" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set checkpoint.resume="$tmp/bad" --set checkpoint.dir="$tmp/x" train
 expect "resume: a different model is refused" nonzero "model.ffn_dim: 64 in the checkpoint, 48 now" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.ffn_dim=48 --set checkpoint.resume="$tmp/base.ckpt/step_00000010" --set checkpoint.dir="$tmp/x" train
 expect "resume: a different model, allowed, still fails on the shapes" nonzero "the model expects" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.ffn_dim=48 --set checkpoint.allow_config_change=true --set checkpoint.resume="$tmp/base.ckpt/step_00000010" --set checkpoint.dir="$tmp/x" train

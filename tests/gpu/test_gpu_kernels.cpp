@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "attention/local_attention.h"
 #include "gpu_test.h"
@@ -84,4 +86,43 @@ TEST_CASE("gpu kernels: sum_into and sum_squares_into on the device have the bit
     CHECK(got[1] == s1);
     CHECK(got[2] == s2);
   }
+}
+
+TEST_CASE("gpu kernels: copy_slice of slices whose row pitch is 2 GiB or more (over cudaMemcpy2D's limit)") {
+  MT_REQUIRE_GPU();
+  const Device d = gpu();
+  // (2, M) u16 rows of 2 GiB + 10 bytes: the slices below have pitches cudaMemcpy2DAsync refuses (max 2^31 - 1).
+  const int64_t M = (int64_t(1) << 30) + 5;
+  Tensor src, row, tail;
+  try {
+    src = zeros({2, M}, DType::u16, d);
+    row = zeros({1, M}, DType::u16, d);
+    tail = zeros({2, 4}, DType::u16, d);
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("out of memory") != std::string::npos) MT_SKIP("6 GiB of device memory needed");
+    throw;
+  }
+  auto put = [&](int64_t at, std::vector<uint16_t> v) {  // v into src's flat elements at `at`
+    Tensor h = empty({int64_t(v.size())}, DType::u16);
+    for (size_t i = 0; i < v.size(); ++i) h.at<uint16_t>(int64_t(i)) = v[i];
+    copy_(src.reshape({-1}).view(at, {int64_t(v.size())}), h);
+  };
+  auto get = [](const Tensor& t, int64_t at, int64_t n) {
+    Tensor h = t.reshape({-1}).view(at, {n}).to(Device::cpu());
+    std::vector<uint16_t> r;
+    for (int64_t i = 0; i < n; ++i) r.push_back(h.at<uint16_t>(i));
+    return r;
+  };
+  put(0, {9, 9});                 // row 0 must not be copied
+  put(M, {1, 2, 3});              // the first elements of row 1
+  put(2 * M - 3, {4, 5, 6});      // its last ones
+  put(M - 4, {10, 11, 12, 13});   // the last 4 columns of row 0
+  put(2 * M - 4, {14, 4, 5, 6});  // and of row 1 (overwrites the 3 above with the same values)
+  // Along dim 0, one row: a source pitch of 4 GiB.
+  copy_slice(row, 0, src, 1, 1, 0);
+  CHECK(get(row, 0, 3) == std::vector<uint16_t>{1, 2, 3});
+  CHECK(get(row, M - 4, 4) == std::vector<uint16_t>{14, 4, 5, 6});
+  // Along dim 1, two rows: a source pitch of 2 GiB + 10 bytes.
+  copy_slice(tail, 0, src, M - 4, 4, 1);
+  CHECK(get(tail, 0, 8) == std::vector<uint16_t>{10, 11, 12, 13, 14, 4, 5, 6});
 }

@@ -9,6 +9,7 @@
 
 #include <cub/device/device_radix_sort.cuh>
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -94,7 +95,13 @@ int lt_device(int device, LtDevice** out) {
   LtDevice& d = g_lt[size_t(device)];
   if (!d.handle) {
     if (int err = int(cublasLtCreate(&d.handle))) return err;
-    if (int err = int(cudaMalloc(&d.workspace, kWorkspaceBytes))) return err;
+  }
+  if (!d.workspace) {  // retried after a failure: a null workspace must never reach cublasLtMatmul
+    if (int err = int(cudaMalloc(&d.workspace, kWorkspaceBytes))) {
+      d.workspace = nullptr;
+      (void)cudaGetLastError();  // out of memory is not sticky: later launch checks must not read it
+      return err;
+    }
   }
   *out = &d;
   return 0;
@@ -785,6 +792,19 @@ int attention_backward(float* dq, float* dk, float* dv, float* scratch, const fl
 int copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, void* stream) {
   Range r("copy_2d");
   if (width == 0 || rows == 0) return 0;
+  // One contiguous range (a slice along dim 0, or whole rows): a plain copy. cudaMemcpy2DAsync refuses pitches
+  // above the device's maximum (2^31 - 1 bytes), which a slice of a tensor of 2 GiB or more has.
+  if (rows == 1 || (width == dpitch && width == spitch))
+    return int(cudaMemcpyAsync(dst, src, width * rows, cudaMemcpyDeviceToDevice, st(stream)));
+  constexpr size_t kMaxPitch = size_t(INT_MAX);
+  if (dpitch > kMaxPitch || spitch > kMaxPitch) {  // few rows then (each is over 2 GiB): one copy per row
+    for (size_t row = 0; row < rows; ++row)
+      if (int err =
+              int(cudaMemcpyAsync(static_cast<char*>(dst) + row * dpitch, static_cast<const char*>(src) + row * spitch,
+                                  width, cudaMemcpyDeviceToDevice, st(stream))))
+        return err;
+    return 0;
+  }
   return int(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, st(stream)));
 }
 
