@@ -120,7 +120,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
     int rc = cuda::flash_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                            d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal, d.q_pos0, d.k_pos0,
                                            d.doc_start_dev, current_stream(q.device().index).handle());
-    MT_CHECK(rc == 0, "attention", "attention_forward: CUDA error {}", rc);
+    MT_CHECK(rc == 0, "attention", "attention_forward: {}", cuda::error_string(rc));
     return;
   }
 #endif
@@ -129,7 +129,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
     int rc = cuda::attention_forward(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
                                      v.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal, d.q_pos0,
                                      d.k_pos0, d.doc_start_dev, current_stream(q.device().index).handle());
-    MT_CHECK(rc == 0, "attention", "attention_forward: CUDA error {}", rc);
+    MT_CHECK(rc == 0, "attention", "attention_forward: {}", cuda::error_string(rc));
     return;
   }
 #endif
@@ -170,7 +170,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
         dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), scratch.data_ptr(), dout.data_ptr(), q.data_ptr(), k.data_ptr(),
         v.data_ptr(), out.data_ptr(), lse.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal, d.q_pos0,
         d.k_pos0, d.doc_start_dev, accumulate, current_stream(q.device().index).handle());
-    MT_CHECK(rc == 0, "attention", "attention_backward: CUDA error {}", rc);
+    MT_CHECK(rc == 0, "attention", "attention_backward: {}", cuda::error_string(rc));
     return;
   }
 #endif
@@ -181,7 +181,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
         dq.data<float>(), dk.data<float>(), dv.data<float>(), rowdot.data<float>(), dout.data<float>(), q.data<float>(),
         k.data<float>(), v.data<float>(), out.data<float>(), lse.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale,
         d.causal, d.q_pos0, d.k_pos0, d.doc_start_dev, accumulate, current_stream(q.device().index).handle());
-    MT_CHECK(rc == 0, "attention", "attention_backward: CUDA error {}", rc);
+    MT_CHECK(rc == 0, "attention", "attention_backward: {}", cuda::error_string(rc));
     return;
   }
 #endif

@@ -14,6 +14,9 @@
 #include "check_error.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
+#if MT_CUDA
+#include "runtime/kernels/cuda/cuda_ops.h"
+#endif
 #include "runtime/kernels/ops.h"
 #include "test_util.h"
 
@@ -385,3 +388,15 @@ TEST_CASE("kernels: the host-sync counter counts each host read of a tensor's va
   add_(a, a);
   CHECK(host_sync_count() == c0 + 2);  // ops that write tensors wait for nothing
 }
+
+#if MT_CUDA
+// A launcher's failure code names itself: CUDA errors and the GEMMs' cuBLAS statuses (offset by
+// kCublasErrorBase) read differently, so a message from a GPU run says which library failed and how.
+TEST_CASE("kernels: CUDA and cuBLAS failure codes are named") {
+  std::string cuda_err = cuda::error_string(700);
+  CHECK(cuda_err.find("CUDA error 700 cudaErrorIllegalAddress") != std::string::npos);
+  std::string blas_err = cuda::error_string(cuda::kCublasErrorBase + 15);
+  CHECK(blas_err.find("cuBLAS status 15 CUBLAS_STATUS_NOT_SUPPORTED") != std::string::npos);
+  CHECK(std::string(cuda::error_string(-1)).find("arguments the kernel does not take") != std::string::npos);
+}
+#endif

@@ -53,7 +53,7 @@ template <typename T> T* ptr(const Tensor& t) { return t.defined() ? t.data<T>()
 
 #if MT_CUDA
 void* stream_of(const Tensor& t) { return current_stream(t.device().index).handle(); }
-void cuda_check(int rc, const char* op) { MT_CHECK(rc == 0, "kernels", "{}: CUDA or cuBLAS error {}", op, rc); }
+void cuda_check(int rc, const char* op) { MT_CHECK(rc == 0, "kernels", "{}: {}", op, cuda::error_string(rc)); }
 // Calls f(T{}) with T = float or bf16 by the tensor's dtype (the CUDA launchers' activation types).
 template <typename F> int by_cuda_float(const Tensor& t, F&& f) {
   if (t.dtype() == DType::bf16) return f(bf16{});

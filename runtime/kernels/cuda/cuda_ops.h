@@ -18,6 +18,12 @@
 
 namespace mt::cuda {
 
+// The launchers' codes: a cudaError_t, or kCublasErrorBase + a cublasStatus_t from the GEMMs.
+constexpr int kCublasErrorBase = 100000;
+// "CUDA error 700 cudaErrorIllegalAddress: an illegal memory access was encountered", or the cuBLAS status's
+// name and text, for a launcher's non-zero code.
+const char* error_string(int code);
+
 // ---- GEMMs (cuBLASLt, fp32 accumulate; the algorithm is chosen once per shape and cached) ----
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T, or += if accumulate.
 template <typename T> int matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC,

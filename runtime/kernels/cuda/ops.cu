@@ -3,6 +3,7 @@
 // throughout: no floating-point atomics, reductions in a fixed order, so that
 // a rerun gives the same bits (exact resume).
 #include <cublasLt.h>
+#include <cublas_api.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
@@ -10,6 +11,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -27,6 +29,25 @@ constexpr int kMaxHeadDim = 256;
 int blocks_for(int64_t n, int threads = kThreads) { return int((n + threads - 1) / threads); }
 cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }
 int last_error() { return int(cudaGetLastError()); }
+
+}  // namespace
+
+const char* error_string(int code) {
+  thread_local char text[256];
+  if (code < 0) {
+    std::snprintf(text, sizeof(text), "error %d: arguments the kernel does not take", code);
+  } else if (code >= kCublasErrorBase) {
+    auto s = cublasStatus_t(code - kCublasErrorBase);
+    std::snprintf(text, sizeof(text), "cuBLAS status %d %s: %s", int(s), cublasGetStatusName(s),
+                  cublasGetStatusString(s));
+  } else {
+    auto e = cudaError_t(code);
+    std::snprintf(text, sizeof(text), "CUDA error %d %s: %s", code, cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  return text;
+}
+
+namespace {
 
 // The device type of a host element type.
 template <typename T> struct DevType { using type = T; };
@@ -90,11 +111,15 @@ std::mutex g_gemm_mu;
 std::map<GemmKey, GemmPlan> g_plans;
 std::vector<LtDevice> g_lt;
 
+// cuBLAS statuses are returned offset by kCublasErrorBase, so that the caller's message tells them from CUDA
+// errors (error_string).
+int lt_status(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS ? 0 : kCublasErrorBase + int(s); }
+
 int lt_device(int device, LtDevice** out) {
   if (int(g_lt.size()) <= device) g_lt.resize(size_t(device + 1));
   LtDevice& d = g_lt[size_t(device)];
   if (!d.handle) {
-    if (int err = int(cublasLtCreate(&d.handle))) return err;
+    if (int err = lt_status(cublasLtCreate(&d.handle))) return err;
   }
   if (!d.workspace) {  // retried after a failure: a null workspace must never reach cublasLtMatmul
     if (int err = int(cudaMalloc(&d.workspace, kWorkspaceBytes))) {
@@ -128,28 +153,29 @@ template <typename AT, typename DT> int lt_gemm(int device, cudaStream_t stream,
   if (it == g_plans.end()) {
     GemmPlan p;
     cublasOperation_t ta = transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    int err = int(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    if (!err) err = int(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    if (!err) err = int(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    int err = lt_status(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    if (!err) err = lt_status(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    if (!err) err = lt_status(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     // Layouts of the stored matrices: op(A) is (m, k), so A is (k, m) when transposed.
-    if (!err) err = int(cublasLtMatrixLayoutCreate(&p.a, cuda_type<AT>(), transa ? k : m, transa ? m : k, lda));
-    if (!err) err = int(cublasLtMatrixLayoutCreate(&p.b, cuda_type<AT>(), transb ? n : k, transb ? k : n, ldb));
-    if (!err) err = int(cublasLtMatrixLayoutCreate(&p.d, cuda_type<DT>(), m, n, ldd));
+    if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.a, cuda_type<AT>(), transa ? k : m, transa ? m : k, lda));
+    if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.b, cuda_type<AT>(), transb ? n : k, transb ? k : n, ldb));
+    if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.d, cuda_type<DT>(), m, n, ldd));
     cublasLtMatmulPreference_t pref = nullptr;
-    if (!err) err = int(cublasLtMatmulPreferenceCreate(&pref));
+    if (!err) err = lt_status(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = kWorkspaceBytes;
     uint32_t al = uint32_t(align);
     if (!err)
-      err = int(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+      err = lt_status(
+          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      if (!err) err = int(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al)));
+      if (!err) err = lt_status(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     if (!err)
-      err = int(cublasLtMatmulAlgoGetHeuristic(dev->handle, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
+      err = lt_status(cublasLtMatmulAlgoGetHeuristic(dev->handle, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (!err && found == 0) err = int(CUBLAS_STATUS_NOT_SUPPORTED);
+    if (!err && found == 0) err = lt_status(CUBLAS_STATUS_NOT_SUPPORTED);
     if (err) {
       if (p.op) cublasLtMatmulDescDestroy(p.op);
       for (auto l : {p.a, p.b, p.d})
@@ -161,8 +187,8 @@ template <typename AT, typename DT> int lt_gemm(int device, cudaStream_t stream,
   }
   const GemmPlan& p = it->second;
   float alpha = 1, beta = accumulate ? 1 : 0;
-  return int(cublasLtMatmul(dev->handle, p.op, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo, dev->workspace,
-                            kWorkspaceBytes, stream));
+  return lt_status(cublasLtMatmul(dev->handle, p.op, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo,
+                                  dev->workspace, kWorkspaceBytes, stream));
 }
 
 // ---------------------------------------------------------------- RMSNorm
