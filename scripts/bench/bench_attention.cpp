@@ -15,18 +15,13 @@
 #include "attention/local_attention.h"
 #include "runtime/core/stream.h"
 #include "runtime/kernels/ops.h"
+#include "tests/test_util.h"
 
 using namespace mt;
 
 namespace {
 
-Tensor random_on(const Shape& s, DType dt, Device d, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<double> n(0, 1);
-  std::vector<double> v(size_t(shape_numel(s)));
-  for (auto& x : v) x = n(g);
-  return from_values(v, s, dt).to(d);
-}
+Tensor random_on(const Shape& s, DType dt, Device d, uint64_t seed) { return test::randn(s, seed, dt).to(d); }
 
 void sync(Device d) {
   if (d.is_cuda()) current_stream(d.index).synchronize();

@@ -21,6 +21,7 @@
 #include "comm/env.h"
 #include "comm/mesh.h"
 #include "runtime/kernels/ops.h"
+#include "tests/test_util.h"
 
 using namespace mt;
 
@@ -28,14 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-Tensor random_tensor(const Shape& s, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<double> n(0, 1);
-  std::vector<double> v(size_t(shape_numel(s)));
-  for (auto& x : v) x = n(g);
-  return from_values(v, s, DType::f32);
-}
 
 struct Sizes {
   int64_t B = 1, T = 4096, H = 8, KV = 4, hd = 64, iters = 5;
@@ -53,8 +46,8 @@ double visible_scores(int64_t q0, int64_t k0, int64_t c) {
 double rank_compute(const Sizes& z, CpLoadBalance lb, int n, int r, double* work) {
   SequenceShard mine = sequence_shard(lb, z.T, n, r);
   const int64_t c = mine.chunk_len;
-  Tensor q = random_tensor({z.B, c, z.H, z.hd}, 1), k = random_tensor({z.B, c, z.KV, z.hd}, 2),
-         v = random_tensor({z.B, c, z.KV, z.hd}, 3), dout = random_tensor({z.B, c, z.H, z.hd}, 4);
+  Tensor q = test::randn({z.B, c, z.H, z.hd}, 1, DType::f32), k = test::randn({z.B, c, z.KV, z.hd}, 2, DType::f32),
+         v = test::randn({z.B, c, z.KV, z.hd}, 3, DType::f32), dout = test::randn({z.B, c, z.H, z.hd}, 4, DType::f32);
   Tensor out = empty(q.shape(), DType::f32), lse = empty({z.B, z.H, c}, DType::f32);
   Tensor acc = zeros(q.shape(), DType::f32), acc_lse = empty(lse.shape(), DType::f32);
   Tensor dq = empty(q.shape(), DType::f32), dk = empty(k.shape(), DType::f32), dv = empty(v.shape(), DType::f32);
@@ -136,10 +129,10 @@ int main(int argc, char** argv) {
     Group& g = mesh.group("cp");
     const CpLoadBalance lb = CpLoadBalance::head_tail;
     const int64_t Tl = sequence_shard(lb, z.T, n, env.rank()).size();
-    Tensor q = random_tensor({z.B, Tl, z.H, z.hd}, 10 + uint64_t(env.rank())),
-           k = random_tensor({z.B, Tl, z.KV, z.hd}, 20 + uint64_t(env.rank())),
-           v = random_tensor({z.B, Tl, z.KV, z.hd}, 30 + uint64_t(env.rank())),
-           dout = random_tensor({z.B, Tl, z.H, z.hd}, 40 + uint64_t(env.rank()));
+    Tensor q = test::randn({z.B, Tl, z.H, z.hd}, 10 + uint64_t(env.rank()), DType::f32),
+           k = test::randn({z.B, Tl, z.KV, z.hd}, 20 + uint64_t(env.rank()), DType::f32),
+           v = test::randn({z.B, Tl, z.KV, z.hd}, 30 + uint64_t(env.rank()), DType::f32),
+           dout = test::randn({z.B, Tl, z.H, z.hd}, 40 + uint64_t(env.rank()), DType::f32);
     Tensor out = empty(q.shape(), DType::f32), lse = empty({z.B, z.H, Tl}, DType::f32);
     Tensor dq = empty(q.shape(), DType::f32), dk = empty(k.shape(), DType::f32), dv = empty(v.shape(), DType::f32);
     double work = 0;

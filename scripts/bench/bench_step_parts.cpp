@@ -14,18 +14,11 @@
 
 #include "attention/local_attention.h"
 #include "runtime/kernels/ops.h"
+#include "tests/test_util.h"
 
 using namespace mt;
 
 namespace {
-
-Tensor random_tensor(const Shape& s, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<double> n(0, 1);
-  std::vector<double> v(size_t(shape_numel(s)));
-  for (auto& x : v) x = n(g);
-  return from_values(v, s, DType::f32);
-}
 
 // One linear layer's operands: x (N, C), W (OC, C), y and dy (N, OC), dx (N, C), dW (OC, C).
 struct LinearShapes {
@@ -69,8 +62,9 @@ int main(int argc, char** argv) {
     double gemm_flops = 0;
     uint64_t seed = 1;
     auto add = [&](int64_t C, int64_t OC) {
-      lin.push_back({random_tensor({N, C}, seed++), random_tensor({OC, C}, seed++), empty({N, OC}, DType::f32),
-                     random_tensor({N, OC}, seed++), empty({N, C}, DType::f32), zeros({OC, C}, DType::f32)});
+      lin.push_back({test::randn({N, C}, seed++, DType::f32), test::randn({OC, C}, seed++, DType::f32),
+                     empty({N, OC}, DType::f32), test::randn({N, OC}, seed++, DType::f32), empty({N, C}, DType::f32),
+                     zeros({OC, C}, DType::f32)});
       gemm_flops += 6.0 * double(N) * double(C) * double(OC);  // forward 2 N C OC, backward 4 N C OC
     };
     for (int64_t l = 0; l < layers; ++l)
@@ -82,8 +76,10 @@ int main(int argc, char** argv) {
     });
 
     // Attention: q (B, T, H, hd), k and v (B, T, KV, hd), causal, once per layer.
-    Tensor q = random_tensor({batch, seq, heads, hd}, seed++), k = random_tensor({batch, seq, kv, hd}, seed++),
-           v = random_tensor({batch, seq, kv, hd}, seed++), dout = random_tensor({batch, seq, heads, hd}, seed++);
+    Tensor q = test::randn({batch, seq, heads, hd}, seed++, DType::f32),
+           k = test::randn({batch, seq, kv, hd}, seed++, DType::f32),
+           v = test::randn({batch, seq, kv, hd}, seed++, DType::f32),
+           dout = test::randn({batch, seq, heads, hd}, seed++, DType::f32);
     Tensor out = empty(q.shape(), DType::f32), lse = empty({batch, heads, seq}, DType::f32);
     Tensor dq = empty(q.shape(), DType::f32), dk = empty(k.shape(), DType::f32), dv = empty(k.shape(), DType::f32);
     AttentionOptions o;
