@@ -9,6 +9,8 @@
 // the mixed-precision rule: with bf16 activations, statistics (rstd, lse,
 // losses) and weight gradients (dweight, dtable) are f32.
 // Shapes are given in comments; N is the number of rows (tokens), C channels.
+// Each op is defined with its CPU kernels in runtime/kernels/cpu/<family>.cpp, its CUDA kernels and launchers
+// in runtime/kernels/cuda/<family>.cu (docs/ARCHITECTURE.md, "How to add an op").
 #pragma once
 #include <vector>
 
@@ -107,6 +109,22 @@ std::vector<double> sum_squares_each(const std::vector<Tensor>& ts);
 // bits of `x += sum(t)` on the host with the functions above.
 void sum_into(const Tensor& out, int64_t slot, const Tensor& t);
 void sum_squares_into(const Tensor& out, const std::vector<int64_t>& slots, const std::vector<Tensor>& ts);
+
+// ---- Local attention: the kernels behind attention/local_attention.h (which checks and documents the options) ----
+// q (B, T, H, hd), k and v (B, S, KV, hd), H a multiple of KV (grouped-query: kv head j serves q heads
+// j*H/KV .. (j+1)*H/KV - 1). out (B, T, H, hd); lse (B, H, T) in accum dtype (f32 for bf16 q), natural log.
+// scale multiplies q . k. causal: query t sees key s iff k_pos0 + s <= q_pos0 + t (global positions);
+// doc_start (B, T) i64 on q's device, or undefined: query t of row b also sees only keys at positions
+// >= doc_start[b, t]. A query that sees no key gets out = 0, lse = -inf. Kernels: the CPU's blockwise one (f32,
+// f64; bf16 on widened copies); on CUDA the tensor-core kernel for bf16 with hd 64 or 128 (unless
+// MT_REFERENCE_ATTENTION=1), else the fp32 reference kernel (bf16 on widened copies).
+void local_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                             double scale, bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start);
+// The probabilities recomputed from q, k and lse. dq (B, T, H, hd) overwritten; dk, dv (B, S, KV, hd) overwritten,
+// or with accumulate added to. dout, out (B, T, H, hd) and lse (B, H, T) from the forward.
+void local_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                              const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
+                              bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start, bool accumulate);
 
 // ---- Copies along one dim and the attention merge (context parallel) ----
 // dst[..., dst_begin + i, ...] = src[..., src_begin + i, ...] for i < n along tensor dim `dim`; the other dims

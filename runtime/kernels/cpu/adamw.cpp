@@ -1,15 +1,17 @@
+// AdamW (ops.h adamw_step): the CPU kernel, then the op; the CUDA launcher is in runtime/kernels/cuda/adamw.cu.
 // AdamW in torch.optim.AdamW's order of operations (single-tensor path):
 //   p *= 1 - lr*wd;  m += (1-b1)(g - m);  v = b2 v + (1-b2) g^2;
 //   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-#include <cmath>
-
-#include "runtime/kernels/cpu/cpu_ops.h"
 #include "runtime/kernels/cpu/isa_level.h"
+
+#include <cmath>
 
 namespace mt::cpu::MT_CPU_ISA {
 
-template <typename T, typename S> void adamw(T* param, const T* grad, S* m, S* v, int64_t n, double lr, double beta1,
-                                             double beta2, double eps, double weight_decay, int64_t step) {
+// The state has the parameter's type (f32 or f64 master weights).
+template <typename T> void adamw(T* param, const T* grad, T* m, T* v, int64_t n, double lr, double beta1, double beta2,
+                                 double eps, double weight_decay, int64_t step) {
+  using S = T;
   const S decay = S(1.0 - lr * weight_decay);
   const S b1 = S(beta1), b2 = S(beta2);
   const S step_size = S(lr / (1.0 - std::pow(beta1, double(step))));
@@ -26,9 +28,61 @@ template <typename T, typename S> void adamw(T* param, const T* grad, S* m, S* v
   }
 }
 
-template void adamw<float, float>(float*, const float*, float*, float*, int64_t, double, double, double, double, double,
-                                  int64_t);
-template void adamw<double, double>(double*, const double*, double*, double*, int64_t, double, double, double, double,
-                                    double, int64_t);
-
 }  // namespace mt::cpu::MT_CPU_ISA
+
+MT_CPU_EXPORT(adamw)
+
+#if MT_CPU_OPS  // the op, compiled once (the baseline pass)
+#include "runtime/kernels/op.h"
+#include "runtime/kernels/ops.h"
+
+#if MT_CUDA
+namespace mt::cuda {  // cuda/adamw.cu: fp32 master weights; param_lowp (may be null) gets them rounded to bf16
+int adamw(float* param, bf16* param_lowp, const float* grad, float* m, float* v, int64_t n, double lr, double beta1,
+          double beta2, double eps, double weight_decay, int64_t step, void* stream);
+}  // namespace mt::cuda
+#endif
+
+namespace mt {
+using namespace kern;
+
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr, double beta1,
+                double beta2, double eps, double weight_decay, int64_t step, const Tensor& param_lowp) {
+  const char* op = "adamw_step";
+  check_float(op, param, "param");
+  MT_CHECK(param.dtype() != DType::bf16, "kernels", "{}: the parameter updated is the f32 master copy, got bf16", op);
+  MT_CHECK(step >= 1, "kernels", "{}: step is 1-based, got {}", op, step);
+  for (auto* t : {&grad, &m, &v}) expect_shape(op, *t, param.shape(), "grad/m/v");
+  same_dtype(op, param, grad, "grad");
+  same_dtype(op, m, v, "v");
+  MT_CHECK(m.dtype() == param.dtype(), "kernels", "{}: optimizer state is {} but the parameter is {}", op,
+           dtype_name(m.dtype()), dtype_name(param.dtype()));
+  if (param_lowp.defined()) {
+    MT_CHECK(param_lowp.dtype() == DType::bf16 && param_lowp.numel() == param.numel(), "kernels",
+             "{}: the compute copy must be bf16 of {} elements", op, param.numel());
+  }
+  // Profiled with the bytes it moves: param, m and v read and written, grad read, the bf16 copy written.
+  kprof::Scope prof(op, param.device(), 0,
+                    kprof::enabled() ? kprof::bytes_of({&param, &grad, &m, &v, &param_lowp}) +
+                                           double(param.nbytes() + m.nbytes() + v.nbytes())
+                                     : 0);
+#if MT_CUDA
+  if (on_cuda(op, {&param, &grad, &m, &v, &param_lowp})) {
+    cuda_check(cuda::adamw(ptr<float>(param), ptr<bf16>(param_lowp), ptr<float>(grad), ptr<float>(m), ptr<float>(v),
+                           param.numel(), lr, beta1, beta2, eps, weight_decay, step, stream_of(param)),
+               op);
+    return;
+  }
+#else
+  (void)on_cuda(op, {&param, &grad, &m, &v, &param_lowp});
+#endif
+  by_float(param, [&](auto z) {
+    using T = decltype(z);
+    MT_CPU_KERNEL(adamw, T)
+    (ptr<T>(param), ptr<T>(grad), ptr<T>(m), ptr<T>(v), param.numel(), lr, beta1, beta2, eps, weight_decay, step);
+  });
+  if (param_lowp.defined()) convert(param_lowp, param);
+}
+
+}  // namespace mt
+#endif  // MT_CPU_OPS

@@ -1,3 +1,6 @@
+// Local attention (ops.h local_attention_forward / _backward): the CPU kernels, then the ops, which pick the
+// kernel: on CUDA the bf16 tensor-core kernel (cuda/flash_attention.cu) or the fp32 reference
+// (cuda/attention.cu), on the CPU these.
 // Blockwise attention on the CPU (FlashAttention's recurrence): for each
 // (batch, head, block of queries), key blocks are visited in order keeping a
 // running max m, sum l and un-normalised output; key blocks no query of the
@@ -10,11 +13,11 @@
 // products and the exp run at the machine's vector width.
 #include "runtime/kernels/cpu/isa_eigen.h"
 
+#include "runtime/kernels/cpu/attention_dims.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
-
-#include "runtime/kernels/cpu/cpu_ops.h"
 
 namespace mt::cpu::MT_CPU_ISA {
 
@@ -173,12 +176,193 @@ template <typename T> void attention_backward(T* dq, T* dk, T* dv, const T* dout
     }
 }
 
-template void attention_forward<float>(float*, float*, const float*, const float*, const float*, const AttentionDims&);
-template void attention_forward<double>(double*, double*, const double*, const double*, const double*,
-                                        const AttentionDims&);
-template void attention_backward<float>(float*, float*, float*, const float*, const float*, const float*, const float*,
-                                        const float*, const float*, const AttentionDims&, bool);
-template void attention_backward<double>(double*, double*, double*, const double*, const double*, const double*,
-                                         const double*, const double*, const double*, const AttentionDims&, bool);
-
 }  // namespace mt::cpu::MT_CPU_ISA
+
+MT_CPU_EXPORT(attention_forward)
+MT_CPU_EXPORT(attention_backward)
+
+#if MT_CPU_OPS  // the ops, compiled once (the baseline pass)
+#include <cstdlib>
+#include <string>
+
+#include "runtime/kernels/op.h"
+#include "runtime/kernels/ops.h"
+
+#if MT_CUDA
+#include "runtime/kernels/cuda/cuda_ops.h"
+#include "runtime/kernels/cuda/flash_attention.h"
+
+namespace mt::cuda {  // cuda/attention.cu: fp32, one thread per row (the correctness reference for fp32 runs)
+// doc_start: (B, T) i64 on the device, or null: no document mask.
+int attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
+                      int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
+                      int64_t k_pos0, const int64_t* doc_start, void* stream);
+// scratch: B*H*T floats (the row dots of dout and out).
+int attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q,
+                       const float* k, const float* v, const float* out, const float* lse, int64_t B, int64_t T,
+                       int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
+                       int64_t k_pos0, const int64_t* doc_start, bool accumulate, void* stream);
+}  // namespace mt::cuda
+#define MT_FLASH_ATTENTION 1
+#else
+#define MT_FLASH_ATTENTION 0
+#endif
+
+namespace mt {
+using namespace kern;
+
+namespace {
+
+// The sizes and masks of a call; doc_start on the operands' device (the CPU kernel reads host ones).
+cpu::AttentionDims attention_dims(const char* op, const Tensor& q, const Tensor& k, const Tensor& out,
+                                  const Tensor& lse, double scale, bool causal, int64_t q_pos0, int64_t k_pos0,
+                                  const Tensor& doc_start) {
+  check_float(op, q, "q");
+  MT_CHECK(q.dim() == 4 && k.dim() == 4 && k.size(0) == q.size(0) && k.size(3) == q.size(3), "kernels",
+           "{}: q {} and k {} must be (B, T, H, hd) and (B, S, KV, hd)", op, shape_str(q.shape()),
+           shape_str(k.shape()));
+  cpu::AttentionDims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3),
+                       scale,     causal,    q_pos0,    k_pos0,    nullptr};
+  MT_CHECK(d.KV > 0 && d.H % d.KV == 0, "kernels", "{}: {} query heads are not a multiple of {} kv heads", op, d.H,
+           d.KV);
+  expect_shape(op, out, q.shape(), "out");
+  expect_shape(op, lse, {d.B, d.H, d.T}, "lse");
+  expect_acc(op, lse, q.dtype(), "lse");
+  if (doc_start.defined()) {
+    MT_CHECK(doc_start.shape() == (Shape{d.B, d.T}) && doc_start.dtype() == DType::i64, "kernels",
+             "{}: doc_start must be (B, T) = {} i64", op, shape_str({d.B, d.T}));
+    d.doc_start = doc_start.data<int64_t>();
+  }
+  return d;
+}
+
+// bf16 on CUDA runs the tensor-core kernel for head dims 64 and 128, unless MT_REFERENCE_ATTENTION=1 (to rule
+// the fast kernel out); otherwise the fp32 kernels on widened copies.
+[[maybe_unused]] bool use_flash(const Tensor& q, int64_t hd) {
+  static const bool reference = [] {
+    const char* e = std::getenv("MT_REFERENCE_ATTENTION");
+    return e && std::string(e) == "1";
+  }();
+  return MT_FLASH_ATTENTION && q.device().is_cuda() && q.dtype() == DType::bf16 && (hd == 64 || hd == 128) &&
+         !reference;
+}
+
+// An f32 copy of a device bf16 tensor (the CUDA fallback above); others as they are.
+[[maybe_unused]] Tensor widen_on_device(const Tensor& t) {
+  if (t.dtype() != DType::bf16) return t;
+  Tensor r = empty(t.shape(), DType::f32, t.device());
+  convert(r, t);
+  return r;
+}
+
+// The forward's FLOPs for the profiler: 4 hd per visible (query, key) pair and head (QK^T and PV), the pairs
+// counted by the causal rule with the position offsets (document masks not counted: an upper bound then).
+double forward_flops(const cpu::AttentionDims& d) {
+  double pairs = double(d.T) * double(d.S);
+  if (d.causal) {
+    pairs = 0;
+    for (int64_t t = 0; t < d.T; ++t)
+      pairs += double(std::clamp<int64_t>(d.q_pos0 + t - d.k_pos0 + 1, 0, d.S));  // keys at positions <= the query's
+  }
+  return 4.0 * double(d.B) * double(d.H) * double(d.hd) * pairs;
+}
+
+}  // namespace
+
+void local_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                             double scale, bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start) {
+  const char* op = "attention_forward";
+  const cpu::AttentionDims d = attention_dims(op, q, k, out, lse, scale, causal, q_pos0, k_pos0, doc_start);
+  kprof::Scope prof(op, q.device(), kprof::enabled() ? forward_flops(d) : 0,
+                    kprof::enabled() ? kprof::bytes_of({&out, &lse, &q, &k, &v}) : 0);
+  if (on_cuda(op, {&out, &lse, &q, &k, &v, &doc_start})) {
+#if MT_CUDA
+    void* stream = stream_of(q);
+    if (use_flash(q, d.hd)) {
+      int rc = cuda::flash_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(),
+                                             v.data_ptr(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal, d.q_pos0,
+                                             d.k_pos0, d.doc_start, stream);
+      MT_CHECK(rc == 0, "attention", "attention_forward: {}", cuda::error_string(rc));
+      return;
+    }
+    if (q.dtype() == DType::bf16) {  // through the fp32 kernel on widened copies, the output rounded once
+      Tensor o = empty(out.shape(), DType::f32, q.device());
+      local_attention_forward(o, lse, widen_on_device(q), widen_on_device(k), widen_on_device(v), scale, causal, q_pos0,
+                              k_pos0, doc_start);
+      return convert(out, o);
+    }
+    int rc = cuda::attention_forward(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
+                                     v.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal, d.q_pos0,
+                                     d.k_pos0, d.doc_start, stream);
+    MT_CHECK(rc == 0, "attention", "attention_forward: {}", cuda::error_string(rc));
+#endif
+    return;
+  }
+  run_cpu(
+      q,
+      [&](auto z, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v) {
+        using T = decltype(z);
+        MT_CPU_KERNEL(attention_forward, T)(ptr<T>(out), ptr<T>(lse), ptr<T>(q), ptr<T>(k), ptr<T>(v), d);
+      },
+      wr(out), wr(lse), rd(q), rd(k), rd(v));
+}
+
+void local_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                              const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
+                              bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start, bool accumulate) {
+  const char* op = "attention_backward";
+  const cpu::AttentionDims d = attention_dims(op, q, k, out, lse, scale, causal, q_pos0, k_pos0, doc_start);
+  for (auto [t, like, name] :
+       {std::tuple{&dq, &q, "dq"}, {&dout, &q, "dout"}, {&dk, &k, "dk"}, {&dv, &k, "dv"}, {&v, &k, "v"}}) {
+    expect_shape(op, *t, like->shape(), name);
+    same_dtype(op, q, *t, name);
+  }
+  // Backward: 2.5x the forward's FLOPs (FlashAttention-2's count: the scores recomputed, four more products).
+  kprof::Scope prof(op, q.device(), kprof::enabled() ? 2.5 * forward_flops(d) : 0,
+                    kprof::enabled() ? kprof::bytes_of({&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse}) : 0);
+  if (on_cuda(op, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &doc_start})) {
+#if MT_CUDA
+    void* stream = stream_of(q);
+    if (use_flash(q, d.hd)) {
+      Tensor scratch =
+          empty({int64_t(cuda::flash_attention_backward_scratch_bytes(d.B, d.T, d.S, d.H, d.KV, d.hd) + 1) / 2},
+                DType::u16, q.device());  // bytes, as u16 elements
+      int rc = cuda::flash_attention_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), scratch.data_ptr(),
+                                              dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                              lse.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal,
+                                              d.q_pos0, d.k_pos0, d.doc_start, accumulate, stream);
+      MT_CHECK(rc == 0, "attention", "attention_backward: {}", cuda::error_string(rc));
+      return;
+    }
+    if (q.dtype() == DType::bf16) {  // through the fp32 kernels on widened copies, each gradient rounded once
+      Tensor dq32 = empty(dq.shape(), DType::f32, q.device()), dk32 = widen_on_device(dk), dv32 = widen_on_device(dv);
+      local_attention_backward(dq32, dk32, dv32, widen_on_device(dout), widen_on_device(q), widen_on_device(k),
+                               widen_on_device(v), widen_on_device(out), lse, scale, causal, q_pos0, k_pos0, doc_start,
+                               accumulate);
+      convert(dq, dq32);
+      convert(dk, dk32);
+      return convert(dv, dv32);
+    }
+    Tensor rowdot = empty({d.B * d.H * d.T}, DType::f32, q.device());
+    int rc = cuda::attention_backward(dq.data<float>(), dk.data<float>(), dv.data<float>(), rowdot.data<float>(),
+                                      dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(),
+                                      out.data<float>(), lse.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale,
+                                      d.causal, d.q_pos0, d.k_pos0, d.doc_start, accumulate, stream);
+    MT_CHECK(rc == 0, "attention", "attention_backward: {}", cuda::error_string(rc));
+#endif
+    return;
+  }
+  run_cpu(
+      q,
+      [&](auto z, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
+        using T = decltype(z);
+        MT_CPU_KERNEL(attention_backward, T)
+        (ptr<T>(dq), ptr<T>(dk), ptr<T>(dv), ptr<T>(dout), ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(out), ptr<T>(lse), d,
+         accumulate);
+      },
+      wr(dq), rw(dk), rw(dv), rd(dout), rd(q), rd(k), rd(v), rd(out), rd(lse));
+}
+
+}  // namespace mt
+#endif  // MT_CPU_OPS

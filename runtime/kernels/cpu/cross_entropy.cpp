@@ -1,12 +1,11 @@
 // Softmax cross-entropy fused over each row of logits: one pass for the max,
 // one for the sum of exponentials, one writing the gradient
 // (softmax - onehot) * grad_scale, so the probabilities are never stored.
+#include "runtime/kernels/cpu/isa_level.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
-
-#include "runtime/kernels/cpu/cpu_ops.h"
-#include "runtime/kernels/cpu/isa_level.h"
 
 namespace mt::cpu::MT_CPU_ISA {
 
@@ -76,17 +75,144 @@ template <typename T> void vocab_shard_loss(T* losses, T* dlogits, const T* logi
   }
 }
 
-#define MT_VOCAB_SHARD(T)                                                                                          \
-  template void vocab_shard_max<T>(double*, const T*, int64_t, int64_t);                                           \
-  template void vocab_shard_sumexp<T>(double*, double*, const T*, const int32_t*, const double*, int64_t, int64_t, \
-                                      int64_t);                                                                    \
-  template void vocab_shard_loss<T>(T*, T*, const T*, const int32_t*, const double*, const double*, const double*, \
-                                    int64_t, int64_t, int64_t, double);
-MT_VOCAB_SHARD(float)
-MT_VOCAB_SHARD(double)
-#undef MT_VOCAB_SHARD
-
-template void cross_entropy<float>(float*, float*, const float*, const int32_t*, int64_t, int64_t, double);
-template void cross_entropy<double>(double*, double*, const double*, const int32_t*, int64_t, int64_t, double);
-
 }  // namespace mt::cpu::MT_CPU_ISA
+
+MT_CPU_EXPORT(cross_entropy)
+MT_CPU_EXPORT(vocab_shard_max)
+MT_CPU_EXPORT(vocab_shard_sumexp)
+MT_CPU_EXPORT(vocab_shard_loss)
+
+#if MT_CPU_OPS  // the ops, compiled once (the baseline pass)
+#include "runtime/kernels/op.h"
+#include "runtime/kernels/ops.h"
+
+#if MT_CUDA
+namespace mt::cuda {  // cuda/cross_entropy.cu: a warp per row
+// One read of the logits for the statistics, one pass writing the gradient.
+template <typename T> int cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
+                                        int64_t V, double grad_scale, void* stream);
+// Vocab-parallel pieces (see ops.h); the statistics are (N) f64 on the device.
+template <typename T> int vocab_shard_max(double* row_max, const T* logits, int64_t N, int64_t V, void* stream);
+template <typename T> int vocab_shard_sumexp(double* sumexp, double* target_logit, const T* logits,
+                                             const int32_t* targets, const double* row_max, int64_t N, int64_t V,
+                                             int64_t vocab_begin, void* stream);
+template <typename T> int vocab_shard_loss(float* losses, T* dlogits, const T* logits, const int32_t* targets,
+                                           const double* row_max, const double* sumexp, const double* target_logit,
+                                           int64_t N, int64_t V, int64_t vocab_begin, double grad_scale, void* stream);
+}  // namespace mt::cuda
+#endif
+
+namespace mt {
+using namespace kern;
+
+void cross_entropy_forward_backward(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                    const Tensor& targets, double grad_scale) {
+  const char* op = "cross_entropy";
+  check_float(op, logits, "logits");
+  MT_CHECK(logits.dim() == 2, "kernels", "{}: logits must be (N, V), got {}", op, shape_str(logits.shape()));
+  int64_t N = logits.size(0), V = logits.size(1);
+  check_i32(op, targets, N, "targets");
+  expect_shape(op, losses, {N}, "losses");
+  expect_acc(op, losses, logits.dtype(), "losses");
+  if (dlogits.defined()) {
+    expect_shape(op, dlogits, logits.shape(), "dlogits");
+    same_dtype(op, logits, dlogits, "dlogits");
+  }
+  auto check_targets = [&] {  // host targets only
+    const int32_t* tg = targets.data<int32_t>();
+    for (int64_t n = 0; n < N; ++n)
+      MT_CHECK(tg[n] < V, "kernels", "{}: target {} at position {} is >= the vocabulary size {}", op, tg[n], n, V);
+  };
+  // bf16 on the CPU: softmax and loss in f32 on the widened logits.
+  dispatch(
+      op, logits,
+      MT_CUDA_FN(return cuda::cross_entropy<T>(ptr<float>(losses), ptr<T>(dlogits), ptr<T>(logits),
+                                               targets.data<int32_t>(), N, V, grad_scale, stream_of(logits));),
+      [&](auto z, const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets) {
+        using T = decltype(z);
+        check_targets();
+        MT_CPU_KERNEL(cross_entropy, T)
+        (ptr<T>(losses), ptr<T>(dlogits), ptr<T>(logits), targets.data<int32_t>(), N, V, grad_scale);
+      },
+      wr(losses), wr(dlogits), rd(logits), rd(targets));
+}
+
+namespace {
+void check_f64_rows(const char* op, const Tensor& t, const Tensor& logits, int64_t N, const char* what) {
+  MT_CHECK(t.defined() && t.dtype() == DType::f64 && t.shape() == Shape{N} && t.device() == logits.device(), "kernels",
+           "{}: {} must be ({}) f64 on the logits' device ({})", op, what, N, logits.device().str());
+}
+}  // namespace
+
+void vocab_shard_max(const Tensor& row_max, const Tensor& logits) {
+  const char* op = "vocab_shard_max";
+  check_float(op, logits, "logits");
+  MT_CHECK(logits.dim() == 2, "kernels", "{}: logits must be (N, V_local)", op);
+  int64_t N = logits.size(0), V = logits.size(1);
+  check_f64_rows(op, row_max, logits, N, "row_max");
+  dispatch(
+      op, logits,
+      MT_CUDA_FN(return cuda::vocab_shard_max<T>(ptr<double>(row_max), ptr<T>(logits), N, V, stream_of(logits));),
+      [&](auto z, const Tensor& row_max, const Tensor& logits) {
+        using T = decltype(z);
+        MT_CPU_KERNEL(vocab_shard_max, T)(row_max.data<double>(), ptr<T>(logits), N, V);
+      },
+      wr(row_max), rd(logits));
+}
+
+void vocab_shard_sumexp(const Tensor& sumexp, const Tensor& target_logit, const Tensor& logits, const Tensor& targets,
+                        const Tensor& row_max, int64_t vocab_begin) {
+  const char* op = "vocab_shard_sumexp";
+  check_float(op, logits, "logits");
+  MT_CHECK(logits.dim() == 2, "kernels", "{}: logits must be (N, V_local)", op);
+  int64_t N = logits.size(0), V = logits.size(1);
+  check_i32(op, targets, N, "targets");
+  for (auto* t : {&sumexp, &target_logit, &row_max}) check_f64_rows(op, *t, logits, N, "statistics");
+  dispatch(
+      op, logits,
+      MT_CUDA_FN(return cuda::vocab_shard_sumexp<T>(ptr<double>(sumexp), ptr<double>(target_logit), ptr<T>(logits),
+                                                    targets.data<int32_t>(), ptr<double>(row_max), N, V, vocab_begin,
+                                                    stream_of(logits));),
+      [&](auto z, const Tensor& sumexp, const Tensor& target_logit, const Tensor& logits, const Tensor& targets,
+          const Tensor& row_max) {
+        using T = decltype(z);
+        MT_CPU_KERNEL(vocab_shard_sumexp, T)
+        (sumexp.data<double>(), target_logit.data<double>(), ptr<T>(logits), targets.data<int32_t>(),
+         row_max.data<double>(), N, V, vocab_begin);
+      },
+      wr(sumexp), wr(target_logit), rd(logits), rd(targets), rd(row_max));
+}
+
+void vocab_shard_loss(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                      const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit, int64_t vocab_begin,
+                      double grad_scale) {
+  const char* op = "vocab_shard_loss";
+  check_float(op, logits, "logits");
+  MT_CHECK(logits.dim() == 2, "kernels", "{}: logits must be (N, V_local)", op);
+  int64_t N = logits.size(0), V = logits.size(1);
+  check_i32(op, targets, N, "targets");
+  expect_shape(op, losses, {N}, "losses");
+  expect_acc(op, losses, logits.dtype(), "losses");
+  if (dlogits.defined()) {
+    expect_shape(op, dlogits, logits.shape(), "dlogits");
+    same_dtype(op, logits, dlogits, "dlogits");
+  }
+  for (auto* t : {&sumexp, &target_logit, &row_max}) check_f64_rows(op, *t, logits, N, "statistics");
+  dispatch(
+      op, logits,
+      MT_CUDA_FN(return cuda::vocab_shard_loss<T>(ptr<float>(losses), ptr<T>(dlogits), ptr<T>(logits),
+                                                  targets.data<int32_t>(), ptr<double>(row_max), ptr<double>(sumexp),
+                                                  ptr<double>(target_logit), N, V, vocab_begin, grad_scale,
+                                                  stream_of(logits));),
+      [&](auto z, const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+          const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit) {
+        using T = decltype(z);
+        MT_CPU_KERNEL(vocab_shard_loss, T)
+        (ptr<T>(losses), ptr<T>(dlogits), ptr<T>(logits), targets.data<int32_t>(), row_max.data<double>(),
+         sumexp.data<double>(), target_logit.data<double>(), N, V, vocab_begin, grad_scale);
+      },
+      wr(losses), wr(dlogits), rd(logits), rd(targets), rd(row_max), rd(sumexp), rd(target_logit));
+}
+
+}  // namespace mt
+#endif  // MT_CPU_OPS

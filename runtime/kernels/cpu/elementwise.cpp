@@ -1,11 +1,16 @@
-// Element-wise ops and deterministic reductions.
+// Element-wise ops and deterministic reductions (ops.h add, add_, scale_, sum, sum_squares and their batched
+// and on-device forms): the CPU kernels, then the ops; the CUDA launchers are in
+// runtime/kernels/cuda/elementwise.cu.
+#include "runtime/kernels/cpu/isa_level.h"
+
 #include <algorithm>
 #include <memory>
 
-#include "runtime/kernels/cpu/cpu_ops.h"
-#include "runtime/kernels/cpu/isa_level.h"
-
 namespace mt::cpu::MT_CPU_ISA {
+
+// Rows [0, n) split into the same chunks whatever the thread count, so that reductions over chunks (summed in
+// order) give the same bits on any machine.
+constexpr int64_t kReduceChunk = 4096;
 
 template <typename T> void add(T* out, const T* a, const T* b, int64_t n) {
 #pragma omp parallel for schedule(static)
@@ -43,13 +48,209 @@ template <typename T> double sum(const T* t, int64_t n) {
   return chunked_sum(t, n, [](double x) { return x; });
 }
 
-template void add<float>(float*, const float*, const float*, int64_t);
-template void add<double>(double*, const double*, const double*, int64_t);
-template void scale<float>(float*, double, int64_t);
-template void scale<double>(double*, double, int64_t);
-template double sum_squares<float>(const float*, int64_t);
-template double sum_squares<double>(const double*, int64_t);
-template double sum<float>(const float*, int64_t);
-template double sum<double>(const double*, int64_t);
-
 }  // namespace mt::cpu::MT_CPU_ISA
+
+MT_CPU_EXPORT(add)
+MT_CPU_EXPORT(scale)
+MT_CPU_EXPORT(sum_squares)
+MT_CPU_EXPORT(sum)
+
+#if MT_CPU_OPS  // the ops, compiled once (the baseline pass)
+#include <vector>
+
+#include "runtime/core/stream.h"
+#include "runtime/kernels/op.h"
+#include "runtime/kernels/ops.h"
+
+#if MT_CUDA
+namespace mt::cuda {  // cuda/elementwise.cu
+template <typename T> int add(T* out, const T* a, const T* b, int64_t n, void* stream);
+template <typename T> int scale(T* t, double s, int64_t n, void* stream);
+// partials: reduce_partials_count(n) doubles; the caller sums them in order (deterministic).
+int64_t reduce_partials_count(int64_t n);
+template <typename T> int reduce_sum(double* partials, const T* t, int64_t n, bool squares, void* stream);
+// out[0] += (partials[0] + ... + partials[n-1]), summed in that order by one thread: the same bits as the host
+// summing reduce_sum's partials, without reading them on the host.
+int sum_partials_into(double* out, const double* partials, int64_t n, void* stream);
+}  // namespace mt::cuda
+#endif
+
+namespace mt {
+using namespace kern;
+
+void add_(const Tensor& dst, const Tensor& src) { add(dst, dst, src); }
+
+void add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  const char* op = "add";
+  check_float(op, a, "a");
+  expect_shape(op, b, a.shape(), "b");
+  expect_shape(op, out, a.shape(), "out");
+  for (auto* t : {&out, &b}) same_dtype(op, a, *t, "an operand");
+  const int64_t n = a.numel();
+  dispatch(
+      op, a, MT_CUDA_FN(return cuda::add<T>(ptr<T>(out), ptr<T>(a), ptr<T>(b), n, stream_of(a));),
+      [&](auto z, const Tensor& out, const Tensor& a, const Tensor& b) {
+        using T = decltype(z);
+        MT_CPU_KERNEL(add, T)(ptr<T>(out), ptr<T>(a), ptr<T>(b), n);
+      },
+      wr(out), rd(a), rd(b));
+}
+
+void scale_(const Tensor& t, double s) {
+  check_float("scale_", t, "t");
+  const int64_t n = t.numel();
+  dispatch(
+      "scale_", t, MT_CUDA_FN(return cuda::scale<T>(ptr<T>(t), s, n, stream_of(t));),
+      [&](auto z, const Tensor& t) {
+        using T = decltype(z);
+        MT_CPU_KERNEL(scale, T)(ptr<T>(t), s, n);
+      },
+      rw(t));
+}
+
+#if MT_CUDA
+namespace {
+// Fixed-size chunks reduced on the device, their partials summed on the host in order.
+double cuda_sum(const Tensor& t, bool squares, const char* op) {
+  int64_t n = cuda::reduce_partials_count(t.numel());
+  if (n == 0) return 0;
+  kprof::Scope prof(op, t.device(), 0, double(t.nbytes()));
+  Tensor partials = empty({n}, DType::f64, t.device());
+  cuda_check(by_cuda_float(t,
+                           [&](auto z) {
+                             using T = decltype(z);
+                             return cuda::reduce_sum<T>(partials.data<double>(), ptr<T>(t), t.numel(), squares,
+                                                        stream_of(t));
+                           }),
+             op);
+  double total = 0;
+  for (double p : to_f64(partials)) total += p;
+  return total;
+}
+}  // namespace
+#endif
+
+namespace {
+// sum or sum of squares of a host tensor in f64, in the kernels' fixed order (no host-sync count: the callers count).
+double host_sum(const Tensor& t, bool squares) {
+  double r = 0;
+  run_cpu(
+      t,
+      [&](auto z, const Tensor& t) {
+        using T = decltype(z);
+        r = squares ? MT_CPU_KERNEL(sum_squares, T)(ptr<T>(t), t.numel()) : MT_CPU_KERNEL(sum, T)(ptr<T>(t), t.numel());
+      },
+      rd(t));
+  return r;
+}
+}  // namespace
+
+double sum_squares(const Tensor& t) {
+  check_float("sum_squares", t, "t");
+#if MT_CUDA
+  if (t.device().is_cuda()) return cuda_sum(t, true, "sum_squares");  // its copy to the host counts the sync
+#endif
+  note_host_sync();  // the host reads a result: on a device, the synchronising copy
+  return host_sum(t, true);
+}
+
+std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
+  std::vector<double> out(ts.size(), 0.0);
+  bool counted = false;  // one host read for the whole call, on either backend
+#if MT_CUDA
+  // Every device tensor's chunk partials into one buffer, copied to the host once, summed in order.
+  std::vector<int64_t> first(ts.size(), -1), count(ts.size(), 0);
+  int64_t total = 0;
+  Device dev;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    check_float("sum_squares_each", ts[i], "a tensor");
+    if (!ts[i].device().is_cuda()) continue;
+    dev = ts[i].device();
+    first[i] = total;
+    count[i] = cuda::reduce_partials_count(ts[i].numel());
+    total += count[i];
+  }
+  if (total > 0) {
+    Tensor partials = empty({total}, DType::f64, dev);
+    for (size_t i = 0; i < ts.size(); ++i) {
+      if (first[i] < 0 || count[i] == 0) continue;
+      MT_CHECK(ts[i].device() == dev, "kernels", "sum_squares_each: tensors on {} and {}", dev.str(),
+               ts[i].device().str());
+      const Tensor& t = ts[i];
+      cuda_check(by_cuda_float(t,
+                               [&](auto z) {
+                                 using T = decltype(z);
+                                 return cuda::reduce_sum<T>(partials.data<double>() + first[i], ptr<T>(t), t.numel(),
+                                                            true, stream_of(t));
+                               }),
+                 "sum_squares_each");
+    }
+    std::vector<double> host = to_f64(partials);  // counts the sync
+    counted = true;
+    for (size_t i = 0; i < ts.size(); ++i)
+      for (int64_t j = 0; j < count[i]; ++j) out[i] += host[size_t(first[i] + j)];
+  }
+#endif
+  for (size_t i = 0; i < ts.size(); ++i) {
+    check_float("sum_squares_each", ts[i], "a tensor");
+    if (ts[i].device().is_cuda()) continue;
+    if (!counted) note_host_sync();
+    counted = true;
+    out[i] = host_sum(ts[i], true);
+  }
+  return out;
+}
+
+double sum(const Tensor& t) {
+  check_float("sum", t, "t");
+#if MT_CUDA
+  if (t.device().is_cuda()) return cuda_sum(t, false, "sum");
+#endif
+  note_host_sync();
+  return host_sum(t, false);
+}
+
+namespace {
+void check_sum_out(const char* op, const Tensor& out, int64_t slot, const Tensor& t) {
+  MT_CHECK(out.defined() && out.dtype() == DType::f64 && out.dim() == 1, "kernels",
+           "{}: out must be a 1-d f64 tensor, got {}", op, out.defined() ? out.str(0) : "undefined");
+  MT_CHECK(slot >= 0 && slot < out.numel(), "kernels", "{}: slot {} outside out's {} entries", op, slot, out.numel());
+  MT_CHECK(out.device() == t.device(), "kernels", "{}: out on {}, tensor on {}", op, out.device().str(),
+           t.device().str());
+}
+#if MT_CUDA
+// reduce_sum's chunk partials, then one thread adds them in order into out[slot]: cuda_sum's bits, on the device.
+void cuda_sum_into(const Tensor& out, int64_t slot, const Tensor& t, bool squares, const char* op) {
+  int64_t n = cuda::reduce_partials_count(t.numel());
+  if (n == 0) return;
+  kprof::Scope prof(op, t.device(), 0, double(t.nbytes()));
+  Tensor partials = empty({n}, DType::f64, t.device());
+  cuda_check(by_cuda_float(t,
+                           [&](auto z) {
+                             using T = decltype(z);
+                             return cuda::reduce_sum<T>(partials.data<double>(), ptr<T>(t), t.numel(), squares,
+                                                        stream_of(t));
+                           }),
+             op);
+  cuda_check(cuda::sum_partials_into(out.data<double>() + slot, partials.data<double>(), n, stream_of(t)), op);
+}
+#endif
+void sum_into_one(const Tensor& out, int64_t slot, const Tensor& t, bool squares, const char* op) {
+  check_float(op, t, "t");
+  check_sum_out(op, out, slot, t);
+#if MT_CUDA
+  if (t.device().is_cuda()) return cuda_sum_into(out, slot, t, squares, op);
+#endif
+  out.data<double>()[slot] += host_sum(t, squares);
+}
+}  // namespace
+
+void sum_into(const Tensor& out, int64_t slot, const Tensor& t) { sum_into_one(out, slot, t, false, "sum_into"); }
+
+void sum_squares_into(const Tensor& out, const std::vector<int64_t>& slots, const std::vector<Tensor>& ts) {
+  MT_CHECK(slots.size() == ts.size(), "kernels", "sum_squares_into: {} slots for {} tensors", slots.size(), ts.size());
+  for (size_t i = 0; i < ts.size(); ++i) sum_into_one(out, slots[i], ts[i], true, "sum_squares_into");
+}
+
+}  // namespace mt
+#endif  // MT_CPU_OPS

@@ -1,0 +1,60 @@
+// What the CUDA kernel files (runtime/kernels/cuda/<family>.cu) share: the host <-> device element types,
+// loads and stores through fp32 registers (ld / to), warp reductions, launch sizes and the NVTX range each
+// launcher opens. Each file's kernels sit next to their launchers; the launchers are declared beside the op
+// that calls them (runtime/kernels/cpu/<family>.cpp) and return a cudaError_t (0 = success) or, for the GEMMs,
+// kCublasErrorBase + a cublasStatus_t (cuda_ops.h). Deterministic throughout: no floating-point atomics,
+// reductions in a fixed order, so that a rerun gives the same bits (exact resume).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <cstdint>
+
+#include "runtime/core/dtype.h"
+#include "runtime/kernels/cuda/cuda_ops.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+inline int blocks_for(int64_t n, int threads = kThreads) { return int((n + threads - 1) / threads); }
+inline cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }
+inline int last_error() { return int(cudaGetLastError()); }
+
+// The device type of a host element type.
+template <typename T> struct DevType { using type = T; };
+template <> struct DevType<bf16> { using type = __nv_bfloat16; };
+template <typename T> using Dev = typename DevType<T>::type;
+template <typename T> Dev<T>* dp(T* p) { return reinterpret_cast<Dev<T>*>(p); }
+template <typename T> const Dev<T>* dp(const T* p) { return reinterpret_cast<const Dev<T>*>(p); }
+
+__device__ __forceinline__ float ld(float x) { return x; }
+__device__ __forceinline__ float ld(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T to(float x);
+template <> __device__ __forceinline__ float to<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 to<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// An NVTX range over a launcher, so that Nsight Systems shows the op by name.
+struct Range {
+  explicit Range(const char* name) { nvtxRangePushA(name); }
+  ~Range() { nvtxRangePop(); }
+};
+
+__device__ inline double warp_sum_d(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ inline double warp_max_d(double v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+}  // namespace
+
+}  // namespace mt::cuda

@@ -1,0 +1,116 @@
+// Element-wise ops, conversion and deterministic reductions (ops.h add, scale_, convert, sum, sum_squares and
+// their batched and on-device forms; declared in runtime/kernels/cpu/elementwise.cpp and ops.cpp).
+
+#include "runtime/kernels/cuda/common.cuh"
+
+namespace mt::cuda {
+
+namespace {
+
+template <typename T> __global__ void add_k(T* out, const T* a, const T* b, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = to<T>(ld(a[i]) + ld(b[i]));
+}
+template <typename T> __global__ void scale_k(T* t, float s, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) t[i] = to<T>(ld(t[i]) * s);
+}
+
+}  // namespace
+
+template <typename T> int add(T* out, const T* a, const T* b, int64_t n, void* stream) {
+  Range r("add");
+  if (n == 0) return 0;
+  add_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(dp(out), dp(a), dp(b), n);
+  return last_error();
+}
+template <typename T> int scale(T* t, double s, int64_t n, void* stream) {
+  Range r("scale");
+  if (n == 0) return 0;
+  scale_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(dp(t), float(s), n);
+  return last_error();
+}
+
+namespace {
+
+template <typename D, typename S> __global__ void convert_k(D* dst, const S* src, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = to<D>(ld(src[i]));
+}
+
+}  // namespace
+
+int convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, void* stream) {
+  Range r("convert");
+  if (n == 0) return 0;
+  if (dst_type == DType::bf16 && src_type == DType::f32)
+    convert_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(static_cast<__nv_bfloat16*>(dst),
+                                                          static_cast<const float*>(src), n);
+  else if (dst_type == DType::f32 && src_type == DType::bf16)
+    convert_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(static_cast<float*>(dst),
+                                                          static_cast<const __nv_bfloat16*>(src), n);
+  else if (dst_type == src_type)
+    return int(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(dst_type), cudaMemcpyDeviceToDevice, st(stream)));
+  else return int(cudaErrorInvalidValue);
+  return last_error();
+}
+
+// partials (n / kReduceChunk, rounded up) f64: one block per fixed chunk, summed by the caller in order.
+namespace {
+
+constexpr int64_t kReduceChunk = 4096;
+template <typename T> __global__ void reduce_k(double* partials, const T* t, int64_t n, bool squares) {
+  __shared__ double warp_part[kThreads / 32];
+  int64_t begin = int64_t(blockIdx.x) * kReduceChunk, end = min(n, begin + kReduceChunk);
+  double s = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    double x = ld(t[i]);
+    s += squares ? x * x : x;
+  }
+  s = warp_sum_d(s);
+  if (threadIdx.x % 32 == 0) warp_part[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int w = 0; w < kThreads / 32; ++w) total += warp_part[w];
+    partials[blockIdx.x] = total;
+  }
+}
+
+}  // namespace
+
+int64_t reduce_partials_count(int64_t n) { return (n + kReduceChunk - 1) / kReduceChunk; }
+template <typename T> int reduce_sum(double* partials, const T* t, int64_t n, bool squares, void* stream) {
+  Range r(squares ? "sum_squares" : "sum");
+  int64_t blocks = reduce_partials_count(n);
+  if (blocks == 0) return 0;
+  reduce_k<<<unsigned(blocks), kThreads, 0, st(stream)>>>(partials, dp(t), n, squares);
+  return last_error();
+}
+
+namespace {
+
+__global__ void sum_partials_into_k(double* out, const double* partials, int64_t n) {
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) total += partials[i];
+  out[0] += total;
+}
+
+}  // namespace
+
+int sum_partials_into(double* out, const double* partials, int64_t n, void* stream) {
+  Range r("sum_partials_into");
+  sum_partials_into_k<<<1, 1, 0, st(stream)>>>(out, partials, n);
+  return last_error();
+}
+
+// The launchers' instances for the two activation types.
+#define MT_INSTANTIATE(T)                                      \
+  template int add<T>(T*, const T*, const T*, int64_t, void*); \
+  template int scale<T>(T*, double, int64_t, void*);           \
+  template int reduce_sum<T>(double*, const T*, int64_t, bool, void*);
+MT_INSTANTIATE(float)
+MT_INSTANTIATE(bf16)
+#undef MT_INSTANTIATE
+
+}  // namespace mt::cuda

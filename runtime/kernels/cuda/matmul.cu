@@ -1,0 +1,170 @@
+// GEMMs on cuBLASLt (ops.h matmul_forward / matmul_backward; declared in runtime/kernels/cpu/matmul.cpp):
+// fp32 accumulation (CUBLAS_COMPUTE_32F: no TF32 for fp32 inputs); one plan per shape, made on first use.
+#include <cublasLt.h>
+#include <cublas_api.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "runtime/kernels/cuda/common.cuh"
+
+namespace mt::cuda {
+
+namespace {
+
+template <typename T> constexpr cudaDataType_t cuda_type() {
+  if constexpr (std::is_same_v<T, bf16>) return CUDA_R_16BF;
+  else return CUDA_R_32F;
+}
+
+// One plan per (device, problem): descriptors, layouts and the heuristic's algorithm, made on first
+// use; later calls with the same shape only launch (no heuristic query, no descriptor set-up).
+struct GemmKey {
+  int device, transa, transb, m, n, k;
+  int a_type, d_type, align, accumulate;
+  auto tie() const { return std::tie(device, transa, transb, m, n, k, a_type, d_type, align, accumulate); }
+  bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
+};
+struct GemmPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+struct LtDevice {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;  // cuBLASLt's scratch, one per device, allocated once
+};
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+std::mutex g_gemm_mu;
+std::map<GemmKey, GemmPlan> g_plans;
+std::vector<LtDevice> g_lt;
+
+// cuBLAS statuses are returned offset by kCublasErrorBase, so that the caller's message tells them from CUDA
+// errors (error_string).
+int lt_status(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS ? 0 : kCublasErrorBase + int(s); }
+
+int lt_device(int device, LtDevice** out) {
+  if (int(g_lt.size()) <= device) g_lt.resize(size_t(device + 1));
+  LtDevice& d = g_lt[size_t(device)];
+  if (!d.handle) {
+    if (int err = lt_status(cublasLtCreate(&d.handle))) return err;
+  }
+  if (!d.workspace) {  // retried after a failure: a null workspace must never reach cublasLtMatmul
+    if (int err = int(cudaMalloc(&d.workspace, kWorkspaceBytes))) {
+      d.workspace = nullptr;
+      (void)cudaGetLastError();  // out of memory is not sticky: later launch checks must not read it
+      return err;
+    }
+  }
+  *out = &d;
+  return 0;
+}
+
+int alignment_of(const void* p) {
+  uintptr_t u = reinterpret_cast<uintptr_t>(p);
+  int a = 256;
+  while (a > 1 && u % uintptr_t(a) != 0) a /= 2;
+  return a;
+}
+
+// Column-major D (m, n) = op(A) (m, k) op(B) (k, n) (+ D if accumulate), fp32 accumulation
+// (CUBLAS_COMPUTE_32F: no TF32 for fp32 inputs). A and B have type AT, D has type DT.
+template <typename AT, typename DT> int lt_gemm(int device, cudaStream_t stream, bool transa, bool transb, int m, int n,
+                                                int k, const AT* A, int lda, const AT* B, int ldb, DT* D, int ldd,
+                                                bool accumulate) {
+  std::lock_guard<std::mutex> lock(g_gemm_mu);
+  LtDevice* dev = nullptr;
+  if (int err = lt_device(device, &dev)) return err;
+  int align = std::min(alignment_of(A), std::min(alignment_of(B), alignment_of(D)));
+  GemmKey key{device, transa, transb, m, n, k, int(cuda_type<AT>()), int(cuda_type<DT>()), align, accumulate};
+  auto it = g_plans.find(key);
+  if (it == g_plans.end()) {
+    GemmPlan p;
+    cublasOperation_t ta = transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    int err = lt_status(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    if (!err) err = lt_status(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    if (!err) err = lt_status(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    // Layouts of the stored matrices: op(A) is (m, k), so A is (k, m) when transposed.
+    if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.a, cuda_type<AT>(), transa ? k : m, transa ? m : k, lda));
+    if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.b, cuda_type<AT>(), transb ? n : k, transb ? k : n, ldb));
+    if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.d, cuda_type<DT>(), m, n, ldd));
+    cublasLtMatmulPreference_t pref = nullptr;
+    if (!err) err = lt_status(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = kWorkspaceBytes;
+    uint32_t al = uint32_t(align);
+    if (!err)
+      err = lt_status(
+          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      if (!err) err = lt_status(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (!err)
+      err = lt_status(cublasLtMatmulAlgoGetHeuristic(dev->handle, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (!err && found == 0) err = lt_status(CUBLAS_STATUS_NOT_SUPPORTED);
+    if (err) {
+      if (p.op) cublasLtMatmulDescDestroy(p.op);
+      for (auto l : {p.a, p.b, p.d})
+        if (l) cublasLtMatrixLayoutDestroy(l);
+      return err;
+    }
+    p.algo = result.algo;
+    it = g_plans.emplace(key, p).first;
+  }
+  const GemmPlan& p = it->second;
+  float alpha = 1, beta = accumulate ? 1 : 0;
+  return lt_status(cublasLtMatmul(dev->handle, p.op, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo,
+                                  dev->workspace, kWorkspaceBytes, stream));
+}
+
+}  // namespace
+
+template <typename T> int matmul_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC,
+                                         bool accumulate, void* stream, int device) {
+  Range r("matmul_forward");
+  if (N == 0 || OC == 0) return 0;
+  if (C == 0) return accumulate ? 0 : int(cudaMemsetAsync(out, 0, size_t(N * OC) * sizeof(T), st(stream)));
+  // Row-major out (N, OC) = inp (N, C) W^T is column-major out^T (OC, N) = W (OC, C) . inp^T.
+  return lt_gemm(device, st(stream), true, false, int(OC), int(N), int(C), weight, int(C), inp, int(C), out, int(OC),
+                 accumulate);
+}
+
+template <typename T> int matmul_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight,
+                                          int64_t N, int64_t C, int64_t OC, void* stream, int device,
+                                          bool accumulate_dinp) {
+  Range r("matmul_backward");
+  if (dinp && N > 0 && C > 0) {
+    int err = 0;
+    if (OC == 0) err = accumulate_dinp ? 0 : int(cudaMemsetAsync(dinp, 0, size_t(N * C) * sizeof(T), st(stream)));
+    else  // dinp^T (C, N) = W^T (C, OC) . dout^T (OC, N), + dinp^T with beta = 1 when accumulating
+      err = lt_gemm(device, st(stream), false, false, int(C), int(N), int(OC), weight, int(C), dout, int(OC), dinp,
+                    int(C), accumulate_dinp);
+    if (err) return err;
+  }
+  if (dweight && N > 0 && C > 0 && OC > 0)  // dW^T (C, OC) += inp^T (C, N) . dout (N, OC), in fp32
+    return lt_gemm(device, st(stream), false, true, int(C), int(OC), int(N), inp, int(C), dout, int(OC), dweight,
+                   int(C), true);
+  return 0;
+}
+
+int64_t gemm_cached_algos() {
+  std::lock_guard<std::mutex> lock(g_gemm_mu);
+  return int64_t(g_plans.size());
+}
+
+// The launchers' instances for the two activation types.
+#define MT_INSTANTIATE(T)                                                                                          \
+  template int matmul_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool, void*, int);             \
+  template int matmul_backward<T>(T*, float*, const T*, const T*, const T*, int64_t, int64_t, int64_t, void*, int, \
+                                  bool);
+MT_INSTANTIATE(float)
+MT_INSTANTIATE(bf16)
+#undef MT_INSTANTIATE
+
+}  // namespace mt::cuda
