@@ -546,6 +546,37 @@ std::vector<OpCase> op_cases() {
     };
     cases.push_back(c);
   }
+  {  // bias add (Qwen2's q/k/v biases), also in place; the backward sums dout's columns in a fixed order
+    OpCase c;
+    c.name = "bias_add";
+    c.forward = [](OpRun& r, const Dims& d) {
+      Tensor x = r.in("x", {d.N, d.C}), b = r.in("b", {d.C});
+      bias_add_forward(r.out("y", {d.N, d.C}), x, b);
+      Tensor xi = r.inout("x2", {d.N, d.C});
+      bias_add_forward(xi, xi, b);
+    };
+    c.reference = [](OpRun& r, const Dims& d) {
+      const V &x = r.values_of("x", d.N * d.C), &x2 = r.values_of("x2", d.N * d.C), &b = r.values_of("b", d.C);
+      V y(x.size()), y2(x.size());
+      for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] + b[i % size_t(d.C)], y2[i] = x2[i] + b[i % size_t(d.C)];
+      return Results{{"y", y}, {"x2 (in place)", y2}};
+    };
+    c.backward = [](OpRun& r, const Dims& d) {
+      Tensor dy = r.in("dy", {d.N, d.C}), db = r.acc("db", {d.C});
+      Tensor again = db.clone();
+      bias_add_backward(db, dy);
+      if (r.check) {  // deterministic: the same bits on a rerun, and on the CPU with one thread
+        const int threads = cpu_threads();
+        if (!r.dev.is_cuda()) set_cpu_threads(1);
+        bias_add_backward(again, dy);
+        set_cpu_threads(threads);
+        CHECK(to_f64(again) == to_f64(db));
+      }
+    };
+    c.seeds = {{"y", "dy"}};
+    c.grads = {{"b", "db"}};
+    cases.push_back(c);
+  }
   {  // convert from f32 values that are not bf16-exact: rounding to nearest even, the same bits on every device
     OpCase c;
     c.name = "convert";

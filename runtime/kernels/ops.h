@@ -99,6 +99,12 @@ void scale_(const Tensor& t, double s);                         // t *= s
 // dst <- src element-wise between float dtypes (f32, bf16, f64 on the CPU), same element count, same
 // device; rounding to bf16 is to nearest even (as CUDA's __float2bfloat16_rn).
 void convert(const Tensor& dst, const Tensor& src);
+// Bias of a linear layer (Qwen2's q/k/v projections): out (N, C) = inp (N, C) + bias (C) on every row; out may
+// alias inp.
+void bias_add_forward(const Tensor& out, const Tensor& inp, const Tensor& bias);
+// dbias (C) += the column sums of dout (N, C); dbias is f32 when dout is bf16. Deterministic: a fixed order of
+// summation (f64 on the CPU), the same bits whatever the thread count.
+void bias_add_backward(const Tensor& dbias, const Tensor& dout);
 double sum_squares(const Tensor& t);  // sum of t^2, accumulated in f64
 double sum(const Tensor& t);          // accumulated in f64
 // sum_squares of each tensor, the same bits as one call per tensor; on a device one host sync in all

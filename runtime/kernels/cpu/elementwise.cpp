@@ -1,5 +1,5 @@
 // Element-wise ops and deterministic reductions (ops.h add, add_, scale_, sum, sum_squares and their batched
-// and on-device forms): the CPU kernels, then the ops; the CUDA launchers are in
+// and on-device forms, bias_add_forward / _backward): the CPU kernels, then the ops; the CUDA launchers are in
 // runtime/kernels/cuda/elementwise.cu.
 #include "runtime/kernels/cpu/isa_level.h"
 
@@ -48,12 +48,35 @@ template <typename T> double sum(const T* t, int64_t n) {
   return chunked_sum(t, n, [](double x) { return x; });
 }
 
+// out (N, C) = inp (N, C) + bias (C) on every row; out may alias inp (each element is read before it is written).
+template <typename T> void bias_add_forward(T* out, const T* inp, const T* bias, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = inp[n * C + c] + bias[c];
+}
+
+// dbias (C) += the column sums of dout (N, C): columns split across threads, each summed over the rows in order
+// in f64 (the same bits whatever the thread count, as rmsnorm's dweight).
+template <typename T> void bias_add_backward(T* dbias, const T* dout, int64_t N, int64_t C) {
+  constexpr int64_t kCols = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < C; c0 += kCols) {
+    const int64_t c1 = std::min(C, c0 + kCols);
+    double acc[kCols] = {};
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += double(dout[n * C + c]);
+    for (int64_t c = c0; c < c1; ++c) dbias[c] += T(acc[c - c0]);
+  }
+}
+
 }  // namespace mt::cpu::MT_CPU_ISA
 
 MT_CPU_EXPORT(add)
 MT_CPU_EXPORT(scale)
 MT_CPU_EXPORT(sum_squares)
 MT_CPU_EXPORT(sum)
+MT_CPU_EXPORT(bias_add_forward)
+MT_CPU_EXPORT(bias_add_backward)
 
 #if MT_CPU_OPS  // the ops, compiled once (the baseline pass)
 #include <vector>
@@ -72,6 +95,9 @@ template <typename T> int reduce_sum(double* partials, const T* t, int64_t n, bo
 // out[0] += (partials[0] + ... + partials[n-1]), summed in that order by one thread: the same bits as the host
 // summing reduce_sum's partials, without reading them on the host.
 int sum_partials_into(double* out, const double* partials, int64_t n, void* stream);
+// out (N, C) = inp (N, C) + bias (C) (may alias); dbias (C) f32 += column sums of dout (N, C), fixed order.
+template <typename T> int bias_add_forward(T* out, const T* inp, const T* bias, int64_t N, int64_t C, void* stream);
+template <typename T> int bias_add_backward(float* dbias, const T* dout, int64_t N, int64_t C, void* stream);
 }  // namespace mt::cuda
 #endif
 
@@ -250,6 +276,41 @@ void sum_into(const Tensor& out, int64_t slot, const Tensor& t) { sum_into_one(o
 void sum_squares_into(const Tensor& out, const std::vector<int64_t>& slots, const std::vector<Tensor>& ts) {
   MT_CHECK(slots.size() == ts.size(), "kernels", "sum_squares_into: {} slots for {} tensors", slots.size(), ts.size());
   for (size_t i = 0; i < ts.size(); ++i) sum_into_one(out, slots[i], ts[i], true, "sum_squares_into");
+}
+
+void bias_add_forward(const Tensor& out, const Tensor& inp, const Tensor& bias) {
+  const char* op = "bias_add_forward";
+  check_float(op, inp, "inp");
+  MT_CHECK(inp.dim() == 2, "kernels", "{}: inp must be (N, C), got {}", op, shape_str(inp.shape()));
+  const int64_t N = inp.size(0), C = inp.size(1);
+  expect_shape(op, out, {N, C}, "out");
+  expect_shape(op, bias, {C}, "bias");
+  for (auto* t : {&out, &bias}) same_dtype(op, inp, *t, "an operand");
+  dispatch(
+      op, inp,
+      MT_CUDA_FN(return cuda::bias_add_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(bias), N, C, stream_of(inp));),
+      [&](auto z, const Tensor& out, const Tensor& inp, const Tensor& bias) {
+        using T = decltype(z);
+        MT_CPU_KERNEL(bias_add_forward, T)(ptr<T>(out), ptr<T>(inp), ptr<T>(bias), N, C);
+      },
+      wr(out), rd(inp), rd(bias));
+}
+
+void bias_add_backward(const Tensor& dbias, const Tensor& dout) {
+  const char* op = "bias_add_backward";
+  check_float(op, dout, "dout");
+  MT_CHECK(dout.dim() == 2, "kernels", "{}: dout must be (N, C), got {}", op, shape_str(dout.shape()));
+  const int64_t N = dout.size(0), C = dout.size(1);
+  expect_shape(op, dbias, {C}, "dbias");
+  expect_acc(op, dbias, dout.dtype(), "dbias");
+  // Dispatched by dout; the CPU kernel's T is dbias's too (f32 or f64 dout: dbias has its dtype).
+  dispatch(
+      op, dout, MT_CUDA_FN(return cuda::bias_add_backward<T>(ptr<float>(dbias), ptr<T>(dout), N, C, stream_of(dout));),
+      [&](auto z, const Tensor& dbias, const Tensor& dout) {
+        using T = decltype(z);
+        MT_CPU_KERNEL(bias_add_backward, T)(ptr<T>(dbias), ptr<T>(dout), N, C);
+      },
+      rw(dbias), rd(dout));
 }
 
 }  // namespace mt

@@ -1,5 +1,5 @@
 // Element-wise ops, conversion and deterministic reductions (ops.h add, scale_, convert, sum, sum_squares and
-// their batched and on-device forms; declared in runtime/kernels/cpu/elementwise.cpp and ops.cpp).
+// their batched and on-device forms, bias_add_forward / _backward; declared in runtime/kernels/cpu/elementwise.cpp and ops.cpp).
 
 #include "runtime/kernels/cuda/common.cuh"
 
@@ -104,11 +104,53 @@ int sum_partials_into(double* out, const double* partials, int64_t n, void* stre
   return last_error();
 }
 
+namespace {
+
+// out (N, C) = inp (N, C) + bias (C): one thread per element; out may alias inp.
+template <typename T> __global__ void bias_add_fwd_k(T* out, const T* inp, const T* bias, int64_t N, int64_t C) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < N * C) out[i] = to<T>(ld(inp[i]) + ld(bias[i % C]));
+}
+
+// dbias (C) += column sums of dout (N, C). A block per 32 columns: its kBiasRows row groups each sum every
+// kBiasRows-th row in f64, then one thread adds the groups in order (fixed order: the same bits on every run).
+constexpr int kBiasRows = 8;
+template <typename T> __global__ void bias_add_bwd_k(float* dbias, const T* dout, int64_t N, int64_t C) {
+  __shared__ double part[kBiasRows][32];
+  const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  double acc = 0;
+  if (c < C)
+    for (int64_t n = threadIdx.y; n < N; n += kBiasRows) acc += ld(dout[n * C + c]);
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  double total = 0;
+  for (int r = 0; r < kBiasRows; ++r) total += part[r][threadIdx.x];
+  dbias[c] += float(total);
+}
+
+}  // namespace
+
+template <typename T> int bias_add_forward(T* out, const T* inp, const T* bias, int64_t N, int64_t C, void* stream) {
+  Range r("bias_add_forward");
+  if (N * C == 0) return 0;
+  bias_add_fwd_k<<<blocks_for(N * C), kThreads, 0, st(stream)>>>(dp(out), dp(inp), dp(bias), N, C);
+  return last_error();
+}
+template <typename T> int bias_add_backward(float* dbias, const T* dout, int64_t N, int64_t C, void* stream) {
+  Range r("bias_add_backward");
+  if (C == 0) return 0;
+  bias_add_bwd_k<<<blocks_for(C, 32), dim3(32, kBiasRows), 0, st(stream)>>>(dbias, dp(dout), N, C);
+  return last_error();
+}
+
 // The launchers' instances for the two activation types.
-#define MT_INSTANTIATE(T)                                      \
-  template int add<T>(T*, const T*, const T*, int64_t, void*); \
-  template int scale<T>(T*, double, int64_t, void*);           \
-  template int reduce_sum<T>(double*, const T*, int64_t, bool, void*);
+#define MT_INSTANTIATE(T)                                                            \
+  template int add<T>(T*, const T*, const T*, int64_t, void*);                       \
+  template int scale<T>(T*, double, int64_t, void*);                                 \
+  template int reduce_sum<T>(double*, const T*, int64_t, bool, void*);               \
+  template int bias_add_forward<T>(T*, const T*, const T*, int64_t, int64_t, void*); \
+  template int bias_add_backward<T>(float*, const T*, int64_t, int64_t, void*);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(bf16)
 #undef MT_INSTANTIATE
