@@ -8,7 +8,7 @@
 //
 // What is covered: every op of runtime/kernels/ops.h (dispatch() and the ops outside it: GEMMs, norms, RoPE,
 // SwiGLU, embedding, loss, element-wise, conversions, reductions, AdamW, copies, pack/unpack), local
-// attention (the flash kernel and the reference kernels, attention/local_attention.cpp), device copies and
+// attention (the flash kernel and the reference kernels, runtime/kernels/cpu/attention.cpp), device copies and
 // fills (runtime/core/tensor.cpp), and NCCL collectives (on the group's stream, comm/nccl). The MPI backend's
 // host collectives are not timed. Nested scopes (an op built from other ops, bf16 on the CPU through widened
 // copies) count once, in the outermost scope.
