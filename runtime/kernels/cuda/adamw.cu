@@ -6,9 +6,9 @@
 
 namespace mt::cuda {
 
-// p, g, m, v (n) f32; p_lowp (n) bf16 or null.
 namespace {
 
+// p, g, m, v (n) f32; p_lowp (n) bf16 or null.
 __global__ void adamw_k(float* p, __nv_bfloat16* p_lowp, const float* g, float* m, float* v, int64_t n, float decay,
                         float b1, float b2, float step_size, float bc2_sqrt, float eps) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;

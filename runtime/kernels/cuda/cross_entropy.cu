@@ -66,9 +66,9 @@ template <typename T> int cross_entropy(float* losses, T* dlogits, const T* logi
   return last_error();
 }
 
-// Vocab-parallel: the statistics (N) f64 between the tensor-parallel all-reduces.
 namespace {
 
+// Vocab-parallel: the statistics (N) f64 between the tensor-parallel all-reduces.
 template <typename T> __global__ void vocab_max_k(double* row_max, const T* logits, int64_t N, int64_t V) {
   int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x % 32;

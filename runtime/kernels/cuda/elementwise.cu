@@ -55,9 +55,9 @@ int convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t 
   return last_error();
 }
 
-// partials (n / kReduceChunk, rounded up) f64: one block per fixed chunk, summed by the caller in order.
 namespace {
 
+// partials (n / kReduceChunk, rounded up) f64: one block per fixed chunk, summed by the caller in order.
 constexpr int64_t kReduceChunk = 4096;
 template <typename T> __global__ void reduce_k(double* partials, const T* t, int64_t n, bool squares) {
   __shared__ double warp_part[kThreads / 32];

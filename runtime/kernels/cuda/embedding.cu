@@ -7,9 +7,9 @@
 
 namespace mt::cuda {
 
-// out (N, C) = table (V, C) row tok[n] - row_begin, or zeros outside the shard.
 namespace {
 
+// out (N, C) = table (V, C) row tok[n] - row_begin, or zeros outside the shard.
 template <typename T> __global__ void embedding_fwd_k(T* out, const int32_t* tok, const T* table, int64_t N, int64_t V,
                                                       int64_t C, int64_t row_begin) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;

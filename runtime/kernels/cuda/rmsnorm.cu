@@ -1,14 +1,14 @@
 // RMSNorm (ops.h rmsnorm_forward, add_rmsnorm_forward, rmsnorm_backward; declared in
-// runtime/kernels/cpu/rmsnorm.cpp): a warp per row, statistics in fp32/f64 as commented; dweight summed over
+// runtime/kernels/cpu/rmsnorm.cpp): a warp per row, the sums in f64 across the warp; dweight summed over
 // fixed chunks of rows, then the chunks in order (deterministic).
 
 #include "runtime/kernels/cuda/common.cuh"
 
 namespace mt::cuda {
 
-// out (N, C), rstd (N) f32, inp (N, C), weight (C); with residual: sum (N, C) = inp + residual first.
 namespace {
 
+// out (N, C), rstd (N) f32, inp (N, C), weight (C); with residual: sum (N, C) = inp + residual first.
 // A warp per row; the sum of squares in fp32 per lane, then across the warp in double.
 template <typename T> __global__ void rmsnorm_fwd_k(T* out, float* rstd, const T* inp, const T* w, int64_t N, int64_t C,
                                                     float eps, T* sum, const T* residual) {
@@ -56,9 +56,9 @@ template <typename T> int add_rmsnorm_forward(T* sum, T* out, float* rstd, const
   return last_error();
 }
 
-// dinp (N, C) from dout (N, C); dweight (C) f32 += the sum over rows of dout * inp * rstd.
 namespace {
 
+// dinp (N, C) from dout (N, C); dweight (C) f32 += the sum over rows of dout * inp * rstd.
 template <typename T> __global__ void rmsnorm_bwd_dx_k(T* dinp, const T* dout, const T* inp, const T* w,
                                                        const float* rstd, int64_t N, int64_t C, const T* dres) {
   int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;

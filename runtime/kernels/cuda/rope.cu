@@ -5,9 +5,9 @@
 
 namespace mt::cuda {
 
-// out, inp (B, T_, H, hd); cos, sin (T_, hd): one thread per pair (j, j + hd/2).
 namespace {
 
+// out, inp (B, T_, H, hd); cos, sin (T_, hd): one thread per pair (j, j + hd/2).
 template <typename T> __global__ void rope_k(T* out, const T* inp, const T* cs, const T* sn, int64_t B, int64_t T_,
                                              int64_t H, int64_t hd, bool backward) {
   int64_t half = hd / 2, n = B * T_ * H * half;

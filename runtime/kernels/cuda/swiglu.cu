@@ -5,9 +5,9 @@
 
 namespace mt::cuda {
 
-// out (n) = silu(g) * u; g, u (n).
 namespace {
 
+// out (n) = silu(g) * u; g, u (n).
 template <typename T> __global__ void swiglu_fwd_k(T* out, const T* g, const T* u, int64_t n) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -24,9 +24,9 @@ template <typename T> int swiglu_forward(T* out, const T* gate, const T* up, int
   return last_error();
 }
 
-// dg, du (n) from dy (n); du may alias u (each thread reads its u before writing).
 namespace {
 
+// dg, du (n) from dy (n); du may alias u (each thread reads its u before writing).
 template <typename T> __global__ void swiglu_bwd_k(T* dg, T* du, const T* dy, const T* g, const T* u, int64_t n) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
