@@ -5,6 +5,8 @@
 // (2, m, B, c, KV, hd) buffer, one message per ring step.
 #include "attention/ring_attention.h"
 
+#include "comm/comm_counters.h"
+
 #include <limits>
 #include <utility>
 
@@ -131,10 +133,6 @@ void accumulate(const Tensor& dst, const Tensor& part) {
   add_(dst, t);
 }
 
-void count(const RingAttentionOptions& opt, const char* kind, int64_t bytes) {
-  count_collective(opt.group->name(), kind, bytes);
-}
-
 bool local_only(const RingAttentionOptions& opt) { return !opt.group || opt.group->size() == 1; }
 
 // The local kernel's options when this rank holds whole sequences.
@@ -152,12 +150,11 @@ void ring_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& 
   std::vector<Tensor> docs_host, docs = doc_chunks(opt, r, &docs_host);
   Tensor qc = chunk_major(q, r);  // (m, B, c, H, hd)
   Tensor kv = pack_kv(k, v, r);   // (2, m, B, c, KV, hd)
-  const int64_t kv_bytes = r.kv_block() * int64_t(dtype_size(r.dt));
+  CommTag tag(kCpKvTag);
 
   Tensor gathered, next;
   if (opt.method == CpMethod::all_gather) {
     gathered = empty({r.n * r.kv_block()}, r.dt, r.dev);  // every rank's block, in rank order
-    count(opt, "all_gather", kv_bytes * (r.n - 1));
     opt.group->all_gather(gathered, kv);
   } else {
     next = empty({r.kv_block()}, r.dt, r.dev);
@@ -177,7 +174,6 @@ void ring_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& 
         opt.method == CpMethod::all_gather ? gathered.view(int64_t(src) * r.kv_block(), {r.kv_block()}) : cur;
     Work shift;
     if (opt.method == CpMethod::ring && s + 1 < r.n) {  // the next step's K/V, in flight while this one computes
-      count(opt, "ring_shift", kv_bytes);
       shift = opt.group->ring_shift(next, cur, 1, /*async=*/true);
     }
     const SequenceShard theirs = sequence_shard(opt.load_balance, opt.seq_len, r.n, src);
@@ -215,13 +211,11 @@ void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
     lse_c.push_back(l);
   }
   Tensor kv = pack_kv(k, v, r);  // (2, m, B, c, KV, hd)
-  const int64_t kv_bytes = r.kv_block() * int64_t(dtype_size(r.dt));
-  const int64_t dkv_bytes = r.kv_block() * int64_t(dtype_size(r.acc));
+  CommTag tag(kCpKvTag);
 
   Tensor gathered, dkv_all, next;
   if (opt.method == CpMethod::all_gather) {
     gathered = empty({r.n * r.kv_block()}, r.dt, r.dev);
-    count(opt, "all_gather", kv_bytes * (r.n - 1));
     opt.group->all_gather(gathered, kv);
     dkv_all = zeros({r.n * r.kv_block()}, r.acc, r.dev);  // contributions to every rank's dK/dV, in rank order
   } else {
@@ -248,7 +242,6 @@ void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
     Work shift;
     if (opt.method == CpMethod::ring) {
       if (s + 1 < r.n) {
-        count(opt, "ring_shift", kv_bytes);
         shift = opt.group->ring_shift(next, cur, 1, /*async=*/true);
       }
       fill_zero_(contrib);
@@ -274,8 +267,10 @@ void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
       }
       std::swap(travelling, contrib);  // travelling: what we send now; contrib: a free buffer for the next step
       if (!contrib.defined()) contrib = empty({r.kv_block()}, r.acc, r.dev);
-      count(opt, "ring_shift", dkv_bytes);
-      dkv_shift = opt.group->ring_shift(arriving, travelling, 1, /*async=*/true);
+      {
+        CommTag dkv_tag(kCpDkvTag);
+        dkv_shift = opt.group->ring_shift(arriving, travelling, 1, /*async=*/true);
+      }
       if (s + 1 < r.n) {
         shift.wait();
         std::swap(cur, next);
@@ -288,12 +283,20 @@ void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
     mine_dkv = arriving;
   } else {
     mine_dkv = empty({r.kv_block()}, r.acc, r.dev);
-    count(opt, "reduce_scatter", dkv_bytes * (r.n - 1));
+    CommTag dkv_tag(kCpDkvTag);
     opt.group->reduce_scatter(mine_dkv, dkv_all, ReduceOp::sum);
   }
   from_chunk_major(dq, dq_acc, r.H, r);
   from_chunk_major(dk, mine_dkv.view(0, {r.m * r.kv_numel()}), r.KV, r);
   from_chunk_major(dv, mine_dkv.view(r.m * r.kv_numel(), {r.m * r.kv_numel()}), r.KV, r);
+}
+
+CpLayerBytes cp_layer_bytes(CpMethod method, int n, double kv_bytes, double dkv_bytes) {
+  CpLayerBytes b;
+  b.dkv_moves = method == CpMethod::ring ? n : n - 1;
+  b.forward = double(n - 1) * kv_bytes;
+  b.backward = double(n - 1) * kv_bytes + double(b.dkv_moves) * dkv_bytes;
+  return b;
 }
 
 }  // namespace mt

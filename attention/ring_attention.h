@@ -56,4 +56,17 @@ void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
                              const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                              const RingAttentionOptions& opt);
 
+// The tags its collectives are counted under (comm_counters.h): K/V moving, and the dK/dV going home.
+inline constexpr const char* kCpKvTag = "cp.kv";
+inline constexpr const char* kCpDkvTag = "cp.dkv";
+
+// The analytic bytes one rank sends per layer (the rule in the header comment), for `plan` and
+// `estimate` to set beside what the runtime counts. kv_bytes: this rank's K and V together in the
+// activation dtype; dkv_bytes: the same elements in the accum dtype; n: the cp degree.
+struct CpLayerBytes {
+  double forward = 0, backward = 0;
+  int dkv_moves = 0;  // how many times a rank's dK/dV block is sent in backward (N for ring, N-1 for all_gather)
+};
+CpLayerBytes cp_layer_bytes(CpMethod method, int n, double kv_bytes, double dkv_bytes);
+
 }  // namespace mt

@@ -1,6 +1,9 @@
 #include "comm/group.h"
 
+#include <algorithm>
 #include <numeric>
+
+#include "comm/comm_counters.h"
 
 namespace mt {
 
@@ -32,11 +35,128 @@ std::string Group::describe() const {
   return fmt::format("group '{}' (world ranks {})", name_, r);
 }
 
+// ---- The collectives: checks, the count, then the backend ----
+
+namespace {
+int64_t sum_of(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t c : v) s += c;
+  return s;
+}
+int64_t max_of(const std::vector<int64_t>& v) {
+  int64_t m = 0;
+  for (int64_t c : v) m = std::max(m, c);
+  return m;
+}
+}  // namespace
+
+Work Group::all_reduce(const Tensor& t, ReduceOp op, bool async) {
+  // A ring all-reduce sends 2 (n-1)/n of the buffer per rank (reduce-scatter, then all-gather).
+  count("all_reduce", 2 * int64_t(t.nbytes()) * (size() - 1) / size());
+  return do_all_reduce(t, op, async);
+}
+
 Work Group::all_reduce(const Tensor& out, const Tensor& in, ReduceOp op, bool async) {
   check_same("all_reduce", out, in);
   check_count("all_reduce", "output", out, in.numel());
+  count("all_reduce", 2 * int64_t(in.nbytes()) * (size() - 1) / size());
+  return do_all_reduce(out, in, op, async);
+}
+
+Work Group::do_all_reduce(const Tensor& out, const Tensor& in, ReduceOp op, bool async) {
   copy_(out, in);
-  return all_reduce(out, op, async);
+  return do_all_reduce(out, op, async);
+}
+
+Work Group::all_gather(const Tensor& out, const Tensor& in, bool async) {
+  check_same("all_gather", out, in);
+  check_count("all_gather", "output", out, in.numel() * size());
+  count("all_gather", int64_t(in.nbytes()) * (size() - 1));
+  return do_all_gather(out, in, async);
+}
+
+Work Group::all_gather_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, bool async) {
+  check_same("all_gather_v", out, in);
+  check_counts("all_gather_v", counts);
+  check_count("all_gather_v", "input", in, counts[size_t(rank())]);
+  check_count("all_gather_v", "output", out, sum_of(counts));
+  // Counted as the ring's bound: (n-1) of the largest piece (the planner's convention for uneven shards).
+  count("all_gather", max_of(counts) * int64_t(dtype_size(in.dtype())) * (size() - 1));
+  return do_all_gather_v(out, in, counts, async);
+}
+
+Work Group::reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, bool async) {
+  check_same("reduce_scatter", out, in);
+  check_count("reduce_scatter", "input", in, out.numel() * size());
+  count("reduce_scatter", int64_t(in.nbytes()) * (size() - 1) / size());
+  return do_reduce_scatter(out, in, op, async);
+}
+
+Work Group::reduce_scatter_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, ReduceOp op,
+                             bool async) {
+  check_same("reduce_scatter_v", out, in);
+  check_counts("reduce_scatter_v", counts);
+  check_count("reduce_scatter_v", "input", in, sum_of(counts));
+  check_count("reduce_scatter_v", "output", out, counts[size_t(rank())]);
+  count("reduce_scatter", int64_t(in.nbytes()) * (size() - 1) / size());
+  return do_reduce_scatter_v(out, in, counts, op, async);
+}
+
+Work Group::all_to_all(const Tensor& out, const Tensor& in, bool async) {
+  check_same("all_to_all", out, in);
+  check_count("all_to_all", "output", out, in.numel());
+  MT_CHECK(in.numel() % size() == 0, "comm", "all_to_all on {}: {} elements do not split into {} equal chunks",
+           describe(), in.numel(), size());
+  count("all_to_all", int64_t(in.nbytes()) * (size() - 1) / size());
+  return do_all_to_all(out, in, async);
+}
+
+Work Group::all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
+                         const std::vector<int64_t>& recv_counts, bool async) {
+  check_same("all_to_all_v", out, in);
+  check_counts("all_to_all_v", send_counts);
+  check_counts("all_to_all_v", recv_counts);
+  check_count("all_to_all_v", "input", in, sum_of(send_counts));
+  check_count("all_to_all_v", "output", out, sum_of(recv_counts));
+  count("all_to_all", int64_t(in.nbytes()) * (size() - 1) / size());
+  return do_all_to_all_v(out, in, send_counts, recv_counts, async);
+}
+
+Work Group::broadcast(const Tensor& t, int root, bool async) {
+  MT_CHECK(root >= 0 && root < size(), "comm", "broadcast on {}: root {} is not a rank of a group of {}", describe(),
+           root, size());
+  count("broadcast", rank() == root ? int64_t(t.nbytes()) : 0);
+  return do_broadcast(t, root, async);
+}
+
+void Group::send(const Tensor& t, int peer) {
+  check_peer("send", peer);
+  count("send", int64_t(t.nbytes()));
+  do_send(t, peer);
+}
+
+void Group::recv(const Tensor& t, int peer) {
+  check_peer("recv", peer);
+  count("recv", 0);
+  do_recv(t, peer);
+}
+
+Work Group::ring_shift(const Tensor& out, const Tensor& in, int shift, bool async) {
+  check_same("ring_shift", out, in);
+  check_count("ring_shift", "output", out, in.numel());
+  count("ring_shift", int64_t(in.nbytes()));
+  return do_ring_shift(out, in, shift, async);
+}
+
+void Group::barrier() { do_barrier(); }
+
+void Group::count(const char* kind, int64_t bytes) const {
+  if (size() > 1) count_collective(name_, kind, bytes);
+}
+
+void Group::check_peer(const char* op, int peer) const {
+  MT_CHECK(peer >= 0 && peer < size(), "comm", "{} on {}: peer {} is not a rank of a group of {}", op, describe(), peer,
+           size());
 }
 
 void Group::check_same(const char* op, const Tensor& a, const Tensor& b) const {

@@ -51,44 +51,66 @@ class Group {
   std::string describe() const;  // "group 'tp' (world ranks 0,1)"
   virtual std::string_view backend() const = 0;
 
+  // The collectives. Each checks its arguments (dtype, device, element counts, ranks) once here, counts
+  // itself (comm_counters.h: kind, group, bytes, the thread's CommTag), then runs on the backend.
   // In place: t <- op over ranks of t.
-  virtual Work all_reduce(const Tensor& t, ReduceOp op, bool async = false) = 0;
-  // Out of place: out <- op over ranks of in (in unchanged). The default
-  // copies then reduces in place; MPI reads in and writes out directly.
-  virtual Work all_reduce(const Tensor& out, const Tensor& in, ReduceOp op, bool async = false);
+  Work all_reduce(const Tensor& t, ReduceOp op, bool async = false);
+  // Out of place: out <- op over ranks of in (in unchanged).
+  Work all_reduce(const Tensor& out, const Tensor& in, ReduceOp op, bool async = false);
   // out (size * in.numel()) <- concatenation of every rank's in, in rank order.
-  virtual Work all_gather(const Tensor& out, const Tensor& in, bool async = false) = 0;
+  Work all_gather(const Tensor& out, const Tensor& in, bool async = false);
   // Unequal sizes: rank r contributes counts[r] elements; out has sum(counts).
-  virtual Work all_gather_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts,
-                            bool async = false) = 0;
+  Work all_gather_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, bool async = false);
   // in (size * out.numel()) reduced over ranks; rank r keeps chunk r.
-  virtual Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, bool async = false) = 0;
+  Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, bool async = false);
   // Unequal chunks: rank r keeps counts[r] elements of the reduced in.
-  virtual Work reduce_scatter_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, ReduceOp op,
-                                bool async = false) = 0;
+  Work reduce_scatter_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, ReduceOp op,
+                        bool async = false);
   // in and out hold size equal chunks; chunk j of in goes to rank j and
   // arrives as chunk rank() of its out.
-  virtual Work all_to_all(const Tensor& out, const Tensor& in, bool async = false) = 0;
+  Work all_to_all(const Tensor& out, const Tensor& in, bool async = false);
   // Unequal: send_counts[j] elements (consecutive in in) to rank j,
   // recv_counts[j] elements (consecutive in out) from rank j.
-  virtual Work all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
-                            const std::vector<int64_t>& recv_counts, bool async = false) = 0;
-  virtual Work broadcast(const Tensor& t, int root, bool async = false) = 0;
-  virtual void send(const Tensor& t, int peer) = 0;
-  virtual void recv(const Tensor& t, int peer) = 0;
+  Work all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
+                    const std::vector<int64_t>& recv_counts, bool async = false);
+  Work broadcast(const Tensor& t, int root, bool async = false);
+  void send(const Tensor& t, int peer);
+  void recv(const Tensor& t, int peer);
   // Sends in to rank (rank+shift) mod size, receives out from (rank-shift) mod size.
-  virtual Work ring_shift(const Tensor& out, const Tensor& in, int shift = 1, bool async = false) = 0;
-  virtual void barrier() = 0;
+  Work ring_shift(const Tensor& out, const Tensor& in, int shift = 1, bool async = false);
+  void barrier();
 
  protected:
   Group(std::string name, int rank, std::vector<int> world_ranks)
       : name_(std::move(name)), rank_(rank), world_ranks_(std::move(world_ranks)) {}
-  // Shape and dtype checks shared by the backends; throw "[comm] ...".
+  // The backend's collectives, called with checked arguments (the contracts above).
+  virtual Work do_all_reduce(const Tensor& t, ReduceOp op, bool async) = 0;
+  // The default copies in to out, then reduces in place; MPI reads in and writes out directly.
+  virtual Work do_all_reduce(const Tensor& out, const Tensor& in, ReduceOp op, bool async);
+  virtual Work do_all_gather(const Tensor& out, const Tensor& in, bool async) = 0;
+  virtual Work do_all_gather_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts,
+                               bool async) = 0;
+  virtual Work do_reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, bool async) = 0;
+  virtual Work do_reduce_scatter_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts,
+                                   ReduceOp op, bool async) = 0;
+  virtual Work do_all_to_all(const Tensor& out, const Tensor& in, bool async) = 0;
+  virtual Work do_all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
+                               const std::vector<int64_t>& recv_counts, bool async) = 0;
+  virtual Work do_broadcast(const Tensor& t, int root, bool async) = 0;
+  virtual void do_send(const Tensor& t, int peer) = 0;
+  virtual void do_recv(const Tensor& t, int peer) = 0;
+  virtual Work do_ring_shift(const Tensor& out, const Tensor& in, int shift, bool async) = 0;
+  virtual void do_barrier() = 0;
+
+ private:
+  // Argument checks; throw "[comm] ...".
   void check_same(const char* op, const Tensor& a, const Tensor& b) const;
   void check_count(const char* op, const char* what, const Tensor& t, int64_t expected) const;
   void check_counts(const char* op, const std::vector<int64_t>& counts) const;
+  void check_peer(const char* op, int peer) const;
+  // Counts one collective of this group under the thread's tag (nothing for a group of one rank).
+  void count(const char* kind, int64_t bytes) const;
 
- private:
   std::string name_;
   int rank_ = 0;
   std::vector<int> world_ranks_;

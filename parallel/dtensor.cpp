@@ -1,45 +1,15 @@
 #include "parallel/dtensor.h"
 
-#include "runtime/kernels/ops.h"
-
-#include <mutex>
-
-#include <cstring>
 #include <algorithm>
 #include <functional>
+#include <optional>
+
+#include "comm/comm_counters.h"
+#include "parallel/copy_block.h"
+#include "runtime/kernels/ops.h"
 
 namespace mt {
 
-void copy_block(const Tensor& dst, const Shape& dst_start, const Tensor& src, const Shape& src_start,
-                const Shape& block) {
-  MT_CHECK(dst.dtype() == src.dtype() && dst.device().is_cpu() && src.device().is_cpu(), "redistribute",
-           "copy_block needs host tensors of one dtype");
-  size_t nd = block.size(), es = dtype_size(src.dtype());
-  if (shape_numel(block) == 0) return;
-  if (nd == 0) {
-    std::memcpy(dst.data_ptr(), src.data_ptr(), es);
-    return;
-  }
-  // Row-major strides in elements.
-  auto strides = [](const Shape& s) {
-    Shape st(s.size(), 1);
-    for (size_t i = s.size() - 1; i-- > 0;) st[i] = st[i + 1] * s[i + 1];
-    return st;
-  };
-  Shape ds = strides(dst.shape()), ss = strides(src.shape());
-  auto* d0 = static_cast<char*>(dst.data_ptr());
-  auto* s0 = static_cast<const char*>(src.data_ptr());
-  size_t row = size_t(block[nd - 1]) * es;
-  std::function<void(size_t, int64_t, int64_t)> rec = [&](size_t i, int64_t doff, int64_t soff) {
-    if (i == nd - 1) {
-      std::memcpy(d0 + (doff + dst_start[i]) * int64_t(es), s0 + (soff + src_start[i]) * int64_t(es), row);
-      return;
-    }
-    for (int64_t j = 0; j < block[i]; ++j)
-      rec(i + 1, doff + (dst_start[i] + j) * ds[i], soff + (src_start[i] + j) * ss[i]);
-  };
-  rec(0, 0, 0);
-}
 
 namespace {
 
@@ -196,46 +166,11 @@ DTensor execute(const DTensor& t, const Plan& plan) {
 
 }  // namespace
 
-namespace {
-std::mutex g_counters_mutex;
-CommCounters g_counters;
-}  // namespace
-
-int64_t CommCounters::total() const {
-  int64_t s = 0;
-  for (auto& [k, v] : bytes_by_dim) s += v;
-  return s;
-}
-CommCounters comm_counters() {
-  std::lock_guard<std::mutex> lock(g_counters_mutex);
-  return g_counters;
-}
-void reset_comm_counters() {
-  std::lock_guard<std::mutex> lock(g_counters_mutex);
-  g_counters = CommCounters{};
-}
-
-void count_collective(const std::string& dims, const std::string& kind, int64_t bytes_per_rank) {
-  std::lock_guard<std::mutex> lock(g_counters_mutex);
-  std::string coll = dims + " " + kind;
-  g_counters.bytes_by_dim[dims] += bytes_per_rank;
-  g_counters.bytes_by_collective[coll] += bytes_per_rank;
-  g_counters.calls_by_collective[coll] += 1;
-}
-
 DTensor redistribute(const DTensor& t, const DTensorSpec& target, const RedistributeOptions& opts) {
   const Plan& plan = plan_redistribute(t.spec, target, dtype_size(t.local.dtype()), opts.link_gbps, opts.planner);
-  {
-    std::lock_guard<std::mutex> lock(g_counters_mutex);
-    for (const PlanStep& st : plan.steps) {
-      if (st.bytes_per_rank == 0) continue;
-      const std::string& dim = t.mesh.dims()[size_t(st.mesh_dim)].name;
-      std::string coll = dim + " " + std::string(step_kind_name(st.kind));
-      g_counters.bytes_by_dim[dim] += st.bytes_per_rank;
-      g_counters.bytes_by_collective[coll] += st.bytes_per_rank;
-      g_counters.calls_by_collective[coll] += 1;
-    }
-  }
+  // The steps' collectives are counted by the mesh dims' groups, under the caller's tag or "redistribute".
+  std::optional<CommTag> tag;
+  if (current_comm_tag().empty()) tag.emplace("redistribute");
   return execute(t, plan);
 }
 

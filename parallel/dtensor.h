@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "comm/comm_counters.h"
 #include "comm/mesh.h"
 #include "parallel/planner.h"
 
@@ -52,26 +53,5 @@ DTensor redistribute(const DTensor& t, const DTensorSpec& target, const Redistri
 Placement redistribute_grad_placement(const Placement& source);
 Placements redistribute_backward_placements(const Placements& source);
 DTensor redistribute_backward(const DTensor& grad_out, const DTensorSpec& source, const RedistributeOptions& opts = {});
-
-// Bytes this rank sent in redistributions since the last reset, per mesh dim
-// name and per collective ("all_gather", "reduce_scatter", ...): the plan's
-// count (the ring algorithms' (n-1)/n of the data per rank). For measuring
-// what a parallel plan communicates.
-struct CommCounters {
-  std::map<std::string, int64_t> bytes_by_dim;
-  std::map<std::string, int64_t> bytes_by_collective;  // "tp all_gather"
-  std::map<std::string, int64_t> calls_by_collective;
-  int64_t total() const;
-};
-CommCounters comm_counters();
-void reset_comm_counters();
-// Adds a collective issued outside redistribute (the bucketed gradient all-reduces): `dims` names
-// the group ("dp_replicate" or "dp_replicate,tp"), bytes_per_rank as the ring algorithms send.
-void count_collective(const std::string& dims, const std::string& kind, int64_t bytes_per_rank);
-
-// Copies a block of block_shape elements between two row-major tensors of the
-// same dtype (host memory), from src at src_start to dst at dst_start.
-void copy_block(const Tensor& dst, const Shape& dst_start, const Tensor& src, const Shape& src_start,
-                const Shape& block_shape);
 
 }  // namespace mt

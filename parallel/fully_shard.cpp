@@ -6,15 +6,31 @@
 #include <set>
 #include <sstream>
 
+#include "comm/comm_counters.h"
 #include "parallel/style.h"
 #include "runtime/core/log.h"
 #include "runtime/kernels/ops.h"
 
 namespace mt {
 
+// What fully_shard tells the layers and the gradient sync about one of its parameters (ParamState): while
+// the unit runs, the weight gathered over the fsdp mesh dim (the shape layers expect) and, in backward, the
+// full-size gradient the layers write; the unit's hook reduce-scatters it into the sharded gradient.
+struct FsdpParamState : ParamState {
+  Tensor unsharded, unsharded_grad;  // undefined outside the unit's forward and backward
+  int mesh_dim = -1;                 // the fsdp mesh dim: unsharded is whole on it
+  Module* ready_at = nullptr;        // the unit's first module: its post_backward completes the gradient
+  const Tensor* compute() const override { return unsharded.defined() ? &unsharded : nullptr; }
+  const Tensor* grad() const override { return unsharded_grad.defined() ? &unsharded_grad : nullptr; }
+  int whole_on_dim() const override { return mesh_dim; }
+  void add_reduced_dims(std::vector<int>& dims) const override { dims.push_back(mesh_dim); }
+  Module* grad_ready_at() const override { return ready_at; }
+};
+
 // One sharded parameter of a unit and where its pieces sit in the unit's flat buffers.
 struct FsdpParam {
   Parameter* p = nullptr;
+  std::shared_ptr<FsdpParamState> state;  // also in p->states
   int dim = 0;                 // the tensor dim sharded on the fsdp mesh dim
   Shape full;                  // the gathered shape (this rank's tp part, whole on the fsdp dim)
   Shape padded;                // full with dim = chunk: one rank's slot
@@ -45,7 +61,7 @@ struct FsdpUnit {
     if (in_flight || unpacked || params.empty()) return;
     own = empty({slot}, opt.param_dtype, device());
     for (FsdpParam& f : params) {
-      Tensor shard = f.p->compute_local();  // the shard: unsharded is undefined here
+      Tensor shard = f.p->compute_local();  // the shard: nothing is gathered here
       if (shard.dtype() != opt.param_dtype) {
         Tensor c = empty(shard.shape(), opt.param_dtype, shard.device());
         convert(c, shard);
@@ -54,7 +70,7 @@ struct FsdpUnit {
       copy_slice(own.view(f.offset, f.padded), 0, shard, 0, f.len[size_t(rank)], f.dim);
     }
     gathered = empty({int64_t(n) * slot}, opt.param_dtype, device());
-    count_collective(group->name(), "all_gather", slot * int64_t(dtype_size(opt.param_dtype)) * (n - 1));
+    CommTag tag(kFsdpGatherTag);
     pending = group->all_gather(gathered, own, /*async=*/true);
     in_flight = true;
   }
@@ -70,20 +86,20 @@ struct FsdpUnit {
       for (int r = 0; r < n; ++r)
         copy_slice(full, f.start[size_t(r)], gathered.view(int64_t(r) * slot + f.offset, f.padded), 0, f.len[size_t(r)],
                    f.dim);
-      f.p->unsharded = full;
+      f.state->unsharded = full;
     }
     gathered = Tensor();
     unpacked = true;
   }
   void free_params() {
-    for (FsdpParam& f : params) f.p->unsharded = Tensor();
+    for (FsdpParam& f : params) f.state->unsharded = Tensor();
     unpacked = false;
   }
   // The full-size gradient buffers backward writes into.
   void give_grads() {
     for (FsdpParam& f : params)
-      if (!f.p->unsharded_grad.defined())
-        f.p->unsharded_grad = zeros(f.full, f.p->grad.local.dtype(), f.p->grad.local.device());
+      if (!f.state->unsharded_grad.defined())
+        f.state->unsharded_grad = zeros(f.full, f.p->grad.local.dtype(), f.p->grad.local.device());
   }
   // Reduce-scatters the full-size gradients and adds each rank's piece to its sharded gradient.
   void reduce_grads() {
@@ -91,7 +107,7 @@ struct FsdpUnit {
     const DType rdt = opt.reduce_dtype;
     Tensor all = zeros({int64_t(n) * slot}, rdt, device());  // padding summed as zeros, never read
     for (FsdpParam& f : params) {
-      Tensor g = f.p->unsharded_grad;
+      Tensor g = f.state->unsharded_grad;
       if (g.dtype() != rdt) {
         Tensor c = empty(g.shape(), rdt, g.device());
         convert(c, g);
@@ -101,7 +117,7 @@ struct FsdpUnit {
         copy_slice(all.view(int64_t(r) * slot + f.offset, f.padded), 0, g, f.start[size_t(r)], f.len[size_t(r)], f.dim);
     }
     Tensor own = empty({slot}, rdt, device());
-    count_collective(group->name(), "reduce_scatter", slot * int64_t(dtype_size(rdt)) * (n - 1));
+    CommTag tag(kFsdpReduceTag);
     group->reduce_scatter(own, all, ReduceOp::sum);
     for (FsdpParam& f : params) {
       const Tensor& dst = f.p->grad.local;  // (the shard) accumulates over micro-batches
@@ -113,7 +129,7 @@ struct FsdpUnit {
         piece = c;
       }
       add_(dst, piece);
-      f.p->unsharded_grad = Tensor();
+      f.state->unsharded_grad = Tensor();
     }
   }
 };
@@ -142,10 +158,7 @@ void shard_last(Parameter& p, int mesh_dim, int tensor_dim) {
       if (int(m) != mesh_dim && pl[m].is_shard()) order[size_t(pl[m].dim)].push_back(int(m));
   }
   order[size_t(tensor_dim)].push_back(mesh_dim);
-  p.value = redistribute(p.value, pl, {}, order);
-  p.grad = p.value;
-  p.grad.local = zeros(p.value.local.shape(), p.value.local.dtype(), p.value.local.device());
-  p.refresh_compute();
+  relayout_param(p, pl, order);
 }
 
 }  // namespace
@@ -200,6 +213,15 @@ std::string FullyShard::describe() const {
   }
   return fmt::format("{} units; {} parameters sharded ({} over two mesh dims), {} replicated", units_.size(), sharded,
                      both, replicated);
+}
+
+FsdpStepBytes fsdp_step_bytes(const FullyShard& fs, int n) {
+  const double slot = double(fs.slot_elements()), gather = double(n - 1) * slot * double(dtype_size(fs.options().param_dtype));
+  FsdpStepBytes b;
+  b.forward = gather;
+  b.backward = (fs.options().reshard_after_forward ? gather : 0.0) +
+               double(n - 1) * slot * double(dtype_size(fs.options().reduce_dtype));
+  return b;
 }
 
 int64_t FullyShard::slot_elements() const {
@@ -294,11 +316,12 @@ std::unique_ptr<FullyShard> fully_shard(Module& root, const DeviceMesh& mesh, co
                  "fully_shard: {} is already laid out as {} on {}", p->name, p->value.placements()[size_t(mdim)].str(),
                  opts.mesh_dim);
         shard_last(*p, mdim, d.tensor_dim);
-        p->unshard_dim = mdim;
-        p->grad_reduced_dims = {mdim};
-        p->grad_ready_at = s.modules.front();
         FsdpParam f;
         f.p = p;
+        f.state = std::make_shared<FsdpParamState>();
+        f.state->mesh_dim = mdim;
+        f.state->ready_at = s.modules.front();
+        p->states.push_back(f.state);
         f.dim = d.tensor_dim;
         std::vector<int> coord = mesh.coordinate();
         int64_t first = 0, total = 0, chunk = 0;

@@ -16,11 +16,11 @@
 //
 // A unit's life: before its forward, its sharded parameters are gathered from
 // one flat buffer per unit (one all-gather in param_dtype) into
-// Parameter::unsharded, which layers read through compute_local(); the next
+// its FsdpParamState, which layers read through compute_local(); the next
 // unit's gather is started before this one computes (prefetch). After forward
 // they are freed (reshard_after_forward) or kept until backward. Before its
 // backward they are gathered again (and the previous unit's gather started),
-// and full-size gradient buffers (Parameter::unsharded_grad) are given to the
+// and full-size gradient buffers (grad_local()) are given to the
 // layers; after its backward the gradients are reduce-scattered (one flat
 // buffer, reduce_dtype) and added to the parameters' sharded gradients. At
 // most two units' gathered parameters are alive at a time (with reshard).
@@ -79,6 +79,17 @@ class FullyShard {
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   FullyShardOptions opts_;
 };
+
+// The tags its collectives are counted under (comm_counters.h).
+inline constexpr const char* kFsdpGatherTag = "fsdp.gather";
+inline constexpr const char* kFsdpReduceTag = "fsdp.reduce";
+// The analytic bytes one rank sends in a step's forward and backward (one micro-batch): the units' flat
+// buffers all-gathered in forward, again in backward when resharded after forward, the gradients
+// reduce-scattered; each sends (n-1) x one rank's buffer. n: the fsdp dim's size.
+struct FsdpStepBytes {
+  double forward = 0, backward = 0;
+};
+FsdpStepBytes fsdp_step_bytes(const FullyShard& fs, int n);
 
 // Shards root's parameters over opts.mesh_dim by the rule above and installs the unit hooks. Errors
 // (before anything changes) name a unit pattern that matches nothing, a module in two units, a parameter

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "comm/comm_counters.h"
 #include "runtime/kernels/ops.h"
 
 namespace mt {
@@ -18,13 +19,12 @@ GradSync::GradSync(Module& model, const DeviceMesh& mesh, GradSyncOptions opt) :
   std::vector<int64_t> numel;             // elements per bucket
   for (Parameter* p : order) {
     std::vector<int> partial = opt_.dp_dims;
-    partial.insert(partial.end(), p->grad_partial_dims.begin(), p->grad_partial_dims.end());
+    for (int d : p->partial_dims()) partial.push_back(d);
     std::sort(partial.begin(), partial.end());
     partial.erase(std::unique(partial.begin(), partial.end()), partial.end());
     // Sums backward already did (fully_shard reduce-scatters over dp_shard) are not done again.
-    std::erase_if(partial, [&](int d) {
-      return std::find(p->grad_reduced_dims.begin(), p->grad_reduced_dims.end(), d) != p->grad_reduced_dims.end();
-    });
+    const std::vector<int> reduced = p->reduced_dims();
+    std::erase_if(partial, [&](int d) { return std::find(reduced.begin(), reduced.end(), d) != reduced.end(); });
     std::string dims;  // the dims that need a sum (size > 1), in mesh order
     bool general = false;
     for (int d : partial) {
@@ -62,7 +62,7 @@ GradSync::GradSync(Module& model, const DeviceMesh& mesh, GradSyncOptions opt) :
   std::vector<Module*> hooked;
   for (Module* m : model.modules())
     for (Parameter* p : m->own_parameters()) {
-      Module* at = p->grad_ready_at ? p->grad_ready_at : m;
+      Module* at = p->grad_ready_at() ? p->grad_ready_at() : m;
       if (ready_at[at].empty()) hooked.push_back(at);
       ready_at[at].push_back(p);
     }
@@ -95,8 +95,7 @@ void GradSync::launch(Bucket& b) {
     convert(b.flat.view(b.offsets[i], g.shape()), g);
   }
   Group& g = mesh_.group(b.dims);
-  // A ring all-reduce sends 2 (n-1)/n of the buffer per rank (reduce-scatter, then all-gather).
-  count_collective(b.dims, "all_reduce", 2 * int64_t(b.flat.nbytes()) * (g.size() - 1) / g.size());
+  CommTag tag(kGradReduceTag);
   b.work = g.all_reduce(b.flat, ReduceOp::sum, /*async=*/true);
   b.launched = true;
 }
@@ -113,6 +112,7 @@ void GradSync::finish() {
     }
     b.launched = false;
   }
+  CommTag tag(kGradRedistributeTag);
   // The general rule for the rest: mark the partial dims, redistribute to the parameter's placement
   // (in the reduce dtype, the sums widened back into the gradient).
   for (auto& [p, partial] : general_) {
@@ -132,6 +132,15 @@ void GradSync::finish() {
     convert(p->grad.local, low.local);
   }
   armed_ = false;
+}
+
+int64_t GradSync::bucket_bytes_per_rank() const {
+  int64_t total = 0;
+  for (const Bucket& b : buckets_) {
+    const int n = mesh_.group(b.dims).size();
+    total += 2 * int64_t(b.flat.nbytes()) * (n - 1) / n;
+  }
+  return total;
 }
 
 std::string GradSync::describe() const {

@@ -19,6 +19,11 @@
 
 namespace mt {
 
+// The tags its collectives are counted under (comm_counters.h): the buckets' all-reduces, and the general
+// path's redistributions.
+inline constexpr const char* kGradReduceTag = "grad.reduce";
+inline constexpr const char* kGradRedistributeTag = "grad.redistribute";
+
 struct GradSyncOptions {
   std::vector<int> dp_dims;         // mesh dims the batch is split over: every gradient is Partial on them
   size_t bucket_bytes = 25 << 20;   // target bucket size (in the reduce dtype); 0: one redistribute per parameter
@@ -41,6 +46,8 @@ class GradSync {
   void finish();
   // "2 bucket(s) (f32): 12288.0 KiB over dp_replicate, 0.5 KiB over dp_replicate,tp"
   std::string describe() const;
+  // The analytic bytes one rank sends for the buckets in a step: a ring all-reduce of each, 2 (n-1)/n of it.
+  int64_t bucket_bytes_per_rank() const;
   int64_t buckets_launched_early() const { return launched_early_; }
 
  private:

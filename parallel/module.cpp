@@ -7,6 +7,14 @@
 
 namespace mt {
 
+namespace {
+// Mixed precision's state: value.local rounded to the compute dtype, what layers compute with.
+struct ComputeCopy : ParamState {
+  Tensor copy;
+  const Tensor* compute() const override { return copy.defined() ? &copy : nullptr; }
+};
+}  // namespace
+
 Tensor Module::call(const Tensor& x) {
   return call_around([&] {
     Tensor h = x;
@@ -85,23 +93,72 @@ std::unique_ptr<Parameter> ParamFactory::make(const std::string& name, const Sha
   p->grad = p->value;
   p->grad.local = zeros(p->value.local.shape(), master, device);
   if (master != dtype) {
-    p->compute = empty(p->value.local.shape(), dtype, device);
-    p->refresh_compute();
+    auto copy = std::make_shared<ComputeCopy>();
+    copy->copy = empty(p->value.local.shape(), dtype, device);
+    p->states.push_back(copy);
+    refresh_compute_copy(*p);
   }
   return p;
 }
 
+const Tensor& Parameter::compute_local() const {
+  for (auto it = states.rbegin(); it != states.rend(); ++it)
+    if (const Tensor* t = (*it)->compute()) return *t;
+  return value.local;
+}
+
+const Tensor& Parameter::grad_local() const {
+  for (auto it = states.rbegin(); it != states.rend(); ++it)
+    if (const Tensor* t = (*it)->grad()) return *t;
+  return grad.local;
+}
+
 Shape Parameter::compute_offset() const {
   std::vector<int> coord = value.mesh.coordinate();
-  if (unshard_dim >= 0) coord[size_t(unshard_dim)] = 0;
+  for (auto it = states.rbegin(); it != states.rend(); ++it)
+    if ((*it)->compute()) {
+      if (int d = (*it)->whole_on_dim(); d >= 0) coord[size_t(d)] = 0;
+      break;
+    }
   return value.spec.local_offset(coord);
 }
 
-void Parameter::refresh_compute() {
-  if (!compute.defined()) return;
-  if (compute.shape() != value.local.shape())
-    compute = empty(value.local.shape(), compute.dtype(), value.local.device());
-  convert(compute, value.local);
+std::vector<int> Parameter::partial_dims() const {
+  std::vector<int> dims;
+  for (auto& s : states) s->add_partial_dims(dims);
+  return dims;
+}
+
+std::vector<int> Parameter::reduced_dims() const {
+  std::vector<int> dims;
+  for (auto& s : states) s->add_reduced_dims(dims);
+  return dims;
+}
+
+Module* Parameter::grad_ready_at() const {
+  for (auto it = states.rbegin(); it != states.rend(); ++it)
+    if (Module* m = (*it)->grad_ready_at()) return m;
+  return nullptr;
+}
+
+void relayout_param(Parameter& p, const Placements& placements, const ShardOrder& order) {
+  p.value = redistribute(p.value, placements, {}, order);
+  p.grad = p.value;
+  p.grad.local = zeros(p.value.local.shape(), p.value.local.dtype(), p.value.local.device());
+  refresh_compute_copy(p);
+}
+
+Tensor compute_copy(const Parameter& p) {
+  const ComputeCopy* c = p.state<ComputeCopy>();
+  return c ? c->copy : Tensor();
+}
+
+void refresh_compute_copy(Parameter& p) {
+  ComputeCopy* c = p.state<ComputeCopy>();
+  if (!c) return;
+  if (c->copy.shape() != p.value.local.shape())
+    c->copy = empty(p.value.local.shape(), c->copy.dtype(), p.value.local.device());
+  convert(c->copy, p.value.local);
 }
 
 void zero_grads(const std::vector<Parameter*>& params) {

@@ -18,45 +18,68 @@
 
 namespace mt {
 
+class Module;
+
+// What a parallelism (or the precision policy) that rewrote a parameter tells the layers and the gradient
+// sync about it. The state itself lives with that code (fully_shard.cpp's FsdpParam, style.cpp's sequence
+// parallel gradient, module.cpp's compute copy); the parameter holds only handles to it. Every answer is
+// neutral by default.
+struct ParamState {
+  virtual ~ParamState() = default;
+  // The tensor layers compute with and the gradient buffer they write while this state substitutes them
+  // (null: it does not, now).
+  virtual const Tensor* compute() const { return nullptr; }
+  virtual const Tensor* grad() const { return nullptr; }
+  // The mesh dim over which compute() is whole (its global offset has coordinate 0 there), or -1.
+  virtual int whole_on_dim() const { return -1; }
+  // Mesh dims over which backward leaves the gradient partial besides the data-parallel ones (a
+  // sequence-parallel norm's weight: each tp rank saw part of the sequence).
+  virtual void add_partial_dims(std::vector<int>& /*dims*/) const {}
+  // Mesh dims whose sum backward has already done (fully_shard's reduce-scatter): the gradient sync leaves them out.
+  virtual void add_reduced_dims(std::vector<int>& /*dims*/) const {}
+  // The module whose post_backward completes the gradient (null: the owner).
+  virtual Module* grad_ready_at() const { return nullptr; }
+};
+
 struct Parameter {
   std::string name;             // "model.layers.0.self_attn.q_proj.weight"
-  DTensor value;                // the parameter as laid out on the mesh
+  DTensor value;                // the parameter as laid out on the mesh (the f32 master copy under mixed precision)
   DTensor grad;                 // same local shape; after backward its spec says how it is partial
   bool weight_decay = true;     // AdamW decays 2-D weights only
   std::string init = "normal";  // normal | ones
-  // Mesh dims over which backward leaves this gradient partial besides the data-parallel ones
-  // (a sequence-parallel norm's weight: each tp rank saw part of the sequence).
-  std::vector<int> grad_partial_dims;
-  // Mixed precision: value and grad are the f32 master weights and gradient (what the optimizer,
-  // the gradient sync and checkpoints see); compute is the bf16 copy of value.local the layers
-  // run with, rewritten by the optimizer step. Undefined when the model computes in value's dtype.
-  Tensor compute;
-  // Fully sharded data parallel (fully_shard): while the parameter's unit runs, unsharded holds the
-  // weight gathered over the fsdp mesh dim (the shape layers expect) and, in backward, unsharded_grad
-  // the full-size gradient the layers write; the unit's hook reduce-scatters it into grad. Undefined
-  // otherwise.
-  Tensor unsharded, unsharded_grad;
-  // Mesh dims whose sum backward has already done (fully_shard's reduce-scatter over dp_shard): the
-  // gradient sync leaves them out. grad_ready_at: the module whose post_backward completes this
-  // gradient (null: the owner).
-  std::vector<int> grad_reduced_dims;
-  class Module* grad_ready_at = nullptr;
-  int unshard_dim = -1;  // fully_shard's mesh dim: unsharded is whole on it
+  // The states of the code that rewrote it, in the order applied: a later one's compute() and grad() take
+  // precedence (fully_shard's gathered weight over the bf16 copy it was gathered from).
+  std::vector<std::shared_ptr<ParamState>> states;
 
-  // Global offset of the tensor layers compute with: this rank's part, or with fully_shard the part
-  // gathered over unshard_dim (a vocab-sharded embedding needs its first row).
-  Shape compute_offset() const;
-
-  // The local tensor layers compute with.
-  const Tensor& compute_local() const {
-    if (unsharded.defined()) return unsharded;
-    return compute.defined() ? compute : value.local;
-  }
+  // The local tensor layers compute with: value.local unless a state substitutes it.
+  const Tensor& compute_local() const;
   // The gradient buffer layers accumulate into (same shape as compute_local()).
-  const Tensor& grad_local() const { return unsharded_grad.defined() ? unsharded_grad : grad.local; }
-  // Rounds value.local into compute (after value changed outside the optimizer: sharding, loading).
-  void refresh_compute();
+  const Tensor& grad_local() const;
+  // Global offset of compute_local(): this rank's part, or with a state whole on a mesh dim the part at
+  // coordinate 0 there (a vocab-sharded embedding gathered by fully_shard needs its first row).
+  Shape compute_offset() const;
+  // The states' answers, gathered (ParamState).
+  std::vector<int> partial_dims() const;
+  std::vector<int> reduced_dims() const;
+  Module* grad_ready_at() const;
+  // The state of type S, or null.
+  template <class S> S* state() const {
+    for (auto& s : states)
+      if (auto* r = dynamic_cast<S*>(s.get())) return r;
+    return nullptr;
+  }
 };
+
+// The one way a parallelism re-lays a parameter out (tp styles' shard_param, fully_shard's shard_last): the
+// value redistributed to `placements` (Replicate -> Shard keeps this rank's part: no communication), the
+// gradient zeroed in the new layout, the compute copy rounded again.
+void relayout_param(Parameter& p, const Placements& placements, const ShardOrder& order = {});
+
+// Mixed precision: the parameter's copy in the compute dtype (bf16) beside its f32 master value, made by
+// ParamFactory, rewritten by the optimizer step. Undefined when the model computes in value's dtype.
+Tensor compute_copy(const Parameter& p);
+// Rounds value.local into the compute copy (after value changed outside the optimizer: sharding, loading).
+void refresh_compute_copy(Parameter& p);
 
 // A layout change on an activation and its reverse on the gradient.
 struct LayoutHook {

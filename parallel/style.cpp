@@ -1,5 +1,7 @@
 #include "parallel/style.h"
 
+#include "comm/comm_counters.h"
+
 #include "parallel/parallel_dims.h"
 
 #include <fnmatch.h>
@@ -169,12 +171,26 @@ void SequenceParallel::check(const Module& m, const std::string& pattern) const 
            m.name(), m.type(), pattern);
 }
 
+namespace {
+// Sequence parallel's state on a norm's weight (ParamState): each rank normalises its own tokens, so the
+// weight's gradient is a partial sum over these mesh dims.
+struct SequenceParallelGrad : ParamState {
+  std::vector<int> dims;
+  void add_partial_dims(std::vector<int>& out) const override { out.insert(out.end(), dims.begin(), dims.end()); }
+};
+}  // namespace
+
 void SequenceParallel::apply(Module& m, const StyleContext& c) const {
-  // Input and output stay Shard(1); each rank normalises its own tokens, so the weight's gradient is a
-  // partial sum over the mesh dim.
-  for (Parameter* p : m.own_parameters())
-    if (std::find(p->grad_partial_dims.begin(), p->grad_partial_dims.end(), c.dim) == p->grad_partial_dims.end())
-      p->grad_partial_dims.push_back(c.dim);
+  // Input and output stay Shard(1); the weight's gradient is partial over the mesh dim.
+  for (Parameter* p : m.own_parameters()) {
+    auto* sp = p->state<SequenceParallelGrad>();
+    if (!sp) {
+      auto made = std::make_shared<SequenceParallelGrad>();
+      sp = made.get();
+      p->states.push_back(made);
+    }
+    if (std::find(sp->dims.begin(), sp->dims.end(), c.dim) == sp->dims.end()) sp->dims.push_back(c.dim);
+  }
 }
 
 SequenceParallel SequenceParallel::from_args(const StyleArgs& a) {
@@ -268,6 +284,7 @@ LayoutHook layout_hook(const DeviceMesh& mesh, int mesh_dim, const Placement& fr
     *global = make_global(x, fp);
     if (f == t) return x;
     DTensor dt = from_local(x, mesh, fp, *global);
+    CommTag tag(kLayoutTag);
     return redistribute(dt, activation_placements(mesh, mesh_dim, t)).local;
   };
   h.backward = [=](const Tensor& g) {
@@ -275,6 +292,7 @@ LayoutHook layout_hook(const DeviceMesh& mesh, int mesh_dim, const Placement& fr
     Placement gf = normalized(grad_from, nd), tgt = redistribute_grad_placement(normalized(from, nd));
     if (gf == tgt) return g;
     DTensor dt = from_local(g, mesh, activation_placements(mesh, mesh_dim, gf), *global);
+    CommTag tag(kLayoutTag);
     return redistribute(dt, activation_placements(mesh, mesh_dim, tgt)).local;
   };
   return h;
@@ -287,10 +305,7 @@ void shard_param(Parameter& p, int mesh_dim, const Placement& placement) {
   MT_CHECK(pl[size_t(mesh_dim)].is_replicate(), "parallel", "shard_param {}: already laid out as {} on mesh dim {}",
            p.name, pl[size_t(mesh_dim)].str(), mesh_dim);
   pl[size_t(mesh_dim)] = target;
-  p.value = redistribute(p.value, pl);  // Replicate -> Shard keeps this rank's chunk: no communication
-  p.grad = p.value;
-  p.grad.local = zeros(p.value.local.shape(), p.value.local.dtype(), p.value.local.device());
-  p.refresh_compute();
+  relayout_param(p, pl);
 }
 
 void prepare_input(Module& m, const DeviceMesh& mesh, int mesh_dim, const Placement& layout, const Placement& desired,

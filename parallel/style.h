@@ -26,6 +26,9 @@
 
 namespace mt {
 
+// The tag the styles' layout changes are counted under (comm_counters.h).
+inline constexpr const char* kLayoutTag = "layout";
+
 // What applying a style needs besides its module.
 struct StyleContext {
   const DeviceMesh& mesh;

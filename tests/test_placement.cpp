@@ -5,6 +5,7 @@
 #include <random>
 
 #include "check_error.h"
+#include "parallel/copy_block.h"
 #include "parallel/planner.h"
 #include "parallel/random.h"
 

@@ -140,7 +140,7 @@ class MpiGroup final : public Group, public HasMpiComm {
   MPI_Comm mpi_comm() const override { return comm_; }
   std::string_view backend() const override { return "mpi"; }
 
-  Work all_reduce(const Tensor& t, ReduceOp op, bool async) override {
+  Work do_all_reduce(const Tensor& t, ReduceOp op, bool async) override {
     Staged s(t, true, true, stage(0, t, async));
     int n = to_int(t.numel(), "all_reduce", *this);
     MPI_Datatype ty = mpi_datatype(t.dtype());
@@ -165,11 +165,9 @@ class MpiGroup final : public Group, public HasMpiComm {
     return Work(w);
   }
 
-  using Group::all_reduce;
-  Work all_reduce(const Tensor& out, const Tensor& in, ReduceOp op, bool async) override {
-    if (async || !out.device().is_cpu() || !in.device().is_cpu()) return Group::all_reduce(out, in, op, async);
-    check_same("all_reduce", out, in);
-    check_count("all_reduce", "output", out, in.numel());
+  using Group::do_all_reduce;
+  Work do_all_reduce(const Tensor& out, const Tensor& in, ReduceOp op, bool async) override {
+    if (async || !out.device().is_cpu() || !in.device().is_cpu()) return Group::do_all_reduce(out, in, op, async);
     {
       WatchdogScope w("all_reduce", *this);
       MT_MPI_CHECK(MPI_Allreduce(in.data_ptr(), out.data_ptr(), to_int(in.numel(), "all_reduce", *this),
@@ -179,9 +177,7 @@ class MpiGroup final : public Group, public HasMpiComm {
     return {};
   }
 
-  Work all_gather(const Tensor& out, const Tensor& in, bool async) override {
-    check_same("all_gather", out, in);
-    check_count("all_gather", "output", out, in.numel() * size());
+  Work do_all_gather(const Tensor& out, const Tensor& in, bool async) override {
     Staged si(in, true, false, stage(0, in, async)), so(out, false, true, stage(1, out, async));
     int n = to_int(in.numel(), "all_gather", *this);
     MPI_Datatype ty = mpi_datatype(in.dtype());
@@ -201,13 +197,7 @@ class MpiGroup final : public Group, public HasMpiComm {
     return Work(w);
   }
 
-  Work all_gather_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, bool async) override {
-    check_same("all_gather_v", out, in);
-    check_counts("all_gather_v", counts);
-    check_count("all_gather_v", "input", in, counts[size_t(rank())]);
-    int64_t total = 0;
-    for (int64_t c : counts) total += c;
-    check_count("all_gather_v", "output", out, total);
+  Work do_all_gather_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, bool async) override {
     Staged si(in, true, false, stage(0, in, async)), so(out, false, true, stage(1, out, async));
     auto c = to_ints(counts, "all_gather_v", *this);
     auto d = displs_of(c);
@@ -231,9 +221,7 @@ class MpiGroup final : public Group, public HasMpiComm {
     return Work(w);
   }
 
-  Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, bool async) override {
-    check_same("reduce_scatter", out, in);
-    check_count("reduce_scatter", "input", in, out.numel() * size());
+  Work do_reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, bool async) override {
     Staged si(in, true, false, stage(0, in, async)), so(out, false, true, stage(1, out, async));
     int n = to_int(out.numel(), "reduce_scatter", *this);
     MPI_Datatype ty = mpi_datatype(in.dtype());
@@ -259,14 +247,8 @@ class MpiGroup final : public Group, public HasMpiComm {
     return Work(w);
   }
 
-  Work reduce_scatter_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, ReduceOp op,
+  Work do_reduce_scatter_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, ReduceOp op,
                         bool async) override {
-    check_same("reduce_scatter_v", out, in);
-    check_counts("reduce_scatter_v", counts);
-    int64_t total = 0;
-    for (int64_t c : counts) total += c;
-    check_count("reduce_scatter_v", "input", in, total);
-    check_count("reduce_scatter_v", "output", out, counts[size_t(rank())]);
     Staged si(in, true, false, stage(0, in, async)), so(out, false, true, stage(1, out, async));
     auto c = to_ints(counts, "reduce_scatter_v", *this);
     MPI_Datatype ty = mpi_datatype(in.dtype());
@@ -294,11 +276,7 @@ class MpiGroup final : public Group, public HasMpiComm {
     return Work(w);
   }
 
-  Work all_to_all(const Tensor& out, const Tensor& in, bool async) override {
-    check_same("all_to_all", out, in);
-    check_count("all_to_all", "output", out, in.numel());
-    MT_CHECK(in.numel() % size() == 0, "comm", "all_to_all on {}: {} elements do not split into {} equal chunks",
-             describe(), in.numel(), size());
+  Work do_all_to_all(const Tensor& out, const Tensor& in, bool async) override {
     Staged si(in, true, false, stage(0, in, async)), so(out, false, true, stage(1, out, async));
     int n = to_int(in.numel() / size(), "all_to_all", *this);
     MPI_Datatype ty = mpi_datatype(in.dtype());
@@ -318,16 +296,8 @@ class MpiGroup final : public Group, public HasMpiComm {
     return Work(w);
   }
 
-  Work all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
-                    const std::vector<int64_t>& recv_counts, bool async) override {
-    check_same("all_to_all_v", out, in);
-    check_counts("all_to_all_v", send_counts);
-    check_counts("all_to_all_v", recv_counts);
-    int64_t st = 0, rt = 0;
-    for (int64_t c : send_counts) st += c;
-    for (int64_t c : recv_counts) rt += c;
-    check_count("all_to_all_v", "input", in, st);
-    check_count("all_to_all_v", "output", out, rt);
+  Work do_all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
+                       const std::vector<int64_t>& recv_counts, bool async) override {
     Staged si(in, true, false, stage(0, in, async)), so(out, false, true, stage(1, out, async));
     auto sc = to_ints(send_counts, "all_to_all_v", *this), rc = to_ints(recv_counts, "all_to_all_v", *this);
     auto sd = displs_of(sc), rd = displs_of(rc);
@@ -351,9 +321,7 @@ class MpiGroup final : public Group, public HasMpiComm {
     return Work(w);
   }
 
-  Work broadcast(const Tensor& t, int root, bool async) override {
-    MT_CHECK(root >= 0 && root < size(), "comm", "broadcast on {}: root {} is not a rank of a group of {}", describe(),
-             root, size());
+  Work do_broadcast(const Tensor& t, int root, bool async) override {
     Staged s(t, rank() == root, rank() != root, stage(0, t, async));
     int n = to_int(t.numel(), "broadcast", *this);
     MPI_Datatype ty = mpi_datatype(t.dtype());
@@ -372,16 +340,14 @@ class MpiGroup final : public Group, public HasMpiComm {
     return Work(w);
   }
 
-  void send(const Tensor& t, int peer) override {
-    check_peer("send", peer);
+  void do_send(const Tensor& t, int peer) override {
     Staged s(t, true, false, stage(0, t, false));
     WatchdogScope w("send", *this);
     MT_MPI_CHECK(
         MPI_Send(s.host.data_ptr(), to_int(t.numel(), "send", *this), mpi_datatype(t.dtype()), peer, kTag, comm_));
   }
 
-  void recv(const Tensor& t, int peer) override {
-    check_peer("recv", peer);
+  void do_recv(const Tensor& t, int peer) override {
     Staged s(t, false, true, stage(0, t, false));
     {
       WatchdogScope w("recv", *this);
@@ -391,9 +357,7 @@ class MpiGroup final : public Group, public HasMpiComm {
     s.finish();
   }
 
-  Work ring_shift(const Tensor& out, const Tensor& in, int shift, bool async) override {
-    check_same("ring_shift", out, in);
-    check_count("ring_shift", "output", out, in.numel());
+  Work do_ring_shift(const Tensor& out, const Tensor& in, int shift, bool async) override {
     int n = size();
     int to = ((rank() + shift) % n + n) % n, from = ((rank() - shift) % n + n) % n;
     Staged si(in, true, false, stage(0, in, async)), so(out, false, true, stage(1, out, async));
@@ -417,7 +381,7 @@ class MpiGroup final : public Group, public HasMpiComm {
     return Work(w);
   }
 
-  void barrier() override {
+  void do_barrier() override {
     WatchdogScope w("barrier", *this);
     MT_MPI_CHECK(MPI_Barrier(comm_));
   }
@@ -463,10 +427,7 @@ class MpiGroup final : public Group, public HasMpiComm {
       w.staged.push_back(k);
     }
   }
-  void check_peer(const char* op, int peer) const {
-    MT_CHECK(peer >= 0 && peer < size(), "comm", "{} on {}: peer {} is not a rank of a group of {}", op, describe(),
-             peer, size());
-  }
+
 
   MPI_Comm comm_;
 };

@@ -155,8 +155,8 @@ class NcclGroup final : public Group, public HasMpiComm {
   MPI_Comm mpi_comm() const override { return mpi_; }
   std::string_view backend() const override { return "nccl"; }
 
-  using Group::all_reduce;  // the out-of-place form: copy, then the in-place call below
-  Work all_reduce(const Tensor& t, ReduceOp op, bool async) override {
+  using Group::do_all_reduce;  // the out-of-place form: copy, then the in-place call below
+  Work do_all_reduce(const Tensor& t, ReduceOp op, bool async) override {
     check_dev("all_reduce", t);
     auto ty = reduce_type("all_reduce", t.dtype());
     size_t n = size_t(t.numel());
@@ -166,9 +166,7 @@ class NcclGroup final : public Group, public HasMpiComm {
     });
   }
 
-  Work all_gather(const Tensor& out, const Tensor& in, bool async) override {
-    check_same("all_gather", out, in);
-    check_count("all_gather", "output", out, in.numel() * size());
+  Work do_all_gather(const Tensor& out, const Tensor& in, bool async) override {
     check_dev("all_gather", in);
     auto [ty, mult] = move_type(in.dtype());
     size_t n = size_t(in.numel()) * mult;
@@ -178,13 +176,9 @@ class NcclGroup final : public Group, public HasMpiComm {
     });
   }
 
-  Work all_gather_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, bool async) override {
-    check_same("all_gather_v", out, in);
-    check_counts("all_gather_v", counts);
-    check_count("all_gather_v", "input", in, counts[size_t(rank())]);
+  Work do_all_gather_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, bool async) override {
     int64_t total = 0;
     for (int64_t c : counts) total += c;
-    check_count("all_gather_v", "output", out, total);
     check_dev("all_gather_v", in);
     if (total == 0) return {};
     auto [ty, mult] = move_type(in.dtype());
@@ -205,9 +199,7 @@ class NcclGroup final : public Group, public HasMpiComm {
     });
   }
 
-  Work reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, bool async) override {
-    check_same("reduce_scatter", out, in);
-    check_count("reduce_scatter", "input", in, out.numel() * size());
+  Work do_reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, bool async) override {
     check_dev("reduce_scatter", in);
     auto ty = reduce_type("reduce_scatter", in.dtype());
     size_t n = size_t(out.numel());
@@ -217,14 +209,10 @@ class NcclGroup final : public Group, public HasMpiComm {
     });
   }
 
-  Work reduce_scatter_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, ReduceOp op,
+  Work do_reduce_scatter_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, ReduceOp op,
                         bool async) override {
-    check_same("reduce_scatter_v", out, in);
-    check_counts("reduce_scatter_v", counts);
     int64_t total = 0;
     for (int64_t c : counts) total += c;
-    check_count("reduce_scatter_v", "input", in, total);
-    check_count("reduce_scatter_v", "output", out, counts[size_t(rank())]);
     check_dev("reduce_scatter_v", in);
     auto ty = reduce_type("reduce_scatter_v", in.dtype());
     if (total == 0) return {};
@@ -245,31 +233,17 @@ class NcclGroup final : public Group, public HasMpiComm {
     });
   }
 
-  Work all_to_all(const Tensor& out, const Tensor& in, bool async) override {
-    check_same("all_to_all", out, in);
-    check_count("all_to_all", "output", out, in.numel());
-    MT_CHECK(in.numel() % size() == 0, "comm", "all_to_all on {}: {} elements do not split into {} equal chunks",
-             describe(), in.numel(), size());
+  Work do_all_to_all(const Tensor& out, const Tensor& in, bool async) override {
     std::vector<int64_t> c(size_t(size()), in.numel() / size());
     return exchange("all_to_all", out, in, c, c, async);
   }
 
-  Work all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
-                    const std::vector<int64_t>& recv_counts, bool async) override {
-    check_same("all_to_all_v", out, in);
-    check_counts("all_to_all_v", send_counts);
-    check_counts("all_to_all_v", recv_counts);
-    int64_t st = 0, rt = 0;
-    for (int64_t c : send_counts) st += c;
-    for (int64_t c : recv_counts) rt += c;
-    check_count("all_to_all_v", "input", in, st);
-    check_count("all_to_all_v", "output", out, rt);
+  Work do_all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
+                       const std::vector<int64_t>& recv_counts, bool async) override {
     return exchange("all_to_all_v", out, in, send_counts, recv_counts, async);
   }
 
-  Work broadcast(const Tensor& t, int root, bool async) override {
-    MT_CHECK(root >= 0 && root < size(), "comm", "broadcast on {}: root {} is not a rank of a group of {}", describe(),
-             root, size());
+  Work do_broadcast(const Tensor& t, int root, bool async) override {
     check_dev("broadcast", t);
     auto [ty, mult] = move_type(t.dtype());
     size_t n = size_t(t.numel()) * mult;
@@ -279,12 +253,10 @@ class NcclGroup final : public Group, public HasMpiComm {
     });
   }
 
-  void send(const Tensor& t, int peer) override { point_to_point("send", t, peer, true); }
-  void recv(const Tensor& t, int peer) override { point_to_point("recv", t, peer, false); }
+  void do_send(const Tensor& t, int peer) override { point_to_point("send", t, peer, true); }
+  void do_recv(const Tensor& t, int peer) override { point_to_point("recv", t, peer, false); }
 
-  Work ring_shift(const Tensor& out, const Tensor& in, int shift, bool async) override {
-    check_same("ring_shift", out, in);
-    check_count("ring_shift", "output", out, in.numel());
+  Work do_ring_shift(const Tensor& out, const Tensor& in, int shift, bool async) override {
     int n = size();
     int to = ((rank() + shift) % n + n) % n, from = ((rank() - shift) % n + n) % n;
     std::vector<int64_t> sc(size_t(n), 0), rc(size_t(n), 0);
@@ -293,7 +265,7 @@ class NcclGroup final : public Group, public HasMpiComm {
     return exchange("ring_shift", out, in, sc, rc, async);
   }
 
-  void barrier() override {
+  void do_barrier() override {
     if (!barrier_buf_.defined()) barrier_buf_ = zeros({1}, DType::i32, Device::cuda(device_));
     run("barrier", {}, false, [&](cudaStream_t s) {
       MT_NCCL_CHECK(ncclAllReduce(barrier_buf_.data_ptr(), barrier_buf_.data_ptr(), 1, ncclInt32, ncclSum, comm_, s),
@@ -440,8 +412,8 @@ class NcclGroup final : public Group, public HasMpiComm {
   }
 
   void point_to_point(const char* op, const Tensor& t, int peer, bool is_send) {
-    MT_CHECK(peer >= 0 && peer < size() && peer != rank(), "comm", "{} on {}: bad peer {} (rank {} of {})", op,
-             describe(), peer, rank(), size());
+    // The peer's range is checked by Group; NCCL alone cannot send to its own rank.
+    MT_CHECK(peer != rank(), "comm", "{} on {}: bad peer {} (rank {} of {})", op, describe(), peer, rank(), size());
     check_dev(op, t);
     auto [ty, mult] = move_type(t.dtype());
     size_t n = size_t(t.numel()) * mult;

@@ -25,6 +25,10 @@ ParallelPlan llama_tp_plan(bool sp, bool loss_parallel) {
   return plan;
 }
 
+double llama_tp_sp_bytes(int64_t n_layers, int tp, double act_bytes) {
+  return double(4 * n_layers + 2) * act_bytes * double(tp - 1) / double(tp);
+}
+
 void apply_tp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, const ParallelConfig& p) {
   const int tp = pd.tp;
   if (tp == 1) return;

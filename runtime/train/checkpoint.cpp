@@ -273,7 +273,7 @@ TrainProgress load_checkpoint(const std::string& path, LlamaForCausalLM& model, 
     auto it = weights.tensors.find(q->name);
     MT_CHECK(it != weights.tensors.end(), "checkpoint", "{}: missing tensor '{}'", model_file, q->name);
     assign_full(q->value, it->second, model_file, q->name);
-    q->refresh_compute();
+    refresh_compute_copy(*q);
   }
   for (auto& [name, t] : weights.tensors) {
     bool known = std::any_of(params.begin(), params.end(), [&](Parameter* q) { return q->name == name; });
@@ -455,7 +455,7 @@ void load_hf_weights(const std::string& path, LlamaForCausalLM& model) {
     MT_CHECK(it != all.end(), "checkpoint", "{}: missing tensor '{}' (shape {})", path, q->name,
              shape_str(q->value.shape()));
     assign_full(q->value, it->second.first, it->second.second, q->name);
-    q->refresh_compute();
+    refresh_compute_copy(*q);
   }
   for (auto& [name, tf] : all) {
     bool known = std::any_of(params.begin(), params.end(), [&](Parameter* q) { return q->name == name; });

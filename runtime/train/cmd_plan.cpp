@@ -2,13 +2,17 @@
 // every parameter's placements and local shape on each rank, every module's
 // layout hooks, and the bytes one step communicates per rank, counted by the
 // runtime on a real forward/backward of a random batch and set beside the
-// analytic count for Megatron-style tensor parallel with sequence parallel.
+// analytic count each parallelism declares next to its code (tp with sequence
+// parallel, cp, fully_shard, the gradient buckets).
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <random>
 
+#include "attention/ring_attention.h"
+#include "comm/comm_counters.h"
+#include "models/llama/parallelize.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/train/cmd_plan.h"
 #include "runtime/train/trainer.h"
@@ -19,74 +23,75 @@ namespace {
 
 std::string mib(double b) { return fmt::format("{:.3f} MiB", b / (1 << 20)); }
 
-}  // namespace
-
-int run_plan_command(RunContext& ctx) {
-  const Config& cfg = ctx.config;
-  TrainRun run = make_train_run(cfg, *ctx.env, false);
-  const bool root = ctx.env->rank() == 0;
+// Step 1: every parameter's layout on each tp rank, fully_shard's decisions, every module's layout hooks.
+void print_layouts(const Config& cfg, TrainRun& run) {
   const DeviceMesh& mesh = run.mesh;
   const int tp_dim = mesh.dim_index("tp");
   const int tp = mesh.size(tp_dim);
-  if (root) {
-    std::printf(
-        "mesh %s (%d ranks): %s; tp plan: %s\n\n", mesh_str(mesh.dims()).c_str(), mesh.size(),
-        run.pd.describe().c_str(),
-        tp == 1 ? "none (tp = 1)" : (cfg.parallel.tp_plan.empty() ? "the model's default" : "parallel.tp_plan"));
-    if (run.pd.cp > 1) {
-      // Each cp rank's tokens of every sequence (the same on every dp and tp coordinate).
-      std::printf("sequence (%lld tokens) over cp = %d, %s: each rank's chunks of global positions\n",
-                  (long long)cfg.training.seq_len, run.pd.cp, cp_load_balance_name(run.pd.cp_load_balance).c_str());
-      for (int r = 0; r < run.pd.cp; ++r) {
-        SequenceShard sh = sequence_shard(run.pd.cp_load_balance, cfg.training.seq_len, run.pd.cp, r);
-        std::string chunks;
-        for (int64_t p0 : sh.chunk_pos)
-          chunks += fmt::format("{}[{}, {})", chunks.empty() ? "" : " ", p0, p0 + sh.chunk_len);
-        std::printf("  cp rank %d: %s (%lld tokens)\n", r, chunks.c_str(), (long long)sh.size());
-      }
-      std::printf("\n");
+  std::printf(
+      "mesh %s (%d ranks): %s; tp plan: %s\n\n", mesh_str(mesh.dims()).c_str(), mesh.size(),
+      run.pd.describe().c_str(),
+      tp == 1 ? "none (tp = 1)" : (cfg.parallel.tp_plan.empty() ? "the model's default" : "parallel.tp_plan"));
+  if (run.pd.cp > 1) {
+    // Each cp rank's tokens of every sequence (the same on every dp and tp coordinate).
+    std::printf("sequence (%lld tokens) over cp = %d, %s: each rank's chunks of global positions\n",
+                (long long)cfg.training.seq_len, run.pd.cp, cp_load_balance_name(run.pd.cp_load_balance).c_str());
+    for (int r = 0; r < run.pd.cp; ++r) {
+      SequenceShard sh = sequence_shard(run.pd.cp_load_balance, cfg.training.seq_len, run.pd.cp, r);
+      std::string chunks;
+      for (int64_t p0 : sh.chunk_pos)
+        chunks += fmt::format("{}[{}, {})", chunks.empty() ? "" : " ", p0, p0 + sh.chunk_len);
+      std::printf("  cp rank %d: %s (%lld tokens)\n", r, chunks.c_str(), (long long)sh.size());
     }
-    std::printf("parameters: placements over (%s), local shape on each tp rank\n",
-                [&] {
-                  std::string s;
-                  for (auto& d : mesh.dims()) s += (s.empty() ? "" : ", ") + d.name;
-                  return s;
-                }()
-                    .c_str());
-    for (Parameter* p : run.params) {
-      std::string pl, shapes;    // placements, local shapes
-      pl = p->value.spec.str();  // with [k] marks where several mesh dims split one tensor dim
-      std::vector<int> coord = mesh.coordinate();
-      for (int r = 0; r < tp; ++r) {
-        coord[size_t(tp_dim)] = r;
-        shapes += (r ? " " : "") + shape_str(p->value.spec.local_shape(coord));
-      }
-      std::string grad = p->grad_partial_dims.empty() ? "" : "  (gradient partial over tp)";
-      std::printf("  %-48s %-14s [%s] %s%s\n", p->name.c_str(), shape_str(p->value.shape()).c_str(), pl.c_str(),
-                  shapes.c_str(), grad.c_str());
-    }
-    if (run.fsdp) {
-      std::printf("\nfully_shard over dp_shard = %d (min_weight_size %lld, reshard_after_forward %s): %s\n  units:",
-                  run.pd.dp_shard, (long long)run.fsdp->options().min_weight_size,
-                  run.fsdp->options().reshard_after_forward ? "true" : "false", run.fsdp->describe().c_str());
-      for (auto& u : run.fsdp->unit_names()) std::printf(" %s", u.c_str());
-      std::printf("\n");
-      for (const FsdpDecision& d : run.fsdp->decisions())
-        std::printf("  %-48s %s%s\n", d.param.c_str(),
-                    d.tensor_dim < 0 ? "replicated: "
-                                     : fmt::format("Shard({}){}: ", d.tensor_dim, d.with_tp ? " with tp" : "").c_str(),
-                    d.reason.c_str());
-    }
-    std::printf("\nmodule layouts (activations: Shard(0) over the data-parallel dims, Shard(1) over cp)\n");
-    int shown = 0;
-    for (Module* m : run.model->modules()) {
-      for (auto& h : m->input_hooks) std::printf("  %s: input %s\n", m->name().c_str(), h.what.c_str()), ++shown;
-      for (auto& h : m->output_hooks) std::printf("  %s: output %s\n", m->name().c_str(), h.what.c_str()), ++shown;
-    }
-    if (!shown) std::printf("  (none: every module sees its whole input)\n");
+    std::printf("\n");
   }
+  std::printf("parameters: placements over (%s), local shape on each tp rank\n",
+              [&] {
+                std::string s;
+                for (auto& d : mesh.dims()) s += (s.empty() ? "" : ", ") + d.name;
+                return s;
+              }()
+                  .c_str());
+  for (Parameter* p : run.params) {
+    std::string pl, shapes;    // placements, local shapes
+    pl = p->value.spec.str();  // with [k] marks where several mesh dims split one tensor dim
+    std::vector<int> coord = mesh.coordinate();
+    for (int r = 0; r < tp; ++r) {
+      coord[size_t(tp_dim)] = r;
+      shapes += (r ? " " : "") + shape_str(p->value.spec.local_shape(coord));
+    }
+    std::string grad = p->partial_dims().empty() ? "" : "  (gradient partial over tp)";
+    std::printf("  %-48s %-14s [%s] %s%s\n", p->name.c_str(), shape_str(p->value.shape()).c_str(), pl.c_str(),
+                shapes.c_str(), grad.c_str());
+  }
+  if (run.fsdp) {
+    std::printf("\nfully_shard over dp_shard = %d (min_weight_size %lld, reshard_after_forward %s): %s\n  units:",
+                run.pd.dp_shard, (long long)run.fsdp->options().min_weight_size,
+                run.fsdp->options().reshard_after_forward ? "true" : "false", run.fsdp->describe().c_str());
+    for (auto& u : run.fsdp->unit_names()) std::printf(" %s", u.c_str());
+    std::printf("\n");
+    for (const FsdpDecision& d : run.fsdp->decisions())
+      std::printf("  %-48s %s%s\n", d.param.c_str(),
+                  d.tensor_dim < 0 ? "replicated: "
+                                   : fmt::format("Shard({}){}: ", d.tensor_dim, d.with_tp ? " with tp" : "").c_str(),
+                  d.reason.c_str());
+  }
+  std::printf("\nmodule layouts (activations: Shard(0) over the data-parallel dims, Shard(1) over cp)\n");
+  int shown = 0;
+  for (Module* m : run.model->modules()) {
+    for (auto& h : m->input_hooks) std::printf("  %s: input %s\n", m->name().c_str(), h.what.c_str()), ++shown;
+    for (auto& h : m->output_hooks) std::printf("  %s: output %s\n", m->name().c_str(), h.what.c_str()), ++shown;
+  }
+  if (!shown) std::printf("  (none: every module sees its whole input)\n");
+}
 
-  // One forward and backward of a random batch (each rank's part of it), counted.
+// What one micro-batch's forward, backward and gradient sync sent from this rank, counted by the groups.
+struct StepCounts {
+  CommCounters forward, backward, sync;
+};
+
+// Step 2: one forward and backward of a random batch (each rank's part of it), then the gradient sync, counted.
+StepCounts measure_step(const Config& cfg, TrainRun& run) {
   const auto& t = cfg.training;
   std::mt19937 gen(1234);
   Batch batch;
@@ -98,104 +103,117 @@ int run_plan_command(RunContext& ctx) {
   MicroBatch mb = local_micro_batch(run, batch, 0);
   run.model->set_documents(mb.doc_start);
   zero_grads(run.params);
+  StepCounts c;
   reset_comm_counters();
   Tensor logits = run.model->call(mb.inputs);
-  CommCounters fwd = comm_counters();
+  c.forward = comm_counters();
   Tensor losses = empty({mb.targets.numel()}, accum_dtype(logits.dtype()), run.device);
   Tensor rows = as_rows(logits);
   token_losses(run, losses, rows, rows, mb.targets.reshape({-1}), 1.0);
   reset_comm_counters();
   run.model->call_backward(logits);
-  CommCounters bwd = comm_counters();
+  c.backward = comm_counters();
   reset_comm_counters();
   sync_gradients(run);
-  CommCounters sync = comm_counters();
+  c.sync = comm_counters();
+  return c;
+}
 
-  if (root) {
-    auto print = [](const char* what, const CommCounters& c) {
-      std::printf("  %-22s %s", what, mib(double(c.total())).c_str());
-      std::string parts;
-      for (auto& [k, v] : c.bytes_by_collective)
-        parts += fmt::format("{}{}: {} x{}", parts.empty() ? "" : ", ", k, mib(double(v)), c.calls_by_collective.at(k));
-      std::printf("%s%s%s\n", parts.empty() ? "" : "  (", parts.c_str(), parts.empty() ? "" : ")");
-    };
-    std::printf(
-        "\nbytes sent per rank in one micro-batch of %lld x %lld tokens (%lld on this rank; measured by the "
-        "runtime):\n",
-        (long long)run.micro, (long long)t.seq_len, (long long)run.shard.size());
-    print("forward", fwd);
-    print("backward", bwd);
-    print("gradient sync", sync);
-    // Megatron-style TP with sequence parallel: per layer and direction 2 all-gathers and 2 reduce-scatters
-    // of a (b, T, d) activation, each moving (tp-1)/tp of it per rank; plus the embedding's reduce-scatter and
-    // lm_head's all-gather.
-    if (tp > 1 && cfg.parallel.sequence_parallel && cfg.parallel.tp_plan.empty()) {
-      double act = double(run.micro * run.shard.size() * cfg.model.dim) * double(dtype_size(run.dtype));
-      double analytic = double(4 * cfg.model.n_layers + 2) * act * double(tp - 1) / double(tp);
-      auto tp_bytes = [&](const CommCounters& c) {
-        auto it = c.bytes_by_dim.find("tp");
-        return it == c.bytes_by_dim.end() ? 0.0 : double(it->second);
-      };
-      double f = tp_bytes(fwd), b = tp_bytes(bwd);
-      std::printf(
-          "\nanalytic tp bytes per direction: (4 x %lld layers + 2) x (%d-1)/%d x %lld x %lld x %lld x %zu B = %s\n",
-          (long long)cfg.model.n_layers, tp, tp, (long long)run.micro, (long long)run.shard.size(),
-          (long long)cfg.model.dim, dtype_size(run.dtype), mib(analytic).c_str());
-      bool same = f == analytic && b == analytic;
-      std::printf("tp activations: measured %s analytic (forward %s, backward %s)\n", same ? "=" : "!=", mib(f).c_str(),
-                  mib(b).c_str());
-    }
-    if (run.pd.cp > 1) {
-      // Per layer a rank's K and V are (micro, T/cp, n_kv_heads/tp, hd). ring: forward (N-1) shifts of them;
-      // backward (N-1) shifts again plus N shifts of the dK/dV accumulator. all_gather: (N-1) x local K/V
-      // gathered in forward and again in backward, dK/dV reduce-scattered: (N-1) x local.
-      const int N = run.pd.cp;
-      const int64_t hd = cfg.model.dim / cfg.model.n_heads, kv_heads = cfg.model.n_kv_heads / tp;
-      const double kv_elems = 2.0 * double(run.micro * run.shard.size() * kv_heads * hd);
-      const double kv = kv_elems * double(dtype_size(run.dtype)),
-                   dkv = kv_elems * double(dtype_size(accum_dtype(run.dtype)));
-      const double L = double(cfg.model.n_layers);
-      const double f_an = L * (N - 1) * kv;
-      const double b_an = L * ((N - 1) * kv + (run.pd.cp_method == CpMethod::ring ? N : N - 1) * dkv);
-      auto cp_bytes = [&](const CommCounters& c) {
-        auto it = c.bytes_by_dim.find("cp");
-        return it == c.bytes_by_dim.end() ? 0.0 : double(it->second);
-      };
-      double f = cp_bytes(fwd), b = cp_bytes(bwd);
-      std::printf("\ncp (%s) bytes per rank: forward measured %s, analytic %lld layers x (%d-1) x K/V %s = %s (%s)\n",
-                  cp_method_name(run.pd.cp_method).c_str(), mib(f).c_str(), (long long)cfg.model.n_layers, N,
-                  mib(kv).c_str(), mib(f_an).c_str(), f == f_an ? "equal" : "DIFFERENT");
-      std::printf(
-          "cp bytes per rank: backward measured %s, analytic %lld layers x ((%d-1) x K/V + %d x dK/dV %s) = %s (%s)\n",
-          mib(b).c_str(), (long long)cfg.model.n_layers, N, run.pd.cp_method == CpMethod::ring ? N : N - 1,
-          mib(dkv).c_str(), mib(b_an).c_str(), b == b_an ? "equal" : "DIFFERENT");
-    }
-    if (run.fsdp) {
-      // Per step and rank: the units' flat buffers all-gathered in forward, again in backward (with reshard), the
-      // gradients reduce-scattered: each sends (N-1) x one rank's buffer.
-      const int N = run.pd.dp_shard;
-      const double slot = double(run.fsdp->slot_elements());
-      const double pb = double(dtype_size(run.fsdp->options().param_dtype)),
-                   rb = double(dtype_size(run.fsdp->options().reduce_dtype));
-      const bool reshard = run.fsdp->options().reshard_after_forward;
-      const double f_an = (N - 1) * slot * pb, b_an = (reshard ? (N - 1) * slot * pb : 0.0) + (N - 1) * slot * rb;
-      auto ds_bytes = [&](const CommCounters& c) {
-        auto it = c.bytes_by_dim.find("dp_shard");
-        return it == c.bytes_by_dim.end() ? 0.0 : double(it->second);
-      };
-      double f = ds_bytes(fwd), b = ds_bytes(bwd);
-      std::printf("\nfsdp bytes per rank: forward measured %s, analytic (%d-1) x %.0f elements x %.0f B = %s (%s)\n",
-                  mib(f).c_str(), N, slot, pb, mib(f_an).c_str(), f == f_an ? "equal" : "DIFFERENT");
-      std::printf(
-          "fsdp bytes per rank: backward measured %s, analytic %s(%d-1) x %.0f x %.0f B reduce-scatter = %s (%s)\n",
-          mib(b).c_str(), reshard ? fmt::format("({}-1) x {:.0f} x {:.0f} B gather + ", N, slot, pb).c_str() : "", N,
-          slot, rb, mib(b_an).c_str(), b == b_an ? "equal" : "DIFFERENT");
-    }
-    std::printf(
-        "(the vocab-parallel loss adds 2 all-reduces over tp, of %lld row maxima and of twice as many sums, not "
-        "counted above)\n",
-        (long long)(run.micro * t.seq_len));
+// "forward 1.234 MiB  (tp all_gather: 0.5 MiB x4, ...)": a phase's total and its collectives.
+void print_phase(const char* what, const char* key, const CommCounters& c) {
+  std::printf("  %-22s %s", what, mib(double(c.total())).c_str());
+  std::string parts;
+  for (auto& [k, v] : c.bytes_by_collective)
+    parts += fmt::format("{}{}: {} x{}", parts.empty() ? "" : ", ", k, mib(double(v)), c.calls_by_collective.at(k));
+  std::printf("%s%s%s\n", parts.empty() ? "" : "  (", parts.c_str(), parts.empty() ? "" : ")");
+  // Each (tag, group, kind) exactly, for scripts: "    bytes[forward] tag=cp.kv group=cp kind=ring_shift calls=4 bytes=..."
+  for (auto& [entry, n] : c.entries) {
+    const size_t a = entry.find('|'), b = entry.find('|', a + 1);
+    std::printf("    bytes[%s] tag=%s group=%s kind=%s calls=%lld bytes=%lld\n", key,
+                a == 0 ? "-" : entry.substr(0, a).c_str(), entry.substr(a + 1, b - a - 1).c_str(), entry.substr(b + 1).c_str(),
+                (long long)n.calls, (long long)n.bytes);
   }
+}
+
+// Step 3: the counted bytes, and beside them each parallelism's analytic count (declared next to its code:
+// llama_tp_sp_bytes, cp_layer_bytes, fsdp_step_bytes, GradSync::bucket_bytes_per_rank). The figures compared
+// are those of the parallelism's own tag, so a collective another part of the step adds cannot hide a
+// difference.
+void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& c) {
+  const auto& t = cfg.training;
+  const int tp = run.mesh.size(run.mesh.dim_index("tp"));
+  std::printf(
+      "\nbytes sent per rank in one micro-batch of %lld x %lld tokens (%lld on this rank; measured by the "
+      "runtime):\n",
+      (long long)run.micro, (long long)t.seq_len, (long long)run.shard.size());
+  print_phase("forward", "forward", c.forward);
+  print_phase("backward", "backward", c.backward);
+  print_phase("gradient sync", "sync", c.sync);
+  if (tp > 1 && cfg.parallel.sequence_parallel && cfg.parallel.tp_plan.empty()) {
+    double act = double(run.micro * run.shard.size() * cfg.model.dim) * double(dtype_size(run.dtype));
+    double analytic = llama_tp_sp_bytes(cfg.model.n_layers, tp, act);
+    double f = double(c.forward.bytes(kLayoutTag, "tp")), b = double(c.backward.bytes(kLayoutTag, "tp"));
+    std::printf(
+        "\nanalytic tp bytes per direction: (4 x %lld layers + 2) x (%d-1)/%d x %lld x %lld x %lld x %zu B = %s\n",
+        (long long)cfg.model.n_layers, tp, tp, (long long)run.micro, (long long)run.shard.size(),
+        (long long)cfg.model.dim, dtype_size(run.dtype), mib(analytic).c_str());
+    bool same = f == analytic && b == analytic;
+    std::printf("tp activations: measured %s analytic (forward %s, backward %s)\n", same ? "=" : "!=", mib(f).c_str(),
+                mib(b).c_str());
+  }
+  if (run.pd.cp > 1) {
+    // Per layer a rank's K and V are (micro, T/cp, n_kv_heads/tp, hd).
+    const int N = run.pd.cp;
+    const int64_t hd = cfg.model.dim / cfg.model.n_heads, kv_heads = cfg.model.n_kv_heads / tp;
+    const double kv_elems = 2.0 * double(run.micro * run.shard.size() * kv_heads * hd);
+    const double kv = kv_elems * double(dtype_size(run.dtype)),
+                 dkv = kv_elems * double(dtype_size(accum_dtype(run.dtype)));
+    const CpLayerBytes per_layer = cp_layer_bytes(run.pd.cp_method, N, kv, dkv);
+    const double L = double(cfg.model.n_layers), f_an = L * per_layer.forward, b_an = L * per_layer.backward;
+    double f = double(c.forward.bytes("cp.", "cp")), b = double(c.backward.bytes("cp.", "cp"));
+    std::printf("\ncp (%s) bytes per rank: forward measured %s, analytic %lld layers x (%d-1) x K/V %s = %s (%s)\n",
+                cp_method_name(run.pd.cp_method).c_str(), mib(f).c_str(), (long long)cfg.model.n_layers, N,
+                mib(kv).c_str(), mib(f_an).c_str(), f == f_an ? "equal" : "DIFFERENT");
+    std::printf(
+        "cp bytes per rank: backward measured %s, analytic %lld layers x ((%d-1) x K/V + %d x dK/dV %s) = %s (%s)\n",
+        mib(b).c_str(), (long long)cfg.model.n_layers, N, per_layer.dkv_moves, mib(dkv).c_str(), mib(b_an).c_str(),
+        b == b_an ? "equal" : "DIFFERENT");
+  }
+  if (run.fsdp) {
+    const int N = run.pd.dp_shard;
+    const double slot = double(run.fsdp->slot_elements());
+    const double pb = double(dtype_size(run.fsdp->options().param_dtype)),
+                 rb = double(dtype_size(run.fsdp->options().reduce_dtype));
+    const bool reshard = run.fsdp->options().reshard_after_forward;
+    const FsdpStepBytes an = fsdp_step_bytes(*run.fsdp, N);
+    double f = double(c.forward.bytes("fsdp.")), b = double(c.backward.bytes("fsdp."));
+    std::printf("\nfsdp bytes per rank: forward measured %s, analytic (%d-1) x %.0f elements x %.0f B = %s (%s)\n",
+                mib(f).c_str(), N, slot, pb, mib(an.forward).c_str(), f == an.forward ? "equal" : "DIFFERENT");
+    std::printf(
+        "fsdp bytes per rank: backward measured %s, analytic %s(%d-1) x %.0f x %.0f B reduce-scatter = %s (%s)\n",
+        mib(b).c_str(), reshard ? fmt::format("({}-1) x {:.0f} x {:.0f} B gather + ", N, slot, pb).c_str() : "", N,
+        slot, rb, mib(an.backward).c_str(), b == an.backward ? "equal" : "DIFFERENT");
+  }
+  if (run.grad_sync) {
+    const double an = double(run.grad_sync->bucket_bytes_per_rank()), m = double(c.sync.bytes(kGradReduceTag));
+    std::printf("\ngradient buckets: measured %s, analytic 2 (n-1)/n x each bucket = %s (%s)\n", mib(m).c_str(),
+                mib(an).c_str(), m == an ? "equal" : "DIFFERENT");
+  }
+  std::printf(
+      "(the vocab-parallel loss adds 2 all-reduces over tp, of %lld row maxima and of twice as many sums, not "
+      "counted above)\n",
+      (long long)(run.micro * t.seq_len));
+}
+
+}  // namespace
+
+int run_plan_command(RunContext& ctx) {
+  const Config& cfg = ctx.config;
+  TrainRun run = make_train_run(cfg, *ctx.env, false);
+  const bool root = ctx.env->rank() == 0;
+  if (root) print_layouts(cfg, run);
+  StepCounts counts = measure_step(cfg, run);
+  if (root) print_step_bytes(cfg, run, counts);
   return 0;
 }
 

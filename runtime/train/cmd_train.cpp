@@ -203,7 +203,7 @@ int run_train_command(RunContext& ctx) {
     // The memory that does not depend on the batch: what peak memory is compared against.
     size_t state = 0;
     for (Parameter* p : run.params) {
-      state += p->value.local.nbytes() + p->grad.local.nbytes() + (p->compute.defined() ? p->compute.nbytes() : 0);
+      state += p->value.local.nbytes() + p->grad.local.nbytes() + (compute_copy(*p).defined() ? compute_copy(*p).nbytes() : 0);
       const auto& s = run.opt->state().at(p->name);
       state += s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
     }

@@ -21,7 +21,7 @@ void AdamW::step(double lr) {
   for (Parameter* p : params_) {
     State& s = state_.at(p->name);
     adamw_step(p->value.local, p->grad.local, s.exp_avg, s.exp_avg_sq, lr, beta1_, beta2_, eps_,
-               p->weight_decay ? weight_decay_ : 0.0, step_, p->compute);  // master updated, bf16 copy rewritten
+               p->weight_decay ? weight_decay_ : 0.0, step_, compute_copy(*p));  // master updated, bf16 copy rewritten
   }
 }
 

@@ -18,6 +18,14 @@ skipped=0
 
 ok() { passed=$((passed + 1)); echo "ok   $1"; }
 bad() { failed=$((failed + 1)); echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
+# The bytes `meshtrain plan` counted in one phase (forward, backward, sync) under tags starting with a prefix.
+counted() {  # counted PLAN_OUT PHASE TAG_PREFIX
+  awk -v ph="bytes[$2]" -v tg="tag=$3" '$1 == ph && index($2, tg) == 1 { sub("bytes=", "", $6); s += $6 } END { print s + 0 }' "$1"
+}
+# A check that a counted figure equals one computed here from the model's sizes, independently of the runtime.
+same_count() {  # same_count NAME GOT WANT
+  if [ "$2" = "$3" ]; then ok "$1 ($2 B)"; else bad "$1" "counted $2 B, computed $3 B"; fi
+}
 # same_sample WHAT LOG BASE_LOG: the step-20 sample lines of two runs exist and are equal (the same model
 # generates the same text); two missing lines would compare equal, so a missing one fails.
 same_sample() {

@@ -83,13 +83,25 @@ expect "unknown load balance" nonzero "parallel.cp_load_balance = 'zigzag': expe
 expect "separator outside the vocabulary" nonzero "data.document_separator = 300: expected a token id in [0, model.vocab_size = 256)" -- \
   "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set data.document_separator=300 train
 
-# meshtrain plan: chunks per rank and the cp bytes of a step against the analytic count.
+# meshtrain plan: chunks per rank and the cp bytes of a step. The "(equal)" lines compare the runtime's count with
+# the analytic formula of the same binary (cp_layer_bytes): a consistency check. The bytes are also checked against
+# a count made here from the YAML's sizes: per layer a rank's K and V are 2 x 4 rows x 16 tokens x 4 kv heads x 8 x
+# 4 B = 16384 B; forward 2 layers x 3 x K/V; backward adds dK/dV (f32, the same size) 4 times (ring) or 3 times.
 for method in ring all_gather; do
   expect "meshtrain plan ($method): chunks" zero "cp rank 1: [8, 16) [48, 56) (16 tokens)" -- \
     "$mpirun" -np 4 "$mt" --config "$tmp/t.yaml" "${one[@]}" --set parallel.cp=4 --set parallel.cp_method=$method plan
   cp "$tmp/out" "$tmp/plan.out"
-  expect "meshtrain plan ($method): forward cp bytes = analytic" zero "(equal)" -- grep "cp ($method) bytes per rank: forward" "$tmp/plan.out"
-  expect "meshtrain plan ($method): backward cp bytes = analytic" zero "(equal)" -- grep "cp bytes per rank: backward" "$tmp/plan.out"
+  expect "meshtrain plan ($method): forward cp bytes = analytic (consistency: runtime count vs its own formula)" zero \
+    "(equal)" -- grep "cp ($method) bytes per rank: forward" "$tmp/plan.out"
+  expect "meshtrain plan ($method): backward cp bytes = analytic (consistency: runtime count vs its own formula)" zero \
+    "(equal)" -- grep "cp bytes per rank: backward" "$tmp/plan.out"
+  kv=16384
+  moves=3
+  [ $method = ring ] && moves=4
+  same_count "meshtrain plan ($method): forward cp bytes = the test's own count" \
+    "$(counted "$tmp/plan.out" forward cp.)" $((2 * 3 * kv))
+  same_count "meshtrain plan ($method): backward cp bytes = the test's own count" \
+    "$(counted "$tmp/plan.out" backward cp.)" $((2 * (3 * kv + moves * kv)))
 done
 
 echo "cp: $passed passed, $failed failed"

@@ -80,8 +80,20 @@ for keep in true false; do
     grep "model.layers.0.self_attn.q_proj.weight" "$tmp/plan.out"
   expect "meshtrain plan (reshard_after_forward $keep): replicated norm" zero "replicated: 64 elements <= min_weight_size 1000" -- \
     grep "model.norm.weight   " "$tmp/plan.out"
-  expect "meshtrain plan (reshard_after_forward $keep): forward bytes = analytic" zero "(equal)" -- grep "fsdp bytes per rank: forward" "$tmp/plan.out"
-  expect "meshtrain plan (reshard_after_forward $keep): backward bytes = analytic" zero "(equal)" -- grep "fsdp bytes per rank: backward" "$tmp/plan.out"
+  expect "meshtrain plan (reshard_after_forward $keep): forward bytes = analytic (consistency: runtime vs its formula)" \
+    zero "(equal)" -- grep "fsdp bytes per rank: forward" "$tmp/plan.out"
+  expect "meshtrain plan (reshard_after_forward $keep): backward bytes = analytic (consistency: runtime vs its formula)" \
+    zero "(equal)" -- grep "fsdp bytes per rank: backward" "$tmp/plan.out"
+  # Counted here from the YAML: each rank's tp part of every sharded weight, halved by dp_shard = 2 (f32):
+  # per layer q 32x64 + k, v 16x64 + o 64x32 + gate, up 48x64 + down 64x48 = 15360 / 2; embedding and lm_head
+  # 128x64 / 2 each; the norms (64) stay replicated. One all-gather sends (2-1) x that.
+  slot=$((2 * (32 * 64 + 2 * 16 * 64 + 64 * 32 + 3 * 48 * 64) / 2 + 2 * 128 * 64 / 2))
+  same_count "meshtrain plan (reshard_after_forward $keep): forward fsdp bytes = the test's own count" \
+    "$(counted "$tmp/plan.out" forward fsdp.)" $((slot * 4))
+  want=$((slot * 4 * 2))
+  [ $keep = false ] && want=$((slot * 4))
+  same_count "meshtrain plan (reshard_after_forward $keep): backward fsdp bytes = the test's own count" \
+    "$(counted "$tmp/plan.out" backward fsdp.)" $want
 done
 
 # Checkpoints hold whole Hugging Face tensors: saved on dp_shard = 4, resumed on dp_replicate 2 x tp 2, and the

@@ -116,7 +116,14 @@ expect "meshtrain plan: parameter layouts" zero "model.layers.0.self_attn.q_proj
   "$mpirun" -np 4 "$mt" --config "$tmp/t.yaml" --set parallel.tp=2 --set parallel.dp_replicate=2 plan
 cp "$tmp/out" "$tmp/plan.out"
 expect "meshtrain plan: module hooks" zero "model.layers.0.self_attn: input S(1) -> R on tp" -- cat "$tmp/plan.out"
-expect "meshtrain plan: measured bytes equal the analytic count" zero "tp activations: measured = analytic" -- cat "$tmp/plan.out"
+expect "meshtrain plan: measured bytes equal the analytic count (consistency: runtime vs its formula)" zero \
+  "tp activations: measured = analytic" -- cat "$tmp/plan.out"
+# Counted here: per direction 2 layers x 4 + 2 all-gathers/reduce-scatters of a 4 x 32 x 64 f32 activation, half
+# of it each (tp = 2).
+same_count "meshtrain plan: forward tp bytes = the test's own count" "$(counted "$tmp/plan.out" forward layout)" \
+  $(((4 * 2 + 2) * 4 * 32 * 64 * 4 / 2))
+same_count "meshtrain plan: backward tp bytes = the test's own count" "$(counted "$tmp/plan.out" backward layout)" \
+  $(((4 * 2 + 2) * 4 * 32 * 64 * 4 / 2))
 
 echo "tp: $passed passed, $failed failed"
 [ $failed -eq 0 ]

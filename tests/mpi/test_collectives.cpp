@@ -12,6 +12,7 @@
 
 #include "../check_error.h"
 #include "../skip.h"
+#include "comm/comm_counters.h"
 #include "comm/mesh.h"
 #include "comm/mpi/mpi_group.h"
 #include "comm/nccl/nccl_group.h"
@@ -322,6 +323,58 @@ TEST_CASE("collectives mpi: mismatched buffers are errors naming the group") {
       "counts given for");
   CHECK_ERROR_CONTAINS(g.broadcast(zeros({1}, DType::f32), n), "root");
   CHECK_ERROR_CONTAINS(reduce_op_from_name("prod"), "unknown reduce op 'prod'");
+}
+
+TEST_CASE("collectives mpi: Group counts every collective it runs (kind, group, tag, calls, bytes)") {
+  DeviceMesh mesh = DeviceMesh::create({{"dp_replicate", world_size()}});
+  Group& g = mesh.group(0);
+  const int n = g.size(), me = g.rank();
+  const int64_t k = 6, B = 4 * k;  // elements per rank, and their f32 bytes
+  reset_comm_counters();
+  {
+    CommTag tag("test.a");
+    g.all_reduce(zeros({k}, DType::f32), ReduceOp::sum);
+    g.all_gather(zeros({n * k}, DType::f32), zeros({k}, DType::f32));
+    g.reduce_scatter(zeros({k}, DType::f32), zeros({n * k}, DType::f32), ReduceOp::sum);
+    {
+      CommTag inner("test.b");  // the innermost tag wins, then the outer one is back
+      g.all_to_all(zeros({n * k}, DType::f32), zeros({n * k}, DType::f32));
+    }
+    g.broadcast(zeros({k}, DType::f32), 0);
+    g.ring_shift(zeros({k}, DType::f32), zeros({k}, DType::f32), 1);
+  }
+  g.all_reduce(zeros({k}, DType::f32), ReduceOp::max);  // untagged
+  // Refused before anything runs: not counted.
+  CHECK_ERROR_CONTAINS(g.all_gather(zeros({n * k + 1}, DType::f32), zeros({k}, DType::f32)),
+                       "all_gather on group 'dp_replicate'");
+  const CommCounters c = comm_counters();
+  if (n == 1) {  // a group of one rank sends nothing: no entry at all
+    CHECK(c.entries.empty());
+    return;
+  }
+  // The ring algorithms' bytes per rank, written out here from the collectives' definitions.
+  CHECK(c.bytes("test.a", "dp_replicate", "all_reduce") == 2 * B * (n - 1) / n);
+  CHECK(c.bytes("test.a", "dp_replicate", "all_gather") == B * (n - 1));
+  CHECK(c.bytes("test.a", "dp_replicate", "reduce_scatter") == B * (n - 1));
+  CHECK(c.bytes("test.b", "dp_replicate", "all_to_all") == n * B * (n - 1) / n);
+  CHECK(c.bytes("test.a", "dp_replicate", "all_to_all") == 0);
+  CHECK(c.bytes("test.a", "dp_replicate", "broadcast") == (me == 0 ? B : 0));
+  CHECK(c.bytes("test.a", "dp_replicate", "ring_shift") == B);
+  CHECK(c.calls("test.") == 6);
+  CHECK(c.calls("", "dp_replicate", "all_reduce") == 2);
+  CHECK(c.entries.count("|dp_replicate|all_reduce") == 1);  // the untagged one
+  CHECK(c.calls("", "dp_replicate", "all_gather") == 1);    // the refused call is not there
+  const int64_t total = 2 * B * (n - 1) / n * 2 + B * (n - 1) * 2 + B * (n - 1) + (me == 0 ? B : 0) + B;
+  CHECK(c.total() == total);
+  CHECK(c.bytes_by_dim.at("dp_replicate") == total);
+  // Point to point: the sender counts the bytes, the receiver the call.
+  reset_comm_counters();
+  if (me == 0) g.send(zeros({k}, DType::f32), 1);
+  if (me == 1) g.recv(zeros({k}, DType::f32), 0);
+  const CommCounters p = comm_counters();
+  if (me == 0) CHECK(p.bytes("", "dp_replicate", "send") == B);
+  if (me == 1) CHECK((p.bytes("", "dp_replicate", "recv") == 0 && p.calls("", "dp_replicate", "recv") == 1));
+  CHECK_ERROR_CONTAINS(g.send(zeros({1}, DType::f32), n), "peer");
 }
 
 TEST_CASE("collectives nccl: the group's communicator, host tensors and u16 refused, u16 moved as bytes") {

@@ -72,7 +72,7 @@ template <class M> void compare(M& ref, M& par, const DeviceMesh& mesh, const Pa
   REQUIRE(rp.size() == pp.size());
   for (size_t i = 0; i < rp.size(); ++i) {
     DTensor g = pp[i]->grad;
-    for (int d : pp[i]->grad_partial_dims) g.spec.placements[size_t(d)] = Placement::Partial();
+    for (int d : pp[i]->partial_dims()) g.spec.placements[size_t(d)] = Placement::Partial();
     check_close(full_tensor(g), rp[i]->grad.local, pp[i]->name + " gradient");
   }
 }
