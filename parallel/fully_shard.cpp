@@ -161,6 +161,155 @@ void shard_last(Parameter& p, int mesh_dim, int tensor_dim) {
   relayout_param(p, pl, order);
 }
 
+// A unit as the patterns give it: its name and its modules in forward order.
+struct UnitSpec {
+  std::string name;
+  std::vector<Module*> modules;
+};
+
+// Phase 1, the units: every pattern must match; no module in two units; no parameter in two units. In forward
+// order.
+std::vector<UnitSpec> find_units(Module& root, const FullyShardOptions& opts) {
+  auto modules = root.modules();
+  std::map<Module*, size_t> order;  // forward order of modules (depth first = the order they run here)
+  for (size_t i = 0; i < modules.size(); ++i) order[modules[i]] = i;
+  std::vector<UnitSpec> specs;
+  for (const std::string& u : opts.units) {
+    auto parts = split_plus(u);
+    MT_CHECK(!parts.empty(), "config", "parallel.fsdp.patterns: an empty unit pattern");
+    std::vector<std::vector<Module*>> matches;
+    for (const std::string& pat : parts) {
+      std::vector<Module*> found;
+      for (Module* m : modules)
+        if (!m->name().empty() && pattern_matches(pat, m->name())) found.push_back(m);
+      MT_CHECK(!found.empty(), "config", "parallel.fsdp.patterns: pattern '{}' matches no module of the model", pat);
+      matches.push_back(found);
+    }
+    if (parts.size() == 1) {
+      for (Module* m : matches[0]) specs.push_back({m->name(), {m}});
+    } else {
+      UnitSpec s{u, {}};
+      for (auto& f : matches) s.modules.insert(s.modules.end(), f.begin(), f.end());
+      std::sort(s.modules.begin(), s.modules.end(), [&](Module* a, Module* b) { return order[a] < order[b]; });
+      specs.push_back(s);
+    }
+  }
+  std::map<Module*, std::string> module_unit;
+  std::map<Parameter*, std::string> param_unit;
+  for (const UnitSpec& s : specs)
+    for (Module* m : s.modules) {
+      for (Module* sub : m->modules()) {
+        auto [it, fresh] = module_unit.emplace(sub, s.name);
+        MT_CHECK(fresh || it->second == s.name, "config", "fully_shard: module {} is in two units, '{}' and '{}'",
+                 sub->name(), it->second, s.name);
+        for (Parameter* p : sub->own_parameters()) {
+          auto [pit, pfresh] = param_unit.emplace(p, s.name);
+          MT_CHECK(pfresh || pit->second == s.name, "config",
+                   "fully_shard: parameter {} is used by units '{}' and '{}' (tied embeddings?): put the modules that "
+                   "share it in one unit ('a+b')",
+                   p->name, pit->second, s.name);
+        }
+      }
+    }
+  std::sort(specs.begin(), specs.end(),
+            [&](const UnitSpec& a, const UnitSpec& b) { return order[a.modules.front()] < order[b.modules.front()]; });
+
+  return specs;
+}
+
+// Phase 2 for one parameter the rule shards: sharded, its state given to it, and where its pieces go in the
+// unit's flat buffers.
+FsdpParam place_param(Parameter* p, const FsdpDecision& d, const DeviceMesh& mesh, int mdim, Module* ready_at,
+                      int64_t offset) {
+  const int n = mesh.size(mdim);
+  shard_last(*p, mdim, d.tensor_dim);
+  FsdpParam f;
+  f.p = p;
+  f.state = std::make_shared<FsdpParamState>();
+  f.state->mesh_dim = mdim;
+  f.state->ready_at = ready_at;
+  p->states.push_back(f.state);
+  f.dim = d.tensor_dim;
+  std::vector<int> coord = mesh.coordinate();
+  int64_t first = 0, total = 0, chunk = 0;
+  for (int r = 0; r < n; ++r) {
+    coord[size_t(mdim)] = r;
+    int64_t off = p->value.spec.local_offset(coord)[size_t(f.dim)];
+    int64_t len = p->value.spec.local_shape(coord)[size_t(f.dim)];
+    if (r == 0) first = off;
+    f.start.push_back(off - first);
+    f.len.push_back(len);
+    total += len;
+    chunk = std::max(chunk, len);
+  }
+  f.full = p->value.local.shape();
+  f.full[size_t(f.dim)] = total;
+  f.padded = f.full;
+  f.padded[size_t(f.dim)] = chunk;
+  f.offset = offset;
+  return f;
+}
+
+// Phase 2, one unit: every parameter's layout decided (pure, recorded in decisions), then the sharded ones placed.
+std::unique_ptr<FsdpUnit> shard_unit(const UnitSpec& s, const DeviceMesh& mesh, int mdim, const FullyShardOptions& opts,
+                                     std::vector<FsdpDecision>& decisions) {
+  auto unit = std::make_unique<FsdpUnit>();
+  unit->name = s.name;
+  unit->modules = s.modules;
+  unit->group = &mesh.group(mdim);
+  unit->n = mesh.size(mdim), unit->rank = mesh.coordinate(mdim);
+  unit->opt = opts;
+  std::set<Parameter*> seen;
+  for (Module* m : s.modules)
+    for (Parameter* p : m->parameters()) {
+      if (!seen.insert(p).second) continue;
+      FsdpDecision d = decide_fsdp_layout(p->name, p->value.spec, mdim, opts.min_weight_size);
+      decisions.push_back(d);
+      if (d.tensor_dim < 0) {
+        if (d.warn && mesh.world_rank() == 0) spdlog::warn("fully_shard: {}: {}", p->name, d.reason);
+        continue;
+      }
+      MT_CHECK(p->value.placements()[size_t(mdim)].is_replicate(), "parallel",
+               "fully_shard: {} is already laid out as {} on {}", p->name, p->value.placements()[size_t(mdim)].str(),
+               opts.mesh_dim);
+      unit->params.push_back(place_param(p, d, mesh, mdim, s.modules.front(), unit->slot));
+      unit->slot += shape_numel(unit->params.back().padded);
+    }
+  return unit;
+}
+
+// Phase 3, the hooks: gather before a unit's forward and backward, prefetch the next one, free after,
+// reduce-scatter the gradients after backward.
+void install_unit_hooks(FsdpUnit* u) {
+  if (u->params.empty()) return;
+  Module* first = u->modules.front();
+  Module* last = u->modules.back();
+  first->pre_forward.push_back([u](Module&) {
+    u->materialize();
+    for (FsdpUnit* nx = u->next; nx; nx = nx->next)
+      if (!nx->params.empty()) {
+        nx->start_gather();  // in flight while this unit computes
+        break;
+      }
+  });
+  last->post_forward.push_back([u](Module&) {
+    if (u->opt.reshard_after_forward) u->free_params();
+  });
+  last->pre_backward.push_back([u](Module&) {
+    u->materialize();
+    u->give_grads();
+    for (FsdpUnit* pv = u->prev; pv; pv = pv->prev)
+      if (!pv->params.empty()) {
+        pv->start_gather();
+        break;
+      }
+  });
+  first->post_backward.push_back([u](Module&) {
+    u->reduce_grads();
+    u->free_params();
+  });
+}
+
 }  // namespace
 
 FsdpDecision decide_fsdp_layout(const std::string& name, const DTensorSpec& spec, int mesh_dim,
@@ -240,148 +389,15 @@ std::unique_ptr<FullyShard> fully_shard(Module& root, const DeviceMesh& mesh, co
   MT_CHECK(opts.min_weight_size >= 0, "config", "parallel.fsdp.min_weight_size = {}: expected >= 0",
            opts.min_weight_size);
   const int mdim = mesh.dim_index(opts.mesh_dim);
-  auto modules = root.modules();
-  std::map<Module*, size_t> order;  // forward order of modules (depth first = the order they run here)
-  for (size_t i = 0; i < modules.size(); ++i) order[modules[i]] = i;
-
-  // 1. Units: every pattern must match; no module in two units; no parameter in two units.
-  struct Spec {
-    std::string name;
-    std::vector<Module*> modules;
-  };
-  std::vector<Spec> specs;
-  for (const std::string& u : opts.units) {
-    auto parts = split_plus(u);
-    MT_CHECK(!parts.empty(), "config", "parallel.fsdp.patterns: an empty unit pattern");
-    std::vector<std::vector<Module*>> matches;
-    for (const std::string& pat : parts) {
-      std::vector<Module*> found;
-      for (Module* m : modules)
-        if (!m->name().empty() && pattern_matches(pat, m->name())) found.push_back(m);
-      MT_CHECK(!found.empty(), "config", "parallel.fsdp.patterns: pattern '{}' matches no module of the model", pat);
-      matches.push_back(found);
-    }
-    if (parts.size() == 1) {
-      for (Module* m : matches[0]) specs.push_back({m->name(), {m}});
-    } else {
-      Spec s{u, {}};
-      for (auto& f : matches) s.modules.insert(s.modules.end(), f.begin(), f.end());
-      std::sort(s.modules.begin(), s.modules.end(), [&](Module* a, Module* b) { return order[a] < order[b]; });
-      specs.push_back(s);
-    }
-  }
-  std::map<Module*, std::string> module_unit;
-  std::map<Parameter*, std::string> param_unit;
-  for (const Spec& s : specs)
-    for (Module* m : s.modules) {
-      for (Module* sub : m->modules()) {
-        auto [it, fresh] = module_unit.emplace(sub, s.name);
-        MT_CHECK(fresh || it->second == s.name, "config", "fully_shard: module {} is in two units, '{}' and '{}'",
-                 sub->name(), it->second, s.name);
-        for (Parameter* p : sub->own_parameters()) {
-          auto [pit, pfresh] = param_unit.emplace(p, s.name);
-          MT_CHECK(pfresh || pit->second == s.name, "config",
-                   "fully_shard: parameter {} is used by units '{}' and '{}' (tied embeddings?): put the modules that "
-                   "share it in one unit ('a+b')",
-                   p->name, pit->second, s.name);
-        }
-      }
-    }
-  std::sort(specs.begin(), specs.end(),
-            [&](const Spec& a, const Spec& b) { return order[a.modules.front()] < order[b.modules.front()]; });
-
-  // 2. Decide every unit parameter's layout (pure), then shard.
+  std::vector<UnitSpec> specs = find_units(root, opts);  // 1. (checks everything before any parameter changes)
   auto fs = std::unique_ptr<FullyShard>(new FullyShard());
   fs->opts_ = opts;
-  Group* group = &mesh.group(mdim);
-  const int n = mesh.size(mdim), rank = mesh.coordinate(mdim);
-  for (const Spec& s : specs) {
-    auto unit = std::make_unique<FsdpUnit>();
-    unit->name = s.name;
-    unit->modules = s.modules;
-    unit->group = group;
-    unit->n = n, unit->rank = rank;
-    unit->opt = opts;
-    std::set<Parameter*> seen;
-    for (Module* m : s.modules)
-      for (Parameter* p : m->parameters()) {
-        if (!seen.insert(p).second) continue;
-        FsdpDecision d = decide_fsdp_layout(p->name, p->value.spec, mdim, opts.min_weight_size);
-        fs->decisions_.push_back(d);
-        if (d.tensor_dim < 0) {
-          if (d.warn && mesh.world_rank() == 0) spdlog::warn("fully_shard: {}: {}", p->name, d.reason);
-          continue;
-        }
-        MT_CHECK(p->value.placements()[size_t(mdim)].is_replicate(), "parallel",
-                 "fully_shard: {} is already laid out as {} on {}", p->name, p->value.placements()[size_t(mdim)].str(),
-                 opts.mesh_dim);
-        shard_last(*p, mdim, d.tensor_dim);
-        FsdpParam f;
-        f.p = p;
-        f.state = std::make_shared<FsdpParamState>();
-        f.state->mesh_dim = mdim;
-        f.state->ready_at = s.modules.front();
-        p->states.push_back(f.state);
-        f.dim = d.tensor_dim;
-        std::vector<int> coord = mesh.coordinate();
-        int64_t first = 0, total = 0, chunk = 0;
-        for (int r = 0; r < n; ++r) {
-          coord[size_t(mdim)] = r;
-          int64_t off = p->value.spec.local_offset(coord)[size_t(f.dim)];
-          int64_t len = p->value.spec.local_shape(coord)[size_t(f.dim)];
-          if (r == 0) first = off;
-          f.start.push_back(off - first);
-          f.len.push_back(len);
-          total += len;
-          chunk = std::max(chunk, len);
-        }
-        f.full = p->value.local.shape();
-        f.full[size_t(f.dim)] = total;
-        f.padded = f.full;
-        f.padded[size_t(f.dim)] = chunk;
-        f.offset = unit->slot;
-        unit->slot += shape_numel(f.padded);
-        unit->params.push_back(f);
-      }
-    fs->units_.push_back(std::move(unit));
-  }
+  for (const UnitSpec& s : specs) fs->units_.push_back(shard_unit(s, mesh, mdim, opts, fs->decisions_));  // 2.
   for (size_t i = 0; i < fs->units_.size(); ++i) {
     fs->units_[i]->prev = i > 0 ? fs->units_[i - 1].get() : nullptr;
     fs->units_[i]->next = i + 1 < fs->units_.size() ? fs->units_[i + 1].get() : nullptr;
   }
-
-  // 3. The hooks: gather before a unit's forward and backward, prefetch the next one, free after, reduce-scatter
-  // the gradients after backward.
-  for (auto& up : fs->units_) {
-    FsdpUnit* u = up.get();
-    if (u->params.empty()) continue;
-    Module* first = u->modules.front();
-    Module* last = u->modules.back();
-    first->pre_forward.push_back([u](Module&) {
-      u->materialize();
-      for (FsdpUnit* nx = u->next; nx; nx = nx->next)
-        if (!nx->params.empty()) {
-          nx->start_gather();  // in flight while this unit computes
-          break;
-        }
-    });
-    last->post_forward.push_back([u](Module&) {
-      if (u->opt.reshard_after_forward) u->free_params();
-    });
-    last->pre_backward.push_back([u](Module&) {
-      u->materialize();
-      u->give_grads();
-      for (FsdpUnit* pv = u->prev; pv; pv = pv->prev)
-        if (!pv->params.empty()) {
-          pv->start_gather();
-          break;
-        }
-    });
-    first->post_backward.push_back([u](Module&) {
-      u->reduce_grads();
-      u->free_params();
-    });
-  }
+  for (auto& u : fs->units_) install_unit_hooks(u.get());  // 3.
   return fs;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "models/llama/llama.h"
+#include "runtime/train/hf_config.h"
 #include "runtime/train/optimizer.h"
 
 namespace mt {
@@ -37,15 +38,6 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 TrainProgress load_checkpoint(const std::string& path, LlamaForCausalLM& model, AdamW* opt);
 // The config stored in a checkpoint's meta.json (for `meshtrain generate`).
 Config checkpoint_config(const std::string& path);
-
-// The model of a Hugging Face LlamaConfig file (config.json): hidden_size -> dim, num_hidden_layers -> n_layers,
-// num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, rms_norm_eps, rope_theta (top-level,
-// transformers 4, or rope_parameters.rope_theta, transformers 5), max_position_embeddings -> max_seq_len,
-// tie_word_embeddings, with transformers' defaults for the optional keys. What meshtrain's Llama does not compute
-// is an error naming the key and the file: RoPE scaling (a rope_scaling or rope_parameters whose rope_type is not
-// "default", or any key there but rope_theta), attention_bias or mlp_bias true, hidden_act other than silu, a
-// head_dim other than hidden_size / num_attention_heads, a model_type other than llama.
-ModelConfig hf_model_config(const std::string& config_json);
 
 // Loads a Hugging Face Llama safetensors file or directory (model.safetensors, else
 // model-0000x-of-0000y.safetensors shards; optionally config.json, read by hf_model_config, whose model must be

@@ -7,7 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "runtime/train/cli.h"
+#include "runtime/train/run_context.h"
 
 namespace mt {
 

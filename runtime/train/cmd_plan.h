@@ -1,7 +1,7 @@
 // meshtrain plan: the config's parallel plan applied without training (placements,
 // layout hooks, bytes per step, measured and analytic).
 #pragma once
-#include "runtime/train/cli.h"
+#include "runtime/train/run_context.h"
 
 namespace mt {
 

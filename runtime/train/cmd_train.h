@@ -1,7 +1,7 @@
 // meshtrain train: trains the config's model on its data, on the mesh the config
 // and the ranks give; returns the exit code (128 + N when stopped by signal N).
 #pragma once
-#include "runtime/train/cli.h"
+#include "runtime/train/run_context.h"
 
 namespace mt {
 

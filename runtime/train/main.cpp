@@ -12,7 +12,7 @@
 #include "comm/watchdog.h"
 #include "runtime/core/log.h"
 #include "runtime/train/agree.h"
-#include "runtime/train/cli.h"
+#include "runtime/train/run_context.h"
 #include "runtime/train/cmd_check.h"
 #include "runtime/train/cmd_generate.h"
 #include "runtime/train/cmd_layout.h"

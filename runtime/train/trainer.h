@@ -10,7 +10,7 @@
 #include "parallel/grad_sync.h"
 #include "runtime/io/token_data.h"
 #include "runtime/train/checkpoint.h"
-#include "runtime/train/cli.h"
+#include "runtime/train/run_context.h"
 #include "runtime/train/optimizer.h"
 
 namespace mt {

@@ -1,6 +1,6 @@
 // What every subcommand does first: the config, read by every rank and agreed
 // on, and the device of this rank.
-#include "runtime/train/cli.h"
+#include "runtime/train/run_context.h"
 
 #include <mpi.h>
 

@@ -1,5 +1,5 @@
-// What every subcommand shares: the parsed global options, the loaded config
-// and the process's MPI environment.
+// The context every subcommand runs in: the parsed global options, the config (loaded on every rank and
+// agreed across ranks before anything else runs) and the process's MPI environment and device.
 #pragma once
 #include <string>
 #include <vector>
