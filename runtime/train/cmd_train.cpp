@@ -109,25 +109,9 @@ void check_checkpoint_dir_writable(const std::string& dir, const MpiEnv& env) {
                         env.rank() == 0);
 }
 
-}  // namespace
-
-int run_train_command(RunContext& ctx) {
-  // Slurm sends SIGTERM (or a --signal of the user's choice) before the time limit: checkpoint and stop.
-  // The run then exits with 128 + the signal's number (143 SIGTERM, 138 SIGUSR1, 130 SIGINT), the shell's code
-  // for "ended by this signal", after the checkpoint: a batch script tells "stopped, requeue me" from 0 (done)
-  // and 1 (an error). Caught from the start: a signal during setup stops the run after its first step.
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGUSR1, on_stop_signal);
-  std::signal(SIGINT, on_stop_signal);
-  const Config& cfg = ctx.config;
-  const MpiEnv& env = *ctx.env;
-  TrainRun run = make_train_run(cfg, env);
-  const auto& t = cfg.training;
-
-  check_checkpoint_dir_writable(cfg.checkpoint.dir, env);
-
-  // Where to start: a checkpoint to resume, else Hugging Face weights, else the random init.
-  // resume: auto tries the newest complete checkpoint first and falls back to older ones when it cannot be read.
+// Step 1, where to start: a checkpoint to resume, else Hugging Face weights, else the random init (already
+// there). resume: auto tries the newest complete checkpoint first and falls back to older ones when it cannot be read.
+void resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
   std::vector<std::string> candidates;
   const bool resume_auto = cfg.checkpoint.resume == "auto";
   if (!cfg.checkpoint.dir.empty() && cfg.checkpoint.resume != "never") {
@@ -186,8 +170,40 @@ int run_train_command(RunContext& ctx) {
     if (env.rank() == 0) spdlog::info("initialised from {}", cfg.model.init_from);
   }
 
-  const double flops_per_token = llama_flops_per_token(cfg.model, t.seq_len);
-  const double peak = run.device.is_cuda() ? 989e12 : cpu_peak_flops();
+}
+
+// The memory that does not depend on the batch (what peak memory is compared against), allocated against the
+// count the layouts give: printed by rank 0.
+void log_model_state(const MpiEnv& env, const TrainRun& run) {
+  // The memory that does not depend on the batch: what peak memory is compared against.
+  size_t state = 0;
+  for (Parameter* p : run.params) {
+    state += p->value.local.nbytes() + p->grad.local.nbytes() + (compute_copy(*p).defined() ? compute_copy(*p).nbytes() : 0);
+    const auto& s = run.opt->state().at(p->name);
+    state += s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
+  }
+  // The expected count from the layouts alone: the local shape each parameter's spec gives rank 0 (the first,
+  // largest chunk of every sharded dim; with fully_shard 1/dp_shard of each sharded parameter's tp part).
+  const double per_element = run.dtype == DType::bf16 ? 18 : double(4 * dtype_size(run.dtype));
+  const std::vector<int> rank0(size_t(run.mesh.ndim()), 0);
+  double elements = 0;
+  for (Parameter* p : run.params) elements += double(shape_numel(p->value.spec.local_shape(rank0)));
+  const double expected = elements * per_element;
+  if (env.rank() == 0) {
+    spdlog::info(
+        "model state on rank 0: {:.3f} MiB ({} B per parameter element: {}weights, gradient, AdamW m and v); "
+        "expected {:.3f} MiB = {} B x {:.0f} elements{}: {}",
+        double(state) / (1 << 20), per_element, run.dtype == DType::bf16 ? "bf16 copy, f32 master " : "",
+        expected / (1 << 20), per_element, elements,
+        run.fsdp ? " (the rank's shards and the replicated small parameters)" : "",
+        double(state) == expected ? "equal" : "DIFFERENT");
+    if (run.fsdp) spdlog::info("fully_shard over dp_shard = {}: {}", run.pd.dp_shard, run.fsdp->describe());
+  }
+}
+
+// Step 2, what the run is: the model, the mesh, the data, the memory its state takes.
+void log_setup(const Config& cfg, const MpiEnv& env, const TrainRun& run, double flops_per_token, double peak) {
+  const auto& t = cfg.training;
   if (env.rank() == 0) {
     spdlog::info(
         "model: {} parameters ({} without embeddings), {:.2f} MFLOP/token; mesh {}; batch {} x {} tokens, "
@@ -199,38 +215,7 @@ int run_train_command(RunContext& ctx) {
                  run.train_data.shards().size(), steps_per_epoch(run.train_data, t.batch_size, t.seq_len));
   }
   if (env.rank() == 0 && run.grad_sync) spdlog::info("gradient sync: {}", run.grad_sync->describe());
-  {
-    // The memory that does not depend on the batch: what peak memory is compared against.
-    size_t state = 0;
-    for (Parameter* p : run.params) {
-      state += p->value.local.nbytes() + p->grad.local.nbytes() + (compute_copy(*p).defined() ? compute_copy(*p).nbytes() : 0);
-      const auto& s = run.opt->state().at(p->name);
-      state += s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
-    }
-    // The expected count from the layouts alone: rank 0 holds the first (largest) chunk of every sharded dim,
-    // and with fully_shard 1/dp_shard of each sharded parameter's tp part.
-    const double per_element = run.dtype == DType::bf16 ? 18 : double(4 * dtype_size(run.dtype));
-    double elements = 0;
-    for (Parameter* p : run.params) {
-      Shape s = p->value.shape();
-      for (int m = 0; m < run.mesh.ndim(); ++m) {
-        const Placement& pl = p->value.placements()[size_t(m)];
-        if (pl.is_shard()) s[size_t(pl.dim)] = (s[size_t(pl.dim)] + run.mesh.size(m) - 1) / run.mesh.size(m);
-      }
-      elements += double(shape_numel(s));
-    }
-    const double expected = elements * per_element;
-    if (env.rank() == 0) {
-      spdlog::info(
-          "model state on rank 0: {:.3f} MiB ({} B per parameter element: {}weights, gradient, AdamW m and v); "
-          "expected {:.3f} MiB = {} B x {:.0f} elements{}: {}",
-          double(state) / (1 << 20), per_element, run.dtype == DType::bf16 ? "bf16 copy, f32 master " : "",
-          expected / (1 << 20), per_element, elements,
-          run.fsdp ? " (the rank's shards and the replicated small parameters)" : "",
-          double(state) == expected ? "equal" : "DIFFERENT");
-      if (run.fsdp) spdlog::info("fully_shard over dp_shard = {}: {}", run.pd.dp_shard, run.fsdp->describe());
-    }
-  }
+  log_model_state(env, run);
   if (env.rank() == 0 && run.dtype == DType::bf16)
     spdlog::info(
         "mixed precision: bf16 compute{}, f32 master weights, gradients, optimizer state, statistics and loss; "
@@ -239,33 +224,30 @@ int run_train_command(RunContext& ctx) {
   if (env.rank() == 0)
     spdlog::info("memory after setup: {:.0f} MiB resident (model, optimizer state, data, MPI)",
                  peak_memory_bytes(Device::cpu()) / (1 << 20));
-  MetricsLogger log(env.rank(), env.size(), cfg.log.metrics_file, t.steps, cfg.log.interval, flops_per_token, peak,
-                    run.device, cfg.log.progress);
+}
 
-  auto checkpoint = [&](int64_t next_step) {
-    if (cfg.checkpoint.dir.empty()) return;
-    kprof::Mute not_profiled;
-    Batch pos = get_batch(run.train_data, next_step, t.batch_size, t.seq_len, 0, 0);
-    TrainProgress p{next_step, pos.epoch, pos.offset, uint64_t(t.seed)};
-    std::string dir = save_checkpoint(cfg.checkpoint.dir, p, *run.model, *run.opt, cfg, run.mesh, cfg.checkpoint.keep);
-    log.note(fmt::format("checkpoint step {} -> {}", next_step, dir));
-  };
-
-  // MT_PROFILE_KERNELS=1: every op's time per step (kernel_profile.h), over the last MT_PROFILE_STEPS steps (by
-  // default all but the first, a warm-up, when more follow); the steps before run muted, as without profiling. The
-  // top 10 are printed at the end with the device memory, and recorded in the metrics.
-  int64_t first_profiled = t.steps - run.start_step > 1 ? run.start_step + 1 : run.start_step;
-  if (const char* e = std::getenv("MT_PROFILE_STEPS"); e && *e)
-    first_profiled = std::max(run.start_step, t.steps - std::max<int64_t>(1, std::atoll(e)));
-  int64_t profiled_steps = 0;
+// MT_PROFILE_KERNELS=1: every op's time per step (kernel_profile.h), over the last MT_PROFILE_STEPS steps (by
+// default all but the first, a warm-up, when more follow); the steps before run muted, as without profiling. The
+// top 10 are printed at the end with the device memory, and recorded in the metrics.
+struct StepProfiler {
+  const TrainRun& run;
+  const MpiEnv& env;
+  MetricsLogger& log;
+  int64_t first_profiled = 0, profiled_steps = 0;
   double profiled_wall_s = 0;
-  auto profile_step = [&](int64_t step, double dt) {
+
+  StepProfiler(const TrainRun& r, const MpiEnv& e, MetricsLogger& l, int64_t steps) : run(r), env(e), log(l) {
+    first_profiled = steps - run.start_step > 1 ? run.start_step + 1 : run.start_step;
+    if (const char* v = std::getenv("MT_PROFILE_STEPS"); v && *v)
+      first_profiled = std::max(run.start_step, steps - std::max<int64_t>(1, std::atoll(v)));
+  }
+  void step(int64_t step, double dt) {
     if (!kprof::enabled() || step < first_profiled) return;
     kprof::flush();  // waits for the device: between steps, after the step's own host-sync count
     ++profiled_steps;
     profiled_wall_s += dt;
-  };
-  auto profile_report = [&] {
+  }
+  void report() {
     if (run.device.is_cuda() && env.rank() == 0) {
       AllocatorStats m = allocator_stats(run.device);
       log.note(fmt::format(
@@ -290,8 +272,23 @@ int run_train_command(RunContext& ctx) {
     for (const kprof::OpStat& o : kprof::stats())
       ops.push_back({{"op", o.name}, {"calls", o.calls}, {"ms", o.ms}, {"flops", o.flops}, {"bytes", o.bytes}});
     log.record({{"kernel_profile", ops}, {"profiled_steps", profiled_steps}, {"wall_ms", 1e3 * profiled_wall_s}});
-  };
+  }
+};
 
+// Step 3, the loop: steps, the non-finite rule, evaluation, samples, the stop signal and checkpoints. Returns the exit
+// code (128 + the signal after a stop).
+int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogger& log) {
+  const auto& t = cfg.training;
+  auto checkpoint = [&](int64_t next_step) {
+    if (cfg.checkpoint.dir.empty()) return;
+    kprof::Mute not_profiled;
+    Batch pos = get_batch(run.train_data, next_step, t.batch_size, t.seq_len, 0, 0);
+    TrainProgress p{next_step, pos.epoch, pos.offset, uint64_t(t.seed)};
+    std::string dir = save_checkpoint(cfg.checkpoint.dir, p, *run.model, *run.opt, cfg, run.mesh, cfg.checkpoint.keep);
+    log.note(fmt::format("checkpoint step {} -> {}", next_step, dir));
+  };
+  StepProfiler profile(run, env, log, t.steps);
+  const int64_t first_profiled = profile.first_profiled;
   int64_t skipped = 0, skipped_in_a_row = 0;  // non-finite steps (not applied): in all, and the current run of them
   for (int64_t step = run.start_step; step < t.steps; ++step) {
     if (kprof::enabled() && step == first_profiled) kprof::reset();  // drops what set-up recorded
@@ -306,7 +303,7 @@ int run_train_command(RunContext& ctx) {
     // The step's device work is enqueued without waiting but for the one read of loss and grad norm (see
     // train_step); eval, samples and checkpoints come after the step and are not counted.
     spdlog::debug("step {}: host syncs this step: {}", step + 1, host_sync_count() - syncs_before);
-    profile_step(step, dt);
+    profile.step(step, dt);
     if (r.skipped) {
       ++skipped, ++skipped_in_a_row;
       MT_CHECK(t.nonfinite == "skip", "train",
@@ -348,12 +345,36 @@ int run_train_command(RunContext& ctx) {
       log.note(fmt::format(
           "signal {} ({}) received: stopped after step {}{}; exit code {}", stop, strsignal(stop), step + 1,
           cfg.checkpoint.dir.empty() ? " (no checkpoint.dir: nothing saved)" : " with a checkpoint", 128 + stop));
-      profile_report();
+      profile.report();
       return 128 + stop;
     }
   }
-  profile_report();
+  profile.report();
   return 0;
+}
+
+}  // namespace
+
+int run_train_command(RunContext& ctx) {
+  // Slurm sends SIGTERM (or a --signal of the user's choice) before the time limit: checkpoint and stop.
+  // The run then exits with 128 + the signal's number (143 SIGTERM, 138 SIGUSR1, 130 SIGINT), the shell's code
+  // for "ended by this signal", after the checkpoint: a batch script tells "stopped, requeue me" from 0 (done)
+  // and 1 (an error). Caught from the start: a signal during setup stops the run after its first step.
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
+  const Config& cfg = ctx.config;
+  const MpiEnv& env = *ctx.env;
+  TrainRun run = make_train_run(cfg, env);
+  const auto& t = cfg.training;
+  check_checkpoint_dir_writable(cfg.checkpoint.dir, env);
+  resume_or_init(cfg, env, run);
+  const double flops_per_token = llama_flops_per_token(cfg.model, t.seq_len);
+  const double peak = run.device.is_cuda() ? 989e12 : cpu_peak_flops();
+  log_setup(cfg, env, run, flops_per_token, peak);
+  MetricsLogger log(env.rank(), env.size(), cfg.log.metrics_file, t.steps, cfg.log.interval, flops_per_token, peak,
+                    run.device, cfg.log.progress);
+  return train_loop(cfg, env, run, log);
 }
 
 }  // namespace mt
