@@ -132,6 +132,138 @@ void sync_device(Device d) {
   if (d.is_cuda()) current_stream(d.index).synchronize();
 }
 
+// The mesh check's sizes and dims from the options (--sizes, --mesh, else the config's parallel dims): the same
+// on every rank, so an error in them is printed once.
+struct CheckPlan {
+  std::vector<int64_t> sizes;
+  std::vector<MeshDim> dims;
+};
+CheckPlan check_plan(const MpiEnv& env, const Config& cfg, const CheckArgs& args) {
+  CheckPlan plan;
+  std::vector<int64_t>& sizes = plan.sizes;
+  std::vector<MeshDim>& dims = plan.dims;
+  run_agreed(env, "the check options", [&] {
+    MT_CHECK(args.iters >= 1 && args.warmup >= 0, "check", "--iters must be >= 1 and --warmup >= 0");
+    for (auto& op : args.ops)
+      MT_CHECK(std::find(kAllOps.begin(), kAllOps.end(), op) != kAllOps.end(), "check",
+               "unknown op '{}' in --ops (expected some of all_reduce, all_gather, reduce_scatter, all_to_all, "
+               "broadcast, ring_shift, barrier)",
+               op);
+    sizes = parse_size_range(args.sizes);
+    if (!args.mesh.empty()) {
+      dims = parse_mesh_spec(args.mesh, env.size());
+    } else {
+      auto s = resolve_mesh_sizes(cfg.parallel, env.size());
+      for (size_t i = 0; i < s.size(); ++i)
+        if (s[i] > 1) dims.push_back({canonical_mesh_dims()[i], s[i]});
+      if (dims.empty()) dims.push_back({"dp_replicate", 1});
+    }
+  });
+  return plan;
+}
+
+// Every dim's group, then the flattened dp group and the whole world when they add a new set of ranks.
+std::vector<Group*> groups_to_check(DeviceMesh& mesh) {
+  std::vector<Group*> groups;
+  for (int d = 0; d < mesh.ndim(); ++d) groups.push_back(&mesh.group(d));
+  bool dp_new = mesh.has_dim("dp_replicate") && mesh.has_dim("dp_shard");
+  if (dp_new) groups.push_back(&mesh.group("dp"));
+  if (mesh.ndim() > 1) groups.push_back(&mesh.group("world"));
+  return groups;
+}
+
+// Correctness of each op in every dtype and the async form, on a small odd count: the failures on this rank.
+int64_t check_values(Group& g, const std::vector<std::string>& ops, const Device& device) {
+  const int n = g.size(), me = g.rank();
+  int64_t failures = 0;
+  for (const auto& op : ops) {
+    for (DType dt : {DType::f32, DType::bf16, DType::i64}) {
+      for (bool async : {false, true}) {
+        int64_t count = int64_t(n) * 5;
+        Buffers b = make_buffers(op, count, me, n, dt, device);
+        run_op(g, op, b, async).wait();
+        int64_t bad = verify(op, b, count, me, n);
+        if (bad) {
+          spdlog::error("[check] {} {} ({}{}) on {}: {} wrong elements", op, dtype_name(dt), async ? "async, " : "",
+                        device.str(), g.describe(), bad);
+          ++failures;
+        }
+      }
+    }
+  }
+  return failures;
+}
+
+// Each op timed at each size (median of args.iters after args.warmup), beside bare MPI on the same buffers where
+// it applies; rank 0 prints the table rows (and --json lines). Returns the failures (wrong results) of this group.
+int64_t time_ops(const MpiEnv& env, Group& g, const std::vector<std::string>& ops, const std::vector<int64_t>& sizes,
+                 const CheckArgs& args, const Device& device, std::ofstream& json) {
+  const int n = g.size(), me = g.rank();
+  const bool bare = args.compare_mpi && g.backend() == "mpi" && device.is_cpu();
+  MPI_Comm comm = group_mpi_comm(g);
+  int64_t failures = 0;
+  for (const auto& op : ops) {
+    if (env.rank() == 0)
+      std::printf("\n%s on %s, %d ranks, %s, %s%s\n%10s %12s %11s %11s %11s %s\n", op.c_str(), g.name().c_str(), n,
+                  std::string(g.backend()).c_str(), device.str().c_str(),
+                  bare ? " (vs bare MPI on the same buffers)" : "", "size", "time_us", "algbw_GB/s", "busbw_GB/s",
+                  bare ? "mpi_busbw" : "", bare ? "   ratio  check" : "check");
+    auto op_sizes = op == "barrier" ? std::vector<int64_t>{0} : sizes;
+    for (int64_t bytes : op_sizes) {
+      int64_t count = std::max<int64_t>(n, bytes / 4 / n * n);  // f32 elements, a multiple of n
+      Buffers b = make_buffers(op, count, me, n, DType::f32, device);
+      run_op(g, op, b).wait();
+      sync_device(device);
+      int64_t bad = verify(op, b, count, me, n);
+      std::vector<double> ours(size_t(args.iters)), theirs(size_t(args.iters), 0.0);
+      for (int it = -args.warmup; it < args.iters; ++it) {
+        control_barrier(comm, fmt::format("check timing barrier ({})", op), g.describe());
+        auto t0 = Clock::now();
+        run_op(g, op, b).wait();
+        sync_device(device);
+        double t = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (it >= 0) ours[size_t(it)] = t;
+        if (bare) {
+          control_barrier(comm, fmt::format("check timing barrier (bare {})", op), g.describe());
+          // Watched like ours, with the watchdog's bookkeeping outside the timed span.
+          WatchdogScope w(op.c_str(), g);
+          t0 = Clock::now();
+          run_bare(comm, op, b, me, n);
+          t = std::chrono::duration<double>(Clock::now() - t0).count();
+          if (it >= 0) theirs[size_t(it)] = t;
+        }
+      }
+      // An iteration lasts as long as its slowest rank.
+      control_all_reduce(comm, ours.data(), args.iters, MPI_DOUBLE, MPI_MAX, "check timing all_reduce", g.describe());
+      control_all_reduce(comm, theirs.data(), args.iters, MPI_DOUBLE, MPI_MAX, "check timing all_reduce",
+                         g.describe());
+      int64_t bad_all = bad;
+      control_all_reduce(comm, &bad_all, 1, MPI_INT64_T, MPI_SUM, "check wrong-element count", g.describe());
+      if (bad_all) ++failures;
+      double t = median(ours), tb = median(theirs);
+      int64_t moved = op == "barrier" ? 0 : count * 4;
+      double alg = op == "barrier" ? 0 : double(moved) / t / 1e9, bus = alg * bus_factor(op, n);
+      double mpi_bus = bare && tb > 0 && op != "barrier" ? double(moved) / tb / 1e9 * bus_factor(op, n) : 0;
+      double ratio = bare && t > 0 ? tb / t : 0;
+      if (env.rank() == 0) {
+        std::printf("%10s %12.1f %11.3f %11.3f", op == "barrier" ? "-" : human_bytes(moved).c_str(), t * 1e6, alg,
+                    bus);
+        if (bare) std::printf(" %11.3f %7.3f", mpi_bus, ratio);
+        std::printf("  %s\n", bad_all ? "WRONG" : "ok");
+        std::fflush(stdout);
+        if (json.is_open())
+          json << fmt::format(
+              "{{\"op\":\"{}\",\"group\":\"{}\",\"ranks\":{},\"backend\":\"{}\",\"device\":\"{}\",\"bytes\":{},"
+              "\"time_us\":{:.3f},\"algbw_gbps\":{:.4f},\"busbw_gbps\":{:.4f},\"mpi_time_us\":{:.3f},"
+              "\"mpi_busbw_gbps\":{:.4f},\"ratio\":{:.4f},\"ok\":{}}}\n",
+              op, g.name(), n, g.backend(), device.str(), moved, t * 1e6, alg, bus, tb * 1e6, mpi_bus, ratio,
+              bad_all ? "false" : "true");
+      }
+    }
+  }
+  return failures;
+}
+
 }  // namespace
 
 std::vector<int64_t> parse_size_range(const std::string& spec) {
@@ -173,40 +305,14 @@ void add_check_options(CLI::App* sub, CheckArgs& a) {
 int run_check_command(const RunContext& ctx, const CheckArgs& args) {
   const MpiEnv& env = *ctx.env;
   const Config& cfg = ctx.config;
-  // The options and the mesh's sizes are the same on every rank: an error in them is printed once.
-  std::vector<int64_t> sizes;
-  std::vector<MeshDim> dims;
-  run_agreed(env, "the check options", [&] {
-    MT_CHECK(args.iters >= 1 && args.warmup >= 0, "check", "--iters must be >= 1 and --warmup >= 0");
-    for (auto& op : args.ops)
-      MT_CHECK(std::find(kAllOps.begin(), kAllOps.end(), op) != kAllOps.end(), "check",
-               "unknown op '{}' in --ops (expected some of all_reduce, all_gather, reduce_scatter, all_to_all, "
-               "broadcast, ring_shift, barrier)",
-               op);
-    sizes = parse_size_range(args.sizes);
-    if (!args.mesh.empty()) {
-      dims = parse_mesh_spec(args.mesh, env.size());
-    } else {
-      auto s = resolve_mesh_sizes(cfg.parallel, env.size());
-      for (size_t i = 0; i < s.size(); ++i)
-        if (s[i] > 1) dims.push_back({canonical_mesh_dims()[i], s[i]});
-      if (dims.empty()) dims.push_back({"dp_replicate", 1});
-    }
-  });
+  const CheckPlan plan = check_plan(env, cfg, args);
   MeshOptions mo;
   mo.device = rank_device(env, args.device.empty() ? cfg.comm.device : args.device);
   mo.backend = args.backend.empty() ? cfg.comm.backend : args.backend;
-  DeviceMesh mesh = DeviceMesh::create(dims, mo);
+  DeviceMesh mesh = DeviceMesh::create(plan.dims, mo);
   std::string table = mesh.table();
   if (env.rank() == 0) std::printf("%s\n", table.c_str());
-
-  // Every dim, then the flattened dp group and the whole world when they add a new set of ranks.
-  std::vector<Group*> groups;
-  for (int d = 0; d < mesh.ndim(); ++d) groups.push_back(&mesh.group(d));
-  bool dp_new = mesh.has_dim("dp_replicate") && mesh.has_dim("dp_shard");
-  if (dp_new) groups.push_back(&mesh.group("dp"));
-  if (mesh.ndim() > 1) groups.push_back(&mesh.group("world"));
-
+  std::vector<Group*> groups = groups_to_check(mesh);
   const auto& ops = args.ops.empty() ? kAllOps : args.ops;
   std::ofstream json;
   if (env.rank() == 0 && !args.json.empty()) {
@@ -214,89 +320,9 @@ int run_check_command(const RunContext& ctx, const CheckArgs& args) {
     MT_CHECK(json.good(), "check", "cannot write --json file '{}'", args.json);
   }
   int64_t failures = 0;
-
-  for (Group* gp : groups) {
-    Group& g = *gp;
-    int n = g.size(), me = g.rank();
-    bool bare = args.compare_mpi && g.backend() == "mpi" && mo.device.is_cpu();
-    MPI_Comm comm = group_mpi_comm(g);
-
-    // Correctness in every dtype and the async form, on a small odd count.
-    for (const auto& op : ops) {
-      for (DType dt : {DType::f32, DType::bf16, DType::i64}) {
-        for (bool async : {false, true}) {
-          int64_t count = int64_t(n) * 5;
-          Buffers b = make_buffers(op, count, me, n, dt, mo.device);
-          run_op(g, op, b, async).wait();
-          int64_t bad = verify(op, b, count, me, n);
-          if (bad) {
-            spdlog::error("[check] {} {} ({}{}) on {}: {} wrong elements", op, dtype_name(dt), async ? "async, " : "",
-                          mo.device.str(), g.describe(), bad);
-            ++failures;
-          }
-        }
-      }
-    }
-
-    for (const auto& op : ops) {
-      if (env.rank() == 0)
-        std::printf("\n%s on %s, %d ranks, %s, %s%s\n%10s %12s %11s %11s %11s %s\n", op.c_str(), g.name().c_str(), n,
-                    std::string(g.backend()).c_str(), mo.device.str().c_str(),
-                    bare ? " (vs bare MPI on the same buffers)" : "", "size", "time_us", "algbw_GB/s", "busbw_GB/s",
-                    bare ? "mpi_busbw" : "", bare ? "   ratio  check" : "check");
-      auto op_sizes = op == "barrier" ? std::vector<int64_t>{0} : sizes;
-      for (int64_t bytes : op_sizes) {
-        int64_t count = std::max<int64_t>(n, bytes / 4 / n * n);  // f32 elements, a multiple of n
-        Buffers b = make_buffers(op, count, me, n, DType::f32, mo.device);
-        run_op(g, op, b).wait();
-        sync_device(mo.device);
-        int64_t bad = verify(op, b, count, me, n);
-        std::vector<double> ours(size_t(args.iters)), theirs(size_t(args.iters), 0.0);
-        for (int it = -args.warmup; it < args.iters; ++it) {
-          control_barrier(comm, fmt::format("check timing barrier ({})", op), g.describe());
-          auto t0 = Clock::now();
-          run_op(g, op, b).wait();
-          sync_device(mo.device);
-          double t = std::chrono::duration<double>(Clock::now() - t0).count();
-          if (it >= 0) ours[size_t(it)] = t;
-          if (bare) {
-            control_barrier(comm, fmt::format("check timing barrier (bare {})", op), g.describe());
-            // Watched like ours, with the watchdog's bookkeeping outside the timed span.
-            WatchdogScope w(op.c_str(), g);
-            t0 = Clock::now();
-            run_bare(comm, op, b, me, n);
-            t = std::chrono::duration<double>(Clock::now() - t0).count();
-            if (it >= 0) theirs[size_t(it)] = t;
-          }
-        }
-        // An iteration lasts as long as its slowest rank.
-        control_all_reduce(comm, ours.data(), args.iters, MPI_DOUBLE, MPI_MAX, "check timing all_reduce", g.describe());
-        control_all_reduce(comm, theirs.data(), args.iters, MPI_DOUBLE, MPI_MAX, "check timing all_reduce",
-                           g.describe());
-        int64_t bad_all = bad;
-        control_all_reduce(comm, &bad_all, 1, MPI_INT64_T, MPI_SUM, "check wrong-element count", g.describe());
-        if (bad_all) ++failures;
-        double t = median(ours), tb = median(theirs);
-        int64_t moved = op == "barrier" ? 0 : count * 4;
-        double alg = op == "barrier" ? 0 : double(moved) / t / 1e9, bus = alg * bus_factor(op, n);
-        double mpi_bus = bare && tb > 0 && op != "barrier" ? double(moved) / tb / 1e9 * bus_factor(op, n) : 0;
-        double ratio = bare && t > 0 ? tb / t : 0;
-        if (env.rank() == 0) {
-          std::printf("%10s %12.1f %11.3f %11.3f", op == "barrier" ? "-" : human_bytes(moved).c_str(), t * 1e6, alg,
-                      bus);
-          if (bare) std::printf(" %11.3f %7.3f", mpi_bus, ratio);
-          std::printf("  %s\n", bad_all ? "WRONG" : "ok");
-          std::fflush(stdout);
-          if (json.is_open())
-            json << fmt::format(
-                "{{\"op\":\"{}\",\"group\":\"{}\",\"ranks\":{},\"backend\":\"{}\",\"device\":\"{}\",\"bytes\":{},"
-                "\"time_us\":{:.3f},\"algbw_gbps\":{:.4f},\"busbw_gbps\":{:.4f},\"mpi_time_us\":{:.3f},"
-                "\"mpi_busbw_gbps\":{:.4f},\"ratio\":{:.4f},\"ok\":{}}}\n",
-                op, g.name(), n, g.backend(), mo.device.str(), moved, t * 1e6, alg, bus, tb * 1e6, mpi_bus, ratio,
-                bad_all ? "false" : "true");
-        }
-      }
-    }
+  for (Group* g : groups) {
+    failures += check_values(*g, ops, mo.device);
+    failures += time_ops(env, *g, ops, plan.sizes, args, mo.device, json);
   }
   int64_t total = failures;
   control_all_reduce(MPI_COMM_WORLD, &total, 1, MPI_INT64_T, MPI_SUM, "check failure count");
