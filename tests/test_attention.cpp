@@ -2,7 +2,9 @@
 // softmax(q k^T * scale + mask) v in f64: causal and full, grouped-query,
 // sizes that are not multiples of the block, position offsets (ring
 // attention's chunks), rows that see no key, the log-sum-exp, gradients by
-// finite differences, accumulation, thread-count independence and errors.
+// finite differences, accumulation, thread-count independence and errors; and attention_merge, the log-sum-exp
+// merge of two attention results (ring attention), against the same naive attention. copy_slice and the
+// sequence split have their own files (test_copy_slice.cpp, test_sequence_shard.cpp).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -158,13 +160,7 @@ void check_gradients_fd(const Tensor& q, const Tensor& k, const Tensor& v, const
   for (auto [x, dx, name] : {std::tuple{q, dq, "dq"}, {k, dk, "dk"}, {v, dv, "dv"}})
     for (int rep = 0; rep < reps; ++rep) {
       int64_t i = int64_t(g() % uint64_t(x.numel()));
-      double keep = x.at<double>(i);
-      x.at<double>(i) = keep + 1e-6;
-      double lp = loss();
-      x.at<double>(i) = keep - 1e-6;
-      double lm = loss();
-      x.at<double>(i) = keep;
-      double num = (lp - lm) / 2e-6, an = dx.at<double>(i);
+      double num = test::finite_difference_at(x, i, loss), an = dx.at<double>(i);
       INFO(name, "[", i, "] analytic ", an, " numeric ", num);
       CHECK(std::abs(an - num) <= 1e-6 * std::max(1.0, std::abs(num)));
     }
@@ -233,25 +229,7 @@ TEST_CASE("attention: backward against finite differences, rows without keys, ac
     attention_forward(out, lse, q, k, v, o);
     Tensor dq = empty(q.shape(), DType::f64), dk = empty(k.shape(), DType::f64), dv = empty(v.shape(), DType::f64);
     attention_backward(dq, dk, dv, R, q, k, v, out, lse, o);
-    auto loss = [&] {
-      Tensor o2 = empty(q.shape(), DType::f64), l2 = empty({B, H, Tq}, DType::f64);
-      attention_forward(o2, l2, q, k, v, o);
-      return dot(o2, R);
-    };
-    std::mt19937_64 g(8);
-    for (auto [x, dx, name] : {std::tuple{q, dq, "dq"}, {k, dk, "dk"}, {v, dv, "dv"}})
-      for (int rep = 0; rep < 8; ++rep) {
-        int64_t i = int64_t(g() % uint64_t(x.numel()));
-        double old = x.at<double>(i);
-        x.at<double>(i) = old + 1e-6;
-        double lp = loss();
-        x.at<double>(i) = old - 1e-6;
-        double lm = loss();
-        x.at<double>(i) = old;
-        double num = (lp - lm) / 2e-6, an = dx.at<double>(i);
-        INFO(name << "[" << i << "] analytic " << an << " numeric " << num);
-        CHECK(std::abs(an - num) <= 1e-6 * std::max(1.0, std::abs(num)));
-      }
+    check_gradients_fd(q, k, v, R, o, 8, 8);  // 8 random elements of each input
     for (int64_t i = 0; i < dq.numel(); ++i) REQUIRE(!std::isnan(dq.at<double>(i)));
     if (o.k_pos0 == 10) {  // queries 0..9 see nothing: output 0, lse -inf, no gradient
       for (int64_t c = 0; c < hd; ++c) CHECK(out.at<double>(c) == 0.0);
@@ -298,14 +276,9 @@ TEST_CASE("attention: every gradient element against finite differences, GQA, ba
     };
     for (auto [x, dx, name] : {std::tuple{q, dq, "dq"}, {k, dk, "dk"}, {v, dv, "dv"}}) {
       double worst = 0;
+      const std::vector<double> numeric = test::finite_differences(x, loss);
       for (int64_t i = 0; i < x.numel(); ++i) {
-        double old = x.at<double>(i);
-        x.at<double>(i) = old + 1e-6;
-        double lp = loss();
-        x.at<double>(i) = old - 1e-6;
-        double lm = loss();
-        x.at<double>(i) = old;
-        double num = (lp - lm) / 2e-6, an = dx.at<double>(i);
+        double num = numeric[size_t(i)], an = dx.at<double>(i);
         REQUIRE(!std::isnan(an));
         worst = std::max(worst, std::abs(an - num) / std::max(1.0, std::abs(num)));
       }
@@ -700,92 +673,7 @@ TEST_CASE("attention: document masks: every query starting at 0 is no mask; doc_
   CHECK_ERROR_CONTAINS(attention_forward(out, lse, q, k, v, {true, 0, 0, 0, zeros({B, T}, DType::i32)}), "doc_start");
 }
 
-// ---------------------------------------------------------------- copy_slice and attention_merge
-
-namespace {
-
-// Fills t with `sign * (1 + flat index)` (small integers: exact in every dtype up to 256 for bf16).
-void fill_index(const Tensor& t, double sign, int64_t mod = 1 << 20) {
-  std::vector<double> v(size_t(t.numel()));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = sign * double(1 + int64_t(i) % mod);
-  copy_(t, from_values(v, t.shape(), t.dtype()));
-}
-
-// Row-major multi-index of flat index i.
-std::vector<int64_t> unravel(int64_t i, const Shape& s) {
-  std::vector<int64_t> idx(s.size());
-  for (size_t d = s.size(); d-- > 0;) {
-    idx[d] = i % s[d];
-    i /= s[d];
-  }
-  return idx;
-}
-int64_t ravel(const std::vector<int64_t>& idx, const Shape& s) {
-  int64_t i = 0;
-  for (size_t d = 0; d < s.size(); ++d) i = i * s[d] + idx[d];
-  return i;
-}
-
-}  // namespace
-
-TEST_CASE("copy_slice: 2-D, 3-D and 4-D tensors along each dim, several dtypes") {
-  const std::vector<Shape> bases{{4, 5}, {3, 4, 5}, {2, 3, 4, 5}};
-  for (const Shape& base : bases)
-    for (int dim = 0; dim < int(base.size()); ++dim)
-      for (DType dt : {DType::f64, DType::f32, DType::i64, DType::i32, DType::bf16}) {
-        // (n, src_begin, dst_begin): a middle part, the whole src, nothing.
-        const int64_t len = base[size_t(dim)];
-        for (auto [n, sb, db] : {std::tuple<int64_t, int64_t, int64_t>{len - 1, 1, 2}, {len, 0, 2}, {0, 0, 0}}) {
-          CAPTURE(shape_str(base));
-          CAPTURE(dim);
-          CAPTURE(dtype_name(dt));
-          CAPTURE(n);
-          CAPTURE(sb);
-          CAPTURE(db);
-          Shape ds = base;
-          ds[size_t(dim)] += 2;
-          Tensor src = empty(base, dt), dst = empty(ds, dt);
-          fill_index(src, 1, 250);
-          fill_index(dst, -1, 250);
-          const auto before = to_f64(dst), sv = to_f64(src);
-          copy_slice(dst, db, src, sb, n, dim);
-          const auto got = to_f64(dst);
-          int64_t wrong = 0, copied = 0;
-          for (int64_t i = 0; i < dst.numel(); ++i) {
-            auto idx = unravel(i, ds);
-            double want = before[size_t(i)];
-            if (idx[size_t(dim)] >= db && idx[size_t(dim)] < db + n) {
-              idx[size_t(dim)] += sb - db;
-              want = sv[size_t(ravel(idx, base))];
-              ++copied;
-            }
-            wrong += got[size_t(i)] != want;
-          }
-          CHECK(wrong == 0);
-          CHECK(copied == n * (src.numel() / len));
-        }
-      }
-}
-
-TEST_CASE("copy_slice: errors") {
-  Tensor a = empty({3, 4, 5}, DType::f32), b = zeros({3, 6, 5}, DType::f32);
-  fill_index(a, 1);
-  copy_slice(b, 1, a, 0, 4, 1);  // fine
-  const Tensor before = b.clone();
-  CHECK_ERROR_CONTAINS(copy_slice(b, 0, zeros({3, 4, 5}, DType::f64), 0, 4, 1), "copy_slice");  // dtypes differ
-  CHECK_ERROR_CONTAINS(copy_slice(b, 0, zeros({3, 4}, DType::f32), 0, 4, 1), "copy_slice");     // ranks differ
-  CHECK_ERROR_CONTAINS(copy_slice(b, 0, zeros({3, 4, 6}, DType::f32), 0, 4, 1), "copy_slice");  // dim 2 differs
-  CHECK_ERROR_CONTAINS(copy_slice(b, 0, zeros({2, 4, 5}, DType::f32), 0, 4, 1), "copy_slice");  // dim 0 differs
-  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 0, 3, 3), "copy_slice");                             // no dim 3
-  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 0, 3, -1), "copy_slice");                            // negative dim
-  CHECK_ERROR_CONTAINS(copy_slice(b, 3, a, 0, 4, 1), "copy_slice");   // past the end of dst (3 + 4 > 6)
-  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 1, 4, 1), "copy_slice");   // past the end of src (1 + 4 > 4)
-  CHECK_ERROR_CONTAINS(copy_slice(b, -1, a, 0, 2, 1), "copy_slice");  // negative begin
-  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, -1, 2, 1), "copy_slice");
-  CHECK_ERROR_CONTAINS(copy_slice(b, 0, a, 0, -1, 1), "copy_slice");  // negative count
-  CHECK_ERROR_CONTAINS(copy_slice(b, 0, Tensor(), 0, 1, 1), "copy_slice");
-  CHECK(equal(b, before));  // nothing written by a failed call
-}
+// ---------------------------------------------------------------- attention_merge (with the naive attention above)
 
 TEST_CASE("attention_merge: two or three disjoint key sets merge to attention over all keys") {
   const int64_t B = 2, T = 150, S = 150, H = 4, KV = 2, hd = 8;
@@ -879,178 +767,3 @@ TEST_CASE("attention_merge: by hand, -inf on either side and both, bf16 parts") 
   CHECK(rel_err(l_a, l_b) < 1e-7);
 }
 
-// ---------------------------------------------------------------- sequence shards and documents
-
-TEST_CASE("sequence_shard: chunk positions for none and head_tail") {
-  CHECK(sequence_parts(CpLoadBalance::none, 4) == 4);
-  CHECK(sequence_parts(CpLoadBalance::head_tail, 4) == 8);
-  CHECK(sequence_parts(CpLoadBalance::head_tail, 1) == 1);  // one rank holds the sequence in order
-  CHECK(sequence_parts(CpLoadBalance::none, 1) == 1);
-  struct Case {
-    CpLoadBalance lb;
-    int64_t T;
-    int n, rank;
-    int64_t chunk_len;
-    std::vector<int64_t> chunk_pos;
-  };
-  const auto none = CpLoadBalance::none, ht = CpLoadBalance::head_tail;
-  std::vector<Case> cases{
-      {none, 24, 1, 0, 24, {0}},  {none, 24, 4, 0, 6, {0}},   {none, 24, 4, 3, 6, {18}},
-      {none, 24, 3, 1, 8, {8}},   {ht, 24, 1, 0, 24, {0}},    {ht, 24, 4, 0, 3, {0, 21}},
-      {ht, 24, 4, 1, 3, {3, 18}}, {ht, 24, 4, 3, 3, {9, 12}}, {ht, 24, 2, 1, 6, {6, 12}},
-      {ht, 36, 6, 2, 3, {6, 27}}, {ht, 16, 8, 7, 1, {7, 8}},  {ht, 640, 8, 5, 40, {200, 400}},
-  };
-  for (const Case& c : cases) {
-    CAPTURE(cp_load_balance_name(c.lb));
-    CAPTURE(c.T);
-    CAPTURE(c.n);
-    CAPTURE(c.rank);
-    SequenceShard sh = sequence_shard(c.lb, c.T, c.n, c.rank);
-    CHECK(sh.chunk_len == c.chunk_len);
-    CHECK(sh.chunk_pos == c.chunk_pos);
-    CHECK(sh.size() == c.T / c.n);
-  }
-}
-
-TEST_CASE("sequence_shard: the ranks' positions cover the sequence once; shard_positions; errors") {
-  for (CpLoadBalance lb : {CpLoadBalance::none, CpLoadBalance::head_tail})
-    for (int n : {1, 2, 3, 4, 6, 8})
-      for (int64_t k : {1, 3, 5}) {
-        const int64_t T = sequence_parts(lb, n) * k;
-        CAPTURE(cp_load_balance_name(lb));
-        CAPTURE(n);
-        CAPTURE(T);
-        std::vector<int> seen(size_t(T), 0);
-        for (int r = 0; r < n; ++r) {
-          SequenceShard sh = sequence_shard(lb, T, n, r);
-          REQUIRE(sh.size() == T / n);
-          Tensor pos = shard_positions(sh);
-          REQUIRE(pos.dtype() == DType::i64);
-          REQUIRE(pos.shape() == Shape{T / n});
-          for (int64_t t = 0; t < sh.size(); ++t) {
-            const int64_t p = pos.at<int64_t>(t);
-            CHECK(p == sh.position(t));
-            REQUIRE((p >= 0 && p < T));
-            ++seen[size_t(p)];
-            if (t > 0 && t % sh.chunk_len != 0) CHECK(p == pos.at<int64_t>(t - 1) + 1);  // chunks are contiguous
-          }
-          // head_tail: rank r holds chunks r and 2n-1-r; none (and one rank): chunk r.
-          const int64_t parts_len = T / sequence_parts(lb, n);
-          if (lb == CpLoadBalance::head_tail && n > 1)
-            CHECK(sh.chunk_pos == std::vector<int64_t>{r * parts_len, (2 * n - 1 - r) * parts_len});
-          else CHECK(sh.chunk_pos == std::vector<int64_t>{r * parts_len});
-        }
-        int64_t not_once = 0;
-        for (int x : seen) not_once += x != 1;
-        CHECK(not_once == 0);
-      }
-  CHECK_ERROR_CONTAINS(sequence_shard(CpLoadBalance::head_tail, 12, 4, 0), "[attention]");  // 12 % 8
-  CHECK_ERROR_CONTAINS(sequence_shard(CpLoadBalance::none, 10, 4, 0), "[attention]");
-  CHECK_ERROR_CONTAINS(sequence_shard(CpLoadBalance::head_tail, 6, 2, 0), "[attention]");  // 6 % 4
-  CHECK(sequence_shard(CpLoadBalance::head_tail, 7, 1, 0).chunk_len == 7);                 // one rank: any length
-}
-
-TEST_CASE("shard_sequence: picks the shard's tokens in local order, (B, T) and (B, T, H, hd)") {
-  const int64_t B = 2, T = 24, H = 3, hd = 2;
-  // Values encode (b, t, e): b * 1000 + t * 10 + e.
-  Tensor x4 = empty({B, T, H, hd}, DType::f64), x2 = empty({B, T}, DType::i64), x3 = empty({B, T, 5}, DType::f32);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t e = 0; e < H * hd; ++e) x4.at<double>((b * T + t) * H * hd + e) = double(b * 1000 + t * 10 + e);
-      for (int64_t e = 0; e < 5; ++e) x3.at<float>((b * T + t) * 5 + e) = float(b * 1000 + t * 10 + e);
-      x2.at<int64_t>(b * T + t) = b * 1000 + t * 10;
-    }
-  for (CpLoadBalance lb : {CpLoadBalance::none, CpLoadBalance::head_tail})
-    for (int n : {1, 2, 3, 4})
-      for (int r = 0; r < n; ++r) {
-        CAPTURE(cp_load_balance_name(lb));
-        CAPTURE(n);
-        CAPTURE(r);
-        SequenceShard sh = sequence_shard(lb, T, n, r);
-        const int64_t Tl = sh.size();
-        Tensor y4 = shard_sequence(x4, sh), y2 = shard_sequence(x2, sh), y3 = shard_sequence(x3, sh);
-        REQUIRE(y4.shape() == Shape{B, Tl, H, hd});
-        REQUIRE(y2.shape() == Shape{B, Tl});
-        REQUIRE(y3.shape() == Shape{B, Tl, 5});
-        CHECK(y4.dtype() == DType::f64);
-        CHECK(y2.dtype() == DType::i64);
-        CHECK(y3.dtype() == DType::f32);
-        int64_t wrong = 0;
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t t = 0; t < Tl; ++t) {
-            const int64_t p = sh.position(t);
-            for (int64_t e = 0; e < H * hd; ++e)
-              wrong += y4.at<double>((b * Tl + t) * H * hd + e) != double(b * 1000 + p * 10 + e);
-            for (int64_t e = 0; e < 5; ++e) wrong += y3.at<float>((b * Tl + t) * 5 + e) != float(b * 1000 + p * 10 + e);
-            wrong += y2.at<int64_t>(b * Tl + t) != b * 1000 + p * 10;
-          }
-        CHECK(wrong == 0);
-        // A copy: writing it leaves the source alone.
-        y2.at<int64_t>(0) = -5;
-        CHECK(x2.at<int64_t>(0) == 0);
-      }
-}
-
-TEST_CASE("document_starts: hand-made rows") {
-  const int32_t sep = 7;
-  struct Case {
-    const char* what;
-    std::vector<int32_t> tokens;
-    std::vector<int64_t> starts;
-  };
-  std::vector<Case> cases{
-      {"separator at 0 and in the middle", {7, 1, 2, 7, 3, 4, 5, 6}, {0, 0, 0, 3, 3, 3, 3, 3}},
-      {"tokens before the first separator start at 0", {1, 2, 7, 3, 4, 5, 6, 1}, {0, 0, 2, 2, 2, 2, 2, 2}},
-      {"consecutive separators", {1, 7, 7, 7, 2, 3, 7, 4}, {0, 1, 2, 3, 3, 3, 6, 6}},
-      {"no separator", {1, 2, 3, 4, 5, 6, 0, 8}, {0, 0, 0, 0, 0, 0, 0, 0}},
-      {"separator last", {1, 2, 3, 4, 5, 6, 0, 7}, {0, 0, 0, 0, 0, 0, 0, 7}},
-      {"all separators", {7, 7, 7, 7, 7, 7, 7, 7}, {0, 1, 2, 3, 4, 5, 6, 7}},
-  };
-  // Each row alone, then all rows as one batch (rows are independent).
-  const int64_t T = 8, B = int64_t(cases.size());
-  Tensor all = empty({B, T}, DType::i32);
-  for (int64_t b = 0; b < B; ++b) {
-    const Case& c = cases[size_t(b)];
-    INFO(c.what);
-    Tensor tok = empty({1, T}, DType::i32);
-    for (int64_t t = 0; t < T; ++t) all.at<int32_t>(b * T + t) = tok.at<int32_t>(t) = c.tokens[size_t(t)];
-    Tensor d = document_starts(tok, sep);
-    REQUIRE(d.shape() == Shape{1, T});
-    REQUIRE(d.dtype() == DType::i64);
-    std::vector<int64_t> got(d.data<int64_t>(), d.data<int64_t>() + T);
-    CHECK(got == c.starts);
-  }
-  Tensor d = document_starts(all, sep);
-  REQUIRE(d.shape() == Shape{B, T});
-  for (int64_t b = 0; b < B; ++b) {
-    INFO(cases[size_t(b)].what);
-    std::vector<int64_t> got(d.data<int64_t>() + b * T, d.data<int64_t>() + (b + 1) * T);
-    CHECK(got == cases[size_t(b)].starts);
-  }
-  // Another separator value: 7 is then an ordinary token.
-  Tensor d1 = document_starts(all, 1);
-  std::vector<int64_t> row0(d1.data<int64_t>(), d1.data<int64_t>() + T);
-  CHECK(row0 == std::vector<int64_t>{0, 1, 1, 1, 1, 1, 1, 1});
-}
-
-TEST_CASE("cp method and load balance names") {
-  CHECK(cp_method_from_name("ring", "parallel.cp_method") == CpMethod::ring);
-  CHECK(cp_method_from_name("all_gather", "parallel.cp_method") == CpMethod::all_gather);
-  CHECK(cp_load_balance_from_name("none", "parallel.cp_load_balance") == CpLoadBalance::none);
-  CHECK(cp_load_balance_from_name("head_tail", "parallel.cp_load_balance") == CpLoadBalance::head_tail);
-  for (CpMethod m : {CpMethod::ring, CpMethod::all_gather}) CHECK(cp_method_from_name(cp_method_name(m), "k") == m);
-  for (CpLoadBalance lb : {CpLoadBalance::none, CpLoadBalance::head_tail})
-    CHECK(cp_load_balance_from_name(cp_load_balance_name(lb), "k") == lb);
-  CHECK(cp_method_name(CpMethod::all_gather) == "all_gather");
-  CHECK(cp_load_balance_name(CpLoadBalance::head_tail) == "head_tail");
-  for (const char* bad : {"Ring", "", "allgather", "none", "head_tail"}) {
-    CAPTURE(bad);
-    CHECK_ERROR_CONTAINS(cp_method_from_name(bad, "parallel.cp_method"), "parallel.cp_method");
-    CHECK_ERROR_CONTAINS(cp_method_from_name(bad, "parallel.cp_method"), "all_gather");
-  }
-  for (const char* bad : {"None", "", "headtail", "ring", "zigzag"}) {
-    CAPTURE(bad);
-    CHECK_ERROR_CONTAINS(cp_load_balance_from_name(bad, "parallel.cp_load_balance"), "parallel.cp_load_balance");
-    CHECK_ERROR_CONTAINS(cp_load_balance_from_name(bad, "parallel.cp_load_balance"), "head_tail");
-  }
-}

@@ -14,21 +14,13 @@
 #include "check_error.h"
 #include "runtime/io/safetensors.h"
 
+#include "test_util.h"
+
 using namespace mt;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("mt_test_safetensors_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& n) const { return (path / n).string(); }
-};
 
 std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -36,7 +28,7 @@ std::string read_bytes(const std::string& path) {
 }
 
 // A file written by hand: the 8-byte header length (or `hl` when given), the header, the data.
-std::string write_file(const TempDir& d, const std::string& name, const std::string& header, const std::string& data,
+std::string write_file(const test::TempDir& d, const std::string& name, const std::string& header, const std::string& data,
                        int64_t hl = -1) {
   uint64_t n = hl < 0 ? header.size() : uint64_t(hl);
   std::string bytes(reinterpret_cast<const char*>(&n), 8);
@@ -48,7 +40,7 @@ std::string write_file(const TempDir& d, const std::string& name, const std::str
 }  // namespace
 
 TEST_CASE("safetensors: f32, bf16, f64, i32 and i64 round trip with metadata") {
-  TempDir d;
+  test::TempDir d("safetensors");
   Tensor a = from_values({1.5, -2.25, 3.0, 0.1}, {2, 2}, DType::f32);
   Tensor b = from_values({1.0, -0.5, 65504.0}, {3}, DType::bf16);
   Tensor c = from_values({1e-300, 2.0, -1.0 / 3}, {3, 1}, DType::f64);
@@ -107,7 +99,7 @@ TEST_CASE("safetensors: f32, bf16, f64, i32 and i64 round trip with metadata") {
 }
 
 TEST_CASE("safetensors: f16 is converted to f32 on read") {
-  TempDir d;
+  test::TempDir d("safetensors");
   // 1.0, -2.5, 0, 65504 (the largest half), the smallest subnormal, -inf, 0.333251953125.
   uint16_t h[7] = {0x3c00, 0xc100, 0x0000, 0x7bff, 0x0001, 0xfc00, 0x3555};
   std::string data(reinterpret_cast<const char*>(h), sizeof(h));
@@ -131,7 +123,7 @@ TEST_CASE("safetensors: f16 is converted to f32 on read") {
 }
 
 TEST_CASE("safetensors: malformed files name the file and what is wrong") {
-  TempDir d;
+  test::TempDir d("safetensors");
   const std::string one = R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
 
   std::string p = write_file(d, "len.safetensors", "{}", "", 999);

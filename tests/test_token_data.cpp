@@ -14,21 +14,13 @@
 #include "runtime/io/token_data.h"
 #include "skip.h"
 
+#include "test_util.h"
+
 using namespace mt;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("mt_test_data_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& n) const { return (path / n).string(); }
-};
 
 // A shard written by hand: header fields, tokens, and `cut` bytes removed from the end.
 void write_raw(const std::string& path, std::vector<int32_t> header, const std::vector<uint16_t>& tokens,
@@ -54,7 +46,7 @@ std::vector<int32_t> values(const Tensor& t) {
 }  // namespace
 
 TEST_CASE("data: a shard round trips and its bytes follow llm.c's layout") {
-  TempDir d;
+  test::TempDir d("data");
   std::vector<uint16_t> tokens = {0, 1, 255, 65535, 7};
   write_token_shard(d / "a.bin", tokens);
   CHECK(fs::file_size(d / "a.bin") == 1024 + 2 * tokens.size());
@@ -79,7 +71,7 @@ TEST_CASE("data: a shard round trips and its bytes follow llm.c's layout") {
 }
 
 TEST_CASE("data: a glob reads several shards in sorted order as one stream") {
-  TempDir d;
+  test::TempDir d("data");
   // Written out of order: 2, 0, 10, 1 (zero-padded names sort numerically).
   for (int s : {2, 0, 10, 1}) {
     char name[64];
@@ -104,7 +96,7 @@ TEST_CASE("data: a glob reads several shards in sorted order as one stream") {
 }
 
 TEST_CASE("data: batches follow llm.c's convention, wrap to the next epoch, and split into a rank's rows") {
-  TempDir d;
+  test::TempDir d("data");
   // 30 tokens 0..29 in three shards; token value == stream position.
   for (int s = 0; s < 3; ++s) write_token_shard(d / ("s_" + std::to_string(s) + ".bin"), iota_tokens(10, 10 * s));
   TokenStream ts(d / "s_*.bin", 256);
@@ -169,7 +161,7 @@ TEST_CASE("data: batches follow llm.c's convention, wrap to the next epoch, and 
 }
 
 TEST_CASE("data: a stream exactly one batch long has one step; a shorter one is an error") {
-  TempDir d;
+  test::TempDir d("data");
   write_token_shard(d / "seven.bin", iota_tokens(7));
   TokenStream ts(d / "seven.bin", 256, "data.val");
   CHECK(steps_per_epoch(ts, 2, 3) == 1);  // B*T+1 = 7 tokens
@@ -184,7 +176,7 @@ TEST_CASE("data: a stream exactly one batch long has one step; a shorter one is 
 }
 
 TEST_CASE("data: malformed shards name the file and the offset") {
-  TempDir d;
+  test::TempDir d("data");
   write_raw(d / "magic.bin", {1234, 1, 2}, {1, 2});
   write_raw(d / "version.bin", {20240520, 7, 2}, {1, 2});
   write_raw(d / "size.bin", {20240520, 1, 600}, std::vector<uint16_t>(488, 1));  // 1024 + 976 = 2000 bytes
@@ -217,7 +209,7 @@ TEST_CASE("data: malformed shards name the file and the offset") {
 }
 
 TEST_CASE("data: a glob matching no file is an error naming the key and the pattern") {
-  TempDir d;
+  test::TempDir d("data");
   CHECK_ERROR_CONTAINS(glob_files(d / "none_*.bin", "data.train"),
                        "[data] data.train: no file matches '" + d / "none_*.bin" + "'");
   CHECK_ERROR_CONTAINS(TokenStream(d / "none_*.bin", 256, "data.val"),
@@ -235,7 +227,7 @@ TEST_CASE("data: scripts/prepare_data writes byte-level shards the reader accept
     if (script.empty() && fs::exists(p)) script = p;
   if (script.empty() || !fs::exists("/usr/bin/python3"))
     MT_SKIP("scripts/prepare_data or /usr/bin/python3 not found from the working directory");
-  TempDir d;
+  test::TempDir d("data");
   fs::create_directories(d.path / "in");
   std::ofstream(d / "in/a.txt") << "hello world\n";
   std::ofstream(d / "in/b.txt") << "caf\xc3\xa9\n";  // a two-byte UTF-8 character

@@ -2,11 +2,15 @@
 // the two error measures (whole-output relative error and worst element), and central finite differences.
 // Everything is inline; the vector helpers need no library, the Tensor ones need meshtrain's core.
 #pragma once
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "runtime/core/tensor.h"
@@ -86,20 +90,37 @@ inline double rel_err(const Tensor& got, const Tensor& want) { return rel_err(to
 inline double rel_err(const Tensor& got, const std::vector<double>& want) { return rel_err(to_f64(got), want); }
 inline double dot(const Tensor& a, const Tensor& b) { return dot(to_f64(a), to_f64(b)); }
 
-// d loss / d x[i] for every element of the f64 host tensor x by central differences (x is restored).
+// d loss / d x[i] for one element of the f64 host tensor x by central differences (x is restored).
+inline double finite_difference_at(const Tensor& x, int64_t i, const std::function<double()>& loss, double eps = 1e-6) {
+  double* p = x.data<double>();
+  const double keep = p[i];
+  p[i] = keep + eps;
+  const double lp = loss();
+  p[i] = keep - eps;
+  const double lm = loss();
+  p[i] = keep;
+  return (lp - lm) / (2 * eps);
+}
+
+// The same for every element of x.
 inline std::vector<double> finite_differences(const Tensor& x, const std::function<double()>& loss, double eps = 1e-6) {
   std::vector<double> g(size_t(x.numel()));
-  double* p = x.data<double>();
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    const double keep = p[i];
-    p[i] = keep + eps;
-    const double lp = loss();
-    p[i] = keep - eps;
-    const double lm = loss();
-    p[i] = keep;
-    g[size_t(i)] = (lp - lm) / (2 * eps);
-  }
+  for (int64_t i = 0; i < x.numel(); ++i) g[size_t(i)] = finite_difference_at(x, i, loss, eps);
   return g;
 }
+
+// A fresh directory under the system's temporary one for the test's files, removed at the end: mt_test_<what>_<pid>.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& what) {
+    path = std::filesystem::temp_directory_path() / ("mt_test_" + what + "_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string operator/(const std::string& n) const { return (path / n).string(); }
+};
 
 }  // namespace mt::test

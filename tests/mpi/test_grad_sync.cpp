@@ -13,6 +13,7 @@
 #include "models/llama/parallelize.h"
 #include "parallel/grad_sync.h"
 #include "runtime/kernels/ops.h"
+#include "../skip.h"
 #include "mpi_world.h"
 
 using namespace mt;
@@ -52,6 +53,8 @@ void backward_once(LlamaForCausalLM& m, const Tensor& tokens) {
 
 TEST_CASE("grad sync: hook-launched buckets equal per-parameter redistribute, bit for bit") {
   const int n = world_size();
+  // On one rank both sides are no-ops (nothing is summed): the comparison could not fail.
+  if (n == 1) MT_SKIP("needs 2 or more ranks");
   DeviceMesh mesh = DeviceMesh::create({{"dp_replicate", n}});
   ParamFactory f{mesh, DType::f64, Device::cpu(), 3, 0.3};
   LlamaForCausalLM a(tiny(), f), b(tiny(), f);
@@ -95,6 +98,8 @@ TEST_CASE("grad sync: hook-launched buckets equal per-parameter redistribute, bi
 
 TEST_CASE("grad sync: bucket_bytes 0 is one redistribute per parameter, the same bits") {
   const int n = world_size();
+  // On one rank both sides are no-ops (nothing is summed): the comparison could not fail.
+  if (n == 1) MT_SKIP("needs 2 or more ranks");
   DeviceMesh mesh = DeviceMesh::create({{"dp_replicate", n}});
   ParamFactory f{mesh, DType::f64, Device::cpu(), 3, 0.3};
   LlamaForCausalLM a(tiny(), f), b(tiny(), f);
