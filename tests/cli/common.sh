@@ -69,6 +69,27 @@ same_as() {
   fi
 }
 
+# docs_data [ARGS...]: the docs (docs/*.md) as byte-level shards $tmp/data/docs_{train,val}_*.bin; ARGS go to
+# prepare_data (--separator 30: each file a document).
+docs_data() {
+  "$py" "$root/scripts/prepare_data" --out "$tmp/data" --name docs "$@" "$root"/docs/*.md >/dev/null ||
+    bad "prepare_data $*"
+}
+# write_yaml MODEL TRAINING [MORE]: $tmp/t.yaml, the end-to-end scripts' config: the model and training keys given
+# (inside their braces), the common optimizer keys, the docs data, evaluation and samples every 10 steps, a log
+# line every step, then MORE (whole YAML lines).
+write_yaml() {
+  cat >"$tmp/t.yaml" <<YAML
+model: {$1}
+training: {$2, lr: 3.0e-3, warmup_steps: 3, lr_min: 3.0e-4, grad_clip: 1.0, weight_decay: 0.1, threads: 1}
+data: {train: "$tmp/data/docs_train_*.bin", val: "$tmp/data/docs_val_*.bin"}
+eval: {interval: 10, steps: 2}
+sample: {interval: 10, tokens: 8, prompt: "The "}
+log: {interval: 1}
+${3:-}
+YAML
+}
+
 # expect NAME EXIT(zero|nonzero) TEXT -- COMMAND...: runs the command, checks the exit status and that the output contains TEXT.
 expect() {
   local name=$1 want=$2 text=$3

@@ -16,8 +16,7 @@ source "$(dirname "$0")/common.sh"
 
 # The docs as documents, each file starting with byte 30 (the separator): documents of a few KiB cross the
 # chunk boundaries of a 64-token sequence split 16 ways.
-"$py" "$root/scripts/prepare_data" --out "$tmp/data" --name docs --separator 30 "$root"/docs/*.md >/dev/null ||
-  bad "prepare_data --separator"
+docs_data --separator 30
 # Short documents: every 40 bytes of the docs' text a separator, so that a 64-token sequence holds several and
 # they cross every cp chunk boundary.
 "$py" - "$tmp/data" <<'PY'
@@ -28,15 +27,8 @@ for path in glob.glob(sys.argv[1] + "/docs_*.bin"):
     toks[::40] = 30
     open(path.replace("docs_", "short_"), "wb").write(head + toks.tobytes())
 PY
-cat >"$tmp/t.yaml" <<YAML
-model: {dim: 64, n_layers: 2, n_heads: 8, n_kv_heads: 4, ffn_dim: 96, vocab_size: 256, max_seq_len: 64}
-training: {steps: 20, batch_size: 4, seq_len: 64, lr: 3.0e-3, warmup_steps: 3, lr_min: 3.0e-4, grad_clip: 1.0,
-           weight_decay: 0.1, threads: 1}
-data: {train: "$tmp/data/docs_train_*.bin", val: "$tmp/data/docs_val_*.bin"}
-eval: {interval: 10, steps: 2}
-sample: {interval: 10, tokens: 8, prompt: "The "}
-log: {interval: 1}
-YAML
+write_yaml "dim: 64, n_layers: 2, n_heads: 8, n_kv_heads: 4, ffn_dim: 96, vocab_size: 256, max_seq_len: 64" \
+  "steps: 20, batch_size: 4, seq_len: 64"
 one=(--set parallel.dp_replicate=1)
 
 train base 1 "${one[@]}" || bad "1-rank baseline" "$(tail -n 20 "$tmp/base.log")"

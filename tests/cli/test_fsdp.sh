@@ -14,18 +14,10 @@ full=0
 
 source "$(dirname "$0")/common.sh"
 
-"$py" "$root/scripts/prepare_data" --out "$tmp/data" --name docs "$root"/docs/*.md >/dev/null || bad "prepare_data"
+docs_data
 # min_weight_size 1000: every matrix is sharded, the norm weights (64) stay replicated.
-cat >"$tmp/t.yaml" <<YAML
-model: {dim: 64, n_layers: 2, n_heads: 8, n_kv_heads: 4, ffn_dim: 96, vocab_size: 256, max_seq_len: 32}
-training: {steps: 20, batch_size: 8, seq_len: 32, lr: 3.0e-3, warmup_steps: 3, lr_min: 3.0e-4, grad_clip: 1.0,
-           weight_decay: 0.1, threads: 1}
-data: {train: "$tmp/data/docs_train_*.bin", val: "$tmp/data/docs_val_*.bin"}
-eval: {interval: 10, steps: 2}
-sample: {interval: 10, tokens: 8, prompt: "The "}
-log: {interval: 1}
-parallel: {dp_replicate: 1, fsdp: {min_weight_size: 1000}}
-YAML
+write_yaml "dim: 64, n_layers: 2, n_heads: 8, n_kv_heads: 4, ffn_dim: 96, vocab_size: 256, max_seq_len: 32" \
+  "steps: 20, batch_size: 8, seq_len: 32" "parallel: {dp_replicate: 1, fsdp: {min_weight_size: 1000}}"
 
 train base 1 || bad "1-rank baseline" "$(tail -n 20 "$tmp/base.log")"
 meshes=("2|dp_shard=2|--set parallel.dp_shard=2"

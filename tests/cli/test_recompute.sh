@@ -10,16 +10,9 @@ build=${1:?usage: test_recompute.sh BUILD_DIR}
 source "$(dirname "$0")/common.sh"
 same_as_exact=1  # recompute changes no arithmetic: losses bit for bit
 
-"$py" "$root/scripts/prepare_data" --out "$tmp/data" --name docs "$root"/docs/*.md >/dev/null || bad "prepare_data"
-cat >"$tmp/t.yaml" <<YAML
-model: {dim: 64, n_layers: 4, n_heads: 8, n_kv_heads: 4, ffn_dim: 96, vocab_size: 256, max_seq_len: 64}
-training: {steps: 20, batch_size: 4, seq_len: 64, lr: 3.0e-3, warmup_steps: 3, lr_min: 3.0e-4, grad_clip: 1.0,
-           weight_decay: 0.1, threads: 1}
-data: {train: "$tmp/data/docs_train_*.bin", val: "$tmp/data/docs_val_*.bin"}
-eval: {interval: 10, steps: 2}
-sample: {interval: 10, tokens: 8, prompt: "The "}
-log: {interval: 1}
-YAML
+docs_data
+write_yaml "dim: 64, n_layers: 4, n_heads: 8, n_kv_heads: 4, ffn_dim: 96, vocab_size: 256, max_seq_len: 64" \
+  "steps: 20, batch_size: 4, seq_len: 64"
 # same_as BASE NAME NP DESCRIPTION [--set ...]: the run's losses equal BASE's bit for bit, and so do its samples.
 full=(--set 'parallel.recompute.patterns=["model.layers.*"]')
 selective=(--set 'parallel.recompute.patterns=["model.layers.*"]' --set 'parallel.recompute.keep=[attention]')

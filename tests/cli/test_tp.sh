@@ -13,17 +13,10 @@ full=0
 
 source "$(dirname "$0")/common.sh"
 
-"$py" "$root/scripts/prepare_data" --out "$tmp/data" --name docs "$root"/docs/*.md >/dev/null || bad "prepare_data"
+docs_data
 # ffn_dim 100 and vocab 250 do not divide by 4 or 8: uneven shards of MLP and vocabulary.
-cat >"$tmp/t.yaml" <<YAML
-model: {dim: 64, n_layers: 2, n_heads: 8, n_kv_heads: 4, ffn_dim: 100, vocab_size: 250, max_seq_len: 32}
-training: {steps: 20, batch_size: 8, seq_len: 32, lr: 3.0e-3, warmup_steps: 3, lr_min: 3.0e-4, grad_clip: 1.0,
-           weight_decay: 0.1, threads: 1}
-data: {train: "$tmp/data/docs_train_*.bin", val: "$tmp/data/docs_val_*.bin"}
-eval: {interval: 10, steps: 2}
-sample: {interval: 10, tokens: 8, prompt: "The "}
-log: {interval: 1}
-YAML
+write_yaml "dim: 64, n_layers: 2, n_heads: 8, n_kv_heads: 4, ffn_dim: 100, vocab_size: 250, max_seq_len: 32" \
+  "steps: 20, batch_size: 8, seq_len: 32"
 # The docs are plain ASCII (< 128), so vocabulary 250 holds every byte.
 
 train base 1 --set checkpoint.dir="$tmp/base.ckpt" --set checkpoint.interval=10 ||
