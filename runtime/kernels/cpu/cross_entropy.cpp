@@ -105,12 +105,14 @@ template <typename T> int vocab_shard_loss(float* losses, T* dlogits, const T* l
 namespace mt {
 using namespace kern;
 
-void cross_entropy_forward_backward(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
-                                    const Tensor& targets, double grad_scale) {
-  const char* op = "cross_entropy";
+namespace {
+// The losses' operands of both cross-entropies: logits (N, V) or (N, V_local), targets (N) i32, losses (N) in the
+// accum dtype, dlogits (if defined) like the logits.
+void check_loss_operands(const char* op, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                         const Tensor& targets) {
   check_float(op, logits, "logits");
   MT_CHECK(logits.dim() == 2, "kernels", "{}: logits must be (N, V), got {}", op, shape_str(logits.shape()));
-  int64_t N = logits.size(0), V = logits.size(1);
+  const int64_t N = logits.size(0);
   check_i32(op, targets, N, "targets");
   expect_shape(op, losses, {N}, "losses");
   expect_acc(op, losses, logits.dtype(), "losses");
@@ -118,6 +120,14 @@ void cross_entropy_forward_backward(const Tensor& losses, const Tensor& dlogits,
     expect_shape(op, dlogits, logits.shape(), "dlogits");
     same_dtype(op, logits, dlogits, "dlogits");
   }
+}
+}  // namespace
+
+void cross_entropy_forward_backward(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                    const Tensor& targets, double grad_scale) {
+  const char* op = "cross_entropy";
+  check_loss_operands(op, losses, dlogits, logits, targets);
+  int64_t N = logits.size(0), V = logits.size(1);
   auto check_targets = [&] {  // host targets only
     const int32_t* tg = targets.data<int32_t>();
     for (int64_t n = 0; n < N; ++n)
@@ -187,16 +197,8 @@ void vocab_shard_loss(const Tensor& losses, const Tensor& dlogits, const Tensor&
                       const Tensor& row_max, const Tensor& sumexp, const Tensor& target_logit, int64_t vocab_begin,
                       double grad_scale) {
   const char* op = "vocab_shard_loss";
-  check_float(op, logits, "logits");
-  MT_CHECK(logits.dim() == 2, "kernels", "{}: logits must be (N, V_local)", op);
+  check_loss_operands(op, losses, dlogits, logits, targets);
   int64_t N = logits.size(0), V = logits.size(1);
-  check_i32(op, targets, N, "targets");
-  expect_shape(op, losses, {N}, "losses");
-  expect_acc(op, losses, logits.dtype(), "losses");
-  if (dlogits.defined()) {
-    expect_shape(op, dlogits, logits.shape(), "dlogits");
-    same_dtype(op, logits, dlogits, "dlogits");
-  }
   for (auto* t : {&sumexp, &target_logit, &row_max}) check_f64_rows(op, *t, logits, N, "statistics");
   dispatch(
       op, logits,

@@ -136,11 +136,10 @@ void scale_(const Tensor& t, double s) {
 
 #if MT_CUDA
 namespace {
-// Fixed-size chunks reduced on the device, their partials summed on the host in order.
-double cuda_sum(const Tensor& t, bool squares, const char* op) {
-  int64_t n = cuda::reduce_partials_count(t.numel());
-  if (n == 0) return 0;
-  kprof::Scope prof(op, t.device(), 0, double(t.nbytes()));
+// reduce_sum's partials of fixed-size chunks (n of them, f64) on the device; undefined when t is empty.
+Tensor cuda_partials(const Tensor& t, bool squares, const char* op) {
+  const int64_t n = cuda::reduce_partials_count(t.numel());
+  if (n == 0) return Tensor();
   Tensor partials = empty({n}, DType::f64, t.device());
   cuda_check(by_cuda_float(t,
                            [&](auto z) {
@@ -149,6 +148,13 @@ double cuda_sum(const Tensor& t, bool squares, const char* op) {
                                                         stream_of(t));
                            }),
              op);
+  return partials;
+}
+// Fixed-size chunks reduced on the device, their partials summed on the host in order.
+double cuda_sum(const Tensor& t, bool squares, const char* op) {
+  kprof::Scope prof(op, t.device(), 0, double(t.nbytes()));
+  Tensor partials = cuda_partials(t, squares, op);
+  if (!partials.defined()) return 0;
   double total = 0;
   for (double p : to_f64(partials)) total += p;
   return total;
@@ -247,18 +253,11 @@ void check_sum_out(const char* op, const Tensor& out, int64_t slot, const Tensor
 #if MT_CUDA
 // reduce_sum's chunk partials, then one thread adds them in order into out[slot]: cuda_sum's bits, on the device.
 void cuda_sum_into(const Tensor& out, int64_t slot, const Tensor& t, bool squares, const char* op) {
-  int64_t n = cuda::reduce_partials_count(t.numel());
-  if (n == 0) return;
   kprof::Scope prof(op, t.device(), 0, double(t.nbytes()));
-  Tensor partials = empty({n}, DType::f64, t.device());
-  cuda_check(by_cuda_float(t,
-                           [&](auto z) {
-                             using T = decltype(z);
-                             return cuda::reduce_sum<T>(partials.data<double>(), ptr<T>(t), t.numel(), squares,
-                                                        stream_of(t));
-                           }),
+  Tensor partials = cuda_partials(t, squares, op);
+  if (!partials.defined()) return;
+  cuda_check(cuda::sum_partials_into(out.data<double>() + slot, partials.data<double>(), partials.numel(), stream_of(t)),
              op);
-  cuda_check(cuda::sum_partials_into(out.data<double>() + slot, partials.data<double>(), n, stream_of(t)), op);
 }
 #endif
 void sum_into_one(const Tensor& out, int64_t slot, const Tensor& t, bool squares, const char* op) {
