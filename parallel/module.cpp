@@ -115,11 +115,10 @@ const Tensor& Parameter::grad_local() const {
 
 Shape Parameter::compute_offset() const {
   std::vector<int> coord = value.mesh.coordinate();
-  for (auto it = states.rbegin(); it != states.rend(); ++it)
-    if ((*it)->compute()) {
-      if (int d = (*it)->whole_on_dim(); d >= 0) coord[size_t(d)] = 0;
-      break;
-    }
+  // Whole on a dim whether or not it is gathered right now: the loss asks lm_head's vocabulary offset after its
+  // unit has been freed, and the offset of what layers compute with inside the unit is what it needs.
+  for (auto& s : states)
+    if (int d = s->whole_on_dim(); d >= 0) coord[size_t(d)] = 0;
   return value.spec.local_offset(coord);
 }
 

@@ -30,7 +30,7 @@ struct ParamState {
   // (null: it does not, now).
   virtual const Tensor* compute() const { return nullptr; }
   virtual const Tensor* grad() const { return nullptr; }
-  // The mesh dim over which compute() is whole (its global offset has coordinate 0 there), or -1.
+  // The mesh dim over which compute() is whole when it substitutes (compute_offset() takes coordinate 0 there), or -1.
   virtual int whole_on_dim() const { return -1; }
   // Mesh dims over which backward leaves the gradient partial besides the data-parallel ones (a
   // sequence-parallel norm's weight: each tp rank saw part of the sequence).
@@ -55,8 +55,9 @@ struct Parameter {
   const Tensor& compute_local() const;
   // The gradient buffer layers accumulate into (same shape as compute_local()).
   const Tensor& grad_local() const;
-  // Global offset of compute_local(): this rank's part, or with a state whole on a mesh dim the part at
-  // coordinate 0 there (a vocab-sharded embedding gathered by fully_shard needs its first row).
+  // Global offset of what layers compute with inside its unit: this rank's part, or with a state whole on a mesh
+  // dim (fully_shard's) the part at coordinate 0 there, gathered or not (a vocab-sharded embedding needs its
+  // first row, the vocab-parallel loss lm_head's first row after the unit is freed).
   Shape compute_offset() const;
   // The states' answers, gathered (ParamState).
   std::vector<int> partial_dims() const;

@@ -11,6 +11,7 @@
 
 #include "models/llama/llama.h"
 #include "models/llama/parallelize.h"
+#include "parallel/fully_shard.h"
 #include "parallel/grad_sync.h"
 #include "runtime/kernels/ops.h"
 #include "../skip.h"
@@ -159,5 +160,57 @@ TEST_CASE("grad sync: bf16 reduction of f32 gradients under mixed precision") {
     for (size_t j = 0; j < g.size(); ++j) num += (g[j] - w[j]) * (g[j] - w[j]), den += w[j] * w[j];
     INFO(ps[i]->name);
     CHECK(std::sqrt(num / std::max(den, 1e-300)) < 2e-2);
+  }
+}
+
+TEST_CASE("parameter states: layers see the compute copy at rest, fully_shard's gathered weight while its unit runs") {
+  const int n = world_size();
+  DeviceMesh mesh = DeviceMesh::create({{"dp_shard", n}});
+  for (DType dt : {DType::f32, DType::bf16}) {
+    INFO(dtype_name(dt));
+    ParamFactory f{mesh, dt, Device::cpu(), 3, 0.3};
+    LlamaForCausalLM a(tiny(), f);
+    LlamaDecoderLayer* layer = a.model->layers[0];
+    Parameter* w = layer->mlp->gate_proj->weight;  // (ffn, dim): sharded on dim 0
+    // Whole and replicated before sharding: what layers must see gathered, in the compute dtype.
+    const Tensor whole = w->compute_local().clone();
+    CHECK(whole.dtype() == dt);
+    CHECK((dt == DType::bf16) == compute_copy(*w).defined());
+    FullyShardOptions o;
+    o.min_weight_size = 0;
+    o.units = {"model.embed_tokens", "model.layers.*", "model.norm+lm_head"};
+    o.param_dtype = dt;
+    auto fs = fully_shard(a, mesh, o);
+    CHECK(w->reduced_dims() == std::vector<int>{0});  // the reduce-scatter sums over dp_shard
+    CHECK(w->grad_ready_at() == layer);
+    // At rest: this rank's shard (its compute copy under mixed precision) and the sharded gradient.
+    auto at_rest = [&] {
+      CHECK(w->compute_local().shape() == w->value.local.shape());
+      if (dt == DType::bf16) CHECK(w->compute_local().data_ptr() == compute_copy(*w).data_ptr());
+      else CHECK(w->compute_local().data_ptr() == w->value.local.data_ptr());
+      CHECK(w->grad_local().data_ptr() == w->grad.local.data_ptr());
+      CHECK(w->compute_offset() == Shape{0, 0});  // the gathered tensor's offset, gathered or not
+    };
+    at_rest();
+    if (n > 1) CHECK(w->value.local.size(0) < whole.size(0));
+    // Hooks after fully_shard's own (installed first): what the layer's forward and backward get.
+    int forwards = 0, backwards = 0;
+    layer->pre_forward.push_back([&](Module&) {
+      CHECK(equal(w->compute_local(), whole));
+      CHECK(w->grad_local().data_ptr() == w->grad.local.data_ptr());  // no gradient buffer in forward
+      ++forwards;
+    });
+    layer->pre_backward.push_back([&](Module&) {
+      CHECK(equal(w->compute_local(), whole));
+      CHECK(w->grad_local().shape() == whole.shape());  // full size, reduce-scattered after the unit
+      ++backwards;
+    });
+    zero_grads(a.parameters());
+    Tensor logits = a.call(rank_tokens(mesh.coordinate(0), 7));
+    at_rest();  // reshard_after_forward: the shard is back
+    a.call_backward(zeros(logits.shape(), logits.dtype()));
+    at_rest();
+    CHECK(forwards == 1);
+    CHECK(backwards == 1);
   }
 }
