@@ -241,4 +241,19 @@ DTensorSpec shard_param(const DTensorSpec& spec, int tensor_dim, const std::vect
   return DTensorSpec::make(spec.mesh, p, spec.global_shape, order);
 }
 
+std::vector<Placements> placement_product(const std::vector<Placement>& choices, int ndims) {
+  std::vector<Placements> out{{}};
+  for (int m = 0; m < ndims; ++m) {
+    std::vector<Placements> next;
+    for (const Placements& p : out)
+      for (const Placement& x : choices) {
+        Placements q = p;
+        q.push_back(x);
+        next.push_back(std::move(q));
+      }
+    out = std::move(next);
+  }
+  return out;
+}
+
 }  // namespace mt

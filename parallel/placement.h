@@ -37,6 +37,9 @@ struct Placement {
 };
 
 using Placements = std::vector<Placement>;
+// Every list of `ndims` placements drawn from `choices` (choices^ndims of them, the last dim varying fastest):
+// the layouts a planner or a test enumerates.
+std::vector<Placements> placement_product(const std::vector<Placement>& choices, int ndims);
 // For each tensor dim, the mesh dims that shard it, in the order they apply.
 using ShardOrder = std::vector<std::vector<int>>;
 

@@ -30,18 +30,7 @@ std::vector<Placements> all_placements(int nd, int td, bool partial) {
   std::vector<Placement> one{Placement::Replicate()};
   for (int d = 0; d < td; ++d) one.push_back(Placement::Shard(d));
   if (partial) one.push_back(Placement::Partial(ReduceOp::sum));
-  std::vector<Placements> out{{}};
-  for (int m = 0; m < nd; ++m) {
-    std::vector<Placements> next;
-    for (auto& p : out)
-      for (auto& x : one) {
-        auto q = p;
-        q.push_back(x);
-        next.push_back(q);
-      }
-    out = next;
-  }
-  return out;
+  return placement_product(one, nd);
 }
 
 }  // namespace

@@ -47,17 +47,7 @@ double median(std::vector<double> v) {
 void planning(int rank) {
   std::vector<MeshDim> mesh{{"dp_replicate", 2}, {"dp_shard", 2}, {"tp", 2}};
   std::vector<Placement> one{Placement::Replicate(), Placement::Shard(0), Placement::Shard(1), Placement::Partial()};
-  std::vector<Placements> all{{}};
-  for (int m = 0; m < 3; ++m) {
-    std::vector<Placements> next;
-    for (auto& p : all)
-      for (auto& x : one) {
-        auto q = p;
-        q.push_back(x);
-        next.push_back(q);
-      }
-    all = next;
-  }
+  const std::vector<Placements> all = placement_product(one, 3);
   std::vector<std::pair<DTensorSpec, DTensorSpec>> pairs;
   for (auto& a : all)
     for (auto& b : all)

@@ -36,20 +36,6 @@ std::vector<Placement> choices(int tensor_ndim, bool all_partials) {
   return c;
 }
 
-std::vector<Placements> product(const std::vector<Placement>& one, int nd) {
-  std::vector<Placements> out{{}};
-  for (int m = 0; m < nd; ++m) {
-    std::vector<Placements> next;
-    for (auto& p : out)
-      for (auto& x : one) {
-        auto q = p;
-        q.push_back(x);
-        next.push_back(q);
-      }
-    out = next;
-  }
-  return out;
-}
 
 bool partial_clash(const Placements& a, const Placements& b) {
   for (size_t m = 0; m < a.size(); ++m)
@@ -72,7 +58,7 @@ int check_pairs(const DeviceMesh& mesh, const std::vector<Shape>& shapes, bool a
   int bad = 0, count = 0;
   std::mt19937 rng(11);
   for (const Shape& s : shapes) {
-    auto all = product(choices(int(s.size()), all_partials), mesh.ndim());
+    auto all = placement_product(choices(int(s.size()), all_partials), mesh.ndim());
     std::vector<std::pair<size_t, size_t>> pairs;
     for (size_t i = 0; i < all.size(); ++i)
       for (size_t j = 0; j < all.size(); ++j) pairs.emplace_back(i, j);
