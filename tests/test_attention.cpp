@@ -26,6 +26,7 @@ using namespace mt;
 namespace {
 
 Tensor randn_t(const Shape& s, uint64_t seed, DType dt = DType::f64) { return test::randn(s, seed, dt); }
+using test::dot;      // the f64 dot product of two tensors, the finite differences' scalar loss
 using test::rel_err;  // norm-wise relative error (tests/test_util.h), a NaN fails
 
 struct Naive {
@@ -135,12 +136,6 @@ double lse_err(const Tensor& got, const Tensor& want, int64_t& mismatched_inf) {
     worst = std::max(worst, std::abs(a[i] - w[i]) / std::max(1.0, std::abs(w[i])));
   }
   return worst;
-}
-
-double dot(const Tensor& a, const Tensor& b) {
-  double s = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) s += a.at<double>(i) * b.at<double>(i);
-  return s;
 }
 
 // The kernel's dq, dk, dv (f64) against central differences of the scalar loss sum(out * R), at `reps`
@@ -766,4 +761,3 @@ TEST_CASE("attention_merge: by hand, -inf on either side and both, bf16 parts") 
   CHECK(rel_err(o_a, o_b) < 1e-7);
   CHECK(rel_err(l_a, l_b) < 1e-7);
 }
-

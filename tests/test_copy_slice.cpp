@@ -15,7 +15,6 @@
 
 using namespace mt;
 
-
 namespace {
 
 // Fills t with `sign * (1 + flat index)` (small integers: exact in every dtype up to 256 for bf16).
@@ -100,4 +99,3 @@ TEST_CASE("copy_slice: errors") {
   CHECK_ERROR_CONTAINS(copy_slice(b, 0, Tensor(), 0, 1, 1), "copy_slice");
   CHECK(equal(b, before));  // nothing written by a failed call
 }
-

@@ -1,14 +1,12 @@
 // safetensors files: round trips of every written dtype with metadata, f16 on
 // read, the tmp + rename write, and the error messages of malformed files.
 #include <doctest/doctest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <random>
 #include <nlohmann/json.hpp>
 
 #include "check_error.h"
@@ -21,15 +19,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-
 std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 // A file written by hand: the 8-byte header length (or `hl` when given), the header, the data.
-std::string write_file(const test::TempDir& d, const std::string& name, const std::string& header, const std::string& data,
-                       int64_t hl = -1) {
+std::string write_file(const test::TempDir& d, const std::string& name, const std::string& header,
+                       const std::string& data, int64_t hl = -1) {
   uint64_t n = hl < 0 ? header.size() : uint64_t(hl);
   std::string bytes(reinterpret_cast<const char*>(&n), 8);
   bytes += header + data;
@@ -192,31 +189,10 @@ TEST_CASE("safetensors: malformed files name the file and what is wrong") {
 namespace {
 std::string raw_bytes(const Tensor& t) { return std::string(static_cast<const char*>(t.data_ptr()), t.nbytes()); }
 
-struct UniqueDir {
-  fs::path path;
-  UniqueDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("mt_test_st2_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) +
-                                        "_" + std::to_string(std::random_device{}()));
-    fs::create_directories(path);
-  }
-  ~UniqueDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& n) const { return (path / n).string(); }
-};
-
-// The same as write_file above, for a UniqueDir.
-std::string put(const UniqueDir& d, const std::string& name, const std::string& header, const std::string& data,
-                int64_t hl = -1) {
-  uint64_t n = hl < 0 ? header.size() : uint64_t(hl);
-  std::string bytes(reinterpret_cast<const char*>(&n), 8);
-  bytes += header + data;
-  std::ofstream(d / name, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
-  return d / name;
-}
 }  // namespace
 
 TEST_CASE("safetensors: round trip is bit-exact for NaN payloads, -0, infinities, subnormals and integer limits") {
-  UniqueDir d;
+  test::TempDir d("safetensors");
   Tensor f = empty({2, 4}, DType::f32);
   const uint32_t fbits[8] = {0x7fc00001u, 0xff800000u, 0x7f800000u, 0x80000000u,
                              0x00000001u, 0x7f7fffffu, 0x3eaaaaabu, 0xffc12345u};
@@ -259,7 +235,7 @@ TEST_CASE("safetensors: round trip is bit-exact for NaN payloads, -0, infinities
 }
 
 TEST_CASE("safetensors: F16 written by hand reads as f32: normals, the largest half, subnormals, -0, NaN") {
-  UniqueDir d;
+  test::TempDir d("safetensors");
   // 1.0, -2.5, 0.0, 65504, smallest subnormal 2^-24, largest subnormal 1023 * 2^-24, smallest normal 2^-14,
   // -smallest subnormal, -0.0, NaN, +inf, 0.1 (0x2e66 = 0.0999755859375).
   const uint16_t bits[12] = {0x3c00, 0xc100, 0x0000, 0x7bff, 0x0001, 0x03ff,
@@ -268,10 +244,10 @@ TEST_CASE("safetensors: F16 written by hand reads as f32: normals, the largest h
   // Another tensor after it keeps the offsets honest.
   const float tail[2] = {3.0f, -4.0f};
   data.append(reinterpret_cast<const char*>(tail), sizeof(tail));
-  std::string p = put(d, "h.safetensors",
-                      R"({"x":{"dtype":"F16","shape":[3,4],"data_offsets":[0,24]},)"
-                      R"("y":{"dtype":"F32","shape":[2],"data_offsets":[24,32]}})",
-                      data);
+  std::string p = write_file(d, "h.safetensors",
+                             R"({"x":{"dtype":"F16","shape":[3,4],"data_offsets":[0,24]},)"
+                             R"("y":{"dtype":"F32","shape":[2],"data_offsets":[24,32]}})",
+                             data);
   SafetensorsFile r = read_safetensors(p);
   const Tensor& x = r.tensors.at("x");
   CHECK(x.dtype() == DType::f32);
@@ -295,25 +271,25 @@ TEST_CASE("safetensors: F16 written by hand reads as f32: normals, the largest h
 }
 
 TEST_CASE("safetensors: error messages by substring") {
-  UniqueDir d;
+  test::TempDir d("safetensors");
   // Header length larger than the file (also a huge one that would overflow size arithmetic).
-  std::string p = put(d, "len.safetensors", "{}", "", 100);
+  std::string p = write_file(d, "len.safetensors", "{}", "", 100);
   CHECK_ERROR_CONTAINS(read_safetensors(p), "exceeds file size 10");
-  p = put(d, "huge.safetensors", "{}", "", int64_t(0x7fffffffffffffffLL));
+  p = write_file(d, "huge.safetensors", "{}", "", int64_t(0x7fffffffffffffffLL));
   CHECK_ERROR_CONTAINS(read_safetensors(p), "exceeds file size");
   // Not JSON.
-  p = put(d, "json.safetensors", "\x01\x02garbage", "");
+  p = write_file(d, "json.safetensors", "\x01\x02garbage", "");
   CHECK_ERROR_CONTAINS(read_safetensors(p), "not valid JSON");
   // data_offsets past the data.
-  p = put(d, "range.safetensors", R"({"x":{"dtype":"I32","shape":[2],"data_offsets":[4,12]}})", "abcdefgh");
+  p = write_file(d, "range.safetensors", R"({"x":{"dtype":"I32","shape":[2],"data_offsets":[4,12]}})", "abcdefgh");
   CHECK_ERROR_CONTAINS(read_safetensors(p), "data_offsets [4, 12] out of range of the 8 data bytes");
   // Byte count not matching the shape.
-  p = put(d, "needs.safetensors", R"({"x":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,8]}})", "abcdefgh");
+  p = write_file(d, "needs.safetensors", R"({"x":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,8]}})", "abcdefgh");
   CHECK_ERROR_CONTAINS(read_safetensors(p), "needs 12 bytes");
-  p = put(d, "needs64.safetensors", R"({"x":{"dtype":"F64","shape":[],"data_offsets":[0,4]}})", "abcd");
+  p = write_file(d, "needs64.safetensors", R"({"x":{"dtype":"F64","shape":[],"data_offsets":[0,4]}})", "abcd");
   CHECK_ERROR_CONTAINS(read_safetensors(p), "needs 8 bytes");
   // Unknown dtype (a real safetensors dtype this reader does not take).
-  p = put(d, "u8.safetensors", R"({"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "a");
+  p = write_file(d, "u8.safetensors", R"({"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "a");
   CHECK_ERROR_CONTAINS(read_safetensors(p), "unknown dtype 'U8'");
   // Missing file; a directory is not a file either.
   CHECK_ERROR_CONTAINS(read_safetensors(d / "nope.safetensors"), "no such file");

@@ -15,7 +15,6 @@
 
 using namespace mt;
 
-
 TEST_CASE("sequence_shard: chunk positions for none and head_tail") {
   CHECK(sequence_parts(CpLoadBalance::none, 4) == 4);
   CHECK(sequence_parts(CpLoadBalance::head_tail, 4) == 8);
@@ -189,4 +188,3 @@ TEST_CASE("cp method and load balance names") {
     CHECK_ERROR_CONTAINS(cp_load_balance_from_name(bad, "parallel.cp_load_balance"), "head_tail");
   }
 }
-

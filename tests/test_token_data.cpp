@@ -2,13 +2,11 @@
 // exact batch contents, the epoch wrap, a data-parallel rank's rows, and the
 // error messages of malformed shards and short streams.
 #include <doctest/doctest.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <random>
 
 #include "check_error.h"
 #include "runtime/io/token_data.h"
@@ -20,7 +18,6 @@ using namespace mt;
 namespace fs = std::filesystem;
 
 namespace {
-
 
 // A shard written by hand: header fields, tokens, and `cut` bytes removed from the end.
 void write_raw(const std::string& path, std::vector<int32_t> header, const std::vector<uint16_t>& tokens,
@@ -248,23 +245,8 @@ TEST_CASE("data: scripts/prepare_data writes byte-level shards the reader accept
 
 // ---------------------------------------------------------------- uneven shards, batches across shard edges, offsets
 
-namespace {
-// A directory of its own per test case (pid, a counter and a random number), removed at the end.
-struct UniqueDir {
-  fs::path path;
-  UniqueDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("mt_test_data2_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(counter++) + "_" + std::to_string(std::random_device{}()));
-    fs::create_directories(path);
-  }
-  ~UniqueDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& n) const { return (path / n).string(); }
-};
-}  // namespace
-
 TEST_CASE("data: batches over three uneven shards equal the stream's tokens, across shard edges and epochs") {
-  UniqueDir d;
+  test::TempDir d("data");
   // Shards of 7, 11 and 5 tokens, written out of order; values are distinct and not their positions.
   std::vector<uint16_t> stream;
   std::vector<std::vector<uint16_t>> shards(3);
@@ -321,7 +303,7 @@ TEST_CASE("data: batches over three uneven shards equal the stream's tokens, acr
 }
 
 TEST_CASE("data: a third token over the vocabulary names offset 1028; header-only and short files") {
-  UniqueDir d;
+  test::TempDir d("data");
   write_raw(d / "v.bin", {20240520, 1, 4}, {5, 6, 300, 7});
   CHECK_ERROR_CONTAINS(TokenStream(d / "v.bin", 256), "token 300 at offset 1028 >= vocab_size 256");
   CHECK_ERROR_CONTAINS(TokenStream(d / "v.bin", 300), "token 300 at offset 1028 >= vocab_size 300");

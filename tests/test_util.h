@@ -109,11 +109,14 @@ inline std::vector<double> finite_differences(const Tensor& x, const std::functi
   return g;
 }
 
-// A fresh directory under the system's temporary one for the test's files, removed at the end: mt_test_<what>_<pid>.
+// A fresh directory under the system's temporary one for the test's files, removed at the end:
+// mt_test_<what>_<pid>_<n>, n counting the process's TempDirs so that two alive at once never share one.
 struct TempDir {
   std::filesystem::path path;
   explicit TempDir(const std::string& what) {
-    path = std::filesystem::temp_directory_path() / ("mt_test_" + what + "_" + std::to_string(::getpid()));
+    static int count = 0;
+    path = std::filesystem::temp_directory_path() /
+           ("mt_test_" + what + "_" + std::to_string(::getpid()) + "_" + std::to_string(count++));
     std::filesystem::remove_all(path);
     std::filesystem::create_directories(path);
   }

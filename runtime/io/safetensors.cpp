@@ -176,12 +176,11 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   else if (en.dt == "I64") en.dtype = DType::i64, esize = 8;
   else if (en.dt == "U16") en.dtype = DType::u16, esize = 2;
   else
-    fail("checkpoint", "{}: tensor '{}' has unknown dtype '{}' (expected F32, BF16, F16, F64, I32 or I64)", path,
-         name, en.dt);
+    fail("checkpoint", "{}: tensor '{}' has unknown dtype '{}' (expected F32, BF16, F16, F64, I32 or I64)", path, name,
+         en.dt);
   uint64_t want = esize;
   for (int64_t d : en.shape) {
-    MT_CHECK(d >= 0, "checkpoint", "{}: tensor '{}' has a negative size in shape {}", path, name,
-             shape_str(en.shape));
+    MT_CHECK(d >= 0, "checkpoint", "{}: tensor '{}' has a negative size in shape {}", path, name, shape_str(en.shape));
     MT_CHECK(!__builtin_mul_overflow(want, uint64_t(d), &want), "checkpoint", "{}: tensor '{}' shape {} is too large",
              path, name, shape_str(en.shape));
   }
@@ -189,8 +188,8 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
            "{}: tensor '{}' data_offsets [{}, {}] out of range of the {} data bytes (truncated file?)", path, name,
            en.begin, en.end, data_size);
   MT_CHECK(en.end - en.begin == want, "checkpoint",
-           "{}: tensor '{}' of {} {} needs {} bytes, data_offsets [{}, {}] give {} (shape/offset size mismatch)",
-           path, name, en.dt, shape_str(en.shape), want, en.begin, en.end, en.end - en.begin);
+           "{}: tensor '{}' of {} {} needs {} bytes, data_offsets [{}, {}] give {} (shape/offset size mismatch)", path,
+           name, en.dt, shape_str(en.shape), want, en.begin, en.end, en.end - en.begin);
   return en;
 }
 

@@ -235,8 +235,7 @@ int64_t time_ops(const MpiEnv& env, Group& g, const std::vector<std::string>& op
       }
       // An iteration lasts as long as its slowest rank.
       control_all_reduce(comm, ours.data(), args.iters, MPI_DOUBLE, MPI_MAX, "check timing all_reduce", g.describe());
-      control_all_reduce(comm, theirs.data(), args.iters, MPI_DOUBLE, MPI_MAX, "check timing all_reduce",
-                         g.describe());
+      control_all_reduce(comm, theirs.data(), args.iters, MPI_DOUBLE, MPI_MAX, "check timing all_reduce", g.describe());
       int64_t bad_all = bad;
       control_all_reduce(comm, &bad_all, 1, MPI_INT64_T, MPI_SUM, "check wrong-element count", g.describe());
       if (bad_all) ++failures;
@@ -246,8 +245,7 @@ int64_t time_ops(const MpiEnv& env, Group& g, const std::vector<std::string>& op
       double mpi_bus = bare && tb > 0 && op != "barrier" ? double(moved) / tb / 1e9 * bus_factor(op, n) : 0;
       double ratio = bare && t > 0 ? tb / t : 0;
       if (env.rank() == 0) {
-        std::printf("%10s %12.1f %11.3f %11.3f", op == "barrier" ? "-" : human_bytes(moved).c_str(), t * 1e6, alg,
-                    bus);
+        std::printf("%10s %12.1f %11.3f %11.3f", op == "barrier" ? "-" : human_bytes(moved).c_str(), t * 1e6, alg, bus);
         if (bare) std::printf(" %11.3f %7.3f", mpi_bus, ratio);
         std::printf("  %s\n", bad_all ? "WRONG" : "ok");
         std::fflush(stdout);
