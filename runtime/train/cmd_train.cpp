@@ -169,16 +169,15 @@ void resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
     load_hf_weights(cfg.model.init_from, *run.model);
     if (env.rank() == 0) spdlog::info("initialised from {}", cfg.model.init_from);
   }
-
 }
 
 // The memory that does not depend on the batch (what peak memory is compared against), allocated against the
 // count the layouts give: printed by rank 0.
 void log_model_state(const MpiEnv& env, const TrainRun& run) {
-  // The memory that does not depend on the batch: what peak memory is compared against.
   size_t state = 0;
   for (Parameter* p : run.params) {
-    state += p->value.local.nbytes() + p->grad.local.nbytes() + (compute_copy(*p).defined() ? compute_copy(*p).nbytes() : 0);
+    state +=
+        p->value.local.nbytes() + p->grad.local.nbytes() + (compute_copy(*p).defined() ? compute_copy(*p).nbytes() : 0);
     const auto& s = run.opt->state().at(p->name);
     state += s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
   }
