@@ -19,8 +19,7 @@ count_lines() {
   if [ "$n" -eq "$2" ]; then ok "$1"; else bad "$1" "$n lines hold '$3', expected $2" "$(tail -n 12 "$4")"; fi
 }
 
-"$py" "$root/scripts/prepare_data" --out "$tmp/data" --name docs --val-fraction 0.1 "$root"/docs/*.md >/dev/null ||
-  bad "prepare_data"
+docs_data --val-fraction 0.1
 cat >"$tmp/t.yaml" <<YAML
 model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 64, vocab_size: 256, max_seq_len: 32}
 training: {steps: 6, batch_size: 8, seq_len: 32, lr: 3.0e-3, warmup_steps: 2, threads: 1}

@@ -57,8 +57,7 @@ else
 fi
 
 # --- The level: widest by default, MT_CPU_ISA narrower, bad values refused ---
-"$py" "$root/scripts/prepare_data" --out "$tmp/data" --name docs --val-fraction 0.1 "$root"/docs/*.md >/dev/null ||
-  bad "prepare_data"
+docs_data --val-fraction 0.1
 cat >"$tmp/t.yaml" <<YAML
 model: {dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 160, vocab_size: 256, max_seq_len: 64}
 training: {steps: 12, batch_size: 8, seq_len: 64, lr: 3.0e-3, warmup_steps: 3, threads: 1}

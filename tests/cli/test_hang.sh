@@ -17,8 +17,7 @@ source "$(dirname "$0")/common.sh"
 limit=3     # comm.timeout_s
 margin=15   # start-up of the ranks on a loaded machine, the peer query, the abort
 
-/usr/bin/python3 "$root/scripts/prepare_data" --out "$tmp/data" --name docs --val-fraction 0.1 "$root"/docs/*.md \
-  >/dev/null || bad "prepare_data"
+docs_data --val-fraction 0.1
 cat >"$tmp/h.yaml" <<YAML
 model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 64, vocab_size: 256, max_seq_len: 32}
 training: {steps: 3, batch_size: 4, seq_len: 32, warmup_steps: 1, threads: 1}

@@ -15,7 +15,7 @@ source "$(dirname "$0")/common.sh"
 max_syncs=1
 steps=5
 
-"$py" "$root/scripts/prepare_data" --out "$tmp/data" --name docs "$root"/docs/*.md >/dev/null || bad "prepare_data"
+docs_data
 cat >"$tmp/t.yaml" <<YAML
 model: {dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 96, vocab_size: 250, max_seq_len: 32}
 training: {steps: $steps, batch_size: 8, micro_batch_size: 2, seq_len: 32, lr: 3.0e-3, warmup_steps: 2, grad_clip: 0.5,

@@ -133,7 +133,7 @@ echo "slurm: private cluster up ($(sinfo --version), ports $ctld_port/$slurmd_po
   srun --mpi=list 2>&1 | grep -v 'MPI plugin' | tr -s ' \t\n' ' '))"
 
 # The job's data and config: the repository's docs as byte-level shards, a model small enough for 2 cores.
-"$py" "$root/scripts/prepare_data" --out "$tmp/data" --name docs "$root"/docs/*.md >/dev/null || bad "prepare_data"
+docs_data
 cat >"$tmp/t.yaml" <<YAML
 model: {dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 96, vocab_size: 256, max_seq_len: 64}
 training: {steps: 30, batch_size: 8, seq_len: 64, lr: 3.0e-3, warmup_steps: 3, lr_min: 3.0e-4, grad_clip: 1.0,

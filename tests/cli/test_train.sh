@@ -23,8 +23,7 @@ check() {
 }
 
 # A small byte-level dataset from the project's own docs.
-"$py" "$root/scripts/prepare_data" --out "$tmp/data" --name docs --val-fraction 0.1 "$root"/docs/*.md >/dev/null ||
-  bad "prepare_data"
+docs_data --val-fraction 0.1
 cat >"$tmp/t.yaml" <<YAML
 model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 64, vocab_size: 256, max_seq_len: 32}
 training: {steps: 20, batch_size: 8, seq_len: 32, lr: 3.0e-3, warmup_steps: 3, lr_min: 3.0e-4, grad_clip: 1.0,
