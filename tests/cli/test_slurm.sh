@@ -132,11 +132,15 @@ done
 echo "slurm: private cluster up ($(sinfo --version), ports $ctld_port/$slurmd_port, srun --mpi: $(
   srun --mpi=list 2>&1 | grep -v 'MPI plugin' | tr -s ' \t\n' ' '))"
 
-# The job's data and config: the repository's docs as byte-level shards, a model small enough for 2 cores.
+# The job's data and config: the repository's docs as byte-level shards, a model small enough for 2 cores. 150
+# steps (a few seconds) leave the signal of test 2 and 3, sent after step 3, well inside the run: at 30 steps the
+# run could end before the signal arrived.
 docs_data
+steps=150
+last_ckpt=$(printf 'step_%08d' $steps)
 cat >"$tmp/t.yaml" <<YAML
 model: {dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 96, vocab_size: 256, max_seq_len: 64}
-training: {steps: 30, batch_size: 8, seq_len: 64, lr: 3.0e-3, warmup_steps: 3, lr_min: 3.0e-4, grad_clip: 1.0,
+training: {steps: $steps, batch_size: 8, seq_len: 64, lr: 3.0e-3, warmup_steps: 3, lr_min: 3.0e-4, grad_clip: 1.0,
            weight_decay: 0.1, threads: 1}
 data: {train: "$tmp/data/docs_train_*.bin", val: "$tmp/data/docs_val_*.bin"}
 eval: {interval: 0}
@@ -161,9 +165,9 @@ jid=$(timeout 120 sbatch --parsable --wait "${sb[@]}" --output="$out" "$root/scr
   --set log.metrics_file="$tmp/run/plain.jsonl" --set checkpoint.dir="$tmp/run/plain_ckpt")
 rc=$?
 if [ $rc -eq 0 ] && [ "$(job_field "$jid" JobState)" = COMPLETED ] && grep -q "srun --mpi=pmix" "$out" &&
-  grep -q "dp_replicate=2" "$out" && [ "$(steps_in "$tmp/run/plain.jsonl")" -eq 30 ] &&
-  [ -f "$tmp/run/plain_ckpt/step_00000030/meta.json" ]; then
-  ok "train.sbatch: 2 ranks under srun --mpi=pmix finish 30 steps with metrics and the last checkpoint"
+  grep -q "dp_replicate=2" "$out" && [ "$(steps_in "$tmp/run/plain.jsonl")" -eq $steps ] &&
+  [ -f "$tmp/run/plain_ckpt/$last_ckpt/meta.json" ]; then
+  ok "train.sbatch: 2 ranks under srun --mpi=pmix finish $steps steps with metrics and the last checkpoint"
 else
   bad "train.sbatch: 2 ranks under srun --mpi=pmix" "sbatch exit $rc, job $jid $(job_field "$jid" JobState)," \
     "$(steps_in "$tmp/run/plain.jsonl") step records" "$(tail -n 15 "$out" 2>/dev/null)"
@@ -192,15 +196,15 @@ done
 stop_ckpt=$(ls -d "$tmp"/run/sig_ckpt/step_* 2>/dev/null | head -n 1)
 stop_step=$(basename "${stop_ckpt:-step_x}" | sed -E 's/^step_0*//')
 if grep -q "SIGUSR1 (time limit near)" "$out" && grep -q "stopped by SIGUSR1 with a checkpoint: requeueing" "$out" &&
-  [ -n "$stop_ckpt" ] && [ "${stop_step:-0}" -ge 3 ] 2>/dev/null && [ "$stop_step" -lt 30 ]; then
+  [ -n "$stop_ckpt" ] && [ "${stop_step:-0}" -ge 3 ] 2>/dev/null && [ "$stop_step" -lt $steps ]; then
   ok "train.sbatch: SIGUSR1 checkpoints at step $stop_step, exits 128 + 10 and requeues the job"
 else
   bad "train.sbatch: SIGUSR1 checkpoints and requeues" "first checkpoint '${stop_ckpt:-none}', job $state" \
     "$(grep -v '^\[' "$out" 2>/dev/null | tail -n 12)"
 fi
 if [ "$state" = COMPLETED ] && [ "$(job_field "$jid" Restarts)" = 1 ] && [ "$(job_field "$jid" ExitCode)" = 0:0 ] &&
-  grep -q "resumed from $stop_ckpt at step $stop_step" "$out" && [ -f "$tmp/run/sig_ckpt/step_00000030/meta.json" ] &&
-  "$py" "$compare" "$tmp/run/sig.jsonl" "$tmp/run/plain.jsonl" --exact --steps 30 >"$tmp/cmp" 2>&1; then
+  grep -q "resumed from $stop_ckpt at step $stop_step" "$out" && [ -f "$tmp/run/sig_ckpt/$last_ckpt/meta.json" ] &&
+  "$py" "$compare" "$tmp/run/sig.jsonl" "$tmp/run/plain.jsonl" --exact --steps $steps >"$tmp/cmp" 2>&1; then
   ok "train.sbatch: the requeued job resumes at step $stop_step and ends with the uninterrupted run's losses"
 else
   bad "train.sbatch: the requeued job resumes and finishes" "job $state, restarts $(job_field "$jid" Restarts)," \
