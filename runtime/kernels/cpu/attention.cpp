@@ -183,8 +183,10 @@ MT_CPU_EXPORT(attention_backward)
 
 #if MT_CPU_OPS  // the ops, compiled once (the baseline pass)
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
+#include "runtime/core/log.h"
 #include "runtime/kernels/op.h"
 #include "runtime/kernels/ops.h"
 
@@ -243,8 +245,17 @@ cpu::AttentionDims attention_dims(const char* op, const Tensor& q, const Tensor&
     const char* e = std::getenv("MT_REFERENCE_ATTENTION");
     return e && std::string(e) == "1";
   }();
-  return MT_FLASH_ATTENTION && q.device().is_cuda() && q.dtype() == DType::bf16 && (hd == 64 || hd == 128) &&
-         !reference;
+  const bool bf16_cuda = MT_FLASH_ATTENTION && q.device().is_cuda() && q.dtype() == DType::bf16 && !reference;
+  if (bf16_cuda && hd != 64 && hd != 128) {  // once per process: every layer and step would say it again
+    static std::once_flag warned;
+    std::call_once(warned, [hd] {
+      MT_LOG_WARN(
+          "attention: head dim {} has no tensor-core kernel (64 and 128 have): bf16 attention runs the fp32 reference "
+          "kernel on widened copies, which is much slower",
+          hd);
+    });
+  }
+  return bf16_cuda && (hd == 64 || hd == 128);
 }
 
 // An f32 copy of a device bf16 tensor (the CUDA fallback above); others as they are.
