@@ -10,38 +10,34 @@ std::mutex g_mutex;
 CommCounters g_counters;
 thread_local std::string t_tag;
 
-// "tag|group|kind" split into its three parts.
-struct Key {
-  std::string_view tag, group, kind;
-};
-Key split(std::string_view k) {
-  size_t a = k.find('|'), b = k.find('|', a + 1);
-  return {k.substr(0, a), k.substr(a + 1, b - a - 1), k.substr(b + 1)};
-}
-bool matches(const Key& k, std::string_view tag_prefix, std::string_view group, std::string_view kind) {
-  return k.tag.substr(0, tag_prefix.size()) == tag_prefix && (group.empty() || k.group == group) &&
-         (kind.empty() || k.kind == kind);
+bool matches(const CommCounters::Key& k, std::string_view tag_prefix, std::string_view group, std::string_view kind) {
+  const auto& [t, g, c] = k;
+  return std::string_view(t).substr(0, tag_prefix.size()) == tag_prefix && (group.empty() || g == group) &&
+         (kind.empty() || c == kind);
 }
 }  // namespace
-
-int64_t CommCounters::total() const {
-  int64_t s = 0;
-  for (auto& [k, v] : bytes_by_dim) s += v;
-  return s;
-}
 
 int64_t CommCounters::bytes(std::string_view tag_prefix, std::string_view group, std::string_view kind) const {
   int64_t s = 0;
   for (auto& [k, c] : entries)
-    if (matches(split(k), tag_prefix, group, kind)) s += c.bytes;
+    if (matches(k, tag_prefix, group, kind)) s += c.bytes;
   return s;
 }
 
 int64_t CommCounters::calls(std::string_view tag_prefix, std::string_view group, std::string_view kind) const {
   int64_t s = 0;
   for (auto& [k, c] : entries)
-    if (matches(split(k), tag_prefix, group, kind)) s += c.calls;
+    if (matches(k, tag_prefix, group, kind)) s += c.calls;
   return s;
+}
+
+std::map<std::string, CommCounters::Count> CommCounters::by_collective() const {
+  std::map<std::string, Count> out;
+  for (auto& [k, c] : entries) {
+    Count& o = out[std::get<1>(k) + " " + std::get<2>(k)];
+    o.calls += c.calls, o.bytes += c.bytes;
+  }
+  return out;
 }
 
 CommCounters comm_counters() {
@@ -55,14 +51,12 @@ void reset_comm_counters() {
 }
 
 void count_collective(std::string_view group, std::string_view kind, int64_t bytes) {
-  std::string coll = std::string(group) + " " + std::string(kind);
-  std::string key = t_tag + "|" + std::string(group) + "|" + std::string(kind);
+  const std::tuple<std::string_view, std::string_view, std::string_view> key{t_tag, group, kind};
   std::lock_guard<std::mutex> lock(g_mutex);
-  CommCounters::Count& c = g_counters.entries[key];
-  c.calls += 1, c.bytes += bytes;
-  g_counters.bytes_by_dim[std::string(group)] += bytes;
-  g_counters.bytes_by_collective[coll] += bytes;
-  g_counters.calls_by_collective[coll] += 1;
+  auto it = g_counters.entries.find(key);  // no allocation once the entry exists
+  if (it == g_counters.entries.end())
+    it = g_counters.entries.emplace(CommCounters::Key{t_tag, group, kind}, CommCounters::Count{}).first;
+  it->second.calls += 1, it->second.bytes += bytes;
 }
 
 CommTag::CommTag(std::string tag) : previous_(std::exchange(t_tag, std::move(tag))) {}

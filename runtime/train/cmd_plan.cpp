@@ -26,7 +26,7 @@ std::string mib(double b) { return fmt::format("{:.3f} MiB", b / (1 << 20)); }
 // Step 1: every parameter's layout on each tp rank, fully_shard's decisions, every module's layout hooks.
 void print_layouts(const Config& cfg, TrainRun& run) {
   const DeviceMesh& mesh = run.mesh;
-  const int tp_dim = mesh.dim_index("tp");
+  const int tp_dim = ParallelDims::kTp;
   const int tp = mesh.size(tp_dim);
   std::printf(
       "mesh %s (%d ranks): %s; tp plan: %s\n\n", mesh_str(mesh.dims()).c_str(), mesh.size(),
@@ -123,15 +123,14 @@ StepCounts measure_step(const Config& cfg, TrainRun& run) {
 void print_phase(const char* what, const char* key, const CommCounters& c) {
   std::printf("  %-22s %s", what, mib(double(c.total())).c_str());
   std::string parts;
-  for (auto& [k, v] : c.bytes_by_collective)
-    parts += fmt::format("{}{}: {} x{}", parts.empty() ? "" : ", ", k, mib(double(v)), c.calls_by_collective.at(k));
+  for (auto& [k, n] : c.by_collective())
+    parts += fmt::format("{}{}: {} x{}", parts.empty() ? "" : ", ", k, mib(double(n.bytes)), n.calls);
   std::printf("%s%s%s\n", parts.empty() ? "" : "  (", parts.c_str(), parts.empty() ? "" : ")");
   // Each (tag, group, kind) exactly, for scripts: "    bytes[forward] tag=cp.kv group=cp kind=ring_shift calls=4 bytes=..."
   for (auto& [entry, n] : c.entries) {
-    const size_t a = entry.find('|'), b = entry.find('|', a + 1);
-    std::printf("    bytes[%s] tag=%s group=%s kind=%s calls=%lld bytes=%lld\n", key,
-                a == 0 ? "-" : entry.substr(0, a).c_str(), entry.substr(a + 1, b - a - 1).c_str(), entry.substr(b + 1).c_str(),
-                (long long)n.calls, (long long)n.bytes);
+    const auto& [tag, group, kind] = entry;
+    std::printf("    bytes[%s] tag=%s group=%s kind=%s calls=%lld bytes=%lld\n", key, tag.empty() ? "-" : tag.c_str(),
+                group.c_str(), kind.c_str(), (long long)n.calls, (long long)n.bytes);
   }
 }
 
@@ -141,7 +140,8 @@ void print_phase(const char* what, const char* key, const CommCounters& c) {
 // difference.
 void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& c) {
   const auto& t = cfg.training;
-  const int tp = run.mesh.size(run.mesh.dim_index("tp"));
+  const int tp = run.pd.tp;
+  const std::string& tp_group = run.mesh.dims()[size_t(ParallelDims::kTp)].name;
   std::printf(
       "\nbytes sent per rank in one micro-batch of %lld x %lld tokens (%lld on this rank; measured by the "
       "runtime):\n",
@@ -152,7 +152,7 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
   if (tp > 1 && cfg.parallel.sequence_parallel && cfg.parallel.tp_plan.empty()) {
     double act = double(run.micro * run.shard.size() * cfg.model.dim) * double(dtype_size(run.dtype));
     double analytic = llama_tp_sp_bytes(cfg.model.n_layers, tp, act);
-    double f = double(c.forward.bytes(kLayoutTag, "tp")), b = double(c.backward.bytes(kLayoutTag, "tp"));
+    double f = double(c.forward.bytes(kLayoutTag, tp_group)), b = double(c.backward.bytes(kLayoutTag, tp_group));
     std::printf(
         "\nanalytic tp bytes per direction: (4 x %lld layers + 2) x (%d-1)/%d x %lld x %lld x %lld x %zu B = %s\n",
         (long long)cfg.model.n_layers, tp, tp, (long long)run.micro, (long long)run.shard.size(),
@@ -170,7 +170,7 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
                  dkv = kv_elems * double(dtype_size(accum_dtype(run.dtype)));
     const CpLayerBytes per_layer = cp_layer_bytes(run.pd.cp_method, N, kv, dkv);
     const double L = double(cfg.model.n_layers), f_an = L * per_layer.forward, b_an = L * per_layer.backward;
-    double f = double(c.forward.bytes("cp.", "cp")), b = double(c.backward.bytes("cp.", "cp"));
+    double f = double(c.forward.bytes("cp.")), b = double(c.backward.bytes("cp."));  // ring attention's tags
     std::printf("\ncp (%s) bytes per rank: forward measured %s, analytic %lld layers x (%d-1) x K/V %s = %s (%s)\n",
                 cp_method_name(run.pd.cp_method).c_str(), mib(f).c_str(), (long long)cfg.model.n_layers, N,
                 mib(kv).c_str(), mib(f_an).c_str(), f == f_an ? "equal" : "DIFFERENT");

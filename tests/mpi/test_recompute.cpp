@@ -83,10 +83,7 @@ struct Result {
   std::vector<Module*> recomputed;
 };
 
-int64_t cp_bytes(const CommCounters& c) {
-  auto it = c.bytes_by_dim.find("cp");
-  return it == c.bytes_by_dim.end() ? 0 : it->second;
-}
+int64_t cp_bytes(const CommCounters& c) { return c.bytes("", "cp"); }
 
 Result run(const Setup& s, DType dtype, const RecomputeConfig& rc) {
   ParamFactory f;

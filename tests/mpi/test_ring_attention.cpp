@@ -226,7 +226,7 @@ TEST_CASE("ring attention: the cp dim of a dp_replicate x cp mesh, each replica 
   reset_comm_counters();
   ring_attention_forward(out, lse, q, k, v, o);
   CommCounters c = comm_counters();
-  CHECK(c.bytes_by_dim["cp"] == (N - 1) * int64_t(k.nbytes() + v.nbytes()));
+  CHECK(c.bytes("", "cp") == (N - 1) * int64_t(k.nbytes() + v.nbytes()));
   CHECK(c.total() == (N - 1) * int64_t(k.nbytes() + v.nbytes()));
   reset_comm_counters();
 }
@@ -270,7 +270,7 @@ TEST_CASE("ring attention: the bytes counted for the cp traffic") {
         ring_attention_forward(out, lse, q, k, v, o);
         CommCounters fwd = comm_counters();
         const int64_t want_fwd = (N - 1) * kv;  // ring: N-1 shifts of K/V; all_gather: to N-1 peers
-        CHECK(fwd.bytes_by_dim["cp"] == want_fwd);
+        CHECK(fwd.bytes("", "cp") == want_fwd);
         CHECK(fwd.total() == want_fwd);
 
         Tensor dq = empty(q.shape(), dt), dk = empty(k.shape(), dt), dv = empty(v.shape(), dt);
@@ -282,7 +282,7 @@ TEST_CASE("ring attention: the bytes counted for the cp traffic") {
         const int64_t want_bwd = N == 1                     ? 0
                                  : method == CpMethod::ring ? (N - 1) * kv + N * dkv
                                                             : (N - 1) * kv + (N - 1) * dkv;
-        CHECK(bwd.bytes_by_dim["cp"] == want_bwd);
+        CHECK(bwd.bytes("", "cp") == want_bwd);
         CHECK(bwd.total() == want_bwd);
         reset_comm_counters();
 
