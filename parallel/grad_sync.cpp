@@ -62,7 +62,8 @@ GradSync::GradSync(Module& model, const DeviceMesh& mesh, GradSyncOptions opt) :
   std::vector<Module*> hooked;
   for (Module* m : model.modules())
     for (Parameter* p : m->own_parameters()) {
-      Module* at = p->grad_ready_at() ? p->grad_ready_at() : m;
+      Module* at = p->grad_ready_at();
+      if (!at) at = m;
       if (ready_at[at].empty()) hooked.push_back(at);
       ready_at[at].push_back(p);
     }

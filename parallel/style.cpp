@@ -1,7 +1,6 @@
 #include "parallel/style.h"
 
 #include "comm/comm_counters.h"
-
 #include "parallel/parallel_dims.h"
 
 #include <fnmatch.h>

@@ -176,8 +176,8 @@ void resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
 void log_model_state(const MpiEnv& env, const TrainRun& run) {
   size_t state = 0;
   for (Parameter* p : run.params) {
-    state +=
-        p->value.local.nbytes() + p->grad.local.nbytes() + (compute_copy(*p).defined() ? compute_copy(*p).nbytes() : 0);
+    const Tensor copy = compute_copy(*p);  // mixed precision's bf16 copy, if any
+    state += p->value.local.nbytes() + p->grad.local.nbytes() + (copy.defined() ? copy.nbytes() : 0);
     const auto& s = run.opt->state().at(p->name);
     state += s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
   }
