@@ -1,5 +1,7 @@
 #include "attention/sequence_shard.h"
 
+#include <utility>
+
 #include "runtime/core/error.h"
 #include "runtime/kernels/ops.h"
 
@@ -20,6 +22,23 @@ SequenceShard sequence_shard(CpLoadBalance lb, int64_t T, int n, int rank) {
   if (parts == 2 * int64_t(n)) s.chunk_pos = {rank * s.chunk_len, (parts - 1 - rank) * s.chunk_len};
   else s.chunk_pos = {rank * s.chunk_len};
   return s;
+}
+
+SequenceShard sub_shard(const SequenceShard& s, int n, int rank) {
+  MT_CHECK(n >= 1 && rank >= 0 && rank < n, "attention", "sub_shard: rank {} of {}", rank, n);
+  MT_CHECK(s.size() % n == 0, "attention", "sub_shard: {} tokens do not split into {} equal parts", s.size(), n);
+  const int64_t len = s.size() / n;
+  // Runs of g tokens: g divides both the chunk length and the part, so each run lies inside one chunk.
+  int64_t g = s.chunk_len, b = len;
+  while (b) g = std::exchange(b, g % b);
+  SequenceShard out;
+  out.chunk_len = g;
+  for (int64_t t = rank * len; t < (rank + 1) * len; t += g) out.chunk_pos.push_back(s.position(t));
+  return out;
+}
+
+SequenceShard cp_shard(CpLoadBalance lb, int64_t T, int ring, int ring_rank, int ulysses, int ulysses_rank) {
+  return sub_shard(sequence_shard(lb, T, ring, ring_rank), ulysses, ulysses_rank);
 }
 
 Tensor shard_positions(const SequenceShard& shard) {

@@ -2,6 +2,9 @@
 // per-token facts that travel with a rank's part of it: global positions
 // (for RoPE and the causal rule) and document starts (for packed documents).
 //
+// With Ulysses (cp_ulysses) each cp_ring rank's part is split again, in order,
+// over the Ulysses ranks (cp_shard).
+//
 // Load balancing: with causal attention a contiguous split gives the last rank
 // the most work (its queries see every earlier key). head_tail cuts the
 // sequence into 2N chunks and gives rank r chunks r and 2N-1-r, so every rank
@@ -32,6 +35,12 @@ int64_t sequence_parts(CpLoadBalance lb, int n);
 // Throws "[attention] ..." when T is not a multiple of sequence_parts (callers check the config first,
 // naming the keys).
 SequenceShard sequence_shard(CpLoadBalance lb, int64_t T, int n, int rank);
+
+// Part `rank` of n of shard s: its local tokens [rank L/n, (rank+1) L/n), L = s.size() (a multiple of n).
+SequenceShard sub_shard(const SequenceShard& s, int n, int rank);
+// 2-D context parallel: the tokens of cp_ring rank ring_rank (sequence_shard) split again over the cp_ulysses
+// ranks, in order, so that an all-to-all over cp_ulysses gathers the ring rank's part in its local order.
+SequenceShard cp_shard(CpLoadBalance lb, int64_t T, int ring, int ring_rank, int ulysses, int ulysses_rank);
 
 // (T_local) i64 on the host: the global position of each local token.
 Tensor shard_positions(const SequenceShard& shard);

@@ -58,7 +58,7 @@ void validate_mesh_dims(const std::vector<MeshDim>& dims, int world_size) {
   long prod = 1;
   for (auto& d : dims) {
     MT_CHECK(!d.name.empty(), "mesh", "a mesh dim has an empty name");
-    MT_CHECK(d.name != "dp" && d.name != "world" && d.name.find(',') == std::string::npos, "mesh",
+    MT_CHECK(d.name != "world" && d.name.find(',') == std::string::npos, "mesh",
              "'{}' cannot name a mesh dim (it names a flattened group)", d.name);
     MT_CHECK(seen.insert(d.name).second, "mesh", "mesh dim '{}' appears twice", d.name);
     MT_CHECK(d.size >= 1, "mesh", "mesh dim '{}' has size {} (expected >= 1)", d.name, d.size);
@@ -118,8 +118,8 @@ struct DeviceMesh::Impl {
   std::vector<int> coord;
   std::vector<std::unique_ptr<Group>> dim_groups;
   std::mutex mu;
-  std::map<std::string, std::unique_ptr<Group>> flat_groups;  // "dp", "world", "a,b"
-  std::vector<std::string> flat_order;
+  std::map<std::vector<int>, std::unique_ptr<Group>> flat_groups;  // by their dims (indices, ascending)
+  std::vector<std::pair<std::string, Group*>> flat_order;         // the name each was asked for first
 
   std::vector<int> unravel(int r) const {
     std::vector<int> c(dims.size());
@@ -174,6 +174,9 @@ DeviceMesh DeviceMesh::create(const std::vector<MeshDim>& dims, const MeshOption
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   validate_mesh_dims(dims, world);
+  for (auto& g : opts.group_names)
+    for (auto& d : dims)
+      MT_CHECK(g.name != d.name, "mesh", "'{}' names both a mesh dim and a flattened group", d.name);
   DeviceMesh m;
   m.impl_ = std::make_shared<Impl>();
   auto& I = *m.impl_;
@@ -242,11 +245,12 @@ Group& DeviceMesh::group(const std::string& name) const {
   auto& I = *impl_;
   for (size_t i = 0; i < I.dims.size(); ++i)
     if (I.dims[i].name == name) return *I.dim_groups[i];
-  std::lock_guard lock(I.mu);
-  if (auto it = I.flat_groups.find(name); it != I.flat_groups.end()) return *it->second;
   std::vector<int> in;
-  if (name == "dp") {
-    for (const char* d : {"dp_replicate", "dp_shard"})
+  const MeshGroupName* named = nullptr;
+  for (auto& g : I.opts.group_names)
+    if (g.name == name) named = &g;
+  if (named) {
+    for (auto& d : named->dims)
       if (has_dim(d)) in.push_back(dim_index(d));
   } else if (name == "world") {
     for (int d = 0; d < ndim(); ++d) in.push_back(d);
@@ -254,13 +258,17 @@ Group& DeviceMesh::group(const std::string& name) const {
     std::stringstream ss(name);
     std::string part;
     while (std::getline(ss, part, ',')) in.push_back(dim_index(part));
-    std::sort(in.begin(), in.end());
-    MT_CHECK(std::adjacent_find(in.begin(), in.end()) == in.end(), "mesh", "group '{}' names a dim twice", name);
   }
+  std::sort(in.begin(), in.end());
+  MT_CHECK(!in.empty(), "mesh", "group '{}': none of its dims is in mesh {}", name, mesh_str(I.dims));
+  MT_CHECK(std::adjacent_find(in.begin(), in.end()) == in.end(), "mesh", "group '{}' names a dim twice", name);
+  if (in.size() == 1) return *I.dim_groups[size_t(in[0])];
+  std::lock_guard lock(I.mu);
+  if (auto it = I.flat_groups.find(in); it != I.flat_groups.end()) return *it->second;
   auto g = I.make_group(in, name);
   Group& ref = *g;
-  I.flat_groups.emplace(name, std::move(g));
-  I.flat_order.push_back(name);
+  I.flat_groups.emplace(in, std::move(g));
+  I.flat_order.emplace_back(name, &ref);
   return ref;
 }
 
@@ -268,7 +276,7 @@ std::vector<std::pair<std::string, Group*>> DeviceMesh::groups() const {
   std::vector<std::pair<std::string, Group*>> r;
   for (size_t i = 0; i < impl_->dims.size(); ++i) r.emplace_back(impl_->dims[i].name, impl_->dim_groups[i].get());
   std::lock_guard lock(impl_->mu);
-  for (auto& n : impl_->flat_order) r.emplace_back(n, impl_->flat_groups.at(n).get());
+  for (auto& [n, g] : impl_->flat_order) r.emplace_back(n, g);
   return r;
 }
 

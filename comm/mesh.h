@@ -1,8 +1,10 @@
 // DeviceMesh: the world's ranks arranged as an N-dimensional array with named
 // dims, row-major with the last dim innermost (so that tensor-parallel ranks,
 // by convention the last dim, are neighbours on one node). A Group exists for
-// every dim and for flattened sets of dims ("dp" = dp_replicate x dp_shard).
-// DeviceMesh is a value handle: copies share the same groups.
+// every dim and for flattened sets of dims, some of them named by the caller
+// (parallel/parallel_dims.h names "dp" = dp_replicate x dp_shard). The mesh
+// knows nothing of what its dims mean. DeviceMesh is a value handle: copies
+// share the same groups.
 #pragma once
 #include <memory>
 #include <string>
@@ -18,11 +20,11 @@ struct MeshDim {
   int size = 1;
 };
 
-// The conventional dims of a training mesh, outermost first.
-inline const std::vector<std::string>& canonical_mesh_dims() {
-  static const std::vector<std::string> dims{"dp_replicate", "dp_shard", "cp", "tp"};
-  return dims;
-}
+// A name for a flattened set of dims ("dp": dp_replicate, dp_shard); dims the mesh lacks are left out.
+struct MeshGroupName {
+  std::string name;
+  std::vector<std::string> dims;
+};
 
 // "dp_shard=2,cp=2,tp=2": dims in the order given; one size may be -1 to take
 // the remaining ranks. Throws "[mesh] ..." naming the offending part.
@@ -34,6 +36,7 @@ std::string mesh_str(const std::vector<MeshDim>& dims);  // "dp_shard=2,cp=2,tp=
 struct MeshOptions {
   Device device = Device::cpu();  // where the collectives' buffers live
   std::string backend = "auto";   // mpi | nccl | auto (nccl for cuda when built)
+  std::vector<MeshGroupName> group_names;  // names group(name) accepts besides the dims and "world"
 };
 
 class DeviceMesh {
@@ -57,10 +60,10 @@ class DeviceMesh {
   Device device() const;
 
   Group& group(int dim) const;
-  // A dim name, "dp" (dp_replicate x dp_shard, whichever exist), "world", or a
-  // comma-separated list of dims flattened in mesh order. Groups of dims other
-  // than single dims, "dp" and "world" are made on first use: that first use
-  // is collective over the world.
+  // A dim name, a name of MeshOptions::group_names, "world", or a
+  // comma-separated list of dims flattened in mesh order. Flattened groups are
+  // made on first use (that first use is collective over the world); names of
+  // the same set of dims share one group, named by the first use.
   Group& group(const std::string& name) const;
   // The flattened groups made so far (name, group), for the self-check.
   std::vector<std::pair<std::string, Group*>> groups() const;

@@ -30,11 +30,12 @@
 #include <vector>
 
 #include "parallel/module.h"
+#include "parallel/parallel_dims.h"
 
 namespace mt {
 
 struct FullyShardOptions {
-  std::string mesh_dim = "dp_shard";
+  std::string mesh_dim = dim::dp_shard;
   int64_t min_weight_size = int64_t(1) << 18;  // elements; parameters this small stay replicated
   // The units, in any order: a module pattern (each module it matches is a unit: "model.layers.*"), or
   // patterns joined by '+' (every module they match together form one unit: "model.norm+lm_head").

@@ -1,5 +1,7 @@
 #include "parallel/parallel_dims.h"
 
+#include <algorithm>
+
 #include "runtime/core/error.h"
 
 namespace mt {
@@ -25,51 +27,259 @@ CpMethod cp_method_from_name(const std::string& s, const std::string& key) {
 std::string cp_load_balance_name(CpLoadBalance lb) { return lb == CpLoadBalance::none ? "none" : "head_tail"; }
 std::string cp_method_name(CpMethod m) { return m == CpMethod::ring ? "ring" : "all_gather"; }
 
+namespace {
+
+// The descriptors, outermost first: the one list of the mesh's dims.
+std::vector<DimSpec> dim_specs() {
+  DimSpec dp_replicate{dim::dp_replicate, 1};
+  dp_replicate.batch = dp_replicate.data = true;
+  dp_replicate.what = "batch";
+  DimSpec dp_shard{dim::dp_shard, 1};
+  dp_shard.batch = dp_shard.data = dp_shard.shards_params = true;
+  dp_shard.what = "batch, parameters sharded";
+  DimSpec cp_ring{dim::cp_ring, 1};
+  cp_ring.sequence = cp_ring.data = true;
+  cp_ring.what = "sequence";
+  DimSpec cp_ulysses{dim::cp_ulysses, 1};
+  cp_ulysses.sequence = cp_ulysses.data = true;
+  cp_ulysses.what = "sequence, heads inside attention (alltoall)";
+  DimSpec tp{dim::tp, 1};
+  tp.heads = true;
+  tp.what = "heads";
+  return {dp_replicate, dp_shard, cp_ring, cp_ulysses, tp};
+}
+
+// The config's size keys with -1 (the remaining ranks) allowed on one of them.
+struct SizeKey {
+  const char* key;
+  int value;
+};
+
+}  // namespace
+
+ParallelDims::ParallelDims() : dims(dim_specs()) {}
+
+ParallelDims ParallelDims::from_sizes(const std::vector<std::pair<std::string, int>>& sizes) {
+  ParallelDims pd;
+  for (auto& [name, n] : sizes) {
+    MT_CHECK(n >= 1, "parallel", "dim {} has size {} (expected >= 1)", name, n);
+    pd.dims[size_t(pd.index(name))].size = n;
+  }
+  return pd;
+}
+
+ParallelDims ParallelDims::from_config(const ParallelConfig& p, int world_size) {
+  // 1. cp's two dims. cp_method alltoall puts cp on cp_ulysses; otherwise on cp_ring, unless cp_ring and
+  // cp_ulysses are given (0: derived), whose product is then cp.
+  const bool alltoall = p.cp_method == "alltoall";
+  if (!alltoall) cp_method_from_name(p.cp_method, "parallel.cp_method");
+  check_parallel_sizes(p);
+  int cp = p.cp;
+  if (p.cp_ring > 0 && p.cp_ulysses > 0) {
+    const int prod = p.cp_ring * p.cp_ulysses;
+    if (cp > 1 && cp != prod)
+      fail("config",
+           "parallel.cp_ulysses x parallel.cp_ring = {} x {} = {}, but parallel.cp = {}: cp is their product (set it "
+           "to {} or leave it out)",
+           p.cp_ulysses, p.cp_ring, prod, cp, prod);
+    cp = prod;
+  }
+  // 2. The sizes, one of them -1 at most.
+  std::vector<SizeKey> keys{{"dp_replicate", p.dp_replicate}, {"dp_shard", p.dp_shard}, {"cp", cp}, {"tp", p.tp}};
+  int infer = -1;
+  int64_t known = 1;  // 64 bits: sizes typed by hand may overflow an int product
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].value == -1) infer = int(i);
+    else known *= keys[i].value;
+  }
+  if (infer >= 0) {
+    if (world_size % known != 0)
+      fail("config", "parallel.{} = -1: the other sizes multiply to {}, which does not divide the job's {} ranks",
+           keys[size_t(infer)].key, known, world_size);
+    keys[size_t(infer)].value = int(world_size / known);
+  }
+  int64_t prod = 1;
+  std::string product, factors;
+  for (auto& k : keys) {
+    prod *= k.value;
+    product += (product.empty() ? "" : "*") + std::string(k.key);
+    factors += (factors.empty() ? "" : "*") + std::to_string(k.value);
+  }
+  if (prod != world_size)
+    fail("config", "parallel: {} = {} = {} but the job has {} ranks", product, factors, prod, world_size);
+  cp = keys[2].value;
+  // 3. cp over its two dims.
+  int ring = 1, ulysses = 1;
+  if (p.cp_ring > 0 && p.cp_ulysses > 0) {
+    ring = p.cp_ring, ulysses = p.cp_ulysses;
+  } else if (p.cp_ring > 0 || p.cp_ulysses > 0) {
+    const bool r = p.cp_ring > 0;
+    const int given = r ? p.cp_ring : p.cp_ulysses;
+    if (cp % given != 0)
+      fail("config", "parallel.{} = {} does not divide parallel.cp = {} (cp = cp_ulysses x cp_ring)",
+           r ? "cp_ring" : "cp_ulysses", given, cp);
+    ring = r ? given : cp / given;
+    ulysses = r ? cp / given : given;
+  } else if (alltoall) {
+    ulysses = cp;
+  } else {
+    ring = cp;
+  }
+  if (alltoall && ring > 1)
+    fail("config",
+         "parallel.cp_method = alltoall puts all of parallel.cp on Ulysses, but parallel.cp_ring = {}: with "
+         "cp_ring and cp_ulysses set, cp_method names the ring dim's method (ring or all_gather)",
+         ring);
+  ParallelDims pd = from_sizes({{dim::dp_replicate, keys[0].value},
+                                {dim::dp_shard, keys[1].value},
+                                {dim::cp_ring, ring},
+                                {dim::cp_ulysses, ulysses},
+                                {dim::tp, keys[3].value}});
+  pd.sequence_parallel = p.sequence_parallel;
+  pd.cp_method = alltoall ? CpMethod::ring : cp_method_from_name(p.cp_method, "parallel.cp_method");
+  pd.cp_load_balance = cp_load_balance_from_name(p.cp_load_balance, "parallel.cp_load_balance");
+  return pd;
+}
+
+int ParallelDims::index(const std::string& name) const {
+  for (size_t i = 0; i < dims.size(); ++i)
+    if (dims[i].name == name) return int(i);
+  fail("parallel", "no mesh dim '{}' (the dims are dp_replicate, dp_shard, cp_ring, cp_ulysses, tp)", name);
+}
+
+int ParallelDims::world() const {
+  int w = 1;
+  for (auto& d : dims) w *= d.size;
+  return w;
+}
+int ParallelDims::dp() const {
+  int n = 1;
+  for (auto& d : dims)
+    if (d.batch) n *= d.size;
+  return n;
+}
+int ParallelDims::cp() const {
+  int n = 1;
+  for (auto& d : dims)
+    if (d.sequence) n *= d.size;
+  return n;
+}
+
 std::vector<MeshDim> ParallelDims::mesh_dims() const {
-  return {{"dp_replicate", dp_replicate}, {"dp_shard", dp_shard}, {"cp", cp}, {"tp", tp}};
+  std::vector<MeshDim> m;
+  for (auto& d : dims) m.push_back({d.name, d.size});
+  return m;
+}
+
+std::vector<MeshGroupName> ParallelDims::group_names() const {
+  MeshGroupName dp{dim::dp, {}}, cp{dim::cp, {}}, dp_cp{dim::dp_cp, {}};
+  for (auto& d : dims) {
+    if (d.batch) dp.dims.push_back(d.name);
+    if (d.sequence) cp.dims.push_back(d.name);
+    if (d.data) dp_cp.dims.push_back(d.name);
+  }
+  return {dp, cp, dp_cp};
+}
+
+DeviceMesh ParallelDims::make_mesh(const MeshOptions& opts) const {
+  MeshOptions o = opts;
+  o.group_names = group_names();
+  DeviceMesh mesh = DeviceMesh::create(mesh_dims(), o);
+  // The flattened groups training uses, made now on every rank in the same order (making one is collective).
+  for (auto& g : o.group_names) mesh.group(g.name);
+  return mesh;
 }
 
 int ParallelDims::dp_rank(const DeviceMesh& mesh) const {
-  return mesh.coordinate(kDpReplicate) * dp_shard + mesh.coordinate(kDpShard);
+  int r = 0;
+  for (size_t i = 0; i < dims.size(); ++i)
+    if (dims[i].batch) r = r * dims[i].size + mesh.coordinate(int(i));
+  return r;
+}
+
+std::vector<int> ParallelDims::grad_partial_dims() const {
+  std::vector<int> out;
+  for (size_t i = 0; i < dims.size(); ++i)
+    if (dims[i].data) out.push_back(int(i));
+  return out;
+}
+
+Placement ParallelDims::activation_placement(int mesh_dim) const {
+  const DimSpec& d = dims.at(size_t(mesh_dim));
+  if (d.batch) return Placement::Shard(0);     // batch rows
+  if (d.sequence) return Placement::Shard(1);  // the sequence
+  return Placement::Replicate();
 }
 
 Placement ParallelDims::activation_placement(const std::string& dim_name) {
-  if (dim_name == "dp_replicate" || dim_name == "dp_shard") return Placement::Shard(0);  // batch rows
-  if (dim_name == "cp") return Placement::Shard(1);                                      // the sequence
+  const ParallelDims pd;
+  for (size_t i = 0; i < pd.dims.size(); ++i)
+    if (pd.dims[i].name == dim_name) return pd.activation_placement(int(i));
   return Placement::Replicate();
 }
 
 int64_t ParallelDims::seq_multiple() const {
-  int64_t parts = cp > 1 && cp_load_balance == CpLoadBalance::head_tail ? 2 * int64_t(cp) : cp;
-  return parts * (sequence_parallel && tp > 1 ? tp : 1);
+  const int ring = cp_ring();
+  int64_t parts = ring > 1 && cp_load_balance == CpLoadBalance::head_tail ? 2 * int64_t(ring) : ring;
+  return parts * cp_ulysses() * (sequence_parallel && tp() > 1 ? tp() : 1);
 }
 
 void ParallelDims::check_seq_len(int64_t seq_len) const {
   if (seq_len % seq_multiple() == 0) return;
-  std::string why;
-  if (cp > 1)
-    why = cp_load_balance == CpLoadBalance::head_tail
-              ? fmt::format("parallel.cp = {} with cp_load_balance head_tail splits it into 2 x {} chunks", cp, cp)
-              : fmt::format("parallel.cp = {} splits it into {} parts", cp, cp);
-  if (sequence_parallel && tp > 1)
-    why += fmt::format("{}parallel.tp = {} with sequence_parallel splits each rank's part into {}",
-                       why.empty() ? "" : ", and ", tp, tp);
-  fail("config", "training.seq_len = {} must be a multiple of {}: {}", seq_len, seq_multiple(), why);
+  std::vector<std::string> why;
+  const int ring = cp_ring(), ulysses = cp_ulysses();
+  // With one cp dim the user wrote parallel.cp; with both, cp_ring and cp_ulysses.
+  const bool two_d = ring > 1 && ulysses > 1;
+  if (ring > 1) {
+    std::string key = two_d ? "parallel.cp_ring" : "parallel.cp";
+    why.push_back(cp_load_balance == CpLoadBalance::head_tail
+                      ? fmt::format("{} = {} with cp_load_balance head_tail splits it into 2 x {} chunks", key, ring,
+                                    ring)
+                      : fmt::format("{} = {} splits it into {} parts", key, ring, ring));
+  }
+  if (ulysses > 1)
+    why.push_back(two_d ? fmt::format("parallel.cp_ulysses = {} splits each of those into {}", ulysses, ulysses)
+                        : fmt::format("parallel.cp = {} (alltoall) splits it into {} parts", ulysses, ulysses));
+  if (sequence_parallel && tp() > 1)
+    why.push_back(fmt::format("parallel.tp = {} with sequence_parallel splits each rank's part into {}", tp(), tp()));
+  std::string s;
+  for (size_t i = 0; i < why.size(); ++i) s += (i == 0 ? "" : i + 1 == why.size() ? ", and " : ", ") + why[i];
+  fail("config", "training.seq_len = {} must be a multiple of {}: {}", seq_len, seq_multiple(), s);
 }
 
-void ParallelDims::make_groups(const DeviceMesh& mesh) const {
-  mesh.group("dp");
-  mesh.group(loss_group());
+void ParallelDims::check_heads(int64_t n_heads, int64_t n_kv_heads) const {
+  const int t = tp(), u = cp_ulysses();
+  if (n_heads % t != 0 || n_kv_heads % t != 0)
+    fail("config",
+         "model.n_heads = {} and model.n_kv_heads = {} must both be divisible by parallel.tp = {} "
+         "(tensor parallel splits whole heads)",
+         n_heads, n_kv_heads, t);
+  if (u == 1) return;
+  const std::string key = cp_ring() > 1 ? "parallel.cp_ulysses" : "parallel.cp";
+  const int64_t h = n_heads / t, kv = n_kv_heads / t;
+  if (h % u != 0)
+    fail("config",
+         "model.n_heads = {} over parallel.tp = {} leaves {} q heads per rank, which do not divide by {} = {} "
+         "(Ulysses gives each rank whole heads)",
+         n_heads, t, h, key, u);
+  if (kv % u != 0 && u % kv != 0)
+    fail("config",
+         "model.n_kv_heads = {} over parallel.tp = {} leaves {} kv heads per rank, which is neither a multiple nor "
+         "a divisor of {} = {} (Ulysses gives each rank whole kv heads, or one kv head shared by the ranks whose "
+         "q heads use it); model.n_heads = {}",
+         n_kv_heads, t, kv, key, u, n_heads);
 }
 
 std::string ParallelDims::describe() const {
   std::vector<std::string> parts;
-  if (dp_replicate > 1) parts.push_back(fmt::format("dp_replicate={} (batch)", dp_replicate));
-  if (dp_shard > 1) parts.push_back(fmt::format("dp_shard={} (batch)", dp_shard));
-  if (cp > 1)
-    parts.push_back(
-        fmt::format("cp={} (sequence: {}, {})", cp, cp_load_balance_name(cp_load_balance), cp_method_name(cp_method)));
-  if (tp > 1) parts.push_back(fmt::format("tp={} (heads{})", tp, sequence_parallel ? ", sequence parallel" : ""));
+  for (auto& d : dims) {
+    if (d.size == 1) continue;
+    std::string what = d.what;
+    if (d.name == dim::cp_ring)
+      what += fmt::format(": {}, {}", cp_load_balance_name(cp_load_balance), cp_method_name(cp_method));
+    if (d.heads && sequence_parallel) what += ", sequence parallel";
+    parts.push_back(fmt::format("{}={} ({})", d.name, d.size, what));
+  }
   if (parts.empty()) return "1 rank";
   std::string s;
   for (auto& p : parts) s += (s.empty() ? "" : " x ") + p;

@@ -7,6 +7,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include "runtime/core/log.h"
+#include "parallel/parallel_dims.h"
 #include "runtime/io/config.h"
 
 using namespace mt;
@@ -17,7 +18,7 @@ TEST_CASE("config defaults") {
   CHECK(c.comm.timeout_s == 600);
   CHECK(c.comm.backend == "auto");
   CHECK(c.log.interval == 10);
-  CHECK(resolve_mesh_sizes(c.parallel, 1) == std::vector<int>{1, 1, 1, 1});
+  CHECK(ParallelDims::from_config(c.parallel, 1).world() == 1);
 }
 
 TEST_CASE("a full file parses, and the example config is valid") {
@@ -29,7 +30,11 @@ log: {level: debug, interval: 5, metrics_file: m.jsonl}
   CHECK(c.parallel.dp_shard == -1);
   CHECK(c.comm.link_gbps == std::vector<double>{25, 100});
   CHECK(c.log.metrics_file == "m.jsonl");
-  CHECK(resolve_mesh_sizes(c.parallel, 8) == std::vector<int>{2, 2, 1, 2});
+  const ParallelDims pd = ParallelDims::from_config(c.parallel, 8);
+  CHECK(pd.dp_replicate() == 2);
+  CHECK(pd.dp_shard() == 2);
+  CHECK(pd.cp() == 1);
+  CHECK(pd.tp() == 2);
   Config ex = load_config(MT_SOURCE_DIR "/configs/check.yaml", {});
   CHECK(ex.parallel.tp == 2);
 }
@@ -75,17 +80,83 @@ TEST_CASE("impossible values") {
   CHECK_ERROR_CONTAINS(config_from_yaml_string("parallel: {dp_shard: -1}"),
                        "but dp_replicate, dp_shard are (dp_replicate is -1 by default: set it to 1)");
   Config c = config_from_yaml_string("parallel: {dp_replicate: 2, cp: 2, tp: 2}");
-  CHECK_ERROR_CONTAINS(resolve_mesh_sizes(c.parallel, 4),
+  CHECK_ERROR_CONTAINS(ParallelDims::from_config(c.parallel, 4),
                        "parallel: dp_replicate*dp_shard*cp*tp = 2*1*2*2 = 8 but the job has 4 ranks");
   Config d = config_from_yaml_string("parallel: {dp_replicate: -1, tp: 3}");
-  CHECK_ERROR_CONTAINS(resolve_mesh_sizes(d.parallel, 8),
+  CHECK_ERROR_CONTAINS(ParallelDims::from_config(d.parallel, 8),
                        "the other sizes multiply to 3, which does not divide the job's 8 ranks");
   CHECK_ERROR_CONTAINS(require_divisible("training.batch_size", 10, "dp", 4),
                        "[config] training.batch_size = 10 must be divisible by dp = 4");
   require_divisible("training.batch_size", 12, "dp", 4);  // no throw
   ParallelConfig unchecked;                               // built in code, never validated: resolve checks it too
   unchecked.tp = 0;
-  CHECK_ERROR_CONTAINS(resolve_mesh_sizes(unchecked, 4), "parallel.tp = 0: expected a size >= 1");
+  CHECK_ERROR_CONTAINS(ParallelDims::from_config(unchecked, 4), "parallel.tp = 0: expected a size >= 1");
+}
+
+TEST_CASE("context parallel's two dims: cp with cp_method, or cp_ulysses x cp_ring") {
+  auto pd = [](const std::string& yaml, int world) {
+    return ParallelDims::from_config(config_from_yaml_string(yaml).parallel, world);
+  };
+  ParallelDims ring = pd("parallel: {dp_replicate: 1, cp: 4}", 4);
+  CHECK(ring.cp_ring() == 4);
+  CHECK(ring.cp_ulysses() == 1);
+  ParallelDims a2a = pd("parallel: {dp_replicate: 1, cp: 4, cp_method: alltoall}", 4);
+  CHECK(a2a.cp_ring() == 1);
+  CHECK(a2a.cp_ulysses() == 4);
+  CHECK(a2a.cp() == 4);
+  ParallelDims two = pd("parallel: {dp_replicate: -1, cp_ulysses: 2, cp_ring: 4}", 16);
+  CHECK(two.cp_ulysses() == 2);
+  CHECK(two.cp_ring() == 4);
+  CHECK(two.dp_replicate() == 2);
+  ParallelDims half = pd("parallel: {dp_replicate: 1, cp: 8, cp_ulysses: 2, cp_method: all_gather}", 8);
+  CHECK(half.cp_ring() == 4);
+  CHECK(half.cp_method == CpMethod::all_gather);
+  // Mesh order: dp_replicate, dp_shard, cp_ring, cp_ulysses, tp; the named groups are dp, cp, dp_cp.
+  std::vector<std::string> names;
+  for (auto& d : two.mesh_dims()) names.push_back(d.name);
+  CHECK(names == std::vector<std::string>{"dp_replicate", "dp_shard", "cp_ring", "cp_ulysses", "tp"});
+  auto groups = two.group_names();
+  REQUIRE(groups.size() == 3);
+  CHECK(groups[1].name == "cp");
+  CHECK(groups[1].dims == std::vector<std::string>{"cp_ring", "cp_ulysses"});
+  CHECK(groups[2].dims == std::vector<std::string>{"dp_replicate", "dp_shard", "cp_ring", "cp_ulysses"});
+  CHECK(two.grad_partial_dims() == std::vector<int>{0, 1, 2, 3});
+  CHECK(two.describe().find("cp_ulysses=2") != std::string::npos);
+  // head_tail: 2 x cp_ring chunks, each split again over cp_ulysses.
+  CHECK(two.seq_multiple() == 16);
+
+  CHECK_ERROR_CONTAINS(pd("parallel: {dp_replicate: 1, cp: 8, cp_ulysses: 2, cp_ring: 2}", 8),
+                       "parallel.cp_ulysses x parallel.cp_ring = 2 x 2 = 4, but parallel.cp = 8");
+  CHECK_ERROR_CONTAINS(pd("parallel: {dp_replicate: 1, cp: 6, cp_ulysses: 4}", 6),
+                       "parallel.cp_ulysses = 4 does not divide parallel.cp = 6");
+  CHECK_ERROR_CONTAINS(pd("parallel: {dp_replicate: 1, cp: 4, cp_ring: 2, cp_method: alltoall}", 4),
+                       "parallel.cp_method = alltoall puts all of parallel.cp on Ulysses, but parallel.cp_ring = 2");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("parallel: {cp_method: ulysses}"),
+                       "parallel.cp_method = 'ulysses': expected one of 'ring', 'all_gather', 'alltoall'");
+  CHECK_ERROR_CONTAINS(pd("parallel: {dp_replicate: 1, cp_ulysses: 2, cp_ring: 2}", 8),
+                       "= 1*1*4*1 = 4 but the job has 8 ranks");
+}
+
+TEST_CASE("heads must split over tp and then over Ulysses; the error names the keys") {
+  auto pd = [](const std::string& yaml, int world) {
+    return ParallelDims::from_config(config_from_yaml_string(yaml).parallel, world);
+  };
+  ParallelDims a2a4 = pd("parallel: {dp_replicate: 1, cp: 4, cp_method: alltoall}", 4);
+  a2a4.check_heads(8, 8);  // kv heads a multiple of the degree
+  a2a4.check_heads(8, 2);  // kv heads a divisor: shared
+  a2a4.check_heads(8, 1);
+  CHECK_ERROR_CONTAINS(a2a4.check_heads(6, 6),
+                       "model.n_heads = 6 over parallel.tp = 1 leaves 6 q heads per rank, which do not divide by "
+                       "parallel.cp = 4");
+  CHECK_ERROR_CONTAINS(pd("parallel: {dp_replicate: 1, cp: 8, cp_method: alltoall}", 8).check_heads(24, 3),
+                       "model.n_kv_heads = 3 over parallel.tp = 1 leaves 3 kv heads per rank, which is neither a "
+                       "multiple nor a divisor of parallel.cp = 8");
+  ParallelDims tp2 = pd("parallel: {dp_replicate: 1, tp: 2, cp_ulysses: 2, cp_ring: 2}", 8);
+  CHECK_ERROR_CONTAINS(tp2.check_heads(6, 2),
+                       "model.n_heads = 6 over parallel.tp = 2 leaves 3 q heads per rank, which do not divide by "
+                       "parallel.cp_ulysses = 2");
+  tp2.check_heads(8, 2);
+  CHECK_ERROR_CONTAINS(tp2.check_heads(8, 3), "model.n_kv_heads = 3 must both be divisible by parallel.tp = 2");
 }
 
 TEST_CASE("--set overrides any key, lists and nested ints included") {

@@ -188,3 +188,48 @@ TEST_CASE("cp method and load balance names") {
     CHECK_ERROR_CONTAINS(cp_load_balance_from_name(bad, "parallel.cp_load_balance"), "head_tail");
   }
 }
+
+TEST_CASE("cp_shard: a cp_ring rank's tokens split again, in order, over cp_ulysses") {
+  const auto none = CpLoadBalance::none, ht = CpLoadBalance::head_tail;
+  // head_tail over 2 ring ranks of 32 tokens: ring rank 1 holds [8, 16) [16, 24); over 2 Ulysses ranks
+  // each takes one chunk; over 4, half a chunk each.
+  SequenceShard a = cp_shard(ht, 32, 2, 1, 2, 1);
+  CHECK(a.chunk_len == 8);
+  CHECK(a.chunk_pos == std::vector<int64_t>{16});
+  SequenceShard b = cp_shard(ht, 32, 2, 0, 4, 1);  // ring rank 0: [0, 8) [24, 32) -> rank 1 of 4: [4, 8)
+  CHECK(b.chunk_len == 4);
+  CHECK(b.chunk_pos == std::vector<int64_t>{4});
+  SequenceShard c = cp_shard(ht, 24, 2, 0, 4, 1);  // [0, 6) [18, 24) in runs of 3 -> rank 1 of 4: [3, 6)
+  CHECK(c.chunk_len == 3);
+  CHECK(c.chunk_pos == std::vector<int64_t>{3});
+  // A part that crosses the ring rank's chunk boundary: ring rank 0 of 2 holds [0, 12) [36, 48); its second of
+  // 3 parts is local [8, 16) = [8, 12) [36, 40), in runs of gcd(12, 8) = 4.
+  SequenceShard d = cp_shard(ht, 48, 2, 0, 3, 1);
+  CHECK(d.chunk_len == 4);
+  CHECK(d.chunk_pos == std::vector<int64_t>{8, 36});
+  SequenceShard e = cp_shard(none, 24, 1, 0, 4, 3);  // Ulysses alone: contiguous quarters
+  CHECK(e.chunk_len == 6);
+  CHECK(e.chunk_pos == std::vector<int64_t>{18});
+  // Every (ring, ulysses) split covers the sequence exactly once, and the Ulysses parts of a ring rank, in
+  // Ulysses order, are the ring rank's tokens in its local order.
+  for (CpLoadBalance lb : {none, ht})
+    for (auto [r, u] : std::vector<std::pair<int, int>>{{1, 2}, {2, 2}, {2, 4}, {4, 2}, {3, 2}, {1, 8}}) {
+      const int64_t T = 48;
+      CAPTURE(r);
+      CAPTURE(u);
+      std::multiset<int64_t> seen;
+      for (int i = 0; i < r; ++i) {
+        SequenceShard ring = sequence_shard(lb, T, r, i);
+        std::vector<int64_t> order;
+        for (int j = 0; j < u; ++j) {
+          SequenceShard s = cp_shard(lb, T, r, i, u, j);
+          CHECK(s.size() == T / (r * u));
+          for (int64_t t = 0; t < s.size(); ++t) order.push_back(s.position(t)), seen.insert(s.position(t));
+        }
+        for (int64_t t = 0; t < ring.size(); ++t) CHECK(order[size_t(t)] == ring.position(t));
+      }
+      CHECK(seen.size() == size_t(T));
+      CHECK(std::set<int64_t>(seen.begin(), seen.end()).size() == size_t(T));
+    }
+  CHECK_ERROR_CONTAINS(sub_shard(sequence_shard(ht, 24, 2, 0), 5, 0), "12 tokens do not split into 5 equal parts");
+}

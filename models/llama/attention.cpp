@@ -1,7 +1,8 @@
 // Llama self-attention: q/k/v projections, RoPE on q and k, causal grouped-query
-// attention, o projection. Head counts come from the local projection sizes, so
-// the same code runs with heads split across tensor-parallel ranks.
-#include "attention/local_attention.h"
+// attention through the attention boundary (attention/attention.h), o
+// projection. Head counts come from the local projection sizes, so the same code
+// runs with heads split across tensor-parallel ranks; the layer knows nothing of
+// context parallel.
 #include "models/llama/llama.h"
 #include "runtime/kernels/ops.h"
 
@@ -18,6 +19,19 @@ void SequenceContext::set_positions(const Tensor& pos, int64_t head_dim, DType d
   sin = s.to(device);
 }
 
+void SequenceContext::set_documents(const Tensor& d) {
+  doc_start = d;
+  ++batch;
+}
+
+AttentionCall SequenceContext::attention_call() const {
+  AttentionCall c;
+  c.causal = true;
+  c.doc_start = doc_start;
+  c.batch = batch;
+  return c;
+}
+
 LlamaAttention::LlamaAttention(const std::string& name, const ModelConfig& c, const ParamFactory& f,
                                std::shared_ptr<SequenceContext> seq)
     : Module(name, "LlamaAttention"), head_dim(c.dim / c.n_heads), seq_(std::move(seq)) {
@@ -25,14 +39,6 @@ LlamaAttention::LlamaAttention(const std::string& name, const ModelConfig& c, co
   k_proj = add_child(std::make_unique<Linear>(child_name(name, "k_proj"), c.dim, c.n_kv_heads * head_dim, f));
   v_proj = add_child(std::make_unique<Linear>(child_name(name, "v_proj"), c.dim, c.n_kv_heads * head_dim, f));
   o_proj = add_child(std::make_unique<Linear>(child_name(name, "o_proj"), c.n_heads * head_dim, c.dim, f));
-}
-
-RingAttentionOptions LlamaAttention::attention_options(int64_t T) const {
-  RingAttentionOptions o = seq_->cp;
-  if (!o.group) o.seq_len = T;  // whole sequences here
-  o.causal = true;
-  o.doc_start = seq_->doc_start;
-  return o;
 }
 
 Tensor LlamaAttention::forward(const Tensor& x) {
@@ -46,38 +52,40 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   rope_forward(q, q, seq_->cos, seq_->sin);
   rope_forward(k, k, seq_->cos, seq_->sin);
   int64_t H = q.size(2);
-  Tensor out = out_, lse = lse_;
+  kv_heads_ = k.size(2);
+  const AttentionCall call = seq_->attention_call();
   if (recomputing() && keep_attention_output) {
     // Selective recompute: the first forward's attention output and log-sum-exp were kept; the kernel's
-    // result would be the same bits, so it (and ring attention's cp communication) is not run again.
-    MT_CHECK(out.defined() && lse.defined() && out.shape() == (Shape{B, T, H, hd}), "model",
-             "{}: recompute without the attention output kept by the first forward", name());
+    // result would be the same bits, so it (and its cp communication over the sequence) is not run again.
+    MT_CHECK(out_.defined() && saved_.out.defined() && saved_.lse.defined() && out_.shape() == (Shape{B, T, H, hd}),
+             "model", "{}: recompute without the attention output kept by the first forward", name());
+    attention->resave_inputs(saved_, q, k, v, call);
   } else {
-    out = empty({B, T, H, hd}, x.dtype(), x.device());           // (B, T, H, hd)
-    lse = empty({B, H, T}, accum_dtype(x.dtype()), x.device());  // (B, H, T)
-    // Local attention over whole sequences, or ring attention over the cp group on this rank's part.
-    ring_attention_forward(out, lse, q, k, v, attention_options(T));
+    out_ = attention->forward(saved_, q, k, v, call);  // (B, T, H, hd)
   }
-  q_ = q, k_ = k, v_ = v, out_ = out, lse_ = lse;
-  return o_proj->call(out.reshape({B, T, H * hd}));
+  return o_proj->call(out_.reshape({B, T, H * hd}));
 }
 
 void LlamaAttention::drop_saved() {
-  q_ = k_ = v_ = Tensor();
-  if (!keep_attention_output) out_ = lse_ = Tensor();
+  saved_.q = saved_.k = saved_.v = Tensor();
+  if (!keep_attention_output) {
+    saved_.clear();
+    out_ = Tensor();
+  }
 }
 
 Tensor LlamaAttention::backward(const Tensor& dy) {
-  // dy may be sequence-sharded (o_proj's output layout); the saved q has the full sequence.
-  int64_t B = q_.size(0), T = q_.size(1);
+  // dy may be sequence-sharded (o_proj's output layout); out_ has the attention's (this rank's) sequence.
+  int64_t B = out_.size(0), T = out_.size(1), KV = kv_heads_;
   Tensor dout = o_proj->call_backward(dy).reshape(out_.shape());  // (B, T, H, hd)
-  Tensor dq = empty(q_.shape(), dy.dtype(), dy.device());
-  Tensor dk = empty(k_.shape(), dy.dtype(), dy.device());
-  Tensor dv = empty(v_.shape(), dy.dtype(), dy.device());
-  ring_attention_backward(dq, dk, dv, dout, q_, k_, v_, out_, lse_, attention_options(T));
+  Tensor dq = empty(out_.shape(), dy.dtype(), dy.device());        // (B, T, H, hd)
+  Tensor dk = empty({B, T, KV, head_dim}, dy.dtype(), dy.device());  // (B, T, KV, hd)
+  Tensor dv = empty(dk.shape(), dy.dtype(), dy.device());
+  attention->backward(dq, dk, dv, dout, saved_, seq_->attention_call());
   rope_backward(dq, dq, seq_->cos, seq_->sin);
   rope_backward(dk, dk, seq_->cos, seq_->sin);
-  q_ = k_ = v_ = out_ = lse_ = Tensor();
+  saved_.clear();
+  out_ = Tensor();
   Tensor dx = q_proj->call_backward(dq.reshape({B, T, -1}));  // (B, T, C), then k's and v's added by their GEMMs
   k_proj->call_backward_into(dk.reshape({B, T, -1}), dx);
   v_proj->call_backward_into(dv.reshape({B, T, -1}), dx);

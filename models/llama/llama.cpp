@@ -65,11 +65,15 @@ void LlamaForCausalLM::set_positions(const Tensor& positions) {
   seq->set_positions(positions, config.dim / config.n_heads, w.dtype(), w.device());
 }
 
+void LlamaForCausalLM::set_attention(std::shared_ptr<const Attention> a) {
+  for (LlamaDecoderLayer* l : model->layers) l->self_attn->attention = a;
+}
+
 Tensor LlamaForCausalLM::forward(const Tensor& tokens) {
   int64_t T = tokens.size(1);
   // Whole sequences get positions 0 ... T-1 by default; a cp rank's part must have been given its global
   // positions (never reset silently).
-  MT_CHECK(!seq->cp.group || seq->cp.group->size() == 1 || (seq->positions.defined() && seq->positions.numel() == T),
+  MT_CHECK(!attention()->splits_sequence() || (seq->positions.defined() && seq->positions.numel() == T),
            "model",
            "context parallel: the input holds {} tokens per sequence but positions were set for {}: each cp "
            "rank's tokens need their global positions (set_positions)",

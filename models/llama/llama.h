@@ -4,23 +4,26 @@
 #pragma once
 #include <memory>
 
-#include "attention/ring_attention.h"
+#include "attention/attention.h"
 #include "models/layers.h"
 #include "runtime/io/config.h"
 
 namespace mt {
 
 // What every attention layer needs to know of the tokens of the current forward, shared by them all:
-// their global positions (RoPE and the causal rule), where their documents start (packed documents), and
-// how the sequence is split over the context-parallel ranks.
+// their global positions (RoPE) and where the documents of the whole sequences start (packed documents).
+// How attention is split over ranks is not here: apply_cp swaps each layer's `attention`.
 struct SequenceContext {
   double theta = 10000;
-  Tensor positions;  // (T) i64, host: global positions of this rank's tokens
-  Tensor cos, sin;   // (T, hd) RoPE tables for them
-  Tensor doc_start;  // (B, T) i64, host: where each token's document starts; undefined: one causal sequence
-  // The cp group, method, balancing and global length; group null: this rank holds whole sequences.
-  RingAttentionOptions cp;
+  Tensor positions;  // (T_local) i64, host: global positions of this rank's tokens
+  Tensor cos, sin;   // (T_local, hd) RoPE tables for them
+  // (B, T) i64, host: where each token of the whole sequences starts its document; undefined: one causal
+  // sequence. batch counts its changes (the attention implementations cache their shard of it).
+  Tensor doc_start;
+  uint64_t batch = 0;
   void set_positions(const Tensor& positions, int64_t head_dim, DType dtype, Device device);
+  void set_documents(const Tensor& doc_start);
+  AttentionCall attention_call() const;
 };
 
 class LlamaAttention : public Module {
@@ -29,6 +32,8 @@ class LlamaAttention : public Module {
                  std::shared_ptr<SequenceContext> seq);
   Linear *q_proj, *k_proj, *v_proj, *o_proj;
   int64_t head_dim;
+  // The attention boundary (attention/attention.h): local by default, swapped by apply_cp.
+  std::shared_ptr<const Attention> attention = make_attention();
   // Selective recompute (parallel.recompute.keep: [attention]): in a recomputed subtree this layer keeps the
   // attention's output and log-sum-exp when the rest is dropped, and its forward run again inside backward
   // recomputes q, k, v (projections and RoPE) but reuses them instead of running attention (and, with cp, its
@@ -41,9 +46,10 @@ class LlamaAttention : public Module {
   void drop_saved() override;
 
  private:
-  RingAttentionOptions attention_options(int64_t T) const;
   std::shared_ptr<SequenceContext> seq_;
-  Tensor q_, k_, v_, out_, lse_;  // after RoPE: (B, T, H, hd), (B, T, KV, hd) x2, (B, T, H, hd), (B, H, T)
+  AttentionSaved saved_;  // what the attention's backward needs, in its layout
+  Tensor out_;            // (B, T, H, hd): the attention's output, o_proj's input
+  int64_t kv_heads_ = 0;  // KV of the last forward (this rank's)
 };
 
 class LlamaMLP : public Module {
@@ -98,8 +104,12 @@ class LlamaForCausalLM : public Module {
   std::shared_ptr<SequenceContext> seq;
   // Global positions (T) of the tokens of the next forward (default 0 ... T-1: whole sequences).
   void set_positions(const Tensor& positions);
-  // Where each token's document starts, (B, T) i64 on the host (document_starts); undefined: no documents.
-  void set_documents(const Tensor& doc_start) { seq->doc_start = doc_start; }
+  // Every layer's attention implementation (apply_cp swaps it; generation runs local attention).
+  void set_attention(std::shared_ptr<const Attention> a);
+  const std::shared_ptr<const Attention>& attention() const { return model->layers.at(0)->self_attn->attention; }
+  // Where each token of the whole sequences starts its document, (B, T) i64 on the host (document_starts);
+  // undefined: no documents.
+  void set_documents(const Tensor& doc_start) { seq->set_documents(doc_start); }
 
  protected:
   Tensor forward(const Tensor& tokens) override;

@@ -30,26 +30,21 @@ double llama_tp_sp_bytes(int64_t n_layers, int tp, double act_bytes) {
 }
 
 void apply_tp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, const ParallelConfig& p) {
-  const int tp = pd.tp;
-  if (tp == 1) return;
-  const ModelConfig& c = model.config;
-  if (c.n_heads % tp != 0 || c.n_kv_heads % tp != 0)
-    fail("config",
-         "model.n_heads = {} and model.n_kv_heads = {} must both be divisible by parallel.tp = {} "
-         "(tensor parallel splits whole heads)",
-         c.n_heads, c.n_kv_heads, tp);
+  if (pd.tp() == 1) return;
   ParallelPlan plan =
       p.tp_plan.empty() ? llama_tp_plan(p.sequence_parallel, p.loss_parallel) : plan_from_config(p.tp_plan);
-  parallelize(model, mesh, "tp", plan);
+  parallelize(model, mesh, dim::tp, plan);
 }
 
 void apply_cp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, int64_t seq_len) {
-  if (pd.cp == 1) return;
-  RingAttentionOptions& o = model.seq->cp;
-  o.group = &mesh.group(ParallelDims::kCp);
-  o.method = pd.cp_method;
-  o.load_balance = pd.cp_load_balance;
-  o.seq_len = seq_len;
+  if (pd.cp() == 1) return;
+  ContextParallel cp;
+  if (pd.cp_ring() > 1) cp.ring = &mesh.group(dim::cp_ring);
+  if (pd.cp_ulysses() > 1) cp.ulysses = &mesh.group(dim::cp_ulysses);
+  cp.method = pd.cp_method;
+  cp.load_balance = pd.cp_load_balance;
+  cp.seq_len = seq_len;
+  model.set_attention(make_attention(cp));
 }
 
 std::vector<Module*> apply_recompute_llama(LlamaForCausalLM& model, const RecomputeConfig& c) {
@@ -64,9 +59,9 @@ std::vector<Module*> apply_recompute_llama(LlamaForCausalLM& model, const Recomp
 
 std::unique_ptr<FullyShard> apply_fsdp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd,
                                        const FsdpConfig& c, DType reduce_dtype) {
-  if (pd.dp_shard == 1) return nullptr;
+  if (pd.dp_shard() == 1) return nullptr;
   FullyShardOptions o;
-  o.mesh_dim = "dp_shard";
+  o.mesh_dim = dim::dp_shard;
   o.min_weight_size = c.min_weight_size;
   o.reshard_after_forward = c.reshard_after_forward;
   // Units: each decoder layer, the embedding, the final norm with lm_head (torchtitan's); a tied embedding
@@ -85,6 +80,7 @@ std::unique_ptr<FullyShard> apply_fsdp(LlamaForCausalLM& model, const DeviceMesh
 std::unique_ptr<FullyShard> parallelize_llama(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd,
                                               const ParallelConfig& p, int64_t seq_len, DType reduce_dtype) {
   pd.check_seq_len(seq_len);
+  pd.check_heads(model.config.n_heads, model.config.n_kv_heads);
   apply_tp(model, mesh, pd, p);
   apply_cp(model, mesh, pd, seq_len);
   apply_recompute_llama(model, p.recompute);

@@ -20,11 +20,12 @@ ParallelPlan llama_tp_plan(bool sequence_parallel, bool loss_parallel);
 // (b, T, d) activation of this rank's batch.
 double llama_tp_sp_bytes(int64_t n_layers, int tp, double act_bytes);
 
-// Tensor (and sequence) parallel over the mesh's "tp" dim: heads must divide by tp; the plan is
+// Tensor (and sequence) parallel over the mesh's tp dim: heads must divide by tp; the plan is
 // parallel.tp_plan (read by parallel/plan_yaml.h) or the model's default.
 void apply_tp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, const ParallelConfig& p);
-// Context parallel: every attention layer runs ring attention over the cp group on this rank's part of the
-// sequence (SequenceContext::cp); the trainer feeds each rank its tokens and their positions.
+// Context parallel: every attention layer's implementation is swapped (attention/attention.h) for ring or
+// all_gather over cp_ring, Ulysses over cp_ulysses, or both (2-D); the trainer feeds each rank its tokens and
+// their positions (cp_shard).
 void apply_cp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, int64_t seq_len);
 // Activation recompute (parallel.recompute): the matched blocks (decoder layers, their self_attn or mlp, or the
 // whole model.model) keep only their input in forward and run forward again inside backward; keep: [attention]
@@ -35,7 +36,8 @@ std::vector<Module*> apply_recompute_llama(LlamaForCausalLM& model, const Recomp
 // outlive the model's forward and backward calls.
 std::unique_ptr<FullyShard> apply_fsdp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd,
                                        const FsdpConfig& c, DType reduce_dtype);
-// The model's parallelisms composed (tp, cp, recompute, fsdp), after checking that seq_len splits over cp and tp.
+// The model's parallelisms composed (tp, cp, recompute, fsdp), after checking that seq_len splits over cp and tp
+// and the heads over tp and cp_ulysses.
 std::unique_ptr<FullyShard> parallelize_llama(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd,
                                               const ParallelConfig& p, int64_t seq_len,
                                               DType reduce_dtype = DType::f32);

@@ -186,8 +186,9 @@ template <class T> void require_one_of(const std::string& key, const T& value, s
   fail("config", "{} = '{}': expected one of {}", key, value, names);
 }
 
-// Shared by validate() and resolve_mesh_sizes(), which may be given a ParallelConfig built in code.
-void check_parallel(const ParallelConfig& p) {
+}  // namespace
+
+void check_parallel_sizes(const ParallelConfig& p) {
   std::string inferred;
   int n_inferred = 0;
   for (auto [key, v] :
@@ -201,7 +202,13 @@ void check_parallel(const ParallelConfig& p) {
     fail("config", "parallel: only one of dp_replicate, dp_shard, cp, tp may be -1, but {} are{}", inferred,
          default_dp ? " (dp_replicate is -1 by default: set it to 1)" : "");
   }
+  for (auto [key, v] : {std::pair{"cp_ring", p.cp_ring}, {"cp_ulysses", p.cp_ulysses}})
+    if (v < 0)
+      fail("config", "parallel.{} = {}: expected a size >= 1 (0 or absent: derived from parallel.cp and cp_method)",
+           key, v);
 }
+
+namespace {
 
 void require_at_least(const std::string& key, double value, double min, const char* what) {
   if (!(value >= min) || !std::isfinite(value)) fail("config", "{} = {}: expected {} >= {}", key, value, what, min);
@@ -278,7 +285,7 @@ void validate_training(const Config& c) {
   require_at_least("training.grad_clip", t.grad_clip, 0, "a norm (0 = off)");
   require_one_of<std::string>("training.dtype", t.dtype, {"fp32", "fp64", "bf16"});
   require_one_of<std::string>("training.grad_reduce_dtype", t.grad_reduce_dtype, {"fp32", "bf16"});
-  require_one_of<std::string>("parallel.cp_method", c.parallel.cp_method, {"ring", "all_gather"});
+  require_one_of<std::string>("parallel.cp_method", c.parallel.cp_method, {"ring", "all_gather", "alltoall"});
   if (c.parallel.fsdp.min_weight_size < 0)
     fail("config", "parallel.fsdp.min_weight_size = {}: expected a number of elements >= 0",
          c.parallel.fsdp.min_weight_size);
@@ -326,7 +333,7 @@ void validate_training(const Config& c) {
 }
 
 void validate(const Config& c) {
-  check_parallel(c.parallel);
+  check_parallel_sizes(c.parallel);
   if (!(c.comm.timeout_s > 0) || !std::isfinite(c.comm.timeout_s))
     fail("config", "comm.timeout_s = {}: expected a finite number of seconds > 0", c.comm.timeout_s);
   require_one_of<std::string>("comm.backend", c.comm.backend, {"auto", "mpi", "nccl"});
@@ -477,28 +484,6 @@ uint64_t config_hash(const Config& c) {
   return h;
 }
 
-std::vector<int> resolve_mesh_sizes(const ParallelConfig& p, int world_size) {
-  check_parallel(p);
-  std::vector<int> s{p.dp_replicate, p.dp_shard, p.cp, p.tp};
-  const char* names[] = {"dp_replicate", "dp_shard", "cp", "tp"};
-  int64_t known = 1;  // 64 bits: sizes typed by hand may overflow an int product
-  int infer = -1;
-  for (int i = 0; i < 4; ++i) {
-    if (s[size_t(i)] == -1) infer = i;
-    else known *= s[size_t(i)];
-  }
-  if (infer >= 0) {
-    if (world_size % known != 0)
-      fail("config", "parallel.{} = -1: the other sizes multiply to {}, which does not divide the job's {} ranks",
-           names[infer], known, world_size);
-    s[size_t(infer)] = int(world_size / known);
-  }
-  int64_t prod = int64_t(s[0]) * s[1] * s[2] * s[3];
-  if (prod != world_size)
-    fail("config", "parallel: dp_replicate*dp_shard*cp*tp = {}*{}*{}*{} = {} but the job has {} ranks", s[0], s[1],
-         s[2], s[3], prod, world_size);
-  return s;
-}
 
 void require_divisible(const std::string& key, int64_t value, const std::string& by_key, int64_t by) {
   if (by <= 0 || value % by != 0) fail("config", "{} = {} must be divisible by {} = {}", key, value, by_key, by);

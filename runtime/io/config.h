@@ -77,7 +77,9 @@ struct RecomputeConfig {
 struct ParallelConfig {
   int dp_replicate = -1;  // replicated data parallel; by default whatever the other dims leave
   int dp_shard = 1;       // fully sharded data parallel
-  int cp = 1;             // context parallel (ring attention)
+  int cp = 1;             // context parallel: cp_ulysses x cp_ring
+  int cp_ring = 0;        // 0: derived from cp and cp_method (parallel/parallel_dims.h)
+  int cp_ulysses = 0;
   int tp = 1;             // tensor (and sequence) parallel, innermost
   bool sequence_parallel = true;
   bool loss_parallel = true;
@@ -89,13 +91,21 @@ struct ParallelConfig {
   template <class V> void visit(V& v) {
     v("dp_replicate", dp_replicate, "replicated data-parallel degree (-1: the remaining ranks)");
     v("dp_shard", dp_shard, "fully sharded data-parallel degree (-1: the remaining ranks)");
-    v("cp", cp, "context-parallel degree (-1: the remaining ranks)");
+    v("cp", cp, "context-parallel degree, cp_ulysses x cp_ring (-1: the remaining ranks)");
+    v("cp_ring", cp_ring,
+      "2-D context parallel: the ring (or all_gather) degree, the outer cp dim (0: cp with ring and all_gather, "
+      "1 with alltoall)");
+    v("cp_ulysses", cp_ulysses,
+      "2-D context parallel: the Ulysses (all-to-all over heads) degree, the inner cp dim (0: cp with alltoall, "
+      "1 otherwise)");
     v("tp", tp, "tensor-parallel degree (-1: the remaining ranks)");
     v("sequence_parallel", sequence_parallel, "with tp > 1: norms and residuals sharded along the sequence");
     v("loss_parallel", loss_parallel, "with tp > 1: cross-entropy on vocab-sharded logits, never gathered");
     v("cp_method", cp_method,
       "with cp > 1: ring (K/V passed around the cp ranks, overlapped with compute) | "
-      "all_gather (K/V gathered once per layer, dK/dV reduce-scattered)");
+      "all_gather (K/V gathered once per layer, dK/dV reduce-scattered) | "
+      "alltoall (Ulysses: q, k, v all-to-all from sequence- to head-sharded, attention over the whole sequence); "
+      "with cp_ring and cp_ulysses set, the ring dim's method");
     v("cp_load_balance", cp_load_balance,
       "with cp > 1: head_tail (2 cp chunks, rank r holds r and 2 cp - 1 - r: "
       "equal causal work) | none (contiguous)");
@@ -295,12 +305,13 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config config_from_yaml_string(const std::string& yaml, const std::vector<std::string>& overrides = {});
 std::string config_to_yaml(const Config& c);  // canonical: every key, defaults included
 uint64_t config_hash(const Config& c);        // FNV-1a 64 of config_to_yaml
-// Resolves a -1 and checks the product equals world_size; returns {dp_replicate, dp_shard, cp, tp}.
-std::vector<int> resolve_mesh_sizes(const ParallelConfig& p, int world_size);
 // The name in names nearest to word (edit distance) when it is near enough to be a typo of it, else "":
 // unknown config keys, subcommands and options are answered with "did you mean ...?".
 std::string nearest_name(const std::string& word, const std::vector<std::string>& names);
 // "[config] training.batch_size = 10 must be divisible by dp = 4"
+// parallel's sizes alone (each >= 1 or -1, one -1 at most; cp_ring, cp_ulysses >= 0), before the world size is
+// known: config loading checks them, and ParallelDims::from_config again for a ParallelConfig built in code.
+void check_parallel_sizes(const ParallelConfig& p);
 void require_divisible(const std::string& key, int64_t value, const std::string& by_key, int64_t by);
 
 }  // namespace mt

@@ -10,6 +10,7 @@
 #include "comm/control.h"
 #include "comm/mpi/mpi_group.h"
 #include "comm/watchdog.h"
+#include "parallel/parallel_dims.h"
 #include "runtime/core/log.h"
 #include "runtime/core/stream.h"
 #include "runtime/train/agree.h"
@@ -137,6 +138,7 @@ void sync_device(Device d) {
 struct CheckPlan {
   std::vector<int64_t> sizes;
   std::vector<MeshDim> dims;
+  std::vector<MeshGroupName> groups;  // the training mesh's named groups (none with --mesh)
 };
 CheckPlan check_plan(const MpiEnv& env, const Config& cfg, const CheckArgs& args) {
   CheckPlan plan;
@@ -153,22 +155,30 @@ CheckPlan check_plan(const MpiEnv& env, const Config& cfg, const CheckArgs& args
     if (!args.mesh.empty()) {
       dims = parse_mesh_spec(args.mesh, env.size());
     } else {
-      auto s = resolve_mesh_sizes(cfg.parallel, env.size());
-      for (size_t i = 0; i < s.size(); ++i)
-        if (s[i] > 1) dims.push_back({canonical_mesh_dims()[i], s[i]});
-      if (dims.empty()) dims.push_back({"dp_replicate", 1});
+      // The training mesh's dims of size > 1 and its named groups (dp, cp, dp_cp).
+      const ParallelDims pd = ParallelDims::from_config(cfg.parallel, env.size());
+      for (const MeshDim& d : pd.mesh_dims())
+        if (d.size > 1) dims.push_back(d);
+      if (dims.empty()) dims.push_back({dim::dp_replicate, 1});
+      plan.groups = pd.group_names();
     }
   });
   return plan;
 }
 
-// Every dim's group, then the flattened dp group and the whole world when they add a new set of ranks.
-std::vector<Group*> groups_to_check(DeviceMesh& mesh) {
+// Every dim's group, then each named group and the whole world when they add a new set of ranks.
+std::vector<Group*> groups_to_check(DeviceMesh& mesh, const std::vector<MeshGroupName>& names) {
   std::vector<Group*> groups;
   for (int d = 0; d < mesh.ndim(); ++d) groups.push_back(&mesh.group(d));
-  bool dp_new = mesh.has_dim("dp_replicate") && mesh.has_dim("dp_shard");
-  if (dp_new) groups.push_back(&mesh.group("dp"));
-  if (mesh.ndim() > 1) groups.push_back(&mesh.group("world"));
+  auto add = [&](Group& g) {
+    if (std::find(groups.begin(), groups.end(), &g) == groups.end()) groups.push_back(&g);
+  };
+  for (const MeshGroupName& n : names) {
+    int present = 0;
+    for (auto& d : n.dims) present += mesh.has_dim(d);
+    if (present > 1) add(mesh.group(n.name));
+  }
+  if (mesh.ndim() > 1) add(mesh.group("world"));
   return groups;
 }
 
@@ -307,10 +317,11 @@ int run_check_command(const RunContext& ctx, const CheckArgs& args) {
   MeshOptions mo;
   mo.device = rank_device(env, args.device.empty() ? cfg.comm.device : args.device);
   mo.backend = args.backend.empty() ? cfg.comm.backend : args.backend;
+  mo.group_names = plan.groups;
   DeviceMesh mesh = DeviceMesh::create(plan.dims, mo);
   std::string table = mesh.table();
   if (env.rank() == 0) std::printf("%s\n", table.c_str());
-  std::vector<Group*> groups = groups_to_check(mesh);
+  std::vector<Group*> groups = groups_to_check(mesh, plan.groups);
   const auto& ops = args.ops.empty() ? kAllOps : args.ops;
   std::ofstream json;
   if (env.rank() == 0 && !args.json.empty()) {

@@ -10,7 +10,8 @@
 #include <cstdio>
 #include <random>
 
-#include "attention/ring_attention.h"
+#include "attention/attention.h"
+#include "attention/sequence_shard.h"
 #include "comm/comm_counters.h"
 #include "models/llama/parallelize.h"
 #include "runtime/kernels/ops.h"
@@ -26,22 +27,40 @@ std::string mib(double b) { return fmt::format("{:.3f} MiB", b / (1 << 20)); }
 // Step 1: every parameter's layout on each tp rank, fully_shard's decisions, every module's layout hooks.
 void print_layouts(const Config& cfg, TrainRun& run) {
   const DeviceMesh& mesh = run.mesh;
-  const int tp_dim = ParallelDims::kTp;
+  const int tp_dim = run.pd.index(dim::tp);
   const int tp = mesh.size(tp_dim);
   std::printf(
       "mesh %s (%d ranks): %s; tp plan: %s\n\n", mesh_str(mesh.dims()).c_str(), mesh.size(),
       run.pd.describe().c_str(),
       tp == 1 ? "none (tp = 1)" : (cfg.parallel.tp_plan.empty() ? "the model's default" : "parallel.tp_plan"));
-  if (run.pd.cp > 1) {
-    // Each cp rank's tokens of every sequence (the same on every dp and tp coordinate).
-    std::printf("sequence (%lld tokens) over cp = %d, %s: each rank's chunks of global positions\n",
-                (long long)cfg.training.seq_len, run.pd.cp, cp_load_balance_name(run.pd.cp_load_balance).c_str());
-    for (int r = 0; r < run.pd.cp; ++r) {
-      SequenceShard sh = sequence_shard(run.pd.cp_load_balance, cfg.training.seq_len, run.pd.cp, r);
-      std::string chunks;
-      for (int64_t p0 : sh.chunk_pos)
-        chunks += fmt::format("{}[{}, {})", chunks.empty() ? "" : " ", p0, p0 + sh.chunk_len);
-      std::printf("  cp rank %d: %s (%lld tokens)\n", r, chunks.c_str(), (long long)sh.size());
+  const ParallelDims& pd = run.pd;
+  if (pd.cp() > 1) {
+    // Each cp rank's tokens of every sequence (the same on every dp and tp coordinate): the cp_ring part, then
+    // split again in order over cp_ulysses.
+    std::printf("sequence (%lld tokens) over cp = %d (cp_ring %d, %s, %s; cp_ulysses %d): each rank's chunks of "
+                "global positions\n",
+                (long long)cfg.training.seq_len, pd.cp(), pd.cp_ring(), cp_method_name(pd.cp_method).c_str(),
+                cp_load_balance_name(pd.cp_load_balance).c_str(), pd.cp_ulysses());
+    for (int r = 0; r < pd.cp_ring(); ++r)
+      for (int u = 0; u < pd.cp_ulysses(); ++u) {
+        SequenceShard sh = cp_shard(pd.cp_load_balance, cfg.training.seq_len, pd.cp_ring(), r, pd.cp_ulysses(), u);
+        std::string chunks;
+        for (int64_t p0 : sh.chunk_pos)
+          chunks += fmt::format("{}[{}, {})", chunks.empty() ? "" : " ", p0, p0 + sh.chunk_len);
+        std::printf("  cp_ring %d cp_ulysses %d: %s (%lld tokens)\n", r, u, chunks.c_str(), (long long)sh.size());
+      }
+    if (pd.cp_ulysses() > 1) {
+      // Inside attention each cp_ulysses rank holds the cp_ring part's tokens of some heads (after tp's split).
+      const int U = pd.cp_ulysses();
+      const int64_t H = cfg.model.n_heads / tp, KV = cfg.model.n_kv_heads / tp, Hu = H / U;
+      std::printf("attention heads over cp_ulysses = %d (of %lld q and %lld kv heads per tp rank):", U, (long long)H,
+                  (long long)KV);
+      for (int u = 0; u < U; ++u) {
+        const int64_t kv0 = int64_t(u) * KV / U, kvn = std::max<int64_t>(1, KV / U);
+        std::printf("%s rank %d q [%lld, %lld) kv [%lld, %lld)", u ? ";" : "", u, (long long)(u * Hu),
+                    (long long)((u + 1) * Hu), (long long)kv0, (long long)(kv0 + kvn));
+      }
+      std::printf("%s\n", KV < U ? " (a kv head shared by several ranks: their gradients are summed)" : "");
     }
     std::printf("\n");
   }
@@ -66,7 +85,7 @@ void print_layouts(const Config& cfg, TrainRun& run) {
   }
   if (run.fsdp) {
     std::printf("\nfully_shard over dp_shard = %d (min_weight_size %lld, reshard_after_forward %s): %s\n  units:",
-                run.pd.dp_shard, (long long)run.fsdp->options().min_weight_size,
+                run.pd.dp_shard(), (long long)run.fsdp->options().min_weight_size,
                 run.fsdp->options().reshard_after_forward ? "true" : "false", run.fsdp->describe().c_str());
     for (auto& u : run.fsdp->unit_names()) std::printf(" %s", u.c_str());
     std::printf("\n");
@@ -140,8 +159,9 @@ void print_phase(const char* what, const char* key, const CommCounters& c) {
 // difference.
 void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& c) {
   const auto& t = cfg.training;
-  const int tp = run.pd.tp;
-  const std::string& tp_group = run.mesh.dims()[size_t(ParallelDims::kTp)].name;
+  const ParallelDims& pd = run.pd;
+  const int tp = pd.tp();
+  const std::string tp_group = dim::tp;
   std::printf(
       "\nbytes sent per rank in one micro-batch of %lld x %lld tokens (%lld on this rank; measured by the "
       "runtime):\n",
@@ -161,26 +181,46 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
     std::printf("tp activations: measured %s analytic (forward %s, backward %s)\n", same ? "=" : "!=", mib(f).c_str(),
                 mib(b).c_str());
   }
-  if (run.pd.cp > 1) {
-    // Per layer a rank's K and V are (micro, T/cp, n_kv_heads/tp, hd).
-    const int N = run.pd.cp;
-    const int64_t hd = cfg.model.dim / cfg.model.n_heads, kv_heads = cfg.model.n_kv_heads / tp;
-    const double kv_elems = 2.0 * double(run.micro * run.shard.size() * kv_heads * hd);
-    const double kv = kv_elems * double(dtype_size(run.dtype)),
-                 dkv = kv_elems * double(dtype_size(accum_dtype(run.dtype)));
-    const CpLayerBytes per_layer = cp_layer_bytes(run.pd.cp_method, N, kv, dkv);
-    const double L = double(cfg.model.n_layers), f_an = L * per_layer.forward, b_an = L * per_layer.backward;
-    double f = double(c.forward.bytes("cp.")), b = double(c.backward.bytes("cp."));  // ring attention's tags
-    std::printf("\ncp (%s) bytes per rank: forward measured %s, analytic %lld layers x (%d-1) x K/V %s = %s (%s)\n",
-                cp_method_name(run.pd.cp_method).c_str(), mib(f).c_str(), (long long)cfg.model.n_layers, N,
-                mib(kv).c_str(), mib(f_an).c_str(), f == f_an ? "equal" : "DIFFERENT");
-    std::printf(
-        "cp bytes per rank: backward measured %s, analytic %lld layers x ((%d-1) x K/V + %d x dK/dV %s) = %s (%s)\n",
-        mib(b).c_str(), (long long)cfg.model.n_layers, N, per_layer.dkv_moves, mib(dkv).c_str(), mib(b_an).c_str(),
-        b == b_an ? "equal" : "DIFFERENT");
+  if (pd.cp() > 1) {
+    // Per layer: Ulysses moves this rank's q, k, v (micro, T_u, heads after tp, hd) to head shards and the output
+    // back (ulysses_layer_bytes); the ring then moves the K/V of the ring part (micro, T_u U, KV_u, hd).
+    const int R = pd.cp_ring(), U = pd.cp_ulysses();
+    const int64_t hd = cfg.model.dim / cfg.model.n_heads, H = cfg.model.n_heads / tp, KV = cfg.model.n_kv_heads / tp;
+    const double L = double(cfg.model.n_layers), elem = double(dtype_size(run.dtype));
+    if (U > 1) {
+      const CpLayerBytes per_layer = ulysses_layer_bytes(U, run.micro, run.shard.size(), H, KV, hd, elem);
+      const double f = double(c.forward.bytes(kCpA2aTag)), b = double(c.backward.bytes(kCpA2aTag));
+      const double f_an = L * per_layer.forward, b_an = L * per_layer.backward;
+      std::printf(
+          "\ncp_ulysses (alltoall) bytes per rank: forward measured %s, analytic %lld layers x (%d-1) x %lld x %lld "
+          "x %lld x (2 x %lld + 2 x %lld) heads x %.0f B = %s (%s)\n",
+          mib(f).c_str(), (long long)cfg.model.n_layers, U, (long long)run.micro, (long long)run.shard.size(),
+          (long long)hd, (long long)(H / U), (long long)std::max<int64_t>(1, KV / U), elem, mib(f_an).c_str(),
+          f == f_an ? "equal" : "DIFFERENT");
+      std::printf("cp_ulysses (alltoall) bytes per rank: backward measured %s, analytic the same = %s (%s)\n",
+                  mib(b).c_str(), mib(b_an).c_str(), b == b_an ? "equal" : "DIFFERENT");
+    }
+    if (R > 1) {
+      const int64_t kv_heads = std::max<int64_t>(1, KV / U);
+      const double kv_elems = 2.0 * double(run.micro * run.shard.size() * U * kv_heads * hd);
+      const double kv = kv_elems * elem, dkv = kv_elems * double(dtype_size(accum_dtype(run.dtype)));
+      const CpLayerBytes per_layer = cp_layer_bytes(pd.cp_method, R, kv, dkv);
+      const double f_an = L * per_layer.forward, b_an = L * per_layer.backward;
+      const double f = double(c.forward.bytes(kCpKvTag) + c.forward.bytes(kCpDkvTag)),
+                   b = double(c.backward.bytes(kCpKvTag) + c.backward.bytes(kCpDkvTag));
+      std::printf(
+          "\ncp_ring (%s) bytes per rank: forward measured %s, analytic %lld layers x (%d-1) x K/V %s = %s (%s)\n",
+          cp_method_name(pd.cp_method).c_str(), mib(f).c_str(), (long long)cfg.model.n_layers, R, mib(kv).c_str(),
+          mib(f_an).c_str(), f == f_an ? "equal" : "DIFFERENT");
+      std::printf(
+          "cp_ring bytes per rank: backward measured %s, analytic %lld layers x ((%d-1) x K/V + %d x dK/dV %s) = %s "
+          "(%s)\n",
+          mib(b).c_str(), (long long)cfg.model.n_layers, R, per_layer.dkv_moves, mib(dkv).c_str(), mib(b_an).c_str(),
+          b == b_an ? "equal" : "DIFFERENT");
+    }
   }
   if (run.fsdp) {
-    const int N = run.pd.dp_shard;
+    const int N = run.pd.dp_shard();
     const double slot = double(run.fsdp->slot_elements());
     const double pb = double(dtype_size(run.fsdp->options().param_dtype)),
                  rb = double(dtype_size(run.fsdp->options().reduce_dtype));

@@ -196,7 +196,7 @@ void log_model_state(const MpiEnv& env, const TrainRun& run) {
         expected / (1 << 20), per_element, elements,
         run.fsdp ? " (the rank's shards and the replicated small parameters)" : "",
         double(state) == expected ? "equal" : "DIFFERENT");
-    if (run.fsdp) spdlog::info("fully_shard over dp_shard = {}: {}", run.pd.dp_shard, run.fsdp->describe());
+    if (run.fsdp) spdlog::info("fully_shard over dp_shard = {}: {}", run.pd.dp_shard(), run.fsdp->describe());
   }
 }
 

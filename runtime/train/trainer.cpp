@@ -45,30 +45,19 @@ int auto_threads(const MpiEnv& env) {
 
 }  // namespace
 
-ParallelDims parallel_dims(const Config& cfg, int world_size) {
-  auto sizes = resolve_mesh_sizes(cfg.parallel, world_size);
-  ParallelDims pd;
-  pd.dp_replicate = sizes[0], pd.dp_shard = sizes[1], pd.cp = sizes[2], pd.tp = sizes[3];
-  pd.sequence_parallel = cfg.parallel.sequence_parallel;
-  pd.cp_method = cp_method_from_name(cfg.parallel.cp_method, "parallel.cp_method");
-  pd.cp_load_balance = cp_load_balance_from_name(cfg.parallel.cp_load_balance, "parallel.cp_load_balance");
-  return pd;
-}
-
 MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r) {
   MicroBatch mb;
   Tensor inputs = batch.inputs.slice0(r, r + run.micro), targets = batch.targets.slice0(r, r + run.micro);  // (mb, T)
   Tensor docs;
   if (run.config.data.document_separator >= 0)
     docs = document_starts(inputs, int32_t(run.config.data.document_separator));  // (mb, T) from whole sequences
-  if (run.pd.cp > 1) {                                                            // this rank's part of each sequence
+  if (run.pd.cp() > 1) {  // this rank's part of each sequence; the attention shards doc_start itself
     inputs = shard_sequence(inputs, run.shard);
     targets = shard_sequence(targets, run.shard);
-    if (docs.defined()) docs = shard_sequence(docs, run.shard);
   }
   mb.inputs = inputs.to(run.device);    // (mb, T_local)
   mb.targets = targets.to(run.device);  // (mb, T_local)
-  mb.doc_start = docs;                  // (mb, T_local) host, or undefined
+  mb.doc_start = docs;                  // (mb, T) host, whole sequences, or undefined
   return mb;
 }
 
@@ -80,8 +69,8 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   run_agreed(env, "the run's setup", [&] {
     set_cpu_threads(cfg.training.threads > 0 ? cfg.training.threads : auto_threads(env));
 
-    // What each mesh dim means (parallel_dims.h); all four dims exist, size 1 where unused.
-    run.pd = parallel_dims(cfg, env.size());
+    // What each mesh dim means (parallel_dims.h); every dim exists, size 1 where unused.
+    run.pd = ParallelDims::from_config(cfg.parallel, env.size());
     run.device = rank_device(env, cfg.comm.device);
     run.dtype = training_dtype(cfg, run.device);
     if (run.device.is_cuda() && run.dtype == DType::bf16 && env.rank() == 0) {
@@ -119,10 +108,10 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   MeshOptions mo;
   mo.device = run.device;
   mo.backend = cfg.comm.backend;
-  run.mesh = DeviceMesh::create(run.pd.mesh_dims(), mo);
-  run.pd.make_groups(run.mesh);
+  run.mesh = run.pd.make_mesh(mo);
   run.dp_rank = run.pd.dp_rank(run.mesh);
-  run.shard = sequence_shard(run.pd.cp_load_balance, t.seq_len, run.pd.cp, run.pd.cp_rank(run.mesh));
+  run.shard = cp_shard(run.pd.cp_load_balance, t.seq_len, run.pd.cp_ring(), run.pd.cp_ring_rank(run.mesh),
+                       run.pd.cp_ulysses(), run.pd.cp_ulysses_rank(run.mesh));
 
   ParamFactory f{run.mesh, run.dtype, run.device, uint64_t(t.seed), cfg.model.init_std};
   run.model = std::make_unique<LlamaForCausalLM>(cfg.model, f);
@@ -147,7 +136,7 @@ void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, co
   } else {
     // (V, C) sharded by rows on tp: this rank's first vocabulary row
     int64_t vocab_begin = run.model->lm_head->weight->compute_offset()[0];
-    vocab_parallel_cross_entropy(losses, dlogits, logits, targets, vocab_begin, grad_scale, run.mesh.group("tp"));
+    vocab_parallel_cross_entropy(losses, dlogits, logits, targets, vocab_begin, grad_scale, run.mesh.group(dim::tp));
   }
 }
 
@@ -237,16 +226,18 @@ std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t
   // Every rank runs the whole context: no cp split while generating; the training positions, documents
   // and cp settings come back afterwards.
   SequenceContext saved = *model.seq;
-  model.seq->cp.group = nullptr;
+  std::shared_ptr<const Attention> attention = model.attention();
+  model.set_attention(make_attention());
   struct Restore {
     LlamaForCausalLM& m;
     SequenceContext& s;
+    std::shared_ptr<const Attention> a;
     ~Restore() {
-      m.seq->cp = s.cp;
-      m.seq->doc_start = s.doc_start;
+      m.set_attention(a);
+      m.set_documents(s.doc_start);
       if (s.positions.defined()) m.set_positions(s.positions);
     }
-  } restore{model, saved};
+  } restore{model, saved, attention};
   std::vector<int32_t> toks;
   for (unsigned char ch : prompt) toks.push_back(int32_t(ch) % int32_t(model.config.vocab_size));
   if (toks.empty()) toks.push_back(int32_t('\n') % int32_t(model.config.vocab_size));
@@ -268,7 +259,7 @@ std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t
     Tensor last = logits.reshape({padded, -1}).slice0(len - 1, len).clone();  // (1, V_local)
     if (last.size(1) != V) {  // vocab-sharded (loss parallel): gather the row
       Placements pl(size_t(w.mesh.ndim()), Placement::Replicate());
-      pl[size_t(w.mesh.dim_index("tp"))] = Placement::Shard(1);
+      pl[size_t(w.mesh.dim_index(dim::tp))] = Placement::Shard(1);
       last = full_tensor(from_local(last, w.mesh, pl, Shape{1, V}));
     }
     std::vector<double> row = to_f64(last);  // (V)
@@ -294,7 +285,7 @@ std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t
 
 // Sequence lengths must be multiples of this (tp under sequence parallel).
 int64_t sequence_pad(const TrainRun& run) {
-  int tp = run.mesh.size(run.mesh.dim_index("tp"));
+  int tp = run.mesh.size(run.mesh.dim_index(dim::tp));
   return run.config.parallel.sequence_parallel ? tp : 1;
 }
 

@@ -36,9 +36,6 @@ struct TrainRun {
   std::unique_ptr<GradSync> grad_sync;
 };
 
-// The mesh sizes and their meaning from the config (sizes resolved against the world; errors name the keys).
-ParallelDims parallel_dims(const Config& config, int world_size);
-
 // Builds everything on every rank; config problems are errors before any
 // collective other than building the mesh. with_data = false skips the data (generate).
 TrainRun make_train_run(const Config& config, const MpiEnv& env, bool with_data = true);
@@ -47,7 +44,7 @@ TrainRun make_train_run(const Config& config, const MpiEnv& env, bool with_data 
 // the run's device, and where their documents start (host; undefined without data.document_separator).
 struct MicroBatch {
   Tensor inputs, targets;  // (micro, T_local) i32
-  Tensor doc_start;        // (micro, T_local) i64
+  Tensor doc_start;        // (micro, T) i64: whole sequences
 };
 MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r);
 

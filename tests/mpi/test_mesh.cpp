@@ -8,10 +8,19 @@
 
 using namespace mt;
 
+namespace {
+// The training mesh's "dp" name (parallel_dims.h gives it; the mesh itself knows no names).
+MeshOptions with_dp() {
+  MeshOptions o;
+  o.group_names = {{"dp", {"dp_replicate", "dp_shard"}}};
+  return o;
+}
+}  // namespace
+
 TEST_CASE("mesh coordinates are row-major with the last dim innermost") {
   int n = world_size();
   if (n < 4 || n % 2) MT_SKIP("needs an even number of ranks >= 4");
-  DeviceMesh mesh = DeviceMesh::create({{"dp_shard", n / 2}, {"tp", 2}});
+  DeviceMesh mesh = DeviceMesh::create({{"dp_shard", n / 2}, {"tp", 2}}, with_dp());
   int r = world_rank();
   CHECK(mesh.coordinate() == std::vector<int>{r / 2, r % 2});
   CHECK(mesh.world_rank_of(mesh.coordinate()) == r);
@@ -19,16 +28,17 @@ TEST_CASE("mesh coordinates are row-major with the last dim innermost") {
   CHECK(mesh.group("tp").world_ranks() == std::vector<int>{r - r % 2, r - r % 2 + 1});
   CHECK(mesh.group("tp").rank() == r % 2);
   CHECK(mesh.group("dp_shard").world_ranks()[1] - mesh.group("dp_shard").world_ranks()[0] == 2);
-  CHECK(mesh.group("dp").size() == n / 2);  // only dp_shard exists
+  CHECK(&mesh.group("dp") == &mesh.group("dp_shard"));  // only dp_shard of dp's dims exists
   CHECK(mesh.group("world").size() == n);
   CHECK(mesh.group("world").rank() == r);
 }
 
 TEST_CASE("3-D mesh: dp flattens dp_replicate x dp_shard, named sets flatten in mesh order") {
   if (world_size() != 8) MT_SKIP("needs 8 ranks");
-  DeviceMesh mesh = DeviceMesh::create({{"dp_replicate", 2}, {"dp_shard", 2}, {"tp", 2}});
+  DeviceMesh mesh = DeviceMesh::create({{"dp_replicate", 2}, {"dp_shard", 2}, {"tp", 2}}, with_dp());
   int r = world_rank();
   Group& dp = mesh.group("dp");
+  CHECK(&mesh.group("dp_shard,dp_replicate") == &dp);  // the same set of dims is the same group
   CHECK(dp.size() == 4);
   CHECK(dp.rank() == r / 2);
   std::vector<int> expect;
@@ -51,6 +61,13 @@ TEST_CASE("mesh errors") {
   DeviceMesh m = DeviceMesh::create({{"dp_replicate", n}});
   CHECK_ERROR_CONTAINS(m.group("cp"), "[mesh] mesh dp_replicate=" + std::to_string(n) + " has no dim 'cp'");
   CHECK_ERROR_CONTAINS(m.group(3), "out of range");
+  MeshOptions named;
+  named.group_names = {{"cp", {"cp_ring", "cp_ulysses"}}};
+  DeviceMesh m2 = DeviceMesh::create({{"dp_replicate", n}}, named);
+  CHECK_ERROR_CONTAINS(m2.group("cp"), "group 'cp': none of its dims is in mesh dp_replicate=");
+  named.group_names = {{"dp_replicate", {"dp_replicate"}}};
+  CHECK_ERROR_CONTAINS(DeviceMesh::create({{"dp_replicate", n}}, named),
+                       "'dp_replicate' names both a mesh dim and a flattened group");
   MeshOptions o;
   o.backend = "nccl";
   CHECK_ERROR_CONTAINS(DeviceMesh::create({{"dp_replicate", n}}, o), "the nccl backend needs device cuda");

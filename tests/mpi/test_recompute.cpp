@@ -57,11 +57,9 @@ struct Setup {
 
 Setup make_setup(int cp, int tp) {
   Setup s;
-  s.pd.cp = cp;
-  s.pd.tp = tp;
-  s.pd.dp_replicate = world_size() / (cp * tp);
+  s.pd = ParallelDims::from_sizes({{dim::cp_ring, cp}, {dim::tp, tp}, {dim::dp_replicate, world_size() / (cp * tp)}});
   s.pd.sequence_parallel = true;
-  s.mesh = DeviceMesh::create(s.pd.mesh_dims());
+  s.mesh = s.pd.make_mesh();
   return s;
 }
 
@@ -83,7 +81,7 @@ struct Result {
   std::vector<Module*> recomputed;
 };
 
-int64_t cp_bytes(const CommCounters& c) { return c.bytes("", "cp"); }
+int64_t cp_bytes(const CommCounters& c) { return c.bytes("", dim::cp_ring); }
 
 Result run(const Setup& s, DType dtype, const RecomputeConfig& rc) {
   ParamFactory f;
@@ -93,11 +91,11 @@ Result run(const Setup& s, DType dtype, const RecomputeConfig& rc) {
   f.init_std = 0.3;
   LlamaForCausalLM model(small_config(), f);
   ParallelConfig p;
-  p.tp = s.pd.tp;
-  p.cp = s.pd.cp;
+  p.tp = s.pd.tp();
+  p.cp = s.pd.cp();
   p.recompute = rc;
   parallelize_llama(model, s.mesh, s.pd, p, kT);
-  SequenceShard shard = sequence_shard(s.pd.cp_load_balance, kT, s.pd.cp, s.pd.cp_rank(s.mesh));
+  SequenceShard shard = sequence_shard(s.pd.cp_load_balance, kT, s.pd.cp_ring(), s.pd.cp_ring_rank(s.mesh));
   model.set_positions(shard_positions(shard));
   Result r;
   for (Module* m : model.modules())
@@ -109,7 +107,7 @@ Result run(const Setup& s, DType dtype, const RecomputeConfig& rc) {
   reset_peak_allocated(cpu);
   for (int mb = 0; mb < 2; ++mb) {
     Tensor in = tokens(100 + uint64_t(mb));
-    if (s.pd.cp > 1) in = shard_sequence(in, shard);
+    if (s.pd.cp() > 1) in = shard_sequence(in, shard);
     reset_comm_counters();
     const int64_t before = int64_t(allocator_stats(cpu).allocated_bytes);
     Tensor logits = model.call(in);
