@@ -118,7 +118,8 @@ Work Group::all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<
   check_counts("all_to_all_v", recv_counts);
   check_count("all_to_all_v", "input", in, sum_of(send_counts));
   check_count("all_to_all_v", "output", out, sum_of(recv_counts));
-  count("all_to_all", int64_t(in.nbytes()) * (size() - 1) / size());
+  // What this rank sends to the others (its own block stays): exact for uneven counts.
+  count("all_to_all", (sum_of(send_counts) - send_counts[size_t(rank())]) * int64_t(dtype_size(in.dtype())));
   return do_all_to_all_v(out, in, send_counts, recv_counts, async);
 }
 

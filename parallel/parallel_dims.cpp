@@ -49,6 +49,27 @@ std::vector<DimSpec> dim_specs() {
   return {dp_replicate, dp_shard, cp_ring, cp_ulysses, tp};
 }
 
+// The sizes alone (each >= 1 or -1, one -1 at most; cp_ring, cp_ulysses >= 0).
+void check_parallel_sizes(const ParallelConfig& p) {
+  std::string inferred;
+  int n_inferred = 0;
+  for (auto [key, v] :
+       {std::pair{"dp_replicate", p.dp_replicate}, {"dp_shard", p.dp_shard}, {"cp", p.cp}, {"tp", p.tp}}) {
+    if (v == -1) inferred += (n_inferred++ ? ", " : "") + std::string(key);
+    else if (v < 1) fail("config", "parallel.{} = {}: expected a size >= 1, or -1 for the remaining ranks", key, v);
+  }
+  if (n_inferred > 1) {
+    // dp_replicate is -1 by default, so "dp_shard: -1" alone trips this; say so.
+    bool default_dp = p.dp_replicate == -1;
+    fail("config", "parallel: only one of dp_replicate, dp_shard, cp, tp may be -1, but {} are{}", inferred,
+         default_dp ? " (dp_replicate is -1 by default: set it to 1)" : "");
+  }
+  for (auto [key, v] : {std::pair{"cp_ring", p.cp_ring}, {"cp_ulysses", p.cp_ulysses}})
+    if (v < 0)
+      fail("config", "parallel.{} = {}: expected a size >= 1 (0 or absent: derived from parallel.cp and cp_method)",
+           key, v);
+}
+
 // The config's size keys with -1 (the remaining ranks) allowed on one of them.
 struct SizeKey {
   const char* key;
@@ -172,13 +193,13 @@ std::vector<MeshDim> ParallelDims::mesh_dims() const {
 }
 
 std::vector<MeshGroupName> ParallelDims::group_names() const {
-  MeshGroupName dp{dim::dp, {}}, cp{dim::cp, {}}, dp_cp{dim::dp_cp, {}};
+  MeshGroupName dp{dim::dp, {}}, cp{dim::cp, {}}, dp_cp{dim::dp_cp, {}}, loss{dim::loss, {}};
   for (auto& d : dims) {
     if (d.batch) dp.dims.push_back(d.name);
     if (d.sequence) cp.dims.push_back(d.name);
-    if (d.data) dp_cp.dims.push_back(d.name);
+    if (d.data) dp_cp.dims.push_back(d.name), loss.dims.push_back(d.name);
   }
-  return {dp, cp, dp_cp};
+  return {dp, cp, dp_cp, loss};
 }
 
 DeviceMesh ParallelDims::make_mesh(const MeshOptions& opts) const {

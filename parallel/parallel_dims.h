@@ -14,9 +14,9 @@
 //   cp_ring                 splits each sequence (ring or all_gather attention);
 //   cp_ulysses              splits each cp_ring part again; attention all-to-alls it into heads;
 //   tp                      splits heads and, with sequence parallel, the residual stream's sequence.
-// Named flattened groups: dp = dp_replicate x dp_shard, cp = cp_ring x cp_ulysses, dp_cp = dp x cp; the
-// loss and token counts are summed over dp_cp, and a gradient leaves backward Partial over it (every rank
-// saw different tokens).
+// Named flattened groups: dp = dp_replicate x dp_shard, cp = cp_ring x cp_ulysses, dp_cp = dp x cp, and loss
+// (the dims whose ranks see different tokens: today dp_cp's, the same Group): the loss and token counts are
+// summed over it, and a gradient leaves backward Partial over its dims.
 #pragma once
 #include <string>
 #include <utility>
@@ -39,6 +39,7 @@ inline constexpr const char* tp = "tp";
 inline constexpr const char* dp = "dp";
 inline constexpr const char* cp = "cp";
 inline constexpr const char* dp_cp = "dp_cp";
+inline constexpr const char* loss = "loss";
 }  // namespace dim
 
 // How the sequence is split over the cp_ring ranks and how K/V move between them (attention/ring_attention.h).
@@ -98,8 +99,8 @@ struct ParallelDims {
   int dp_rank(const DeviceMesh& mesh) const;
   int cp_ring_rank(const DeviceMesh& mesh) const { return mesh.coordinate(index(dim::cp_ring)); }
   int cp_ulysses_rank(const DeviceMesh& mesh) const { return mesh.coordinate(index(dim::cp_ulysses)); }
-  // The group the loss and token counts are summed over (dp_cp).
-  std::string loss_group() const { return dim::dp_cp; }
+  // The group the loss and token counts are summed over (the data dims).
+  std::string loss_group() const { return dim::loss; }
   // Mesh dims over which every gradient is Partial after backward (the data dims).
   std::vector<int> grad_partial_dims() const;
   // How an activation (B, T, ...) is laid out on a mesh dim other than the one a style works on:

@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "stall";
   double timeout = argc > 2 ? std::atof(argv[2]) : 3.0;
   mt::watchdog_set_timeout(timeout);
-  mt::DeviceMesh mesh = mt::DeviceMesh::create({{"dp_replicate", env.size()}});
+  // Two dims, so that "world" is a flattened group of its own (on one dim it would be that dim's group).
+  mt::DeviceMesh mesh = mt::DeviceMesh::create({{"dp_replicate", env.size()}, {"tp", 1}});
   // "split": the missing rank never joins the creation of a group (itself collective).
   if (std::strcmp(mode, "split") == 0 && env.rank() != env.size() - 1) mesh.group("world");
   if (env.rank() == env.size() - 1) {

@@ -74,11 +74,16 @@ TEST_CASE("impossible values") {
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {timeout_s: .inf}"), "comm.timeout_s = inf");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("comm: {link_gbps: [10, -1]}"), "comm.link_gbps[1] = -1");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("log: {interval: 0}"), "log.interval = 0");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string("parallel: {tp: 0}"), "parallel.tp = 0: expected a size >= 1");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string("parallel: {dp_replicate: 1, tp: -1, cp: -1}"),
+  // The parallel sizes are checked where they are read, on every rank before the mesh (ParallelDims::from_config).
+  auto dims = [](const std::string& yaml) {
+    return ParallelDims::from_config(config_from_yaml_string(yaml).parallel, 8);
+  };
+  CHECK_ERROR_CONTAINS(dims("parallel: {tp: 0}"), "parallel.tp = 0: expected a size >= 1");
+  CHECK_ERROR_CONTAINS(dims("parallel: {dp_replicate: 1, tp: -1, cp: -1}"),
                        "parallel: only one of dp_replicate, dp_shard, cp, tp may be -1, but cp, tp are");
-  CHECK_ERROR_CONTAINS(config_from_yaml_string("parallel: {dp_shard: -1}"),
+  CHECK_ERROR_CONTAINS(dims("parallel: {dp_shard: -1}"),
                        "but dp_replicate, dp_shard are (dp_replicate is -1 by default: set it to 1)");
+  CHECK_ERROR_CONTAINS(dims("parallel: {cp_ring: -2}"), "parallel.cp_ring = -2: expected a size >= 1");
   Config c = config_from_yaml_string("parallel: {dp_replicate: 2, cp: 2, tp: 2}");
   CHECK_ERROR_CONTAINS(ParallelDims::from_config(c.parallel, 4),
                        "parallel: dp_replicate*dp_shard*cp*tp = 2*1*2*2 = 8 but the job has 4 ranks");
@@ -116,10 +121,12 @@ TEST_CASE("context parallel's two dims: cp with cp_method, or cp_ulysses x cp_ri
   for (auto& d : two.mesh_dims()) names.push_back(d.name);
   CHECK(names == std::vector<std::string>{"dp_replicate", "dp_shard", "cp_ring", "cp_ulysses", "tp"});
   auto groups = two.group_names();
-  REQUIRE(groups.size() == 3);
+  REQUIRE(groups.size() == 4);
   CHECK(groups[1].name == "cp");
   CHECK(groups[1].dims == std::vector<std::string>{"cp_ring", "cp_ulysses"});
   CHECK(groups[2].dims == std::vector<std::string>{"dp_replicate", "dp_shard", "cp_ring", "cp_ulysses"});
+  CHECK(groups[3].name == "loss");
+  CHECK(groups[3].dims == groups[2].dims);
   CHECK(two.grad_partial_dims() == std::vector<int>{0, 1, 2, 3});
   CHECK(two.describe().find("cp_ulysses=2") != std::string::npos);
   // head_tail: 2 x cp_ring chunks, each split again over cp_ulysses.

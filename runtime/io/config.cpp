@@ -186,30 +186,6 @@ template <class T> void require_one_of(const std::string& key, const T& value, s
   fail("config", "{} = '{}': expected one of {}", key, value, names);
 }
 
-}  // namespace
-
-void check_parallel_sizes(const ParallelConfig& p) {
-  std::string inferred;
-  int n_inferred = 0;
-  for (auto [key, v] :
-       {std::pair{"dp_replicate", p.dp_replicate}, {"dp_shard", p.dp_shard}, {"cp", p.cp}, {"tp", p.tp}}) {
-    if (v == -1) inferred += (n_inferred++ ? ", " : "") + std::string(key);
-    else if (v < 1) fail("config", "parallel.{} = {}: expected a size >= 1, or -1 for the remaining ranks", key, v);
-  }
-  if (n_inferred > 1) {
-    // dp_replicate is -1 by default, so "dp_shard: -1" alone trips this; say so.
-    bool default_dp = p.dp_replicate == -1;
-    fail("config", "parallel: only one of dp_replicate, dp_shard, cp, tp may be -1, but {} are{}", inferred,
-         default_dp ? " (dp_replicate is -1 by default: set it to 1)" : "");
-  }
-  for (auto [key, v] : {std::pair{"cp_ring", p.cp_ring}, {"cp_ulysses", p.cp_ulysses}})
-    if (v < 0)
-      fail("config", "parallel.{} = {}: expected a size >= 1 (0 or absent: derived from parallel.cp and cp_method)",
-           key, v);
-}
-
-namespace {
-
 void require_at_least(const std::string& key, double value, double min, const char* what) {
   if (!(value >= min) || !std::isfinite(value)) fail("config", "{} = {}: expected {} >= {}", key, value, what, min);
 }
@@ -333,7 +309,6 @@ void validate_training(const Config& c) {
 }
 
 void validate(const Config& c) {
-  check_parallel_sizes(c.parallel);
   if (!(c.comm.timeout_s > 0) || !std::isfinite(c.comm.timeout_s))
     fail("config", "comm.timeout_s = {}: expected a finite number of seconds > 0", c.comm.timeout_s);
   require_one_of<std::string>("comm.backend", c.comm.backend, {"auto", "mpi", "nccl"});

@@ -309,9 +309,6 @@ uint64_t config_hash(const Config& c);        // FNV-1a 64 of config_to_yaml
 // unknown config keys, subcommands and options are answered with "did you mean ...?".
 std::string nearest_name(const std::string& word, const std::vector<std::string>& names);
 // "[config] training.batch_size = 10 must be divisible by dp = 4"
-// parallel's sizes alone (each >= 1 or -1, one -1 at most; cp_ring, cp_ulysses >= 0), before the world size is
-// known: config loading checks them, and ParallelDims::from_config again for a ParallelConfig built in code.
-void check_parallel_sizes(const ParallelConfig& p);
 void require_divisible(const std::string& key, int64_t value, const std::string& by_key, int64_t by);
 
 }  // namespace mt

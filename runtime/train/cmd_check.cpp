@@ -155,7 +155,7 @@ CheckPlan check_plan(const MpiEnv& env, const Config& cfg, const CheckArgs& args
     if (!args.mesh.empty()) {
       dims = parse_mesh_spec(args.mesh, env.size());
     } else {
-      // The training mesh's dims of size > 1 and its named groups (dp, cp, dp_cp).
+      // The training mesh's dims of size > 1 and its named groups (dp, cp, dp_cp, loss).
       const ParallelDims pd = ParallelDims::from_config(cfg.parallel, env.size());
       for (const MeshDim& d : pd.mesh_dims())
         if (d.size > 1) dims.push_back(d);

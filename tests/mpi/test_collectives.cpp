@@ -109,7 +109,7 @@ std::vector<std::vector<MeshDim>> meshes_for(int world) {
   return m;
 }
 
-// Runs f on every group (each dim, dp, world) of every mesh that fits, made by backend b.
+// Runs f on every group (each dim, dp_replicate x dp_shard, world) of every mesh that fits, made by backend b.
 void for_each_group(const Backend& b, const std::function<void(Group&)>& f) {
   MeshOptions o;
   o.device = device_of(b);
@@ -118,7 +118,7 @@ void for_each_group(const Backend& b, const std::function<void(Group&)>& f) {
     DeviceMesh mesh = DeviceMesh::create(dims, o);
     CHECK(mesh.backend() == b.comm);
     for (int d = 0; d < mesh.ndim(); ++d) f(mesh.group(d));
-    f(mesh.group("dp"));
+    if (mesh.has_dim("dp_replicate") && mesh.has_dim("dp_shard")) f(mesh.group("dp_replicate,dp_shard"));
     f(mesh.group("world"));
   }
 }
@@ -367,6 +367,14 @@ TEST_CASE("collectives mpi: Group counts every collective it runs (kind, group, 
   const int64_t total = 2 * B * (n - 1) / n * 2 + B * (n - 1) * 2 + B * (n - 1) + (me == 0 ? B : 0) + B;
   CHECK(c.total() == total);
   CHECK(c.bytes("", "dp_replicate") == total);
+  // all_to_all_v counts exactly what leaves the rank: its counts to the others, not its own block.
+  reset_comm_counters();
+  {
+    std::vector<int64_t> sc(size_t(n), 0), rc(size_t(n), 0);
+    for (int j = 0; j < n; ++j) sc[size_t(j)] = j + 1, rc[size_t(j)] = me + 1;  // rank j gets j + 1 from everyone
+    g.all_to_all_v(zeros({int64_t(n) * (me + 1)}, DType::f32), zeros({int64_t(n) * (n + 1) / 2}, DType::f32), sc, rc);
+    CHECK(comm_counters().bytes("", "dp_replicate", "all_to_all") == (int64_t(n) * (n + 1) / 2 - (me + 1)) * 4);
+  }
   // Point to point: the sender counts the bytes, the receiver the call.
   reset_comm_counters();
   if (me == 0) g.send(zeros({k}, DType::f32), 1);
