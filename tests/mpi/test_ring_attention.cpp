@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../check_error.h"
+#include "cp_cases.h"
 #include "attention/ring_attention.h"
 #include "comm/mesh.h"
 #include "mpi_world.h"
@@ -39,45 +40,9 @@ Tensor cast(const Tensor& t, DType dt) { return from_values(to_f64(t), t.shape()
 
 using test::rel_err;  // norm-wise relative error (tests/test_util.h)
 
-// lse: -inf exactly where want is (counted in mismatched_inf otherwise); elsewhere the largest
-// |got - want| / max(1, |want|); NaN if got holds a NaN.
-double lse_err(const Tensor& got, const Tensor& want, int64_t& mismatched_inf) {
-  auto a = to_f64(got), w = to_f64(want);
-  REQUIRE(a.size() == w.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i])) return NAN;
-    if (std::isinf(w[i]) || std::isinf(a[i])) {
-      mismatched_inf += !(a[i] == w[i] && w[i] < 0);
-      continue;
-    }
-    worst = std::max(worst, std::abs(a[i] - w[i]) / std::max(1.0, std::abs(w[i])));
-  }
-  return worst;
-}
-
-// The shard's columns of a (B, H, T) lse: (B, H, T_local).
-Tensor shard_lse(const Tensor& lse, const SequenceShard& sh) {
-  Tensor out = empty({lse.size(0), lse.size(1), sh.size()}, lse.dtype());
-  for (size_t c = 0; c < sh.chunk_pos.size(); ++c)
-    copy_slice(out, int64_t(c) * sh.chunk_len, lse, sh.chunk_pos[c], sh.chunk_len, 2);
-  return out;
-}
-
-// Tokens (B, T) with separators placed for a sequence cut into chunks of c tokens (head_tail's; none's are
-// 2c): row 0: documents from c/2 + 1 (crossing into the next chunk) up to T/2 + 1 (spanning chunks of
-// several ranks), from there to T - 2, and the last two tokens; row 1: one-token documents at 0 and 1, one
-// from c (a chunk boundary), one from T - c - 1 (crossing into the last chunk).
-Tensor document_tokens(int64_t T, int64_t c) {
-  Tensor tok = empty({B, T}, DType::i32);
-  std::mt19937_64 g{uint64_t(T)};
-  for (int64_t i = 0; i < tok.numel(); ++i) tok.at<int32_t>(i) = int32_t(1 + g() % 50);
-  const std::vector<std::vector<int64_t>> seps{{c / 2 + 1, T / 2 + 1, T - 2}, {0, 1, c, T - c - 1}};
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t p : seps[size_t(b)])
-      if (p >= 0 && p < T) tok.at<int32_t>(b * T + p) = kSeparator;
-  return tok;
-}
+using test::document_tokens;
+using test::lse_err;
+using test::shard_lse;
 
 // The single-rank result over the whole sequence, in f64.
 struct Reference {
@@ -88,7 +53,7 @@ Reference reference(int64_t T, bool causal, double scale, bool docs, int64_t chu
   Reference r;
   r.q = randn_full({B, T, H, hd}, seed), r.k = randn_full({B, T, KV, hd}, seed + 1);
   r.v = randn_full({B, T, KV, hd}, seed + 2), r.dout = randn_full({B, T, H, hd}, seed + 3);
-  if (docs) r.doc_start = document_starts(document_tokens(T, chunk), kSeparator);
+  if (docs) r.doc_start = document_starts(document_tokens(T, chunk, kSeparator, uint64_t(T)), kSeparator);
   AttentionOptions o{causal, scale, 0, 0, r.doc_start};
   r.out = empty(r.q.shape(), DType::f64), r.lse = empty({B, H, T}, DType::f64);
   attention_forward(r.out, r.lse, r.q, r.k, r.v, o);

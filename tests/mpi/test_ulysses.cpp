@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../check_error.h"
+#include "cp_cases.h"
 #include "../skip.h"
 #include "../test_util.h"
 #include "attention/attention.h"
@@ -31,20 +32,10 @@ namespace {
 
 const int64_t B = 2, H = 8, hd = 8;
 const int32_t kSeparator = 0;
+using test::document_tokens;
+using test::shard_lse;
 
 Tensor cast(const Tensor& t, DType dt) { return from_values(to_f64(t), t.shape(), dt); }
-
-// Tokens (B, T) with documents that cross the chunk boundaries of every split here (chunks of c tokens).
-Tensor document_tokens(int64_t T, int64_t c) {
-  Tensor tok = empty({B, T}, DType::i32);
-  std::mt19937_64 g{uint64_t(T) + 7};
-  for (int64_t i = 0; i < tok.numel(); ++i) tok.at<int32_t>(i) = int32_t(1 + g() % 50);
-  const std::vector<std::vector<int64_t>> seps{{c / 2 + 1, T / 2 + 1, T - 2}, {0, 1, c, T - c - 1}};
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t p : seps[size_t(b)])
-      if (p >= 0 && p < T) tok.at<int32_t>(b * T + p) = kSeparator;
-  return tok;
-}
 
 struct Reference {
   Tensor q, k, v, dout, doc_start;
@@ -54,7 +45,7 @@ Reference reference(int64_t T, int64_t KV, bool causal, double scale, bool docs,
   Reference r;
   r.q = test::randn({B, T, H, hd}, seed), r.k = test::randn({B, T, KV, hd}, seed + 1);
   r.v = test::randn({B, T, KV, hd}, seed + 2), r.dout = test::randn({B, T, H, hd}, seed + 3);
-  if (docs) r.doc_start = document_starts(document_tokens(T, chunk), kSeparator);
+  if (docs) r.doc_start = document_starts(document_tokens(T, chunk, kSeparator, uint64_t(T) + 7), kSeparator);
   AttentionOptions o{causal, scale, 0, 0, r.doc_start};
   r.out = empty(r.q.shape(), DType::f64), r.lse = empty({B, H, T}, DType::f64);
   attention_forward(r.out, r.lse, r.q, r.k, r.v, o);
@@ -63,26 +54,11 @@ Reference reference(int64_t T, int64_t KV, bool causal, double scale, bool docs,
   return r;
 }
 
-// The shard's columns of a (B, H, T) lse.
-Tensor shard_lse(const Tensor& lse, const SequenceShard& sh) {
-  Tensor out = empty({lse.size(0), lse.size(1), sh.size()}, lse.dtype());
-  for (size_t c = 0; c < sh.chunk_pos.size(); ++c)
-    copy_slice(out, int64_t(c) * sh.chunk_len, lse, sh.chunk_pos[c], sh.chunk_len, 2);
-  return out;
-}
-
-// Largest |got - want| / max(1, |want|) over finite entries; -inf must match exactly (else NaN).
+// lse_err with no -inf mismatch allowed: NaN when there is one.
 double lse_err(const Tensor& got, const Tensor& want) {
-  auto a = to_f64(got), w = to_f64(want);
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isinf(w[i]) || std::isinf(a[i])) {
-      if (!(a[i] == w[i])) return NAN;
-      continue;
-    }
-    worst = std::max(worst, std::abs(a[i] - w[i]) / std::max(1.0, std::abs(w[i])));
-  }
-  return worst;
+  int64_t bad = 0;
+  const double e = test::lse_err(got, want, bad);
+  return bad ? NAN : e;
 }
 
 // A cp_ring x cp_ulysses mesh over the world (ring outside, as in training).
