@@ -242,7 +242,7 @@ FsdpParam place_param(Parameter* p, const FsdpDecision& d, const DeviceMesh& mes
     total += len;
     chunk = std::max(chunk, len);
   }
-  f.full = p->value.local.shape();
+  f.full = p->value.spec.local_shape(mesh.coordinate());  // the shard's shape (allocated or not yet)
   f.full[size_t(f.dim)] = total;
   f.padded = f.full;
   f.padded[size_t(f.dim)] = chunk;

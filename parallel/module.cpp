@@ -1,5 +1,6 @@
 #include "parallel/module.h"
 
+#include <algorithm>
 #include <set>
 
 #include "parallel/random.h"
@@ -13,6 +14,28 @@ struct ComputeCopy : ParamState {
   Tensor copy;
   const Tensor* compute() const override { return copy.defined() ? &copy : nullptr; }
 };
+
+// Sharded creation's state until materialize(): how to draw the parameter's elements.
+struct DeferredInit : ParamState {
+  std::string init;  // normal | ones
+  uint64_t seed = 0;
+  double std = 0;
+  DType master = DType::f32, compute = DType::f32;
+  Device device = Device::cpu();
+};
+
+// The gradient and the compute copy of a parameter whose value was just allocated.
+void finish_param(Parameter& p, DType compute) {
+  const DType master = p.value.local.dtype();
+  p.grad = p.value;
+  p.grad.local = zeros(p.value.local.shape(), master, p.value.local.device());
+  if (master != compute) {
+    auto copy = std::make_shared<ComputeCopy>();
+    copy->copy = empty(p.value.local.shape(), compute, p.value.local.device());
+    p.states.push_back(copy);
+    refresh_compute_copy(p);
+  }
+}
 }  // namespace
 
 Tensor Module::call(const Tensor& x) {
@@ -80,25 +103,44 @@ std::unique_ptr<Parameter> ParamFactory::make(const std::string& name, const Sha
   p->name = name;
   p->init = init;
   p->weight_decay = shape.size() >= 2;
+  MT_CHECK(init == "ones" || init == "normal", "model", "{}: unknown init '{}'", name, init);
   Placements rep(size_t(mesh.ndim()), Placement::Replicate());
   const DType master = accum_dtype(dtype);  // initialised in f32 and rounded: the same draw as an f32 model
-  if (init == "ones") {
-    p->value = ones(mesh, shape, rep, master);
-  } else if (init == "normal") {
-    p->value = randn(mesh, shape, rep, RandomKey{seed, name}, master, 0.0, init_std);
-  } else {
-    fail("model", "{}: unknown init '{}'", name, init);
+  if (deferred) {
+    p->value.mesh = mesh;
+    p->value.spec = DTensorSpec::make(mesh.dims(), rep, shape);
+    p->grad = p->value;
+    auto d = std::make_shared<DeferredInit>();
+    d->init = init, d->seed = seed, d->std = init_std, d->master = master, d->compute = dtype, d->device = device;
+    p->states.push_back(d);
+    return p;
   }
+  if (init == "ones") p->value = ones(mesh, shape, rep, master);
+  else p->value = randn(mesh, shape, rep, RandomKey{seed, name}, master, 0.0, init_std);
   if (device.is_cuda()) p->value.local = p->value.local.to(device);
-  p->grad = p->value;
-  p->grad.local = zeros(p->value.local.shape(), master, device);
-  if (master != dtype) {
-    auto copy = std::make_shared<ComputeCopy>();
-    copy->copy = empty(p->value.local.shape(), dtype, device);
-    p->states.push_back(copy);
-    refresh_compute_copy(*p);
-  }
+  finish_param(*p, dtype);
   return p;
+}
+
+bool is_deferred(const Parameter& p) { return p.state<DeferredInit>() != nullptr; }
+
+DType compute_dtype(const Parameter& p) {
+  if (const DeferredInit* d = p.state<DeferredInit>()) return d->compute;
+  return p.compute_local().dtype();
+}
+
+void materialize(Parameter& p) {
+  const DeferredInit* d = p.state<DeferredInit>();
+  if (!d) return;
+  const DeferredInit init = *d;
+  p.states.erase(std::remove_if(p.states.begin(), p.states.end(),
+                                [](const std::shared_ptr<ParamState>& s) { return dynamic_cast<DeferredInit*>(s.get()); }),
+                 p.states.end());
+  // Only this rank's elements, drawn by their global index: the bits of the whole parameter's part.
+  Tensor local = make_local(p.value.spec, p.value.mesh.coordinate(), init.init == "ones" ? "ones" : "randn",
+                            init.master, RandomKey{init.seed, p.name}, 0, 0.0, init.std);
+  p.value.local = init.device.is_cuda() ? local.to(init.device) : local;
+  finish_param(p, init.compute);
 }
 
 const Tensor& Parameter::compute_local() const {
@@ -141,6 +183,11 @@ Module* Parameter::grad_ready_at() const {
 }
 
 void relayout_param(Parameter& p, const Placements& placements, const ShardOrder& order) {
+  if (is_deferred(p)) {  // only the description changes: storage comes in the final layout
+    p.value.spec = DTensorSpec::make(p.value.spec.mesh, placements, p.value.spec.global_shape, order);
+    p.grad = p.value;
+    return;
+  }
   p.value = redistribute(p.value, placements, {}, order);
   p.grad = p.value;
   p.grad.local = zeros(p.value.local.shape(), p.value.local.dtype(), p.value.local.device());

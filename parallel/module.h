@@ -180,10 +180,23 @@ struct ParamFactory {
   Device device = Device::cpu();
   uint64_t seed = 0;
   double init_std = 0.02;
+  // Sharded creation: parameters are described (name, global shape, layout) but hold no storage until
+  // materialize(), after the parallel plan has laid them out: each rank then allocates and draws only its own
+  // elements, the same bits as a whole parameter made and then sharded (the factories are keyed by
+  // (seed, name, global index)). No rank ever holds a whole parameter that its layout does not replicate.
+  bool deferred = false;
   // A parameter of global `shape`, Replicate on every mesh dim (styles reshard it),
-  // initialised by the invariant factories keyed by its name; its gradient zeroed.
+  // initialised by the invariant factories keyed by its name; its gradient zeroed (deferred: both later).
   std::unique_ptr<Parameter> make(const std::string& name, const Shape& shape, const std::string& init) const;
 };
+
+// Whether p is described but not yet allocated (ParamFactory::deferred).
+bool is_deferred(const Parameter& p);
+// The dtype layers compute p in (known before materialize).
+DType compute_dtype(const Parameter& p);
+// Allocates p in its current layout and draws its local elements, zeroes its gradient, makes its compute copy.
+// Nothing when p is not deferred.
+void materialize(Parameter& p);
 
 // Zeroes every gradient and marks it as produced by this rank alone (Replicate spec
 // with the local layout of the parameter); the trainer marks the dp dims Partial.

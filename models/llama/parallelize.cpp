@@ -71,7 +71,7 @@ std::unique_ptr<FullyShard> apply_fsdp(LlamaForCausalLM& model, const DeviceMesh
     o.units = model.config.tie_embeddings
                   ? std::vector<std::string>{"model.layers.*", "model.embed_tokens+model.norm+lm_head"}
                   : std::vector<std::string>{"model.embed_tokens", "model.layers.*", "model.norm+lm_head"};
-  o.param_dtype = model.model->embed_tokens->weight->compute_local().dtype();  // the compute dtype
+  o.param_dtype = compute_dtype(*model.model->embed_tokens->weight);
   o.reduce_dtype = c.reduce_dtype.empty() ? reduce_dtype : (c.reduce_dtype == "bf16" ? DType::bf16 : DType::f32);
   if (o.param_dtype == DType::f64) o.reduce_dtype = DType::f64;  // f64 checks reduce in f64
   return fully_shard(model, mesh, o);
@@ -84,7 +84,10 @@ std::unique_ptr<FullyShard> parallelize_llama(LlamaForCausalLM& model, const Dev
   apply_tp(model, mesh, pd, p);
   apply_cp(model, mesh, pd, seq_len);
   apply_recompute_llama(model, p.recompute);
-  return apply_fsdp(model, mesh, pd, p.fsdp, reduce_dtype);
+  auto fsdp = apply_fsdp(model, mesh, pd, p.fsdp, reduce_dtype);
+  // Sharded creation (ParamFactory::deferred): storage now, in the final layout, each rank its own elements.
+  for (Parameter* q : model.parameters()) materialize(*q);
+  return fsdp;
 }
 
 }  // namespace mt

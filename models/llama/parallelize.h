@@ -37,7 +37,8 @@ std::vector<Module*> apply_recompute_llama(LlamaForCausalLM& model, const Recomp
 std::unique_ptr<FullyShard> apply_fsdp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd,
                                        const FsdpConfig& c, DType reduce_dtype);
 // The model's parallelisms composed (tp, cp, recompute, fsdp), after checking that seq_len splits over cp and tp
-// and the heads over tp and cp_ulysses.
+// and the heads over tp and cp_ulysses; then deferred parameters (ParamFactory::deferred) are materialized in
+// their final layout.
 std::unique_ptr<FullyShard> parallelize_llama(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd,
                                               const ParallelConfig& p, int64_t seq_len,
                                               DType reduce_dtype = DType::f32);

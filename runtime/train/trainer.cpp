@@ -114,6 +114,7 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
                        run.pd.cp_ulysses(), run.pd.cp_ulysses_rank(run.mesh));
 
   ParamFactory f{run.mesh, run.dtype, run.device, uint64_t(t.seed), cfg.model.init_std};
+  f.deferred = true;  // sharded creation: each rank allocates and draws only its part, after the plan
   run.model = std::make_unique<LlamaForCausalLM>(cfg.model, f);
   // Tensor (and sequence) parallel: shards the parameters (no communication) and installs the layout hooks;
   // context parallel: attention runs as ring attention over the cp group.
@@ -124,7 +125,7 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   run.opt = std::make_unique<AdamW>(run.params, t);
   GradSyncOptions gs{run.pd.grad_partial_dims(), size_t(t.grad_bucket_mb * double(1 << 20)), reduce_dtype};
   run.grad_sync = std::make_unique<GradSync>(*run.model, run.mesh, gs);
-  // Parameters are made whole and then sharded: hand the whole tensors' cached blocks back.
+  // Creation made nothing whole (sharded creation); hand any temporaries' cached blocks back.
   empty_cache(Device::cpu());
   return run;
 }
