@@ -266,6 +266,7 @@ struct CheckpointConfig {
   int64_t keep = 2;
   std::string resume = "auto";
   bool allow_config_change = false;
+  int64_t writers = 0;
   template <class V> void visit(V& v) {
     v("dir", dir, "checkpoint directory ('' = no checkpoints)");
     v("interval", interval, "steps between checkpoints (0 = only at the end)");
@@ -274,6 +275,9 @@ struct CheckpointConfig {
     v("allow_config_change", allow_config_change,
       "resume even when the data path, seed, model or schedule "
       "differ from the checkpoint's (they are reported either way)");
+    v("writers", writers,
+      "ranks that write a checkpoint's files, one file each for the model and the optimizer (0 = every rank; "
+      "1 = one model.safetensors and one optimizer.safetensors)");
   }
 };
 

@@ -1,6 +1,8 @@
 #include "runtime/io/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -255,6 +257,215 @@ SafetensorsFile read_safetensors(const std::string& path) {
   check_tiling(path, entries, h.data_size);
   for (const Entry& en : entries) out.tensors[en.name] = read_tensor(h.f, path, h.header_len, en);
   return out;
+}
+
+namespace {
+
+// Sizes of the dtypes a file may hold (as written).
+size_t written_size(const std::string& dt) {
+  if (dt == "F64" || dt == "I64") return 8;
+  if (dt == "F32" || dt == "I32") return 4;
+  return 2;  // BF16, F16, U16
+}
+
+double read_as_double(const std::string& dt, const unsigned char* p) {
+  if (dt == "F32") {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  if (dt == "F64") {
+    double d;
+    std::memcpy(&d, p, 8);
+    return d;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  if (dt == "F16") return half_to_float(h);
+  uint32_t bits = uint32_t(h) << 16;  // BF16
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  Header h = read_header(path);
+  std::vector<Entry> entries;
+  for (auto it = h.header.begin(); it != h.header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      MT_CHECK(it->is_object(), "checkpoint", "{}: __metadata__ is not a JSON object", path);
+      for (auto m = it->begin(); m != it->end(); ++m)
+        if (m->is_string()) metadata_[m.key()] = m->get<std::string>();
+      continue;
+    }
+    entries.push_back(parse_entry(path, it.key(), *it, h.data_size));
+  }
+  check_tiling(path, entries, h.data_size);
+  for (const Entry& e : entries) entries_[e.name] = SafetensorsEntry{e.dt, e.dtype, e.shape, e.begin, e.end};
+  const uint64_t start = 8 + h.header_len;
+  map_len_ = size_t(start + h.data_size);
+  if (h.data_size > 0) {
+    int fd = ::open(path.c_str(), O_RDONLY);
+    MT_CHECK(fd >= 0, "checkpoint", "{}: cannot open: {}", path, std::strerror(errno));
+    map_ = ::mmap(nullptr, map_len_, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    MT_CHECK(map_ != MAP_FAILED, "checkpoint", "{}: cannot map {} bytes: {}", path, map_len_, std::strerror(err));
+    data_ = static_cast<const unsigned char*>(map_) + start;
+  }
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (map_ && map_ != MAP_FAILED) ::munmap(map_, map_len_);
+}
+
+template <class F>
+void SafetensorsReader::for_each_run(const SafetensorsEntry& e, const Shape& offset, const Shape& shape, F&& f) const {
+  const size_t nd = e.shape.size(), es = written_size(e.dt);
+  if (nd == 0) return f(int64_t(0), data_ + e.begin, int64_t(1));
+  // The block's rows: every index of dims 0 .. nd-2, each a contiguous run of shape[nd-1] elements in the file.
+  Shape stride(nd, 1);
+  for (size_t d = nd; d-- > 1;) stride[d - 1] = stride[d] * e.shape[d];
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < nd; ++d) rows *= shape[d];
+  const int64_t run = nd ? shape[nd - 1] : 1;
+  Shape idx(nd, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t rest = r, el = nd ? offset[nd - 1] : 0;
+    for (size_t d = nd - 1; d-- > 0;) {
+      idx[d] = rest % shape[d];
+      rest /= shape[d];
+      el += (idx[d] + offset[d]) * stride[d];
+    }
+    f(r * run, data_ + e.begin + uint64_t(el) * es, run);
+  }
+}
+
+void SafetensorsReader::read_block(const std::string& name, const Shape& offset, const Tensor& dst) const {
+  auto it = entries_.find(name);
+  MT_CHECK(it != entries_.end(), "checkpoint", "{}: no tensor '{}'", path_, name);
+  const SafetensorsEntry& e = it->second;
+  const Shape& shape = dst.shape();
+  MT_CHECK(offset.size() == e.shape.size() && shape.size() == e.shape.size(), "checkpoint",
+           "{}: tensor '{}' {}: block of {} dims asked", path_, name, shape_str(e.shape), shape.size());
+  for (size_t d = 0; d < shape.size(); ++d)
+    MT_CHECK(offset[d] >= 0 && offset[d] + shape[d] <= e.shape[d], "checkpoint",
+             "{}: tensor '{}' {}: block at {} of {} out of range", path_, name, shape_str(e.shape), shape_str(offset),
+             shape_str(shape));
+  MT_CHECK(!dst.device().is_cuda() && dtype_is_float(dst.dtype()), "checkpoint",
+           "{}: tensor '{}': read into a host float tensor", path_, name);
+  if (dst.numel() == 0) return;
+  const size_t es = written_size(e.dt), ds = dtype_size(dst.dtype());
+  const bool same = (e.dt == "F32" && dst.dtype() == DType::f32) || (e.dt == "BF16" && dst.dtype() == DType::bf16) ||
+                    (e.dt == "F64" && dst.dtype() == DType::f64);
+  unsigned char* out = static_cast<unsigned char*>(dst.data_ptr());
+  for_each_run(e, offset, shape, [&](int64_t at, const unsigned char* src, int64_t n) {
+    if (same) {
+      std::memcpy(out + size_t(at) * ds, src, size_t(n) * es);
+      return;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = read_as_double(e.dt, src + size_t(i) * es);
+      unsigned char* o = out + size_t(at + i) * ds;
+      if (dst.dtype() == DType::f32) {
+        float f = float(v);
+        std::memcpy(o, &f, 4);
+      } else if (dst.dtype() == DType::f64) {
+        std::memcpy(o, &v, 8);
+      } else {
+        const bf16 b = bf16(float(v));
+        std::memcpy(o, &b, 2);
+      }
+    }
+  });
+}
+
+int64_t SafetensorsReader::first_nonfinite(const std::string& name, const Shape& offset, const Shape& shape,
+                                           double* value) const {
+  const SafetensorsEntry& e = entries_.at(name);
+  if (e.dt != "F32" && e.dt != "F64" && e.dt != "BF16" && e.dt != "F16") return -1;
+  const size_t es = written_size(e.dt);
+  int64_t bad = -1;
+  for_each_run(e, offset, shape, [&](int64_t at, const unsigned char* src, int64_t n) {
+    for (int64_t i = 0; i < n && bad < 0; ++i) {
+      const double v = read_as_double(e.dt, src + size_t(i) * es);
+      if (!std::isfinite(v)) bad = at + i, *value = v;
+    }
+  });
+  return bad;
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<Layout>& tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const Layout& l : tensors) {
+    MT_CHECK(l.name != "__metadata__" && !l.name.empty() && !header.contains(l.name), "checkpoint",
+             "{}: tensor '{}' is not a valid name or is given twice", path, l.name);
+    const uint64_t n = uint64_t(shape_numel(l.shape)) * dtype_size(l.dtype);
+    header[l.name] = {{"dtype", st_dtype(l.dtype)}, {"shape", l.shape}, {"data_offsets", {offset, offset + n}}};
+    where_[l.name] = {offset, l};
+    offset += n;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');
+  const std::string tmp = path + ".tmp";
+  fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  MT_CHECK(fd_ >= 0, "checkpoint", "cannot create {}: {}", tmp, std::strerror(errno));
+  uint64_t hl = h.size();
+  data_start_ = 8 + hl;
+  size_ = data_start_ + offset;
+  bool ok = ::pwrite(fd_, &hl, 8, 0) == 8 && ::pwrite(fd_, h.data(), h.size(), 8) == ssize_t(h.size()) &&
+            ::ftruncate(fd_, off_t(size_)) == 0;
+  if (!ok) {
+    const int err = errno;
+    ::close(fd_), fd_ = -1;
+    ::unlink(tmp.c_str());
+    fail("checkpoint", "cannot write {}: {} (disk full?)", tmp, std::strerror(err));
+  }
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink((path_ + ".tmp").c_str());
+  }
+}
+
+void SafetensorsWriter::write(const std::string& name, const Tensor& t) {
+  auto it = where_.find(name);
+  MT_CHECK(it != where_.end(), "checkpoint", "{}: tensor '{}' is not in the file's layout", path_, name);
+  const Layout& l = it->second.second;
+  MT_CHECK(fd_ >= 0 && !t.device().is_cuda() && t.dtype() == l.dtype && t.shape() == l.shape, "checkpoint",
+           "{}: tensor '{}' is {} {} on {}, the layout says {} {}", path_, name, dtype_name(t.dtype()),
+           shape_str(t.shape()), t.device().str(), dtype_name(l.dtype), shape_str(l.shape));
+  const char* p = static_cast<const char*>(t.data_ptr());
+  uint64_t done = 0, n = t.nbytes(), at = data_start_ + it->second.first;
+  while (done < n) {
+    const ssize_t w = ::pwrite(fd_, p + done, size_t(std::min<uint64_t>(n - done, 1ull << 30)), off_t(at + done));
+    MT_CHECK(w > 0, "checkpoint", "cannot write tensor '{}' to {}.tmp: {} (disk full?)", name, path_,
+             std::strerror(errno));
+    done += uint64_t(w);
+  }
+}
+
+void SafetensorsWriter::close() {
+  const std::string tmp = path_ + ".tmp";
+  bool ok = ::fsync(fd_) == 0;
+  int err = errno;
+  if (::close(fd_) != 0 && ok) ok = false, err = errno;
+  fd_ = -1;
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    fail("checkpoint", "cannot write {}: {} (disk full?)", tmp, std::strerror(err));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path_, ec);
+  MT_CHECK(!ec, "checkpoint", "cannot rename {} to {}: {}", tmp, path_, ec.message());
 }
 
 }  // namespace mt

@@ -2,6 +2,7 @@
 // length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {...}},
 // then the raw bytes. Read and written whole; f32, bf16, f16 and f64, i32, i64 tensors.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -26,5 +27,67 @@ struct SafetensorsFile {
 };
 // Errors name the file and what is wrong: "[checkpoint] m.safetensors: header length 999999 exceeds file size 100".
 SafetensorsFile read_safetensors(const std::string& path);
+
+// One tensor of a file's header: its dtype as written ("F32", "BF16", "F16", ...), the dtype it reads as, shape.
+struct SafetensorsEntry {
+  std::string dt;
+  DType dtype = DType::f32;
+  Shape shape;
+  uint64_t begin = 0, end = 0;  // byte range in the data
+};
+
+// A file's header checked as read_safetensors checks it (offsets inside the file, tiling the data), the data
+// mapped, nothing read until asked: a rank reads only the blocks it holds.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+  const std::string& path() const { return path_; }
+  const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The block [offset, offset + dst.shape()) of tensor `name` into dst (a host tensor of any float dtype: converted
+  // from the file's F32, BF16, F16 or F64). One contiguous run at a time: no buffer beyond dst.
+  void read_block(const std::string& name, const Shape& offset, const Tensor& dst) const;
+  // The first non-finite element of that block (its index in the block, row-major), or -1; its value in *value.
+  int64_t first_nonfinite(const std::string& name, const Shape& offset, const Shape& shape, double* value) const;
+
+ private:
+  template <class F> void for_each_run(const SafetensorsEntry& e, const Shape& offset, const Shape& shape, F&& f) const;
+  std::string path_;
+  std::map<std::string, SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+  const unsigned char* data_ = nullptr;  // the mapped data section
+  void* map_ = nullptr;
+  size_t map_len_ = 0;
+};
+
+// A file written tensor by tensor, in any order, each at its place (the header first, from the layout): a writer
+// holds one tensor at a time. Written to path + ".tmp"; close() syncs and renames. Destroyed unclosed: the .tmp is
+// removed.
+class SafetensorsWriter {
+ public:
+  struct Layout {
+    std::string name;
+    DType dtype;
+    Shape shape;
+  };
+  SafetensorsWriter(const std::string& path, const std::vector<Layout>& tensors,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  // t: a host tensor of the layout's dtype and shape.
+  void write(const std::string& name, const Tensor& t);
+  void close();
+  uint64_t bytes() const { return size_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0, size_ = 0;
+  std::map<std::string, std::pair<uint64_t, Layout>> where_;  // name -> (data offset, layout)
+};
 
 }  // namespace mt

@@ -14,6 +14,8 @@
 #include <regex>
 
 #include "comm/control.h"
+#include "parallel/copy_block.h"
+#include "runtime/train/agree.h"
 #include "runtime/core/log.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/train/hf_config.h"
@@ -80,16 +82,6 @@ int64_t first_nonfinite(const Tensor& t) {
   return bad;
 }
 
-void require_finite(const std::vector<NamedTensor>& ts, const std::string& what, int64_t step) {
-  for (const NamedTensor& nt : ts) {
-    int64_t i = first_nonfinite(nt.tensor);
-    MT_CHECK(i < 0, "checkpoint",
-             "step {}: {} tensor '{}' holds a non-finite value ({} at element {}): the checkpoint is not written, "
-             "the previous ones are kept",
-             step, what, nt.name, to_f64(nt.tensor.reshape({-1}).slice0(i, i + 1))[0], i);
-  }
-}
-
 void write_text(const fs::path& p, const std::string& text) {
   std::ofstream f(p);
   f << text;
@@ -99,52 +91,221 @@ void write_text(const fs::path& p, const std::string& text) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, LlamaForCausalLM& model, AdamW& opt,
-                            const Config& config, const DeviceMesh& mesh, int64_t keep) {
-  auto params = model.parameters();
-  std::vector<NamedTensor> weights, opt_state;
-  // Collective: every rank takes part in gathering; only rank 0 keeps the results.
-  for (Parameter* p : params) {
-    weights.push_back({p->name, host_f(full_tensor(p->value))});
-    auto& s = opt.state().at(p->name);
-    DTensor m = p->value, v = p->value;
-    m.local = s.exp_avg, v.local = s.exp_avg_sq;
-    opt_state.push_back({p->name + ".exp_avg", host_f(full_tensor(m))});
-    opt_state.push_back({p->name + ".exp_avg_sq", host_f(full_tensor(v))});
+namespace {
+
+// One tensor of a checkpoint: its name and the DTensor whose local part this rank holds (a parameter's f32
+// master value, or an AdamW moment laid out like it).
+struct CkptTensor {
+  std::string name;
+  DTensor t;
+  bool model = true;  // model file (else optimizer file)
+};
+
+std::vector<CkptTensor> checkpoint_tensors(LlamaForCausalLM& model, AdamW* opt) {
+  std::vector<CkptTensor> out;
+  for (Parameter* p : model.parameters()) out.push_back({p->name, p->value, true});
+  if (opt)
+    for (Parameter* p : model.parameters()) {
+      auto& s = opt->state().at(p->name);
+      DTensor m = p->value, v = p->value;
+      m.local = s.exp_avg, v.local = s.exp_avg_sq;
+      out.push_back({p->name + ".exp_avg", m, false});
+      out.push_back({p->name + ".exp_avg_sq", v, false});
+    }
+  return out;
+}
+
+uint64_t tensor_bytes(const CkptTensor& c) { return uint64_t(shape_numel(c.t.shape())) * dtype_size(c.t.local.dtype()); }
+
+// Which rank writes each tensor: the largest tensors first, each to the writer with the fewest bytes so far (the
+// same answer on every rank). Writers are spread evenly over the world ranks.
+std::vector<int> assign_writers(const std::vector<CkptTensor>& ts, int world, int64_t writers_cfg) {
+  int w = writers_cfg > 0 ? int(std::min<int64_t>(writers_cfg, world)) : world;
+  w = std::max(1, std::min<int>(w, int(ts.size())));
+  std::vector<size_t> order(ts.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensor_bytes(ts[a]) > tensor_bytes(ts[b]); });
+  std::vector<uint64_t> load(size_t(w), 0);
+  std::vector<int> writer(ts.size());
+  for (size_t i : order) {
+    size_t best = size_t(std::min_element(load.begin(), load.end()) - load.begin());
+    load[best] += tensor_bytes(ts[i]);
+    writer[i] = int(int64_t(best) * world / w);
   }
-  fs::path final_dir = fs::path(dir) / step_dir_name(progress.step);
-  if (mesh.world_rank() == 0) {
-    // Only finite tensors are saved: a NaN model never replaces (or, through rotation, deletes) a good checkpoint.
-    require_finite(weights, "parameter", progress.step);
-    require_finite(opt_state, "optimizer", progress.step);
-    fs::path tmp = fs::path(dir) / (step_dir_name(progress.step) + ".tmp");
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp, ec);
-    MT_CHECK(!ec, "checkpoint", "cannot create {}: {}", tmp.string(), ec.message());
-    try {  // a failed write removes its temporary directory
-      write_safetensors((tmp / "model.safetensors").string(), weights, {{"format", "pt"}});
-      if (fault_at(progress.step, true))
-        fail("checkpoint", "MT_FAULT_CHECKPOINT={}:error: writing {} fails", progress.step, tmp.string());
-      if (fault_at(progress.step, false)) {
-        spdlog::error("[checkpoint] MT_FAULT_CHECKPOINT={}: rank 0 dies while writing {}", progress.step, tmp.string());
-        spdlog::default_logger()->flush();
-        std::_Exit(9);
+  return writer;
+}
+
+// Tensor i whole on its writer, one shard at a time: each distinct block is sent by the lowest world rank holding
+// it (point to point over the world group, watched); the writer copies its own. Returns the whole tensor on the
+// writer (host), undefined elsewhere. Every rank calls this for every tensor in the same order; no rank holds more
+// than one whole tensor (the writer) plus one block.
+Tensor gather_to_writer(const DTensor& t, int writer, Group& world) {
+  const DeviceMesh& mesh = t.mesh;
+  const int me = world.rank();
+  struct Block {
+    Shape off, shape;
+    int sender;
+  };
+  std::vector<Block> blocks;
+  for (int r = 0; r < world.size(); ++r) {
+    std::vector<int> c = mesh.coordinate_of(r);
+    Shape off = t.spec.local_offset(c), shape = t.spec.local_shape(c);
+    if (shape_numel(shape) == 0) continue;
+    bool seen = false;
+    for (auto& b : blocks) seen = seen || (b.off == off && b.shape == shape);
+    if (!seen) blocks.push_back({off, shape, r});
+  }
+  Tensor full;
+  if (me == writer) full = empty(t.shape(), t.local.dtype());
+  for (const Block& b : blocks) {
+    if (b.sender == me && me == writer) {
+      copy_block(full, b.off, host_f(t.local), Shape(b.off.size(), 0), b.shape);
+    } else if (b.sender == me) {
+      world.send(host_f(t.local), writer);
+    } else if (me == writer) {
+      Tensor in = empty(b.shape, t.local.dtype());
+      world.recv(in, b.sender);
+      copy_block(full, b.off, in, Shape(b.off.size(), 0), b.shape);
+    }
+  }
+  return full;
+}
+
+std::string shard_file(const std::string& prefix, int k, int n) {
+  return n == 1 ? prefix + ".safetensors" : fmt::format("{}-{:05d}-of-{:05d}.safetensors", prefix, k + 1, n);
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, LlamaForCausalLM& model, AdamW& opt,
+                            const Config& config, const DeviceMesh& mesh, const MpiEnv& env) {
+  const int64_t step = progress.step;
+  const std::string label = fmt::format("the checkpoint of step {}", step);
+  std::vector<CkptTensor> ts = checkpoint_tensors(model, &opt);
+  Group& world = mesh.group("world");
+  const int me = world.rank(), n_world = world.size();
+  const std::vector<int> writer = assign_writers(ts, n_world, config.checkpoint.writers);
+  // The files: one model and one optimizer file per writer that has such tensors, numbered in rank order.
+  std::map<int, int> model_k, opt_k;  // writer -> file index
+  for (size_t i = 0; i < ts.size(); ++i) (ts[i].model ? model_k : opt_k)[writer[i]] = 0;
+  int n_model = 0, n_opt = 0;
+  for (auto& [w, k] : model_k) k = n_model++;
+  for (auto& [w, k] : opt_k) k = n_opt++;
+  fs::path final_dir = fs::path(dir) / step_dir_name(step);
+  fs::path tmp = fs::path(dir) / (step_dir_name(step) + ".tmp");
+
+  // 1. Every rank checks its own shards (a NaN model never replaces, or through rotation deletes, a good checkpoint);
+  // rank 0 makes the temporary directory. Agreed before anything is written.
+  std::exception_ptr err;
+  try {
+    for (const CkptTensor& c : ts) {
+      Tensor h = host_f(c.t.local);
+      int64_t i = first_nonfinite(h);
+      MT_CHECK(i < 0, "checkpoint",
+               "step {}: {} tensor '{}' holds a non-finite value ({} at element {} of this rank's part): the "
+               "checkpoint is not written, the previous ones are kept",
+               step, c.model ? "parameter" : "optimizer", c.name, to_f64(h.reshape({-1}).slice0(i, i + 1))[0], i);
+    }
+    if (me == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      fs::create_directories(tmp, ec);
+      MT_CHECK(!ec, "checkpoint", "cannot create {}: {}", tmp.string(), ec.message());
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree_on_error(env, err, label);
+
+  // 2. Every writer writes its files, one whole tensor at a time; a writer that fails keeps taking part in the
+  // gathers (no rank is left waiting) and reports at the agreement below.
+  std::unique_ptr<SafetensorsWriter> mine_model, mine_opt;
+  auto layout = [&](bool model_file) {
+    std::vector<SafetensorsWriter::Layout> l;
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (writer[i] == me && ts[i].model == model_file) l.push_back({ts[i].name, ts[i].t.local.dtype(), ts[i].t.shape()});
+    return l;
+  };
+  try {
+    if (model_k.count(me))
+      mine_model = std::make_unique<SafetensorsWriter>((tmp / shard_file("model", model_k[me], n_model)).string(),
+                                                       layout(true), std::map<std::string, std::string>{{"format", "pt"}});
+    if (opt_k.count(me))
+      mine_opt = std::make_unique<SafetensorsWriter>(
+          (tmp / shard_file("optimizer", opt_k[me], n_opt)).string(), layout(false),
+          std::map<std::string, std::string>{{"step", std::to_string(opt.steps_taken())}});
+  } catch (...) {
+    err = std::current_exception();
+  }
+  int64_t mine_written = 0, mine_total = 0;
+  for (size_t i = 0; i < ts.size(); ++i) mine_total += writer[i] == me;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    Tensor full = gather_to_writer(ts[i].t, writer[i], world);
+    if (writer[i] != me || err) continue;
+    try {
+      (ts[i].model ? mine_model : mine_opt)->write(ts[i].name, full);
+      ++mine_written;
+      if (me == 0 && 2 * mine_written >= mine_total) {
+        if (fault_at(step, true)) fail("checkpoint", "MT_FAULT_CHECKPOINT={}:error: writing {} fails", step, tmp.string());
+        if (fault_at(step, false)) {
+          spdlog::error("[checkpoint] MT_FAULT_CHECKPOINT={}: rank 0 dies while writing {}", step, tmp.string());
+          spdlog::default_logger()->flush();
+          std::_Exit(9);
+        }
       }
-      write_safetensors((tmp / "optimizer.safetensors").string(), opt_state,
-                        {{"step", std::to_string(opt.steps_taken())}});
-      write_text(tmp / "config.json", hf_config_json(config, weights.front().tensor.dtype()).dump(2) + "\n");
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  try {
+    if (!err && mine_model) mine_model->close();
+    if (!err && mine_opt) mine_opt->close();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  mine_model.reset(), mine_opt.reset();  // an unclosed file's .tmp is removed
+  try {
+    agree_on_error(env, err, label);
+  } catch (...) {
+    std::error_code ec;
+    if (me == 0) fs::remove_all(tmp, ec);
+    throw;
+  }
+
+  // 3. Rank 0: the indexes (when there are several files), config.json and meta.json, then the rename. Agreed again,
+  // so that no rank goes on (or reads) before the rename and every rank fails when it fails.
+  err = nullptr;
+  if (me == 0) {
+    try {
+      auto write_index = [&](const std::string& prefix, bool model_file, int n_files, const std::map<int, int>& ks,
+                             json metadata) {
+        if (n_files <= 1) return;
+        json map = json::object();
+        uint64_t total = 0;
+        for (size_t i = 0; i < ts.size(); ++i)
+          if (ts[i].model == model_file) {
+            map[ts[i].name] = shard_file(prefix, ks.at(writer[i]), n_files);
+            total += tensor_bytes(ts[i]);
+          }
+        metadata["total_size"] = total;
+        write_text(tmp / (prefix + ".safetensors.index.json"), json{{"metadata", metadata}, {"weight_map", map}}.dump(2) + "\n");
+        fsync_path(tmp / (prefix + ".safetensors.index.json"));
+      };
+      write_index("model", true, n_model, model_k, json::object());
+      write_index("optimizer", false, n_opt, opt_k, json{{"step", std::to_string(opt.steps_taken())}});
+      write_text(tmp / "config.json", hf_config_json(config, ts.front().t.local.dtype()).dump(2) + "\n");
       fsync_path(tmp / "config.json");
       json meta;
-      meta["format_version"] = 1;
-      meta["step"] = progress.step;
+      meta["format_version"] = 2;
+      meta["step"] = step;
       meta["optimizer_steps"] = opt.steps_taken();
-      meta["data"] = {{"epoch", progress.data_epoch}, {"offset", progress.data_offset}, {"next_step", progress.step}};
+      meta["data"] = {{"epoch", progress.data_epoch}, {"offset", progress.data_offset}, {"next_step", step}};
       meta["rng"] = {{"seed", progress.seed},
                      {"generator", "philox4x32-10 keyed by (seed, stream name, index): no hidden state"}};
       json mesh_json = json::array();
       for (auto& d : mesh.dims()) mesh_json.push_back({{"name", d.name}, {"size", d.size}});
       meta["mesh"] = mesh_json;
+      meta["files"] = {{"model", n_model}, {"optimizer", n_opt}};
       meta["config"] = config_to_yaml(config);
       meta["model"] = {{"dim", config.model.dim},         {"n_layers", config.model.n_layers},
                        {"n_heads", config.model.n_heads}, {"n_kv_heads", config.model.n_kv_heads},
@@ -152,23 +313,22 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
       write_text(tmp / "meta.json", meta.dump(2) + "\n");
       fsync_path(tmp / "meta.json");
       fsync_path(tmp);
+      std::error_code ec;
       fs::remove_all(final_dir, ec);
       fs::rename(tmp, final_dir, ec);
       MT_CHECK(!ec, "checkpoint", "cannot rename {} to {}: {}", tmp.string(), final_dir.string(), ec.message());
+      fsync_path(dir);
+      if (config.checkpoint.keep > 0) {  // keep the newest `keep` complete checkpoints
+        std::vector<fs::path> all = complete_checkpoints(dir);
+        for (size_t i = 0; i + size_t(config.checkpoint.keep) < all.size(); ++i) fs::remove_all(all[i], ec);
+      }
     } catch (...) {
-      std::error_code ec2;
-      fs::remove_all(tmp, ec2);
-      throw;
-    }
-    fsync_path(dir);
-    // Keep the newest `keep` complete checkpoints.
-    if (keep > 0) {
-      std::vector<fs::path> all = complete_checkpoints(dir);
-      for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove_all(all[i], ec);
+      err = std::current_exception();
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
     }
   }
-  // Nobody resumes or reads before the rename.
-  control_barrier(MPI_COMM_WORLD, fmt::format("checkpoint barrier (step {})", progress.step));
+  agree_on_error(env, err, label);
   return final_dir.string();
 }
 
@@ -197,23 +357,120 @@ json read_meta(const std::string& path) {
   }
 }
 
-// Sets a parameter's local shard from a full host tensor (converted to its dtype).
-void assign_full(const DTensor& dst, const Tensor& full_any, const std::string& file, const std::string& name) {
-  MT_CHECK(full_any.shape() == dst.shape(), "checkpoint", "{}: tensor '{}' has shape {}, the model expects {}", file,
-           name, shape_str(full_any.shape()), shape_str(dst.shape()));
-  MT_CHECK(dtype_is_float(full_any.dtype()), "checkpoint",
-           "{}: tensor '{}' has dtype {}: weights and optimizer state must be a float type (F32, BF16, F16, F64)", file,
-           name, dtype_name(full_any.dtype()));
-  int64_t bad = first_nonfinite(full_any);
-  MT_CHECK(bad < 0, "checkpoint", "{}: tensor '{}' holds a non-finite value ({} at element {}): refused", file, name,
-           to_f64(full_any.reshape({-1}).slice0(bad, bad + 1))[0], bad);
-  Tensor full = full_any;
-  if (full.dtype() != dst.local.dtype()) {
-    auto v = to_f64(full);
-    full = from_values(v, full.shape(), dst.local.dtype());
+// Where each tensor of a checkpoint or a Hugging Face directory lives: an index's weight_map
+// (<prefix>.safetensors.index.json), else <prefix>.safetensors, else (Hugging Face shards without an index) every
+// .safetensors file of the directory. Files are mapped, and only headers are read until a block is asked for.
+class TensorSource {
+ public:
+  // dir: a directory (prefix names its files) or one .safetensors file.
+  TensorSource(const std::string& dir, const std::string& prefix, bool any_safetensors) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) {
+      MT_CHECK(fs::exists(dir, ec), "checkpoint", "{}: no such file or directory", dir);
+      add_file(dir);
+      return;
+    }
+    const fs::path index = fs::path(dir) / (prefix + ".safetensors.index.json");
+    if (fs::exists(index, ec)) {
+      json j;
+      try {
+        std::ifstream f(index);
+        j = json::parse(f);
+      } catch (const json::exception& e) {
+        fail("checkpoint", "{}: not valid JSON ({})", index.string(), e.what());
+      }
+      MT_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "checkpoint", "{}: no weight_map object",
+               index.string());
+      std::map<std::string, std::vector<std::string>> by_file;
+      for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+        MT_CHECK(it->is_string(), "checkpoint", "{}: weight_map['{}'] is not a file name", index.string(), it.key());
+        by_file[it->get<std::string>()].push_back(it.key());
+      }
+      for (auto& [file, names] : by_file) {
+        const fs::path path = fs::path(dir) / file;
+        MT_CHECK(fs::exists(path, ec), "checkpoint", "{}: the index names {} (for tensor '{}'), which is missing",
+                 index.string(), path.string(), names.front());
+        const size_t k = add_reader(path.string());
+        for (auto& name : names) {
+          MT_CHECK(readers_[k]->entries().count(name), "checkpoint",
+                   "{}: the index puts tensor '{}' in {}, which lacks it", index.string(), name, path.string());
+          place(name, k);
+        }
+      }
+      return;
+    }
+    const fs::path single = fs::path(dir) / (prefix + ".safetensors");
+    if (fs::exists(single, ec)) {
+      add_file(single.string());
+      return;
+    }
+    if (any_safetensors) {
+      std::vector<std::string> files;
+      for (auto& e : fs::directory_iterator(dir))
+        if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+      std::sort(files.begin(), files.end());
+      for (auto& f : files) add_file(f);
+    }
+    MT_CHECK(!readers_.empty(), "checkpoint", "{}: no {}.safetensors, {}.safetensors.index.json{}", dir, prefix, prefix,
+             any_safetensors ? " or other .safetensors file" : "");
   }
-  DTensor d = distribute_tensor(full, dst.mesh, dst.placements(), std::nullopt, dst.spec.shard_order);
-  copy_(dst.local, d.local);
+
+  const std::map<std::string, size_t>& tensors() const { return where_; }
+  const SafetensorsReader& reader(const std::string& name) const { return *readers_[where_.at(name)]; }
+
+ private:
+  size_t add_reader(const std::string& path) {
+    readers_.push_back(std::make_unique<SafetensorsReader>(path));
+    return readers_.size() - 1;
+  }
+  void add_file(const std::string& path) {
+    const size_t k = add_reader(path);
+    for (auto& [name, e] : readers_[k]->entries()) place(name, k);
+  }
+  void place(const std::string& name, size_t k) {
+    auto it = where_.find(name);
+    MT_CHECK(it == where_.end() || it->second == k, "checkpoint", "tensor '{}' appears in both {} and {}", name,
+             it == where_.end() ? "" : readers_[it->second]->path(), readers_[k]->path());
+    where_[name] = k;
+  }
+  std::vector<std::unique_ptr<SafetensorsReader>> readers_;
+  std::map<std::string, size_t> where_;
+};
+
+// A destination: a tensor name in the source and the DTensor (local part allocated) it fills.
+struct LoadItem {
+  std::string name;
+  DTensor dst;
+  Parameter* param = nullptr;  // its compute copy is refreshed after
+};
+
+// Reads each item's local block (this rank's part in its layout) from src. Everything is checked first — presence,
+// shape, dtype, finite values in the block this rank reads — so that an error leaves every parameter as it was.
+void load_items(const TensorSource& src, const std::vector<LoadItem>& items) {
+  for (const LoadItem& it : items) {
+    auto w = src.tensors().find(it.name);
+    MT_CHECK(w != src.tensors().end(), "checkpoint", "missing tensor '{}' (shape {})", it.name,
+             shape_str(it.dst.shape()));
+    const SafetensorsReader& r = src.reader(it.name);
+    const SafetensorsEntry& e = r.entries().at(it.name);
+    MT_CHECK(e.shape == it.dst.shape(), "checkpoint", "{}: tensor '{}' has shape {}, the model expects {}", r.path(),
+             it.name, shape_str(e.shape), shape_str(it.dst.shape()));
+    MT_CHECK(e.dt == "F32" || e.dt == "BF16" || e.dt == "F16" || e.dt == "F64", "checkpoint",
+             "{}: tensor '{}' has dtype {}: weights and optimizer state must be a float type (F32, BF16, F16, F64)",
+             r.path(), it.name, e.dt);
+    const std::vector<int>& c = it.dst.mesh.coordinate();
+    double v = 0;
+    const int64_t bad = r.first_nonfinite(it.name, it.dst.spec.local_offset(c), it.dst.spec.local_shape(c), &v);
+    MT_CHECK(bad < 0, "checkpoint", "{}: tensor '{}' holds a non-finite value ({} at element {} of this rank's part): refused",
+             r.path(), it.name, v, bad);
+  }
+  for (const LoadItem& it : items) {
+    const std::vector<int>& c = it.dst.mesh.coordinate();
+    Tensor host = empty(it.dst.local.shape(), it.dst.local.dtype());
+    src.reader(it.name).read_block(it.name, it.dst.spec.local_offset(c), host);
+    copy_(it.dst.local, it.dst.local.device().is_cuda() ? host.to(it.dst.local.device()) : host);
+    if (it.param) refresh_compute_copy(*it.param);
+  }
 }
 
 }  // namespace
@@ -229,33 +486,31 @@ TrainProgress load_checkpoint(const std::string& path, LlamaForCausalLM& model, 
   } catch (const json::exception& e) {
     fail("checkpoint", "{}/meta.json: {}", path, e.what());
   }
-  std::string model_file = (fs::path(path) / "model.safetensors").string();
-  auto weights = read_safetensors(model_file);
   auto params = model.parameters();
-  for (Parameter* q : params) {
-    auto it = weights.tensors.find(q->name);
-    MT_CHECK(it != weights.tensors.end(), "checkpoint", "{}: missing tensor '{}'", model_file, q->name);
-    assign_full(q->value, it->second, model_file, q->name);
-    refresh_compute_copy(*q);
-  }
-  for (auto& [name, t] : weights.tensors) {
+  std::vector<LoadItem> items;
+  for (Parameter* q : params) items.push_back({q->name, q->value, q});
+  TensorSource weights(path, "model", false);
+  for (auto& [name, k] : weights.tensors()) {
     bool known = std::any_of(params.begin(), params.end(), [&](Parameter* q) { return q->name == name; });
-    MT_CHECK(known, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model", model_file,
-             name, shape_str(t.shape()));
+    MT_CHECK(known, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model",
+             weights.reader(name).path(), name, shape_str(weights.reader(name).entries().at(name).shape));
   }
+  std::optional<TensorSource> moments;
+  std::vector<LoadItem> opt_items;
   if (opt) {
-    std::string opt_file = (fs::path(path) / "optimizer.safetensors").string();
-    auto st = read_safetensors(opt_file);
+    moments.emplace(path, "optimizer", false);
     for (Parameter* q : params) {
       auto& s = opt->state().at(q->name);
-      for (auto [suffix, dst] : {std::pair{".exp_avg", &s.exp_avg}, {".exp_avg_sq", &s.exp_avg_sq}}) {
-        auto it = st.tensors.find(q->name + suffix);
-        MT_CHECK(it != st.tensors.end(), "checkpoint", "{}: missing tensor '{}'", opt_file, q->name + suffix);
-        DTensor d = q->value;
-        d.local = *dst;
-        assign_full(d, it->second, opt_file, q->name + suffix);
-      }
+      DTensor m = q->value, v = q->value;
+      m.local = s.exp_avg, v.local = s.exp_avg_sq;
+      opt_items.push_back({q->name + ".exp_avg", m, nullptr});
+      opt_items.push_back({q->name + ".exp_avg_sq", v, nullptr});
     }
+  }
+  // Both checked before either is read (load_items checks all its items before it reads one).
+  load_items(weights, items);
+  if (opt) {
+    load_items(*moments, opt_items);
     opt->set_steps_taken(meta.value("optimizer_steps", p.step));
   }
   return p;
@@ -268,18 +523,9 @@ Config checkpoint_config(const std::string& path) {
 }
 
 void load_hf_weights(const std::string& path, LlamaForCausalLM& model) {
-  std::vector<std::string> files;
   std::error_code ec;
+  MT_CHECK(fs::exists(path, ec), "checkpoint", "model.init_from = {}: no such file or directory", path);
   if (fs::is_directory(path, ec)) {
-    // model.safetensors when there is one (a meshtrain checkpoint also holds optimizer.safetensors), else the shards.
-    if (fs::exists(fs::path(path) / "model.safetensors")) {
-      files.push_back((fs::path(path) / "model.safetensors").string());
-    } else {
-      for (auto& e : fs::directory_iterator(path))
-        if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
-    }
-    std::sort(files.begin(), files.end());
-    MT_CHECK(!files.empty(), "checkpoint", "model.init_from = {}: no .safetensors file in the directory", path);
     fs::path cfg = fs::path(path) / "config.json";
     if (fs::exists(cfg)) {
       // The config.json's model, with transformers' defaults for what it leaves out, must be this one.
@@ -300,34 +546,22 @@ void load_hf_weights(const std::string& path, LlamaForCausalLM& model) {
                "{}: tie_word_embeddings = {} but model.tie_embeddings = {}", cfg.string(), theirs.tie_embeddings,
                c.tie_embeddings);
     }
-  } else {
-    MT_CHECK(fs::exists(path, ec), "checkpoint", "model.init_from = {}: no such file or directory", path);
-    files.push_back(path);
   }
-  std::map<std::string, std::pair<Tensor, std::string>> all;  // name -> (tensor, file)
-  for (auto& f : files) {
-    auto st = read_safetensors(f);
-    for (auto& [name, t] : st.tensors) {
-      MT_CHECK(!all.count(name), "checkpoint", "tensor '{}' appears in both {} and {}", name, all[name].second, f);
-      all[name] = {t, f};
-    }
-  }
+  // model.safetensors.index.json, else model.safetensors (a meshtrain checkpoint also holds optimizer files), else
+  // every .safetensors file of the directory; or the one file named.
+  TensorSource src(path, "model", true);
   auto params = model.parameters();
-  for (Parameter* q : params) {
-    auto it = all.find(q->name);
-    MT_CHECK(it != all.end(), "checkpoint", "{}: missing tensor '{}' (shape {})", path, q->name,
-             shape_str(q->value.shape()));
-    assign_full(q->value, it->second.first, it->second.second, q->name);
-    refresh_compute_copy(*q);
-  }
-  for (auto& [name, tf] : all) {
+  for (auto& [name, k] : src.tensors()) {
     bool known = std::any_of(params.begin(), params.end(), [&](Parameter* q) { return q->name == name; });
     // Hugging Face files of tied models may still carry lm_head.weight; rotary caches are buffers, not parameters.
     if (!known && name == "lm_head.weight" && model.config.tie_embeddings) continue;
     if (!known && name.find("rotary_emb.inv_freq") != std::string::npos) continue;
-    MT_CHECK(known, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model", tf.second,
-             name, shape_str(tf.first.shape()));
+    MT_CHECK(known, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model",
+             src.reader(name).path(), name, shape_str(src.reader(name).entries().at(name).shape));
   }
+  std::vector<LoadItem> items;
+  for (Parameter* q : params) items.push_back({q->name, q->value, q});
+  load_items(src, items);
 }
 
 }  // namespace mt

@@ -1,19 +1,25 @@
-// Checkpoints: a directory per step, dir/step_00000100/, holding
-//   model.safetensors      full parameters under their Hugging Face names
-//   optimizer.safetensors  AdamW's exp_avg / exp_avg_sq per parameter ("<name>.exp_avg")
+// Checkpoints: a directory per step, dir/step_00000100/, in Hugging Face's sharded layout:
+//   model-0000k-of-0000N.safetensors + model.safetensors.index.json   parameters, whole, under their Hugging Face
+//                          names (one model.safetensors, no index, when one rank writes)
+//   optimizer-0000k-of-0000N.safetensors + optimizer.safetensors.index.json   AdamW's exp_avg / exp_avg_sq per
+//                          parameter ("<name>.exp_avg"), the same way
 //   config.json            the Hugging Face LlamaConfig of the model (hidden_size, ..., rope_theta and
 //                          rope_parameters, tie_word_embeddings, hidden_act silu, no biases), so that
 //                          transformers' LlamaForCausalLM.from_pretrained(dir) loads the directory as it is
 //   meta.json              step, data position, RNG, config, mesh; written last
-// Written by rank 0 into step_XXXXXXXX.tmp, flushed, then renamed: a crash
-// mid-write leaves the previous checkpoint intact and the .tmp is ignored.
-// Tensors are stored whole, so a run may resume on another mesh. A tied lm_head is not stored (it is
+// Every rank writes (checkpoint.writers): each tensor goes to one file, each file has one writer, the bytes balanced
+// over the writers; a tensor sharded over several ranks is sent to its writer one shard at a time, so a writer
+// holds at most one whole tensor beyond its own state. Written into step_XXXXXXXX.tmp, each file synced, agreed by
+// every rank, then renamed by rank 0: a crash mid-write leaves the previous checkpoint intact and the .tmp is
+// ignored. Tensors are stored whole, so a run may resume on another mesh; a rank reads only its block of each
+// (the files mapped). A tied lm_head is not stored (it is
 // model.embed_tokens.weight), as transformers saves tied models and expects to find them.
 #pragma once
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "comm/env.h"
 #include "models/llama/llama.h"
 #include "runtime/train/hf_config.h"
 #include "runtime/train/optimizer.h"
@@ -27,14 +33,16 @@ struct TrainProgress {
   uint64_t seed = 0;
 };
 
-// Collective (full tensors are gathered); rank 0 writes. Returns the directory.
+// Collective. Every rank checks its own shards for non-finite values first (refused on every rank, naming the
+// tensor); config.checkpoint.keep and .writers apply. Returns the directory.
 std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, LlamaForCausalLM& model, AdamW& opt,
-                            const Config& config, const DeviceMesh& mesh, int64_t keep);
+                            const Config& config, const DeviceMesh& mesh, const MpiEnv& env);
 // The complete checkpoints (step_XXXXXXXX with meta.json) in dir, oldest first.
 std::vector<std::string> checkpoints_in(const std::string& dir);
 // The newest complete checkpoint (step_XXXXXXXX with meta.json) in dir, if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
-// Loads parameters and optimizer state (every rank reads the files); returns the progress.
+// Loads parameters and optimizer state: each rank reads its block of every tensor (not communicating: callers agree
+// on errors). Everything is checked (files, index, names, shapes, dtypes, finite values) before a parameter changes.
 TrainProgress load_checkpoint(const std::string& path, LlamaForCausalLM& model, AdamW* opt);
 // The config stored in a checkpoint's meta.json (for `meshtrain generate`).
 Config checkpoint_config(const std::string& path);

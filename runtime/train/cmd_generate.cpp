@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 
+#include "runtime/train/agree.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/trainer.h"
 
@@ -31,7 +32,7 @@ int run_generate_command(RunContext& ctx, const GenerateArgs& a) {
   cfg.parallel = ParallelConfig{};  // generation runs on whatever ranks it is given, replicated
   cfg.comm = ctx.config.comm;
   TrainRun run = make_train_run(cfg, *ctx.env, false);
-  load_checkpoint(path, *run.model, nullptr);
+  run_agreed(*ctx.env, "loading the checkpoint", [&] { load_checkpoint(path, *run.model, nullptr); });
   std::string text = generate(*run.model, a.prompt, a.tokens, a.temperature, uint64_t(a.seed), 0, sequence_pad(run),
                               cfg.data.document_separator);
   if (ctx.env->rank() == 0) {

@@ -155,7 +155,9 @@ void resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
       if (env.rank() == 0) spdlog::warn("resuming from {} with a different config: {}", c, list);
     }
     try {
-      TrainProgress p = load_checkpoint(c, *run.model, run.opt.get());
+      // Each rank reads its own blocks: errors can differ between ranks, so they are agreed (all fall back together).
+      TrainProgress p;
+      run_agreed(env, "loading the checkpoint", [&] { p = load_checkpoint(c, *run.model, run.opt.get()); });
       run.start_step = p.step;
       resume_from = c;
     } catch (const Error& e) {
@@ -166,7 +168,7 @@ void resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
   if (!resume_from.empty()) {
     if (env.rank() == 0) spdlog::info("resumed from {} at step {}", resume_from, run.start_step);
   } else if (!cfg.model.init_from.empty()) {
-    load_hf_weights(cfg.model.init_from, *run.model);
+    run_agreed(env, "loading model.init_from", [&] { load_hf_weights(cfg.model.init_from, *run.model); });
     if (env.rank() == 0) spdlog::info("initialised from {}", cfg.model.init_from);
   }
 }
@@ -283,7 +285,7 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     kprof::Mute not_profiled;
     Batch pos = get_batch(run.train_data, next_step, t.batch_size, t.seq_len, 0, 0);
     TrainProgress p{next_step, pos.epoch, pos.offset, uint64_t(t.seed)};
-    std::string dir = save_checkpoint(cfg.checkpoint.dir, p, *run.model, *run.opt, cfg, run.mesh, cfg.checkpoint.keep);
+    std::string dir = save_checkpoint(cfg.checkpoint.dir, p, *run.model, *run.opt, cfg, run.mesh, env);
     log.note(fmt::format("checkpoint step {} -> {}", next_step, dir));
   };
   StepProfiler profile(run, env, log, t.steps);

@@ -106,6 +106,24 @@ def read_safetensors(path):
         out[name] = np.array(a, dtype=np.float64 if e["dtype"] == "F64" else np.float32).reshape(e["shape"])
     return out, header.get("__metadata__", {})
 
+def read_model_weights(model_dir, prefix="model"):
+    """The tensors of DIR/<prefix>.safetensors, or of the files DIR/<prefix>.safetensors.index.json maps them to
+    (Hugging Face's sharded layout, which meshtrain writes when several ranks save)."""
+    index = os.path.join(model_dir, prefix + ".safetensors.index.json")
+    if not os.path.exists(index):
+        return read_safetensors(os.path.join(model_dir, prefix + ".safetensors"))[0]
+    weight_map = json.load(open(index))["weight_map"]
+    out = {}
+    for file in sorted(set(weight_map.values())):
+        tensors, _ = read_safetensors(os.path.join(model_dir, file))
+        for name, a in tensors.items():
+            if weight_map.get(name) == file:
+                out[name] = a
+    missing = sorted(set(weight_map) - set(out))
+    if missing:
+        raise ValueError(f"{index}: tensors {missing} are not in the files it names")
+    return out
+
 # ===================================================================== model
 
 
@@ -273,11 +291,11 @@ def init_weights(model, seed):
 
 
 def load_model(model_dir, dtype=None, config=None):
-    """Builds the model from DIR/config.json (or `config`) and loads DIR/model.safetensors (strict: names and
-    shapes)."""
+    """Builds the model from DIR/config.json (or `config`) and loads DIR/model.safetensors or its sharded files
+    (strict: names and shapes)."""
     c = config or LlamaConfig.load(model_dir)
     model = LlamaForCausalLM(c)
-    weights, _ = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    weights = read_model_weights(model_dir)
     expected = dict(model.state_dict())
     missing = sorted(set(expected) - set(weights))
     extra = sorted(set(weights) - set(expected))
@@ -444,8 +462,7 @@ def cmd_generate(a):
                               "intermediate_size": m["ffn_dim"], "vocab_size": m["vocab_size"],
                               "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_theta,
                               "max_position_embeddings": a.max_seq_len,
-                              "tie_word_embeddings": "lm_head.weight" not in
-                              read_safetensors(os.path.join(a.model, "model.safetensors"))[0]})
+                              "tie_word_embeddings": "lm_head.weight" not in read_model_weights(a.model)})
     model = load_model(a.model, torch.float64, config)
     c = model.config
     ctx_max = a.max_seq_len or c.max_position_embeddings

@@ -181,8 +181,9 @@ expect "nonfinite: skip: skipped steps counted in the metrics" zero '"skipped_st
 rm -rf "$tmp/dmg.ckpt" && cp -r "$tmp/base.ckpt" "$tmp/dmg.ckpt" && truncate -s 100 "$tmp/dmg.ckpt/step_00000020/model.safetensors"
 expect "damaged newest checkpoint: resume: auto falls back with a warning" zero "falls back to $tmp/dmg.ckpt/step_00000010" -- \
   "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.steps=21 --set checkpoint.dir="$tmp/dmg.ckpt" train
-truncate -s 100 "$tmp/dmg.ckpt/step_00000021/model.safetensors"
-expect "damaged checkpoint, explicit resume: the file is named" nonzero "$tmp/dmg.ckpt/step_00000021/model.safetensors" -- \
+# Written by 2 ranks: two model files and an index.
+truncate -s 100 "$tmp/dmg.ckpt/step_00000021/model-00002-of-00002.safetensors"
+expect "damaged checkpoint, explicit resume: the file is named" nonzero "$tmp/dmg.ckpt/step_00000021/model-00002-of-00002.safetensors" -- \
   "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set checkpoint.resume="$tmp/dmg.ckpt/step_00000021" --set checkpoint.dir="$tmp/x" train
 # A failed save removes its temporary directory and keeps the previous checkpoint.
 MT_FAULT_CHECKPOINT=20:error train failsave 1 && bad "failed save: exits non-zero" "exit 0"
@@ -301,8 +302,8 @@ PY
 expect "init_from: missing tensor" nonzero "missing tensor 'model.norm.weight'" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/missing" train
 expect "init_from: extra tensor" nonzero "unexpected tensor 'model.extra.weight'" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/extra" train
 expect "init_from: mis-shaped tensor" nonzero "'model.norm.weight' has shape (16, 2), the model expects (32,)" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/shape" train
-expect "init_from: an integer tensor is refused" nonzero "tensor 'model.norm.weight' has dtype i32" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/int" train
-expect "init_from: a NaN weight is refused at load" nonzero "tensor 'model.norm.weight' holds a non-finite value (nan at element 0)" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/nan" train
+expect "init_from: an integer tensor is refused" nonzero "tensor 'model.norm.weight' has dtype I32" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/int" train
+expect "init_from: a NaN weight is refused at load" nonzero "tensor 'model.norm.weight' holds a non-finite value (nan at element 0 of this rank's part)" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/nan" train
 cp "$tmp/base.ckpt/step_00000020/meta.json" "$tmp/base.ckpt/step_00000020/optimizer.safetensors" "$tmp/bad/nan/"
 expect "resume: a NaN weight in a checkpoint is refused at load" nonzero "model.safetensors: tensor 'model.norm.weight' holds a non-finite value" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set checkpoint.resume="$tmp/bad/nan" --set checkpoint.dir="$tmp/x" train
 expect "init_from: corrupt file" nonzero "[checkpoint]" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/garbage" train

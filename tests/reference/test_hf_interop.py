@@ -241,7 +241,7 @@ def check_config_json(ckpt, tied):
         assert cfg.get(k) == v, (k, cfg.get(k), v)
     assert cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": s["rope_theta"]}, cfg["rope_parameters"]
     # A tied lm_head is not stored: transformers ties it to the embedding.
-    names = set(L.read_safetensors(os.path.join(ckpt, "model.safetensors"))[0])
+    names = set(L.read_model_weights(ckpt))
     assert ("lm_head.weight" in names) == (not tied), sorted(names)
 
 
