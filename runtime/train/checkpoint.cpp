@@ -161,11 +161,11 @@ Tensor gather_to_writer(const DTensor& t, int writer, Group& world) {
     if (b.sender == me && me == writer) {
       copy_block(full, b.off, host_f(t.local), Shape(b.off.size(), 0), b.shape);
     } else if (b.sender == me) {
-      world.send(host_f(t.local), writer);
+      world.send(t.local, writer);  // on the tensor's device: NCCL groups move device buffers
     } else if (me == writer) {
-      Tensor in = empty(b.shape, t.local.dtype());
+      Tensor in = empty(b.shape, t.local.dtype(), t.local.device());
       world.recv(in, b.sender);
-      copy_block(full, b.off, in, Shape(b.off.size(), 0), b.shape);
+      copy_block(full, b.off, host_f(in), Shape(b.off.size(), 0), b.shape);
     }
   }
   return full;

@@ -361,6 +361,78 @@ expect "resume: checkpoint.resume without checkpoint.dir is an error" nonzero "c
 expect "checkpoint.dir not writable: refused before the first step" nonzero "checkpoint.dir = $tmp/t.yaml/ck is not writable" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set checkpoint.dir="$tmp/t.yaml/ck" --set log.metrics_file="$tmp/nowrite.jsonl" train
 check "checkpoint.dir not writable: no step was run" -- test ! -s "$tmp/nowrite.jsonl"
 
+# --- Sharded checkpoints (Hugging Face's layout, every rank a writer) ---
+ck="$tmp/dp4.ckpt/step_00000020"
+check "4 ranks write 4 model and 4 optimizer files, each with its index, and no single file" -- test \
+  -f "$ck/model-00004-of-00004.safetensors" -a -f "$ck/model.safetensors.index.json" -a \
+  -f "$ck/optimizer-00004-of-00004.safetensors" -a -f "$ck/optimizer.safetensors.index.json" -a \
+  ! -e "$ck/model.safetensors" -a ! -e "$ck/model-00005-of-00004.safetensors"
+check "the indexes map every tensor once, the files hold what they say, writers' bytes balanced, and the tensors equal the 1-rank run's within tolerance" -- \
+  "$py" - "$ck" "$tmp/base.ckpt/step_00000020" "$root/scripts/reference" <<'PY'
+import json, os, sys
+sys.path.insert(0, sys.argv[3])
+import llama_ref as L
+import numpy as np
+d, base = sys.argv[1], sys.argv[2]
+for prefix in ("model", "optimizer"):
+    idx = json.load(open(os.path.join(d, prefix + ".safetensors.index.json")))
+    files = sorted(set(idx["weight_map"].values()))
+    assert files == [f"{prefix}-{k:05d}-of-00004.safetensors" for k in range(1, 5)], files
+    sizes = {f: 0 for f in files}
+    for f in files:
+        ts, _ = L.read_safetensors(os.path.join(d, f))
+        assert set(ts) == {n for n, g in idx["weight_map"].items() if g == f}, (f, sorted(ts))
+    w = L.read_model_weights(d, prefix)
+    assert idx["metadata"]["total_size"] == sum(a.nbytes for a in w.values())
+    for n, a in w.items():
+        sizes[idx["weight_map"][n]] += a.nbytes
+    one = L.read_safetensors(os.path.join(base, prefix + ".safetensors"))[0]
+    assert set(one) == set(w), sorted(set(one) ^ set(w))
+    for n in one:
+        assert np.allclose(w[n], one[n], rtol=1e-3, atol=1e-5), n
+    print(prefix, "bytes per file", sorted(sizes.values()))
+PY
+train r4to2 2 --set checkpoint.resume="$ck/../step_00000010" --set parallel.dp_replicate=2 &&
+  check "resume on 2 ranks from a 4-writer checkpoint gives the 4-rank losses" -- "$py" "$compare" "$tmp/r4to2.jsonl" "$tmp/dp4.jsonl" --from-step 10 --steps 10 ||
+  bad "resume from a sharded checkpoint" "$(tail -n 20 "$tmp/r4to2.log")"
+expect "logits of a sharded checkpoint on 1 rank" zero "logits (5, 256) of $ck written" -- "$mpirun" -np 1 "$mt" logits --checkpoint "$ck" --tokens 84,104,101,32,113 --out "$tmp/logits4.npy"
+expect "init_from a sharded checkpoint (model.safetensors.index.json)" zero "initialised from" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.steps=1 --set model.init_from="$ck" train
+# Bad sharded checkpoints: each named by file and tensor, on every rank, before a parameter changes.
+shard_bad() {  # shard_bad NAME: a copy of the 4-writer checkpoint in $tmp/sbad/NAME
+  rm -rf "$tmp/sbad/$1" && mkdir -p "$tmp/sbad" && cp -r "$ck" "$tmp/sbad/$1"
+}
+shard_bad missing && rm "$tmp/sbad/missing/model-00002-of-00004.safetensors"
+expect "sharded checkpoint: a missing file is named" nonzero "model.safetensors.index.json: the index names $tmp/sbad/missing/model-00002-of-00004.safetensors" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set checkpoint.resume="$tmp/sbad/missing" --set checkpoint.dir="$tmp/x" train
+shard_bad trunc && truncate -s 1000 "$tmp/sbad/trunc/optimizer-00003-of-00004.safetensors"
+expect "sharded checkpoint: a truncated file is named" nonzero "$tmp/sbad/trunc/optimizer-00003-of-00004.safetensors: " -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set checkpoint.resume="$tmp/sbad/trunc" --set checkpoint.dir="$tmp/x" train
+shard_bad moved && "$py" - "$tmp/sbad/moved/model.safetensors.index.json" <<'PY'
+import json, sys
+p = sys.argv[1]; j = json.load(open(p)); m = j["weight_map"]
+f = m["model.norm.weight"]
+m["model.norm.weight"] = next(g for g in sorted(set(m.values())) if g != f)
+json.dump(j, open(p, "w"))
+PY
+expect "sharded checkpoint: an index naming a tensor its file lacks" nonzero "the index puts tensor 'model.norm.weight' in" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set checkpoint.resume="$tmp/sbad/moved" --set checkpoint.dir="$tmp/x" train
+shard_bad twice && "$py" - "$tmp/sbad/twice" <<'PY'
+import os, sys
+d = sys.argv[1]
+os.remove(os.path.join(d, "model.safetensors.index.json"))  # shards without an index: every file is read
+for f in os.listdir(d):
+    if f.startswith("optimizer"): os.remove(os.path.join(d, f))
+import shutil
+shutil.copy(os.path.join(d, "model-00001-of-00004.safetensors"), os.path.join(d, "model-00005-of-00005.safetensors"))
+PY
+expect "Hugging Face shards: a tensor in two files is named" nonzero "appears in both $tmp/sbad/twice/model-00001-of-00004.safetensors and $tmp/sbad/twice/model-00005-of-00005.safetensors" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/sbad/twice" train
+expect "checkpoint.writers: a negative count is refused" nonzero "checkpoint.writers = -1" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set checkpoint.writers=-1 train
+train w1 2 --set checkpoint.writers=1 --set training.steps=10 &&
+  check "checkpoint.writers 1 on 2 ranks: one model.safetensors and one optimizer.safetensors, no index" -- test \
+    -f "$tmp/w1.ckpt/step_00000010/model.safetensors" -a -f "$tmp/w1.ckpt/step_00000010/optimizer.safetensors" -a \
+    ! -e "$tmp/w1.ckpt/step_00000010/model.safetensors.index.json" || bad "checkpoint.writers 1" "$(tail -n 20 "$tmp/w1.log")"
+
 # --- Bad input: config ---
 expect "config: batch not divisible by dp" nonzero "training.batch_size = 6 must be divisible by dp" -- "$mpirun" -np 4 "$mt" --config "$tmp/t.yaml" --set training.batch_size=6 train
 expect "config: micro-batch" nonzero "training.micro_batch_size = 3 must divide" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.micro_batch_size=3 train
