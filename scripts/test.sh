@@ -102,6 +102,9 @@ run_script_suite cp tests/cli/test_cp.sh ${MT_TEST_FULL:+--full}
 run_script_suite recompute tests/cli/test_recompute.sh
 # Fully sharded data parallel: invariance over dp_shard, HSDP, with tp and cp, layouts, memory, bytes, checkpoints.
 run_script_suite fsdp tests/cli/test_fsdp.sh ${MT_TEST_FULL:+--full}
+# A model larger than any one rank: sharded creation, steps, sharded save and resume on another mesh under a cap per
+# rank below the model's f32 weights; the saved directory in the PyTorch reference.
+run_script_suite scale tests/cli/test_scale.sh
 # CPU kernels built per instruction-set level, chosen at run time: every level gives the same losses.
 run_script_suite cpu_isa tests/cli/test_cpu_isa.sh
 run_script_suite host_sync tests/cli/test_host_sync.sh

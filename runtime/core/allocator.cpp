@@ -21,6 +21,8 @@ constexpr size_t kLargeGranule = 2 << 20;
 struct HostPool {
   std::mutex mu;
   AllocatorStats s;
+  size_t limit = 0;  // set_host_memory_limit; 0: none
+  const char* limit_what = "";
   std::multimap<size_t, void*> cached;     // block size -> free block
   std::unordered_map<void*, size_t> live;  // large blocks in use -> block size
 };
@@ -48,6 +50,21 @@ void* device_alloc(Device d, size_t bytes) {
       rounded = it->first;
       h.cached.erase(it);
     }
+  }
+  if (!p && h.limit && h.s.reserved_bytes + rounded > h.limit) {
+    for (auto& [size, block] : h.cached) {  // the cache first: only live tensors count against the cap
+      std::free(block);
+      h.s.reserved_bytes -= size;
+      h.s.driver_frees++;
+    }
+    h.cached.clear();
+    if (h.s.reserved_bytes + rounded > h.limit)
+      fail("memory",
+           "allocating {:.1f} MiB of host memory would take this rank's tensors to {:.1f} MiB, above {} = {:.1f} MiB "
+           "(in use: {:.1f} MiB, peak so far {:.1f} MiB)",
+           double(rounded) / (1 << 20), double(h.s.reserved_bytes + rounded) / (1 << 20), h.limit_what,
+           double(h.limit) / (1 << 20), double(h.s.allocated_bytes) / (1 << 20),
+           double(h.s.peak_allocated_bytes) / (1 << 20));
   }
   if (!p) {
     p = std::aligned_alloc(64, rounded);
@@ -85,6 +102,13 @@ AllocatorStats allocator_stats(Device d) {
   auto& h = host_pool();
   std::lock_guard lock(h.mu);
   return h.s;
+}
+
+void set_host_memory_limit(size_t bytes, const char* what) {
+  auto& h = host_pool();
+  std::lock_guard lock(h.mu);
+  h.limit = bytes;
+  h.limit_what = what;
 }
 
 void reset_peak_allocated(Device d) {

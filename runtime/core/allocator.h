@@ -24,6 +24,10 @@ AllocatorStats allocator_stats(Device d);
 void reset_peak_allocated(Device d);
 // Returns cached device blocks to the driver (after an out-of-memory, or at exit).
 void empty_cache(Device d);
+// A cap on the host memory this process's tensors may hold (reserved bytes: in use and cached); 0 = none.
+// An allocation that would pass it first returns the cached blocks, then fails with an error naming the cap
+// (`what`: the setting that set it) and the sizes, instead of the process being killed by the kernel.
+void set_host_memory_limit(size_t bytes, const char* what = "the host memory limit");
 
 // Page-locked host memory for staging device buffers through MPI.
 void* pinned_alloc(size_t bytes);

@@ -299,6 +299,7 @@ void validate_training(const Config& c) {
   require_at_least("sample.temperature", c.sample.temperature, 0, "a temperature");
   require_at_least("checkpoint.interval", c.checkpoint.interval, 0, "a step count (0 = at the end only)");
   require_at_least("checkpoint.keep", c.checkpoint.keep, 0, "a count (0 = all)");
+  require_at_least("training.memory_limit_mb", c.training.memory_limit_mb, 0, "MiB (0 = no cap)");
   require_at_least("checkpoint.writers", double(c.checkpoint.writers), 0, "a count of ranks (0 = every rank)");
   if (c.checkpoint.resume.empty())
     fail("config", "checkpoint.resume is empty: expected auto, never or a checkpoint directory");

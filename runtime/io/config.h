@@ -191,6 +191,7 @@ struct TrainingConfig {
   std::string grad_reduce_dtype = "fp32";
   double grad_bucket_mb = 25;
   int threads = 0;
+  double memory_limit_mb = 0;  // host memory this rank's tensors may hold; 0: no cap
   std::string nonfinite = "stop";
   int64_t max_nonfinite_steps = 5;
   template <class V> void visit(V& v) {
@@ -217,6 +218,9 @@ struct TrainingConfig {
       "gradients are synced in buckets of about this many MiB, each launched as soon as backward has produced it "
       "(0: one collective per parameter)");
     v("threads", threads, "CPU threads per rank (0: the node's cores / ranks on the node; at most 1024)");
+    v("memory_limit_mb", memory_limit_mb,
+      "host memory this rank's tensors may hold, in MiB (0: no cap): an allocation past it is an error naming this "
+      "key, not a kill by the kernel");
     v("nonfinite", nonfinite,
       "a step whose loss or gradient norm is not finite is never applied: stop (end the "
       "run naming the step) | skip (count it in the metrics and go on)");

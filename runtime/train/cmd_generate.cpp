@@ -31,6 +31,7 @@ int run_generate_command(RunContext& ctx, const GenerateArgs& a) {
   Config cfg = checkpoint_config(path);
   cfg.parallel = ParallelConfig{};  // generation runs on whatever ranks it is given, replicated
   cfg.comm = ctx.config.comm;
+  cfg.training.memory_limit_mb = ctx.config.training.memory_limit_mb;  // this run's cap, not the training run's
   TrainRun run = make_train_run(cfg, *ctx.env, false);
   run_agreed(*ctx.env, "loading the checkpoint", [&] { load_checkpoint(path, *run.model, nullptr); });
   std::string text = generate(*run.model, a.prompt, a.tokens, a.temperature, uint64_t(a.seed), 0, sequence_pad(run),

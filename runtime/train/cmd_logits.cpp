@@ -80,6 +80,7 @@ int run_logits_command(RunContext& ctx, const LogitsArgs& a) {
       cfg = checkpoint_config(path);
       cfg.comm = ctx.config.comm;
       cfg.training.threads = ctx.config.training.threads;
+      cfg.training.memory_limit_mb = ctx.config.training.memory_limit_mb;  // this run's cap, not the training run's
     }
     tokens = parse_tokens(a.tokens);
     for (size_t i = 0; i < tokens.size(); ++i)

@@ -157,7 +157,12 @@ void resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
     try {
       // Each rank reads its own blocks: errors can differ between ranks, so they are agreed (all fall back together).
       TrainProgress p;
+      const size_t before = allocator_stats(Device::cpu()).allocated_bytes;
+      reset_peak_allocated(Device::cpu());
       run_agreed(env, "loading the checkpoint", [&] { p = load_checkpoint(c, *run.model, run.opt.get()); });
+      if (env.rank() == 0)
+        spdlog::info("host memory while loading on rank 0: {:.3f} MiB above the model state (one block at a time)",
+                     double(allocator_stats(Device::cpu()).peak_allocated_bytes - before) / (1 << 20));
       run.start_step = p.step;
       resume_from = c;
     } catch (const Error& e) {
@@ -199,6 +204,9 @@ void log_model_state(const MpiEnv& env, const TrainRun& run) {
         run.fsdp ? " (the rank's shards and the replicated small parameters)" : "",
         double(state) == expected ? "equal" : "DIFFERENT");
     if (run.fsdp) spdlog::info("fully_shard over dp_shard = {}: {}", run.pd.dp_shard(), run.fsdp->describe());
+    spdlog::info("host memory at the peak of creating the model on rank 0: {:.3f} MiB (sharded creation: each rank "
+                 "allocates only its part, in its final layout)",
+                 double(run.create_peak_bytes) / (1 << 20));
   }
 }
 
@@ -285,8 +293,13 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     kprof::Mute not_profiled;
     Batch pos = get_batch(run.train_data, next_step, t.batch_size, t.seq_len, 0, 0);
     TrainProgress p{next_step, pos.epoch, pos.offset, uint64_t(t.seed)};
+    const size_t before = allocator_stats(Device::cpu()).allocated_bytes;
+    reset_peak_allocated(Device::cpu());
     std::string dir = save_checkpoint(cfg.checkpoint.dir, p, *run.model, *run.opt, cfg, run.mesh, env);
-    log.note(fmt::format("checkpoint step {} -> {}", next_step, dir));
+    const double extra = double(allocator_stats(Device::cpu()).peak_allocated_bytes - before) / (1 << 20);
+    log.note(fmt::format("checkpoint step {} -> {} (host memory during the save: {:.3f} MiB above the state on this "
+                         "rank, at most one whole tensor and one shard)",
+                         next_step, dir, extra));
   };
   StepProfiler profile(run, env, log, t.steps);
   const int64_t first_profiled = profile.first_profiled;

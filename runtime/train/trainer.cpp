@@ -68,6 +68,7 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   // Everything before the mesh is checked by each rank alone; an error every rank has alike is printed once.
   run_agreed(env, "the run's setup", [&] {
     set_cpu_threads(cfg.training.threads > 0 ? cfg.training.threads : auto_threads(env));
+    set_host_memory_limit(size_t(cfg.training.memory_limit_mb * double(1 << 20)), "training.memory_limit_mb");
 
     // What each mesh dim means (parallel_dims.h); every dim exists, size 1 where unused.
     run.pd = ParallelDims::from_config(cfg.parallel, env.size());
@@ -113,6 +114,8 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   run.shard = cp_shard(run.pd.cp_load_balance, t.seq_len, run.pd.cp_ring(), run.pd.cp_ring_rank(run.mesh),
                        run.pd.cp_ulysses(), run.pd.cp_ulysses_rank(run.mesh));
 
+  const size_t before_model = allocator_stats(Device::cpu()).allocated_bytes;
+  reset_peak_allocated(Device::cpu());
   ParamFactory f{run.mesh, run.dtype, run.device, uint64_t(t.seed), cfg.model.init_std};
   f.deferred = true;  // sharded creation: each rank allocates and draws only its part, after the plan
   run.model = std::make_unique<LlamaForCausalLM>(cfg.model, f);
@@ -125,6 +128,7 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   run.opt = std::make_unique<AdamW>(run.params, t);
   GradSyncOptions gs{run.pd.grad_partial_dims(), size_t(t.grad_bucket_mb * double(1 << 20)), reduce_dtype};
   run.grad_sync = std::make_unique<GradSync>(*run.model, run.mesh, gs);
+  run.create_peak_bytes = allocator_stats(Device::cpu()).peak_allocated_bytes - before_model;
   // Creation made nothing whole (sharded creation); hand any temporaries' cached blocks back.
   empty_cache(Device::cpu());
   return run;

@@ -24,6 +24,7 @@ struct TrainRun {
   std::unique_ptr<FullyShard> fsdp;  // fully sharded data parallel's units (dp_shard > 1); destroyed before the model
   std::vector<Parameter*> params;
   std::unique_ptr<AdamW> opt;
+  size_t create_peak_bytes = 0;  // host bytes held at the peak of creating and laying out the model
   TokenStream train_data, val_data;
   ParallelDims pd;              // what each mesh dim means
   int64_t dp = 1, dp_rank = 0;  // data-parallel size and this rank's index
