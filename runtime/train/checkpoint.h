@@ -47,8 +47,8 @@ TrainProgress load_checkpoint(const std::string& path, LlamaForCausalLM& model, 
 // The config stored in a checkpoint's meta.json (for `meshtrain generate`).
 Config checkpoint_config(const std::string& path);
 
-// Loads a Hugging Face Llama safetensors file or directory (model.safetensors, else
-// model-0000x-of-0000y.safetensors shards; optionally config.json, read by hf_model_config, whose model must be
+// Loads a Hugging Face Llama safetensors file or directory (model.safetensors.index.json, else model.safetensors,
+// else every .safetensors file of the directory; each rank reads its blocks; optionally config.json, read by hf_model_config, whose model must be
 // this one). Every parameter must be present with its shape; a missing, extra or mis-shaped tensor is an error
 // naming it. f32, bf16 and f16.
 void load_hf_weights(const std::string& path, LlamaForCausalLM& model);

@@ -159,10 +159,14 @@ void resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
       TrainProgress p;
       const size_t before = allocator_stats(Device::cpu()).allocated_bytes;
       reset_peak_allocated(Device::cpu());
+      const auto t0 = std::chrono::steady_clock::now();
       run_agreed(env, "loading the checkpoint", [&] { p = load_checkpoint(c, *run.model, run.opt.get()); });
       if (env.rank() == 0)
-        spdlog::info("host memory while loading on rank 0: {:.3f} MiB above the model state (one block at a time)",
-                     double(allocator_stats(Device::cpu()).peak_allocated_bytes - before) / (1 << 20));
+        spdlog::info(
+            "loaded in {:.2f} s; host memory while loading on rank 0: {:.3f} MiB above the model state (one block at "
+            "a time)",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+            double(allocator_stats(Device::cpu()).peak_allocated_bytes - before) / (1 << 20));
       run.start_step = p.step;
       resume_from = c;
     } catch (const Error& e) {
@@ -295,11 +299,13 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     TrainProgress p{next_step, pos.epoch, pos.offset, uint64_t(t.seed)};
     const size_t before = allocator_stats(Device::cpu()).allocated_bytes;
     reset_peak_allocated(Device::cpu());
+    const auto t0 = std::chrono::steady_clock::now();
     std::string dir = save_checkpoint(cfg.checkpoint.dir, p, *run.model, *run.opt, cfg, run.mesh, env);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double extra = double(allocator_stats(Device::cpu()).peak_allocated_bytes - before) / (1 << 20);
-    log.note(fmt::format("checkpoint step {} -> {} (host memory during the save: {:.3f} MiB above the state on this "
-                         "rank, at most one whole tensor and one shard)",
-                         next_step, dir, extra));
+    log.note(fmt::format("checkpoint step {} -> {} in {:.2f} s (host memory during the save: {:.3f} MiB above the "
+                         "state on this rank, at most one whole tensor and one shard)",
+                         next_step, dir, secs, extra));
   };
   StepProfiler profile(run, env, log, t.steps);
   const int64_t first_profiled = profile.first_profiled;
