@@ -6,7 +6,7 @@
 #    and throughput, per rank and in total.
 # 2. At dp_shard 8: checkpoint.writers 1 (one writer, as rank 0 alone wrote before) against 2, 4 and 8.
 # 3. The disk's own sequential write (dd conv=fsync) and read bandwidth on the same directory: the physical limit.
-# 4. Start-up (launch to the first step) at dp_shard 8, and with OLD_MESHTRAIN (a build of the code before sharded
+# 4. Start-up (launch to exit with one step) at dp_shard 8, and with OLD_MESHTRAIN (a build of the code before sharded
 #    creation) the same for it.
 # Writes $OUT/bench_scale.md (OUT defaults to /tmp/bench_scale).
 set -uo pipefail
@@ -34,15 +34,6 @@ report="$out/bench_scale.md"
 
 # The figure after a log line's marker: num LOG REGEX (the first number after it).
 num() { grep -aoE -e "$2[^0-9]*[0-9.]+" "$1" | head -1 | grep -oE "[0-9.]+$"; }
-secs() {  # secs LOG TEXT: seconds from the log's first timestamped line to the first line holding TEXT
-  python3 - "$1" "$2" <<'PY'
-import re, sys
-stamps = [(l, re.match(r"\[(\d+):(\d+):(\d+\.\d+)\]", l)) for l in open(sys.argv[1], errors="replace")]
-t = [(l, int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3])) for l, m in stamps if m]
-end = next(s for l, s in t if sys.argv[2] in l)
-print(f"{end - t[0][1]:.2f}")
-PY
-}
 
 echo "| dp_shard | state (predicted) MiB | creation MiB | step peak RSS MiB | save extra MiB | load extra MiB | checkpoint MiB | save s | save MB/s | load s | load MB/s |" >>"$report"
 echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" >>"$report"
@@ -97,6 +88,6 @@ for bin in "$mt" $old; do
   "$mpirun" -np 8 "$bin" --config "$out/s.yaml" --set parallel.dp_shard=8 --set training.steps=1 \
     --set checkpoint.dir= train >"$out/start.log" 2>&1
   t1=$(date +%s.%N)
-  echo "dp_shard 8, $bin: set-up (first log line to 'memory after setup') $(secs "$out/start.log" 'memory after setup') s; launch to exit with 1 step $(python3 -c "print(f'{$t1 - $t0:.2f}')") s; peak resident memory of rank 0 through set-up: $(num "$out/start.log" "memory after setup:") MiB" >>"$report"
+  echo "dp_shard 8, $bin: launch to exit with 1 step $(python3 -c "print(f'{$t1 - $t0:.2f}')") s; peak resident memory of rank 0 through set-up: $(num "$out/start.log" "memory after setup:") MiB" >>"$report"
 done
 cat "$report"
