@@ -68,8 +68,8 @@ MT_FAULT_STOP_AT="mesh creation:1" drill "start-up: mesh creation" \
   "$(timeout_of "mesh creation on the world (2 ranks)")" "$stopped1" -- "${run2[@]}" train
 MT_FAULT_STOP_AT="stop-signal all_reduce:1" drill "a step: stop-signal all_reduce" \
   "$(timeout_of "stop-signal all_reduce on the world (2 ranks)")" "$stopped1" -- "${run2[@]}" train
-MT_FAULT_STOP_AT="checkpoint barrier:1" drill "checkpoint write: barrier" \
-  "$(timeout_of "checkpoint barrier (step 1) on the world (2 ranks)")" "$stopped1" -- "${run2[@]}" train
+MT_FAULT_STOP_AT="errors in the checkpoint of step 1:1" drill "checkpoint write: the ranks' agreement" \
+  "$(timeout_of "errors in the checkpoint of step 1 on the world (2 ranks)")" "$stopped1" -- "${run2[@]}" train
 MT_FAULT_STOP_AT="exit barrier:1" drill "end of the run: exit barrier" \
   "$(timeout_of "exit barrier on the world (2 ranks)")" "$stopped1" -- "${run2[@]}" train
 MT_FAULT_STOP_AT="check timing barrier:1" drill "meshtrain check: timing barrier" \
