@@ -94,8 +94,11 @@ void run_control(MPI_Comm comm, std::string_view label, const std::string& where
   for (size_t i = 0; i < np; ++i)
     MT_MPI_CHECK(MPI_Isend(st->mine.text, kLabelLen, MPI_CHAR, st->peers[i], kMarkerTag, comm, &reqs[np + i]));
   MT_MPI_CHECK(start(&reqs[2 * np]));
+  // Above kAllPairsUpTo ranks only rank 0 hears from everyone: the others give it a few seconds more to abort first
+  // and name the missing ranks (they still fire, naming rank 0, when rank 0 is the one missing).
+  const double grace = st->partial ? std::min(10.0, 0.25 * std::max(watchdog_timeout(), 0.0)) : 0.0;
   uint64_t id = watchdog_begin(std::string(label), where.empty() ? world_where(comm) : where, {},
-                               [st] { return st->describe(); });
+                               [st] { return st->describe(); }, grace);
   struct End {
     uint64_t id;
     ~End() { watchdog_end(id); }

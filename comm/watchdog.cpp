@@ -42,6 +42,7 @@ struct Pending {
   std::function<std::string()> detail;
   double suspended_s = 0;  // time this process was suspended while the operation waited
   std::vector<int> ranks;  // world ranks of the group; empty: the world
+  double grace_s = 0;      // waited beyond the timeout before this rank fires (watchdog_begin's grace_s)
 };
 
 struct State {
@@ -280,7 +281,7 @@ void loop() {
         continue;
       }
       double waited = std::chrono::duration<double>(now - it->second.start).count();
-      if (s.timeout_s > 0 && waited > s.timeout_s) {
+      if (s.timeout_s > 0 && waited > s.timeout_s + it->second.grace_s) {
         Pending p = it->second;
         double limit = s.timeout_s;
         lock.unlock();
@@ -308,12 +309,12 @@ void watchdog_add_abort_hook(std::function<void()> hook) {
 }
 
 uint64_t watchdog_begin(std::string op, std::string where, std::function<bool()> done,
-                        std::function<std::string()> detail) {
+                        std::function<std::string()> detail, double grace_s) {
   auto& s = state();
   std::lock_guard lock(s.mu);
   uint64_t id = s.next_id++;
-  s.pending.emplace(
-      id, Pending{std::move(op), std::move(where), Clock::now(), std::move(done), std::move(detail), 0.0, {}});
+  s.pending.emplace(id, Pending{std::move(op), std::move(where), Clock::now(), std::move(done), std::move(detail),
+                                0.0, {}, grace_s});
   return id;
 }
 

@@ -28,9 +28,11 @@ uint64_t watchdog_begin(std::string op, const Group& group, std::function<bool()
 // The same for operations that are not on a Group yet (making one is collective too).
 uint64_t watchdog_begin(std::string op, std::string where, std::function<bool()> done = {});
 // detail() is called once, at the timeout, and its text replaces the generic
-// "a peer is missing" in the message (e.g. which ranks did not arrive).
+// "a peer is missing" in the message (e.g. which ranks did not arrive). grace_s:
+// this rank waits that much longer than the timeout before it fires, so that a
+// rank that knows more (the control plane's rank 0 above 64 ranks) aborts first.
 uint64_t watchdog_begin(std::string op, std::string where, std::function<bool()> done,
-                        std::function<std::string()> detail);
+                        std::function<std::string()> detail, double grace_s = 0);
 void watchdog_end(uint64_t id);
 
 // RAII form for blocking host-side calls.
