@@ -12,6 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 
 #include "comm/control.h"
 #include "parallel/copy_block.h"
@@ -147,13 +148,12 @@ Tensor gather_to_writer(const DTensor& t, int writer, Group& world) {
     int sender;
   };
   std::vector<Block> blocks;
+  std::set<std::pair<Shape, Shape>> seen;  // O(ranks log ranks) per tensor
   for (int r = 0; r < world.size(); ++r) {
     std::vector<int> c = mesh.coordinate_of(r);
     Shape off = t.spec.local_offset(c), shape = t.spec.local_shape(c);
     if (shape_numel(shape) == 0) continue;
-    bool seen = false;
-    for (auto& b : blocks) seen = seen || (b.off == off && b.shape == shape);
-    if (!seen) blocks.push_back({off, shape, r});
+    if (seen.insert({off, shape}).second) blocks.push_back({off, shape, r});
   }
   Tensor full;
   if (me == writer) full = empty(t.shape(), t.local.dtype());
