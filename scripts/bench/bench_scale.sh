@@ -4,7 +4,7 @@
 # 1. For dp_shard 1, 2, 4, 8: host memory on rank 0 at creation, during a step, during a save and during a load,
 #    beside the shard bytes the layouts predict (16 B per parameter element of the rank's part); save and load time
 #    and throughput, per rank and in total.
-# 2. At dp_shard 8: checkpoint.writers 1 (one writer, as rank 0 alone wrote before) against 2, 4 and 8.
+# 2. At 2, 4 and 8 ranks: checkpoint.writers 1 (one writer, as rank 0 alone wrote before) against every rank.
 # 3. The disk's own sequential write (dd conv=fsync) and read bandwidth on the same directory: the physical limit.
 # 4. Start-up (launch to exit with one step) at dp_shard 8, and with OLD_MESHTRAIN (a build of the code before sharded
 #    creation) the same for it.
@@ -64,18 +64,21 @@ PY
 done
 
 echo >>"$report"
-echo "| dp_shard 8, checkpoint.writers | save s | MB/s total | MB/s per writer |" >>"$report"
-echo "| ---: | ---: | ---: | ---: |" >>"$report"
-for w in 1 2 4 8; do
-  ck="$out/w$w"
-  rm -rf "$ck"
-  "$mpirun" -np 8 "$mt" --config "$out/s.yaml" --set parallel.dp_shard=8 --set checkpoint.dir="$ck" \
-    --set checkpoint.writers=$w --set training.steps=1 train >"$out/w$w.log" 2>&1 || { echo "writers $w failed"; tail "$out/w$w.log"; }
-  s=$(num "$out/w$w.log" "-> .* in")
-  bytes=$(du -sb "$ck"/step_* | awk '{print $1}')
-  python3 -c "print(f'| {$w} | {$s:.2f} | {$bytes / $s / 1e6:.0f} | {$bytes / $s / 1e6 / $w:.0f} |')" >>"$report"
+echo "| ranks (dp_shard) | checkpoint.writers | save s | MB/s total | MB/s per writer |" >>"$report"
+echo "| ---: | ---: | ---: | ---: | ---: |" >>"$report"
+for n in 2 4 8; do
+  ws=(1 $n)
+  [ $n -eq 8 ] && ws=(1 2 4 8)
+  for w in "${ws[@]}"; do
+    ck="$out/w$n-$w"
+    rm -rf "$ck"
+    "$mpirun" -np $n "$mt" --config "$out/s.yaml" --set parallel.dp_shard=$n --set checkpoint.dir="$ck" \
+      --set checkpoint.writers=$w --set training.steps=1 train >"$out/w$n-$w.log" 2>&1 || { echo "$n ranks, writers $w failed"; tail "$out/w$n-$w.log"; }
+    s=$(num "$out/w$n-$w.log" "-> .* in")
+    bytes=$(du -sb "$ck"/step_* | awk '{print $1}')
+    python3 -c "print(f'| {$n} | {$w} | {$s:.2f} | {$bytes / $s / 1e6:.0f} | {$bytes / $s / 1e6 / $w:.0f} |')" >>"$report"
+  done
 done
-
 echo >>"$report"
 w=$(dd if=/dev/zero of="$out/dd" bs=16M count=64 conv=fsync 2>&1 | tail -1)
 r=$(dd if="$out/dd" of=/dev/null bs=16M 2>&1 | tail -1)
