@@ -40,6 +40,9 @@ std::vector<int32_t> values(const Tensor& t) {
   return v;
 }
 
+// The stream's tokens (uint32) as the uint16 values they were written from.
+std::vector<uint32_t> wide(const std::vector<uint16_t>& v) { return std::vector<uint32_t>(v.begin(), v.end()); }
+
 }  // namespace
 
 TEST_CASE("data: a shard round trips and its bytes follow llm.c's layout") {
@@ -57,13 +60,13 @@ TEST_CASE("data: a shard round trips and its bytes follow llm.c's layout") {
 
   TokenStream ts(d / "a.bin", 0);  // vocab_size 0: no vocabulary check
   CHECK(ts.size() == 5);
-  CHECK(ts.tokens() == tokens);
+  CHECK(ts.tokens() == wide(tokens));
   REQUIRE(ts.shards().size() == 1);
   CHECK(ts.shards()[0].path == d / "a.bin");
   CHECK(ts.shards()[0].tokens == 5);
   CHECK(ts.key() == "data.train");
 
-  write_token_shard(d / "empty.bin", {});  // an empty shard is valid
+  write_token_shard(d / "empty.bin", std::vector<uint16_t>{});  // an empty shard is valid
   CHECK(TokenStream(d / "empty.bin", 256).size() == 0);
 }
 
@@ -75,7 +78,7 @@ TEST_CASE("data: a glob reads several shards in sorted order as one stream") {
     std::snprintf(name, sizeof(name), "tiny_train_%06d.bin", s);
     write_token_shard(d / name, iota_tokens(4 + s, 100 * s));
   }
-  write_token_shard(d / "tiny_val_000000.bin", {9, 9});  // not matched
+  write_token_shard(d / "tiny_val_000000.bin", std::vector<uint16_t>{9, 9});  // not matched
   CHECK(glob_files(d / "tiny_train_*.bin", "data.train") ==
         std::vector<std::string>{d / "tiny_train_000000.bin", d / "tiny_train_000001.bin", d / "tiny_train_000002.bin",
                                  d / "tiny_train_000010.bin"});
@@ -85,7 +88,7 @@ TEST_CASE("data: a glob reads several shards in sorted order as one stream") {
     auto t = iota_tokens(4 + s, 100 * s);
     want.insert(want.end(), t.begin(), t.end());
   }
-  CHECK(ts.tokens() == want);
+  CHECK(ts.tokens() == wide(want));
   REQUIRE(ts.shards().size() == 4);
   CHECK(ts.shards()[3].path == d / "tiny_train_000010.bin");
   CHECK(ts.shards()[3].tokens == 14);
@@ -182,9 +185,9 @@ TEST_CASE("data: malformed shards name the file and the offset") {
   write_raw(d / "negative.bin", {20240520, 1, -5}, {});
   write_raw(d / "vocab.bin", {20240520, 1, 5}, {1, 2, 3, 300, 4});
   CHECK_ERROR_CONTAINS(TokenStream(d / "magic.bin", 256),
-                       "[data] " + d / "magic.bin" + ": bad magic 1234 at offset 0 (expected 20240520)");
+                       "[data] " + d / "magic.bin" + ": bad magic 1234 at offset 0 (expected 20240520 for uint16 tokens");
   CHECK_ERROR_CONTAINS(TokenStream(d / "version.bin", 256),
-                       "[data] " + d / "version.bin" + ": bad version 7 at offset 4 (expected 1)");
+                       "[data] " + d / "version.bin" + ": bad version 7 at offset 4 (expected 1 with magic 20240520)");
   CHECK_ERROR_CONTAINS(TokenStream(d / "size.bin", 256),
                        "[data] " + d / "size.bin" + ": size 2000 does not match header: 1024 + 2 x 600 = 2224 bytes");
   CHECK_ERROR_CONTAINS(TokenStream(d / "size.bin", 256), "truncated file?");
@@ -236,8 +239,8 @@ TEST_CASE("data: scripts/prepare_data writes byte-level shards the reader accept
   CHECK(train.shards().size() >= 2);  // 8 tokens a shard
   for (const ShardInfo& s : train.shards()) CHECK(s.tokens <= 8);
   std::string all;
-  for (uint16_t t : train.tokens()) all += char(t);
-  for (uint16_t t : val.tokens()) all += char(t);
+  for (uint32_t t : train.tokens()) all += char(t);
+  for (uint32_t t : val.tokens()) all += char(t);
   CHECK(all.find("hello world\n") == 0);
   CHECK(all.find("caf\xc3\xa9\n") != std::string::npos);
   CHECK(val.size() > 0);
@@ -257,7 +260,7 @@ TEST_CASE("data: batches over three uneven shards equal the stream's tokens, acr
   for (const auto& sh : shards) stream.insert(stream.end(), sh.begin(), sh.end());
   TokenStream ts(d / "part_*.bin", 2000);
   REQUIRE(ts.size() == 23);
-  CHECK(ts.tokens() == stream);
+  CHECK(ts.tokens() == wide(stream));
   REQUIRE(ts.shards().size() == 3);
   for (int s = 0; s < 3; ++s) {
     CHECK(ts.shards()[size_t(s)].path == d / ("part_" + std::to_string(s) + ".bin"));
@@ -340,4 +343,48 @@ TEST_CASE("data: a third token over the vocabulary names offset 1028; header-onl
   CHECK(b.epoch == 3);
 
   CHECK_ERROR_CONTAINS(TokenStream(d / "nothing_*.bin", 256), "no file matches");
+}
+
+TEST_CASE("data: uint32 shards (magic 20240801, version 7) round trip, mix with uint16 ones, and are checked") {
+  test::TempDir d("data");
+  // Llama 3 and Qwen2 ids, past uint16.
+  std::vector<uint32_t> big = {0, 65535, 65536, 128255, 151935, 7};
+  write_token_shard_u32(d / "m_1.bin", big);
+  CHECK(fs::file_size(d / "m_1.bin") == 1024 + 4 * big.size());
+  std::ifstream f(d / "m_1.bin", std::ios::binary);
+  int32_t header[256];
+  f.read(reinterpret_cast<char*>(header), sizeof(header));
+  CHECK(header[0] == 20240801);
+  CHECK(header[1] == 7);
+  CHECK(header[2] == 6);
+  write_token_shard(d / "m_0.bin", std::vector<uint16_t>{3, 4});  // a uint16 shard first in sorted order
+  TokenStream ts(d / "m_*.bin", 151936);
+  std::vector<uint32_t> want{3, 4};
+  want.insert(want.end(), big.begin(), big.end());
+  CHECK(ts.tokens() == want);
+  Batch b = get_batch(ts, 1, 1, 3, 0, 1);  // tokens 3..5 and 4..6 of the stream
+  CHECK(b.inputs.at<int32_t>(1) == 65536);
+  CHECK(b.targets.at<int32_t>(2) == 151935);
+  // A token past the vocabulary names the file and its byte offset (1024 + 4 x index).
+  CHECK_ERROR_CONTAINS(TokenStream(d / "m_1.bin", 128256, "data.train"),
+                       "m_1.bin: token 151935 at offset 1040 >= vocab_size 128256");
+  // A version that does not go with the magic, and an unknown magic, name both formats.
+  {
+    std::fstream g(d / "m_1.bin", std::ios::in | std::ios::out | std::ios::binary);
+    int32_t v = 1;
+    g.seekp(4);
+    g.write(reinterpret_cast<const char*>(&v), 4);
+  }
+  CHECK_ERROR_CONTAINS(TokenStream(d / "m_1.bin", 0), "bad version 1 at offset 4 (expected 7 with magic 20240801)");
+  {
+    std::fstream g(d / "m_1.bin", std::ios::in | std::ios::out | std::ios::binary);
+    int32_t m = 1234;
+    g.write(reinterpret_cast<const char*>(&m), 4);
+  }
+  CHECK_ERROR_CONTAINS(TokenStream(d / "m_1.bin", 0),
+                       "bad magic 1234 at offset 0 (expected 20240520 for uint16 tokens or 20240801 for uint32 tokens)");
+  // A truncated uint32 shard: its size against 1024 + 4 x count.
+  write_token_shard_u32(d / "t.bin", big);
+  fs::resize_file(d / "t.bin", 1024 + 4 * 5);
+  CHECK_ERROR_CONTAINS(TokenStream(d / "t.bin", 0), "does not match header: 1024 + 4 x 6 = 1048 bytes");
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -216,8 +217,8 @@ void validate_training(const Config& c) {
   require_at_least("model.n_kv_heads", m.n_kv_heads, 1, "a head count");
   require_at_least("model.ffn_dim", m.ffn_dim, 1, "a width");
   require_at_least("model.max_seq_len", m.max_seq_len, 1, "a length");
-  if (m.vocab_size < 1 || m.vocab_size > 65536)
-    fail("config", "model.vocab_size = {}: expected 1 ... 65536 (tokens are stored as uint16)", m.vocab_size);
+  if (m.vocab_size < 1 || m.vocab_size > INT32_MAX)
+    fail("config", "model.vocab_size = {}: expected 1 ... {} (token ids are int32)", m.vocab_size, INT32_MAX);
   if (m.dim % m.n_heads != 0)
     fail("config", "model.dim = {} must be divisible by model.n_heads = {}", m.dim, m.n_heads);
   if (m.n_heads % m.n_kv_heads != 0)

@@ -1,8 +1,10 @@
-// Token shards in llm.c's format and the batch convention built on them.
-// A shard: a header of 256 little-endian int32 (magic 20240520, version 1,
-// token count, the rest zero), then `count` uint16 tokens; the file's size must
-// be 1024 + 2 * count. Shards are matched by a glob and read in sorted order as
-// one concatenated stream.
+// Token shards in llm.c's two formats and the batch convention built on them.
+// A shard: a header of 256 little-endian int32 (magic, version, token count,
+// the rest zero), then `count` tokens: magic 20240520 version 1 holds uint16
+// tokens (GPT-2's vocabulary and anything up to 65,536), magic 20240801
+// version 7 uint32 tokens (Llama 3's 128,256, Qwen2's 151,936); the file's size
+// must be 1024 + width * count. Shards are matched by a glob and read in sorted
+// order as one concatenated stream (formats may mix).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,8 +14,10 @@
 
 namespace mt {
 
-constexpr int32_t kShardMagic = 20240520;
+constexpr int32_t kShardMagic = 20240520;  // uint16 tokens
 constexpr int32_t kShardVersion = 1;
+constexpr int32_t kShardMagic32 = 20240801;  // uint32 tokens
+constexpr int32_t kShardVersion32 = 7;
 
 struct ShardInfo {
   std::string path;
@@ -23,8 +27,9 @@ struct ShardInfo {
 // Sorted paths matching the glob; none is an error "[data] <key>: no file matches '<glob>'".
 std::vector<std::string> glob_files(const std::string& pattern, const std::string& key);
 
-// Writes a shard (used by scripts' tests and by tests).
+// Writes a shard (used by scripts' tests and by tests): uint16 tokens as version 1, uint32 as version 7.
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+void write_token_shard_u32(const std::string& path, const std::vector<uint32_t>& tokens);
 
 // The concatenation of every shard matching a glob, validated when opened:
 // wrong magic or version, size mismatch, truncated file, and (when vocab_size > 0)
@@ -38,13 +43,13 @@ class TokenStream {
   TokenStream(const std::string& glob, int64_t vocab_size, const std::string& key = "data.train");
   int64_t size() const { return int64_t(tokens_.size()); }
   const std::vector<ShardInfo>& shards() const { return shards_; }
-  const std::vector<uint16_t>& tokens() const { return tokens_; }
+  const std::vector<uint32_t>& tokens() const { return tokens_; }
   const std::string& key() const { return key_; }  // the config key named in errors
 
  private:
   std::string key_ = "data";
   std::vector<ShardInfo> shards_;
-  std::vector<uint16_t> tokens_;
+  std::vector<uint32_t> tokens_;  // both formats, widened
 };
 
 // llm.c's convention. With B sequences of length T per step, a step reads the

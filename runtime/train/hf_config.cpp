@@ -143,8 +143,8 @@ ModelConfig hf_model_config(const std::string& config_json) {
                 fmt::format("meshtrain's head dim is hidden_size / num_attention_heads = {}", c.dim / c.n_heads));
   MT_CHECK((c.dim / c.n_heads) % 2 == 0, "checkpoint", "{}: head dim {}: RoPE needs an even head dim", file,
            c.dim / c.n_heads);
-  MT_CHECK(c.vocab_size <= 65536, "checkpoint", "{}: vocab_size = {}: meshtrain takes at most 65536 (uint16 tokens)",
-           file, c.vocab_size);
+  MT_CHECK(c.vocab_size >= 1 && c.vocab_size <= INT32_MAX, "checkpoint",
+           "{}: vocab_size = {}: expected 1 ... {} (token ids are int32)", file, c.vocab_size, INT32_MAX);
   return c;
 }
 

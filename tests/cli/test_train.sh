@@ -433,6 +433,33 @@ train w1 2 --set checkpoint.writers=1 --set training.steps=10 &&
     -f "$tmp/w1.ckpt/step_00000010/model.safetensors" -a -f "$tmp/w1.ckpt/step_00000010/optimizer.safetensors" -a \
     ! -e "$tmp/w1.ckpt/step_00000010/model.safetensors.index.json" || bad "checkpoint.writers 1" "$(tail -n 20 "$tmp/w1.log")"
 
+# --- Vocabularies past 65,536: llm.c's uint32 shards (magic 20240801, version 7), Qwen2's vocabulary ---
+"$py" - "$tmp/big" <<'PY'
+import os, sys, numpy as np
+d = sys.argv[1]; os.makedirs(d, exist_ok=True)
+rng = np.random.default_rng(5)
+# A repeating pattern of ids across the whole vocabulary (so that the loss can fall), most of them past uint16.
+base = rng.integers(0, 151936, size=97, dtype=np.uint32)
+toks = np.tile(base, 60)
+head = np.zeros(256, dtype="<i4"); head[0], head[1], head[2] = 20240801, 7, toks.size
+open(os.path.join(d, "q_train_000000.bin"), "wb").write(head.tobytes() + toks.astype("<u4").tobytes())
+bad = toks.copy(); bad[50] = 151936
+head[2] = bad.size
+open(os.path.join(d, "bad_000000.bin"), "wb").write(head.tobytes() + bad.astype("<u4").tobytes())
+print((toks > 65535).mean())
+PY
+big=(--set model.vocab_size=151936 --set data.train="$tmp/big/q_train_*.bin" --set data.val= --set eval.interval=0
+     --set sample.interval=0 --set training.steps=10 --set checkpoint.interval=0)
+train big1 1 "${big[@]}" && train big_tp2 2 "${big[@]}" --set parallel.tp=2 --set parallel.dp_replicate=1 &&
+  check "vocab 151,936 from uint32 shards: tp=2 (vocab-sharded embedding and lm_head, loss parallel) gives the 1-rank losses" -- \
+    "$py" "$compare" "$tmp/big_tp2.jsonl" "$tmp/big1.jsonl" --steps 10 ||
+  bad "vocab 151,936 runs" "$(tail -n 20 "$tmp/big1.log" "$tmp/big_tp2.log" 2>/dev/null)"
+check "vocab 151,936: the loss falls" -- "$py" -c "
+import json; r=[json.loads(l)['loss'] for l in open('$tmp/big1.jsonl') if '\"loss\"' in l]
+assert r[-1] < r[0] - 0.5, r; print(r[0], '->', r[-1])"
+expect "a uint32 token past the vocabulary names the shard and the offset" nonzero "bad_000000.bin: token 151936 at offset 1224 >= vocab_size 151936" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" "${big[@]}" --set data.train="$tmp/big/bad_000000.bin" train
+
 # --- Bad input: config ---
 expect "config: batch not divisible by dp" nonzero "training.batch_size = 6 must be divisible by dp" -- "$mpirun" -np 4 "$mt" --config "$tmp/t.yaml" --set training.batch_size=6 train
 expect "config: micro-batch" nonzero "training.micro_batch_size = 3 must divide" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.micro_batch_size=3 train
