@@ -2,8 +2,8 @@
 // dims, row-major with the last dim innermost (so that tensor-parallel ranks,
 // by convention the last dim, are neighbours on one node). A Group exists for
 // every dim and for flattened sets of dims, some of them named by the caller
-// (parallel/parallel_dims.h names "dp" = dp_replicate x dp_shard). The mesh
-// knows nothing of what its dims mean. DeviceMesh is a value handle: copies
+// (parallel/parallel_dims.h names the training mesh's groups). The mesh knows
+// nothing of what its dims mean. DeviceMesh is a value handle: copies
 // share the same groups.
 #pragma once
 #include <memory>
@@ -20,7 +20,7 @@ struct MeshDim {
   int size = 1;
 };
 
-// A name for a flattened set of dims ("dp": dp_replicate, dp_shard); dims the mesh lacks are left out.
+// A name for a flattened set of dims, given by the caller; dims the mesh lacks are left out.
 struct MeshGroupName {
   std::string name;
   std::vector<std::string> dims;

@@ -31,21 +31,12 @@ namespace {
 
 // The descriptors, outermost first: the one list of the mesh's dims.
 std::vector<DimSpec> dim_specs() {
-  DimSpec dp_replicate{dim::dp_replicate, 1};
-  dp_replicate.batch = dp_replicate.data = true;
-  dp_replicate.what = "batch";
-  DimSpec dp_shard{dim::dp_shard, 1};
-  dp_shard.batch = dp_shard.data = dp_shard.shards_params = true;
-  dp_shard.what = "batch, parameters sharded";
-  DimSpec cp_ring{dim::cp_ring, 1};
-  cp_ring.sequence = cp_ring.data = true;
-  cp_ring.what = "sequence";
-  DimSpec cp_ulysses{dim::cp_ulysses, 1};
-  cp_ulysses.sequence = cp_ulysses.data = true;
-  cp_ulysses.what = "sequence, heads inside attention (alltoall)";
-  DimSpec tp{dim::tp, 1};
-  tp.heads = true;
-  tp.what = "heads";
+  // name, size, batch, sequence, heads, shards_params, data, what
+  DimSpec dp_replicate{dim::dp_replicate, 1, true, false, false, false, true, "batch"};
+  DimSpec dp_shard{dim::dp_shard, 1, true, false, false, true, true, "batch, parameters sharded"};
+  DimSpec cp_ring{dim::cp_ring, 1, false, true, false, false, true, "sequence"};
+  DimSpec cp_ulysses{dim::cp_ulysses, 1, false, true, false, false, true, "sequence, heads inside attention (alltoall)"};
+  DimSpec tp{dim::tp, 1, false, false, true, false, false, "heads"};
   return {dp_replicate, dp_shard, cp_ring, cp_ulysses, tp};
 }
 

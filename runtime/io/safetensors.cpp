@@ -66,47 +66,15 @@ float half_to_float(uint16_t h) {
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  json header = json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  uint64_t offset = 0;
+  std::vector<SafetensorsWriter::Layout> layout;
   for (auto& nt : tensors) {
-    MT_CHECK(!nt.tensor.device().is_cuda(), "checkpoint", "{}: tensor '{}' must be on the host", path, nt.name);
-    MT_CHECK(nt.name != "__metadata__" && !nt.name.empty(), "checkpoint", "{}: '{}' is not a valid tensor name", path,
-             nt.name);
     MT_CHECK(nt.tensor.defined(), "checkpoint", "{}: tensor '{}' is undefined", path, nt.name);
-    MT_CHECK(!header.contains(nt.name), "checkpoint", "{}: tensor '{}' given twice", path, nt.name);
-    uint64_t n = nt.tensor.nbytes();
-    header[nt.name] = {
-        {"dtype", st_dtype(nt.tensor.dtype())}, {"shape", nt.tensor.shape()}, {"data_offsets", {offset, offset + n}}};
-    offset += n;
+    MT_CHECK(!nt.tensor.device().is_cuda(), "checkpoint", "{}: tensor '{}' must be on the host", path, nt.name);
+    layout.push_back({nt.name, nt.tensor.dtype(), nt.tensor.shape()});
   }
-  std::string h = header.dump();
-  h.append((8 - h.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  MT_CHECK(f, "checkpoint", "cannot create {}: {}", tmp, std::strerror(errno));
-  uint64_t hl = h.size();
-  bool ok = std::fwrite(&hl, 8, 1, f) == 1 && std::fwrite(h.data(), 1, h.size(), f) == h.size();
-  for (auto& nt : tensors)
-    if (ok && nt.tensor.nbytes())
-      ok = std::fwrite(nt.tensor.data_ptr(), 1, nt.tensor.nbytes(), f) == nt.tensor.nbytes();
-  ok = ok && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-  int err = ok ? 0 : errno;
-  if (std::fclose(f) != 0 && ok) ok = false, err = errno;
-  std::error_code ec;
-  if (!ok) {
-    std::filesystem::remove(tmp, ec);
-    fail("checkpoint", "cannot write {}: {} (disk full?)", tmp, std::strerror(err));
-  }
-  std::filesystem::rename(tmp, path, ec);
-  MT_CHECK(!ec, "checkpoint", "cannot rename {} to {}: {}", tmp, path, ec.message());
-  // The rename itself is durable once the directory is synced.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    (void)::fsync(dfd);
-    ::close(dfd);
-  }
+  SafetensorsWriter w(path, layout, metadata);
+  for (auto& nt : tensors) w.write(nt.name, nt.tensor);
+  w.close();
 }
 
 namespace {
@@ -219,43 +187,17 @@ void check_tiling(const std::string& path, const std::vector<Entry>& entries, ui
            data_size);
 }
 
-// A tensor's bytes read (F16 widened to f32).
-Tensor read_tensor(std::ifstream& f, const std::string& path, uint64_t header_len, const Entry& en) {
-  Tensor t = empty(en.shape, en.dtype);
-  uint64_t n = en.end - en.begin;
-  f.seekg(std::streamoff(8 + header_len + en.begin));
-  if (en.dt == "F16") {
-    std::vector<uint16_t> raw(size_t(t.numel()));
-    if (n) f.read(reinterpret_cast<char*>(raw.data()), std::streamsize(n));
-    float* d = t.numel() ? t.data<float>() : nullptr;
-    for (size_t i = 0; i < raw.size(); ++i) d[i] = half_to_float(raw[i]);
-  } else if (n) {
-    f.read(static_cast<char*>(t.data_ptr()), std::streamsize(n));
-  }
-  MT_CHECK(f.good(), "checkpoint", "{}: cannot read tensor '{}' (truncated file?)", path, en.name);
-  return t;
-}
-
 }  // namespace
 
 SafetensorsFile read_safetensors(const std::string& path) {
-  Header h = read_header(path);
-  std::vector<Entry> entries;
+  SafetensorsReader r(path);
   SafetensorsFile out;
-  for (auto it = h.header.begin(); it != h.header.end(); ++it) {
-    const std::string& name = it.key();
-    if (name == "__metadata__") {
-      MT_CHECK(it->is_object(), "checkpoint", "{}: __metadata__ is not a JSON object", path);
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        MT_CHECK(m->is_string(), "checkpoint", "{}: __metadata__ value '{}' is not a string", path, m.key());
-        out.metadata[m.key()] = m->get<std::string>();
-      }
-      continue;
-    }
-    entries.push_back(parse_entry(path, name, *it, h.data_size));
+  out.metadata = r.metadata();
+  for (auto& [name, e] : r.entries()) {
+    Tensor t = empty(e.shape, e.dtype);
+    r.read_block(name, Shape(e.shape.size(), 0), t);
+    out.tensors[name] = t;
   }
-  check_tiling(path, entries, h.data_size);
-  for (const Entry& en : entries) out.tensors[en.name] = read_tensor(h.f, path, h.header_len, en);
   return out;
 }
 
@@ -296,8 +238,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   for (auto it = h.header.begin(); it != h.header.end(); ++it) {
     if (it.key() == "__metadata__") {
       MT_CHECK(it->is_object(), "checkpoint", "{}: __metadata__ is not a JSON object", path);
-      for (auto m = it->begin(); m != it->end(); ++m)
-        if (m->is_string()) metadata_[m.key()] = m->get<std::string>();
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        MT_CHECK(m->is_string(), "checkpoint", "{}: __metadata__ value '{}' is not a string", path, m.key());
+        metadata_[m.key()] = m->get<std::string>();
+      }
       continue;
     }
     entries.push_back(parse_entry(path, it.key(), *it, h.data_size));
@@ -354,12 +298,11 @@ void SafetensorsReader::read_block(const std::string& name, const Shape& offset,
     MT_CHECK(offset[d] >= 0 && offset[d] + shape[d] <= e.shape[d], "checkpoint",
              "{}: tensor '{}' {}: block at {} of {} out of range", path_, name, shape_str(e.shape), shape_str(offset),
              shape_str(shape));
-  MT_CHECK(!dst.device().is_cuda() && dtype_is_float(dst.dtype()), "checkpoint",
-           "{}: tensor '{}': read into a host float tensor", path_, name);
+  MT_CHECK(!dst.device().is_cuda() && (dtype_is_float(dst.dtype()) || dst.dtype() == e.dtype), "checkpoint",
+           "{}: tensor '{}' ({}): read into a host tensor of a float dtype or its own", path_, name, e.dt);
   if (dst.numel() == 0) return;
   const size_t es = written_size(e.dt), ds = dtype_size(dst.dtype());
-  const bool same = (e.dt == "F32" && dst.dtype() == DType::f32) || (e.dt == "BF16" && dst.dtype() == DType::bf16) ||
-                    (e.dt == "F64" && dst.dtype() == DType::f64);
+  const bool same = e.dt != "F16" && dst.dtype() == e.dtype;  // the bytes as they are (F16 is widened)
   unsigned char* out = static_cast<unsigned char*>(dst.data_ptr());
   for_each_run(e, offset, shape, [&](int64_t at, const unsigned char* src, int64_t n) {
     if (same) {
@@ -404,8 +347,9 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const Layout& l : tensors) {
-    MT_CHECK(l.name != "__metadata__" && !l.name.empty() && !header.contains(l.name), "checkpoint",
-             "{}: tensor '{}' is not a valid name or is given twice", path, l.name);
+    MT_CHECK(l.name != "__metadata__" && !l.name.empty(), "checkpoint", "{}: '{}' is not a valid tensor name", path,
+             l.name);
+    MT_CHECK(!header.contains(l.name), "checkpoint", "{}: tensor '{}' given twice", path, l.name);
     const uint64_t n = uint64_t(shape_numel(l.shape)) * dtype_size(l.dtype);
     header[l.name] = {{"dtype", st_dtype(l.dtype)}, {"shape", l.shape}, {"data_offsets", {offset, offset + n}}};
     where_[l.name] = {offset, l};
@@ -466,6 +410,13 @@ void SafetensorsWriter::close() {
   std::error_code ec;
   std::filesystem::rename(tmp, path_, ec);
   MT_CHECK(!ec, "checkpoint", "cannot rename {} to {}: {}", tmp, path_, ec.message());
+  // The rename itself is durable once the directory is synced.
+  std::string dir = std::filesystem::path(path_).parent_path().string();
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    (void)::fsync(dfd);
+    ::close(dfd);
+  }
 }
 
 }  // namespace mt

@@ -139,7 +139,9 @@ int activation_bench(const MpiEnv& env, const ActivationOptions& o) {
   DeviceMesh mesh = DeviceMesh::create({{"tp", n}}, mo);
   Group& g = mesh.group(0);
   // The baseline's host collectives: an MPI mesh on the host (its bf16 sums in f32, as the staged backend's).
-  DeviceMesh host_mesh = DeviceMesh::create({{"tp", n}}, MeshOptions{Device::cpu(), "mpi"});
+  MeshOptions host_opts;
+  host_opts.backend = "mpi";
+  DeviceMesh host_mesh = DeviceMesh::create({{"tp", n}}, host_opts);
   Group& hg = host_mesh.group(0);
   MPI_Comm comm = group_mpi_comm(hg);
   const double es = double(dtype_size(dt)), full = double(B * T * d) * es;
