@@ -1,4 +1,4 @@
-// The generic layers: Linear (no bias, weight [out, in]), Embedding, RMSNorm.
+// The generic layers: Linear (weight [out, in], optional bias [out]), Embedding, RMSNorm.
 // Each keeps what its backward needs from its last forward (drop_saved releases
 // it: activation recompute). Shapes are local
 // (what this rank holds); the leading dims of an activation are (B, T).
@@ -9,10 +9,13 @@ namespace mt {
 
 class Linear : public Module {
  public:
-  // weight (out_features, in_features); `tied` shares another module's weight (lm_head).
+  // weight (out_features, in_features); `tied` shares another module's weight (lm_head); with_bias adds
+  // bias (out_features), initialised to zeros (Qwen2's q/k/v). Under ColwiseParallel the bias is sharded like the
+  // weight's rows; RowwiseParallel refuses a bias (it would be added once per rank before the sum).
   Linear(const std::string& name, int64_t in_features, int64_t out_features, const ParamFactory& f,
-         Parameter* tied = nullptr);
+         Parameter* tied = nullptr, bool with_bias = false);
   Parameter* weight;
+  Parameter* bias = nullptr;
   int64_t in_features, out_features;
 
   // call_backward(dy) added into dx_sum (returned): linears that share an input (q/k/v, gate/up) sum their

@@ -1,4 +1,5 @@
-// Linear: y = x W^T. Backward: dx = dy W, dW += dy^T x (accumulates over micro-batches).
+// Linear: y = x W^T (+ b). Backward: dx = dy W, dW += dy^T x, db += column sums of dy (both accumulate over
+// micro-batches).
 #include "models/layers.h"
 #include "runtime/kernels/ops.h"
 
@@ -10,15 +11,18 @@ Tensor as_rows(const Tensor& t) {
   return t.reshape({rows, t.size(-1)});
 }
 
-Linear::Linear(const std::string& name, int64_t in, int64_t out, const ParamFactory& f, Parameter* tied)
+Linear::Linear(const std::string& name, int64_t in, int64_t out, const ParamFactory& f, Parameter* tied,
+               bool with_bias)
     : Module(name, "Linear"), in_features(in), out_features(out) {
   if (tied) {
     MT_CHECK(tied->value.shape() == (Shape{out, in}), "model", "{}: tied weight {} has shape {}, expected {}", name,
              tied->name, shape_str(tied->value.shape()), shape_str({out, in}));
     weight = tied;
+    borrow_parameter(tied);
   } else {
     weight = add_parameter(f.make(child_name(name, "weight"), {out, in}, "normal"));
   }
+  if (with_bias) bias = add_parameter(f.make(child_name(name, "bias"), {out}, "zeros"));
 }
 
 Tensor Linear::forward(const Tensor& x) {
@@ -30,6 +34,7 @@ Tensor Linear::forward(const Tensor& x) {
   out_shape.back() = w.size(0);
   Tensor y = empty(out_shape, x.dtype(), x.device());  // (B, T, out_local)
   matmul_forward(as_rows(y), as_rows(x), w);
+  if (bias) bias_add_forward(as_rows(y), as_rows(y), bias->compute_local());  // (out_local)
   return y;
 }
 
@@ -41,6 +46,7 @@ Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
   MT_CHECK(dx_sum.shape() == saved_x_.shape(), "model", "{}: the gradient sum has shape {}, the input {}", name(),
            shape_str(dx_sum.shape()), shape_str(saved_x_.shape()));
   return call_backward_around(dy, [&](const Tensor& g) {
+    if (bias) bias_add_backward(bias->grad_local(), as_rows(g));
     matmul_backward(as_rows(dx_sum), weight->grad_local(), as_rows(g), as_rows(saved_x_), weight->compute_local(),
                     /*accumulate_dinp=*/true);
     saved_x_ = Tensor();
@@ -50,6 +56,7 @@ Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
 
 Tensor Linear::backward(const Tensor& dy) {
   Tensor dx = empty(saved_x_.shape(), dy.dtype(), dy.device());  // (B, T, in_local)
+  if (bias) bias_add_backward(bias->grad_local(), as_rows(dy));
   matmul_backward(as_rows(dx), weight->grad_local(), as_rows(dy), as_rows(saved_x_), weight->compute_local());
   saved_x_ = Tensor();
   return dx;

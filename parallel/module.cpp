@@ -86,6 +86,12 @@ std::vector<Parameter*> Module::parameters() {
   return out;
 }
 
+std::vector<Parameter*> Module::used_parameters() const {
+  std::vector<Parameter*> out = borrowed_params_;
+  out.insert(out.end(), own_params_.begin(), own_params_.end());
+  return out;
+}
+
 Parameter* Module::add_parameter(std::unique_ptr<Parameter> p) {
   Parameter* raw = p.get();
   own_params_.push_back(raw);
@@ -103,7 +109,7 @@ std::unique_ptr<Parameter> ParamFactory::make(const std::string& name, const Sha
   p->name = name;
   p->init = init;
   p->weight_decay = shape.size() >= 2;
-  MT_CHECK(init == "ones" || init == "normal", "model", "{}: unknown init '{}'", name, init);
+  MT_CHECK(init == "ones" || init == "zeros" || init == "normal", "model", "{}: unknown init '{}'", name, init);
   Placements rep(size_t(mesh.ndim()), Placement::Replicate());
   const DType master = accum_dtype(dtype);  // initialised in f32 and rounded: the same draw as an f32 model
   if (deferred) {
@@ -116,6 +122,7 @@ std::unique_ptr<Parameter> ParamFactory::make(const std::string& name, const Sha
     return p;
   }
   if (init == "ones") p->value = ones(mesh, shape, rep, master);
+  else if (init == "zeros") p->value = zeros(mesh, shape, rep, master);
   else p->value = randn(mesh, shape, rep, RandomKey{seed, name}, master, 0.0, init_std);
   if (device.is_cuda()) p->value.local = p->value.local.to(device);
   finish_param(*p, dtype);
@@ -137,7 +144,7 @@ void materialize(Parameter& p) {
                                 [](const std::shared_ptr<ParamState>& s) { return dynamic_cast<DeferredInit*>(s.get()); }),
                  p.states.end());
   // Only this rank's elements, drawn by their global index: the bits of the whole parameter's part.
-  Tensor local = make_local(p.value.spec, p.value.mesh.coordinate(), init.init == "ones" ? "ones" : "randn",
+  Tensor local = make_local(p.value.spec, p.value.mesh.coordinate(), init.init == "normal" ? "randn" : init.init,
                             init.master, RandomKey{init.seed, p.name}, 0, 0.0, init.std);
   p.value.local = init.device.is_cuda() ? local.to(init.device) : local;
   finish_param(p, init.compute);

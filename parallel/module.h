@@ -109,6 +109,9 @@ class Module {
   std::vector<Module*> modules();
   // This module's own parameters (not children's).
   const std::vector<Parameter*>& own_parameters() const { return own_params_; }
+  // The parameters this module computes with, in order: a tied weight it borrows from another module (lm_head's
+  // embedding) first, then its own. The styles shard these (a tied weight met twice must get one layout).
+  std::vector<Parameter*> used_parameters() const;
   // Every parameter of the subtree once (a tied parameter appears at its owner).
   std::vector<Parameter*> parameters();
 
@@ -159,6 +162,8 @@ class Module {
     return p;
   }
   Parameter* add_parameter(std::unique_ptr<Parameter> p);
+  // Another module's parameter this one computes with (tied weights); it stays that module's.
+  void borrow_parameter(Parameter* p) { borrowed_params_.push_back(p); }
 
  private:
   std::string name_, type_;
@@ -167,6 +172,7 @@ class Module {
   std::vector<Module*> children_;
   std::vector<std::unique_ptr<Module>> owned_;
   std::vector<Parameter*> own_params_;
+  std::vector<Parameter*> borrowed_params_;
   std::vector<std::unique_ptr<Parameter>> owned_params_;
 };
 

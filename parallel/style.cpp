@@ -45,10 +45,14 @@ std::string opt_str(const std::vector<std::optional<Placement>>& v) {
   return s;
 }
 
-Parameter& only_weight(Module& m, const std::string& style) {
-  MT_CHECK(m.own_parameters().size() == 1, "parallel", "{} on {} ({}): expected one weight, the module has {}", style,
-           m.name(), m.type(), m.own_parameters().size());
-  return *m.own_parameters()[0];
+// A Linear's weight and its bias (null without one): the bias is the parameter named "<module>.bias".
+std::pair<Parameter*, Parameter*> weight_and_bias(Module& m, const std::string& style) {
+  const std::vector<Parameter*> ps = m.used_parameters();
+  Parameter* bias = nullptr;
+  if (ps.size() == 2 && ps[1]->name == child_name(m.name(), "bias")) bias = ps[1];
+  MT_CHECK(ps.size() == 1 || bias, "parallel", "{} on {} ({}): expected a weight and at most a bias, the module has {}",
+           style, m.name(), m.type(), ps.size());
+  return {ps[0], bias};
 }
 
 Placement single(const std::vector<std::optional<Placement>>& v, const Module& m, const char* what, const char* style,
@@ -102,9 +106,13 @@ void ColwiseParallel::check(const Module& m, const std::string& pattern) const {
 void ColwiseParallel::apply(Module& m, const StyleContext& c) const {
   Placement in = input_layouts.value_or(Placement::Replicate());
   Placement out = output_layouts.value_or(Placement::Shard(-1));
-  Parameter& w = only_weight(m, name);
+  auto [wp, bias] = weight_and_bias(m, name);
+  Parameter& w = *wp;
   if (m.type() == "Linear") {
     shard_param(w, c.dim, Placement::Shard(0));
+    // The bias follows the output features: each rank adds its slice, and the slice's gradient (the column sums of
+    // its dy over every row the rank holds) is whole on this dim.
+    if (bias) shard_param(*bias, c.dim, Placement::Shard(0));
     // x (R) @ W (S(0))^T gives S(-1); the input gradient dy W comes out Partial.
     if (!(c.input_is_dtensor && in.is_replicate()))
       add_hook(m.input_hooks, c.mesh, c.dim, in, Placement::Replicate(), Placement::Partial(), -1);
@@ -137,7 +145,13 @@ void RowwiseParallel::check(const Module& m, const std::string& pattern) const {
 
 void RowwiseParallel::apply(Module& m, const StyleContext& c) const {
   Placement out = output_layouts.value_or(Placement::Replicate());
-  Parameter& w = only_weight(m, name);
+  auto [wp, bias] = weight_and_bias(m, name);
+  Parameter& w = *wp;
+  // Each rank's product is a partial sum: a bias added to it would be summed tp times.
+  MT_CHECK(!bias, "parallel",
+           "RowwiseParallel on {}: the linear has a bias ({}), which a row-wise split would add once per rank; "
+           "shard it column-wise or leave it unsharded",
+           m.name(), bias ? bias->name : "");
   if (m.type() == "Linear") {
     Placement in = input_layouts.value_or(Placement::Shard(-1));
     shard_param(w, c.dim, Placement::Shard(1));

@@ -94,6 +94,8 @@ run_script_suite hang tests/cli/test_hang.sh
 run_script_suite cmdline tests/cli/test_cmdline.sh
 # Training: invariance over dp, the PyTorch reference, resume, checkpoint faults, bad input.
 run_script_suite train tests/cli/test_train.sh
+run_script_suite families tests/cli/test_families.sh
+run_script_suite tokenizer tests/cli/test_tokenizer.sh
 # Tensor and sequence parallel: invariance over tp and dp x tp, plans, `meshtrain plan`.
 run_script_suite tp tests/cli/test_tp.sh ${MT_TEST_FULL:+--full}
 # Context parallel: invariance over cp, dp x cp, cp x tp, both methods, packed documents, `meshtrain plan`.

@@ -8,7 +8,7 @@
 
 #include "runtime/core/log.h"
 #include "parallel/parallel_dims.h"
-#include "runtime/io/config.h"
+#include "runtime/train/run_config.h"
 
 using namespace mt;
 

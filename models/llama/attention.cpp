@@ -8,13 +8,63 @@
 
 namespace mt {
 
+namespace {
+
+// The scaled frequencies in f64: inv_freq_i = theta^(-2i/hd); linear divides each by factor; llama3 (Llama 3.1's
+// rule) keeps those whose wavelength 2 pi / f is below original / high_freq_factor, divides those above
+// original / low_freq_factor by factor, and interpolates between by smooth = (original / wavelength - low) /
+// (high - low).
+std::vector<double> scaled_inv_freq(const RopeScalingConfig& r, double theta, int64_t hd) {
+  std::vector<double> f(size_t(hd / 2));
+  for (int64_t i = 0; i < hd / 2; ++i) {
+    const double base = 1.0 / std::pow(theta, double(2 * i) / double(hd));
+    double v = base;
+    if (r.type == "linear") {
+      v = base / r.factor;
+    } else if (r.type == "llama3") {
+      const double old_ctx = double(r.original_max_position_embeddings);
+      const double wavelen = 2 * M_PI / base;
+      if (wavelen > old_ctx / r.low_freq_factor) {
+        v = base / r.factor;
+      } else if (wavelen >= old_ctx / r.high_freq_factor) {
+        const double smooth = (old_ctx / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+        v = (1 - smooth) * base / r.factor + smooth * base;
+      }
+    }
+    f[size_t(i)] = v;
+  }
+  return f;
+}
+
+// cos, sin (P, hd) f64 of the scaled frequencies, every step in f64 (the reference's precision: one rounding, to
+// the model's dtype, by the caller), laid out as rope_tables lays them out ([f0..f_{hd/2-1}] twice).
+void scaled_tables(const Tensor& c, const Tensor& s, const Tensor& pos, const RopeScalingConfig& r, double theta) {
+  const int64_t P = pos.numel(), hd = c.size(1), half = hd / 2;
+  const std::vector<double> f = scaled_inv_freq(r, theta, hd);
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = double(pos.at<int64_t>(p)) * f[size_t(i)];
+      c.at<double>(p * hd + i) = c.at<double>(p * hd + i + half) = std::cos(angle);
+      s.at<double>(p * hd + i) = s.at<double>(p * hd + i + half) = std::sin(angle);
+    }
+}
+
+}  // namespace
+
 void SequenceContext::set_positions(const Tensor& pos, int64_t head_dim, DType dtype, Device device) {
   if (positions.defined() && cos.defined() && cos.size(1) == head_dim && cos.dtype() == dtype &&
       positions.shape() == pos.shape() && equal(positions, pos))
     return;  // same positions as the last forward: keep the tables
   positions = pos.clone();
   Tensor c = empty({pos.numel(), head_dim}, dtype), s = empty({pos.numel(), head_dim}, dtype);  // (T, hd)
-  rope_tables(c, s, positions, theta);
+  if (rope_scaling.type == "none") {
+    rope_tables(c, s, positions, theta);
+  } else {
+    Tensor c64 = empty(c.shape(), DType::f64), s64 = empty(s.shape(), DType::f64);
+    scaled_tables(c64, s64, positions, rope_scaling, theta);
+    convert(c, c64);
+    convert(s, s64);
+  }
   cos = c.to(device);
   sin = s.to(device);
 }
@@ -32,12 +82,15 @@ AttentionCall SequenceContext::attention_call() const {
   return c;
 }
 
-LlamaAttention::LlamaAttention(const std::string& name, const ModelConfig& c, const ParamFactory& f,
-                               std::shared_ptr<SequenceContext> seq)
-    : Module(name, "LlamaAttention"), head_dim(c.dim / c.n_heads), seq_(std::move(seq)) {
-  q_proj = add_child(std::make_unique<Linear>(child_name(name, "q_proj"), c.dim, c.n_heads * head_dim, f));
-  k_proj = add_child(std::make_unique<Linear>(child_name(name, "k_proj"), c.dim, c.n_kv_heads * head_dim, f));
-  v_proj = add_child(std::make_unique<Linear>(child_name(name, "v_proj"), c.dim, c.n_kv_heads * head_dim, f));
+LlamaAttention::LlamaAttention(const std::string& name, const ModelConfig& c, const LlamaVariant& variant,
+                               const ParamFactory& f, std::shared_ptr<SequenceContext> seq)
+    : Module(name, "LlamaAttention"), head_dim(c.head_size()), seq_(std::move(seq)) {
+  const bool b = variant.qkv_bias;
+  q_proj = add_child(std::make_unique<Linear>(child_name(name, "q_proj"), c.dim, c.n_heads * head_dim, f, nullptr, b));
+  k_proj =
+      add_child(std::make_unique<Linear>(child_name(name, "k_proj"), c.dim, c.n_kv_heads * head_dim, f, nullptr, b));
+  v_proj =
+      add_child(std::make_unique<Linear>(child_name(name, "v_proj"), c.dim, c.n_kv_heads * head_dim, f, nullptr, b));
   o_proj = add_child(std::make_unique<Linear>(child_name(name, "o_proj"), c.n_heads * head_dim, c.dim, f));
 }
 

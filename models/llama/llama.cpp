@@ -5,11 +5,11 @@
 
 namespace mt {
 
-LlamaDecoderLayer::LlamaDecoderLayer(const std::string& name, const ModelConfig& c, const ParamFactory& f,
-                                     std::shared_ptr<SequenceContext> seq)
+LlamaDecoderLayer::LlamaDecoderLayer(const std::string& name, const ModelConfig& c, const LlamaVariant& v,
+                                     const ParamFactory& f, std::shared_ptr<SequenceContext> seq)
     : Module(name, "LlamaDecoderLayer") {
   input_layernorm = add_child(std::make_unique<RMSNorm>(child_name(name, "input_layernorm"), c.dim, c.norm_eps, f));
-  self_attn = add_child(std::make_unique<LlamaAttention>(child_name(name, "self_attn"), c, f, std::move(seq)));
+  self_attn = add_child(std::make_unique<LlamaAttention>(child_name(name, "self_attn"), c, v, f, std::move(seq)));
   post_attention_layernorm =
       add_child(std::make_unique<RMSNorm>(child_name(name, "post_attention_layernorm"), c.dim, c.norm_eps, f));
   mlp = add_child(std::make_unique<LlamaMLP>(child_name(name, "mlp"), c, f));
@@ -29,13 +29,13 @@ Tensor LlamaDecoderLayer::backward(const Tensor& dy) {
   return input_layernorm->call_backward_add(self_attn->call_backward(dh), dh);
 }
 
-LlamaModel::LlamaModel(const std::string& name, const ModelConfig& c, const ParamFactory& f,
+LlamaModel::LlamaModel(const std::string& name, const ModelConfig& c, const LlamaVariant& v, const ParamFactory& f,
                        std::shared_ptr<SequenceContext> seq)
     : Module(name, "LlamaModel") {
   embed_tokens = add_child(std::make_unique<Embedding>(child_name(name, "embed_tokens"), c.vocab_size, c.dim, f));
   for (int64_t i = 0; i < c.n_layers; ++i)
     layers.push_back(
-        add_child(std::make_unique<LlamaDecoderLayer>(child_name(name, "layers." + std::to_string(i)), c, f, seq)));
+        add_child(std::make_unique<LlamaDecoderLayer>(child_name(name, "layers." + std::to_string(i)), c, v, f, seq)));
   norm = add_child(std::make_unique<RMSNorm>(child_name(name, "norm"), c.dim, c.norm_eps, f));
 }
 
@@ -52,17 +52,18 @@ Tensor LlamaModel::backward(const Tensor& dy) {
   return Tensor();
 }
 
-LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f)
-    : Module("", "LlamaForCausalLM"), config(c), seq(std::make_shared<SequenceContext>()) {
+LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, const LlamaVariant& v)
+    : CausalLM("LlamaForCausalLM", c), variant(v), seq(std::make_shared<SequenceContext>()) {
   seq->theta = c.rope_theta;
-  model = add_child(std::make_unique<LlamaModel>("model", c, f, seq));
+  seq->rope_scaling = c.rope_scaling;
+  model = add_child(std::make_unique<LlamaModel>("model", c, v, f, seq));
   lm_head = add_child(std::make_unique<Linear>("lm_head", c.dim, c.vocab_size, f,
                                                c.tie_embeddings ? model->embed_tokens->weight : nullptr));
 }
 
 void LlamaForCausalLM::set_positions(const Tensor& positions) {
   const Tensor& w = model->embed_tokens->weight->compute_local();
-  seq->set_positions(positions, config.dim / config.n_heads, w.dtype(), w.device());
+  seq->set_positions(positions, config.head_size(), w.dtype(), w.device());
 }
 
 void LlamaForCausalLM::set_attention(std::shared_ptr<const Attention> a) {
@@ -90,9 +91,10 @@ Tensor LlamaForCausalLM::backward(const Tensor& dlogits) {
   return model->call_backward(lm_head->call_backward(dlogits));
 }
 
-int64_t llama_num_params(const ModelConfig& c, bool with_embeddings) {
-  int64_t d = c.dim, hd = c.dim / c.n_heads;
+int64_t llama_num_params(const ModelConfig& c, bool with_embeddings, const LlamaVariant& v) {
+  int64_t d = c.dim, hd = c.head_size();
   int64_t attn = d * c.n_heads * hd * 2 + d * c.n_kv_heads * hd * 2;
+  if (v.qkv_bias) attn += (c.n_heads + 2 * c.n_kv_heads) * hd;
   int64_t mlp = 3 * d * c.ffn_dim;
   int64_t n = c.n_layers * (attn + mlp + 2 * d) + d;
   if (with_embeddings) n += c.vocab_size * d * (c.tie_embeddings ? 1 : 2);
@@ -100,8 +102,10 @@ int64_t llama_num_params(const ModelConfig& c, bool with_embeddings) {
   return n;
 }
 
-double llama_flops_per_token(const ModelConfig& c, int64_t seq_len) {
-  return 6.0 * double(llama_num_params(c, false)) + 12.0 * double(c.n_layers) * double(c.dim) * double(seq_len);
+double llama_flops_per_token(const ModelConfig& c, int64_t seq_len, const LlamaVariant& v) {
+  // QK^T and PV are n_heads x head_dim wide (dim unless head_dim says otherwise).
+  return 6.0 * double(llama_num_params(c, false, v)) +
+         12.0 * double(c.n_layers) * double(c.n_heads * c.head_size()) * double(seq_len);
 }
 
 }  // namespace mt

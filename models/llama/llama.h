@@ -1,12 +1,13 @@
-// The Llama model (Hugging Face's LlamaForCausalLM semantics and names):
+// The Llama architecture (Hugging Face's LlamaForCausalLM semantics and names):
 //   model.embed_tokens -> model.layers.{i} (pre-norm attention and SwiGLU MLP
 //   blocks with residuals) -> model.norm -> lm_head.
+// The llama, mistral and qwen2 families (models/llama/families.cpp) are this code with a LlamaVariant.
 #pragma once
 #include <memory>
 
 #include "attention/attention.h"
 #include "models/layers.h"
-#include "runtime/io/config.h"
+#include "models/model.h"
 
 namespace mt {
 
@@ -15,6 +16,7 @@ namespace mt {
 // How attention is split over ranks is not here: apply_cp swaps each layer's `attention`.
 struct SequenceContext {
   double theta = 10000;
+  RopeScalingConfig rope_scaling;  // type "none": plain RoPE
   Tensor positions;  // (T_local) i64, host: global positions of this rank's tokens
   Tensor cos, sin;   // (T_local, hd) RoPE tables for them
   // (B, T) i64, host: where each token of the whole sequences starts its document; undefined: one causal
@@ -26,9 +28,14 @@ struct SequenceContext {
   AttentionCall attention_call() const;
 };
 
+// What a family changes in the Llama architecture.
+struct LlamaVariant {
+  bool qkv_bias = false;  // Qwen2: q_proj, k_proj and v_proj have biases
+};
+
 class LlamaAttention : public Module {
  public:
-  LlamaAttention(const std::string& name, const ModelConfig& c, const ParamFactory& f,
+  LlamaAttention(const std::string& name, const ModelConfig& c, const LlamaVariant& v, const ParamFactory& f,
                  std::shared_ptr<SequenceContext> seq);
   Linear *q_proj, *k_proj, *v_proj, *o_proj;
   int64_t head_dim;
@@ -68,7 +75,7 @@ class LlamaMLP : public Module {
 
 class LlamaDecoderLayer : public Module {
  public:
-  LlamaDecoderLayer(const std::string& name, const ModelConfig& c, const ParamFactory& f,
+  LlamaDecoderLayer(const std::string& name, const ModelConfig& c, const LlamaVariant& v, const ParamFactory& f,
                     std::shared_ptr<SequenceContext> seq);
   RMSNorm* input_layernorm;
   LlamaAttention* self_attn;
@@ -83,7 +90,7 @@ class LlamaDecoderLayer : public Module {
 // "model": embeddings, layers, final norm.
 class LlamaModel : public Module {
  public:
-  LlamaModel(const std::string& name, const ModelConfig& c, const ParamFactory& f,
+  LlamaModel(const std::string& name, const ModelConfig& c, const LlamaVariant& v, const ParamFactory& f,
              std::shared_ptr<SequenceContext> seq);
   Embedding* embed_tokens;
   std::vector<LlamaDecoderLayer*> layers;
@@ -95,21 +102,23 @@ class LlamaModel : public Module {
 };
 
 // The root (name ""): LlamaModel "model" and "lm_head". forward gives logits (B, T, V).
-class LlamaForCausalLM : public Module {
+class LlamaForCausalLM : public CausalLM {
  public:
-  LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f);
-  ModelConfig config;
+  LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, const LlamaVariant& v = {});
+  LlamaVariant variant;
   LlamaModel* model;
   Linear* lm_head;
   std::shared_ptr<SequenceContext> seq;
-  // Global positions (T) of the tokens of the next forward (default 0 ... T-1: whole sequences).
-  void set_positions(const Tensor& positions);
-  // Every layer's attention implementation (apply_cp swaps it; generation runs local attention).
-  void set_attention(std::shared_ptr<const Attention> a);
-  const std::shared_ptr<const Attention>& attention() const { return model->layers.at(0)->self_attn->attention; }
-  // Where each token of the whole sequences starts its document, (B, T) i64 on the host (document_starts);
-  // undefined: no documents.
-  void set_documents(const Tensor& doc_start) { seq->set_documents(doc_start); }
+  void set_positions(const Tensor& positions) override;
+  void set_attention(std::shared_ptr<const Attention> a) override;
+  const std::shared_ptr<const Attention>& attention() const override {
+    return model->layers.at(0)->self_attn->attention;
+  }
+  Tensor positions() const override { return seq->positions; }
+  void set_documents(const Tensor& doc_start) override { seq->set_documents(doc_start); }
+  Tensor documents() const override { return seq->doc_start; }
+  Parameter& embedding_weight() override { return *model->embed_tokens->weight; }
+  Parameter& output_weight() override { return *lm_head->weight; }
 
  protected:
   Tensor forward(const Tensor& tokens) override;
@@ -118,7 +127,7 @@ class LlamaForCausalLM : public Module {
 
 // 6*N + 12*L*d*T FLOPs per token (N = parameters without embeddings): the
 // forward and backward GEMMs, and QK^T and PV at full (not causal-halved) cost.
-double llama_flops_per_token(const ModelConfig& c, int64_t seq_len);
-int64_t llama_num_params(const ModelConfig& c, bool with_embeddings = true);
+double llama_flops_per_token(const ModelConfig& c, int64_t seq_len, const LlamaVariant& v = {});
+int64_t llama_num_params(const ModelConfig& c, bool with_embeddings = true, const LlamaVariant& v = {});
 
 }  // namespace mt

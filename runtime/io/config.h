@@ -1,10 +1,12 @@
-// The run's configuration: YAML into typed structs, validated on every rank
-// before any collective. Each section is a plain struct with defaults whose
-// visit() lists its keys once; that one list drives reading (with unknown-key
-// and type errors naming the key path), writing the canonical YAML, and the
-// hash that ranks compare. Adding a key is one line in visit().
+// The run's configuration sections: YAML into typed structs. Each section is a plain struct with defaults whose
+// visit() lists its keys once; that one list drives reading (runtime/io/config_reader.h, with unknown-key and
+// type errors naming the key path), writing the canonical YAML, and the hash that ranks compare. Adding a key is
+// one line in visit(). The whole run's Config (these sections and the model's, models/model_config.h) and its
+// checks are runtime/train/run_config.h.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -143,35 +145,6 @@ struct LogConfig {
   }
 };
 
-struct ModelConfig {
-  int64_t dim = 256;
-  int64_t n_layers = 4;
-  int64_t n_heads = 8;
-  int64_t n_kv_heads = 4;
-  int64_t ffn_dim = 768;
-  int64_t vocab_size = 256;
-  double norm_eps = 1e-5;
-  double rope_theta = 10000;
-  int64_t max_seq_len = 256;
-  bool tie_embeddings = false;
-  double init_std = 0.02;
-  std::string init_from;
-  template <class V> void visit(V& v) {
-    v("dim", dim, "model width d");
-    v("n_layers", n_layers, "decoder layers");
-    v("n_heads", n_heads, "query heads (dim divisible by it)");
-    v("n_kv_heads", n_kv_heads, "key/value heads (n_heads divisible by it)");
-    v("ffn_dim", ffn_dim, "MLP hidden width");
-    v("vocab_size", vocab_size, "vocabulary size (256: bytes)");
-    v("norm_eps", norm_eps, "RMSNorm epsilon");
-    v("rope_theta", rope_theta, "RoPE base");
-    v("max_seq_len", max_seq_len, "longest sequence (positions) the model is used with");
-    v("tie_embeddings", tie_embeddings, "lm_head shares model.embed_tokens.weight");
-    v("init_std", init_std, "std of the normal init of matrices (norm weights start at 1)");
-    v("init_from", init_from, "Hugging Face Llama safetensors file or directory to start from ('' = random init)");
-  }
-};
-
 struct TrainingConfig {
   int64_t steps = 1000;
   int64_t batch_size = 8;  // global, in sequences
@@ -233,12 +206,16 @@ struct DataConfig {
   std::string train = "data/fortunes/fortunes_train_*.bin";
   std::string val = "data/fortunes/fortunes_val_*.bin";
   int64_t document_separator = -1;
+  std::string tokenizer;
   template <class V> void visit(V& v) {
     v("train", train, "glob of llm.c token shards for training (relative to the working directory)");
     v("val", val, "glob of validation shards ('' = no validation)");
     v("document_separator", document_separator,
       "token id that starts a document: attention stays inside "
       "documents (-1 = off: plain causal attention over the sequence)");
+    v("tokenizer", tokenizer,
+      "the tokenizer of the shards (a tokenizer.json, tokenizer.model or a directory holding one), used to encode "
+      "sample.prompt and decode samples ('' = model.init_from's, when it has one; else bytes)");
   }
 };
 
@@ -285,38 +262,17 @@ struct CheckpointConfig {
   }
 };
 
-struct Config {
-  ParallelConfig parallel;
-  CommConfig comm;
-  LogConfig log;
-  ModelConfig model;
-  TrainingConfig training;
-  DataConfig data;
-  EvalConfig eval;
-  SampleConfig sample;
-  CheckpointConfig checkpoint;
-  template <class V> void visit(V& v) {
-    v("parallel", parallel, "mesh sizes");
-    v("comm", comm, "communication");
-    v("log", log, "logging and metrics");
-    v("model", model, "the Llama model");
-    v("training", training, "optimizer, schedule and batch");
-    v("data", data, "token shards");
-    v("eval", eval, "validation");
-    v("sample", sample, "generated samples during training");
-    v("checkpoint", checkpoint, "checkpoints and resume");
-  }
-};
-
-// Loads path (empty: defaults only), applies --set overrides, converts and validates.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides);
-Config config_from_yaml_string(const std::string& yaml, const std::vector<std::string>& overrides = {});
-std::string config_to_yaml(const Config& c);  // canonical: every key, defaults included
-uint64_t config_hash(const Config& c);        // FNV-1a 64 of config_to_yaml
 // The name in names nearest to word (edit distance) when it is near enough to be a typo of it, else "":
 // unknown config keys, subcommands and options are answered with "did you mean ...?".
 std::string nearest_name(const std::string& word, const std::vector<std::string>& names);
 // "[config] training.batch_size = 10 must be divisible by dp = 4"
 void require_divisible(const std::string& key, int64_t value, const std::string& by_key, int64_t by);
+// "[config] key = value: expected what >= min" unless min <= value (finite).
+void require_at_least(const std::string& key, double value, double min, const char* what);
+// "[config] key = 'value': expected one of 'a', 'b'".
+void require_one_of(const std::string& key, const std::string& value, std::initializer_list<const char*> allowed);
+// Sizes multiplied into tensor sizes (elements, then bytes) must not overflow 64 bits: checked before any code
+// multiplies them. factors: (key, value) pairs, each already >= 1.
+void require_product_fits(std::initializer_list<std::pair<const char*, int64_t>> factors);
 
 }  // namespace mt

@@ -102,7 +102,32 @@ struct CkptTensor {
   bool model = true;  // model file (else optimizer file)
 };
 
-std::vector<CkptTensor> checkpoint_tensors(LlamaForCausalLM& model, AdamW* opt) {
+// The run's tokenizer files (data.tokenizer, else model.init_from's directory's): the tokenizer itself and the
+// Hugging Face files describing it beside it.
+std::vector<fs::path> tokenizer_files(const Config& config) {
+  std::error_code ec;
+  fs::path dir;
+  std::vector<fs::path> out;
+  if (!config.data.tokenizer.empty()) {
+    fs::path t(config.data.tokenizer);
+    if (fs::is_regular_file(t, ec)) out.push_back(t);
+    dir = fs::is_directory(t, ec) ? t : t.parent_path();
+  } else if (!config.model.init_from.empty()) {
+    fs::path i(config.model.init_from);
+    dir = fs::is_directory(i, ec) ? i : i.parent_path();
+  }
+  if (dir.empty()) return out;
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                           "generation_config.json"}) {
+    fs::path f = dir / name;
+    if (fs::is_regular_file(f, ec) && std::find(out.begin(), out.end(), f) == out.end() &&
+        (out.empty() || out[0].filename() != name))
+      out.push_back(f);
+  }
+  return out;
+}
+
+std::vector<CkptTensor> checkpoint_tensors(CausalLM& model, AdamW* opt) {
   std::vector<CkptTensor> out;
   for (Parameter* p : model.parameters()) out.push_back({p->name, p->value, true});
   if (opt)
@@ -177,7 +202,7 @@ std::string shard_file(const std::string& prefix, int k, int n) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, LlamaForCausalLM& model, AdamW& opt,
+std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, CausalLM& model, AdamW& opt,
                             const Config& config, const DeviceMesh& mesh, const MpiEnv& env) {
   const int64_t step = progress.step;
   const std::string label = fmt::format("the checkpoint of step {}", step);
@@ -295,6 +320,11 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
       write_index("optimizer", false, n_opt, opt_k, json{{"step", std::to_string(opt.steps_taken())}});
       write_text(tmp / "config.json", hf_config_json(config, ts.front().t.local.dtype()).dump(2) + "\n");
       fsync_path(tmp / "config.json");
+      // The tokenizer travels with the weights, so that the directory is a whole Hugging Face model.
+      for (const fs::path& f : tokenizer_files(config)) {
+        fs::copy_file(f, tmp / f.filename(), fs::copy_options::overwrite_existing);
+        fsync_path(tmp / f.filename());
+      }
       json meta;
       meta["format_version"] = 2;
       meta["step"] = step;
@@ -475,7 +505,7 @@ void load_items(const TensorSource& src, const std::vector<LoadItem>& items) {
 
 }  // namespace
 
-TrainProgress load_checkpoint(const std::string& path, LlamaForCausalLM& model, AdamW* opt) {
+TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* opt) {
   json meta = read_meta(path);
   TrainProgress p;
   try {
@@ -522,29 +552,23 @@ Config checkpoint_config(const std::string& path) {
   return config_from_yaml_string(meta["config"].get<std::string>());
 }
 
-void load_hf_weights(const std::string& path, LlamaForCausalLM& model) {
+void load_hf_weights(const std::string& path, CausalLM& model) {
   std::error_code ec;
   MT_CHECK(fs::exists(path, ec), "checkpoint", "model.init_from = {}: no such file or directory", path);
   if (fs::is_directory(path, ec)) {
     fs::path cfg = fs::path(path) / "config.json";
     if (fs::exists(cfg)) {
-      // The config.json's model, with transformers' defaults for what it leaves out, must be this one.
-      const ModelConfig theirs = hf_model_config(cfg.string()), &c = model.config;
-      auto expect = [&](const char* hf_key, const char* our_key, double t, double ours) {
-        MT_CHECK(std::abs(t - ours) <= 1e-12 * std::max(1.0, std::abs(ours)), "checkpoint",
-                 "{}: {} = {} but model.{} = {}", cfg.string(), hf_key, t, our_key, ours);
-      };
-      expect("hidden_size", "dim", double(theirs.dim), double(c.dim));
-      expect("num_hidden_layers", "n_layers", double(theirs.n_layers), double(c.n_layers));
-      expect("num_attention_heads", "n_heads", double(theirs.n_heads), double(c.n_heads));
-      expect("num_key_value_heads", "n_kv_heads", double(theirs.n_kv_heads), double(c.n_kv_heads));
-      expect("intermediate_size", "ffn_dim", double(theirs.ffn_dim), double(c.ffn_dim));
-      expect("vocab_size", "vocab_size", double(theirs.vocab_size), double(c.vocab_size));
-      expect("rms_norm_eps", "norm_eps", theirs.norm_eps, c.norm_eps);
-      expect("rope_theta", "rope_theta", theirs.rope_theta, c.rope_theta);
-      MT_CHECK(theirs.tie_embeddings == c.tie_embeddings, "checkpoint",
-               "{}: tie_word_embeddings = {} but model.tie_embeddings = {}", cfg.string(), theirs.tie_embeddings,
-               c.tie_embeddings);
+      // The config.json's model, with transformers' defaults for what it leaves out, must be this one: compared
+      // as the family writes it (every key that shapes the computation).
+      ModelConfig theirs = model_config_from_hf(cfg.string());
+      const ModelConfig& c = model.config;
+      MT_CHECK(theirs.type == c.type, "checkpoint", "{}: model_type = {} but model.type = {}", cfg.string(),
+               theirs.type, c.type);
+      theirs.init_std = c.init_std;
+      const nlohmann::json t = family_of(c).to_hf(theirs), o = family_of(c).to_hf(c);
+      for (auto& [k, v] : o.items())
+        MT_CHECK(t.contains(k) && t[k] == v, "checkpoint", "{}: {} = {} but this model has {}", cfg.string(), k,
+                 t.contains(k) ? t[k].dump() : "(absent)", v.dump());
     }
   }
   // model.safetensors.index.json, else model.safetensors (a meshtrain checkpoint also holds optimizer files), else

@@ -3,9 +3,10 @@
 //                          names (one model.safetensors, no index, when one rank writes)
 //   optimizer-0000k-of-0000N.safetensors + optimizer.safetensors.index.json   AdamW's exp_avg / exp_avg_sq per
 //                          parameter ("<name>.exp_avg"), the same way
-//   config.json            the Hugging Face LlamaConfig of the model (hidden_size, ..., rope_theta and
-//                          rope_parameters, tie_word_embeddings, hidden_act silu, no biases), so that
-//                          transformers' LlamaForCausalLM.from_pretrained(dir) loads the directory as it is
+//   config.json            the Hugging Face config of the model's family (hf_config.h), so that transformers'
+//                          AutoModelForCausalLM.from_pretrained(dir) loads the directory as it is
+//   tokenizer files        those of the run's tokenizer directory (tokenizer.json, tokenizer_config.json, ...),
+//                          copied, so that the directory is a whole Hugging Face model
 //   meta.json              step, data position, RNG, config, mesh; written last
 // Every rank writes (checkpoint.writers): each tensor goes to one file, each file has one writer, the bytes balanced
 // over the writers; a tensor sharded over several ranks is sent to its writer one shard at a time, so a writer
@@ -20,7 +21,7 @@
 #include <vector>
 
 #include "comm/env.h"
-#include "models/llama/llama.h"
+#include "models/model.h"
 #include "runtime/train/hf_config.h"
 #include "runtime/train/optimizer.h"
 
@@ -35,7 +36,7 @@ struct TrainProgress {
 
 // Collective. Every rank checks its own shards for non-finite values first (refused on every rank, naming the
 // tensor); config.checkpoint.keep and .writers apply. Returns the directory.
-std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, LlamaForCausalLM& model, AdamW& opt,
+std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, CausalLM& model, AdamW& opt,
                             const Config& config, const DeviceMesh& mesh, const MpiEnv& env);
 // The complete checkpoints (step_XXXXXXXX with meta.json) in dir, oldest first.
 std::vector<std::string> checkpoints_in(const std::string& dir);
@@ -43,14 +44,14 @@ std::vector<std::string> checkpoints_in(const std::string& dir);
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 // Loads parameters and optimizer state: each rank reads its block of every tensor (not communicating: callers agree
 // on errors). Everything is checked (files, index, names, shapes, dtypes, finite values) before a parameter changes.
-TrainProgress load_checkpoint(const std::string& path, LlamaForCausalLM& model, AdamW* opt);
+TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* opt);
 // The config stored in a checkpoint's meta.json (for `meshtrain generate`).
 Config checkpoint_config(const std::string& path);
 
-// Loads a Hugging Face Llama safetensors file or directory (model.safetensors.index.json, else model.safetensors,
-// else every .safetensors file of the directory; each rank reads its blocks; optionally config.json, read by hf_model_config, whose model must be
-// this one). Every parameter must be present with its shape; a missing, extra or mis-shaped tensor is an error
+// Loads a Hugging Face safetensors file or directory (model.safetensors.index.json, else model.safetensors,
+// else every .safetensors file of the directory; each rank reads its blocks; optionally config.json, read by the
+// family of its model_type, whose model must be this one). Every parameter must be present with its shape; a missing, extra or mis-shaped tensor is an error
 // naming it. f32, bf16 and f16.
-void load_hf_weights(const std::string& path, LlamaForCausalLM& model);
+void load_hf_weights(const std::string& path, CausalLM& model);
 
 }  // namespace mt

@@ -15,6 +15,9 @@ namespace mt {
 void add_generate_options(CLI::App* app, GenerateArgs& a) {
   app->add_option("--checkpoint", a.checkpoint, "checkpoint directory (step_XXXXXXXX) or a checkpoint.dir")->required();
   app->add_option("--prompt", a.prompt, "text to continue")->capture_default_str();
+  app->add_option("--tokenizer", a.tokenizer,
+                  "tokenizer.json, tokenizer.model or a directory holding one (default: the run's data.tokenizer, "
+                  "else model.init_from's, else the checkpoint's; bytes when there is none)");
   app->add_option("--tokens", a.tokens, "tokens to generate")->capture_default_str();
   app->add_option("--temperature", a.temperature, "sampling temperature (0 = greedy)")->capture_default_str();
   app->add_option("--seed", a.seed, "sampling seed")->capture_default_str();
@@ -32,11 +35,17 @@ int run_generate_command(RunContext& ctx, const GenerateArgs& a) {
   cfg.parallel = ParallelConfig{};  // generation runs on whatever ranks it is given, replicated
   cfg.comm = ctx.config.comm;
   cfg.training.memory_limit_mb = ctx.config.training.memory_limit_mb;  // this run's cap, not the training run's
+  TextCodec codec;
+  run_agreed(*ctx.env, "the tokenizer", [&] { codec = text_codec(cfg, a.tokenizer, path); });
   TrainRun run = make_train_run(cfg, *ctx.env, false);
   run_agreed(*ctx.env, "loading the checkpoint", [&] { load_checkpoint(path, *run.model, nullptr); });
-  std::string text = generate(*run.model, a.prompt, a.tokens, a.temperature, uint64_t(a.seed), 0, sequence_pad(run),
-                              cfg.data.document_separator);
+  std::vector<int32_t> prompt = codec.encode(a.prompt);
+  // A tokenizer's BOS starts the prompt, as the model saw every document start in training.
+  if (codec.tokenizer && codec.tokenizer->bos_id() >= 0) prompt.insert(prompt.begin(), codec.tokenizer->bos_id());
+  std::vector<int32_t> ids = generate(*run.model, prompt, a.tokens, a.temperature, uint64_t(a.seed), 0,
+                                      sequence_pad(run), cfg.data.document_separator, codec.eos_id());
   if (ctx.env->rank() == 0) {
+    std::string text = codec.decode(ids);
     std::fwrite(a.prompt.data(), 1, a.prompt.size(), stdout);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::printf("\n");

@@ -10,7 +10,7 @@
 namespace mt {
 
 struct GenerateArgs {
-  std::string checkpoint, prompt = "The ";
+  std::string checkpoint, prompt = "The ", tokenizer;
   int64_t tokens = 128;
   double temperature = 0.8;
   int64_t seed = 0;

@@ -1,7 +1,7 @@
 // `meshtrain logits`: the fp32 logits (T, vocab) of one token sequence under a meshtrain checkpoint or a Hugging
-// Face Llama directory, written as .npy by rank 0; on whatever ranks it is given (replicated, like generate) and on
+// Face directory of a family meshtrain implements, written as .npy by rank 0; on whatever ranks it is given (replicated, like generate) and on
 // comm.device. Plain causal attention over the whole sequence at positions 0 ... T-1 (no document masks), as
-// transformers' LlamaForCausalLM computes it: what the interoperability test compares.
+// transformers' *ForCausalLM computes it: what the interoperability test compares.
 #include "runtime/train/cmd_logits.h"
 
 #include <cstdio>
@@ -20,10 +20,15 @@ namespace mt {
 
 void add_logits_options(CLI::App* app, LogitsArgs& a) {
   app->add_option("--checkpoint", a.checkpoint,
-                  "checkpoint directory (step_XXXXXXXX), a checkpoint.dir, or a Hugging Face Llama directory "
+                  "checkpoint directory (step_XXXXXXXX), a checkpoint.dir, or a Hugging Face model directory "
                   "(config.json and *.safetensors)")
       ->required();
-  app->add_option("--tokens", a.tokens, "the token ids, comma-separated: 1,2,3")->required();
+  auto* tokens = app->add_option("--tokens", a.tokens, "the token ids, comma-separated: 1,2,3");
+  auto* prompt = app->add_option("--prompt", a.prompt, "text, encoded by the model's tokenizer (no BOS added)");
+  tokens->excludes(prompt);
+  app->add_option("--tokenizer", a.tokenizer,
+                  "with --prompt: tokenizer.json, tokenizer.model or a directory holding one (default: the "
+                  "model directory's or the run's)");
   app->add_option("--out", a.out, "the .npy file written: float32, shape (tokens, vocab_size)")->required();
 }
 
@@ -75,14 +80,21 @@ int run_logits_command(RunContext& ctx, const LogitsArgs& a) {
     }
     if (hf) {
       cfg = ctx.config;  // the command line's comm and threads; the model from config.json
-      cfg.model = hf_model_config((fs::path(path) / "config.json").string());
+      cfg.model = model_config_from_hf((fs::path(path) / "config.json").string());
     } else {
       cfg = checkpoint_config(path);
       cfg.comm = ctx.config.comm;
       cfg.training.threads = ctx.config.training.threads;
       cfg.training.memory_limit_mb = ctx.config.training.memory_limit_mb;  // this run's cap, not the training run's
     }
-    tokens = parse_tokens(a.tokens);
+    MT_CHECK(!a.tokens.empty() || !a.prompt.empty(), "logits", "give --tokens or --prompt");
+    if (!a.prompt.empty()) {
+      for (int32_t id : text_codec(cfg, a.tokenizer, hf ? path : fs::path(path).string()).encode(a.prompt))
+        tokens.push_back(id);
+      MT_CHECK(!tokens.empty(), "logits", "--prompt '{}' encodes to no tokens", a.prompt);
+    } else {
+      tokens = parse_tokens(a.tokens);
+    }
     for (size_t i = 0; i < tokens.size(); ++i)
       MT_CHECK(tokens[i] < cfg.model.vocab_size, "logits", "--tokens: token {} (item {}) is >= vocab_size {} of {}",
                tokens[i], i, cfg.model.vocab_size, path);

@@ -9,7 +9,7 @@
 namespace mt {
 
 struct LogitsArgs {
-  std::string checkpoint, tokens, out;
+  std::string checkpoint, tokens, prompt, tokenizer, out;
 };
 void add_logits_options(CLI::App* app, LogitsArgs& args);
 int run_logits_command(RunContext& ctx, const LogitsArgs& args);

@@ -13,7 +13,8 @@
 #include "attention/attention.h"
 #include "attention/sequence_shard.h"
 #include "comm/comm_counters.h"
-#include "models/llama/parallelize.h"
+#include "models/layers.h"
+#include "models/model.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/train/cmd_plan.h"
 #include "runtime/train/trainer.h"
@@ -154,7 +155,7 @@ void print_phase(const char* what, const char* key, const CommCounters& c) {
 }
 
 // Step 3: the counted bytes, and beside them each parallelism's analytic count (declared next to its code:
-// llama_tp_sp_bytes, cp_layer_bytes, fsdp_step_bytes, GradSync::bucket_bytes_per_rank). The figures compared
+// the family's tp_bytes, cp_layer_bytes, fsdp_step_bytes, GradSync::bucket_bytes_per_rank). The figures compared
 // are those of the parallelism's own tag, so a collective another part of the step adds cannot hide a
 // difference.
 void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& c) {
@@ -171,7 +172,7 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
   print_phase("gradient sync", "sync", c.sync);
   if (tp > 1 && cfg.parallel.sequence_parallel && cfg.parallel.tp_plan.empty()) {
     double act = double(run.micro * run.shard.size() * cfg.model.dim) * double(dtype_size(run.dtype));
-    double analytic = llama_tp_sp_bytes(cfg.model.n_layers, tp, act);
+    double analytic = family_of(cfg.model).tp_bytes(cfg.model, tp, act);
     double f = double(c.forward.bytes(kLayoutTag, tp_group)), b = double(c.backward.bytes(kLayoutTag, tp_group));
     std::printf(
         "\nanalytic tp bytes per direction: (4 x %lld layers + 2) x (%d-1)/%d x %lld x %lld x %lld x %zu B = %s\n",
@@ -185,7 +186,7 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
     // Per layer: Ulysses moves this rank's q, k, v (micro, T_u, heads after tp, hd) to head shards and the output
     // back (ulysses_layer_bytes); the ring then moves the K/V of the ring part (micro, T_u U, KV_u, hd).
     const int R = pd.cp_ring(), U = pd.cp_ulysses();
-    const int64_t hd = cfg.model.dim / cfg.model.n_heads, H = cfg.model.n_heads / tp, KV = cfg.model.n_kv_heads / tp;
+    const int64_t hd = cfg.model.head_size(), H = cfg.model.n_heads / tp, KV = cfg.model.n_kv_heads / tp;
     const double L = double(cfg.model.n_layers), elem = double(dtype_size(run.dtype));
     if (U > 1) {
       const CpLayerBytes per_layer = ulysses_layer_bytes(U, run.micro, run.shard.size(), H, KV, hd, elem);

@@ -219,9 +219,10 @@ void log_setup(const Config& cfg, const MpiEnv& env, const TrainRun& run, double
   const auto& t = cfg.training;
   if (env.rank() == 0) {
     spdlog::info(
-        "model: {} parameters ({} without embeddings), {:.2f} MFLOP/token; mesh {}; batch {} x {} tokens, "
+        "model: {} {} parameters ({} without embeddings), {:.2f} MFLOP/token; mesh {}; batch {} x {} tokens, "
         "{} rows per dp rank, micro-batch {}; {} threads per rank, CPU GEMM peak {:.1f} GFLOP/s",
-        llama_num_params(cfg.model), llama_num_params(cfg.model, false), flops_per_token / 1e6,
+        cfg.model.type, family_of(cfg.model).num_params(cfg.model, true), family_of(cfg.model).num_params(cfg.model, false),
+        flops_per_token / 1e6,
         mesh_str(run.mesh.dims()) + " (" + run.pd.describe() + ")", t.batch_size, t.seq_len, run.rows, run.micro,
         cpu_threads(), peak / 1e9);
     spdlog::info("data: {} train tokens in {} shard(s), {} steps per epoch", run.train_data.size(),
@@ -307,6 +308,10 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
                          "state on this rank, at most one whole tensor and one shard)",
                          next_step, dir, secs, extra));
   };
+  // Samples are encoded and decoded with the run's tokenizer (data.tokenizer or model.init_from's), else bytes.
+  TextCodec codec;
+  if (cfg.sample.interval > 0 && cfg.sample.tokens > 0)
+    run_agreed(env, "the tokenizer (for samples)", [&] { codec = text_codec(cfg); });
   StepProfiler profile(run, env, log, t.steps);
   const int64_t first_profiled = profile.first_profiled;
   int64_t skipped = 0, skipped_in_a_row = 0;  // non-finite steps (not applied): in all, and the current run of them
@@ -352,9 +357,12 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     if (cfg.sample.interval > 0 && cfg.sample.tokens > 0 && ((step + 1) % cfg.sample.interval == 0 || last)) {
       fault_stop_point("sampling");
       kprof::Mute not_profiled;
-      std::string text = generate(*run.model, cfg.sample.prompt, cfg.sample.tokens, cfg.sample.temperature,
-                                  uint64_t(t.seed), uint64_t(step), sequence_pad(run), cfg.data.document_separator);
-      log.sample(step, printable(cfg.sample.prompt + text));
+      std::vector<int32_t> prompt = codec.encode(cfg.sample.prompt);
+      if (codec.tokenizer && codec.tokenizer->bos_id() >= 0) prompt.insert(prompt.begin(), codec.tokenizer->bos_id());
+      std::vector<int32_t> ids = generate(*run.model, prompt, cfg.sample.tokens, cfg.sample.temperature,
+                                          uint64_t(t.seed), uint64_t(step), sequence_pad(run),
+                                          cfg.data.document_separator, codec.eos_id());
+      log.sample(step, printable(cfg.sample.prompt + codec.decode(ids)));
     }
     // A stop signal on any rank stops every rank at the same step boundary.
     int stop = g_stop_signal.load();
@@ -389,7 +397,7 @@ int run_train_command(RunContext& ctx) {
   const auto& t = cfg.training;
   check_checkpoint_dir_writable(cfg.checkpoint.dir, env);
   resume_or_init(cfg, env, run);
-  const double flops_per_token = llama_flops_per_token(cfg.model, t.seq_len);
+  const double flops_per_token = family_of(cfg.model).flops_per_token(cfg.model, t.seq_len);
   const double peak = run.device.is_cuda() ? 989e12 : cpu_peak_flops();
   log_setup(cfg, env, run, flops_per_token, peak);
   MetricsLogger log(env.rank(), env.size(), cfg.log.metrics_file, t.steps, cfg.log.interval, flops_per_token, peak,

@@ -1,25 +1,17 @@
-// The Hugging Face LlamaConfig schema (config.json), both ways.
+// The Hugging Face config.json written beside a checkpoint's weights (the model family's keys, models/model.h).
 #pragma once
 #include <nlohmann/json.hpp>
-#include <string>
 
 #include "runtime/core/dtype.h"
-#include "runtime/core/error.h"
-#include "runtime/io/config.h"
+#include "runtime/train/run_config.h"
 
 namespace mt {
 
-// The Hugging Face LlamaConfig of the model, written beside model.safetensors so that transformers'
-// LlamaForCausalLM.from_pretrained(dir) builds exactly this model. weights: the dtype the weights are stored in.
+// The model's config.json, so that transformers' AutoModelForCausalLM.from_pretrained(dir) builds exactly this
+// model: the family's keys (model_type, architectures, sizes, RoPE in both spellings), the weights' dtype, and the
+// token ids. With model.init_from naming a Hugging Face directory, every key of its config.json that meshtrain does
+// not set itself is kept as it was (bos/eos/pad token ids, transformers_version, ...), so the result loads where
+// the original did; otherwise bos and eos are data.document_separator (or null). weights: the dtype stored.
 nlohmann::json hf_config_json(const Config& config, DType weights);
-
-// The model of a Hugging Face LlamaConfig file (config.json): hidden_size -> dim, num_hidden_layers -> n_layers,
-// num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, rms_norm_eps, rope_theta (top-level,
-// transformers 4, or rope_parameters.rope_theta, transformers 5), max_position_embeddings -> max_seq_len,
-// tie_word_embeddings, with transformers' defaults for the optional keys. What meshtrain's Llama does not compute
-// is an error naming the key and the file: RoPE scaling (a rope_scaling or rope_parameters whose rope_type is not
-// "default", or any key there but rope_theta), attention_bias or mlp_bias true, hidden_act other than silu, a
-// head_dim other than hidden_size / num_attention_heads, a model_type other than llama.
-ModelConfig hf_model_config(const std::string& config_json);
 
 }  // namespace mt

@@ -18,6 +18,7 @@
 #include "runtime/train/cmd_layout.h"
 #include "runtime/train/cmd_logits.h"
 #include "runtime/train/cmd_plan.h"
+#include "runtime/train/cmd_tokenize.h"
 #include "runtime/train/cmd_train.h"
 
 namespace mt {
@@ -104,6 +105,10 @@ int main(int argc, char** argv) {
   auto* logits = app.add_subcommand(
       "logits", "write the fp32 logits of a token sequence under a checkpoint or a Hugging Face model as .npy");
   mt::add_logits_options(logits, logits_args);
+  mt::TokenizeArgs tokenize_args;
+  auto* tokenize = app.add_subcommand(
+      "tokenize", "encode text to token ids (or --decode ids) with a tokenizer.json or tokenizer.model; no config");
+  mt::add_tokenize_options(tokenize, tokenize_args);
 
   for (CLI::App* sub : app.get_subcommands({}))
     sub->footer(
@@ -131,6 +136,8 @@ int main(int argc, char** argv) {
     mt::run_agreed(env, "--log-level", [&] {
       if (!g.log_level.empty()) mt::init_logging(env.rank(), g.log_level);
     });
+    // tokenize reads no config and runs on rank 0 alone (the other ranks of a launch have nothing to do).
+    if (*tokenize) return env.rank() == 0 ? mt::run_tokenize_command(tokenize_args) : 0;
     mt::RunContext ctx{&env, g, mt::load_and_agree_config(env, g)};
     if (ctx.config.log.level != "" && g.log_level.empty()) mt::init_logging(env.rank(), ctx.config.log.level);
     if (*check) return mt::run_check_command(ctx, check_args);

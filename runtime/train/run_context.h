@@ -6,7 +6,7 @@
 
 #include "comm/env.h"
 #include "comm/mesh.h"
-#include "runtime/io/config.h"
+#include "runtime/train/run_config.h"
 
 namespace mt {
 

@@ -4,11 +4,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "attention/sequence_shard.h"
 #include "comm/control.h"
-#include "models/llama/parallelize.h"
+#include "models/layers.h"
+#include "models/model.h"
 #include "parallel/loss_parallel.h"
 #include "parallel/philox.h"
 #include "runtime/core/allocator.h"
@@ -75,7 +77,7 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
     run.device = rank_device(env, cfg.comm.device);
     run.dtype = training_dtype(cfg, run.device);
     if (run.device.is_cuda() && run.dtype == DType::bf16 && env.rank() == 0) {
-      int64_t hd = cfg.model.dim / cfg.model.n_heads;
+      int64_t hd = cfg.model.head_size();
       if (hd != 64 && hd != 128)
         spdlog::warn(
             "training.dtype = bf16 with head dim {}: the tensor-core attention kernel takes 64 or 128, so "
@@ -118,11 +120,12 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   reset_peak_allocated(Device::cpu());
   ParamFactory f{run.mesh, run.dtype, run.device, uint64_t(t.seed), cfg.model.init_std};
   f.deferred = true;  // sharded creation: each rank allocates and draws only its part, after the plan
-  run.model = std::make_unique<LlamaForCausalLM>(cfg.model, f);
-  // Tensor (and sequence) parallel: shards the parameters (no communication) and installs the layout hooks;
-  // context parallel: attention runs as ring attention over the cp group.
+  const ModelFamily& family = family_of(cfg.model);
+  run.model = family.build(cfg.model, f);
+  // The family's parallelisms composed: tensor (and sequence) parallel shards the parameters (no communication) and
+  // installs the layout hooks; context parallel swaps the attention; recompute; fully_shard.
   const DType reduce_dtype = t.grad_reduce_dtype == "bf16" ? DType::bf16 : accum_dtype(run.dtype);
-  run.fsdp = parallelize_llama(*run.model, run.mesh, run.pd, cfg.parallel, t.seq_len, reduce_dtype);
+  run.fsdp = family.parallelize(*run.model, run.mesh, run.pd, cfg.parallel, t.seq_len, reduce_dtype);
   run.model->set_positions(shard_positions(run.shard));
   run.params = run.model->parameters();
   run.opt = std::make_unique<AdamW>(run.params, t);
@@ -140,7 +143,7 @@ void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, co
     cross_entropy_forward_backward(losses, dlogits, logits, targets, grad_scale);
   } else {
     // (V, C) sharded by rows on tp: this rank's first vocabulary row
-    int64_t vocab_begin = run.model->lm_head->weight->compute_offset()[0];
+    int64_t vocab_begin = run.model->output_weight().compute_offset()[0];
     vocab_parallel_cross_entropy(losses, dlogits, logits, targets, vocab_begin, grad_scale, run.mesh.group(dim::tp));
   }
 }
@@ -226,29 +229,27 @@ double evaluate(TrainRun& run) {
   return to_f64(loss_sum)[0] / double(run.config.eval.steps * B * T);
 }
 
-std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t n, double temperature, uint64_t seed,
-                     uint64_t stream, int64_t pad_multiple, int64_t document_separator) {
+std::vector<int32_t> generate(CausalLM& model, std::vector<int32_t> toks, int64_t n, double temperature,
+                              uint64_t seed, uint64_t stream, int64_t pad_multiple, int64_t document_separator,
+                              int32_t stop_id) {
   // Every rank runs the whole context: no cp split while generating; the training positions, documents
   // and cp settings come back afterwards.
-  SequenceContext saved = *model.seq;
-  std::shared_ptr<const Attention> attention = model.attention();
-  model.set_attention(make_attention());
   struct Restore {
-    LlamaForCausalLM& m;
-    SequenceContext& s;
+    CausalLM& m;
+    Tensor positions, documents;
     std::shared_ptr<const Attention> a;
     ~Restore() {
       m.set_attention(a);
-      m.set_documents(s.doc_start);
-      if (s.positions.defined()) m.set_positions(s.positions);
+      m.set_documents(documents);
+      if (positions.defined()) m.set_positions(positions);
     }
-  } restore{model, saved, attention};
-  std::vector<int32_t> toks;
-  for (unsigned char ch : prompt) toks.push_back(int32_t(ch) % int32_t(model.config.vocab_size));
-  if (toks.empty()) toks.push_back(int32_t('\n') % int32_t(model.config.vocab_size));
+  } restore{model, model.positions(), model.documents(), model.attention()};
+  model.set_attention(make_attention());
   const int64_t V = model.config.vocab_size, ctx_max = model.config.max_seq_len;
-  const DTensor& w = model.lm_head->weight->value;  // (V, C), rows sharded on tp under tensor parallel
-  std::string out;
+  for (int32_t& t : toks) t = int32_t(int64_t(t) % V);
+  if (toks.empty()) toks.push_back(int32_t(int64_t('\n') % V));
+  const DTensor& w = model.output_weight().value;  // (V, C), rows sharded on tp under tensor parallel
+  std::vector<int32_t> out;
   for (int64_t i = 0; i < n; ++i) {
     int64_t len = std::min<int64_t>(int64_t(toks.size()), ctx_max);
     // Sequence parallel splits the sequence over tp: pad at the end (causal: the padding does not
@@ -283,9 +284,71 @@ std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t
         }
     }
     toks.push_back(next);
-    out.push_back(char(next & 0xff));
+    out.push_back(next);
+    if (next == stop_id) break;
   }
   return out;
+}
+
+std::vector<int32_t> TextCodec::encode(const std::string& text) const {
+  if (tokenizer) return tokenizer->encode(text);
+  std::vector<int32_t> ids;
+  for (unsigned char ch : text) ids.push_back(int32_t(int64_t(ch) % vocab_size));
+  return ids;
+}
+
+std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
+  if (!tokenizer) {
+    std::string s;
+    for (int32_t id : ids) s.push_back(char(id & 0xff));
+    return s;
+  }
+  std::string s;
+  std::vector<int32_t> run;
+  for (int32_t id : ids) {
+    if (id >= 0 && id < tokenizer->vocab_size()) {
+      run.push_back(id);
+      continue;
+    }
+    s += tokenizer->decode(run) + "\xef\xbf\xbd";  // U+FFFD: a row of the model past its tokenizer
+    run.clear();
+  }
+  return s + tokenizer->decode(run);
+}
+
+std::string TextCodec::describe() const { return tokenizer ? tokenizer->describe() : "bytes"; }
+
+std::string tokenizer_file_in(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return "";
+  for (const char* name : {"tokenizer.json", "tokenizer.model"})
+    if (fs::is_regular_file(fs::path(dir) / name, ec)) return (fs::path(dir) / name).string();
+  return "";
+}
+
+TextCodec text_codec(const Config& cfg, const std::string& path, const std::string& fallback_dir) {
+  namespace fs = std::filesystem;
+  TextCodec c;
+  c.vocab_size = cfg.model.vocab_size;
+  std::string file = !path.empty() ? path : cfg.data.tokenizer;
+  std::string key = !path.empty() ? "--tokenizer" : "data.tokenizer";
+  if (file.empty() && !cfg.model.init_from.empty()) {
+    std::error_code ec;
+    const fs::path init(cfg.model.init_from);
+    file = tokenizer_file_in((fs::is_directory(init, ec) ? init : init.parent_path()).string());
+    key = "model.init_from's tokenizer";
+  }
+  if (file.empty()) {
+    file = tokenizer_file_in(fallback_dir);
+    key = "the checkpoint's tokenizer";
+  }
+  if (file.empty()) return c;
+  c.tokenizer = Tokenizer::load(file);
+  MT_CHECK(c.tokenizer->vocab_size() <= cfg.model.vocab_size, "config",
+           "{} = {}: the tokenizer has {} ids but model.vocab_size = {}: it is not this model's tokenizer", key, file,
+           c.tokenizer->vocab_size(), cfg.model.vocab_size);
+  return c;
 }
 
 // Sequence lengths must be multiples of this (tp under sequence parallel).

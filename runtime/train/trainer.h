@@ -5,10 +5,11 @@
 #include <memory>
 
 #include "attention/sequence_shard.h"
-#include "models/llama/llama.h"
+#include "models/model.h"
 #include "parallel/fully_shard.h"
 #include "parallel/grad_sync.h"
 #include "runtime/io/token_data.h"
+#include "runtime/io/tokenizer.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/run_context.h"
 #include "runtime/train/optimizer.h"
@@ -20,7 +21,7 @@ struct TrainRun {
   DeviceMesh mesh;
   Device device;
   DType dtype = DType::f32;
-  std::unique_ptr<LlamaForCausalLM> model;
+  std::unique_ptr<CausalLM> model;  // the family of model.type (models/model.h)
   std::unique_ptr<FullyShard> fsdp;  // fully sharded data parallel's units (dp_shard > 1); destroyed before the model
   std::vector<Parameter*> params;
   std::unique_ptr<AdamW> opt;
@@ -63,10 +64,29 @@ void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, co
 void sync_gradients(TrainRun& run);
 // Mean token loss over eval.steps validation batches (collective over dp).
 double evaluate(TrainRun& run);
-// Continues `prompt` (bytes) by `n` sampled tokens; every rank computes the same text
-// (collective under tensor parallel). Contexts are padded to a multiple of pad_multiple.
-std::string generate(LlamaForCausalLM& model, const std::string& prompt, int64_t n, double temperature, uint64_t seed,
-                     uint64_t stream, int64_t pad_multiple = 1, int64_t document_separator = -1);
+// Continues `prompt` (token ids) by up to `n` sampled tokens, stopping after stop_id (-1: never); every rank
+// computes the same tokens (collective under tensor parallel). Contexts are padded to a multiple of pad_multiple.
+std::vector<int32_t> generate(CausalLM& model, std::vector<int32_t> prompt, int64_t n, double temperature,
+                              uint64_t seed, uint64_t stream, int64_t pad_multiple = 1, int64_t document_separator = -1,
+                              int32_t stop_id = -1);
+
+// How text becomes token ids and back for prompts and samples: the model's tokenizer, or bytes (each byte one
+// token id, modulo the vocabulary) when there is none.
+struct TextCodec {
+  std::shared_ptr<const Tokenizer> tokenizer;  // null: bytes
+  int64_t vocab_size = 256;
+  std::vector<int32_t> encode(const std::string& text) const;
+  // Ids the tokenizer does not have (a model's vocabulary padded past its tokenizer's) decode as U+FFFD.
+  std::string decode(const std::vector<int32_t>& ids) const;
+  int32_t eos_id() const { return tokenizer ? tokenizer->eos_id() : -1; }
+  std::string describe() const;
+};
+// The tokenizer of a run: `path` when given (a tokenizer.json, tokenizer.model or a directory holding one), else
+// data.tokenizer, else model.init_from's directory's, else `fallback_dir`'s (a checkpoint's) when it holds one;
+// bytes otherwise. A tokenizer with more ids than model.vocab_size is an error naming both.
+TextCodec text_codec(const Config& cfg, const std::string& path = "", const std::string& fallback_dir = "");
+// The tokenizer file of a directory ('' = none): tokenizer.json, else tokenizer.model.
+std::string tokenizer_file_in(const std::string& dir);
 
 // Sequence lengths must be multiples of this: tp under sequence parallel, else 1.
 int64_t sequence_pad(const TrainRun& run);

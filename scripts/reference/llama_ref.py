@@ -4,12 +4,39 @@
 The model follows Hugging Face Llama's parameter names and semantics so that
 the same config.json + model.safetensors directory can be trained by meshtrain
 (`model.init_from`) and by this script, and their per-step losses compared.
-It is written from the published definition (no `transformers` import, no code
+It is written from the published definitions (no `transformers` import, no code
 taken from other projects) and kept small enough to read in one sitting.
+
+Families (config.json's model_type; absent = llama), all the Llama architecture (RMSNorm, RoPE, GQA, SwiGLU):
+  llama    Llama 1/2/3.x. attention_bias true: a bias on q_proj, k_proj, v_proj AND o_proj; mlp_bias true is refused.
+  mistral  no biases; sliding_window (absent: 4096, transformers' default; null: none) is refused when it is
+           below the sequence length (a window that long masks nothing, so the model is plain causal attention).
+  qwen2    Qwen2/Qwen2.5: a bias on q_proj, k_proj, v_proj always, none on o_proj; use_sliding_window true is
+           refused as mistral's window is.
+  Any other model_type is refused (naming the supported ones), as is a hidden_act other than silu.
+RoPE: rope_theta and the scaling in either config.json spelling:
+  transformers 4: top-level rope_theta; rope_scaling null or {rope_type (or the older "type"), factor, ...}
+  transformers 5: rope_parameters {rope_type, rope_theta, factor, ...} (rope_type "default": no scaling)
+  Both may be present; a key given twice with different values is an error. rope_type is default, linear or
+  llama3; any other (dynamic, yarn, longrope, ...) is refused.
+  linear: inv_freq / factor (positions / factor).
+  llama3 (Meta's Llama 3.1): with wavelen = 2 pi / inv_freq, old = original_max_position_embeddings:
+  wavelen < old / high_freq_factor: unchanged; wavelen > old / low_freq_factor: inv_freq / factor; between:
+  s = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor),
+  inv_freq = (1 - s) inv_freq / factor + s inv_freq.
+  Precision: inv_freq (theta^(-2i/hd), then the scaling), the angles position * inv_freq and their cos and sin
+  are all computed in f64 and rounded once to the model's dtype (f32, or f64 for --dtype f64 and generate).
+  head_dim: config.json's, else hidden_size / num_attention_heads.
+AdamW decays the parameters of dim >= 2 (embeddings, linear weights, lm_head) only: norm gains and biases are
+not decayed.
 
   llama_ref.py init  --out DIR [--dim 64 --n-layers 2 --n-heads 4 --n-kv-heads 2 --ffn-dim 160
                      --vocab-size 256 --norm-eps 1e-5 --rope-theta 10000 --max-seq-len 256]
                      [--tie-embeddings] [--seed 0] [--dtype f32|bf16]
+                     [--model-type llama|mistral|qwen2] [--head-dim HD] [--attention-bias (llama)]
+                     [--sliding-window N (mistral)] [--rope-spelling v4|v5]
+                     [--rope-scaling none|linear:FACTOR|llama3:FACTOR,LOW,HIGH,ORIG]
+                     biases (qwen2; llama with --attention-bias) are drawn normal(0, 0.02), not zero
   llama_ref.py train --model DIR --data GLOB --steps N --batch-size B --seq-len T
                      [--micro-batch-size M] [--lr 3e-4 --schedule constant|cosine --warmup-steps 0
                      --lr-min 0 --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8 --grad-clip 1.0]
@@ -127,25 +154,135 @@ def read_model_weights(model_dir, prefix="model"):
 # ===================================================================== model
 
 
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# The keys each RoPE type takes besides rope_type/type and rope_theta (transformers' rope_config_validation).
+ROPE_KEYS = {"default": (), "linear": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+class ConfigError(ValueError):
+    """A config.json (or an option) that describes a model this reference does not compute."""
+
+
+def _number(v, key, positive=True):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
+        raise ConfigError(f"{key} = {json.dumps(v)}: expected a number{' > 0' if positive else ''}")
+    return v
+
+
+def read_rope(d):
+    """(rope_theta, scaling) from a config dict, scaling None (plain RoPE) or {"rope_type": "linear" | "llama3",
+    and that type's ROPE_KEYS}. Reads transformers 4's top-level rope_theta and rope_scaling (whose type key was
+    "type" before 4.45) and transformers 5's rope_parameters (rope_theta and the scaling keys together); every
+    place a key is given must agree."""
+    found = {}  # key -> (where, value)
+
+    def put(key, where, v):
+        if key in found and found[key][1] != v:
+            raise ConfigError(f"{where} = {json.dumps(v)} but {found[key][0]} = {json.dumps(found[key][1])}: "
+                              "which one?")
+        found.setdefault(key, (where, v))
+
+    if d.get("rope_theta") is not None:
+        put("rope_theta", "rope_theta", _number(d["rope_theta"], "rope_theta"))
+    for where in ("rope_scaling", "rope_parameters"):
+        r = d.get(where)
+        if r is None:
+            continue
+        if not isinstance(r, dict):
+            raise ConfigError(f"{where} = {json.dumps(r)}: expected an object or null")
+        for k, v in r.items():
+            if k == "partial_rotary_factor" and v == 1:
+                continue  # the whole head rotates: plain RoPE's own behaviour
+            key = "rope_type" if k == "type" else k
+            if key == "rope_theta":
+                v = _number(v, f"{where}.rope_theta")
+            put(key, f"{where}.{k}", v)
+    rope_type = found.get("rope_type", (None, "default"))[1]
+    if rope_type not in ROPE_KEYS:
+        raise ConfigError(f"{found['rope_type'][0]} = {json.dumps(rope_type)}: supported RoPE types are "
+                          f"{', '.join(ROPE_KEYS)}")
+    allowed = ("rope_type", "rope_theta") + ROPE_KEYS[rope_type]
+    for key, (where, v) in found.items():
+        if key not in allowed:
+            raise ConfigError(f"{where} = {json.dumps(v)}: not a parameter of rope_type {json.dumps(rope_type)}")
+    theta = found["rope_theta"][1] if "rope_theta" in found else 10000.0
+    if rope_type == "default":
+        return float(theta), None
+    scaling = {"rope_type": rope_type}
+    for key in ROPE_KEYS[rope_type]:
+        if key not in found:
+            raise ConfigError(f"rope_type {json.dumps(rope_type)} needs {key} (in rope_scaling or rope_parameters)")
+        scaling[key] = _number(found[key][1], found[key][0])
+    if rope_type == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+        raise ConfigError(f"llama3 RoPE: high_freq_factor = {scaling['high_freq_factor']} must exceed "
+                          f"low_freq_factor = {scaling['low_freq_factor']}")
+    return float(theta), scaling
+
+
 class LlamaConfig:
+    """A Hugging Face config.json of the Llama, Mistral or Qwen2 family (see the module docstring); raises
+    ConfigError for what the reference does not compute."""
+
     def __init__(self, d):
+        def get(key, default):  # a null value is transformers' default, as an absent one
+            return default if d.get(key) is None else d[key]
+
+        self.model_type = get("model_type", "llama")
+        if self.model_type not in MODEL_TYPES:
+            raise ConfigError(f"model_type = {json.dumps(self.model_type)}: supported model types are "
+                              f"{', '.join(MODEL_TYPES)}")
+        if get("hidden_act", "silu") != "silu":
+            raise ConfigError(f"hidden_act = {json.dumps(d['hidden_act'])}: the MLP is SwiGLU (hidden_act \"silu\")")
         self.hidden_size = d["hidden_size"]
         self.num_hidden_layers = d["num_hidden_layers"]
         self.num_attention_heads = d["num_attention_heads"]
-        self.num_key_value_heads = d.get("num_key_value_heads", self.num_attention_heads)
+        self.num_key_value_heads = get("num_key_value_heads", self.num_attention_heads)
         self.intermediate_size = d["intermediate_size"]
         self.vocab_size = d["vocab_size"]
-        self.rms_norm_eps = d.get("rms_norm_eps", 1e-6)
-        self.rope_theta = d.get("rope_theta", 10000.0)
-        self.max_position_embeddings = d.get("max_position_embeddings", 2048)
-        self.tie_word_embeddings = d.get("tie_word_embeddings", False)
-        self.head_dim = d.get("head_dim", self.hidden_size // self.num_attention_heads)
+        self.rms_norm_eps = get("rms_norm_eps", 1e-6)
+        self.rope_theta, self.rope_scaling = read_rope(d)
+        self.max_position_embeddings = get("max_position_embeddings",
+                                           {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768}[self.model_type])
+        self.tie_word_embeddings = get("tie_word_embeddings", False)
+        self.head_dim = get("head_dim", self.hidden_size // self.num_attention_heads)
         assert self.num_attention_heads % self.num_key_value_heads == 0, "heads must be a multiple of kv heads"
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim = {self.head_dim}: RoPE needs an even head dim")
+        # Biases, as each family's attention declares them (Mistral's has none, whatever the file says).
+        if self.model_type == "llama":
+            if get("mlp_bias", False):
+                raise ConfigError("mlp_bias = true: the reference's MLP has no biases")
+            self.qkv_bias = self.o_bias = bool(get("attention_bias", False))
+        else:
+            self.qkv_bias, self.o_bias = self.model_type == "qwen2", False
+        # Sliding-window attention: the window in tokens (a query sees itself and the window - 1 before it), or None.
+        if self.model_type == "mistral":
+            self.sliding_window = d.get("sliding_window", 4096)  # absent: MistralConfig's default; null: none
+        elif self.model_type == "qwen2" and get("use_sliding_window", False):
+            self.sliding_window = d.get("sliding_window", 4096)
+        else:
+            self.sliding_window = None
+        if self.sliding_window is not None and (isinstance(self.sliding_window, bool)
+                                                or not isinstance(self.sliding_window, int)
+                                                or self.sliding_window < 1):
+            raise ConfigError(f"sliding_window = {json.dumps(self.sliding_window)}: expected an integer >= 1 or null")
+
+    def check_seq_len(self, seq_len):
+        """Sliding-window attention is not implemented: refuse a window that would mask something."""
+        if self.sliding_window is not None and self.sliding_window < seq_len:
+            raise ConfigError(f"sliding_window = {self.sliding_window} is below the sequence length {seq_len}: "
+                              "sliding-window attention is not implemented (a window at least the sequence length "
+                              "is plain causal attention)")
 
     @staticmethod
     def load(model_dir):
-        with open(os.path.join(model_dir, "config.json")) as f:
-            return LlamaConfig(json.load(f))
+        path = os.path.join(model_dir, "config.json")
+        with open(path) as f:
+            try:
+                return LlamaConfig(json.load(f))
+            except ConfigError as e:
+                raise ConfigError(f"{path}: {e}") from None
 
 
 class RMSNorm(nn.Module):
@@ -162,13 +299,36 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def rope_cos_sin(seq_len, head_dim, theta, dtype=None):
-    """cos, sin of shape (seq_len, head_dim) in HF's layout: the hd/2 frequencies, then the same again."""
+def rope_inv_freq(head_dim, theta, scaling=None):
+    """The hd/2 RoPE frequencies theta^(-2i/hd), scaled as `scaling` says (None: plain), in f64."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    return inv_freq if scaling is None else scale_inv_freq(inv_freq, scaling)
+
+
+def scale_inv_freq(inv_freq, scaling):
+    """inv_freq (f64) under rope_type linear (all frequencies / factor: positions / factor) or llama3 (Meta's
+    Llama 3.1 definition: long wavelengths / factor, short ones unchanged, a smooth blend between)."""
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    if scaling["rope_type"] != "llama3":
+        raise ConfigError(f"rope_type {json.dumps(scaling['rope_type'])} is not implemented")
+    old, low, high = (scaling[k] for k in ("original_max_position_embeddings", "low_freq_factor", "high_freq_factor"))
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old / wavelen - low) / (high - low)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    out = torch.where(wavelen > old / low, inv_freq / factor, blended)
+    return torch.where(wavelen < old / high, inv_freq, out)
+
+
+def rope_cos_sin(seq_len, head_dim, theta, dtype=None, scaling=None):
+    """cos, sin of shape (seq_len, head_dim) in HF's layout: the hd/2 frequencies, then the same again.
+    Computed in f64 (frequencies, angles, cos and sin) and rounded once to `dtype` (default: torch's)."""
     dtype = dtype or torch.get_default_dtype()
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=dtype) / head_dim)  # theta^(-2i/hd)
-    angle = torch.arange(seq_len, dtype=dtype)[:, None] * inv_freq[None, :]
+    inv_freq = rope_inv_freq(head_dim, theta, scaling)
+    angle = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
     angle = torch.cat([angle, angle], dim=-1)
-    return angle.cos(), angle.sin()
+    return angle.cos().to(dtype), angle.sin().to(dtype)
 
 
 def rotate_half(x):
@@ -201,10 +361,11 @@ class LlamaAttention(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.q_proj = nn.Linear(c.hidden_size, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, c.hidden_size, bias=False)
+        # Biases (Qwen2's q, k, v; Llama's attention_bias on all four) are added after the projections.
+        self.q_proj = nn.Linear(c.hidden_size, self.n_heads * self.head_dim, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(c.hidden_size, self.n_kv_heads * self.head_dim, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(c.hidden_size, self.n_kv_heads * self.head_dim, bias=c.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, c.hidden_size, bias=c.o_bias)
 
     def forward(self, x, cos, sin):
         B, T, _ = x.shape
@@ -265,8 +426,9 @@ class LlamaForCausalLM(nn.Module):
         """tokens: (B, T) int64 -> logits (B, T, V)."""
         c = self.config
         T = tokens.shape[1]
+        c.check_seq_len(T)
         w = self.model.embed_tokens.weight
-        cos, sin = rope_cos_sin(T, c.head_dim, c.rope_theta, w.dtype)
+        cos, sin = rope_cos_sin(T, c.head_dim, c.rope_theta, w.dtype, c.rope_scaling)
         h = self.model.embed_tokens(tokens)
         for layer in self.model.layers:
             h = layer(h, cos, sin)
@@ -279,12 +441,12 @@ class LlamaForCausalLM(nn.Module):
 
 
 def init_weights(model, seed):
-    """normal(0, 0.02) for every matrix, ones for norm weights; drawn in state_dict order from one generator
-    so a seed always gives the same weights."""
+    """normal(0, 0.02) for every matrix and bias (non-zero, so that biases show in every check), ones for norm
+    weights; drawn in state_dict order from one generator so a seed always gives the same weights."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 1:
+            if p.dim() == 1 and not name.endswith(".bias"):
                 p.fill_(1.0)
             else:
                 p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.02)
@@ -363,7 +525,7 @@ def lr_at(step, lr, schedule, warmup, total, lr_min):
 
 
 def make_optimizer(model, lr, weight_decay, betas, eps):
-    # Decay the matrices (embeddings, linears, lm_head) only; norm gains stay undecayed.
+    # Decay the matrices (embeddings, linears, lm_head) only; norm gains and biases (1-D) stay undecayed.
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
@@ -398,15 +560,63 @@ def train_step(model, opt, x, y, micro_batch, lr, grad_clip):
 # ================================================================== commands
 
 
-def cmd_init(a):
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+def parse_rope_scaling(text):
+    """--rope-scaling: none | linear:FACTOR | llama3:FACTOR,LOW,HIGH,ORIG -> None or the scaling dict."""
+    kind, _, args = text.partition(":")
+    try:
+        if kind == "none" and not args:
+            return None
+        values = [float(v) for v in args.split(",")]
+        if kind == "linear" and len(values) == 1:
+            return {"rope_type": "linear", "factor": values[0]}
+        if kind == "llama3" and len(values) == 4 and values[3] == int(values[3]):
+            return {"rope_type": "llama3", "factor": values[0], "low_freq_factor": values[1],
+                    "high_freq_factor": values[2], "original_max_position_embeddings": int(values[3])}
+    except ValueError:
+        pass
+    raise ConfigError(f"--rope-scaling {text}: expected none, linear:FACTOR or llama3:FACTOR,LOW,HIGH,ORIG")
+
+
+def init_config(a):
+    """config.json for `init`: the keys and architectures transformers writes for the family. Plain Llama with the
+    default options gives exactly the file earlier versions of this script wrote."""
+    mt, hd = a.model_type, a.head_dim
+    if a.attention_bias and mt != "llama":
+        raise ConfigError(f"--attention-bias is Llama's (model_type {mt}: "
+                          + ("biases on q, k and v always)" if mt == "qwen2" else "no biases)"))
+    if a.sliding_window is not None and mt != "mistral":
+        raise ConfigError(f"--sliding-window is Mistral's, not {mt}'s")
+    if a.n_heads % a.n_kv_heads or (hd or a.dim // a.n_heads) % 2 or (not hd and a.dim % a.n_heads):
+        sys.exit("llama_ref: dim must divide into n_heads heads of even size (or --head-dim be even), n_heads into "
+                 "n_kv_heads groups")
+    scaling = parse_rope_scaling(a.rope_scaling)
+    dtype = "bfloat16" if a.dtype == "bf16" else "float32"
+    cfg = {"architectures": [MODEL_TYPES[mt]], "model_type": mt, "hidden_act": "silu",
            "hidden_size": a.dim, "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads,
            "num_key_value_heads": a.n_kv_heads, "intermediate_size": a.ffn_dim, "vocab_size": a.vocab_size,
-           "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_theta, "max_position_embeddings": a.max_seq_len,
-           "tie_word_embeddings": a.tie_embeddings,
-           "torch_dtype": "bfloat16" if a.dtype == "bf16" else "float32"}
-    if a.dim % a.n_heads or a.n_heads % a.n_kv_heads or (a.dim // a.n_heads) % 2:
-        sys.exit("llama_ref: dim must divide into n_heads heads of even size, n_heads into n_kv_heads groups")
+           "rms_norm_eps": a.norm_eps}
+    if hd or mt == "mistral":  # MistralConfig always writes head_dim; Llama's and Qwen2's only when it is given
+        cfg["head_dim"] = hd or a.dim // a.n_heads
+    if a.rope_spelling == "v5":  # transformers 5: one rope_parameters object, rope_theta inside
+        cfg["rope_parameters"] = dict({"rope_type": "default"} if scaling is None else scaling, rope_theta=a.rope_theta)
+    else:  # transformers 4: top-level rope_theta, rope_scaling only with scaling
+        cfg["rope_theta"] = a.rope_theta
+        if scaling is not None:
+            cfg["rope_scaling"] = scaling
+    cfg["max_position_embeddings"] = a.max_seq_len
+    if mt == "llama" and a.attention_bias:
+        cfg["attention_bias"] = True
+    if mt == "mistral":
+        cfg["sliding_window"] = a.sliding_window  # None: no window (an absent key means 4096)
+    if mt == "qwen2":
+        cfg.update({"use_sliding_window": False, "sliding_window": None, "max_window_layers": a.n_layers})
+    cfg["tie_word_embeddings"] = a.tie_embeddings
+    cfg["dtype" if a.rope_spelling == "v5" else "torch_dtype"] = dtype
+    return cfg
+
+
+def cmd_init(a):
+    cfg = init_config(a)
     model = LlamaForCausalLM(LlamaConfig(cfg))
     init_weights(model, a.seed)
     os.makedirs(a.out, exist_ok=True)
@@ -421,6 +631,7 @@ def cmd_train(a):
     torch.set_num_threads(a.threads)
     torch.set_default_dtype(torch.float64 if a.dtype == "f64" else torch.float32)
     model = load_model(a.model)
+    model.config.check_seq_len(a.seq_len)
     tokens = read_tokens(a.data)
     M = a.micro_batch_size or a.batch_size
     if a.batch_size % M:
@@ -442,6 +653,7 @@ def cmd_train(a):
 def cmd_loss(a):
     torch.set_num_threads(a.threads)
     model = load_model(a.model)
+    model.config.check_seq_len(a.seq_len)
     x, y = get_batch(read_tokens(a.data), a.step, a.batch_size, a.seq_len)
     with torch.no_grad():
         print(json.dumps({"loss": model.loss(x, y).item()}))
@@ -535,6 +747,13 @@ def main():
     p.add_argument("--tie-embeddings", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
+    p.add_argument("--model-type", choices=list(MODEL_TYPES), default="llama")
+    p.add_argument("--head-dim", type=int, default=0, help="default: dim / n_heads (and head_dim not written)")
+    p.add_argument("--rope-scaling", default="none", help="none | linear:FACTOR | llama3:FACTOR,LOW,HIGH,ORIG")
+    p.add_argument("--rope-spelling", choices=["v4", "v5"], default="v4",
+                   help="config.json's RoPE keys: v4 rope_theta + rope_scaling, v5 rope_parameters")
+    p.add_argument("--attention-bias", action="store_true", help="llama: biases on q, k, v and o_proj")
+    p.add_argument("--sliding-window", type=int, default=None, help="mistral: sliding_window (default null)")
 
     p = sub.add_parser("train", help="train from DIR's weights; write per-step losses, grad norms, lrs as JSON")
     p.add_argument("--model", required=True)
@@ -582,7 +801,10 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
 
     a = ap.parse_args()
-    {"init": cmd_init, "train": cmd_train, "loss": cmd_loss, "generate": cmd_generate, "bench": cmd_bench}[a.cmd](a)
+    try:
+        {"init": cmd_init, "train": cmd_train, "loss": cmd_loss, "generate": cmd_generate, "bench": cmd_bench}[a.cmd](a)
+    except ConfigError as e:  # a model or option the reference does not compute: the reason, not a traceback
+        sys.exit(f"llama_ref: {e}")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@
 #    step 0 within 1e-5 relative, 10 AdamW steps within 1e-4 absolute (untied and tied);
 #  - resume from a checkpoint is bit-identical; on another mesh within tolerance;
 #  - a rank killed while writing a checkpoint leaves the previous one, and resume: auto uses it;
-#  - every kind of bad data, checkpoint, config.json (RoPE scaling, biases, activation) and config input gives
-#    its message; logits of a checkpoint and of a Hugging Face directory, and their bad input.
+#  - every kind of bad data, checkpoint, config.json (unknown RoPE scaling or model_type, Llama's attention
+#    biases, activation) and config input gives its message; config.json's architecture is read (RoPE scaling in
+#    both spellings) and the YAML's model keys must agree with it; logits of a checkpoint and of a Hugging Face directory, and their bad input.
 # Prints "train: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_train.sh BUILD_DIR
 set -uo pipefail
@@ -308,7 +309,7 @@ cp "$tmp/base.ckpt/step_00000020/meta.json" "$tmp/base.ckpt/step_00000020/optimi
 expect "resume: a NaN weight in a checkpoint is refused at load" nonzero "model.safetensors: tensor 'model.norm.weight' holds a non-finite value" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set checkpoint.resume="$tmp/bad/nan" --set checkpoint.dir="$tmp/x" train
 expect "init_from: corrupt file" nonzero "[checkpoint]" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/garbage" train
 expect "init_from: no such path" nonzero "no such file or directory" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/nope" train
-expect "init_from: config.json disagrees" nonzero "hidden_size = 32 but model.dim = 64" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.dim=64 --set model.init_from="$tmp/ref0" train
+expect "init_from: a model key the YAML gives must agree with config.json" nonzero "model.dim = 64 but model.init_from's $tmp/ref0/config.json says hidden_size = 32" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.dim=64 --set model.init_from="$tmp/ref0" train
 # A checkpoint's config.json (the Hugging Face LlamaConfig save_checkpoint writes), edited: transformers 5's
 # rope_parameters in place of rope_theta is read; what meshtrain's Llama does not compute is refused by name.
 "$py" - "$tmp/base.ckpt/step_00000020" "$tmp/hfcfg" <<'PY'
@@ -327,6 +328,8 @@ variant("v4", drop=("rope_parameters", "dtype"), rope_scaling=None)
 variant("llama3", rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
 variant("scaling", drop=("rope_parameters",), rope_scaling={"type": "linear", "factor": 2.0})
+variant("yarn", drop=("rope_parameters",), rope_scaling={"rope_type": "yarn", "factor": 2.0})
+variant("gpt2", model_type="gpt2")
 variant("attn_bias", attention_bias=True)
 variant("mlp_bias", mlp_bias=True)
 variant("gelu", hidden_act="gelu")
@@ -334,10 +337,13 @@ PY
 expect "init_from: a checkpoint directory (config.json, model.safetensors; optimizer.safetensors ignored)" zero "initialised from" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.steps=1 --set model.init_from="$tmp/base.ckpt/step_00000020" train
 expect "init_from: transformers 5's config.json (rope_parameters, dtype)" zero "initialised from" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.steps=1 --set model.init_from="$tmp/hfcfg/v5" train
 expect "init_from: transformers 4's config.json (rope_theta, rope_scaling null)" zero "initialised from" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.steps=1 --set model.init_from="$tmp/hfcfg/v4" train
-expect "init_from: rope_parameters.rope_theta disagrees" nonzero "rope_theta = 500 but model.rope_theta = 10000" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/v5theta" train
-expect "init_from: llama3 RoPE scaling is refused" nonzero "hfcfg/llama3/config.json: rope_parameters.rope_type = \"llama3\": meshtrain implements plain RoPE" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/llama3" train
-expect "init_from: rope_scaling is refused" nonzero "hfcfg/scaling/config.json: rope_scaling.type = \"linear\"" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/scaling" train
-expect "init_from: attention_bias is refused" nonzero "hfcfg/attn_bias/config.json: attention_bias = true: meshtrain's linear layers have no bias" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/attn_bias" train
+expect "init_from: the architecture comes from config.json (rope_parameters.rope_theta 500)" zero "initialised from" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.steps=1 --set model.init_from="$tmp/hfcfg/v5theta" train
+expect "init_from: rope_parameters.rope_theta disagrees with the YAML's" nonzero "model.rope_theta = 10000 but model.init_from's $tmp/hfcfg/v5theta/config.json says rope_theta = 500" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.rope_theta=10000 --set model.init_from="$tmp/hfcfg/v5theta" train
+expect "init_from: llama3 RoPE scaling (transformers 5's rope_parameters) is read" zero "initialised from" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.steps=1 --set model.init_from="$tmp/hfcfg/llama3" train
+expect "init_from: an unknown RoPE type is refused" nonzero "hfcfg/yarn/config.json: rope_scaling.rope_type = \"yarn\": meshtrain implements RoPE scaling" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/yarn" train
+expect "init_from: an unsupported model_type is refused with the list" nonzero "hfcfg/gpt2/config.json: model_type = 'gpt2': meshtrain implements llama, mistral, qwen2" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/gpt2" train
+expect "init_from: linear RoPE scaling (transformers 4's rope_scaling with \"type\") is read" zero "initialised from" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set training.steps=1 --set model.init_from="$tmp/hfcfg/scaling" train
+expect "init_from: attention_bias is refused" nonzero "hfcfg/attn_bias/config.json: attention_bias = true: meshtrain's Llama has no attention biases" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/attn_bias" train
 expect "init_from: mlp_bias is refused" nonzero "hfcfg/mlp_bias/config.json: mlp_bias = true" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/mlp_bias" train
 expect "init_from: hidden_act gelu is refused" nonzero "hfcfg/gelu/config.json: hidden_act = \"gelu\": meshtrain's MLP is SwiGLU" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/hfcfg/gelu" train
 # meshtrain logits: a checkpoint (or a Hugging Face directory, the same config.json) to a (T, V) float32 .npy.
@@ -351,7 +357,7 @@ expect "logits: a token past the vocabulary" nonzero "--tokens: token 256 (item 
 expect "logits: a token that is not a number" nonzero "--tokens: 'x' (item 2) is not a token id" -- "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/base.ckpt" --tokens 1,2,x --out "$tmp/l.npy"
 expect "logits: more tokens than model.max_seq_len" nonzero "33 tokens, more than the model's 32 positions" -- "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/base.ckpt" --tokens "$(seq -s, 1 33)" --out "$tmp/l.npy"
 expect "logits: neither a checkpoint nor a Hugging Face model" nonzero "neither a checkpoint (meta.json), a directory holding one, nor a Hugging Face model" -- "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/bad" --tokens 1 --out "$tmp/l.npy"
-expect "logits: a Hugging Face directory with llama3 RoPE is refused" nonzero "rope_parameters.rope_type = \"llama3\"" -- "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/hfcfg/llama3" --tokens 1 --out "$tmp/l.npy"
+expect "logits: a Hugging Face directory with llama3 RoPE" zero "logits (1, 256)" -- "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/hfcfg/llama3" --tokens 1 --out "$tmp/l.npy"
 expect "resume: not a checkpoint" nonzero "not a complete checkpoint" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set checkpoint.resume="$tmp/bad" --set checkpoint.dir="$tmp/x" train
 expect "resume: a different model is refused" nonzero "model.ffn_dim: 64 in the checkpoint, 48 now" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.ffn_dim=48 --set checkpoint.resume="$tmp/base.ckpt/step_00000010" --set checkpoint.dir="$tmp/x" train
 expect "resume: a different model, allowed, still fails on the shapes" nonzero "the model expects" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.ffn_dim=48 --set checkpoint.allow_config_change=true --set checkpoint.resume="$tmp/base.ckpt/step_00000010" --set checkpoint.dir="$tmp/x" train

@@ -142,7 +142,7 @@ TEST_CASE("model: every layer's gradients match finite differences (f64)") {
     check_module(m, random_tensor({B, T, 9}, 4), 13);
   }
   SUBCASE("LlamaAttention (GQA, causal, RoPE)") {
-    LlamaAttention m("attn", c, f, rope);
+    LlamaAttention m("attn", c, LlamaVariant{}, f, rope);
     check_module(m, random_tensor({B, T, c.dim}, 5), 14);
   }
   SUBCASE("LlamaMLP") {
@@ -150,7 +150,7 @@ TEST_CASE("model: every layer's gradients match finite differences (f64)") {
     check_module(m, random_tensor({B, T, c.dim}, 6), 15);
   }
   SUBCASE("LlamaDecoderLayer") {
-    LlamaDecoderLayer m("layer", c, f, rope);
+    LlamaDecoderLayer m("layer", c, LlamaVariant{}, f, rope);
     check_module(m, random_tensor({B, T, c.dim}, 7), 16);
   }
 }

@@ -17,7 +17,7 @@
 #include "models/llama/parallelize.h"
 #include "parallel/recompute.h"
 #include "runtime/core/allocator.h"
-#include "runtime/io/config.h"
+#include "runtime/train/run_config.h"
 #include "runtime/kernels/ops.h"
 #include "mpi_world.h"
 #include "../test_util.h"

@@ -6,7 +6,10 @@
 Plain asserts, no pytest. Each check is written a different way from the code it
 tests (complex numbers for RoPE, repeated kv heads and per-head loops for
 attention, a NumPy forward for the whole model, finite differences for
-gradients) so that a shared misunderstanding is unlikely to pass unnoticed.
+gradients; Meta's per-frequency loop for llama3 RoPE scaling and divided positions
+for linear) so that a shared misunderstanding is unlikely to pass unnoticed.
+The Llama 3.x / Mistral / Qwen2 checks (issue 26) cover both config.json RoPE
+spellings, biases, head_dim and what is refused.
 """
 import json
 import math
@@ -125,6 +128,76 @@ def attention_is_causal():
     assert torch.allclose(a[:, :8], b[:, :8], atol=1e-12, rtol=0)
     assert not torch.allclose(a[:, 8:], b[:, 8:])
 
+# ----------------------------------------------------- RoPE scaling
+
+
+def meta_llama3_freqs(freqs, factor, low_freq_factor, high_freq_factor, old_context_len):
+    """Llama 3.1's frequency scaling as Meta publishes it: a plain loop over the frequencies."""
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            out.append(freq)
+        elif wavelen > low_freq_wavelen:
+            out.append(freq / factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append((1 - smooth) * freq / factor + smooth * freq)
+    return out
+
+
+def llama3(factor=8.0, low=1.0, high=4.0, old=8192):
+    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+            "original_max_position_embeddings": old}
+
+
+@test
+def rope_llama3_by_hand_in_three_regimes():
+    # hd 8, theta 1e4: inv_freq 1, 0.1, 0.01, 0.001, wavelengths 2 pi x (1, 10, 100, 1000). With old 1024, low 1,
+    # high 4: high_freq_wavelen 256, low_freq_wavelen 1024, so 6.3 and 62.8 are unchanged, 6283 > 1024 is divided
+    # by the factor 8 and 628.3 is blended with s = (1024 / 628.3 - 1) / (4 - 1) = 0.2099155...
+    got = L.rope_inv_freq(8, 10000.0, llama3(8.0, 1.0, 4.0, 1024)).tolist()
+    s = (1024 / (2 * math.pi * 100) - 1) / 3
+    want = [1.0, 0.1, 0.01 * ((1 - s) / 8 + s), 0.001 / 8]
+    assert abs(s - 0.2099155390870) < 1e-12 and abs(want[2] - 0.003086760967011) < 1e-15
+    assert all(abs(g - w) <= 1e-15 * w for g, w in zip(got, want)), (got, want)
+    # Llama 3.1's own numbers (theta 5e5, hd 128, factor 8, 1, 4, 8192): every frequency as Meta's loop gives it,
+    # with all three regimes present.
+    plain = L.rope_inv_freq(128, 500000.0)
+    got = L.rope_inv_freq(128, 500000.0, llama3())
+    want = meta_llama3_freqs(plain.tolist(), 8.0, 1.0, 4.0, 8192)
+    assert got.dtype == torch.float64 and np.abs(got.numpy() - want).max() <= 1e-15 * max(want)
+    ratio = (plain / got).numpy()
+    assert (ratio == 1).sum() > 0 and (np.abs(ratio - 8) < 1e-12).sum() > 0 and ((ratio > 1) & (ratio < 8)).sum() > 0
+    # Continuous at both edges of the blend.
+    for wl in (8192 / 4, 8192 / 1):
+        inv = torch.tensor([2 * math.pi / (wl * (1 - 1e-9)), 2 * math.pi / (wl * (1 + 1e-9))], dtype=torch.float64)
+        a, b = L.scale_inv_freq(inv, llama3()).tolist()
+        assert abs(a - b) < 1e-8 * a, (wl, a, b)
+
+
+@test
+def rope_linear_is_positions_over_factor():
+    T, hd, theta, factor = 40, 16, 10000.0, 4.0
+    cos, sin = L.rope_cos_sin(T, hd, theta, torch.float64, {"rope_type": "linear", "factor": factor})
+    angle = (np.arange(T) / factor)[:, None] * theta ** (-2.0 * np.arange(hd // 2) / hd)[None, :]
+    angle = np.concatenate([angle, angle], -1)
+    assert np.abs(cos.numpy() - np.cos(angle)).max() < 1e-13 and np.abs(sin.numpy() - np.sin(angle)).max() < 1e-13
+    # Position 4 under factor 4 is position 1 unscaled.
+    cos1, _ = L.rope_cos_sin(2, hd, theta, torch.float64)
+    assert torch.allclose(cos[4], cos1[1], atol=1e-14, rtol=0)
+
+
+@test
+def rope_tables_are_f64_rounded_once():
+    # The f32 tables are the f64 ones rounded (not computed in f32), with and without scaling.
+    for sc in (None, llama3(8.0, 1.0, 4.0, 64)):
+        c32, s32 = L.rope_cos_sin(300, 32, 500000.0, torch.float32, sc)
+        c64, s64 = L.rope_cos_sin(300, 32, 500000.0, torch.float64, sc)
+        assert torch.equal(c32, c64.float()) and torch.equal(s32, s64.float())
+
 # ----------------------------------------------------- whole forward in NumPy
 
 
@@ -137,19 +210,33 @@ def numpy_forward(sd, c, tokens):
     def norm(x, w):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + c.rms_norm_eps) * w
 
+    # RoPE scaling, independently: linear divides the positions (not the frequencies); llama3 is Meta's
+    # element-by-element loop.
+    freq = c.rope_theta ** (-2.0 * np.arange(hd // 2) / hd)
+    pos = np.arange(T, dtype=np.float64)
+    sc = c.rope_scaling
+    if sc and sc["rope_type"] == "linear":
+        pos = pos / sc["factor"]
+    elif sc:
+        freq = np.array(meta_llama3_freqs(freq, sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"],
+                                          sc["original_max_position_embeddings"]))
+
     def rope(x):  # x: (B, T, hd)
         half = hd // 2
-        z = (x[..., :half] + 1j * x[..., half:]) * np.exp(
-            1j * np.arange(T)[:, None] * c.rope_theta ** (-2.0 * np.arange(half) / hd))
+        z = (x[..., :half] + 1j * x[..., half:]) * np.exp(1j * pos[:, None] * freq[None, :])
         return np.concatenate([z.real, z.imag], -1)
+
+    def linear(x, name):  # the bias, where the state dict has one, after the projection
+        y = x @ W[name + ".weight"].T
+        return y + W[name + ".bias"] if name + ".bias" in W else y
 
     h = W["model.embed_tokens.weight"][tokens]
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
         x = norm(h, W[p + "input_layernorm.weight"])
-        q = x @ W[p + "self_attn.q_proj.weight"].T
-        k = x @ W[p + "self_attn.k_proj.weight"].T
-        v = x @ W[p + "self_attn.v_proj.weight"].T
+        q = linear(x, p + "self_attn.q_proj")
+        k = linear(x, p + "self_attn.k_proj")
+        v = linear(x, p + "self_attn.v_proj")
         heads = []
         for hh in range(H):
             j = hh * KV // H  # the kv head serving q head hh
@@ -159,7 +246,7 @@ def numpy_forward(sd, c, tokens):
             s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
             pr = np.exp(s - s.max(-1, keepdims=True))
             heads.append((pr / pr.sum(-1, keepdims=True)) @ v[..., j * hd:(j + 1) * hd])
-        h = h + np.concatenate(heads, -1) @ W[p + "self_attn.o_proj.weight"].T
+        h = h + linear(np.concatenate(heads, -1), p + "self_attn.o_proj")
         x = norm(h, W[p + "post_attention_layernorm.weight"])
         g = x @ W[p + "mlp.gate_proj.weight"].T
         h = h + ((g / (1 + np.exp(-g))) * (x @ W[p + "mlp.up_proj.weight"].T)) @ W[p + "mlp.down_proj.weight"].T
@@ -274,6 +361,148 @@ def lr_schedule():
     assert f(19, 1.0, "constant", 4, 20, 0.1) == 1.0
     assert f(0, 1.0, "cosine", 0, 1, 0.0) == 1.0
 
+# ------------------------------------------- Llama 3.x, Mistral, Qwen2 configs
+
+# Variants of the tiny model: biases, a head_dim that is not hidden / heads, RoPE scaling.
+FAMILIES = {"qwen2": {"model_type": "qwen2"},
+            "llama_bias": {"attention_bias": True},
+            "llama3_hd12": {"head_dim": 12, "rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0,
+                                                                "factor": 8.0, "low_freq_factor": 1.0,
+                                                                "high_freq_factor": 4.0,
+                                                                "original_max_position_embeddings": 16}},
+            "mistral_linear": {"model_type": "mistral", "sliding_window": None,
+                               "rope_scaling": {"type": "linear", "factor": 3.0}}}
+
+
+@test
+def families_forward_and_loss_match_numpy():
+    for name, over in FAMILIES.items():
+        for tied in (False, True):
+            m = tiny_model(tied, **over)
+            x = torch.randint(0, 50, (2, 13), generator=torch.Generator().manual_seed(4))
+            y = torch.randint(0, 50, (2, 13), generator=torch.Generator().manual_seed(5))
+            with torch.no_grad():
+                logits, loss = m(x).numpy(), m.loss(x, y).item()
+            want = numpy_forward(m.state_dict(), m.config, x.numpy())
+            assert np.abs(logits - want).max() < 1e-10, (name, tied, np.abs(logits - want).max())
+            assert abs(loss - numpy_ce(want, y.numpy())) < 1e-10, name
+    # The scaling and the biases change the logits (so the checks above could fail).
+    x = torch.randint(0, 50, (1, 13), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        plain = tiny_model(head_dim=12)(x)
+        assert not torch.allclose(plain, tiny_model(**FAMILIES["llama3_hd12"])(x), atol=1e-6)
+        m = tiny_model(model_type="qwen2")
+        before = m(x)
+        for n, p in m.named_parameters():
+            if n.endswith(".bias"):
+                p.zero_()
+        assert not torch.allclose(before, m(x), atol=1e-6)
+
+
+@test
+def families_parameter_names():
+    def biases(**over):
+        return sorted(n for n in L.LlamaForCausalLM(tiny_config(**over)).state_dict() if n.endswith(".bias"))
+    qkv = [f"model.layers.{i}.self_attn.{p}_proj.bias" for i in range(2) for p in "kqv"]
+    assert biases(model_type="qwen2") == sorted(qkv)  # Qwen2: q, k, v; none on o_proj
+    assert biases(attention_bias=True) == sorted(qkv + [f"model.layers.{i}.self_attn.o_proj.bias" for i in range(2)])
+    assert biases() == biases(model_type="mistral", attention_bias=True) == []  # Mistral's attention has none
+    sd = L.LlamaForCausalLM(tiny_config(model_type="qwen2", head_dim=12)).state_dict()
+    assert tuple(sd["model.layers.0.self_attn.q_proj.weight"].shape) == (48, 32)
+    assert tuple(sd["model.layers.0.self_attn.k_proj.bias"].shape) == (24,)
+    assert tuple(sd["model.layers.0.self_attn.o_proj.weight"].shape) == (32, 48)
+
+
+@test
+def bias_gradients_finite_difference_and_no_decay():
+    for over in (FAMILIES["qwen2"], FAMILIES["llama_bias"]):
+        m = tiny_model(**over)
+        x = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(6))
+        y = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(7))
+        m.zero_grad()
+        m.loss(x, y).backward()
+        P = dict(m.named_parameters())
+        names = [n for n in P if n.endswith(".bias")]
+        assert names and all(P[n].grad.abs().max() > 0 for n in names)
+        for name in names[:4]:
+            p, idx, eps = P[name], (5,), 1e-6
+            with torch.no_grad():
+                old = p[idx].item()
+                p[idx] = old + eps
+                up = m.loss(x, y).item()
+                p[idx] = old - eps
+                down = m.loss(x, y).item()
+                p[idx] = old
+            fd, ad = (up - down) / (2 * eps), p.grad[idx].item()
+            assert abs(fd - ad) <= 1e-7 + 1e-5 * abs(ad), (over, name, fd, ad)
+        # AdamW: biases are 1-D, so in the undecayed group with the norm gains.
+        decay, no_decay = L.make_optimizer(m, 1e-3, 0.1, (0.9, 0.95), 1e-8).param_groups
+        ids = {id(p) for p in no_decay["params"]}
+        assert no_decay["weight_decay"] == 0.0 and all(id(P[n]) in ids for n in names)
+
+
+def refused(fn, *words):
+    try:
+        fn()
+    except L.ConfigError as e:
+        assert all(w in str(e) for w in words), (str(e), words)
+        return
+    raise AssertionError(f"not refused: {words}")
+
+
+@test
+def config_rope_spellings_and_refusals():
+    base = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 48,
+            "vocab_size": 50}
+
+    def cfg(**over):
+        return L.LlamaConfig(dict(base, **over))
+    sc = llama3(32.0, 1.0, 4.0, 8192)
+    spellings = [dict(rope_theta=5e5, rope_scaling=sc),  # transformers 4
+                 dict(rope_theta=5e5, rope_scaling=dict({"type": "llama3"}, **{k: v for k, v in sc.items()
+                                                                                if k != "rope_type"})),  # < 4.45
+                 dict(rope_parameters=dict(sc, rope_theta=5e5)),  # transformers 5
+                 dict(rope_theta=5e5, rope_scaling=sc, rope_parameters=dict(sc, rope_theta=5e5))]  # both
+    # As meshtrain writes it: both spellings at once, rope_scaling null without scaling.
+    spellings.append(dict(rope_theta=5e5, rope_scaling=sc, rope_parameters=dict(sc, rope_theta=5e5,
+                                                                                  partial_rotary_factor=1.0)))
+    for sp in spellings:
+        c = cfg(**sp)
+        assert (c.rope_theta, c.rope_scaling) == (5e5, sc), (sp, c.rope_theta, c.rope_scaling)
+    for sp in (dict(rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+               dict(rope_theta=500.0, rope_scaling=None),
+               dict(rope_theta=500.0, rope_scaling={"rope_type": "default"})):
+        assert (cfg(**sp).rope_theta, cfg(**sp).rope_scaling) == (500.0, None), sp
+    assert cfg().rope_theta == 10000.0 and cfg(rope_scaling={"rope_type": "linear", "factor": 2}).rope_scaling == \
+        {"rope_type": "linear", "factor": 2}
+    refused(lambda: cfg(rope_theta=1e4, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+            "rope_parameters.rope_theta = 500000.0", "rope_theta = 10000.0")
+    refused(lambda: cfg(rope_scaling={"rope_type": "linear", "factor": 2.0}, rope_parameters={"rope_type": "default"}),
+            "rope_type")
+    refused(lambda: cfg(rope_scaling={"rope_type": "yarn", "factor": 4.0}), '"yarn"', "default, linear, llama3")
+    refused(lambda: cfg(rope_scaling={"rope_type": "dynamic", "factor": 4.0}), '"dynamic"')
+    refused(lambda: cfg(rope_scaling={"rope_type": "linear"}), "factor")
+    refused(lambda: cfg(rope_scaling={"rope_type": "linear", "factor": 2.0, "low_freq_factor": 1.0}), "low_freq_factor")
+    refused(lambda: cfg(rope_parameters={"rope_type": "default", "factor": 2.0}), "factor")
+    refused(lambda: cfg(rope_scaling=dict(sc, high_freq_factor=1.0)), "high_freq_factor")
+    refused(lambda: cfg(rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.5}),
+            "partial_rotary_factor")
+    # Families and what is refused.
+    refused(lambda: cfg(model_type="gpt2"), '"gpt2"', "llama, mistral, qwen2")
+    refused(lambda: cfg(mlp_bias=True), "mlp_bias")
+    refused(lambda: cfg(hidden_act="gelu"), "hidden_act")
+    refused(lambda: cfg(head_dim=7), "head_dim")
+    assert cfg(model_type="mistral").sliding_window == 4096  # MistralConfig's default when the key is absent
+    assert cfg(model_type="mistral", sliding_window=None).sliding_window is None
+    assert cfg(model_type="qwen2", sliding_window=64).sliding_window is None  # use_sliding_window false
+    assert cfg(model_type="qwen2", use_sliding_window=True, sliding_window=64).sliding_window == 64
+    c = cfg(model_type="mistral", sliding_window=16)
+    c.check_seq_len(16)
+    refused(lambda: c.check_seq_len(17), "sliding_window = 16", "sequence length 17")
+    m = L.LlamaForCausalLM(c)
+    refused(lambda: m(torch.zeros(1, 17, dtype=torch.long)), "sliding_window = 16")
+    assert cfg(attention_bias=True).o_bias and not cfg(model_type="qwen2").o_bias and cfg(model_type="qwen2").qkv_bias
+
 # --------------------------------------------------------- data and files
 
 
@@ -368,6 +597,92 @@ def init_then_train_decreases_loss():
             first = json.loads(run_cli("loss", "--model", model, "--data", os.path.join(d, "train_*.bin"),
                                        "--batch-size", 4, "--seq-len", 32, "--step", 0))["loss"]
             assert abs(first - r["losses"][0]) < 1e-5, (first, r["losses"][0])
+
+
+def run_cli_fails(*args):
+    r = subprocess.run([sys.executable, REF, *map(str, args)], capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0, r.stdout
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.stderr
+
+
+@test
+def init_v4_and_v5_spellings_give_the_same_model():
+    with tempfile.TemporaryDirectory() as d:
+        common = ["--dim", 32, "--n-layers", 1, "--n-heads", 4, "--n-kv-heads", 2, "--ffn-dim", 40, "--vocab-size",
+                  64, "--head-dim", 12, "--rope-theta", 500000, "--rope-scaling", "llama3:8,1,4,16", "--seed", 5]
+        for sp in ("v4", "v5"):
+            run_cli("init", "--out", os.path.join(d, sp), *common, "--rope-spelling", sp)
+        v4, v5 = (json.load(open(os.path.join(d, sp, "config.json"))) for sp in ("v4", "v5"))
+        assert v4["rope_theta"] == 500000 and v4["rope_scaling"] == llama3(8.0, 1.0, 4.0, 16) and \
+            "rope_parameters" not in v4 and v4["head_dim"] == 12
+        assert v5["rope_parameters"] == dict(llama3(8.0, 1.0, 4.0, 16), rope_theta=500000) and \
+            "rope_theta" not in v5 and "rope_scaling" not in v5
+        assert open(os.path.join(d, "v4", "model.safetensors"), "rb").read() == \
+            open(os.path.join(d, "v5", "model.safetensors"), "rb").read()
+        a, b = (L.load_model(os.path.join(d, sp), torch.float64) for sp in ("v4", "v5"))
+        assert (a.config.rope_theta, a.config.rope_scaling) == (b.config.rope_theta, b.config.rope_scaling)
+        x = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            assert torch.equal(a(x), b(x))
+        # A plain v5 file: rope_type default, no top-level rope_theta.
+        run_cli("init", "--out", os.path.join(d, "p5"), "--dim", 32, "--n-layers", 1, "--n-heads", 4,
+                "--n-kv-heads", 2, "--ffn-dim", 40, "--vocab-size", 64, "--rope-spelling", "v5")
+        p5 = json.load(open(os.path.join(d, "p5", "config.json")))
+        assert p5["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0} and "head_dim" not in p5
+
+
+@test
+def qwen2_init_then_train_trains_the_biases():
+    with tempfile.TemporaryDirectory() as d:
+        pattern = np.random.default_rng(12).integers(0, 64, 13)
+        L.write_shard(os.path.join(d, "train_000.bin"), np.tile(pattern, 200))
+        model = os.path.join(d, "q")
+        run_cli("init", "--out", model, "--model-type", "qwen2", "--dim", 32, "--n-layers", 2, "--n-heads", 4,
+                "--n-kv-heads", 2, "--ffn-dim", 64, "--vocab-size", 64, "--max-seq-len", 32, "--tie-embeddings",
+                "--rope-scaling", "linear:2")
+        cfg = json.load(open(os.path.join(model, "config.json")))
+        assert cfg["architectures"] == ["Qwen2ForCausalLM"] and cfg["model_type"] == "qwen2"
+        assert cfg["use_sliding_window"] is False and cfg["tie_word_embeddings"] is True
+        w, _ = L.read_safetensors(os.path.join(model, "model.safetensors"))
+        b = w["model.layers.1.self_attn.v_proj.bias"]
+        assert b.shape == (16,) and 0.005 < b.std() < 0.05 and "model.layers.0.self_attn.o_proj.bias" not in w
+        out = os.path.join(d, "losses.json")
+        run_cli("train", "--model", model, "--data", os.path.join(d, "train_*.bin"), "--steps", 4,
+                "--batch-size", 4, "--seq-len", 32, "--lr", 1e-2, "--schedule", "constant", "--threads", 1,
+                "--out", out)
+        r = json.load(open(out))
+        assert len(r["losses"]) == 4 and r["losses"][-1] < r["losses"][0] - 0.2, r["losses"]
+        # In process: a step moves every bias (their gradients are non-zero; no decay).
+        m = L.load_model(model, torch.float64)
+        opt = L.make_optimizer(m, 1e-2, 0.1, (0.9, 0.95), 1e-8)
+        x, y = L.get_batch(L.read_tokens(os.path.join(d, "train_*.bin")), 0, 4, 32)
+        before = {n: p.detach().clone() for n, p in m.named_parameters() if n.endswith(".bias")}
+        L.train_step(m, opt, x, y, 4, 1e-2, 1.0)
+        P = dict(m.named_parameters())
+        assert len(before) == 6 and all((P[n] - t).abs().min() > 0 for n, t in before.items())
+
+
+@test
+def cli_refuses_what_it_does_not_compute():
+    with tempfile.TemporaryDirectory() as d:
+        L.write_shard(os.path.join(d, "train_000.bin"), np.arange(2000) % 64)
+        data = os.path.join(d, "train_*.bin")
+        m = os.path.join(d, "m")
+        run_cli("init", "--out", m, "--model-type", "mistral", "--sliding-window", 16, "--dim", 32, "--n-layers", 1,
+                "--n-heads", 4, "--n-kv-heads", 2, "--ffn-dim", 40, "--vocab-size", 64)
+        cfg = json.load(open(os.path.join(m, "config.json")))
+        assert cfg["architectures"] == ["MistralForCausalLM"] and cfg["sliding_window"] == 16 and cfg["head_dim"] == 8
+        err = run_cli_fails("train", "--model", m, "--data", data, "--steps", 1, "--batch-size", 1, "--seq-len", 32,
+                            "--out", os.path.join(d, "l.json"))
+        assert "sliding_window = 16" in err and "sequence length 32" in err, err
+        assert "loss" in json.loads(run_cli("loss", "--model", m, "--data", data, "--batch-size", 2, "--seq-len", 16))
+        cfg["model_type"] = "gpt2"
+        json.dump(cfg, open(os.path.join(m, "config.json"), "w"))
+        err = run_cli_fails("loss", "--model", m, "--data", data, "--batch-size", 2, "--seq-len", 16)
+        assert 'model_type = "gpt2"' in err and "llama, mistral, qwen2" in err and "config.json" in err, err
+        err = run_cli_fails("init", "--out", os.path.join(d, "x"), "--sliding-window", 8)
+        assert "--sliding-window" in err, err
 
 
 def main():

@@ -1,0 +1,287 @@
+// The families built on the Llama architecture, each registered once (models/model.h): llama (Llama 1/2/3.x),
+// mistral (Llama's architecture under model_type "mistral") and qwen2 (Qwen2 and Qwen2.5: biases on q, k and v).
+// Their Hugging Face config.json keys both ways, transformers 4 and 5 spellings.
+#include <cmath>
+
+#include "models/llama/parallelize.h"
+
+using json = nlohmann::json;
+
+namespace mt {
+
+namespace {
+
+LlamaVariant variant_of(const ModelConfig& c) { return LlamaVariant{c.type == "qwen2"}; }
+
+std::unique_ptr<CausalLM> build(const ModelConfig& c, const ParamFactory& f) {
+  return std::make_unique<LlamaForCausalLM>(c, f, variant_of(c));
+}
+
+LlamaForCausalLM& as_llama(CausalLM& m) {
+  auto* l = dynamic_cast<LlamaForCausalLM*>(&m);
+  MT_CHECK(l, "model", "{}: not a model of the Llama architecture", m.type());
+  return *l;
+}
+
+std::unique_ptr<FullyShard> parallelize(CausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd,
+                                        const ParallelConfig& p, int64_t seq_len, DType reduce_dtype) {
+  return parallelize_llama(as_llama(model), mesh, pd, p, seq_len, reduce_dtype);
+}
+
+double tp_bytes(const ModelConfig& c, int tp, double act_bytes) { return llama_tp_sp_bytes(c.n_layers, tp, act_bytes); }
+double flops(const ModelConfig& c, int64_t seq_len) { return llama_flops_per_token(c, seq_len, variant_of(c)); }
+int64_t num_params(const ModelConfig& c, bool with_embeddings) {
+  return llama_num_params(c, with_embeddings, variant_of(c));
+}
+
+void check(const ModelConfig& c, int64_t seq_len) {
+  // meshtrain attends to the whole (causal) sequence: a window shorter than it would be a different model.
+  if (c.sliding_window > 0 && c.sliding_window < seq_len)
+    fail("config",
+         "model.sliding_window = {} is shorter than training.seq_len = {}: meshtrain attends to the whole sequence, "
+         "so the window must cover it (or be 0: none)",
+         c.sliding_window, seq_len);
+  if (c.sliding_window > 0 && c.type != "mistral" && c.type != "qwen2")
+    fail("config", "model.sliding_window = {}: model.type = {} has no sliding window", c.sliding_window, c.type);
+}
+
+// The keys every family of the architecture writes. RoPE both ways: top-level rope_theta and rope_scaling
+// (transformers 4) and rope_parameters (transformers 5, which prefers it and still reads the top-level keys).
+json common_to_hf(const ModelConfig& m, const char* architecture) {
+  json j;
+  j["architectures"] = json::array({architecture});
+  j["model_type"] = m.type;
+  j["hidden_size"] = m.dim;
+  j["intermediate_size"] = m.ffn_dim;
+  j["num_hidden_layers"] = m.n_layers;
+  j["num_attention_heads"] = m.n_heads;
+  j["num_key_value_heads"] = m.n_kv_heads;
+  j["head_dim"] = m.head_size();
+  j["vocab_size"] = m.vocab_size;
+  j["rms_norm_eps"] = m.norm_eps;
+  j["rope_theta"] = m.rope_theta;
+  json params = {{"rope_type", m.rope_scaling.type == "none" ? "default" : m.rope_scaling.type},
+                 {"rope_theta", m.rope_theta}};
+  const RopeScalingConfig& r = m.rope_scaling;
+  if (r.type == "none") {
+    j["rope_scaling"] = nullptr;
+  } else {
+    json s = {{"rope_type", r.type}, {"factor", r.factor}};
+    if (r.type == "llama3") {
+      s["low_freq_factor"] = r.low_freq_factor;
+      s["high_freq_factor"] = r.high_freq_factor;
+      s["original_max_position_embeddings"] = r.original_max_position_embeddings;
+    }
+    j["rope_scaling"] = s;
+    for (auto& [k, v] : s.items()) params[k] = v;
+  }
+  j["rope_parameters"] = params;
+  j["max_position_embeddings"] = m.max_seq_len;
+  j["tie_word_embeddings"] = m.tie_embeddings;
+  j["hidden_act"] = "silu";
+  j["attention_dropout"] = 0.0;
+  j["initializer_range"] = m.init_std;
+  j["use_cache"] = true;
+  return j;
+}
+
+json llama_to_hf(const ModelConfig& m) {
+  json j = common_to_hf(m, "LlamaForCausalLM");
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["pretraining_tp"] = 1;
+  return j;
+}
+
+json mistral_to_hf(const ModelConfig& m) {
+  json j = common_to_hf(m, "MistralForCausalLM");
+  j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
+  return j;
+}
+
+json qwen2_to_hf(const ModelConfig& m) {
+  json j = common_to_hf(m, "Qwen2ForCausalLM");
+  j["use_sliding_window"] = m.sliding_window > 0;
+  j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
+  j["max_window_layers"] = m.n_layers;
+  return j;
+}
+
+// A reader of one config.json: typed getters whose errors name the file and the key.
+struct HfReader {
+  const json& j;
+  const std::string& file;
+  bool has(const std::string& key) const { return j.contains(key) && !j[key].is_null(); }
+  [[noreturn]] void unsupported(const std::string& key, const json& v, const std::string& why) const {
+    fail("checkpoint", "{}: {} = {}: {}", file, key, v.dump(), why);
+  }
+  int64_t integer(const std::string& key, std::optional<int64_t> dflt) const {
+    if (!has(key)) {
+      MT_CHECK(dflt.has_value(), "checkpoint", "{}: no {}: a {} config needs it", file, key,
+               j.value("model_type", std::string("llama")));
+      return *dflt;
+    }
+    MT_CHECK(j[key].is_number_integer() && j[key].get<int64_t>() >= 1, "checkpoint",
+             "{}: {} = {}: expected an integer >= 1", file, key, j[key].dump());
+    return j[key].get<int64_t>();
+  }
+  double number(const json& v, const std::string& key) const {
+    MT_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0, "checkpoint",
+             "{}: {} = {}: expected a number > 0", file, key, v.dump());
+    return v.get<double>();
+  }
+  bool boolean(const std::string& key, bool dflt) const {
+    if (!has(key)) return dflt;
+    MT_CHECK(j[key].is_boolean(), "checkpoint", "{}: {} = {}: expected true or false", file, key, j[key].dump());
+    return j[key].get<bool>();
+  }
+};
+
+// RoPE in either spelling: transformers 4 writes top-level rope_theta and rope_scaling (null without scaling;
+// "type" before 4.45, then "rope_type"); transformers 5 writes rope_parameters {"rope_type", "rope_theta", and
+// the scaling keys}. Both may be present and must then agree.
+void read_rope(const HfReader& r, ModelConfig& c) {
+  std::optional<double> theta;
+  if (r.has("rope_theta")) theta = r.number(r.j["rope_theta"], "rope_theta");
+  std::optional<RopeScalingConfig> scaling;
+  std::string scaling_from;
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!r.has(key)) continue;
+    const json& d = r.j[key];
+    if (!d.is_object()) r.unsupported(key, d, "expected an object");
+    std::string type = "default";
+    for (const char* type_key : {"rope_type", "type"})
+      if (d.contains(type_key)) {
+        if (!d[type_key].is_string()) r.unsupported(fmt::format("{}.{}", key, type_key), d[type_key], "expected a string");
+        type = d[type_key].get<std::string>();
+      }
+    if (type != "default" && type != "linear" && type != "llama3")
+      r.unsupported(fmt::format("{}.rope_type", key), json(type),
+                    "meshtrain implements RoPE scaling \"default\", \"linear\" and \"llama3\"");
+    RopeScalingConfig s;
+    s.type = type == "default" ? "none" : type;
+    for (auto& [k, v] : d.items()) {
+      const std::string at = fmt::format("{}.{}", key, k);
+      if (k == "rope_type" || k == "type") continue;
+      if (k == "rope_theta") {
+        double t = r.number(v, at);
+        if (theta && std::abs(*theta - t) > 1e-12 * std::abs(t))
+          fail("checkpoint", "{}: {} = {} but rope_theta = {}: which one?", r.file, at, t, *theta);
+        theta = t;
+      } else if (k == "factor" && s.type != "none") {
+        s.factor = r.number(v, at);
+      } else if (k == "low_freq_factor" && s.type == "llama3") {
+        s.low_freq_factor = r.number(v, at);
+      } else if (k == "high_freq_factor" && s.type == "llama3") {
+        s.high_freq_factor = r.number(v, at);
+      } else if (k == "original_max_position_embeddings" && s.type == "llama3") {
+        MT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1, "checkpoint", "{}: {} = {}: expected an integer >= 1",
+                 r.file, at, v.dump());
+        s.original_max_position_embeddings = v.get<int64_t>();
+      } else if (k == "partial_rotary_factor" && v.is_number() && v.get<double>() == 1.0) {
+        continue;  // the whole head is rotated: plain RoPE's own behaviour
+      } else {
+        r.unsupported(at, v, fmt::format("not a key of rope_type \"{}\" that meshtrain implements", type));
+      }
+    }
+    if (scaling && !(*scaling == s))
+      fail("checkpoint", "{}: {} and {} describe different RoPE scaling: which one?", r.file, scaling_from, key);
+    scaling = s;
+    scaling_from = key;
+  }
+  c.rope_theta = theta.value_or(10000.0);
+  if (scaling) c.rope_scaling = *scaling;
+}
+
+ModelConfig common_from_hf(const HfReader& r) {
+  // What the Llama architecture is not: refused rather than silently trained or evaluated as something else.
+  if (r.has("hidden_act") && r.j["hidden_act"] != "silu")
+    r.unsupported("hidden_act", r.j["hidden_act"], "meshtrain's MLP is SwiGLU (hidden_act \"silu\")");
+  if (r.boolean("mlp_bias", false)) r.unsupported("mlp_bias", r.j["mlp_bias"], "meshtrain's MLP has no biases");
+  ModelConfig c;
+  c.dim = r.integer("hidden_size", std::nullopt);
+  c.n_layers = r.integer("num_hidden_layers", std::nullopt);
+  c.n_heads = r.integer("num_attention_heads", std::nullopt);
+  c.n_kv_heads = r.integer("num_key_value_heads", c.n_heads);
+  c.ffn_dim = r.integer("intermediate_size", std::nullopt);
+  c.vocab_size = r.integer("vocab_size", std::nullopt);
+  c.max_seq_len = r.integer("max_position_embeddings", 2048);  // transformers' defaults from here on
+  c.norm_eps = r.has("rms_norm_eps") ? r.number(r.j["rms_norm_eps"], "rms_norm_eps") : 1e-6;
+  c.tie_embeddings = r.boolean("tie_word_embeddings", false);
+  if (r.has("initializer_range") && r.j["initializer_range"].is_number())
+    c.init_std = r.j["initializer_range"].get<double>();
+  read_rope(r, c);
+  MT_CHECK(c.n_heads % c.n_kv_heads == 0, "checkpoint",
+           "{}: num_attention_heads = {} is not a multiple of num_key_value_heads = {}", r.file, c.n_heads, c.n_kv_heads);
+  // head_dim: written by newer files (and needed when it is not hidden_size / num_attention_heads, as in Mistral
+  // Nemo); kept 0 when it is that quotient so that the YAML's model keys compare as they are written.
+  if (r.has("head_dim")) {
+    int64_t hd = r.integer("head_dim", std::nullopt);
+    if (!(c.dim % c.n_heads == 0 && hd == c.dim / c.n_heads)) c.head_dim = hd;
+  } else {
+    MT_CHECK(c.dim % c.n_heads == 0, "checkpoint",
+             "{}: hidden_size = {} is not a multiple of num_attention_heads = {} and there is no head_dim", r.file,
+             c.dim, c.n_heads);
+  }
+  MT_CHECK(c.head_size() % 2 == 0, "checkpoint", "{}: head dim {}: RoPE needs an even head dim", r.file, c.head_size());
+  MT_CHECK(c.vocab_size >= 1 && c.vocab_size <= INT32_MAX, "checkpoint",
+           "{}: vocab_size = {}: expected 1 ... {} (token ids are int32)", r.file, c.vocab_size, INT32_MAX);
+  return c;
+}
+
+ModelConfig llama_from_hf(const json& j, const std::string& file) {
+  HfReader r{j, file};
+  // Llama's attention_bias puts a bias on o_proj too, which a row-wise split would add once per rank.
+  if (r.boolean("attention_bias", false))
+    r.unsupported("attention_bias", j["attention_bias"],
+                  "meshtrain's Llama has no attention biases (Qwen2's q/k/v biases are model_type \"qwen2\")");
+  if (r.has("pretraining_tp") && j["pretraining_tp"] != json(1))
+    r.unsupported("pretraining_tp", j["pretraining_tp"], "only 1 (the weights as one matrix) is implemented");
+  return common_from_hf(r);
+}
+
+// A window key: null is none; a missing key is the family's default (MistralConfig's 4096).
+int64_t window_from_hf(const HfReader& r, const char* key, int64_t missing) {
+  if (!r.j.contains(key)) return missing;
+  if (r.j[key].is_null()) return 0;
+  return r.integer(key, std::nullopt);
+}
+
+ModelConfig mistral_from_hf(const json& j, const std::string& file) {
+  HfReader r{j, file};
+  ModelConfig c = common_from_hf(r);
+  c.sliding_window = window_from_hf(r, "sliding_window", 4096);
+  return c;
+}
+
+ModelConfig qwen2_from_hf(const json& j, const std::string& file) {
+  HfReader r{j, file};
+  ModelConfig c = common_from_hf(r);
+  // Qwen2 files carry a sliding_window that only use_sliding_window turns on.
+  if (r.boolean("use_sliding_window", false)) c.sliding_window = window_from_hf(r, "sliding_window", 4096);
+  return c;
+}
+
+ParallelPlan tp_plan(bool sp, bool lp) { return llama_tp_plan(sp, lp); }
+
+}  // namespace
+
+const ModelFamily& llama_family() {
+  static const ModelFamily f{"llama", "LlamaForCausalLM", build, parallelize, tp_plan, tp_bytes,
+                             flops, num_params, check, llama_to_hf, llama_from_hf};
+  return f;
+}
+
+const ModelFamily& mistral_family() {
+  static const ModelFamily f{"mistral", "MistralForCausalLM", build, parallelize, tp_plan, tp_bytes,
+                             flops, num_params, check, mistral_to_hf, mistral_from_hf};
+  return f;
+}
+
+const ModelFamily& qwen2_family() {
+  static const ModelFamily f{"qwen2", "Qwen2ForCausalLM", build, parallelize, tp_plan, tp_bytes,
+                             flops, num_params, check, qwen2_to_hf, qwen2_from_hf};
+  return f;
+}
+
+}  // namespace mt
