@@ -235,6 +235,39 @@ TEST_CASE("tokenizer: Llama 3's Split regex before ByteLevel") {
   CHECK(t->decode(t->encode(text)) == text);
 }
 
+TEST_CASE("tokenizer: Split behaviors and invert") {
+  test::TempDir d("tok");
+  // With ignore_merges every piece in the vocabulary is one token: the ids show the pieces.
+  auto pieces_of = [&](json split, const std::string& text) {
+    json pre = {{"type", "Sequence"},
+                {"pretokenizers", json::array({split, {{"type", "ByteLevel"}, {"add_prefix_space", false},
+                                                       {"use_regex", false}}})}};
+    json j = byte_level_json({}, pre);
+    std::vector<std::string> words = {"the", "final", "countdown", "the-", "final-", "-final", "-countdown", "--",
+                                      "ab", "cd", ", "};
+    for (size_t i = 0; i < words.size(); ++i) j["model"]["vocab"][mapped(words[i])] = int(300 + i);
+    j["model"]["ignore_merges"] = true;
+    auto t = Tokenizer::load(write(d, "s.json", j));
+    std::vector<std::string> out;
+    for (int32_t id : t->encode(text)) out.push_back(t->decode(std::span<const int32_t>(&id, 1)));
+    return out;
+  };
+  auto dash = [](const char* behavior) {
+    return json{{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}, {"invert", false}};
+  };
+  using V = std::vector<std::string>;
+  const std::string text = "the-final--countdown";
+  CHECK(pieces_of(dash("Removed"), text) == V{"the", "final", "countdown"});
+  CHECK(pieces_of(dash("Isolated"), text) == V{"the", "-", "final", "-", "-", "countdown"});
+  CHECK(pieces_of(dash("MergedWithPrevious"), text) == V{"the-", "final-", "-", "countdown"});
+  CHECK(pieces_of(dash("MergedWithNext"), text) == V{"the", "-final", "-", "-countdown"});
+  CHECK(pieces_of(dash("Contiguous"), text) == V{"the", "-", "final", "--", "countdown"});
+  json letters = {{"type", "Split"}, {"pattern", {{"Regex", "[a-z]+"}}}, {"behavior", "Removed"}, {"invert", true}};
+  CHECK(pieces_of(letters, "ab, cd") == V{"ab", "cd"});
+  letters["invert"] = false;
+  CHECK(pieces_of(letters, "ab, cd") == V{", "});
+}
+
 TEST_CASE("tokenizer: encode_parallel gives encode's ids on a multi-line text") {
   test::TempDir d("tok");
   json j = byte_level_json({{"\n", "\n"}, {" ", "t"}, {" t", "h"}, {" th", "e"}, {"e", "."}, {" ", " "}});

@@ -30,6 +30,9 @@ void print_layouts(const Config& cfg, TrainRun& run) {
   const DeviceMesh& mesh = run.mesh;
   const int tp_dim = run.pd.index(dim::tp);
   const int tp = mesh.size(tp_dim);
+  const ModelFamily& family = family_of(cfg.model);
+  std::printf("model: %s (%s), %lld parameters\n", family.type.c_str(), family.architecture.c_str(),
+              (long long)family.num_params(cfg.model, true));
   std::printf(
       "mesh %s (%d ranks): %s; tp plan: %s\n\n", mesh_str(mesh.dims()).c_str(), mesh.size(),
       run.pd.describe().c_str(),

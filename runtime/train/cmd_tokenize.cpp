@@ -201,11 +201,15 @@ int run_tokenize_command(const TokenizeArgs& a) {
     auto sec = [](auto x, auto y) { return std::chrono::duration<double>(y - x).count(); };
     double s = sec(t2, t3);
     std::fprintf(stderr,
-                 "tokenize: %s %zu bytes %s %zu ids in %.3f s, %.2f MB/s, %.3f bytes/token, %d thread%s "
+                 "tokenize: %s %zu bytes %s %zu ids in %.3f s, %.2f MB/s, %.3f bytes/token, %d thread%s%s "
                  "(%s; load %.3f s, read %.3f s)\n",
                  a.decode ? "decode:" : "encode:", n_bytes, a.decode ? "<-" : "->", n_ids, s,
                  s > 0 ? double(n_bytes) / 1e6 / s : 0.0, n_ids ? double(n_bytes) / double(n_ids) : 0.0, a.threads,
-                 a.threads == 1 ? "" : "s", tok->describe().c_str(), sec(t0, t1), sec(t1, t2));
+                 a.threads == 1 ? "" : "s",
+                 a.threads > 1 && (a.decode || (!a.docs && !tok->splits_at_newlines()))
+                     ? " given, 1 used (this tokenizer is not cut at newlines, see tokenizer.h)"
+                     : "",
+                 tok->describe().c_str(), sec(t0, t1), sec(t1, t2));
   }
   return 0;
 }

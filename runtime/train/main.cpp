@@ -136,8 +136,12 @@ int main(int argc, char** argv) {
     mt::run_agreed(env, "--log-level", [&] {
       if (!g.log_level.empty()) mt::init_logging(env.rank(), g.log_level);
     });
-    // tokenize reads no config and runs on rank 0 alone (the other ranks of a launch have nothing to do).
-    if (*tokenize) return env.rank() == 0 ? mt::run_tokenize_command(tokenize_args) : 0;
+    // tokenize reads no config and runs on rank 0 alone: the other ranks of a launch wait at the exit barrier
+    // for as long as it takes (no collective, so no timeout).
+    if (*tokenize) {
+      mt::watchdog_set_timeout(0);
+      return env.rank() == 0 ? mt::run_tokenize_command(tokenize_args) : 0;
+    }
     mt::RunContext ctx{&env, g, mt::load_and_agree_config(env, g)};
     if (ctx.config.log.level != "" && g.log_level.empty()) mt::init_logging(env.rank(), ctx.config.log.level);
     if (*check) return mt::run_check_command(ctx, check_args);
