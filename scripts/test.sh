@@ -55,10 +55,12 @@ mkdir -p "$log_dir"
 
 # Single-process doctest suites: test_unit prints "[NAME] N passed, N failed, N skipped" (MT_SUITE_NAME), others
 # doctest's own summary line.
-run_doctest_suite() {  # run_doctest_suite BINARY NAME TIMEOUT_S
-  local out="$log_dir/$2.log"
-  MT_SUITE_NAME=$2 timeout "$3" "$1" >"$out" 2>&1
-  report "$2" "$out" "\\[$2\\] "
+run_doctest_suite() {  # run_doctest_suite BINARY NAME TIMEOUT_S [ARGS...]
+  local bin=$1 name=$2 limit=$3
+  shift 3
+  local out="$log_dir/$name.log"
+  MT_SUITE_NAME=$name timeout "$limit" "$bin" "$@" >"$out" 2>&1
+  report "$name" "$out" "\\[$name\\] "
 }
 run_doctest_suite "$build/tests/test_unit" unit 600
 # The op table on every backend (CUDA cases counted as skipped without a device).
@@ -69,6 +71,26 @@ if [ -x "$build/tests/test_flash_emulated" ]; then
   run_doctest_suite "$build/tests/test_flash_emulated" flash-emulated 900
 else
   add 0 0 1 "flash-emulated (not built: no CUDA headers)"
+fi
+# The CUDA backend on the emulated CUDA device (tests/emu; test-only): build-emu is configured with
+# -Demulate_cuda=true (no nvcc, GPU or toolkit library: the kernels compiled by the host compiler, the toolkit's
+# headers only declare) and only the targets below are built. ops-emulated: the op table's CUDA cases (f32 and
+# bf16, value and gradient) against the CPU; cuda-emulated: the emulated runtime's own checks (misuse reported,
+# the stream-order hazard tracker, the CUB stand-in). Skipped where the CUDA headers are missing.
+emu_build="$root/build-emu"
+if [ -f /usr/local/cuda/include/cuda_runtime_api.h ]; then
+  if { [ -f "$emu_build/build.ninja" ] ||
+       meson setup "$emu_build" -Demulate_cuda=true -Dcpu_dispatch=false >"$log_dir/emu-setup.log" 2>&1; } &&
+     ninja -C "$emu_build" tests/test_ops tests/test_cuda_emulated >"$log_dir/emu-build.log" 2>&1; then
+    run_doctest_suite "$emu_build/tests/test_ops" ops-emulated 900 -tc="ops value: cuda*,ops gradient: cuda*"
+    run_doctest_suite "$emu_build/tests/test_cuda_emulated" cuda-emulated 300
+  else
+    cat "$log_dir/emu-setup.log" 2>/dev/null | tail -n 20
+    grep -E 'error|FAILED' "$log_dir/emu-build.log" | head -n 40
+    add 0 1 0 "ops-emulated (build-emu did not build)"
+  fi
+else
+  add 0 0 1 "ops-emulated (no CUDA headers in /usr/local/cuda/include)"
 fi
 
 # Multi-rank suite on 1, 2, 4, 6 (2x3 meshes) and 8 ranks; rank 0 prints "[NAME np=K] N passed, N failed, N skipped".

@@ -12,9 +12,23 @@
 // Not modelled: timing, register pressure, bank conflicts, shared-memory races between barriers.
 #pragma once
 
+#if defined(MT_EMU_RUNTIME)
+// The emulated build (-Demulate_cuda=true): the kernel files are compiled through this header by the host
+// compiler (runtime/kernels/emu_unit.cpp.in) and linked with the emulated runtime (cuda_runtime_emu.cpp). The
+// toolkit's own headers declare the API; launches run in stream order through emu::launch_checked, which checks
+// every pointer argument against the device-allocation registry and records it for the hazard tracker.
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include "tests/emu/cuda_emulator_hooks.h"
+#include "tests/emu/device_registry.h"
+#else
+#include <cuda_bf16.h>
+#endif
 #include <ucontext.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cmath>
@@ -27,21 +41,33 @@
 #include <mutex>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #undef __global__
 #undef __device__
+#undef __host__
 #undef __forceinline__
+#undef __shared__
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__
 #define __launch_bounds__(...)
 #undef __align__
 #define __align__(x)
+// A kernel's static shared memory: one copy per OS thread, and one OS thread runs one block at a time (all of
+// its fibers), so it is shared by the block's threads exactly. It is not reset between blocks.
+#define __shared__ static thread_local
 #define MT_CUDA_EMULATOR 1
 #define MT_DYNAMIC_SMEM(name) unsigned char* name = emu::shared_memory()
+#if defined(MT_EMU_RUNTIME)
 #define MT_LAUNCH(kernel, grid, block, smem, stream, ...) \
-  ((void)(stream), emu::launch(kernel, grid, block, smem, __VA_ARGS__))
+  emu::launch_checked(#kernel, kernel, dim3(grid), dim3(block), size_t(smem), stream __VA_OPT__(, ) __VA_ARGS__)
+#else
+#define MT_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  ((void)(stream), emu::launch(kernel, grid, block, smem __VA_OPT__(, ) __VA_ARGS__))
+#endif
 
 inline thread_local dim3 threadIdx, blockIdx, gridDim, blockDim;
 
@@ -64,6 +90,9 @@ inline void allow_reads(const void* p, size_t bytes) {
 }
 inline void clear_reads() { readable.clear(); }
 inline bool may_read(const void* p, size_t n) {
+#if defined(MT_EMU_RUNTIME)
+  if (is_device_ptr(p, n)) return true;  // the emulated build: any live device allocation
+#endif
   auto* c = static_cast<const unsigned char*>(p);
   for (const auto& r : readable)
     if (c >= r.begin && c + n <= r.begin + r.bytes) return true;
@@ -88,9 +117,7 @@ struct Slot {
 
 struct Fiber {
   ucontext_t ctx;
-  // Left uninitialised: the pages a fiber never touches are never faulted in (zeroing 128 stacks a launch was
-  // most of the emulator's time on small shapes).
-  std::unique_ptr<unsigned char[]> stack;
+  unsigned char* stack = nullptr;  // from the OS thread's pool (stack_pool)
   unsigned tid = 0;
   int waiting = -1;       // barrier index (0 = block, 1 + w = warp w), -1 when runnable
   unsigned long gen = 0;  // that barrier's generation when this fiber arrived
@@ -159,7 +186,7 @@ inline void run_block(Block& b) {
         f.waiting = -1;
       }
       b.current = &f;
-      threadIdx = dim3(f.tid);
+      threadIdx = dim3(f.tid % blockDim.x, f.tid / blockDim.x % blockDim.y, f.tid / (blockDim.x * blockDim.y));
       swapcontext(&b.sched, &f.ctx);
       progressed = true;
       if (f.done) --left;
@@ -170,9 +197,21 @@ inline void run_block(Block& b) {
     if (!f.groups.empty() || !f.open.empty()) fail("cp.async copies still in flight at kernel exit");
 }
 
+// Fiber stacks, kept per OS thread across launches. Left uninitialised: the pages a fiber never touches are
+// never faulted in (zeroing 128 stacks a launch was most of the emulator's time on small shapes).
+constexpr size_t kStack = 256 * 1024;
+inline unsigned char* fiber_stack(unsigned i) {
+  thread_local std::vector<std::unique_ptr<unsigned char[]>> pool;
+  while (pool.size() <= i) pool.emplace_back(new unsigned char[kStack]);
+  return pool[i].get();
+}
+
+// Runs every block of the grid, blocks spread over the cores, each block's threads as fibers. Blocks of any
+// shape up to 1024 threads; the last warp may be partial (its warp barriers expect only its threads).
 template <typename Kernel, typename... Args>
-void launch(Kernel kernel, dim3 grid, unsigned threads, size_t smem, Args... args) {
-  if (threads == 0 || threads > 1024 || threads % 32 != 0) fail("launch: block size");
+void launch(Kernel kernel, dim3 grid, dim3 block_dim, size_t smem, Args... args) {
+  const unsigned threads = block_dim.x * block_dim.y * block_dim.z;
+  if (threads == 0 || threads > 1024) fail("launch: block size");
   if (smem > 227 * 1024) fail("launch: more dynamic shared memory than an H100 SM has (227 KiB)");
   if (grid.y > 65535 || grid.z > 65535 || grid.x == 0 || grid.y == 0 || grid.z == 0) fail("launch: grid");
   for (size_t m = max_smem; smem > m && !max_smem.compare_exchange_weak(m, smem);) {}
@@ -181,24 +220,24 @@ void launch(Kernel kernel, dim3 grid, unsigned threads, size_t smem, Args... arg
   auto worker = [&] {
     Block b;
     b.fibers.resize(threads);
-    b.barriers.resize(1 + threads / 32);
+    const unsigned warps = (threads + 31) / 32;
+    b.barriers.resize(1 + warps);
     b.barriers[0].expected = threads;
-    for (size_t w = 1; w < b.barriers.size(); ++w) b.barriers[w].expected = 32;
-    b.slots.resize(threads);
+    for (unsigned w = 0; w < warps; ++w) b.barriers[1 + w].expected = std::min(32u, threads - 32 * w);
+    b.slots.resize(size_t(warps) * 32);
     b.body = [&] { kernel(args...); };
+    for (unsigned t = 0; t < threads; ++t) b.fibers[t].stack = fiber_stack(t);
     for (long long i; (i = next++) < n_blocks;) {
       threadIdx = dim3(0);
       blockIdx = dim3(unsigned(i % grid.x), unsigned(i / grid.x % grid.y), unsigned(i / grid.x / grid.y));
       gridDim = grid;
-      blockDim = dim3(threads);
+      blockDim = block_dim;
       b.smem.assign(smem, 0xff);  // NaN bytes: the kernel must not read shared memory it did not fill
       for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = b.fibers[t];
         f.tid = t, f.waiting = -1, f.done = false, f.groups.clear(), f.open.clear();
-        constexpr size_t kStack = 256 * 1024;
-        if (!f.stack) f.stack.reset(new unsigned char[kStack]);
         getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp = f.stack.get();
+        f.ctx.uc_stack.ss_sp = f.stack;
         f.ctx.uc_stack.ss_size = kStack;
         f.ctx.uc_link = nullptr;
         makecontext(&f.ctx, fiber_entry, 0);
@@ -207,12 +246,36 @@ void launch(Kernel kernel, dim3 grid, unsigned threads, size_t smem, Args... arg
       run_block(b);
     }
   };
-  const unsigned n_workers = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), unsigned(n_blocks)));
+  const unsigned n_workers = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), unsigned(std::min<long long>(n_blocks, 1 << 20))));
   std::vector<std::thread> pool;
   for (unsigned w = 1; w < n_workers; ++w) pool.emplace_back(worker);
   worker();
   for (auto& t : pool) t.join();
 }
+
+#if defined(MT_EMU_RUNTIME)
+template <typename P> KernelArg kernel_arg(const P& x) {
+  if constexpr (std::is_pointer_v<P>)
+    return {static_cast<const void*>(x), true, !std::is_const_v<std::remove_pointer_t<P>>};
+  else
+    return {};
+}
+
+// MT_LAUNCH of the emulated build: the arguments converted to the kernel's parameter types (as a launch does),
+// checked and recorded by the runtime (launch_prologue), then the kernel runs, in stream order: before this
+// returns. A launch the runtime refuses does not run; its error is the thread's last error (cudaGetLastError).
+template <typename... P, typename... A>
+void launch_checked(const char* name, void (*kernel)(P...), dim3 grid, dim3 block_dim, size_t smem,
+                    cudaStream_t stream, A&&... a) {
+  static_assert(sizeof...(P) == sizeof...(A), "MT_LAUNCH: the argument count differs from the kernel's parameters");
+  std::tuple<std::decay_t<P>...> conv(std::forward<A>(a)...);
+  KernelArg args[sizeof...(P) + 1];
+  int n = 0;
+  std::apply([&](const auto&... x) { ((args[n++] = kernel_arg(x)), ...); }, conv);
+  if (!launch_prologue(name, reinterpret_cast<const void*>(kernel), grid, block_dim, smem, stream, args, n)) return;
+  std::apply([&](const auto&... x) { launch(kernel, grid, block_dim, smem, x...); }, conv);
+}
+#endif
 
 }  // namespace emu
 
@@ -323,6 +386,34 @@ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
   if (emu::lane() == 0) ++emu::mma_count;
 }
 
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  if (mask != 0xffffffffu) emu::fail("__syncwarp: only full-warp masks are emulated");
+  emu::warp_sync();
+}
+inline double __shfl_xor_sync(unsigned mask, double v, int offset) {
+  if (mask != 0xffffffffu) emu::fail("__shfl_xor_sync: only full-warp masks are emulated");
+  int64_t bits;
+  std::memcpy(&bits, &v, 8);
+  emu::slot(emu::lane()).i = int(uint32_t(bits));
+  emu::slot(emu::lane()).f = 0;
+  std::memcpy(&emu::slot(emu::lane()).b, &bits, 8);
+  emu::warp_sync();
+  int64_t r;
+  std::memcpy(&r, &emu::slot(emu::lane() ^ unsigned(offset)).b, 8);
+  emu::warp_sync();
+  double d;
+  std::memcpy(&d, &r, 8);
+  return d;
+}
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+
+#if defined(MT_EMU_RUNTIME)
+// cuda_runtime.h's typed overload is compiled only by nvcc: the kernel as the runtime's `const void*` key.
+template <typename... P> inline cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+#else
 template <typename Kernel> inline cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int bytes) {
   if (bytes > 227 * 1024) emu::fail("cudaFuncSetAttribute: more than 227 KiB of shared memory");
   return cudaSuccess;
@@ -331,3 +422,4 @@ inline cudaError_t emu_last_error() { return cudaSuccess; }
 #define cudaGetLastError emu_last_error
 inline void nvtxRangePushA(const char*) {}
 inline void nvtxRangePop() {}
+#endif

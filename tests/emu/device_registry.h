@@ -1,4 +1,4 @@
-// The emulated CUDA device's registry (build option -Dcuda_emulator=true; implemented in cuda_runtime_emu.cpp):
+// The emulated CUDA device's registry (build option -Demulate_cuda=true; implemented in cuda_runtime_emu.cpp):
 // live device allocations, streams and the cross-stream hazard tracker. The emulated libraries
 // (cublaslt_emu.cpp: cublasLt*, nccl_emu.cpp: nccl* over MPI, the CUB stand-in in include/cub) check their
 // pointer arguments and record their accesses through this header only. Stable interface: add, never change.

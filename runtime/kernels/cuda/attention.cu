@@ -63,7 +63,7 @@ int attention_forward(float* out, float* lse, const float* q, const float* k, co
   if (hd > kMaxHeadDim) return int(cudaErrorInvalidValue);
   AttnDims d{B, T, S, H, KV, hd, float(scale), causal, q_pos0, k_pos0, doc_start};
   if (B * H * T == 0) return 0;
-  attn_fwd_k<<<blocks_for(B * H * T, 128), 128, 0, st(stream)>>>(out, lse, q, k, v, d);
+  MT_LAUNCH(attn_fwd_k, blocks_for(B * H * T, 128), 128, 0, st(stream), out, lse, q, k, v, d);
   return last_error();
 }
 
@@ -143,11 +143,11 @@ int attention_backward(float* dq, float* dk, float* dv, float* scratch, const fl
   if (hd > kMaxHeadDim) return int(cudaErrorInvalidValue);
   AttnDims d{B, T, S, H, KV, hd, float(scale), causal, q_pos0, k_pos0, doc_start};
   if (B * H * T > 0) {
-    attn_rowdot_k<<<blocks_for(B * H * T, 128), 128, 0, st(stream)>>>(scratch, dout, out, d);
-    attn_dq_k<<<blocks_for(B * H * T, 128), 128, 0, st(stream)>>>(dq, scratch, dout, q, k, v, lse, d);
+    MT_LAUNCH(attn_rowdot_k, blocks_for(B * H * T, 128), 128, 0, st(stream), scratch, dout, out, d);
+    MT_LAUNCH(attn_dq_k, blocks_for(B * H * T, 128), 128, 0, st(stream), dq, scratch, dout, q, k, v, lse, d);
   }
   if (B * KV * S > 0)
-    attn_dkv_k<<<blocks_for(B * KV * S, 128), 128, 0, st(stream)>>>(dk, dv, scratch, dout, q, k, v, lse, d, accumulate);
+    MT_LAUNCH(attn_dkv_k, blocks_for(B * KV * S, 128), 128, 0, st(stream), dk, dv, scratch, dout, q, k, v, lse, d, accumulate);
   return last_error();
 }
 

@@ -3,7 +3,8 @@
 // launcher opens. Each file's kernels sit next to their launchers; the launchers are declared beside the op
 // that calls them (runtime/kernels/cpu/<family>.cpp) and return a cudaError_t (0 = success) or, for the GEMMs,
 // kCublasErrorBase + a cublasStatus_t (cuda_ops.h). Deterministic throughout: no floating-point atomics,
-// reductions in a fixed order, so that a rerun gives the same bits (exact resume).
+// reductions in a fixed order, so that a rerun gives the same bits (exact resume). Kernels are launched with
+// MT_LAUNCH (launch.cuh), never <<<>>>: the emulated build (tests/emu) runs them on the CPU.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -13,6 +14,7 @@
 
 #include "runtime/core/dtype.h"
 #include "runtime/kernels/cuda/cuda_ops.h"
+#include "runtime/kernels/cuda/launch.cuh"
 
 namespace mt::cuda {
 

@@ -58,7 +58,7 @@ template <typename T> int attention_merge(float* out, float* lse, const T* part_
                                           int64_t T_, int64_t H, int64_t hd, void* stream) {
   Range r("attention_merge");
   if (B * T_ * H == 0) return 0;
-  attention_merge_k<<<blocks_for(B * T_ * H, 128), 128, 0, st(stream)>>>(out, lse, dp(part_out), part_lse, B, T_, H,
+  MT_LAUNCH(attention_merge_k<Dev<T>>, blocks_for(B * T_ * H, 128), 128, 0, st(stream), out, lse, dp(part_out), part_lse, B, T_, H,
                                                                          hd);
   return last_error();
 }
@@ -94,7 +94,7 @@ template <typename U> int launch_pack(void* packed, void* t, int64_t outer, int6
     for (int j = 0; j < b.n; ++j) widest = std::max(widest, outer * (b.begin[j + 1] - b.begin[j]) * inner);
     if (widest == 0) continue;
     const unsigned gx = unsigned(std::min<int64_t>(blocks_for(widest), 1024));
-    pack_blocks_k<U><<<dim3(gx, unsigned(b.n)), kThreads, 0, st(stream)>>>(static_cast<U*>(packed), static_cast<U*>(t),
+    MT_LAUNCH(pack_blocks_k<U>, dim3(gx, unsigned(b.n)), kThreads, 0, st(stream), static_cast<U*>(packed), static_cast<U*>(t),
                                                                            D, inner, outer, b, unpack);
   }
   return last_error();

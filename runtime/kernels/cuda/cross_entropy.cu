@@ -61,7 +61,7 @@ template <typename T> int cross_entropy(float* losses, T* dlogits, const T* logi
                                         int64_t V, double grad_scale, void* stream) {
   Range r("cross_entropy");
   if (N == 0) return 0;
-  cross_entropy_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(losses, dp(dlogits), dp(logits), targets, N, V,
+  MT_LAUNCH(cross_entropy_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), losses, dp(dlogits), dp(logits), targets, N, V,
                                                                    float(grad_scale));
   return last_error();
 }
@@ -116,7 +116,7 @@ template <typename T> __global__ void vocab_loss_k(float* losses, T* dlogits, co
 template <typename T> int vocab_shard_max(double* row_max, const T* logits, int64_t N, int64_t V, void* stream) {
   Range r("vocab_shard_max");
   if (N == 0) return 0;
-  vocab_max_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(row_max, dp(logits), N, V);
+  MT_LAUNCH(vocab_max_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), row_max, dp(logits), N, V);
   return last_error();
 }
 template <typename T> int vocab_shard_sumexp(double* sumexp, double* target_logit, const T* logits,
@@ -124,7 +124,7 @@ template <typename T> int vocab_shard_sumexp(double* sumexp, double* target_logi
                                              int64_t vocab_begin, void* stream) {
   Range r("vocab_shard_sumexp");
   if (N == 0) return 0;
-  vocab_sumexp_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(sumexp, target_logit, dp(logits), targets, row_max, N,
+  MT_LAUNCH(vocab_sumexp_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), sumexp, target_logit, dp(logits), targets, row_max, N,
                                                                   V, vocab_begin);
   return last_error();
 }
@@ -133,7 +133,7 @@ template <typename T> int vocab_shard_loss(float* losses, T* dlogits, const T* l
                                            int64_t N, int64_t V, int64_t vocab_begin, double grad_scale, void* stream) {
   Range r("vocab_shard_loss");
   if (N == 0) return 0;
-  vocab_loss_k<<<blocks_for(N * 32), kThreads, 0, st(stream)>>>(
+  MT_LAUNCH(vocab_loss_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), 
       losses, dp(dlogits), dp(logits), targets, row_max, sumexp, target_logit, N, V, vocab_begin, float(grad_scale));
   return last_error();
 }

@@ -21,13 +21,13 @@ template <typename T> __global__ void scale_k(T* t, float s, int64_t n) {
 template <typename T> int add(T* out, const T* a, const T* b, int64_t n, void* stream) {
   Range r("add");
   if (n == 0) return 0;
-  add_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(dp(out), dp(a), dp(b), n);
+  MT_LAUNCH(add_k<Dev<T>>, blocks_for(n), kThreads, 0, st(stream), dp(out), dp(a), dp(b), n);
   return last_error();
 }
 template <typename T> int scale(T* t, double s, int64_t n, void* stream) {
   Range r("scale");
   if (n == 0) return 0;
-  scale_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(dp(t), float(s), n);
+  MT_LAUNCH(scale_k<Dev<T>>, blocks_for(n), kThreads, 0, st(stream), dp(t), float(s), n);
   return last_error();
 }
 
@@ -37,6 +37,9 @@ template <typename D, typename S> __global__ void convert_k(D* dst, const S* src
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) dst[i] = to<D>(ld(src[i]));
 }
+// MT_LAUNCH takes the kernel as one macro argument (no comma).
+constexpr auto convert_f32_to_bf16_k = convert_k<__nv_bfloat16, float>;
+constexpr auto convert_bf16_to_f32_k = convert_k<float, __nv_bfloat16>;
 
 }  // namespace
 
@@ -44,10 +47,10 @@ int convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t 
   Range r("convert");
   if (n == 0) return 0;
   if (dst_type == DType::bf16 && src_type == DType::f32)
-    convert_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(static_cast<__nv_bfloat16*>(dst),
+    MT_LAUNCH(convert_f32_to_bf16_k, blocks_for(n), kThreads, 0, st(stream), static_cast<__nv_bfloat16*>(dst),
                                                           static_cast<const float*>(src), n);
   else if (dst_type == DType::f32 && src_type == DType::bf16)
-    convert_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(static_cast<float*>(dst),
+    MT_LAUNCH(convert_bf16_to_f32_k, blocks_for(n), kThreads, 0, st(stream), static_cast<float*>(dst),
                                                           static_cast<const __nv_bfloat16*>(src), n);
   else if (dst_type == src_type)
     return int(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(dst_type), cudaMemcpyDeviceToDevice, st(stream)));
@@ -84,7 +87,7 @@ template <typename T> int reduce_sum(double* partials, const T* t, int64_t n, bo
   Range r(squares ? "sum_squares" : "sum");
   int64_t blocks = reduce_partials_count(n);
   if (blocks == 0) return 0;
-  reduce_k<<<unsigned(blocks), kThreads, 0, st(stream)>>>(partials, dp(t), n, squares);
+  MT_LAUNCH(reduce_k<Dev<T>>, unsigned(blocks), kThreads, 0, st(stream), partials, dp(t), n, squares);
   return last_error();
 }
 
@@ -100,7 +103,7 @@ __global__ void sum_partials_into_k(double* out, const double* partials, int64_t
 
 int sum_partials_into(double* out, const double* partials, int64_t n, void* stream) {
   Range r("sum_partials_into");
-  sum_partials_into_k<<<1, 1, 0, st(stream)>>>(out, partials, n);
+  MT_LAUNCH(sum_partials_into_k, 1, 1, 0, st(stream), out, partials, n);
   return last_error();
 }
 
@@ -134,13 +137,13 @@ template <typename T> __global__ void bias_add_bwd_k(float* dbias, const T* dout
 template <typename T> int bias_add_forward(T* out, const T* inp, const T* bias, int64_t N, int64_t C, void* stream) {
   Range r("bias_add_forward");
   if (N * C == 0) return 0;
-  bias_add_fwd_k<<<blocks_for(N * C), kThreads, 0, st(stream)>>>(dp(out), dp(inp), dp(bias), N, C);
+  MT_LAUNCH(bias_add_fwd_k<Dev<T>>, blocks_for(N * C), kThreads, 0, st(stream), dp(out), dp(inp), dp(bias), N, C);
   return last_error();
 }
 template <typename T> int bias_add_backward(float* dbias, const T* dout, int64_t N, int64_t C, void* stream) {
   Range r("bias_add_backward");
   if (C == 0) return 0;
-  bias_add_bwd_k<<<blocks_for(C, 32), dim3(32, kBiasRows), 0, st(stream)>>>(dbias, dp(dout), N, C);
+  MT_LAUNCH(bias_add_bwd_k<Dev<T>>, blocks_for(C, 32), dim3(32, kBiasRows), 0, st(stream), dbias, dp(dout), N, C);
   return last_error();
 }
 

@@ -24,7 +24,7 @@ template <typename T> int embedding_forward(T* out, const int32_t* tokens, const
                                             int64_t C, int64_t row_begin, void* stream) {
   Range r("embedding_forward");
   if (N * C == 0) return 0;
-  embedding_fwd_k<<<blocks_for(N * C), kThreads, 0, st(stream)>>>(dp(out), tokens, dp(table), N, V_local, C, row_begin);
+  MT_LAUNCH(embedding_fwd_k<Dev<T>>, blocks_for(N * C), kThreads, 0, st(stream), dp(out), tokens, dp(table), N, V_local, C, row_begin);
   return last_error();
 }
 
@@ -75,12 +75,12 @@ template <typename T> int embedding_backward(float* dtable, void* scratch, const
   // CUB's temporary storage, 256-byte aligned (the scratch size has the slack).
   void* temp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(pos + N) + 255) & ~uintptr_t(255));
   size_t temp_bytes = embedding_sort_temp_bytes(N);
-  iota_k<<<blocks_for(N), kThreads, 0, st(stream)>>>(pos_in, tokens, keys_in, N);
+  MT_LAUNCH(iota_k, blocks_for(N), kThreads, 0, st(stream), pos_in, tokens, keys_in, N);
   // Radix sort is stable: positions stay ascending within each token's run.
   if (int err =
           int(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys, pos_in, pos, int(N), 0, 32, st(stream))))
     return err;
-  embedding_bwd_k<<<unsigned(N), 128, 0, st(stream)>>>(dtable, dp(dout), keys, pos, N, V_local, C, row_begin);
+  MT_LAUNCH(embedding_bwd_k<Dev<T>>, unsigned(N), 128, 0, st(stream), dtable, dp(dout), keys, pos, N, V_local, C, row_begin);
   return last_error();
 }
 

@@ -43,7 +43,6 @@
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 #define MT_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
-#define MT_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
 #endif
 
 #include <climits>
@@ -52,6 +51,7 @@
 #include <cstring>
 
 #include "runtime/kernels/cuda/flash_attention.h"
+#include "runtime/kernels/cuda/launch.cuh"
 
 namespace mt::cuda {
 

@@ -20,7 +20,7 @@ template <typename T> __global__ void swiglu_fwd_k(T* out, const T* g, const T* 
 template <typename T> int swiglu_forward(T* out, const T* gate, const T* up, int64_t n, void* stream) {
   Range r("swiglu_forward");
   if (n == 0) return 0;
-  swiglu_fwd_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(dp(out), dp(gate), dp(up), n);
+  MT_LAUNCH(swiglu_fwd_k<Dev<T>>, blocks_for(n), kThreads, 0, st(stream), dp(out), dp(gate), dp(up), n);
   return last_error();
 }
 
@@ -41,7 +41,7 @@ template <typename T>
 int swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n, void* stream) {
   Range r("swiglu_backward");
   if (n == 0) return 0;
-  swiglu_bwd_k<<<blocks_for(n), kThreads, 0, st(stream)>>>(dp(dgate), dp(dup), dp(dout), dp(gate), dp(up), n);
+  MT_LAUNCH(swiglu_bwd_k<Dev<T>>, blocks_for(n), kThreads, 0, st(stream), dp(dgate), dp(dup), dp(dout), dp(gate), dp(up), n);
   return last_error();
 }
 

@@ -1,0 +1,804 @@
+// The CUDA runtime API of the emulated device (build option -Demulate_cuda=true): every cuda* call meshtrain
+// makes, over host memory, declared by the toolkit's own cuda_runtime_api.h and linked instead of libcudart.
+// Test-only: a binary built with it says so (cuda_runtime.cpp's device description).
+//
+// Memory. cudaMalloc returns host memory (256-byte aligned, filled with 0xff bytes: NaN in f32 and bf16, so a
+// kernel that reads what nobody wrote shows) and enters it in the registry of live allocations; pinned memory
+// (cudaMallocHost) is plain host memory in a set of its own. Copies check their direction against the registry
+// (a DeviceToHost whose source is not device memory, a copy running past an allocation, ... are errors naming
+// the call), and so does every pointer argument of a kernel launch (tests/emu/cuda_emulator.h, MT_LAUNCH).
+//
+// Execution and order. Every operation runs when it is enqueued, on the calling host thread (kernels spread
+// their blocks over the cores), so its results are complete when the call returns and events are always
+// complete. What the emulator models is the order a real device would guarantee, with vector clocks:
+//   - each stream S has a clock VC_S (one counter per stream); each operation enqueued on S advances VC_S[S];
+//   - cudaEventRecord(E, S) copies VC_S into E; cudaStreamWaitEvent(S, E) makes VC_S = max(VC_S, VC_E);
+//   - the host has a clock too: stream, event and device synchronisation (and a successful cudaEventQuery, the
+//     synchronous cudaMemcpy and cudaFree) merge what the host waited for into it, and every enqueue merges the
+//     host clock into the stream (work enqueued after the host saw X completed runs after X);
+//   - the legacy default stream (0, cudaStreamLegacy; cudaStreamPerThread is treated as it) waits for the
+//     blocking streams of its device and they for it; cudaStreamNonBlocking streams do not.
+// Each allocation remembers its last write (stream, that stream's counter, the call) and the last read on each
+// stream since. An access on S to an allocation last written on S' != S is a hazard unless VC_S[S'] has reached
+// that write; a write is also checked against the reads of other streams (write after read). A hazard is
+// reported ("missing cudaStreamWaitEvent", naming both streams, the allocation and both calls) and the call
+// fails with cudaErrorIllegalState.
+// What it cannot catch: the unit is the whole allocation (two streams writing disjoint halves of one buffer
+// are reported, correctly ordered or not, as a hazard; with the caching allocator one tensor is one
+// allocation); host reads and writes of host memory (reading a DeviceToHost result before synchronising;
+// rewriting a pinned source before its HostToDevice copy ran); pointers inside struct arguments of kernels;
+// races between threads of one kernel; anything about timing. Kernel arguments are classified by the kernel's
+// parameter types: `const T*` is read, `T*` is written (and read: a write is checked as both).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tests/emu/cuda_emulator_hooks.h"
+#include "tests/emu/device_registry.h"
+
+namespace emu {
+namespace {
+
+using Clock = std::vector<unsigned long long>;  // indexed by stream id
+
+void merge(Clock& into, const Clock& from) {
+  if (into.size() < from.size()) into.resize(from.size(), 0);
+  for (size_t i = 0; i < from.size(); ++i) into[i] = std::max(into[i], from[i]);
+}
+unsigned long long at(const Clock& c, int id) { return size_t(id) < c.size() ? c[size_t(id)] : 0; }
+
+struct StreamRec {
+  int id = 0;
+  int device = 0;
+  bool blocking = true;  // synchronises with the legacy default stream
+  bool legacy = false;
+  bool alive = true;
+  std::string name;
+  Clock vc;
+};
+
+struct EventRec {
+  int device = 0;
+  bool timing = true;
+  bool recorded = false;
+  Clock vc;
+  std::chrono::steady_clock::time_point when;
+};
+
+struct Access {
+  int stream = -1;
+  unsigned long long tick = 0;
+  const char* call = "";
+};
+
+struct Alloc {
+  size_t bytes = 0;
+  int device = 0;
+  unsigned long long serial = 0;
+  Access last_write;            // stream -1: never written
+  std::map<int, Access> reads;  // since the last write, one per stream
+};
+
+struct State {
+  std::recursive_mutex mu;
+  std::map<uintptr_t, Alloc> allocs;  // by start address
+  std::set<void*> pinned;
+  std::vector<StreamRec> streams;  // by id
+  std::unordered_map<cudaStream_t, int> stream_ids;
+  std::unordered_map<cudaEvent_t, EventRec> events;
+  std::vector<int> legacy;  // legacy default stream id per device
+  std::unordered_map<const void*, int> max_dyn_smem;
+  Clock host;
+  size_t live_bytes = 0;
+  unsigned long long next_serial = 1;
+  uintptr_t next_handle = 0x10000;
+  int n_devices = 1;
+  size_t device_bytes = size_t(16) << 30;
+  bool abort_on_report = false;
+  long long reports = 0;
+  State() {
+    if (const char* d = std::getenv("MT_EMU_DEVICES")) n_devices = std::max(1, std::atoi(d));
+    if (const char* m = std::getenv("MT_EMU_DEVICE_MEMORY_MB")) device_bytes = size_t(std::atoll(m)) << 20;
+    if (const char* a = std::getenv("MT_EMU_ABORT")) abort_on_report = a[0] == '1';
+    for (int d = 0; d < n_devices; ++d) {
+      StreamRec s;
+      s.id = int(streams.size());
+      s.device = d;
+      s.legacy = true;
+      s.name = "the legacy default stream of cuda:" + std::to_string(d);
+      legacy.push_back(s.id);
+      streams.push_back(std::move(s));
+    }
+  }
+};
+
+State& S() {
+  static State* s = new State;  // never destroyed: static destructors free tensors late
+  return *s;
+}
+
+thread_local int t_device = 0;
+thread_local cudaError_t t_last_error = cudaSuccess;
+thread_local std::string t_last_report;
+thread_local cudaError_t t_report_code = cudaSuccess;
+
+std::string ptr_text(const void* p) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%p", p);
+  return b;
+}
+
+// Sets the calling thread's last error (cudaGetLastError) and returns the code.
+cudaError_t ret(cudaError_t e) {
+  if (e != cudaSuccess) t_last_error = e;
+  return e;
+}
+cudaError_t fail(cudaError_t e, const char* call, const std::string& what) {
+  report(call, what);
+  t_report_code = e;
+  return ret(e);
+}
+
+// The allocation holding [p, p + bytes), or nullptr.
+Alloc* lookup(const void* p, size_t bytes, uintptr_t* base = nullptr) {
+  auto& s = S();
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = s.allocs.upper_bound(a);
+  if (it == s.allocs.begin()) return nullptr;
+  --it;
+  if (a > it->first + it->second.bytes) return nullptr;
+  if (a == it->first + it->second.bytes && (bytes > 0 || it->second.bytes > 0)) {
+    if (bytes > 0) return nullptr;
+  }
+  if (a + bytes > it->first + it->second.bytes) return nullptr;
+  if (base) *base = it->first;
+  return &it->second;
+}
+
+std::string where_text(const void* p, size_t bytes) {
+  auto& s = S();
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = s.allocs.upper_bound(a);
+  if (it != s.allocs.begin()) {
+    --it;
+    if (a < it->first + it->second.bytes)
+      return "runs past its allocation (" + ptr_text(p) + " + " + std::to_string(bytes) + " bytes; the allocation " +
+             ptr_text(reinterpret_cast<void*>(it->first)) + " has " + std::to_string(it->second.bytes) + " bytes, " +
+             std::to_string(it->first + it->second.bytes - a) + " from this pointer)";
+  }
+  if (s.pinned.count(const_cast<void*>(p))) return ptr_text(p) + " is pinned host memory (cudaMallocHost), not device memory";
+  return ptr_text(p) + " (" + std::to_string(bytes) + " bytes) is not device memory (a host pointer, or freed)";
+}
+
+// A stream handle's id, or -1 (reported) for an unknown or destroyed stream.
+int stream_id(cudaStream_t h, const char* call) {
+  auto& s = S();
+  if (h == nullptr || h == cudaStreamLegacy || h == cudaStreamPerThread) return s.legacy[size_t(t_device)];
+  auto it = s.stream_ids.find(h);
+  if (it == s.stream_ids.end() || !s.streams[size_t(it->second)].alive) {
+    fail(cudaErrorInvalidResourceHandle, call, "stream " + ptr_text(h) + " is not a live stream (destroyed, or never created)");
+    return -1;
+  }
+  return it->second;
+}
+
+// The ordering an enqueue on stream id inherits (the host's clock, the legacy stream's rules), then its step.
+unsigned long long enqueue(int id) {
+  auto& s = S();
+  StreamRec& st = s.streams[size_t(id)];
+  merge(st.vc, s.host);
+  if (st.legacy) {
+    for (auto& o : s.streams)
+      if (o.alive && !o.legacy && o.blocking && o.device == st.device) merge(st.vc, o.vc);
+  } else if (st.blocking) {
+    merge(st.vc, s.streams[size_t(s.legacy[size_t(st.device)])].vc);
+  }
+  if (st.vc.size() <= size_t(id)) st.vc.resize(size_t(id) + 1, 0);
+  return ++st.vc[size_t(id)];
+}
+
+std::string stream_text(int id) {
+  const auto& st = S().streams[size_t(id)];
+  return st.name.empty() ? "stream #" + std::to_string(id) : st.name;
+}
+
+// Records an access by stream id (after enqueue) and checks its ordering; false after a report.
+bool access(Alloc& a, uintptr_t base, int id, bool write, unsigned long long tick, const char* call) {
+  auto& s = S();
+  const Clock& vc = s.streams[size_t(id)].vc;
+  auto hazard = [&](const Access& prev, const char* kind) {
+    fail(cudaErrorIllegalState, call,
+         std::string(kind) + " hazard on the allocation " + ptr_text(reinterpret_cast<void*>(base)) + " (" +
+             std::to_string(a.bytes) + " bytes): " + (write ? "written" : "read") + " on " + stream_text(id) +
+             ", last " + (std::strcmp(kind, "write-after-read") == 0 ? "read" : "written") + " by " + prev.call +
+             " on " + stream_text(prev.stream) + " with no ordering between them (missing cudaStreamWaitEvent on an "
+             "event recorded after that access, or a synchronisation)");
+    return false;
+  };
+  if (a.last_write.stream >= 0 && a.last_write.stream != id && at(vc, a.last_write.stream) < a.last_write.tick)
+    return hazard(a.last_write, write ? "write-after-write" : "read-after-write");
+  if (write)
+    for (const auto& [rs, r] : a.reads)
+      if (rs != id && at(vc, rs) < r.tick) return hazard(r, "write-after-read");
+  if (write) {
+    a.last_write = {id, tick, call};
+    a.reads.clear();
+  } else {
+    a.reads[id] = {id, tick, call};
+  }
+  return true;
+}
+
+bool note(const void* p, size_t bytes, cudaStream_t stream, const char* call, bool write) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  uintptr_t base = 0;
+  Alloc* a = lookup(p, bytes, &base);
+  if (!a) {
+    fail(cudaErrorIllegalAddress, call, where_text(p, bytes));
+    return false;
+  }
+  const int id = stream_id(stream, call);
+  if (id < 0) return false;
+  return access(*a, base, id, write, enqueue(id), call);
+}
+
+void host_waits_for(const Clock& c) { merge(S().host, c); }
+void host_waits_for_all(int device /* -1: every device */) {
+  auto& s = S();
+  for (auto& st : s.streams)
+    if (device < 0 || st.device == device) merge(s.host, st.vc);
+}
+
+const char* error_name(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorInvalidPitchValue: return "cudaErrorInvalidPitchValue";
+    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    default: return "cudaErrorUnknown";
+  }
+}
+const char* error_text(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "an argument is outside its range of accepted values";
+    case cudaErrorMemoryAllocation: return "out of device memory";
+    case cudaErrorInvalidConfiguration: return "the launch configuration is not valid for the device";
+    case cudaErrorInvalidDevicePointer: return "not a valid device pointer";
+    case cudaErrorInvalidMemcpyDirection: return "the copy direction does not match its pointers";
+    case cudaErrorInvalidPitchValue: return "a pitch is out of range";
+    case cudaErrorInvalidDeviceFunction: return "the kernel cannot be launched as asked";
+    case cudaErrorNoDevice: return "no CUDA device";
+    case cudaErrorInvalidDevice: return "not a valid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "not a valid stream or event handle";
+    case cudaErrorIllegalState: return "operations ordered wrongly";
+    case cudaErrorNotReady: return "not complete yet";
+    case cudaErrorIllegalAddress: return "an illegal memory access";
+    case cudaErrorLaunchFailure: return "the kernel failed";
+    default: return "unrecognised error code";
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- the registry (device_registry.h)
+
+bool is_device_ptr(const void* p, size_t bytes) {
+  std::lock_guard lock(S().mu);
+  return lookup(p, bytes) != nullptr;
+}
+
+bool find_allocation(const void* p, const void** base, size_t* bytes) {
+  std::lock_guard lock(S().mu);
+  uintptr_t b = 0;
+  Alloc* a = lookup(p, 0, &b);
+  if (!a) return false;
+  if (base) *base = reinterpret_cast<const void*>(b);
+  if (bytes) *bytes = a->bytes;
+  return true;
+}
+
+bool check_device_range(const void* p, size_t bytes, const char* call, const char* what) {
+  if (!p && bytes == 0) return true;
+  std::lock_guard lock(S().mu);
+  if (lookup(p, bytes)) return true;
+  report(call, std::string(what) + " " + where_text(p, bytes));
+  return false;
+}
+
+bool note_read(const void* p, size_t bytes, cudaStream_t stream, const char* call) {
+  return note(p, bytes, stream, call, false);
+}
+bool note_write(const void* p, size_t bytes, cudaStream_t stream, const char* call) {
+  return note(p, bytes, stream, call, true);
+}
+
+bool check_stream(cudaStream_t stream, const char* call) {
+  std::lock_guard lock(S().mu);
+  return stream_id(stream, call) >= 0;
+}
+
+int stream_device(cudaStream_t stream) {
+  std::lock_guard lock(S().mu);
+  auto it = S().stream_ids.find(stream);
+  return it == S().stream_ids.end() ? t_device : S().streams[size_t(it->second)].device;
+}
+
+int current_device() { return t_device; }
+int device_count() { return S().n_devices; }
+
+void report(const char* call, const std::string& what) {
+  auto& s = S();
+  std::string line = std::string(call) + ": " + what;
+  std::fprintf(stderr, "[cuda-emu] %s\n", line.c_str());
+  std::fflush(stderr);
+  t_last_report = std::move(line);
+  t_report_code = cudaSuccess;
+  {
+    std::lock_guard lock(s.mu);
+    ++s.reports;
+  }
+  if (s.abort_on_report) std::abort();
+}
+
+long long reports() {
+  std::lock_guard lock(S().mu);
+  return S().reports;
+}
+
+// ---------------------------------------------------------------- kernel launches (cuda_emulator_hooks.h)
+
+bool launch_prologue(const char* kernel, const void* fn, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                     const KernelArg* args, int n) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  const std::string call = std::string("launch of ") + kernel;
+  // The call name must outlive the access records: kernel names are string literals, so keep one string each.
+  static std::set<std::string> names;
+  const char* cname = names.insert(call).first->c_str();
+  const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64) {
+    fail(cudaErrorInvalidConfiguration, cname,
+         "block (" + std::to_string(block.x) + ", " + std::to_string(block.y) + ", " + std::to_string(block.z) +
+             ") is empty or over 1024 threads");
+    return false;
+  }
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) {
+    fail(cudaErrorInvalidConfiguration, cname,
+         "grid (" + std::to_string(grid.x) + ", " + std::to_string(grid.y) + ", " + std::to_string(grid.z) +
+             ") is empty or too large (an empty launch is an error on the device: skip it on the host)");
+    return false;
+  }
+  if (smem > 48 * 1024) {
+    auto it = s.max_dyn_smem.find(fn);
+    if (it == s.max_dyn_smem.end() || size_t(it->second) < smem) {
+      fail(cudaErrorInvalidValue, cname,
+           std::to_string(smem) + " bytes of dynamic shared memory, over 48 KiB without (enough) "
+           "cudaFuncAttributeMaxDynamicSharedMemorySize");
+      return false;
+    }
+  }
+  const int id = stream_id(stream, cname);
+  if (id < 0) return false;
+  // Every pointer argument must be null or inside a live allocation, before anything runs.
+  std::vector<std::pair<Alloc*, uintptr_t>> found(size_t(n), {nullptr, 0});
+  for (int i = 0; i < n; ++i) {
+    if (!args[i].pointer || !args[i].p) continue;
+    uintptr_t base = 0;
+    Alloc* a = lookup(args[i].p, 0, &base);
+    if (!a || reinterpret_cast<uintptr_t>(args[i].p) == base + a->bytes) {
+      fail(cudaErrorIllegalAddress, cname,
+           "argument " + std::to_string(i) + " (" + (args[i].write ? "T*" : "const T*") + ") " +
+               where_text(args[i].p, 1));
+      return false;
+    }
+    found[size_t(i)] = {a, base};
+  }
+  const unsigned long long tick = enqueue(id);
+  for (int i = 0; i < n; ++i)
+    if (found[size_t(i)].first && !access(*found[size_t(i)].first, found[size_t(i)].second, id, args[i].write, tick, cname))
+      return false;
+  return true;
+}
+
+}  // namespace emu
+
+// ---------------------------------------------------------------- the runtime API
+
+using emu::S;
+
+extern "C" {
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = emu::t_last_error;
+  emu::t_last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return emu::t_last_error; }
+
+const char* cudaGetErrorName(cudaError_t e) { return emu::error_name(e); }
+
+const char* cudaGetErrorString(cudaError_t e) {
+  if (e != cudaSuccess && e == emu::t_report_code && !emu::t_last_report.empty()) {
+    thread_local std::string text;
+    text = std::string(emu::error_text(e)) + " [emulated CUDA device: " + emu::t_last_report + "]";
+    return text.c_str();
+  }
+  return emu::error_text(e);
+}
+
+cudaError_t cudaGetDeviceCount(int* n) {
+  if (!n) return emu::fail(cudaErrorInvalidValue, "cudaGetDeviceCount", "null count");
+  *n = S().n_devices;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* d) {
+  if (!d) return emu::fail(cudaErrorInvalidValue, "cudaGetDevice", "null device");
+  *d = emu::t_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int d) {
+  if (d < 0 || d >= S().n_devices)
+    return emu::fail(cudaErrorInvalidDevice, "cudaSetDevice",
+                     "device " + std::to_string(d) + " of " + std::to_string(S().n_devices) + " emulated (MT_EMU_DEVICES)");
+  emu::t_device = d;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device) {
+  if (device < 0 || device >= S().n_devices)
+    return emu::fail(cudaErrorInvalidDevice, "cudaDeviceGetPCIBusId", "device " + std::to_string(device));
+  if (!id || len < 13) return emu::fail(cudaErrorInvalidValue, "cudaDeviceGetPCIBusId", "buffer under 13 bytes");
+  std::snprintf(id, size_t(len), "0000:%02x:00.0", 0xe0 + device);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  if (free_b) *free_b = s.device_bytes > s.live_bytes ? s.device_bytes - s.live_bytes : 0;
+  if (total_b) *total_b = s.device_bytes;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  std::lock_guard lock(S().mu);
+  emu::host_waits_for_all(emu::t_device);
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* fn, cudaFuncAttribute attr, int value) {
+  if (!fn) return emu::fail(cudaErrorInvalidDeviceFunction, "cudaFuncSetAttribute", "null kernel");
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    if (value < 0 || value > 227 * 1024)
+      return emu::fail(cudaErrorInvalidValue, "cudaFuncSetAttribute",
+                       std::to_string(value) + " bytes of dynamic shared memory (an H100 SM has 227 KiB)");
+    std::lock_guard lock(S().mu);
+    S().max_dyn_smem[fn] = value;
+  }
+  return cudaSuccess;
+}
+
+// ---- memory
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (!p) return emu::fail(cudaErrorInvalidValue, "cudaMalloc", "null result pointer");
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  if (bytes > s.device_bytes || s.live_bytes + bytes > s.device_bytes) {
+    *p = nullptr;
+    return emu::ret(cudaErrorMemoryAllocation);  // meshtrain retries after emptying its cache: no report
+  }
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  void* m = std::aligned_alloc(256, rounded);
+  if (!m) {
+    *p = nullptr;
+    return emu::ret(cudaErrorMemoryAllocation);
+  }
+  std::memset(m, 0xff, rounded);
+  emu::Alloc a;
+  a.bytes = bytes;
+  a.device = emu::t_device;
+  a.serial = s.next_serial++;
+  s.allocs.emplace(reinterpret_cast<uintptr_t>(m), std::move(a));
+  s.live_bytes += bytes;
+  *p = m;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  auto it = s.allocs.find(reinterpret_cast<uintptr_t>(p));
+  if (it == s.allocs.end())
+    return emu::fail(cudaErrorInvalidValue, "cudaFree",
+                     emu::ptr_text(p) + " is not the start of a live device allocation (double free, or not from cudaMalloc)");
+  emu::host_waits_for_all(-1);  // cudaFree synchronises the device
+  s.live_bytes -= it->second.bytes;
+  s.allocs.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  if (!p) return emu::fail(cudaErrorInvalidValue, "cudaMallocHost", "null result pointer");
+  void* m = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+  if (!m) return emu::ret(cudaErrorMemoryAllocation);
+  std::lock_guard lock(S().mu);
+  S().pinned.insert(m);
+  *p = m;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* p) {
+  if (!p) return cudaSuccess;
+  std::lock_guard lock(S().mu);
+  if (!S().pinned.erase(p))
+    return emu::fail(cudaErrorInvalidValue, "cudaFreeHost", emu::ptr_text(p) + " is not from cudaMallocHost");
+  emu::host_waits_for_all(-1);
+  std::free(p);
+  return cudaSuccess;
+}
+
+namespace {
+
+const char* kind_name(cudaMemcpyKind k) {
+  switch (k) {
+    case cudaMemcpyHostToHost: return "HostToHost";
+    case cudaMemcpyHostToDevice: return "HostToDevice";
+    case cudaMemcpyDeviceToHost: return "DeviceToHost";
+    case cudaMemcpyDeviceToDevice: return "DeviceToDevice";
+    default: return "Default";
+  }
+}
+
+// A copy of `rows` rows of `width` bytes (pitches dpitch, spitch) on `stream` (sync: the synchronous cudaMemcpy on
+// the legacy stream, which the host then waits for).
+cudaError_t copy(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
+                 cudaMemcpyKind kind, cudaStream_t stream, const char* call, bool sync) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  if (width == 0 || rows == 0) return cudaSuccess;
+  if (!dst || !src) return emu::fail(cudaErrorInvalidValue, call, "null pointer");
+  if (rows > 1 && (width > dpitch || width > spitch))
+    return emu::fail(cudaErrorInvalidPitchValue, call,
+                     "width " + std::to_string(width) + " is over a pitch (" + std::to_string(dpitch) + ", " +
+                         std::to_string(spitch) + ")");
+  if (rows > 1 && (dpitch > size_t(INT32_MAX) || spitch > size_t(INT32_MAX)))
+    return emu::fail(cudaErrorInvalidPitchValue, call, "a pitch over the device's maximum of 2^31 - 1 bytes");
+  const int id = emu::stream_id(stream, call);
+  if (id < 0) return cudaErrorInvalidResourceHandle;
+  const size_t dbytes = dpitch * (rows - 1) + width, sbytes = spitch * (rows - 1) + width;
+  const bool dst_dev_any = emu::lookup(dst, 0) != nullptr, src_dev_any = emu::lookup(src, 0) != nullptr;
+  bool dst_dev, src_dev;
+  switch (kind) {
+    case cudaMemcpyHostToDevice: dst_dev = true, src_dev = false; break;
+    case cudaMemcpyDeviceToHost: dst_dev = false, src_dev = true; break;
+    case cudaMemcpyDeviceToDevice: dst_dev = true, src_dev = true; break;
+    case cudaMemcpyHostToHost: dst_dev = false, src_dev = false; break;
+    case cudaMemcpyDefault: dst_dev = dst_dev_any, src_dev = src_dev_any; break;
+    default: return emu::fail(cudaErrorInvalidMemcpyDirection, call, "unknown kind " + std::to_string(int(kind)));
+  }
+  const std::string k = std::string(kind_name(kind)) + " copy of " + std::to_string(width * rows) + " bytes: ";
+  if (src_dev && !emu::lookup(src, sbytes))
+    return emu::fail(cudaErrorInvalidValue, call, k + "source " + emu::where_text(src, sbytes));
+  if (dst_dev && !emu::lookup(dst, dbytes))
+    return emu::fail(cudaErrorInvalidValue, call, k + "destination " + emu::where_text(dst, dbytes));
+  if (!src_dev && src_dev_any)
+    return emu::fail(cudaErrorInvalidMemcpyDirection, call, k + "the source " + emu::ptr_text(src) + " is device memory");
+  if (!dst_dev && dst_dev_any)
+    return emu::fail(cudaErrorInvalidMemcpyDirection, call,
+                     k + "the destination " + emu::ptr_text(dst) + " is device memory");
+  const unsigned long long tick = emu::enqueue(id);
+  uintptr_t sbase = 0, dbase = 0;
+  emu::Alloc* sa = src_dev ? emu::lookup(src, sbytes, &sbase) : nullptr;
+  emu::Alloc* da = dst_dev ? emu::lookup(dst, dbytes, &dbase) : nullptr;
+  if (sa && !emu::access(*sa, sbase, id, false, tick, call)) return cudaErrorIllegalState;
+  if (da && !emu::access(*da, dbase, id, true, tick, call)) return cudaErrorIllegalState;
+  for (size_t r = 0; r < rows; ++r)
+    std::memmove(static_cast<unsigned char*>(dst) + r * dpitch, static_cast<const unsigned char*>(src) + r * spitch, width);
+  if (sync) emu::host_waits_for(s.streams[size_t(id)].vc);
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  return copy(dst, bytes, src, bytes, bytes, 1, kind, nullptr, "cudaMemcpy", true);
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  return copy(dst, bytes, src, bytes, bytes, 1, kind, stream, "cudaMemcpyAsync", false);
+}
+
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
+                              cudaMemcpyKind kind, cudaStream_t stream) {
+  return copy(dst, dpitch, src, spitch, width, rows, kind, stream, "cudaMemcpy2DAsync", false);
+}
+
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  if (bytes == 0) return cudaSuccess;
+  uintptr_t base = 0;
+  emu::Alloc* a = emu::lookup(p, bytes, &base);
+  if (!a) return emu::fail(cudaErrorInvalidValue, "cudaMemsetAsync", emu::where_text(p, bytes));
+  const int id = emu::stream_id(stream, "cudaMemsetAsync");
+  if (id < 0) return cudaErrorInvalidResourceHandle;
+  if (!emu::access(*a, base, id, true, emu::enqueue(id), "cudaMemsetAsync")) return cudaErrorIllegalState;
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  const cudaError_t e = cudaMemsetAsync(p, value, bytes, nullptr);
+  if (e == cudaSuccess) {
+    std::lock_guard lock(S().mu);
+    emu::host_waits_for(S().streams[size_t(S().legacy[size_t(emu::t_device)])].vc);
+  }
+  return e;
+}
+
+// ---- streams
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* p, unsigned flags) {
+  if (!p) return emu::fail(cudaErrorInvalidValue, "cudaStreamCreateWithFlags", "null result pointer");
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  emu::StreamRec r;
+  r.id = int(s.streams.size());
+  r.device = emu::t_device;
+  r.blocking = (flags & cudaStreamNonBlocking) == 0;
+  r.name = "stream #" + std::to_string(r.id) + " (cuda:" + std::to_string(r.device) +
+           (r.blocking ? ", blocking)" : ", non-blocking)");
+  const auto h = reinterpret_cast<cudaStream_t>(s.next_handle);
+  s.next_handle += 16;
+  s.stream_ids[h] = r.id;
+  s.streams.push_back(std::move(r));
+  *p = h;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* p) { return cudaStreamCreateWithFlags(p, cudaStreamDefault); }
+
+cudaError_t cudaStreamDestroy(cudaStream_t h) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  auto it = s.stream_ids.find(h);
+  if (it == s.stream_ids.end() || !s.streams[size_t(it->second)].alive)
+    return emu::fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy", "stream " + emu::ptr_text(h) + " is not a live stream");
+  s.streams[size_t(it->second)].alive = false;  // its id stays: accesses recorded on it still name it
+  s.stream_ids.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t h) {
+  std::lock_guard lock(S().mu);
+  const int id = emu::stream_id(h, "cudaStreamSynchronize");
+  if (id < 0) return cudaErrorInvalidResourceHandle;
+  emu::host_waits_for(S().streams[size_t(id)].vc);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t h) { return cudaStreamSynchronize(h); }
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t e, unsigned int /*flags*/) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  const int id = emu::stream_id(h, "cudaStreamWaitEvent");
+  if (id < 0) return cudaErrorInvalidResourceHandle;
+  auto it = s.events.find(e);
+  if (it == s.events.end())
+    return emu::fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent", "event " + emu::ptr_text(e) + " is not a live event");
+  emu::enqueue(id);
+  if (it->second.recorded) emu::merge(s.streams[size_t(id)].vc, it->second.vc);
+  return cudaSuccess;
+}
+
+// ---- events
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* p, unsigned flags) {
+  if (!p) return emu::fail(cudaErrorInvalidValue, "cudaEventCreateWithFlags", "null result pointer");
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  emu::EventRec r;
+  r.device = emu::t_device;
+  r.timing = (flags & cudaEventDisableTiming) == 0;
+  const auto h = reinterpret_cast<cudaEvent_t>(s.next_handle);
+  s.next_handle += 16;
+  s.events.emplace(h, std::move(r));
+  *p = h;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* p) { return cudaEventCreateWithFlags(p, cudaEventDefault); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  std::lock_guard lock(S().mu);
+  if (!S().events.erase(e))
+    return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy", "event " + emu::ptr_text(e) + " is not a live event");
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t h) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  auto it = s.events.find(e);
+  if (it == s.events.end())
+    return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventRecord", "event " + emu::ptr_text(e) + " is not a live event");
+  const int id = emu::stream_id(h, "cudaEventRecord");
+  if (id < 0) return cudaErrorInvalidResourceHandle;
+  if (s.streams[size_t(id)].device != it->second.device)
+    return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventRecord",
+                     "the event was created on cuda:" + std::to_string(it->second.device) + ", the stream is on cuda:" +
+                         std::to_string(s.streams[size_t(id)].device));
+  emu::enqueue(id);
+  it->second.vc = s.streams[size_t(id)].vc;
+  it->second.recorded = true;
+  it->second.when = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  auto it = s.events.find(e);
+  if (it == s.events.end())
+    return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventQuery", "event " + emu::ptr_text(e) + " is not a live event");
+  emu::host_waits_for(it->second.vc);  // work runs when enqueued: every event is complete
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  auto it = s.events.find(e);
+  if (it == s.events.end())
+    return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize", "event " + emu::ptr_text(e) + " is not a live event");
+  emu::host_waits_for(it->second.vc);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  auto ia = s.events.find(a), ib = s.events.find(b);
+  if (!ms) return emu::fail(cudaErrorInvalidValue, "cudaEventElapsedTime", "null result pointer");
+  if (ia == s.events.end() || ib == s.events.end())
+    return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime", "not a live event");
+  if (!ia->second.timing || !ib->second.timing)
+    return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime", "an event was created with cudaEventDisableTiming");
+  if (!ia->second.recorded || !ib->second.recorded)
+    return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime", "an event was never recorded");
+  *ms = std::chrono::duration<float, std::milli>(ib->second.when - ia->second.when).count();
+  return cudaSuccess;
+}
+
+}  // extern "C"
