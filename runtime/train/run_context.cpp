@@ -29,7 +29,7 @@ double startup_timeout_s(int argc, char** argv) {
   try {
     return load_config(path, overrides).comm.timeout_s;
   } catch (...) {
-    return Config{}.comm.timeout_s;
+    return CommConfig{}.timeout_s;
   }
 }
 

@@ -1,0 +1,430 @@
+// Pipeline schedules as action lists, their check and their simulation (pipeline_schedule.h).
+#include "parallel/pipeline_schedule.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <optional>
+#include <queue>
+#include <set>
+#include <tuple>
+
+#include "runtime/core/error.h"
+
+namespace mt {
+
+const char* pp_op_name(PpOp op) {
+  switch (op) {
+    case PpOp::forward: return "F";
+    case PpOp::backward: return "B";
+    case PpOp::backward_input: return "Bi";
+    case PpOp::backward_weight: return "W";
+    case PpOp::send_act: return "send_act";
+    case PpOp::recv_act: return "recv_act";
+    case PpOp::send_grad: return "send_grad";
+    case PpOp::recv_grad: return "recv_grad";
+  }
+  return "?";
+}
+
+const std::vector<std::string>& pp_schedule_kinds() {
+  static const std::vector<std::string> k = {"gpipe", "1f1b", "interleaved_1f1b", "zb1p"};
+  return k;
+}
+
+namespace {
+
+bool is_compute(PpOp op) {
+  return op == PpOp::forward || op == PpOp::backward || op == PpOp::backward_input || op == PpOp::backward_weight;
+}
+
+std::string action_str(const PpAction& a) {
+  if (is_compute(a.op)) return fmt::format("{}(stage {}, micro {})", pp_op_name(a.op), a.stage, a.micro);
+  return fmt::format("{}(stage {}, micro {}, peer rank {})", pp_op_name(a.op), a.stage, a.micro, a.peer);
+}
+
+// A message: an activation leaving stage `from` forward, or a gradient leaving it backward.
+using MsgKey = std::tuple<bool, int, int>;  // (gradient?, sending stage, micro)
+MsgKey sent_key(const PpAction& a) { return {a.op == PpOp::send_grad, a.stage, a.micro}; }
+MsgKey wanted_key(const PpAction& a) {
+  // recv_act at stage s takes stage s-1's activation; recv_grad at stage s takes stage s+1's gradient.
+  return a.op == PpOp::recv_act ? MsgKey{false, a.stage - 1, a.micro} : MsgKey{true, a.stage + 1, a.micro};
+}
+
+// The forward of a micro-batch on a stage with its receive before and its send after.
+void emit_forward(const PpSchedule& s, std::vector<PpAction>& out, int stage, int micro) {
+  if (stage > 0) out.push_back({PpOp::recv_act, stage, micro, s.rank_of(stage - 1)});
+  out.push_back({PpOp::forward, stage, micro});
+  if (stage < s.stages() - 1) out.push_back({PpOp::send_act, stage, micro, s.rank_of(stage + 1)});
+}
+void emit_backward(const PpSchedule& s, std::vector<PpAction>& out, int stage, int micro, PpOp op) {
+  if (stage < s.stages() - 1) out.push_back({PpOp::recv_grad, stage, micro, s.rank_of(stage + 1)});
+  out.push_back({op, stage, micro});
+  if (stage > 0) out.push_back({PpOp::send_grad, stage, micro, s.rank_of(stage - 1)});
+}
+
+void build_gpipe(PpSchedule& s) {
+  for (int r = 0; r < s.p; ++r) {
+    for (int mb = 0; mb < s.m; ++mb) emit_forward(s, s.ranks[size_t(r)], r, mb);
+    for (int mb = 0; mb < s.m; ++mb) emit_backward(s, s.ranks[size_t(r)], r, mb, PpOp::backward);
+  }
+}
+
+// 1F1B (PipeDream-flush): rank r runs p-1-r forwards ahead, then alternates one forward and one backward, then
+// drains the backwards; at most p-r micro-batches' activations are held.
+void build_1f1b(PpSchedule& s) {
+  for (int r = 0; r < s.p; ++r) {
+    auto& out = s.ranks[size_t(r)];
+    const int warmup = std::min(s.p - 1 - r, s.m);
+    for (int mb = 0; mb < warmup; ++mb) emit_forward(s, out, r, mb);
+    for (int i = 0; i < s.m - warmup; ++i) {
+      emit_forward(s, out, r, warmup + i);
+      emit_backward(s, out, r, i, PpOp::backward);
+    }
+    for (int mb = s.m - warmup; mb < s.m; ++mb) emit_backward(s, out, r, mb, PpOp::backward);
+  }
+}
+
+// Interleaved 1F1B (Megatron-LM's): each rank holds v chunks (stages r, r+p, ...); forwards go through the chunks
+// in rounds of p micro-batches, backwards through them in reverse; the warm-up is 2(p-1-r) + (v-1)p forwards.
+void build_interleaved(PpSchedule& s) {
+  const int total = s.m * s.v;
+  for (int r = 0; r < s.p; ++r) {
+    auto& out = s.ranks[size_t(r)];
+    auto fwd = [&](int k) {
+      const int chunk = (k / s.p) % s.v, micro = (k / (s.p * s.v)) * s.p + k % s.p;
+      emit_forward(s, out, chunk * s.p + r, micro);
+    };
+    auto bwd = [&](int k) {
+      const int chunk = s.v - 1 - (k / s.p) % s.v, micro = (k / (s.p * s.v)) * s.p + k % s.p;
+      emit_backward(s, out, chunk * s.p + r, micro, PpOp::backward);
+    };
+    const int warmup = std::min(2 * (s.p - 1 - r) + (s.v - 1) * s.p, total);
+    for (int k = 0; k < warmup; ++k) fwd(k);
+    for (int i = 0; i < total - warmup; ++i) {
+      fwd(warmup + i);
+      bwd(i);
+    }
+    for (int k = total - warmup; k < total; ++k) bwd(k);
+  }
+}
+
+// Zero bubble H1 (Qi et al. 2024): 1F1B's order of forwards and input-gradient backwards (Bi), with each weight
+// gradient (W) deferred to where its rank would otherwise wait for a message, as long as the rank holds at most p
+// micro-batches' activations (1F1B's peak, rank 0's); the rest run at the end. Built by simulating the step with
+// unit costs (F = Bi = W = 1), the earliest rank first, and recording what each rank ran.
+void build_zb1p(PpSchedule& s) {
+  struct Rank {
+    std::deque<PpAction> todo;       // F and Bi in 1F1B order
+    std::deque<PpAction> pending_w;  // W whose Bi has run
+    double t = 0;
+    int in_flight = 0;  // forwards run whose W has not
+    bool blocked = false;
+  };
+  std::vector<Rank> ranks(size_t(s.p));
+  for (int r = 0; r < s.p; ++r) {
+    const int warmup = std::min(s.p - 1 - r, s.m);
+    auto& q = ranks[size_t(r)].todo;
+    for (int mb = 0; mb < warmup; ++mb) q.push_back({PpOp::forward, r, mb});
+    for (int i = 0; i < s.m - warmup; ++i) {
+      q.push_back({PpOp::forward, r, warmup + i});
+      q.push_back({PpOp::backward_input, r, i});
+    }
+    for (int mb = s.m - warmup; mb < s.m; ++mb) q.push_back({PpOp::backward_input, r, mb});
+  }
+  std::map<MsgKey, double> arrived;  // message -> time it can be received
+  auto input_of = [&](const PpAction& a) -> std::optional<MsgKey> {
+    if (a.op == PpOp::forward && a.stage > 0) return MsgKey{false, a.stage - 1, a.micro};
+    if (a.op == PpOp::backward_input && a.stage < s.stages() - 1) return MsgKey{true, a.stage + 1, a.micro};
+    return std::nullopt;
+  };
+  auto run_w = [&](int r) {
+    Rank& k = ranks[size_t(r)];
+    PpAction w = k.pending_w.front();
+    k.pending_w.pop_front();
+    s.ranks[size_t(r)].push_back(w);
+    k.t += 1;
+    --k.in_flight;
+  };
+  for (;;) {
+    // The earliest rank that can act.
+    int r = -1;
+    for (int i = 0; i < s.p; ++i) {
+      const Rank& k = ranks[size_t(i)];
+      if (k.blocked || (k.todo.empty() && k.pending_w.empty())) continue;
+      if (r < 0 || k.t < ranks[size_t(r)].t) r = i;
+    }
+    if (r < 0) break;
+    Rank& k = ranks[size_t(r)];
+    if (k.todo.empty()) {  // the drain: every deferred W
+      run_w(r);
+      continue;
+    }
+    const PpAction a = k.todo.front();
+    const auto in = input_of(a);
+    auto it = in ? arrived.find(*in) : arrived.end();
+    const bool ready = !in || (it != arrived.end() && it->second <= k.t);
+    if (a.op == PpOp::forward && k.in_flight >= s.p && !k.pending_w.empty()) {
+      run_w(r);  // 1F1B's memory: free one micro-batch's activations before taking another
+      continue;
+    }
+    if (!ready) {
+      if (!k.pending_w.empty()) {
+        run_w(r);  // fill the wait with a deferred weight gradient
+      } else if (it != arrived.end()) {
+        k.t = it->second;  // sent, still on its way: wait for it
+      } else {
+        k.blocked = true;  // not sent yet: woken by the send
+      }
+      continue;
+    }
+    k.todo.pop_front();
+    auto& out = s.ranks[size_t(r)];
+    if (a.op == PpOp::forward) {
+      emit_forward(s, out, a.stage, a.micro);
+      ++k.in_flight;
+      k.t += 1;
+      if (a.stage < s.stages() - 1) arrived[{false, a.stage, a.micro}] = k.t;
+      if (a.stage < s.stages() - 1) ranks[size_t(s.rank_of(a.stage + 1))].blocked = false;
+    } else {
+      emit_backward(s, out, a.stage, a.micro, PpOp::backward_input);
+      k.pending_w.push_back({PpOp::backward_weight, a.stage, a.micro});
+      k.t += 1;
+      if (a.stage > 0) arrived[{true, a.stage, a.micro}] = k.t;
+      if (a.stage > 0) ranks[size_t(s.rank_of(a.stage - 1))].blocked = false;
+    }
+  }
+  for (int r = 0; r < s.p; ++r)
+    MT_CHECK(ranks[size_t(r)].todo.empty(), "pipeline", "zb1p: rank {} could not place all its actions", r);
+}
+
+}  // namespace
+
+PpSchedule build_pp_schedule(const std::string& kind, int p, int v, int m) {
+  const auto& kinds = pp_schedule_kinds();
+  if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
+    fail("config", "parallel.pp_schedule = '{}': expected one of gpipe, 1f1b, interleaved_1f1b, zb1p", kind);
+  MT_CHECK(p >= 1, "config", "parallel.pp = {}: expected >= 1", p);
+  MT_CHECK(v >= 1, "config", "parallel.pp_virtual = {}: expected >= 1", v);
+  MT_CHECK(m >= 1, "config", "{} micro-batches: expected >= 1 (training.micro_batch_size)", m);
+  if (v > 1 && kind != "interleaved_1f1b")
+    fail("config", "parallel.pp_virtual = {} needs parallel.pp_schedule = interleaved_1f1b (it is {})", v, kind);
+  if (kind == "interleaved_1f1b") {
+    MT_CHECK(v >= 2, "config", "parallel.pp_schedule = interleaved_1f1b needs parallel.pp_virtual >= 2 (it is {})", v);
+    if (m % p != 0)
+      fail("config",
+           "parallel.pp_schedule = interleaved_1f1b runs micro-batches in rounds of pp: {} micro-batches (the rows "
+           "per data-parallel rank / training.micro_batch_size) must be a multiple of parallel.pp = {}",
+           m, p);
+  }
+  PpSchedule s;
+  s.kind = kind, s.p = p, s.v = v, s.m = m;
+  s.ranks.resize(size_t(p));
+  if (kind == "gpipe") build_gpipe(s);
+  else if (kind == "1f1b") build_1f1b(s);
+  else if (kind == "interleaved_1f1b") build_interleaved(s);
+  else build_zb1p(s);
+  check_pp_schedule(s);
+  return s;
+}
+
+void check_pp_schedule(const PpSchedule& s) {
+  const int S = s.stages();
+  const bool split = s.kind == "zb1p";
+  // Each rank's own order: inputs before use, every compute once.
+  std::map<std::tuple<int, int, int>, int> done;  // (op, stage, micro) -> count
+  std::map<MsgKey, int> sends, recvs;
+  for (int r = 0; r < s.p; ++r) {
+    std::set<std::tuple<int, int, int>> seen;  // what ran before on this rank
+    auto has = [&](PpOp op, int stage, int micro) { return seen.count({int(op), stage, micro}) > 0; };
+    for (const PpAction& a : s.ranks[size_t(r)]) {
+      auto bad = [&](const std::string& why) {
+        fail("pipeline", "{} schedule (p {}, v {}, m {}): rank {}: {}: {}", s.kind, s.p, s.v, s.m, r, action_str(a), why);
+      };
+      if (a.stage < 0 || a.stage >= S || a.micro < 0 || a.micro >= s.m) bad("stage or micro-batch out of range");
+      if (s.rank_of(a.stage) != r) bad(fmt::format("stage {} belongs to rank {}", a.stage, s.rank_of(a.stage)));
+      switch (a.op) {
+        case PpOp::forward:
+          if (a.stage > 0 && !has(PpOp::recv_act, a.stage, a.micro)) bad("runs before its activation arrives");
+          break;
+        case PpOp::backward:
+        case PpOp::backward_input:
+          if ((a.op == PpOp::backward_input) != split) bad("the wrong kind of backward for this schedule");
+          if (!has(PpOp::forward, a.stage, a.micro)) bad("runs before its forward");
+          if (a.stage < S - 1 && !has(PpOp::recv_grad, a.stage, a.micro)) bad("runs before its gradient arrives");
+          break;
+        case PpOp::backward_weight:
+          if (!split) bad("a deferred weight gradient outside zb1p");
+          if (!has(PpOp::backward_input, a.stage, a.micro)) bad("runs before its input gradient");
+          break;
+        case PpOp::send_act:
+          if (!has(PpOp::forward, a.stage, a.micro)) bad("sends before the forward");
+          if (a.stage == S - 1 || a.peer != s.rank_of(a.stage + 1)) bad("not to the next stage's rank");
+          ++sends[sent_key(a)];
+          break;
+        case PpOp::send_grad:
+          if (!has(split ? PpOp::backward_input : PpOp::backward, a.stage, a.micro)) bad("sends before the backward");
+          if (a.stage == 0 || a.peer != s.rank_of(a.stage - 1)) bad("not to the previous stage's rank");
+          ++sends[sent_key(a)];
+          break;
+        case PpOp::recv_act:
+          if (a.stage == 0 || a.peer != s.rank_of(a.stage - 1)) bad("not from the previous stage's rank");
+          ++recvs[wanted_key(a)];
+          break;
+        case PpOp::recv_grad:
+          if (a.stage == S - 1 || a.peer != s.rank_of(a.stage + 1)) bad("not from the next stage's rank");
+          ++recvs[wanted_key(a)];
+          break;
+      }
+      if (is_compute(a.op) && ++done[{int(a.op), a.stage, a.micro}] > 1) bad("runs twice");
+      seen.insert({int(a.op), a.stage, a.micro});
+    }
+  }
+  // Every forward and backward of every (stage, micro-batch), exactly once.
+  for (int st = 0; st < S; ++st)
+    for (int mb = 0; mb < s.m; ++mb) {
+      std::vector<PpOp> need = {PpOp::forward};
+      if (split) need.insert(need.end(), {PpOp::backward_input, PpOp::backward_weight});
+      else need.push_back(PpOp::backward);
+      for (PpOp op : need)
+        MT_CHECK(done.count({int(op), st, mb}) == 1, "pipeline", "{} schedule (p {}, v {}, m {}): {} of stage {} micro {} never runs",
+                 s.kind, s.p, s.v, s.m, pp_op_name(op), st, mb);
+    }
+  for (auto& [k, n] : sends)
+    MT_CHECK(n == 1 && recvs.count(k) && recvs.at(k) == 1, "pipeline",
+             "{} schedule: the {} of stage {} micro {} is sent {} time(s) and received {}", s.kind,
+             std::get<0>(k) ? "gradient" : "activation", std::get<1>(k), std::get<2>(k), n,
+             recvs.count(k) ? recvs.at(k) : 0);
+  for (auto& [k, n] : recvs)
+    MT_CHECK(sends.count(k), "pipeline", "{} schedule: the {} of stage {} micro {} is received but never sent", s.kind,
+             std::get<0>(k) ? "gradient" : "activation", std::get<1>(k), std::get<2>(k));
+  simulate_pp_schedule(s);  // deadlock freedom: the lists run to the end with blocking receives
+}
+
+PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& c) {
+  const int S = s.stages();
+  const bool split = s.kind == "zb1p";
+  PpSimulation out;
+  out.busy.assign(size_t(s.p), 0);
+  out.idle.assign(size_t(s.p), 0);
+  out.peak_activations.assign(size_t(s.p), 0);
+  std::vector<size_t> next(size_t(s.p), 0);
+  std::vector<double> t(size_t(s.p), 0);
+  std::vector<int> held(size_t(s.p), 0);
+  std::map<MsgKey, double> arrived;
+  auto cost = [&](PpOp op) {
+    switch (op) {
+      case PpOp::forward: return c.forward;
+      case PpOp::backward: return c.backward;
+      case PpOp::backward_input: return c.backward_input;
+      case PpOp::backward_weight: return c.backward_weight;
+      default: return 0.0;
+    }
+  };
+  for (;;) {
+    bool progressed = false, all_done = true;
+    for (int r = 0; r < s.p; ++r) {
+      const auto& list = s.ranks[size_t(r)];
+      while (next[size_t(r)] < list.size()) {
+        const PpAction& a = list[size_t(next[size_t(r)])];
+        if (a.op == PpOp::recv_act || a.op == PpOp::recv_grad) {
+          auto it = arrived.find(wanted_key(a));
+          if (it == arrived.end()) break;  // not sent yet: this rank waits
+          t[size_t(r)] = std::max(t[size_t(r)], it->second);
+        } else if (a.op == PpOp::send_act || a.op == PpOp::send_grad) {
+          arrived[sent_key(a)] = t[size_t(r)] + c.transfer;
+        } else {
+          t[size_t(r)] += cost(a.op);
+          out.busy[size_t(r)] += cost(a.op);
+          if (a.op == PpOp::forward) out.peak_activations[size_t(r)] = std::max(out.peak_activations[size_t(r)], ++held[size_t(r)]);
+          if (a.op == (split ? PpOp::backward_weight : PpOp::backward)) --held[size_t(r)];
+        }
+        ++next[size_t(r)];
+        progressed = true;
+      }
+      if (next[size_t(r)] < list.size()) all_done = false;
+    }
+    if (all_done) break;
+    if (!progressed) {
+      std::string waits;
+      for (int r = 0; r < s.p; ++r)
+        if (next[size_t(r)] < s.ranks[size_t(r)].size())
+          waits += fmt::format("; rank {} waits at {}", r, action_str(s.ranks[size_t(r)][next[size_t(r)]]));
+      fail("pipeline", "{} schedule (p {}, v {}, m {}) deadlocks{}", s.kind, s.p, s.v, s.m, waits);
+    }
+  }
+  (void)S;
+  out.makespan = *std::max_element(t.begin(), t.end());
+  for (int r = 0; r < s.p; ++r) out.idle[size_t(r)] = out.makespan - out.busy[size_t(r)];
+  return out;
+}
+
+double PpSimulation::bubble() const {
+  double sum = 0;
+  for (size_t r = 0; r < busy.size(); ++r) sum += busy[r] > 0 ? idle[r] / busy[r] : 0;
+  return busy.empty() ? 0 : sum / double(busy.size());
+}
+
+double pp_bubble_formula(const std::string& kind, int p, int v, int m) {
+  if (kind == "interleaved_1f1b") return double(p - 1) / double(v * m);
+  if (kind == "zb1p") return double(p - 1) / double(3 * m);
+  return double(p - 1) / double(m);
+}
+
+std::vector<int> pp_layer_split(int64_t n_layers, int stages, double first_extra, double last_extra,
+                                const std::vector<int>& explicit_split) {
+  MT_CHECK(stages >= 1, "config", "parallel.pp x parallel.pp_virtual = {} stages: expected >= 1", stages);
+  if (!explicit_split.empty()) {
+    MT_CHECK(int(explicit_split.size()) == stages, "config",
+             "parallel.pp_layers lists {} stages but parallel.pp x parallel.pp_virtual = {}", explicit_split.size(),
+             stages);
+    int64_t sum = 0;
+    for (size_t i = 0; i < explicit_split.size(); ++i) {
+      MT_CHECK(explicit_split[i] >= 1, "config", "parallel.pp_layers[{}] = {}: every stage needs a layer", i,
+               explicit_split[i]);
+      sum += explicit_split[i];
+    }
+    MT_CHECK(sum == n_layers, "config", "parallel.pp_layers sums to {} but model.n_layers = {}", sum, n_layers);
+    return explicit_split;
+  }
+  MT_CHECK(n_layers >= stages, "config",
+           "parallel.pp x parallel.pp_virtual = {} stages but model.n_layers = {}: every stage needs a decoder layer",
+           stages, n_layers);
+  // best[s][l]: the least possible most expensive stage when stages 0..s-1 hold the first l layers. Stage s's cost
+  // is its layer count, plus the embedding on stage 0 and the head on the last.
+  const int L = int(n_layers), S = stages;
+  const double inf = 1e300;
+  std::vector<std::vector<double>> best(size_t(S + 1), std::vector<double>(size_t(L + 1), inf));
+  std::vector<std::vector<int>> cut(size_t(S + 1), std::vector<int>(size_t(L + 1), 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= S; ++s)
+    for (int l = s; l <= L - (S - s); ++l)
+      for (int k = s - 1; k < l; ++k) {  // stage s-1 holds layers [k, l); on a tie the later stage takes more
+        double c = double(l - k) + (s == 1 ? first_extra : 0) + (s == S ? last_extra : 0);
+        double v = std::max(best[size_t(s - 1)][size_t(k)], c);
+        if (v < best[size_t(s)][size_t(l)] - 1e-12) best[size_t(s)][size_t(l)] = v, cut[size_t(s)][size_t(l)] = k;
+      }
+  std::vector<int> split(static_cast<size_t>(S), 0);
+  for (int s = S, l = L; s >= 1; --s) {
+    const int k = cut[size_t(s)][size_t(l)];
+    split[size_t(s - 1)] = l - k;
+    l = k;
+  }
+  return split;
+}
+
+std::string pp_schedule_str(const PpSchedule& s) {
+  std::string out;
+  for (int r = 0; r < s.p; ++r) {
+    out += fmt::format("rank {}:", r);
+    for (const PpAction& a : s.ranks[size_t(r)]) {
+      if (!is_compute(a.op)) continue;
+      out += fmt::format(" {}{}", pp_op_name(a.op), a.micro);
+      if (s.v > 1) out += fmt::format(".{}", a.stage / s.p);
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace mt
