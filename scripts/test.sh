@@ -75,15 +75,33 @@ fi
 # The CUDA backend on the emulated CUDA device (tests/emu; test-only): build-emu is configured with
 # -Demulate_cuda=true (no nvcc, GPU or toolkit library: the kernels compiled by the host compiler, the toolkit's
 # headers only declare) and only the targets below are built. ops-emulated: the op table's CUDA cases (f32 and
-# bf16, value and gradient) against the CPU; cuda-emulated: the emulated runtime's own checks (misuse reported,
-# the stream-order hazard tracker, the CUB stand-in). Skipped where the CUDA headers are missing.
+# bf16, value and gradient) against the CPU, in both thread orders; cuda-emulated: the emulated runtime's own
+# checks (misuse reported, the stream-order hazard tracker, the CUB stand-in). Skipped without the CUDA headers.
 emu_build="$root/build-emu"
+emu_ready=0
 if [ -f /usr/local/cuda/include/cuda_runtime_api.h ]; then
   if { [ -f "$emu_build/build.ninja" ] ||
        meson setup "$emu_build" -Demulate_cuda=true -Dcpu_dispatch=false >"$log_dir/emu-setup.log" 2>&1; } &&
-     ninja -C "$emu_build" tests/test_ops tests/test_cuda_emulated >"$log_dir/emu-build.log" 2>&1; then
+     ninja -C "$emu_build" tests/test_ops tests/test_cuda_emulated tests/test_cublaslt_emu tests/test_nccl_emu meshtrain \
+       >"$log_dir/emu-build.log" 2>&1; then
     run_doctest_suite "$emu_build/tests/test_ops" ops-emulated 900 -tc="ops value: cuda*,ops gradient: cuda*"
+    # Again with each block's threads run last to first between barriers: a read of another thread's write with no
+    # barrier in between gives another result in one of the two orders.
+    MT_EMU_SCHEDULE=reverse run_doctest_suite "$emu_build/tests/test_ops" ops-emulated-reverse 900 \
+      -tc="ops value: cuda*,ops gradient: cuda*"
     run_doctest_suite "$emu_build/tests/test_cuda_emulated" cuda-emulated 300
+    # The cuBLASLt stand-in against a triple loop; the NCCL stand-in over MPI on 4 ranks (each rank prints its own
+    # doctest summary: the suite passes when all four do).
+    run_doctest_suite "$emu_build/tests/test_cublaslt_emu" cublaslt-emulated 300
+    out="$log_dir/nccl-emulated.log"
+    timeout 300 scripts/mpirun.sh -np 4 "$emu_build/tests/test_nccl_emu" --no-colors=true >"$out" 2>&1
+    if [ "$(grep -c 'Status: SUCCESS' "$out")" -eq 4 ]; then
+      report "nccl-emulated np=4" "$out" ""
+    else
+      grep -E 'ERROR|FAILED|error' "$out" | head -n 20
+      add 0 1 0 "nccl-emulated np=4 (not every rank passed)"
+    fi
+    emu_ready=1
   else
     cat "$log_dir/emu-setup.log" 2>/dev/null | tail -n 20
     grep -E 'error|FAILED' "$log_dir/emu-build.log" | head -n 40
@@ -133,6 +151,12 @@ run_script_suite scale tests/cli/test_scale.sh
 run_script_suite cpu_isa tests/cli/test_cpu_isa.sh
 run_script_suite host_sync tests/cli/test_host_sync.sh
 run_script_suite slurm tests/cli/test_slurm.sh ${MT_TEST_FULL:+--full}
+# The CUDA training step on the emulated device against the CPU backend (build-emu's meshtrain, built above).
+if [ $emu_ready -eq 1 ]; then
+  run_script_suite emulated tests/cli/test_emulated.sh "$emu_build"
+else
+  add 0 0 1 "emulated (build-emu not built)"
+fi
 
 # The PyTorch reference model's own checks (RoPE, GQA, gradients, safetensors); skipped without python3-torch.
 out="$log_dir/reference.log"

@@ -1,9 +1,12 @@
 // The CUDA backend of runtime/core: streams and events (stream.h), the few
 // runtime calls the device-independent code needs (cuda_backend.h), the
 // caching device allocator, and the CUDA/cuBLAS error formatting of error.h.
-// Compiled only when CUDA is built (cuda_stub.cpp stands in otherwise).
+// Compiled only when CUDA is built (cuda_stub.cpp stands in otherwise), by nvcc's host compiler or, in the
+// emulated build (-Demulate_cuda=true, MT_CUDA_EMULATED), against tests/emu's runtime.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+
+#include <spdlog/spdlog.h>
 
 #include <map>
 #include <mutex>
@@ -14,6 +17,9 @@
 #include "runtime/core/error.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/cuda_guard.h"
+#if MT_CUDA_EMULATED
+#include "tests/emu/device_registry.h"  // the emulated device (test-only): tensors' extents in cached blocks
+#endif
 
 namespace mt {
 
@@ -44,7 +50,18 @@ int cuda_device_count() {
   return n;
 }
 
-void set_device(int device) { MT_CUDA_CHECK(cudaSetDevice(device)); }
+void set_device(int device) {
+  MT_CUDA_CHECK(cudaSetDevice(device));
+#if MT_CUDA_EMULATED
+  // The emulated build (-Demulate_cuda=true, tests/emu) says so once, wherever a device is first chosen.
+  static std::once_flag said;
+  std::call_once(said, [device] {
+    spdlog::warn("cuda:{} (emulated CUDA device, test-only): this binary was built with -Demulate_cuda=true, its CUDA "
+                 "kernels run on the CPU (tests/emu); never a build for a GPU machine",
+                 device);
+  });
+#endif
+}
 
 void device_synchronize() {
   note_host_sync();
@@ -344,6 +361,9 @@ void* cuda_caching_alloc(int device, size_t bytes) {
     c.stats.driver_allocs++;
   }
   c.live.emplace(p, size);
+#if MT_CUDA_EMULATED
+  emu::set_extent(p, bytes);  // checks see the tensor's bytes, not the block's; fresh contents are NaN
+#endif
   c.stats.allocated_bytes += size;
   c.stats.peak_allocated_bytes = std::max(c.stats.peak_allocated_bytes, c.stats.allocated_bytes);
   return p;
@@ -358,6 +378,9 @@ void cuda_caching_free(int device, void* p, size_t /*bytes*/) {
   if (it == c.live.end()) return;  // not ours (never happens for tensors); do not corrupt the bins
   size_t size = it->second;
   c.live.erase(it);
+#if MT_CUDA_EMULATED
+  emu::set_extent(p, 0);  // a use after this free is an error
+#endif
   c.stats.allocated_bytes -= size;
   c.free_blocks.emplace(size, p);
 }

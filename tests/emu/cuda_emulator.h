@@ -56,8 +56,8 @@
 #define __launch_bounds__(...)
 #undef __align__
 #define __align__(x)
-// A kernel's static shared memory: one copy per OS thread, and one OS thread runs one block at a time (all of
-// its fibers), so it is shared by the block's threads exactly. It is not reset between blocks.
+// A kernel's static shared memory: one copy per OS thread, and every block runs on an OS thread of its own (all of
+// its fibers), so it is shared by the block's threads exactly and starts at zero in each block.
 #define __shared__ static thread_local
 #define MT_CUDA_EMULATOR 1
 #define MT_DYNAMIC_SMEM(name) unsigned char* name = emu::shared_memory()
@@ -174,12 +174,22 @@ inline void fiber_entry() {
 }
 
 // Runs fibers round-robin; a fiber waiting on a barrier becomes runnable once that barrier's generation moved.
+// MT_EMU_SCHEDULE=reverse runs a block's threads from the last to the first between barriers: a kernel whose
+// threads read what other threads write without a barrier in between (a race on a GPU) gives other results in
+// the two orders, so running a test in both finds it.
+inline const bool reverse_schedule = [] {
+  const char* e = std::getenv("MT_EMU_SCHEDULE");
+  return e && std::strcmp(e, "reverse") == 0;
+}();
+
 inline void run_block(Block& b) {
   block = &b;
   size_t left = b.fibers.size();
+  const size_t n = b.fibers.size();
   while (left > 0) {
     bool progressed = false;
-    for (auto& f : b.fibers) {
+    for (size_t k = 0; k < n; ++k) {
+      Fiber& f = b.fibers[reverse_schedule ? n - 1 - k : k];
       if (f.done) continue;
       if (f.waiting >= 0) {
         if (b.barriers[size_t(f.waiting)].gen == f.gen) continue;
@@ -228,22 +238,27 @@ void launch(Kernel kernel, dim3 grid, dim3 block_dim, size_t smem, Args... args)
     b.body = [&] { kernel(args...); };
     for (unsigned t = 0; t < threads; ++t) b.fibers[t].stack = fiber_stack(t);
     for (long long i; (i = next++) < n_blocks;) {
-      threadIdx = dim3(0);
-      blockIdx = dim3(unsigned(i % grid.x), unsigned(i / grid.x % grid.y), unsigned(i / grid.x / grid.y));
-      gridDim = grid;
-      blockDim = block_dim;
-      b.smem.assign(smem, 0xff);  // NaN bytes: the kernel must not read shared memory it did not fill
-      for (unsigned t = 0; t < threads; ++t) {
-        Fiber& f = b.fibers[t];
-        f.tid = t, f.waiting = -1, f.done = false, f.groups.clear(), f.open.clear();
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp = f.stack;
-        f.ctx.uc_stack.ss_size = kStack;
-        f.ctx.uc_link = nullptr;
-        makecontext(&f.ctx, fiber_entry, 0);
-      }
-      for (auto& bar : b.barriers) bar.arrived = 0;
-      run_block(b);
+      // Each block on a fresh OS thread: static __shared__ variables (thread_local) start at zero in every block,
+      // as they would start undefined on the device, instead of keeping the last block's (or launch's) values,
+      // which would hide a read before the block wrote them.
+      std::thread([&] {
+        threadIdx = dim3(0);
+        blockIdx = dim3(unsigned(i % grid.x), unsigned(i / grid.x % grid.y), unsigned(i / grid.x / grid.y));
+        gridDim = grid;
+        blockDim = block_dim;
+        b.smem.assign(smem, 0xff);  // NaN bytes: the kernel must not read shared memory it did not fill
+        for (unsigned t = 0; t < threads; ++t) {
+          Fiber& f = b.fibers[t];
+          f.tid = t, f.waiting = -1, f.done = false, f.groups.clear(), f.open.clear();
+          getcontext(&f.ctx);
+          f.ctx.uc_stack.ss_sp = f.stack;
+          f.ctx.uc_stack.ss_size = kStack;
+          f.ctx.uc_link = nullptr;
+          makecontext(&f.ctx, fiber_entry, 0);
+        }
+        for (auto& bar : b.barriers) bar.arrived = 0;
+        run_block(b);
+      }).join();
     }
   };
   const unsigned n_workers = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), unsigned(std::min<long long>(n_blocks, 1 << 20))));
@@ -274,6 +289,7 @@ void launch_checked(const char* name, void (*kernel)(P...), dim3 grid, dim3 bloc
   std::apply([&](const auto&... x) { ((args[n++] = kernel_arg(x)), ...); }, conv);
   if (!launch_prologue(name, reinterpret_cast<const void*>(kernel), grid, block_dim, smem, stream, args, n)) return;
   std::apply([&](const auto&... x) { launch(kernel, grid, block_dim, smem, x...); }, conv);
+  launch_epilogue(name, args, n);
 }
 #endif
 

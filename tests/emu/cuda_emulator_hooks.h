@@ -20,5 +20,8 @@ struct KernelArg {
 // for cudaGetLastError) when the kernel must not run.
 bool launch_prologue(const char* kernel, const void* fn, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                      const KernelArg* args, int n);
+// After the kernel ran: every written (T*) argument's buffer must be intact past its end (the canary bytes
+// between its extent and its block's end, and a zone past the block). False (reported, last error set) if not.
+bool launch_epilogue(const char* kernel, const KernelArg* args, int n);
 
 }  // namespace emu

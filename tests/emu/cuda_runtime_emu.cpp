@@ -30,6 +30,7 @@
 // races between threads of one kernel; anything about timing. Kernel arguments are classified by the kernel's
 // parameter types: `const T*` is read, `T*` is written (and read: a write is checked as both).
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -73,6 +74,7 @@ struct EventRec {
   int device = 0;
   bool timing = true;
   bool recorded = false;
+  int not_ready = 0;  // queries still to answer cudaErrorNotReady (MT_EMU_EVENT_POLLS)
   Clock vc;
   std::chrono::steady_clock::time_point when;
 };
@@ -83,13 +85,23 @@ struct Access {
   const char* call = "";
 };
 
+constexpr size_t kCanaryZone = 256;      // bytes past a block's end, in the same host allocation
+// Their value, and that of a block's bytes past its extent: 0xff, NaN in f32 and bf16, so that a kernel reading past
+// its tensor puts NaN into what it computes (the op table fails on a NaN), while a write past it is caught
+// byte-exactly after the launch (unless it writes 0xff bytes).
+constexpr unsigned char kCanary = 0xff;
+
 struct Alloc {
-  size_t bytes = 0;
+  size_t bytes = 0;   // what cudaMalloc was asked for
+  size_t extent = 0;  // the part in use: bytes, or what the caching allocator handed out (0: in its free list)
+  size_t block = 0;   // bytes 256-rounded: [extent, block + kCanaryZone) is the canary
   int device = 0;
   unsigned long long serial = 0;
   Access last_write;            // stream -1: never written
   std::map<int, Access> reads;  // since the last write, one per stream
 };
+
+void print_stats();
 
 struct State {
   std::recursive_mutex mu;
@@ -105,13 +117,20 @@ struct State {
   unsigned long long next_serial = 1;
   uintptr_t next_handle = 0x10000;
   int n_devices = 1;
+  int event_polls = 0;  // MT_EMU_EVENT_POLLS=N: the first N queries of each recorded event answer "not ready"
   size_t device_bytes = size_t(16) << 30;
   bool abort_on_report = false;
   long long reports = 0;
+  // MT_EMU_STATS=1: one line on stderr at exit, what was checked (evidence that a clean run exercised the tracker).
+  struct {
+    long long allocs = 0, launches = 0, copies = 0, accesses = 0, cross_stream = 0, waits = 0, syncs = 0;
+  } stats;
   State() {
     if (const char* d = std::getenv("MT_EMU_DEVICES")) n_devices = std::max(1, std::atoi(d));
     if (const char* m = std::getenv("MT_EMU_DEVICE_MEMORY_MB")) device_bytes = size_t(std::atoll(m)) << 20;
     if (const char* a = std::getenv("MT_EMU_ABORT")) abort_on_report = a[0] == '1';
+    if (const char* e = std::getenv("MT_EMU_EVENT_POLLS")) event_polls = std::max(0, std::atoi(e));
+    if (const char* a = std::getenv("MT_EMU_STATS"); a && a[0] == '1') std::atexit(print_stats);
     for (int d = 0; d < n_devices; ++d) {
       StreamRec s;
       s.id = int(streams.size());
@@ -127,6 +146,17 @@ struct State {
 State& S() {
   static State* s = new State;  // never destroyed: static destructors free tensors late
   return *s;
+}
+
+void print_stats() {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  std::fprintf(stderr,
+               "[cuda-emu] pid %d: %lld cudaMalloc, %lld kernel launches, %lld copies/memsets, %lld buffer accesses "
+               "tracked (%lld following an access on another stream, each checked for its ordering), %lld "
+               "cudaStreamWaitEvent, %lld host synchronisations, %lld errors reported\n",
+               int(getpid()), s.stats.allocs, s.stats.launches, s.stats.copies, s.stats.accesses, s.stats.cross_stream,
+               s.stats.waits, s.stats.syncs, s.reports);
 }
 
 thread_local int t_device = 0;
@@ -151,32 +181,45 @@ cudaError_t fail(cudaError_t e, const char* call, const std::string& what) {
   return ret(e);
 }
 
-// The allocation holding [p, p + bytes), or nullptr.
-Alloc* lookup(const void* p, size_t bytes, uintptr_t* base = nullptr) {
+// The cudaMalloc block p points into (its canary zone excluded), or nullptr.
+Alloc* block_of(const void* p, uintptr_t* base = nullptr) {
   auto& s = S();
   const auto a = reinterpret_cast<uintptr_t>(p);
   auto it = s.allocs.upper_bound(a);
   if (it == s.allocs.begin()) return nullptr;
   --it;
-  if (a > it->first + it->second.bytes) return nullptr;
-  if (a == it->first + it->second.bytes && (bytes > 0 || it->second.bytes > 0)) {
-    if (bytes > 0) return nullptr;
-  }
-  if (a + bytes > it->first + it->second.bytes) return nullptr;
+  if (a >= it->first + std::max<size_t>(it->second.block, 1)) return nullptr;
   if (base) *base = it->first;
   return &it->second;
+}
+
+// The allocation whose extent holds [p, p + bytes) (bytes 0: p inside or at its end), or nullptr.
+Alloc* lookup(const void* p, size_t bytes, uintptr_t* base = nullptr) {
+  uintptr_t b = 0;
+  Alloc* al = block_of(p, &b);
+  if (!al) return nullptr;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  if (a > b + al->extent || a + bytes > b + al->extent) return nullptr;
+  if (base) *base = b;
+  return al;
 }
 
 std::string where_text(const void* p, size_t bytes) {
   auto& s = S();
   const auto a = reinterpret_cast<uintptr_t>(p);
-  auto it = s.allocs.upper_bound(a);
-  if (it != s.allocs.begin()) {
-    --it;
-    if (a < it->first + it->second.bytes)
-      return "runs past its allocation (" + ptr_text(p) + " + " + std::to_string(bytes) + " bytes; the allocation " +
-             ptr_text(reinterpret_cast<void*>(it->first)) + " has " + std::to_string(it->second.bytes) + " bytes, " +
-             std::to_string(it->first + it->second.bytes - a) + " from this pointer)";
+  uintptr_t b = 0;
+  if (Alloc* al = block_of(p, &b)) {
+    if (al->extent == 0)
+      return ptr_text(p) + " is in a device block the caching allocator holds free (a use after free: the tensor " +
+             "was released)";
+    if (al->extent < al->bytes)
+      return "runs past its tensor (" + ptr_text(p) + " + " + std::to_string(bytes) + " bytes; the tensor at " +
+             ptr_text(reinterpret_cast<void*>(b)) + " has " + std::to_string(al->extent) + " bytes, " +
+             std::to_string(a <= b + al->extent ? b + al->extent - a : 0) +
+             " from this pointer, in a cached block of " + std::to_string(al->bytes) + ")";
+    return "runs past its allocation (" + ptr_text(p) + " + " + std::to_string(bytes) + " bytes; the allocation " +
+           ptr_text(reinterpret_cast<void*>(b)) + " has " + std::to_string(al->bytes) + " bytes, " +
+           std::to_string(a <= b + al->extent ? b + al->extent - a : 0) + " from this pointer)";
   }
   if (s.pinned.count(const_cast<void*>(p))) return ptr_text(p) + " is pinned host memory (cudaMallocHost), not device memory";
   return ptr_text(p) + " (" + std::to_string(bytes) + " bytes) is not device memory (a host pointer, or freed)";
@@ -218,6 +261,11 @@ std::string stream_text(int id) {
 bool access(Alloc& a, uintptr_t base, int id, bool write, unsigned long long tick, const char* call) {
   auto& s = S();
   const Clock& vc = s.streams[size_t(id)].vc;
+  ++s.stats.accesses;
+  bool cross = a.last_write.stream >= 0 && a.last_write.stream != id;
+  if (write)
+    for (const auto& [rs, r] : a.reads) cross = cross || rs != id;
+  s.stats.cross_stream += cross;
   auto hazard = [&](const Access& prev, const char* kind) {
     fail(cudaErrorIllegalState, call,
          std::string(kind) + " hazard on the allocation " + ptr_text(reinterpret_cast<void*>(base)) + " (" +
@@ -255,9 +303,13 @@ bool note(const void* p, size_t bytes, cudaStream_t stream, const char* call, bo
   return access(*a, base, id, write, enqueue(id), call);
 }
 
-void host_waits_for(const Clock& c) { merge(S().host, c); }
+void host_waits_for(const Clock& c) {
+  ++S().stats.syncs;
+  merge(S().host, c);
+}
 void host_waits_for_all(int device /* -1: every device */) {
   auto& s = S();
+  ++s.stats.syncs;
   for (auto& st : s.streams)
     if (device < 0 || st.device == device) merge(s.host, st.vc);
 }
@@ -318,7 +370,7 @@ bool find_allocation(const void* p, const void** base, size_t* bytes) {
   Alloc* a = lookup(p, 0, &b);
   if (!a) return false;
   if (base) *base = reinterpret_cast<const void*>(b);
-  if (bytes) *bytes = a->bytes;
+  if (bytes) *bytes = a->extent;
   return true;
 }
 
@@ -410,7 +462,7 @@ bool launch_prologue(const char* kernel, const void* fn, dim3 grid, dim3 block, 
     if (!args[i].pointer || !args[i].p) continue;
     uintptr_t base = 0;
     Alloc* a = lookup(args[i].p, 0, &base);
-    if (!a || reinterpret_cast<uintptr_t>(args[i].p) == base + a->bytes) {
+    if (!a || reinterpret_cast<uintptr_t>(args[i].p) == base + a->extent) {
       fail(cudaErrorIllegalAddress, cname,
            "argument " + std::to_string(i) + " (" + (args[i].write ? "T*" : "const T*") + ") " +
                where_text(args[i].p, 1));
@@ -418,11 +470,59 @@ bool launch_prologue(const char* kernel, const void* fn, dim3 grid, dim3 block, 
     }
     found[size_t(i)] = {a, base};
   }
+  ++s.stats.launches;
   const unsigned long long tick = enqueue(id);
   for (int i = 0; i < n; ++i)
     if (found[size_t(i)].first && !access(*found[size_t(i)].first, found[size_t(i)].second, id, args[i].write, tick, cname))
       return false;
   return true;
+}
+
+namespace {
+// The first byte of [from, to) that is not the canary, or to.
+uintptr_t canary_broken(uintptr_t from, uintptr_t to) {
+  for (uintptr_t c = from; c < to; ++c)
+    if (*reinterpret_cast<const unsigned char*>(c) != kCanary) return c;
+  return to;
+}
+}  // namespace
+
+bool launch_epilogue(const char* kernel, const KernelArg* args, int n) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  bool ok = true;
+  for (int i = 0; i < n && ok; ++i) {
+    if (!args[i].pointer || !args[i].write || !args[i].p) continue;
+    uintptr_t b = 0;
+    Alloc* a = block_of(args[i].p, &b);
+    if (!a) continue;
+    const uintptr_t end = b + a->block + kCanaryZone, bad = canary_broken(b + a->extent, end);
+    if (bad == end) continue;
+    fail(cudaErrorIllegalAddress, (std::string("launch of ") + kernel).c_str(),
+         "argument " + std::to_string(i) + " (T*): the kernel wrote past the end of its buffer: byte " +
+             std::to_string(bad - b - a->extent) + " after the " + std::to_string(a->extent) + " bytes at " +
+             ptr_text(reinterpret_cast<void*>(b)) + " (the " +
+             (a->extent < a->bytes ? "tensor's" : "allocation's") + " end) changed");
+    std::memset(reinterpret_cast<void*>(b + a->extent), kCanary, end - b - a->extent);  // report once
+    ok = false;
+  }
+  return ok;
+}
+
+void set_extent(void* block, size_t bytes) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  uintptr_t b = 0;
+  Alloc* a = block_of(block, &b);
+  if (!a || b != reinterpret_cast<uintptr_t>(block) || bytes > a->bytes) {
+    report("set_extent", ptr_text(block) + " is not the start of a live device allocation of at least " +
+                             std::to_string(bytes) + " bytes");
+    return;
+  }
+  a->extent = bytes;
+  auto* p = static_cast<unsigned char*>(block);
+  std::memset(p, 0xff, bytes);  // fresh memory: NaN
+  std::memset(p + bytes, kCanary, a->block + kCanaryZone - bytes);
 }
 
 }  // namespace emu
@@ -475,7 +575,10 @@ cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device) {
   if (device < 0 || device >= S().n_devices)
     return emu::fail(cudaErrorInvalidDevice, "cudaDeviceGetPCIBusId", "device " + std::to_string(device));
   if (!id || len < 13) return emu::fail(cudaErrorInvalidValue, "cudaDeviceGetPCIBusId", "buffer under 13 bytes");
-  std::snprintf(id, size_t(len), "0000:%02x:00.0", 0xe0 + device);
+  // Every process has emulated devices of its own (nothing is shared between processes): the domain is made from
+  // the process id, so no two processes of a node report the same GPU (meshtrain's NCCL backend refuses ranks
+  // sharing one), and a process's device d is always bus 0xe0 + d.
+  std::snprintf(id, size_t(len), "%04x:%02x:00.0", unsigned(getpid()) & 0xffffu, 0xe0 + device);
   return cudaSuccess;
 }
 
@@ -516,16 +619,19 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
     return emu::ret(cudaErrorMemoryAllocation);  // meshtrain retries after emptying its cache: no report
   }
   const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
-  void* m = std::aligned_alloc(256, rounded);
+  void* m = std::aligned_alloc(256, rounded + emu::kCanaryZone);
   if (!m) {
     *p = nullptr;
     return emu::ret(cudaErrorMemoryAllocation);
   }
-  std::memset(m, 0xff, rounded);
+  std::memset(m, 0xff, bytes);  // NaN: a kernel that reads what nobody wrote shows
+  std::memset(static_cast<unsigned char*>(m) + bytes, emu::kCanary, rounded + emu::kCanaryZone - bytes);
   emu::Alloc a;
-  a.bytes = bytes;
+  a.bytes = a.extent = bytes;
+  a.block = rounded;
   a.device = emu::t_device;
   a.serial = s.next_serial++;
+  ++s.stats.allocs;
   s.allocs.emplace(reinterpret_cast<uintptr_t>(m), std::move(a));
   s.live_bytes += bytes;
   *p = m;
@@ -596,7 +702,7 @@ cudaError_t copy(void* dst, size_t dpitch, const void* src, size_t spitch, size_
   const int id = emu::stream_id(stream, call);
   if (id < 0) return cudaErrorInvalidResourceHandle;
   const size_t dbytes = dpitch * (rows - 1) + width, sbytes = spitch * (rows - 1) + width;
-  const bool dst_dev_any = emu::lookup(dst, 0) != nullptr, src_dev_any = emu::lookup(src, 0) != nullptr;
+  const bool dst_dev_any = emu::block_of(dst) != nullptr, src_dev_any = emu::block_of(src) != nullptr;
   bool dst_dev, src_dev;
   switch (kind) {
     case cudaMemcpyHostToDevice: dst_dev = true, src_dev = false; break;
@@ -616,6 +722,7 @@ cudaError_t copy(void* dst, size_t dpitch, const void* src, size_t spitch, size_
   if (!dst_dev && dst_dev_any)
     return emu::fail(cudaErrorInvalidMemcpyDirection, call,
                      k + "the destination " + emu::ptr_text(dst) + " is device memory");
+  ++s.stats.copies;
   const unsigned long long tick = emu::enqueue(id);
   uintptr_t sbase = 0, dbase = 0;
   emu::Alloc* sa = src_dev ? emu::lookup(src, sbytes, &sbase) : nullptr;
@@ -652,6 +759,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
   if (!a) return emu::fail(cudaErrorInvalidValue, "cudaMemsetAsync", emu::where_text(p, bytes));
   const int id = emu::stream_id(stream, "cudaMemsetAsync");
   if (id < 0) return cudaErrorInvalidResourceHandle;
+  ++s.stats.copies;
   if (!emu::access(*a, base, id, true, emu::enqueue(id), "cudaMemsetAsync")) return cudaErrorIllegalState;
   std::memset(p, value, bytes);
   return cudaSuccess;
@@ -707,7 +815,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamQuery(cudaStream_t h) { return cudaStreamSynchronize(h); }
+cudaError_t cudaStreamQuery(cudaStream_t h) { return cudaStreamSynchronize(h); }  // everything enqueued is done
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t e, unsigned int /*flags*/) {
   auto& s = S();
@@ -718,6 +826,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t e, unsigned int /*fl
   if (it == s.events.end())
     return emu::fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent", "event " + emu::ptr_text(e) + " is not a live event");
   emu::enqueue(id);
+  ++s.stats.waits;
   if (it->second.recorded) emu::merge(s.streams[size_t(id)].vc, it->second.vc);
   return cudaSuccess;
 }
@@ -762,6 +871,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t h) {
   emu::enqueue(id);
   it->second.vc = s.streams[size_t(id)].vc;
   it->second.recorded = true;
+  it->second.not_ready = s.event_polls;
   it->second.when = std::chrono::steady_clock::now();
   return cudaSuccess;
 }
@@ -772,7 +882,14 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   auto it = s.events.find(e);
   if (it == s.events.end())
     return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventQuery", "event " + emu::ptr_text(e) + " is not a live event");
-  emu::host_waits_for(it->second.vc);  // work runs when enqueued: every event is complete
+  // Work runs when enqueued, so every event is complete; MT_EMU_EVENT_POLLS makes the first queries say otherwise,
+  // so that the callers' "not yet" paths run too (and, as on the device, "not ready" is the thread's last error
+  // until read: a caller that does not clear it fails its next launch check).
+  if (it->second.recorded && it->second.not_ready > 0) {
+    --it->second.not_ready;
+    return emu::ret(cudaErrorNotReady);
+  }
+  emu::host_waits_for(it->second.vc);
   return cudaSuccess;
 }
 

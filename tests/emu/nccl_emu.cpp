@@ -53,6 +53,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "runtime/core/dtype.h"
 #include "tests/emu/device_registry.h"
 
 struct ncclComm {
@@ -178,19 +179,9 @@ const char* op_name(ncclRedOp_t op) {
   }
 }
 
-float bf16_to_f32(uint16_t u) {
-  const uint32_t w = uint32_t(u) << 16;
-  float f;
-  std::memcpy(&f, &w, 4);
-  return f;
-}
-uint16_t f32_to_bf16(float f) {  // round to nearest even; NaN stays a (quiet) NaN
-  uint32_t w;
-  std::memcpy(&w, &f, 4);
-  if ((w & 0x7fffffffu) > 0x7f800000u) return uint16_t((w >> 16) | 0x0040u);
-  w += 0x7fffu + ((w >> 16) & 1u);
-  return uint16_t(w >> 16);
-}
+// The runtime's host bf16 conversions (round to nearest even; NaN stays a quiet NaN).
+float bf16_to_f32(uint16_t u) { return mt::bf16::to_float(u); }
+uint16_t f32_to_bf16(float f) { return mt::bf16::from_float(f); }
 
 // Reduces nranks contributions of c elements each (contiguous, rank-major in `in`) into out, in rank order.
 // Elem: the stored type; Acc: the type it is reduced in.

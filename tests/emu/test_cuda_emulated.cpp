@@ -12,6 +12,8 @@
 
 #include <cub/device/device_radix_sort.cuh>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <string>
 #include <vector>
@@ -129,7 +131,7 @@ TEST_CASE("cudaMalloc fills new memory with NaN bytes; cudaMemGetInfo counts liv
   CHECK(free0 - free1 == d.bytes());
   char id[32];
   REQUIRE(cudaDeviceGetPCIBusId(id, 32, 0) == cudaSuccess);
-  CHECK(std::string(id) == "0000:e0:00.0");
+  CHECK(std::string(id).substr(4) == ":e0:00.0");
 }
 
 TEST_CASE("kernel launches: they run in stream order; pointer arguments are checked; refused configurations") {
@@ -168,6 +170,39 @@ TEST_CASE("kernel launches: they run in stream order; pointer arguments are chec
   CHECK(cudaGetLastError() == cudaSuccess);
   CHECK(cudaFuncSetAttribute(fill_k, cudaFuncAttributeMaxDynamicSharedMemorySize, 300 * 1024) == cudaErrorInvalidValue);
   (void)cudaGetLastError();
+}
+
+TEST_CASE("kernel launches: a write past the end of a buffer; tensors in cached blocks; use after free") {
+  cudaStream_t s;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  Buf d(100);
+  MT_LAUNCH(fill_k, 1, 128, 0, s, d.p, 1.f, 100);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  MT_LAUNCH(fill_k, 1, 128, 0, s, d.p, 1.f, 101);  // one element too many
+  std::string err = last_error_text();
+  CHECK(err.find("launch of fill_k: argument 0 (T*): the kernel wrote past the end of its buffer: byte 0 after the "
+                 "400 bytes") != std::string::npos);
+  MT_LAUNCH(fill_k, 1, 128, 0, s, d.p, 1.f, 100);  // reported once
+  CHECK(cudaGetLastError() == cudaSuccess);
+  // The caching allocator's view: a 1000-byte block holding a 100-float tensor.
+  void* block = nullptr;
+  REQUIRE(cudaMalloc(&block, 1000) == cudaSuccess);
+  emu::set_extent(block, 400);
+  std::vector<float> h(250);
+  CHECK(cudaMemcpyAsync(h.data(), block, 404, cudaMemcpyDeviceToHost, s) == cudaErrorInvalidValue);
+  CHECK(last_error_text().find("runs past its tensor") != std::string::npos);
+  MT_LAUNCH(fill_k, 1, 128, 0, s, static_cast<float*>(block), 1.f, 101);
+  CHECK(last_error_text().find("wrote past the end of its buffer: byte 0 after the 400 bytes") != std::string::npos);
+  emu::set_extent(block, 0);  // back in the allocator's free list
+  MT_LAUNCH(fill_k, 1, 128, 0, s, static_cast<float*>(block), 1.f, 1);
+  CHECK(last_error_text().find("use after free") != std::string::npos);
+  CHECK(cudaMemcpyAsync(h.data(), block, 4, cudaMemcpyDeviceToHost, s) == cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  emu::set_extent(block, 1000);
+  CHECK(cudaMemcpyAsync(h.data(), block, 1000, cudaMemcpyDeviceToHost, s) == cudaSuccess);
+  CHECK(std::isnan(h[0]));  // a fresh extent is NaN
+  CHECK(cudaFree(block) == cudaSuccess);
+  CHECK(cudaStreamDestroy(s) == cudaSuccess);
 }
 
 TEST_CASE("kernel launches: 2-D blocks with a partial warp and static shared memory") {

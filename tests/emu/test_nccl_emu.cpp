@@ -294,6 +294,21 @@ TEST_CASE("communicators: ranks as given, over the world and over pairs made by 
   CHECK(got == (3 << (g_world & ~1)));
 }
 
+TEST_CASE("a communicator of one rank (meshtrain makes them for dims of size 1)") {
+  Stream s;
+  Comm one = make_comm(MPI_COMM_SELF, 0, "self");
+  CHECK(one.size == 1);
+  Dev a(8 * 4), b(8 * 4);
+  for (size_t i = 0; i < 8; ++i) put(a.p, ncclFloat32, i, double(i) + 0.5);
+  REQUIRE(ncclAllReduce(a.p, b.p, 8, ncclFloat32, ncclAvg, one.nccl, s.s) == ncclSuccess);
+  for (size_t i = 0; i < 8; ++i) CHECK(get(b.p, ncclFloat32, i) == double(i) + 0.5);
+  REQUIRE(ncclAllGather(a.p, b.p, 8, ncclFloat32, one.nccl, s.s) == ncclSuccess);
+  REQUIRE(ncclReduceScatter(a.p, b.p, 8, ncclFloat32, ncclMax, one.nccl, s.s) == ncclSuccess);
+  REQUIRE(ncclBroadcast(a.p, b.p, 8, ncclFloat32, 0, one.nccl, s.s) == ncclSuccess);
+  for (size_t i = 0; i < 8; ++i) CHECK(get(b.p, ncclFloat32, i) == double(i) + 0.5);
+  REQUIRE(ncclCommDestroy(one.nccl) == ncclSuccess);
+}
+
 TEST_CASE("all_reduce: every type and op, out of place and in place, world and pair") {
   Stream s;
   const size_t n = 37;

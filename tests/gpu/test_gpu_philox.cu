@@ -10,6 +10,7 @@
 
 #include "parallel/philox.h"
 #include "runtime/core/device.h"
+#include "runtime/kernels/cuda/launch.cuh"
 #include "../skip.h"
 
 namespace {
@@ -30,7 +31,7 @@ TEST_CASE("philox uniform and normal are bit-identical on CPU and CUDA") {
   float *du, *dz;
   REQUIRE(cudaMalloc(&du, n * sizeof(float)) == cudaSuccess);
   REQUIRE(cudaMalloc(&dz, n * sizeof(float)) == cudaSuccess);
-  fill<<<(n + 255) / 256, 256>>>(du, dz, seed, stream, base, n);
+  MT_LAUNCH(fill, (n + 255) / 256, 256, 0, nullptr, du, dz, seed, stream, base, n);
   REQUIRE(cudaGetLastError() == cudaSuccess);
   std::vector<float> u(n), z(n);
   REQUIRE(cudaMemcpy(u.data(), du, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);

@@ -32,8 +32,7 @@ int adamw(float* param, bf16* param_lowp, const float* grad, float* m, float* v,
   float step_size = float(lr / (1.0 - std::pow(beta1, double(step))));
   float bc2_sqrt = float(std::sqrt(1.0 - std::pow(beta2, double(step))));
   MT_LAUNCH(adamw_k, blocks_for(n), kThreads, 0, st(stream), param, dp(param_lowp), grad, m, v, n,
-                                                      float(1.0 - lr * weight_decay), float(beta1), float(beta2),
-                                                      step_size, bc2_sqrt, float(eps));
+            float(1.0 - lr * weight_decay), float(beta1), float(beta2), step_size, bc2_sqrt, float(eps));
   return last_error();
 }
 

@@ -147,7 +147,8 @@ int attention_backward(float* dq, float* dk, float* dv, float* scratch, const fl
     MT_LAUNCH(attn_dq_k, blocks_for(B * H * T, 128), 128, 0, st(stream), dq, scratch, dout, q, k, v, lse, d);
   }
   if (B * KV * S > 0)
-    MT_LAUNCH(attn_dkv_k, blocks_for(B * KV * S, 128), 128, 0, st(stream), dk, dv, scratch, dout, q, k, v, lse, d, accumulate);
+    MT_LAUNCH(attn_dkv_k, blocks_for(B * KV * S, 128), 128, 0, st(stream), dk, dv, scratch, dout, q, k, v, lse, d,
+              accumulate);
   return last_error();
 }
 

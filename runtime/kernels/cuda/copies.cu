@@ -58,8 +58,8 @@ template <typename T> int attention_merge(float* out, float* lse, const T* part_
                                           int64_t T_, int64_t H, int64_t hd, void* stream) {
   Range r("attention_merge");
   if (B * T_ * H == 0) return 0;
-  MT_LAUNCH(attention_merge_k<Dev<T>>, blocks_for(B * T_ * H, 128), 128, 0, st(stream), out, lse, dp(part_out), part_lse, B, T_, H,
-                                                                         hd);
+  MT_LAUNCH(attention_merge_k<Dev<T>>, blocks_for(B * T_ * H, 128), 128, 0, st(stream), out, lse, dp(part_out),
+            part_lse, B, T_, H, hd);
   return last_error();
 }
 
@@ -94,8 +94,8 @@ template <typename U> int launch_pack(void* packed, void* t, int64_t outer, int6
     for (int j = 0; j < b.n; ++j) widest = std::max(widest, outer * (b.begin[j + 1] - b.begin[j]) * inner);
     if (widest == 0) continue;
     const unsigned gx = unsigned(std::min<int64_t>(blocks_for(widest), 1024));
-    MT_LAUNCH(pack_blocks_k<U>, dim3(gx, unsigned(b.n)), kThreads, 0, st(stream), static_cast<U*>(packed), static_cast<U*>(t),
-                                                                           D, inner, outer, b, unpack);
+    MT_LAUNCH(pack_blocks_k<U>, dim3(gx, unsigned(b.n)), kThreads, 0, st(stream), static_cast<U*>(packed),
+              static_cast<U*>(t), D, inner, outer, b, unpack);
   }
   return last_error();
 }

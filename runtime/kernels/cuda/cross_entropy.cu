@@ -61,8 +61,8 @@ template <typename T> int cross_entropy(float* losses, T* dlogits, const T* logi
                                         int64_t V, double grad_scale, void* stream) {
   Range r("cross_entropy");
   if (N == 0) return 0;
-  MT_LAUNCH(cross_entropy_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), losses, dp(dlogits), dp(logits), targets, N, V,
-                                                                   float(grad_scale));
+  MT_LAUNCH(cross_entropy_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), losses, dp(dlogits), dp(logits),
+            targets, N, V, float(grad_scale));
   return last_error();
 }
 
@@ -124,8 +124,8 @@ template <typename T> int vocab_shard_sumexp(double* sumexp, double* target_logi
                                              int64_t vocab_begin, void* stream) {
   Range r("vocab_shard_sumexp");
   if (N == 0) return 0;
-  MT_LAUNCH(vocab_sumexp_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), sumexp, target_logit, dp(logits), targets, row_max, N,
-                                                                  V, vocab_begin);
+  MT_LAUNCH(vocab_sumexp_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), sumexp, target_logit, dp(logits),
+            targets, row_max, N, V, vocab_begin);
   return last_error();
 }
 template <typename T> int vocab_shard_loss(float* losses, T* dlogits, const T* logits, const int32_t* targets,
@@ -133,8 +133,8 @@ template <typename T> int vocab_shard_loss(float* losses, T* dlogits, const T* l
                                            int64_t N, int64_t V, int64_t vocab_begin, double grad_scale, void* stream) {
   Range r("vocab_shard_loss");
   if (N == 0) return 0;
-  MT_LAUNCH(vocab_loss_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), 
-      losses, dp(dlogits), dp(logits), targets, row_max, sumexp, target_logit, N, V, vocab_begin, float(grad_scale));
+  MT_LAUNCH(vocab_loss_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), losses, dp(dlogits), dp(logits), targets,
+            row_max, sumexp, target_logit, N, V, vocab_begin, float(grad_scale));
   return last_error();
 }
 

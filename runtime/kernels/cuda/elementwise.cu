@@ -48,10 +48,10 @@ int convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t 
   if (n == 0) return 0;
   if (dst_type == DType::bf16 && src_type == DType::f32)
     MT_LAUNCH(convert_f32_to_bf16_k, blocks_for(n), kThreads, 0, st(stream), static_cast<__nv_bfloat16*>(dst),
-                                                          static_cast<const float*>(src), n);
+              static_cast<const float*>(src), n);
   else if (dst_type == DType::f32 && src_type == DType::bf16)
     MT_LAUNCH(convert_bf16_to_f32_k, blocks_for(n), kThreads, 0, st(stream), static_cast<float*>(dst),
-                                                          static_cast<const __nv_bfloat16*>(src), n);
+              static_cast<const __nv_bfloat16*>(src), n);
   else if (dst_type == src_type)
     return int(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(dst_type), cudaMemcpyDeviceToDevice, st(stream)));
   else return int(cudaErrorInvalidValue);

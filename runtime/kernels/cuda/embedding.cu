@@ -24,7 +24,8 @@ template <typename T> int embedding_forward(T* out, const int32_t* tokens, const
                                             int64_t C, int64_t row_begin, void* stream) {
   Range r("embedding_forward");
   if (N * C == 0) return 0;
-  MT_LAUNCH(embedding_fwd_k<Dev<T>>, blocks_for(N * C), kThreads, 0, st(stream), dp(out), tokens, dp(table), N, V_local, C, row_begin);
+  MT_LAUNCH(embedding_fwd_k<Dev<T>>, blocks_for(N * C), kThreads, 0, st(stream), dp(out), tokens, dp(table), N, V_local,
+            C, row_begin);
   return last_error();
 }
 
@@ -80,7 +81,8 @@ template <typename T> int embedding_backward(float* dtable, void* scratch, const
   if (int err =
           int(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys, pos_in, pos, int(N), 0, 32, st(stream))))
     return err;
-  MT_LAUNCH(embedding_bwd_k<Dev<T>>, unsigned(N), 128, 0, st(stream), dtable, dp(dout), keys, pos, N, V_local, C, row_begin);
+  MT_LAUNCH(embedding_bwd_k<Dev<T>>, unsigned(N), 128, 0, st(stream), dtable, dp(dout), keys, pos, N, V_local, C,
+            row_begin);
   return last_error();
 }
 

@@ -41,9 +41,8 @@ template <typename T> int rmsnorm_forward(T* out, float* rstd, const T* inp, con
                                           double eps, void* stream) {
   Range r("rmsnorm_forward");
   if (N == 0) return 0;
-  MT_LAUNCH(rmsnorm_fwd_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), dp(out), rstd, dp(inp), dp(weight), N, C, float(eps),
-                                                                 dp(static_cast<T*>(nullptr)),
-                                                                 dp(static_cast<const T*>(nullptr)));
+  MT_LAUNCH(rmsnorm_fwd_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), dp(out), rstd, dp(inp), dp(weight), N,
+            C, float(eps), dp(static_cast<T*>(nullptr)), dp(static_cast<const T*>(nullptr)));
   return last_error();
 }
 
@@ -51,8 +50,8 @@ template <typename T> int add_rmsnorm_forward(T* sum, T* out, float* rstd, const
                                               int64_t N, int64_t C, double eps, void* stream) {
   Range r("add_rmsnorm_forward");
   if (N == 0) return 0;
-  MT_LAUNCH(rmsnorm_fwd_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), dp(out), rstd, dp(a), dp(weight), N, C, float(eps),
-                                                                 dp(sum), dp(b));
+  MT_LAUNCH(rmsnorm_fwd_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), dp(out), rstd, dp(a), dp(weight), N, C,
+            float(eps), dp(sum), dp(b));
   return last_error();
 }
 
@@ -105,11 +104,11 @@ template <typename T> int rmsnorm_backward(T* dinp, float* dweight, float* scrat
                                            const T* dresidual) {
   Range r("rmsnorm_backward");
   if (N == 0 || C == 0) return 0;
-  MT_LAUNCH(rmsnorm_bwd_dx_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), dp(dinp), dp(dout), dp(inp), dp(weight), rstd, N, C,
-                                                                    dp(dresidual));
+  MT_LAUNCH(rmsnorm_bwd_dx_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), dp(dinp), dp(dout), dp(inp),
+            dp(weight), rstd, N, C, dp(dresidual));
   int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
-  MT_LAUNCH(rmsnorm_bwd_partial_k<Dev<T>>, dim3(unsigned(blocks_for(C)), unsigned(chunks)), kThreads, 0, st(stream), 
-      scratch, dp(dout), dp(inp), rstd, N, C);
+  MT_LAUNCH(rmsnorm_bwd_partial_k<Dev<T>>, dim3(unsigned(blocks_for(C)), unsigned(chunks)), kThreads, 0, st(stream),
+            scratch, dp(dout), dp(inp), rstd, N, C);
   MT_LAUNCH(rmsnorm_bwd_sum_k, blocks_for(C), kThreads, 0, st(stream), dweight, scratch, chunks, C);
   return last_error();
 }

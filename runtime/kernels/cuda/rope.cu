@@ -33,7 +33,8 @@ template <typename T> int rope_forward(T* out, const T* inp, const T* cos, const
   Range r(backward ? "rope_backward" : "rope_forward");
   int64_t n = B * T_ * H * (hd / 2);
   if (n == 0) return 0;
-  MT_LAUNCH(rope_k<Dev<T>>, blocks_for(n), kThreads, 0, st(stream), dp(out), dp(inp), dp(cos), dp(sin), B, T_, H, hd, backward);
+  MT_LAUNCH(rope_k<Dev<T>>, blocks_for(n), kThreads, 0, st(stream), dp(out), dp(inp), dp(cos), dp(sin), B, T_, H, hd,
+            backward);
   return last_error();
 }
 

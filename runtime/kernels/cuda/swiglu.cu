@@ -41,7 +41,8 @@ template <typename T>
 int swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n, void* stream) {
   Range r("swiglu_backward");
   if (n == 0) return 0;
-  MT_LAUNCH(swiglu_bwd_k<Dev<T>>, blocks_for(n), kThreads, 0, st(stream), dp(dgate), dp(dup), dp(dout), dp(gate), dp(up), n);
+  MT_LAUNCH(swiglu_bwd_k<Dev<T>>, blocks_for(n), kThreads, 0, st(stream), dp(dgate), dp(dup), dp(dout), dp(gate),
+            dp(up), n);
   return last_error();
 }
 

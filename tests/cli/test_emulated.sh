@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The CUDA training step on the emulated CUDA device (issue 29 part 3; tests/emu, test-only): the CUDA build of
+# meshtrain (build-emu, -Demulate_cuda=true: the kernels, cuBLASLt and NCCL stand-ins run on the CPU) trains a
+# tiny model with comm.device=cuda and is compared with the CPU backend (BUILD_DIR/meshtrain):
+#  - fp32, 5 steps within 1e-4 of the CPU on 1 rank, dp_replicate 2, tp 2, cp 2 (ring and all_gather) and
+#    dp_shard 2, with the ranks sharing one emulated device (comm.backend mpi: device buffers staged through the
+#    host) and with a device each (MT_EMU_DEVICES, comm.backend nccl: the NCCL stand-in over MPI);
+#  - bf16 within 2% of fp32 at step 5;
+#  - one host synchronisation per step, as on a GPU;
+#  - a checkpoint written from the emulated device resumes on the CPU backend bit for bit in the losses' 1e-4,
+#    and a CPU checkpoint resumes on the emulated device;
+#  - the emulator's own reports (a host pointer where a device one belongs, a run past an allocation, a missing
+#    stream wait) fail the run: MT_EMU_ABORT=1 turns each into an abort.
+# Prints "emulated: N passed, N failed[, N skipped]" last.
+#   tests/cli/test_emulated.sh BUILD_DIR EMU_BUILD_DIR
+set -uo pipefail
+build=${1:?usage: test_emulated.sh BUILD_DIR EMU_BUILD_DIR}
+emu=${2:?usage: test_emulated.sh BUILD_DIR EMU_BUILD_DIR}
+source "$(dirname "$0")/common.sh"
+emt="$emu/meshtrain"
+export MT_EMU_ABORT=1
+
+if [ ! -x "$emt" ]; then
+  skip "the training step on the emulated CUDA device" "$emt was not built (no CUDA headers?)"
+  summary emulated
+  exit 0
+fi
+
+docs_data
+cat >"$tmp/t.yaml" <<YAML
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 64, vocab_size: 256, max_seq_len: 32}
+training: {steps: 5, batch_size: 4, seq_len: 32, lr: 3.0e-3, warmup_steps: 1, grad_clip: 1.0, threads: 1}
+data: {train: "$tmp/data/docs_train_*.bin", val: ""}
+eval: {interval: 0}
+sample: {interval: 0}
+log: {interval: 1}
+YAML
+
+# run NAME BINARY NP [--set ...]: metrics in $tmp/NAME.jsonl, output in $tmp/NAME.log.
+run() {
+  local name=$1 bin=$2 np=$3
+  shift 3
+  timeout 600 "$mpirun" -np "$np" "$bin" --config "$tmp/t.yaml" --set log.metrics_file="$tmp/$name.jsonl" "$@" train \
+    >"$tmp/$name.log" 2>&1
+}
+# pair WHAT NP BACKEND [--set ...]: the CPU run and the emulated run (comm.backend BACKEND) of the same config,
+# their losses compared.
+pair() {
+  local what=$1 np=$2 backend=$3
+  shift 3
+  local name
+  name=$(printf '%s' "$what" | tr -c 'a-z0-9' '_')
+  if ! run "cpu_$name" "$mt" "$np" "$@"; then bad "$what: the CPU run" "$(tail -n 10 "$tmp/cpu_$name.log")"; return; fi
+  if ! run "emu_$name" "$emt" "$np" --set comm.device=cuda --set comm.backend="$backend" "$@"; then
+    bad "$what: the emulated CUDA run" "$(tail -n 15 "$tmp/emu_$name.log")"
+    return
+  fi
+  if out=$("$py" "$compare" "$tmp/emu_$name.jsonl" "$tmp/cpu_$name.jsonl" --rel0 1e-4 --abs 1e-4 --steps 5 2>&1); then
+    ok "$what: emulated CUDA = CPU within 1e-4 over 5 steps: $out"
+  else
+    bad "$what: emulated CUDA against CPU" "$out"
+  fi
+}
+
+pair "1 rank fp32" 1 mpi
+expect "the emulated binary says it runs on the emulated device" zero "emulated CUDA device, test-only" -- cat "$tmp/emu_1_rank_fp32.log"
+pair "dp_replicate 2 sharing one device (mpi)" 2 mpi
+pair "tp 2 sharing one device (mpi)" 2 mpi --set parallel.tp=2
+pair "cp 2 ring (mpi)" 2 mpi --set parallel.cp=2 --set parallel.dp_replicate=1
+pair "cp 2 all_gather (mpi)" 2 mpi --set parallel.cp=2 --set parallel.dp_replicate=1 --set parallel.cp_method=all_gather
+pair "dp_shard 2 (mpi)" 2 mpi --set parallel.dp_shard=2 --set parallel.dp_replicate=1 --set parallel.fsdp.min_weight_size=0
+export MT_EMU_DEVICES=4
+pair "dp_replicate 2, a device each (nccl)" 2 nccl
+pair "tp 2, a device each (nccl)" 2 nccl --set parallel.tp=2
+pair "cp 2 ring, a device each (nccl)" 2 nccl --set parallel.cp=2 --set parallel.dp_replicate=1
+pair "dp_shard 2 x tp 2, a device each (nccl)" 4 nccl --set parallel.dp_shard=2 --set parallel.tp=2 --set parallel.dp_replicate=1 --set parallel.fsdp.min_weight_size=0
+unset MT_EMU_DEVICES
+
+# bf16 (the tensor-core path where the kernels have one) against the emulated fp32 run.
+if run emu_bf16 "$emt" 1 --set comm.device=cuda --set training.dtype=bf16; then
+  if out=$("$py" - "$tmp/emu_bf16.jsonl" "$tmp/emu_1_rank_fp32.jsonl" <<'PY' 2>&1
+import json, sys
+def last(p): return [json.loads(l) for l in open(p) if '"loss"' in l][-1]
+a, b = last(sys.argv[1]), last(sys.argv[2]); d = abs(a["loss"] - b["loss"]) / b["loss"]
+print("step", a["step"], "bf16", a["loss"], "fp32", b["loss"], "relative difference %.4f" % d)
+sys.exit(0 if d < 0.02 and a["loss"] != b["loss"] else 1)
+PY
+  ); then ok "bf16 on the emulated device within 2% of fp32 at step 5 (and really rounded): $out"; else bad "bf16 against fp32" "$out"; fi
+else
+  bad "bf16 on the emulated device" "$(tail -n 15 "$tmp/emu_bf16.log")"
+fi
+
+# One host synchronisation per step (the loss and the grad norm read together), as on a GPU.
+if run emu_sync "$emt" 2 --set comm.device=cuda --set parallel.tp=2 --set training.micro_batch_size=2 --set log.level=debug; then
+  counts=$(grep -a "host syncs this step:" "$tmp/emu_sync.log" | sed 's/.*host syncs this step: //' | sort -u | tr '\n' ' ')
+  lines=$(grep -a -c "host syncs this step:" "$tmp/emu_sync.log")
+  if [ "$counts" = "1 " ] && [ "$lines" -eq 10 ]; then ok "one host sync in each of 5 steps on each of 2 ranks (tp 2, 2 micro-batches)"
+  else bad "host syncs per step on the emulated device" "counts {$counts} on $lines lines"; fi
+else
+  bad "host sync run" "$(tail -n 15 "$tmp/emu_sync.log")"
+fi
+
+# Checkpoints cross the backends: written on the emulated device at step 3, resumed on the CPU; and back.
+if run emu_ck "$emt" 1 --set comm.device=cuda --set checkpoint.dir="$tmp/emu_ck" --set checkpoint.interval=3 &&
+  run cpu_from_emu "$mt" 1 --set checkpoint.dir="$tmp/cpu_from_emu_ck" --set checkpoint.resume="$tmp/emu_ck/step_00000003"; then
+  if out=$("$py" "$compare" "$tmp/cpu_from_emu.jsonl" "$tmp/cpu_1_rank_fp32.jsonl" --from-step 3 --steps 2 --rel0 1e-4 --abs 1e-4 2>&1); then
+    ok "an emulated-device checkpoint resumes on the CPU with the CPU run's losses: $out"; else bad "emulated -> CPU resume" "$out"; fi
+else
+  bad "emulated -> CPU checkpoint" "$(tail -n 10 "$tmp/emu_ck.log" "$tmp/cpu_from_emu.log" 2>/dev/null)"
+fi
+if run cpu_ck "$mt" 1 --set checkpoint.dir="$tmp/cpu_ck" --set checkpoint.interval=3 &&
+  run emu_from_cpu "$emt" 1 --set comm.device=cuda --set checkpoint.dir="$tmp/emu_from_cpu_ck" --set checkpoint.resume="$tmp/cpu_ck/step_00000003"; then
+  if out=$("$py" "$compare" "$tmp/emu_from_cpu.jsonl" "$tmp/cpu_1_rank_fp32.jsonl" --from-step 3 --steps 2 --rel0 1e-4 --abs 1e-4 2>&1); then
+    ok "a CPU checkpoint resumes on the emulated device with the CPU run's losses: $out"; else bad "CPU -> emulated resume" "$out"; fi
+else
+  bad "CPU -> emulated checkpoint" "$(tail -n 10 "$tmp/cpu_ck.log" "$tmp/emu_from_cpu.log" 2>/dev/null)"
+fi
+
+summary emulated
