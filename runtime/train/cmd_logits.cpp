@@ -89,7 +89,8 @@ int run_logits_command(RunContext& ctx, const LogitsArgs& a) {
     }
     MT_CHECK(!a.tokens.empty() || !a.prompt.empty(), "logits", "give --tokens or --prompt");
     if (!a.prompt.empty()) {
-      for (int32_t id : text_codec(cfg, a.tokenizer, hf ? path : fs::path(path).string()).encode(a.prompt))
+      // The model directory's (or checkpoint's) tokenizer unless --tokenizer names one; bytes without any.
+      for (int32_t id : text_codec(cfg, a.tokenizer, path).encode(a.prompt))
         tokens.push_back(id);
       MT_CHECK(!tokens.empty(), "logits", "--prompt '{}' encodes to no tokens", a.prompt);
     } else {

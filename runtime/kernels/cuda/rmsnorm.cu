@@ -2,6 +2,8 @@
 // runtime/kernels/cpu/rmsnorm.cpp): a warp per row, the sums in f64 across the warp; dweight summed over
 // fixed chunks of rows, then the chunks in order (deterministic).
 
+#include <algorithm>
+
 #include "runtime/kernels/cuda/common.cuh"
 
 namespace mt::cuda {
@@ -77,15 +79,19 @@ template <typename T> __global__ void rmsnorm_bwd_dx_k(T* dinp, const T* dout, c
 }
 
 constexpr int64_t kRowChunk = 256;
-// scratch[chunk][c] = sum over the chunk's rows of dy * x * rstd, rows in order.
+// scratch[chunk][c] = sum over the chunk's rows of dy * x * rstd, rows in order. The grid's y covers the chunks
+// in strides of gridDim.y (at most 65,535: the device's limit on a grid's y), each chunk summed the same way.
 template <typename T> __global__ void rmsnorm_bwd_partial_k(float* scratch, const T* dout, const T* inp,
                                                             const float* rstd, int64_t N, int64_t C) {
-  int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+  int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  double acc = 0;
-  for (int64_t n = chunk * kRowChunk; n < min(N, (chunk + 1) * kRowChunk); ++n)
-    acc += double(ld(dout[n * C + c])) * ld(inp[n * C + c]) * rstd[n];
-  scratch[chunk * C + c] = float(acc);
+  const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    double acc = 0;
+    for (int64_t n = chunk * kRowChunk; n < min(N, (chunk + 1) * kRowChunk); ++n)
+      acc += double(ld(dout[n * C + c])) * ld(inp[n * C + c]) * rstd[n];
+    scratch[chunk * C + c] = float(acc);
+  }
 }
 __global__ void rmsnorm_bwd_sum_k(float* dweight, const float* scratch, int64_t chunks, int64_t C) {
   int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -107,7 +113,8 @@ template <typename T> int rmsnorm_backward(T* dinp, float* dweight, float* scrat
   MT_LAUNCH(rmsnorm_bwd_dx_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), dp(dinp), dp(dout), dp(inp),
             dp(weight), rstd, N, C, dp(dresidual));
   int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
-  MT_LAUNCH(rmsnorm_bwd_partial_k<Dev<T>>, dim3(unsigned(blocks_for(C)), unsigned(chunks)), kThreads, 0, st(stream),
+  MT_LAUNCH(rmsnorm_bwd_partial_k<Dev<T>>, dim3(unsigned(blocks_for(C)), unsigned(std::min<int64_t>(chunks, 65535))),
+            kThreads, 0, st(stream),
             scratch, dp(dout), dp(inp), rstd, N, C);
   MT_LAUNCH(rmsnorm_bwd_sum_k, blocks_for(C), kThreads, 0, st(stream), dweight, scratch, chunks, C);
   return last_error();
