@@ -135,7 +135,7 @@ Tensor run_step(const Tensor& cur, const DTensorSpec& before, const PlanStep& st
     }
     case StepKind::local_partial: {
       Tensor x = cur.clone();
-      if (st.to.op != ReduceOp::sum) return x;
+      if (st.to.op != ReduceOp::sum || n == 1) return x;  // dividing by 1 is the identity: no trip to the host
       // Partial(sum) divides by n: on the host exactly (divide_); on a device by a scale, which is the same
       // bits when n is a power of two; other sizes (and integers) take the division on the host.
       bool exact_scale = (dt == DType::f32 || dt == DType::bf16) && power_of_two(n);

@@ -172,6 +172,11 @@ else
   row FAIL "bf16 20 steps, 1 GPU vs fp32 GPU" "$( [ -f "$logs/bf16.log" ] && first_error bf16 || echo "no fp32 GPU run to compare with")"
 fi
 
+# 2b. The emulated device's list (tests/cli/test_emulated.sh) on this GPU: the same cases CI runs on the emulated
+# CUDA device, here with this build's meshtrain for both the CPU and the GPU runs.
+bash tests/cli/test_emulated.sh "$build" "$build" >"$logs/emulated_list.log" 2>&1
+suite "the emulated device's list on the GPU (tests/cli/test_emulated.sh)" 1000 "$logs/emulated_list.log" $?
+
 # 3. Host synchronisations: one per step on the GPU (the loss and grad norm read once). One rank: ranks sharing
 # a GPU go through the staged MPI path, whose copies back to the device count as syncs by design
 # (tests/cli/test_host_sync.sh checks the multi-rank layouts on the CPU backend, which counts the same points).

@@ -11,6 +11,8 @@
 #    and a CPU checkpoint resumes on the emulated device;
 #  - the emulator's own reports (a host pointer where a device one belongs, a run past an allocation, a missing
 #    stream wait) fail the run: MT_EMU_ABORT=1 turns each into an abort.
+# The same list runs on a real GPU: scripts/gpu_check.sh calls this script with its CUDA build as EMU_BUILD_DIR
+# (the cases that need a GPU per rank skip where the machine has fewer).
 # Prints "emulated: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_emulated.sh BUILD_DIR EMU_BUILD_DIR
 set -uo pipefail
@@ -36,6 +38,15 @@ sample: {interval: 0}
 log: {interval: 1}
 YAML
 
+# devices: the CUDA devices a rank can see: the emulated build's MT_EMU_DEVICES (1 unless set), else the GPUs.
+devices() {
+  if "$emt" --help 2>/dev/null | grep -q "emulated" || strings "$emt" 2>/dev/null | grep -q "emulated CUDA device, test-only"; then
+    echo "${MT_EMU_DEVICES:-1}"
+  else
+    nvidia-smi -L 2>/dev/null | grep -c "^GPU" || echo 0
+  fi
+}
+
 # run NAME BINARY NP [--set ...]: metrics in $tmp/NAME.jsonl, output in $tmp/NAME.log.
 run() {
   local name=$1 bin=$2 np=$3
@@ -50,6 +61,10 @@ pair() {
   shift 3
   local name
   name=$(printf '%s' "$what" | tr -c 'a-z0-9' '_')
+  if [ "$backend" = nccl ] && [ "$(devices)" -lt "$np" ]; then
+    skip "$what" "NCCL needs a device per rank: $np ranks, $(devices) device(s)"
+    return
+  fi
   if ! run "cpu_$name" "$mt" "$np" "$@"; then bad "$what: the CPU run" "$(tail -n 10 "$tmp/cpu_$name.log")"; return; fi
   if ! run "emu_$name" "$emt" "$np" --set comm.device=cuda --set comm.backend="$backend" "$@"; then
     bad "$what: the emulated CUDA run" "$(tail -n 15 "$tmp/emu_$name.log")"

@@ -28,6 +28,21 @@
 #endif
 #include <ucontext.h>
 
+// AddressSanitizer (the --full run of scripts/test.sh, build-emu-asan): every switch between the scheduler and a
+// fiber is announced (__sanitizer_start_switch_fiber before, __sanitizer_finish_switch_fiber after), so ASan knows
+// which stack is live: its stack bounds, fake stacks (detect_stack_use_after_return) and the unpoisoning that
+// follows a throw (__asan_handle_no_return) then apply to the fiber's own stack, not the OS thread's.
+#if defined(__SANITIZE_ADDRESS__)
+#define MT_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MT_EMU_ASAN 1
+#endif
+#endif
+#if defined(MT_EMU_ASAN)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -117,6 +132,7 @@ struct Slot {
 
 struct Fiber {
   ucontext_t ctx;
+  void* fake_stack = nullptr;  // ASan's fake stack of this fiber while it is switched out
   unsigned char* stack = nullptr;  // from the OS thread's pool (stack_pool)
   unsigned tid = 0;
   int waiting = -1;       // barrier index (0 = block, 1 + w = warp w), -1 when runnable
@@ -134,6 +150,9 @@ struct Barrier {
 // One OS thread's scheduler: runs a block's fibers until all return.
 struct Block {
   ucontext_t sched;
+  void* sched_fake_stack = nullptr;                  // ASan: the scheduler's, while a fiber runs
+  const void* sched_stack = nullptr;                 // ASan: the scheduler's (OS thread's) stack,
+  size_t sched_stack_size = 0;                       // learnt when the first fiber starts
   std::vector<Fiber> fibers;
   std::vector<Barrier> barriers;
   std::vector<Slot> slots;  // 32 per warp
@@ -152,6 +171,11 @@ inline bool in_smem(const void* p, size_t n) {
   return c >= block->smem.data() && c + n <= block->smem.data() + block->smem.size();
 }
 
+// Switches with ASan's annotations (no-ops without ASan). to_fiber: the scheduler resumes fiber f; to_sched: the
+// running fiber f yields to the scheduler (exiting: it never resumes, its fake stack is released).
+inline void switch_to_fiber(Block& b, Fiber& f);
+inline void switch_to_sched(Fiber& f, bool exiting);
+
 inline void arrive(int index) {
   Barrier& b = block->barriers[size_t(index)];
   Fiber& f = me();
@@ -162,15 +186,42 @@ inline void arrive(int index) {
   }
   f.waiting = index;
   f.gen = b.gen;
-  swapcontext(&f.ctx, &block->sched);
+  switch_to_sched(f, false);
 }
 inline void warp_sync() { arrive(1 + int(warp())); }
 inline Slot& slot(unsigned l) { return block->slots[warp() * 32 + l]; }
 
+constexpr size_t kStack = 256 * 1024;
+
+inline void switch_to_fiber(Block& b, Fiber& f) {
+#if defined(MT_EMU_ASAN)
+  __sanitizer_start_switch_fiber(&b.sched_fake_stack, f.stack, kStack);
+  swapcontext(&b.sched, &f.ctx);
+  __sanitizer_finish_switch_fiber(b.sched_fake_stack, nullptr, nullptr);
+#else
+  swapcontext(&b.sched, &f.ctx);
+#endif
+}
+inline void switch_to_sched(Fiber& f, bool exiting) {
+#if defined(MT_EMU_ASAN)
+  Block& b = *block;
+  __sanitizer_start_switch_fiber(exiting ? nullptr : &f.fake_stack, b.sched_stack, b.sched_stack_size);
+  swapcontext(&f.ctx, &b.sched);
+  __sanitizer_finish_switch_fiber(f.fake_stack, nullptr, nullptr);
+#else
+  (void)exiting;
+  swapcontext(&f.ctx, &block->sched);
+#endif
+}
+
 inline void fiber_entry() {
+#if defined(MT_EMU_ASAN)
+  // First run of this fiber: finish the switch that started it, learning the scheduler's stack to switch back to.
+  __sanitizer_finish_switch_fiber(nullptr, &block->sched_stack, &block->sched_stack_size);
+#endif
   block->body();
   me().done = true;
-  swapcontext(&me().ctx, &block->sched);
+  switch_to_sched(me(), true);
 }
 
 // Runs fibers round-robin; a fiber waiting on a barrier becomes runnable once that barrier's generation moved.
@@ -197,7 +248,7 @@ inline void run_block(Block& b) {
       }
       b.current = &f;
       threadIdx = dim3(f.tid % blockDim.x, f.tid / blockDim.x % blockDim.y, f.tid / (blockDim.x * blockDim.y));
-      swapcontext(&b.sched, &f.ctx);
+      switch_to_fiber(b, f);
       progressed = true;
       if (f.done) --left;
     }
@@ -209,7 +260,6 @@ inline void run_block(Block& b) {
 
 // Fiber stacks, kept per OS thread across launches. Left uninitialised: the pages a fiber never touches are
 // never faulted in (zeroing 128 stacks a launch was most of the emulator's time on small shapes).
-constexpr size_t kStack = 256 * 1024;
 inline unsigned char* fiber_stack(unsigned i) {
   thread_local std::vector<std::unique_ptr<unsigned char[]>> pool;
   while (pool.size() <= i) pool.emplace_back(new unsigned char[kStack]);
@@ -249,7 +299,7 @@ void launch(Kernel kernel, dim3 grid, dim3 block_dim, size_t smem, Args... args)
         b.smem.assign(smem, 0xff);  // NaN bytes: the kernel must not read shared memory it did not fill
         for (unsigned t = 0; t < threads; ++t) {
           Fiber& f = b.fibers[t];
-          f.tid = t, f.waiting = -1, f.done = false, f.groups.clear(), f.open.clear();
+          f.tid = t, f.waiting = -1, f.done = false, f.fake_stack = nullptr, f.groups.clear(), f.open.clear();
           getcontext(&f.ctx);
           f.ctx.uc_stack.ss_sp = f.stack;
           f.ctx.uc_stack.ss_size = kStack;

@@ -334,24 +334,25 @@ const char* error_name(cudaError_t e) {
     default: return "cudaErrorUnknown";
   }
 }
+// The texts the CUDA 12 runtime gives (cudaGetErrorString), so a message matched against a GPU's matches here too.
 const char* error_text(cudaError_t e) {
   switch (e) {
     case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "an argument is outside its range of accepted values";
-    case cudaErrorMemoryAllocation: return "out of device memory";
-    case cudaErrorInvalidConfiguration: return "the launch configuration is not valid for the device";
-    case cudaErrorInvalidDevicePointer: return "not a valid device pointer";
-    case cudaErrorInvalidMemcpyDirection: return "the copy direction does not match its pointers";
-    case cudaErrorInvalidPitchValue: return "a pitch is out of range";
-    case cudaErrorInvalidDeviceFunction: return "the kernel cannot be launched as asked";
-    case cudaErrorNoDevice: return "no CUDA device";
-    case cudaErrorInvalidDevice: return "not a valid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "not a valid stream or event handle";
-    case cudaErrorIllegalState: return "operations ordered wrongly";
-    case cudaErrorNotReady: return "not complete yet";
-    case cudaErrorIllegalAddress: return "an illegal memory access";
-    case cudaErrorLaunchFailure: return "the kernel failed";
-    default: return "unrecognised error code";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorInvalidPitchValue: return "invalid pitch argument";
+    case cudaErrorInvalidDeviceFunction: return "invalid device function";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    default: return "unknown error";
   }
 }
 

@@ -5,7 +5,9 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "runtime/core/device.h"
@@ -20,6 +22,18 @@
   do {                                                                   \
     if (mt::cuda_device_count() == 0) MT_SKIP("no CUDA device visible"); \
   } while (0)
+
+// On the emulated CUDA device (-Demulate_cuda=true, tests/emu: the kernels run on the CPU, every mma.sync through
+// the warp emulator) the largest sizes of a case run only with MT_TEST_FULL=1 (scripts/test.sh --full); on a GPU
+// always.
+inline bool emulated_quick() {
+#if defined(MT_CUDA_EMULATED)
+  const char* f = std::getenv("MT_TEST_FULL");
+  return !(f && *f && std::string(f) != "0");
+#else
+  return false;
+#endif
+}
 
 // Ranks share the visible devices round robin.
 inline int test_device() { return world_rank() % mt::cuda_device_count(); }

@@ -104,6 +104,10 @@ bool sees_a_key(const Case& c, const Tensor& doc, int64_t b, int64_t t) {
   return lo < hi;
 }
 
+// The emulated device's quick run (gpu_test.h) leaves out the cases above 6M of B H T S hd (the 9-block-deep ones,
+// hd 128 at T 130 and above): tests/emu/test_flash_emulated.cpp runs the kernels at those sizes.
+bool emulated_skip(const Case& c) { return emulated_quick() && double(c.B * c.H * c.T) * double(c.S * c.hd) > 6e6; }
+
 }  // namespace
 
 TEST_CASE("gpu flash attention: forward and backward vs CPU f32 (hd 64/128, causal/full, GQA, tails, ring offsets)") {
@@ -119,6 +123,7 @@ TEST_CASE("gpu flash attention: forward and backward vs CPU f32 (hd 64/128, caus
            {1, 200, 64, 2, 2, 64, false, 0, 0},     // more queries than keys
            {1, 520, 520, 4, 1, 128, true, 0, 0},    // 9 blocks deep: both pipeline stages reused many times
        }) {
+    if (emulated_skip(c)) continue;
     CAPTURE(c.T);
     CAPTURE(c.S);
     CAPTURE(c.hd);
@@ -176,7 +181,9 @@ TEST_CASE("gpu flash attention: forward and backward vs CPU f32 (hd 64/128, caus
     CHECK_BF16(ga.dv, dv_sum);
     CHECK(same_bits(ga.dq, g.dq));
 
-    // Determinism: a rerun gives the same bits.
+    // Determinism: a rerun gives the same bits (on a GPU; the emulated device's quick run leaves it out: its
+    // kernels run in one fixed order).
+    if (emulated_quick()) continue;
     auto [outd2, lsed2] = flash_forward(c, qd, kd, vd);
     CHECK(same_bits(outd2, outd));
     CHECK(same_bits(lsed2, lsed));
@@ -211,6 +218,7 @@ TEST_CASE(
            {{1, 150, 150, 2, 1, 128, false, 0, 0}, {}, true},
        }) {
     const Case& c = dc.c;
+    if (emulated_skip(c)) continue;
     CAPTURE(c.T);
     CAPTURE(c.S);
     CAPTURE(c.hd);
@@ -263,13 +271,15 @@ TEST_CASE(
     add(dv_sum, dv0, dv);
     CHECK_BF16(ga.dk, dk_sum);
     CHECK_BF16(ga.dv, dv_sum);
-    auto [outd2, lsed2] = flash_forward(c, qd, kd, vd, &docd);
-    CHECK(same_bits(outd2, outd));
-    CHECK(same_bits(lsed2, lsed));
-    Grads g2 = flash_backward(c, doutd, qd, kd, vd, outd, lsed, nullptr, nullptr, &docd);
-    CHECK(same_bits(g2.dq, g.dq));
-    CHECK(same_bits(g2.dk, g.dk));
-    CHECK(same_bits(g2.dv, g.dv));
+    if (!emulated_quick()) {  // a rerun: the same bits (not in the emulated device's quick run, as above)
+      auto [outd2, lsed2] = flash_forward(c, qd, kd, vd, &docd);
+      CHECK(same_bits(outd2, outd));
+      CHECK(same_bits(lsed2, lsed));
+      Grads g2 = flash_backward(c, doutd, qd, kd, vd, outd, lsed, nullptr, nullptr, &docd);
+      CHECK(same_bits(g2.dq, g.dq));
+      CHECK(same_bits(g2.dk, g.dk));
+      CHECK(same_bits(g2.dv, g.dv));
+    }
 
     // Through local attention (doc_start on the device): the same bits as the direct calls.
     const char* ref = std::getenv("MT_REFERENCE_ATTENTION");

@@ -58,6 +58,12 @@ TEST_CASE("gpu: ring attention on device tensors matches attention over the whol
     for (CpMethod method : {CpMethod::ring, CpMethod::all_gather})
       for (CpLoadBalance lb : {CpLoadBalance::head_tail, CpLoadBalance::none})
         for (bool documents : {false, true}) {
+          // The emulated device's quick run (gpu_test.h): bf16 (the tensor-core kernel, every mma.sync emulated)
+          // in two of the eight combinations, f32 in all.
+          if (dt == DType::bf16 && emulated_quick() &&
+              !(method == CpMethod::ring && lb == CpLoadBalance::head_tail && documents) &&
+              !(method == CpMethod::all_gather && lb == CpLoadBalance::none && !documents))
+            continue;
           INFO("dtype " << dtype_name(dt) << ", " << cp_method_name(method) << ", " << cp_load_balance_name(lb)
                         << (documents ? ", documents" : "") << ", " << n << " rank(s) on " << mo.backend);
           Tensor q = rnd({B, T, H, hd}, 1), k = rnd({B, T, KV, hd}, 2), v = rnd({B, T, KV, hd}, 3),
