@@ -115,7 +115,7 @@ void build_interleaved(PpSchedule& s) {
 // unit costs (F = Bi = W = 1), the earliest rank first, and recording what each rank ran.
 void build_zb1p(PpSchedule& s) {
   struct Rank {
-    std::deque<PpAction> todo;       // F and Bi in 1F1B order
+    std::deque<PpAction> order;      // F and Bi in 1F1B order, not yet run
     std::deque<PpAction> pending_w;  // W whose Bi has run
     double t = 0;
     int in_flight = 0;  // forwards run whose W has not
@@ -124,7 +124,7 @@ void build_zb1p(PpSchedule& s) {
   std::vector<Rank> ranks(size_t(s.p));
   for (int r = 0; r < s.p; ++r) {
     const int warmup = std::min(s.p - 1 - r, s.m);
-    auto& q = ranks[size_t(r)].todo;
+    auto& q = ranks[size_t(r)].order;
     for (int mb = 0; mb < warmup; ++mb) q.push_back({PpOp::forward, r, mb});
     for (int i = 0; i < s.m - warmup; ++i) {
       q.push_back({PpOp::forward, r, warmup + i});
@@ -151,16 +151,16 @@ void build_zb1p(PpSchedule& s) {
     int r = -1;
     for (int i = 0; i < s.p; ++i) {
       const Rank& k = ranks[size_t(i)];
-      if (k.blocked || (k.todo.empty() && k.pending_w.empty())) continue;
+      if (k.blocked || (k.order.empty() && k.pending_w.empty())) continue;
       if (r < 0 || k.t < ranks[size_t(r)].t) r = i;
     }
     if (r < 0) break;
     Rank& k = ranks[size_t(r)];
-    if (k.todo.empty()) {  // the drain: every deferred W
+    if (k.order.empty()) {  // the drain: every deferred W
       run_w(r);
       continue;
     }
-    const PpAction a = k.todo.front();
+    const PpAction a = k.order.front();
     const auto in = input_of(a);
     auto it = in ? arrived.find(*in) : arrived.end();
     const bool ready = !in || (it != arrived.end() && it->second <= k.t);
@@ -178,7 +178,7 @@ void build_zb1p(PpSchedule& s) {
       }
       continue;
     }
-    k.todo.pop_front();
+    k.order.pop_front();
     auto& out = s.ranks[size_t(r)];
     if (a.op == PpOp::forward) {
       emit_forward(s, out, a.stage, a.micro);
@@ -195,7 +195,7 @@ void build_zb1p(PpSchedule& s) {
     }
   }
   for (int r = 0; r < s.p; ++r)
-    MT_CHECK(ranks[size_t(r)].todo.empty(), "pipeline", "zb1p: rank {} could not place all its actions", r);
+    MT_CHECK(ranks[size_t(r)].order.empty(), "pipeline", "zb1p: rank {} could not place all its actions", r);
 }
 
 }  // namespace

@@ -70,15 +70,7 @@ struct Preference {
 std::mutex g_mu;
 std::unordered_set<const void*> g_handles, g_descs, g_layouts, g_prefs;
 
-std::string strf(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string strf(const char* f, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
+using emu::strf;
 
 cublasStatus_t refuse(const char* call, const std::string& what, cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED) {
   emu::report(call, what + " (cuBLASLt stand-in, tests/emu/cublaslt_emu.cpp)");

@@ -18,10 +18,23 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cstdarg>
 #include <cstddef>
+#include <cstdio>
 #include <string>
 
 namespace emu {
+
+// printf into a std::string (the stand-ins' messages; 1 KiB at most).
+std::string strf(const char* f, ...) __attribute__((format(printf, 1, 2)));
+inline std::string strf(const char* f, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
 
 // [p, p + bytes) lies inside one live device allocation (bytes 0: p is inside or one past the end of one).
 bool is_device_ptr(const void* p, size_t bytes);

@@ -68,15 +68,7 @@ std::mutex g_mu;
 std::unordered_set<const ncclComm*> g_comms;  // live (not destroyed) communicators
 thread_local std::string t_last_error;
 
-std::string strf(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string strf(const char* f, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
+using emu::strf;
 
 ncclResult_t fail(const char* call, const std::string& what, ncclResult_t rc) {
   t_last_error = std::string(call) + ": " + what;

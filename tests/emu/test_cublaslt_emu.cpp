@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tests/emu/device_registry.h"
+#include "tests/emu/capture_stderr.h"
 
 namespace {
 
@@ -39,32 +40,6 @@ float from_bf16(uint16_t u) {
   std::memcpy(&f, &w, 4);
   return f;
 }
-
-// Whatever a call writes to stderr (the stand-ins' reports), captured through a temporary file.
-struct CaptureStderr {
-  FILE* tmp = std::tmpfile();
-  int saved = dup(2);
-  CaptureStderr() {
-    std::fflush(stderr);
-    dup2(fileno(tmp), 2);
-  }
-  std::string text() {
-    std::fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    saved = -1;
-    std::string s;
-    std::rewind(tmp);
-    char buf[512];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, tmp)) > 0;) s.append(buf, n);
-    std::fclose(tmp);
-    std::fputs(s.c_str(), stderr);  // still shown
-    return s;
-  }
-  ~CaptureStderr() {
-    if (saved >= 0) text();
-  }
-};
 
 // A device allocation (emulated: host memory the registry knows).
 struct Dev {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "tests/emu/device_registry.h"
+#include "tests/emu/capture_stderr.h"
 
 namespace {
 
@@ -188,30 +189,6 @@ struct Dev {
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
   unsigned char* at(size_t byte_offset) const { return static_cast<unsigned char*>(p) + byte_offset; }
-};
-
-struct CaptureStderr {
-  FILE* tmp = std::tmpfile();
-  int saved = dup(2);
-  CaptureStderr() {
-    std::fflush(stderr);
-    dup2(fileno(tmp), 2);
-  }
-  std::string text() {
-    std::fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    saved = -1;
-    std::string s;
-    std::rewind(tmp);
-    char buf[512];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, tmp)) > 0;) s.append(buf, n);
-    std::fclose(tmp);
-    return s;
-  }
-  ~CaptureStderr() {
-    if (saved >= 0) text();
-  }
 };
 
 // ---------------------------------------------------------------- communicators
