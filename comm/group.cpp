@@ -130,16 +130,18 @@ Work Group::broadcast(const Tensor& t, int root, bool async) {
   return do_broadcast(t, root, async);
 }
 
-void Group::send(const Tensor& t, int peer) {
+Work Group::send(const Tensor& t, int peer, bool async, int tag, const std::string& what) {
   check_peer("send", peer);
+  MT_CHECK(tag >= 0, "comm", "send on {}: negative tag {}", describe(), tag);
   count("send", int64_t(t.nbytes()));
-  do_send(t, peer);
+  return do_send(t, peer, async, tag, what);
 }
 
-void Group::recv(const Tensor& t, int peer) {
+Work Group::recv(const Tensor& t, int peer, bool async, int tag, const std::string& what) {
   check_peer("recv", peer);
+  MT_CHECK(tag >= 0, "comm", "recv on {}: negative tag {}", describe(), tag);
   count("recv", 0);
-  do_recv(t, peer);
+  return do_recv(t, peer, async, tag, what);
 }
 
 Work Group::ring_shift(const Tensor& out, const Tensor& in, int shift, bool async) {

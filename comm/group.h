@@ -74,8 +74,11 @@ class Group {
   Work all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
                     const std::vector<int64_t>& recv_counts, bool async = false);
   Work broadcast(const Tensor& t, int root, bool async = false);
-  void send(const Tensor& t, int peer);
-  void recv(const Tensor& t, int peer);
+  // Point to point. `tag` tells apart messages between the same two ranks (MPI matches by it; NCCL by issue
+  // order, so both sides must issue in the same order); `what` names the message in the watchdog's report
+  // ("pp activation of stage 1, micro-batch 3"). Async: the buffer must stay alive and untouched until wait().
+  Work send(const Tensor& t, int peer, bool async = false, int tag = 0, const std::string& what = "");
+  Work recv(const Tensor& t, int peer, bool async = false, int tag = 0, const std::string& what = "");
   // Sends in to rank (rank+shift) mod size, receives out from (rank-shift) mod size.
   Work ring_shift(const Tensor& out, const Tensor& in, int shift = 1, bool async = false);
   void barrier();
@@ -97,8 +100,8 @@ class Group {
   virtual Work do_all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
                                const std::vector<int64_t>& recv_counts, bool async) = 0;
   virtual Work do_broadcast(const Tensor& t, int root, bool async) = 0;
-  virtual void do_send(const Tensor& t, int peer) = 0;
-  virtual void do_recv(const Tensor& t, int peer) = 0;
+  virtual Work do_send(const Tensor& t, int peer, bool async, int tag, const std::string& what) = 0;
+  virtual Work do_recv(const Tensor& t, int peer, bool async, int tag, const std::string& what) = 0;
   virtual Work do_ring_shift(const Tensor& out, const Tensor& in, int shift, bool async) = 0;
   virtual void do_barrier() = 0;
 

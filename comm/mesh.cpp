@@ -118,6 +118,8 @@ struct DeviceMesh::Impl {
   std::vector<int> coord;
   std::vector<std::unique_ptr<Group>> dim_groups;
   std::mutex mu;
+  MPI_Comm base = MPI_COMM_WORLD;  // the ranks the mesh covers (MeshOptions::base)
+  std::vector<int> base_world_ranks;  // the job's rank of each of them (empty: the world itself)
   std::map<std::vector<int>, std::unique_ptr<Group>> flat_groups;  // by their dims (indices, ascending)
   std::vector<std::pair<std::string, Group*>> flat_order;         // the name each was asked for first
 
@@ -157,12 +159,13 @@ struct DeviceMesh::Impl {
         c[size_t(d)] = rem % dims[size_t(d)].size;
         rem /= dims[size_t(d)].size;
       }
-      ranks.push_back(ravel(c));
+      const int r = ravel(c);
+      ranks.push_back(base_world_ranks.empty() ? r : base_world_ranks[size_t(r)]);
     }
     MPI_Comm comm;
     {
       WatchdogScope w("MPI_Comm_split", fmt::format("making group '{}' of mesh {}", name, mesh_str(dims)));
-      MT_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm));
+      MT_MPI_CHECK(MPI_Comm_split(base, color, key, &comm));
     }
     if (backend == "nccl") return make_nccl_group(comm, name, ranks, opts.device.index);
     return make_mpi_group(comm, name, ranks);
@@ -170,9 +173,10 @@ struct DeviceMesh::Impl {
 };
 
 DeviceMesh DeviceMesh::create(const std::vector<MeshDim>& dims, const MeshOptions& opts) {
+  MPI_Comm base = opts.base ? group_mpi_comm(*opts.base) : MPI_COMM_WORLD;
   int world = 0, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(base, &world);
+  MPI_Comm_rank(base, &rank);
   validate_mesh_dims(dims, world);
   for (auto& g : opts.group_names)
     for (auto& d : dims)
@@ -184,6 +188,8 @@ DeviceMesh DeviceMesh::create(const std::vector<MeshDim>& dims, const MeshOption
   I.opts = opts;
   I.world_rank = rank;
   I.coord = I.unravel(rank);
+  I.base = base;
+  if (opts.base) I.base_world_ranks = opts.base->world_ranks();
   if (opts.backend == "auto") {
     // NCCL on device buffers when every rank has its own GPU; ranks sharing one stage through MPI.
     I.backend = opts.device.is_cuda() && nccl_built() && shared_device(opts.device).empty() ? "nccl" : "mpi";
@@ -203,7 +209,9 @@ DeviceMesh DeviceMesh::create(const std::vector<MeshDim>& dims, const MeshOption
   }
   // Every rank arrives before the first group is made (MPI_Comm_split cannot
   // say who is missing; this barrier can).
-  if (world > 1) control_barrier(MPI_COMM_WORLD, "mesh creation", fmt::format("the world ({} ranks)", world));
+  if (world > 1)
+    control_barrier(base, "mesh creation",
+                    opts.base ? opts.base->describe() : fmt::format("the world ({} ranks)", world));
   for (int d = 0; d < int(dims.size()); ++d) I.dim_groups.push_back(I.make_group({d}, dims[size_t(d)].name));
   return m;
 }
@@ -288,7 +296,7 @@ std::string DeviceMesh::table() const {
   std::snprintf(mine + kLen, kLen, "%s", I.opts.device.str().c_str());
   int world = size();
   std::vector<char> all(size_t(world) * 2 * kLen);
-  control_gather(MPI_COMM_WORLD, all.data(), mine, 2 * kLen, MPI_CHAR, 0, "mesh table");
+  control_gather(I.base, all.data(), mine, 2 * kLen, MPI_CHAR, 0, "mesh table");
   if (I.world_rank != 0) return {};
   std::string out = fmt::format("mesh {} ({} ranks, backend {})\n", mesh_str(I.dims), world, I.backend);
   std::string head = fmt::format("{:>5}  {:<24} {:<8}", "rank", "host", "device");

@@ -37,6 +37,11 @@ struct MeshOptions {
   Device device = Device::cpu();  // where the collectives' buffers live
   std::string backend = "auto";   // mpi | nccl | auto (nccl for cuda when built)
   std::vector<MeshGroupName> group_names;  // names group(name) accepts besides the dims and "world"
+  // The ranks the mesh covers: null, the world; or a group of another mesh (a pipeline stage's ranks), on
+  // which creating the mesh and its groups is collective instead of on the world. Its ranks are then the
+  // mesh's "world": world_rank() and coordinate_of() count in base's rank order, while each Group's
+  // world_ranks() stay the job's.
+  const Group* base = nullptr;
 };
 
 class DeviceMesh {
@@ -47,7 +52,7 @@ class DeviceMesh {
 
   int ndim() const;
   const std::vector<MeshDim>& dims() const;
-  int size() const;  // product of dim sizes (= world size)
+  int size() const;  // product of dim sizes (= world size, or base's size)
   int size(int dim) const;
   int dim_index(const std::string& name) const;  // throws "[mesh] no dim ..."
   bool has_dim(const std::string& name) const;

@@ -29,7 +29,10 @@ class Linear : public Module {
   void drop_saved() override { saved_x_ = Tensor(); }
 
  private:
-  Tensor saved_x_;  // (B, T, in_local)
+  // The weight gradient buffer backward's GEMM writes, or undefined when a zero-bubble schedule defers it
+  // (weight_grad_queue(): the GEMM is queued on dy and the saved input).
+  Tensor weight_grad_now(const Tensor& dy);
+  Saved<Tensor> saved_x_;  // (B, T, in_local), per micro-batch (module.h)
 };
 
 class Embedding : public Module {
@@ -44,7 +47,7 @@ class Embedding : public Module {
   void drop_saved() override { saved_tokens_ = Tensor(); }
 
  private:
-  Tensor saved_tokens_;  // (B, T)
+  Saved<Tensor> saved_tokens_;  // (B, T)
 };
 
 class RMSNorm : public Module {
@@ -63,10 +66,13 @@ class RMSNorm : public Module {
  protected:
   Tensor forward(const Tensor& x) override;  // (B, T, dim) -> (B, T, dim)
   Tensor backward(const Tensor& dy) override;
-  void drop_saved() override { saved_x_ = saved_rstd_ = Tensor(); }
+  void drop_saved() override {
+    saved_x_ = Tensor();
+    saved_rstd_ = Tensor();
+  }
 
  private:
-  Tensor saved_x_, saved_rstd_;  // (B, T, dim), (B*T)
+  Saved<Tensor> saved_x_, saved_rstd_;  // (B, T, dim), (B*T)
 };
 
 // Leading dims times the last: (B, T, C) -> (B*T, C) view.

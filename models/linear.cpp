@@ -43,11 +43,11 @@ Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
     add_(dx_sum, call_backward(dy));
     return dx_sum;
   }
-  MT_CHECK(dx_sum.shape() == saved_x_.shape(), "model", "{}: the gradient sum has shape {}, the input {}", name(),
-           shape_str(dx_sum.shape()), shape_str(saved_x_.shape()));
+  MT_CHECK(dx_sum.shape() == saved_x_->shape(), "model", "{}: the gradient sum has shape {}, the input {}", name(),
+           shape_str(dx_sum.shape()), shape_str(saved_x_->shape()));
   return call_backward_around(dy, [&](const Tensor& g) {
     if (bias) bias_add_backward(bias->grad_local(), as_rows(g));
-    matmul_backward(as_rows(dx_sum), weight->grad_local(), as_rows(g), as_rows(saved_x_), weight->compute_local(),
+    matmul_backward(as_rows(dx_sum), weight_grad_now(g), as_rows(g), as_rows(saved_x_), weight->compute_local(),
                     /*accumulate_dinp=*/true);
     saved_x_ = Tensor();
     return dx_sum;
@@ -55,11 +55,21 @@ Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
 }
 
 Tensor Linear::backward(const Tensor& dy) {
-  Tensor dx = empty(saved_x_.shape(), dy.dtype(), dy.device());  // (B, T, in_local)
+  Tensor dx = empty(saved_x_->shape(), dy.dtype(), dy.device());  // (B, T, in_local)
   if (bias) bias_add_backward(bias->grad_local(), as_rows(dy));
-  matmul_backward(as_rows(dx), weight->grad_local(), as_rows(dy), as_rows(saved_x_), weight->compute_local());
+  matmul_backward(as_rows(dx), weight_grad_now(dy), as_rows(dy), as_rows(saved_x_), weight->compute_local());
   saved_x_ = Tensor();
   return dx;
+}
+
+Tensor Linear::weight_grad_now(const Tensor& dy) {
+  WeightGradQueue* q = weight_grad_queue();
+  if (!q) return weight->grad_local();
+  // Deferred (zero-bubble W): dW += dy^T x later, on the same input and gradient, into the same buffer.
+  q->push_back([this, dy, x = *saved_x_] {
+    matmul_backward(Tensor(), weight->grad_local(), as_rows(dy), as_rows(x), weight->compute_local());
+  });
+  return Tensor();
 }
 
 }  // namespace mt

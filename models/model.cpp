@@ -105,4 +105,10 @@ ModelConfig model_config_from_hf(const std::string& config_json) {
   return c;
 }
 
+bool CausalLM::matches_elsewhere(const std::string& pattern) const {
+  for (const std::string& n : elsewhere_modules_)
+    if (pattern_matches(pattern, n)) return true;
+  return false;
+}
+
 }  // namespace mt

@@ -12,6 +12,7 @@
 #include "parallel/fully_shard.h"
 #include "parallel/module.h"
 #include "parallel/parallel_dims.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/style.h"
 
 namespace mt {
@@ -35,8 +36,29 @@ class CausalLM : public Module {
   // The token embedding's weight: the dtype and device the model computes in (vocab-sharded under tp).
   virtual Parameter& embedding_weight() = 0;
   // The output projection's weight (V, C): its rows are the logits' vocabulary (sharded on tp under loss
-  // parallel; compute_offset()[0] is this rank's first row).
+  // parallel; compute_offset()[0] is this rank's first row). Only on the last pipeline stage.
   virtual Parameter& output_weight() = 0;
+
+  // Pipeline parallel. keep_chunks destroys every module that none of `chunks` (this rank's stages, in stage
+  // order) runs, before any parameter is materialized; the names of the parameters destroyed are kept
+  // (elsewhere()): loading a whole checkpoint skips them. Tied embeddings are refused (stage 0 and the last
+  // stage would share a weight). chunk_forward(k, x): stage 0's x is the tokens (B, T) i32, another's the
+  // previous stage's output (B, T, C); the last stage gives the logits. chunk_backward gives the gradient of x
+  // (undefined on stage 0).
+  virtual void keep_chunks(const std::vector<ModelChunk>& chunks) = 0;
+  virtual Tensor chunk_forward(size_t k, const Tensor& x) = 0;
+  virtual Tensor chunk_backward(size_t k, const Tensor& dy) = 0;
+  const std::vector<ModelChunk>& chunks() const { return chunks_; }  // empty: the whole model
+  const std::vector<std::string>& elsewhere() const { return elsewhere_; }
+  // Whether a module path pattern (style.h's) matches a module another stage holds.
+  bool matches_elsewhere(const std::string& pattern) const;
+  bool has_output() const { return chunks_.empty() || chunks_.back().last; }  // the logits come out here
+  bool has_input() const { return chunks_.empty() || chunks_.front().first; }
+
+ protected:
+  std::vector<ModelChunk> chunks_;
+  std::vector<std::string> elsewhere_;          // parameter names
+  std::vector<std::string> elsewhere_modules_;  // module names
 };
 
 // One family, registered once (models/model.cpp lists them). Every entry is required.

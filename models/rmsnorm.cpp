@@ -42,19 +42,21 @@ Tensor RMSNorm::call_backward_add(const Tensor& dy, const Tensor& dresidual) {
     return dx;
   }
   return call_backward_around(dy, [&](const Tensor& g) {
-    Tensor dx = empty(saved_x_.shape(), g.dtype(), g.device());  // (B, T, C)
+    Tensor dx = empty(saved_x_->shape(), g.dtype(), g.device());  // (B, T, C)
     rmsnorm_backward(as_rows(dx), weight->grad_local(), as_rows(g), as_rows(saved_x_), weight->compute_local(),
                      saved_rstd_, as_rows(dresidual));
-    saved_x_ = saved_rstd_ = Tensor();
+    saved_x_ = Tensor();
+    saved_rstd_ = Tensor();
     return dx;
   });
 }
 
 Tensor RMSNorm::backward(const Tensor& dy) {
-  Tensor dx = empty(saved_x_.shape(), dy.dtype(), dy.device());  // (B, T, C)
+  Tensor dx = empty(saved_x_->shape(), dy.dtype(), dy.device());  // (B, T, C)
   rmsnorm_backward(as_rows(dx), weight->grad_local(), as_rows(dy), as_rows(saved_x_), weight->compute_local(),
                    saved_rstd_);
-  saved_x_ = saved_rstd_ = Tensor();
+  saved_x_ = Tensor();
+  saved_rstd_ = Tensor();
   return dx;
 }
 

@@ -53,6 +53,7 @@ struct FsdpUnit {
   Tensor gathered;  // (n * slot) param_dtype while a gather is in flight or unpacked
   Work pending;
   bool in_flight = false, unpacked = false;
+  const bool* hold = nullptr;  // FullyShard::hold_: keep gathered and defer the reduce-scatter to release()
 
   Device device() const { return params.front().p->value.local.device(); }
 
@@ -305,6 +306,7 @@ void install_unit_hooks(FsdpUnit* u) {
       }
   });
   first->post_backward.push_back([u](Module&) {
+    if (u->hold && *u->hold) return;  // a pipeline step: once, after its last micro-batch (FullyShard::release)
     u->reduce_grads();
     u->free_params();
   });
@@ -354,6 +356,23 @@ FsdpDecision decide_fsdp_layout(const std::string& name, const DTensorSpec& spec
 
 FullyShard::~FullyShard() = default;
 
+void FullyShard::hold() {
+  MT_CHECK(!opts_.reshard_after_forward, "parallel",
+           "fully_shard: hold() keeps units gathered through a step: only with reshard_after_forward false");
+  hold_ = true;
+}
+
+void FullyShard::release() {
+  hold_ = false;
+  for (auto& u : units_) {
+    if (u->params.empty() || !u->unpacked) continue;
+    bool has_grads = false;
+    for (FsdpParam& f : u->params) has_grads |= f.state->unsharded_grad.defined();
+    if (has_grads) u->reduce_grads();
+    u->free_params();
+  }
+}
+
 std::string FullyShard::describe() const {
   int sharded = 0, both = 0, replicated = 0;
   for (auto& d : decisions_) {
@@ -396,6 +415,7 @@ std::unique_ptr<FullyShard> fully_shard(Module& root, const DeviceMesh& mesh, co
   for (size_t i = 0; i < fs->units_.size(); ++i) {
     fs->units_[i]->prev = i > 0 ? fs->units_[i - 1].get() : nullptr;
     fs->units_[i]->next = i + 1 < fs->units_.size() ? fs->units_[i + 1].get() : nullptr;
+    fs->units_[i]->hold = &fs->hold_;
   }
   for (auto& u : fs->units_) install_unit_hooks(u.get());  // 3.
   return fs;

@@ -72,6 +72,11 @@ class FullyShard {
   // Elements of one rank's flat buffers over all units (each all-gather sends (dp_shard - 1) of them).
   int64_t slot_elements() const;
   const FullyShardOptions& options() const { return opts_; }
+  // Pipeline parallel with reshard_after_forward false: between hold() and release() a unit gathered once stays
+  // gathered and its gradients accumulate whole; release() reduce-scatters each unit's once and frees it. So a
+  // step of m micro-batches gathers and reduce-scatters each unit once instead of m times.
+  void hold();
+  void release();
 
  private:
   friend std::unique_ptr<FullyShard> fully_shard(Module&, const DeviceMesh&, const FullyShardOptions&);
@@ -79,6 +84,7 @@ class FullyShard {
   std::vector<FsdpDecision> decisions_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   FullyShardOptions opts_;
+  bool hold_ = false;
 };
 
 // The tags its collectives are counted under (comm_counters.h).

@@ -38,6 +38,20 @@ void finish_param(Parameter& p, DType compute) {
 }
 }  // namespace
 
+namespace {
+thread_local int g_saved_slot = 0;
+}
+int saved_slot() { return g_saved_slot; }
+SavedSlot::SavedSlot(int slot) : previous_(g_saved_slot) { g_saved_slot = slot; }
+SavedSlot::~SavedSlot() { g_saved_slot = previous_; }
+
+namespace {
+thread_local WeightGradQueue* g_wgrad_queue = nullptr;
+}
+WeightGradQueue* weight_grad_queue() { return g_wgrad_queue; }
+DeferWeightGrads::DeferWeightGrads(WeightGradQueue* q) : previous_(g_wgrad_queue) { g_wgrad_queue = q; }
+DeferWeightGrads::~DeferWeightGrads() { g_wgrad_queue = previous_; }
+
 Tensor Module::call(const Tensor& x) {
   return call_around([&] {
     Tensor h = x;
@@ -54,7 +68,7 @@ Tensor Module::call(const Tensor& x) {
 Tensor Module::call_backward(const Tensor& dy) {
   return call_backward_around(dy, [&](const Tensor& g) {
     if (recompute) {  // forward again on the kept input: the subtree saves what its backward needs
-      MT_CHECK(recompute_input_.defined(), "module", "{}: backward without a forward to recompute", name_);
+      MT_CHECK(recompute_input_->defined(), "module", "{}: backward without a forward to recompute", name_);
       auto sub = modules();
       for (Module* m : sub) m->recomputing_ = true;
       forward(recompute_input_);
@@ -66,6 +80,11 @@ Tensor Module::call_backward(const Tensor& dy) {
       if (dx.defined()) dx = it->backward(dx);
     return dx;
   });
+}
+
+void Module::remove_children(const std::function<bool(const Module*)>& drop) {
+  std::erase_if(children_, [&](Module* c) { return drop(c); });
+  std::erase_if(owned_, [&](const std::unique_ptr<Module>& c) { return drop(c.get()); });
 }
 
 std::vector<Module*> Module::modules() {

@@ -41,6 +41,56 @@ struct ParamState {
   virtual Module* grad_ready_at() const { return nullptr; }
 };
 
+// The micro-batch whose forward or backward runs now (0 outside pipelines). What a layer keeps from a forward
+// for its backward is kept per micro-batch (Saved), so that a pipeline stage may run the forwards of several
+// micro-batches before their backwards (1F1B keeps up to p in flight; parallel/pipeline.h).
+int saved_slot();
+class SavedSlot {  // sets the slot for its scope
+ public:
+  explicit SavedSlot(int slot);
+  ~SavedSlot();
+  SavedSlot(const SavedSlot&) = delete;
+  SavedSlot& operator=(const SavedSlot&) = delete;
+
+ private:
+  int previous_;
+};
+// One T per micro-batch slot, the current slot's read and written.
+template <class T> class Saved {
+ public:
+  T& operator*() const { return at(); }
+  T* operator->() const { return &at(); }
+  operator const T&() const { return at(); }
+  Saved& operator=(T v) {
+    at() = std::move(v);
+    return *this;
+  }
+
+ private:
+  T& at() const {
+    const size_t s = size_t(saved_slot());
+    if (slots_.size() <= s) slots_.resize(s + 1);
+    return slots_[s];
+  }
+  mutable std::vector<T> slots_;
+};
+
+// Zero-bubble schedules split backward in two: while a queue is set (DeferWeightGrads), the layers that can
+// (Linear) compute the input gradient now and leave their weight gradient's GEMM in the queue, which the schedule
+// runs later, in what would be its bubble.
+using WeightGradQueue = std::vector<std::function<void()>>;
+WeightGradQueue* weight_grad_queue();  // null: compute weight gradients in backward
+class DeferWeightGrads {
+ public:
+  explicit DeferWeightGrads(WeightGradQueue* q);
+  ~DeferWeightGrads();
+  DeferWeightGrads(const DeferWeightGrads&) = delete;
+  DeferWeightGrads& operator=(const DeferWeightGrads&) = delete;
+
+ private:
+  WeightGradQueue* previous_;
+};
+
 struct Parameter {
   std::string name;             // "model.layers.0.self_attn.q_proj.weight"
   DTensor value;                // the parameter as laid out on the mesh (the f32 master copy under mixed precision)
@@ -131,6 +181,11 @@ class Module {
   bool recompute = false;
   // True on every module of a subtree while its forward runs again inside backward.
   bool recomputing() const { return recomputing_; }
+  // Releases what the subtree saved for backward in the current micro-batch slot (a forward that will have no
+  // backward: evaluation under pipeline parallel, which runs several micro-batches' forwards).
+  void release_saved() {
+    for (Module* m : modules()) m->drop_saved();
+  }
 
  protected:
   virtual Tensor forward(const Tensor& x) = 0;
@@ -164,11 +219,13 @@ class Module {
   Parameter* add_parameter(std::unique_ptr<Parameter> p);
   // Another module's parameter this one computes with (tied weights); it stays that module's.
   void borrow_parameter(Parameter* p) { borrowed_params_.push_back(p); }
+  // Destroys the children for which drop(child) is true, with their subtrees (pipeline parallel keeps a stage's).
+  void remove_children(const std::function<bool(const Module*)>& drop);
 
  private:
   std::string name_, type_;
   bool recomputing_ = false;
-  Tensor recompute_input_;  // the input forward ran on, kept for backward when recompute is set
+  Saved<Tensor> recompute_input_;  // the input forward ran on, kept for backward when recompute is set
   std::vector<Module*> children_;
   std::vector<std::unique_ptr<Module>> owned_;
   std::vector<Parameter*> own_params_;

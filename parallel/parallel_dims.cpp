@@ -69,13 +69,15 @@ struct SizeKey {
 
 }  // namespace
 
-ParallelDims::ParallelDims() : dims(dim_specs()) {}
+ParallelDims::ParallelDims() : pp{dim::pp, 1, false, false, false, false, false, "layers (pipeline stages)"},
+  dims(dim_specs()) { pp.stages = true; }
 
 ParallelDims ParallelDims::from_sizes(const std::vector<std::pair<std::string, int>>& sizes) {
   ParallelDims pd;
   for (auto& [name, n] : sizes) {
     MT_CHECK(n >= 1, "parallel", "dim {} has size {} (expected >= 1)", name, n);
-    pd.dims[size_t(pd.index(name))].size = n;
+    if (name == dim::pp) pd.pp.size = n;
+    else pd.dims[size_t(pd.index(name))].size = n;
   }
   return pd;
 }
@@ -86,6 +88,12 @@ ParallelDims ParallelDims::from_config(const ParallelConfig& p, int world_size) 
   const bool alltoall = p.cp_method == "alltoall";
   if (!alltoall) cp_method_from_name(p.cp_method, "parallel.cp_method");
   check_parallel_sizes(p);
+  if (p.pp < 1) fail("config", "parallel.pp = {}: expected a size >= 1 (pipeline stages)", p.pp);
+  if (world_size % p.pp != 0)
+    fail("config", "parallel.pp = {} does not divide the job's {} ranks (each stage needs world / pp ranks)", p.pp,
+         world_size);
+  const int full_world = world_size;
+  world_size /= p.pp;  // the other dims split each stage's ranks
   int cp = p.cp;
   if (p.cp_ring > 0 && p.cp_ulysses > 0) {
     const int prod = p.cp_ring * p.cp_ulysses;
@@ -106,8 +114,9 @@ ParallelDims ParallelDims::from_config(const ParallelConfig& p, int world_size) 
   }
   if (infer >= 0) {
     if (world_size % known != 0)
-      fail("config", "parallel.{} = -1: the other sizes multiply to {}, which does not divide the job's {} ranks",
-           keys[size_t(infer)].key, known, world_size);
+      fail("config", "parallel.{} = -1: the other sizes multiply to {}, which does not divide the job's {} ranks{}",
+           keys[size_t(infer)].key, known, world_size,
+           p.pp > 1 ? fmt::format(" per pipeline stage ({} / parallel.pp = {})", full_world, p.pp) : "");
     keys[size_t(infer)].value = int(world_size / known);
   }
   int64_t prod = 1;
@@ -117,8 +126,12 @@ ParallelDims ParallelDims::from_config(const ParallelConfig& p, int world_size) 
     product += (product.empty() ? "" : "*") + std::string(k.key);
     factors += (factors.empty() ? "" : "*") + std::to_string(k.value);
   }
-  if (prod != world_size)
+  if (prod != world_size) {
+    if (p.pp > 1)
+      fail("config", "parallel: pp*{} = {}*{} = {} but the job has {} ranks", product, p.pp, factors,
+           prod * p.pp, full_world);
     fail("config", "parallel: {} = {} = {} but the job has {} ranks", product, factors, prod, world_size);
+  }
   cp = keys[2].value;
   // 3. cp over its two dims.
   int ring = 1, ulysses = 1;
@@ -147,6 +160,7 @@ ParallelDims ParallelDims::from_config(const ParallelConfig& p, int world_size) 
                                 {dim::cp_ring, ring},
                                 {dim::cp_ulysses, ulysses},
                                 {dim::tp, keys[3].value}});
+  pd.pp.size = p.pp;
   pd.sequence_parallel = p.sequence_parallel;
   pd.cp_method = alltoall ? CpMethod::ring : cp_method_from_name(p.cp_method, "parallel.cp_method");
   pd.cp_load_balance = cp_load_balance_from_name(p.cp_load_balance, "parallel.cp_load_balance");
@@ -159,11 +173,12 @@ int ParallelDims::index(const std::string& name) const {
   fail("parallel", "no mesh dim '{}' (the dims are dp_replicate, dp_shard, cp_ring, cp_ulysses, tp)", name);
 }
 
-int ParallelDims::world() const {
+int ParallelDims::stage_size() const {
   int w = 1;
   for (auto& d : dims) w *= d.size;
   return w;
 }
+int ParallelDims::world() const { return pp.size * stage_size(); }
 int ParallelDims::dp() const {
   int n = 1;
   for (auto& d : dims)
@@ -193,13 +208,30 @@ std::vector<MeshGroupName> ParallelDims::group_names() const {
   return {dp, cp, dp_cp, loss};
 }
 
-DeviceMesh ParallelDims::make_mesh(const MeshOptions& opts) const {
+DeviceMesh ParallelDims::make_mesh(const MeshOptions& opts) const { return make_meshes(opts).stage; }
+
+ParallelDims::Meshes ParallelDims::make_meshes(const MeshOptions& opts) const {
   MeshOptions o = opts;
   o.group_names = group_names();
-  DeviceMesh mesh = DeviceMesh::create(mesh_dims(), o);
-  // The flattened groups training uses, made now on every rank in the same order (making one is collective).
-  for (auto& g : o.group_names) mesh.group(g.name);
-  return mesh;
+  auto with_groups = [&](DeviceMesh mesh) {
+    // The flattened groups training uses, made now on every rank in the same order (making one is collective).
+    for (auto& g : o.group_names) mesh.group(g.name);
+    return mesh;
+  };
+  if (pp.size == 1) {
+    DeviceMesh m = with_groups(DeviceMesh::create(mesh_dims(), o));
+    return {m, m};
+  }
+  std::vector<MeshDim> all{{pp.name, pp.size}};
+  for (auto& d : mesh_dims()) all.push_back(d);
+  MeshOptions w = opts;
+  DeviceMesh world = DeviceMesh::create(all, w);
+  world.group(dim::pp);
+  // The stage's ranks: every dim but pp, flattened (collective over the world), then the stage mesh over them.
+  std::string inner;
+  for (auto& d : dims) inner += (inner.empty() ? "" : ",") + d.name;
+  o.base = &world.group(inner);
+  return {world, with_groups(DeviceMesh::create(mesh_dims(), o))};
 }
 
 int ParallelDims::dp_rank(const DeviceMesh& mesh) const {
@@ -284,6 +316,7 @@ void ParallelDims::check_heads(int64_t n_heads, int64_t n_kv_heads) const {
 
 std::string ParallelDims::describe() const {
   std::vector<std::string> parts;
+  if (pp.size > 1) parts.push_back(fmt::format("{}={} ({})", pp.name, pp.size, pp.what));
   for (auto& d : dims) {
     if (d.size == 1) continue;
     std::string what = d.what;

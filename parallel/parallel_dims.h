@@ -6,7 +6,10 @@
 // knows nothing of what dims mean. Adding a parallelism is one descriptor in
 // parallel_dims.cpp (and its config key) plus the code that uses it.
 //
-// Mesh order (outermost first): dp_replicate, dp_shard, cp_ring, cp_ulysses, tp.
+// Mesh order (outermost first): pp, dp_replicate, dp_shard, cp_ring, cp_ulysses, tp.
+// pp splits the model itself (stages of consecutive layers, parallel/pipeline.h): the model, its parameters and
+// activations live on the stage's mesh, the other dims, made over the stage's ranks only (`dims`, whose indices
+// are that mesh's); the world mesh adds pp outermost, and its pp group carries the activations between stages.
 // Every dim exists (size 1 where unused). tp is innermost so tensor-parallel
 // ranks are neighbours on a node, cp_ulysses next (its all-to-all wants a
 // node's bandwidth), cp_ring outside it (its K/V shifts overlap with compute).
@@ -30,6 +33,7 @@ namespace mt {
 
 // The mesh dims' and named groups' names: the only place they are spelled.
 namespace dim {
+inline constexpr const char* pp = "pp";
 inline constexpr const char* dp_replicate = "dp_replicate";
 inline constexpr const char* dp_shard = "dp_shard";
 inline constexpr const char* cp_ring = "cp_ring";
@@ -62,10 +66,12 @@ struct DimSpec {
   bool shards_params = false;  // fully_shard shards parameters over it
   bool data = false;       // ranks see different tokens: the loss is summed and gradients are Partial over it
   std::string what;        // for describe(): "batch", "sequence (ring)", ...
+  bool stages = false;     // splits the layers (pipeline parallel): each coordinate holds other parameters
 };
 
 struct ParallelDims {
-  std::vector<DimSpec> dims;  // outermost first, every dim present
+  DimSpec pp;                 // the pipeline dim, outside every other (stages)
+  std::vector<DimSpec> dims;  // the stage mesh's dims, outermost first, every dim present
   bool sequence_parallel = false;  // with tp > 1: the residual stream is Shard(1) over tp
   CpMethod cp_method = CpMethod::ring;  // how K/V move over cp_ring
   CpLoadBalance cp_load_balance = CpLoadBalance::head_tail;  // how the sequence splits over cp_ring
@@ -80,7 +86,9 @@ struct ParallelDims {
 
   int index(const std::string& name) const;  // throws "[parallel] ..." for an unknown dim
   int size(const std::string& name) const { return dims[size_t(index(name))].size; }
-  int world() const;
+  int world() const;  // every rank: pp x the stage's ranks
+  int stage_size() const;  // the ranks of one pipeline stage (the stage mesh's size)
+  int pp_size() const { return pp.size; }
   int dp_replicate() const { return size(dim::dp_replicate); }
   int dp_shard() const { return size(dim::dp_shard); }
   int cp_ring() const { return size(dim::cp_ring); }
@@ -92,8 +100,15 @@ struct ParallelDims {
   // The dims with their sizes, outermost first, and the named groups (DeviceMesh::create takes them).
   std::vector<MeshDim> mesh_dims() const;
   std::vector<MeshGroupName> group_names() const;
-  // The mesh for these dims on every rank of the world (collective), with its named groups made.
+  // The stage mesh (the model's) for these dims (collective over the world), with its named groups made.
   DeviceMesh make_mesh(const MeshOptions& opts = {}) const;
+  // With pp: the world mesh (pp outermost, then the stage dims: its group(dim::pp) joins the ranks holding the
+  // same part of neighbouring stages) and this rank's stage mesh, made over its stage's ranks. Without pp both
+  // are the same mesh.
+  struct Meshes {
+    DeviceMesh world, stage;
+  };
+  Meshes make_meshes(const MeshOptions& opts = {}) const;
 
   // This rank's index among dp() row groups, and its place in each sequence split.
   int dp_rank(const DeviceMesh& mesh) const;

@@ -427,4 +427,15 @@ std::string pp_schedule_str(const PpSchedule& s) {
   return out;
 }
 
+std::vector<ModelChunk> pp_rank_chunks(const std::vector<int>& split, int p, int v, int rank) {
+  const int S = p * v;
+  MT_CHECK(int(split.size()) == S, "parallel", "a split of {} stages for pp {} x pp_virtual {}", split.size(), p, v);
+  std::vector<int64_t> begin(size_t(S) + 1, 0);
+  for (int s = 0; s < S; ++s) begin[size_t(s) + 1] = begin[size_t(s)] + split[size_t(s)];
+  std::vector<ModelChunk> out;
+  for (int s = rank; s < S; s += p)
+    out.push_back({s, begin[size_t(s)], begin[size_t(s) + 1], s == 0, s == S - 1});
+  return out;
+}
+
 }  // namespace mt

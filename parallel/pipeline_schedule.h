@@ -79,6 +79,16 @@ double pp_bubble_formula(const std::string& kind, int p, int v, int m);
 std::vector<int> pp_layer_split(int64_t n_layers, int stages, double first_extra, double last_extra,
                                 const std::vector<int>& explicit_split = {});
 
+// The part of the model one stage runs.
+struct ModelChunk {
+  int stage = 0;
+  int64_t layer_begin = 0, layer_end = 0;  // decoder layers [begin, end), named by their global index
+  bool first = false;  // runs the embedding: its input is the tokens
+  bool last = false;   // runs the final norm and the output projection: its output is the logits
+};
+// The chunks pp rank `rank` runs (stages rank, rank + p, ...), in stage order, from a layer split over p * v stages.
+std::vector<ModelChunk> pp_rank_chunks(const std::vector<int>& split, int p, int v, int rank);
+
 // One line per rank, e.g. "rank 0: F0 F1 F2 B0 F3 B1 ..." (the plan printer's timeline).
 std::string pp_schedule_str(const PpSchedule& s);
 

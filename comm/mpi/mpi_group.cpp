@@ -340,21 +340,52 @@ class MpiGroup final : public Group, public HasMpiComm {
     return Work(w);
   }
 
-  void do_send(const Tensor& t, int peer) override {
-    Staged s(t, true, false, stage(0, t, false));
-    WatchdogScope w("send", *this);
-    MT_MPI_CHECK(
-        MPI_Send(s.host.data_ptr(), to_int(t.numel(), "send", *this), mpi_datatype(t.dtype()), peer, kTag, comm_));
+  // Point-to-point tags start past the collectives' (kTag, kTag + 1); MPI guarantees tags up to 32767.
+  static int p2p_tag(int tag, const Group& g) {
+    int* ub = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    const int64_t limit = flag && ub ? *ub : 32767;
+    MT_CHECK(int64_t(kTag) + 16 + tag <= limit, "comm", "point to point on {}: tag {} past MPI's largest, {}",
+             g.describe(), tag, limit - kTag - 16);
+    return kTag + 16 + tag;
   }
 
-  void do_recv(const Tensor& t, int peer) override {
-    Staged s(t, false, true, stage(0, t, false));
-    {
-      WatchdogScope w("recv", *this);
-      MT_MPI_CHECK(MPI_Recv(s.host.data_ptr(), to_int(t.numel(), "recv", *this), mpi_datatype(t.dtype()), peer, kTag,
-                            comm_, MPI_STATUS_IGNORE));
+  Work do_send(const Tensor& t, int peer, bool async, int tag, const std::string& what) override {
+    const std::string op = what.empty() ? std::string("send") : "send (" + what + ")";
+    const int cnt = to_int(t.numel(), "send", *this), mtag = p2p_tag(tag, *this);
+    if (!async) {
+      Staged s(t, true, false, stage(0, t, false));
+      WatchdogScope w(op.c_str(), *this);
+      MT_MPI_CHECK(MPI_Send(s.host.data_ptr(), cnt, mpi_datatype(t.dtype()), peer, mtag, comm_));
+      return {};
     }
-    s.finish();
+    Staged s(t, true, false, nullptr);
+    auto w = start(op);
+    w->reqs.resize(1);
+    MT_MPI_CHECK(MPI_Isend(s.host.data_ptr(), cnt, mpi_datatype(t.dtype()), peer, mtag, comm_, &w->reqs[0]));
+    keep_alive(*w, s);
+    return Work(w);
+  }
+
+  Work do_recv(const Tensor& t, int peer, bool async, int tag, const std::string& what) override {
+    const std::string op = what.empty() ? std::string("recv") : "recv (" + what + ")";
+    const int cnt = to_int(t.numel(), "recv", *this), mtag = p2p_tag(tag, *this);
+    if (!async) {
+      Staged s(t, false, true, stage(0, t, false));
+      {
+        WatchdogScope w(op.c_str(), *this);
+        MT_MPI_CHECK(MPI_Recv(s.host.data_ptr(), cnt, mpi_datatype(t.dtype()), peer, mtag, comm_, MPI_STATUS_IGNORE));
+      }
+      s.finish();
+      return {};
+    }
+    Staged s(t, false, true, nullptr);
+    auto w = start(op);
+    w->reqs.resize(1);
+    MT_MPI_CHECK(MPI_Irecv(s.host.data_ptr(), cnt, mpi_datatype(t.dtype()), peer, mtag, comm_, &w->reqs[0]));
+    w->staged = {s};
+    return Work(w);
   }
 
   Work do_ring_shift(const Tensor& out, const Tensor& in, int shift, bool async) override {
@@ -414,7 +445,7 @@ class MpiGroup final : public Group, public HasMpiComm {
     MPI_Comm_rank(c, &r);
     return r;
   }
-  std::shared_ptr<MpiWork> start(const char* op) {
+  std::shared_ptr<MpiWork> start(const std::string& op) {
     auto w = std::make_shared<MpiWork>();
     w->watch = watchdog_begin(op, *this);
     return w;

@@ -253,8 +253,13 @@ class NcclGroup final : public Group, public HasMpiComm {
     });
   }
 
-  void do_send(const Tensor& t, int peer) override { point_to_point("send", t, peer, true); }
-  void do_recv(const Tensor& t, int peer) override { point_to_point("recv", t, peer, false); }
+  // NCCL has no tags: messages between two ranks match in issue order (the pipeline's schedules issue them so).
+  Work do_send(const Tensor& t, int peer, bool async, int /*tag*/, const std::string& what) override {
+    return point_to_point(what.empty() ? std::string("send") : "send (" + what + ")", t, peer, true, async);
+  }
+  Work do_recv(const Tensor& t, int peer, bool async, int /*tag*/, const std::string& what) override {
+    return point_to_point(what.empty() ? std::string("recv") : "recv (" + what + ")", t, peer, false, async);
+  }
 
   Work do_ring_shift(const Tensor& out, const Tensor& in, int shift, bool async) override {
     int n = size();
@@ -411,22 +416,25 @@ class NcclGroup final : public Group, public HasMpiComm {
     });
   }
 
-  void point_to_point(const char* op, const Tensor& t, int peer, bool is_send) {
+  Work point_to_point(const std::string& label, const Tensor& t, int peer, bool is_send, bool async) {
+    const char* op = label.c_str();
     // The peer's range is checked by Group; NCCL alone cannot send to its own rank.
     MT_CHECK(peer != rank(), "comm", "{} on {}: bad peer {} (rank {} of {})", op, describe(), peer, rank(), size());
     check_dev(op, t);
     auto [ty, mult] = move_type(t.dtype());
     size_t n = size_t(t.numel()) * mult;
-    if (n == 0) return;
-    run(op, {t}, false, [&](cudaStream_t s) {
+    if (n == 0) return {};
+    Work w = run(op, {t}, async, [&](cudaStream_t s) {
       if (is_send) MT_NCCL_CHECK(ncclSend(t.data_ptr(), n, ty, peer, comm_, s), comm_);
       else MT_NCCL_CHECK(ncclRecv(t.data_ptr(), n, ty, peer, comm_, s), comm_);
     });
+    if (async) return w;
     // Blocking: the host continues once the transfer is complete (a peer that
     // never arrives is caught by the watchdog entry made above).
     DeviceGuard g(device_);
     note_host_sync();
     MT_CUDA_CHECK(cudaStreamSynchronize(nstream()));
+    return {};
   }
 
   MPI_Comm mpi_;

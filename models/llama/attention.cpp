@@ -110,34 +110,34 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   if (recomputing() && keep_attention_output) {
     // Selective recompute: the first forward's attention output and log-sum-exp were kept; the kernel's
     // result would be the same bits, so it (and its cp communication over the sequence) is not run again.
-    MT_CHECK(out_.defined() && saved_.out.defined() && saved_.lse.defined() && out_.shape() == (Shape{B, T, H, hd}),
+    MT_CHECK(out_->defined() && saved_->out.defined() && saved_->lse.defined() && out_->shape() == (Shape{B, T, H, hd}),
              "model", "{}: recompute without the attention output kept by the first forward", name());
-    attention->resave_inputs(saved_, q, k, v, call);
+    attention->resave_inputs(*saved_, q, k, v, call);
   } else {
-    out_ = attention->forward(saved_, q, k, v, call);  // (B, T, H, hd)
+    out_ = attention->forward(*saved_, q, k, v, call);  // (B, T, H, hd)
   }
-  return o_proj->call(out_.reshape({B, T, H * hd}));
+  return o_proj->call(out_->reshape({B, T, H * hd}));
 }
 
 void LlamaAttention::drop_saved() {
-  saved_.q = saved_.k = saved_.v = Tensor();
+  saved_->q = saved_->k = saved_->v = Tensor();
   if (!keep_attention_output) {
-    saved_.clear();
+    saved_->clear();
     out_ = Tensor();
   }
 }
 
 Tensor LlamaAttention::backward(const Tensor& dy) {
   // dy may be sequence-sharded (o_proj's output layout); out_ has the attention's (this rank's) sequence.
-  int64_t B = out_.size(0), T = out_.size(1), KV = kv_heads_;
-  Tensor dout = o_proj->call_backward(dy).reshape(out_.shape());  // (B, T, H, hd)
-  Tensor dq = empty(out_.shape(), dy.dtype(), dy.device());        // (B, T, H, hd)
+  int64_t B = out_->size(0), T = out_->size(1), KV = kv_heads_;
+  Tensor dout = o_proj->call_backward(dy).reshape(out_->shape());  // (B, T, H, hd)
+  Tensor dq = empty(out_->shape(), dy.dtype(), dy.device());        // (B, T, H, hd)
   Tensor dk = empty({B, T, KV, head_dim}, dy.dtype(), dy.device());  // (B, T, KV, hd)
   Tensor dv = empty(dk.shape(), dy.dtype(), dy.device());
-  attention->backward(dq, dk, dv, dout, saved_, seq_->attention_call());
+  attention->backward(dq, dk, dv, dout, *saved_, seq_->attention_call());
   rope_backward(dq, dq, seq_->cos, seq_->sin);
   rope_backward(dk, dk, seq_->cos, seq_->sin);
-  saved_.clear();
+  saved_->clear();
   out_ = Tensor();
   Tensor dx = q_proj->call_backward(dq.reshape({B, T, -1}));  // (B, T, C), then k's and v's added by their GEMMs
   k_proj->call_backward_into(dk.reshape({B, T, -1}), dx);

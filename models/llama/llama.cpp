@@ -1,6 +1,8 @@
 // Decoder layers, the model trunk and the causal-LM head.
 #include "models/llama/llama.h"
 
+#include <set>
+
 #include "runtime/kernels/ops.h"
 
 namespace mt {
@@ -53,7 +55,8 @@ Tensor LlamaModel::backward(const Tensor& dy) {
 }
 
 LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, const LlamaVariant& v)
-    : CausalLM("LlamaForCausalLM", c), variant(v), seq(std::make_shared<SequenceContext>()) {
+    : CausalLM("LlamaForCausalLM", c), variant(v), dtype(f.dtype), device(f.device),
+      seq(std::make_shared<SequenceContext>()) {
   seq->theta = c.rope_theta;
   seq->rope_scaling = c.rope_scaling;
   model = add_child(std::make_unique<LlamaModel>("model", c, v, f, seq));
@@ -62,12 +65,75 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, 
 }
 
 void LlamaForCausalLM::set_positions(const Tensor& positions) {
-  const Tensor& w = model->embed_tokens->weight->compute_local();
-  seq->set_positions(positions, config.head_size(), w.dtype(), w.device());
+  seq->set_positions(positions, config.head_size(), dtype, device);
+}
+
+Parameter& LlamaForCausalLM::embedding_weight() {
+  MT_CHECK(model->embed_tokens, "model", "the token embedding is on pipeline stage 0, not on this rank's stages");
+  return *model->embed_tokens->weight;
+}
+
+Parameter& LlamaForCausalLM::output_weight() {
+  MT_CHECK(lm_head, "model", "lm_head is on the last pipeline stage, not on this rank's stages");
+  return *lm_head->weight;
+}
+
+void LlamaForCausalLM::keep_chunks(const std::vector<ModelChunk>& chunks) {
+  MT_CHECK(chunks_.empty(), "model", "keep_chunks: the model was already split into pipeline stages");
+  MT_CHECK(!config.tie_embeddings, "config",
+           "model.tie_embeddings = true with parallel.pp > 1: the embedding (stage 0) and lm_head (the last stage) "
+           "would share one weight across stages; untie them or run without pipeline parallel");
+  std::vector<bool> keep(model->layers.size(), false);
+  bool first = false, last = false;
+  for (const ModelChunk& c : chunks) {
+    MT_CHECK(c.layer_begin >= 0 && c.layer_begin <= c.layer_end && c.layer_end <= int64_t(keep.size()), "model",
+             "stage {}: layers [{}, {}) out of the model's {}", c.stage, c.layer_begin, c.layer_end, keep.size());
+    for (int64_t i = c.layer_begin; i < c.layer_end; ++i) keep[size_t(i)] = true;
+    first |= c.first, last |= c.last;
+  }
+  std::set<const Module*> drop;
+  for (size_t i = 0; i < keep.size(); ++i)
+    if (!keep[i]) drop.insert(model->layers[i]);
+  if (!first) drop.insert(model->embed_tokens);
+  if (!last) drop.insert(model->norm), drop.insert(lm_head);
+  for (const Module* m : drop)
+    for (Module* sub : const_cast<Module*>(m)->modules()) {
+      elsewhere_modules_.push_back(sub->name());
+      for (Parameter* p : sub->own_parameters()) elsewhere_.push_back(p->name);
+    }
+  for (size_t i = 0; i < keep.size(); ++i)
+    if (!keep[i]) model->layers[i] = nullptr;
+  if (!first) model->embed_tokens = nullptr;
+  if (!last) model->norm = nullptr;
+  const bool drop_head = !last;
+  model->remove_children([&](const Module* m) { return drop.count(m) > 0; });
+  remove_children([&](const Module* m) { return drop.count(m) > 0; });
+  if (drop_head) lm_head = nullptr;
+  chunks_ = chunks;
+}
+
+Tensor LlamaForCausalLM::chunk_forward(size_t k, const Tensor& x) {
+  const ModelChunk& c = chunks_.at(k);
+  Tensor h = c.first ? model->embed_tokens->call(x) : x;  // (B, T, C)
+  for (int64_t i = c.layer_begin; i < c.layer_end; ++i) h = model->layers[size_t(i)]->call(h);
+  if (c.last) h = lm_head->call(model->norm->call(h));  // (B, T, V)
+  return h;
+}
+
+Tensor LlamaForCausalLM::chunk_backward(size_t k, const Tensor& dy) {
+  const ModelChunk& c = chunks_.at(k);
+  Tensor dh = c.last ? model->norm->call_backward(lm_head->call_backward(dy)) : dy;
+  for (int64_t i = c.layer_end; i-- > c.layer_begin;) dh = model->layers[size_t(i)]->call_backward(dh);
+  if (c.first) {
+    model->embed_tokens->call_backward(dh);
+    return Tensor();
+  }
+  return dh;
 }
 
 void LlamaForCausalLM::set_attention(std::shared_ptr<const Attention> a) {
-  for (LlamaDecoderLayer* l : model->layers) l->self_attn->attention = a;
+  for (LlamaDecoderLayer* l : model->layers)
+    if (l) l->self_attn->attention = a;  // null: another pipeline stage's
 }
 
 Tensor LlamaForCausalLM::forward(const Tensor& tokens) {

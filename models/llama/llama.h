@@ -54,9 +54,10 @@ class LlamaAttention : public Module {
 
  private:
   std::shared_ptr<SequenceContext> seq_;
-  AttentionSaved saved_;  // what the attention's backward needs, in its layout
-  Tensor out_;            // (B, T, H, hd): the attention's output, o_proj's input
-  int64_t kv_heads_ = 0;  // KV of the last forward (this rank's)
+  // Per micro-batch (module.h):
+  Saved<AttentionSaved> saved_;  // what the attention's backward needs, in its layout
+  Saved<Tensor> out_;            // (B, T, H, hd): the attention's output, o_proj's input
+  Saved<int64_t> kv_heads_;      // KV of the last forward (this rank's)
 };
 
 class LlamaMLP : public Module {
@@ -67,10 +68,13 @@ class LlamaMLP : public Module {
  protected:
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
   Tensor backward(const Tensor& dy) override;
-  void drop_saved() override { gate_ = up_ = Tensor(); }
+  void drop_saved() override {
+    gate_ = Tensor();
+    up_ = Tensor();
+  }
 
  private:
-  Tensor gate_, up_;  // (B, T, F)
+  Saved<Tensor> gate_, up_;  // (B, T, F), per micro-batch
 };
 
 class LlamaDecoderLayer : public Module {
@@ -92,9 +96,11 @@ class LlamaModel : public Module {
  public:
   LlamaModel(const std::string& name, const ModelConfig& c, const LlamaVariant& v, const ParamFactory& f,
              std::shared_ptr<SequenceContext> seq);
+  // Under pipeline parallel a stage holds some of them (the others null).
   Embedding* embed_tokens;
-  std::vector<LlamaDecoderLayer*> layers;
+  std::vector<LlamaDecoderLayer*> layers;  // by global index
   RMSNorm* norm;
+  friend class LlamaForCausalLM;
 
  protected:
   Tensor forward(const Tensor& tokens) override;  // (B, T) i32 -> (B, T, C)
@@ -107,18 +113,26 @@ class LlamaForCausalLM : public CausalLM {
   LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, const LlamaVariant& v = {});
   LlamaVariant variant;
   LlamaModel* model;
-  Linear* lm_head;
+  Linear* lm_head;  // null on a pipeline stage other than the last
+  DType dtype;      // the compute dtype and device (ParamFactory's)
+  Device device;
   std::shared_ptr<SequenceContext> seq;
   void set_positions(const Tensor& positions) override;
   void set_attention(std::shared_ptr<const Attention> a) override;
   const std::shared_ptr<const Attention>& attention() const override {
+    for (LlamaDecoderLayer* l : model->layers)
+      if (l) return l->self_attn->attention;
+    MT_CHECK(false, "model", "no decoder layer on this rank");
     return model->layers.at(0)->self_attn->attention;
   }
   Tensor positions() const override { return seq->positions; }
   void set_documents(const Tensor& doc_start) override { seq->set_documents(doc_start); }
   Tensor documents() const override { return seq->doc_start; }
-  Parameter& embedding_weight() override { return *model->embed_tokens->weight; }
-  Parameter& output_weight() override { return *lm_head->weight; }
+  Parameter& embedding_weight() override;
+  Parameter& output_weight() override;
+  void keep_chunks(const std::vector<ModelChunk>& chunks) override;
+  Tensor chunk_forward(size_t k, const Tensor& x) override;
+  Tensor chunk_backward(size_t k, const Tensor& dy) override;
 
  protected:
   Tensor forward(const Tensor& tokens) override;

@@ -13,16 +13,17 @@ LlamaMLP::LlamaMLP(const std::string& name, const ModelConfig& c, const ParamFac
 Tensor LlamaMLP::forward(const Tensor& x) {
   gate_ = gate_proj->call(x);                              // (B, T, F)
   up_ = up_proj->call(x);                                  // (B, T, F)
-  Tensor h = empty(gate_.shape(), x.dtype(), x.device());  // (B, T, F)
+  Tensor h = empty(gate_->shape(), x.dtype(), x.device());  // (B, T, F)
   swiglu_forward(h, gate_, up_);
   return down_proj->call(h);
 }
 
 Tensor LlamaMLP::backward(const Tensor& dy) {
   Tensor dh = down_proj->call_backward(dy);  // (B, T, F)
-  Tensor dgate = empty(gate_.shape(), dy.dtype(), dy.device()), dup = empty(up_.shape(), dy.dtype(), dy.device());
+  Tensor dgate = empty(gate_->shape(), dy.dtype(), dy.device()), dup = empty(up_->shape(), dy.dtype(), dy.device());
   swiglu_backward(dgate, dup, dh, gate_, up_);
-  gate_ = up_ = Tensor();
+  gate_ = Tensor();
+  up_ = Tensor();
   Tensor dx = gate_proj->call_backward(dgate);  // (B, T, C), then up's added by its GEMM
   return up_proj->call_backward_into(dup, dx);
 }

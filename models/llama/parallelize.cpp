@@ -4,6 +4,17 @@
 
 namespace mt {
 
+namespace {
+// Under pipeline parallel a stage holds part of the model: a pattern that matches only another stage's modules is
+// left out here; one that matches no module of any stage stays, for the style's own error.
+bool here_or_nowhere(LlamaForCausalLM& model, const std::string& pattern) {
+  if (model.chunks().empty() || !model.matches_elsewhere(pattern)) return true;
+  for (Module* m : model.modules())
+    if (pattern_matches(pattern, m->name())) return true;
+  return false;
+}
+}  // namespace
+
 ParallelPlan llama_tp_plan(bool sp, bool loss_parallel) {
   const Placement R = Placement::Replicate(), S1 = Placement::Shard(1), Slast = Placement::Shard(-1);
   const Placement between = sp ? S1 : R;  // the residual stream's layout
@@ -33,6 +44,7 @@ void apply_tp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDim
   if (pd.tp() == 1) return;
   ParallelPlan plan =
       p.tp_plan.empty() ? llama_tp_plan(p.sequence_parallel, p.loss_parallel) : plan_from_config(p.tp_plan);
+  std::erase_if(plan, [&](const PlanEntry& e) { return !here_or_nowhere(model, e.pattern); });
   parallelize(model, mesh, dim::tp, plan);
 }
 
@@ -54,7 +66,10 @@ std::vector<Module*> apply_recompute_llama(LlamaForCausalLM& model, const Recomp
   policy.types = {"LlamaModel", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP"};
   policy.keep["attention"] = {[](const Module& m) { return dynamic_cast<const LlamaAttention*>(&m) != nullptr; },
                               [](Module& m) { static_cast<LlamaAttention&>(m).keep_attention_output = true; }};
-  return apply_recompute(model, RecomputeOptions{c.patterns, c.every, c.keep}, policy);
+  std::vector<std::string> patterns = c.patterns;
+  std::erase_if(patterns, [&](const std::string& pat) { return !here_or_nowhere(model, pat); });
+  if (patterns.empty()) return {};  // every pattern is another stage's
+  return apply_recompute(model, RecomputeOptions{patterns, c.every, c.keep}, policy);
 }
 
 std::unique_ptr<FullyShard> apply_fsdp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd,
@@ -71,7 +86,22 @@ std::unique_ptr<FullyShard> apply_fsdp(LlamaForCausalLM& model, const DeviceMesh
     o.units = model.config.tie_embeddings
                   ? std::vector<std::string>{"model.layers.*", "model.embed_tokens+model.norm+lm_head"}
                   : std::vector<std::string>{"model.embed_tokens", "model.layers.*", "model.norm+lm_head"};
-  o.param_dtype = compute_dtype(*model.model->embed_tokens->weight);
+  // A unit 'a+b' keeps the parts this stage holds (pipeline parallel); a unit none of whose parts is here goes.
+  std::vector<std::string> units;
+  for (const std::string& u : o.units) {
+    std::string kept;
+    size_t start = 0;
+    while (start <= u.size()) {
+      size_t plus = u.find('+', start);
+      std::string part = u.substr(start, plus == std::string::npos ? std::string::npos : plus - start);
+      if (here_or_nowhere(model, part)) kept += (kept.empty() ? "" : "+") + part;
+      if (plus == std::string::npos) break;
+      start = plus + 1;
+    }
+    if (!kept.empty()) units.push_back(kept);
+  }
+  o.units = units;
+  o.param_dtype = model.dtype;
   o.reduce_dtype = c.reduce_dtype.empty() ? reduce_dtype : (c.reduce_dtype == "bf16" ? DType::bf16 : DType::f32);
   if (o.param_dtype == DType::f64) o.reduce_dtype = DType::f64;  // f64 checks reduce in f64
   return fully_shard(model, mesh, o);

@@ -77,6 +77,10 @@ struct RecomputeConfig {
 };
 
 struct ParallelConfig {
+  int pp = 1;                          // pipeline parallel: stages of consecutive layers, the outermost dim
+  std::string pp_schedule = "1f1b";    // gpipe | 1f1b | interleaved_1f1b | zb1p
+  int pp_virtual = 1;                  // model chunks per pp rank (interleaved_1f1b)
+  std::vector<int> pp_layers;          // decoder layers per stage (pp x pp_virtual entries); empty: balanced
   int dp_replicate = -1;  // replicated data parallel; by default whatever the other dims leave
   int dp_shard = 1;       // fully sharded data parallel
   int cp = 1;             // context parallel: cp_ulysses x cp_ring
@@ -91,6 +95,13 @@ struct ParallelConfig {
   RecomputeConfig recompute;
   FsdpConfig fsdp;
   template <class V> void visit(V& v) {
+    v("pp", pp, "pipeline-parallel degree: stages of consecutive decoder layers, the outermost mesh dim");
+    v("pp_schedule", pp_schedule,
+      "with pp > 1: gpipe | 1f1b | interleaved_1f1b | zb1p (the micro-batches are training.micro_batch_size)");
+    v("pp_virtual", pp_virtual, "with pp_schedule interleaved_1f1b: model chunks (virtual stages) per pp rank");
+    v("pp_layers", pp_layers,
+      "decoder layers per stage, pp x pp_virtual entries summing to model.n_layers (empty: balanced by FLOPs, the "
+      "embedding and lm_head counted)");
     v("dp_replicate", dp_replicate, "replicated data-parallel degree (-1: the remaining ranks)");
     v("dp_shard", dp_shard, "fully sharded data-parallel degree (-1: the remaining ranks)");
     v("cp", cp, "context-parallel degree, cp_ulysses x cp_ring (-1: the remaining ranks)");

@@ -71,6 +71,7 @@ template <class T> void read_list(const YAML::Node& n, const std::string& path, 
   }
 }
 inline void read_value(const YAML::Node& n, const std::string& path, std::vector<double>& out) { read_list(n, path, out); }
+inline void read_value(const YAML::Node& n, const std::string& path, std::vector<int>& out) { read_list(n, path, out); }
 inline void read_value(const YAML::Node& n, const std::string& path, std::vector<std::string>& out) {
   read_list(n, path, out);
 }
@@ -150,7 +151,8 @@ struct Writer {
         out << YAML::EndMap;
       }
       out << YAML::EndSeq;
-    } else if constexpr (std::is_same_v<T, std::vector<double>> || std::is_same_v<T, std::vector<std::string>>) {
+    } else if constexpr (std::is_same_v<T, std::vector<double>> || std::is_same_v<T, std::vector<int>> ||
+                         std::is_same_v<T, std::vector<std::string>>) {
       out << YAML::Flow << YAML::BeginSeq;
       // Strings quoted so that '', 'yes' or '[a' read back as the same strings.
       for (auto& x : field) {

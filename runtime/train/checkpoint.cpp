@@ -196,6 +196,33 @@ Tensor gather_to_writer(const DTensor& t, int writer, Group& world) {
   return full;
 }
 
+// The concatenation of every member's JSON array, in rank order (collective over g).
+json gather_json_array(Group& g, const json& mine, Device device) {
+  const std::string text = mine.dump();
+  Tensor len = empty({1}, DType::i64);
+  len.at<int64_t>(0) = int64_t(text.size());
+  Tensor lens = empty({int64_t(g.size())}, DType::i64, device);
+  g.all_gather(lens, len.to(device));
+  const Tensor lens_h = lens.to(Device::cpu());
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  for (int r = 0; r < g.size(); ++r) total += counts.emplace_back(lens_h.at<int64_t>(r));
+  Tensor chars = empty({int64_t(text.size())}, DType::i32);  // one character per element: no byte dtype
+  for (size_t i = 0; i < text.size(); ++i) chars.at<int32_t>(int64_t(i)) = int32_t((unsigned char)text[i]);
+  Tensor all = empty({total}, DType::i32, device);
+  g.all_gather_v(all, chars.to(device), counts);
+  const Tensor all_h = all.to(Device::cpu());
+  json out = json::array();
+  int64_t at = 0;
+  for (int64_t c : counts) {
+    std::string part(size_t(c), '\0');
+    for (int64_t i = 0; i < c; ++i) part[size_t(i)] = char(all_h.at<int32_t>(at + i));
+    at += c;
+    for (auto& e : json::parse(part)) out.push_back(e);
+  }
+  return out;
+}
+
 std::string shard_file(const std::string& prefix, int k, int n) {
   return n == 1 ? prefix + ".safetensors" : fmt::format("{}-{:05d}-of-{:05d}.safetensors", prefix, k + 1, n);
 }
@@ -203,19 +230,41 @@ std::string shard_file(const std::string& prefix, int k, int n) {
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, CausalLM& model, AdamW& opt,
-                            const Config& config, const DeviceMesh& mesh, const MpiEnv& env) {
+                            const Config& config, const DeviceMesh& mesh, const MpiEnv& env, Group* pp) {
   const int64_t step = progress.step;
   const std::string label = fmt::format("the checkpoint of step {}", step);
   std::vector<CkptTensor> ts = checkpoint_tensors(model, &opt);
+  // The model's ranks: the world, or under pipeline parallel this stage's, which write this stage's tensors.
   Group& world = mesh.group("world");
   const int me = world.rank(), n_world = world.size();
-  const std::vector<int> writer = assign_writers(ts, n_world, config.checkpoint.writers);
-  // The files: one model and one optimizer file per writer that has such tensors, numbered in rank order.
+  const bool root = env.rank() == 0;  // makes the directory, writes the indexes and meta.json, renames
+  const int n_stages = pp ? pp->size() : 1;
+  const int64_t writers_cfg =
+      config.checkpoint.writers > 0 ? std::max<int64_t>(1, config.checkpoint.writers / n_stages) : 0;
+  const std::vector<int> writer = assign_writers(ts, n_world, writers_cfg);
+  // The files: one model and one optimizer file per writer that has such tensors, numbered in rank order (under
+  // pipeline parallel, stage by stage: each stage's numbers follow the previous stages').
   std::map<int, int> model_k, opt_k;  // writer -> file index
   for (size_t i = 0; i < ts.size(); ++i) (ts[i].model ? model_k : opt_k)[writer[i]] = 0;
   int n_model = 0, n_opt = 0;
   for (auto& [w, k] : model_k) k = n_model++;
   for (auto& [w, k] : opt_k) k = n_opt++;
+  if (pp) {
+    Tensor mine = empty({2}, DType::i64), all = empty({2 * int64_t(n_stages)}, DType::i64);
+    mine.at<int64_t>(0) = n_model, mine.at<int64_t>(1) = n_opt;
+    Tensor all_d = all.to(mesh.device());
+    pp->all_gather(all_d, mine.to(mesh.device()));
+    all = all_d.to(Device::cpu());
+    int off_model = 0, off_opt = 0, tot_model = 0, tot_opt = 0;
+    for (int s = 0; s < n_stages; ++s) {
+      const int a = int(all.at<int64_t>(2 * s)), b = int(all.at<int64_t>(2 * s + 1));
+      if (s < pp->rank()) off_model += a, off_opt += b;
+      tot_model += a, tot_opt += b;
+    }
+    for (auto& [w, k] : model_k) k += off_model;
+    for (auto& [w, k] : opt_k) k += off_opt;
+    n_model = tot_model, n_opt = tot_opt;
+  }
   fs::path final_dir = fs::path(dir) / step_dir_name(step);
   fs::path tmp = fs::path(dir) / (step_dir_name(step) + ".tmp");
 
@@ -231,7 +280,7 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
                "checkpoint is not written, the previous ones are kept",
                step, c.model ? "parameter" : "optimizer", c.name, to_f64(h.reshape({-1}).slice0(i, i + 1))[0], i);
     }
-    if (me == 0) {
+    if (root) {
       std::error_code ec;
       fs::remove_all(tmp, ec);
       fs::create_directories(tmp, ec);
@@ -270,7 +319,7 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
     try {
       (ts[i].model ? mine_model : mine_opt)->write(ts[i].name, full);
       ++mine_written;
-      if (me == 0 && 2 * mine_written >= mine_total) {
+      if (root && 2 * mine_written >= mine_total) {
         if (fault_at(step, true)) fail("checkpoint", "MT_FAULT_CHECKPOINT={}:error: writing {} fails", step, tmp.string());
         if (fault_at(step, false)) {
           spdlog::error("[checkpoint] MT_FAULT_CHECKPOINT={}: rank 0 dies while writing {}", step, tmp.string());
@@ -293,31 +342,35 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
     agree_on_error(env, err, label);
   } catch (...) {
     std::error_code ec;
-    if (me == 0) fs::remove_all(tmp, ec);
+    if (root) fs::remove_all(tmp, ec);
     throw;
   }
 
   // 3. Rank 0: the indexes (when there are several files), config.json and meta.json, then the rename. Agreed again,
-  // so that no rank goes on (or reads) before the rename and every rank fails when it fails.
+  // so that no rank goes on (or reads) before the rename and every rank fails when it fails. Under pipeline
+  // parallel each stage's first rank tells rank 0 where its stage's tensors went (the index covers every stage).
+  json entries = json::array();  // [name, model file?, file index, bytes]
+  for (size_t i = 0; i < ts.size(); ++i)
+    entries.push_back({ts[i].name, ts[i].model, (ts[i].model ? model_k : opt_k).at(writer[i]), tensor_bytes(ts[i])});
+  if (pp && me == 0) entries = gather_json_array(*pp, entries, mesh.device());
   err = nullptr;
-  if (me == 0) {
+  if (root) {
     try {
-      auto write_index = [&](const std::string& prefix, bool model_file, int n_files, const std::map<int, int>& ks,
-                             json metadata) {
+      auto write_index = [&](const std::string& prefix, bool model_file, int n_files, json metadata) {
         if (n_files <= 1) return;
         json map = json::object();
         uint64_t total = 0;
-        for (size_t i = 0; i < ts.size(); ++i)
-          if (ts[i].model == model_file) {
-            map[ts[i].name] = shard_file(prefix, ks.at(writer[i]), n_files);
-            total += tensor_bytes(ts[i]);
+        for (const json& e : entries)
+          if (e[1].get<bool>() == model_file) {
+            map[e[0].get<std::string>()] = shard_file(prefix, e[2].get<int>(), n_files);
+            total += e[3].get<uint64_t>();
           }
         metadata["total_size"] = total;
         write_text(tmp / (prefix + ".safetensors.index.json"), json{{"metadata", metadata}, {"weight_map", map}}.dump(2) + "\n");
         fsync_path(tmp / (prefix + ".safetensors.index.json"));
       };
-      write_index("model", true, n_model, model_k, json::object());
-      write_index("optimizer", false, n_opt, opt_k, json{{"step", std::to_string(opt.steps_taken())}});
+      write_index("model", true, n_model, json::object());
+      write_index("optimizer", false, n_opt, json{{"step", std::to_string(opt.steps_taken())}});
       write_text(tmp / "config.json", hf_config_json(config, ts.front().t.local.dtype()).dump(2) + "\n");
       fsync_path(tmp / "config.json");
       // The tokenizer travels with the weights, so that the directory is a whole Hugging Face model.
@@ -333,6 +386,7 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
       meta["rng"] = {{"seed", progress.seed},
                      {"generator", "philox4x32-10 keyed by (seed, stream name, index): no hidden state"}};
       json mesh_json = json::array();
+      if (pp) mesh_json.push_back({{"name", "pp"}, {"size", n_stages}});
       for (auto& d : mesh.dims()) mesh_json.push_back({{"name", d.name}, {"size", d.size}});
       meta["mesh"] = mesh_json;
       meta["files"] = {{"model", n_model}, {"optimizer", n_opt}};
@@ -520,8 +574,10 @@ TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* o
   std::vector<LoadItem> items;
   for (Parameter* q : params) items.push_back({q->name, q->value, q});
   TensorSource weights(path, "model", false);
+  const std::set<std::string> elsewhere(model.elsewhere().begin(), model.elsewhere().end());  // other stages'
   for (auto& [name, k] : weights.tensors()) {
-    bool known = std::any_of(params.begin(), params.end(), [&](Parameter* q) { return q->name == name; });
+    bool known = std::any_of(params.begin(), params.end(), [&](Parameter* q) { return q->name == name; }) ||
+                 elsewhere.count(name) > 0;
     MT_CHECK(known, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model",
              weights.reader(name).path(), name, shape_str(weights.reader(name).entries().at(name).shape));
   }
@@ -575,8 +631,10 @@ void load_hf_weights(const std::string& path, CausalLM& model) {
   // every .safetensors file of the directory; or the one file named.
   TensorSource src(path, "model", true);
   auto params = model.parameters();
+  const std::set<std::string> elsewhere(model.elsewhere().begin(), model.elsewhere().end());  // other stages'
   for (auto& [name, k] : src.tensors()) {
-    bool known = std::any_of(params.begin(), params.end(), [&](Parameter* q) { return q->name == name; });
+    bool known = std::any_of(params.begin(), params.end(), [&](Parameter* q) { return q->name == name; }) ||
+                 elsewhere.count(name) > 0;
     // Hugging Face files of tied models may still carry lm_head.weight; rotary caches are buffers, not parameters.
     if (!known && name == "lm_head.weight" && model.config.tie_embeddings) continue;
     if (!known && name.find("rotary_emb.inv_freq") != std::string::npos) continue;

@@ -36,8 +36,10 @@ struct TrainProgress {
 
 // Collective. Every rank checks its own shards for non-finite values first (refused on every rank, naming the
 // tensor); config.checkpoint.keep and .writers apply. Returns the directory.
+// Under pipeline parallel (pp: the pp group) `mesh` is the stage's and its ranks write the stage's tensors; the
+// files are numbered stage after stage and the index covers every stage: the same tensors as without pp.
 std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, CausalLM& model, AdamW& opt,
-                            const Config& config, const DeviceMesh& mesh, const MpiEnv& env);
+                            const Config& config, const DeviceMesh& mesh, const MpiEnv& env, Group* pp = nullptr);
 // The complete checkpoints (step_XXXXXXXX with meta.json) in dir, oldest first.
 std::vector<std::string> checkpoints_in(const std::string& dir);
 // The newest complete checkpoint (step_XXXXXXXX with meta.json) in dir, if any.

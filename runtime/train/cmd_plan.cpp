@@ -113,10 +113,64 @@ struct StepCounts {
   CommCounters forward, backward, sync;
 };
 
+// Pipeline parallel: the stages (their layers and pp ranks), the bubble the schedule gives, and each rank's
+// actions in order.
+void print_pipeline(const Config& cfg, const TrainRun& run) {
+  const PipelineState& pp = *run.pp;
+  const PpSchedule& s = pp.schedule;
+  std::printf("\npipeline: pp = %d, %d stages (pp_virtual %d), schedule %s over %d micro-batches of %lld sequences\n",
+              s.p, s.stages(), s.v, s.kind.c_str(), s.m, (long long)run.micro);
+  int64_t begin = 0;
+  for (int st = 0; st < s.stages(); ++st) {
+    const int64_t n = pp.split[size_t(st)];
+    std::printf("  stage %d on pp rank %d: %s%s [%lld, %lld)%s\n", st, s.rank_of(st), st == 0 ? "model.embed_tokens, " : "",
+                n == 1 ? "decoder layer" : "decoder layers", (long long)begin, (long long)(begin + n),
+                st == s.stages() - 1 ? ", model.norm, lm_head and the loss" : "");
+    begin += n;
+  }
+  std::printf("  split: %s\n", cfg.parallel.pp_layers.empty() ? "balanced (lm_head counted by its FLOPs)" : "parallel.pp_layers");
+  const PpSimulation sim = simulate_pp_schedule(s);
+  std::printf("  bubble (idle / compute per rank): %.3f by the formula, %.3f simulated with equal stages (F 1, B 2%s)\n",
+              pp_bubble_formula(s.kind, s.p, s.v, s.m), sim.bubble(), s.kind == "zb1p" ? ", as B 1 + W 1" : "");
+  std::printf("  boundary message: %s %s = %s each\n", shape_str(pp.act_shape).c_str(),
+              std::string(dtype_name(pp.act_dtype)).c_str(),
+              mib(double(shape_numel(pp.act_shape)) * double(dtype_size(pp.act_dtype))).c_str());
+  std::printf("  timeline (each pp rank's actions in order: F forward, B backward%s; sends and receives left out):\n%s",
+              s.kind == "zb1p" ? ", Bi input gradient, W weight gradient" : "", pp_schedule_str(s).c_str());
+}
+
+// Pipeline parallel: the bytes one pp rank sends in a step, from the schedule: an activation per micro-batch for
+// each of its stages but the last, a gradient per micro-batch for each but the first.
+double pp_step_bytes(const TrainRun& run, int pp_rank) {
+  const PpSchedule& s = run.pp->schedule;
+  const double msg = double(shape_numel(run.pp->act_shape)) * double(dtype_size(run.pp->act_dtype));
+  double b = 0;
+  for (int st = pp_rank; st < s.stages(); st += s.p) b += double(s.m) * msg * ((st < s.stages() - 1) + (st > 0));
+  return b;
+}
+
 // Step 2: one forward and backward of a random batch (each rank's part of it), then the gradient sync, counted.
 StepCounts measure_step(const Config& cfg, TrainRun& run) {
   const auto& t = cfg.training;
   std::mt19937 gen(1234);
+  if (run.pp) {  // the schedule over every micro-batch of a random batch (forward and backward interleave)
+    Batch batch;
+    batch.inputs = empty({run.rows, t.seq_len}, DType::i32), batch.targets = empty({run.rows, t.seq_len}, DType::i32);
+    for (int64_t i = 0; i < batch.inputs.numel(); ++i) {
+      batch.inputs.at<int32_t>(i) = int32_t(gen() % uint32_t(cfg.model.vocab_size));
+      batch.targets.at<int32_t>(i) = int32_t(gen() % uint32_t(cfg.model.vocab_size));
+    }
+    zero_grads(run.params);
+    run.grad_sync->arm(false);
+    StepCounts c;
+    reset_comm_counters();
+    pp_forward_backward(run, batch, 1.0);
+    c.forward = comm_counters();
+    reset_comm_counters();
+    sync_gradients(run);
+    c.sync = comm_counters();
+    return c;
+  }
   Batch batch;
   batch.inputs = empty({run.micro, t.seq_len}, DType::i32), batch.targets = empty({run.micro, t.seq_len}, DType::i32);
   for (int64_t i = 0; i < batch.inputs.numel(); ++i) {
@@ -166,6 +220,20 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
   const ParallelDims& pd = run.pd;
   const int tp = pd.tp();
   const std::string tp_group = dim::tp;
+  if (run.pp) {
+    std::printf("\nbytes sent by pp rank %d (world rank 0) in one step of %d micro-batches (measured by the runtime):\n",
+                run.pp->rank, run.pp->schedule.m);
+    print_phase("forward and backward", "step", c.forward);
+    print_phase("gradient sync", "sync", c.sync);
+    const double measured = double(c.forward.bytes(kPpTag, dim::pp)), analytic = pp_step_bytes(run, run.pp->rank);
+    std::printf("\npp bytes per rank: measured %s, analytic m x boundary x (activations + gradients sent) = %s (%s)\n",
+                mib(measured).c_str(), mib(analytic).c_str(), measured == analytic ? "equal" : "DIFFERENT");
+    for (int r = 0; r < run.pp->schedule.p; ++r)
+      std::printf("  pp rank %d: %s per step\n", r, mib(pp_step_bytes(run, r)).c_str());
+    std::printf("(the other parallelisms' bytes above are this stage's over the whole step; their per-micro-batch "
+                "analytic counts are printed without pipeline parallel)\n");
+    return;
+  }
   std::printf(
       "\nbytes sent per rank in one micro-batch of %lld x %lld tokens (%lld on this rank; measured by the "
       "runtime):\n",
@@ -256,6 +324,7 @@ int run_plan_command(RunContext& ctx) {
   TrainRun run = make_train_run(cfg, *ctx.env, false);
   const bool root = ctx.env->rank() == 0;
   if (root) print_layouts(cfg, run);
+  if (root && run.pp) print_pipeline(cfg, run);
   StepCounts counts = measure_step(cfg, run);
   if (root) print_step_bytes(cfg, run, counts);
   return 0;

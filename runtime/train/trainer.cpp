@@ -45,6 +45,22 @@ int auto_threads(const MpiEnv& env) {
   return std::max(1, hw / std::max(1, env.local_size()));
 }
 
+double sum_of(const std::vector<double>& v, int64_t first, int64_t count) {
+  double s = 0;
+  for (int64_t k = 0; k < count; ++k) s += v[size_t(first + k)];
+  return s;
+}
+
+// Pipeline parallel: values summed over the stages (the loss exists on the last; each stage holds its own
+// parameters' gradient squares), on every rank.
+std::vector<double> sum_over_stages(TrainRun& run, const std::vector<double>& v) {
+  Tensor t = empty({int64_t(v.size())}, DType::f64);
+  for (size_t i = 0; i < v.size(); ++i) t.at<double>(int64_t(i)) = v[i];
+  Tensor d = t.to(run.device);
+  run.pp->group->all_reduce(d, ReduceOp::sum);
+  return to_f64(d);
+}
+
 }  // namespace
 
 MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r) {
@@ -67,6 +83,7 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   TrainRun run;
   run.config = cfg;
   auto& t = cfg.training;
+  PipelineState pipeline;
   // Everything before the mesh is checked by each rank alone; an error every rank has alike is printed once.
   run_agreed(env, "the run's setup", [&] {
     set_cpu_threads(cfg.training.threads > 0 ? cfg.training.threads : auto_threads(env));
@@ -97,6 +114,9 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
            "training.micro_batch_size = {} must divide the rows per data-parallel rank, batch_size / dp = {} / {} = {}",
            run.micro, t.batch_size, run.dp, run.rows);
 
+    // Pipeline parallel's schedule and stage split (checked here, before any collective).
+    pipeline = plan_pipeline(run, run.rows / run.micro);
+
     // Data (every rank reads and validates the files itself: errors before any collective).
     if (with_data) {
       run.train_data = TokenStream(cfg.data.train, cfg.model.vocab_size, "data.train");
@@ -111,7 +131,9 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   MeshOptions mo;
   mo.device = run.device;
   mo.backend = cfg.comm.backend;
-  run.mesh = run.pd.make_mesh(mo);
+  auto meshes = run.pd.make_meshes(mo);
+  run.mesh = meshes.stage;
+  run.world_mesh = meshes.world;
   run.dp_rank = run.pd.dp_rank(run.mesh);
   run.shard = cp_shard(run.pd.cp_load_balance, t.seq_len, run.pd.cp_ring(), run.pd.cp_ring_rank(run.mesh),
                        run.pd.cp_ulysses(), run.pd.cp_ulysses_rank(run.mesh));
@@ -122,6 +144,18 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   f.deferred = true;  // sharded creation: each rank allocates and draws only its part, after the plan
   const ModelFamily& family = family_of(cfg.model);
   run.model = family.build(cfg.model, f);
+  if (run.pd.pp_size() > 1) {
+    // This rank's stages: the other stages' modules are destroyed before any parameter has storage.
+    run.pp = std::make_unique<PipelineState>(std::move(pipeline));
+    run.pp->rank = run.world_mesh.coordinate(run.world_mesh.dim_index(dim::pp));
+    run.pp->group = &run.world_mesh.group(dim::pp);
+    run.model->keep_chunks(pp_rank_chunks(run.pp->split, run.pd.pp_size(), cfg.parallel.pp_virtual, run.pp->rank));
+    const int64_t seq_split = cfg.parallel.sequence_parallel && run.pd.tp() > 1 ? run.pd.tp() : 1;
+    run.pp->seq_split = seq_split;
+    run.pp->act_shape = {run.micro, run.shard.size() / seq_split, cfg.model.dim};  // (mb, T_local, C)
+    run.pp->act_dtype = run.dtype;
+    run.pp->act_device = run.device;
+  }
   // The family's parallelisms composed: tensor (and sequence) parallel shards the parameters (no communication) and
   // installs the layout hooks; context parallel swaps the attention; recompute; fully_shard.
   const DType reduce_dtype = t.grad_reduce_dtype == "bf16" ? DType::bf16 : accum_dtype(run.dtype);
@@ -166,7 +200,12 @@ StepResult train_step(TrainRun& run, int64_t step) {
   const double inv_tokens = 1.0 / double(B * T);
   const int64_t T_local = run.shard.size();  // T / cp tokens of each sequence on this rank
   std::vector<Tensor> micro_losses;          // read after backward: no host sync inside the micro-batch loop
-  for (int64_t r = 0; r < run.rows; r += run.micro) {
+  if (run.pp) {
+    // Pipeline parallel: this rank's actions of the schedule; the gradient sync waits for the last of them.
+    run.grad_sync->arm(false);
+    micro_losses = pp_forward_backward(run, batch, inv_tokens);
+  }
+  for (int64_t r = 0; r < run.rows && !run.pp; r += run.micro) {
     run.grad_sync->arm(r + run.micro >= run.rows);     // the last backward launches the sync
     MicroBatch mb = local_micro_batch(run, batch, r);  // (mb, T_local) x2, this rank's tokens
     run.model->set_documents(mb.doc_start);
@@ -198,10 +237,11 @@ StepResult train_step(TrainRun& run, int64_t step) {
   //    non-finite rule and the clip scale decide on the host. A non-finite loss or norm skips the update: both
   //    are all-reduced, so every rank decides the same with no extra communication, and a NaN never reaches
   //    the weights.
-  const std::vector<double> host = to_f64(stats);
+  std::vector<double> host = to_f64(stats);
+  if (run.pp) host = sum_over_stages(run, {host[0], sum_of(host, 1, norm_groups)}), host.resize(2);
   StepResult res;
   res.loss = host[0] * inv_tokens;
-  res.grad_norm = grad_norm_from(host, 1, norm_groups);
+  res.grad_norm = run.pp ? std::sqrt(host[1]) : grad_norm_from(host, 1, norm_groups);
   res.lr = lr_at(t, step);
   res.skipped = !std::isfinite(res.loss) || !std::isfinite(res.grad_norm);
   if (res.skipped) return res;
@@ -216,7 +256,8 @@ double evaluate(TrainRun& run) {
   Tensor loss_sum = zeros({1}, DType::f64, run.device);  // (1) summed on the device, read once
   for (int64_t i = 0; i < run.config.eval.steps; ++i) {
     Batch batch = get_batch(run.val_data, i, B, T, run.dp_rank * run.rows, run.rows);
-    for (int64_t r = 0; r < run.rows; r += run.micro) {
+    if (run.pp) pp_forward_loss(run, batch, loss_sum);
+    for (int64_t r = 0; r < run.rows && !run.pp; r += run.micro) {
       MicroBatch mb = local_micro_batch(run, batch, r);
       run.model->set_documents(mb.doc_start);
       Tensor logits = run.model->call(mb.inputs);  // (mb, T_local, V)
@@ -226,12 +267,14 @@ double evaluate(TrainRun& run) {
     }
   }
   run.mesh.group(run.pd.loss_group()).all_reduce(loss_sum, ReduceOp::sum);
-  return to_f64(loss_sum)[0] / double(run.config.eval.steps * B * T);
+  double total = to_f64(loss_sum)[0];
+  if (run.pp) total = sum_over_stages(run, {total})[0];  // only the last stage has losses
+  return total / double(run.config.eval.steps * B * T);
 }
 
 std::vector<int32_t> generate(CausalLM& model, std::vector<int32_t> toks, int64_t n, double temperature,
                               uint64_t seed, uint64_t stream, int64_t pad_multiple, int64_t document_separator,
-                              int32_t stop_id) {
+                              int32_t stop_id, const PipelineState* pp) {
   // Every rank runs the whole context: no cp split while generating; the training positions, documents
   // and cp settings come back afterwards.
   struct Restore {
@@ -248,7 +291,7 @@ std::vector<int32_t> generate(CausalLM& model, std::vector<int32_t> toks, int64_
   const int64_t V = model.config.vocab_size, ctx_max = model.config.max_seq_len;
   for (int32_t& t : toks) t = int32_t(int64_t(t) % V);
   if (toks.empty()) toks.push_back(int32_t(int64_t('\n') % V));
-  const DTensor& w = model.output_weight().value;  // (V, C), rows sharded on tp under tensor parallel
+  const bool has_output = model.has_output();
   std::vector<int32_t> out;
   for (int64_t i = 0; i < n; ++i) {
     int64_t len = std::min<int64_t>(int64_t(toks.size()), ctx_max);
@@ -261,27 +304,56 @@ std::vector<int32_t> generate(CausalLM& model, std::vector<int32_t> toks, int64_
     for (int64_t t = 0; t < padded; ++t) pos.at<int64_t>(t) = t;
     model.set_positions(pos);
     model.set_documents(document_separator >= 0 ? document_starts(ctx, int32_t(document_separator)) : Tensor());
-    Tensor logits = model.call(ctx.to(w.local.device()));                     // (1, padded, V or V/tp)
-    Tensor last = logits.reshape({padded, -1}).slice0(len - 1, len).clone();  // (1, V_local)
-    if (last.size(1) != V) {  // vocab-sharded (loss parallel): gather the row
-      Placements pl(size_t(w.mesh.ndim()), Placement::Replicate());
-      pl[size_t(w.mesh.dim_index(dim::tp))] = Placement::Shard(1);
-      last = full_tensor(from_local(last, w.mesh, pl, Shape{1, V}));
-    }
-    std::vector<double> row = to_f64(last);  // (V)
-    int32_t next = 0;
-    if (temperature <= 0) {
-      next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+    const Device dev = pp ? pp->act_device : model.output_weight().value.local.device();
+    Tensor logits;  // (1, padded, V or V/tp), on the stage that has the output
+    if (!pp) {
+      logits = model.call(ctx.to(dev));
     } else {
-      double mx = *std::max_element(row.begin(), row.end()), total = 0;
-      for (double& x : row) total += (x = std::exp((x - mx) / temperature));
-      double u = double(philox::uniform(seed, stream, uint64_t(i))) * total, acc = 0;
-      next = int32_t(V - 1);
-      for (int64_t v = 0; v < V; ++v)
-        if ((acc += row[size_t(v)]) > u) {
-          next = int32_t(v);
-          break;
+      // Each stage in turn (blocking transfers in stage order: no cycle), the boundary (1, padded/tp under
+      // sequence parallel, C) in the compute dtype.
+      Tensor h = ctx.to(dev);
+      for (size_t k = 0; k < model.chunks().size(); ++k) {
+        const ModelChunk& c = model.chunks()[k];
+        if (!c.first) {
+          h = empty(pp->sample_shape(padded), pp->act_dtype, dev);
+          pp->group->recv(h, pp->schedule.rank_of(c.stage - 1), false, 0, "pp sample's activation");
         }
+        h = model.chunk_forward(k, h);
+        model.release_saved();
+        if (!c.last) pp->group->send(h, pp->schedule.rank_of(c.stage + 1), false, 0, "pp sample's activation");
+      }
+      if (has_output) logits = h;
+    }
+    int32_t next = 0;
+    if (has_output) {
+      const DTensor& w = model.output_weight().value;  // (V, C), rows sharded on tp under tensor parallel
+      Tensor last = logits.reshape({padded, -1}).slice0(len - 1, len).clone();  // (1, V_local)
+      if (last.size(1) != V) {  // vocab-sharded (loss parallel): gather the row
+        Placements pl(size_t(w.mesh.ndim()), Placement::Replicate());
+        pl[size_t(w.mesh.dim_index(dim::tp))] = Placement::Shard(1);
+        last = full_tensor(from_local(last, w.mesh, pl, Shape{1, V}));
+      }
+      std::vector<double> row = to_f64(last);  // (V)
+      if (temperature <= 0) {
+        next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+      } else {
+        double mx = *std::max_element(row.begin(), row.end()), total = 0;
+        for (double& x : row) total += (x = std::exp((x - mx) / temperature));
+        double u = double(philox::uniform(seed, stream, uint64_t(i))) * total, acc = 0;
+        next = int32_t(V - 1);
+        for (int64_t v = 0; v < V; ++v)
+          if ((acc += row[size_t(v)]) > u) {
+            next = int32_t(v);
+            break;
+          }
+      }
+    }
+    if (pp) {  // the last stage's token to every stage
+      Tensor t = zeros({1}, DType::i32);
+      t.at<int32_t>(0) = next;
+      Tensor d = t.to(pp->act_device);
+      pp->group->broadcast(d, pp->schedule.rank_of(pp->schedule.stages() - 1));
+      next = to_f64(d)[0] >= 0 ? int32_t(to_f64(d)[0]) : 0;
     }
     toks.push_back(next);
     out.push_back(next);

@@ -2,8 +2,8 @@
 # The CUDA training step on the emulated CUDA device (issue 29 part 3; tests/emu, test-only): the CUDA build of
 # meshtrain (build-emu, -Demulate_cuda=true: the kernels, cuBLASLt and NCCL stand-ins run on the CPU) trains a
 # tiny model with comm.device=cuda and is compared with the CPU backend (BUILD_DIR/meshtrain):
-#  - fp32, 5 steps within 1e-4 of the CPU on 1 rank, dp_replicate 2, tp 2, cp 2 (ring and all_gather) and
-#    dp_shard 2, with the ranks sharing one emulated device (comm.backend mpi: device buffers staged through the
+#  - fp32, 5 steps within 1e-4 of the CPU on 1 rank, dp_replicate 2, tp 2, cp 2 (ring and all_gather),
+#    dp_shard 2 and pp 2 (1f1b; zb1p x tp 2), with the ranks sharing one emulated device (comm.backend mpi: device buffers staged through the
 #    host) and with a device each (MT_EMU_DEVICES, comm.backend nccl: the NCCL stand-in over MPI);
 #  - bf16 within 2% of fp32 at step 5;
 #  - one host synchronisation per step, as on a GPU;
@@ -84,7 +84,10 @@ pair "tp 2 sharing one device (mpi)" 2 mpi --set parallel.tp=2
 pair "cp 2 ring (mpi)" 2 mpi --set parallel.cp=2 --set parallel.dp_replicate=1
 pair "cp 2 all_gather (mpi)" 2 mpi --set parallel.cp=2 --set parallel.dp_replicate=1 --set parallel.cp_method=all_gather
 pair "dp_shard 2 (mpi)" 2 mpi --set parallel.dp_shard=2 --set parallel.dp_replicate=1 --set parallel.fsdp.min_weight_size=0
+pair "pp 2 1f1b sharing one device (mpi)" 2 mpi --set parallel.pp=2 --set training.micro_batch_size=1
 export MT_EMU_DEVICES=4
+pair "pp 2 1f1b, a device each (nccl)" 2 nccl --set parallel.pp=2 --set training.micro_batch_size=1
+pair "pp 2 zb1p x tp 2, a device each (nccl)" 4 nccl --set parallel.pp=2 --set parallel.tp=2 --set parallel.dp_replicate=1 --set parallel.pp_schedule=zb1p --set training.micro_batch_size=1
 pair "dp_replicate 2, a device each (nccl)" 2 nccl
 pair "tp 2, a device each (nccl)" 2 nccl --set parallel.tp=2
 pair "cp 2 ring, a device each (nccl)" 2 nccl --set parallel.cp=2 --set parallel.dp_replicate=1

@@ -213,3 +213,83 @@ TEST_CASE("model: Hugging Face names, shapes and the FLOP count") {
   CHECK_FALSE(model.parameters()[1]->weight_decay);
   CHECK(model.parameters()[2]->weight_decay);
 }
+
+// Pipeline parallel's two changes to the layers (parallel/module.h): what backward needs is kept per micro-batch
+// slot, and under DeferWeightGrads the linear layers leave their weight gradients in a queue. Two micro-batches
+// whose forwards run before either backward (the backwards in reverse order, the second with its weight gradients
+// deferred and run last) must give the gradients of running them one after the other; and the model split into
+// two chunks (keep_chunks on another copy) gives the whole model's logits and gradients.
+TEST_CASE("model: micro-batch slots, deferred weight gradients and chunks match sequential runs (f64)") {
+  DeviceMesh mesh = DeviceMesh::create({{"dp_replicate", world_size()}});
+  ModelConfig c = tiny_config();
+  ParamFactory f = f64_factory(mesh);
+  const Tensor x0 = random_tokens({2, 5}, c.vocab_size, 11), x1 = random_tokens({2, 5}, c.vocab_size, 12);
+  const Tensor d0 = random_tensor({2, 5, c.vocab_size}, 13), d1 = random_tensor({2, 5, c.vocab_size}, 14);
+  auto grads = [](LlamaForCausalLM& m) {
+    std::vector<Tensor> g;
+    for (Parameter* p : m.parameters()) g.push_back(p->grad.local.clone());
+    return g;
+  };
+  auto max_diff = [](const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      for (int64_t k = 0; k < a[i].numel(); ++k) worst = std::max(worst, std::abs(a[i].at<double>(k) - b[i].at<double>(k)));
+    return worst;
+  };
+
+  LlamaForCausalLM ref(c, f);  // one micro-batch after the other
+  Tensor l0 = ref.call(x0).clone();
+  ref.call_backward(d0.clone());
+  Tensor l1 = ref.call(x1).clone();
+  ref.call_backward(d1.clone());
+  const std::vector<Tensor> want = grads(ref);
+
+  LlamaForCausalLM m(c, f);  // both forwards first
+  {
+    SavedSlot s(0);
+    CHECK(max_diff({m.call(x0)}, {l0}) == 0);
+  }
+  {
+    SavedSlot s(1);
+    CHECK(max_diff({m.call(x1)}, {l1}) == 0);
+  }
+  WeightGradQueue q;
+  {
+    SavedSlot s(1);
+    DeferWeightGrads defer(&q);
+    m.call_backward(d1.clone());
+  }
+  CHECK(q.size() == size_t(2 * 7 + 1));  // 7 linears per layer and lm_head
+  {
+    SavedSlot s(0);
+    m.call_backward(d0.clone());
+  }
+  const std::vector<Tensor> before_w = grads(m);
+  for (auto& w : q) w();
+  const std::vector<Tensor> got = grads(m);
+  CHECK(max_diff(got, want) < 1e-12);
+  CHECK(max_diff(before_w, want) > 1e-6);  // the queue held real work
+
+  LlamaForCausalLM a(c, f), b(c, f);  // stage 0: embedding and layer 0; stage 1: layer 1, norm, lm_head
+  a.keep_chunks({{0, 0, 1, true, false}});
+  b.keep_chunks({{1, 1, 2, false, true}});
+  CHECK(a.parameters().size() == 10);
+  CHECK(b.parameters().size() == 11);
+  CHECK(b.elsewhere().front() == "model.embed_tokens.weight");
+  Tensor pos = empty({5}, DType::i64);  // chunks do not default the positions: the trainer sets them once
+  for (int64_t t = 0; t < 5; ++t) pos.at<int64_t>(t) = t;
+  a.set_positions(pos), b.set_positions(pos);
+  Tensor h = a.chunk_forward(0, x0);
+  Tensor logits = b.chunk_forward(0, h.clone());
+  CHECK(max_diff({logits}, {l0}) == 0);
+  Tensor dh = b.chunk_backward(0, d0.clone());
+  CHECK_FALSE(a.chunk_backward(0, dh).defined());
+  LlamaForCausalLM one(c, f);
+  one.call(x0);
+  one.call_backward(d0.clone());
+  std::vector<Tensor> split = grads(a), whole = grads(one);
+  for (Tensor& t : grads(b)) split.push_back(t);
+  CHECK(max_diff(split, whole) == 0);
+  CHECK_ERROR_CONTAINS(LlamaForCausalLM(tiny_config(true), f).keep_chunks({{0, 0, 1, true, false}}),
+                       "model.tie_embeddings = true with parallel.pp > 1");
+}

@@ -1,0 +1,301 @@
+#include "runtime/train/pipeline.h"
+
+#include <chrono>
+#include <map>
+
+#include "comm/comm_counters.h"
+#include "comm/watchdog.h"
+#include "models/layers.h"
+#include "runtime/core/allocator.h"
+#include "runtime/core/kernel_profile.h"
+#include "runtime/core/log.h"
+#include "runtime/kernels/ops.h"
+#include "runtime/train/trainer.h"
+
+namespace mt {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Every message of a step has its own tag: (micro-batch, the boundary's stage, activation or gradient). MPI
+// matches by tag, so no two messages between the same ranks can be confused whatever order the two sides post.
+int message_tag(const PpSchedule& s, int micro, int stage, bool grad) {
+  return (micro * s.stages() + stage) * 2 + (grad ? 1 : 0);
+}
+
+struct Transfer {
+  Tensor buf;
+  Work work;
+};
+
+// One step's actions on this rank, run in order. forward_only: the schedule's forwards and activation transfers
+// (evaluation); no backward, no gradient messages.
+class Executor {
+ public:
+  Executor(TrainRun& run, const Batch& batch, double inv_tokens, bool forward_only)
+      : run_(run), pp_(*run.pp), s_(pp_.schedule), forward_only_(forward_only), inv_tokens_(inv_tokens) {
+    const int64_t m = s_.m;
+    for (int64_t i = 0; i < m; ++i) mbs_.push_back(local_micro_batch(run, batch, i * run.micro));
+  }
+
+  std::vector<Tensor> run() {
+    CommTag tag(kPpTag);
+    const size_t base_bytes = allocator_stats(run_.device).allocated_bytes;
+    reset_peak_allocated(run_.device);
+    const auto t0 = Clock::now();
+    PpStepTimes t;
+    int in_flight = 0;
+    const std::vector<PpAction>& actions = s_.ranks[size_t(pp_.rank)];
+    // With one chunk per rank and no deferred weight gradients, this rank's last backward completes every
+    // gradient of its stage: the gradient sync's buckets start inside it (overlapped), as without pp.
+    size_t last_backward = actions.size();
+    const bool fsdp_holds = run_.fsdp && !run_.fsdp->options().reshard_after_forward;  // reduces after the step
+    if (!forward_only_ && s_.v == 1 && !fsdp_holds)
+      for (size_t i = 0; i < actions.size(); ++i)
+        if (actions[i].op == PpOp::backward) last_backward = i;
+    for (size_t ai = 0; ai < actions.size(); ++ai) {
+      const PpAction& a = actions[ai];
+      if (ai == last_backward) run_.grad_sync->arm(true);
+      if (forward_only_ && a.op != PpOp::forward && a.op != PpOp::send_act && a.op != PpOp::recv_act) continue;
+      const auto a0 = Clock::now();
+      switch (a.op) {
+        case PpOp::recv_act:
+          post_recv(acts_in_, a, /*grad=*/false);
+          break;
+        case PpOp::recv_grad:
+          post_recv(grads_in_, a, /*grad=*/true);
+          break;
+        case PpOp::send_act:
+          send(outs_, a, /*grad=*/false);
+          break;
+        case PpOp::send_grad:
+          send(gouts_, a, /*grad=*/true);
+          break;
+        case PpOp::forward:
+          forward(a, t);
+          t.compute_s += since(a0);
+          t.peak_in_flight = std::max(t.peak_in_flight, ++in_flight);
+          break;
+        case PpOp::backward:
+        case PpOp::backward_input:
+          backward(a, t);
+          t.compute_s += since(a0);
+          --in_flight;
+          break;
+        case PpOp::backward_weight: {
+          auto it = wgrads_.find({a.stage, a.micro});
+          MT_CHECK(it != wgrads_.end(), "pipeline", "stage {} micro-batch {}: W before its B", a.stage, a.micro);
+          for (auto& f : it->second) f();
+          wgrads_.erase(it);
+          t.compute_s += since(a0);
+          break;
+        }
+      }
+      reap_sends();
+    }
+    // The sends still in flight: their buffers must outlive them, and the step ends when the neighbours have them.
+    const auto w0 = Clock::now();
+    for (Transfer& tr : sends_) tr.work.wait();
+    t.wait_s += since(w0);
+    sends_.clear();
+    MT_CHECK(acts_in_.empty() && grads_in_.empty() && outs_.empty() && gouts_.empty() && wgrads_.empty() &&
+                 dlogits_.empty(),
+             "pipeline", "the step ended with messages or gradients left over (a schedule bug)");
+    t.step_s = since(t0);
+    t.peak_bytes = double(allocator_stats(run_.device).peak_allocated_bytes) - double(base_bytes);
+    pp_.last = t;
+    return std::move(losses_);
+  }
+
+ private:
+  using Key = std::pair<int, int>;  // (stage, micro-batch)
+
+  size_t chunk_of(int stage) const { return size_t(stage / s_.p); }
+  const ModelChunk& chunk(int stage) const { return run_.model->chunks().at(chunk_of(stage)); }
+  std::string what(const char* kind, const PpAction& a, int boundary_stage) const {
+    return fmt::format("pp {} of stage {}, micro-batch {}, {} pp rank {}", kind, boundary_stage, a.micro,
+                       a.op == PpOp::send_act || a.op == PpOp::send_grad ? "to" : "from", a.peer);
+  }
+
+  void post_recv(std::map<Key, Transfer>& into, const PpAction& a, bool grad) {
+    fault_stop_point("pp transfer");  // the stuck-rank drill's hook (watchdog.h)
+    // An activation comes from stage - 1 into this stage; a gradient from stage + 1.
+    const int from_stage = grad ? a.stage + 1 : a.stage - 1;
+    Transfer tr;
+    tr.buf = empty(pp_.act_shape, pp_.act_dtype, run_.device);
+    tr.work = pp_.group->recv(tr.buf, a.peer, true, message_tag(s_, a.micro, grad ? from_stage : a.stage, grad),
+                              what(grad ? "gradient" : "activation", a, from_stage));
+    into[{a.stage, a.micro}] = std::move(tr);
+  }
+
+  Tensor take(std::map<Key, Transfer>& from, const PpAction& a, PpStepTimes& t) {
+    auto it = from.find({a.stage, a.micro});
+    MT_CHECK(it != from.end(), "pipeline", "stage {} micro-batch {}: no receive was posted for its input", a.stage,
+             a.micro);
+    const auto w0 = Clock::now();
+    it->second.work.wait();
+    t.wait_s += since(w0);
+    t.compute_s -= since(w0);  // the caller counts the whole action as compute
+    Tensor b = it->second.buf;
+    from.erase(it);
+    return b;
+  }
+
+  void send(std::map<Key, Tensor>& from, const PpAction& a, bool grad) {
+    auto it = from.find({a.stage, a.micro});
+    MT_CHECK(it != from.end(), "pipeline", "stage {} micro-batch {}: nothing to send", a.stage, a.micro);
+    Transfer tr;
+    tr.buf = it->second;
+    MT_CHECK(tr.buf.shape() == pp_.act_shape, "pipeline",
+             "stage {} micro-batch {}: the {} has shape {} but the schedule's messages are {}", a.stage, a.micro,
+             grad ? "gradient" : "activation", shape_str(tr.buf.shape()), shape_str(pp_.act_shape));
+    tr.work = pp_.group->send(tr.buf, a.peer, true, message_tag(s_, a.micro, grad ? a.stage : a.stage + 1, grad),
+                              what(grad ? "gradient" : "activation", a, a.stage));
+    from.erase(it);
+    sends_.push_back(std::move(tr));
+  }
+
+  // Completed sends release their buffers (and testing lets MPI progress the others).
+  void reap_sends() {
+    std::erase_if(sends_, [](Transfer& tr) { return tr.work.test(); });
+  }
+
+  void set_micro(int micro) { run_.model->set_documents(mbs_[size_t(micro)].doc_start); }
+
+  void forward(const PpAction& a, PpStepTimes& t) {
+    const ModelChunk& c = chunk(a.stage);
+    Tensor x = c.first ? mbs_[size_t(a.micro)].inputs : take(acts_in_, a, t);  // (mb, T_local) or boundary
+    SavedSlot slot(a.micro);
+    set_micro(a.micro);
+    Tensor y = [&] {
+      NvtxRange range("forward");
+      return run_.model->chunk_forward(chunk_of(a.stage), x);
+    }();
+    if (forward_only_) run_.model->release_saved();  // no backward follows
+    if (!c.last) {
+      outs_[{a.stage, a.micro}] = y;
+      return;
+    }
+    // The loss on the last stage; the logits become dloss/dlogits for the backward.
+    const MicroBatch& mb = mbs_[size_t(a.micro)];
+    Tensor losses = empty({mb.targets.numel()}, accum_dtype(y.dtype()), run_.device);  // (mb*T_local)
+    NvtxRange range("loss");
+    token_losses(run_, losses, forward_only_ ? Tensor() : as_rows(y), as_rows(y), mb.targets.reshape({-1}),
+                 inv_tokens_);
+    losses_.push_back(losses);
+    if (!forward_only_) dlogits_[{a.stage, a.micro}] = y;
+  }
+
+  void backward(const PpAction& a, PpStepTimes& t) {
+    const ModelChunk& c = chunk(a.stage);
+    Tensor dy;
+    if (c.last) {
+      auto it = dlogits_.find({a.stage, a.micro});
+      MT_CHECK(it != dlogits_.end(), "pipeline", "stage {} micro-batch {}: backward before forward", a.stage, a.micro);
+      dy = it->second;
+      dlogits_.erase(it);
+    } else {
+      dy = take(grads_in_, a, t);
+    }
+    SavedSlot slot(a.micro);
+    set_micro(a.micro);
+    NvtxRange range("backward");
+    Tensor dx;
+    if (a.op == PpOp::backward_input) {
+      DeferWeightGrads defer(&wgrads_[{a.stage, a.micro}]);
+      dx = run_.model->chunk_backward(chunk_of(a.stage), dy);
+    } else {
+      dx = run_.model->chunk_backward(chunk_of(a.stage), dy);
+    }
+    if (!c.first) gouts_[{a.stage, a.micro}] = dx;
+  }
+
+  TrainRun& run_;
+  PipelineState& pp_;
+  const PpSchedule& s_;
+  bool forward_only_;
+  double inv_tokens_;
+  std::vector<MicroBatch> mbs_;
+  std::map<Key, Transfer> acts_in_, grads_in_;  // posted receives
+  std::map<Key, Tensor> outs_, gouts_;          // forward outputs and input gradients waiting for their send
+  std::map<Key, Tensor> dlogits_;               // last stage: dloss/dlogits until the backward
+  std::map<Key, WeightGradQueue> wgrads_;       // zb1p: deferred weight gradients until W
+  std::vector<Transfer> sends_;                 // in flight
+  std::vector<Tensor> losses_;
+};
+
+}  // namespace
+
+PipelineState plan_pipeline(const TrainRun& run, int64_t micro_batches) {
+  const auto& p = run.config.parallel;
+  const auto& c = run.config.model;
+  PipelineState st;
+  const int pp = run.pd.pp_size();
+  if (pp == 1) {
+    MT_CHECK(p.pp_virtual == 1, "config", "parallel.pp_virtual = {} needs parallel.pp > 1", p.pp_virtual);
+    MT_CHECK(p.pp_layers.empty(), "config", "parallel.pp_layers is given but parallel.pp = 1 (one stage)");
+    pp_schedule_kinds();  // the name is still checked below
+    bool known = false;
+    for (const auto& k : pp_schedule_kinds()) known |= k == p.pp_schedule;
+    if (!known) build_pp_schedule(p.pp_schedule, 1, 1, 1);  // its error names the accepted values
+    return st;
+  }
+  MT_CHECK(micro_batches >= pp, "config",
+           "parallel.pp = {} needs at least {} micro-batches per step, but training.batch_size / dp / "
+           "training.micro_batch_size = {} / {} / {} = {}: lower training.micro_batch_size (or raise batch_size)",
+           pp, pp, run.config.training.batch_size, run.dp, run.micro, micro_batches);
+  MT_CHECK(!(p.pp_schedule == "zb1p" && run.pd.dp_shard() > 1), "config",
+           "parallel.pp_schedule = zb1p with parallel.dp_shard = {}: fully_shard reduce-scatters a unit's gradients "
+           "right after its backward, before zb1p's deferred weight gradients exist; use 1f1b or "
+           "interleaved_1f1b with dp_shard, or dp_replicate with zb1p",
+           run.pd.dp_shard());
+  MT_CHECK(!c.tie_embeddings, "config",
+           "model.tie_embeddings = true with parallel.pp = {}: the embedding (stage 0) and lm_head (the last stage) "
+           "would share one weight across stages; untie them or run without pipeline parallel",
+           pp);
+  st.schedule = build_pp_schedule(p.pp_schedule, pp, p.pp_virtual, int(micro_batches));
+  // The embedding and lm_head counted in decoder layers by their FLOPs: lm_head's 6 V d per token against a
+  // layer's share of the model's; the embedding is a lookup.
+  const ModelFamily& family = family_of(c);
+  const double lm_head = 6.0 * double(c.vocab_size) * double(c.dim);
+  const double per_layer =
+      std::max(1.0, (family.flops_per_token(c, run.config.training.seq_len) - lm_head) / double(c.n_layers));
+  st.split = pp_layer_split(c.n_layers, pp * p.pp_virtual, 0.0, lm_head / per_layer, p.pp_layers);
+  return st;
+}
+
+std::vector<PpStepTimes> gather_pp_times(const PipelineState& pp) {
+  constexpr int64_t k = 5;
+  Tensor mine = empty({k}, DType::f64);
+  const PpStepTimes& t = pp.last;
+  const double v[k] = {t.step_s, t.compute_s, t.wait_s, double(t.peak_in_flight), t.peak_bytes};
+  for (int64_t i = 0; i < k; ++i) mine.at<double>(i) = v[i];
+  const int n = pp.group->size();
+  Tensor all = empty({k * n}, DType::f64, pp.act_device);
+  pp.group->all_gather(all, mine.to(pp.act_device));
+  const std::vector<double> h = to_f64(all);
+  std::vector<PpStepTimes> out(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const double* x = &h[size_t(r * k)];
+    out[size_t(r)] = {x[0], x[1], x[2], int(x[3]), x[4]};
+  }
+  return out;
+}
+
+std::vector<Tensor> pp_forward_backward(TrainRun& run, const Batch& batch, double inv_tokens) {
+  // fully_shard without resharding: each unit gathered once and reduce-scattered once per step, not once per
+  // micro-batch.
+  const bool hold = run.fsdp && !run.fsdp->options().reshard_after_forward;
+  if (hold) run.fsdp->hold();
+  std::vector<Tensor> losses = Executor(run, batch, inv_tokens, false).run();
+  if (hold) run.fsdp->release();
+  return losses;
+}
+
+void pp_forward_loss(TrainRun& run, const Batch& batch, const Tensor& loss_sum) {
+  for (const Tensor& l : Executor(run, batch, 1.0, true).run()) sum_into(loss_sum, 0, l);
+}
+
+}  // namespace mt
