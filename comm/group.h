@@ -79,6 +79,12 @@ class Group {
   // ("pp activation of stage 1, micro-batch 3"). Async: the buffer must stay alive and untouched until wait().
   Work send(const Tensor& t, int peer, bool async = false, int tag = 0, const std::string& what = "");
   Work recv(const Tensor& t, int peer, bool async = false, int tag = 0, const std::string& what = "");
+  // A batch of point-to-point operations: those issued between batch_begin() and batch_end() (async) may match
+  // in any order. NCCL needs it (one ncclGroupStart/End): outside a group its send does not complete before the
+  // peer receives, so two ranks that each send to the other before receiving would wait on each other. MPI's
+  // non-blocking sends and receives need nothing. A batch's Work may be waited for after batch_end().
+  void batch_begin() { do_batch_begin(); }
+  void batch_end() { do_batch_end(); }
   // Sends in to rank (rank+shift) mod size, receives out from (rank-shift) mod size.
   Work ring_shift(const Tensor& out, const Tensor& in, int shift = 1, bool async = false);
   void barrier();
@@ -103,6 +109,8 @@ class Group {
   virtual Work do_send(const Tensor& t, int peer, bool async, int tag, const std::string& what) = 0;
   virtual Work do_recv(const Tensor& t, int peer, bool async, int tag, const std::string& what) = 0;
   virtual Work do_ring_shift(const Tensor& out, const Tensor& in, int shift, bool async) = 0;
+  virtual void do_batch_begin() {}
+  virtual void do_batch_end() {}
   virtual void do_barrier() = 0;
 
  private:

@@ -110,6 +110,41 @@ std::string shared_device(const Device& d) {
 
 }  // namespace
 
+namespace {
+
+// A group of a simulated mesh: its ranks, no communicator.
+class SimGroup final : public Group {
+ public:
+  SimGroup(std::string name, int rank, std::vector<int> world_ranks) : Group(std::move(name), rank, std::move(world_ranks)) {}
+  std::string_view backend() const override { return "simulated"; }
+
+ protected:
+  [[noreturn]] void refuse(const char* op) const {
+    fail("mesh", "{} on {}: the mesh is simulated (meshtrain estimate): nothing is communicated", op, describe());
+  }
+  Work do_all_reduce(const Tensor&, ReduceOp, bool) override { refuse("all_reduce"); }
+  Work do_all_gather(const Tensor&, const Tensor&, bool) override { refuse("all_gather"); }
+  Work do_all_gather_v(const Tensor&, const Tensor&, const std::vector<int64_t>&, bool) override {
+    refuse("all_gather_v");
+  }
+  Work do_reduce_scatter(const Tensor&, const Tensor&, ReduceOp, bool) override { refuse("reduce_scatter"); }
+  Work do_reduce_scatter_v(const Tensor&, const Tensor&, const std::vector<int64_t>&, ReduceOp, bool) override {
+    refuse("reduce_scatter_v");
+  }
+  Work do_all_to_all(const Tensor&, const Tensor&, bool) override { refuse("all_to_all"); }
+  Work do_all_to_all_v(const Tensor&, const Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&,
+                       bool) override {
+    refuse("all_to_all_v");
+  }
+  Work do_broadcast(const Tensor&, int, bool) override { refuse("broadcast"); }
+  Work do_send(const Tensor&, int, bool, int, const std::string&) override { refuse("send"); }
+  Work do_recv(const Tensor&, int, bool, int, const std::string&) override { refuse("recv"); }
+  Work do_ring_shift(const Tensor&, const Tensor&, int, bool) override { refuse("ring_shift"); }
+  void do_barrier() override { refuse("barrier"); }
+};
+
+}  // namespace
+
 struct DeviceMesh::Impl {
   std::vector<MeshDim> dims;
   MeshOptions opts;
@@ -120,6 +155,7 @@ struct DeviceMesh::Impl {
   std::mutex mu;
   MPI_Comm base = MPI_COMM_WORLD;  // the ranks the mesh covers (MeshOptions::base)
   std::vector<int> base_world_ranks;  // the job's rank of each of them (empty: the world itself)
+  bool simulated = false;             // DeviceMesh::simulate: groups without communicators
   std::map<std::vector<int>, std::unique_ptr<Group>> flat_groups;  // by their dims (indices, ascending)
   std::vector<std::pair<std::string, Group*>> flat_order;         // the name each was asked for first
 
@@ -162,6 +198,7 @@ struct DeviceMesh::Impl {
       const int r = ravel(c);
       ranks.push_back(base_world_ranks.empty() ? r : base_world_ranks[size_t(r)]);
     }
+    if (simulated) return std::make_unique<SimGroup>(name, key, ranks);
     MPI_Comm comm;
     {
       WatchdogScope w("MPI_Comm_split", fmt::format("making group '{}' of mesh {}", name, mesh_str(dims)));
@@ -215,6 +252,35 @@ DeviceMesh DeviceMesh::create(const std::vector<MeshDim>& dims, const MeshOption
   for (int d = 0; d < int(dims.size()); ++d) I.dim_groups.push_back(I.make_group({d}, dims[size_t(d)].name));
   return m;
 }
+
+DeviceMesh DeviceMesh::simulate(const std::vector<MeshDim>& dims, int rank, const MeshOptions& opts,
+                                std::vector<int> world_ranks) {
+  int64_t n = 1;
+  for (auto& d : dims) {
+    MT_CHECK(d.size >= 1, "mesh", "mesh dim '{}' has size {} (expected >= 1)", d.name, d.size);
+    n *= d.size;
+  }
+  MT_CHECK(n <= (int64_t(1) << 30), "mesh", "a simulated mesh of {} ranks: too many", n);
+  validate_mesh_dims(dims, int(n));
+  MT_CHECK(rank >= 0 && rank < n, "mesh", "simulated rank {} of a mesh of {} ranks", rank, n);
+  MT_CHECK(world_ranks.empty() || int64_t(world_ranks.size()) == n, "mesh", "{} world ranks for a mesh of {}",
+           world_ranks.size(), n);
+  DeviceMesh m;
+  m.impl_ = std::make_shared<Impl>();
+  auto& I = *m.impl_;
+  I.dims = dims;
+  I.opts = opts;
+  I.opts.base = nullptr;
+  I.backend = "simulated";
+  I.simulated = true;
+  I.world_rank = rank;
+  I.coord = I.unravel(rank);
+  I.base_world_ranks = std::move(world_ranks);
+  for (int d = 0; d < int(dims.size()); ++d) I.dim_groups.push_back(I.make_group({d}, dims[size_t(d)].name));
+  return m;
+}
+
+bool DeviceMesh::simulated() const { return impl_->simulated; }
 
 int DeviceMesh::ndim() const { return int(impl_->dims.size()); }
 const std::vector<MeshDim>& DeviceMesh::dims() const { return impl_->dims; }

@@ -49,6 +49,12 @@ class DeviceMesh {
   DeviceMesh() = default;
   // Collective over the world: every rank must call it with the same dims.
   static DeviceMesh create(const std::vector<MeshDim>& dims, const MeshOptions& opts = {});
+  // A mesh described, not made (`meshtrain estimate`): rank `rank`'s view of dims of any sizes, with no MPI and
+  // no other process. Its groups know their ranks and names but refuse to communicate (an error naming the
+  // operation and the group). world_ranks: the job's rank of each of the mesh's ranks (empty: 0, 1, ...).
+  static DeviceMesh simulate(const std::vector<MeshDim>& dims, int rank, const MeshOptions& opts = {},
+                             std::vector<int> world_ranks = {});
+  bool simulated() const;
 
   int ndim() const;
   const std::vector<MeshDim>& dims() const;

@@ -392,6 +392,12 @@ FsdpStepBytes fsdp_step_bytes(const FullyShard& fs, int n) {
   return b;
 }
 
+std::vector<int64_t> FullyShard::unit_slots() const {
+  std::vector<int64_t> out;
+  for (auto& u : units_) out.push_back(u->slot);
+  return out;
+}
+
 int64_t FullyShard::slot_elements() const {
   int64_t n = 0;
   for (auto& u : units_) n += u->slot;

@@ -71,6 +71,8 @@ class FullyShard {
   std::vector<std::string> unit_names() const;
   // Elements of one rank's flat buffers over all units (each all-gather sends (dp_shard - 1) of them).
   int64_t slot_elements() const;
+  // Each unit's flat buffer in elements (one rank's slot), in forward order: gathered, a unit is n x that.
+  std::vector<int64_t> unit_slots() const;
   const FullyShardOptions& options() const { return opts_; }
   // Pipeline parallel with reshard_after_forward false: between hold() and release() a unit gathered once stays
   // gathered and its gradients accumulate whole; release() reduce-scatters each unit's once and frees it. So a

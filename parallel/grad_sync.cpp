@@ -40,18 +40,19 @@ GradSync::GradSync(Module& model, const DeviceMesh& mesh, GradSyncOptions opt) :
     auto it = filling.find(dims);
     bool full = it != filling.end() && size_t(numel[it->second]) * dtype_size(opt_.reduce_dtype) >= opt_.bucket_bytes;
     if (it == filling.end() || full) {
-      buckets_.push_back(Bucket{dims, {}, {}, Tensor(), 0, false, Work()});
+      buckets_.push_back(Bucket{dims, {}, {}, 0, Tensor(), 0, false, Work()});
       numel.push_back(0);
       it = filling.insert_or_assign(dims, buckets_.size() - 1).first;
     }
     Bucket& b = buckets_[it->second];
     b.params.push_back(p);
     b.offsets.push_back(numel[it->second]);
-    numel[it->second] += p->grad.local.numel();
+    // The local gradient's size from the layout: a deferred parameter (a simulated model) has no storage yet.
+    numel[it->second] += shape_numel(p->value.spec.local_shape(p->value.mesh.coordinate()));
     bucket_of_[p] = it->second;
   }
   for (size_t i = 0; i < buckets_.size(); ++i) {
-    buckets_[i].flat = empty({numel[i]}, opt_.reduce_dtype, buckets_[i].params.front()->grad.local.device());
+    buckets_[i].numel = numel[i];  // the flat buffer is made at the first launch (a simulated model never has one)
     mesh_.group(buckets_[i].dims);  // flattened groups are made collectively: here, on every rank, in one order
   }
 
@@ -91,6 +92,7 @@ void GradSync::mark_ready(Parameter* p) {
 }
 
 void GradSync::launch(Bucket& b) {
+  if (!b.flat.defined()) b.flat = empty({b.numel}, opt_.reduce_dtype, b.params.front()->grad.local.device());
   for (size_t i = 0; i < b.params.size(); ++i) {
     const Tensor& g = b.params[i]->grad.local;
     convert(b.flat.view(b.offsets[i], g.shape()), g);
@@ -135,11 +137,29 @@ void GradSync::finish() {
   armed_ = false;
 }
 
+std::vector<std::tuple<std::string, int64_t, int64_t>> GradSync::bucket_bytes_by_group() const {
+  std::vector<std::tuple<std::string, int64_t, int64_t>> out;
+  for (const Bucket& b : buckets_) {
+    const int n = mesh_.group(b.dims).size();
+    const int64_t bytes = 2 * b.numel * int64_t(dtype_size(opt_.reduce_dtype)) * (n - 1) / n;
+    auto it = std::find_if(out.begin(), out.end(), [&](auto& e) { return std::get<0>(e) == b.dims; });
+    if (it == out.end()) out.emplace_back(b.dims, bytes, 1);
+    else std::get<1>(*it) += bytes, ++std::get<2>(*it);
+  }
+  return out;
+}
+
+int64_t GradSync::bucket_buffer_bytes() const {
+  int64_t total = 0;
+  for (const Bucket& b : buckets_) total += b.numel * int64_t(dtype_size(opt_.reduce_dtype));
+  return total;
+}
+
 int64_t GradSync::bucket_bytes_per_rank() const {
   int64_t total = 0;
   for (const Bucket& b : buckets_) {
     const int n = mesh_.group(b.dims).size();
-    total += 2 * int64_t(b.flat.nbytes()) * (n - 1) / n;
+    total += 2 * b.numel * int64_t(dtype_size(opt_.reduce_dtype)) * (n - 1) / n;
   }
   return total;
 }
@@ -148,7 +168,7 @@ std::string GradSync::describe() const {
   std::string s = fmt::format("{} bucket(s) ({})", buckets_.size(), dtype_name(opt_.reduce_dtype));
   for (size_t i = 0; i < buckets_.size(); ++i)
     s +=
-        fmt::format("{} {:.1f} KiB over {}", i ? "," : ":", double(buckets_[i].flat.nbytes()) / 1024, buckets_[i].dims);
+        fmt::format("{} {:.1f} KiB over {}", i ? "," : ":", double(buckets_[i].numel * int64_t(dtype_size(opt_.reduce_dtype))) / 1024, buckets_[i].dims);
   if (!general_.empty()) s += fmt::format("; {} parameter(s) by redistribute", general_.size());
   return s;
 }

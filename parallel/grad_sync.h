@@ -11,6 +11,7 @@
 // one redistribute each, in finish().
 #pragma once
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -48,14 +49,19 @@ class GradSync {
   std::string describe() const;
   // The analytic bytes one rank sends for the buckets in a step: a ring all-reduce of each, 2 (n-1)/n of it.
   int64_t bucket_bytes_per_rank() const;
+  // The same by the group each bucket is all-reduced over ("dp_replicate", "dp_shard,tp"): (dims, bytes, buckets).
+  std::vector<std::tuple<std::string, int64_t, int64_t>> bucket_bytes_by_group() const;
   int64_t buckets_launched_early() const { return launched_early_; }
+  // The flat buffers' bytes once made (held for the run: a second copy of the bucketed gradients).
+  int64_t bucket_buffer_bytes() const;
 
  private:
   struct Bucket {
     std::string dims;  // the group's name: "dp_replicate" or "dp_replicate,tp"
     std::vector<Parameter*> params;
     std::vector<int64_t> offsets;  // element offset of each parameter in flat
-    Tensor flat;                   // (numel) in the reduce dtype, on the gradients' device, made once
+    int64_t numel = 0;             // elements of the flat buffer
+    Tensor flat;                   // (numel) in the reduce dtype, on the gradients' device, made at the first launch
     int pending = 0;               // parameters whose backward has not run yet on this micro-batch
     bool launched = false;
     Work work;

@@ -234,6 +234,26 @@ ParallelDims::Meshes ParallelDims::make_meshes(const MeshOptions& opts) const {
   return {world, with_groups(DeviceMesh::create(mesh_dims(), o))};
 }
 
+ParallelDims::Meshes ParallelDims::simulate_meshes(int world_rank) const {
+  MeshOptions o;
+  o.group_names = group_names();
+  auto with_groups = [&](DeviceMesh mesh) {
+    for (auto& g : o.group_names) mesh.group(g.name);
+    return mesh;
+  };
+  if (pp.size == 1) {
+    DeviceMesh m = with_groups(DeviceMesh::simulate(mesh_dims(), world_rank, o));
+    return {m, m};
+  }
+  std::vector<MeshDim> all{{pp.name, pp.size}};
+  for (auto& d : mesh_dims()) all.push_back(d);
+  DeviceMesh world = DeviceMesh::simulate(all, world_rank, {});
+  const int S = stage_size(), stage = world_rank / S;
+  std::vector<int> ranks(static_cast<size_t>(S));
+  for (int i = 0; i < S; ++i) ranks[size_t(i)] = stage * S + i;
+  return {world, with_groups(DeviceMesh::simulate(mesh_dims(), world_rank % S, o, ranks))};
+}
+
 int ParallelDims::dp_rank(const DeviceMesh& mesh) const {
   int r = 0;
   for (size_t i = 0; i < dims.size(); ++i)

@@ -109,6 +109,9 @@ struct ParallelDims {
     DeviceMesh world, stage;
   };
   Meshes make_meshes(const MeshOptions& opts = {}) const;
+  // The same meshes as rank `world_rank` of world() would make them, described without MPI (DeviceMesh::simulate:
+  // `meshtrain estimate`).
+  Meshes simulate_meshes(int world_rank) const;
 
   // This rank's index among dp() row groups, and its place in each sequence split.
   int dp_rank(const DeviceMesh& mesh) const;

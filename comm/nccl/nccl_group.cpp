@@ -416,6 +416,28 @@ class NcclGroup final : public Group, public HasMpiComm {
     });
   }
 
+  void do_batch_begin() override {
+    MT_CHECK(!batching_, "comm", "batch_begin on {}: a batch is already open", describe());
+    DeviceGuard g(device_);
+    // The batch's operations start after the compute stream's work so far, as every collective's do.
+    MT_CUDA_CHECK(cudaEventRecord(ready_, compute_stream(device_)));
+    MT_CUDA_CHECK(cudaStreamWaitEvent(nstream(), ready_, 0));
+    MT_NCCL_CHECK(ncclGroupStart(), comm_);
+    batching_ = true;
+  }
+
+  void do_batch_end() override {
+    MT_CHECK(batching_, "comm", "batch_end on {}: no batch is open", describe());
+    batching_ = false;
+    DeviceGuard g(device_);
+    {
+      WatchdogScope w("ncclGroupEnd of a point-to-point batch", *this);
+      MT_NCCL_CHECK(ncclGroupEnd(), comm_);
+    }
+    for (auto& d : batch_done_) MT_CUDA_CHECK(cudaEventRecord(d->e, nstream()));  // after the batch's kernels
+    batch_done_.clear();
+  }
+
   Work point_to_point(const std::string& label, const Tensor& t, int peer, bool is_send, bool async) {
     const char* op = label.c_str();
     // The peer's range is checked by Group; NCCL alone cannot send to its own rank.
@@ -424,6 +446,20 @@ class NcclGroup final : public Group, public HasMpiComm {
     auto [ty, mult] = move_type(t.dtype());
     size_t n = size_t(t.numel()) * mult;
     if (n == 0) return {};
+    if (batching_) {
+      // Enqueued in the open group; its completion event is recorded at batch_end, after the group's kernels.
+      MT_CHECK(async, "comm", "{} on {}: a blocking operation inside a point-to-point batch", op, describe());
+      DeviceGuard g(device_);
+      if (is_send) MT_NCCL_CHECK(ncclSend(t.data_ptr(), n, ty, peer, comm_, nstream()), comm_);
+      else MT_NCCL_CHECK(ncclRecv(t.data_ptr(), n, ty, peer, comm_, nstream()), comm_);
+      auto done = std::make_shared<DoneEvent>();
+      batch_done_.push_back(done);
+      auto w = std::make_shared<NcclWork>();
+      w->done = std::move(done);
+      w->device = device_;
+      w->keep = {t};
+      return Work(w);
+    }
     Work w = run(op, {t}, async, [&](cudaStream_t s) {
       if (is_send) MT_NCCL_CHECK(ncclSend(t.data_ptr(), n, ty, peer, comm_, s), comm_);
       else MT_NCCL_CHECK(ncclRecv(t.data_ptr(), n, ty, peer, comm_, s), comm_);
@@ -444,6 +480,8 @@ class NcclGroup final : public Group, public HasMpiComm {
   Stream stream_;
   cudaEvent_t ready_ = nullptr;  // re-recorded per collective (the wait captures its state at issue)
   Tensor barrier_buf_;
+  bool batching_ = false;                               // inside batch_begin / batch_end
+  std::vector<std::shared_ptr<DoneEvent>> batch_done_;  // recorded at batch_end
 };
 
 }  // namespace

@@ -115,8 +115,10 @@ std::unique_ptr<FullyShard> parallelize_llama(LlamaForCausalLM& model, const Dev
   apply_cp(model, mesh, pd, seq_len);
   apply_recompute_llama(model, p.recompute);
   auto fsdp = apply_fsdp(model, mesh, pd, p.fsdp, reduce_dtype);
-  // Sharded creation (ParamFactory::deferred): storage now, in the final layout, each rank its own elements.
-  for (Parameter* q : model.parameters()) materialize(*q);
+  // Sharded creation (ParamFactory::deferred): storage now, in the final layout, each rank its own elements. On a
+  // simulated mesh (meshtrain estimate) nothing is allocated: the layouts are what is read.
+  if (!mesh.simulated())
+    for (Parameter* q : model.parameters()) materialize(*q);
   return fsdp;
 }
 

@@ -42,6 +42,7 @@ void* device_alloc(Device d, size_t bytes) {
   auto& h = host_pool();
   std::lock_guard lock(h.mu);
   void* p = nullptr;
+  const size_t requested = rounded;
   if (rounded >= kLargeBlock) {
     // A cached block at least as large and less than twice the size.
     auto it = h.cached.lower_bound(rounded);
@@ -75,6 +76,8 @@ void* device_alloc(Device d, size_t bytes) {
   if (rounded >= kLargeBlock) h.live[p] = rounded;
   h.s.allocated_bytes += rounded;
   h.s.peak_allocated_bytes = std::max(h.s.peak_allocated_bytes, h.s.allocated_bytes);
+  h.s.requested_bytes += requested;
+  h.s.peak_requested_bytes = std::max(h.s.peak_requested_bytes, h.s.requested_bytes);
   return p;
 }
 
@@ -84,6 +87,7 @@ void device_free(Device d, void* p, size_t bytes) {
   size_t rounded = host_rounded(bytes);
   auto& h = host_pool();
   std::lock_guard lock(h.mu);
+  h.s.requested_bytes -= rounded;
   // A reused block may be larger than this request: its real size is recorded.
   if (auto it = h.live.find(p); it != h.live.end()) {
     h.s.allocated_bytes -= it->second;
@@ -116,6 +120,7 @@ void reset_peak_allocated(Device d) {
   auto& h = host_pool();
   std::lock_guard lock(h.mu);
   h.s.peak_allocated_bytes = h.s.allocated_bytes;
+  h.s.peak_requested_bytes = h.s.requested_bytes;
 }
 
 void empty_cache(Device d) {

@@ -14,6 +14,11 @@ struct AllocatorStats {
   size_t allocated_bytes = 0;  // in use by live tensors
   size_t reserved_bytes = 0;   // obtained from the driver, in use or cached
   size_t peak_allocated_bytes = 0;
+  // What the live tensors asked for (each rounded to the allocation granule): allocated_bytes less the slack of
+  // cached blocks reused for smaller requests (a host block up to twice the request may serve it). The tensors'
+  // own high-water mark, which `meshtrain estimate` predicts; the slack is the allocator's.
+  size_t requested_bytes = 0;
+  size_t peak_requested_bytes = 0;
   uint64_t driver_allocs = 0;  // cudaMalloc calls so far (host: malloc calls)
   uint64_t driver_frees = 0;
 };

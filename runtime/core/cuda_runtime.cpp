@@ -365,6 +365,8 @@ void* cuda_caching_alloc(int device, size_t bytes) {
   emu::set_extent(p, bytes);  // checks see the tensor's bytes, not the block's; fresh contents are NaN
 #endif
   c.stats.allocated_bytes += size;
+  c.stats.requested_bytes += size;  // device blocks are the request's rounded size
+  c.stats.peak_requested_bytes = std::max(c.stats.peak_requested_bytes, c.stats.requested_bytes);
   c.stats.peak_allocated_bytes = std::max(c.stats.peak_allocated_bytes, c.stats.allocated_bytes);
   return p;
 }
@@ -382,6 +384,7 @@ void cuda_caching_free(int device, void* p, size_t /*bytes*/) {
   emu::set_extent(p, 0);  // a use after this free is an error
 #endif
   c.stats.allocated_bytes -= size;
+  c.stats.requested_bytes -= size;
   c.free_blocks.emplace(size, p);
 }
 
@@ -396,6 +399,7 @@ void cuda_reset_peak(int device) {
   std::lock_guard lock(C.mu);
   auto& s = C.at(device).stats;
   s.peak_allocated_bytes = s.allocated_bytes;
+  s.peak_requested_bytes = s.requested_bytes;
 }
 
 void cuda_empty_cache(int device) {

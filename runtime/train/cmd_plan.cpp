@@ -17,6 +17,9 @@
 #include "models/model.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/train/cmd_plan.h"
+#include "runtime/train/agree.h"
+#include "runtime/train/cluster.h"
+#include "runtime/train/plan_search.h"
 #include "runtime/train/trainer.h"
 
 namespace mt {
@@ -319,8 +322,24 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
 
 }  // namespace
 
-int run_plan_command(RunContext& ctx) {
+int run_plan_command(RunContext& ctx, const PlanArgs& args) {
   const Config& cfg = ctx.config;
+  if (args.search) {
+    std::string table;
+    run_agreed(*ctx.env, "plan --search", [&] {
+      MT_CHECK(args.world >= 1, "plan", "--search needs --world N (the ranks to plan for), got {}", args.world);
+      MT_CHECK(!args.cluster.empty(), "plan", "--search needs --cluster FILE (configs/clusters/*.yaml)");
+      const ClusterSpec cluster = load_cluster(args.cluster);
+      const PlanSearch found = search_plans(cfg, args.world, cluster);
+      table = plan_search_table(found, cluster, args.top);
+      // Nothing fits: an error (every rank exits non-zero) that says what would make a plan fit.
+      MT_CHECK(!found.ranked.empty(), "plan", "--search: no plan of model.dim = {}, model.n_layers = {}, "
+               "training.seq_len = {} fits on --world {} of {} ({}):\n{}",
+               cfg.model.dim, cfg.model.n_layers, cfg.training.seq_len, args.world, cluster.name, args.cluster, table);
+    });
+    if (ctx.env->rank() == 0) std::fputs(table.c_str(), stdout);
+    return 0;
+  }
   TrainRun run = make_train_run(cfg, *ctx.env, false);
   const bool root = ctx.env->rank() == 0;
   if (root) print_layouts(cfg, run);

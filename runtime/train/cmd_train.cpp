@@ -356,6 +356,7 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
   int64_t skipped = 0, skipped_in_a_row = 0;  // non-finite steps (not applied): in all, and the current run of them
   for (int64_t step = run.start_step; step < t.steps; ++step) {
     if (kprof::enabled() && step == first_profiled) kprof::reset();  // drops what set-up recorded
+    reset_peak_allocated(run.device);  // the step's own high-water mark (the model state included)
     auto t0 = std::chrono::steady_clock::now();
     const int64_t syncs_before = host_sync_count();
     StepResult r = [&] {
@@ -386,7 +387,9 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     } else {
       skipped_in_a_row = 0;
     }
-    log.step({step, r.loss, r.lr, r.grad_norm, dt, t.batch_size * t.seq_len, skipped});
+    const AllocatorStats mem = allocator_stats(run.device);
+    log.step({step, r.loss, r.lr, r.grad_norm, dt, t.batch_size * t.seq_len, skipped,
+              double(mem.peak_requested_bytes), double(mem.peak_allocated_bytes)});
     if (run.pp) log_pipeline_step(log, run, step);
     bool last = step + 1 == t.steps;
     if (cfg.eval.interval > 0 && run.val_data.size() > 0 && ((step + 1) % cfg.eval.interval == 0 || last)) {

@@ -17,6 +17,7 @@
 #include "runtime/train/cmd_generate.h"
 #include "runtime/train/cmd_layout.h"
 #include "runtime/train/cmd_logits.h"
+#include "runtime/train/cmd_estimate.h"
 #include "runtime/train/cmd_plan.h"
 #include "runtime/train/cmd_tokenize.h"
 #include "runtime/train/cmd_train.h"
@@ -99,6 +100,15 @@ int main(int argc, char** argv) {
   mt::GenerateArgs generate_args;
   auto* plan =
       app.add_subcommand("plan", "print the parallel plan applied: parameter and activation layouts, bytes per step");
+  mt::PlanArgs plan_args;
+  plan->add_flag("--search", plan_args.search, "list the fastest plans that fit on --world N ranks of --cluster");
+  plan->add_option("--world", plan_args.world, "--search: the ranks to plan for");
+  plan->add_option("--cluster", plan_args.cluster, "--search: the cluster description (configs/clusters/*.yaml)");
+  plan->add_option("--top", plan_args.top, "--search: how many plans to show");
+  mt::EstimateArgs estimate_args;
+  auto* estimate = app.add_subcommand(
+      "estimate", "memory, bytes and step time per rank of the config on --world N ranks of a --cluster, no ranks needed");
+  mt::add_estimate_options(estimate, estimate_args);
   auto* generate = app.add_subcommand("generate", "sample a continuation of a prompt from a checkpoint");
   mt::add_generate_options(generate, generate_args);
   mt::LogitsArgs logits_args;
@@ -147,7 +157,8 @@ int main(int argc, char** argv) {
     if (*check) return mt::run_check_command(ctx, check_args);
     if (*layout) return mt::run_layout_command(ctx, layout_args);
     if (*train) return mt::run_train_command(ctx);
-    if (*plan) return mt::run_plan_command(ctx);
+    if (*plan) return mt::run_plan_command(ctx, plan_args);
+    if (*estimate) return mt::run_estimate_command(ctx, estimate_args);
     if (*generate) return mt::run_generate_command(ctx, generate_args);
     if (*logits) return mt::run_logits_command(ctx, logits_args);
   } catch (const mt::ReportedError& e) {

@@ -132,6 +132,8 @@ void MetricsLogger::step(const StepMetrics& m) {
             {"mfu", mfu},
             {"step_ms", 1e3 * m.step_s},
             {"peak_mem_bytes", mem},
+            {"alloc_peak_bytes", m.alloc_peak_bytes},
+            {"alloc_peak_block_bytes", m.alloc_peak_block_bytes},
             {"skipped_steps", m.skipped}});
     tokens_window_ = time_window_ = 0;
   }

@@ -22,6 +22,11 @@ struct StepMetrics {
   double step_s = 0;    // wall time of the step
   int64_t tokens = 0;   // global tokens in the step
   int64_t skipped = 0;  // steps not applied so far (non-finite loss or grad norm, training.nonfinite: skip)
+  // The high-water mark over the step on this rank of what its tensors asked for (tensors only: not MPI, not the
+  // binary; AllocatorStats::peak_requested_bytes), what `meshtrain estimate` predicts as the peak; and the
+  // allocator's own (peak_allocated_bytes: with the slack of reused cached blocks). -1: not measured.
+  double alloc_peak_bytes = -1;
+  double alloc_peak_block_bytes = -1;
 };
 
 class MetricsLogger {

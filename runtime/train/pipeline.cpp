@@ -6,6 +6,7 @@
 #include "comm/comm_counters.h"
 #include "comm/watchdog.h"
 #include "models/layers.h"
+#include "parallel/style.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/kernel_profile.h"
 #include "runtime/core/log.h"
@@ -42,6 +43,11 @@ class Executor {
 
   std::vector<Tensor> run() {
     CommTag tag(kPpTag);
+    pp_.progress = [this] { poll(); };
+    struct ClearProgress {
+      PipelineState& pp;
+      ~ClearProgress() { pp.progress = nullptr; }
+    } clear_progress{pp_};
     const size_t base_bytes = allocator_stats(run_.device).allocated_bytes;
     reset_peak_allocated(run_.device);
     const auto t0 = Clock::now();
@@ -55,10 +61,21 @@ class Executor {
     if (!forward_only_ && s_.v == 1 && !fsdp_holds)
       for (size_t i = 0; i < actions.size(); ++i)
         if (actions[i].op == PpOp::backward) last_backward = i;
+    // Consecutive transfers form one batch (Group::batch_begin): on NCCL, a send does not complete before its peer
+    // receives, and 1F1B's steady state has neighbours that each send before receiving from the other.
+    bool in_batch = false;
+    auto end_batch = [&] {
+      if (in_batch) pp_.group->batch_end();
+      in_batch = false;
+    };
     for (size_t ai = 0; ai < actions.size(); ++ai) {
       const PpAction& a = actions[ai];
-      if (ai == last_backward) run_.grad_sync->arm(true);
       if (forward_only_ && a.op != PpOp::forward && a.op != PpOp::send_act && a.op != PpOp::recv_act) continue;
+      const bool transfer = a.op == PpOp::send_act || a.op == PpOp::send_grad || a.op == PpOp::recv_act ||
+                            a.op == PpOp::recv_grad;
+      if (transfer && !in_batch) pp_.group->batch_begin(), in_batch = true;
+      if (!transfer) end_batch();
+      if (ai == last_backward) run_.grad_sync->arm(true);
       const auto a0 = Clock::now();
       switch (a.op) {
         case PpOp::recv_act:
@@ -93,8 +110,9 @@ class Executor {
           break;
         }
       }
-      reap_sends();
+      if (!in_batch) reap_sends();
     }
+    end_batch();
     // The sends still in flight: their buffers must outlive them, and the step ends when the neighbours have them.
     const auto w0 = Clock::now();
     for (Transfer& tr : sends_) tr.work.wait();
@@ -155,6 +173,15 @@ class Executor {
                               what(grad ? "gradient" : "activation", a, a.stage));
     from.erase(it);
     sends_.push_back(std::move(tr));
+  }
+
+  // Tests every transfer in flight (between layers): on transports that advance a message only inside MPI calls,
+  // this keeps the neighbours' messages moving while this rank computes.
+  void poll() {
+    CommTag tag(kPpTag);
+    for (auto& [k, tr] : acts_in_) tr.work.test();
+    for (auto& [k, tr] : grads_in_) tr.work.test();
+    for (Transfer& tr : sends_) tr.work.test();
   }
 
   // Completed sends release their buffers (and testing lets MPI progress the others).
@@ -227,6 +254,18 @@ class Executor {
 };
 
 }  // namespace
+
+void install_pp_progress(CausalLM& model, PipelineState& pp) {
+  PipelineState* state = &pp;
+  auto call = [state](Module&) {
+    if (state->progress) state->progress();
+  };
+  for (Module* m : model.modules())
+    if (pattern_matches("model.layers.*", m->name())) {
+      m->post_forward.push_back(call);
+      m->post_backward.push_back(call);
+    }
+}
 
 PipelineState plan_pipeline(const TrainRun& run, int64_t micro_batches) {
   const auto& p = run.config.parallel;

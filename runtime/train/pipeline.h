@@ -5,6 +5,7 @@
 // needs it), tagged "pp" in the counters and watched: a stuck transfer names the stage, the micro-batch and the
 // peer. The schedule fixes every message's shape, so none is negotiated.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,12 +45,20 @@ struct PipelineState {
   Device act_device = Device::cpu();
   int64_t seq_split = 1;   // tp under sequence parallel: the boundary's sequence is split over it
   PpStepTimes last;        // the last step's
+  // Set by the executor while a step runs: tests the transfers in flight, which is what advances them on MPI
+  // transports that move a message only while its ranks are inside MPI (shared memory without single-copy).
+  // Called after each decoder layer's forward and backward (hooks installed by install_pp_progress).
+  std::function<void()> progress;
   // A generated sample's boundary tensor for a context of T tokens (1, T / seq_split, dim).
   Shape sample_shape(int64_t T) const { return {1, T / seq_split, act_shape[2]}; }
 };
 
 // Every pp rank's figures of the last step, gathered on every rank (collective over the pp group).
 std::vector<PpStepTimes> gather_pp_times(const PipelineState& pp);
+
+class CausalLM;
+// Hooks on the stage's decoder layers (post_forward, post_backward) that call pp.progress when set.
+void install_pp_progress(CausalLM& model, PipelineState& pp);
 
 // Checks the pipeline keys before any collective (the schedule, the micro-batches, the split) and returns the
 // split and schedule: errors name parallel.pp, parallel.pp_schedule, parallel.pp_virtual, parallel.pp_layers,

@@ -23,8 +23,6 @@
 
 namespace mt {
 
-namespace {
-
 DType training_dtype(const Config& c, Device device) {
   if (c.training.dtype == "fp64") {
     MT_CHECK(!device.is_cuda(), "train", "training.dtype = fp64 is for CPU checks; on CUDA use fp32 or bf16");
@@ -32,6 +30,8 @@ DType training_dtype(const Config& c, Device device) {
   }
   return c.training.dtype == "bf16" ? DType::bf16 : DType::f32;
 }
+
+namespace {
 
 // training.threads 0: the cores this process may run on. A launcher that binds (Slurm's --cpus-per-task, mpirun
 // --bind-to) gives each rank its own set; one that does not gives every rank all the node's cores, shared by the
@@ -63,6 +63,26 @@ std::vector<double> sum_over_stages(TrainRun& run, const std::vector<double>& v)
 
 }  // namespace
 
+PipelineState plan_run_shape(TrainRun& run, int world_size) {
+  const Config& cfg = run.config;
+  const auto& t = cfg.training;
+  // What each mesh dim means (parallel_dims.h); every dim exists, size 1 where unused.
+  run.pd = ParallelDims::from_config(cfg.parallel, world_size);
+  // Batch: the global batch never depends on the mesh; each dp rank takes batch_size / dp rows, and each cp
+  // rank of those its part of every sequence.
+  run.dp = run.pd.dp();
+  require_divisible("training.batch_size", t.batch_size, "dp (dp_replicate x dp_shard)", run.dp);
+  run.pd.check_seq_len(t.seq_len);
+  run.rows = t.batch_size / run.dp;
+  run.micro = t.micro_batch_size > 0 ? t.micro_batch_size : run.rows;
+  if (run.rows % run.micro != 0)
+    fail("config",
+         "training.micro_batch_size = {} must divide the rows per data-parallel rank, batch_size / dp = {} / {} = {}",
+         run.micro, t.batch_size, run.dp, run.rows);
+  // Pipeline parallel's schedule and stage split.
+  return plan_pipeline(run, run.rows / run.micro);
+}
+
 MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r) {
   MicroBatch mb;
   Tensor inputs = batch.inputs.slice0(r, r + run.micro), targets = batch.targets.slice0(r, r + run.micro);  // (mb, T)
@@ -89,8 +109,7 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
     set_cpu_threads(cfg.training.threads > 0 ? cfg.training.threads : auto_threads(env));
     set_host_memory_limit(size_t(cfg.training.memory_limit_mb * double(1 << 20)), "training.memory_limit_mb");
 
-    // What each mesh dim means (parallel_dims.h); every dim exists, size 1 where unused.
-    run.pd = ParallelDims::from_config(cfg.parallel, env.size());
+    pipeline = plan_run_shape(run, env.size());
     run.device = rank_device(env, cfg.comm.device);
     run.dtype = training_dtype(cfg, run.device);
     if (run.device.is_cuda() && run.dtype == DType::bf16 && env.rank() == 0) {
@@ -101,21 +120,6 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
             "attention runs the slow fp32 reference kernel",
             hd);
     }
-
-    // Batch: the global batch never depends on the mesh; each dp rank takes batch_size / dp rows, and each cp
-    // rank of those its part of every sequence.
-    run.dp = run.pd.dp();
-    require_divisible("training.batch_size", t.batch_size, "dp (dp_replicate x dp_shard)", run.dp);
-    run.pd.check_seq_len(t.seq_len);
-    run.rows = t.batch_size / run.dp;
-    run.micro = t.micro_batch_size > 0 ? t.micro_batch_size : run.rows;
-    if (run.rows % run.micro != 0)
-      fail("config",
-           "training.micro_batch_size = {} must divide the rows per data-parallel rank, batch_size / dp = {} / {} = {}",
-           run.micro, t.batch_size, run.dp, run.rows);
-
-    // Pipeline parallel's schedule and stage split (checked here, before any collective).
-    pipeline = plan_pipeline(run, run.rows / run.micro);
 
     // Data (every rank reads and validates the files itself: errors before any collective).
     if (with_data) {
@@ -162,6 +166,7 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   run.fsdp = family.parallelize(*run.model, run.mesh, run.pd, cfg.parallel, t.seq_len, reduce_dtype);
   run.model->set_positions(shard_positions(run.shard));
   run.params = run.model->parameters();
+  if (run.pp) install_pp_progress(*run.model, *run.pp);
   run.opt = std::make_unique<AdamW>(run.params, t);
   GradSyncOptions gs{run.pd.grad_partial_dims(), size_t(t.grad_bucket_mb * double(1 << 20)), reduce_dtype};
   run.grad_sync = std::make_unique<GradSync>(*run.model, run.mesh, gs);

@@ -44,6 +44,12 @@ struct TrainRun {
 // Builds everything on every rank; config problems are errors before any
 // collective other than building the mesh. with_data = false skips the data (generate).
 TrainRun make_train_run(const Config& config, const MpiEnv& env, bool with_data = true);
+// The run's shape from run.config alone on world_size ranks, checked before any collective (make_train_run's
+// first step, and `meshtrain estimate`'s): run.pd, run.dp, run.rows, run.micro, and the pipeline's schedule and
+// stage split. Errors name the keys.
+PipelineState plan_run_shape(TrainRun& run, int world_size);
+// training.dtype on this device (fp64 is refused on CUDA).
+DType training_dtype(const Config& c, Device device);
 
 // This rank's part of rows [r, r + micro) of a batch: its tokens of each sequence (all of them without cp) on
 // the run's device, and where their documents start (host; undefined without data.document_separator).

@@ -3,7 +3,9 @@
 # meshtrain (build-emu, -Demulate_cuda=true: the kernels, cuBLASLt and NCCL stand-ins run on the CPU) trains a
 # tiny model with comm.device=cuda and is compared with the CPU backend (BUILD_DIR/meshtrain):
 #  - fp32, 5 steps within 1e-4 of the CPU on 1 rank, dp_replicate 2, tp 2, cp 2 (ring and all_gather),
-#    dp_shard 2 and pp 2 (1f1b; zb1p x tp 2), with the ranks sharing one emulated device (comm.backend mpi: device buffers staged through the
+#    dp_shard 2 and pp 2 (1f1b; zb1p x tp 2: the pipeline's batched sends and receives on the NCCL stand-in,
+#    whose sends are synchronous as NCCL's), with the ranks sharing one emulated device (comm.backend mpi: device
+#    buffers staged through the
 #    host) and with a device each (MT_EMU_DEVICES, comm.backend nccl: the NCCL stand-in over MPI);
 #  - bf16 within 2% of fp32 at step 5;
 #  - one host synchronisation per step, as on a GPU;
@@ -40,10 +42,11 @@ YAML
 
 # devices: the CUDA devices a rank can see: the emulated build's MT_EMU_DEVICES (1 unless set), else the GPUs.
 devices() {
-  if "$emt" --help 2>/dev/null | grep -q "emulated" || strings "$emt" 2>/dev/null | grep -q "emulated CUDA device, test-only"; then
+  # grep reads the binary itself: a pipe from strings into grep -q fails under pipefail (strings gets SIGPIPE).
+  if grep -qa "emulated CUDA device, test-only" "$emt"; then
     echo "${MT_EMU_DEVICES:-1}"
   else
-    nvidia-smi -L 2>/dev/null | grep -c "^GPU" || echo 0
+    nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true  # grep -c prints 0 itself when there is none
   fi
 }
 

@@ -1,0 +1,836 @@
+#include "runtime/train/cluster.h"
+
+#include <mpi.h>
+#include <sched.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "attention/attention.h"
+#include "comm/control.h"
+#include "comm/mesh.h"
+#include "runtime/core/log.h"
+#include "runtime/io/config.h"
+#include "runtime/kernels/cpu/isa.h"
+#include "runtime/kernels/ops.h"
+#include "runtime/train/agree.h"
+#include "runtime/train/metrics.h"
+
+namespace mt {
+
+namespace {
+
+// ---- Reading ----
+
+const std::vector<std::string> kDtypes = {"fp32", "bf16", "fp64"};  // training.dtype's values
+const std::vector<std::string> kLinkKeys = {"bandwidth_gbs", "latency_us", "bandwidth_gbs_by_kind"};
+// The kinds collective_seconds knows (comm_counters.h's kinds).
+const std::vector<std::string> kKinds = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                                         "barrier",    "ring_shift", "send",           "recv"};
+std::string kinds_list() {
+  std::string r;
+  for (auto& k : kKinds) r += (r.empty() ? "" : ", ") + k;
+  return r;
+}
+bool known_kind(const std::string& k) { return std::find(kKinds.begin(), kKinds.end(), k) != kKinds.end(); }
+// The top-level keys, in the order write_cluster writes them, with what each is (for "missing key" messages).
+const std::vector<std::pair<std::string, std::string>> kTopKeys = {
+    {"name", "the cluster's name"},
+    {"devices_per_node", "ranks (GPUs) per node"},
+    {"device_memory_gib", "memory per device in GiB"},
+    {"cores_per_node", "CPU ranks: the cores a node's ranks share (0: a device per rank)"},
+    {"peak_tflops", "dense peak TFLOP/s per dtype, e.g. {bf16: 989, fp32: 67}"},
+    {"node", "the link inside a node: {bandwidth_gbs, latency_us}"},
+    {"network", "the link across nodes: {bandwidth_gbs, latency_us}"},
+    {"node_by_ranks", "measured links of groups of n ranks inside a node"},
+    {"gemm_efficiency", "fraction of peak GEMMs reach, in (0, 1]"},
+    {"attention_efficiency", "fraction of peak attention reaches, in (0, 1]"},
+    {"memory_bandwidth_gbs", "memory bandwidth elementwise ops reach, GB/s"},
+    {"source", "where the figures come from"},
+};
+const std::set<std::string> kOptionalKeys = {"name", "cores_per_node", "node_by_ranks", "source"};
+
+std::string origin(const std::string& file) { return file.empty() ? "<string>" : file; }
+
+std::string describe(const YAML::Node& n) {
+  if (n.IsMap()) return "a map";
+  if (n.IsSequence()) return "a list";
+  if (n.IsNull()) return "nothing";
+  return "'" + n.Scalar() + "'";
+}
+
+// Reads one file's keys; every error names the file and the key path.
+struct ClusterReader {
+  std::string file;
+
+  [[noreturn]] void bad(const std::string& msg) const { fail("cluster", "{}: {}", origin(file), msg); }
+
+  template <class T> T scalar(const YAML::Node& n, const std::string& key, const char* expected) const {
+    if (!n.IsScalar()) bad(fmt::format("{}: expected {}, got {}", key, expected, describe(n)));
+    try {
+      return n.as<T>();
+    } catch (const YAML::Exception&) {
+      bad(fmt::format("{}: expected {}, got {}", key, expected, describe(n)));
+    }
+  }
+  double number(const YAML::Node& n, const std::string& key) const { return scalar<double>(n, key, "a number"); }
+
+  // The map's keys are names, none twice, all known; section "" is the top level.
+  void check_keys(const YAML::Node& m, const std::string& section, const std::vector<std::string>& known) const {
+    const std::string where = section.empty() ? "the top level" : section;
+    if (!m.IsMap()) bad(fmt::format("{}: expected a map of keys, got {}", where, describe(m)));
+    std::set<std::string> seen;
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      if (!it->first.IsScalar()) bad(fmt::format("{}: keys must be names, got {}", where, describe(it->first)));
+      const std::string key = it->first.Scalar();
+      const std::string full = section.empty() ? key : section + "." + key;
+      // yaml-cpp keeps the first of two equal keys: the second, silently dropped, would hide an edit.
+      if (!seen.insert(key).second) bad(fmt::format("duplicate key '{}'", full));
+      if (known.empty() || std::find(known.begin(), known.end(), key) != known.end()) continue;
+      std::string names;
+      for (auto& k : known) names += (names.empty() ? "" : ", ") + k;
+      const std::string best = nearest_name(key, known);
+      bad(fmt::format("unknown key '{}' (known keys in '{}': {}){}", full, where, names,
+                      best.empty() ? "" : fmt::format("; did you mean '{}'?", best)));
+    }
+  }
+
+  LinkSpec link(const YAML::Node& n, const std::string& key) const {
+    check_keys(n, key, kLinkKeys);
+    LinkSpec l;
+    for (const char* k : {"bandwidth_gbs", "latency_us"})
+      if (!n[k]) bad(fmt::format("missing key '{}.{}'", key, k));
+    l.bandwidth_gbs = number(n["bandwidth_gbs"], key + ".bandwidth_gbs");
+    l.latency_us = number(n["latency_us"], key + ".latency_us");
+    if (const YAML::Node by = n["bandwidth_gbs_by_kind"]; by && !by.IsNull()) {
+      const std::string bk = key + ".bandwidth_gbs_by_kind";
+      check_keys(by, bk, kKinds);
+      for (auto it = by.begin(); it != by.end(); ++it)
+        l.bandwidth_gbs_by_kind[it->first.Scalar()] = number(it->second, bk + "." + it->first.Scalar());
+    }
+    return l;
+  }
+
+  ClusterSpec read(const YAML::Node& root) const {
+    std::vector<std::string> known;
+    for (auto& [k, what] : kTopKeys) known.push_back(k);
+    check_keys(root, "", known);
+    for (auto& [k, what] : kTopKeys)
+      if (!kOptionalKeys.count(k) && !root[k]) bad(fmt::format("missing key '{}' ({})", k, what));
+    ClusterSpec c;
+    c.file = file;
+    c.name = root["name"] ? scalar<std::string>(root["name"], "name", "a string")
+                          : std::filesystem::path(file).stem().string();
+    c.devices_per_node = scalar<int>(root["devices_per_node"], "devices_per_node", "an integer");
+    c.device_memory_gib = number(root["device_memory_gib"], "device_memory_gib");
+    if (root["cores_per_node"]) c.cores_per_node = scalar<int>(root["cores_per_node"], "cores_per_node", "an integer");
+    const YAML::Node peak = root["peak_tflops"];
+    check_keys(peak, "peak_tflops", {});
+    for (auto it = peak.begin(); it != peak.end(); ++it) {
+      const std::string dt = it->first.Scalar();
+      if (std::find(kDtypes.begin(), kDtypes.end(), dt) == kDtypes.end())
+        bad(fmt::format("peak_tflops.{}: unknown dtype (known: fp32, bf16, fp64, the values of training.dtype)", dt));
+      c.peak_tflops[dt] = number(it->second, "peak_tflops." + dt);
+    }
+    c.node = link(root["node"], "node");
+    c.network = link(root["network"], "network");
+    if (const YAML::Node by = root["node_by_ranks"]; by && !by.IsNull()) {
+      check_keys(by, "node_by_ranks", {});
+      for (auto it = by.begin(); it != by.end(); ++it) {
+        const std::string key = "node_by_ranks." + it->first.Scalar();
+        const int n = scalar<int>(it->first, key, "a rank count as the key");
+        c.node_by_ranks[n] = link(it->second, key);
+      }
+    }
+    c.gemm_efficiency = number(root["gemm_efficiency"], "gemm_efficiency");
+    c.attention_efficiency = number(root["attention_efficiency"], "attention_efficiency");
+    c.memory_bandwidth_gbs = number(root["memory_bandwidth_gbs"], "memory_bandwidth_gbs");
+    if (root["source"])
+      c.source = root["source"].IsNull() ? "" : scalar<std::string>(root["source"], "source", "a string");
+    return c;
+  }
+};
+
+// ---- Writing ----
+
+std::string quoted(const std::string& s) {
+  YAML::Emitter e;
+  e << YAML::DoubleQuoted << s;
+  return e.c_str();
+}
+// Shortest text that reads back to the same double.
+std::string num(double x) { return fmt::format("{}", x); }
+// A link as one flow map, or as a block (indented by indent) when it has per-kind bandwidths, one line each.
+std::string link_yaml(const LinkSpec& l, const std::string& indent) {
+  if (l.bandwidth_gbs_by_kind.empty())
+    return fmt::format(" {{bandwidth_gbs: {}, latency_us: {}}}\n", num(l.bandwidth_gbs), num(l.latency_us));
+  std::string y = fmt::format("\n{0}bandwidth_gbs: {1}\n{0}latency_us: {2}\n{0}bandwidth_gbs_by_kind:\n", indent,
+                              num(l.bandwidth_gbs), num(l.latency_us));
+  for (auto& [k, x] : l.bandwidth_gbs_by_kind) y += fmt::format("{}  {}: {}\n", indent, k, num(x));
+  return y;
+}
+
+// ---- Calibration ----
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// The median over the world's ranks of a figure each rank measured (collective).
+double median_over_ranks(double x, std::string_view label) {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  std::vector<double> all(size_t(n), 0.0);
+  control_all_gather(MPI_COMM_WORLD, all.data(), &x, 1, MPI_DOUBLE, label);
+  return median(all);
+}
+
+// fn's time with every rank running it at once, as in training: each repetition starts on all ranks together (a
+// barrier) and lasts until the slowest rank is done; the median over iters repetitions after one warm-up. The
+// slowest rank, not each rank's own time: with more ranks than cores, an op shorter than the scheduler's time slice
+// can run undisturbed on one rank while the others wait for a core, and its own time would promise a rate that
+// all ranks together never reach.
+template <class F> double time_median(int iters, std::string_view label, F&& fn) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    control_barrier(MPI_COMM_WORLD, label);
+    auto t0 = Clock::now();
+    fn();
+    t.push_back(seconds_since(t0));
+  }
+  control_all_reduce(MPI_COMM_WORLD, t.data(), iters, MPI_DOUBLE, MPI_MAX, label);
+  return median(t);
+}
+
+// Values in [-0.5, 0.5): no denormals, NaNs or overflow to slow or break the kernels.
+void fill(const Tensor& t) {
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = float((i * 7919) % 1000) * 1e-3f - 0.5f;
+}
+Tensor filled(const Shape& s) {
+  Tensor t = empty(s, DType::f32);
+  fill(t);
+  return t;
+}
+
+// The node's cores this process may run on.
+int available_cores() {
+  const int hw = std::max(1, int(std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int allowed = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : hw;
+  return allowed > 0 ? std::min(allowed, hw) : hw;
+}
+
+// train's default thread count (trainer.cpp's auto_threads): the cores this process may use when bound to fewer
+// than the node's, else the node's cores / its ranks.
+int default_threads(const MpiEnv& env) {
+  const int hw = int(std::thread::hardware_concurrency());
+  const int allowed = available_cores();
+  if (allowed > 0 && allowed < hw) return allowed;
+  return std::max(1, hw / std::max(1, env.local_size()));
+}
+
+// The dense GEMM peak in another dtype, measured as cpu_peak_flops() measures f32's: the best of a few 768^3 GEMMs
+// (on one rank at a time, as calibrate runs both).
+double gemm_peak(DType dt, int64_t n, int reps) {
+  std::vector<double> va(size_t(n * n)), vb(size_t(n * n));
+  for (int64_t i = 0; i < n * n; ++i) va[size_t(i)] = double(i % 7) * 0.1, vb[size_t(i)] = double(i % 5) * 0.1;
+  Tensor a = from_values(va, {n, n}, dt), b = from_values(vb, {n, n}, dt), c = empty({n, n}, dt);
+  double best = 0;
+  for (int rep = 0; rep <= reps; ++rep) {
+    auto t0 = Clock::now();
+    matmul_forward(c, a, b);
+    const double s = seconds_since(t0);
+    if (rep > 0) best = std::max(best, 2.0 * double(n * n * n) / s);
+  }
+  return best;
+}
+
+struct Rate {
+  std::string what;
+  double flops = 0, seconds = 0;  // per repetition (the median over ranks of each rank's median)
+  double rate() const { return seconds > 0 ? flops / seconds : 0; }
+};
+
+// A linear layer's forward and backward, out (N, OC) = inp (N, C) @ w (OC, C)^T: 3 GEMMs of 2 N C OC FLOPs.
+Rate time_gemm(int64_t N, int64_t C, int64_t OC, int iters) {
+  Tensor inp = filled({N, C}), w = filled({OC, C}), out = empty({N, OC}, DType::f32);
+  Tensor dout = filled({N, OC}), dinp = empty({N, C}, DType::f32), dw = zeros({OC, C}, DType::f32);
+  const double s = time_median(iters, "calibration: GEMM", [&] {
+    matmul_forward(out, inp, w);
+    matmul_backward(dinp, dw, dout, inp, w);
+  });
+  return {fmt::format("GEMM fwd+bwd N={} C={} OC={}", N, C, OC), 6.0 * double(N) * double(C) * double(OC), s};
+}
+
+// The model's attention (make_attention: local, as with cp = 1), forward and backward, causal, on (1, T, H, hd) with
+// H/2 kv heads (grouped-query, as configs/bench_cpu.yaml); FLOPs as attention_forward_flops counts them.
+Rate time_attention(int64_t T, int64_t H, int64_t hd, int iters) {
+  const int64_t KV = std::max<int64_t>(1, H / 2);
+  auto att = make_attention();
+  Tensor q = filled({1, T, H, hd}), k = filled({1, T, KV, hd}), v = filled({1, T, KV, hd});
+  Tensor dout = filled({1, T, H, hd});
+  Tensor dq = empty({1, T, H, hd}, DType::f32), dk = empty({1, T, KV, hd}, DType::f32),
+         dv = empty({1, T, KV, hd}, DType::f32);
+  AttentionCall call;
+  call.causal = true;
+  const double s = time_median(iters, "calibration: attention", [&] {
+    AttentionSaved saved;
+    att->forward(saved, q, k, v, call);
+    att->backward(dq, dk, dv, dout, saved, call);
+  });
+  const double fwd = attention_forward_flops(1, double(T), double(T), double(H), double(hd), true);
+  return {fmt::format("attention fwd+bwd T={} H={} hd={}", T, H, hd), fwd * (1.0 + kAttentionBackwardFactor), s};
+}
+
+// Elementwise ops over tensors past the caches, the kinds of a training step's (the residual add, the norm, the
+// FFN's activation, the optimizer): bytes read + bytes written per second. On CPU ranks the norm and the
+// activation are partly compute-bound (exp, rsqrt); the figure is their mix, time-weighted.
+struct Bandwidth {
+  std::string what;
+  double bytes = 0, seconds = 0;
+  double gbs() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+};
+std::vector<Bandwidth> time_elementwise(int64_t elems, int iters) {
+  const int64_t C = 1024, N = std::max<int64_t>(1, elems / C);
+  Tensor a = filled({N, C}), b = filled({N, C}), w = filled({C}), rstd = empty({N}, DType::f32);
+  const double e = double(N * C) * 4;
+  std::vector<Bandwidth> r;
+  double s = time_median(iters, "calibration: add_", [&] { add_(a, b); });  // read a and b, write a
+  r.push_back({"add_ (a += b)", 3 * e, s});
+  s = time_median(iters, "calibration: rmsnorm", [&] { rmsnorm_forward(b, rstd, a, w, 1e-5); });  // read a, write b
+  r.push_back({"rmsnorm forward", 2 * e + double(N) * 4, s});
+  Tensor c = filled({N, C}), d = zeros({N, C}, DType::f32);
+  s = time_median(iters, "calibration: swiglu", [&] { swiglu_forward(c, a, b); });  // read a and b, write c
+  r.push_back({"swiglu forward", 3 * e, s});
+  int64_t step = 0;  // read param a, grad b, moments c and d; write a, c and d
+  s = time_median(iters, "calibration: adamw", [&] { adamw_step(a, b, c, d, 1e-4, 0.9, 0.95, 1e-8, 0.1, ++step); });
+  r.push_back({"adamw step", 7 * e, s});
+  return r;
+}
+
+// One collective kind's measurement on groups of n ranks.
+struct CollectiveTime {
+  std::string kind;
+  double small_s = 0;  // the small message: median over iterations of the slowest rank's time
+  // Per bandwidth size: what one rank sends (comm_counters.h) and the time, as small_s.
+  std::vector<std::pair<double, double>> large;
+};
+
+// The kinds measured: those of data parallel, fully_shard, tp and cp (ring_shift: ring attention's K/V passing).
+const std::vector<std::string> kFitKinds = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ring_shift"};
+
+// Buffers for kind on n ranks holding `bytes` in all (nccl-tests' size: the all_reduce buffer, the all_gather
+// output, the reduce_scatter input), as f32 elements, a multiple of n.
+double time_collective(Group& g, const std::string& kind, int64_t bytes, int iters, double* sent) {
+  const int n = g.size();
+  const int64_t count = std::max<int64_t>(n, bytes / 4 / n * n), m = count / n;
+  Tensor whole = filled({count}), part = filled({m}), out = empty({count}, DType::f32);
+  auto run = [&] {
+    if (kind == "all_reduce") g.all_reduce(whole, ReduceOp::sum);
+    else if (kind == "all_gather") g.all_gather(out, part);
+    else if (kind == "reduce_scatter") g.reduce_scatter(part, whole, ReduceOp::sum);
+    else if (kind == "all_to_all") g.all_to_all(out, whole);
+    else g.ring_shift(out, whole);
+  };
+  run();
+  std::vector<double> t(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
+    control_barrier(MPI_COMM_WORLD, "calibration: collective");
+    auto t0 = Clock::now();
+    run();
+    t[size_t(i)] = seconds_since(t0);
+  }
+  // An iteration lasts as long as its slowest rank (as meshtrain check times it).
+  control_all_reduce(MPI_COMM_WORLD, t.data(), iters, MPI_DOUBLE, MPI_MAX, "calibration: collective time");
+  const double whole_bytes = double(count) * 4;
+  *sent = kind == "all_reduce"   ? whole_bytes * 2.0 * (n - 1) / n
+          : kind == "ring_shift" ? whole_bytes
+                                 : whole_bytes * double(n - 1) / n;
+  return median(t);
+}
+
+struct LinkFit {
+  int ranks = 0;
+  LinkSpec link;
+  std::vector<CollectiveTime> kinds;
+};
+
+// Groups of n ranks (all of the world's ranks in such groups at once): the latency is the median over the kinds of
+// the small message's time per message step; each kind's bandwidth the median over the sizes of the bytes sent
+// over the time less the latency; bandwidth_gbs, for the kinds not measured, the kinds' median.
+LinkFit measure_link(int world, int n, const std::string& backend, const CalibrateOptions& o) {
+  MeshOptions mo;
+  mo.device = Device::cpu();
+  mo.backend = backend;
+  std::vector<MeshDim> dims;
+  if (world / n > 1) dims.push_back({"calibrate_groups", world / n});
+  dims.push_back({"calibrate_ranks", n});
+  DeviceMesh mesh = DeviceMesh::create(dims, mo);
+  Group& g = mesh.group("calibrate_ranks");
+  LinkFit fit;
+  fit.ranks = n;
+  std::vector<double> per_step;
+  for (const std::string& kind : kFitKinds) {
+    CollectiveTime ct;
+    ct.kind = kind;
+    double unused = 0;
+    ct.small_s = time_collective(g, kind, o.latency_bytes, o.collective_iters, &unused);
+    for (int64_t size : o.bandwidth_sizes) {
+      double sent = 0;
+      const double t = time_collective(g, kind, size, o.collective_iters, &sent);
+      ct.large.push_back({sent, t});
+    }
+    per_step.push_back(ct.small_s / collective_steps(kind, n));
+    fit.kinds.push_back(ct);
+  }
+  // Medians, not least squares: with more ranks than cores a rank's reply waits for the scheduler, and one kind's
+  // or one size's time can be several times the others'.
+  const double alpha = median(per_step);
+  std::vector<double> bws;
+  for (auto& ct : fit.kinds) {
+    std::vector<double> rates;  // bytes / (time - steps x latency) at each size
+    for (auto& [bytes, t] : ct.large)
+      // At least a quarter of the time: where the latency is most of it, the size says little of the bandwidth.
+      rates.push_back(bytes / std::max(t - collective_steps(ct.kind, n) * alpha, 0.25 * t));
+    const double bw = median(rates) / 1e9;
+    fit.link.bandwidth_gbs_by_kind[ct.kind] = bw;
+    bws.push_back(bw);
+  }
+  fit.link.bandwidth_gbs = median(bws);
+  fit.link.latency_us = alpha * 1e6;
+  return fit;
+}
+
+}  // namespace
+
+// ---- The file ----
+
+ClusterSpec cluster_from_yaml(const std::string& yaml, const std::string& file) {
+  ClusterReader r{file};
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::ParserException& e) {
+    r.bad(fmt::format("YAML error at line {}, column {}: {}", e.mark.line + 1, e.mark.column + 1, e.msg));
+  }
+  ClusterSpec c;
+  try {
+    c = r.read(root);
+  } catch (const YAML::Exception& e) {
+    // A yaml-cpp corner not checked above still leaves as a cluster error, not a bare library one.
+    r.bad(e.what());
+  }
+  check_cluster(c);
+  return c;
+}
+
+ClusterSpec load_cluster(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("cluster", "cannot read cluster file '{}': {}", path, std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return cluster_from_yaml(ss.str(), path);
+}
+
+void check_cluster(const ClusterSpec& c) {
+  const std::string f = c.file.empty() ? "<cluster>" : c.file;
+  auto positive = [&](const std::string& key, double x, const char* what) {
+    if (!(std::isfinite(x) && x > 0)) fail("cluster", "{}: {} = {}: expected {} > 0", f, key, x, what);
+  };
+  auto link = [&](const std::string& key, const LinkSpec& l) {
+    positive(key + ".bandwidth_gbs", l.bandwidth_gbs, "a bandwidth in GB/s");
+    if (!(std::isfinite(l.latency_us) && l.latency_us >= 0))
+      fail("cluster", "{}: {}.latency_us = {}: expected a latency in microseconds >= 0", f, key, l.latency_us);
+    for (auto& [kind, x] : l.bandwidth_gbs_by_kind) {
+      if (!known_kind(kind))
+        fail("cluster", "{}: {}.bandwidth_gbs_by_kind.{}: unknown collective kind (known: {})", f, key, kind,
+             kinds_list());
+      positive(key + ".bandwidth_gbs_by_kind." + kind, x, "a bandwidth in GB/s");
+    }
+  };
+  auto fraction = [&](const std::string& key, double x) {
+    if (!(std::isfinite(x) && x > 0 && x <= 1))
+      fail("cluster", "{}: {} = {}: expected a fraction of peak in (0, 1]", f, key, x);
+  };
+  if (c.devices_per_node < 1)
+    fail("cluster", "{}: devices_per_node = {}: expected a device count >= 1", f, c.devices_per_node);
+  positive("device_memory_gib", c.device_memory_gib, "a memory size in GiB");
+  if (c.cores_per_node < 0)
+    fail("cluster", "{}: cores_per_node = {}: expected a core count >= 0 (0: a device per rank)", f, c.cores_per_node);
+  if (c.peak_tflops.empty())
+    fail("cluster", "{}: peak_tflops: expected at least one dtype's peak, e.g. {{bf16: 989, fp32: 67}}", f);
+  for (auto& [dt, x] : c.peak_tflops) {
+    if (std::find(kDtypes.begin(), kDtypes.end(), dt) == kDtypes.end())
+      fail("cluster", "{}: peak_tflops.{}: unknown dtype (known: fp32, bf16, fp64, the values of training.dtype)", f,
+           dt);
+    positive("peak_tflops." + dt, x, "a peak in TFLOP/s");
+  }
+  link("node", c.node);
+  link("network", c.network);
+  for (auto& [n, l] : c.node_by_ranks) {
+    if (n < 2 || n > c.devices_per_node)
+      fail("cluster", "{}: node_by_ranks.{}: expected a group size from 2 to devices_per_node = {}", f, n,
+           c.devices_per_node);
+    link(fmt::format("node_by_ranks.{}", n), l);
+  }
+  fraction("gemm_efficiency", c.gemm_efficiency);
+  fraction("attention_efficiency", c.attention_efficiency);
+  positive("memory_bandwidth_gbs", c.memory_bandwidth_gbs, "a bandwidth in GB/s");
+}
+
+void write_cluster(const ClusterSpec& c, const std::string& path, const std::string& header_comment) {
+  check_cluster(c);
+  std::string y;
+  std::istringstream hc(header_comment);
+  for (std::string line; std::getline(hc, line);) y += line.empty() ? "#\n" : "# " + line + "\n";
+  y += "name: " + quoted(c.name) + "\n";
+  y += fmt::format("devices_per_node: {}\n", c.devices_per_node);
+  y += "device_memory_gib: " + num(c.device_memory_gib) + "\n";
+  if (c.cores_per_node > 0) y += fmt::format("cores_per_node: {}\n", c.cores_per_node);
+  y += "peak_tflops: {";
+  bool first = true;
+  for (auto& [dt, x] : c.peak_tflops) y += (first ? "" : ", ") + dt + ": " + num(x), first = false;
+  y += "}\n";
+  y += "node:" + link_yaml(c.node, "  ");
+  y += "network:" + link_yaml(c.network, "  ");
+  if (!c.node_by_ranks.empty()) {
+    y += "node_by_ranks:\n";
+    for (auto& [n, l] : c.node_by_ranks) y += fmt::format("  {}:", n) + link_yaml(l, "    ");
+  }
+  y += "gemm_efficiency: " + num(c.gemm_efficiency) + "\n";
+  y += "attention_efficiency: " + num(c.attention_efficiency) + "\n";
+  y += "memory_bandwidth_gbs: " + num(c.memory_bandwidth_gbs) + "\n";
+  y += "source: " + quoted(c.source) + "\n";
+  std::error_code ec;
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  std::ofstream out(path);
+  if (!out) fail("cluster", "cannot write '{}': {}", path, std::strerror(errno));
+  out << y;
+  out.close();
+  if (!out) fail("cluster", "cannot write '{}': {}", path, std::strerror(errno));
+}
+
+double peak_flops(const ClusterSpec& c, const std::string& dtype) {
+  auto it = c.peak_tflops.find(dtype);
+  if (it == c.peak_tflops.end()) {
+    std::string have;
+    for (auto& [dt, x] : c.peak_tflops) have += (have.empty() ? "" : ", ") + dt;
+    fail("cluster", "{}: peak_tflops has no entry for '{}' (it gives {}): add the device's {} peak",
+         c.file.empty() ? "<cluster>" : c.file, dtype, have.empty() ? "none" : have, dtype);
+  }
+  return it->second * 1e12;
+}
+
+double rank_share(const ClusterSpec& c, int ranks_on_node, int threads) {
+  if (c.cores_per_node <= 0) return 1;
+  MT_CHECK(ranks_on_node >= 1 && threads >= 0, "cluster", "rank_share: {} ranks on the node, {} threads", ranks_on_node,
+           threads);
+  const double cores = double(c.cores_per_node) / ranks_on_node;
+  const double t = threads > 0 ? threads : std::max(1, c.cores_per_node / ranks_on_node);
+  return std::min(t, cores);
+}
+
+double rank_peak_flops(const ClusterSpec& c, const std::string& dtype, int ranks_on_node, int threads) {
+  return peak_flops(c, dtype) * rank_share(c, ranks_on_node, threads);
+}
+
+double rank_memory_bandwidth(const ClusterSpec& c, int ranks_on_node, int threads) {
+  return c.memory_bandwidth_gbs * 1e9 * rank_share(c, ranks_on_node, threads);
+}
+
+// ---- The time model ----
+
+bool inside_one_node(const ClusterSpec& c, const std::vector<int>& world_ranks) {
+  MT_CHECK(c.devices_per_node >= 1, "cluster", "devices_per_node = {}: expected >= 1", c.devices_per_node);
+  for (int r : world_ranks)
+    if (r / c.devices_per_node != world_ranks.front() / c.devices_per_node) return false;
+  return true;
+}
+
+const LinkSpec& link_for(const ClusterSpec& c, const std::vector<int>& world_ranks) {
+  if (!inside_one_node(c, world_ranks)) return c.network;
+  auto it = c.node_by_ranks.find(int(world_ranks.size()));
+  return it != c.node_by_ranks.end() ? it->second : c.node;
+}
+
+int collective_steps(const std::string& kind, int n) {
+  // A misspelt kind is an error whatever n.
+  if (!known_kind(kind)) fail("cluster", "unknown collective kind '{}' (known: {})", kind, kinds_list());
+  if (n <= 1) return 0;
+  if (kind == "all_reduce") return 2 * (n - 1);
+  if (kind == "all_gather" || kind == "reduce_scatter" || kind == "all_to_all") return n - 1;
+  if (kind == "broadcast" || kind == "barrier") {
+    int steps = 0;
+    while ((1 << steps) < n) ++steps;  // ceil(log2 n)
+    return steps;
+  }
+  if (kind == "ring_shift" || kind == "send") return 1;
+  return 0;  // recv
+}
+
+double collective_seconds(const LinkSpec& l, const std::string& kind, double bytes_per_rank, int n) {
+  const int steps = collective_steps(kind, n);
+  MT_CHECK(bytes_per_rank >= 0, "cluster", "collective_seconds: {} of {} bytes: expected bytes >= 0", kind,
+           bytes_per_rank);
+  if (n <= 1) return 0;
+  const double bw = l.bandwidth_for(kind);
+  MT_CHECK(bw > 0, "cluster", "collective_seconds: {} on a link of bandwidth {} GB/s", kind, bw);
+  return steps * l.latency_us * 1e-6 + bytes_per_rank / (bw * 1e9);
+}
+
+double attention_forward_flops(double B, double T, double S, double H, double hd, bool causal) {
+  const double f = 4.0 * B * T * S * H * hd;
+  return causal && T == S ? 0.5 * f : f;
+}
+
+// ---- Calibration ----
+
+namespace {
+
+// "256K", "16M": the sizes in messages.
+std::string human_bytes(int64_t b) {
+  if (b >= (1 << 20) && b % (1 << 20) == 0) return fmt::format("{}M", b >> 20);
+  if (b >= (1 << 10) && b % (1 << 10) == 0) return fmt::format("{}K", b >> 10);
+  return fmt::format("{}B", b);
+}
+
+// Measured figures to 4 significant digits: the noise is larger than that, and the file stays readable.
+double sig4(double x) { return x > 0 ? std::stod(fmt::format("{:.4g}", x)) : x; }
+void round_figures(ClusterSpec& c) {
+  auto link = [](LinkSpec& l) {
+    l.bandwidth_gbs = sig4(l.bandwidth_gbs), l.latency_us = sig4(l.latency_us);
+    for (auto& [k, x] : l.bandwidth_gbs_by_kind) x = sig4(x);
+  };
+  for (auto& [dt, x] : c.peak_tflops) x = sig4(x);
+  link(c.node), link(c.network);
+  for (auto& [n, l] : c.node_by_ranks) link(l);
+  c.device_memory_gib = sig4(c.device_memory_gib);
+  c.gemm_efficiency = std::min(1.0, sig4(c.gemm_efficiency));
+  c.attention_efficiency = std::min(1.0, sig4(c.attention_efficiency));
+  c.memory_bandwidth_gbs = sig4(c.memory_bandwidth_gbs);
+}
+
+struct Calibration {
+  ClusterSpec spec;
+  int threads = 0, cores = 0;
+  double share = 1;                    // the cores a rank has when all run: min(threads, cores / ranks)
+  double cpu_peak = 0, bf16_peak = 0;  // per rank: alone / its cores alone x share
+  std::vector<Rate> gemms, attentions;
+  std::vector<Bandwidth> elementwise;
+  std::vector<LinkFit> links;
+  std::vector<int64_t> bandwidth_sizes;
+};
+
+Calibration calibrate(const MpiEnv& env, const Config& cfg, const CalibrateOptions& o) {
+  Calibration cal;
+  const int world = env.size();
+  run_agreed(env, "the calibration's setup", [&] {
+    MT_CHECK(cfg.comm.device == "cpu", "cluster",
+             "comm.device = {}: calibration measures CPU ranks (its peak is cpu_peak_flops'); run it with "
+             "--set comm.device=cpu",
+             cfg.comm.device);
+    MT_CHECK(world >= 2, "cluster",
+             "calibration needs at least 2 ranks to measure a link (mpirun -np 2 or more; this job has 1)");
+    MT_CHECK(env.local_size() == world, "cluster",
+             "calibration measures one node, but the {} ranks are spread over several hosts ({} on {}): run it on "
+             "one node",
+             world, env.local_size(), env.host());
+    MT_CHECK(o.iters >= 1 && o.collective_iters >= 1, "cluster", "calibration needs at least one repetition");
+    cal.threads = cfg.training.threads > 0 ? cfg.training.threads : default_threads(env);
+    set_cpu_threads(cal.threads);
+  });
+  const int iters = o.quick ? 1 : o.iters;
+  CalibrateOptions co = o;
+  if (o.quick) co.collective_iters = std::min(o.collective_iters, 3), co.bandwidth_sizes = {64 << 10, 1 << 20};
+  MT_CHECK(!co.bandwidth_sizes.empty(), "cluster", "calibration needs at least one bandwidth size");
+
+  // The peaks: each rank's threads alone (one rank at a time, the others waiting), per core, times the cores a
+  // rank has when all run, min(threads, cores / ranks on the node): a rank's peak when all run. Measured alone because a peak
+  // measured under contention is whatever the scheduler gave that moment (from a quarter to all of a core with 8
+  // ranks on 2 cores, run to run); the contention is in the efficiencies, measured with every rank running.
+  double f32_alone = 0, bf16_alone = 0;
+  for (int r = 0; r < world; ++r) {
+    control_barrier(MPI_COMM_WORLD, "calibration: peak, one rank at a time");
+    if (env.rank() == r) {
+      f32_alone = cpu_peak_flops();  // cached for the process: the same figure train's MFU would use
+      bf16_alone = gemm_peak(DType::bf16, o.quick ? 256 : 768, o.quick ? 1 : 3);
+    }
+  }
+  cal.cores = available_cores();
+  // A rank's cores when all run (rank_share's rule), and alone (its threads, at most the node's cores).
+  cal.share = std::min(double(cal.threads), double(cal.cores) / env.local_size());
+  const double alone_cores = std::min(cal.threads, cal.cores);
+  cal.cpu_peak = median_over_ranks(f32_alone, "calibration: f32 peak") / alone_cores * cal.share;
+  cal.bf16_peak = median_over_ranks(bf16_alone, "calibration: bf16 peak") / alone_cores * cal.share;
+
+  // GEMMs of transformer-like shapes: 2048 tokens through dim 256..1024 projections and a 3x FFN.
+  const std::vector<std::array<int64_t, 3>> gemm_shapes =
+      o.quick ? std::vector<std::array<int64_t, 3>>{{256, 128, 128}}
+              : std::vector<std::array<int64_t, 3>>{
+                    {2048, 256, 256}, {2048, 256, 768}, {2048, 512, 512}, {2048, 1024, 1024}};
+  for (auto& [N, C, OC] : gemm_shapes) cal.gemms.push_back(time_gemm(N, C, OC, iters));
+  const std::vector<std::array<int64_t, 2>> att_shapes =
+      o.quick ? std::vector<std::array<int64_t, 2>>{{128, 32}}
+              : std::vector<std::array<int64_t, 2>>{{256, 32}, {512, 32}, {1024, 32}, {1024, 64}};
+  for (auto& [T, hd] : att_shapes) cal.attentions.push_back(time_attention(T, 8, hd, iters));
+  cal.elementwise = time_elementwise(o.quick ? (1 << 18) : o.elementwise_elems, iters);
+
+  // Links: groups of every size n dividing the world (all ranks in such groups at once).
+  cal.bandwidth_sizes = co.bandwidth_sizes;
+  for (int n = 2; n <= world; ++n)
+    if (world % n == 0) cal.links.push_back(measure_link(world, n, cfg.comm.backend, co));
+
+  // The figures: the harmonic mean of the shapes' rates, the rate of a mix with equal FLOPs of each (a
+  // time-weighted mean would be the largest shape's alone).
+  auto harmonic = [](const std::vector<double>& rates) {
+    double inv = 0;
+    for (double r : rates) inv += r > 0 ? 1 / r : 0;
+    return inv > 0 ? double(rates.size()) / inv : 0;
+  };
+  auto total = [&](const std::vector<Rate>& rs) {
+    std::vector<double> rates;
+    for (auto& r : rs) rates.push_back(r.rate());
+    return std::array<double, 2>{harmonic(rates), rates.empty() ? 0 : *std::max_element(rates.begin(), rates.end())};
+  };
+  const auto [gemm_rate, gemm_best] = total(cal.gemms);
+  const auto [att_rate, att_best] = total(cal.attentions);
+  // cpu_peak_flops is a best-of-7 768^3 GEMM; a larger GEMM here may beat it. The peak is the fastest of them, so
+  // that peak x efficiency is the measured rate and every efficiency is <= 1.
+  const double peak = std::max({cal.cpu_peak, gemm_best, att_best});
+  std::string sizes;
+  for (int64_t b : co.bandwidth_sizes) sizes += (sizes.empty() ? "" : ", ") + human_bytes(b);
+  std::vector<double> elementwise_rates;  // the same mean: equal bytes through each op
+  for (auto& b : cal.elementwise) elementwise_rates.push_back(b.gbs());
+
+  ClusterSpec& c = cal.spec;
+  c.name = "this_machine";
+  c.devices_per_node = env.local_size();
+  c.cores_per_node = cal.cores;
+  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  c.device_memory_gib = ram / double(env.local_size()) / double(1 << 30);
+  // The file's figures are one core's (cores_per_node set): a rank's divided by its share.
+  c.peak_tflops["fp32"] = peak / cal.share / 1e12;
+  // bf16 on the CPU is f32 arithmetic on widened copies (ops.h): its own peak, its rate relative to f32's assumed
+  // the same for every op kind.
+  if (cal.bf16_peak > 0)
+    c.peak_tflops["bf16"] = cal.bf16_peak * (peak / std::max(cal.cpu_peak, 1.0)) / cal.share / 1e12;
+  c.gemm_efficiency = std::clamp(gemm_rate / peak, 1e-6, 1.0);
+  c.attention_efficiency = std::clamp(att_rate / peak, 1e-6, 1.0);
+  c.memory_bandwidth_gbs = harmonic(elementwise_rates) / cal.share;
+  for (auto& l : cal.links) c.node_by_ranks[l.ranks] = l.link;
+  c.node = cal.links.back().link;  // the world's groups: every rank at once
+  c.network = c.node;
+  c.source = fmt::format(
+      "measured by meshtrain estimate --calibrate on {}: {} CPU ranks on one node, {} thread(s) per rank, {} "
+      "kernels, comm backend {}. peak_tflops and memory_bandwidth_gbs are one core's (a rank gets rank_share of "
+      "them: here {:.3g} of the {} cores each): peak = cpu_peak_flops' 768^3 GEMM on one rank alone, per core, or "
+      "the fastest rate measured here if higher; every rate with all ranks running at once, an op's time the "
+      "slowest rank's; rates are harmonic means over the shapes (equal FLOPs or "
+      "bytes of each); gemm = matmul forward+backward at N=2048, C=256..1024; "
+      "attention = local causal forward+backward, T=256..1024, 8 heads, hd 32/64; memory bandwidth = add_, "
+      "rmsnorm, swiglu and adamw over {} MiB tensors; links = all_reduce, all_gather, reduce_scatter, all_to_all, "
+      "ring_shift of {} B (latency: the median per message step) and of {} (bandwidth per kind: the median over "
+      "the sizes; bandwidth_gbs: the kinds' median) in groups of n ranks (node_by_ranks), node = the world's; network "
+      "= node (one node: no network "
+      "measured). device_memory_gib = RAM / ranks.",
+      env.host(), world, cal.threads, cpu_isa_name(cpu_isa()), cfg.comm.backend, cal.share, cal.cores,
+      (o.quick ? (1 << 18) : o.elementwise_elems) * 4 >> 20, o.latency_bytes, sizes);
+  round_figures(c);
+  check_cluster(c);
+  return cal;
+}
+
+void print_calibration(const Calibration& cal, int world, const std::vector<int64_t>& sizes) {
+  const ClusterSpec& c = cal.spec;
+  const double peak = c.peak_tflops.at("fp32") * 1e12 * cal.share;  // a rank's
+  std::printf(
+      "calibrated this machine: %d ranks on one node, %d thread(s) per rank (figures per rank, every rank "
+      "running at once)\n",
+      world, cal.threads);
+  std::printf("  a rank's cores when all run: %.3g of %d (min(threads, cores / ranks))\n", cal.share, cal.cores);
+  std::printf("  f32 GEMM peak (768^3 alone, x share)    %9.2f GFLOP/s\n", cal.cpu_peak / 1e9);
+  std::printf("  bf16 GEMM peak (768^3 alone, x share)   %9.2f GFLOP/s\n", cal.bf16_peak / 1e9);
+  std::printf("  peak used (the larger of it and rates)  %9.2f GFLOP/s\n", peak / 1e9);
+  for (auto* rs : {&cal.gemms, &cal.attentions})
+    for (auto& r : *rs)
+      std::printf("  %-38s  %9.2f GFLOP/s  %6.1f%% of peak  (%.2f ms)\n", r.what.c_str(), r.rate() / 1e9,
+                  100 * r.rate() / peak, r.seconds * 1e3);
+  for (auto& b : cal.elementwise)
+    std::printf("  %-38s  %9.2f GB/s              (%.2f ms)\n", b.what.c_str(), b.gbs(), b.seconds * 1e3);
+  std::printf(
+      "  => gemm_efficiency %.3f, attention_efficiency %.3f, per core: peak_tflops fp32 %.4g, "
+      "memory_bandwidth_gbs %.4g\n",
+      c.gemm_efficiency, c.attention_efficiency, c.peak_tflops.at("fp32"), c.memory_bandwidth_gbs);
+  std::printf("\n  links (groups of n ranks, all ranks at once; busbw GB/s at each size, then the fit)\n");
+  std::printf("  %5s %-15s %9s", "ranks", "kind", "small_us");
+  for (int64_t b : sizes) std::printf(" %8s", human_bytes(b).c_str());
+  std::printf(" %8s\n", "fit");
+  for (auto& l : cal.links) {
+    for (auto& k : l.kinds) {
+      std::printf("  %5d %-15s %9.1f", l.ranks, k.kind.c_str(), k.small_s * 1e6);
+      for (auto& [bytes, t] : k.large) std::printf(" %8.3f", bytes / t / 1e9);
+      std::printf(" %8.3f\n", l.link.bandwidth_for(k.kind));
+    }
+    std::printf("  %5d => latency_us %.3g per message step, bandwidth_gbs %.4g (the kinds' median)\n", l.ranks,
+                l.link.latency_us, l.link.bandwidth_gbs);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+ClusterSpec calibrate_cluster(const MpiEnv& env, const Config& cfg, const CalibrateOptions& opts) {
+  return calibrate(env, cfg, opts).spec;
+}
+
+int run_calibrate(const RunContext& ctx, const std::string& out_path, const CalibrateOptions& opts) {
+  const MpiEnv& env = *ctx.env;
+  // The output path first: minutes of measuring must not end in "cannot write".
+  run_agreed(env, "the calibration's output", [&] {
+    MT_CHECK(!out_path.empty(), "cluster", "--calibrate needs --out FILE, the cluster file to write");
+    if (env.rank() != 0) return;
+    const bool existed = std::filesystem::exists(out_path);
+    std::error_code ec;
+    const auto parent = std::filesystem::path(out_path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    std::ofstream probe(out_path, std::ios::app);
+    if (!probe) fail("cluster", "cannot write --out '{}': {}", out_path, std::strerror(errno));
+    probe.close();
+    if (!existed) std::filesystem::remove(out_path, ec);
+  });
+  Calibration cal = calibrate(env, ctx.config, opts);
+  run_agreed(env, "writing the cluster file", [&] {
+    if (env.rank() != 0) return;
+    print_calibration(cal, env.size(), cal.bandwidth_sizes);
+    write_cluster(cal.spec, out_path,
+                  fmt::format("This machine, measured by `mpirun -np {} meshtrain estimate --calibrate --out {}`.\n"
+                              "peak_tflops and memory_bandwidth_gbs are one core's, measured with all {} ranks "
+                              "running (a rank gets rank_share of them);\nthe links are this {}-rank run's. Rerun to "
+                              "refresh them.",
+                              env.size(), out_path, env.size(), env.size()));
+    std::printf("\nwrote %s\n", out_path.c_str());
+  });
+  return 0;
+}
+
+}  // namespace mt

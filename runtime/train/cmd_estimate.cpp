@@ -1,0 +1,46 @@
+#include "runtime/train/cmd_estimate.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "runtime/core/error.h"
+#include "runtime/train/agree.h"
+#include "runtime/train/cluster.h"
+#include "runtime/train/estimate.h"
+
+namespace mt {
+
+void add_estimate_options(CLI::App* sub, EstimateArgs& a) {
+  sub->add_option("--world", a.world, "the ranks to estimate for (any number: no rank is started)");
+  sub->add_option("--cluster", a.cluster, "cluster description (configs/clusters/*.yaml): without it, no time");
+  sub->add_option("--json", a.json, "also write the estimate as JSON to this file");
+  sub->add_flag("--calibrate", a.calibrate,
+                "measure this machine (GEMM, attention, memory and collective rates on the ranks launched) into --out");
+  sub->add_option("--out", a.out, "--calibrate's cluster file");
+}
+
+int run_estimate_command(const RunContext& ctx, const EstimateArgs& a) {
+  if (a.calibrate) return run_calibrate(ctx, a.out);
+  // One process computes; on a launch of several ranks the others only agree on the errors.
+  Estimate e;
+  run_agreed(*ctx.env, "the estimate", [&] {
+    MT_CHECK(a.world >= 1, "estimate", "--world N is required (the ranks to estimate for), got {}", a.world);
+    if (!a.json.empty()) {  // before the work: an unwritable output is an error, not a lost result
+      std::ofstream probe(a.json, std::ios::app);
+      MT_CHECK(probe.good(), "estimate", "--json {}: cannot be written", a.json);
+    }
+    std::optional<ClusterSpec> cluster;
+    if (!a.cluster.empty()) cluster = load_cluster(a.cluster);
+    e = estimate_run(ctx.config, a.world, cluster);
+  });
+  if (ctx.env->rank() != 0) return 0;
+  std::fputs(estimate_table(e).c_str(), stdout);
+  if (!a.json.empty()) {
+    std::ofstream out(a.json);
+    out << estimate_json(e).dump(2) << "\n";
+    MT_CHECK(out.good(), "estimate", "--json {}: writing failed", a.json);
+  }
+  return 0;
+}
+
+}  // namespace mt

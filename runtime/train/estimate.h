@@ -1,0 +1,68 @@
+// `meshtrain estimate` (issue 28): memory, bytes and time per rank of a config on N ranks, computed by one process
+// with no MPI ranks. The mesh is simulated (DeviceMesh::simulate): the same ParallelDims, tensor-parallel styles,
+// fully_shard rule, cp sharding, recompute policy and pipeline split as `train` lay out every parameter of a
+// rank's stage (the model is built deferred and never materialized), so a plan `train` refuses is refused here
+// with the same message, and the parameter, gradient and optimizer bytes are those the run allocates. What is not
+// a layout is a model, written once here next to the runtime code it follows: the activations each layer keeps
+// for backward (models/llama/*.cpp: which tensors, in which layout), the step's largest temporaries, the bytes of
+// each collective (the analytic counts each parallelism declares beside its code), and the time (FLOPs at a
+// calibrated efficiency, an alpha-beta model per link of runtime/train/cluster.h).
+#pragma once
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "parallel/parallel_dims.h"
+#include "runtime/train/cluster.h"
+#include "runtime/train/run_config.h"
+
+namespace mt {
+
+struct MemoryPart {
+  std::string name;  // "parameters", "activations (4 layers x 2 micro-batches in flight)", ...
+  double bytes = 0;
+  std::string note;
+};
+
+// The bytes one rank sends in a step over one group in one kind of collective (comm_counters.h's convention).
+struct CommPart {
+  std::string tag, group, kind;  // "layout", "tp", "all_gather"
+  double bytes = 0;              // per step
+  int64_t calls = 0;             // per step
+  double seconds = 0;            // alpha-beta on the group's link
+  bool overlapped = false;       // hidden behind compute when it fits
+  std::string link;              // "node" | "network"
+};
+
+struct StageEstimate {
+  int pp_rank = 0;
+  int world_rank = 0;  // the rank described (the stage's first)
+  std::vector<MemoryPart> memory;
+  double state_bytes = 0;       // parameters, gradients, optimizer moments, compute copies (the run's "model state")
+  double activation_bytes = 0;  // saved for backward at the peak (every micro-batch in flight)
+  double peak_bytes = 0;        // the allocator's high-water mark over a step
+  std::string peak_where;
+  std::vector<CommPart> comm;
+  double flops = 0;             // per step on this rank (model FLOPs; recompute adds its forward again)
+  double memory_traffic = 0;    // bytes the memory-bound ops move per step (norms, RoPE, SwiGLU, loss, AdamW)
+  double compute_s = 0, exposed_comm_s = 0, bubble_s = 0, step_s = 0;
+};
+
+struct Estimate {
+  Config config;
+  ParallelDims pd;
+  int world = 1;
+  int64_t micro = 0, micro_batches = 0;  // sequences per forward, forwards per step per rank
+  std::vector<StageEstimate> stages;     // one per pp stage
+  std::optional<ClusterSpec> cluster;    // time only with one
+  double step_s = 0, tokens_per_s = 0, mfu = 0;
+  std::vector<std::string> notes;        // what the model leaves out
+};
+
+// Refuses (the same errors as `train`) a config that does not split over `world` ranks.
+Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterSpec>& cluster);
+std::string estimate_table(const Estimate& e);
+nlohmann::json estimate_json(const Estimate& e);
+
+}  // namespace mt

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# `meshtrain estimate` against measured runs (issue 28): for each of 16 configurations on 1 to 4 CPU ranks
+# (dp_replicate, dp_shard, HSDP, tp with and without sequence parallel, cp ring, all_gather and alltoall, recompute
+# full and selective, bf16, pp with 1f1b, gpipe, zb1p and interleaved_1f1b, and mixed meshes) the estimate, made by
+# one process with no ranks, must predict
+#  - the peak memory of rank 0 within 5% of the allocator's high-water mark that `train` reports for its steps
+#    (metrics' alloc_peak_bytes), and
+#  - every (tag, group, kind) of the bytes a step sends equal to what the runtime counts (`meshtrain plan`), calls
+#    included;
+# a plan `train` refuses is refused with the same message; bad input (a world the mesh does not divide, a cluster
+# file missing a field or with a non-positive bandwidth, an unwritable --json) is a clear error naming the key or
+# the file. Prints "estimate: N passed, N failed" last.
+#   tests/cli/test_estimate.sh BUILD_DIR
+set -uo pipefail
+build=${1:?usage: test_estimate.sh BUILD_DIR}
+
+source "$(dirname "$0")/common.sh"
+
+docs_data
+write_yaml "dim: 64, n_layers: 4, n_heads: 8, n_kv_heads: 4, ffn_dim: 96, vocab_size: 256, max_seq_len: 64" \
+  "steps: 3, batch_size: 8, seq_len: 64, micro_batch_size: 2" "parallel: {dp_replicate: 1}"
+sed -i 's/^eval: .*/eval: {interval: 0}/; s/^sample: .*/sample: {interval: 0}/' "$tmp/t.yaml"
+
+fsdp=(--set parallel.fsdp.min_weight_size=1000)
+configs=("1|1 rank|"
+         "2|dp_replicate=2|--set parallel.dp_replicate=2"
+         "2|dp_shard=2|--set parallel.dp_shard=2 ${fsdp[*]}"
+         "4|dp_replicate=2 x dp_shard=2 (HSDP)|--set parallel.dp_replicate=2 --set parallel.dp_shard=2 ${fsdp[*]}"
+         "2|tp=2, sequence parallel|--set parallel.tp=2"
+         "2|tp=2, no sequence parallel|--set parallel.tp=2 --set parallel.sequence_parallel=false"
+         "2|cp=2 ring|--set parallel.cp=2"
+         "2|cp=2 all_gather|--set parallel.cp=2 --set parallel.cp_method=all_gather"
+         "2|cp=2 alltoall|--set parallel.cp=2 --set parallel.cp_method=alltoall"
+         "1|recompute full|--set parallel.recompute.patterns=[\"model.layers.*\"]"
+         "1|recompute selective (keep attention)|--set parallel.recompute.patterns=[\"model.layers.*\"] --set parallel.recompute.keep=[\"attention\"]"
+         "1|bf16|--set training.dtype=bf16"
+         "4|dp_shard=2 x tp=2|--set parallel.dp_shard=2 --set parallel.tp=2 ${fsdp[*]}"
+         "2|pp=2 1f1b|--set parallel.pp=2"
+         "2|pp=2 gpipe|--set parallel.pp=2 --set parallel.pp_schedule=gpipe"
+         "4|pp=2 zb1p x tp=2|--set parallel.pp=2 --set parallel.tp=2 --set parallel.pp_schedule=zb1p"
+         "4|pp=4 interleaved_1f1b|--set parallel.pp=4 --set parallel.pp_schedule=interleaved_1f1b --set parallel.pp_virtual=2 --set model.n_layers=8 --set training.micro_batch_size=1")
+i=0
+for c in "${configs[@]}"; do
+  IFS='|' read -r np what args <<<"$c"
+  i=$((i + 1))
+  # shellcheck disable=SC2086
+  if ! train m$i "$np" $args; then bad "$what: train" "$(tail -n 10 "$tmp/m$i.log")"; continue; fi
+  # shellcheck disable=SC2086
+  if ! "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" $args plan >"$tmp/p$i.out" 2>&1; then
+    bad "$what: plan" "$(tail -n 10 "$tmp/p$i.out")"; continue; fi
+  # One process, no mpirun: the mesh is simulated.
+  # shellcheck disable=SC2086
+  if ! "$mt" --config "$tmp/t.yaml" $args estimate --world "$np" --json "$tmp/e$i.json" >"$tmp/e$i.out" 2>&1; then
+    bad "$what: estimate" "$(tail -n 10 "$tmp/e$i.out")"; continue; fi
+  if out=$("$py" - "$tmp/m$i.jsonl" "$tmp/e$i.json" <<'PY' 2>&1
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"alloc_peak_bytes"' in l]
+measured = max(s["alloc_peak_bytes"] for s in steps[1:])  # the first step also makes the gradient buckets
+est = json.load(open(sys.argv[2]))["stages"][0]["peak_bytes"]
+print(f"peak {est / 2**20:.3f} MiB estimated, {measured / 2**20:.3f} MiB measured (ratio {est / measured:.3f})")
+sys.exit(0 if abs(est / measured - 1) <= 0.05 else 1)
+PY
+  ); then ok "$what: memory: $out"; else bad "$what: memory within 5%" "$out"; fi
+  if out=$("$py" - "$tmp/p$i.out" "$tmp/e$i.json" <<'PY' 2>&1
+import collections, json, re, sys
+e = json.load(open(sys.argv[2]))
+m, st = e["micro_batches"], e["stages"][0]
+text = open(sys.argv[1]).read()
+whole_step = "pipeline:" in text  # plan counts a whole pipeline step, else one micro-batch and the sync
+counted, calls = collections.Counter(), collections.Counter()
+for ph, tag, g, k, c, b in re.findall(r"bytes\[(\w+)\] tag=(\S+) group=(\S+) kind=(\S+) calls=(\d+) bytes=(\d+)", text):
+    f = 1 if ph == "sync" or whole_step else m
+    counted[(tag, g, k)] += int(b) * f
+    calls[(tag, g, k)] += int(c) * f
+est = {(c["tag"], c["group"], c["kind"]): (c["bytes"], c["calls"]) for c in st.get("comm", [])}
+bad = [f"{k}: counted {counted[k]} B in {calls[k]} calls, estimated {est.get(k, (0, 0))}" for k in set(counted) | set(est)
+       if est.get(k, (0, 0)) != (counted[k], calls[k])]
+print("; ".join(bad) if bad else f"{len(est)} (tag, group, kind) entries, {sum(v[0] for v in est.values()):.0f} B per step")
+sys.exit(1 if bad else 0)
+PY
+  ); then ok "$what: bytes per step = the runtime's counters: $out"; else bad "$what: bytes" "$out"; fi
+done
+
+# A plan train refuses, estimate refuses with the same message.
+"$mpirun" -np 3 "$mt" --config "$tmp/t.yaml" --set parallel.tp=3 train >"$tmp/r_train.log" 2>&1
+"$mt" --config "$tmp/t.yaml" --set parallel.tp=3 estimate --world 3 >"$tmp/r_est.log" 2>&1
+want=$(grep -aoE '\[config\][^\[]*' "$tmp/r_train.log" | head -n 1)
+if [ -n "$want" ] && grep -qF "$want" "$tmp/r_est.log"; then ok "a plan train refuses (tp=3, 8 heads): the same message: $want"
+else bad "the same refusal as train" "train: $want" "estimate: $(tail -n 2 "$tmp/r_est.log")"; fi
+expect "a world the mesh does not divide" nonzero "parallel: dp_replicate*dp_shard*cp*tp = 1*2*1*2 = 4 but the job has 6 ranks" -- \
+  "$mt" --config "$tmp/t.yaml" --set parallel.tp=2 --set parallel.dp_shard=2 estimate --world 6
+expect "--world is required" nonzero "--world N is required" -- "$mt" --config "$tmp/t.yaml" estimate
+grep -v "bandwidth_gbs" "$root/configs/clusters/h100_ib.yaml" >"$tmp/missing.yaml"
+expect "a cluster file missing a field" nonzero "missing.yaml" -- \
+  "$mt" --config "$tmp/t.yaml" estimate --world 1 --cluster "$tmp/missing.yaml"
+sed '0,/bandwidth_gbs: [0-9.e+]*/s//bandwidth_gbs: 0/' "$root/configs/clusters/h100_ib.yaml" >"$tmp/zero.yaml"
+expect "a cluster file with a non-positive bandwidth" nonzero "bandwidth_gbs" -- \
+  "$mt" --config "$tmp/t.yaml" estimate --world 1 --cluster "$tmp/zero.yaml"
+expect "an unwritable --json" nonzero "--json $tmp/no/such/dir/e.json: cannot be written" -- \
+  "$mt" --config "$tmp/t.yaml" estimate --world 1 --json "$tmp/no/such/dir/e.json"
+
+# plan --search: the fastest plans that fit, and an error saying what would make one fit when none does.
+expect "plan --search ranks the plans that fit" zero "1. " -- \
+  "$mt" --config "$tmp/t.yaml" plan --search --world 4 --cluster "$root/configs/clusters/h100_ib.yaml" --top 3
+sed 's/^device_memory_gib: .*/device_memory_gib: 0.001/' "$root/configs/clusters/h100_ib.yaml" >"$tmp/tiny_gpu.yaml"
+expect "plan --search with a model that fits nowhere" nonzero "no plan of model.dim = 64, model.n_layers = 4, training.seq_len = 64 fits on --world 4" -- \
+  "$mt" --config "$tmp/t.yaml" plan --search --world 4 --cluster "$tmp/tiny_gpu.yaml"
+
+summary estimate
