@@ -91,13 +91,15 @@ void LlamaForCausalLM::keep_chunks(const std::vector<ModelChunk>& chunks) {
     for (int64_t i = c.layer_begin; i < c.layer_end; ++i) keep[size_t(i)] = true;
     first |= c.first, last |= c.last;
   }
-  std::set<const Module*> drop;
+  // The modules no chunk runs, in the model's order (the names of what they hold are kept in that order).
+  std::vector<Module*> dropped;
+  if (!first) dropped.push_back(model->embed_tokens);
   for (size_t i = 0; i < keep.size(); ++i)
-    if (!keep[i]) drop.insert(model->layers[i]);
-  if (!first) drop.insert(model->embed_tokens);
-  if (!last) drop.insert(model->norm), drop.insert(lm_head);
-  for (const Module* m : drop)
-    for (Module* sub : const_cast<Module*>(m)->modules()) {
+    if (!keep[i]) dropped.push_back(model->layers[i]);
+  if (!last) dropped.push_back(model->norm), dropped.push_back(lm_head);
+  const std::set<const Module*> drop(dropped.begin(), dropped.end());
+  for (Module* m : dropped)
+    for (Module* sub : m->modules()) {
       elsewhere_modules_.push_back(sub->name());
       for (Parameter* p : sub->own_parameters()) elsewhere_.push_back(p->name);
     }

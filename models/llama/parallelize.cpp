@@ -68,7 +68,7 @@ std::vector<Module*> apply_recompute_llama(LlamaForCausalLM& model, const Recomp
                               [](Module& m) { static_cast<LlamaAttention&>(m).keep_attention_output = true; }};
   std::vector<std::string> patterns = c.patterns;
   std::erase_if(patterns, [&](const std::string& pat) { return !here_or_nowhere(model, pat); });
-  if (patterns.empty()) return {};  // every pattern is another stage's
+  if (patterns.empty() && !c.patterns.empty()) return {};  // every pattern is another stage's
   return apply_recompute(model, RecomputeOptions{patterns, c.every, c.keep}, policy);
 }
 

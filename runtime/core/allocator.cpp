@@ -115,6 +115,10 @@ void set_host_memory_limit(size_t bytes, const char* what) {
   h.limit_what = what;
 }
 
+size_t allocation_bytes(Device d, size_t bytes) {
+  return d.is_cuda() ? detail::cuda_allocation_bytes(bytes) : host_rounded(bytes);
+}
+
 void reset_peak_allocated(Device d) {
   if (d.is_cuda()) return detail::cuda_reset_peak(d.index);
   auto& h = host_pool();

@@ -27,6 +27,9 @@ void* device_alloc(Device d, size_t bytes);
 void device_free(Device d, void* p, size_t bytes);
 AllocatorStats allocator_stats(Device d);
 void reset_peak_allocated(Device d);
+// The bytes a tensor of `bytes` takes from the allocator of d (its rounding: 64 B on the host and 512 B on a
+// device below 1 MiB, 2 MiB granules above): what `meshtrain estimate` counts each tensor as.
+size_t allocation_bytes(Device d, size_t bytes);
 // Returns cached device blocks to the driver (after an out-of-memory, or at exit).
 void empty_cache(Device d);
 // A cap on the host memory this process's tensors may hold (reserved bytes: in use and cached); 0 = none.

@@ -27,5 +27,6 @@ void* cuda_caching_alloc(int device, size_t bytes);
 void cuda_caching_free(int device, void* p, size_t bytes);
 AllocatorStats cuda_allocator_stats(int device);
 void cuda_reset_peak(int device);
+size_t cuda_allocation_bytes(size_t bytes);  // the block size a request of `bytes` takes
 void cuda_empty_cache(int device);
 }  // namespace mt::detail

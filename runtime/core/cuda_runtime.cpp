@@ -394,6 +394,8 @@ AllocatorStats cuda_allocator_stats(int device) {
   return C.at(device).stats;
 }
 
+size_t cuda_allocation_bytes(size_t bytes) { return round_size(bytes); }
+
 void cuda_reset_peak(int device) {
   auto& C = caches();
   std::lock_guard lock(C.mu);

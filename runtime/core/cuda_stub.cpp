@@ -84,6 +84,7 @@ void* cuda_caching_alloc(int, size_t bytes) {
 void cuda_caching_free(int, void*, size_t) {}
 AllocatorStats cuda_allocator_stats(int) { return {}; }
 void cuda_reset_peak(int) {}
+size_t cuda_allocation_bytes(size_t bytes) { return bytes; }
 void cuda_empty_cache(int) {}
 }  // namespace detail
 

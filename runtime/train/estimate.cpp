@@ -11,6 +11,7 @@
 #include "models/model.h"
 #include "parallel/grad_sync.h"
 #include "parallel/style.h"
+#include "runtime/core/allocator.h"
 #include "runtime/core/log.h"
 #include "runtime/train/trainer.h"
 
@@ -30,29 +31,35 @@ struct Dims {
   int ulysses = 1;
 };
 
-// What one decoder layer keeps for backward, by part, with the recompute flags the policy set on it.
+// The bytes a tensor takes from the run's allocator (its rounding: runtime/core/allocator.h).
+struct Alloc {
+  Device device = Device::cpu();
+  double operator()(double bytes) const { return bytes <= 0 ? 0 : double(allocation_bytes(device, size_t(bytes))); }
+};
+
+// What one decoder layer keeps for backward, tensor by tensor, with the recompute flags the policy set on it.
 struct LayerSaved {
   double total = 0;  // held from its forward to its backward
   double whole = 0;  // the same without recompute (what a recomputed layer holds again inside its backward)
 };
-LayerSaved layer_saved(const Dims& d, const LlamaDecoderLayer* l) {
+LayerSaved layer_saved(const Dims& d, const LlamaDecoderLayer* l, const Alloc& A) {
   // input_layernorm and post_attention_layernorm each keep their input (the residual stream, sequence-sharded
   // under sequence parallel) and rstd (B*T_sp, accumulation dtype).
-  const double norms = d.e * 2 * d.B * d.Tsp * d.C + d.a * 2 * d.B * d.Tsp;
+  const double norms = 2 * A(d.e * d.B * d.Tsp * d.C) + 2 * A(d.a * d.B * d.Tsp);
   // The attention: its input after the hooks (whole sequence per tp rank: q/k/v_proj's saved input), q, k, v
   // (AttentionSaved, RoPE applied in place), the output (o_proj's input; Ulysses keeps it in both layouts) and
   // the log-sum-exp (B, H, T).
-  const double attn_in = d.e * d.B * d.T * d.C;
-  const double qkv = d.e * d.B * d.T * (d.H + 2 * d.KV) * d.hd;
-  const double out = d.e * d.B * d.T * d.H * d.hd * (d.ulysses > 1 ? 2 : 1), lse = d.a * d.B * d.H * d.T;
+  const double attn_in = A(d.e * d.B * d.T * d.C);
+  const double qkv = A(d.e * d.B * d.T * d.H * d.hd) + 2 * A(d.e * d.B * d.T * d.KV * d.hd);
+  const double out = A(d.e * d.B * d.T * d.H * d.hd) * (d.ulysses > 1 ? 2 : 1), lse = A(d.a * d.B * d.H * d.T);
   // The MLP: its input after the hooks, gate and up (B, T, F), and the SwiGLU output (down_proj's input).
-  const double mlp_in = d.e * d.B * d.T * d.C, mlp = d.e * 3 * d.B * d.T * d.F;
+  const double mlp_in = A(d.e * d.B * d.T * d.C), mlp = 3 * A(d.e * d.B * d.T * d.F);
   LayerSaved s;
   s.whole = norms + attn_in + qkv + out + lse + mlp_in + mlp;
   const bool keep = l->self_attn->keep_attention_output;
   if (l->recompute) {
     // Only the layer's input (the residual stream), and with keep: [attention] its output and lse.
-    s.total = d.e * d.B * d.Tsp * d.C + (keep ? out + lse : 0);
+    s.total = A(d.e * d.B * d.Tsp * d.C) + (keep ? out + lse : 0);
     return s;
   }
   s.total = norms;
@@ -117,14 +124,29 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
     // 3. Memory. The model state: the bytes `train` allocates for each parameter's local shape (log_model_state's
     // count): master value, gradient and AdamW's two moments in the master dtype, and the bf16 copy.
     const double per_element = run.dtype == DType::bf16 ? 18 : double(4 * dtype_size(run.dtype));
+    const Alloc A{cfg.comm.device == "cuda" ? Device::cuda(0) : Device::cpu()};
     const std::vector<int> coord0(size_t(mesh.ndim()), 0);
     double elements = 0;
-    for (Parameter* p : params) elements += double(shape_numel(p->value.spec.local_shape(coord0)));
-    st.state_bytes = elements * per_element;
-    st.memory.push_back({"model state", st.state_bytes,
-                         fmt::format("{:.0f} parameter elements x {:.0f} B (weights, gradient, AdamW m and v{})",
-                                     elements, per_element, run.dtype == DType::bf16 ? ", bf16 copy" : "")});
-    const double buckets = double(grad_sync.bucket_buffer_bytes());
+    st.state_bytes = 0;
+    double one = 0, copies = 0;  // one master-dtype tensor per parameter; the bf16 copies
+    for (Parameter* p : params) {
+      // Master value, gradient and the two moments in the master dtype, the bf16 copy: each its own allocation.
+      const double n = double(shape_numel(p->value.spec.local_shape(coord0)));
+      const double master = double(dtype_size(accum_dtype(run.dtype)));
+      elements += n;
+      one += A(n * master);
+      copies += run.dtype == DType::bf16 ? A(n * 2) : 0;
+    }
+    st.state_bytes = 4 * one + copies;
+    const std::string master_name(dtype_name(accum_dtype(run.dtype)));
+    st.memory.push_back({"parameters (master " + master_name + ")", one,
+                         fmt::format("{:.0f} elements of this rank's layouts ({:.0f} B each for weights, gradient, "
+                                     "AdamW m and v{} in all)",
+                                     elements, per_element, run.dtype == DType::bf16 ? " and the bf16 copy" : "")});
+    if (copies > 0) st.memory.push_back({"compute copies (bf16)", copies, "rounded from the masters after each update"});
+    st.memory.push_back({"gradients", one, "the parameters' layouts, " + master_name});
+    st.memory.push_back({"optimizer moments (AdamW m and v)", 2 * one, master_name});
+    const double buckets = A(double(grad_sync.bucket_buffer_bytes()));  // one flat buffer per bucket (about)
     if (buckets > 0) st.memory.push_back({"gradient buckets", buckets, grad_sync.describe()});
 
     // One micro-batch's activations on this rank.
@@ -144,25 +166,27 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
     d.ulysses = pd.cp_ulysses();
     auto* llama = dynamic_cast<LlamaForCausalLM*>(model.get());
     MT_CHECK(llama, "estimate", "model.type {}: the activation model is written for the Llama architecture", mc.type);
-    double micro_saved = 0, recompute_transient = 0;
+    double micro_saved = 0, recompute_transient = 0, layers_saved = 0;
     int64_t layers_here = 0;
     for (LlamaDecoderLayer* l : llama->model->layers) {
       if (!l) continue;
-      const LayerSaved s = layer_saved(d, l);
+      const LayerSaved s = layer_saved(d, l, A);
       micro_saved += s.total;
+      layers_saved += s.total;
       if (l->recompute || l->self_attn->recompute || l->mlp->recompute)
         recompute_transient = std::max(recompute_transient, s.whole - s.total);
       ++layers_here;
     }
     const bool first = model->has_input(), last = model->has_output();
-    if (first) micro_saved += 4 * d.B * d.T;  // the embedding keeps its token ids
-    double logits = 0;
+    if (first) micro_saved += A(4 * d.B * d.T);  // the embedding keeps its token ids
+    double logits = 0, head_saved = 0;
     if (last) {
-      // The final norm's input and rstd, lm_head's input (whole sequence per tp rank), the logits (B, T, V/tp),
-      // which become dloss/dlogits in place, and the per-token losses.
-      micro_saved += d.e * d.B * d.Tsp * d.C + d.a * d.B * d.Tsp + d.e * d.B * d.T * d.C;
-      logits = d.e * d.B * d.T * d.Vl + d.a * d.B * d.T;
-      micro_saved += logits;
+      // The final norm's input and rstd, lm_head's input (whole sequence per tp rank), released by their
+      // backwards; the logits (B, T, V/tp), which become dloss/dlogits in place, and the per-token losses, held
+      // through the whole backward.
+      head_saved = A(d.e * d.B * d.Tsp * d.C) + A(d.a * d.B * d.Tsp) + A(d.e * d.B * d.T * d.C);
+      logits = A(d.e * d.B * d.T * d.Vl) + A(d.a * d.B * d.T);
+      micro_saved += head_saved + logits;
     }
     // Micro-batches in flight, from this rank's own order of actions (memory depends on nothing else): after a
     // forward a (chunk, micro-batch) holds a chunk's share of the activations (micro_saved / v) until its
@@ -172,8 +196,9 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
     const int v = P > 1 ? cfg.parallel.pp_virtual : 1;
     const double per_chunk = micro_saved / v;
     const double deferred_per_micro =
-        (d.e * d.B * d.T * (4 * d.C + (2 * d.H + 2 * d.KV) * d.hd + 3 * d.F) * double(layers_here) +
-         (last ? d.e * d.B * d.T * (d.C + d.Vl) : 0)) / v;
+        ((4 * A(d.e * d.B * d.T * d.C) + 2 * A(d.e * d.B * d.T * d.H * d.hd) + 2 * A(d.e * d.B * d.T * d.KV * d.hd) +
+          3 * A(d.e * d.B * d.T * d.F)) * double(layers_here) +
+         (last ? A(d.e * d.B * d.T * d.C) + A(d.e * d.B * d.T * d.Vl) : 0)) / v;
     int in_flight = 1, held_max = 1;
     double act_peak = micro_saved;
     if (P > 1) {
@@ -196,32 +221,52 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
                                          ? fmt::format(", {} waiting for their W", held_max)
                                          : ""),
                          st.activation_bytes,
-                         fmt::format("{} per micro-batch of {} x {} tokens", human(micro_saved), run.micro, int64_t(d.T))});
+                         fmt::format("per micro-batch of {} x {} tokens: {} (layers {}, {:.2f} MiB a layer under the "
+                                     "recompute policy{}{})",
+                                     run.micro, int64_t(d.T), human(micro_saved), human(layers_saved),
+                                     layers_here ? layers_saved / double(layers_here) / double(1 << 20) : 0.0,
+                                     last ? ", head " + human(head_saved) : std::string(),
+                                     last ? ", logits and losses " + human(logits) : std::string())});
     // The step's largest temporaries beside them: a layer's backward gradients (dgate, dup and dh of the MLP, or
     // dq, dk, dv and dout of attention, with the gathered and the residual gradients), or a recomputed layer's
     // activations made again inside its backward.
-    const double mlp_grads = d.e * (3 * d.B * d.T * d.F + 2 * d.B * d.T * d.C);
-    const double attn_grads = d.e * (d.B * d.T * (2 * d.H + 2 * d.KV) * d.hd + 2 * d.B * d.T * d.C);
-    const double transient = std::max(mlp_grads, attn_grads) + recompute_transient;
+    // Two candidates: lm_head's backward (every saved tensor still held, its input gradient made), and the last
+    // layer's MLP or attention backward (the head's saved tensors released by then: dh, dgate, dup or dq, dk, dv
+    // beside the incoming residual gradient).
+    const double residual_grad = A(d.e * d.B * d.Tsp * d.C);
+    const double head_grads = last ? A(d.e * d.B * d.T * d.C) + (sp ? residual_grad : 0) : 0;
+    // bf16 on CPU ranks runs each op in f32 on widened copies (runtime/kernels/op.h): SwiGLU's backward then also
+    // holds f32 copies of dh, gate and up and f32 buffers for dgate and dup.
+    const bool cpu_bf16 = run.dtype == DType::bf16 && cfg.comm.device != "cuda";
+    const double widened = cpu_bf16 ? 5 * A(4 * d.B * d.T * d.F) : 0;
+    const double mlp_grads = 3 * A(d.e * d.B * d.T * d.F) + residual_grad - head_saved + widened;
+    const double attn_grads =
+        2 * A(d.e * d.B * d.T * d.H * d.hd) + 2 * A(d.e * d.B * d.T * d.KV * d.hd) + residual_grad - head_saved;
+    const double transient = std::max({head_grads, mlp_grads, attn_grads, 0.0}) + recompute_transient;
     st.memory.push_back({"backward temporaries", transient, "a layer's gradients in flight (and a recomputed layer)"});
-    // fully_shard at the first backward: the last unit gathered with its full-size gradients, and the previous
-    // unit's gather in flight (prefetch); without resharding every unit stays gathered.
+    // fully_shard around the first backwards: the unit whose backward runs gathered (its parameters unpacked, one
+    // tensor each) with its full-size gradients, and the gather of the unit before it in flight (one flat
+    // buffer); the larger of the last unit's and the one before it's. Without resharding every unit stays gathered.
     if (fsdp) {
       const int n = pd.dp_shard();
       const std::vector<int64_t> slots = fsdp->unit_slots();  // forward order
       const double pb = double(dtype_size(fsdp->options().param_dtype));
-      const double last_unit = slots.empty() ? 0 : double(slots.back()) * n;
-      const double prev_unit = slots.size() < 2 ? 0 : double(slots[slots.size() - 2]) * n;
-      double gathered = last_unit * pb + prev_unit * pb;
+      const size_t k = slots.size();
+      auto whole = [&](size_t i) { return double(slots[i]) * n; };  // a unit's gathered elements
+      auto in_backward = [&](size_t i) { return whole(i) * (pb + d.a) + (i > 0 ? A(whole(i - 1) * pb) : 0); };
+      double units = k == 0 ? 0 : in_backward(k - 1);
+      if (k >= 2) units = std::max(units, in_backward(k - 2));
       if (!fsdp->options().reshard_after_forward) {
-        gathered = 0;
-        for (int64_t u : slots) gathered += double(u) * n * pb;
+        units = 0;
+        double most = 0;
+        for (size_t i = 0; i < k; ++i) units += whole(i) * pb, most = std::max(most, whole(i));
+        units += most * d.a;
       }
-      st.memory.push_back({"fully_shard units", gathered + last_unit * d.a,
-                           fmt::format("{}, the last unit's full-size gradients",
-                                       fsdp->options().reshard_after_forward ? "the last unit gathered and the one "
-                                                                               "before it prefetched"
-                                                                             : "every unit gathered")});
+      st.memory.push_back({"fully_shard units", units,
+                           fsdp->options().reshard_after_forward
+                               ? "the unit in backward gathered with its full-size gradients, the one before it "
+                                 "being gathered"
+                               : "every unit gathered, the largest unit's full-size gradients"});
     }
     double total = 0;
     for (auto& p : st.memory) total += p.bytes;
@@ -341,7 +386,10 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
           double(m) * double(layers_here + recomputed / 3.0);
       st.compute_s = gemm / (peak * cluster->gemm_efficiency) + attn_counted / (peak * cluster->attention_efficiency) +
                      st.memory_traffic / bandwidth;
-      double hidden_budget = st.compute_s;  // overlapped collectives hide behind compute while it lasts
+      // Overlapped collectives hide behind compute while it lasts, where something else moves the bytes: a GPU's
+      // copy engines and NCCL's own kernels. CPU ranks (cores_per_node > 0) move them on the cores that compute,
+      // and MPI advances a transfer only inside its calls: nothing is hidden there.
+      double hidden_budget = cluster->cores_per_node == 0 ? st.compute_s : 0.0;
       for (CommPart& c : st.comm) {
         if (c.group == dim::pp && c.kind == "recv") continue;
         if (c.group == dim::pp) {
