@@ -53,7 +53,7 @@ rc=$?
 count_lines "mistyped subcommand: one 'did you mean 'train'?' on 2 ranks" 1 "unknown subcommand 'trian'; did you mean 'train'?" "$tmp/typo.log"
 "$mpirun" -np 2 "$mt" check --sizs 1K >"$tmp/opt.log" 2>&1
 count_lines "mistyped option: one 'did you mean '--sizes'?' on 2 ranks" 1 "unknown option '--sizs'; did you mean '--sizes'?" "$tmp/opt.log"
-expect "no subcommand: the subcommands are listed" nonzero "a subcommand is needed: check, layout, train, plan, generate" -- \
+expect "no subcommand: the subcommands are listed" nonzero "a subcommand is needed: check, layout, train, plan, estimate, generate" -- \
   "$mt" --config "$tmp/t.yaml"
 
 # --- An error every rank has alike is printed once; one that differs by each rank that has it ---
