@@ -386,7 +386,7 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
       meta["rng"] = {{"seed", progress.seed},
                      {"generator", "philox4x32-10 keyed by (seed, stream name, index): no hidden state"}};
       json mesh_json = json::array();
-      if (pp) mesh_json.push_back({{"name", "pp"}, {"size", n_stages}});
+      if (pp) mesh_json.push_back({{"name", dim::pp}, {"size", n_stages}});
       for (auto& d : mesh.dims()) mesh_json.push_back({{"name", d.name}, {"size", d.size}});
       meta["mesh"] = mesh_json;
       meta["files"] = {{"model", n_model}, {"optimizer", n_opt}};

@@ -275,10 +275,7 @@ PipelineState plan_pipeline(const TrainRun& run, int64_t micro_batches) {
   if (pp == 1) {
     MT_CHECK(p.pp_virtual == 1, "config", "parallel.pp_virtual = {} needs parallel.pp > 1", p.pp_virtual);
     MT_CHECK(p.pp_layers.empty(), "config", "parallel.pp_layers is given but parallel.pp = 1 (one stage)");
-    pp_schedule_kinds();  // the name is still checked below
-    bool known = false;
-    for (const auto& k : pp_schedule_kinds()) known |= k == p.pp_schedule;
-    if (!known) build_pp_schedule(p.pp_schedule, 1, 1, 1);  // its error names the accepted values
+    build_pp_schedule(p.pp_schedule, 1, 1, 1);  // the name is checked even unused (the error lists the kinds)
     return st;
   }
   MT_CHECK(micro_batches >= pp, "config",
