@@ -81,6 +81,8 @@ TEST_CASE("cluster: write then load gives the same values") {
   c.cores_per_node = 2;
   c.node_by_ranks[2] = {33.3, 1.25};
   c.node_by_ranks[4] = {12.5, 0.75, {{"reduce_scatter", 1.5}, {"all_reduce", 9.25}}};
+  c.node_by_ranks[4].sync_us = {{1.75, 228}, {7.3, 1186.5}, {34.2, 1736}};  // a block link with waits
+  c.network.sync_us = {{0, 12.5}};                                         // a flow link, one wait (a number)
   c.source = "line one\nline two: with a colon";
   const std::string p = temp_path("round_trip.yaml");
   write_cluster(c, p, "a header\nof two lines");
@@ -100,6 +102,10 @@ TEST_CASE("cluster: write then load gives the same values") {
   CHECK(r.node_by_ranks.at(4).latency_us == 0.75);
   CHECK(r.node_by_ranks.at(4).bandwidth_gbs_by_kind == c.node_by_ranks.at(4).bandwidth_gbs_by_kind);
   CHECK(r.node_by_ranks.at(2).bandwidth_gbs_by_kind.empty());
+  CHECK(r.node_by_ranks.at(4).sync_us == c.node_by_ranks.at(4).sync_us);
+  CHECK(r.node_by_ranks.at(2).sync_us.empty());
+  CHECK(r.network.sync_us == c.network.sync_us);
+  CHECK(r.node.sync_us.empty());
   CHECK(r.gemm_efficiency == c.gemm_efficiency);
   CHECK(r.attention_efficiency == c.attention_efficiency);
   CHECK(r.memory_bandwidth_gbs == c.memory_bandwidth_gbs);
@@ -149,7 +155,7 @@ TEST_CASE("cluster: each bad input is an error naming the file and the key") {
   CHECK_ERROR_CONTAINS(bad(std::string(kValid) + "gemm_eficiency: 0.5\n"), "did you mean 'gemm_efficiency'?");
   CHECK_ERROR_CONTAINS(
       bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, lat: 2}")),
-      "bad.yaml: unknown key 'node.lat' (known keys in 'node': bandwidth_gbs, latency_us, bandwidth_gbs_by_kind)");
+      "bad.yaml: unknown key 'node.lat' (known keys in 'node': bandwidth_gbs, latency_us, bandwidth_gbs_by_kind, sync_us)");
   CHECK_ERROR_CONTAINS(bad(with_line("node",
                                      "node: {bandwidth_gbs: 1, latency_us: 1, bandwidth_gbs_by_kind: "
                                      "{allreduce: 2}}")),
@@ -171,6 +177,24 @@ TEST_CASE("cluster: each bad input is an error naming the file and the key") {
                        "bad.yaml: devices_per_node: expected an integer, got '2.5'");
   CHECK_ERROR_CONTAINS(bad("- a\n- b\n"), "bad.yaml: the top level: expected a map of keys, got a list");
   CHECK_ERROR_CONTAINS(bad(""), "bad.yaml: the top level: expected a map of keys, got nothing");
+  // "<kind>_async" bandwidths for the kinds the runtime issues non-blocking, and only those.
+  CHECK(bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, bandwidth_gbs_by_kind: {all_reduce_async: 3}}"))
+            .node.bandwidth_for("all_reduce", true) == 3);
+  CHECK_ERROR_CONTAINS(bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, bandwidth_gbs_by_kind: "
+                                             "{broadcast_async: 3}}")),
+                       "bad.yaml: unknown key 'node.bandwidth_gbs_by_kind.broadcast_async'");
+  // sync_us: waits and segments >= 0, segment keys numbers, each once.
+  CHECK(bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, sync_us: 40}")).node.sync_us.at(0) == 40);
+  CHECK_ERROR_CONTAINS(bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, sync_us: -3}")),
+                       "bad.yaml: node.sync_us = -3 at a segment of 0 ms: expected a wait in microseconds >= 0");
+  CHECK_ERROR_CONTAINS(bad(with_line("network", "network: {bandwidth_gbs: 1, latency_us: 1, sync_us: {2: 5, -1: 3}}")),
+                       "bad.yaml: network.sync_us has a segment of -1 ms: expected a length in milliseconds >= 0");
+  CHECK_ERROR_CONTAINS(bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, sync_us: {soon: 5}}")),
+                       "bad.yaml: node.sync_us.soon (a segment in ms): expected a number, got 'soon'");
+  CHECK_ERROR_CONTAINS(bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, sync_us: {2: 5, 2.0: 6}}")),
+                       "bad.yaml: duplicate segment 'node.sync_us.2.0'");
+  CHECK_ERROR_CONTAINS(bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, sync_us: {2: x}}")),
+                       "bad.yaml: node.sync_us.2: expected a number, got 'x'");
   // node_by_ranks: sizes from 2 to devices_per_node, each a link.
   CHECK_ERROR_CONTAINS(bad(std::string(kValid) + "node_by_ranks: {8: {bandwidth_gbs: 1, latency_us: 1}}\n"),
                        "bad.yaml: node_by_ranks.8: expected a group size from 2 to devices_per_node = 4");
@@ -238,6 +262,28 @@ TEST_CASE("cluster: collective_seconds is steps x latency + bytes / bandwidth") 
   const LinkSpec m{100, 2, {{"reduce_scatter", 10}}};
   CHECK(collective_seconds(m, "reduce_scatter", 7e8, 8) == doctest::Approx(7 * 2e-6 + 7e8 / 10e9));
   CHECK(collective_seconds(m, "all_gather", 7e8, 8) == doctest::Approx(7 * 2e-6 + 7e8 / 100e9));
+  // Issued non-blocking: "<kind>_async" where the link has it, else the kind's own figure.
+  const LinkSpec a{100, 2, {{"all_reduce", 20}, {"all_reduce_async", 5}}};
+  CHECK(a.bandwidth_for("all_reduce", true) == 5);
+  CHECK(a.bandwidth_for("all_reduce") == 20);
+  CHECK(a.bandwidth_for("all_gather", true) == 100);
+  CHECK(collective_seconds(a, "all_reduce", 1e9, 2, true) == doctest::Approx(2 * 2e-6 + 1e9 / 5e9));
+  CHECK(calls_seconds(a, "all_reduce", 1e9, 2, 2, true) == doctest::Approx(4 * 2e-6 + 1e9 / 5e9));
+  // calls_seconds: the bytes once, each further call's steps (the sync wait is the estimate's to add).
+  CHECK(calls_seconds(l, "all_gather", 7e8, 8, 3) == doctest::Approx(3 * 7 * 2e-6 + 7e-3));
+  CHECK(calls_seconds(l, "all_gather", 7e8, 8, 0) == 0);
+  CHECK(calls_seconds(l, "all_gather", 7e8, 1, 3) == 0);  // one rank: nothing leaves it
+  LinkSpec s{100, 2};
+  s.sync_us = {{2, 100}, {10, 500}, {40, 800}};  // segment ms -> wait us
+  CHECK(s.sync_seconds(0) == 0);                              // back to back: no wait
+  CHECK(s.sync_seconds(1e-3) == doctest::Approx(50e-6));      // below the first point: in proportion
+  CHECK(s.sync_seconds(2e-3) == doctest::Approx(100e-6));
+  CHECK(s.sync_seconds(6e-3) == doctest::Approx(300e-6));     // interpolated
+  CHECK(s.sync_seconds(25e-3) == doctest::Approx(650e-6));
+  CHECK(s.sync_seconds(0.5) == doctest::Approx(800e-6));      // past the last: levels off
+  s.sync_us = {{0, 40}};  // a plain number: one wait at every segment
+  CHECK(s.sync_seconds(0) == doctest::Approx(40e-6));
+  CHECK(s.sync_seconds(1) == doctest::Approx(40e-6));
   CHECK_ERROR_CONTAINS(collective_seconds(l, "allreduce", 1, 4), "[cluster] unknown collective kind 'allreduce'");
   CHECK_ERROR_CONTAINS(collective_seconds(l, "allreduce", 1, 1), "unknown collective kind 'allreduce'");
   CHECK_ERROR_CONTAINS(collective_seconds(l, "all_reduce", -1, 4), "expected bytes >= 0");
@@ -266,4 +312,13 @@ TEST_CASE("cluster: a rank's share of a device, or of shared cores") {
   CHECK(rank_share(c, 4, 0) == doctest::Approx(0.5));
   CHECK(rank_peak_flops(c, "bf16", 8, 1) == doctest::Approx(40e12 * 0.25));
   CHECK(rank_memory_bandwidth(c, 2, 1) == doctest::Approx(500e9));
+  // Oversubscribed (the sync wait applies): more threads on the node than cores.
+  CHECK_FALSE(oversubscribed(c, 2, 1));
+  CHECK_FALSE(oversubscribed(c, 2, 0));
+  CHECK_FALSE(oversubscribed(c, 1, 2));
+  CHECK(oversubscribed(c, 4, 1));
+  CHECK(oversubscribed(c, 4, 0));  // train's default is still a thread each
+  CHECK(oversubscribed(c, 2, 2));  // 4 threads on 2 cores
+  c.cores_per_node = 0;            // a device each: never
+  CHECK_FALSE(oversubscribed(c, 64, 8));
 }

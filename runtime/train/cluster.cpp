@@ -33,7 +33,7 @@ namespace {
 // ---- Reading ----
 
 const std::vector<std::string> kDtypes = {"fp32", "bf16", "fp64"};  // training.dtype's values
-const std::vector<std::string> kLinkKeys = {"bandwidth_gbs", "latency_us", "bandwidth_gbs_by_kind"};
+const std::vector<std::string> kLinkKeys = {"bandwidth_gbs", "latency_us", "bandwidth_gbs_by_kind", "sync_us"};
 // The kinds collective_seconds knows (comm_counters.h's kinds).
 const std::vector<std::string> kKinds = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                                          "barrier",    "ring_shift", "send",           "recv"};
@@ -43,6 +43,13 @@ std::string kinds_list() {
   return r;
 }
 bool known_kind(const std::string& k) { return std::find(kKinds.begin(), kKinds.end(), k) != kKinds.end(); }
+// bandwidth_gbs_by_kind's keys: the kinds, and "<kind>_async" for those the runtime also issues non-blocking.
+const std::vector<std::string> kAsyncKinds = {"all_reduce", "all_gather", "reduce_scatter", "ring_shift"};
+std::vector<std::string> by_kind_keys() {
+  std::vector<std::string> keys = kKinds;
+  for (auto& k : kAsyncKinds) keys.push_back(k + "_async");
+  return keys;
+}
 // The top-level keys, in the order write_cluster writes them, with what each is (for "missing key" messages).
 const std::vector<std::pair<std::string, std::string>> kTopKeys = {
     {"name", "the cluster's name"},
@@ -112,9 +119,21 @@ struct ClusterReader {
       if (!n[k]) bad(fmt::format("missing key '{}.{}'", key, k));
     l.bandwidth_gbs = number(n["bandwidth_gbs"], key + ".bandwidth_gbs");
     l.latency_us = number(n["latency_us"], key + ".latency_us");
+    if (const YAML::Node sy = n["sync_us"]; sy && !sy.IsNull()) {
+      const std::string sk = key + ".sync_us";
+      if (sy.IsMap()) {
+        for (auto it = sy.begin(); it != sy.end(); ++it) {
+          const std::string at = sk + "." + it->first.Scalar();
+          const double ms = number(it->first, at + " (a segment in ms)");
+          if (!l.sync_us.emplace(ms, number(it->second, at)).second) bad(fmt::format("duplicate segment '{}'", at));
+        }
+      } else {
+        l.sync_us[0] = number(sy, sk);
+      }
+    }
     if (const YAML::Node by = n["bandwidth_gbs_by_kind"]; by && !by.IsNull()) {
       const std::string bk = key + ".bandwidth_gbs_by_kind";
-      check_keys(by, bk, kKinds);
+      check_keys(by, bk, by_kind_keys());
       for (auto it = by.begin(); it != by.end(); ++it)
         l.bandwidth_gbs_by_kind[it->first.Scalar()] = number(it->second, bk + "." + it->first.Scalar());
     }
@@ -171,11 +190,20 @@ std::string quoted(const std::string& s) {
 // Shortest text that reads back to the same double.
 std::string num(double x) { return fmt::format("{}", x); }
 // A link as one flow map, or as a block (indented by indent) when it has per-kind bandwidths, one line each.
+std::string sync_yaml(const LinkSpec& l) {
+  if (l.sync_us.size() == 1 && l.sync_us.begin()->first == 0) return num(l.sync_us.begin()->second);
+  std::string y;
+  for (auto& [ms, us] : l.sync_us) y += fmt::format("{}{}: {}", y.empty() ? "" : ", ", num(ms), num(us));
+  return "{" + y + "}";
+}
 std::string link_yaml(const LinkSpec& l, const std::string& indent) {
+  const std::string sync = l.sync_us.empty() ? "" : fmt::format(", sync_us: {}", sync_yaml(l));
   if (l.bandwidth_gbs_by_kind.empty())
-    return fmt::format(" {{bandwidth_gbs: {}, latency_us: {}}}\n", num(l.bandwidth_gbs), num(l.latency_us));
-  std::string y = fmt::format("\n{0}bandwidth_gbs: {1}\n{0}latency_us: {2}\n{0}bandwidth_gbs_by_kind:\n", indent,
-                              num(l.bandwidth_gbs), num(l.latency_us));
+    return fmt::format(" {{bandwidth_gbs: {}, latency_us: {}{}}}\n", num(l.bandwidth_gbs), num(l.latency_us), sync);
+  std::string y = fmt::format("\n{0}bandwidth_gbs: {1}\n{0}latency_us: {2}\n", indent, num(l.bandwidth_gbs),
+                              num(l.latency_us));
+  if (!l.sync_us.empty()) y += fmt::format("{}sync_us: {}\n", indent, sync_yaml(l));
+  y += fmt::format("{}bandwidth_gbs_by_kind:\n", indent);
   for (auto& [k, x] : l.bandwidth_gbs_by_kind) y += fmt::format("{}  {}: {}\n", indent, k, num(x));
   return y;
 }
@@ -330,6 +358,7 @@ std::vector<Bandwidth> time_elementwise(int64_t elems, int iters) {
 // One collective kind's measurement on groups of n ranks.
 struct CollectiveTime {
   std::string kind;
+  bool async = false;  // issued non-blocking and waited (bandwidth_gbs_by_kind's "<kind>_async")
   double small_s = 0;  // the small message: median over iterations of the slowest rank's time
   // Per bandwidth size: what one rank sends (comm_counters.h) and the time, as small_s.
   std::vector<std::pair<double, double>> large;
@@ -340,16 +369,20 @@ const std::vector<std::string> kFitKinds = {"all_reduce", "all_gather", "reduce_
 
 // Buffers for kind on n ranks holding `bytes` in all (nccl-tests' size: the all_reduce buffer, the all_gather
 // output, the reduce_scatter input), as f32 elements, a multiple of n.
-double time_collective(Group& g, const std::string& kind, int64_t bytes, int iters, double* sent) {
+double time_collective(Group& g, const std::string& kind, int64_t bytes, int iters, double* sent, bool async = false) {
   const int n = g.size();
   const int64_t count = std::max<int64_t>(n, bytes / 4 / n * n), m = count / n;
   Tensor whole = filled({count}), part = filled({m}), out = empty({count}, DType::f32);
+  // async: issued non-blocking and waited at once, as the runtime issues gradient buckets, fully_shard's transfers
+  // and ring attention's shifts (Open MPI runs its non-blocking collectives by other algorithms).
   auto run = [&] {
-    if (kind == "all_reduce") g.all_reduce(whole, ReduceOp::sum);
-    else if (kind == "all_gather") g.all_gather(out, part);
-    else if (kind == "reduce_scatter") g.reduce_scatter(part, whole, ReduceOp::sum);
-    else if (kind == "all_to_all") g.all_to_all(out, whole);
-    else g.ring_shift(out, whole);
+    Work w;
+    if (kind == "all_reduce") w = g.all_reduce(whole, ReduceOp::sum, async);
+    else if (kind == "all_gather") w = g.all_gather(out, part, async);
+    else if (kind == "reduce_scatter") w = g.reduce_scatter(part, whole, ReduceOp::sum, async);
+    else if (kind == "all_to_all") w = g.all_to_all(out, whole, async);
+    else w = g.ring_shift(out, whole, 1, async);
+    w.wait();
   };
   run();
   std::vector<double> t(static_cast<size_t>(iters));
@@ -366,6 +399,50 @@ double time_collective(Group& g, const std::string& kind, int64_t bytes, int ite
           : kind == "ring_shift" ? whole_bytes
                                  : whole_bytes * double(n - 1) / n;
   return median(t);
+}
+
+// The wait one collective call adds when its members come from computing, as in a training step (LinkSpec::sync_us):
+// with more ranks than cores a member may not be scheduled when the others arrive, and the waiting ranks' polling
+// takes cores from the computing ones; collectives timed back to back show none of it. Every rank, in groups of n,
+// runs `calls` repetitions of (work; a small collective) and then of the work alone, for each kind in turn, reps
+// times; a sample is the difference per call (each loop's time its slowest rank's) less the kind's own time back
+// to back (own_s, so that its latency is not counted twice), the wait the median of the samples (the scheduler makes
+// single loops differ by milliseconds) and the segment the work alone's time per call. The work is a
+// (rows, 256) x (768, 256)^T GEMM: 256 rows are about what a rank computes between two collectives of a
+// tensor-parallel decoder layer of a small model, 4096 rows a data-parallel rank's between its few.
+struct SyncPoint {
+  double segment_s = 0, wait_s = 0;
+};
+SyncPoint time_sync(Group& g, const std::vector<std::pair<std::string, double>>& kinds_own_s, int64_t latency_bytes,
+                    int64_t rows, int calls, int reps) {
+  Tensor inp = filled({rows, 256}), w = filled({768, 256}), out = empty({rows, 768}, DType::f32);
+  const int n = g.size();
+  const int64_t count = std::max<int64_t>(n, latency_bytes / 4 / n * n), m = count / n;
+  Tensor whole = filled({count}), part = filled({m}), gathered = empty({count}, DType::f32);
+  auto loop = [&](const std::string& kind) {
+    control_barrier(MPI_COMM_WORLD, "calibration: sync");
+    auto t0 = Clock::now();
+    for (int i = 0; i < calls; ++i) {
+      matmul_forward(out, inp, w);
+      if (kind == "all_reduce") g.all_reduce(whole, ReduceOp::sum);
+      else if (kind == "all_gather") g.all_gather(gathered, part);
+      else if (kind == "reduce_scatter") g.reduce_scatter(part, whole, ReduceOp::sum);
+    }
+    return seconds_since(t0);
+  };
+  std::vector<double> with, without;
+  for (int r = 0; r <= reps; ++r)  // the first round warms up
+    for (auto& [kind, own] : kinds_own_s) {
+      const double a = loop(kind), b = loop("");
+      if (r > 0) with.push_back(a), without.push_back(b);
+    }
+  control_all_reduce(MPI_COMM_WORLD, with.data(), int(with.size()), MPI_DOUBLE, MPI_MAX, "calibration: sync time");
+  control_all_reduce(MPI_COMM_WORLD, without.data(), int(without.size()), MPI_DOUBLE, MPI_MAX,
+                     "calibration: sync time");
+  std::vector<double> samples;
+  for (size_t i = 0; i < with.size(); ++i)
+    samples.push_back((with[i] - without[i]) / calls - kinds_own_s[i % kinds_own_s.size()].second);
+  return {median(without) / calls, std::max(0.0, median(samples))};
 }
 
 struct LinkFit {
@@ -402,6 +479,18 @@ LinkFit measure_link(int world, int n, const std::string& backend, const Calibra
     per_step.push_back(ct.small_s / collective_steps(kind, n));
     fit.kinds.push_back(ct);
   }
+  // The kinds the runtime also issues non-blocking, at the bandwidth sizes (the latency is the blocking ones').
+  for (const std::string& kind : kAsyncKinds) {
+    CollectiveTime ct;
+    ct.kind = kind;
+    ct.async = true;
+    for (int64_t size : o.bandwidth_sizes) {
+      double sent = 0;
+      const double t = time_collective(g, kind, size, o.collective_iters, &sent, true);
+      ct.large.push_back({sent, t});
+    }
+    fit.kinds.push_back(ct);
+  }
   // Medians, not least squares: with more ranks than cores a rank's reply waits for the scheduler, and one kind's
   // or one size's time can be several times the others'.
   const double alpha = median(per_step);
@@ -412,11 +501,21 @@ LinkFit measure_link(int world, int n, const std::string& backend, const Calibra
       // At least a quarter of the time: where the latency is most of it, the size says little of the bandwidth.
       rates.push_back(bytes / std::max(t - collective_steps(ct.kind, n) * alpha, 0.25 * t));
     const double bw = median(rates) / 1e9;
-    fit.link.bandwidth_gbs_by_kind[ct.kind] = bw;
-    bws.push_back(bw);
+    fit.link.bandwidth_gbs_by_kind[ct.async ? ct.kind + "_async" : ct.kind] = bw;
+    if (!ct.async) bws.push_back(bw);
   }
   fit.link.bandwidth_gbs = median(bws);
   fit.link.latency_us = alpha * 1e6;
+  // sync_us over the kinds a training step calls most (tp and fully_shard's, data parallel's).
+  std::vector<std::pair<std::string, double>> own;
+  for (auto& ct : fit.kinds)
+    if (!ct.async && (ct.kind == "all_reduce" || ct.kind == "all_gather" || ct.kind == "reduce_scatter"))
+      own.push_back({ct.kind, ct.small_s});
+  for (int64_t rows : o.sync_rows) {
+    const int calls = std::max<int>(4, int(o.sync_calls * o.sync_rows.front() / rows));
+    const SyncPoint p = time_sync(g, own, o.latency_bytes, rows, calls, o.sync_reps);
+    fit.link.sync_us[p.segment_s * 1e3] = p.wait_s * 1e6;
+  }
   return fit;
 }
 
@@ -460,10 +559,20 @@ void check_cluster(const ClusterSpec& c) {
     positive(key + ".bandwidth_gbs", l.bandwidth_gbs, "a bandwidth in GB/s");
     if (!(std::isfinite(l.latency_us) && l.latency_us >= 0))
       fail("cluster", "{}: {}.latency_us = {}: expected a latency in microseconds >= 0", f, key, l.latency_us);
+    for (auto& [ms, us] : l.sync_us) {
+      if (!(std::isfinite(ms) && ms >= 0))
+        fail("cluster", "{}: {}.sync_us has a segment of {} ms: expected a length in milliseconds >= 0", f, key, ms);
+      if (!(std::isfinite(us) && us >= 0))
+        fail("cluster", "{}: {}.sync_us = {} at a segment of {} ms: expected a wait in microseconds >= 0", f, key, us,
+             ms);
+    }
+    const auto keys = by_kind_keys();
     for (auto& [kind, x] : l.bandwidth_gbs_by_kind) {
-      if (!known_kind(kind))
-        fail("cluster", "{}: {}.bandwidth_gbs_by_kind.{}: unknown collective kind (known: {})", f, key, kind,
-             kinds_list());
+      if (std::find(keys.begin(), keys.end(), kind) == keys.end()) {
+        std::string known;
+        for (auto& k : keys) known += (known.empty() ? "" : ", ") + k;
+        fail("cluster", "{}: {}.bandwidth_gbs_by_kind.{}: unknown collective kind (known: {})", f, key, kind, known);
+      }
       positive(key + ".bandwidth_gbs_by_kind." + kind, x, "a bandwidth in GB/s");
     }
   };
@@ -588,14 +697,38 @@ int collective_steps(const std::string& kind, int n) {
   return 0;  // recv
 }
 
-double collective_seconds(const LinkSpec& l, const std::string& kind, double bytes_per_rank, int n) {
+double collective_seconds(const LinkSpec& l, const std::string& kind, double bytes_per_rank, int n, bool async) {
   const int steps = collective_steps(kind, n);
   MT_CHECK(bytes_per_rank >= 0, "cluster", "collective_seconds: {} of {} bytes: expected bytes >= 0", kind,
            bytes_per_rank);
   if (n <= 1) return 0;
-  const double bw = l.bandwidth_for(kind);
+  const double bw = l.bandwidth_for(kind, async);
   MT_CHECK(bw > 0, "cluster", "collective_seconds: {} on a link of bandwidth {} GB/s", kind, bw);
   return steps * l.latency_us * 1e-6 + bytes_per_rank / (bw * 1e9);
+}
+
+double LinkSpec::sync_seconds(double segment_s) const {
+  if (sync_us.empty()) return 0;
+  const double ms = std::max(0.0, segment_s * 1e3);
+  auto hi = sync_us.lower_bound(ms);
+  if (hi == sync_us.begin()) return (hi->first > 0 ? hi->second * ms / hi->first : hi->second) * 1e-6;
+  if (hi == sync_us.end()) return std::prev(hi)->second * 1e-6;
+  auto lo = std::prev(hi);
+  const double f = (ms - lo->first) / (hi->first - lo->first);
+  return (lo->second + f * (hi->second - lo->second)) * 1e-6;
+}
+
+double calls_seconds(const LinkSpec& l, const std::string& kind, double bytes_per_rank, int n, int64_t calls,
+                     bool async) {
+  if (calls <= 0 || n <= 1) return 0;
+  return collective_seconds(l, kind, bytes_per_rank, n, async) +
+         double(calls - 1) * collective_seconds(l, kind, 0, n, async);
+}
+
+bool oversubscribed(const ClusterSpec& c, int ranks_on_node, int threads) {
+  if (c.cores_per_node <= 0) return false;
+  const int per_rank = threads > 0 ? threads : std::max(1, c.cores_per_node / std::max(1, ranks_on_node));
+  return int64_t(ranks_on_node) * per_rank > c.cores_per_node;
 }
 
 double attention_forward_flops(double B, double T, double S, double H, double hd, bool causal) {
@@ -619,6 +752,9 @@ double sig4(double x) { return x > 0 ? std::stod(fmt::format("{:.4g}", x)) : x; 
 void round_figures(ClusterSpec& c) {
   auto link = [](LinkSpec& l) {
     l.bandwidth_gbs = sig4(l.bandwidth_gbs), l.latency_us = sig4(l.latency_us);
+    std::map<double, double> sync;
+    for (auto& [ms, us] : l.sync_us) sync[sig4(ms)] = sig4(us);
+    l.sync_us = sync;
     for (auto& [k, x] : l.bandwidth_gbs_by_kind) x = sig4(x);
   };
   for (auto& [dt, x] : c.peak_tflops) x = sig4(x);
@@ -655,13 +791,17 @@ Calibration calibrate(const MpiEnv& env, const Config& cfg, const CalibrateOptio
              "calibration measures one node, but the {} ranks are spread over several hosts ({} on {}): run it on "
              "one node",
              world, env.local_size(), env.host());
-    MT_CHECK(o.iters >= 1 && o.collective_iters >= 1, "cluster", "calibration needs at least one repetition");
+    MT_CHECK(o.iters >= 1 && o.collective_iters >= 1 && o.sync_calls >= 1 && o.sync_reps >= 1, "cluster",
+             "calibration needs at least one repetition");
+    MT_CHECK(!o.sync_rows.empty(), "cluster", "calibration needs at least one sync GEMM size");
     cal.threads = cfg.training.threads > 0 ? cfg.training.threads : default_threads(env);
     set_cpu_threads(cal.threads);
   });
   const int iters = o.quick ? 1 : o.iters;
   CalibrateOptions co = o;
-  if (o.quick) co.collective_iters = std::min(o.collective_iters, 3), co.bandwidth_sizes = {64 << 10, 1 << 20};
+  if (o.quick)
+    co.collective_iters = std::min(o.collective_iters, 3), co.bandwidth_sizes = {64 << 10, 1 << 20},
+    co.sync_calls = std::min(o.sync_calls, 4), co.sync_reps = 1, co.sync_rows = {64};
   MT_CHECK(!co.bandwidth_sizes.empty(), "cluster", "calibration needs at least one bandwidth size");
 
   // The peaks: each rank's threads alone (one rank at a time, the others waiting), per core, times the cores a
@@ -749,12 +889,15 @@ Calibration calibrate(const MpiEnv& env, const Config& cfg, const CalibrateOptio
       "bytes of each); gemm = matmul forward+backward at N=2048, C=256..1024; "
       "attention = local causal forward+backward, T=256..1024, 8 heads, hd 32/64; memory bandwidth = add_, "
       "rmsnorm, swiglu and adamw over {} MiB tensors; links = all_reduce, all_gather, reduce_scatter, all_to_all, "
-      "ring_shift of {} B (latency: the median per message step) and of {} (bandwidth per kind: the median over "
-      "the sizes; bandwidth_gbs: the kinds' median) in groups of n ranks (node_by_ranks), node = the world's; network "
-      "= node (one node: no network "
-      "measured). device_memory_gib = RAM / ranks.",
+      "ring_shift of {} B (latency: the median per message step) and of {} (bandwidth per kind, and of all_reduce, "
+      "all_gather, reduce_scatter and ring_shift issued non-blocking (<kind>_async): the median over "
+      "the sizes; bandwidth_gbs: the kinds' median) in groups of n ranks (node_by_ranks), node = the world's; "
+      "sync_us = loops of (a GEMM of 256, 1024 or 4096 rows x 256 x 768, an all_reduce, all_gather or "
+      "reduce_scatter of {} B) against the GEMMs alone, all ranks at once: per segment (the GEMM's time), the median "
+      "over kinds and rounds of the time per call less the collective's own; network "
+      "= node (one node: no network measured). device_memory_gib = RAM / ranks.",
       env.host(), world, cal.threads, cpu_isa_name(cpu_isa()), cfg.comm.backend, cal.share, cal.cores,
-      (o.quick ? (1 << 18) : o.elementwise_elems) * 4 >> 20, o.latency_bytes, sizes);
+      (o.quick ? (1 << 18) : o.elementwise_elems) * 4 >> 20, o.latency_bytes, sizes, o.latency_bytes);
   round_figures(c);
   check_cluster(c);
   return cal;
@@ -782,17 +925,22 @@ void print_calibration(const Calibration& cal, int world, const std::vector<int6
       "memory_bandwidth_gbs %.4g\n",
       c.gemm_efficiency, c.attention_efficiency, c.peak_tflops.at("fp32"), c.memory_bandwidth_gbs);
   std::printf("\n  links (groups of n ranks, all ranks at once; busbw GB/s at each size, then the fit)\n");
-  std::printf("  %5s %-15s %9s", "ranks", "kind", "small_us");
+  std::printf("  %5s %-20s %4s", "ranks", "kind", "8B us");
   for (int64_t b : sizes) std::printf(" %8s", human_bytes(b).c_str());
   std::printf(" %8s\n", "fit");
   for (auto& l : cal.links) {
     for (auto& k : l.kinds) {
-      std::printf("  %5d %-15s %9.1f", l.ranks, k.kind.c_str(), k.small_s * 1e6);
+      const std::string name = k.async ? k.kind + "_async" : k.kind;
+      if (k.async) std::printf("  %5d %-20s %4s", l.ranks, name.c_str(), "-");
+      else std::printf("  %5d %-20s %4.0f", l.ranks, name.c_str(), k.small_s * 1e6);
       for (auto& [bytes, t] : k.large) std::printf(" %8.3f", bytes / t / 1e9);
-      std::printf(" %8.3f\n", l.link.bandwidth_for(k.kind));
+      std::printf(" %8.3f\n", l.link.bandwidth_for(k.kind, k.async));
     }
     std::printf("  %5d => latency_us %.3g per message step, bandwidth_gbs %.4g (the kinds' median)\n", l.ranks,
                 l.link.latency_us, l.link.bandwidth_gbs);
+    std::printf("  %5d => sync_us (a call's wait when its ranks come from computing, by the work before it):", l.ranks);
+    for (auto& [ms, us] : l.link.sync_us) std::printf(" %.3g ms: %.0f us", ms, us);
+    std::printf("\n");
   }
   std::fflush(stdout);
 }

@@ -26,17 +26,33 @@ namespace mt {
 
 // One link level. bandwidth_gbs: GB/s (1e9 bytes) one rank sends per direction, bus bandwidth in nccl-tests'
 // convention (> 0); latency_us: the cost of one message step of a collective in microseconds (>= 0).
+// bandwidth_gbs_by_kind may also hold "<kind>_async" (all_reduce, all_gather, reduce_scatter, ring_shift): the kind
+// issued non-blocking, as the runtime issues gradient buckets, fully_shard's transfers and ring attention's shifts;
+// Open MPI runs its non-blocking collectives by other algorithms than its blocking ones, at other speeds.
 // bandwidth_gbs_by_kind: optional bus bandwidths measured per collective kind, which replace bandwidth_gbs for that
 // kind: one MPI library's reduce_scatter may move bytes several times slower than its all_reduce (this machine's
 // Open MPI does), and one figure for both would misplace fully_shard against data parallel.
+// sync_us: optional, the wait one collective call adds, beyond its alpha-beta time, when its members arrive from
+// computing as in a training step: with more CPU ranks than cores a member may not be scheduled when the others
+// arrive, and the waiting ranks' polling takes cores from the computing ones. The wait grows with the work between
+// two calls (the segment) and levels off near the scheduler's time slice, so it is given at segment lengths,
+// {segment_ms: wait_us}: between two points it is interpolated, below the first it shrinks in proportion (calls back
+// to back wait nothing more), past the last it stays the last's; a plain number is one wait at every segment.
+// Calibration measures it; devices with a core each wait no such thing, so datasheet files leave it out.
 struct LinkSpec {
   double bandwidth_gbs = 0;
   double latency_us = 0;
   std::map<std::string, double> bandwidth_gbs_by_kind;
+  std::map<double, double> sync_us;  // segment ms -> wait us; {0: x} is the plain number x; empty: none
   LinkSpec() = default;
   LinkSpec(double bandwidth, double latency, std::map<std::string, double> by_kind = {})
       : bandwidth_gbs(bandwidth), latency_us(latency), bandwidth_gbs_by_kind(std::move(by_kind)) {}
-  double bandwidth_for(const std::string& kind) const {
+  // The wait of one call after segment_s seconds of work, in seconds.
+  double sync_seconds(double segment_s) const;
+  // async: the collective issued non-blocking ("<kind>_async" when measured, else the kind's own figure).
+  double bandwidth_for(const std::string& kind, bool async = false) const {
+    if (async)
+      if (auto it = bandwidth_gbs_by_kind.find(kind + "_async"); it != bandwidth_gbs_by_kind.end()) return it->second;
     auto it = bandwidth_gbs_by_kind.find(kind);
     return it != bandwidth_gbs_by_kind.end() ? it->second : bandwidth_gbs;
   }
@@ -111,9 +127,19 @@ int collective_steps(const std::string& kind, int n);
 // bytes_per_rank is what one rank sends as comm/comm_counters.h counts it (all_reduce 2(n-1)/n of the buffer,
 // all_gather (n-1) x the input, reduce_scatter and all_to_all (n-1)/n of the input, broadcast, ring_shift and send
 // the buffer). With bandwidths in bus-bandwidth terms that is nccl-tests' own relation, time = size x bus factor /
-// busbw. n <= 1: 0 (nothing leaves the rank). A ring model: at thousands of ranks NCCL's trees have fewer steps,
+// busbw. n <= 1: 0 (nothing leaves the rank). l.sync_us is not in it: it is per call (calls_seconds). A ring model: at thousands of ranks NCCL's trees have fewer steps,
 // so small collectives there are over-estimated; large ones, which dominate a step, are bandwidth-bound either way.
-double collective_seconds(const LinkSpec& l, const std::string& kind, double bytes_per_rank, int n);
+// async: issued non-blocking (l.bandwidth_for's async figure).
+double collective_seconds(const LinkSpec& l, const std::string& kind, double bytes_per_rank, int n, bool async = false);
+// `calls` calls of kind on n ranks sending bytes_per_rank in all: one collective_seconds of the bytes and the message
+// steps' latency of each further call. calls <= 0 or n <= 1: 0. The sync wait is the caller's to add
+// (l.sync_seconds per call, where the node's cores are oversubscribed: `oversubscribed`).
+double calls_seconds(const LinkSpec& l, const std::string& kind, double bytes_per_rank, int n, int64_t calls,
+                     bool async = false);
+// Whether a node's CPU ranks outnumber its cores: ranks_on_node x threads > cores_per_node (threads 0: train's
+// default, cores / ranks, at least 1). Never for devices of their own (cores_per_node 0). Only then does a rank wait
+// for members the scheduler has not run (LinkSpec::sync_us): with a core each, they all run.
+bool oversubscribed(const ClusterSpec& c, int ranks_on_node, int threads);
 
 // Attention FLOPs of one layer's forward on (B, T queries, S keys, H heads, hd): 4 B T S H hd (Q K^T and P V, 2
 // FLOPs per multiply-add), halved when causal with T == S (the masked half is skipped). The backward is 2.5x the
@@ -129,6 +155,10 @@ struct CalibrateOptions {
   // activations, fully_shard units and gradient buckets (training.grad_bucket_mb, 25 by default).
   std::vector<int64_t> bandwidth_sizes = {256 << 10, 1 << 20, 4 << 20, 16 << 20};
   int64_t latency_bytes = 8;             // the small message
+  // The sync loops: GEMM rows (segment lengths), calls per loop at the first (fewer at larger GEMMs, so that each
+  // loop lasts about as long), timed rounds (the median of the samples taken).
+  std::vector<int64_t> sync_rows = {256, 1024, 4096};
+  int sync_calls = 32, sync_reps = 8;
   int64_t elementwise_elems = 16 << 20;  // f32 elements per tensor of the memory-bandwidth ops (past the caches)
   bool quick = false;                    // smaller problems and fewer repetitions (tests); figures less exact
 };
@@ -142,7 +172,11 @@ struct CalibrateOptions {
 //   memory      add_, rmsnorm, swiglu and adamw over 64 MiB tensors, bytes read + written per second;
 //   links       all_reduce, all_gather, reduce_scatter, all_to_all and ring_shift in groups of every size n
 //               dividing the world (node_by_ranks; `node` is the world's): latency from an 8-byte message, a
-//               bandwidth per kind from 256K..16M ones, and bandwidth_gbs (broadcast, send) the kinds' median.
+//               bandwidth per kind from 256K..16M ones (and of all_reduce, all_gather, reduce_scatter and
+//               ring_shift issued non-blocking, "<kind>_async"), and bandwidth_gbs (broadcast, send) the blocking
+//               kinds' median;
+//               sync_us from loops of (a GEMM, a small collective) against the GEMMs alone, every rank running such
+//               loops at once, at three GEMM sizes (sync_rows), the segment each one's time per GEMM.
 // Compute figures are written per core (cores_per_node set), so that an estimate for another rank count scales them
 // by rank_share; the links are not rescaled: they are this rank count's (calibrate with the rank count to estimate).
 // Every rank is on one node: devices_per_node = its ranks, network = node (said in source). Needs >= 2 ranks.

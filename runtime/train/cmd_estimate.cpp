@@ -17,10 +17,16 @@ void add_estimate_options(CLI::App* sub, EstimateArgs& a) {
   sub->add_flag("--calibrate", a.calibrate,
                 "measure this machine (GEMM, attention, memory and collective rates on the ranks launched) into --out");
   sub->add_option("--out", a.out, "--calibrate's cluster file");
+  sub->add_flag("--quick", a.quick, "--calibrate with small problems and few repetitions (seconds; rough figures, for tests)");
 }
 
 int run_estimate_command(const RunContext& ctx, const EstimateArgs& a) {
-  if (a.calibrate) return run_calibrate(ctx, a.out);
+  if (a.calibrate) {
+    CalibrateOptions o;
+    o.quick = a.quick;
+    return run_calibrate(ctx, a.out, o);
+  }
+  MT_CHECK(!a.quick, "estimate", "--quick is an option of --calibrate (this is not a calibration)");
   // One process computes; on a launch of several ranks the others only agree on the errors.
   Estimate e;
   run_agreed(*ctx.env, "the estimate", [&] {

@@ -14,6 +14,7 @@ struct EstimateArgs {
   std::string cluster;  // --cluster FILE (empty: no time)
   std::string json;     // --json FILE
   bool calibrate = false;
+  bool quick = false;  // --quick: --calibrate with smaller problems and fewer repetitions (tests; figures rough)
   std::string out = "configs/clusters/this_machine.yaml";  // --calibrate's output
 };
 

@@ -69,12 +69,15 @@ LayerSaved layer_saved(const Dims& d, const LlamaDecoderLayer* l, const Alloc& A
 }
 
 // The collective time of a part on the link of its group (the group's members' nodes).
-void time_part(CommPart& c, const DeviceMesh& mesh, const ClusterSpec& cl) {
+// sync: the node's cores are oversubscribed; segment_s: the rank's work between two of its blocking calls (the
+// link's sync wait grows with it).
+void time_part(CommPart& c, const DeviceMesh& mesh, const ClusterSpec& cl, bool sync, double segment_s) {
   Group& g = mesh.group(c.group);
   const LinkSpec& l = link_for(cl, g.world_ranks());
   c.link = inside_one_node(cl, g.world_ranks()) ? "node" : "network";
-  c.seconds = c.calls == 0 ? 0 : collective_seconds(l, c.kind, c.bytes, g.size()) +
-                                     double(c.calls - 1) * collective_seconds(l, c.kind, 0, g.size());
+  c.sync_seconds = sync && g.size() > 1 ? double(c.calls) * l.sync_seconds(segment_s) : 0;
+  // The parts marked overlapped are those the runtime issues non-blocking.
+  c.seconds = calls_seconds(l, c.kind, c.bytes, g.size(), c.calls, c.overlapped) + c.sync_seconds;
 }
 
 }  // namespace
@@ -390,15 +393,23 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
       // copy engines and NCCL's own kernels. CPU ranks (cores_per_node > 0) move them on the cores that compute,
       // and MPI advances a transfer only inside its calls: nothing is hidden there.
       double hidden_budget = cluster->cores_per_node == 0 ? st.compute_s : 0.0;
+      // The compute between two of the rank's calls, each call a point where its group waits for all its members.
+      int64_t calls = 0;
+      for (const CommPart& c : st.comm)
+        if (!(c.group == dim::pp && c.kind == "recv")) calls += c.calls;
+      const double segment_s = st.compute_s / double(std::max<int64_t>(1, calls));
+      const bool sync = oversubscribed(*cluster, on_node, int(t.threads));
       for (CommPart& c : st.comm) {
         if (c.group == dim::pp && c.kind == "recv") continue;
         if (c.group == dim::pp) {
           Group& g = meshes.world.group(dim::pp);
           const LinkSpec& l = link_for(*cluster, g.world_ranks());
           c.link = inside_one_node(*cluster, g.world_ranks()) ? "node" : "network";
-          c.seconds = double(c.calls) * collective_seconds(l, "send", c.bytes / double(std::max<int64_t>(1, c.calls)), 2);
+          c.sync_seconds = sync ? double(c.calls) * l.sync_seconds(segment_s) : 0;
+          c.seconds = double(c.calls) * collective_seconds(l, "send", c.bytes / double(std::max<int64_t>(1, c.calls)), 2) +
+                      c.sync_seconds;
         } else {
-          time_part(c, mesh, *cluster);
+          time_part(c, mesh, *cluster, sync, segment_s);
         }
         if (!c.overlapped) {
           st.exposed_comm_s += c.seconds;
@@ -423,6 +434,15 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
     const double peak = rank_peak_flops(*cluster, cfg.training.dtype, std::min(world, cluster->devices_per_node),
                                         int(t.threads));
     e.mfu = family.flops_per_token(mc, t.seq_len) * e.tokens_per_s / (peak * double(world));
+    // Threads of several ranks on fewer cores: each rank's threads meet at every op's end, and a thread the
+    // scheduler has not run holds up the others; the rank_share figure assumes no such wait.
+    const int on_node = std::min(world, cluster->devices_per_node);
+    if (cluster->cores_per_node > 0 && t.threads > 1 && int64_t(on_node) * t.threads > cluster->cores_per_node)
+      e.notes.push_back(fmt::format(
+          "training.threads = {} x {} ranks on a node of {} cores: the ranks' threads outnumber the cores and wait "
+          "on each other through the scheduler, which the time does not model (2 ranks x 2 threads on 2 cores "
+          "measured 1.8-2.8x the estimate: docs/PERFORMANCE.md); set training.threads to at most cores / ranks ({})",
+          t.threads, on_node, cluster->cores_per_node, std::max(1, cluster->cores_per_node / on_node)));
   }
   return e;
 }
@@ -446,8 +466,13 @@ std::string estimate_table(const Estimate& e) {
     for (const CommPart& p : s.comm)
       out += fmt::format("    {:<12} {:<12} {:<15} {:>12} in {:>6} call(s){}\n", p.tag, p.group, p.kind, human(p.bytes),
                          p.calls,
-                         e.cluster ? fmt::format("  {:.3f} ms on the {} link{}", 1e3 * p.seconds, p.link,
-                                                 p.overlapped ? " (overlapped with compute)" : " (exposed)")
+                         e.cluster ? fmt::format("  {:.3f} ms on the {} link{}{}", 1e3 * p.seconds, p.link,
+                                                 p.sync_seconds > 0
+                                                     ? fmt::format(" ({:.3f} ms of it members' sync)", 1e3 * p.sync_seconds)
+                                                     : "",
+                                                 !p.overlapped                    ? " (exposed)"
+                                                 : e.cluster->cores_per_node > 0 ? " (async, exposed on CPU ranks)"
+                                                                                  : " (overlapped with compute)")
                                    : "");
     if (e.cluster)
       out += fmt::format("  time: compute {:.3f} ms ({:.3g} TFLOP), exposed communication {:.3f} ms, bubble {:.3f} ms: "
@@ -480,7 +505,7 @@ nlohmann::json estimate_json(const Estimate& e) {
     r["peak_where"] = s.peak_where;
     for (const CommPart& p : s.comm)
       r["comm"].push_back({{"tag", p.tag}, {"group", p.group}, {"kind", p.kind}, {"bytes", p.bytes},
-                           {"calls", p.calls}, {"seconds", p.seconds}, {"overlapped", p.overlapped}, {"link", p.link}});
+                           {"calls", p.calls}, {"seconds", p.seconds}, {"sync_seconds", p.sync_seconds}, {"overlapped", p.overlapped}, {"link", p.link}});
     r["flops"] = s.flops;
     if (e.cluster) {
       r["compute_s"] = s.compute_s;

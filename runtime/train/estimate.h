@@ -30,9 +30,10 @@ struct CommPart {
   std::string tag, group, kind;  // "layout", "tp", "all_gather"
   double bytes = 0;              // per step
   int64_t calls = 0;             // per step
-  double seconds = 0;            // alpha-beta on the group's link
+  double seconds = 0;            // alpha-beta on the group's link, plus the sync wait
   bool overlapped = false;       // hidden behind compute when it fits
   std::string link;              // "node" | "network"
+  double sync_seconds = 0;       // of seconds, the link's sync_us per call (members arriving from computing)
 };
 
 struct StageEstimate {

@@ -87,6 +87,7 @@ def estimate(tag, np_, over):
     slow = max(e["stages"], key=lambda s: s["step_s"])
     return {"ms": 1e3 * e["step_s"], "compute_ms": 1e3 * slow["compute_s"],
             "comm_ms": 1e3 * slow["exposed_comm_s"], "bubble_ms": 1e3 * slow.get("bubble_s", 0.0),
+            "sync_ms": 1e3 * sum(c.get("sync_seconds", 0.0) for c in slow.get("comm", [])),
             "peak": e["stages"][0]["peak_bytes"]}
 
 def measure(tag, np_, over, k):
@@ -125,7 +126,7 @@ rows = [(f"c{i}", np_, over) for i, (_, np_, over) in enumerate(part1)]
 est = {tag: estimate(tag, np_, over) for tag, np_, over in rows}
 meas = measure_all(rows)
 print("## 1. estimate against measured runs (training.threads=1 unless the row says otherwise)\n")
-print("| configuration | ranks | predicted ms (compute + exposed comm + bubble) | measured ms (min-max) | measured / predicted "
+print("| configuration | ranks | predicted ms (compute + exposed comm [of it sync waits] + bubble) | measured ms (min-max) | measured / predicted "
       "| within 25% | predicted peak MiB | measured peak MiB | predicted / measured |")
 print("| --- | ---: | ---: | ---: | ---: | :---: | ---: | ---: | ---: |")
 n_ok = 0
@@ -134,7 +135,8 @@ for (label, np_, _), (tag, _, _) in zip(part1, rows):
     r = m["ms"] / e["ms"]
     ok = abs(r - 1) <= 0.25
     n_ok += ok
-    parts = f'{e["compute_ms"]:.0f} + {e["comm_ms"]:.1f}' + (f' + {e["bubble_ms"]:.1f}' if e["bubble_ms"] > 0 else "")
+    parts = (f'{e["compute_ms"]:.0f} + {e["comm_ms"]:.1f}' + (f' [{e["sync_ms"]:.1f}]' if e["sync_ms"] > 0 else "") +
+             (f' + {e["bubble_ms"]:.1f}' if e["bubble_ms"] > 0 else ""))
     print(f'| {label} | {np_} | {e["ms"]:.0f} ({parts}) | {m["ms"]:.0f} ({m["lo"]:.0f}-{m["hi"]:.0f}) | {r:.2f} | '
           f'{"yes" if ok else "no"} | {mib(e["peak"]):.2f} | {mib(m["peak"]):.2f} | {e["peak"] / m["peak"]:.3f} |')
 print(f"\nstep time within 25%: {n_ok} of {len(part1)}\n")
@@ -158,12 +160,12 @@ for p, (tag, _, over) in zip(chosen, rows2):
     p["est"] = estimate(tag, 8, over)
 meas2 = measure_all(rows2)
 print(f"\n{n} plans ranked; measured on 8 ranks: ranks {', '.join(map(str, pick))}\n")
-print("| rank | plan | predicted ms | measured ms (min-max) | measured / predicted | predicted peak MiB | "
-      "measured peak MiB |")
+print("| rank | plan | predicted ms [of it sync waits] | measured ms (min-max) | measured / predicted | "
+      "predicted peak MiB | measured peak MiB |")
 print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
 for p, (tag, _, _) in zip(chosen, rows2):
     m = meas2[tag]
-    print(f'| {p["rank"]} | {p["plan"]} | {p["pred"]:.1f} | {m["ms"]:.0f} ({m["lo"]:.0f}-{m["hi"]:.0f}) | '
+    print(f'| {p["rank"]} | {p["plan"]} | {p["pred"]:.1f} [{p["est"]["sync_ms"]:.1f}] | {m["ms"]:.0f} ({m["lo"]:.0f}-{m["hi"]:.0f}) | '
           f'{m["ms"] / p["pred"]:.2f} | {mib(p["est"]["peak"]):.2f} | {mib(m["peak"]):.2f} |')
 fastest = min(chosen, key=lambda p: meas2[f"s{p['rank']}"]["ms"])
 top = meas2["s1"]["ms"]

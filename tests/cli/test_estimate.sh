@@ -126,6 +126,57 @@ expect "a cluster file with a non-positive bandwidth" nonzero "bandwidth_gbs" --
 expect "an unwritable --json" nonzero "--json $tmp/no/such/dir/e.json: cannot be written" -- \
   "$mt" --config "$tmp/t.yaml" estimate --world 1 --json "$tmp/no/such/dir/e.json"
 
+# --calibrate --quick on 2 ranks: a cluster file estimate reads back, with every measured figure and the sync wait
+# of a call after computing (a link's sync_us, by segment). The estimate pays that wait per blocking call where the
+# ranks outnumber the cores: with every sync_us 1 ms instead of 0 (and 8 ranks a node), dp_replicate 4 x tp 2 on 8
+# ranks takes 1 ms per call longer; tp 2 on 2 ranks (a core each) not at all.
+if "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" estimate --calibrate --quick --out "$tmp/cal.yaml" >"$tmp/cal.log" 2>&1 &&
+   "$mt" --config "$tmp/t.yaml" --set parallel.tp=2 estimate --world 2 --cluster "$tmp/cal.yaml" --json "$tmp/cal_e.json" >"$tmp/cal_e.log" 2>&1; then
+  if out=$("$py" - "$tmp/cal.yaml" "$tmp/cal_e.json" "$tmp/cal_sync.yaml" <<'PY' 2>&1
+import json, re, sys
+text = open(sys.argv[1]).read()
+for key in ["peak_tflops", "gemm_efficiency", "attention_efficiency", "memory_bandwidth_gbs", "node_by_ranks", "sync_us"]:
+    assert re.search(rf"^\s*{key}:", text, re.M), f"the calibrated file has no {key}"
+e = json.load(open(sys.argv[2]))
+assert e["step_s"] > 0 and e["stages"][0]["compute_s"] > 0, e["step_s"]
+# Two copies: every sync_us 0, and every one 1000 us at every segment; 8 devices (ranks) a node on 2 cores.
+for wait, out in ((0, sys.argv[3] + ".0"), (1000, sys.argv[3] + ".1000")):
+    new, n = re.subn(r"sync_us: (\{[^}]*\}|[0-9.e+-]+)", f"sync_us: {wait}", text)
+    new = re.sub(r"^devices_per_node: .*$", "devices_per_node: 8", new, flags=re.M)
+    new = re.sub(r"^cores_per_node: .*$", "cores_per_node: 2", new, flags=re.M)  # whatever this machine has
+    open(out, "w").write(new)
+assert n >= 2, f"{n} sync_us entries"
+print(f"{n} links with sync_us")
+PY
+); then ok "calibrate --quick on 2 ranks writes a cluster file estimate reads ($out)"
+  else bad "calibrate --quick: the file" "$out"; fi
+  for w in 0 1000; do
+    "$mt" --config "$tmp/t.yaml" --set parallel.dp_replicate=4 --set parallel.tp=2 estimate --world 8 \
+      --cluster "$tmp/cal_sync.yaml.$w" --json "$tmp/cal_s$w.json" >"$tmp/cal_s$w.log" 2>&1
+    "$mt" --config "$tmp/t.yaml" --set parallel.tp=2 estimate --world 2 \
+      --cluster "$tmp/cal_sync.yaml.$w" --json "$tmp/cal_t$w.json" >"$tmp/cal_t$w.log" 2>&1
+  done
+  if out=$("$py" - "$tmp/cal_s0.json" "$tmp/cal_s1000.json" "$tmp/cal_t0.json" "$tmp/cal_t1000.json" <<'PY' 2>&1
+import json, sys
+a, b, c, d = (json.load(open(f)) for f in sys.argv[1:5])
+calls = sum(p["calls"] for p in a["stages"][0]["comm"])
+extra = (b["step_s"] - a["step_s"]) * 1e3
+assert calls >= 36, calls
+assert abs(extra - calls * 1.0) < 0.01 * calls, f"{extra:.3f} ms more for {calls} calls on 8 ranks"
+assert d["step_s"] == c["step_s"], f"2 ranks on 2 cores: {c['step_s']} against {d['step_s']} with the wait"
+print(f"8 ranks: {extra:.1f} ms more for {calls} calls; 2 ranks: none")
+PY
+); then ok "the sync wait is paid per blocking call: $out"
+  else bad "the sync wait per call" "$out"; fi
+else
+  bad "calibrate --quick on 2 ranks" "$(tail -n 10 "$tmp/cal.log" "$tmp/cal_e.log" 2>/dev/null)"
+fi
+expect "ranks' threads outnumbering the cores are named in a note" zero "the ranks' threads outnumber the cores" -- \
+  "$mt" --config "$tmp/t.yaml" --set training.threads=2 --set parallel.dp_replicate=2 estimate --world 2 \
+  --cluster "$root/configs/clusters/this_machine.yaml"
+expect "--quick outside --calibrate" nonzero "--quick is an option of --calibrate" -- \
+  "$mt" --config "$tmp/t.yaml" estimate --world 1 --quick
+
 # plan --search: the fastest plans that fit, and an error saying what would make one fit when none does.
 expect "plan --search ranks the plans that fit" zero "1. " -- \
   "$mt" --config "$tmp/t.yaml" plan --search --world 4 --cluster "$root/configs/clusters/h100_ib.yaml" --top 3
