@@ -369,13 +369,18 @@ const std::vector<std::string> kFitKinds = {"all_reduce", "all_gather", "reduce_
 
 // Buffers for kind on n ranks holding `bytes` in all (nccl-tests' size: the all_reduce buffer, the all_gather
 // output, the reduce_scatter input), as f32 elements, a multiple of n.
-double time_collective(Group& g, const std::string& kind, int64_t bytes, int iters, double* sent, bool async = false) {
-  const int n = g.size();
-  const int64_t count = std::max<int64_t>(n, bytes / 4 / n * n), m = count / n;
-  Tensor whole = filled({count}), part = filled({m}), out = empty({count}, DType::f32);
+// One collective of a kind on its buffers, issued and waited (calibration's own, as train issues it).
+struct CollectiveCall {
+  Group& g;
+  std::string kind;
+  int64_t count, m;  // the whole buffer's f32 elements (a multiple of n), a rank's part of it
+  Tensor whole, part, out;
+  CollectiveCall(Group& group, std::string k, int64_t bytes)
+      : g(group), kind(std::move(k)), count(std::max<int64_t>(g.size(), bytes / 4 / g.size() * g.size())),
+        m(count / g.size()), whole(filled({count})), part(filled({m})), out(empty({count}, DType::f32)) {}
   // async: issued non-blocking and waited at once, as the runtime issues gradient buckets, fully_shard's transfers
   // and ring attention's shifts (Open MPI runs its non-blocking collectives by other algorithms).
-  auto run = [&] {
+  void run(bool async = false) {
     Work w;
     if (kind == "all_reduce") w = g.all_reduce(whole, ReduceOp::sum, async);
     else if (kind == "all_gather") w = g.all_gather(out, part, async);
@@ -383,7 +388,13 @@ double time_collective(Group& g, const std::string& kind, int64_t bytes, int ite
     else if (kind == "all_to_all") w = g.all_to_all(out, whole, async);
     else w = g.ring_shift(out, whole, 1, async);
     w.wait();
-  };
+  }
+};
+
+double time_collective(Group& g, const std::string& kind, int64_t bytes, int iters, double* sent, bool async = false) {
+  const int n = g.size();
+  CollectiveCall call(g, kind, bytes);
+  auto run = [&] { call.run(async); };
   run();
   std::vector<double> t(static_cast<size_t>(iters));
   for (int i = 0; i < iters; ++i) {
@@ -394,7 +405,7 @@ double time_collective(Group& g, const std::string& kind, int64_t bytes, int ite
   }
   // An iteration lasts as long as its slowest rank (as meshtrain check times it).
   control_all_reduce(MPI_COMM_WORLD, t.data(), iters, MPI_DOUBLE, MPI_MAX, "calibration: collective time");
-  const double whole_bytes = double(count) * 4;
+  const double whole_bytes = double(call.count) * 4;
   *sent = kind == "all_reduce"   ? whole_bytes * 2.0 * (n - 1) / n
           : kind == "ring_shift" ? whole_bytes
                                  : whole_bytes * double(n - 1) / n;
@@ -416,24 +427,21 @@ struct SyncPoint {
 SyncPoint time_sync(Group& g, const std::vector<std::pair<std::string, double>>& kinds_own_s, int64_t latency_bytes,
                     int64_t rows, int calls, int reps) {
   Tensor inp = filled({rows, 256}), w = filled({768, 256}), out = empty({rows, 768}, DType::f32);
-  const int n = g.size();
-  const int64_t count = std::max<int64_t>(n, latency_bytes / 4 / n * n), m = count / n;
-  Tensor whole = filled({count}), part = filled({m}), gathered = empty({count}, DType::f32);
-  auto loop = [&](const std::string& kind) {
+  auto loop = [&](CollectiveCall* call) {
     control_barrier(MPI_COMM_WORLD, "calibration: sync");
     auto t0 = Clock::now();
     for (int i = 0; i < calls; ++i) {
       matmul_forward(out, inp, w);
-      if (kind == "all_reduce") g.all_reduce(whole, ReduceOp::sum);
-      else if (kind == "all_gather") g.all_gather(gathered, part);
-      else if (kind == "reduce_scatter") g.reduce_scatter(part, whole, ReduceOp::sum);
+      if (call) call->run();
     }
     return seconds_since(t0);
   };
+  std::vector<CollectiveCall> kinds;
+  for (auto& [kind, own] : kinds_own_s) kinds.emplace_back(g, kind, latency_bytes);
   std::vector<double> with, without;
   for (int r = 0; r <= reps; ++r)  // the first round warms up
-    for (auto& [kind, own] : kinds_own_s) {
-      const double a = loop(kind), b = loop("");
+    for (CollectiveCall& call : kinds) {
+      const double a = loop(&call), b = loop(nullptr);
       if (r > 0) with.push_back(a), without.push_back(b);
     }
   control_all_reduce(MPI_COMM_WORLD, with.data(), int(with.size()), MPI_DOUBLE, MPI_MAX, "calibration: sync time");
@@ -650,13 +658,17 @@ double peak_flops(const ClusterSpec& c, const std::string& dtype) {
   return it->second * 1e12;
 }
 
+namespace {
+// A rank's threads on shared cores: threads, or train's default for 0 (the node's cores / its ranks, at least 1).
+int rank_threads(const ClusterSpec& c, int ranks_on_node, int threads) {
+  MT_CHECK(ranks_on_node >= 1 && threads >= 0, "cluster", "{} ranks on the node, {} threads", ranks_on_node, threads);
+  return threads > 0 ? threads : std::max(1, c.cores_per_node / ranks_on_node);
+}
+}  // namespace
+
 double rank_share(const ClusterSpec& c, int ranks_on_node, int threads) {
   if (c.cores_per_node <= 0) return 1;
-  MT_CHECK(ranks_on_node >= 1 && threads >= 0, "cluster", "rank_share: {} ranks on the node, {} threads", ranks_on_node,
-           threads);
-  const double cores = double(c.cores_per_node) / ranks_on_node;
-  const double t = threads > 0 ? threads : std::max(1, c.cores_per_node / ranks_on_node);
-  return std::min(t, cores);
+  return std::min(double(rank_threads(c, ranks_on_node, threads)), double(c.cores_per_node) / ranks_on_node);
 }
 
 double rank_peak_flops(const ClusterSpec& c, const std::string& dtype, int ranks_on_node, int threads) {
@@ -727,8 +739,7 @@ double calls_seconds(const LinkSpec& l, const std::string& kind, double bytes_pe
 
 bool oversubscribed(const ClusterSpec& c, int ranks_on_node, int threads) {
   if (c.cores_per_node <= 0) return false;
-  const int per_rank = threads > 0 ? threads : std::max(1, c.cores_per_node / std::max(1, ranks_on_node));
-  return int64_t(ranks_on_node) * per_rank > c.cores_per_node;
+  return int64_t(ranks_on_node) * rank_threads(c, ranks_on_node, threads) > c.cores_per_node;
 }
 
 double attention_forward_flops(double B, double T, double S, double H, double hd, bool causal) {

@@ -400,17 +400,9 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
       const double segment_s = st.compute_s / double(std::max<int64_t>(1, calls));
       const bool sync = oversubscribed(*cluster, on_node, int(t.threads));
       for (CommPart& c : st.comm) {
-        if (c.group == dim::pp && c.kind == "recv") continue;
-        if (c.group == dim::pp) {
-          Group& g = meshes.world.group(dim::pp);
-          const LinkSpec& l = link_for(*cluster, g.world_ranks());
-          c.link = inside_one_node(*cluster, g.world_ranks()) ? "node" : "network";
-          c.sync_seconds = sync ? double(c.calls) * l.sync_seconds(segment_s) : 0;
-          c.seconds = double(c.calls) * collective_seconds(l, "send", c.bytes / double(std::max<int64_t>(1, c.calls)), 2) +
-                      c.sync_seconds;
-        } else {
-          time_part(c, mesh, *cluster, sync, segment_s);
-        }
+        if (c.group == dim::pp && c.kind == "recv") continue;  // its time is the sender's
+        // pp's group is the world mesh's (the stage's mesh is below it); a send is one message step each call.
+        time_part(c, c.group == dim::pp ? meshes.world : mesh, *cluster, sync, segment_s);
         if (!c.overlapped) {
           st.exposed_comm_s += c.seconds;
         } else {
@@ -437,7 +429,7 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
     // Threads of several ranks on fewer cores: each rank's threads meet at every op's end, and a thread the
     // scheduler has not run holds up the others; the rank_share figure assumes no such wait.
     const int on_node = std::min(world, cluster->devices_per_node);
-    if (cluster->cores_per_node > 0 && t.threads > 1 && int64_t(on_node) * t.threads > cluster->cores_per_node)
+    if (t.threads > 1 && oversubscribed(*cluster, on_node, int(t.threads)))
       e.notes.push_back(fmt::format(
           "training.threads = {} x {} ranks on a node of {} cores: the ranks' threads outnumber the cores and wait "
           "on each other through the scheduler, which the time does not model (2 ranks x 2 threads on 2 cores "
