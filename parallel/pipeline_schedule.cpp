@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <queue>
 #include <set>
@@ -217,6 +218,14 @@ PpSchedule build_pp_schedule(const std::string& kind, int p, int v, int m) {
            "per data-parallel rank / training.micro_batch_size) must be a multiple of parallel.pp = {}",
            m, p);
   }
+  // Built and checked once per (kind, p, v, m): `plan --search` estimates thousands of plans over a few schedules.
+  static std::mutex mu;
+  static std::map<std::tuple<std::string, int, int, int>, PpSchedule> built;
+  const auto key = std::make_tuple(kind, p, v, m);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = built.find(key); it != built.end()) return it->second;
+  }
   PpSchedule s;
   s.kind = kind, s.p = p, s.v = v, s.m = m;
   s.ranks.resize(size_t(p));
@@ -225,6 +234,8 @@ PpSchedule build_pp_schedule(const std::string& kind, int p, int v, int m) {
   else if (kind == "interleaved_1f1b") build_interleaved(s);
   else build_zb1p(s);
   check_pp_schedule(s);
+  std::lock_guard<std::mutex> lock(mu);
+  built.emplace(key, s);
   return s;
 }
 

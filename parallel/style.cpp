@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <set>
+#include <string_view>
 #include <sstream>
 
 namespace mt {
@@ -19,15 +21,29 @@ Placement normalized(const Placement& p, int64_t ndim) {
   return p;
 }
 
-std::vector<std::string> split_path(const std::string& s) {
-  std::vector<std::string> out;
-  std::string part;
-  std::stringstream ss(s);
-  while (std::getline(ss, part, '.')) out.push_back(part);
+// "a.b.c" -> {"a", "b", "c"} (an empty name -> {}; a trailing dot adds nothing). Views into s.
+std::vector<std::string_view> split_path(std::string_view s) {
+  std::vector<std::string_view> out;
+  out.reserve(8);
+  size_t start = 0;
+  while (start < s.size()) {
+    const size_t dot = s.find('.', start);
+    const size_t end = dot == std::string_view::npos ? s.size() : dot;
+    out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
   return out;
 }
 
-bool match_from(const std::vector<std::string>& pat, size_t i, const std::vector<std::string>& name, size_t j) {
+// One segment against one pattern segment: fnmatch's glob (*, ?, [...]); a segment without them compares as is.
+bool segment_matches(std::string_view pat, std::string_view name) {
+  if (pat.find_first_of("*?[\\") == std::string_view::npos) return pat == name;
+  if (pat == "*") return true;
+  return fnmatch(std::string(pat).c_str(), std::string(name).c_str(), 0) == 0;
+}
+
+bool match_from(const std::vector<std::string_view>& pat, size_t i, const std::vector<std::string_view>& name,
+                size_t j) {
   if (i == pat.size()) return j == name.size();
   if (pat[i] == "**") {
     for (size_t k = j; k <= name.size(); ++k)
@@ -35,7 +51,7 @@ bool match_from(const std::vector<std::string>& pat, size_t i, const std::vector
     return false;
   }
   if (j == name.size()) return false;
-  if (fnmatch(pat[i].c_str(), name[j].c_str(), 0) != 0) return false;
+  if (!segment_matches(pat[i], name[j])) return false;
   return match_from(pat, i + 1, name, j + 1);
 }
 
@@ -341,12 +357,18 @@ void prepare_input_output(Module& m, const DeviceMesh& mesh, int mesh_dim, const
 void parallelize(Module& root, const DeviceMesh& mesh, const std::string& mesh_dim_name, const ParallelPlan& plan) {
   int dim = mesh.dim_index(mesh_dim_name);
   auto modules = root.modules();
+  // Every name and pattern split once (a 405B model has ~2,000 modules and the plan a dozen patterns).
+  std::vector<std::vector<std::string_view>> names;
+  names.reserve(modules.size());
+  for (Module* m : modules) names.push_back(split_path(m->name()));
   // Match every pattern first: errors before anything changes.
   std::map<Module*, const PlanEntry*> chosen;
   for (const PlanEntry& e : plan) {
     int matched = 0;
-    for (Module* m : modules) {
-      if (m->name().empty() || !pattern_matches(e.pattern, m->name())) continue;
+    const std::vector<std::string_view> pattern = split_path(e.pattern);
+    for (size_t i = 0; i < modules.size(); ++i) {
+      Module* m = modules[i];
+      if (m->name().empty() || !match_from(pattern, 0, names[i], 0)) continue;
       ++matched;
       auto [it, fresh] = chosen.emplace(m, &e);
       MT_CHECK(fresh, "parallel", "{} is matched by two plan entries: '{}' ({}) and '{}' ({})", m->name(),
@@ -357,13 +379,18 @@ void parallelize(Module& root, const DeviceMesh& mesh, const std::string& mesh_d
   }
   // Every style must fit its module's type: checked for all before any is applied.
   for (auto& [m, e] : chosen) std::visit([&](const auto& st) { st.check(*m, e->pattern); }, e->style);
-  // Whether an enclosing module's PrepareModuleInput hands this module a distributed tensor.
+  // Whether an enclosing module's PrepareModuleInput hands this module a distributed tensor: the names of the
+  // modules whose style does, and each module's enclosing names looked up (its name cut at each dot).
+  std::set<std::string> hands_dtensor;
+  for (auto& [anc, e] : chosen) {
+    const auto* pi = std::get_if<PrepareModuleInput>(&e->style);
+    const auto* pio = std::get_if<PrepareModuleInputOutput>(&e->style);
+    if ((pi && !pi->use_local_output) || (pio && !pio->use_local_input)) hands_dtensor.insert(anc->name());
+  }
   auto input_is_dtensor = [&](const Module& m) {
-    for (auto& [anc, e] : chosen) {
-      if (anc == &m || m.name().rfind(anc->name() + ".", 0) != 0) continue;
-      if (auto* pi = std::get_if<PrepareModuleInput>(&e->style); pi && !pi->use_local_output) return true;
-      if (auto* pio = std::get_if<PrepareModuleInputOutput>(&e->style); pio && !pio->use_local_input) return true;
-    }
+    const std::string& n = m.name();
+    for (size_t dot = n.find('.'); dot != std::string::npos; dot = n.find('.', dot + 1))
+      if (hands_dtensor.count(n.substr(0, dot))) return true;
     return false;
   };
   for (Module* m : modules) {

@@ -1,6 +1,7 @@
 // Decoder layers, the model trunk and the causal-LM head.
 #include "models/llama/llama.h"
 
+#include <algorithm>
 #include <set>
 
 #include "runtime/kernels/ops.h"
@@ -103,6 +104,7 @@ void LlamaForCausalLM::keep_chunks(const std::vector<ModelChunk>& chunks) {
       elsewhere_modules_.push_back(sub->name());
       for (Parameter* p : sub->own_parameters()) elsewhere_.push_back(p->name);
     }
+  std::sort(elsewhere_modules_.begin(), elsewhere_modules_.end());  // matches_elsewhere looks names up
   for (size_t i = 0; i < keep.size(); ++i)
     if (!keep[i]) model->layers[i] = nullptr;
   if (!first) model->embed_tokens = nullptr;

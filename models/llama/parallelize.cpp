@@ -8,10 +8,10 @@ namespace {
 // Under pipeline parallel a stage holds part of the model: a pattern that matches only another stage's modules is
 // left out here; one that matches no module of any stage stays, for the style's own error.
 bool here_or_nowhere(LlamaForCausalLM& model, const std::string& pattern) {
-  if (model.chunks().empty() || !model.matches_elsewhere(pattern)) return true;
+  if (model.chunks().empty()) return true;
   for (Module* m : model.modules())
     if (pattern_matches(pattern, m->name())) return true;
-  return false;
+  return !model.matches_elsewhere(pattern);
 }
 }  // namespace
 

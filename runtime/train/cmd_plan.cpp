@@ -7,8 +7,10 @@
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <random>
+#include <thread>
 
 #include "attention/attention.h"
 #include "attention/sequence_shard.h"
@@ -329,8 +331,13 @@ int run_plan_command(RunContext& ctx, const PlanArgs& args) {
     run_agreed(*ctx.env, "plan --search", [&] {
       MT_CHECK(args.world >= 1, "plan", "--search needs --world N (the ranks to plan for), got {}", args.world);
       MT_CHECK(!args.cluster.empty(), "plan", "--search needs --cluster FILE (configs/clusters/*.yaml)");
+
       const ClusterSpec cluster = load_cluster(args.cluster);
-      const PlanSearch found = search_plans(cfg, args.world, cluster);
+      // Ranks on one node share its cores: each estimates on its share (every rank searches, to agree on errors).
+      PlanSearchOptions opt;
+      opt.keep_pp = args.keep_pp;
+      opt.threads = std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, ctx.env->local_size()));
+      const PlanSearch found = search_plans(cfg, args.world, cluster, opt);
       table = plan_search_table(found, cluster, args.top);
       // Nothing fits: an error (every rank exits non-zero) that says what would make a plan fit.
       MT_CHECK(!found.ranked.empty(), "plan", "--search: no plan of model.dim = {}, model.n_layers = {}, "

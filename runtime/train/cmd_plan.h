@@ -10,6 +10,7 @@ namespace mt {
 // --search: the fastest plans that fit, by `meshtrain estimate` (runtime/train/plan_search.h), one process.
 struct PlanArgs {
   bool search = false;
+  bool keep_pp = false;  // --keep-pp
   int world = 0;
   std::string cluster;
   int top = 5;

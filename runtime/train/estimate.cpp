@@ -365,11 +365,20 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
                                     attn_flops_layer;
     double gemm = gemm_flops_layer * double(layers_here) * tokens + (last ? lm * tokens : 0);
     double attn = attn_flops_layer * double(layers_here) * tokens;
-    // Recompute runs forwards again (a third of a layer's work): the whole layer, or the attention's projections.
-    int64_t recomputed = 0;
-    for (LlamaDecoderLayer* l : llama->model->layers) recomputed += l && l->recompute;
-    gemm += gemm_flops_layer / 3.0 * double(recomputed) * tokens;
-    attn += attn_flops_layer / 3.0 * double(recomputed) * tokens;
+    // Recompute runs forwards again (2 FLOPs a weight and token): a recomputed layer or attention repeats q, k, v and
+    // o and, unless keep: [attention] kept the output, the attention kernel (a third of its work); a recomputed MLP
+    // gate, up and down.
+    const double proj_fwd = 2.0 * double(mc.dim) * double(2 * mc.n_heads + 2 * mc.n_kv_heads) * double(mc.head_size()) / tp;
+    const double mlp_fwd = 2.0 * 3.0 * double(mc.dim) * double(mc.ffn_dim) / tp;
+    double recomputed_gemm = 0, recomputed_attn = 0;  // FLOPs per token; layers' attention kernels
+    for (LlamaDecoderLayer* l : llama->model->layers) {
+      if (!l) continue;
+      const bool attn_again = l->recompute || l->self_attn->recompute, mlp_again = l->recompute || l->mlp->recompute;
+      recomputed_gemm += (attn_again ? proj_fwd : 0) + (mlp_again ? mlp_fwd : 0);
+      recomputed_attn += attn_again && !l->self_attn->keep_attention_output;
+    }
+    gemm += recomputed_gemm * tokens;
+    attn += attn_flops_layer / 3.0 * recomputed_attn * tokens;
     st.flops = gemm + attn;
     // Memory-bound work, as bytes moved through device memory per step: each layer's norms, residual adds,
     // RoPE and SwiGLU (about 6 C + 2 (H + 2 KV) hd + 4 F elements read or written per token in forward, twice that
@@ -386,7 +395,7 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
       // Attention at the calibration's own count (cluster.h): causal forward 4 B T S H hd / 2, backward 2.5x.
       const double attn_counted =
           0.5 * 4.0 * d.B * d.T * double(t.seq_len) * d.H * d.hd * (1.0 + kAttentionBackwardFactor) *
-          double(m) * double(layers_here + recomputed / 3.0);
+          double(m) * (double(layers_here) + recomputed_attn / 3.0);
       st.compute_s = gemm / (peak * cluster->gemm_efficiency) + attn_counted / (peak * cluster->attention_efficiency) +
                      st.memory_traffic / bandwidth;
       // Overlapped collectives hide behind compute while it lasts, where something else moves the bytes: a GPU's
@@ -458,14 +467,15 @@ std::string estimate_table(const Estimate& e) {
     for (const CommPart& p : s.comm)
       out += fmt::format("    {:<12} {:<12} {:<15} {:>12} in {:>6} call(s){}\n", p.tag, p.group, p.kind, human(p.bytes),
                          p.calls,
-                         e.cluster ? fmt::format("  {:.3f} ms on the {} link{}{}", 1e3 * p.seconds, p.link,
+                         !e.cluster       ? std::string()
+                         : p.link.empty() ? std::string("  timed with the sends")  // pp's recv: the sender's time
+                                          : fmt::format("  {:.3f} ms on the {} link{}{}", 1e3 * p.seconds, p.link,
                                                  p.sync_seconds > 0
                                                      ? fmt::format(" ({:.3f} ms of it members' sync)", 1e3 * p.sync_seconds)
                                                      : "",
                                                  !p.overlapped                    ? " (exposed)"
                                                  : e.cluster->cores_per_node > 0 ? " (async, exposed on CPU ranks)"
-                                                                                  : " (overlapped with compute)")
-                                   : "");
+                                                                                  : " (overlapped with compute)"));
     if (e.cluster)
       out += fmt::format("  time: compute {:.3f} ms ({:.3g} TFLOP), exposed communication {:.3f} ms, bubble {:.3f} ms: "
                          "step {:.3f} ms\n",

@@ -101,8 +101,11 @@ int main(int argc, char** argv) {
   auto* plan =
       app.add_subcommand("plan", "print the parallel plan applied: parameter and activation layouts, bytes per step");
   mt::PlanArgs plan_args;
-  plan->add_flag("--search", plan_args.search,
-                 "list the fastest plans that fit on --world N ranks of --cluster (parallel.pp as the config sets it)");
+  auto* search_flag = plan->add_flag("--search", plan_args.search,
+                 "list the fastest plans that fit on --world N ranks of --cluster (pp, tp, cp, dp and recompute)");
+  plan->add_flag("--keep-pp", plan_args.keep_pp,
+                 "--search: keep parallel.pp, its schedule and training.micro_batch_size as the config sets them")
+      ->needs(search_flag);
   plan->add_option("--world", plan_args.world, "--search: the ranks to plan for");
   plan->add_option("--cluster", plan_args.cluster, "--search: the cluster description (configs/clusters/*.yaml)");
   plan->add_option("--top", plan_args.top, "--search: how many plans to show");

@@ -1,8 +1,14 @@
 #include "runtime/train/plan_search.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include "runtime/core/error.h"
+#include "runtime/core/log.h"
 
 namespace mt {
 
@@ -28,76 +34,236 @@ std::string largest_cost(const StageEstimate& s) {
   return what;
 }
 
+// The pipelines tried: pp = 1, or a stage count p dividing the world (p <= the decoder layers) with 1f1b and, where
+// the layers allow two chunks a rank, interleaved_1f1b (virtual 2); the config's own schedule as well when it sets
+// pp. Under keep_pp only the config's.
+struct PpChoice {
+  int p = 1;
+  std::string schedule;
+  int virt = 1;
+};
+std::vector<PpChoice> pp_choices(const Config& cfg, int world, bool keep_pp) {
+  const auto& par = cfg.parallel;
+  const PpChoice own{std::max(1, par.pp), par.pp_schedule, std::max(1, par.pp_virtual)};
+  if (keep_pp) return {own};
+  std::vector<PpChoice> out{{1, par.pp_schedule, 1}};
+  auto add = [&](const PpChoice& c) {
+    for (const PpChoice& o : out)
+      if (o.p == c.p && o.schedule == c.schedule && o.virt == c.virt) return;
+    out.push_back(c);
+  };
+  for (int p : divisors(world)) {
+    if (p == 1 || p > cfg.model.n_layers) continue;
+    add({p, "1f1b", 1});
+    if (2 * p <= cfg.model.n_layers) add({p, "interleaved_1f1b", 2});
+  }
+  if (own.p > 1) add(own);
+  return out;
+}
+
+// One mesh of one pipeline, with the cp method and sequence parallel: the unit the search hands a thread. Its up to
+// six plans (recompute x reshard) are estimated in memory order, so the smaller ones can rule out the larger.
+struct MeshItem {
+  PpChoice pp;
+  int dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1;
+  int64_t micro = 0;
+  std::string method;
+  bool sp = false;
+  int64_t refused_all = 0;  // > 0: every variant refused (fewer micro-batches than stages), counted, not estimated
+};
+
+std::vector<MeshItem> mesh_items(const Config& cfg, int world, const ClusterSpec& cluster, const PlanSearchOptions& opt,
+                                 const std::vector<PpChoice>& pipelines) {
+  std::vector<MeshItem> items;
+  for (const PpChoice& pp : pipelines) {
+    const int stage = world / pp.p;
+    for (int tp : divisors(stage)) {
+      if (tp > cluster.devices_per_node) continue;  // tensor parallel stays inside a node
+      for (int cp : divisors(stage / tp))
+        for (int dp_shard : divisors(stage / tp / cp)) {
+          MeshItem it;
+          it.pp = pp, it.tp = tp, it.cp = cp, it.dp_shard = dp_shard, it.dp_replicate = stage / tp / cp / dp_shard;
+          // The micro-batch under pp: the config's where it leaves at least p micro-batches on a data-parallel
+          // rank (interleaved_1f1b: a multiple of p), else the largest that does (the time model does not see a
+          // smaller GEMM's lower efficiency, so the search does not shrink it further); without pp, and under
+          // --keep-pp, the config's.
+          it.micro = cfg.training.micro_batch_size;
+          const int64_t dp = int64_t(it.dp_replicate) * dp_shard, rows = cfg.training.batch_size / dp;
+          const bool divides = cfg.training.batch_size % dp == 0;
+          if (!opt.keep_pp && pp.p > 1 && rows >= pp.p && divides) {
+            const int64_t want = it.micro > 0 ? it.micro : rows;
+            it.micro = 1;
+            for (int64_t b = want; b >= 1; --b)
+              if (rows % b == 0 && rows / b >= pp.p && (pp.schedule != "interleaved_1f1b" || rows / b % pp.p == 0)) {
+                it.micro = b;
+                break;
+              }
+          }
+          const int sps = tp > 1 ? 2 : 1, variants = 3 * (dp_shard > 1 ? 2 : 1);
+          if (pp.p > 1 && divides && rows < pp.p) {
+            it.refused_all = (cp > 1 ? 3 : 1) * sps * variants;
+            items.push_back(it);
+            continue;
+          }
+          const std::vector<std::string> methods = cp > 1 ? std::vector<std::string>{"ring", "all_gather", "alltoall"}
+                                                          : std::vector<std::string>{cfg.parallel.cp_method};
+          for (const std::string& method : methods)
+            for (int sp = tp > 1 ? 0 : 1; sp < 2; ++sp) {
+              it.method = method, it.sp = sp == 1;
+              items.push_back(it);
+            }
+        }
+    }
+  }
+  return items;
+}
+
+// The plans of one mesh item, into out (its own: merged in item order afterwards).
+void search_item(const Config& cfg, int world, const ClusterSpec& cluster, const PlanSearchOptions& opt,
+                 const MeshItem& it, PlanSearch& out) {
+  if (it.refused_all > 0) {
+    out.tried += it.refused_all;
+    out.refused["[config] parallel.pp = P needs P micro-batches, but batch_size / dp < P sequences a "
+                "data-parallel rank"] += it.refused_all;
+    return;
+  }
+  const double capacity = cluster.device_memory_gib * double(1 << 30);
+  const PpChoice& pp = it.pp;
+  // Memory only grows from recompute full to selective to none, and from resharding to holding the gathered
+  // weights: a plan whose smaller neighbour is too large is too large, and is not estimated.
+  bool big[3][2] = {};  // [ac][reshard]
+  for (int reshard = 1; reshard >= (it.dp_shard > 1 ? 0 : 1); --reshard)
+    for (int ac : {1, 2, 0}) {
+      const int smaller = ac == 2 ? 1 : ac == 0 ? 2 : -1;
+      if (opt.prune && ((smaller >= 0 && big[smaller][reshard]) || (reshard == 0 && big[ac][1]))) {
+        big[ac][reshard] = true;
+        ++out.tried, ++out.too_large, ++out.pruned;
+        continue;
+      }
+      Config c = cfg;
+      auto& p = c.parallel;
+      p.pp = pp.p, p.pp_schedule = pp.schedule, p.pp_virtual = pp.virt;
+      if (!opt.keep_pp && pp.p != std::max(1, cfg.parallel.pp)) p.pp_layers.clear();
+      c.training.micro_batch_size = it.micro;
+      p.dp_replicate = it.dp_replicate, p.dp_shard = it.dp_shard, p.cp = it.cp, p.tp = it.tp;
+      p.cp_ring = p.cp_ulysses = 0;
+      p.cp_method = it.method;
+      p.sequence_parallel = it.sp;
+      p.fsdp.reshard_after_forward = reshard == 1;
+      p.recompute.patterns.clear(), p.recompute.keep.clear();
+      if (ac > 0) p.recompute.patterns = {"model.layers.*"};
+      if (ac == 2) p.recompute.keep = {"attention"};
+      PlanCandidate cand;
+      std::string label;
+      auto part = [&](const std::string& s) { label += (label.empty() ? "" : " x ") + s; };
+      if (pp.p > 1)
+        part(fmt::format("pp={} ({}{}, micro-batches of {})", pp.p, pp.schedule,
+                         pp.virt > 1 ? fmt::format(" v={}", pp.virt) : "", it.micro));
+      if (it.dp_replicate > 1) part(fmt::format("dp_replicate={}", it.dp_replicate));
+      if (it.dp_shard > 1) part(fmt::format("dp_shard={}{}", it.dp_shard, reshard ? "" : " (no reshard)"));
+      if (it.cp > 1) part(fmt::format("cp={} ({})", it.cp, it.method));
+      if (it.tp > 1) part(fmt::format("tp={}{}", it.tp, it.sp ? " (sequence parallel)" : ""));
+      if (label.empty()) label = "1 rank";
+      label += ac == 0 ? "" : ac == 1 ? ", recompute full" : ", recompute selective";
+      cand.label = label;
+      if (!opt.keep_pp)
+        cand.overrides = {fmt::format("parallel.pp={}", pp.p), fmt::format("parallel.pp_schedule={}", pp.schedule),
+                          fmt::format("parallel.pp_virtual={}", pp.virt),
+                          fmt::format("training.micro_batch_size={}", it.micro)};
+      for (std::string o : {fmt::format("parallel.dp_replicate={}", it.dp_replicate),
+                            fmt::format("parallel.dp_shard={}", it.dp_shard), fmt::format("parallel.cp={}", it.cp),
+                            fmt::format("parallel.cp_method={}", it.method), fmt::format("parallel.tp={}", it.tp),
+                            fmt::format("parallel.sequence_parallel={}", it.sp ? "true" : "false"),
+                            fmt::format("parallel.fsdp.reshard_after_forward={}", reshard ? "true" : "false"),
+                            std::string(ac == 0 ? "parallel.recompute.patterns=[]"
+                                                : "parallel.recompute.patterns=[\"model.layers.*\"]"),
+                            std::string(ac == 2 ? "parallel.recompute.keep=[\"attention\"]" : "parallel.recompute.keep=[]")})
+        cand.overrides.push_back(std::move(o));
+      ++out.tried;
+      try {
+        cand.estimate = estimate_run(c, world, cluster);
+      } catch (const Error& e) {
+        std::string why = e.what();
+        why = why.substr(0, std::min<size_t>(why.size(), why.find(':') == std::string::npos ? 60 : why.find(':') + 30));
+        ++out.refused[why];
+        continue;
+      }
+      for (const StageEstimate& s : cand.estimate.stages) cand.peak_bytes = std::max(cand.peak_bytes, s.peak_bytes);
+      cand.fits = cand.peak_bytes <= capacity;
+      if (out.smallest_peak < 0 || cand.peak_bytes < out.smallest_peak) out.smallest_peak = cand.peak_bytes;
+      if (!cand.fits) {
+        big[ac][reshard] = true;
+        ++out.too_large;
+        continue;
+      }
+      out.ranked.push_back(std::move(cand));
+    }
+}
+
 }  // namespace
 
-PlanSearch search_plans(const Config& cfg, int world, const ClusterSpec& cluster) {
+PlanSearch search_plans(const Config& cfg, int world, const ClusterSpec& cluster, const PlanSearchOptions& opt) {
   MT_CHECK(world >= 1, "plan", "--world {}: expected >= 1 ranks", world);
-  PlanSearch out;
-  const int pp = std::max(1, cfg.parallel.pp);
-  MT_CHECK(world % pp == 0, "config", "parallel.pp = {} does not divide --world {}", pp, world);
-  const int stage = world / pp;
-  const double capacity = cluster.device_memory_gib * double(1 << 30);
-  out.smallest_peak = -1;
-  for (int tp : divisors(stage)) {
-    if (tp > cluster.devices_per_node) continue;  // tensor parallel stays inside a node
-    for (int cp : divisors(stage / tp))
-      for (int dp_shard : divisors(stage / tp / cp)) {
-        const int dp_replicate = stage / tp / cp / dp_shard;
-        const std::vector<std::string> methods = cp > 1 ? std::vector<std::string>{"ring", "all_gather", "alltoall"}
-                                                        : std::vector<std::string>{cfg.parallel.cp_method};
-        for (const std::string& method : methods)
-          for (int sp = tp > 1 ? 0 : 1; sp < 2; ++sp)
-            for (int ac = 0; ac < 3; ++ac)
-              for (int reshard = dp_shard > 1 ? 0 : 1; reshard < 2; ++reshard) {
-                Config c = cfg;
-                auto& p = c.parallel;
-                p.dp_replicate = dp_replicate, p.dp_shard = dp_shard, p.cp = cp, p.tp = tp;
-                p.cp_ring = p.cp_ulysses = 0;
-                p.cp_method = method;
-                p.sequence_parallel = sp == 1;
-                p.fsdp.reshard_after_forward = reshard == 1;
-                p.recompute.patterns.clear(), p.recompute.keep.clear();
-                if (ac > 0) p.recompute.patterns = {"model.layers.*"};
-                if (ac == 2) p.recompute.keep = {"attention"};
-                PlanCandidate cand;
-                std::string label;
-                auto part = [&](const std::string& s) { label += (label.empty() ? "" : " x ") + s; };
-                if (pp > 1) part(fmt::format("pp={}", pp));
-                if (dp_replicate > 1) part(fmt::format("dp_replicate={}", dp_replicate));
-                if (dp_shard > 1) part(fmt::format("dp_shard={}{}", dp_shard, reshard ? "" : " (no reshard)"));
-                if (cp > 1) part(fmt::format("cp={} ({})", cp, method));
-                if (tp > 1) part(fmt::format("tp={}{}", tp, sp ? " (sequence parallel)" : ""));
-                if (label.empty()) label = "1 rank";
-                label += ac == 0 ? "" : ac == 1 ? ", recompute full" : ", recompute selective";
-                cand.label = label;
-                cand.overrides = {fmt::format("parallel.dp_replicate={}", dp_replicate),
-                                  fmt::format("parallel.dp_shard={}", dp_shard), fmt::format("parallel.cp={}", cp),
-                                  fmt::format("parallel.cp_method={}", method), fmt::format("parallel.tp={}", tp),
-                                  fmt::format("parallel.sequence_parallel={}", sp ? "true" : "false"),
-                                  fmt::format("parallel.fsdp.reshard_after_forward={}", reshard ? "true" : "false"),
-                                  ac == 0 ? "parallel.recompute.patterns=[]"
-                                          : "parallel.recompute.patterns=[\"model.layers.*\"]",
-                                  ac == 2 ? "parallel.recompute.keep=[\"attention\"]" : "parallel.recompute.keep=[]"};
-                ++out.tried;
-                try {
-                  cand.estimate = estimate_run(c, world, cluster);
-                } catch (const Error& e) {
-                  std::string why = e.what();
-                  why = why.substr(0, std::min<size_t>(why.size(), why.find(':') == std::string::npos ? 60 : why.find(':') + 30));
-                  ++out.refused[why];
-                  continue;
-                }
-                for (const StageEstimate& s : cand.estimate.stages) cand.peak_bytes = std::max(cand.peak_bytes, s.peak_bytes);
-                cand.fits = cand.peak_bytes <= capacity;
-                if (out.smallest_peak < 0 || cand.peak_bytes < out.smallest_peak) out.smallest_peak = cand.peak_bytes;
-                if (!cand.fits) {
-                  ++out.too_large;
-                  continue;
-                }
-                out.ranked.push_back(std::move(cand));
-              }
+  const std::vector<PpChoice> pipelines = pp_choices(cfg, world, opt.keep_pp);
+  MT_CHECK(world % pipelines.front().p == 0, "config", "parallel.pp = {} does not divide --world {}",
+           pipelines.front().p, world);
+  const std::vector<MeshItem> items = mesh_items(cfg, world, cluster, opt, pipelines);
+  // The items on threads (each estimate is independent: simulated meshes, a model built without storage), each
+  // item's results kept apart and merged in item order, so the result does not depend on the thread count.
+  std::vector<PlanSearch> parts(items.size());
+  for (PlanSearch& p : parts) p.smallest_peak = -1;
+  const int threads = std::max(1, std::min<int>(opt.threads > 0 ? opt.threads : int(std::thread::hardware_concurrency()),
+                                                int(items.size())));
+  std::atomic<size_t> next{0}, done{0};
+  std::atomic<int64_t> tried{0};
+  std::mutex error_mu;
+  std::exception_ptr error;
+  auto work = [&] {
+    for (size_t i = next++; i < items.size(); i = next++) {
+      try {
+        search_item(cfg, world, cluster, opt, items[i], parts[i]);
+      } catch (...) {  // not a refusal (those are counted): stop and rethrow below
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+        next = items.size();
       }
+      tried += parts[i].tried;
+      ++done;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  // The calling thread works too, and says every 10 s how far the search is.
+  const auto started = std::chrono::steady_clock::now();
+  std::thread progress;
+  std::atomic<bool> finished{false};
+  progress = std::thread([&] {
+    auto last = started;
+    while (!finished) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const auto now = std::chrono::steady_clock::now();
+      if (finished || now - last < std::chrono::seconds(10)) continue;
+      last = now;
+      MT_LOG_INFO("plan --search: {} of {} meshes, {} plans, in {:.0f} s on {} thread(s)", done.load(), items.size(),
+                  tried.load(), std::chrono::duration<double>(now - started).count(), threads);
+    }
+  });
+  work();
+  for (std::thread& t : pool) t.join();
+  finished = true;
+  progress.join();
+  if (error) std::rethrow_exception(error);
+  PlanSearch out;
+  out.smallest_peak = -1;
+  out.threads = threads;
+  for (PlanSearch& p : parts) {
+    out.tried += p.tried, out.too_large += p.too_large, out.pruned += p.pruned;
+    for (auto& [why, n] : p.refused) out.refused[why] += n;
+    if (p.smallest_peak >= 0 && (out.smallest_peak < 0 || p.smallest_peak < out.smallest_peak))
+      out.smallest_peak = p.smallest_peak;
+    for (PlanCandidate& c : p.ranked) out.ranked.push_back(std::move(c));
   }
+  const double capacity = cluster.device_memory_gib * double(1 << 30);
   std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
     if (a.estimate.step_s != b.estimate.step_s) return a.estimate.step_s < b.estimate.step_s;
     return a.peak_bytes < b.peak_bytes;  // a tie: the plan with more headroom
@@ -117,8 +283,10 @@ PlanSearch search_plans(const Config& cfg, int world, const ClusterSpec& cluster
 }
 
 std::string plan_search_table(const PlanSearch& s, const ClusterSpec& cluster, int top) {
-  std::string out = fmt::format("{} plans tried on {}: {} fit in {:.1f} GiB, {} too large, {} refused\n", s.tried,
+  std::string out = fmt::format("{} plans tried on {}: {} fit in {:.1f} GiB, {} too large{}, {} refused\n", s.tried,
                                 cluster.name, s.ranked.size(), cluster.device_memory_gib, s.too_large,
+                                s.pruned > 0 ? fmt::format(" ({} of them by a plan that needs less memory)", s.pruned)
+                                             : std::string(),
                                 [&] {
                                   int64_t n = 0;
                                   for (auto& [w, k] : s.refused) n += k;

@@ -10,7 +10,7 @@
 #    included;
 # a plan `train` refuses is refused with the same message; bad input (a world the mesh does not divide, a cluster
 # file missing a field or with a non-positive bandwidth, an unwritable --json) is a clear error naming the key or
-# the file. Prints "estimate: N passed, N failed" last.
+# the file; pp's receives are shown timed with the sends. Prints "estimate: N passed, N failed" last.
 #   tests/cli/test_estimate.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: test_estimate.sh BUILD_DIR}
@@ -174,12 +174,49 @@ fi
 expect "ranks' threads outnumbering the cores are named in a note" zero "the ranks' threads outnumber the cores" -- \
   "$mt" --config "$tmp/t.yaml" --set training.threads=2 --set parallel.dp_replicate=2 estimate --world 2 \
   --cluster "$root/configs/clusters/this_machine.yaml"
+# Recompute's FLOPs: a recomputed layer repeats a third of its work; keep: [attention] leaves out the kernel's third
+# (12 H hd T per token and layer, /3), a recomputed MLP only its GEMMs' third (gate, up, down: 18 C F per token);
+# full recompute adds one forward of every layer.
+rc='parallel.recompute.patterns=["model.layers.*"]'
+for r in none full sel mlp; do
+  case $r in
+    none) over=() ;;
+    full) over=(--set "$rc") ;;
+    sel) over=(--set "$rc" --set 'parallel.recompute.keep=["attention"]') ;;
+    mlp) over=(--set 'parallel.recompute.patterns=["model.layers.*.mlp"]') ;;
+  esac
+  "$mt" --config "$tmp/t.yaml" "${over[@]}" estimate --world 1 --cluster "$root/configs/clusters/this_machine.yaml" \
+    --json "$tmp/rc_$r.json" >"$tmp/rc_$r.log" 2>&1
+done
+if out=$("$py" - "$tmp"/rc_{none,full,sel,mlp}.json <<'PY' 2>&1
+import json, sys
+none, full, sel, mlp = (json.load(open(f))["stages"][0] for f in sys.argv[1:5])
+L, H, hd, T, C, F, tokens = 4, 8, 8, 64, 64, 96, 8 * 64
+kernel = L * 12 * H * hd * T / 3 * tokens
+gemms = L * 18 * C * F / 3 * tokens
+assert abs((full["flops"] - sel["flops"]) - kernel) < 1e-6 * kernel, (full["flops"] - sel["flops"], kernel)
+assert abs((mlp["flops"] - none["flops"]) - gemms) < 1e-6 * gemms, (mlp["flops"] - none["flops"], gemms)
+fwd = L * 2 * (C * (2 * H + 2 * 4) * hd + 3 * C * F) * tokens + kernel  # 4 kv heads
+assert abs((full["flops"] - none["flops"]) - fwd) < 1e-6 * fwd, (full["flops"] - none["flops"], fwd)
+assert none["compute_s"] < mlp["compute_s"] < sel["compute_s"] < full["compute_s"]
+print(f"full {full['flops']:.4g}, selective {sel['flops']:.4g} (the kernel's {kernel:.4g} less), mlp only {mlp['flops']:.4g}")
+PY
+); then ok "recompute's FLOPs by what it repeats: $out"
+else bad "recompute's FLOPs" "$out" "$(tail -n 3 "$tmp"/rc_*.log)"; fi
+expect "pp's receives are timed with the sends" zero "recv                0.00 MiB in      4 call(s)  timed with the sends" -- \
+  "$mt" --config "$tmp/t.yaml" --set parallel.pp=2 estimate --world 2 --cluster "$root/configs/clusters/this_machine.yaml"
 expect "--quick outside --calibrate" nonzero "--quick is an option of --calibrate" -- \
   "$mt" --config "$tmp/t.yaml" estimate --world 1 --quick
 
 # plan --search: the fastest plans that fit, and an error saying what would make one fit when none does.
 expect "plan --search ranks the plans that fit" zero "1. " -- \
   "$mt" --config "$tmp/t.yaml" plan --search --world 4 --cluster "$root/configs/clusters/h100_ib.yaml" --top 3
+expect "plan --search tries pipeline parallel" zero "pp=2 (1f1b, micro-batches of 2) x dp_replicate=2" -- \
+  "$mt" --config "$tmp/t.yaml" plan --search --world 4 --cluster "$root/configs/clusters/h100_ib.yaml" --top 1000
+expect "plan --search --keep-pp keeps the config's pipeline" zero "1. pp=2 (gpipe, micro-batches of 2)" -- \
+  "$mt" --config "$tmp/t.yaml" --set parallel.pp=2 --set parallel.pp_schedule=gpipe plan --search --keep-pp \
+  --world 4 --cluster "$root/configs/clusters/h100_ib.yaml" --top 1
+expect "--keep-pp outside --search" nonzero "--keep-pp requires --search" -- "$mt" --config "$tmp/t.yaml" plan --keep-pp
 sed 's/^device_memory_gib: .*/device_memory_gib: 0.0001/' "$root/configs/clusters/h100_ib.yaml" >"$tmp/tiny_gpu.yaml"
 expect "plan --search with a model that fits nowhere" nonzero "no plan of model.dim = 64, model.n_layers = 4, training.seq_len = 64 fits on --world 4" -- \
   "$mt" --config "$tmp/t.yaml" plan --search --world 4 --cluster "$tmp/tiny_gpu.yaml"
