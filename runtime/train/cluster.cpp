@@ -671,6 +671,11 @@ double rank_share(const ClusterSpec& c, int ranks_on_node, int threads) {
   return std::min(double(rank_threads(c, ranks_on_node, threads)), double(c.cores_per_node) / ranks_on_node);
 }
 
+double core_oversubscription(const ClusterSpec& c, int ranks_on_node, int threads) {
+  if (c.cores_per_node <= 0) return 1;
+  return std::max(1.0, double(rank_threads(c, ranks_on_node, threads)) / rank_share(c, ranks_on_node, threads));
+}
+
 double rank_peak_flops(const ClusterSpec& c, const std::string& dtype, int ranks_on_node, int threads) {
   return peak_flops(c, dtype) * rank_share(c, ranks_on_node, threads);
 }

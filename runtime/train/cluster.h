@@ -140,6 +140,9 @@ double calls_seconds(const LinkSpec& l, const std::string& kind, double bytes_pe
 // default, cores / ranks, at least 1). Never for devices of their own (cores_per_node 0). Only then does a rank wait
 // for members the scheduler has not run (LinkSpec::sync_us): with a core each, they all run.
 bool oversubscribed(const ClusterSpec& c, int ranks_on_node, int threads);
+// How many times slower a rank runs for sharing its node's cores: its threads over rank_share (4 for 8 one-thread
+// ranks on 2 cores); 1 with devices of their own or a core per thread.
+double core_oversubscription(const ClusterSpec& c, int ranks_on_node, int threads);
 
 // Attention FLOPs of one layer's forward on (B, T queries, S keys, H heads, hd): 4 B T S H hd (Q K^T and P V, 2
 // FLOPs per multiply-add), halved when causal with T == S (the masked half is skipped). The backward is 2.5x the

@@ -422,7 +422,13 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
       }
       if (P > 1) {
         const PpSchedule& s = pipeline.schedule;
-        st.bubble_s = (st.compute_s + st.exposed_comm_s) * pp_bubble_formula(s.kind, s.p, s.v, s.m);
+        const double f = pp_bubble_formula(s.kind, s.p, s.v, s.m);
+        // CPU ranks of several stages sharing a node's cores k times over: a stage idle in the bubble leaves its
+        // cores to the others. The step is then at least the node's work on all its cores (compute_s is counted at
+        // the shared rate) and at least the pipeline's critical path at a core per thread ((compute + comm) / k
+        // x (1 + f)); with a core per thread (k = 1) or a node per stage, the bubble is the formula's.
+        const double k = S < on_node ? core_oversubscription(*cluster, on_node, int(t.threads)) : 1.0;
+        st.bubble_s = (st.compute_s + st.exposed_comm_s) * std::max(0.0, (1 + f) / k - 1);
       }
       st.step_s = st.compute_s + st.exposed_comm_s + st.bubble_s;
     }

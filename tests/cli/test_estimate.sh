@@ -203,6 +203,32 @@ print(f"full {full['flops']:.4g}, selective {sel['flops']:.4g} (the kernel's {ke
 PY
 ); then ok "recompute's FLOPs by what it repeats: $out"
 else bad "recompute's FLOPs" "$out" "$(tail -n 3 "$tmp"/rc_*.log)"; fi
+# The pipeline bubble on CPU ranks: the formula's ((p-1)/m of compute + comm) with a core per rank; where the stages
+# share a node's cores k times over, a stage idle in the bubble leaves its cores to the others, and the bubble is
+# (compute + comm) x max(0, (1 + f) / k - 1): none for pp 2 on 4 ranks of 2 cores (k 2), some on a 3-core node (k 4/3, 2 micro-batches).
+sed 's/^cores_per_node: .*/cores_per_node: 3/' "$root/configs/clusters/this_machine.yaml" >"$tmp/three.yaml"
+for w in 2 4; do
+  "$mt" --config "$tmp/t.yaml" --set parallel.pp=2 --set training.micro_batch_size=1 --set training.threads=1 \
+    --set parallel.dp_replicate=$((w / 2)) estimate --world $w --cluster "$root/configs/clusters/this_machine.yaml" \
+    --json "$tmp/bub$w.json" >"$tmp/bub$w.log" 2>&1
+done
+"$mt" --config "$tmp/t.yaml" --set parallel.pp=2 --set training.micro_batch_size=2 --set training.threads=1 \
+  --set parallel.dp_replicate=2 estimate --world 4 --cluster "$tmp/three.yaml" --json "$tmp/bub3.json" >"$tmp/bub3.log" 2>&1
+if out=$("$py" - "$tmp/bub2.json" "$tmp/bub4.json" "$tmp/bub3.json" <<'PY' 2>&1
+import json, sys
+two, four, three = (json.load(open(f)) for f in sys.argv[1:4])
+for e, k in ((two, 1.0), (four, 2.0), (three, 4 / 3)):
+    m = e["micro_batches"]
+    f = 1 / m  # 1f1b, p = 2: (p - 1) / m
+    for s in e["stages"]:
+        want = (s["compute_s"] + s["exposed_comm_s"]) * max(0.0, (1 + f) / k - 1)
+        assert abs(s["bubble_s"] - want) <= 1e-9 + 1e-9 * want, (k, s["bubble_s"], want)
+assert two["stages"][0]["bubble_s"] > 0 and four["stages"][0]["bubble_s"] == 0 and three["stages"][0]["bubble_s"] > 0
+print(f"bubble {two['stages'][0]['bubble_s'] * 1e3:.3f} ms with a core a rank, 0 at k 2, "
+      f"{three['stages'][0]['bubble_s'] * 1e3:.3f} ms at k 4/3")
+PY
+); then ok "the pipeline bubble on shared cores: $out"
+else bad "the pipeline bubble on shared cores" "$out" "$(tail -n 3 "$tmp"/bub*.log)"; fi
 expect "pp's receives are timed with the sends" zero "recv                0.00 MiB in      4 call(s)  timed with the sends" -- \
   "$mt" --config "$tmp/t.yaml" --set parallel.pp=2 estimate --world 2 --cluster "$root/configs/clusters/this_machine.yaml"
 expect "--quick outside --calibrate" nonzero "--quick is an option of --calibrate" -- \
