@@ -109,7 +109,7 @@ ModelConfig model_config_from_hf(const std::string& config_json) {
 
 bool CausalLM::matches_elsewhere(const std::string& pattern) const {
   // A pattern without glob characters names one module: a lookup (the names are kept sorted).
-  if (pattern.find_first_of("*?[\\") == std::string::npos)
+  if (!has_glob(pattern))
     return std::binary_search(elsewhere_modules_.begin(), elsewhere_modules_.end(), pattern);
   for (const std::string& n : elsewhere_modules_)
     if (pattern_matches(pattern, n)) return true;

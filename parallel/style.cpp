@@ -35,9 +35,15 @@ std::vector<std::string_view> split_path(std::string_view s) {
   return out;
 }
 
+}  // namespace
+
+bool has_glob(std::string_view pattern) { return pattern.find_first_of("*?[\\") != std::string_view::npos; }
+
+namespace {
+
 // One segment against one pattern segment: fnmatch's glob (*, ?, [...]); a segment without them compares as is.
 bool segment_matches(std::string_view pat, std::string_view name) {
-  if (pat.find_first_of("*?[\\") == std::string_view::npos) return pat == name;
+  if (!has_glob(pat)) return pat == name;
   if (pat == "*") return true;
   return fnmatch(std::string(pat).c_str(), std::string(name).c_str(), 0) == 0;
 }

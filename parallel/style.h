@@ -19,6 +19,7 @@
 #pragma once
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -123,6 +124,9 @@ struct PlanEntry {
 using ParallelPlan = std::vector<PlanEntry>;
 
 bool pattern_matches(const std::string& pattern, const std::string& name);
+// Whether a pattern (or one segment of it) has fnmatch's glob characters (*, ?, [, \\); without them it names
+// exactly one module and compares as a string.
+bool has_glob(std::string_view pattern);
 
 // Applies the plan over the mesh dim `mesh_dim`. Every pattern must match a
 // module, no module may match two patterns, and each style must fit its

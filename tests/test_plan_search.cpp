@@ -20,18 +20,9 @@ training: {steps: 1, batch_size: 8, seq_len: 64, threads: 1}
 data: {train: "", val: ""}
 )";
 
-// A node of 8 devices whose memory holds some plans and not others (set per test).
+// The shipped H100 file (8 GPUs a node) with a device memory that holds some plans and not others (set per test).
 ClusterSpec cluster_with(double gib) {
-  ClusterSpec c = cluster_from_yaml(R"(name: "t"
-devices_per_node: 8
-device_memory_gib: 1
-peak_tflops: {fp32: 10, bf16: 40}
-node: {bandwidth_gbs: 100, latency_us: 2}
-network: {bandwidth_gbs: 10, latency_us: 8}
-gemm_efficiency: 0.5
-attention_efficiency: 0.25
-memory_bandwidth_gbs: 500
-)");
+  ClusterSpec c = load_cluster(MT_SOURCE_DIR "/configs/clusters/h100_ib.yaml");
   c.device_memory_gib = gib;
   return c;
 }

@@ -37,9 +37,9 @@ const std::vector<std::string> kLinkKeys = {"bandwidth_gbs", "latency_us", "band
 // The kinds collective_seconds knows (comm_counters.h's kinds).
 const std::vector<std::string> kKinds = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                                          "barrier",    "ring_shift", "send",           "recv"};
-std::string kinds_list() {
+std::string kinds_list(const std::vector<std::string>& kinds = kKinds) {
   std::string r;
-  for (auto& k : kKinds) r += (r.empty() ? "" : ", ") + k;
+  for (auto& k : kinds) r += (r.empty() ? "" : ", ") + k;
   return r;
 }
 bool known_kind(const std::string& k) { return std::find(kKinds.begin(), kKinds.end(), k) != kKinds.end(); }
@@ -576,11 +576,9 @@ void check_cluster(const ClusterSpec& c) {
     }
     const auto keys = by_kind_keys();
     for (auto& [kind, x] : l.bandwidth_gbs_by_kind) {
-      if (std::find(keys.begin(), keys.end(), kind) == keys.end()) {
-        std::string known;
-        for (auto& k : keys) known += (known.empty() ? "" : ", ") + k;
-        fail("cluster", "{}: {}.bandwidth_gbs_by_kind.{}: unknown collective kind (known: {})", f, key, kind, known);
-      }
+      if (std::find(keys.begin(), keys.end(), kind) == keys.end())
+        fail("cluster", "{}: {}.bandwidth_gbs_by_kind.{}: unknown collective kind (known: {})", f, key, kind,
+             kinds_list(keys));
       positive(key + ".bandwidth_gbs_by_kind." + kind, x, "a bandwidth in GB/s");
     }
   };
@@ -743,8 +741,7 @@ double calls_seconds(const LinkSpec& l, const std::string& kind, double bytes_pe
 }
 
 bool oversubscribed(const ClusterSpec& c, int ranks_on_node, int threads) {
-  if (c.cores_per_node <= 0) return false;
-  return int64_t(ranks_on_node) * rank_threads(c, ranks_on_node, threads) > c.cores_per_node;
+  return core_oversubscription(c, ranks_on_node, threads) > 1;  // ranks x threads > cores
 }
 
 double attention_forward_flops(double B, double T, double S, double H, double hd, bool causal) {

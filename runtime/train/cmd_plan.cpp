@@ -331,7 +331,6 @@ int run_plan_command(RunContext& ctx, const PlanArgs& args) {
     run_agreed(*ctx.env, "plan --search", [&] {
       MT_CHECK(args.world >= 1, "plan", "--search needs --world N (the ranks to plan for), got {}", args.world);
       MT_CHECK(!args.cluster.empty(), "plan", "--search needs --cluster FILE (configs/clusters/*.yaml)");
-
       const ClusterSpec cluster = load_cluster(args.cluster);
       // Ranks on one node share its cores: each estimates on its share (every rank searches, to agree on errors).
       PlanSearchOptions opt;

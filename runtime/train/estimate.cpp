@@ -368,7 +368,8 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
     // Recompute runs forwards again (2 FLOPs a weight and token): a recomputed layer or attention repeats q, k, v and
     // o and, unless keep: [attention] kept the output, the attention kernel (a third of its work); a recomputed MLP
     // gate, up and down.
-    const double proj_fwd = 2.0 * double(mc.dim) * double(2 * mc.n_heads + 2 * mc.n_kv_heads) * double(mc.head_size()) / tp;
+    const double proj_fwd =
+        2.0 * double(mc.dim) * double(2 * mc.n_heads + 2 * mc.n_kv_heads) * double(mc.head_size()) / tp;
     const double mlp_fwd = 2.0 * 3.0 * double(mc.dim) * double(mc.ffn_dim) / tp;
     double recomputed_gemm = 0, recomputed_attn = 0;  // FLOPs per token; layers' attention kernels
     for (LlamaDecoderLayer* l : llama->model->layers) {

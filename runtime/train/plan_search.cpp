@@ -69,7 +69,7 @@ struct MeshItem {
   int64_t micro = 0;
   std::string method;
   bool sp = false;
-  int64_t refused_all = 0;  // > 0: every variant refused (fewer micro-batches than stages), counted, not estimated
+  bool too_few_micro = false;  // fewer rows a data-parallel rank than stages: train refuses it; counted, not estimated
 };
 
 std::vector<MeshItem> mesh_items(const Config& cfg, int world, const ClusterSpec& cluster, const PlanSearchOptions& opt,
@@ -99,12 +99,7 @@ std::vector<MeshItem> mesh_items(const Config& cfg, int world, const ClusterSpec
                 break;
               }
           }
-          const int sps = tp > 1 ? 2 : 1, variants = 3 * (dp_shard > 1 ? 2 : 1);
-          if (pp.p > 1 && divides && rows < pp.p) {
-            it.refused_all = (cp > 1 ? 3 : 1) * sps * variants;
-            items.push_back(it);
-            continue;
-          }
+          it.too_few_micro = pp.p > 1 && divides && rows < pp.p;
           const std::vector<std::string> methods = cp > 1 ? std::vector<std::string>{"ring", "all_gather", "alltoall"}
                                                           : std::vector<std::string>{cfg.parallel.cp_method};
           for (const std::string& method : methods)
@@ -121,12 +116,6 @@ std::vector<MeshItem> mesh_items(const Config& cfg, int world, const ClusterSpec
 // The plans of one mesh item, into out (its own: merged in item order afterwards).
 void search_item(const Config& cfg, int world, const ClusterSpec& cluster, const PlanSearchOptions& opt,
                  const MeshItem& it, PlanSearch& out) {
-  if (it.refused_all > 0) {
-    out.tried += it.refused_all;
-    out.refused["[config] parallel.pp = P needs P micro-batches, but batch_size / dp < P sequences a "
-                "data-parallel rank"] += it.refused_all;
-    return;
-  }
   const double capacity = cluster.device_memory_gib * double(1 << 30);
   const PpChoice& pp = it.pp;
   // Memory only grows from recompute full to selective to none, and from resharding to holding the gathered
@@ -134,6 +123,12 @@ void search_item(const Config& cfg, int world, const ClusterSpec& cluster, const
   bool big[3][2] = {};  // [ac][reshard]
   for (int reshard = 1; reshard >= (it.dp_shard > 1 ? 0 : 1); --reshard)
     for (int ac : {1, 2, 0}) {
+      if (it.too_few_micro) {  // one line for every such plan, not one per batch and dp
+        ++out.tried;
+        ++out.refused["[config] parallel.pp = P needs P micro-batches, but batch_size / dp < P sequences a "
+                      "data-parallel rank"];
+        continue;
+      }
       const int smaller = ac == 2 ? 1 : ac == 0 ? 2 : -1;
       if (opt.prune && ((smaller >= 0 && big[smaller][reshard]) || (reshard == 0 && big[ac][1]))) {
         big[ac][reshard] = true;
@@ -218,6 +213,17 @@ PlanSearch search_plans(const Config& cfg, int world, const ClusterSpec& cluster
   std::atomic<int64_t> tried{0};
   std::mutex error_mu;
   std::exception_ptr error;
+  // Whichever thread finishes an item 10 s after the last report says how far the search is.
+  const auto started = std::chrono::steady_clock::now();
+  std::atomic<int64_t> reported_ms{0};
+  auto report = [&] {
+    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                                 started).count();
+    int64_t last = reported_ms.load();
+    if (now_ms - last < 10000 || !reported_ms.compare_exchange_strong(last, now_ms)) return;
+    MT_LOG_INFO("plan --search: {} of {} meshes, {} plans, in {:.0f} s on {} thread(s)", done.load(), items.size(),
+                tried.load(), double(now_ms) / 1e3, threads);
+  };
   auto work = [&] {
     for (size_t i = next++; i < items.size(); i = next++) {
       try {
@@ -229,29 +235,13 @@ PlanSearch search_plans(const Config& cfg, int world, const ClusterSpec& cluster
       }
       tried += parts[i].tried;
       ++done;
+      report();
     }
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t) pool.emplace_back(work);
-  // The calling thread works too, and says every 10 s how far the search is.
-  const auto started = std::chrono::steady_clock::now();
-  std::thread progress;
-  std::atomic<bool> finished{false};
-  progress = std::thread([&] {
-    auto last = started;
-    while (!finished) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      const auto now = std::chrono::steady_clock::now();
-      if (finished || now - last < std::chrono::seconds(10)) continue;
-      last = now;
-      MT_LOG_INFO("plan --search: {} of {} meshes, {} plans, in {:.0f} s on {} thread(s)", done.load(), items.size(),
-                  tried.load(), std::chrono::duration<double>(now - started).count(), threads);
-    }
-  });
-  work();
+  work();  // the calling thread works too
   for (std::thread& t : pool) t.join();
-  finished = true;
-  progress.join();
   if (error) std::rethrow_exception(error);
   PlanSearch out;
   out.smallest_peak = -1;
