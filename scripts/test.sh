@@ -151,6 +151,10 @@ run_script_suite() {  # run_script_suite NAME SCRIPT [ARGS...]
   bash "$script" "$build" "$@" >"$out" 2>&1
   report "$name" "$out" "$name: "
 }
+# The layer rule (docs/ARCHITECTURE.md): no source includes a layer above its own.
+out="$log_dir/layers.log"
+/usr/bin/python3 tests/check_layers.py "$root" >"$out" 2>&1
+report layers "$out" "layers: "
 # The command line end to end: config errors, the self-check, fault tests.
 run_script_suite cli tests/cli/test_cli.sh
 run_script_suite hang tests/cli/test_hang.sh

@@ -1,4 +1,4 @@
-// The cluster description (runtime/train/cluster.h): the shipped H100 file, the YAML round trip, the errors naming
+// The cluster description (runtime/planner/cluster.h): the shipped H100 file, the YAML round trip, the errors naming
 // the file and the key, the link a group uses, and the alpha-beta times against hand-computed values.
 #include <doctest/doctest.h>
 
@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "check_error.h"
-#include "runtime/train/cluster.h"
+#include "runtime/planner/cluster.h"
 
 using namespace mt;
 

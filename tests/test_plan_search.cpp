@@ -1,12 +1,12 @@
-// `plan --search` (runtime/train/plan_search.h): the plans it skips by memory are the ones a full search finds too
+// `plan --search` (runtime/planner/plan_search.h): the plans it skips by memory are the ones a full search finds too
 // large, its pipelines (pp = 1 and each stage count with 1f1b and interleaved_1f1b) and their micro-batches, each
 // plan's --set arguments giving back the estimate it was ranked by, and --keep-pp.
 #include <doctest/doctest.h>
 
 #include <set>
 
-#include "runtime/train/cluster.h"
-#include "runtime/train/plan_search.h"
+#include "runtime/planner/cluster.h"
+#include "runtime/planner/plan_search.h"
 #include "runtime/train/run_config.h"
 
 using namespace mt;

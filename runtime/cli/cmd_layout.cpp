@@ -1,4 +1,10 @@
-#include "runtime/train/cmd_layout.h"
+// meshtrain layout: where each rank's shard of a tensor lives under a layout,
+// the plan to another layout (steps, collectives, bytes), and, run with as
+// many ranks as the mesh has, the plan executed and checked on a tensor whose
+// elements are their own global index.
+#include "runtime/cli/command.h"
+#include <string>
+#include <CLI/CLI.hpp>
 
 #include <mpi.h>
 
@@ -10,6 +16,11 @@
 #include "runtime/io/npy.h"
 
 namespace mt {
+
+struct LayoutArgs {
+  std::string mesh, shape, from, to, planner = "min-cost", dump, dtype = "f32";
+};
+
 
 namespace {
 
@@ -118,6 +129,13 @@ int run_layout_command(const RunContext& ctx, const LayoutArgs& a) {
     if (!a.dump.empty()) std::printf("shards written to %s/rank<r>_{src,dst}.npy\n", a.dump.c_str());
   }
   return total ? 1 : 0;
+}
+
+Command layout_command() {
+  auto args = std::make_shared<LayoutArgs>();
+  return {"layout", "print the local shards of a layout and the plan between two layouts", true,
+          [args](CLI::App& app) { add_layout_options(&app, *args); },
+          [args](RunContext& ctx) { return run_layout_command(ctx, *args); }};
 }
 
 }  // namespace mt

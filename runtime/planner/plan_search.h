@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/train/estimate.h"
+#include "runtime/planner/estimate.h"
 
 namespace mt {
 

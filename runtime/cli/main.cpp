@@ -12,15 +12,8 @@
 #include "comm/watchdog.h"
 #include "runtime/core/log.h"
 #include "runtime/train/agree.h"
+#include "runtime/cli/command.h"
 #include "runtime/train/run_context.h"
-#include "runtime/train/cmd_check.h"
-#include "runtime/train/cmd_generate.h"
-#include "runtime/train/cmd_layout.h"
-#include "runtime/train/cmd_logits.h"
-#include "runtime/train/cmd_estimate.h"
-#include "runtime/train/cmd_plan.h"
-#include "runtime/train/cmd_tokenize.h"
-#include "runtime/train/cmd_train.h"
 
 namespace mt {
 
@@ -89,40 +82,13 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   app.add_option("--log-level", g.log_level, "trace, debug, info, warn, error or off");
 
-  mt::CheckArgs check_args;
-  auto* check = app.add_subcommand("check", "self-check: run and verify every collective on every mesh dim, timed");
-  mt::add_check_options(check, check_args);
-  mt::LayoutArgs layout_args;
-  auto* layout = app.add_subcommand("layout", "print the local shards of a layout and the plan between two layouts");
-  mt::add_layout_options(layout, layout_args);
-  auto* train =
-      app.add_subcommand("train", "train the model of the config on its data (checkpoints, metrics, samples)");
-  mt::GenerateArgs generate_args;
-  auto* plan =
-      app.add_subcommand("plan", "print the parallel plan applied: parameter and activation layouts, bytes per step");
-  mt::PlanArgs plan_args;
-  auto* search_flag = plan->add_flag("--search", plan_args.search,
-                 "list the fastest plans that fit on --world N ranks of --cluster (pp, tp, cp, dp and recompute)");
-  plan->add_flag("--keep-pp", plan_args.keep_pp,
-                 "--search: keep parallel.pp, its schedule and training.micro_batch_size as the config sets them")
-      ->needs(search_flag);
-  plan->add_option("--world", plan_args.world, "--search: the ranks to plan for");
-  plan->add_option("--cluster", plan_args.cluster, "--search: the cluster description (configs/clusters/*.yaml)");
-  plan->add_option("--top", plan_args.top, "--search: how many plans to show");
-  mt::EstimateArgs estimate_args;
-  auto* estimate = app.add_subcommand(
-      "estimate", "memory, bytes and step time per rank of the config on --world N ranks of a --cluster, no ranks needed");
-  mt::add_estimate_options(estimate, estimate_args);
-  auto* generate = app.add_subcommand("generate", "sample a continuation of a prompt from a checkpoint");
-  mt::add_generate_options(generate, generate_args);
-  mt::LogitsArgs logits_args;
-  auto* logits = app.add_subcommand(
-      "logits", "write the fp32 logits of a token sequence under a checkpoint or a Hugging Face model as .npy");
-  mt::add_logits_options(logits, logits_args);
-  mt::TokenizeArgs tokenize_args;
-  auto* tokenize = app.add_subcommand(
-      "tokenize", "encode text to token ids (or --decode ids) with a tokenizer.json or tokenizer.model; no config");
-  mt::add_tokenize_options(tokenize, tokenize_args);
+  // One subcommand per row of the command table (runtime/cli/commands.cpp).
+  std::vector<std::pair<CLI::App*, const mt::Command*>> subs;
+  for (const mt::Command& c : mt::commands()) {
+    CLI::App* sub = app.add_subcommand(c.name, c.help);
+    c.add_options(*sub);
+    subs.push_back({sub, &c});
+  }
 
   for (CLI::App* sub : app.get_subcommands({}))
     sub->footer(
@@ -150,21 +116,19 @@ int main(int argc, char** argv) {
     mt::run_agreed(env, "--log-level", [&] {
       if (!g.log_level.empty()) mt::init_logging(env.rank(), g.log_level);
     });
-    // tokenize reads no config and runs on rank 0 alone: the other ranks of a launch wait at the exit barrier
-    // for as long as it takes (no collective, so no timeout).
-    if (*tokenize) {
+    const mt::Command* chosen = nullptr;
+    for (auto& [sub, c] : subs)
+      if (sub->parsed()) chosen = c;
+    if (!chosen->needs_config) {
+      // Rank 0 alone does the work: the other ranks of a launch wait at the exit barrier for as long as it takes
+      // (no collective, so no timeout).
       mt::watchdog_set_timeout(0);
-      return env.rank() == 0 ? mt::run_tokenize_command(tokenize_args) : 0;
+      mt::RunContext ctx{&env, g, {}};
+      return env.rank() == 0 ? chosen->run(ctx) : 0;
     }
     mt::RunContext ctx{&env, g, mt::load_and_agree_config(env, g)};
     if (ctx.config.log.level != "" && g.log_level.empty()) mt::init_logging(env.rank(), ctx.config.log.level);
-    if (*check) return mt::run_check_command(ctx, check_args);
-    if (*layout) return mt::run_layout_command(ctx, layout_args);
-    if (*train) return mt::run_train_command(ctx);
-    if (*plan) return mt::run_plan_command(ctx, plan_args);
-    if (*estimate) return mt::run_estimate_command(ctx, estimate_args);
-    if (*generate) return mt::run_generate_command(ctx, generate_args);
-    if (*logits) return mt::run_logits_command(ctx, logits_args);
+    return chosen->run(ctx);
   } catch (const mt::ReportedError& e) {
     // Agreed on by every rank (agree.h): printed where it should be, and no rank is left in a collective.
     if (e.print) spdlog::error("{}", e.what());

@@ -6,7 +6,7 @@
 // a layout is a model, written once here next to the runtime code it follows: the activations each layer keeps
 // for backward (models/llama/*.cpp: which tensors, in which layout), the step's largest temporaries, the bytes of
 // each collective (the analytic counts each parallelism declares beside its code), and the time (FLOPs at a
-// calibrated efficiency, an alpha-beta model per link of runtime/train/cluster.h).
+// calibrated efficiency, an alpha-beta model per link of runtime/planner/cluster.h).
 #pragma once
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "parallel/parallel_dims.h"
-#include "runtime/train/cluster.h"
+#include "runtime/planner/cluster.h"
 #include "runtime/train/run_config.h"
 
 namespace mt {

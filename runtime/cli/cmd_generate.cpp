@@ -1,6 +1,9 @@
 // `meshtrain generate`: text from a checkpoint, on whatever ranks it is given
 // (replicated; the same text on every rank, printed by rank 0).
-#include "runtime/train/cmd_generate.h"
+#include "runtime/cli/command.h"
+#include <cstdint>
+#include <string>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +14,14 @@
 #include "runtime/train/trainer.h"
 
 namespace mt {
+
+struct GenerateArgs {
+  std::string checkpoint, prompt = "The ", tokenizer;
+  int64_t tokens = 128;
+  double temperature = 0.8;
+  int64_t seed = 0;
+};
+
 
 void add_generate_options(CLI::App* app, GenerateArgs& a) {
   app->add_option("--checkpoint", a.checkpoint, "checkpoint directory (step_XXXXXXXX) or a checkpoint.dir")->required();
@@ -51,6 +62,13 @@ int run_generate_command(RunContext& ctx, const GenerateArgs& a) {
     std::printf("\n");
   }
   return 0;
+}
+
+Command generate_command() {
+  auto args = std::make_shared<GenerateArgs>();
+  return {"generate", "sample a continuation of a prompt from a checkpoint", true,
+          [args](CLI::App& app) { add_generate_options(&app, *args); },
+          [args](RunContext& ctx) { return run_generate_command(ctx, *args); }};
 }
 
 }  // namespace mt

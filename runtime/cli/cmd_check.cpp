@@ -1,4 +1,12 @@
-#include "runtime/train/cmd_check.h"
+// meshtrain check: the cluster self-check. Runs every collective on every
+// mesh dim and on the flattened groups, verifies each result against values
+// computed without communication, and times it (median of --iters) in
+// nccl-tests' conventions, beside the bare MPI call on the same buffers.
+#include "runtime/cli/command.h"
+#include <cstdint>
+#include <string>
+#include <vector>
+#include <CLI/CLI.hpp>
 
 #include <mpi.h>
 
@@ -16,6 +24,21 @@
 #include "runtime/train/agree.h"
 
 namespace mt {
+
+struct CheckArgs {
+  std::string mesh;  // "dp_shard=2,cp=2,tp=2"; empty: from the config
+  std::string sizes = "1K:64M";
+  int iters = 20;
+  int warmup = 3;
+  std::string device;            // cpu | cuda; empty: comm.device
+  std::string backend;           // auto | mpi | nccl; empty: comm.backend
+  std::vector<std::string> ops;  // empty: all
+  bool compare_mpi = true;       // time bare MPI beside ours (host buffers)
+  std::string json;              // write the results as JSON lines here (rank 0)
+};
+// "1K:64M" -> 1024, 2048, ..., 64 MiB (factor 2); "4M" -> one size. Binary units.
+std::vector<int64_t> parse_size_range(const std::string& spec);
+
 
 namespace {
 
@@ -339,6 +362,13 @@ int run_check_command(const RunContext& ctx, const CheckArgs& args) {
     std::printf("\ncheck %s: %lld wrong result(s) over %zu group(s)\n", total ? "FAILED" : "passed", (long long)total,
                 groups.size());
   return total ? 1 : 0;
+}
+
+Command check_command() {
+  auto args = std::make_shared<CheckArgs>();
+  return {"check", "self-check: run and verify every collective on every mesh dim, timed", true,
+          [args](CLI::App& app) { add_check_options(&app, *args); },
+          [args](RunContext& ctx) { return run_check_command(ctx, *args); }};
 }
 
 }  // namespace mt

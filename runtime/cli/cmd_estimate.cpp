@@ -1,14 +1,29 @@
-#include "runtime/train/cmd_estimate.h"
+// `meshtrain estimate`: what a run of the config would take on --world N ranks of a cluster (runtime/train/
+// estimate.h), computed by one process; `--calibrate` measures this machine into a cluster file instead
+// (runtime/planner/cluster.h), on the ranks it is launched with.
+#include "runtime/cli/command.h"
+#include <CLI/CLI.hpp>
+#include <string>
 
 #include <cstdio>
 #include <fstream>
 
 #include "runtime/core/error.h"
 #include "runtime/train/agree.h"
-#include "runtime/train/cluster.h"
-#include "runtime/train/estimate.h"
+#include "runtime/planner/cluster.h"
+#include "runtime/planner/estimate.h"
 
 namespace mt {
+
+struct EstimateArgs {
+  int world = 0;        // --world N
+  std::string cluster;  // --cluster FILE (empty: no time)
+  std::string json;     // --json FILE
+  bool calibrate = false;
+  bool quick = false;  // --quick: --calibrate with smaller problems and fewer repetitions (tests; figures rough)
+  std::string out = "configs/clusters/this_machine.yaml";  // --calibrate's output
+};
+
 
 void add_estimate_options(CLI::App* sub, EstimateArgs& a) {
   sub->add_option("--world", a.world, "the ranks to estimate for (any number: no rank is started)");
@@ -47,6 +62,13 @@ int run_estimate_command(const RunContext& ctx, const EstimateArgs& a) {
     MT_CHECK(out.good(), "estimate", "--json {}: writing failed", a.json);
   }
   return 0;
+}
+
+Command estimate_command() {
+  auto args = std::make_shared<EstimateArgs>();
+  return {"estimate", "memory, bytes and step time per rank of the config on --world N ranks of a --cluster, no ranks needed", true,
+          [args](CLI::App& app) { add_estimate_options(&app, *args); },
+          [args](RunContext& ctx) { return run_estimate_command(ctx, *args); }};
 }
 
 }  // namespace mt

@@ -2,7 +2,9 @@
 // 65,535 is an error), or json: one array "[1,2,3]". --docs (for scripts/prepare_data): the input is a sequence
 // of documents, each a little-endian u32 byte count then the bytes; each is encoded on its own (documents in
 // parallel over --threads) and written as a u32 id count then the ids (u32/u16), or with json one array a line.
-#include "runtime/train/cmd_tokenize.h"
+#include "runtime/cli/command.h"
+#include <string>
+#include <CLI/CLI.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -16,6 +18,13 @@
 #include "runtime/io/tokenizer.h"
 
 namespace mt {
+
+struct TokenizeArgs {
+  std::string tokenizer, in = "-", out = "-", format = "u32";
+  int threads = 1;
+  bool decode = false, info = false, stats = false, docs = false;
+};
+
 
 void add_tokenize_options(CLI::App* app, TokenizeArgs& a) {
   app->add_option("--tokenizer", a.tokenizer,
@@ -212,6 +221,13 @@ int run_tokenize_command(const TokenizeArgs& a) {
                  tok->describe().c_str(), sec(t0, t1), sec(t1, t2));
   }
   return 0;
+}
+
+Command tokenize_command() {
+  auto args = std::make_shared<TokenizeArgs>();
+  return {"tokenize", "encode text to token ids (or --decode ids) with a tokenizer.json or tokenizer.model; no config", false,
+          [args](CLI::App& app) { add_tokenize_options(&app, *args); },
+          [args](RunContext&) { return run_tokenize_command(*args); }};
 }
 
 }  // namespace mt

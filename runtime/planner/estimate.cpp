@@ -1,4 +1,4 @@
-#include "runtime/train/estimate.h"
+#include "runtime/planner/estimate.h"
 
 #include <algorithm>
 #include <cmath>

@@ -2,7 +2,9 @@
 // Face directory of a family meshtrain implements, written as .npy by rank 0; on whatever ranks it is given (replicated, like generate) and on
 // comm.device. Plain causal attention over the whole sequence at positions 0 ... T-1 (no document masks), as
 // transformers' *ForCausalLM computes it: what the interoperability test compares.
-#include "runtime/train/cmd_logits.h"
+#include "runtime/cli/command.h"
+#include <string>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +19,11 @@
 namespace fs = std::filesystem;
 
 namespace mt {
+
+struct LogitsArgs {
+  std::string checkpoint, tokens, prompt, tokenizer, out;
+};
+
 
 void add_logits_options(CLI::App* app, LogitsArgs& a) {
   app->add_option("--checkpoint", a.checkpoint,
@@ -130,6 +137,13 @@ int run_logits_command(RunContext& ctx, const LogitsArgs& a) {
                 a.out.c_str());
   }
   return 0;
+}
+
+Command logits_command() {
+  auto args = std::make_shared<LogitsArgs>();
+  return {"logits", "write the fp32 logits of a token sequence under a checkpoint or a Hugging Face model as .npy", true,
+          [args](CLI::App& app) { add_logits_options(&app, *args); },
+          [args](RunContext& ctx) { return run_logits_command(ctx, *args); }};
 }
 
 }  // namespace mt

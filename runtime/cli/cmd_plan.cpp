@@ -18,13 +18,24 @@
 #include "models/layers.h"
 #include "models/model.h"
 #include "runtime/kernels/ops.h"
-#include "runtime/train/cmd_plan.h"
+#include "runtime/cli/command.h"
+#include <string>
 #include "runtime/train/agree.h"
-#include "runtime/train/cluster.h"
-#include "runtime/train/plan_search.h"
+#include "runtime/planner/cluster.h"
+#include "runtime/planner/plan_search.h"
 #include "runtime/train/trainer.h"
 
 namespace mt {
+
+// --search: the fastest plans that fit, by `meshtrain estimate` (runtime/planner/plan_search.h), one process.
+struct PlanArgs {
+  bool search = false;
+  bool keep_pp = false;  // --keep-pp
+  int world = 0;
+  std::string cluster;
+  int top = 5;
+};
+
 
 namespace {
 
@@ -324,6 +335,17 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
 
 }  // namespace
 
+void add_plan_options(CLI::App* plan, PlanArgs& a) {
+  auto* search_flag = plan->add_flag(
+      "--search", a.search, "list the fastest plans that fit on --world N ranks of --cluster (pp, tp, cp, dp and recompute)");
+  plan->add_flag("--keep-pp", a.keep_pp,
+                 "--search: keep parallel.pp, its schedule and training.micro_batch_size as the config sets them")
+      ->needs(search_flag);
+  plan->add_option("--world", a.world, "--search: the ranks to plan for");
+  plan->add_option("--cluster", a.cluster, "--search: the cluster description (configs/clusters/*.yaml)");
+  plan->add_option("--top", a.top, "--search: how many plans to show");
+}
+
 int run_plan_command(RunContext& ctx, const PlanArgs& args) {
   const Config& cfg = ctx.config;
   if (args.search) {
@@ -353,6 +375,13 @@ int run_plan_command(RunContext& ctx, const PlanArgs& args) {
   StepCounts counts = measure_step(cfg, run);
   if (root) print_step_bytes(cfg, run, counts);
   return 0;
+}
+
+Command plan_command() {
+  auto args = std::make_shared<PlanArgs>();
+  return {"plan", "print the parallel plan applied: parameter and activation layouts, bytes per step", true,
+          [args](CLI::App& app) { add_plan_options(&app, *args); },
+          [args](RunContext& ctx) { return run_plan_command(ctx, *args); }};
 }
 
 }  // namespace mt

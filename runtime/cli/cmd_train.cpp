@@ -1,7 +1,7 @@
 // `meshtrain train`: the training loop around train_step (trainer.h): resume,
 // evaluation, samples, checkpoints, metrics, and a clean stop on SIGTERM,
 // SIGUSR1 or SIGINT (checkpoint, then exit 128 + the signal number).
-#include "runtime/train/cmd_train.h"
+#include "runtime/cli/command.h"
 
 #include <mpi.h>
 #include <unistd.h>
@@ -446,6 +446,10 @@ int run_train_command(RunContext& ctx) {
   MetricsLogger log(env.rank(), env.size(), cfg.log.metrics_file, t.steps, cfg.log.interval, flops_per_token, peak,
                     run.device, cfg.log.progress);
   return train_loop(cfg, env, run, log);
+}
+
+Command train_command() {
+  return {"train", "train the model of the config on its data (checkpoints, metrics, samples)", true, [](CLI::App&) {}, [](RunContext& ctx) { return run_train_command(ctx); }};
 }
 
 }  // namespace mt

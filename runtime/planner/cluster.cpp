@@ -1,4 +1,4 @@
-#include "runtime/train/cluster.h"
+#include "runtime/planner/cluster.h"
 
 #include <mpi.h>
 #include <sched.h>

@@ -1,4 +1,4 @@
-#include "runtime/train/plan_search.h"
+#include "runtime/planner/plan_search.h"
 
 #include <algorithm>
 #include <atomic>
