@@ -53,7 +53,13 @@ rc=$?
 count_lines "mistyped subcommand: one 'did you mean 'train'?' on 2 ranks" 1 "unknown subcommand 'trian'; did you mean 'train'?" "$tmp/typo.log"
 "$mpirun" -np 2 "$mt" check --sizs 1K >"$tmp/opt.log" 2>&1
 count_lines "mistyped option: one 'did you mean '--sizes'?' on 2 ranks" 1 "unknown option '--sizs'; did you mean '--sizes'?" "$tmp/opt.log"
-expect "no subcommand: the subcommands are listed" nonzero "a subcommand is needed: check, layout, train, plan, estimate, generate" -- \
+# The list comes from the command table (runtime/cli/commands.cpp) through --help: no list typed here.
+subcommands=$("$mt" --help 2>&1 | sed -n '/^Subcommands:/,$p' | sed -n 's/^  \([a-z_]*\) .*/\1/p' | paste -sd, - | sed 's/,/, /g')
+case "$subcommands" in
+  *train*) ok "--help lists the command table's subcommands ($subcommands)" ;;
+  *) bad "--help lists the subcommands" "got '$subcommands'" ;;
+esac
+expect "no subcommand: the subcommands are listed" nonzero "a subcommand is needed: $subcommands" -- \
   "$mt" --config "$tmp/t.yaml"
 
 # --- An error every rank has alike is printed once; one that differs by each rank that has it ---
