@@ -116,6 +116,9 @@ struct FsdpUnit {
       }
       for (int r = 0; r < n; ++r)
         copy_slice(all.view(int64_t(r) * slot + f.offset, f.padded), 0, g, f.start[size_t(r)], f.len[size_t(r)], f.dim);
+      // Packed: the full-size gradient is not needed any more, and the unit's peak is its reduce (flat buffer +
+      // the gradients not yet packed), not the sum of both.
+      f.state->unsharded_grad = Tensor();
     }
     Tensor own = empty({slot}, rdt, device());
     CommTag tag(kFsdpReduceTag);
@@ -130,7 +133,6 @@ struct FsdpUnit {
         piece = c;
       }
       add_(dst, piece);
-      f.state->unsharded_grad = Tensor();
     }
   }
 };
@@ -307,8 +309,8 @@ void install_unit_hooks(FsdpUnit* u) {
   });
   first->post_backward.push_back([u](Module&) {
     if (u->hold && *u->hold) return;  // a pipeline step: once, after its last micro-batch (FullyShard::release)
+    u->free_params();  // first: the reduce needs only the gradients, so the gathered weights leave before it
     u->reduce_grads();
-    u->free_params();
   });
 }
 
@@ -368,8 +370,8 @@ void FullyShard::release() {
     if (u->params.empty() || !u->unpacked) continue;
     bool has_grads = false;
     for (FsdpParam& f : u->params) has_grads |= f.state->unsharded_grad.defined();
-    if (has_grads) u->reduce_grads();
     u->free_params();
+    if (has_grads) u->reduce_grads();
   }
 }
 
