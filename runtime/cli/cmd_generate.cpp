@@ -53,8 +53,8 @@ int run_generate_command(RunContext& ctx, const GenerateArgs& a) {
   std::vector<int32_t> prompt = codec.encode(a.prompt);
   // A tokenizer's BOS starts the prompt, as the model saw every document start in training.
   if (codec.tokenizer && codec.tokenizer->bos_id() >= 0) prompt.insert(prompt.begin(), codec.tokenizer->bos_id());
-  std::vector<int32_t> ids = generate(*run.model, prompt, a.tokens, a.temperature, uint64_t(a.seed), 0,
-                                      sequence_pad(run), cfg.data.document_separator, codec.eos_id());
+  std::vector<int32_t> ids = generate(*run.model, *run.executor, prompt, a.tokens, a.temperature, uint64_t(a.seed),
+                                      0, sequence_pad(run), cfg.data.document_separator, codec.eos_id());
   if (ctx.env->rank() == 0) {
     std::string text = codec.decode(ids);
     std::fwrite(a.prompt.data(), 1, a.prompt.size(), stdout);

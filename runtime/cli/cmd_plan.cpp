@@ -131,8 +131,7 @@ struct StepCounts {
 
 // Pipeline parallel: the stages (their layers and pp ranks), the bubble the schedule gives, and each rank's
 // actions in order.
-void print_pipeline(const Config& cfg, const TrainRun& run) {
-  const PipelineState& pp = *run.pp;
+void print_pipeline(const Config& cfg, const TrainRun& run, const PipelineState& pp) {
   const PpSchedule& s = pp.schedule;
   std::printf("\npipeline: pp = %d, %d stages (pp_virtual %d), schedule %s over %d micro-batches of %lld sequences\n",
               s.p, s.stages(), s.v, s.kind.c_str(), s.m, (long long)run.micro);
@@ -157,9 +156,9 @@ void print_pipeline(const Config& cfg, const TrainRun& run) {
 
 // Pipeline parallel: the bytes one pp rank sends in a step, from the schedule: an activation per micro-batch for
 // each of its stages but the last, a gradient per micro-batch for each but the first.
-double pp_step_bytes(const TrainRun& run, int pp_rank) {
-  const PpSchedule& s = run.pp->schedule;
-  const double msg = double(shape_numel(run.pp->act_shape)) * double(dtype_size(run.pp->act_dtype));
+double pp_step_bytes(const PipelineState& pp, int pp_rank) {
+  const PpSchedule& s = pp.schedule;
+  const double msg = double(shape_numel(pp.act_shape)) * double(dtype_size(pp.act_dtype));
   double b = 0;
   for (int st = pp_rank; st < s.stages(); st += s.p) b += double(s.m) * msg * ((st < s.stages() - 1) + (st > 0));
   return b;
@@ -169,7 +168,8 @@ double pp_step_bytes(const TrainRun& run, int pp_rank) {
 StepCounts measure_step(const Config& cfg, TrainRun& run) {
   const auto& t = cfg.training;
   std::mt19937 gen(1234);
-  if (run.pp) {  // the schedule over every micro-batch of a random batch (forward and backward interleave)
+  // Pipeline parallel: the schedule over every micro-batch of a random batch (forward and backward interleave).
+  if (run.executor->pipeline()) {
     Batch batch;
     batch.inputs = empty({run.rows, t.seq_len}, DType::i32), batch.targets = empty({run.rows, t.seq_len}, DType::i32);
     for (int64_t i = 0; i < batch.inputs.numel(); ++i) {
@@ -177,10 +177,9 @@ StepCounts measure_step(const Config& cfg, TrainRun& run) {
       batch.targets.at<int32_t>(i) = int32_t(gen() % uint32_t(cfg.model.vocab_size));
     }
     zero_grads(run.params);
-    run.grad_sync->arm(false);
     StepCounts c;
     reset_comm_counters();
-    pp_forward_backward(run, batch, 1.0);
+    run.executor->forward_backward(run, batch, 1.0);
     c.forward = comm_counters();
     reset_comm_counters();
     sync_gradients(run);
@@ -236,16 +235,16 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
   const ParallelDims& pd = run.pd;
   const int tp = pd.tp();
   const std::string tp_group = dim::tp;
-  if (run.pp) {
+  if (const PipelineState* pp = run.executor->pipeline()) {
     std::printf("\nbytes sent by pp rank %d (world rank 0) in one step of %d micro-batches (measured by the runtime):\n",
-                run.pp->rank, run.pp->schedule.m);
+                pp->rank, pp->schedule.m);
     print_phase("forward and backward", "step", c.forward);
     print_phase("gradient sync", "sync", c.sync);
-    const double measured = double(c.forward.bytes(kPpTag, dim::pp)), analytic = pp_step_bytes(run, run.pp->rank);
+    const double measured = double(c.forward.bytes(kPpTag, dim::pp)), analytic = pp_step_bytes(*pp, pp->rank);
     std::printf("\npp bytes per rank: measured %s, analytic m x boundary x (activations + gradients sent) = %s (%s)\n",
                 mib(measured).c_str(), mib(analytic).c_str(), measured == analytic ? "equal" : "DIFFERENT");
-    for (int r = 0; r < run.pp->schedule.p; ++r)
-      std::printf("  pp rank %d: %s per step\n", r, mib(pp_step_bytes(run, r)).c_str());
+    for (int r = 0; r < pp->schedule.p; ++r)
+      std::printf("  pp rank %d: %s per step\n", r, mib(pp_step_bytes(*pp, r)).c_str());
     std::printf("(the other parallelisms' bytes above are this stage's over the whole step; their per-micro-batch "
                 "analytic counts are printed without pipeline parallel)\n");
     return;
@@ -371,7 +370,7 @@ int run_plan_command(RunContext& ctx, const PlanArgs& args) {
   TrainRun run = make_train_run(cfg, *ctx.env, false);
   const bool root = ctx.env->rank() == 0;
   if (root) print_layouts(cfg, run);
-  if (root && run.pp) print_pipeline(cfg, run);
+  if (const PipelineState* pp = run.executor->pipeline(); root && pp) print_pipeline(cfg, run, *pp);
   StepCounts counts = measure_step(cfg, run);
   if (root) print_step_bytes(cfg, run, counts);
   return 0;

@@ -214,35 +214,6 @@ void log_model_state(const MpiEnv& env, const TrainRun& run) {
   }
 }
 
-// Pipeline parallel: every pp rank's timers of the step (gathered over pp), as a metrics record; the bubble on the
-// console at the log interval.
-void log_pipeline_step(MetricsLogger& log, TrainRun& run, int64_t step) {
-  const std::vector<PpStepTimes> all = gather_pp_times(*run.pp);
-  nlohmann::json j;
-  j["step"] = step + 1;
-  j["pp_schedule"] = run.pp->schedule.kind;
-  double bubble = 0, peak = 0;
-  for (const PpStepTimes& t : all) {
-    j["pp_step_s"].push_back(t.step_s);
-    j["pp_compute_s"].push_back(t.compute_s);
-    j["pp_wait_s"].push_back(t.wait_s);
-    j["pp_bubble"].push_back(t.bubble());
-    j["pp_in_flight"].push_back(t.peak_in_flight);
-    j["pp_peak_bytes"].push_back(t.peak_bytes);
-    bubble += t.bubble() / double(all.size());
-    peak = std::max(peak, t.peak_bytes);
-  }
-  const PpSchedule& s = run.pp->schedule;
-  j["pp_bubble_formula"] = pp_bubble_formula(s.kind, s.p, s.v, s.m);
-  log.record(j);
-  const int64_t every = std::max<int64_t>(1, run.config.log.interval);
-  if ((step + 1) % every == 0)
-    log.note(fmt::format("pipeline step {}: bubble {:.3f} (mean over {} stages; {} formula {:.3f}), peak activations "
-                         "{:.2f} MiB, up to {} micro-batches in flight",
-                         step + 1, bubble, all.size(), s.kind, pp_bubble_formula(s.kind, s.p, s.v, s.m),
-                         peak / (1 << 20), all.front().peak_in_flight));
-}
-
 // Step 2, what the run is: the model, the mesh, the data, the memory its state takes.
 void log_setup(const Config& cfg, const MpiEnv& env, const TrainRun& run, double flops_per_token, double peak) {
   const auto& t = cfg.training;
@@ -258,15 +229,7 @@ void log_setup(const Config& cfg, const MpiEnv& env, const TrainRun& run, double
                  run.train_data.shards().size(), steps_per_epoch(run.train_data, t.batch_size, t.seq_len));
   }
   if (env.rank() == 0 && run.grad_sync) spdlog::info("gradient sync: {}", run.grad_sync->describe());
-  if (env.rank() == 0 && run.pp) {
-    const PpSchedule& s = run.pp->schedule;
-    std::string split;
-    for (int n : run.pp->split) split += (split.empty() ? "" : ", ") + std::to_string(n);
-    spdlog::info("pipeline: {} stages on pp = {} (pp_virtual {}), decoder layers per stage [{}]; schedule {} over {} "
-                 "micro-batches of {}: bubble {:.3f} by its formula; boundary {} {} per message",
-                 s.stages(), s.p, s.v, split, s.kind, s.m, run.micro, pp_bubble_formula(s.kind, s.p, s.v, s.m),
-                 shape_str(run.pp->act_shape), dtype_name(run.pp->act_dtype));
-  }
+  if (const std::string how = run.executor->describe(); env.rank() == 0 && !how.empty()) spdlog::info("{}", how);
   log_model_state(env, run);
   if (env.rank() == 0 && run.dtype == DType::bf16)
     spdlog::info(
@@ -340,7 +303,7 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     reset_peak_allocated(Device::cpu());
     const auto t0 = std::chrono::steady_clock::now();
     std::string dir = save_checkpoint(cfg.checkpoint.dir, p, *run.model, *run.opt, cfg, run.mesh, env,
-                                      run.pp ? run.pp->group : nullptr);
+                                      run.executor->stage_group());
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double extra = double(allocator_stats(Device::cpu()).peak_allocated_bytes - before) / (1 << 20);
     log.note(fmt::format("checkpoint step {} -> {} in {:.2f} s (host memory during the save: {:.3f} MiB above the "
@@ -390,7 +353,7 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     const AllocatorStats mem = allocator_stats(run.device);
     log.step({step, r.loss, r.lr, r.grad_norm, dt, t.batch_size * t.seq_len, skipped,
               double(mem.peak_requested_bytes), double(mem.peak_allocated_bytes)});
-    if (run.pp) log_pipeline_step(log, run, step);
+    run.executor->log_step(log, step);  // the executor's own figures (the pipeline's timers and bubble)
     bool last = step + 1 == t.steps;
     if (cfg.eval.interval > 0 && run.val_data.size() > 0 && ((step + 1) % cfg.eval.interval == 0 || last)) {
       fault_stop_point("evaluation");
@@ -402,9 +365,9 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
       kprof::Mute not_profiled;
       std::vector<int32_t> prompt = codec.encode(cfg.sample.prompt);
       if (codec.tokenizer && codec.tokenizer->bos_id() >= 0) prompt.insert(prompt.begin(), codec.tokenizer->bos_id());
-      std::vector<int32_t> ids = generate(*run.model, prompt, cfg.sample.tokens, cfg.sample.temperature,
-                                          uint64_t(t.seed), uint64_t(step), sequence_pad(run),
-                                          cfg.data.document_separator, codec.eos_id(), run.pp.get());
+      std::vector<int32_t> ids = generate(*run.model, *run.executor, prompt, cfg.sample.tokens,
+                                          cfg.sample.temperature, uint64_t(t.seed), uint64_t(step),
+                                          sequence_pad(run), cfg.data.document_separator, codec.eos_id());
       log.sample(step, printable(cfg.sample.prompt + codec.decode(ids)));
     }
     // A stop signal on any rank stops every rank at the same step boundary.

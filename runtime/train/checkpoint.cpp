@@ -230,7 +230,7 @@ std::string shard_file(const std::string& prefix, int k, int n) {
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, CausalLM& model, AdamW& opt,
-                            const Config& config, const DeviceMesh& mesh, const MpiEnv& env, Group* pp) {
+                            const Config& config, const DeviceMesh& mesh, const MpiEnv& env, Group* stages) {
   const int64_t step = progress.step;
   const std::string label = fmt::format("the checkpoint of step {}", step);
   std::vector<CkptTensor> ts = checkpoint_tensors(model, &opt);
@@ -238,7 +238,7 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
   Group& world = mesh.group("world");
   const int me = world.rank(), n_world = world.size();
   const bool root = env.rank() == 0;  // makes the directory, writes the indexes and meta.json, renames
-  const int n_stages = pp ? pp->size() : 1;
+  const int n_stages = stages ? stages->size() : 1;
   const int64_t writers_cfg =
       config.checkpoint.writers > 0 ? std::max<int64_t>(1, config.checkpoint.writers / n_stages) : 0;
   const std::vector<int> writer = assign_writers(ts, n_world, writers_cfg);
@@ -249,16 +249,16 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
   int n_model = 0, n_opt = 0;
   for (auto& [w, k] : model_k) k = n_model++;
   for (auto& [w, k] : opt_k) k = n_opt++;
-  if (pp) {
+  if (stages) {
     Tensor mine = empty({2}, DType::i64), all = empty({2 * int64_t(n_stages)}, DType::i64);
     mine.at<int64_t>(0) = n_model, mine.at<int64_t>(1) = n_opt;
     Tensor all_d = all.to(mesh.device());
-    pp->all_gather(all_d, mine.to(mesh.device()));
+    stages->all_gather(all_d, mine.to(mesh.device()));
     all = all_d.to(Device::cpu());
     int off_model = 0, off_opt = 0, tot_model = 0, tot_opt = 0;
     for (int s = 0; s < n_stages; ++s) {
       const int a = int(all.at<int64_t>(2 * s)), b = int(all.at<int64_t>(2 * s + 1));
-      if (s < pp->rank()) off_model += a, off_opt += b;
+      if (s < stages->rank()) off_model += a, off_opt += b;
       tot_model += a, tot_opt += b;
     }
     for (auto& [w, k] : model_k) k += off_model;
@@ -352,7 +352,7 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
   json entries = json::array();  // [name, model file?, file index, bytes]
   for (size_t i = 0; i < ts.size(); ++i)
     entries.push_back({ts[i].name, ts[i].model, (ts[i].model ? model_k : opt_k).at(writer[i]), tensor_bytes(ts[i])});
-  if (pp && me == 0) entries = gather_json_array(*pp, entries, mesh.device());
+  if (stages && me == 0) entries = gather_json_array(*stages, entries, mesh.device());
   err = nullptr;
   if (root) {
     try {
@@ -386,7 +386,7 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
       meta["rng"] = {{"seed", progress.seed},
                      {"generator", "philox4x32-10 keyed by (seed, stream name, index): no hidden state"}};
       json mesh_json = json::array();
-      if (pp) mesh_json.push_back({{"name", dim::pp}, {"size", n_stages}});
+      if (stages) mesh_json.push_back({{"name", dim::pp}, {"size", n_stages}});
       for (auto& d : mesh.dims()) mesh_json.push_back({{"name", d.name}, {"size", d.size}});
       meta["mesh"] = mesh_json;
       meta["files"] = {{"model", n_model}, {"optimizer", n_opt}};

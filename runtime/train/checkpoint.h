@@ -36,10 +36,11 @@ struct TrainProgress {
 
 // Collective. Every rank checks its own shards for non-finite values first (refused on every rank, naming the
 // tensor); config.checkpoint.keep and .writers apply. Returns the directory.
-// Under pipeline parallel (pp: the pp group) `mesh` is the stage's and its ranks write the stage's tensors; the
-// files are numbered stage after stage and the index covers every stage: the same tensors as without pp.
+// With several stages (`stages`: the group joining them, StepExecutor::stage_group; null for one) `mesh` is the
+// stage's and its ranks write the stage's tensors; the files are numbered stage after stage and the index covers
+// every stage: the same tensors as with one stage.
 std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, CausalLM& model, AdamW& opt,
-                            const Config& config, const DeviceMesh& mesh, const MpiEnv& env, Group* pp = nullptr);
+                            const Config& config, const DeviceMesh& mesh, const MpiEnv& env, Group* stages = nullptr);
 // The complete checkpoints (step_XXXXXXXX with meta.json) in dir, oldest first.
 std::vector<std::string> checkpoints_in(const std::string& dir);
 // The newest complete checkpoint (step_XXXXXXXX with meta.json) in dir, if any.

@@ -11,6 +11,7 @@
 #include "runtime/core/kernel_profile.h"
 #include "runtime/core/log.h"
 #include "runtime/kernels/ops.h"
+#include "runtime/train/metrics.h"
 #include "runtime/train/trainer.h"
 
 namespace mt {
@@ -33,10 +34,10 @@ struct Transfer {
 
 // One step's actions on this rank, run in order. forward_only: the schedule's forwards and activation transfers
 // (evaluation); no backward, no gradient messages.
-class Executor {
+class PipelineStep {
  public:
-  Executor(TrainRun& run, const Batch& batch, double inv_tokens, bool forward_only)
-      : run_(run), pp_(*run.pp), s_(pp_.schedule), forward_only_(forward_only), inv_tokens_(inv_tokens) {
+  PipelineStep(TrainRun& run, PipelineState& pp, const Batch& batch, double inv_tokens, bool forward_only)
+      : run_(run), pp_(pp), s_(pp_.schedule), forward_only_(forward_only), inv_tokens_(inv_tokens) {
     const int64_t m = s_.m;
     for (int64_t i = 0; i < m; ++i) mbs_.push_back(local_micro_batch(run, batch, i * run.micro));
   }
@@ -253,8 +254,7 @@ class Executor {
   std::vector<Tensor> losses_;
 };
 
-}  // namespace
-
+// Hooks on the stage's decoder layers (post_forward, post_backward) that call pp.progress when set.
 void install_pp_progress(CausalLM& model, PipelineState& pp) {
   PipelineState* state = &pp;
   auto call = [state](Module&) {
@@ -266,6 +266,8 @@ void install_pp_progress(CausalLM& model, PipelineState& pp) {
       m->post_backward.push_back(call);
     }
 }
+
+}  // namespace
 
 PipelineState plan_pipeline(const TrainRun& run, int64_t micro_batches) {
   const auto& p = run.config.parallel;
@@ -320,18 +322,128 @@ std::vector<PpStepTimes> gather_pp_times(const PipelineState& pp) {
   return out;
 }
 
-std::vector<Tensor> pp_forward_backward(TrainRun& run, const Batch& batch, double inv_tokens) {
-  // fully_shard without resharding: each unit gathered once and reduce-scattered once per step, not once per
-  // micro-batch.
-  const bool hold = run.fsdp && !run.fsdp->options().reshard_after_forward;
-  if (hold) run.fsdp->hold();
-  std::vector<Tensor> losses = Executor(run, batch, inv_tokens, false).run();
-  if (hold) run.fsdp->release();
-  return losses;
-}
+namespace {
 
-void pp_forward_loss(TrainRun& run, const Batch& batch, const Tensor& loss_sum) {
-  for (const Tensor& l : Executor(run, batch, 1.0, true).run()) sum_into(loss_sum, 0, l);
+// The run's StepExecutor under pipeline parallel: owns the plan and runs a PipelineStep per step.
+class PipelineExecutor final : public StepExecutor {
+ public:
+  PipelineExecutor(TrainRun& run, PipelineState plan)
+      : pp_(std::move(plan)), log_every_(std::max<int64_t>(1, run.config.log.interval)) {
+    // This rank's stages: the other stages' modules are destroyed before any parameter has storage.
+    pp_.rank = run.world_mesh.coordinate(run.world_mesh.dim_index(dim::pp));
+    pp_.group = &run.world_mesh.group(dim::pp);
+    run.model->keep_chunks(pp_rank_chunks(pp_.split, run.pd.pp_size(), run.config.parallel.pp_virtual, pp_.rank));
+    const int64_t seq_split = run.config.parallel.sequence_parallel && run.pd.tp() > 1 ? run.pd.tp() : 1;
+    pp_.seq_split = seq_split;
+    pp_.act_shape = {run.micro, run.shard.size() / seq_split, run.config.model.dim};  // (mb, T_local, C)
+    pp_.act_dtype = run.dtype;
+    pp_.act_device = run.device;
+  }
+
+  void install(CausalLM& model) override { install_pp_progress(model, pp_); }
+
+  std::vector<Tensor> forward_backward(TrainRun& run, const Batch& batch, double inv_tokens) override {
+    // The gradient sync waits for the last of this rank's actions (PipelineStep arms it at the last backward
+    // when that one completes the stage's gradients).
+    run.grad_sync->arm(false);
+    // fully_shard without resharding: each unit gathered once and reduce-scattered once per step, not once per
+    // micro-batch.
+    const bool hold = run.fsdp && !run.fsdp->options().reshard_after_forward;
+    if (hold) run.fsdp->hold();
+    std::vector<Tensor> losses = PipelineStep(run, pp_, batch, inv_tokens, false).run();
+    if (hold) run.fsdp->release();
+    return losses;
+  }
+
+  void forward_loss(const Tensor& loss_sum, TrainRun& run, const Batch& batch) override {
+    for (const Tensor& l : PipelineStep(run, pp_, batch, 1.0, true).run()) sum_into(loss_sum, 0, l);
+  }
+
+  std::vector<double> sum_over_stages(const std::vector<double>& v) const override {
+    Tensor t = empty({int64_t(v.size())}, DType::f64);
+    for (size_t i = 0; i < v.size(); ++i) t.at<double>(int64_t(i)) = v[i];
+    Tensor d = t.to(pp_.act_device);
+    pp_.group->all_reduce(d, ReduceOp::sum);
+    return to_f64(d);
+  }
+
+  Tensor sample_logits(CausalLM& model, const Tensor& ctx) const override {
+    // Each stage in turn (blocking transfers in stage order: no cycle), the boundary (1, T/tp under sequence
+    // parallel, C) in the compute dtype.
+    const int64_t T = ctx.size(1);
+    Tensor h = ctx.to(pp_.act_device);
+    for (size_t k = 0; k < model.chunks().size(); ++k) {
+      const ModelChunk& c = model.chunks()[k];
+      if (!c.first) {
+        h = empty(pp_.sample_shape(T), pp_.act_dtype, pp_.act_device);
+        pp_.group->recv(h, pp_.schedule.rank_of(c.stage - 1), false, 0, "pp sample's activation");
+      }
+      h = model.chunk_forward(k, h);
+      model.release_saved();
+      if (!c.last) pp_.group->send(h, pp_.schedule.rank_of(c.stage + 1), false, 0, "pp sample's activation");
+    }
+    return model.has_output() ? h : Tensor();  // (1, T, V or V/tp) on the last stage
+  }
+
+  int32_t share_token(int32_t token) const override {
+    // The last stage's token to every stage.
+    Tensor t = zeros({1}, DType::i32);
+    t.at<int32_t>(0) = token;
+    Tensor d = t.to(pp_.act_device);
+    pp_.group->broadcast(d, pp_.schedule.rank_of(pp_.schedule.stages() - 1));
+    return to_f64(d)[0] >= 0 ? int32_t(to_f64(d)[0]) : 0;
+  }
+
+  Group* stage_group() const override { return pp_.group; }
+  const PipelineState* pipeline() const override { return &pp_; }
+
+  std::string describe() const override {
+    const PpSchedule& s = pp_.schedule;
+    std::string split;
+    for (int n : pp_.split) split += (split.empty() ? "" : ", ") + std::to_string(n);
+    return fmt::format("pipeline: {} stages on pp = {} (pp_virtual {}), decoder layers per stage [{}]; schedule {} "
+                       "over {} micro-batches of {}: bubble {:.3f} by its formula; boundary {} {} per message",
+                       s.stages(), s.p, s.v, split, s.kind, s.m, pp_.act_shape[0],
+                       pp_bubble_formula(s.kind, s.p, s.v, s.m), shape_str(pp_.act_shape), dtype_name(pp_.act_dtype));
+  }
+
+  // Every pp rank's timers of the step (gathered over pp), as a metrics record; the bubble on the console at the
+  // log interval.
+  void log_step(MetricsLogger& log, int64_t step) override {
+    const std::vector<PpStepTimes> all = gather_pp_times(pp_);
+    const PpSchedule& s = pp_.schedule;
+    nlohmann::json j;
+    j["step"] = step + 1;
+    j["pp_schedule"] = s.kind;
+    double bubble = 0, peak = 0;
+    for (const PpStepTimes& t : all) {
+      j["pp_step_s"].push_back(t.step_s);
+      j["pp_compute_s"].push_back(t.compute_s);
+      j["pp_wait_s"].push_back(t.wait_s);
+      j["pp_bubble"].push_back(t.bubble());
+      j["pp_in_flight"].push_back(t.peak_in_flight);
+      j["pp_peak_bytes"].push_back(t.peak_bytes);
+      bubble += t.bubble() / double(all.size());
+      peak = std::max(peak, t.peak_bytes);
+    }
+    j["pp_bubble_formula"] = pp_bubble_formula(s.kind, s.p, s.v, s.m);
+    log.record(j);
+    if ((step + 1) % log_every_ == 0)
+      log.note(fmt::format("pipeline step {}: bubble {:.3f} (mean over {} stages; {} formula {:.3f}), peak "
+                           "activations {:.2f} MiB, up to {} micro-batches in flight",
+                           step + 1, bubble, all.size(), s.kind, pp_bubble_formula(s.kind, s.p, s.v, s.m),
+                           peak / (1 << 20), all.front().peak_in_flight));
+  }
+
+ private:
+  PipelineState pp_;   // the plan, this rank's place in it, and the last step's timers
+  int64_t log_every_;  // log.interval: the console's bubble line
+};
+
+}  // namespace
+
+std::unique_ptr<StepExecutor> make_pipeline_executor(TrainRun& run, PipelineState plan) {
+  return std::make_unique<PipelineExecutor>(run, std::move(plan));
 }
 
 }  // namespace mt

@@ -1,4 +1,5 @@
-// Pipeline parallel's runtime (parallel.pp > 1): this rank runs its stages' model chunks (CausalLM::keep_chunks)
+// Pipeline parallel's runtime (parallel.pp > 1), the run's StepExecutor (step_executor.h) under pipeline parallel:
+// this rank runs its stages' model chunks (CausalLM::keep_chunks)
 // and, each step, its list of the schedule's actions (parallel/pipeline_schedule.h) in order: forwards and
 // backwards of micro-batches, and the activations and gradients between neighbouring stages sent and received
 // through the pp Group, non-blocking (a receive is posted when the schedule says, waited for by the action that
@@ -13,6 +14,7 @@
 #include "comm/group.h"
 #include "parallel/pipeline_schedule.h"
 #include "runtime/core/tensor.h"
+#include "runtime/train/step_executor.h"
 
 namespace mt {
 
@@ -47,7 +49,7 @@ struct PipelineState {
   PpStepTimes last;        // the last step's
   // Set by the executor while a step runs: tests the transfers in flight, which is what advances them on MPI
   // transports that move a message only while its ranks are inside MPI (shared memory without single-copy).
-  // Called after each decoder layer's forward and backward (hooks installed by install_pp_progress).
+  // Called after each decoder layer's forward and backward (hooks installed by the executor's install).
   std::function<void()> progress;
   // A generated sample's boundary tensor for a context of T tokens (1, T / seq_split, dim).
   Shape sample_shape(int64_t T) const { return {1, T / seq_split, act_shape[2]}; }
@@ -56,21 +58,16 @@ struct PipelineState {
 // Every pp rank's figures of the last step, gathered on every rank (collective over the pp group).
 std::vector<PpStepTimes> gather_pp_times(const PipelineState& pp);
 
-class CausalLM;
-// Hooks on the stage's decoder layers (post_forward, post_backward) that call pp.progress when set.
-void install_pp_progress(CausalLM& model, PipelineState& pp);
-
 // Checks the pipeline keys before any collective (the schedule, the micro-batches, the split) and returns the
 // split and schedule: errors name parallel.pp, parallel.pp_schedule, parallel.pp_virtual, parallel.pp_layers,
 // training.micro_batch_size and model.n_layers.
 PipelineState plan_pipeline(const TrainRun& run, int64_t micro_batches);
 
-// The step's forwards and backwards over this rank's micro-batches of `batch` (gradients accumulate in the
-// parameters); the per-token losses of each micro-batch on the last stage (none elsewhere). With fully_shard and
-// reshard_after_forward false, each unit is gathered and reduce-scattered once in the step (FullyShard::hold).
-std::vector<Tensor> pp_forward_backward(TrainRun& run, const Batch& batch, double inv_tokens);
-// Forward only (evaluation): the summed token losses of the batch's micro-batches on the last stage, added to
-// loss_sum (1) f64.
-void pp_forward_loss(TrainRun& run, const Batch& batch, const Tensor& loss_sum);
+// The pipeline executor of `run` from plan_pipeline's `plan`: this rank's pp coordinate, group and boundary
+// messages; keeps only this rank's stages of run.model (before any parameter has storage). Its forward_backward
+// runs this rank's actions of the schedule (gradients accumulate in the parameters; with fully_shard and
+// reshard_after_forward false, each unit is gathered and reduce-scattered once in the step: FullyShard::hold);
+// forward_loss the schedule's forwards only; sample_logits each stage in turn.
+std::unique_ptr<StepExecutor> make_pipeline_executor(TrainRun& run, PipelineState plan);
 
 }  // namespace mt

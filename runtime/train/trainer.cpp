@@ -51,16 +51,6 @@ double sum_of(const std::vector<double>& v, int64_t first, int64_t count) {
   return s;
 }
 
-// Pipeline parallel: values summed over the stages (the loss exists on the last; each stage holds its own
-// parameters' gradient squares), on every rank.
-std::vector<double> sum_over_stages(TrainRun& run, const std::vector<double>& v) {
-  Tensor t = empty({int64_t(v.size())}, DType::f64);
-  for (size_t i = 0; i < v.size(); ++i) t.at<double>(int64_t(i)) = v[i];
-  Tensor d = t.to(run.device);
-  run.pp->group->all_reduce(d, ReduceOp::sum);
-  return to_f64(d);
-}
-
 }  // namespace
 
 PipelineState plan_run_shape(TrainRun& run, int world_size) {
@@ -148,25 +138,16 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   f.deferred = true;  // sharded creation: each rank allocates and draws only its part, after the plan
   const ModelFamily& family = family_of(cfg.model);
   run.model = family.build(cfg.model, f);
-  if (run.pd.pp_size() > 1) {
-    // This rank's stages: the other stages' modules are destroyed before any parameter has storage.
-    run.pp = std::make_unique<PipelineState>(std::move(pipeline));
-    run.pp->rank = run.world_mesh.coordinate(run.world_mesh.dim_index(dim::pp));
-    run.pp->group = &run.world_mesh.group(dim::pp);
-    run.model->keep_chunks(pp_rank_chunks(run.pp->split, run.pd.pp_size(), cfg.parallel.pp_virtual, run.pp->rank));
-    const int64_t seq_split = cfg.parallel.sequence_parallel && run.pd.tp() > 1 ? run.pd.tp() : 1;
-    run.pp->seq_split = seq_split;
-    run.pp->act_shape = {run.micro, run.shard.size() / seq_split, cfg.model.dim};  // (mb, T_local, C)
-    run.pp->act_dtype = run.dtype;
-    run.pp->act_device = run.device;
-  }
+  // How the step runs, chosen once: the local loop, or this rank's stages of the pipeline (which drops the other
+  // stages' modules here, before any parameter has storage).
+  run.executor = make_step_executor(run, std::move(pipeline));
   // The family's parallelisms composed: tensor (and sequence) parallel shards the parameters (no communication) and
   // installs the layout hooks; context parallel swaps the attention; recompute; fully_shard.
   const DType reduce_dtype = t.grad_reduce_dtype == "bf16" ? DType::bf16 : accum_dtype(run.dtype);
   run.fsdp = family.parallelize(*run.model, run.mesh, run.pd, cfg.parallel, t.seq_len, reduce_dtype);
   run.model->set_positions(shard_positions(run.shard));
   run.params = run.model->parameters();
-  if (run.pp) install_pp_progress(*run.model, *run.pp);
+  run.executor->install(*run.model);
   run.opt = std::make_unique<AdamW>(run.params, t);
   GradSyncOptions gs{run.pd.grad_partial_dims(), size_t(t.grad_bucket_mb * double(1 << 20)), reduce_dtype};
   run.grad_sync = std::make_unique<GradSync>(*run.model, run.mesh, gs);
@@ -199,34 +180,14 @@ StepResult train_step(TrainRun& run, int64_t step) {
   const int64_t B = t.batch_size, T = t.seq_len;
   // 1. This rank's rows of the global batch for this step.
   Batch batch = get_batch(run.train_data, step, B, T, run.dp_rank * run.rows, run.rows);  // (rows, T) x2
-  // 2. Forward and backward per micro-batch; gradients accumulate in the parameters' grad buffers.
-  //    The loss is the sum of token losses over the global token count, so every mesh gives the same number.
+  // 2. Forward and backward per micro-batch, by the run's executor (the local loop, or this rank's actions of the
+  //    pipeline's schedule); gradients accumulate in the parameters' grad buffers and the last backward launches
+  //    the gradient sync. The loss is the sum of token losses over the global token count, so every mesh gives
+  //    the same number.
   zero_grads(run.params);
   const double inv_tokens = 1.0 / double(B * T);
-  const int64_t T_local = run.shard.size();  // T / cp tokens of each sequence on this rank
-  std::vector<Tensor> micro_losses;          // read after backward: no host sync inside the micro-batch loop
-  if (run.pp) {
-    // Pipeline parallel: this rank's actions of the schedule; the gradient sync waits for the last of them.
-    run.grad_sync->arm(false);
-    micro_losses = pp_forward_backward(run, batch, inv_tokens);
-  }
-  for (int64_t r = 0; r < run.rows && !run.pp; r += run.micro) {
-    run.grad_sync->arm(r + run.micro >= run.rows);     // the last backward launches the sync
-    MicroBatch mb = local_micro_batch(run, batch, r);  // (mb, T_local) x2, this rank's tokens
-    run.model->set_documents(mb.doc_start);
-    Tensor logits = [&] {
-      NvtxRange range("forward");         // Nsight Systems' view of the step (kernel_profile.h)
-      return run.model->call(mb.inputs);  // (mb, T_local, V)
-    }();
-    Tensor losses = empty({run.micro * T_local}, accum_dtype(logits.dtype()), run.device);  // (mb*T_local)
-    {
-      NvtxRange range("loss");
-      token_losses(run, losses, as_rows(logits), as_rows(logits), mb.targets.reshape({-1}), inv_tokens);
-    }
-    micro_losses.push_back(losses);
-    NvtxRange range("backward");
-    run.model->call_backward(logits);  // logits now hold dloss/dlogits
-  }
+  // (micro * T_local) each, read after backward: no host sync inside the micro-batch loop
+  const std::vector<Tensor> micro_losses = run.executor->forward_backward(run, batch, inv_tokens);
   // 3. Gradient sync, the one rule (see sync_gradients): waits for the buckets backward launched.
   NvtxRange range("grad sync, loss and norm, optimizer");
   sync_gradients(run);
@@ -242,11 +203,12 @@ StepResult train_step(TrainRun& run, int64_t step) {
   //    non-finite rule and the clip scale decide on the host. A non-finite loss or norm skips the update: both
   //    are all-reduced, so every rank decides the same with no extra communication, and a NaN never reaches
   //    the weights.
-  std::vector<double> host = to_f64(stats);
-  if (run.pp) host = sum_over_stages(run, {host[0], sum_of(host, 1, norm_groups)}), host.resize(2);
+  //    Under pipeline parallel each stage holds its part of both: the executor sums them over the stages.
+  const std::vector<double> host = to_f64(stats);
+  const std::vector<double> sums = run.executor->sum_over_stages({host[0], sum_of(host, 1, norm_groups)});
   StepResult res;
-  res.loss = host[0] * inv_tokens;
-  res.grad_norm = run.pp ? std::sqrt(host[1]) : grad_norm_from(host, 1, norm_groups);
+  res.loss = sums[0] * inv_tokens;
+  res.grad_norm = std::sqrt(sums[1]);
   res.lr = lr_at(t, step);
   res.skipped = !std::isfinite(res.loss) || !std::isfinite(res.grad_norm);
   if (res.skipped) return res;
@@ -261,25 +223,17 @@ double evaluate(TrainRun& run) {
   Tensor loss_sum = zeros({1}, DType::f64, run.device);  // (1) summed on the device, read once
   for (int64_t i = 0; i < run.config.eval.steps; ++i) {
     Batch batch = get_batch(run.val_data, i, B, T, run.dp_rank * run.rows, run.rows);
-    if (run.pp) pp_forward_loss(run, batch, loss_sum);
-    for (int64_t r = 0; r < run.rows && !run.pp; r += run.micro) {
-      MicroBatch mb = local_micro_batch(run, batch, r);
-      run.model->set_documents(mb.doc_start);
-      Tensor logits = run.model->call(mb.inputs);  // (mb, T_local, V)
-      Tensor losses = empty({mb.targets.numel()}, accum_dtype(logits.dtype()), run.device);
-      token_losses(run, losses, Tensor(), as_rows(logits), mb.targets.reshape({-1}), 1.0);
-      sum_into(loss_sum, 0, losses);
-    }
+    run.executor->forward_loss(loss_sum, run, batch);
   }
   run.mesh.group(run.pd.loss_group()).all_reduce(loss_sum, ReduceOp::sum);
-  double total = to_f64(loss_sum)[0];
-  if (run.pp) total = sum_over_stages(run, {total})[0];  // only the last stage has losses
+  // Under pipeline parallel only the last stage has losses.
+  const double total = run.executor->sum_over_stages({to_f64(loss_sum)[0]})[0];
   return total / double(run.config.eval.steps * B * T);
 }
 
-std::vector<int32_t> generate(CausalLM& model, std::vector<int32_t> toks, int64_t n, double temperature,
-                              uint64_t seed, uint64_t stream, int64_t pad_multiple, int64_t document_separator,
-                              int32_t stop_id, const PipelineState* pp) {
+std::vector<int32_t> generate(CausalLM& model, const StepExecutor& executor, std::vector<int32_t> toks, int64_t n,
+                              double temperature, uint64_t seed, uint64_t stream, int64_t pad_multiple,
+                              int64_t document_separator, int32_t stop_id) {
   // Every rank runs the whole context: no cp split while generating; the training positions, documents
   // and cp settings come back afterwards.
   struct Restore {
@@ -309,26 +263,7 @@ std::vector<int32_t> generate(CausalLM& model, std::vector<int32_t> toks, int64_
     for (int64_t t = 0; t < padded; ++t) pos.at<int64_t>(t) = t;
     model.set_positions(pos);
     model.set_documents(document_separator >= 0 ? document_starts(ctx, int32_t(document_separator)) : Tensor());
-    const Device dev = pp ? pp->act_device : model.output_weight().value.local.device();
-    Tensor logits;  // (1, padded, V or V/tp), on the stage that has the output
-    if (!pp) {
-      logits = model.call(ctx.to(dev));
-    } else {
-      // Each stage in turn (blocking transfers in stage order: no cycle), the boundary (1, padded/tp under
-      // sequence parallel, C) in the compute dtype.
-      Tensor h = ctx.to(dev);
-      for (size_t k = 0; k < model.chunks().size(); ++k) {
-        const ModelChunk& c = model.chunks()[k];
-        if (!c.first) {
-          h = empty(pp->sample_shape(padded), pp->act_dtype, dev);
-          pp->group->recv(h, pp->schedule.rank_of(c.stage - 1), false, 0, "pp sample's activation");
-        }
-        h = model.chunk_forward(k, h);
-        model.release_saved();
-        if (!c.last) pp->group->send(h, pp->schedule.rank_of(c.stage + 1), false, 0, "pp sample's activation");
-      }
-      if (has_output) logits = h;
-    }
+    const Tensor logits = executor.sample_logits(model, ctx);  // (1, padded, V or V/tp) where the output is
     int32_t next = 0;
     if (has_output) {
       const DTensor& w = model.output_weight().value;  // (V, C), rows sharded on tp under tensor parallel
@@ -353,13 +288,7 @@ std::vector<int32_t> generate(CausalLM& model, std::vector<int32_t> toks, int64_
           }
       }
     }
-    if (pp) {  // the last stage's token to every stage
-      Tensor t = zeros({1}, DType::i32);
-      t.at<int32_t>(0) = next;
-      Tensor d = t.to(pp->act_device);
-      pp->group->broadcast(d, pp->schedule.rank_of(pp->schedule.stages() - 1));
-      next = to_f64(d)[0] >= 0 ? int32_t(to_f64(d)[0]) : 0;
-    }
+    next = executor.share_token(next);  // the output's rank's token on every rank
     toks.push_back(next);
     out.push_back(next);
     if (next == stop_id) break;

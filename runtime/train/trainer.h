@@ -14,6 +14,7 @@
 #include "runtime/train/pipeline.h"
 #include "runtime/train/run_context.h"
 #include "runtime/train/optimizer.h"
+#include "runtime/train/step_executor.h"
 
 namespace mt {
 
@@ -35,7 +36,9 @@ struct TrainRun {
   int64_t micro = 0;            // sequences per forward/backward
   SequenceShard shard;          // this rank's tokens of each sequence (all of them without cp)
   int64_t start_step = 0;       // > 0 after resuming
-  std::unique_ptr<PipelineState> pp;  // pipeline parallel's schedule and transfers (parallel.pp > 1), else null
+  // How the step's micro-batches run (step_executor.h): the local loop, or pipeline parallel's schedule
+  // (parallel.pp > 1). Chosen once, in make_train_run.
+  std::unique_ptr<StepExecutor> executor;
   // Gradient sync: buckets overlapped with backward (training.grad_bucket_mb > 0) or one redistribute
   // per parameter (0); destroyed before the model whose hooks point at it.
   std::unique_ptr<GradSync> grad_sync;
@@ -75,11 +78,11 @@ void sync_gradients(TrainRun& run);
 double evaluate(TrainRun& run);
 // Continues `prompt` (token ids) by up to `n` sampled tokens, stopping after stop_id (-1: never); every rank
 // computes the same tokens (collective under tensor parallel). Contexts are padded to a multiple of pad_multiple.
-// Under pipeline parallel (pp) each context goes through the stages in turn and the last stage's token is
-// broadcast over pp.
-std::vector<int32_t> generate(CausalLM& model, std::vector<int32_t> prompt, int64_t n, double temperature,
-                              uint64_t seed, uint64_t stream, int64_t pad_multiple = 1, int64_t document_separator = -1,
-                              int32_t stop_id = -1, const PipelineState* pp = nullptr);
+// The executor runs each context (StepExecutor::sample_logits: through the stages in turn under pipeline
+// parallel) and gives every rank the sampled token.
+std::vector<int32_t> generate(CausalLM& model, const StepExecutor& executor, std::vector<int32_t> prompt, int64_t n,
+                              double temperature, uint64_t seed, uint64_t stream, int64_t pad_multiple = 1,
+                              int64_t document_separator = -1, int32_t stop_id = -1);
 
 // How text becomes token ids and back for prompts and samples: the model's tokenizer, or bytes (each byte one
 // token id, modulo the vocabulary) when there is none.

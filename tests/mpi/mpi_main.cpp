@@ -17,11 +17,18 @@
 #include "comm/watchdog.h"
 #include "runtime/core/log.h"
 #include "../skip.h"
+#include "mpi_world.h"
 
 REGISTER_LISTENER("suite_counts", 1, mt_test::SuiteCounts);
 
+namespace {
+const mt::MpiEnv* g_env = nullptr;
+}
+const mt::MpiEnv& test_env() { return *g_env; }
+
 int main(int argc, char** argv) {
   mt::MpiEnv env(&argc, &argv);
+  g_env = &env;
   mt::init_logging(env.rank(), "warn");
   const char* t = std::getenv("MT_TEST_TIMEOUT");
   mt::watchdog_set_timeout(t ? std::atof(t) : 120.0);

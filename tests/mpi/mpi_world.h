@@ -7,6 +7,12 @@
 
 #include "runtime/kernels/ops.h"
 
+namespace mt {
+class MpiEnv;
+}
+// The job's MpiEnv (the test main's), for the tests that build a whole run as the commands do (make_train_run).
+const mt::MpiEnv& test_env();
+
 inline int world_size() {
   int n = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &n);
