@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "comm/comm_counters.h"
+#include "parallel/parallel_dims.h"
 #include "runtime/core/error.h"
 #include "runtime/kernels/ops.h"
 
@@ -286,6 +287,42 @@ CpLayerBytes ulysses_layer_bytes(int u, int64_t B, int64_t T_u, int64_t H, int64
   const double per_dest = double(B * T_u * hd) * (2.0 * double(H / u) + 2.0 * kvu) * elem;
   b.forward = b.backward = double(u - 1) * per_dest;
   return b;
+}
+
+CpBytes cp_bytes(CpMethod method, int ring, int ulysses, const AttentionShape& s) {
+  CpBytes b;
+  b.ulysses = ulysses_layer_bytes(ulysses, s.B, s.T, s.H, s.KV, s.hd, s.elem);
+  if (ring > 1) {
+    // The ring moves the K/V of the ring part (B, T x U, KV_u, hd): Ulysses gathered its sequence first.
+    b.kv_heads = std::max<int64_t>(1, s.KV / ulysses);
+    const double kv_elems = 2.0 * double(s.B * s.T * ulysses * b.kv_heads * s.hd);
+    b.kv = kv_elems * s.elem, b.dkv = kv_elems * s.accum;
+    b.ring = cp_layer_bytes(method, ring, b.kv, b.dkv);
+  }
+  return b;
+}
+
+std::vector<CommBytes> cp_step_bytes(CpMethod method, int ring, int ulysses, const AttentionShape& s,
+                                     int64_t layer_calls) {
+  const CpBytes b = cp_bytes(method, ring, ulysses, s);
+  const double n = double(layer_calls);
+  std::vector<CommBytes> out;
+  // Per layer and direction two all-to-alls (q, k, v to heads; the output back).
+  if (ulysses > 1)
+    out.push_back({kCpA2aTag, dim::cp_ulysses, "all_to_all", n * (b.ulysses.forward + b.ulysses.backward),
+                   4 * layer_calls, false});
+  if (ring <= 1) return out;
+  // K/V go around (or are gathered) in forward and again in backward; dK/dV come back.
+  if (method == CpMethod::ring) {
+    out.push_back({kCpKvTag, dim::cp_ring, "ring_shift", n * 2 * b.ring.forward, 2 * layer_calls * (ring - 1), true});
+    out.push_back({kCpDkvTag, dim::cp_ring, "ring_shift", n * (b.ring.backward - b.ring.forward),
+                   layer_calls * b.ring.dkv_moves, true});
+  } else {
+    out.push_back({kCpKvTag, dim::cp_ring, "all_gather", n * 2 * b.ring.forward, 2 * layer_calls, false});
+    out.push_back(
+        {kCpDkvTag, dim::cp_ring, "reduce_scatter", n * (b.ring.backward - b.ring.forward), layer_calls, false});
+  }
+  return out;
 }
 
 }  // namespace mt

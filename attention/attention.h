@@ -25,6 +25,7 @@
 #include <string>
 
 #include "attention/ring_attention.h"
+#include "comm/comm_bytes.h"
 #include "comm/group.h"
 
 namespace mt {
@@ -89,5 +90,23 @@ inline constexpr const char* kCpA2aTag = "cp.a2a";
 // The analytic bytes one rank sends per layer under Ulysses (the rule above): B, T_u (this rank's tokens), H and
 // KV (heads on this rank, after tp), hd, elem (bytes per activation element), U.
 CpLayerBytes ulysses_layer_bytes(int u, int64_t B, int64_t T_u, int64_t H, int64_t KV, int64_t hd, double elem);
+
+// One rank's attention per layer after tp's head split and cp's sequence split.
+struct AttentionShape {
+  int64_t B = 1, T = 1;           // sequences; this rank's tokens of each
+  int64_t H = 1, KV = 1, hd = 1;  // q and kv heads on this rank (after tp), head dim
+  double elem = 4, accum = 4;     // bytes of the activations and of dK/dV's accumulation dtype
+};
+// Context parallel's bytes per layer on one rank: Ulysses' all-to-alls over `ulysses`, then the ring part's K/V
+// (and dK/dV) over `ring` (the rule of each, cp_layer_bytes and ulysses_layer_bytes).
+struct CpBytes {
+  CpLayerBytes ulysses, ring;
+  double kv = 0, dkv = 0;  // the K/V block a ring rank moves, in the activation and in the accumulation dtype
+  int64_t kv_heads = 0;    // kv heads of that block (per Ulysses rank)
+};
+CpBytes cp_bytes(CpMethod method, int ring, int ulysses, const AttentionShape& s);
+// The step's collectives (comm_bytes.h) for `layer_calls` layer forwards and backwards (micro-batches x layers).
+std::vector<CommBytes> cp_step_bytes(CpMethod method, int ring, int ulysses, const AttentionShape& s,
+                                     int64_t layer_calls);
 
 }  // namespace mt

@@ -8,14 +8,60 @@
 #include <vector>
 
 #include "attention/attention.h"
+#include "comm/comm_bytes.h"
 #include "models/model_config.h"
 #include "parallel/fully_shard.h"
 #include "parallel/module.h"
 #include "parallel/parallel_dims.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/style.h"
+#include "runtime/core/allocator.h"
 
 namespace mt {
+
+// The facts of one rank's layout that a stage's activations and FLOPs depend on (`meshtrain estimate` gives them
+// to the model: CausalLM::activation_bytes and stage_flops).
+struct RankShape {
+  int64_t micro = 1;    // B: sequences per forward
+  int64_t tokens = 1;   // T: this rank's tokens of each sequence (after cp)
+  int64_t seq_len = 1;  // the whole sequence (the keys each query sees)
+  int tp = 1;
+  bool sequence_parallel = false;  // in effect (tp > 1)
+  bool loss_parallel = false;      // in effect (tp > 1)
+  int cp_ulysses = 1;
+  double elem = 4, accum = 4;     // bytes of the compute dtype and of its accumulation dtype
+  bool widened_bf16 = false;      // bf16 ops run in f32 on widened copies (CPU ranks: runtime/kernels/op.h)
+  Device device = Device::cpu();  // whose allocator rounds each tensor
+  // A tensor's bytes as the allocator takes them (allocation_bytes: 2 MiB granules above 1 MiB).
+  double alloc(double bytes) const { return bytes <= 0 ? 0 : double(allocation_bytes(device, size_t(bytes))); }
+};
+
+// One micro-batch's activations on a rank's stage, in allocator bytes, under the recompute policy its modules carry.
+struct ActivationBytes {
+  int64_t layers_here = 0;         // decoder layers on this stage
+  double layers = 0;               // what they keep from forward to backward
+  double input = 0;                // the embedding's (first stage)
+  double head = 0;                 // the final norm's and the output projection's inputs (last stage)
+  double logits = 0;               // the logits (dloss/dlogits in place) and the per-token losses (last stage)
+  double recompute_transient = 0;  // the most a recomputed layer makes again inside its backward
+  double backward_peak = 0;        // the largest gradients in flight inside a backward, beside what is kept
+  double deferred = 0;             // zb1p: what waits between a micro-batch's input gradient (B) and its W
+  double boundary = 0;             // one stage-boundary tensor (pp's message), unrounded
+  double total() const { return layers + input + head + logits; }
+};
+
+// A rank's FLOPs per token of its sequence part on its stage, forward and backward (the PaLM count: 6 a weight,
+// attention's QK^T and PV at full cost), and the bytes its memory-bound ops move per token.
+struct StageFlops {
+  double layer_gemm = 0;             // per decoder layer
+  double layer_attention = 0;        // per decoder layer: the attention kernels
+  double head = 0;                   // the output projection (the last stage's)
+  double recomputed_gemm = 0;        // the forwards recompute repeats (2 a weight), summed over the stage's layers
+  int64_t recomputed_attention = 0;  // layers whose recompute repeats the attention kernel (its forward: a third)
+  double attention_causal = 0;       // per layer: the causal kernel's forward as calibration counts it
+  double traffic_layer = 0;          // bytes the memory-bound ops move per layer in forward (backward: twice)
+  double traffic_head = 0;           // the loss's, over the local logits
+};
 
 // The root module (name "") of a causal language model: call(tokens (B, T) i32) gives logits (B, T, V) (V/tp
 // under loss parallel), call_backward(dlogits) accumulates every parameter's gradient. Parameters carry their
@@ -55,16 +101,34 @@ class CausalLM : public Module {
   bool has_output() const { return chunks_.empty() || chunks_.back().last; }  // the logits come out here
   bool has_input() const { return chunks_.empty() || chunks_.front().first; }
 
+  // What this rank's modules keep for backward in one micro-batch and make in their backwards, and their FLOPs,
+  // under the layouts and recompute flags the parallelisms set (`meshtrain estimate`; written next to the
+  // family's tensors).
+  virtual ActivationBytes activation_bytes(const RankShape& s) const = 0;
+  virtual StageFlops stage_flops(const RankShape& s) const = 0;
+
  protected:
   std::vector<ModelChunk> chunks_;
   std::vector<std::string> elsewhere_;          // parameter names
   std::vector<std::string> elsewhere_modules_;  // module names
 };
 
+// A stage's tensor-parallel facts: the default plan's collectives depend on nothing else.
+struct TpStage {
+  int tp = 1;
+  bool sequence_parallel = false, loss_parallel = false;  // in effect
+  int64_t micro_batches = 1;                              // forwards and backwards in the step
+  int64_t layers = 0;                                     // decoder layers on the stage
+  bool first = true, last = true;                         // the stage holds the embedding; the output projection
+  int64_t micro = 1, tokens = 1;                          // B, and this rank's tokens of each sequence
+  double elem = 4;                                        // bytes of an activation element
+};
+
 // One family, registered once (models/model.cpp lists them). Every entry is required.
 struct ModelFamily {
   std::string type;          // model.type, and Hugging Face's model_type
   std::string architecture;  // Hugging Face's architectures[0] ("LlamaForCausalLM")
+  std::string layers;        // the decoder layers' module pattern (style.h's): what whole-layer recompute matches
   std::unique_ptr<CausalLM> (*build)(const ModelConfig& c, const ParamFactory& f);
   // The family's parallelisms composed (tp, cp, recompute, fully_shard) after checking that the sequence and the
   // heads split; then deferred parameters (ParamFactory::deferred) are materialized in their final layout. The
@@ -73,8 +137,8 @@ struct ModelFamily {
                                              const ParallelConfig& p, int64_t seq_len, DType reduce_dtype);
   // The default tensor-parallel plan (parallel.tp_plan replaces it).
   ParallelPlan (*tp_plan)(bool sequence_parallel, bool loss_parallel);
-  // The default plan's bytes per rank in one direction with sequence parallel; act_bytes: one (b, T, d) activation.
-  double (*tp_bytes)(const ModelConfig& c, int tp, double act_bytes);
+  // The default plan's collectives on one rank in a step of a stage (comm_bytes.h), for `estimate` and `plan`.
+  std::vector<CommBytes> (*tp_step_bytes)(const ModelConfig& c, const TpStage& s);
   // Model FLOPs per token (6 N + attention, the PaLM count) and parameter counts.
   double (*flops_per_token)(const ModelConfig& c, int64_t seq_len);
   int64_t (*num_params)(const ModelConfig& c, bool with_embeddings);

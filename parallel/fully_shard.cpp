@@ -394,6 +394,18 @@ FsdpStepBytes fsdp_step_bytes(const FullyShard& fs, int n) {
   return b;
 }
 
+std::vector<CommBytes> fsdp_step_collectives(const FullyShard& fs, int n, int64_t micro_batches, bool pipelined) {
+  const FsdpStepBytes b = fsdp_step_bytes(fs, n);
+  const bool reshard = fs.options().reshard_after_forward;
+  const double times = pipelined && !reshard ? 1.0 : double(micro_batches);
+  const double rs = double(n - 1) * double(fs.slot_elements()) * double(dtype_size(fs.options().reduce_dtype));
+  const int64_t units = int64_t(fs.unit_slots().size());
+  const std::string& group = fs.options().mesh_dim;
+  return {{kFsdpGatherTag, group, "all_gather", times * (b.forward + b.backward - rs),
+           int64_t(times) * units * (reshard ? 2 : 1), true},
+          {kFsdpReduceTag, group, "reduce_scatter", times * rs, int64_t(times) * units, true}};
+}
+
 std::vector<int64_t> FullyShard::unit_slots() const {
   std::vector<int64_t> out;
   for (auto& u : units_) out.push_back(u->slot);

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm_bytes.h"
 #include "parallel/module.h"
 #include "parallel/parallel_dims.h"
 
@@ -99,6 +100,9 @@ struct FsdpStepBytes {
   double forward = 0, backward = 0;
 };
 FsdpStepBytes fsdp_step_bytes(const FullyShard& fs, int n);
+// The step's collectives (comm_bytes.h): fsdp_step_bytes for each of `micro_batches` forward and backward, or once
+// under pipeline parallel without resharding (a unit stays gathered from its first forward to its last backward).
+std::vector<CommBytes> fsdp_step_collectives(const FullyShard& fs, int n, int64_t micro_batches, bool pipelined);
 
 // Shards root's parameters over opts.mesh_dim by the rule above and installs the unit hooks. Errors
 // (before anything changes) name a unit pattern that matches nothing, a module in two units, a parameter

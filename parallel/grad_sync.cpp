@@ -137,14 +137,14 @@ void GradSync::finish() {
   armed_ = false;
 }
 
-std::vector<std::tuple<std::string, int64_t, int64_t>> GradSync::bucket_bytes_by_group() const {
-  std::vector<std::tuple<std::string, int64_t, int64_t>> out;
+std::vector<CommBytes> GradSync::step_bytes() const {
+  std::vector<CommBytes> out;
   for (const Bucket& b : buckets_) {
     const int n = mesh_.group(b.dims).size();
     const int64_t bytes = 2 * b.numel * int64_t(dtype_size(opt_.reduce_dtype)) * (n - 1) / n;
-    auto it = std::find_if(out.begin(), out.end(), [&](auto& e) { return std::get<0>(e) == b.dims; });
-    if (it == out.end()) out.emplace_back(b.dims, bytes, 1);
-    else std::get<1>(*it) += bytes, ++std::get<2>(*it);
+    auto it = std::find_if(out.begin(), out.end(), [&](const CommBytes& e) { return e.group == b.dims; });
+    if (it == out.end()) out.push_back({kGradReduceTag, b.dims, "all_reduce", double(bytes), 1, true});
+    else it->bytes += double(bytes), ++it->calls;
   }
   return out;
 }
@@ -157,10 +157,7 @@ int64_t GradSync::bucket_buffer_bytes() const {
 
 int64_t GradSync::bucket_bytes_per_rank() const {
   int64_t total = 0;
-  for (const Bucket& b : buckets_) {
-    const int n = mesh_.group(b.dims).size();
-    total += 2 * b.numel * int64_t(dtype_size(opt_.reduce_dtype)) * (n - 1) / n;
-  }
+  for (const CommBytes& c : step_bytes()) total += int64_t(c.bytes);
   return total;
 }
 

@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "comm/comm_bytes.h"
 #include "comm/group.h"
 #include "parallel/module.h"
 
@@ -49,8 +50,9 @@ class GradSync {
   std::string describe() const;
   // The analytic bytes one rank sends for the buckets in a step: a ring all-reduce of each, 2 (n-1)/n of it.
   int64_t bucket_bytes_per_rank() const;
-  // The same by the group each bucket is all-reduced over ("dp_replicate", "dp_shard,tp"): (dims, bytes, buckets).
-  std::vector<std::tuple<std::string, int64_t, int64_t>> bucket_bytes_by_group() const;
+  // The same as the step's collectives (comm_bytes.h), one all_reduce entry per group the buckets are reduced over
+  // ("dp_replicate", "dp_shard,tp"), a call per bucket.
+  std::vector<CommBytes> step_bytes() const;
   int64_t buckets_launched_early() const { return launched_early_; }
   // The flat buffers' bytes once made (held for the run: a second copy of the bucketed gradients).
   int64_t bucket_buffer_bytes() const;

@@ -10,6 +10,7 @@
 #include <set>
 #include <tuple>
 
+#include "parallel/parallel_dims.h"
 #include "runtime/core/error.h"
 
 namespace mt {
@@ -447,6 +448,17 @@ std::vector<ModelChunk> pp_rank_chunks(const std::vector<int>& split, int p, int
   for (int s = rank; s < S; s += p)
     out.push_back({s, begin[size_t(s)], begin[size_t(s) + 1], s == 0, s == S - 1});
   return out;
+}
+
+int64_t pp_step_sends(const PpSchedule& s, int pp_rank) {
+  int64_t sends = 0;
+  for (int st = pp_rank; st < s.stages(); st += s.p) sends += s.m * ((st < s.stages() - 1) + (st > 0));
+  return sends;
+}
+
+std::vector<CommBytes> pp_step_bytes(const PpSchedule& s, int pp_rank, double message_bytes, const std::string& tag) {
+  const int64_t sends = pp_step_sends(s, pp_rank);
+  return {{tag, dim::pp, "send", double(sends) * message_bytes, sends, true}, {tag, dim::pp, "recv", 0, sends, true}};
 }
 
 }  // namespace mt

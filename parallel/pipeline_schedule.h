@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm_bytes.h"
+
 namespace mt {
 
 enum class PpOp {
@@ -69,6 +71,13 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& c = {});
 // The textbook bubble of a schedule, idle time over compute time per rank: (p-1)/m for gpipe and 1f1b, (p-1)/(v m)
 // for interleaved_1f1b, and about (p-1)/(3m) for zb1p with equal F, B and W times.
 double pp_bubble_formula(const std::string& kind, int p, int v, int m);
+
+// The boundary tensors one pp rank sends in a step: an activation per micro-batch for each of its stages but the
+// last, a gradient for each but the first (and receives as many).
+int64_t pp_step_sends(const PpSchedule& s, int pp_rank);
+// The same as the step's collectives (comm_bytes.h) on the pp group: sends of message_bytes each, and the receives
+// counted with no bytes; tag: the executor's (runtime/train/pipeline.h's kPpTag).
+std::vector<CommBytes> pp_step_bytes(const PpSchedule& s, int pp_rank, double message_bytes, const std::string& tag);
 
 // Stage assignment: how many consecutive decoder layers each of `stages` stages owns. Stage 0 also runs the
 // embedding and the last stage the final norm, lm_head and the loss; their costs are given in decoder layers

@@ -109,3 +109,28 @@ TEST_CASE("pipeline stage assignment: even layers, the embedding and lm_head cou
   CHECK_ERROR_CONTAINS(pp_layer_split(8, 2, 0, 0, {8}), "parallel.pp_layers lists 1 stages but parallel.pp x parallel.pp_virtual = 2");
   CHECK_ERROR_CONTAINS(pp_layer_split(8, 2, 0, 0, {8, 0}), "parallel.pp_layers[1] = 0");
 }
+
+TEST_CASE("pipeline schedules: pp_step_bytes counts the sends each rank's action list makes") {
+  for (const std::string& kind : {"gpipe", "1f1b", "interleaved_1f1b", "zb1p"})
+    for (int p : {2, 4})
+      for (int m : {4, 8}) {
+        const int v = kind == "interleaved_1f1b" ? 2 : 1;
+        const PpSchedule s = build_pp_schedule(kind, p, v, m);
+        for (int r = 0; r < p; ++r) {
+          CAPTURE(kind);
+          CAPTURE(p);
+          CAPTURE(m);
+          CAPTURE(r);
+          const int64_t sends =
+              std::count_if(s.ranks[size_t(r)].begin(), s.ranks[size_t(r)].end(),
+                            [](const PpAction& a) { return a.op == PpOp::send_act || a.op == PpOp::send_grad; });
+          CHECK(pp_step_sends(s, r) == sends);
+          const std::vector<CommBytes> b = pp_step_bytes(s, r, 100.0, "pp");
+          REQUIRE(b.size() == 2);
+          CHECK(b[0].kind == "send");
+          CHECK(b[0].bytes == 100.0 * double(sends));
+          CHECK(b[1].kind == "recv");
+          CHECK(b[1].calls == sends);
+        }
+      }
+}

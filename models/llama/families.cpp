@@ -28,7 +28,6 @@ std::unique_ptr<FullyShard> parallelize(CausalLM& model, const DeviceMesh& mesh,
   return parallelize_llama(as_llama(model), mesh, pd, p, seq_len, reduce_dtype);
 }
 
-double tp_bytes(const ModelConfig& c, int tp, double act_bytes) { return llama_tp_sp_bytes(c.n_layers, tp, act_bytes); }
 double flops(const ModelConfig& c, int64_t seq_len) { return llama_flops_per_token(c, seq_len, variant_of(c)); }
 int64_t num_params(const ModelConfig& c, bool with_embeddings) {
   return llama_num_params(c, with_embeddings, variant_of(c));
@@ -267,20 +266,20 @@ ParallelPlan tp_plan(bool sp, bool lp) { return llama_tp_plan(sp, lp); }
 }  // namespace
 
 const ModelFamily& llama_family() {
-  static const ModelFamily f{"llama", "LlamaForCausalLM", build, parallelize, tp_plan, tp_bytes,
-                             flops, num_params, check, llama_to_hf, llama_from_hf};
+  static const ModelFamily f{"llama", "LlamaForCausalLM", "model.layers.*", build, parallelize, tp_plan,
+                             llama_tp_step_bytes, flops, num_params, check, llama_to_hf, llama_from_hf};
   return f;
 }
 
 const ModelFamily& mistral_family() {
-  static const ModelFamily f{"mistral", "MistralForCausalLM", build, parallelize, tp_plan, tp_bytes,
-                             flops, num_params, check, mistral_to_hf, mistral_from_hf};
+  static const ModelFamily f{"mistral", "MistralForCausalLM", "model.layers.*", build, parallelize, tp_plan,
+                             llama_tp_step_bytes, flops, num_params, check, mistral_to_hf, mistral_from_hf};
   return f;
 }
 
 const ModelFamily& qwen2_family() {
-  static const ModelFamily f{"qwen2", "Qwen2ForCausalLM", build, parallelize, tp_plan, tp_bytes,
-                             flops, num_params, check, qwen2_to_hf, qwen2_from_hf};
+  static const ModelFamily f{"qwen2", "Qwen2ForCausalLM", "model.layers.*", build, parallelize, tp_plan,
+                             llama_tp_step_bytes, flops, num_params, check, qwen2_to_hf, qwen2_from_hf};
   return f;
 }
 

@@ -133,6 +133,8 @@ class LlamaForCausalLM : public CausalLM {
   void keep_chunks(const std::vector<ModelChunk>& chunks) override;
   Tensor chunk_forward(size_t k, const Tensor& x) override;
   Tensor chunk_backward(size_t k, const Tensor& dy) override;
+  ActivationBytes activation_bytes(const RankShape& s) const override;  // models/llama/cost.cpp
+  StageFlops stage_flops(const RankShape& s) const override;
 
  protected:
   Tensor forward(const Tensor& tokens) override;

@@ -36,8 +36,23 @@ ParallelPlan llama_tp_plan(bool sp, bool loss_parallel) {
   return plan;
 }
 
-double llama_tp_sp_bytes(int64_t n_layers, int tp, double act_bytes) {
-  return double(4 * n_layers + 2) * act_bytes * double(tp - 1) / double(tp);
+std::vector<CommBytes> llama_tp_step_bytes(const ModelConfig& c, const TpStage& s) {
+  if (s.tp <= 1) return {};
+  const double act = double(s.micro) * double(s.tokens) * double(c.dim) * s.elem;  // one (b, T, d) activation
+  const double n = double(s.tp), per_gs = act * (n - 1) / n, per_ar = 2 * act * (n - 1) / n;
+  const double logits_gather = s.elem * double(s.micro) * double(s.tokens) * double(c.vocab_size) * (n - 1) / n;
+  const bool gather_logits = s.last && !s.loss_parallel;
+  const int64_t m = s.micro_batches, L = s.layers;
+  if (s.sequence_parallel) {
+    const int64_t each = m * (4 * L + (s.first ? 1 : 0) + (s.last ? 1 : 0));
+    return {{kLayoutTag, dim::tp, "all_gather", double(each) * per_gs + (gather_logits ? double(m) * logits_gather : 0),
+             each + (gather_logits ? m : 0), false},
+            {kLayoutTag, dim::tp, "reduce_scatter", double(each) * per_gs, each, false}};
+  }
+  const int64_t fwd = m * (2 * L + (s.first ? 1 : 0)), bwd = m * (5 * L + (s.last ? 1 : 0));
+  std::vector<CommBytes> out{{kLayoutTag, dim::tp, "all_reduce", double(fwd + bwd) * per_ar, fwd + bwd, false}};
+  if (gather_logits) out.push_back({kLayoutTag, dim::tp, "all_gather", double(m) * logits_gather, m, false});
+  return out;
 }
 
 void apply_tp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, const ParallelConfig& p) {

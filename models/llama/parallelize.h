@@ -14,11 +14,13 @@ namespace mt {
 // Rowwise to Shard(1); lm_head Colwise from Shard(1), to Shard(-1) under loss parallel.
 // Without sequence parallel the activations between blocks stay Replicate.
 ParallelPlan llama_tp_plan(bool sequence_parallel, bool loss_parallel);
-// The default plan's analytic bytes per rank in one direction (forward or backward) with sequence parallel,
-// Megatron's count: per layer 2 all-gathers and 2 reduce-scatters of a (b, T, d) activation, each moving
-// (tp-1)/tp of it, plus the embedding's reduce-scatter and lm_head's all-gather. act_bytes: one whole
-// (b, T, d) activation of this rank's batch.
-double llama_tp_sp_bytes(int64_t n_layers, int tp, double act_bytes);
+// The default plan's collectives on one rank in a step (style.cpp's hooks on the stage's modules), each moving
+// (tp-1)/tp of a (b, T, d) activation. With sequence parallel, Megatron's count: around each layer's attention and
+// MLP an all-gather in (a reduce-scatter of its gradient back) and a reduce-scatter out (an all-gather back), plus
+// the embedding's reduce-scatter and lm_head's all-gather; without, all-reduces after o_proj, down_proj and the
+// embedding in forward and of the input gradients of q, k, v, gate, up and lm_head in backward. Without loss
+// parallel the logits are all-gathered too.
+std::vector<CommBytes> llama_tp_step_bytes(const ModelConfig& c, const TpStage& s);
 
 // Tensor (and sequence) parallel over the mesh's tp dim: heads must divide by tp; the plan is
 // parallel.tp_plan (read by parallel/plan_yaml.h) or the model's default.

@@ -17,12 +17,13 @@
 #include "comm/comm_counters.h"
 #include "models/layers.h"
 #include "models/model.h"
-#include "runtime/kernels/ops.h"
 #include "runtime/cli/command.h"
-#include <string>
+#include "runtime/core/bytes_format.h"
+#include "runtime/kernels/ops.h"
 #include "runtime/train/agree.h"
 #include "runtime/planner/cluster.h"
 #include "runtime/planner/plan_search.h"
+#include "runtime/train/pipeline.h"
 #include "runtime/train/trainer.h"
 
 namespace mt {
@@ -38,8 +39,6 @@ struct PlanArgs {
 
 
 namespace {
-
-std::string mib(double b) { return fmt::format("{:.3f} MiB", b / (1 << 20)); }
 
 // Step 1: every parameter's layout on each tp rank, fully_shard's decisions, every module's layout hooks.
 void print_layouts(const Config& cfg, TrainRun& run) {
@@ -129,6 +128,14 @@ struct StepCounts {
   CommCounters forward, backward, sync;
 };
 
+// Pipeline parallel: one stage boundary's tensor, and the bytes a pp rank sends in a step (pp_step_bytes' sends).
+double pp_message_bytes(const PipelineState& pp) {
+  return double(shape_numel(pp.act_shape)) * double(dtype_size(pp.act_dtype));
+}
+double pp_rank_bytes(const PipelineState& pp, int pp_rank) {
+  return pp_step_bytes(pp.schedule, pp_rank, pp_message_bytes(pp), kPpTag).at(0).bytes;
+}
+
 // Pipeline parallel: the stages (their layers and pp ranks), the bubble the schedule gives, and each rank's
 // actions in order.
 void print_pipeline(const Config& cfg, const TrainRun& run, const PipelineState& pp) {
@@ -148,20 +155,9 @@ void print_pipeline(const Config& cfg, const TrainRun& run, const PipelineState&
   std::printf("  bubble (idle / compute per rank): %.3f by the formula, %.3f simulated with equal stages (F 1, B 2%s)\n",
               pp_bubble_formula(s.kind, s.p, s.v, s.m), sim.bubble(), s.kind == "zb1p" ? ", as B 1 + W 1" : "");
   std::printf("  boundary message: %s %s = %s each\n", shape_str(pp.act_shape).c_str(),
-              std::string(dtype_name(pp.act_dtype)).c_str(),
-              mib(double(shape_numel(pp.act_shape)) * double(dtype_size(pp.act_dtype))).c_str());
+              std::string(dtype_name(pp.act_dtype)).c_str(), format_mib(pp_message_bytes(pp), 3).c_str());
   std::printf("  timeline (each pp rank's actions in order: F forward, B backward%s; sends and receives left out):\n%s",
               s.kind == "zb1p" ? ", Bi input gradient, W weight gradient" : "", pp_schedule_str(s).c_str());
-}
-
-// Pipeline parallel: the bytes one pp rank sends in a step, from the schedule: an activation per micro-batch for
-// each of its stages but the last, a gradient per micro-batch for each but the first.
-double pp_step_bytes(const PipelineState& pp, int pp_rank) {
-  const PpSchedule& s = pp.schedule;
-  const double msg = double(shape_numel(pp.act_shape)) * double(dtype_size(pp.act_dtype));
-  double b = 0;
-  for (int st = pp_rank; st < s.stages(); st += s.p) b += double(s.m) * msg * ((st < s.stages() - 1) + (st > 0));
-  return b;
 }
 
 // Step 2: one forward and backward of a random batch (each rank's part of it), then the gradient sync, counted.
@@ -213,10 +209,10 @@ StepCounts measure_step(const Config& cfg, TrainRun& run) {
 
 // "forward 1.234 MiB  (tp all_gather: 0.5 MiB x4, ...)": a phase's total and its collectives.
 void print_phase(const char* what, const char* key, const CommCounters& c) {
-  std::printf("  %-22s %s", what, mib(double(c.total())).c_str());
+  std::printf("  %-22s %s", what, format_mib(double(c.total()), 3).c_str());
   std::string parts;
   for (auto& [k, n] : c.by_collective())
-    parts += fmt::format("{}{}: {} x{}", parts.empty() ? "" : ", ", k, mib(double(n.bytes)), n.calls);
+    parts += fmt::format("{}{}: {} x{}", parts.empty() ? "" : ", ", k, format_mib(double(n.bytes), 3), n.calls);
   std::printf("%s%s%s\n", parts.empty() ? "" : "  (", parts.c_str(), parts.empty() ? "" : ")");
   // Each (tag, group, kind) exactly, for scripts: "    bytes[forward] tag=cp.kv group=cp kind=ring_shift calls=4 bytes=..."
   for (auto& [entry, n] : c.entries) {
@@ -240,11 +236,12 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
                 pp->rank, pp->schedule.m);
     print_phase("forward and backward", "step", c.forward);
     print_phase("gradient sync", "sync", c.sync);
-    const double measured = double(c.forward.bytes(kPpTag, dim::pp)), analytic = pp_step_bytes(*pp, pp->rank);
+    const double measured = double(c.forward.bytes(kPpTag, dim::pp)), analytic = pp_rank_bytes(*pp, pp->rank);
     std::printf("\npp bytes per rank: measured %s, analytic m x boundary x (activations + gradients sent) = %s (%s)\n",
-                mib(measured).c_str(), mib(analytic).c_str(), measured == analytic ? "equal" : "DIFFERENT");
+                format_mib(measured, 3).c_str(), format_mib(analytic, 3).c_str(),
+                measured == analytic ? "equal" : "DIFFERENT");
     for (int r = 0; r < pp->schedule.p; ++r)
-      std::printf("  pp rank %d: %s per step\n", r, mib(pp_step_bytes(*pp, r)).c_str());
+      std::printf("  pp rank %d: %s per step\n", r, format_mib(pp_rank_bytes(*pp, r), 3).c_str());
     std::printf("(the other parallelisms' bytes above are this stage's over the whole step; their per-micro-batch "
                 "analytic counts are printed without pipeline parallel)\n");
     return;
@@ -257,16 +254,22 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
   print_phase("backward", "backward", c.backward);
   print_phase("gradient sync", "sync", c.sync);
   if (tp > 1 && cfg.parallel.sequence_parallel && cfg.parallel.tp_plan.empty()) {
-    double act = double(run.micro * run.shard.size() * cfg.model.dim) * double(dtype_size(run.dtype));
-    double analytic = family_of(cfg.model).tp_bytes(cfg.model, tp, act);
+    // Per direction: the step's reduce-scatters (a forward all-gather's backward is one, and the other way round).
+    TpStage st;
+    st.tp = tp, st.sequence_parallel = true, st.loss_parallel = cfg.parallel.loss_parallel;
+    st.layers = cfg.model.n_layers, st.micro = run.micro, st.tokens = run.shard.size();
+    st.elem = double(dtype_size(run.dtype));
+    double analytic = 0;
+    for (const CommBytes& x : family_of(cfg.model).tp_step_bytes(cfg.model, st))
+      if (x.kind == "reduce_scatter") analytic += x.bytes;
     double f = double(c.forward.bytes(kLayoutTag, tp_group)), b = double(c.backward.bytes(kLayoutTag, tp_group));
     std::printf(
         "\nanalytic tp bytes per direction: (4 x %lld layers + 2) x (%d-1)/%d x %lld x %lld x %lld x %zu B = %s\n",
         (long long)cfg.model.n_layers, tp, tp, (long long)run.micro, (long long)run.shard.size(),
-        (long long)cfg.model.dim, dtype_size(run.dtype), mib(analytic).c_str());
+        (long long)cfg.model.dim, dtype_size(run.dtype), format_mib(analytic, 3).c_str());
     bool same = f == analytic && b == analytic;
-    std::printf("tp activations: measured %s analytic (forward %s, backward %s)\n", same ? "=" : "!=", mib(f).c_str(),
-                mib(b).c_str());
+    std::printf("tp activations: measured %s analytic (forward %s, backward %s)\n",
+                same ? "=" : "!=", format_mib(f, 3).c_str(), format_mib(b, 3).c_str());
   }
   if (pd.cp() > 1) {
     // Per layer: Ulysses moves this rank's q, k, v (micro, T_u, heads after tp, hd) to head shards and the output
@@ -274,36 +277,36 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
     const int R = pd.cp_ring(), U = pd.cp_ulysses();
     const int64_t hd = cfg.model.head_size(), H = cfg.model.n_heads / tp, KV = cfg.model.n_kv_heads / tp;
     const double L = double(cfg.model.n_layers), elem = double(dtype_size(run.dtype));
+    const CpBytes cb = cp_bytes(
+        pd.cp_method, R, U, {run.micro, run.shard.size(), H, KV, hd, elem, double(dtype_size(accum_dtype(run.dtype)))});
     if (U > 1) {
-      const CpLayerBytes per_layer = ulysses_layer_bytes(U, run.micro, run.shard.size(), H, KV, hd, elem);
+      const CpLayerBytes& per_layer = cb.ulysses;
       const double f = double(c.forward.bytes(kCpA2aTag)), b = double(c.backward.bytes(kCpA2aTag));
       const double f_an = L * per_layer.forward, b_an = L * per_layer.backward;
       std::printf(
           "\ncp_ulysses (alltoall) bytes per rank: forward measured %s, analytic %lld layers x (%d-1) x %lld x %lld "
           "x %lld x (2 x %lld + 2 x %lld) heads x %.0f B = %s (%s)\n",
-          mib(f).c_str(), (long long)cfg.model.n_layers, U, (long long)run.micro, (long long)run.shard.size(),
-          (long long)hd, (long long)(H / U), (long long)std::max<int64_t>(1, KV / U), elem, mib(f_an).c_str(),
+          format_mib(f, 3).c_str(), (long long)cfg.model.n_layers, U, (long long)run.micro, (long long)run.shard.size(),
+          (long long)hd, (long long)(H / U), (long long)std::max<int64_t>(1, KV / U), elem, format_mib(f_an, 3).c_str(),
           f == f_an ? "equal" : "DIFFERENT");
       std::printf("cp_ulysses (alltoall) bytes per rank: backward measured %s, analytic the same = %s (%s)\n",
-                  mib(b).c_str(), mib(b_an).c_str(), b == b_an ? "equal" : "DIFFERENT");
+                  format_mib(b, 3).c_str(), format_mib(b_an, 3).c_str(), b == b_an ? "equal" : "DIFFERENT");
     }
     if (R > 1) {
-      const int64_t kv_heads = std::max<int64_t>(1, KV / U);
-      const double kv_elems = 2.0 * double(run.micro * run.shard.size() * U * kv_heads * hd);
-      const double kv = kv_elems * elem, dkv = kv_elems * double(dtype_size(accum_dtype(run.dtype)));
-      const CpLayerBytes per_layer = cp_layer_bytes(pd.cp_method, R, kv, dkv);
+      const CpLayerBytes& per_layer = cb.ring;
+      const double kv = cb.kv, dkv = cb.dkv;
       const double f_an = L * per_layer.forward, b_an = L * per_layer.backward;
       const double f = double(c.forward.bytes(kCpKvTag) + c.forward.bytes(kCpDkvTag)),
                    b = double(c.backward.bytes(kCpKvTag) + c.backward.bytes(kCpDkvTag));
       std::printf(
           "\ncp_ring (%s) bytes per rank: forward measured %s, analytic %lld layers x (%d-1) x K/V %s = %s (%s)\n",
-          cp_method_name(pd.cp_method).c_str(), mib(f).c_str(), (long long)cfg.model.n_layers, R, mib(kv).c_str(),
-          mib(f_an).c_str(), f == f_an ? "equal" : "DIFFERENT");
+          cp_method_name(pd.cp_method).c_str(), format_mib(f, 3).c_str(), (long long)cfg.model.n_layers, R,
+          format_mib(kv, 3).c_str(), format_mib(f_an, 3).c_str(), f == f_an ? "equal" : "DIFFERENT");
       std::printf(
           "cp_ring bytes per rank: backward measured %s, analytic %lld layers x ((%d-1) x K/V + %d x dK/dV %s) = %s "
           "(%s)\n",
-          mib(b).c_str(), (long long)cfg.model.n_layers, R, per_layer.dkv_moves, mib(dkv).c_str(), mib(b_an).c_str(),
-          b == b_an ? "equal" : "DIFFERENT");
+          format_mib(b, 3).c_str(), (long long)cfg.model.n_layers, R, per_layer.dkv_moves, format_mib(dkv, 3).c_str(),
+          format_mib(b_an, 3).c_str(), b == b_an ? "equal" : "DIFFERENT");
     }
   }
   if (run.fsdp) {
@@ -315,16 +318,18 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
     const FsdpStepBytes an = fsdp_step_bytes(*run.fsdp, N);
     double f = double(c.forward.bytes("fsdp.")), b = double(c.backward.bytes("fsdp."));
     std::printf("\nfsdp bytes per rank: forward measured %s, analytic (%d-1) x %.0f elements x %.0f B = %s (%s)\n",
-                mib(f).c_str(), N, slot, pb, mib(an.forward).c_str(), f == an.forward ? "equal" : "DIFFERENT");
+                format_mib(f, 3).c_str(), N, slot, pb, format_mib(an.forward, 3).c_str(),
+                f == an.forward ? "equal" : "DIFFERENT");
     std::printf(
         "fsdp bytes per rank: backward measured %s, analytic %s(%d-1) x %.0f x %.0f B reduce-scatter = %s (%s)\n",
-        mib(b).c_str(), reshard ? fmt::format("({}-1) x {:.0f} x {:.0f} B gather + ", N, slot, pb).c_str() : "", N,
-        slot, rb, mib(an.backward).c_str(), b == an.backward ? "equal" : "DIFFERENT");
+        format_mib(b, 3).c_str(),
+        reshard ? fmt::format("({}-1) x {:.0f} x {:.0f} B gather + ", N, slot, pb).c_str() : "", N, slot, rb,
+        format_mib(an.backward, 3).c_str(), b == an.backward ? "equal" : "DIFFERENT");
   }
   if (run.grad_sync) {
     const double an = double(run.grad_sync->bucket_bytes_per_rank()), m = double(c.sync.bytes(kGradReduceTag));
-    std::printf("\ngradient buckets: measured %s, analytic 2 (n-1)/n x each bucket = %s (%s)\n", mib(m).c_str(),
-                mib(an).c_str(), m == an ? "equal" : "DIFFERENT");
+    std::printf("\ngradient buckets: measured %s, analytic 2 (n-1)/n x each bucket = %s (%s)\n",
+                format_mib(m, 3).c_str(), format_mib(an, 3).c_str(), m == an ? "equal" : "DIFFERENT");
   }
   std::printf(
       "(the vocab-parallel loss adds 2 all-reduces over tp, of %lld row maxima and of twice as many sums, not "

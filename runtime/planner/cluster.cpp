@@ -276,22 +276,6 @@ int default_threads(const MpiEnv& env) {
   return std::max(1, hw / std::max(1, env.local_size()));
 }
 
-// The dense GEMM peak in another dtype, measured as cpu_peak_flops() measures f32's: the best of a few 768^3 GEMMs
-// (on one rank at a time, as calibrate runs both).
-double gemm_peak(DType dt, int64_t n, int reps) {
-  std::vector<double> va(size_t(n * n)), vb(size_t(n * n));
-  for (int64_t i = 0; i < n * n; ++i) va[size_t(i)] = double(i % 7) * 0.1, vb[size_t(i)] = double(i % 5) * 0.1;
-  Tensor a = from_values(va, {n, n}, dt), b = from_values(vb, {n, n}, dt), c = empty({n, n}, dt);
-  double best = 0;
-  for (int rep = 0; rep <= reps; ++rep) {
-    auto t0 = Clock::now();
-    matmul_forward(c, a, b);
-    const double s = seconds_since(t0);
-    if (rep > 0) best = std::max(best, 2.0 * double(n * n * n) / s);
-  }
-  return best;
-}
-
 struct Rate {
   std::string what;
   double flops = 0, seconds = 0;  // per repetition (the median over ranks of each rank's median)
@@ -826,7 +810,8 @@ Calibration calibrate(const MpiEnv& env, const Config& cfg, const CalibrateOptio
     control_barrier(MPI_COMM_WORLD, "calibration: peak, one rank at a time");
     if (env.rank() == r) {
       f32_alone = cpu_peak_flops();  // cached for the process: the same figure train's MFU would use
-      bf16_alone = gemm_peak(DType::bf16, o.quick ? 256 : 768, o.quick ? 1 : 3);
+      // cpu_peak_flops' measurement in bf16 (on one rank at a time, as calibrate runs both).
+      bf16_alone = gemm_peak_flops(DType::bf16, o.quick ? 256 : 768, o.quick ? 1 : 3);
     }
   }
   cal.cores = available_cores();

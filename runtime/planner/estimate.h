@@ -3,10 +3,11 @@
 // fully_shard rule, cp sharding, recompute policy and pipeline split as `train` lay out every parameter of a
 // rank's stage (the model is built deferred and never materialized), so a plan `train` refuses is refused here
 // with the same message, and the parameter, gradient and optimizer bytes are those the run allocates. What is not
-// a layout is a model, written once here next to the runtime code it follows: the activations each layer keeps
-// for backward (models/llama/*.cpp: which tensors, in which layout), the step's largest temporaries, the bytes of
-// each collective (the analytic counts each parallelism declares beside its code), and the time (FLOPs at a
-// calibrated efficiency, an alpha-beta model per link of runtime/planner/cluster.h).
+// a layout is asked of the code it describes: the activations each layer keeps for backward, the step's largest
+// temporaries and the FLOPs per token from the model (CausalLM::activation_bytes and stage_flops, models/model.h),
+// the bytes of each collective from each parallelism's function beside its code (comm/comm_bytes.h's CommBytes,
+// the same `plan` prints); the time is this file's (FLOPs at a calibrated efficiency, an alpha-beta model per link
+// of runtime/planner/cluster.h).
 #pragma once
 #include <nlohmann/json.hpp>
 #include <optional>

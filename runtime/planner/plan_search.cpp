@@ -7,6 +7,8 @@
 #include <mutex>
 #include <thread>
 
+#include "runtime/core/bytes_format.h"
+#include "models/model.h"
 #include "runtime/core/error.h"
 #include "runtime/core/log.h"
 
@@ -20,9 +22,6 @@ std::vector<int> divisors(int n) {
     if (n % i == 0) d.push_back(i);
   return d;
 }
-
-std::string mib(double b) { return fmt::format("{:.2f} MiB", b / double(1 << 20)); }
-std::string human(double b) { return b >= double(1 << 30) ? fmt::format("{:.2f} GiB", b / double(1 << 30)) : mib(b); }
 
 // The largest term of a stage's step: compute, or the collective costing most, or the bubble.
 std::string largest_cost(const StageEstimate& s) {
@@ -118,6 +117,7 @@ void search_item(const Config& cfg, int world, const ClusterSpec& cluster, const
                  const MeshItem& it, PlanSearch& out) {
   const double capacity = cluster.device_memory_gib * double(1 << 30);
   const PpChoice& pp = it.pp;
+  const std::string& layers = family_of(cfg.model).layers;  // whole-layer recompute's pattern
   // Memory only grows from recompute full to selective to none, and from resharding to holding the gathered
   // weights: a plan whose smaller neighbour is too large is too large, and is not estimated.
   bool big[3][2] = {};  // [ac][reshard]
@@ -146,7 +146,7 @@ void search_item(const Config& cfg, int world, const ClusterSpec& cluster, const
       p.sequence_parallel = it.sp;
       p.fsdp.reshard_after_forward = reshard == 1;
       p.recompute.patterns.clear(), p.recompute.keep.clear();
-      if (ac > 0) p.recompute.patterns = {"model.layers.*"};
+      if (ac > 0) p.recompute.patterns = {layers};
       if (ac == 2) p.recompute.keep = {"attention"};
       PlanCandidate cand;
       std::string label;
@@ -165,14 +165,15 @@ void search_item(const Config& cfg, int world, const ClusterSpec& cluster, const
         cand.overrides = {fmt::format("parallel.pp={}", pp.p), fmt::format("parallel.pp_schedule={}", pp.schedule),
                           fmt::format("parallel.pp_virtual={}", pp.virt),
                           fmt::format("training.micro_batch_size={}", it.micro)};
-      for (std::string o : {fmt::format("parallel.dp_replicate={}", it.dp_replicate),
-                            fmt::format("parallel.dp_shard={}", it.dp_shard), fmt::format("parallel.cp={}", it.cp),
-                            fmt::format("parallel.cp_method={}", it.method), fmt::format("parallel.tp={}", it.tp),
-                            fmt::format("parallel.sequence_parallel={}", it.sp ? "true" : "false"),
-                            fmt::format("parallel.fsdp.reshard_after_forward={}", reshard ? "true" : "false"),
-                            std::string(ac == 0 ? "parallel.recompute.patterns=[]"
-                                                : "parallel.recompute.patterns=[\"model.layers.*\"]"),
-                            std::string(ac == 2 ? "parallel.recompute.keep=[\"attention\"]" : "parallel.recompute.keep=[]")})
+      for (std::string o :
+           {fmt::format("parallel.dp_replicate={}", it.dp_replicate), fmt::format("parallel.dp_shard={}", it.dp_shard),
+            fmt::format("parallel.cp={}", it.cp), fmt::format("parallel.cp_method={}", it.method),
+            fmt::format("parallel.tp={}", it.tp),
+            fmt::format("parallel.sequence_parallel={}", it.sp ? "true" : "false"),
+            fmt::format("parallel.fsdp.reshard_after_forward={}", reshard ? "true" : "false"),
+            ac == 0 ? std::string("parallel.recompute.patterns=[]")
+                    : fmt::format("parallel.recompute.patterns=[\"{}\"]", layers),
+            std::string(ac == 2 ? "parallel.recompute.keep=[\"attention\"]" : "parallel.recompute.keep=[]")})
         cand.overrides.push_back(std::move(o));
       ++out.tried;
       try {
@@ -261,7 +262,7 @@ PlanSearch search_plans(const Config& cfg, int world, const ClusterSpec& cluster
   if (out.ranked.empty()) {
     const double need = out.smallest_peak;
     if (need > 0) {
-      out.advice.push_back(fmt::format("the smallest plan needs {} per rank against {:.1f} GiB", human(need),
+      out.advice.push_back(fmt::format("the smallest plan needs {} per rank against {:.1f} GiB", format_bytes(need),
                                        cluster.device_memory_gib));
       out.advice.push_back(fmt::format("more ranks: about {:.0f}x as many to shard the state and the activations further",
                                        std::ceil(need / capacity)));
@@ -296,9 +297,10 @@ std::string plan_search_table(const PlanSearch& s, const ClusterSpec& cluster, i
       if (st.step_s > slow->step_s) slow = &st;
     out += fmt::format("\n{}. {}: step {:.3f} ms, {:.0f} tokens/s, MFU {:.1f}%\n", i + 1, c.label, 1e3 * c.estimate.step_s,
                        c.estimate.tokens_per_s, 100 * c.estimate.mfu);
-    out += fmt::format("   memory {} of {:.1f} GiB ({:.0f}% headroom); exposed communication {:.3f} ms; largest cost: {}\n",
-                       human(c.peak_bytes), cluster.device_memory_gib, 100 * (1 - c.peak_bytes / capacity),
-                       1e3 * slow->exposed_comm_s, largest_cost(*slow));
+    out += fmt::format(
+        "   memory {} of {:.1f} GiB ({:.0f}% headroom); exposed communication {:.3f} ms; largest cost: {}\n",
+        format_bytes(c.peak_bytes), cluster.device_memory_gib, 100 * (1 - c.peak_bytes / capacity),
+        1e3 * slow->exposed_comm_s, largest_cost(*slow));
     std::string sets;
     for (const std::string& o : c.overrides) sets += " --set " + o;
     out += "  " + sets + "\n";

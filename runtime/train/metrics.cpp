@@ -32,18 +32,23 @@ bool progress_bar_wanted(const std::string& mode) {
 // Measured with the GEMM the training step uses (matmul_forward: the CPU kernels at the instruction-set
 // level this process runs at, cpu_isa()), on this process's threads: the MFU's denominator is what this
 // machine's GEMM reaches, not a datasheet figure.
+double gemm_peak_flops(DType dt, int64_t n, int reps) {
+  std::vector<double> va(size_t(n * n)), vb(size_t(n * n));
+  for (int64_t i = 0; i < n * n; ++i) va[size_t(i)] = double(i % 7) * 0.1, vb[size_t(i)] = double(i % 5) * 0.1;
+  Tensor a = from_values(va, {n, n}, dt), b = from_values(vb, {n, n}, dt), c = empty({n, n}, dt);
+  double best = 0;
+  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
+    auto t0 = std::chrono::steady_clock::now();
+    matmul_forward(c, a, b);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best = std::max(best, 2.0 * double(n * n * n) / s);
+  }
+  return best;
+}
+
 double cpu_peak_flops() {
   static double peak = [] {
-    const int64_t n = 768;
-    Tensor a = empty({n, n}, DType::f32), b = empty({n, n}, DType::f32), c = empty({n, n}, DType::f32);
-    for (int64_t i = 0; i < n * n; ++i) a.at<float>(i) = float(i % 7) * 0.1f, b.at<float>(i) = float(i % 5) * 0.1f;
-    double best = 0;
-    for (int rep = 0; rep < 8; ++rep) {  // the best of 7 after a warm-up: shared machines are noisy
-      auto t0 = std::chrono::steady_clock::now();
-      matmul_forward(c, a, b);
-      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (rep > 0) best = std::max(best, 2.0 * double(n * n * n) / s);
-    }
+    const double best = gemm_peak_flops(DType::f32, 768, 7);  // the best of 7: shared machines are noisy
     MT_LOG_INFO("CPU kernels: {} (widest supported: {}); f32 GEMM peak {:.1f} GFLOP/s on {} threads (768^3)",
                 cpu_isa_name(cpu_isa()), cpu_isa_name(cpu_isa_supported()), best / 1e9, cpu_threads());
     return best;

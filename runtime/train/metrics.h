@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/device.h"
+#include "runtime/core/dtype.h"
 
 namespace mt {
 
@@ -60,6 +61,9 @@ class MetricsLogger {
 bool progress_bar_wanted(const std::string& mode);
 // Dense GEMM peak of this process's CPU threads in FLOP/s (f32, measured once, cached).
 double cpu_peak_flops();
+// The same measurement in any dtype: the best of `reps` n^3 GEMMs after a warm-up (matmul_forward, the kernels
+// the training step runs), in FLOP/s. Not cached (calibration measures bf16 with it).
+double gemm_peak_flops(DType dt, int64_t n, int reps);
 // Peak resident memory of this process in bytes (getrusage), or of the device's caching allocator.
 double peak_memory_bytes(Device d);
 // "1h02m", "3m05s", "12s"

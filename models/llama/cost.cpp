@@ -1,0 +1,140 @@
+// What the Llama architecture's tensors cost on one rank (CausalLM::activation_bytes and stage_flops, read by
+// `meshtrain estimate`): the activations each module of this file's neighbours (attention.cpp, mlp.cpp,
+// llama.cpp) keeps for backward, in the layouts the parallelisms give them, and the FLOPs of their GEMMs and
+// attention kernels.
+#include <algorithm>
+
+#include "models/llama/llama.h"
+
+namespace mt {
+
+namespace {
+
+// One micro-batch's sizes on a rank after the parallelisms' splits.
+struct Dims {
+  double B = 1, T = 1, Tsp = 1, C = 1, H = 1, KV = 1, hd = 1, F = 1, Vl = 1;  // Vl: the logits' local vocabulary
+  double e = 4, a = 4;  // bytes of the compute dtype and of its accumulation dtype
+};
+Dims dims_of(const ModelConfig& c, const RankShape& s) {
+  Dims d;
+  d.e = s.elem, d.a = s.accum;
+  d.B = double(s.micro);
+  d.T = double(s.tokens);
+  d.Tsp = s.sequence_parallel ? d.T / s.tp : d.T;  // the residual stream between blocks
+  d.C = double(c.dim);
+  d.H = double(c.n_heads / s.tp);
+  d.KV = double(c.n_kv_heads / s.tp);
+  d.hd = double(c.head_size());
+  d.F = double(c.ffn_dim / s.tp);
+  d.Vl = double(s.loss_parallel ? c.vocab_size / s.tp : c.vocab_size);
+  return d;
+}
+
+// What one decoder layer keeps for backward, tensor by tensor, with the recompute flags the policy set on it.
+struct LayerSaved {
+  double total = 0;  // held from its forward to its backward
+  double whole = 0;  // the same without recompute (what a recomputed layer holds again inside its backward)
+};
+LayerSaved layer_saved(const Dims& d, const RankShape& s, const LlamaDecoderLayer* l) {
+  auto A = [&](double b) { return s.alloc(b); };
+  // input_layernorm and post_attention_layernorm each keep their input (the residual stream, sequence-sharded
+  // under sequence parallel) and rstd (B*T_sp, accumulation dtype).
+  const double norms = 2 * A(d.e * d.B * d.Tsp * d.C) + 2 * A(d.a * d.B * d.Tsp);
+  // The attention: its input after the hooks (whole sequence per tp rank: q/k/v_proj's saved input), q, k, v
+  // (AttentionSaved, RoPE applied in place), the output (o_proj's input; Ulysses keeps it in both layouts) and
+  // the log-sum-exp (B, H, T).
+  const double attn_in = A(d.e * d.B * d.T * d.C);
+  const double qkv = A(d.e * d.B * d.T * d.H * d.hd) + 2 * A(d.e * d.B * d.T * d.KV * d.hd);
+  const double out = A(d.e * d.B * d.T * d.H * d.hd) * (s.cp_ulysses > 1 ? 2 : 1), lse = A(d.a * d.B * d.H * d.T);
+  // The MLP: its input after the hooks, gate and up (B, T, F), and the SwiGLU output (down_proj's input).
+  const double mlp_in = A(d.e * d.B * d.T * d.C), mlp = 3 * A(d.e * d.B * d.T * d.F);
+  LayerSaved r;
+  r.whole = norms + attn_in + qkv + out + lse + mlp_in + mlp;
+  const bool keep = l->self_attn->keep_attention_output;
+  if (l->recompute) {
+    // Only the layer's input (the residual stream), and with keep: [attention] its output and lse.
+    r.total = A(d.e * d.B * d.Tsp * d.C) + (keep ? out + lse : 0);
+    return r;
+  }
+  r.total = norms;
+  r.total += l->self_attn->recompute ? attn_in + (keep ? out + lse : 0) : attn_in + qkv + out + lse;
+  r.total += l->mlp->recompute ? mlp_in : mlp_in + mlp;
+  return r;
+}
+
+}  // namespace
+
+ActivationBytes LlamaForCausalLM::activation_bytes(const RankShape& s) const {
+  const Dims d = dims_of(config, s);
+  auto A = [&](double b) { return s.alloc(b); };
+  ActivationBytes r;
+  for (const LlamaDecoderLayer* l : model->layers) {
+    if (!l) continue;
+    const LayerSaved saved = layer_saved(d, s, l);
+    r.layers += saved.total;
+    if (l->recompute || l->self_attn->recompute || l->mlp->recompute)
+      r.recompute_transient = std::max(r.recompute_transient, saved.whole - saved.total);
+    ++r.layers_here;
+  }
+  const bool last = has_output();
+  if (has_input()) r.input = A(4 * d.B * d.T);  // the embedding keeps its token ids
+  if (last) {
+    // The final norm's input and rstd, lm_head's input (whole sequence per tp rank), released by their
+    // backwards; the logits (B, T, V/tp), which become dloss/dlogits in place, and the per-token losses, held
+    // through the whole backward.
+    r.head = A(d.e * d.B * d.Tsp * d.C) + A(d.a * d.B * d.Tsp) + A(d.e * d.B * d.T * d.C);
+    r.logits = A(d.e * d.B * d.T * d.Vl) + A(d.a * d.B * d.T);
+  }
+  // zb1p's DeferWeightGrads, between a micro-batch's B and its W: each linear's input and output gradient (per
+  // layer 4 C + (2 H + 2 KV) hd + 3 F of the (B, T) tokens), and lm_head's input and dlogits.
+  r.deferred = (4 * A(d.e * d.B * d.T * d.C) + 2 * A(d.e * d.B * d.T * d.H * d.hd) +
+                2 * A(d.e * d.B * d.T * d.KV * d.hd) + 3 * A(d.e * d.B * d.T * d.F)) *
+                   double(r.layers_here) +
+               (last ? A(d.e * d.B * d.T * d.C) + A(d.e * d.B * d.T * d.Vl) : 0);
+  // The largest gradients in flight: lm_head's backward (every saved tensor still held, its input gradient
+  // made), or the last layer's MLP or attention backward (the head's saved tensors released by then: dh, dgate,
+  // dup or dq, dk, dv beside the incoming residual gradient). bf16 on CPU ranks runs each op in f32 on widened
+  // copies (runtime/kernels/op.h): SwiGLU's backward then also holds f32 copies of dh, gate and up and f32
+  // buffers for dgate and dup.
+  const double residual_grad = A(d.e * d.B * d.Tsp * d.C);
+  const double head_grads = last ? A(d.e * d.B * d.T * d.C) + (s.sequence_parallel ? residual_grad : 0) : 0;
+  const double widened = s.widened_bf16 ? 5 * A(4 * d.B * d.T * d.F) : 0;
+  const double mlp_grads = 3 * A(d.e * d.B * d.T * d.F) + residual_grad - r.head + widened;
+  const double attn_grads =
+      2 * A(d.e * d.B * d.T * d.H * d.hd) + 2 * A(d.e * d.B * d.T * d.KV * d.hd) + residual_grad - r.head;
+  r.backward_peak = std::max({head_grads, mlp_grads, attn_grads, 0.0});
+  r.boundary = d.B * d.Tsp * d.C * d.e;  // (B, T_sp, C): the residual stream leaving a stage
+  return r;
+}
+
+StageFlops LlamaForCausalLM::stage_flops(const RankShape& s) const {
+  const Dims d = dims_of(config, s);
+  const ModelConfig& mc = config;
+  const int tp = s.tp;
+  StageFlops f;
+  // The PaLM count (llama_flops_per_token) split into a layer's GEMMs and attention kernels, and lm_head.
+  f.head = 6.0 * double(mc.vocab_size) * d.C / (tp > 1 ? tp : 1);
+  const double total = llama_flops_per_token(mc, s.seq_len, variant);
+  f.layer_attention = 12.0 * double(mc.n_heads * mc.head_size()) * double(s.seq_len) / tp;
+  f.layer_gemm = (total - 6.0 * double(mc.vocab_size) * d.C) / double(mc.n_layers) / tp - f.layer_attention;
+  // Recompute runs forwards again (2 FLOPs a weight and token): a recomputed layer or attention repeats q, k, v
+  // and o and, unless keep: [attention] kept the output, the attention kernel; a recomputed MLP gate, up and down.
+  const double proj_fwd =
+      2.0 * double(mc.dim) * double(2 * mc.n_heads + 2 * mc.n_kv_heads) * double(mc.head_size()) / tp;
+  const double mlp_fwd = 2.0 * 3.0 * double(mc.dim) * double(mc.ffn_dim) / tp;
+  for (const LlamaDecoderLayer* l : model->layers) {
+    if (!l) continue;
+    const bool attn_again = l->recompute || l->self_attn->recompute, mlp_again = l->recompute || l->mlp->recompute;
+    f.recomputed_gemm += (attn_again ? proj_fwd : 0) + (mlp_again ? mlp_fwd : 0);
+    f.recomputed_attention += attn_again && !l->self_attn->keep_attention_output;
+  }
+  // Causal attention's forward as the calibration counts it: 4 T S H hd / 2 for T tokens.
+  f.attention_causal = 0.5 * 4.0 * double(s.seq_len) * d.H * d.hd;
+  // Norms, residual adds, RoPE and SwiGLU: about 6 C + 2 (H + 2 KV) hd + 4 F elements read or written per token
+  // in forward; the loss reads, exponentiates and writes the local logits.
+  f.traffic_layer = d.e * (6 * d.C * (d.Tsp / d.T) + 2 * (d.H + 2 * d.KV) * d.hd + 4 * d.F);
+  f.traffic_head = d.e * d.Vl;
+  return f;
+}
+
+}  // namespace mt
