@@ -32,7 +32,9 @@ void finish_param(Parameter& p, DType compute) {
   if (master != compute) {
     auto copy = std::make_shared<ComputeCopy>();
     copy->copy = empty(p.value.local.shape(), compute, p.value.local.device());
-    p.states.push_back(copy);
+    // First: the copy of this rank's value is the base that layout states (fully_shard's gathered weight) override
+    // while they hold a tensor. Under sharded creation they were added before the value existed.
+    p.states.insert(p.states.begin(), copy);
     refresh_compute_copy(p);
   }
 }

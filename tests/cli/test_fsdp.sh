@@ -38,6 +38,20 @@ for m in "${meshes[@]}"; do
   # shellcheck disable=SC2086
   same_as base m${i}_ac "$np" "$what, recompute" $args --set 'parallel.recompute.patterns=["model.layers.*"]'
 done
+# bf16 (f32 master weights, bf16 compute copies) with every matrix sharded: layers compute with the gathered
+# weight, never this rank's compute copy of its shard (sharded creation once added the copy after fully_shard's
+# state, so the shard won). The same losses as 1 rank in bf16, within bf16's reduction-order tolerance.
+train bf1 1 --set training.dtype=bf16 || bad "bf16 1-rank baseline" "$(tail -n 20 "$tmp/bf1.log")"
+for m in "2|dp_shard=2|--set parallel.dp_shard=2" "4|dp_shard=2 x tp=2|--set parallel.dp_shard=2 --set parallel.tp=2"; do
+  IFS='|' read -r np what args <<<"$m"
+  # shellcheck disable=SC2086
+  if train "bf_$np" "$np" --set training.dtype=bf16 $args; then
+    if out=$("$py" "$compare" "$tmp/bf_$np.jsonl" "$tmp/bf1.jsonl" --rel0 1e-3 --abs 5e-3 --steps 20 2>&1); then
+      ok "bf16 $what, weights sharded: $out"; else bad "bf16 $what, weights sharded" "$out"; fi
+  else
+    bad "bf16 $what, weights sharded: train" "$(tail -n 5 "$tmp/bf_$np.log")"
+  fi
+done
 # The model state on rank 0: the shards' and the replicated parameters' bytes, as the layouts predict.
 for n in 2 4 8; do
   idx=$([ $n = 2 ] && echo 1 || ([ $n = 4 ] && echo 2 || echo 3))
