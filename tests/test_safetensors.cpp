@@ -297,3 +297,65 @@ TEST_CASE("safetensors: error messages by substring") {
   // Every error is a [checkpoint] error naming the file.
   CHECK_ERROR_CONTAINS(read_safetensors(p), "[checkpoint] " + p + ":");
 }
+
+// ---------------------------------------------------------------- the block reader: pread, nothing mapped
+
+namespace {
+// Lines of /proc/self/maps naming `path`: the reader's mappings of that file.
+int mappings_of(const std::string& path) {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find(path) != std::string::npos;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("safetensors: the block reader reads column, row and scalar blocks and maps nothing") {
+  test::TempDir d("safetensors");
+  // 1200 x 1000 f32 is 4.8 MB: larger than the staging buffer, so blocks are read in several windows.
+  const int64_t R = 1200, C = 1000;
+  Tensor big = empty({R, C}, DType::f32);
+  float* p = static_cast<float*>(big.data_ptr());
+  for (int64_t i = 0; i < R * C; ++i) p[i] = float(i % 100003) * 0.5f;
+  Tensor h = from_values({1.0, -2.0, 0.25, 3.5, 5.0, -6.0}, {2, 3}, DType::bf16);
+  Tensor s = from_values({7.0}, {}, DType::f64);
+  const std::string path = d / "blocks.safetensors";
+  write_safetensors(path, {{"big", big}, {"h", h}, {"s", s}});
+
+  SafetensorsReader r(path);
+  Tensor col = empty({1000, 300}, DType::f32), rows = empty({1100, C}, DType::f32);
+  r.read_block("big", {150, 600}, col);
+  r.read_block("big", {100, 0}, rows);
+  const float* c = static_cast<const float*>(col.data_ptr());
+  const float* w = static_cast<const float*>(rows.data_ptr());
+  bool same = true;
+  for (int64_t i = 0; i < 1000; ++i)
+    for (int64_t j = 0; j < 300; ++j) same = same && c[i * 300 + j] == p[(150 + i) * C + 600 + j];
+  for (int64_t i = 0; i < 1100 * C; ++i) same = same && w[i] == p[100 * C + i];
+  CHECK(same);
+  Tensor hf = empty({2, 2}, DType::f32), sf = empty({}, DType::f32);
+  r.read_block("h", {0, 1}, hf);  // bf16 widened to f32
+  r.read_block("s", {}, sf);
+  CHECK(equal(hf, from_values({-2.0, 0.25, 5.0, -6.0}, {2, 2}, DType::f32)));
+  CHECK(static_cast<const float*>(sf.data_ptr())[0] == 7.0f);
+  double v = 0;
+  CHECK(r.first_nonfinite("big", {0, 0}, {R, C}, &v) == -1);
+  // The reader is still open, its blocks read: none of the file is mapped into the process.
+  CHECK(mappings_of(path) == 0);
+}
+
+TEST_CASE("safetensors: the block reader finds a non-finite value and names a file truncated after its header") {
+  test::TempDir d("safetensors");
+  Tensor t = from_values({1, 2, 3, 4, 5, 6}, {3, 2}, DType::f32);
+  static_cast<float*>(t.data_ptr())[5] = std::numeric_limits<float>::infinity();
+  const std::string path = d / "t.safetensors";
+  write_safetensors(path, {{"t", t}});
+  SafetensorsReader r(path);
+  double v = 0;
+  CHECK(r.first_nonfinite("t", {1, 0}, {2, 2}, &v) == 3);
+  CHECK(std::isinf(v));
+  fs::resize_file(path, fs::file_size(path) - 8);
+  Tensor out = empty({3, 2}, DType::f32);
+  CHECK_ERROR_CONTAINS(r.read_block("t", {0, 0}, out), "[checkpoint] " + path + ": cannot read");
+  CHECK_ERROR_CONTAINS(r.read_block("t", {0, 0}, out), "(truncated file?)");
+}

@@ -1,7 +1,6 @@
 #include "runtime/io/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -248,43 +247,89 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   }
   check_tiling(path, entries, h.data_size);
   for (const Entry& e : entries) entries_[e.name] = SafetensorsEntry{e.dt, e.dtype, e.shape, e.begin, e.end};
-  const uint64_t start = 8 + h.header_len;
-  map_len_ = size_t(start + h.data_size);
+  data_start_ = 8 + h.header_len;
   if (h.data_size > 0) {
-    int fd = ::open(path.c_str(), O_RDONLY);
-    MT_CHECK(fd >= 0, "checkpoint", "{}: cannot open: {}", path, std::strerror(errno));
-    map_ = ::mmap(nullptr, map_len_, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int err = errno;
-    ::close(fd);
-    MT_CHECK(map_ != MAP_FAILED, "checkpoint", "{}: cannot map {} bytes: {}", path, map_len_, std::strerror(err));
-    data_ = static_cast<const unsigned char*>(map_) + start;
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    MT_CHECK(fd_ >= 0, "checkpoint", "{}: cannot open: {}", path, std::strerror(errno));
   }
 }
 
 SafetensorsReader::~SafetensorsReader() {
-  if (map_ && map_ != MAP_FAILED) ::munmap(map_, map_len_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsReader::read_data(unsigned char* p, uint64_t n, uint64_t at) const {
+  uint64_t done = 0;
+  while (done < n) {
+    const ssize_t r =
+        ::pread(fd_, p + done, size_t(std::min<uint64_t>(n - done, 1ull << 30)), off_t(data_start_ + at + done));
+    if (r < 0 && errno == EINTR) continue;
+    MT_CHECK(r > 0, "checkpoint", "{}: cannot read {} bytes at byte {}: {}", path_, n - done, data_start_ + at + done,
+             r < 0 ? std::strerror(errno) : "end of file (truncated file?)");
+    done += uint64_t(r);
+  }
 }
 
 template <class F>
 void SafetensorsReader::for_each_run(const SafetensorsEntry& e, const Shape& offset, const Shape& shape, F&& f) const {
+  // Runs near one another in the file are read by one pread into a staging buffer (skipping a gap of up to kGap
+  // bytes costs less than another call); f sees each run, or a piece of one longer than the buffer, in that buffer.
+  constexpr uint64_t kStage = 4u << 20, kGap = 16u << 10;
   const size_t nd = e.shape.size(), es = written_size(e.dt);
-  if (nd == 0) return f(int64_t(0), data_ + e.begin, int64_t(1));
+  struct Run {
+    int64_t at;    // its first element's index in the block
+    uint64_t pos;  // its first byte in the data section
+    int64_t n;     // elements
+  };
+  std::vector<Run> window;
+  std::vector<unsigned char> stage;
+  auto flush = [&] {
+    if (window.empty()) return;
+    const uint64_t lo = window.front().pos, hi = window.back().pos + uint64_t(window.back().n) * es;
+    if (stage.size() < hi - lo) stage.resize(hi - lo);
+    read_data(stage.data(), hi - lo, lo);
+    for (const Run& r : window) f(r.at, stage.data() + (r.pos - lo), r.n);
+    window.clear();
+  };
+  auto add = [&](int64_t at, uint64_t pos, int64_t n) {
+    const int64_t piece = int64_t(kStage / es);
+    for (int64_t k = 0; k < n; k += piece) {
+      const int64_t m = std::min(piece, n - k);
+      const uint64_t p = pos + uint64_t(k) * es;
+      if (!window.empty()) {
+        Run& last = window.back();
+        const uint64_t end = last.pos + uint64_t(last.n) * es;
+        if (p < end || p - end > kGap || p + uint64_t(m) * es - window.front().pos > kStage) {
+          flush();
+        } else if (p == end && at + k == last.at + last.n) {  // contiguous in the file and the block: one run
+          last.n += m;
+          continue;
+        }
+      }
+      window.push_back({at + k, p, m});
+    }
+  };
+  if (nd == 0) {
+    add(0, e.begin, 1);
+    return flush();
+  }
   // The block's rows: every index of dims 0 .. nd-2, each a contiguous run of shape[nd-1] elements in the file.
   Shape stride(nd, 1);
   for (size_t d = nd; d-- > 1;) stride[d - 1] = stride[d] * e.shape[d];
   int64_t rows = 1;
   for (size_t d = 0; d + 1 < nd; ++d) rows *= shape[d];
-  const int64_t run = nd ? shape[nd - 1] : 1;
+  const int64_t run = shape[nd - 1];
   Shape idx(nd, 0);
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t rest = r, el = nd ? offset[nd - 1] : 0;
+  for (int64_t r = 0; r < rows && run > 0; ++r) {
+    int64_t rest = r, el = offset[nd - 1];
     for (size_t d = nd - 1; d-- > 0;) {
       idx[d] = rest % shape[d];
       rest /= shape[d];
       el += (idx[d] + offset[d]) * stride[d];
     }
-    f(r * run, data_ + e.begin + uint64_t(el) * es, run);
+    add(r * run, e.begin + uint64_t(el) * es, run);
   }
+  flush();
 }
 
 void SafetensorsReader::read_block(const std::string& name, const Shape& offset, const Tensor& dst) const {

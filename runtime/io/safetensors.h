@@ -36,8 +36,9 @@ struct SafetensorsEntry {
   uint64_t begin = 0, end = 0;  // byte range in the data
 };
 
-// A file's header checked as read_safetensors checks it (offsets inside the file, tiling the data), the data
-// mapped, nothing read until asked: a rank reads only the blocks it holds.
+// A file's header checked as read_safetensors checks it (offsets inside the file, tiling the data); the data is
+// read with pread when asked, nothing mapped: a rank reads only the blocks it holds, and a loaded run keeps none
+// of the file's pages in its resident memory.
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(const std::string& path);
@@ -48,19 +49,21 @@ class SafetensorsReader {
   const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // The block [offset, offset + dst.shape()) of tensor `name` into dst (a host tensor of any float dtype: converted
-  // from the file's F32, BF16, F16 or F64). One contiguous run at a time: no buffer beyond dst.
+  // from the file's F32, BF16, F16 or F64). Read through a staging buffer of at most a few MiB.
   void read_block(const std::string& name, const Shape& offset, const Tensor& dst) const;
   // The first non-finite element of that block (its index in the block, row-major), or -1; its value in *value.
   int64_t first_nonfinite(const std::string& name, const Shape& offset, const Shape& shape, double* value) const;
 
  private:
   template <class F> void for_each_run(const SafetensorsEntry& e, const Shape& offset, const Shape& shape, F&& f) const;
+  // n bytes at byte `at` of the data section into p; a short read (the file shrank since its header was read)
+  // names the file.
+  void read_data(unsigned char* p, uint64_t n, uint64_t at) const;
   std::string path_;
   std::map<std::string, SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
-  const unsigned char* data_ = nullptr;  // the mapped data section
-  void* map_ = nullptr;
-  size_t map_len_ = 0;
+  int fd_ = -1;
+  uint64_t data_start_ = 0;  // the data section's first byte in the file
 };
 
 // A file written tensor by tensor, in any order, each at its place (the header first, from the layout): a writer

@@ -443,7 +443,8 @@ json read_meta(const std::string& path) {
 
 // Where each tensor of a checkpoint or a Hugging Face directory lives: an index's weight_map
 // (<prefix>.safetensors.index.json), else <prefix>.safetensors, else (Hugging Face shards without an index) every
-// .safetensors file of the directory. Files are mapped, and only headers are read until a block is asked for.
+// .safetensors file of the directory. Only headers are read until a block is asked for, and blocks with pread:
+// nothing is mapped, so a loaded run's resident memory holds its state and none of the files' pages.
 class TensorSource {
  public:
   // dir: a directory (prefix names its files) or one .safetensors file.

@@ -1,0 +1,591 @@
+// Calibration (cluster.h's calibrate_cluster, `meshtrain estimate --calibrate`): this machine measured with the
+// runtime's own kernels and collectives, every rank at once, and written as a cluster file.
+#include <mpi.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "attention/attention.h"
+#include "comm/control.h"
+#include "comm/mesh.h"
+#include "runtime/core/log.h"
+#include "runtime/io/config.h"
+#include "runtime/kernels/cpu/isa.h"
+#include "runtime/kernels/ops.h"
+#include "runtime/planner/cluster.h"
+#include "runtime/planner/cluster_internal.h"
+#include "runtime/train/agree.h"
+#include "runtime/train/metrics.h"
+
+namespace mt {
+
+namespace {
+
+using cluster_detail::kAsyncKinds;
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// The median over the world's ranks of a figure each rank measured (collective).
+double median_over_ranks(double x, std::string_view label) {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  std::vector<double> all(size_t(n), 0.0);
+  control_all_gather(MPI_COMM_WORLD, all.data(), &x, 1, MPI_DOUBLE, label);
+  return median(all);
+}
+
+// fn's time with every rank running it at once, as in training: each repetition starts on all ranks together (a
+// barrier) and lasts until the slowest rank is done; the median over iters repetitions after one warm-up. The
+// slowest rank, not each rank's own time: with more ranks than cores, an op shorter than the scheduler's time slice
+// can run undisturbed on one rank while the others wait for a core, and its own time would promise a rate that
+// all ranks together never reach.
+template <class F> double time_median(int iters, std::string_view label, F&& fn) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    control_barrier(MPI_COMM_WORLD, label);
+    auto t0 = Clock::now();
+    fn();
+    t.push_back(seconds_since(t0));
+  }
+  control_all_reduce(MPI_COMM_WORLD, t.data(), iters, MPI_DOUBLE, MPI_MAX, label);
+  return median(t);
+}
+
+// Values in [-0.5, 0.5): no denormals, NaNs or overflow to slow or break the kernels.
+void fill(const Tensor& t) {
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = float((i * 7919) % 1000) * 1e-3f - 0.5f;
+}
+Tensor filled(const Shape& s) {
+  Tensor t = empty(s, DType::f32);
+  fill(t);
+  return t;
+}
+
+// The node's cores this process may run on.
+int available_cores() {
+  const int hw = std::max(1, int(std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int allowed = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : hw;
+  return allowed > 0 ? std::min(allowed, hw) : hw;
+}
+
+// train's default thread count (trainer.cpp's auto_threads): the cores this process may use when bound to fewer
+// than the node's, else the node's cores / its ranks.
+int default_threads(const MpiEnv& env) {
+  const int hw = int(std::thread::hardware_concurrency());
+  const int allowed = available_cores();
+  if (allowed > 0 && allowed < hw) return allowed;
+  return std::max(1, hw / std::max(1, env.local_size()));
+}
+
+struct Rate {
+  std::string what;
+  double flops = 0, seconds = 0;  // per repetition (the median over ranks of each rank's median)
+  double rate() const { return seconds > 0 ? flops / seconds : 0; }
+};
+
+// A linear layer's forward and backward, out (N, OC) = inp (N, C) @ w (OC, C)^T: 3 GEMMs of 2 N C OC FLOPs.
+Rate time_gemm(int64_t N, int64_t C, int64_t OC, int iters) {
+  Tensor inp = filled({N, C}), w = filled({OC, C}), out = empty({N, OC}, DType::f32);
+  Tensor dout = filled({N, OC}), dinp = empty({N, C}, DType::f32), dw = zeros({OC, C}, DType::f32);
+  const double s = time_median(iters, "calibration: GEMM", [&] {
+    matmul_forward(out, inp, w);
+    matmul_backward(dinp, dw, dout, inp, w);
+  });
+  return {fmt::format("GEMM fwd+bwd N={} C={} OC={}", N, C, OC), 6.0 * double(N) * double(C) * double(OC), s};
+}
+
+// The model's attention (make_attention: local, as with cp = 1), forward and backward, causal, on (1, T, H, hd) with
+// H/2 kv heads (grouped-query, as configs/bench_cpu.yaml); FLOPs as attention_forward_flops counts them.
+Rate time_attention(int64_t T, int64_t H, int64_t hd, int iters) {
+  const int64_t KV = std::max<int64_t>(1, H / 2);
+  auto att = make_attention();
+  Tensor q = filled({1, T, H, hd}), k = filled({1, T, KV, hd}), v = filled({1, T, KV, hd});
+  Tensor dout = filled({1, T, H, hd});
+  Tensor dq = empty({1, T, H, hd}, DType::f32), dk = empty({1, T, KV, hd}, DType::f32),
+         dv = empty({1, T, KV, hd}, DType::f32);
+  AttentionCall call;
+  call.causal = true;
+  const double s = time_median(iters, "calibration: attention", [&] {
+    AttentionSaved saved;
+    att->forward(saved, q, k, v, call);
+    att->backward(dq, dk, dv, dout, saved, call);
+  });
+  const double fwd = attention_forward_flops(1, double(T), double(T), double(H), double(hd), true);
+  return {fmt::format("attention fwd+bwd T={} H={} hd={}", T, H, hd), fwd * (1.0 + kAttentionBackwardFactor), s};
+}
+
+// Elementwise ops over tensors past the caches, the kinds of a training step's (the residual add, the norm, the
+// FFN's activation, the optimizer): bytes read + bytes written per second. On CPU ranks the norm and the
+// activation are partly compute-bound (exp, rsqrt); the figure is their mix, time-weighted.
+struct Bandwidth {
+  std::string what;
+  double bytes = 0, seconds = 0;
+  double gbs() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+};
+std::vector<Bandwidth> time_elementwise(int64_t elems, int iters) {
+  const int64_t C = 1024, N = std::max<int64_t>(1, elems / C);
+  Tensor a = filled({N, C}), b = filled({N, C}), w = filled({C}), rstd = empty({N}, DType::f32);
+  const double e = double(N * C) * 4;
+  std::vector<Bandwidth> r;
+  double s = time_median(iters, "calibration: add_", [&] { add_(a, b); });  // read a and b, write a
+  r.push_back({"add_ (a += b)", 3 * e, s});
+  s = time_median(iters, "calibration: rmsnorm", [&] { rmsnorm_forward(b, rstd, a, w, 1e-5); });  // read a, write b
+  r.push_back({"rmsnorm forward", 2 * e + double(N) * 4, s});
+  Tensor c = filled({N, C}), d = zeros({N, C}, DType::f32);
+  s = time_median(iters, "calibration: swiglu", [&] { swiglu_forward(c, a, b); });  // read a and b, write c
+  r.push_back({"swiglu forward", 3 * e, s});
+  int64_t step = 0;  // read param a, grad b, moments c and d; write a, c and d
+  s = time_median(iters, "calibration: adamw", [&] { adamw_step(a, b, c, d, 1e-4, 0.9, 0.95, 1e-8, 0.1, ++step); });
+  r.push_back({"adamw step", 7 * e, s});
+  return r;
+}
+
+// One collective kind's measurement on groups of n ranks.
+struct CollectiveTime {
+  std::string kind;
+  bool async = false;  // issued non-blocking and waited (bandwidth_gbs_by_kind's "<kind>_async")
+  double small_s = 0;  // the small message: median over iterations of the slowest rank's time
+  // Per bandwidth size: what one rank sends (comm_counters.h) and the time, as small_s.
+  std::vector<std::pair<double, double>> large;
+};
+
+// The kinds measured: those of data parallel, fully_shard, tp and cp (ring_shift: ring attention's K/V passing).
+const std::vector<std::string> kFitKinds = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ring_shift"};
+
+// Buffers for kind on n ranks holding `bytes` in all (nccl-tests' size: the all_reduce buffer, the all_gather
+// output, the reduce_scatter input), as f32 elements, a multiple of n.
+// One collective of a kind on its buffers, issued and waited (calibration's own, as train issues it).
+struct CollectiveCall {
+  Group& g;
+  std::string kind;
+  int64_t count, m;  // the whole buffer's f32 elements (a multiple of n), a rank's part of it
+  Tensor whole, part, out;
+  CollectiveCall(Group& group, std::string k, int64_t bytes)
+      : g(group), kind(std::move(k)), count(std::max<int64_t>(g.size(), bytes / 4 / g.size() * g.size())),
+        m(count / g.size()), whole(filled({count})), part(filled({m})), out(empty({count}, DType::f32)) {}
+  // async: issued non-blocking and waited at once, as the runtime issues gradient buckets, fully_shard's transfers
+  // and ring attention's shifts (Open MPI runs its non-blocking collectives by other algorithms).
+  void run(bool async = false) {
+    Work w;
+    if (kind == "all_reduce") w = g.all_reduce(whole, ReduceOp::sum, async);
+    else if (kind == "all_gather") w = g.all_gather(out, part, async);
+    else if (kind == "reduce_scatter") w = g.reduce_scatter(part, whole, ReduceOp::sum, async);
+    else if (kind == "all_to_all") w = g.all_to_all(out, whole, async);
+    else w = g.ring_shift(out, whole, 1, async);
+    w.wait();
+  }
+};
+
+double time_collective(Group& g, const std::string& kind, int64_t bytes, int iters, double* sent, bool async = false) {
+  const int n = g.size();
+  CollectiveCall call(g, kind, bytes);
+  auto run = [&] { call.run(async); };
+  run();
+  std::vector<double> t(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
+    control_barrier(MPI_COMM_WORLD, "calibration: collective");
+    auto t0 = Clock::now();
+    run();
+    t[size_t(i)] = seconds_since(t0);
+  }
+  // An iteration lasts as long as its slowest rank (as meshtrain check times it).
+  control_all_reduce(MPI_COMM_WORLD, t.data(), iters, MPI_DOUBLE, MPI_MAX, "calibration: collective time");
+  const double whole_bytes = double(call.count) * 4;
+  *sent = kind == "all_reduce"   ? whole_bytes * 2.0 * (n - 1) / n
+          : kind == "ring_shift" ? whole_bytes
+                                 : whole_bytes * double(n - 1) / n;
+  return median(t);
+}
+
+// The wait one collective call adds when its members come from computing, as in a training step (LinkSpec::sync_us):
+// with more ranks than cores a member may not be scheduled when the others arrive, and the waiting ranks' polling
+// takes cores from the computing ones; collectives timed back to back show none of it. Every rank, in groups of n,
+// runs `calls` repetitions of (work; a small collective) and then of the work alone, for each kind in turn, reps
+// times; a sample is the difference per call (each loop's time its slowest rank's) less the kind's own time back
+// to back (own_s, so that its latency is not counted twice), the wait the median of the samples (the scheduler makes
+// single loops differ by milliseconds) and the segment the work alone's time per call. The work is a
+// (rows, 256) x (768, 256)^T GEMM: 256 rows are about what a rank computes between two collectives of a
+// tensor-parallel decoder layer of a small model, 4096 rows a data-parallel rank's between its few.
+struct SyncPoint {
+  double segment_s = 0, wait_s = 0;
+};
+SyncPoint time_sync(Group& g, const std::vector<std::pair<std::string, double>>& kinds_own_s, int64_t latency_bytes,
+                    int64_t rows, int calls, int reps) {
+  Tensor inp = filled({rows, 256}), w = filled({768, 256}), out = empty({rows, 768}, DType::f32);
+  auto loop = [&](CollectiveCall* call) {
+    control_barrier(MPI_COMM_WORLD, "calibration: sync");
+    auto t0 = Clock::now();
+    for (int i = 0; i < calls; ++i) {
+      matmul_forward(out, inp, w);
+      if (call) call->run();
+    }
+    return seconds_since(t0);
+  };
+  std::vector<CollectiveCall> kinds;
+  for (auto& [kind, own] : kinds_own_s) kinds.emplace_back(g, kind, latency_bytes);
+  std::vector<double> with, without;
+  for (int r = 0; r <= reps; ++r)  // the first round warms up
+    for (CollectiveCall& call : kinds) {
+      const double a = loop(&call), b = loop(nullptr);
+      if (r > 0) with.push_back(a), without.push_back(b);
+    }
+  control_all_reduce(MPI_COMM_WORLD, with.data(), int(with.size()), MPI_DOUBLE, MPI_MAX, "calibration: sync time");
+  control_all_reduce(MPI_COMM_WORLD, without.data(), int(without.size()), MPI_DOUBLE, MPI_MAX,
+                     "calibration: sync time");
+  std::vector<double> samples;
+  for (size_t i = 0; i < with.size(); ++i)
+    samples.push_back((with[i] - without[i]) / calls - kinds_own_s[i % kinds_own_s.size()].second);
+  return {median(without) / calls, std::max(0.0, median(samples))};
+}
+
+struct LinkFit {
+  int ranks = 0;
+  LinkSpec link;
+  std::vector<CollectiveTime> kinds;
+};
+
+// Groups of n ranks (all of the world's ranks in such groups at once): the latency is the median over the kinds of
+// the small message's time per message step; each kind's bandwidth the median over the sizes of the bytes sent
+// over the time less the latency; bandwidth_gbs, for the kinds not measured, the kinds' median.
+LinkFit measure_link(int world, int n, const std::string& backend, const CalibrateOptions& o) {
+  MeshOptions mo;
+  mo.device = Device::cpu();
+  mo.backend = backend;
+  std::vector<MeshDim> dims;
+  if (world / n > 1) dims.push_back({"calibrate_groups", world / n});
+  dims.push_back({"calibrate_ranks", n});
+  DeviceMesh mesh = DeviceMesh::create(dims, mo);
+  Group& g = mesh.group("calibrate_ranks");
+  LinkFit fit;
+  fit.ranks = n;
+  std::vector<double> per_step;
+  for (const std::string& kind : kFitKinds) {
+    CollectiveTime ct;
+    ct.kind = kind;
+    double unused = 0;
+    ct.small_s = time_collective(g, kind, o.latency_bytes, o.collective_iters, &unused);
+    for (int64_t size : o.bandwidth_sizes) {
+      double sent = 0;
+      const double t = time_collective(g, kind, size, o.collective_iters, &sent);
+      ct.large.push_back({sent, t});
+    }
+    per_step.push_back(ct.small_s / collective_steps(kind, n));
+    fit.kinds.push_back(ct);
+  }
+  // The kinds the runtime also issues non-blocking, at the bandwidth sizes (the latency is the blocking ones').
+  for (const std::string& kind : kAsyncKinds) {
+    CollectiveTime ct;
+    ct.kind = kind;
+    ct.async = true;
+    for (int64_t size : o.bandwidth_sizes) {
+      double sent = 0;
+      const double t = time_collective(g, kind, size, o.collective_iters, &sent, true);
+      ct.large.push_back({sent, t});
+    }
+    fit.kinds.push_back(ct);
+  }
+  // Medians, not least squares: with more ranks than cores a rank's reply waits for the scheduler, and one kind's
+  // or one size's time can be several times the others'.
+  const double alpha = median(per_step);
+  std::vector<double> bws;
+  for (auto& ct : fit.kinds) {
+    std::vector<double> rates;  // bytes / (time - steps x latency) at each size
+    for (auto& [bytes, t] : ct.large)
+      // At least a quarter of the time: where the latency is most of it, the size says little of the bandwidth.
+      rates.push_back(bytes / std::max(t - collective_steps(ct.kind, n) * alpha, 0.25 * t));
+    const double bw = median(rates) / 1e9;
+    fit.link.bandwidth_gbs_by_kind[ct.async ? ct.kind + "_async" : ct.kind] = bw;
+    if (!ct.async) bws.push_back(bw);
+  }
+  fit.link.bandwidth_gbs = median(bws);
+  fit.link.latency_us = alpha * 1e6;
+  // sync_us over the kinds a training step calls most (tp and fully_shard's, data parallel's).
+  std::vector<std::pair<std::string, double>> own;
+  for (auto& ct : fit.kinds)
+    if (!ct.async && (ct.kind == "all_reduce" || ct.kind == "all_gather" || ct.kind == "reduce_scatter"))
+      own.push_back({ct.kind, ct.small_s});
+  for (int64_t rows : o.sync_rows) {
+    const int calls = std::max<int>(4, int(o.sync_calls * o.sync_rows.front() / rows));
+    const SyncPoint p = time_sync(g, own, o.latency_bytes, rows, calls, o.sync_reps);
+    fit.link.sync_us[p.segment_s * 1e3] = p.wait_s * 1e6;
+  }
+  return fit;
+}
+
+// "256K", "16M": the sizes in messages.
+std::string human_bytes(int64_t b) {
+  if (b >= (1 << 20) && b % (1 << 20) == 0) return fmt::format("{}M", b >> 20);
+  if (b >= (1 << 10) && b % (1 << 10) == 0) return fmt::format("{}K", b >> 10);
+  return fmt::format("{}B", b);
+}
+
+// Measured figures to 4 significant digits: the noise is larger than that, and the file stays readable.
+double sig4(double x) { return x > 0 ? std::stod(fmt::format("{:.4g}", x)) : x; }
+void round_figures(ClusterSpec& c) {
+  auto link = [](LinkSpec& l) {
+    l.bandwidth_gbs = sig4(l.bandwidth_gbs), l.latency_us = sig4(l.latency_us);
+    std::map<double, double> sync;
+    for (auto& [ms, us] : l.sync_us) sync[sig4(ms)] = sig4(us);
+    l.sync_us = sync;
+    for (auto& [k, x] : l.bandwidth_gbs_by_kind) x = sig4(x);
+  };
+  for (auto& [dt, x] : c.peak_tflops) x = sig4(x);
+  link(c.node), link(c.network);
+  for (auto& [n, l] : c.node_by_ranks) link(l);
+  c.device_memory_gib = sig4(c.device_memory_gib);
+  c.gemm_efficiency = std::min(1.0, sig4(c.gemm_efficiency));
+  c.attention_efficiency = std::min(1.0, sig4(c.attention_efficiency));
+  c.memory_bandwidth_gbs = sig4(c.memory_bandwidth_gbs);
+}
+
+struct Calibration {
+  ClusterSpec spec;
+  int threads = 0, cores = 0;
+  double share = 1;                    // the cores a rank has when all run: min(threads, cores / ranks)
+  double cpu_peak = 0, bf16_peak = 0;  // per rank: alone / its cores alone x share
+  std::vector<Rate> gemms, attentions;
+  std::vector<Bandwidth> elementwise;
+  std::vector<LinkFit> links;
+  std::vector<int64_t> bandwidth_sizes;
+};
+
+// cal's peaks (cpu_peak, bf16_peak) and the cores they are shared by (cores, share); cal.threads set.
+void measure_peaks(Calibration& cal, const MpiEnv& env, const CalibrateOptions& o) {
+  const int world = env.size();
+  // The peaks: each rank's threads alone (one rank at a time, the others waiting), per core, times the cores a
+  // rank has when all run, min(threads, cores / ranks on the node): a rank's peak when all run. Measured alone because a peak
+  // measured under contention is whatever the scheduler gave that moment (from a quarter to all of a core with 8
+  // ranks on 2 cores, run to run); the contention is in the efficiencies, measured with every rank running.
+  double f32_alone = 0, bf16_alone = 0;
+  for (int r = 0; r < world; ++r) {
+    control_barrier(MPI_COMM_WORLD, "calibration: peak, one rank at a time");
+    if (env.rank() == r) {
+      f32_alone = cpu_peak_flops();  // cached for the process: the same figure train's MFU would use
+      // cpu_peak_flops' measurement in bf16 (on one rank at a time, as calibrate runs both).
+      bf16_alone = gemm_peak_flops(DType::bf16, o.quick ? 256 : 768, o.quick ? 1 : 3);
+    }
+  }
+  cal.cores = available_cores();
+  // A rank's cores when all run (rank_share's rule), and alone (its threads, at most the node's cores).
+  cal.share = std::min(double(cal.threads), double(cal.cores) / env.local_size());
+  const double alone_cores = std::min(cal.threads, cal.cores);
+  cal.cpu_peak = median_over_ranks(f32_alone, "calibration: f32 peak") / alone_cores * cal.share;
+  cal.bf16_peak = median_over_ranks(bf16_alone, "calibration: bf16 peak") / alone_cores * cal.share;
+}
+
+// cal.spec from cal's measurements (o: the options as given, co: as run, --quick's reductions applied).
+void fill_spec(Calibration& cal, const MpiEnv& env, const Config& cfg, const CalibrateOptions& o,
+               const CalibrateOptions& co) {
+  const int world = env.size();
+  // The figures: the harmonic mean of the shapes' rates, the rate of a mix with equal FLOPs of each (a
+  // time-weighted mean would be the largest shape's alone).
+  auto harmonic = [](const std::vector<double>& rates) {
+    double inv = 0;
+    for (double r : rates) inv += r > 0 ? 1 / r : 0;
+    return inv > 0 ? double(rates.size()) / inv : 0;
+  };
+  auto total = [&](const std::vector<Rate>& rs) {
+    std::vector<double> rates;
+    for (auto& r : rs) rates.push_back(r.rate());
+    return std::array<double, 2>{harmonic(rates), rates.empty() ? 0 : *std::max_element(rates.begin(), rates.end())};
+  };
+  const auto [gemm_rate, gemm_best] = total(cal.gemms);
+  const auto [att_rate, att_best] = total(cal.attentions);
+  // cpu_peak_flops is a best-of-7 768^3 GEMM; a larger GEMM here may beat it. The peak is the fastest of them, so
+  // that peak x efficiency is the measured rate and every efficiency is <= 1.
+  const double peak = std::max({cal.cpu_peak, gemm_best, att_best});
+  std::string sizes;
+  for (int64_t b : co.bandwidth_sizes) sizes += (sizes.empty() ? "" : ", ") + human_bytes(b);
+  std::vector<double> elementwise_rates;  // the same mean: equal bytes through each op
+  for (auto& b : cal.elementwise) elementwise_rates.push_back(b.gbs());
+
+  ClusterSpec& c = cal.spec;
+  c.name = "this_machine";
+  c.devices_per_node = env.local_size();
+  c.cores_per_node = cal.cores;
+  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  c.device_memory_gib = ram / double(env.local_size()) / double(1 << 30);
+  // The file's figures are one core's (cores_per_node set): a rank's divided by its share.
+  c.peak_tflops["fp32"] = peak / cal.share / 1e12;
+  // bf16 on the CPU is f32 arithmetic on widened copies (ops.h): its own peak, its rate relative to f32's assumed
+  // the same for every op kind.
+  if (cal.bf16_peak > 0)
+    c.peak_tflops["bf16"] = cal.bf16_peak * (peak / std::max(cal.cpu_peak, 1.0)) / cal.share / 1e12;
+  c.gemm_efficiency = std::clamp(gemm_rate / peak, 1e-6, 1.0);
+  c.attention_efficiency = std::clamp(att_rate / peak, 1e-6, 1.0);
+  c.memory_bandwidth_gbs = harmonic(elementwise_rates) / cal.share;
+  for (auto& l : cal.links) c.node_by_ranks[l.ranks] = l.link;
+  c.node = cal.links.back().link;  // the world's groups: every rank at once
+  c.network = c.node;
+  c.source = fmt::format(
+      "measured by meshtrain estimate --calibrate on {}: {} CPU ranks on one node, {} thread(s) per rank, {} "
+      "kernels, comm backend {}. peak_tflops and memory_bandwidth_gbs are one core's (a rank gets rank_share of "
+      "them: here {:.3g} of the {} cores each): peak = cpu_peak_flops' 768^3 GEMM on one rank alone, per core, or "
+      "the fastest rate measured here if higher; every rate with all ranks running at once, an op's time the "
+      "slowest rank's; rates are harmonic means over the shapes (equal FLOPs or "
+      "bytes of each); gemm = matmul forward+backward at N=2048, C=256..1024; "
+      "attention = local causal forward+backward, T=256..1024, 8 heads, hd 32/64; memory bandwidth = add_, "
+      "rmsnorm, swiglu and adamw over {} MiB tensors; links = all_reduce, all_gather, reduce_scatter, all_to_all, "
+      "ring_shift of {} B (latency: the median per message step) and of {} (bandwidth per kind, and of all_reduce, "
+      "all_gather, reduce_scatter and ring_shift issued non-blocking (<kind>_async): the median over "
+      "the sizes; bandwidth_gbs: the kinds' median) in groups of n ranks (node_by_ranks), node = the world's; "
+      "sync_us = loops of (a GEMM of 256, 1024 or 4096 rows x 256 x 768, an all_reduce, all_gather or "
+      "reduce_scatter of {} B) against the GEMMs alone, all ranks at once: per segment (the GEMM's time), the median "
+      "over kinds and rounds of the time per call less the collective's own; network "
+      "= node (one node: no network measured). device_memory_gib = RAM / ranks.",
+      env.host(), world, cal.threads, cpu_isa_name(cpu_isa()), cfg.comm.backend, cal.share, cal.cores,
+      (o.quick ? (1 << 18) : o.elementwise_elems) * 4 >> 20, o.latency_bytes, sizes, o.latency_bytes);
+  round_figures(c);
+  check_cluster(c);
+}
+
+Calibration calibrate(const MpiEnv& env, const Config& cfg, const CalibrateOptions& o) {
+  Calibration cal;
+  const int world = env.size();
+  run_agreed(env, "the calibration's setup", [&] {
+    MT_CHECK(cfg.comm.device == "cpu", "cluster",
+             "comm.device = {}: calibration measures CPU ranks (its peak is cpu_peak_flops'); run it with "
+             "--set comm.device=cpu",
+             cfg.comm.device);
+    MT_CHECK(world >= 2, "cluster",
+             "calibration needs at least 2 ranks to measure a link (mpirun -np 2 or more; this job has 1)");
+    MT_CHECK(env.local_size() == world, "cluster",
+             "calibration measures one node, but the {} ranks are spread over several hosts ({} on {}): run it on "
+             "one node",
+             world, env.local_size(), env.host());
+    MT_CHECK(o.iters >= 1 && o.collective_iters >= 1 && o.sync_calls >= 1 && o.sync_reps >= 1, "cluster",
+             "calibration needs at least one repetition");
+    MT_CHECK(!o.sync_rows.empty(), "cluster", "calibration needs at least one sync GEMM size");
+    cal.threads = cfg.training.threads > 0 ? cfg.training.threads : default_threads(env);
+    set_cpu_threads(cal.threads);
+  });
+  const int iters = o.quick ? 1 : o.iters;
+  CalibrateOptions co = o;
+  if (o.quick)
+    co.collective_iters = std::min(o.collective_iters, 3), co.bandwidth_sizes = {64 << 10, 1 << 20},
+    co.sync_calls = std::min(o.sync_calls, 4), co.sync_reps = 1, co.sync_rows = {64};
+  MT_CHECK(!co.bandwidth_sizes.empty(), "cluster", "calibration needs at least one bandwidth size");
+
+  measure_peaks(cal, env, o);
+
+  // GEMMs of transformer-like shapes: 2048 tokens through dim 256..1024 projections and a 3x FFN.
+  const std::vector<std::array<int64_t, 3>> gemm_shapes =
+      o.quick ? std::vector<std::array<int64_t, 3>>{{256, 128, 128}}
+              : std::vector<std::array<int64_t, 3>>{
+                    {2048, 256, 256}, {2048, 256, 768}, {2048, 512, 512}, {2048, 1024, 1024}};
+  for (auto& [N, C, OC] : gemm_shapes) cal.gemms.push_back(time_gemm(N, C, OC, iters));
+  const std::vector<std::array<int64_t, 2>> att_shapes =
+      o.quick ? std::vector<std::array<int64_t, 2>>{{128, 32}}
+              : std::vector<std::array<int64_t, 2>>{{256, 32}, {512, 32}, {1024, 32}, {1024, 64}};
+  for (auto& [T, hd] : att_shapes) cal.attentions.push_back(time_attention(T, 8, hd, iters));
+  cal.elementwise = time_elementwise(o.quick ? (1 << 18) : o.elementwise_elems, iters);
+
+  // Links: groups of every size n dividing the world (all ranks in such groups at once).
+  cal.bandwidth_sizes = co.bandwidth_sizes;
+  for (int n = 2; n <= world; ++n)
+    if (world % n == 0) cal.links.push_back(measure_link(world, n, cfg.comm.backend, co));
+
+  fill_spec(cal, env, cfg, o, co);
+  return cal;
+}
+
+void print_calibration(const Calibration& cal, int world, const std::vector<int64_t>& sizes) {
+  const ClusterSpec& c = cal.spec;
+  const double peak = c.peak_tflops.at("fp32") * 1e12 * cal.share;  // a rank's
+  std::printf(
+      "calibrated this machine: %d ranks on one node, %d thread(s) per rank (figures per rank, every rank "
+      "running at once)\n",
+      world, cal.threads);
+  std::printf("  a rank's cores when all run: %.3g of %d (min(threads, cores / ranks))\n", cal.share, cal.cores);
+  std::printf("  f32 GEMM peak (768^3 alone, x share)    %9.2f GFLOP/s\n", cal.cpu_peak / 1e9);
+  std::printf("  bf16 GEMM peak (768^3 alone, x share)   %9.2f GFLOP/s\n", cal.bf16_peak / 1e9);
+  std::printf("  peak used (the larger of it and rates)  %9.2f GFLOP/s\n", peak / 1e9);
+  for (auto* rs : {&cal.gemms, &cal.attentions})
+    for (auto& r : *rs)
+      std::printf("  %-38s  %9.2f GFLOP/s  %6.1f%% of peak  (%.2f ms)\n", r.what.c_str(), r.rate() / 1e9,
+                  100 * r.rate() / peak, r.seconds * 1e3);
+  for (auto& b : cal.elementwise)
+    std::printf("  %-38s  %9.2f GB/s              (%.2f ms)\n", b.what.c_str(), b.gbs(), b.seconds * 1e3);
+  std::printf(
+      "  => gemm_efficiency %.3f, attention_efficiency %.3f, per core: peak_tflops fp32 %.4g, "
+      "memory_bandwidth_gbs %.4g\n",
+      c.gemm_efficiency, c.attention_efficiency, c.peak_tflops.at("fp32"), c.memory_bandwidth_gbs);
+  std::printf("\n  links (groups of n ranks, all ranks at once; busbw GB/s at each size, then the fit)\n");
+  std::printf("  %5s %-20s %4s", "ranks", "kind", "8B us");
+  for (int64_t b : sizes) std::printf(" %8s", human_bytes(b).c_str());
+  std::printf(" %8s\n", "fit");
+  for (auto& l : cal.links) {
+    for (auto& k : l.kinds) {
+      const std::string name = k.async ? k.kind + "_async" : k.kind;
+      if (k.async) std::printf("  %5d %-20s %4s", l.ranks, name.c_str(), "-");
+      else std::printf("  %5d %-20s %4.0f", l.ranks, name.c_str(), k.small_s * 1e6);
+      for (auto& [bytes, t] : k.large) std::printf(" %8.3f", bytes / t / 1e9);
+      std::printf(" %8.3f\n", l.link.bandwidth_for(k.kind, k.async));
+    }
+    std::printf("  %5d => latency_us %.3g per message step, bandwidth_gbs %.4g (the kinds' median)\n", l.ranks,
+                l.link.latency_us, l.link.bandwidth_gbs);
+    std::printf("  %5d => sync_us (a call's wait when its ranks come from computing, by the work before it):", l.ranks);
+    for (auto& [ms, us] : l.link.sync_us) std::printf(" %.3g ms: %.0f us", ms, us);
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+ClusterSpec calibrate_cluster(const MpiEnv& env, const Config& cfg, const CalibrateOptions& opts) {
+  return calibrate(env, cfg, opts).spec;
+}
+
+int run_calibrate(const RunContext& ctx, const std::string& out_path, const CalibrateOptions& opts) {
+  const MpiEnv& env = *ctx.env;
+  // The output path first: minutes of measuring must not end in "cannot write".
+  run_agreed(env, "the calibration's output", [&] {
+    MT_CHECK(!out_path.empty(), "cluster", "--calibrate needs --out FILE, the cluster file to write");
+    if (env.rank() != 0) return;
+    const bool existed = std::filesystem::exists(out_path);
+    std::error_code ec;
+    const auto parent = std::filesystem::path(out_path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    std::ofstream probe(out_path, std::ios::app);
+    if (!probe) fail("cluster", "cannot write --out '{}': {}", out_path, std::strerror(errno));
+    probe.close();
+    if (!existed) std::filesystem::remove(out_path, ec);
+  });
+  Calibration cal = calibrate(env, ctx.config, opts);
+  run_agreed(env, "writing the cluster file", [&] {
+    if (env.rank() != 0) return;
+    print_calibration(cal, env.size(), cal.bandwidth_sizes);
+    write_cluster(cal.spec, out_path,
+                  fmt::format("This machine, measured by `mpirun -np {} meshtrain estimate --calibrate --out {}`.\n"
+                              "peak_tflops and memory_bandwidth_gbs are one core's, measured with all {} ranks "
+                              "running (a rank gets rank_share of them);\nthe links are this {}-rank run's. Rerun to "
+                              "refresh them.",
+                              env.size(), out_path, env.size(), env.size()));
+    std::printf("\nwrote %s\n", out_path.c_str());
+  });
+  return 0;
+}
+
+}  // namespace mt
