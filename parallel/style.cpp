@@ -107,9 +107,16 @@ void StyleArgs::only(const char* style, const std::vector<std::string>& takes) c
   given("use_local_output", use_local_output.has_value());
 }
 
-namespace {}  // namespace
-
 // ---- ColwiseParallel
+
+namespace {
+// Colwise and Rowwise shard a Linear's or an Embedding's weight; any other module is a plan mistake.
+void check_linear_or_embedding(const char* style, const Module& m, const std::string& pattern) {
+  MT_CHECK(m.type() == "Linear" || m.type() == "Embedding", "parallel",
+           "{} cannot handle {} ({}): it applies to Linear and Embedding modules (plan entry '{}')", style, m.name(),
+           m.type(), pattern);
+}
+}  // namespace
 
 std::string ColwiseParallel::str() const {
   return fmt::format("ColwiseParallel(input {}, output {})", input_layouts.value_or(Placement::Replicate()).str(),
@@ -117,9 +124,7 @@ std::string ColwiseParallel::str() const {
 }
 
 void ColwiseParallel::check(const Module& m, const std::string& pattern) const {
-  MT_CHECK(m.type() == "Linear" || m.type() == "Embedding", "parallel",
-           "ColwiseParallel cannot handle {} ({}): it applies to Linear and Embedding modules (plan entry '{}')",
-           m.name(), m.type(), pattern);
+  check_linear_or_embedding(name, m, pattern);
 }
 
 // A plain local input (PyTorch: from_local) gets its partial gradient made whole at once (an all-reduce,
@@ -160,9 +165,7 @@ std::string RowwiseParallel::str() const {
 }
 
 void RowwiseParallel::check(const Module& m, const std::string& pattern) const {
-  MT_CHECK(m.type() == "Linear" || m.type() == "Embedding", "parallel",
-           "RowwiseParallel cannot handle {} ({}): it applies to Linear and Embedding modules (plan entry '{}')",
-           m.name(), m.type(), pattern);
+  check_linear_or_embedding(name, m, pattern);
 }
 
 void RowwiseParallel::apply(Module& m, const StyleContext& c) const {

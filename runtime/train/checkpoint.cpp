@@ -229,6 +229,164 @@ std::string shard_file(const std::string& prefix, int k, int n) {
 
 }  // namespace
 
+namespace {
+
+// Which rank writes each tensor and into which file: one model and one optimizer file per writer that has such
+// tensors, numbered in rank order (under pipeline parallel stage by stage: each stage's numbers follow the previous
+// stages', which one all-gather over the stages tells).
+struct FilePlan {
+  std::vector<int> writer;             // per tensor: its writer's rank in the model's ranks
+  std::map<int, int> model_k, opt_k;   // writer -> file index
+  int n_model = 0, n_opt = 0;          // files of the whole checkpoint
+};
+
+FilePlan plan_files(const std::vector<CkptTensor>& ts, int n_world, const Config& config, const DeviceMesh& mesh,
+                    Group* stages) {
+  FilePlan f;
+  const int n_stages = stages ? stages->size() : 1;
+  const int64_t writers_cfg =
+      config.checkpoint.writers > 0 ? std::max<int64_t>(1, config.checkpoint.writers / n_stages) : 0;
+  f.writer = assign_writers(ts, n_world, writers_cfg);
+  for (size_t i = 0; i < ts.size(); ++i) (ts[i].model ? f.model_k : f.opt_k)[f.writer[i]] = 0;
+  for (auto& [w, k] : f.model_k) k = f.n_model++;
+  for (auto& [w, k] : f.opt_k) k = f.n_opt++;
+  if (!stages) return f;
+  Tensor mine = empty({2}, DType::i64), all = empty({2 * int64_t(n_stages)}, DType::i64);
+  mine.at<int64_t>(0) = f.n_model, mine.at<int64_t>(1) = f.n_opt;
+  Tensor all_d = all.to(mesh.device());
+  stages->all_gather(all_d, mine.to(mesh.device()));
+  all = all_d.to(Device::cpu());
+  int off_model = 0, off_opt = 0, tot_model = 0, tot_opt = 0;
+  for (int s = 0; s < n_stages; ++s) {
+    const int a = int(all.at<int64_t>(2 * s)), b = int(all.at<int64_t>(2 * s + 1));
+    if (s < stages->rank()) off_model += a, off_opt += b;
+    tot_model += a, tot_opt += b;
+  }
+  for (auto& [w, k] : f.model_k) k += off_model;
+  for (auto& [w, k] : f.opt_k) k += off_opt;
+  f.n_model = tot_model, f.n_opt = tot_opt;
+  return f;
+}
+
+// Step 2 of a save: every writer writes its files, one whole tensor at a time; a writer that fails keeps taking
+// part in the gathers (no rank is left waiting) and reports at the agreement that follows. Returns its error.
+std::exception_ptr write_shards(const std::vector<CkptTensor>& ts, const FilePlan& f, Group& world,
+                                const fs::path& tmp, int64_t optimizer_steps, int64_t step, bool root) {
+  const int me = world.rank();
+  std::exception_ptr err;
+  std::unique_ptr<SafetensorsWriter> mine_model, mine_opt;
+  auto layout = [&](bool model_file) {
+    std::vector<SafetensorsWriter::Layout> l;
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (f.writer[i] == me && ts[i].model == model_file)
+        l.push_back({ts[i].name, ts[i].t.local.dtype(), ts[i].t.shape()});
+    return l;
+  };
+  try {
+    if (f.model_k.count(me))
+      mine_model = std::make_unique<SafetensorsWriter>(
+          (tmp / shard_file("model", f.model_k.at(me), f.n_model)).string(), layout(true),
+          std::map<std::string, std::string>{{"format", "pt"}});
+    if (f.opt_k.count(me))
+      mine_opt = std::make_unique<SafetensorsWriter>(
+          (tmp / shard_file("optimizer", f.opt_k.at(me), f.n_opt)).string(), layout(false),
+          std::map<std::string, std::string>{{"step", std::to_string(optimizer_steps)}});
+  } catch (...) {
+    err = std::current_exception();
+  }
+  int64_t mine_written = 0, mine_total = 0;
+  for (size_t i = 0; i < ts.size(); ++i) mine_total += f.writer[i] == me;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    Tensor full = gather_to_writer(ts[i].t, f.writer[i], world);
+    if (f.writer[i] != me || err) continue;
+    try {
+      (ts[i].model ? mine_model : mine_opt)->write(ts[i].name, full);
+      ++mine_written;
+      if (root && 2 * mine_written >= mine_total) {
+        if (fault_at(step, true)) fail("checkpoint", "MT_FAULT_CHECKPOINT={}:error: writing {} fails", step, tmp.string());
+        if (fault_at(step, false)) {
+          spdlog::error("[checkpoint] MT_FAULT_CHECKPOINT={}: rank 0 dies while writing {}", step, tmp.string());
+          spdlog::default_logger()->flush();
+          std::_Exit(9);
+        }
+      }
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  try {
+    if (!err && mine_model) mine_model->close();
+    if (!err && mine_opt) mine_opt->close();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  return err;  // the writers close here: an unclosed file's .tmp is removed
+}
+
+// meta.json: what a resume needs beyond the tensors (step, data position, the mesh saved on, the config).
+json checkpoint_meta(const TrainProgress& progress, int64_t optimizer_steps, const Config& config,
+                     const DeviceMesh& mesh, int n_stages /* 0: no pipeline */, const FilePlan& f) {
+  json meta;
+  meta["format_version"] = 2;
+  meta["step"] = progress.step;
+  meta["optimizer_steps"] = optimizer_steps;
+  meta["data"] = {{"epoch", progress.data_epoch}, {"offset", progress.data_offset}, {"next_step", progress.step}};
+  meta["rng"] = {{"seed", progress.seed},
+                 {"generator", "philox4x32-10 keyed by (seed, stream name, index): no hidden state"}};
+  json mesh_json = json::array();
+  if (n_stages > 0) mesh_json.push_back({{"name", dim::pp}, {"size", n_stages}});
+  for (auto& d : mesh.dims()) mesh_json.push_back({{"name", d.name}, {"size", d.size}});
+  meta["mesh"] = mesh_json;
+  meta["files"] = {{"model", f.n_model}, {"optimizer", f.n_opt}};
+  meta["config"] = config_to_yaml(config);
+  meta["model"] = {{"dim", config.model.dim},         {"n_layers", config.model.n_layers},
+                   {"n_heads", config.model.n_heads}, {"n_kv_heads", config.model.n_kv_heads},
+                   {"ffn_dim", config.model.ffn_dim}, {"vocab_size", config.model.vocab_size}};
+  return meta;
+}
+
+// Step 3 on rank 0: the indexes (when there are several files), config.json, the tokenizer, meta.json, then the
+// rename and the rotation. entries: [name, model file?, file index, bytes] of every stage's tensors.
+void finish_directory(const json& entries, const FilePlan& f, const json& meta, DType dtype, const Config& config,
+                      const std::string& dir, const fs::path& tmp, const fs::path& final_dir) {
+  auto write_index = [&](const std::string& prefix, bool model_file, int n_files, json metadata) {
+    if (n_files <= 1) return;
+    json map = json::object();
+    uint64_t total = 0;
+    for (const json& e : entries)
+      if (e[1].get<bool>() == model_file) {
+        map[e[0].get<std::string>()] = shard_file(prefix, e[2].get<int>(), n_files);
+        total += e[3].get<uint64_t>();
+      }
+    metadata["total_size"] = total;
+    write_text(tmp / (prefix + ".safetensors.index.json"), json{{"metadata", metadata}, {"weight_map", map}}.dump(2) + "\n");
+    fsync_path(tmp / (prefix + ".safetensors.index.json"));
+  };
+  write_index("model", true, f.n_model, json::object());
+  write_index("optimizer", false, f.n_opt, json{{"step", std::to_string(meta["optimizer_steps"].get<int64_t>())}});
+  write_text(tmp / "config.json", hf_config_json(config, dtype).dump(2) + "\n");
+  fsync_path(tmp / "config.json");
+  // The tokenizer travels with the weights, so that the directory is a whole Hugging Face model.
+  for (const fs::path& t : tokenizer_files(config)) {
+    fs::copy_file(t, tmp / t.filename(), fs::copy_options::overwrite_existing);
+    fsync_path(tmp / t.filename());
+  }
+  write_text(tmp / "meta.json", meta.dump(2) + "\n");
+  fsync_path(tmp / "meta.json");
+  fsync_path(tmp);
+  std::error_code ec;
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp, final_dir, ec);
+  MT_CHECK(!ec, "checkpoint", "cannot rename {} to {}: {}", tmp.string(), final_dir.string(), ec.message());
+  fsync_path(dir);
+  if (config.checkpoint.keep > 0) {  // keep the newest `keep` complete checkpoints
+    std::vector<fs::path> all = complete_checkpoints(dir);
+    for (size_t i = 0; i + size_t(config.checkpoint.keep) < all.size(); ++i) fs::remove_all(all[i], ec);
+  }
+}
+
+}  // namespace
+
 std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, CausalLM& model, AdamW& opt,
                             const Config& config, const DeviceMesh& mesh, const MpiEnv& env, Group* stages) {
   const int64_t step = progress.step;
@@ -236,35 +394,8 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
   std::vector<CkptTensor> ts = checkpoint_tensors(model, &opt);
   // The model's ranks: the world, or under pipeline parallel this stage's, which write this stage's tensors.
   Group& world = mesh.group("world");
-  const int me = world.rank(), n_world = world.size();
   const bool root = env.rank() == 0;  // makes the directory, writes the indexes and meta.json, renames
-  const int n_stages = stages ? stages->size() : 1;
-  const int64_t writers_cfg =
-      config.checkpoint.writers > 0 ? std::max<int64_t>(1, config.checkpoint.writers / n_stages) : 0;
-  const std::vector<int> writer = assign_writers(ts, n_world, writers_cfg);
-  // The files: one model and one optimizer file per writer that has such tensors, numbered in rank order (under
-  // pipeline parallel, stage by stage: each stage's numbers follow the previous stages').
-  std::map<int, int> model_k, opt_k;  // writer -> file index
-  for (size_t i = 0; i < ts.size(); ++i) (ts[i].model ? model_k : opt_k)[writer[i]] = 0;
-  int n_model = 0, n_opt = 0;
-  for (auto& [w, k] : model_k) k = n_model++;
-  for (auto& [w, k] : opt_k) k = n_opt++;
-  if (stages) {
-    Tensor mine = empty({2}, DType::i64), all = empty({2 * int64_t(n_stages)}, DType::i64);
-    mine.at<int64_t>(0) = n_model, mine.at<int64_t>(1) = n_opt;
-    Tensor all_d = all.to(mesh.device());
-    stages->all_gather(all_d, mine.to(mesh.device()));
-    all = all_d.to(Device::cpu());
-    int off_model = 0, off_opt = 0, tot_model = 0, tot_opt = 0;
-    for (int s = 0; s < n_stages; ++s) {
-      const int a = int(all.at<int64_t>(2 * s)), b = int(all.at<int64_t>(2 * s + 1));
-      if (s < stages->rank()) off_model += a, off_opt += b;
-      tot_model += a, tot_opt += b;
-    }
-    for (auto& [w, k] : model_k) k += off_model;
-    for (auto& [w, k] : opt_k) k += off_opt;
-    n_model = tot_model, n_opt = tot_opt;
-  }
+  const FilePlan files = plan_files(ts, world.size(), config, mesh, stages);
   fs::path final_dir = fs::path(dir) / step_dir_name(step);
   fs::path tmp = fs::path(dir) / (step_dir_name(step) + ".tmp");
 
@@ -291,53 +422,8 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
   }
   agree_on_error(env, err, label);
 
-  // 2. Every writer writes its files, one whole tensor at a time; a writer that fails keeps taking part in the
-  // gathers (no rank is left waiting) and reports at the agreement below.
-  std::unique_ptr<SafetensorsWriter> mine_model, mine_opt;
-  auto layout = [&](bool model_file) {
-    std::vector<SafetensorsWriter::Layout> l;
-    for (size_t i = 0; i < ts.size(); ++i)
-      if (writer[i] == me && ts[i].model == model_file) l.push_back({ts[i].name, ts[i].t.local.dtype(), ts[i].t.shape()});
-    return l;
-  };
-  try {
-    if (model_k.count(me))
-      mine_model = std::make_unique<SafetensorsWriter>((tmp / shard_file("model", model_k[me], n_model)).string(),
-                                                       layout(true), std::map<std::string, std::string>{{"format", "pt"}});
-    if (opt_k.count(me))
-      mine_opt = std::make_unique<SafetensorsWriter>(
-          (tmp / shard_file("optimizer", opt_k[me], n_opt)).string(), layout(false),
-          std::map<std::string, std::string>{{"step", std::to_string(opt.steps_taken())}});
-  } catch (...) {
-    err = std::current_exception();
-  }
-  int64_t mine_written = 0, mine_total = 0;
-  for (size_t i = 0; i < ts.size(); ++i) mine_total += writer[i] == me;
-  for (size_t i = 0; i < ts.size(); ++i) {
-    Tensor full = gather_to_writer(ts[i].t, writer[i], world);
-    if (writer[i] != me || err) continue;
-    try {
-      (ts[i].model ? mine_model : mine_opt)->write(ts[i].name, full);
-      ++mine_written;
-      if (root && 2 * mine_written >= mine_total) {
-        if (fault_at(step, true)) fail("checkpoint", "MT_FAULT_CHECKPOINT={}:error: writing {} fails", step, tmp.string());
-        if (fault_at(step, false)) {
-          spdlog::error("[checkpoint] MT_FAULT_CHECKPOINT={}: rank 0 dies while writing {}", step, tmp.string());
-          spdlog::default_logger()->flush();
-          std::_Exit(9);
-        }
-      }
-    } catch (...) {
-      err = std::current_exception();
-    }
-  }
-  try {
-    if (!err && mine_model) mine_model->close();
-    if (!err && mine_opt) mine_opt->close();
-  } catch (...) {
-    err = std::current_exception();
-  }
-  mine_model.reset(), mine_opt.reset();  // an unclosed file's .tmp is removed
+  // 2. Every writer writes its files.
+  err = write_shards(ts, files, world, tmp, opt.steps_taken(), step, root);
   try {
     agree_on_error(env, err, label);
   } catch (...) {
@@ -346,66 +432,19 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
     throw;
   }
 
-  // 3. Rank 0: the indexes (when there are several files), config.json and meta.json, then the rename. Agreed again,
-  // so that no rank goes on (or reads) before the rename and every rank fails when it fails. Under pipeline
-  // parallel each stage's first rank tells rank 0 where its stage's tensors went (the index covers every stage).
+  // 3. Rank 0 finishes the directory and renames it. Agreed again, so that no rank goes on (or reads) before the
+  // rename and every rank fails when it fails. Under pipeline parallel each stage's first rank tells rank 0 where
+  // its stage's tensors went (the index covers every stage).
   json entries = json::array();  // [name, model file?, file index, bytes]
   for (size_t i = 0; i < ts.size(); ++i)
-    entries.push_back({ts[i].name, ts[i].model, (ts[i].model ? model_k : opt_k).at(writer[i]), tensor_bytes(ts[i])});
-  if (stages && me == 0) entries = gather_json_array(*stages, entries, mesh.device());
+    entries.push_back({ts[i].name, ts[i].model, (ts[i].model ? files.model_k : files.opt_k).at(files.writer[i]),
+                       tensor_bytes(ts[i])});
+  if (stages && world.rank() == 0) entries = gather_json_array(*stages, entries, mesh.device());
   err = nullptr;
   if (root) {
     try {
-      auto write_index = [&](const std::string& prefix, bool model_file, int n_files, json metadata) {
-        if (n_files <= 1) return;
-        json map = json::object();
-        uint64_t total = 0;
-        for (const json& e : entries)
-          if (e[1].get<bool>() == model_file) {
-            map[e[0].get<std::string>()] = shard_file(prefix, e[2].get<int>(), n_files);
-            total += e[3].get<uint64_t>();
-          }
-        metadata["total_size"] = total;
-        write_text(tmp / (prefix + ".safetensors.index.json"), json{{"metadata", metadata}, {"weight_map", map}}.dump(2) + "\n");
-        fsync_path(tmp / (prefix + ".safetensors.index.json"));
-      };
-      write_index("model", true, n_model, json::object());
-      write_index("optimizer", false, n_opt, json{{"step", std::to_string(opt.steps_taken())}});
-      write_text(tmp / "config.json", hf_config_json(config, ts.front().t.local.dtype()).dump(2) + "\n");
-      fsync_path(tmp / "config.json");
-      // The tokenizer travels with the weights, so that the directory is a whole Hugging Face model.
-      for (const fs::path& f : tokenizer_files(config)) {
-        fs::copy_file(f, tmp / f.filename(), fs::copy_options::overwrite_existing);
-        fsync_path(tmp / f.filename());
-      }
-      json meta;
-      meta["format_version"] = 2;
-      meta["step"] = step;
-      meta["optimizer_steps"] = opt.steps_taken();
-      meta["data"] = {{"epoch", progress.data_epoch}, {"offset", progress.data_offset}, {"next_step", step}};
-      meta["rng"] = {{"seed", progress.seed},
-                     {"generator", "philox4x32-10 keyed by (seed, stream name, index): no hidden state"}};
-      json mesh_json = json::array();
-      if (stages) mesh_json.push_back({{"name", dim::pp}, {"size", n_stages}});
-      for (auto& d : mesh.dims()) mesh_json.push_back({{"name", d.name}, {"size", d.size}});
-      meta["mesh"] = mesh_json;
-      meta["files"] = {{"model", n_model}, {"optimizer", n_opt}};
-      meta["config"] = config_to_yaml(config);
-      meta["model"] = {{"dim", config.model.dim},         {"n_layers", config.model.n_layers},
-                       {"n_heads", config.model.n_heads}, {"n_kv_heads", config.model.n_kv_heads},
-                       {"ffn_dim", config.model.ffn_dim}, {"vocab_size", config.model.vocab_size}};
-      write_text(tmp / "meta.json", meta.dump(2) + "\n");
-      fsync_path(tmp / "meta.json");
-      fsync_path(tmp);
-      std::error_code ec;
-      fs::remove_all(final_dir, ec);
-      fs::rename(tmp, final_dir, ec);
-      MT_CHECK(!ec, "checkpoint", "cannot rename {} to {}: {}", tmp.string(), final_dir.string(), ec.message());
-      fsync_path(dir);
-      if (config.checkpoint.keep > 0) {  // keep the newest `keep` complete checkpoints
-        std::vector<fs::path> all = complete_checkpoints(dir);
-        for (size_t i = 0; i + size_t(config.checkpoint.keep) < all.size(); ++i) fs::remove_all(all[i], ec);
-      }
+      const json meta = checkpoint_meta(progress, opt.steps_taken(), config, mesh, stages ? stages->size() : 0, files);
+      finish_directory(entries, files, meta, ts.front().t.local.dtype(), config, dir, tmp, final_dir);
     } catch (...) {
       err = std::current_exception();
       std::error_code ec;
