@@ -2,6 +2,7 @@
 // model, and the one registration of each family (torchtitan's TrainSpec). Nothing outside models/ names a family:
 // the run's model.type (or a Hugging Face config.json's model_type) picks one here.
 #pragma once
+#include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -32,8 +33,14 @@ struct RankShape {
   double elem = 4, accum = 4;     // bytes of the compute dtype and of its accumulation dtype
   bool widened_bf16 = false;      // bf16 ops run in f32 on widened copies (CPU ranks: runtime/kernels/op.h)
   Device device = Device::cpu();  // whose allocator rounds each tensor
+  // resident: alloc gives the 4 KiB pages a tensor's bytes touch, what a process's resident set holds of a block
+  // (a granule's tail is never written), instead of the block.
+  bool resident = false;
   // A tensor's bytes as the allocator takes them (allocation_bytes: 2 MiB granules above 1 MiB).
-  double alloc(double bytes) const { return bytes <= 0 ? 0 : double(allocation_bytes(device, size_t(bytes))); }
+  double alloc(double bytes) const {
+    if (bytes <= 0) return 0;
+    return resident ? std::ceil(bytes / 4096) * 4096 : double(allocation_bytes(device, size_t(bytes)));
+  }
 };
 
 // One micro-batch's activations on a rank's stage, in allocator bytes, under the recompute policy its modules carry.
@@ -45,6 +52,8 @@ struct ActivationBytes {
   double logits = 0;               // the logits (dloss/dlogits in place) and the per-token losses (last stage)
   double recompute_transient = 0;  // the most a recomputed layer makes again inside its backward
   double backward_peak = 0;        // the largest gradients in flight inside a backward, beside what is kept
+  double loss = 0;                 // the loss's temporaries beside the logits (last stage)
+  double input_forward = 0;        // the embedding's forward temporaries (first stage)
   double deferred = 0;             // zb1p: what waits between a micro-batch's input gradient (B) and its W
   double boundary = 0;             // one stage-boundary tensor (pp's message), unrounded
   double total() const { return layers + input + head + logits; }

@@ -74,6 +74,9 @@ class FullyShard {
   int64_t slot_elements() const;
   // Each unit's flat buffer in elements (one rank's slot), in forward order: gathered, a unit is n x that.
   std::vector<int64_t> unit_slots() const;
+  // Each unit's sharded parameters, their gathered elements (this rank's tp part, whole on the fsdp dim), in
+  // forward order: each is its own allocation while the unit is unpacked, and so is its full-size gradient.
+  std::vector<std::vector<int64_t>> unit_param_elements() const;
   const FullyShardOptions& options() const { return opts_; }
   // Pipeline parallel with reshard_after_forward false: between hold() and release() a unit gathered once stays
   // gathered and its gradients accumulate whole; release() reduce-scatters each unit's once and frees it. So a

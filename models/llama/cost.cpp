@@ -78,6 +78,9 @@ ActivationBytes LlamaForCausalLM::activation_bytes(const RankShape& s) const {
   }
   const bool last = has_output();
   if (has_input()) r.input = A(4 * d.B * d.T);  // the embedding keeps its token ids
+  // bf16 on CPU ranks: the embedding's forward widens its table (V/tp rows) and writes an f32 output.
+  if (has_input() && s.widened_bf16)
+    r.input_forward = A(4 * double(config.vocab_size / s.tp) * d.C) + A(4 * d.B * d.T * d.C);
   if (last) {
     // The final norm's input and rstd, lm_head's input (whole sequence per tp rank), released by their
     // backwards; the logits (B, T, V/tp), which become dloss/dlogits in place, and the per-token losses, held
@@ -97,7 +100,15 @@ ActivationBytes LlamaForCausalLM::activation_bytes(const RankShape& s) const {
   // copies (runtime/kernels/op.h): SwiGLU's backward then also holds f32 copies of dh, gate and up and f32
   // buffers for dgate and dup.
   const double residual_grad = A(d.e * d.B * d.Tsp * d.C);
-  const double head_grads = last ? A(d.e * d.B * d.T * d.C) + (s.sequence_parallel ? residual_grad : 0) : 0;
+  double head_grads = last ? A(d.e * d.B * d.T * d.C) + (s.sequence_parallel ? residual_grad : 0) : 0;
+  if (last && s.widened_bf16) {
+    // lm_head's matmul backward in f32: dlogits (its local vocabulary), the input and the weight widened, and
+    // an f32 buffer for the input gradient; the weight is a vocabulary-sized matrix, so this is the step's
+    // peak whenever the vocabulary dominates. The loss widens the logits and writes dlogits in f32 too.
+    const double Vtp = double(config.vocab_size / s.tp);
+    head_grads += A(4 * d.B * d.T * Vtp) + 2 * A(4 * d.B * d.T * d.C) + A(4 * Vtp * d.C);
+    r.loss = 2 * A(4 * d.B * d.T * d.Vl);
+  }
   const double widened = s.widened_bf16 ? 5 * A(4 * d.B * d.T * d.F) : 0;
   const double mlp_grads = 3 * A(d.e * d.B * d.T * d.F) + residual_grad - r.head + widened;
   const double attn_grads =

@@ -2,6 +2,7 @@
 // runtime's own kernels and collectives, every rank at once, and written as a cluster file.
 #include <mpi.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -463,6 +464,7 @@ void fill_spec(Calibration& cal, const MpiEnv& env, const Config& cfg, const Cal
 Calibration calibrate(const MpiEnv& env, const Config& cfg, const CalibrateOptions& o) {
   Calibration cal;
   const int world = env.size();
+  const double floor_mib = rank_floor_mib();  // first: before the measurements' buffers
   run_agreed(env, "the calibration's setup", [&] {
     MT_CHECK(cfg.comm.device == "cpu", "cluster",
              "comm.device = {}: calibration measures CPU ranks (its peak is cpu_peak_flops'); run it with "
@@ -507,6 +509,9 @@ Calibration calibrate(const MpiEnv& env, const Config& cfg, const CalibrateOptio
     if (world % n == 0) cal.links.push_back(measure_link(world, n, cfg.comm.backend, co));
 
   fill_spec(cal, env, cfg, o, co);
+  cal.spec.rank_floor_mb = sig4(floor_mib);
+  cal.spec.source += " rank_floor_mb = the ranks' most resident memory (ru_maxrss) after MPI init, before any "
+                     "measurement.";
   return cal;
 }
 
@@ -553,6 +558,14 @@ void print_calibration(const Calibration& cal, int world, const std::vector<int6
 }
 
 }  // namespace
+
+double rank_floor_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  double mib = double(u.ru_maxrss) / 1024.0;  // KiB on Linux
+  control_all_reduce(MPI_COMM_WORLD, &mib, 1, MPI_DOUBLE, MPI_MAX, "the ranks' floor");
+  return mib;
+}
 
 ClusterSpec calibrate_cluster(const MpiEnv& env, const Config& cfg, const CalibrateOptions& opts) {
   return calibrate(env, cfg, opts).spec;

@@ -60,9 +60,10 @@ const std::vector<std::pair<std::string, std::string>> kTopKeys = {
     {"gemm_efficiency", "fraction of peak GEMMs reach, in (0, 1]"},
     {"attention_efficiency", "fraction of peak attention reaches, in (0, 1]"},
     {"memory_bandwidth_gbs", "memory bandwidth elementwise ops reach, GB/s"},
+    {"rank_floor_mb", "an idle rank's resident memory in MiB (after MPI init, before any model)"},
     {"source", "where the figures come from"},
 };
-const std::set<std::string> kOptionalKeys = {"name", "cores_per_node", "node_by_ranks", "source"};
+const std::set<std::string> kOptionalKeys = {"name", "cores_per_node", "node_by_ranks", "rank_floor_mb", "source"};
 
 std::string origin(const std::string& file) { return file.empty() ? "<string>" : file; }
 
@@ -171,6 +172,7 @@ struct ClusterReader {
     c.gemm_efficiency = number(root["gemm_efficiency"], "gemm_efficiency");
     c.attention_efficiency = number(root["attention_efficiency"], "attention_efficiency");
     c.memory_bandwidth_gbs = number(root["memory_bandwidth_gbs"], "memory_bandwidth_gbs");
+    if (root["rank_floor_mb"]) c.rank_floor_mb = number(root["rank_floor_mb"], "rank_floor_mb");
     if (root["source"])
       c.source = root["source"].IsNull() ? "" : scalar<std::string>(root["source"], "source", "a string");
     return c;
@@ -288,6 +290,9 @@ void check_cluster(const ClusterSpec& c) {
   fraction("gemm_efficiency", c.gemm_efficiency);
   fraction("attention_efficiency", c.attention_efficiency);
   positive("memory_bandwidth_gbs", c.memory_bandwidth_gbs, "a bandwidth in GB/s");
+  if (!(std::isfinite(c.rank_floor_mb) && c.rank_floor_mb >= 0))
+    fail("cluster", "{}: rank_floor_mb = {}: expected an idle rank's memory in MiB >= 0 (0: the default)", f,
+         c.rank_floor_mb);
 }
 
 void write_cluster(const ClusterSpec& c, const std::string& path, const std::string& header_comment) {
@@ -312,6 +317,7 @@ void write_cluster(const ClusterSpec& c, const std::string& path, const std::str
   y += "gemm_efficiency: " + num(c.gemm_efficiency) + "\n";
   y += "attention_efficiency: " + num(c.attention_efficiency) + "\n";
   y += "memory_bandwidth_gbs: " + num(c.memory_bandwidth_gbs) + "\n";
+  if (c.rank_floor_mb > 0) y += "rank_floor_mb: " + num(c.rank_floor_mb) + "\n";
   y += "source: " + quoted(c.source) + "\n";
   std::error_code ec;
   const auto parent = std::filesystem::path(path).parent_path();

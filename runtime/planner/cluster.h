@@ -83,6 +83,10 @@ struct ClusterSpec {
   // figure, not the datasheet's.
   double memory_bandwidth_gbs = 0;
   std::string source;  // free text: where the figures come from
+  // What an idle rank of meshtrain takes before any model, in MiB: code, libraries, MPI's buffers, the threads'
+  // stacks (its resident set after MPI init; `estimate --calibrate` measures it). Optional; 0: the estimate's
+  // documented default for CPU ranks (estimate.h's kDefaultRankFloorMib).
+  double rank_floor_mb = 0;
 };
 
 // Reads and checks a cluster file. Every error is "[cluster] FILE: ..." naming the key: a missing field, a
@@ -184,6 +188,10 @@ struct CalibrateOptions {
 // by rank_share; the links are not rescaled: they are this rank count's (calibrate with the rank count to estimate).
 // Every rank is on one node: devices_per_node = its ranks, network = node (said in source). Needs >= 2 ranks.
 ClusterSpec calibrate_cluster(const MpiEnv& env, const Config& cfg, const CalibrateOptions& opts = {});
+// The floor of a rank of this binary in MiB: the most over the job's ranks of the resident-set high-water mark
+// (ru_maxrss, what train's peak_mem_bytes reads) now, after MPI init and the config, before any model or data
+// (collective over the world). calibrate_cluster writes it as rank_floor_mb.
+double rank_floor_mib();
 // Runs calibrate_cluster and, on rank 0, prints what it measured and writes out_path (checked writable before
 // anything is measured, so that a bad path fails at once). Returns the exit code.
 int run_calibrate(const RunContext& ctx, const std::string& out_path, const CalibrateOptions& opts = {});

@@ -105,26 +105,37 @@ double add_state_memory(StageEstimate& st, const RunShape& rs, const StageLayout
   return elements;
 }
 
+// What the activations leave beside a stage's first module (the embedding) in the two phases it runs.
+struct HeldAtInput {
+  double forward = 0;   // a forward starts: the micro-batches in flight before it (pp)
+  double backward = 0;  // a backward reaches it: the other micro-batches in flight (pp), the logits (train_step
+                        // holds them through call_backward) and the token ids
+};
+
 // The activations at the peak: the micro-batches in flight from this rank's own order of actions (memory depends
 // on nothing else). After a forward a (chunk, micro-batch) holds a chunk's share of the activations until its
 // backward; under zb1p, between its input-gradient B and its W, what the model defers (ActivationBytes::deferred).
-void add_activation_memory(StageEstimate& st, const Config& cfg, const RunShape& rs, const StageLayout& lay,
-                           const ActivationBytes& a, int stage) {
+HeldAtInput add_activation_memory(StageEstimate& st, const Config& cfg, const RunShape& rs, const StageLayout& lay,
+                                  const ActivationBytes& a, int stage) {
   const double micro_saved = a.total();
   const int v = rs.P > 1 ? cfg.parallel.pp_virtual : 1;
   const double per_chunk = micro_saved / v, deferred_per_micro = a.deferred / v;
   int in_flight = 1, held_max = 1;
   double act_peak = micro_saved;
+  HeldAtInput held{0, a.input + a.logits};
   if (rs.P > 1) {
     int full = 0, deferred = 0;
     act_peak = 0, in_flight = 0;
     for (const PpAction& x : rs.pipeline.schedule.ranks[size_t(stage)]) {
-      if (x.op == PpOp::forward) ++full;
+      if (x.op == PpOp::forward)
+        held.forward = std::max(held.forward, full * per_chunk + deferred * deferred_per_micro), ++full;
       if (x.op == PpOp::backward) --full;
       if (x.op == PpOp::backward_input) --full, ++deferred;
       if (x.op == PpOp::backward_weight) --deferred;
       const double now = full * per_chunk + deferred * deferred_per_micro;
       if (now > act_peak) act_peak = now, in_flight = full, held_max = deferred;
+      if (x.op == PpOp::backward || x.op == PpOp::backward_input)
+        held.backward = std::max(held.backward, now + a.input + a.logits);
     }
   }
   const bool first = lay.first, last = lay.last;
@@ -141,35 +152,92 @@ void add_activation_memory(StageEstimate& st, const Config& cfg, const RunShape&
                    a.layers_here ? a.layers / double(a.layers_here) / double(1 << 20) : 0.0,
                    last ? ", head " + format_bytes(a.head) : std::string(),
                    last ? ", logits and losses " + format_bytes(a.logits) : std::string())});
-  // The step's largest temporaries beside them: a backward's gradients in flight, and a recomputed layer's
-  // activations made again inside its backward.
-  st.memory.push_back({"backward temporaries", a.backward_peak + a.recompute_transient,
-                       "a layer's gradients in flight (and a recomputed layer)"});
+  return held;
 }
 
-// fully_shard around the first backwards: the unit whose backward runs gathered (its parameters unpacked, one
-// tensor each) with its full-size gradients, and the gather of the unit before it in flight (one flat buffer);
-// the larger of the last unit's and the one before it's. Without resharding every unit stays gathered.
-void add_fsdp_memory(StageEstimate& st, const RunShape& rs, const FullyShard& fsdp) {
-  const int n = rs.run.pd.dp_shard();
-  const std::vector<int64_t> slots = fsdp.unit_slots();  // forward order
+// What fully_shard holds around one unit, every tensor its own allocation (parallel/fully_shard.cpp): in forward
+// its weights unpacked beside the flat gather they came from, then beside the next unit's gather (its slot and
+// flat buffer); in backward the same, then the weights beside their full-size gradients with the unit before it
+// being gathered; in its reduce (the weights freed first) the gradients not yet packed, each with its
+// reduce-dtype copy when that differs, and the flat buffer `all`, then `own`.
+struct UnitBytes {
+  double forward = 0, backward = 0, reduce = 0;
+};
+UnitBytes unit_bytes(const RunShape& rs, const FullyShard& fsdp, size_t i) {
+  const double n = rs.run.pd.dp_shard();
+  const std::vector<int64_t> slots = fsdp.unit_slots();
+  const std::vector<int64_t> params = fsdp.unit_param_elements()[i];
   const double pb = double(dtype_size(fsdp.options().param_dtype)), a = rs.rank.accum;
-  const size_t k = slots.size();
-  auto whole = [&](size_t i) { return double(slots[i]) * n; };  // a unit's gathered elements
-  auto in_backward = [&](size_t i) { return whole(i) * (pb + a) + (i > 0 ? rs.rank.alloc(whole(i - 1) * pb) : 0); };
-  double units = k == 0 ? 0 : in_backward(k - 1);
-  if (k >= 2) units = std::max(units, in_backward(k - 2));
-  const bool reshard = fsdp.options().reshard_after_forward;
-  if (!reshard) {
-    units = 0;
-    double most = 0;
-    for (size_t i = 0; i < k; ++i) units += whole(i) * pb, most = std::max(most, whole(i));
-    units += most * a;
+  const double rb = double(dtype_size(fsdp.options().reduce_dtype));
+  auto A = [&](double b) { return rs.rank.alloc(b); };
+  auto gather = [&](size_t j) { return A(double(slots[j]) * pb) + A(n * double(slots[j]) * pb); };
+  double weights = 0, grads = 0, copy = 0;
+  for (int64_t e : params) {
+    weights += A(double(e) * pb), grads += A(double(e) * a);
+    if (rb != a) copy = std::max(copy, A(double(e) * rb));
   }
-  st.memory.push_back({"fully_shard units", units,
-                       reshard ? "the unit in backward gathered with its full-size gradients, the one before it "
-                                 "being gathered"
-                               : "every unit gathered, the largest unit's full-size gradients"});
+  double prev = 0, next = 0;  // the nearest units with parameters: the prefetches
+  for (size_t j = i; j-- > 0;)
+    if (slots[j] > 0) {
+      prev = gather(j);
+      break;
+    }
+  for (size_t j = i + 1; j < slots.size(); ++j)
+    if (slots[j] > 0) {
+      next = gather(j);
+      break;
+    }
+  const double slot = double(slots[i]), unpack = A(n * slot * pb) + weights;
+  return {std::max(unpack, weights + next), std::max(unpack, weights + grads + prev),
+          prev + A(n * slot * rb) + std::max(grads + copy, A(slot * rb))};
+}
+
+// A moment of the step that may be its peak: the bytes beside the model state, and where.
+struct Candidate {
+  double bytes = 0;
+  std::string where;
+};
+
+// The moments of the step whose bytes beside the model state may be the most: the first backward (every
+// micro-batch in flight held, a layer's gradients in flight), the loss, the embedding's forward and backward;
+// with fully_shard its last two units' backward and reduce (the logits still held: train_step keeps them until
+// call_backward returns) and its first unit's forward, backward and reduce (the embedding's: without pp it runs
+// backward when only the logits and token ids are left, under pp's 1F1B beside other micro-batches in flight).
+// Without resharding every unit stays gathered through the step.
+std::vector<Candidate> peak_candidates(const StageEstimate& st, const RunShape& rs, const StageLayout& lay,
+                                       const ActivationBytes& a, const HeldAtInput& held) {
+  const double act = st.activation_bytes, temps = a.backward_peak + a.recompute_transient;
+  std::vector<Candidate> c;
+  c.push_back({act + temps, lay.last ? "the first backward after the loss (every micro-batch in flight held, the "
+                                       "logits as dloss/dlogits)"
+                                     : "the first backward of the step (every micro-batch in flight held)"});
+  if (a.loss > 0) c.push_back({act + a.loss, "the loss (its f32 logits and dlogits beside the activations)"});
+  if (a.input_forward > 0 && !lay.fsdp)
+    c.push_back({held.forward + a.input_forward, "the embedding's forward (its table widened to f32)"});
+  if (!lay.fsdp) return c;
+  const FullyShard& fsdp = *lay.fsdp;
+  const size_t k = fsdp.unit_slots().size();
+  if (!fsdp.options().reshard_after_forward) {
+    const double pb = double(dtype_size(fsdp.options().param_dtype)), n = rs.run.pd.dp_shard();
+    double units = 0, most = 0;
+    for (int64_t slot : fsdp.unit_slots()) units += double(slot) * n * pb, most = std::max(most, double(slot) * n);
+    c.push_back({act + temps + units + most * rs.rank.accum,
+                 "the first backward, every fully_shard unit gathered, the largest unit's gradients"});
+    return c;
+  }
+  for (size_t i = k >= 2 ? k - 2 : 0; i < k; ++i) {
+    const UnitBytes u = unit_bytes(rs, fsdp, i);
+    c.push_back({act + temps + u.backward, fmt::format("fully_shard unit {}'s backward (gathered, its full-size "
+                                                       "gradients, the unit before it being gathered)", i)});
+    c.push_back({act + u.reduce, fmt::format("fully_shard unit {}'s reduce (its gradients packed into the flat "
+                                             "buffer, every micro-batch in flight held)", i)});
+  }
+  if (k > 0 && lay.first) {
+    const UnitBytes u = unit_bytes(rs, fsdp, 0);
+    c.push_back({held.forward + u.forward + a.input_forward, "fully_shard unit 0's forward (the embedding)"});
+    c.push_back({held.backward + std::max(u.backward, u.reduce), "fully_shard unit 0's backward and reduce"});
+  }
+  return c;
 }
 
 // Bytes per step, by group and kind: each parallelism's analytic count, from the function beside its code.
@@ -306,23 +374,56 @@ void add_run_time(Estimate& e, const ClusterSpec& cluster) {
         t.threads, on_node, cluster.cores_per_node, std::max(1, cluster.cores_per_node / on_node)));
 }
 
+// A stage's memory by part and its peak (the sum of the parts), in rs.rank's bytes per tensor. Returns the
+// parameters' local elements.
+double add_memory(StageEstimate& st, const Config& cfg, const RunShape& rs, const StageLayout& lay, int stage) {
+  const double elements = add_state_memory(st, rs, lay);
+  const ActivationBytes a = lay.model->activation_bytes(rs.rank);
+  const HeldAtInput held = add_activation_memory(st, cfg, rs, lay, a, stage);
+  Candidate peak;
+  for (Candidate& c : peak_candidates(st, rs, lay, a, held))
+    if (c.bytes > peak.bytes) peak = std::move(c);
+  // The temporaries are what the peak's moment holds beside the state and the activations at their most (the
+  // moment may hold fewer activations: the part is then smaller than its own temporaries).
+  st.memory.push_back({"temporaries at the peak", std::max(0.0, peak.bytes - st.activation_bytes),
+                       fmt::format("largest: a backward's {}{}{}", format_bytes(a.backward_peak + a.recompute_transient),
+                                   a.loss > 0 ? ", the loss's " + format_bytes(a.loss) : std::string(),
+                                   a.input_forward > 0 ? ", the embedding forward's " + format_bytes(a.input_forward)
+                                                       : std::string())});
+  st.peak_bytes = 0;
+  for (auto& p : st.memory) st.peak_bytes += p.bytes;
+  st.peak_where = peak.where;
+  return elements;
+}
+
+// The rank's process: its floor, train's set-up and, on CPU ranks, the pages its tensors touch at the peak (the
+// same moment counted in 4 KiB pages: a 2 MiB granule's unwritten tail is not resident). GPU ranks keep their
+// tensors in device memory.
+void add_process_memory(StageEstimate& st, const Config& cfg, RunShape& rs, const StageLayout& lay, int stage,
+                        const std::optional<ClusterSpec>& cluster) {
+  const double mib = double(1 << 20);
+  st.floor_bytes = (cluster && cluster->rank_floor_mb > 0 ? cluster->rank_floor_mb : kDefaultRankFloorMib) * mib;
+  st.setup_bytes = kTrainSetupMib * mib;
+  if (!rs.rank.device.is_cuda()) {
+    StageEstimate pages;
+    rs.rank.resident = true;
+    add_memory(pages, cfg, rs, lay, stage);
+    rs.rank.resident = false;
+    st.resident_bytes = pages.peak_bytes;
+  }
+  st.process_bytes = st.floor_bytes + st.setup_bytes + st.resident_bytes;
+}
+
 // One stage: its layout, memory by part, bytes by collective, work, and (with a cluster) time.
-StageEstimate estimate_stage(const Config& cfg, const RunShape& rs, int stage,
-                             const std::optional<ClusterSpec>& cluster, std::vector<std::string>& notes) {
+StageEstimate estimate_stage(const Config& cfg, RunShape& rs, int stage, const std::optional<ClusterSpec>& cluster,
+                             std::vector<std::string>& notes) {
   StageEstimate st;
   st.pp_rank = stage;
   st.world_rank = stage * rs.S;
   const StageLayout lay(cfg, rs, stage);
-  const double elements = add_state_memory(st, rs, lay);
+  const double elements = add_memory(st, cfg, rs, lay, stage);
+  add_process_memory(st, cfg, rs, lay, stage, cluster);
   const ActivationBytes a = lay.model->activation_bytes(rs.rank);
-  add_activation_memory(st, cfg, rs, lay, a, stage);
-  if (lay.fsdp) add_fsdp_memory(st, rs, *lay.fsdp);
-  double total = 0;
-  for (auto& p : st.memory) total += p.bytes;
-  st.peak_bytes = total;
-  st.peak_where = lay.last ? "the first backward after the loss (every micro-batch in flight held, the logits "
-                             "as dloss/dlogits)"
-                           : "the first backward of the step (every micro-batch in flight held)";
   add_comm(st, notes, cfg, rs, lay, a, stage);
   const StageFlops f = lay.model->stage_flops(rs.rank);
   const double gemm = add_work(st, rs, f, a.layers_here, lay.last, elements);
@@ -339,7 +440,7 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
   e.world = world;
   e.cluster = cluster;
   family_of(cfg.model).check(cfg.model, cfg.training.seq_len);
-  const RunShape rs(cfg, world);  // train's checks, with its errors
+  RunShape rs(cfg, world);  // train's checks, with its errors
   e.pd = rs.run.pd;
   e.micro = rs.run.micro;
   e.micro_batches = rs.m;
@@ -361,6 +462,10 @@ std::string estimate_table(const Estimate& e) {
     for (const MemoryPart& p : s.memory)
       out += fmt::format("  {:<58} {:>12}  {}\n", p.name, format_bytes(p.bytes), p.note);
     out += fmt::format("  {:<58} {:>12}  at {}\n", "peak", format_bytes(s.peak_bytes), s.peak_where);
+    out += fmt::format("  {:<58} {:>12}  {} floor{} + {} train's set-up + {} of tensors' pages at the peak\n",
+                       "process (resident, per rank)", format_bytes(s.process_bytes), format_bytes(s.floor_bytes),
+                       e.cluster && e.cluster->rank_floor_mb > 0 ? " (the cluster's rank_floor_mb)" : " (default)",
+                       format_bytes(s.setup_bytes), format_bytes(s.resident_bytes));
     if (e.cluster)
       out += fmt::format("  device memory {:.0f} GiB: {}\n", e.cluster->device_memory_gib,
                          s.peak_bytes <= e.cluster->device_memory_gib * double(1 << 30) ? "fits" : "DOES NOT FIT");
@@ -407,6 +512,10 @@ nlohmann::json estimate_json(const Estimate& e) {
     r["activation_bytes"] = s.activation_bytes;
     r["peak_bytes"] = s.peak_bytes;
     r["peak_where"] = s.peak_where;
+    r["process_bytes"] = s.process_bytes;
+    r["rank_floor_bytes"] = s.floor_bytes;
+    r["setup_bytes"] = s.setup_bytes;
+    r["resident_bytes"] = s.resident_bytes;
     for (const CommPart& p : s.comm)
       r["comm"].push_back({{"tag", p.tag}, {"group", p.group}, {"kind", p.kind}, {"bytes", p.bytes},
                            {"calls", p.calls}, {"seconds", p.seconds}, {"sync_seconds", p.sync_seconds}, {"overlapped", p.overlapped}, {"link", p.link}});

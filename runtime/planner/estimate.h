@@ -45,11 +45,25 @@ struct StageEstimate {
   double activation_bytes = 0;  // saved for backward at the peak (every micro-batch in flight)
   double peak_bytes = 0;        // the allocator's high-water mark over a step
   std::string peak_where;
+  // The rank's resident memory: its floor (an idle rank of this binary: the cluster's rank_floor_mb, else
+  // kDefaultRankFloorMib), train's own set-up above it (kTrainSetupMib) and the pages the tensors touch at the
+  // peak (CPU ranks; a granule's unwritten tail is not resident).
+  double floor_bytes = 0, setup_bytes = 0, resident_bytes = 0, process_bytes = 0;
   std::vector<CommPart> comm;
   double flops = 0;             // per step on this rank (model FLOPs; recompute adds its forward again)
   double memory_traffic = 0;    // bytes the memory-bound ops move per step (norms, RoPE, SwiGLU, loss, AdamW)
   double compute_s = 0, exposed_comm_s = 0, bubble_s = 0, step_s = 0;
 };
+
+// An idle CPU rank of meshtrain after MPI init (ru_maxrss: code, libraries, Open MPI's shared-memory buffers),
+// measured here with 4 ranks under scripts/mpirun.sh (`meshtrain estimate --rank-floor`: 18.2 to 18.3 MiB); a
+// cluster file's rank_floor_mb (`estimate --calibrate`) replaces it.
+inline constexpr double kDefaultRankFloorMib = 18.3;
+// What `train` adds to an idle rank before its tensors, on CPU ranks: cpu_peak_flops' GEMM probe (three 768^2
+// f32 matrices left in the allocator's cache), the data loader and tokenizer, Eigen's and OpenMP's buffers;
+// measured here (one thread per rank) as train's RSS less an idle rank's less the tensors, on
+// tests/cli/test_estimate_sweep.sh's configurations of under 10 MiB of tensors: 18.8 to 21.1 MiB.
+inline constexpr double kTrainSetupMib = 19.5;
 
 struct Estimate {
   Config config;

@@ -4,6 +4,7 @@
 # micro-batches, dtypes, recompute and 4-rank meshes (dp_shard, HSDP, tp x dp_shard, cp x dp_shard, pp x
 # dp_shard, pp x tp, dp_replicate, cp), each trained for 3 steps. The estimate's peak for rank 0 must be within 5%
 # of the high-water mark of what rank 0's tensors asked for (metrics' alloc_peak_bytes after the first step).
+# Also prints, uncounted, rank 0's resident memory above an idle rank against the estimate's process figure.
 # Prints "estimate-sweep: N passed, N failed" last.
 #   tests/cli/test_estimate_sweep.sh BUILD_DIR [--full] [--seed N]
 set -uo pipefail
@@ -62,6 +63,9 @@ write_yaml "dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 128, vocab
   "steps: 3, batch_size: 8, seq_len: 64"
 sed -i 's/^eval: .*/eval: {interval: 0}/; s/^sample: .*/sample: {interval: 0}/' "$tmp/t.yaml"
 
+# An idle rank of the same binary and launcher: its resident memory after MPI init (estimate --rank-floor).
+process_outside=0
+floor=$(timeout 120 "$mpirun" -np 4 "$mt" --config "$tmp/t.yaml" estimate --rank-floor | "$py" -c "import json,sys; print(json.load(sys.stdin)['rank_floor_mib'])")
 i=0
 while IFS="|" read -r what args <&3; do
   i=$((i + 1))
@@ -79,7 +83,22 @@ print(f"peak {est / 2**20:.2f} MiB estimated, {measured / 2**20:.2f} MiB measure
 sys.exit(0 if abs(est / measured - 1) <= 0.05 else 1)
 PY
   ); then ok "$what: $out"; else bad "$what: memory within 5%" "$out"; fi
+  # The process: rank 0's resident high-water mark above an idle rank's against the estimate's process less its
+  # floor. Counted apart (not in the summary): the allocator's cache of transients of other sizes and blocks the
+  # GEMM probe leaves are not modelled, and some configurations land outside 15% (see process_outside below).
+  if pout=$("$py" - "$tmp/s$i.jsonl" "$tmp/e$i.json" "$floor" <<'PY' 2>&1
+import json, sys
+rss = max(json.loads(l)["peak_mem_bytes"] for l in open(sys.argv[1]) if '"peak_mem_bytes"' in l)
+st = json.load(open(sys.argv[2]))["stages"][0]
+est, measured = st["process_bytes"] - st["rank_floor_bytes"], rss - float(sys.argv[3]) * 2**20
+print(f"process above an idle rank {est / 2**20:.2f} MiB estimated, {measured / 2**20:.2f} MiB measured "
+      f"(ratio {est / measured:.3f})")
+sys.exit(0 if abs(est / measured - 1) <= 0.15 else 1)
+PY
+  ); then echo "     process within 15%: $pout"; else
+    process_outside=$((process_outside + 1)); echo "     process OUTSIDE 15%: $pout"; fi
 done 3<"$tmp/configs.txt"
 [ "$i" -gt 0 ] || bad "configurations drawn" "none"
+echo "process: $process_outside of $i configuration(s) outside 15% (not counted)"
 summary estimate-sweep
 [ "$failed" -eq 0 ]
