@@ -111,7 +111,7 @@ TEST_CASE("pipeline stage assignment: even layers, the embedding and lm_head cou
 }
 
 TEST_CASE("pipeline schedules: pp_step_bytes counts the sends each rank's action list makes") {
-  for (const std::string& kind : {"gpipe", "1f1b", "interleaved_1f1b", "zb1p"})
+  for (const std::string kind : {"gpipe", "1f1b", "interleaved_1f1b", "zb1p"})
     for (int p : {2, 4})
       for (int m : {4, 8}) {
         const int v = kind == "interleaved_1f1b" ? 2 : 1;

@@ -123,7 +123,9 @@ int main(int argc, char** argv) {
       // Rank 0 alone does the work: the other ranks of a launch wait at the exit barrier for as long as it takes
       // (no collective, so no timeout).
       mt::watchdog_set_timeout(0);
-      mt::RunContext ctx{&env, g, {}};
+      mt::RunContext ctx;  // no config
+      ctx.env = &env;
+      ctx.opts = g;
       return env.rank() == 0 ? chosen->run(ctx) : 0;
     }
     mt::RunContext ctx{&env, g, mt::load_and_agree_config(env, g)};
