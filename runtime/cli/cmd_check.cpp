@@ -365,10 +365,8 @@ int run_check_command(const RunContext& ctx, const CheckArgs& args) {
 }
 
 Command check_command() {
-  auto args = std::make_shared<CheckArgs>();
-  return {"check", "self-check: run and verify every collective on every mesh dim, timed", true,
-          [args](CLI::App& app) { add_check_options(&app, *args); },
-          [args](RunContext& ctx) { return run_check_command(ctx, *args); }};
+  return command_with<CheckArgs>("check", "self-check: run and verify every collective on every mesh dim, timed",
+      add_check_options, run_check_command);
 }
 
 }  // namespace mt

@@ -75,10 +75,8 @@ int run_estimate_command(const RunContext& ctx, const EstimateArgs& a) {
 }
 
 Command estimate_command() {
-  auto args = std::make_shared<EstimateArgs>();
-  return {"estimate", "memory, bytes and step time per rank of the config on --world N ranks of a --cluster, no ranks needed", true,
-          [args](CLI::App& app) { add_estimate_options(&app, *args); },
-          [args](RunContext& ctx) { return run_estimate_command(ctx, *args); }};
+  return command_with<EstimateArgs>("estimate", "memory, bytes and step time per rank of the config on --world N ranks of a --cluster, no ranks needed",
+      add_estimate_options, run_estimate_command);
 }
 
 }  // namespace mt

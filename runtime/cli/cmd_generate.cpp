@@ -65,10 +65,8 @@ int run_generate_command(RunContext& ctx, const GenerateArgs& a) {
 }
 
 Command generate_command() {
-  auto args = std::make_shared<GenerateArgs>();
-  return {"generate", "sample a continuation of a prompt from a checkpoint", true,
-          [args](CLI::App& app) { add_generate_options(&app, *args); },
-          [args](RunContext& ctx) { return run_generate_command(ctx, *args); }};
+  return command_with<GenerateArgs>("generate", "sample a continuation of a prompt from a checkpoint",
+      add_generate_options, run_generate_command);
 }
 
 }  // namespace mt

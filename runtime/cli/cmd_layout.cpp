@@ -132,10 +132,8 @@ int run_layout_command(const RunContext& ctx, const LayoutArgs& a) {
 }
 
 Command layout_command() {
-  auto args = std::make_shared<LayoutArgs>();
-  return {"layout", "print the local shards of a layout and the plan between two layouts", true,
-          [args](CLI::App& app) { add_layout_options(&app, *args); },
-          [args](RunContext& ctx) { return run_layout_command(ctx, *args); }};
+  return command_with<LayoutArgs>("layout", "print the local shards of a layout and the plan between two layouts",
+      add_layout_options, run_layout_command);
 }
 
 }  // namespace mt

@@ -140,10 +140,8 @@ int run_logits_command(RunContext& ctx, const LogitsArgs& a) {
 }
 
 Command logits_command() {
-  auto args = std::make_shared<LogitsArgs>();
-  return {"logits", "write the fp32 logits of a token sequence under a checkpoint or a Hugging Face model as .npy", true,
-          [args](CLI::App& app) { add_logits_options(&app, *args); },
-          [args](RunContext& ctx) { return run_logits_command(ctx, *args); }};
+  return command_with<LogitsArgs>("logits", "write the fp32 logits of a token sequence under a checkpoint or a Hugging Face model as .npy",
+      add_logits_options, run_logits_command);
 }
 
 }  // namespace mt

@@ -382,10 +382,8 @@ int run_plan_command(RunContext& ctx, const PlanArgs& args) {
 }
 
 Command plan_command() {
-  auto args = std::make_shared<PlanArgs>();
-  return {"plan", "print the parallel plan applied: parameter and activation layouts, bytes per step", true,
-          [args](CLI::App& app) { add_plan_options(&app, *args); },
-          [args](RunContext& ctx) { return run_plan_command(ctx, *args); }};
+  return command_with<PlanArgs>("plan", "print the parallel plan applied: parameter and activation layouts, bytes per step",
+      add_plan_options, run_plan_command);
 }
 
 }  // namespace mt

@@ -224,10 +224,10 @@ int run_tokenize_command(const TokenizeArgs& a) {
 }
 
 Command tokenize_command() {
-  auto args = std::make_shared<TokenizeArgs>();
-  return {"tokenize", "encode text to token ids (or --decode ids) with a tokenizer.json or tokenizer.model; no config", false,
-          [args](CLI::App& app) { add_tokenize_options(&app, *args); },
-          [args](RunContext&) { return run_tokenize_command(*args); }};
+  return command_with<TokenizeArgs>(
+      "tokenize", "encode text to token ids (or --decode ids) with a tokenizer.json or tokenizer.model; no config",
+      add_tokenize_options, [](RunContext&, const TokenizeArgs& a) { return run_tokenize_command(a); },
+      /*needs_config=*/false);
 }
 
 }  // namespace mt

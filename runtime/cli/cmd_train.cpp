@@ -412,7 +412,8 @@ int run_train_command(RunContext& ctx) {
 }
 
 Command train_command() {
-  return {"train", "train the model of the config on its data (checkpoints, metrics, samples)", true, [](CLI::App&) {}, [](RunContext& ctx) { return run_train_command(ctx); }};
+  return {"train", "train the model of the config on its data (checkpoints, metrics, samples)", true,
+          [](CLI::App&) {}, run_train_command};
 }
 
 }  // namespace mt

@@ -23,6 +23,15 @@ struct Command {
   std::function<int(RunContext&)> run;  // the exit code
 };
 
+// A command whose options fill an Args value that its run reads: one value, shared by the two closures.
+template <typename Args>
+Command command_with(std::string name, std::string help, std::function<void(CLI::App*, Args&)> add,
+                     std::function<int(RunContext&, const Args&)> run, bool needs_config = true) {
+  auto args = std::make_shared<Args>();
+  return {std::move(name), std::move(help), needs_config, [args, add](CLI::App& app) { add(&app, *args); },
+          [args, run](RunContext& ctx) { return run(ctx, *args); }};
+}
+
 // Every command, in the order `meshtrain --help` lists them.
 const std::vector<Command>& commands();
 
