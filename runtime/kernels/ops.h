@@ -152,6 +152,43 @@ void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part_ou
 void pack_blocks(const Tensor& packed, const Tensor& src, int dim, const std::vector<int64_t>& lens);
 void unpack_blocks(const Tensor& dst, const Tensor& packed, int dim, const std::vector<int64_t>& lens);
 
+// ---- Mixture of experts (models/moe.h): router top-k, dispatch / combine, grouped GEMM ----
+// N tokens, E experts, K experts per token, M = N*K routed rows (dropless; fewer with a capacity), C channels.
+// Router scores: probs (N, E) in accum dtype (f32 for bf16 or f32 logits, f64 for f64) = softmax over each row
+// of logits (N, E) (sigmoid: element-wise sigmoid, DeepSeek-V3). The K experts with the largest probs + bias
+// (bias (E) accum dtype, or undefined: none; the aux-loss-free balancing bias only selects, it never weighs),
+// largest first, ties to the lower index: experts (N, K) i32. weights (N, K) accum dtype = their probs,
+// divided by the sum of the K when renormalize, then times scale (DeepSeek's routed_scaling_factor; 1).
+void router_topk_forward(const Tensor& weights, const Tensor& experts, const Tensor& probs, const Tensor& logits,
+                         const Tensor& bias, bool sigmoid, bool renormalize, double scale = 1.0);
+// dlogits (N, E) (logits' dtype) overwritten: the chain rule through the weights' normalisation and the
+// softmax (or sigmoid), from dweights (N, K) accum dtype and dprob_row (E) accum dtype or undefined: a gradient
+// on probs that is the same for every row (the balance loss's, E * coef * counts / R^2).
+void router_topk_backward(const Tensor& dlogits, const Tensor& dweights, const Tensor& dprob_row, const Tensor& probs,
+                          const Tensor& weights, const Tensor& experts, bool sigmoid, bool renormalize,
+                          double scale = 1.0);
+// slot (N, K) i32: the routed row of token t's k-th expert (-1: dropped by a capacity), rows grouped by expert.
+// dispatch: out (M, C) row slot[t,k] = inp (N, C) row t (rows no slot names are left as they are).
+void moe_dispatch_forward(const Tensor& out, const Tensor& inp, const Tensor& slot);
+// dinp (N, C) overwritten: row t = the sum over k of dout (M, C) row slot[t,k] (dropped slots add nothing).
+void moe_dispatch_backward(const Tensor& dinp, const Tensor& dout, const Tensor& slot);
+// combine: out (N, C) overwritten, row t = sum over k of weights[t,k] * inp (M, C) row slot[t,k], summed in accum
+// dtype in k order and rounded once (weights (N, K) accum dtype).
+void moe_combine_forward(const Tensor& out, const Tensor& inp, const Tensor& weights, const Tensor& slot);
+// dinp (M, C) overwritten: row slot[t,k] = weights[t,k] * dout row t (rows no slot names: 0); dweights (N, K)
+// accum dtype overwritten: the dot product of dout row t and inp row slot[t,k] (0 for a dropped slot).
+void moe_combine_backward(const Tensor& dinp, const Tensor& dweights, const Tensor& dout, const Tensor& inp,
+                          const Tensor& weights, const Tensor& slot);
+// Grouped GEMM, every group in one call: rows are consecutive groups of counts[g] rows (host; sum = M), and
+// group g's rows go through weight (G, OC, C) slice g: out (M, OC) rows of g = inp (M, C) rows of g @ weight[g]^T.
+// A group of 0 rows is skipped.
+void grouped_matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                            const std::vector<int64_t>& counts);
+// dinp (M, C) overwritten (skipped if undefined); dweight (G, OC, C) += dout^T @ inp per group (accumulates like
+// matmul_backward's; f32 with bf16 activations when dweight is f32).
+void grouped_matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                             const Tensor& weight, const std::vector<int64_t>& counts);
+
 // ---- AdamW, PyTorch semantics (torch.optim.AdamW, amsgrad off) ----
 // param -= lr * weight_decay * param (decoupled, first); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // param -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps). step is 1-based.
