@@ -15,11 +15,17 @@ namespace mt {
 const ModelFamily& llama_family();
 const ModelFamily& mistral_family();
 const ModelFamily& qwen2_family();
+const ModelFamily& qwen3_family();
+const ModelFamily& mixtral_family();
+const ModelFamily& qwen2_moe_family();
+const ModelFamily& qwen3_moe_family();
 
 namespace {
 
 const std::vector<const ModelFamily*>& families() {
-  static const std::vector<const ModelFamily*> all = {&llama_family(), &mistral_family(), &qwen2_family()};
+  static const std::vector<const ModelFamily*> all = {&llama_family(),   &mistral_family(),   &qwen2_family(),
+                                                       &qwen3_family(),   &mixtral_family(),   &qwen2_moe_family(),
+                                                       &qwen3_moe_family()};
   return all;
 }
 

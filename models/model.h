@@ -72,6 +72,15 @@ struct StageFlops {
   double traffic_head = 0;           // the loss's, over the local logits
 };
 
+// The step's router statistics, global (summed over the ranks holding the micro-batches' other tokens).
+struct RouterStepStats {
+  double aux_loss = 0;                            // the balance loss as it enters the loss (coef and weight included)
+  std::vector<std::vector<double>> expert_load;   // (sparse layers, E): rows routed to each expert in the step
+  int64_t dropped = 0;                            // rows dropped by the capacity
+  double bias_min = 0, bias_max = 0;              // the selection bias's range (aux-loss-free balancing)
+  bool any = false;
+};
+
 // The root module (name "") of a causal language model: call(tokens (B, T) i32) gives logits (B, T, V) (V/tp
 // under loss parallel), call_backward(dlogits) accumulates every parameter's gradient. Parameters carry their
 // Hugging Face names.
@@ -115,6 +124,14 @@ class CausalLM : public Module {
   // family's tensors).
   virtual ActivationBytes activation_bytes(const RankShape& s) const = 0;
   virtual StageFlops stage_flops(const RankShape& s) const = 0;
+
+  // Training losses beside the token losses (the MoE balance loss; nothing for a dense model). set_loss_scale:
+  // the loss of a token in the next forwards (1 / the step's tokens), 0 for forwards without backward.
+  // take_router_stats: the step's router statistics (global), including the balance loss as it enters the loss,
+  // cleared. after_step: state the optimizer does not update (the aux-loss-free selection bias).
+  virtual void set_loss_scale(double /*inv_tokens*/) {}
+  virtual RouterStepStats take_router_stats() { return {}; }
+  virtual void after_step() {}
 
  protected:
   std::vector<ModelChunk> chunks_;

@@ -30,6 +30,49 @@ struct RopeScalingConfig {
   bool operator==(const RopeScalingConfig&) const = default;
 };
 
+// Mixture of experts (mixtral, qwen2_moe, qwen3_moe; models/llama/moe.h): n_experts 0 is a dense model. The keys
+// are Hugging Face's, renamed as the other model keys are; the defaults are transformers'.
+struct MoeConfig {
+  int64_t n_experts = 0;              // num_local_experts (mixtral) / num_experts (qwen)
+  int64_t experts_per_token = 2;      // num_experts_per_tok: top-k
+  int64_t ffn_dim = 0;                // each expert's hidden width (moe_intermediate_size; mixtral: intermediate_size)
+  int64_t shared_expert_ffn_dim = 0;  // qwen2_moe: shared_expert_intermediate_size (0: no shared expert)
+  bool norm_topk_prob = true;         // the top-k weights renormalised to sum 1 (mixtral always)
+  int64_t decoder_sparse_step = 1;    // layer i is sparse when (i + 1) % step == 0 and i is not in mlp_only_layers
+  std::vector<int> mlp_only_layers;   // layers kept dense (qwen)
+  double router_aux_loss_coef = 0.001;  // the balance loss's weight
+  bool output_router_logits = false;    // Hugging Face's switch: the balance loss is added to the training loss
+  std::string router_score = "softmax";  // softmax | sigmoid (DeepSeek-V3's scores)
+  double routed_scaling_factor = 1.0;    // the routed experts' output scale (DeepSeek-V3: 2.5)
+  double bias_update_rate = 0;  // aux-loss-free balancing: after each step bias += rate * sign(mean load - load); 0 off
+  double capacity_factor = 0;   // 0: dropless; else each expert takes at most ceil(factor * N * K / E) rows a forward
+  template <class V> void visit(V& v) {
+    v("n_experts", n_experts, "routed experts per MoE layer (0: a dense model)");
+    v("experts_per_token", experts_per_token, "experts each token is routed to (top-k)");
+    v("ffn_dim", ffn_dim, "each expert's hidden width");
+    v("shared_expert_ffn_dim", shared_expert_ffn_dim,
+      "qwen2_moe: the shared expert's hidden width (0: none); its output is scaled by sigmoid(shared_expert_gate)");
+    v("norm_topk_prob", norm_topk_prob, "renormalise the top-k routing weights to sum to 1");
+    v("decoder_sparse_step", decoder_sparse_step, "qwen: layer i is an MoE layer when (i + 1) % step == 0");
+    v("mlp_only_layers", mlp_only_layers, "qwen: layers that keep a dense MLP");
+    v("router_aux_loss_coef", router_aux_loss_coef, "the balance loss's coefficient");
+    v("output_router_logits", output_router_logits,
+      "add the balance loss (transformers' load_balancing_loss_func) to the training loss");
+    v("router_score", router_score, "softmax | sigmoid: how router logits become scores");
+    v("routed_scaling_factor", routed_scaling_factor, "the routed experts' weights are multiplied by it");
+    v("bias_update_rate", bias_update_rate,
+      "aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for selection only, updated "
+      "after each step by rate * sign(mean load - load) (0: off)");
+    v("capacity_factor", capacity_factor,
+      "0: dropless; > 0: each expert takes at most ceil(factor x tokens x k / experts) tokens per forward, the "
+      "rest dropped (counted in the metrics)");
+  }
+  bool enabled() const { return n_experts > 0; }
+  // Whether decoder layer i has the sparse block (Hugging Face's rule; mixtral's step 1 and no dense layers).
+  bool sparse_layer(int64_t i) const;
+  bool operator==(const MoeConfig&) const = default;
+};
+
 struct ModelConfig {
   std::string type = "llama";  // the family (models/model.h), also Hugging Face's model_type
   int64_t dim = 256;
@@ -47,8 +90,11 @@ struct ModelConfig {
   int64_t sliding_window = 0;  // mistral: 0 = none; otherwise it must cover training.seq_len
   double init_std = 0.02;
   std::string init_from;
+  MoeConfig moe;
   template <class V> void visit(V& v) {
-    v("type", type, "the model family: llama | mistral | qwen2 (Hugging Face's model_type)");
+    v("type", type,
+      "the model family: llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe (Hugging Face's "
+      "model_type)");
     v("dim", dim, "model width d");
     v("n_layers", n_layers, "decoder layers");
     v("n_heads", n_heads, "query heads");
@@ -68,6 +114,7 @@ struct ModelConfig {
     v("init_from", init_from,
       "a Hugging Face model directory (config.json + safetensors) or safetensors file to start from: its "
       "config.json gives the model keys ('' = random init)");
+    v("moe", moe, "mixture of experts (mixtral, qwen2_moe, qwen3_moe)");
   }
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / n_heads; }
 };

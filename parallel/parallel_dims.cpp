@@ -34,10 +34,13 @@ std::vector<DimSpec> dim_specs() {
   // name, size, batch, sequence, heads, shards_params, data, what
   DimSpec dp_replicate{dim::dp_replicate, 1, true, false, false, false, true, "batch"};
   DimSpec dp_shard{dim::dp_shard, 1, true, false, false, true, true, "batch, parameters sharded"};
+  // Expert parallel: its ranks hold other experts and, for every other parameter, are data parallel (they see
+  // other rows of the batch; dense gradients are summed over them, experts' are not: MoeContext).
+  DimSpec ep{dim::ep, 1, true, false, false, false, true, "batch, experts split"};
   DimSpec cp_ring{dim::cp_ring, 1, false, true, false, false, true, "sequence"};
   DimSpec cp_ulysses{dim::cp_ulysses, 1, false, true, false, false, true, "sequence, heads inside attention (alltoall)"};
   DimSpec tp{dim::tp, 1, false, false, true, false, false, "heads"};
-  return {dp_replicate, dp_shard, cp_ring, cp_ulysses, tp};
+  return {dp_replicate, dp_shard, ep, cp_ring, cp_ulysses, tp};
 }
 
 // The sizes alone (each >= 1 or -1, one -1 at most; cp_ring, cp_ulysses >= 0).
@@ -55,6 +58,7 @@ void check_parallel_sizes(const ParallelConfig& p) {
     fail("config", "parallel: only one of dp_replicate, dp_shard, cp, tp may be -1, but {} are{}", inferred,
          default_dp ? " (dp_replicate is -1 by default: set it to 1)" : "");
   }
+  if (p.ep < 1) fail("config", "parallel.ep = {}: expected a size >= 1 (expert parallel)", p.ep);
   for (auto [key, v] : {std::pair{"cp_ring", p.cp_ring}, {"cp_ulysses", p.cp_ulysses}})
     if (v < 0)
       fail("config", "parallel.{} = {}: expected a size >= 1 (0 or absent: derived from parallel.cp and cp_method)",
@@ -105,7 +109,8 @@ ParallelDims ParallelDims::from_config(const ParallelConfig& p, int world_size) 
     cp = prod;
   }
   // 2. The sizes, one of them -1 at most.
-  std::vector<SizeKey> keys{{"dp_replicate", p.dp_replicate}, {"dp_shard", p.dp_shard}, {"cp", cp}, {"tp", p.tp}};
+  std::vector<SizeKey> keys{
+      {"dp_replicate", p.dp_replicate}, {"dp_shard", p.dp_shard}, {"cp", cp}, {"tp", p.tp}, {"ep", p.ep}};
   int infer = -1;
   int64_t known = 1;  // 64 bits: sizes typed by hand may overflow an int product
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -157,6 +162,7 @@ ParallelDims ParallelDims::from_config(const ParallelConfig& p, int world_size) 
          ring);
   ParallelDims pd = from_sizes({{dim::dp_replicate, keys[0].value},
                                 {dim::dp_shard, keys[1].value},
+                                {dim::ep, keys[4].value},
                                 {dim::cp_ring, ring},
                                 {dim::cp_ulysses, ulysses},
                                 {dim::tp, keys[3].value}});
@@ -170,7 +176,7 @@ ParallelDims ParallelDims::from_config(const ParallelConfig& p, int world_size) 
 int ParallelDims::index(const std::string& name) const {
   for (size_t i = 0; i < dims.size(); ++i)
     if (dims[i].name == name) return int(i);
-  fail("parallel", "no mesh dim '{}' (the dims are dp_replicate, dp_shard, cp_ring, cp_ulysses, tp)", name);
+  fail("parallel", "no mesh dim '{}' (the dims are dp_replicate, dp_shard, ep, cp_ring, cp_ulysses, tp)", name);
 }
 
 int ParallelDims::stage_size() const {

@@ -6,7 +6,7 @@
 // knows nothing of what dims mean. Adding a parallelism is one descriptor in
 // parallel_dims.cpp (and its config key) plus the code that uses it.
 //
-// Mesh order (outermost first): pp, dp_replicate, dp_shard, cp_ring, cp_ulysses, tp.
+// Mesh order (outermost first): pp, dp_replicate, dp_shard, ep, cp_ring, cp_ulysses, tp.
 // pp splits the model itself (stages of consecutive layers, parallel/pipeline.h): the model, its parameters and
 // activations live on the stage's mesh, the other dims, made over the stage's ranks only (`dims`, whose indices
 // are that mesh's); the world mesh adds pp outermost, and its pp group carries the activations between stages.
@@ -14,6 +14,8 @@
 // ranks are neighbours on a node, cp_ulysses next (its all-to-all wants a
 // node's bandwidth), cp_ring outside it (its K/V shifts overlap with compute).
 //   dp_replicate, dp_shard  split the batch rows (dp_shard also shards parameters: fully_shard);
+//   ep                      splits the batch rows too, and an MoE model's experts (each rank holds E/ep of them;
+//                           rows travel to their expert's rank by all-to-all): data parallel for the rest;
 //   cp_ring                 splits each sequence (ring or all_gather attention);
 //   cp_ulysses              splits each cp_ring part again; attention all-to-alls it into heads;
 //   tp                      splits heads and, with sequence parallel, the residual stream's sequence.
@@ -36,6 +38,7 @@ namespace dim {
 inline constexpr const char* pp = "pp";
 inline constexpr const char* dp_replicate = "dp_replicate";
 inline constexpr const char* dp_shard = "dp_shard";
+inline constexpr const char* ep = "ep";
 inline constexpr const char* cp_ring = "cp_ring";
 inline constexpr const char* cp_ulysses = "cp_ulysses";
 inline constexpr const char* tp = "tp";
@@ -91,6 +94,7 @@ struct ParallelDims {
   int pp_size() const { return pp.size; }
   int dp_replicate() const { return size(dim::dp_replicate); }
   int dp_shard() const { return size(dim::dp_shard); }
+  int ep() const { return size(dim::ep); }
   int cp_ring() const { return size(dim::cp_ring); }
   int cp_ulysses() const { return size(dim::cp_ulysses); }
   int tp() const { return size(dim::tp); }

@@ -92,6 +92,10 @@ LlamaAttention::LlamaAttention(const std::string& name, const ModelConfig& c, co
   v_proj =
       add_child(std::make_unique<Linear>(child_name(name, "v_proj"), c.dim, c.n_kv_heads * head_dim, f, nullptr, b));
   o_proj = add_child(std::make_unique<Linear>(child_name(name, "o_proj"), c.n_heads * head_dim, c.dim, f));
+  if (variant.qk_norm) {
+    q_norm = add_child(std::make_unique<RMSNorm>(child_name(name, "q_norm"), head_dim, c.norm_eps, f));
+    k_norm = add_child(std::make_unique<RMSNorm>(child_name(name, "k_norm"), head_dim, c.norm_eps, f));
+  }
 }
 
 Tensor LlamaAttention::forward(const Tensor& x) {
@@ -102,6 +106,7 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   v = v.reshape({B, T, -1, hd});
   MT_CHECK(seq_->cos.defined() && seq_->cos.size(0) == T, "model", "{}: RoPE tables for {} positions, input has T = {}",
            name(), seq_->cos.defined() ? seq_->cos.size(0) : 0, T);
+  if (q_norm) q = q_norm->call(q), k = k_norm->call(k);  // over each head's hd
   rope_forward(q, q, seq_->cos, seq_->sin);
   rope_forward(k, k, seq_->cos, seq_->sin);
   int64_t H = q.size(2);
@@ -137,6 +142,7 @@ Tensor LlamaAttention::backward(const Tensor& dy) {
   attention->backward(dq, dk, dv, dout, *saved_, seq_->attention_call());
   rope_backward(dq, dq, seq_->cos, seq_->sin);
   rope_backward(dk, dk, seq_->cos, seq_->sin);
+  if (q_norm) dq = q_norm->call_backward(dq), dk = k_norm->call_backward(dk);
   saved_->clear();
   out_ = Tensor();
   Tensor dx = q_proj->call_backward(dq.reshape({B, T, -1}));  // (B, T, C), then k's and v's added by their GEMMs

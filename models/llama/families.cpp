@@ -11,7 +11,17 @@ namespace mt {
 
 namespace {
 
-LlamaVariant variant_of(const ModelConfig& c) { return LlamaVariant{c.type == "qwen2"}; }
+LlamaVariant variant_of(const ModelConfig& c) {
+  LlamaVariant v;
+  v.qkv_bias = c.type == "qwen2" || c.type == "qwen2_moe";
+  v.qk_norm = c.type == "qwen3" || c.type == "qwen3_moe";
+  if (c.type == "mixtral") v.moe_block = "block_sparse_moe", v.moe_names = {"w1", "w3", "w2"};
+  return v;
+}
+
+bool is_moe_family(const std::string& type) {
+  return type == "mixtral" || type == "qwen2_moe" || type == "qwen3_moe";
+}
 
 std::unique_ptr<CausalLM> build(const ModelConfig& c, const ParamFactory& f) {
   return std::make_unique<LlamaForCausalLM>(c, f, variant_of(c));
@@ -33,6 +43,37 @@ int64_t num_params(const ModelConfig& c, bool with_embeddings) {
   return llama_num_params(c, with_embeddings, variant_of(c));
 }
 
+// The sparse block's keys, named; a dense family must not set them.
+void check_moe(const ModelConfig& c) {
+  const MoeConfig& m = c.moe;
+  if (!is_moe_family(c.type)) {
+    if (m.n_experts != 0)
+      fail("config", "model.moe.n_experts = {}: model.type = {} is dense (the MoE families are mixtral, qwen2_moe, "
+           "qwen3_moe)", m.n_experts, c.type);
+    return;
+  }
+  require_at_least("model.moe.n_experts", double(m.n_experts), 1, "an expert count");
+  require_at_least("model.moe.experts_per_token", double(m.experts_per_token), 1, "a count");
+  if (m.experts_per_token > m.n_experts)
+    fail("config", "model.moe.experts_per_token = {} exceeds model.moe.n_experts = {}: top-k needs k <= experts",
+         m.experts_per_token, m.n_experts);
+  require_at_least("model.moe.ffn_dim", double(m.ffn_dim), 1, "a width");
+  require_at_least("model.moe.shared_expert_ffn_dim", double(m.shared_expert_ffn_dim), 0, "a width (0: none)");
+  if (m.shared_expert_ffn_dim > 0 && c.type != "qwen2_moe")
+    fail("config", "model.moe.shared_expert_ffn_dim = {}: model.type = {} has no shared expert (qwen2_moe has)",
+         m.shared_expert_ffn_dim, c.type);
+  require_at_least("model.moe.decoder_sparse_step", double(m.decoder_sparse_step), 1, "a step");
+  for (int l : m.mlp_only_layers)
+    if (l < 0 || l >= c.n_layers)
+      fail("config", "model.moe.mlp_only_layers: {} is not a layer of model.n_layers = {}", l, c.n_layers);
+  require_one_of("model.moe.router_score", m.router_score, {"softmax", "sigmoid"});
+  require_at_least("model.moe.router_aux_loss_coef", m.router_aux_loss_coef, 0, "a coefficient");
+  require_at_least("model.moe.routed_scaling_factor", m.routed_scaling_factor, 1e-12, "a factor");
+  require_at_least("model.moe.bias_update_rate", m.bias_update_rate, 0, "a rate (0: off)");
+  require_at_least("model.moe.capacity_factor", m.capacity_factor, 0, "a factor (0: dropless)");
+  require_product_fits({{"model.moe.n_experts", m.n_experts}, {"model.dim", c.dim}, {"model.moe.ffn_dim", m.ffn_dim}});
+}
+
 void check(const ModelConfig& c, int64_t seq_len) {
   // meshtrain attends to the whole (causal) sequence: a window shorter than it would be a different model.
   if (c.sliding_window > 0 && c.sliding_window < seq_len)
@@ -40,8 +81,9 @@ void check(const ModelConfig& c, int64_t seq_len) {
          "model.sliding_window = {} is shorter than training.seq_len = {}: meshtrain attends to the whole sequence, "
          "so the window must cover it (or be 0: none)",
          c.sliding_window, seq_len);
-  if (c.sliding_window > 0 && c.type != "mistral" && c.type != "qwen2")
+  if (c.sliding_window > 0 && c.type != "mistral" && c.type != "qwen2" && c.type != "mixtral")
     fail("config", "model.sliding_window = {}: model.type = {} has no sliding window", c.sliding_window, c.type);
+  check_moe(c);
 }
 
 // The keys every family of the architecture writes. RoPE both ways: top-level rope_theta and rope_scaling
@@ -103,6 +145,58 @@ json qwen2_to_hf(const ModelConfig& m) {
   j["use_sliding_window"] = m.sliding_window > 0;
   j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
   j["max_window_layers"] = m.n_layers;
+  return j;
+}
+
+json qwen3_to_hf(const ModelConfig& m) {
+  json j = common_to_hf(m, "Qwen3ForCausalLM");
+  j["attention_bias"] = false;
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
+  j["max_window_layers"] = m.n_layers;
+  return j;
+}
+
+// The router keys every MoE family writes.
+void moe_to_hf(const MoeConfig& e, json& j) {
+  j["num_experts_per_tok"] = e.experts_per_token;
+  j["router_aux_loss_coef"] = e.router_aux_loss_coef;
+  j["output_router_logits"] = e.output_router_logits;
+}
+
+json mixtral_to_hf(const ModelConfig& m) {
+  json j = common_to_hf(m, "MixtralForCausalLM");
+  j["intermediate_size"] = m.moe.ffn_dim;  // Mixtral's experts are its MLPs
+  j["num_local_experts"] = m.moe.n_experts;
+  j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
+  j["router_jitter_noise"] = 0.0;
+  moe_to_hf(m.moe, j);
+  return j;
+}
+
+json qwen_moe_to_hf(const ModelConfig& m, const char* architecture) {
+  json j = common_to_hf(m, architecture);
+  j["num_experts"] = m.moe.n_experts;
+  j["moe_intermediate_size"] = m.moe.ffn_dim;
+  j["norm_topk_prob"] = m.moe.norm_topk_prob;
+  j["decoder_sparse_step"] = m.moe.decoder_sparse_step;
+  j["mlp_only_layers"] = m.moe.mlp_only_layers;
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
+  j["max_window_layers"] = m.n_layers;
+  moe_to_hf(m.moe, j);
+  return j;
+}
+
+json qwen2_moe_to_hf(const ModelConfig& m) {
+  json j = qwen_moe_to_hf(m, "Qwen2MoeForCausalLM");
+  j["shared_expert_intermediate_size"] = m.moe.shared_expert_ffn_dim;
+  return j;
+}
+
+json qwen3_moe_to_hf(const ModelConfig& m) {
+  json j = qwen_moe_to_hf(m, "Qwen3MoeForCausalLM");
+  j["attention_bias"] = false;
   return j;
 }
 
@@ -261,6 +355,76 @@ ModelConfig qwen2_from_hf(const json& j, const std::string& file) {
   return c;
 }
 
+ModelConfig qwen3_from_hf(const json& j, const std::string& file) {
+  HfReader r{j, file};
+  if (r.boolean("attention_bias", false))
+    r.unsupported("attention_bias", j["attention_bias"], "meshtrain's Qwen3 has no attention biases");
+  if (r.boolean("use_sliding_window", false))
+    r.unsupported("use_sliding_window", j["use_sliding_window"], "meshtrain attends to the whole sequence");
+  return common_from_hf(r);
+}
+
+// The router keys: transformers' defaults where absent.
+void moe_from_hf(const HfReader& r, MoeConfig& e, double aux_coef_default) {
+  e.experts_per_token = r.integer("num_experts_per_tok", 2);
+  e.router_aux_loss_coef = aux_coef_default;
+  if (r.has("router_aux_loss_coef")) {
+    MT_CHECK(r.j["router_aux_loss_coef"].is_number() && r.j["router_aux_loss_coef"].get<double>() >= 0, "checkpoint",
+             "{}: router_aux_loss_coef = {}: expected a number >= 0", r.file, r.j["router_aux_loss_coef"].dump());
+    e.router_aux_loss_coef = r.j["router_aux_loss_coef"].get<double>();
+  }
+  e.output_router_logits = r.boolean("output_router_logits", false);
+}
+
+ModelConfig mixtral_from_hf(const json& j, const std::string& file) {
+  HfReader r{j, file};
+  ModelConfig c = common_from_hf(r);
+  c.sliding_window = window_from_hf(r, "sliding_window", 0);
+  if (r.has("router_jitter_noise") && !(j["router_jitter_noise"].is_number() && j["router_jitter_noise"] == 0))
+    r.unsupported("router_jitter_noise", j["router_jitter_noise"], "meshtrain's router adds no noise (0 only)");
+  c.moe.n_experts = r.integer("num_local_experts", 8);
+  c.moe.ffn_dim = c.ffn_dim;
+  c.moe.norm_topk_prob = true;
+  moe_from_hf(r, c.moe, 0.001);
+  return c;
+}
+
+ModelConfig qwen_moe_from_hf(const HfReader& r, ModelConfig c) {
+  if (r.boolean("use_sliding_window", false))
+    r.unsupported("use_sliding_window", r.j["use_sliding_window"], "meshtrain attends to the whole sequence");
+  c.moe.n_experts = r.integer("num_experts", 60);
+  c.moe.ffn_dim = r.integer("moe_intermediate_size", 1408);
+  c.moe.norm_topk_prob = r.boolean("norm_topk_prob", false);
+  c.moe.decoder_sparse_step = r.integer("decoder_sparse_step", 1);
+  if (r.has("mlp_only_layers")) {
+    MT_CHECK(r.j["mlp_only_layers"].is_array(), "checkpoint", "{}: mlp_only_layers = {}: expected a list of layers",
+             r.file, r.j["mlp_only_layers"].dump());
+    for (const json& l : r.j["mlp_only_layers"]) {
+      MT_CHECK(l.is_number_integer() && l.get<int64_t>() >= 0 && l.get<int64_t>() < c.n_layers, "checkpoint",
+               "{}: mlp_only_layers holds {}: not a layer of num_hidden_layers = {}", r.file, l.dump(), c.n_layers);
+      c.moe.mlp_only_layers.push_back(l.get<int>());
+    }
+  }
+  moe_from_hf(r, c.moe, 0.001);
+  return c;
+}
+
+ModelConfig qwen2_moe_from_hf(const json& j, const std::string& file) {
+  HfReader r{j, file};
+  ModelConfig c = qwen_moe_from_hf(r, common_from_hf(r));
+  c.moe.shared_expert_ffn_dim = r.has("shared_expert_intermediate_size")
+                                    ? r.integer("shared_expert_intermediate_size", std::nullopt)
+                                    : 5632;
+  return c;
+}
+
+ModelConfig qwen3_moe_from_hf(const json& j, const std::string& file) {
+  HfReader r{j, file};
+  if (r.boolean("attention_bias", false))
+    r.unsupported("attention_bias", j["attention_bias"], "meshtrain's Qwen3-MoE has no attention biases");
+  return qwen_moe_from_hf(r, common_from_hf(r));
+}
+
 ParallelPlan tp_plan(bool sp, bool lp) { return llama_tp_plan(sp, lp); }
 
 }  // namespace
@@ -276,6 +440,18 @@ const ModelFamily& mistral_family() {
                              llama_tp_step_bytes, flops, num_params, check, mistral_to_hf, mistral_from_hf};
   return f;
 }
+
+#define MT_FAMILY(fn, type, arch, to_hf, from_hf)                                                               \
+  const ModelFamily& fn() {                                                                                    \
+    static const ModelFamily f{type,  arch,      "model.layers.*", build, parallelize, tp_plan, llama_tp_step_bytes, \
+                               flops, num_params, check,            to_hf, from_hf};                            \
+    return f;                                                                                                  \
+  }
+MT_FAMILY(qwen3_family, "qwen3", "Qwen3ForCausalLM", qwen3_to_hf, qwen3_from_hf)
+MT_FAMILY(mixtral_family, "mixtral", "MixtralForCausalLM", mixtral_to_hf, mixtral_from_hf)
+MT_FAMILY(qwen2_moe_family, "qwen2_moe", "Qwen2MoeForCausalLM", qwen2_moe_to_hf, qwen2_moe_from_hf)
+MT_FAMILY(qwen3_moe_family, "qwen3_moe", "Qwen3MoeForCausalLM", qwen3_moe_to_hf, qwen3_moe_from_hf)
+#undef MT_FAMILY
 
 const ModelFamily& qwen2_family() {
   static const ModelFamily f{"qwen2", "Qwen2ForCausalLM", "model.layers.*", build, parallelize, tp_plan,

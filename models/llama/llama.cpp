@@ -9,13 +9,22 @@
 namespace mt {
 
 LlamaDecoderLayer::LlamaDecoderLayer(const std::string& name, const ModelConfig& c, const LlamaVariant& v,
-                                     const ParamFactory& f, std::shared_ptr<SequenceContext> seq)
+                                     const ParamFactory& f, std::shared_ptr<SequenceContext> seq,
+                                     std::shared_ptr<MoeContext> moe, int64_t index)
     : Module(name, "LlamaDecoderLayer") {
   input_layernorm = add_child(std::make_unique<RMSNorm>(child_name(name, "input_layernorm"), c.dim, c.norm_eps, f));
   self_attn = add_child(std::make_unique<LlamaAttention>(child_name(name, "self_attn"), c, v, f, std::move(seq)));
   post_attention_layernorm =
       add_child(std::make_unique<RMSNorm>(child_name(name, "post_attention_layernorm"), c.dim, c.norm_eps, f));
-  mlp = add_child(std::make_unique<LlamaMLP>(child_name(name, "mlp"), c, f));
+  if (c.moe.sparse_layer(index)) {
+    int64_t sparse_index = 0;  // among the model's sparse layers
+    for (int64_t i = 0; i < index; ++i) sparse_index += c.moe.sparse_layer(i);
+    moe_block = add_child(
+        std::make_unique<SparseMoeBlock>(child_name(name, v.moe_block), c, v.moe_names, sparse_index, f, moe));
+    mlp = moe_block;
+  } else {
+    mlp = add_child(std::make_unique<LlamaMLP>(child_name(name, "mlp"), c, f));
+  }
 }
 
 Tensor LlamaDecoderLayer::forward(const Tensor& x) {
@@ -33,12 +42,12 @@ Tensor LlamaDecoderLayer::backward(const Tensor& dy) {
 }
 
 LlamaModel::LlamaModel(const std::string& name, const ModelConfig& c, const LlamaVariant& v, const ParamFactory& f,
-                       std::shared_ptr<SequenceContext> seq)
+                       std::shared_ptr<SequenceContext> seq, std::shared_ptr<MoeContext> moe)
     : Module(name, "LlamaModel") {
   embed_tokens = add_child(std::make_unique<Embedding>(child_name(name, "embed_tokens"), c.vocab_size, c.dim, f));
   for (int64_t i = 0; i < c.n_layers; ++i)
     layers.push_back(
-        add_child(std::make_unique<LlamaDecoderLayer>(child_name(name, "layers." + std::to_string(i)), c, v, f, seq)));
+        add_child(std::make_unique<LlamaDecoderLayer>(child_name(name, "layers." + std::to_string(i)), c, v, f, seq, moe, i)));
   norm = add_child(std::make_unique<RMSNorm>(child_name(name, "norm"), c.dim, c.norm_eps, f));
 }
 
@@ -60,7 +69,12 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, 
       seq(std::make_shared<SequenceContext>()) {
   seq->theta = c.rope_theta;
   seq->rope_scaling = c.rope_scaling;
-  model = add_child(std::make_unique<LlamaModel>("model", c, v, f, seq));
+  if (c.moe.enabled()) {
+    int64_t sparse = 0;
+    for (int64_t i = 0; i < c.n_layers; ++i) sparse += c.moe.sparse_layer(i);
+    moe = std::make_shared<MoeContext>(c.moe, sparse);
+  }
+  model = add_child(std::make_unique<LlamaModel>("model", c, v, f, seq, moe));
   lm_head = add_child(std::make_unique<Linear>("lm_head", c.dim, c.vocab_size, f,
                                                c.tie_embeddings ? model->embed_tokens->weight : nullptr));
 }
@@ -161,20 +175,43 @@ Tensor LlamaForCausalLM::backward(const Tensor& dlogits) {
   return model->call_backward(lm_head->call_backward(dlogits));
 }
 
-int64_t llama_num_params(const ModelConfig& c, bool with_embeddings, const LlamaVariant& v) {
+// One layer's MLP parameters: dense, or the sparse block's (the router, every expert or, with `active`, the k a
+// token runs, the shared expert and its gate).
+int64_t llama_mlp_params(const ModelConfig& c, int64_t layer, bool active) {
+  const int64_t d = c.dim;
+  if (!c.moe.sparse_layer(layer)) return 3 * d * c.ffn_dim;
+  const MoeConfig& m = c.moe;
+  int64_t n = d * m.n_experts + (active ? m.experts_per_token : m.n_experts) * 3 * d * m.ffn_dim;
+  if (m.shared_expert_ffn_dim > 0) n += 3 * d * m.shared_expert_ffn_dim + d;
+  return n;
+}
+
+namespace {
+int64_t llama_params(const ModelConfig& c, bool with_embeddings, const LlamaVariant& v, bool active) {
   int64_t d = c.dim, hd = c.head_size();
   int64_t attn = d * c.n_heads * hd * 2 + d * c.n_kv_heads * hd * 2;
   if (v.qkv_bias) attn += (c.n_heads + 2 * c.n_kv_heads) * hd;
-  int64_t mlp = 3 * d * c.ffn_dim;
-  int64_t n = c.n_layers * (attn + mlp + 2 * d) + d;
+  if (v.qk_norm) attn += 2 * hd;
+  int64_t n = c.n_layers * (attn + 2 * d) + d;
+  for (int64_t l = 0; l < c.n_layers; ++l) n += llama_mlp_params(c, l, active);
   if (with_embeddings) n += c.vocab_size * d * (c.tie_embeddings ? 1 : 2);
   else n += c.vocab_size * d;  // the lm_head matmul counts even when tied (torchtitan's convention)
   return n;
 }
+}  // namespace
+
+int64_t llama_num_params(const ModelConfig& c, bool with_embeddings, const LlamaVariant& v) {
+  return llama_params(c, with_embeddings, v, /*active=*/false);
+}
+
+int64_t llama_active_params(const ModelConfig& c, bool with_embeddings, const LlamaVariant& v) {
+  return llama_params(c, with_embeddings, v, /*active=*/true);
+}
 
 double llama_flops_per_token(const ModelConfig& c, int64_t seq_len, const LlamaVariant& v) {
-  // QK^T and PV are n_heads x head_dim wide (dim unless head_dim says otherwise).
-  return 6.0 * double(llama_num_params(c, false, v)) +
+  // The parameters a token runs through (the k experts of an MoE layer, not all); QK^T and PV are n_heads x
+  // head_dim wide (dim unless head_dim says otherwise).
+  return 6.0 * double(llama_active_params(c, false, v)) +
          12.0 * double(c.n_layers) * double(c.n_heads * c.head_size()) * double(seq_len);
 }
 

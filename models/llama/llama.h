@@ -1,12 +1,15 @@
 // The Llama architecture (Hugging Face's LlamaForCausalLM semantics and names):
 //   model.embed_tokens -> model.layers.{i} (pre-norm attention and SwiGLU MLP
 //   blocks with residuals) -> model.norm -> lm_head.
-// The llama, mistral and qwen2 families (models/llama/families.cpp) are this code with a LlamaVariant.
+// The llama, mistral, qwen2, qwen3 and the mixture-of-experts families mixtral, qwen2_moe and qwen3_moe
+// (models/llama/families.cpp) are this code with a LlamaVariant; an MoE family's sparse layers have a
+// SparseMoeBlock (models/llama/moe.h) where the others have LlamaMLP.
 #pragma once
 #include <memory>
 
 #include "attention/attention.h"
 #include "models/layers.h"
+#include "models/llama/moe.h"
 #include "models/model.h"
 
 namespace mt {
@@ -31,6 +34,9 @@ struct SequenceContext {
 // What a family changes in the Llama architecture.
 struct LlamaVariant {
   bool qkv_bias = false;  // Qwen2: q_proj, k_proj and v_proj have biases
+  bool qk_norm = false;   // Qwen3: an RMSNorm over each head of q and k (q_norm, k_norm) before RoPE
+  std::string moe_block = "mlp";  // the sparse block's name in a layer (Mixtral: "block_sparse_moe")
+  MoeNames moe_names{"gate_proj", "up_proj", "down_proj"};  // an expert's projections (Mixtral: w1, w3, w2)
 };
 
 class LlamaAttention : public Module {
@@ -38,6 +44,7 @@ class LlamaAttention : public Module {
   LlamaAttention(const std::string& name, const ModelConfig& c, const LlamaVariant& v, const ParamFactory& f,
                  std::shared_ptr<SequenceContext> seq);
   Linear *q_proj, *k_proj, *v_proj, *o_proj;
+  RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // (hd) each: Qwen3
   int64_t head_dim;
   // The attention boundary (attention/attention.h): local by default, swapped by apply_cp.
   std::shared_ptr<const Attention> attention = make_attention();
@@ -80,11 +87,12 @@ class LlamaMLP : public Module {
 class LlamaDecoderLayer : public Module {
  public:
   LlamaDecoderLayer(const std::string& name, const ModelConfig& c, const LlamaVariant& v, const ParamFactory& f,
-                    std::shared_ptr<SequenceContext> seq);
+                    std::shared_ptr<SequenceContext> seq, std::shared_ptr<MoeContext> moe, int64_t index);
   RMSNorm* input_layernorm;
   LlamaAttention* self_attn;
   RMSNorm* post_attention_layernorm;
-  LlamaMLP* mlp;
+  Module* mlp;                          // LlamaMLP, or the sparse block of an MoE layer
+  SparseMoeBlock* moe_block = nullptr;  // the sparse block, or null
 
  protected:
   Tensor forward(const Tensor& x) override;  // h = x + attn(norm(x)); y = h + mlp(norm(h))
@@ -95,7 +103,7 @@ class LlamaDecoderLayer : public Module {
 class LlamaModel : public Module {
  public:
   LlamaModel(const std::string& name, const ModelConfig& c, const LlamaVariant& v, const ParamFactory& f,
-             std::shared_ptr<SequenceContext> seq);
+             std::shared_ptr<SequenceContext> seq, std::shared_ptr<MoeContext> moe);
   // Under pipeline parallel a stage holds some of them (the others null).
   Embedding* embed_tokens;
   std::vector<LlamaDecoderLayer*> layers;  // by global index
@@ -117,7 +125,15 @@ class LlamaForCausalLM : public CausalLM {
   DType dtype;      // the compute dtype and device (ParamFactory's)
   Device device;
   std::shared_ptr<SequenceContext> seq;
+  std::shared_ptr<MoeContext> moe;  // null: a dense model
   void set_positions(const Tensor& positions) override;
+  void set_loss_scale(double inv_tokens) override {
+    if (moe) moe->loss_scale = inv_tokens;
+  }
+  RouterStepStats take_router_stats() override { return moe ? moe->take_step_stats() : RouterStepStats{}; }
+  void after_step() override {
+    if (moe) moe->update_biases();
+  }
   void set_attention(std::shared_ptr<const Attention> a) override;
   const std::shared_ptr<const Attention>& attention() const override {
     for (LlamaDecoderLayer* l : model->layers)
@@ -141,9 +157,12 @@ class LlamaForCausalLM : public CausalLM {
   Tensor backward(const Tensor& dlogits) override;
 };
 
-// 6*N + 12*L*d*T FLOPs per token (N = parameters without embeddings): the
+// 6*N + 12*L*d*T FLOPs per token (N = active parameters without embeddings): the
 // forward and backward GEMMs, and QK^T and PV at full (not causal-halved) cost.
 double llama_flops_per_token(const ModelConfig& c, int64_t seq_len, const LlamaVariant& v = {});
 int64_t llama_num_params(const ModelConfig& c, bool with_embeddings = true, const LlamaVariant& v = {});
+// What one token runs through: an MoE layer's k experts instead of all (the dense count for a dense model).
+int64_t llama_active_params(const ModelConfig& c, bool with_embeddings = true, const LlamaVariant& v = {});
+int64_t llama_mlp_params(const ModelConfig& c, int64_t layer, bool active);
 
 }  // namespace mt

@@ -55,10 +55,34 @@ std::vector<CommBytes> llama_tp_step_bytes(const ModelConfig& c, const TpStage& 
   return out;
 }
 
+ParallelPlan llama_variant_tp_plan(const LlamaForCausalLM& model, bool sp, bool loss_parallel) {
+  ParallelPlan plan = llama_tp_plan(sp, loss_parallel);
+  // Qwen3's per-head q/k norms see this rank's heads only: their weights' gradients are partial over tp.
+  if (model.variant.qk_norm)
+    for (const char* n : {"q_norm", "k_norm"})
+      plan.push_back({std::string("model.layers.*.self_attn.") + n, SequenceParallel{}});
+  if (!model.moe) return plan;
+  // An MoE model: the dense MLP's entries name its dense layers one by one (the sparse blocks are replicated
+  // over tp by apply_moe, not split).
+  ParallelPlan out;
+  for (const PlanEntry& e : plan) {
+    const std::string mlp = "model.layers.*.mlp";
+    if (e.pattern.rfind(mlp, 0) != 0) {
+      out.push_back(e);
+      continue;
+    }
+    for (int64_t i = 0; i < model.config.n_layers; ++i)
+      if (!model.config.moe.sparse_layer(i))
+        out.push_back({"model.layers." + std::to_string(i) + e.pattern.substr(std::string("model.layers.*").size()),
+                       e.style});
+  }
+  return out;
+}
+
 void apply_tp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, const ParallelConfig& p) {
   if (pd.tp() == 1) return;
-  ParallelPlan plan =
-      p.tp_plan.empty() ? llama_tp_plan(p.sequence_parallel, p.loss_parallel) : plan_from_config(p.tp_plan);
+  ParallelPlan plan = p.tp_plan.empty() ? llama_variant_tp_plan(model, p.sequence_parallel, p.loss_parallel)
+                                        : plan_from_config(p.tp_plan);
   std::erase_if(plan, [&](const PlanEntry& e) { return !here_or_nowhere(model, e.pattern); });
   parallelize(model, mesh, dim::tp, plan);
 }
@@ -74,11 +98,55 @@ void apply_cp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDim
   model.set_attention(make_attention(cp));
 }
 
+namespace {
+// An expert's stacked weights hold this rank's experts (Shard(0) over ep): their gradients are summed over the
+// data dims but ep, whose ranks hold other experts.
+struct ExpertParam : ParamState {
+  explicit ExpertParam(int d) : ep_dim(d) {}
+  int ep_dim;
+  void add_reduced_dims(std::vector<int>& dims) const override { dims.push_back(ep_dim); }
+};
+}  // namespace
+
+void apply_moe(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd) {
+  if (!model.moe) {
+    MT_CHECK(pd.ep() == 1, "config", "parallel.ep = {}: model.type = {} has no experts (expert parallel needs an MoE "
+             "family: mixtral, qwen2_moe, qwen3_moe)", pd.ep(), model.config.type);
+    return;
+  }
+  MoeContext& ctx = *model.moe;
+  if (mesh.group(dim::loss).size() > 1) ctx.tokens = &mesh.group(dim::loss);
+  std::vector<SparseMoeBlock*> blocks;
+  for (Module* m : model.modules())
+    if (auto* b = dynamic_cast<SparseMoeBlock*>(m)) blocks.push_back(b);
+  if (pd.ep() > 1) {
+    ctx.ep = &mesh.group(dim::ep);
+    const int d = mesh.dim_index(dim::ep);
+    for (SparseMoeBlock* b : blocks)
+      for (Parameter* q : b->experts->own_parameters()) {
+        Placements pl = q->value.placements();
+        pl[size_t(d)] = Placement::Shard(0);
+        relayout_param(*q, pl);
+        q->states.push_back(std::make_shared<ExpertParam>(d));
+      }
+  }
+  // Tensor parallel: a sparse block runs whole on every tp rank (its weights replicated), on the whole sequence
+  // under sequence parallel: gathered in, its gradient sliced back; the output sliced, its gradient gathered.
+  if (pd.tp() > 1 && pd.sequence_parallel) {
+    const int t = mesh.dim_index(dim::tp);
+    const Placement R = Placement::Replicate(), S1 = Placement::Shard(1);
+    for (SparseMoeBlock* b : blocks) {
+      prepare_input(*b, mesh, t, S1, R, R);
+      prepare_output(*b, mesh, t, R, S1);
+    }
+  }
+}
+
 std::vector<Module*> apply_recompute_llama(LlamaForCausalLM& model, const RecomputeConfig& c) {
   RecomputePolicy policy;
   // The blocks whose parents call them through Module::call (the norms and linears are called through fused
   // variants, and recomputing a single GEMM saves nothing).
-  policy.types = {"LlamaModel", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP"};
+  policy.types = {"LlamaModel", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "SparseMoeBlock"};
   policy.keep["attention"] = {[](const Module& m) { return dynamic_cast<const LlamaAttention*>(&m) != nullptr; },
                               [](Module& m) { static_cast<LlamaAttention&>(m).keep_attention_output = true; }};
   std::vector<std::string> patterns = c.patterns;
@@ -127,6 +195,7 @@ std::unique_ptr<FullyShard> parallelize_llama(LlamaForCausalLM& model, const Dev
   pd.check_seq_len(seq_len);
   pd.check_heads(model.config.n_heads, model.config.n_kv_heads);
   apply_tp(model, mesh, pd, p);
+  apply_moe(model, mesh, pd);
   apply_cp(model, mesh, pd, seq_len);
   apply_recompute_llama(model, p.recompute);
   auto fsdp = apply_fsdp(model, mesh, pd, p.fsdp, reduce_dtype);

@@ -22,6 +22,14 @@ ParallelPlan llama_tp_plan(bool sequence_parallel, bool loss_parallel);
 // parallel the logits are all-gathered too.
 std::vector<CommBytes> llama_tp_step_bytes(const ModelConfig& c, const TpStage& s);
 
+// The default plan for this model: Llama's, with Qwen3's q/k norms, and an MoE model's dense MLP entries named per
+// dense layer.
+ParallelPlan llama_variant_tp_plan(const LlamaForCausalLM& model, bool sequence_parallel, bool loss_parallel);
+// Mixture of experts: the balance loss's statistics summed over the loss group; under expert parallel each rank
+// keeps its experts (Shard(0) of the stacked weights over ep, gradients not summed over ep) and rows go to them
+// by all-to-all; under tensor parallel the sparse blocks run replicated (gathered in, sliced out under sequence
+// parallel). A dense model with parallel.ep > 1 is refused.
+void apply_moe(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd);
 // Tensor (and sequence) parallel over the mesh's tp dim: heads must divide by tp; the plan is
 // parallel.tp_plan (read by parallel/plan_yaml.h) or the model's default.
 void apply_tp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, const ParallelConfig& p);

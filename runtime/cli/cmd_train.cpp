@@ -352,7 +352,7 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     }
     const AllocatorStats mem = allocator_stats(run.device);
     log.step({step, r.loss, r.lr, r.grad_norm, dt, t.batch_size * t.seq_len, skipped,
-              double(mem.peak_requested_bytes), double(mem.peak_allocated_bytes)});
+              double(mem.peak_requested_bytes), double(mem.peak_allocated_bytes), &r.router});
     run.executor->log_step(log, step);  // the executor's own figures (the pipeline's timers and bubble)
     bool last = step + 1 == t.steps;
     if (cfg.eval.interval > 0 && run.val_data.size() > 0 && ((step + 1) % cfg.eval.interval == 0 || last)) {

@@ -83,6 +83,7 @@ struct ParallelConfig {
   std::vector<int> pp_layers;          // decoder layers per stage (pp x pp_virtual entries); empty: balanced
   int dp_replicate = -1;  // replicated data parallel; by default whatever the other dims leave
   int dp_shard = 1;       // fully sharded data parallel
+  int ep = 1;             // expert parallel (MoE models): experts split, rows of the batch too
   int cp = 1;             // context parallel: cp_ulysses x cp_ring
   int cp_ring = 0;        // 0: derived from cp and cp_method (parallel/parallel_dims.h)
   int cp_ulysses = 0;
@@ -104,6 +105,9 @@ struct ParallelConfig {
       "embedding and lm_head counted)");
     v("dp_replicate", dp_replicate, "replicated data-parallel degree (-1: the remaining ranks)");
     v("dp_shard", dp_shard, "fully sharded data-parallel degree (-1: the remaining ranks)");
+    v("ep", ep,
+      "expert-parallel degree (MoE models): each rank holds model.moe.n_experts / ep experts; its ranks see other "
+      "batch rows, data parallel for the dense parameters");
     v("cp", cp, "context-parallel degree, cp_ulysses x cp_ring (-1: the remaining ranks)");
     v("cp_ring", cp_ring,
       "2-D context parallel: the ring (or all_gather) degree, the outer cp dim (0: cp with ring and all_gather, "

@@ -110,6 +110,24 @@ void MetricsLogger::note(const std::string& line) {
   std::fflush(stdout);
 }
 
+namespace {
+// An MoE model's routing: the balance loss, each sparse layer's most loaded expert against the mean (1: balanced),
+// dropped rows, the selection bias's range, and the whole load (layers x experts: scripts/plot_metrics.py's heat map).
+void add_router_stats(nlohmann::json& j, const RouterStepStats& r) {
+  std::vector<double> max_over_mean;
+  for (const auto& layer : r.expert_load) {
+    double mx = 0, sum = 0;
+    for (double v : layer) mx = std::max(mx, v), sum += v;
+    max_over_mean.push_back(sum > 0 ? mx / (sum / double(layer.size())) : 0);
+  }
+  j["aux_loss"] = r.aux_loss;
+  j["expert_load_max_over_mean"] = max_over_mean;
+  j["expert_load"] = r.expert_load;
+  j["dropped_tokens"] = r.dropped;
+  if (r.bias_max >= r.bias_min) j["router_bias_range"] = {r.bias_min, r.bias_max};
+}
+}  // namespace
+
 void MetricsLogger::step(const StepMetrics& m) {
   if (rank_ != 0) return;
   // The first step pays for warm-up (allocations, page faults): keep it out of the average.
@@ -128,8 +146,7 @@ void MetricsLogger::step(const StepMetrics& m) {
         "step %*lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f | %.0f tok/s | mfu %.1f%% | mem %.0f MiB | eta %s\n",
         int(std::to_string(total_).size()), (long long)(m.step + 1), (long long)total_, m.loss, m.lr, m.grad_norm, tps,
         100 * mfu, mem / (1 << 20), format_duration(eta).c_str());
-    std::fflush(stdout);
-    record({{"step", m.step + 1},
+    nlohmann::json j = {{"step", m.step + 1},
             {"loss", m.loss},
             {"lr", m.lr},
             {"grad_norm", m.grad_norm},
@@ -139,7 +156,10 @@ void MetricsLogger::step(const StepMetrics& m) {
             {"peak_mem_bytes", mem},
             {"alloc_peak_bytes", m.alloc_peak_bytes},
             {"alloc_peak_block_bytes", m.alloc_peak_block_bytes},
-            {"skipped_steps", m.skipped}});
+            {"skipped_steps", m.skipped}};
+    if (m.router && m.router->any) add_router_stats(j, *m.router);
+    std::fflush(stdout);
+    record(j);
     tokens_window_ = time_window_ = 0;
   }
   if (tty_) {

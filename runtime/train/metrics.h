@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/model.h"
 #include "runtime/core/device.h"
 #include "runtime/core/dtype.h"
 
@@ -28,6 +29,7 @@ struct StepMetrics {
   // allocator's own (peak_allocated_bytes: with the slack of reused cached blocks). -1: not measured.
   double alloc_peak_bytes = -1;
   double alloc_peak_block_bytes = -1;
+  const RouterStepStats* router = nullptr;  // an MoE model's routing (null or !any: none)
 };
 
 class MetricsLogger {

@@ -17,6 +17,7 @@ class LocalLoop final : public StepExecutor {
   std::vector<Tensor> forward_backward(TrainRun& run, const Batch& batch, double inv_tokens) override {
     const int64_t T_local = run.shard.size();  // T / cp tokens of each sequence on this rank
     std::vector<Tensor> micro_losses;          // read after backward: no host sync inside the micro-batch loop
+    run.model->set_loss_scale(inv_tokens);     // the balance loss weighs like the token losses
     for (int64_t r = 0; r < run.rows; r += run.micro) {
       run.grad_sync->arm(r + run.micro >= run.rows);     // the last backward launches the sync
       MicroBatch mb = local_micro_batch(run, batch, r);  // (mb, T_local) x2, this rank's tokens
@@ -34,6 +35,7 @@ class LocalLoop final : public StepExecutor {
       NvtxRange range("backward");
       run.model->call_backward(logits);  // logits now hold dloss/dlogits
     }
+    run.model->set_loss_scale(0);
     return micro_losses;
   }
 

@@ -207,13 +207,15 @@ StepResult train_step(TrainRun& run, int64_t step) {
   const std::vector<double> host = to_f64(stats);
   const std::vector<double> sums = run.executor->sum_over_stages({host[0], sum_of(host, 1, norm_groups)});
   StepResult res;
-  res.loss = sums[0] * inv_tokens;
+  res.router = run.model->take_router_stats();  // the same on every rank: its statistics were summed
+  res.loss = sums[0] * inv_tokens + res.router.aux_loss;
   res.grad_norm = std::sqrt(sums[1]);
   res.lr = lr_at(t, step);
   res.skipped = !std::isfinite(res.loss) || !std::isfinite(res.grad_norm);
   if (res.skipped) return res;
   clip_grads(run.params, res.grad_norm, t.grad_clip);
   run.opt->step(res.lr);
+  run.model->after_step();
   return res;
 }
 

@@ -64,6 +64,7 @@ MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r)
 
 struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0;
+  RouterStepStats router;  // an MoE model's routing in the step (global); the balance loss is part of loss
   bool skipped = false;  // the loss or grad norm was not finite: the update was not applied
 };
 StepResult train_step(TrainRun& run, int64_t step);

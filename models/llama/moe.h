@@ -1,0 +1,117 @@
+// The sparse mixture-of-experts block (Mixtral's block_sparse_moe, Qwen2-MoE's and Qwen3-MoE's mlp), in place of a
+// decoder layer's MLP:
+//   probs = softmax(gate(x)) in f32 (or sigmoid); the top-k experts of each token by probs (+ a selection bias);
+//   y[t] = sum_k w[t,k] * expert_{e[t,k]}(x[t]), expert(x) = down(silu(gate_proj x) * up_proj x)
+//   (+ sigmoid(shared_expert_gate(x)) * shared_expert(x): qwen2_moe).
+// The experts' weights are stacked per projection, one parameter (E, F, C) or (E, C, F) whose checkpoint names
+// are its slices' (Hugging Face's "...experts.{j}.w1.weight": stacked_param_name). Tokens are grouped by expert
+// (dispatch), run through grouped GEMMs and weighted back (combine). Under expert parallel (MoeContext::ep) each
+// rank holds E/ep experts, Shard(0) of the stacked weights, and rows travel to their expert's rank and back by
+// all-to-all-v over the ep group.
+// The balance loss (transformers' load_balancing_loss_func) pools every sparse layer of the micro-batch and every
+// rank holding its other tokens: coef * E / R^2 * sum_e C_e S_e (C_e rows routed to e, S_e the sum of e's probs,
+// R the rows routed: tokens x sparse layers). Its gradient on probs is the same row for every token,
+// coef * E * C / R^2, added in the router's backward once the first backward of the micro-batch has the
+// statistics summed (one all-reduce of (L E + E + 1) numbers).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "comm/group.h"
+#include "models/layers.h"
+#include "models/model.h"
+
+namespace mt {
+
+// What a family calls an expert's projections ("w1", "w3", "w2" in Mixtral; "gate_proj", "up_proj", "down_proj").
+struct MoeNames {
+  std::string gate, up, down;
+};
+
+// "model.layers.0.mlp.experts.*.gate_proj.weight" and expert j: "model.layers.0.mlp.experts.3.gate_proj.weight".
+// A parameter whose name holds the segment "*" is stacked along dim 0, one slice per expert (checkpoints).
+bool is_stacked_param(const std::string& name);
+std::string stacked_param_name(const std::string& name, int64_t j);
+
+
+// Shared by the model's sparse blocks (one per model, like SequenceContext).
+class MoeContext {
+ public:
+  MoeContext(const MoeConfig& c, int64_t n_sparse_layers) : config(c), n_sparse(n_sparse_layers) {}
+  MoeConfig config;
+  int64_t n_sparse;            // sparse layers of the whole model
+  Group* tokens = nullptr;     // the ranks holding the micro-batch's other tokens (the loss group); null: this one
+  Group* ep = nullptr;         // expert parallel: the experts split over it; null: all here
+  double loss_scale = 0;       // a training forward's loss per token (1 / the step's tokens); 0: no balance loss
+  // Called by a sparse block (index among the sparse layers) in forward: its local counts (E) and prob sums.
+  void record(int64_t layer, const std::vector<double>& counts, const Tensor& prob_sums, int64_t dropped);
+  // In backward: the balance loss's gradient row for probs, (E) accum dtype, or undefined; sums the micro-batch's
+  // statistics over `tokens` on the first call of each micro-batch.
+  Tensor aux_grad_row(DType acc, Device device);
+  RouterStepStats take_step_stats();  // and clears them
+  std::vector<Tensor> biases;         // per sparse layer (E) accum dtype: the selection bias (bias_update_rate)
+  void update_biases();               // after the optimizer step: bias += rate * sign(mean load - load)
+
+ private:
+  struct Micro {
+    std::vector<double> counts;  // (L, E), this rank's
+    std::vector<bool> seen;      // (L) layers recorded
+    Tensor prob_sums;            // (E) accum dtype
+    int64_t rows = 0;            // token rows: tokens x sparse layers
+    int64_t dropped = 0;
+    bool reduced = false;
+    Tensor grad_row;
+  };
+  Saved<Micro> micro_;
+  RouterStepStats step_;
+  std::vector<double> last_load_;  // (L, E) the step's global load, for the bias update
+};
+
+// An expert's stacked weights and the grouped GEMMs through them: rows grouped by local expert.
+class MoeExperts : public Module {
+ public:
+  MoeExperts(const std::string& name, int64_t n_experts, int64_t dim, int64_t ffn_dim, const MoeNames& names,
+             const ParamFactory& f);
+  Parameter *gate_proj, *up_proj, *down_proj;  // (E, F, C), (E, F, C), (E, C, F); Shard(0) over ep
+  int64_t n_experts, dim, ffn_dim;
+  // The rows of each local expert, for the next forward (set by the block).
+  std::vector<int64_t> counts;
+
+ protected:
+  Tensor forward(const Tensor& x) override;  // (M, C) grouped by local expert -> (M, C)
+  Tensor backward(const Tensor& dy) override;
+  void drop_saved() override;
+
+ private:
+  Saved<Tensor> x_, gate_, up_;  // (M, C), (M, F), (M, F)
+  Saved<std::vector<int64_t>> counts_;
+};
+
+class SparseMoeBlock : public Module {
+ public:
+  SparseMoeBlock(const std::string& name, const ModelConfig& c, const MoeNames& names, int64_t sparse_index,
+                 const ParamFactory& f, std::shared_ptr<MoeContext> ctx);
+  Linear* gate;                  // the router (E, C)
+  MoeExperts* experts;
+  Module* shared_expert = nullptr;       // LlamaMLP (qwen2_moe)
+  Linear* shared_expert_gate = nullptr;  // (1, C)
+  int64_t sparse_index;                  // among the model's sparse layers
+
+ protected:
+  Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+  Tensor backward(const Tensor& dy) override;
+  void drop_saved() override;
+
+ private:
+  struct Route;
+  Tensor run_experts(const Tensor& xp, const std::vector<int64_t>& counts);  // (M, C): local or over ep
+  Tensor run_experts_backward(const Tensor& dh);
+  std::shared_ptr<MoeContext> ctx_;
+  // Per micro-batch: the router's output, the routing, what combine and the shared expert need.
+  Saved<Tensor> probs_, weights_, experts_idx_, slot_, h_, shared_out_, shared_w_;
+  Saved<std::vector<int64_t>> counts_;
+  Saved<std::vector<int64_t>> send_, recv_, recv_order_;  // expert parallel: rows per peer, and the local order
+  Saved<Shape> in_shape_;
+};
+
+}  // namespace mt
