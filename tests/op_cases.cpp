@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include <doctest/doctest.h>
 
@@ -237,6 +238,105 @@ OpCase attention_case(const std::string& name, std::function<AttnGeom(const Dims
   };
   c.seeds = {{"out", "dout"}};
   c.grads = {{"q", "dq"}, {"k", "dk"}, {"v", "dv"}};
+  return c;
+}
+
+
+// ---- mixture of experts: a fixed routing, the same on every backend ----
+// E experts (4 at the small size, 8 otherwise), K = 2 per token.
+int64_t moe_experts(const Dims& d) { return std::min<int64_t>(d.F, 8); }
+constexpr int64_t kMoeK = 2;
+
+// slot (N, K): token t's k-th expert is (3t + 5k + 1) mod E (distinct over k: 5 is odd, E a power of two);
+// every 7th (t, k) dropped (-1, as by a capacity). Rows grouped by expert in token order, each group followed
+// by one padding row no slot names; M = the routed rows + E.
+struct MoeRouting {
+  std::vector<int64_t> slot;
+  int64_t M = 0;
+};
+MoeRouting moe_routing(const Dims& d) {
+  const int64_t E = moe_experts(d), N = d.N, K = kMoeK;
+  std::vector<int64_t> expert(size_t(N * K)), count(size_t(E), 0);
+  for (int64_t i = 0; i < N * K; ++i) {
+    expert[size_t(i)] = i % 7 == 3 ? -1 : (3 * (i / K) + 5 * (i % K) + 1) % E;
+    if (expert[size_t(i)] >= 0) ++count[size_t(expert[size_t(i)])];
+  }
+  std::vector<int64_t> begin(size_t(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) begin[size_t(e + 1)] = begin[size_t(e)] + count[size_t(e)] + 1;
+  MoeRouting r;
+  r.slot.assign(size_t(N * K), -1);
+  r.M = begin[size_t(E)];
+  for (int64_t i = 0; i < N * K; ++i)
+    if (expert[size_t(i)] >= 0) r.slot[size_t(i)] = begin[size_t(expert[size_t(i)])]++;
+  return r;
+}
+
+// Naive router: probs (N, E), the top K of probs + bias (ties to the lower index), their weights.
+void ref_router(V& w, std::vector<int64_t>& ex, V& p, const V& x, const V* bias, int64_t N, int64_t E, int64_t K,
+                bool sigmoid, bool renorm, double scale) {
+  p.assign(size_t(N * E), 0), w.assign(size_t(N * K), 0), ex.assign(size_t(N * K), -1);
+  for (int64_t n = 0; n < N; ++n) {
+    const double* xr = &x[size_t(n * E)];
+    double* pr = &p[size_t(n * E)];
+    double mx = -INFINITY, se = 0;
+    for (int64_t e = 0; e < E; ++e) mx = std::max(mx, xr[e]);
+    for (int64_t e = 0; e < E; ++e) se += std::exp(xr[e] - mx);
+    for (int64_t e = 0; e < E; ++e) pr[e] = sigmoid ? 1 / (1 + std::exp(-xr[e])) : std::exp(xr[e] - mx) / se;
+    std::vector<int64_t> order(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) order[size_t(e)] = e;
+    auto score = [&](int64_t e) { return pr[e] + (bias ? (*bias)[size_t(e)] : 0.0); };
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score(a) > score(b); });
+    double S = 0;
+    for (int64_t k = 0; k < K; ++k) S += pr[order[size_t(k)]];
+    for (int64_t k = 0; k < K; ++k) {
+      ex[size_t(n * K + k)] = order[size_t(k)];
+      w[size_t(n * K + k)] = pr[order[size_t(k)]] * scale / (renorm ? S : 1.0);
+    }
+  }
+}
+
+// Router top-k: softmax with a per-row probs gradient, or sigmoid with a selection bias, renormalised and scaled.
+OpCase router_case(const std::string& name, bool sigmoid, bool renorm, double scale, bool with_bias,
+                   bool with_dprob_row) {
+  OpCase c;
+  c.name = name;
+  auto fwd = [=](OpRun& r, const Dims& d, bool outputs) {
+    const int64_t N = d.N, E = moe_experts(d), K = kMoeK;
+    Tensor x = r.in("logits", {N, E}, Kind::act, 2.0);
+    Tensor bias = with_bias ? r.in("bias", {E}, Kind::acc, 0.1) : Tensor();
+    Tensor w = outputs ? r.out("weights", {N, K}, Kind::acc) : empty({N, K}, accum_dtype(r.act), r.dev);
+    Tensor p = outputs ? r.out("probs", {N, E}, Kind::acc) : empty({N, E}, accum_dtype(r.act), r.dev);
+    Tensor ex = r.ints(std::vector<int64_t>(size_t(N * K), -7), {N, K}, DType::i32);
+    router_topk_forward(w, ex, p, x, bias, sigmoid, renorm, scale);
+    return std::tuple{w, ex, p, x};
+  };
+  c.forward = [=](OpRun& r, const Dims& d) {
+    auto [w, ex, p, x] = fwd(r, d, true);
+    r.outputs.push_back({"experts", ex});
+    // The seed of dprob_row: probs summed over the rows (the gradient is the same for every row).
+    const int64_t E = moe_experts(d);
+    V pv = to_f64(p), colsum(size_t(E), 0.0);
+    for (size_t i = 0; i < pv.size(); ++i) colsum[i % size_t(E)] += pv[i];
+    r.outputs.push_back({"probs summed over rows", from_values(colsum, {E}, DType::f64)});
+  };
+  c.reference = [=](OpRun& r, const Dims& d) {
+    const int64_t N = d.N, E = moe_experts(d), K = kMoeK;
+    V w, p;
+    std::vector<int64_t> ex;
+    const V* bias = with_bias ? &r.values_of("bias", E, 0.1) : nullptr;
+    ref_router(w, ex, p, r.values_of("logits", N * E, 2.0), bias, N, E, K, sigmoid, renorm, scale);
+    return Results{{"weights", w}, {"probs", p}, {"experts", V(ex.begin(), ex.end())}};
+  };
+  c.backward = [=](OpRun& r, const Dims& d) {
+    const int64_t N = d.N, E = moe_experts(d), K = kMoeK;
+    auto [w, ex, p, x] = fwd(r, d, false);
+    Tensor dw = r.in("dweights", {N, K}, Kind::acc);
+    Tensor dpr = with_dprob_row ? r.in("dprob_row", {E}, Kind::acc) : Tensor();
+    router_topk_backward(r.out("dlogits", {N, E}), dw, dpr, p, w, ex, sigmoid, renorm, scale);
+  };
+  c.seeds = {{"weights", "dweights"}};
+  if (with_dprob_row) c.seeds.push_back({"probs summed over rows", "dprob_row"});
+  c.grads = {{"logits", "dlogits"}};
   return c;
 }
 
@@ -756,6 +856,96 @@ std::vector<OpCase> op_cases() {
           }
       return Results{{"out", o}, {"lse", l}};
     };
+    cases.push_back(c);
+  }
+
+  // Mixture of experts: the router (softmax and sigmoid), dispatch and combine on a fixed routing with dropped
+  // slots and padding rows, the grouped GEMM with an empty group.
+  cases.push_back(router_case("router_topk softmax", false, false, 1.0, false, true));
+  cases.push_back(router_case("router_topk sigmoid", true, true, 2.5, true, false));
+  {  // dispatch: out rows slot[t,k] = x row t, the padding rows left as they are; backward sums the K rows
+    OpCase c;
+    c.name = "moe_dispatch";
+    c.forward = [](OpRun& r, const Dims& d) {
+      const MoeRouting rt = moe_routing(d);
+      Tensor out = r.inout("out", {rt.M, d.C});
+      moe_dispatch_forward(out, r.in("x", {d.N, d.C}), r.ints(rt.slot, {d.N, kMoeK}, DType::i32));
+    };
+    c.reference = [](OpRun& r, const Dims& d) {
+      const MoeRouting rt = moe_routing(d);
+      V out = r.values_of("out", rt.M * d.C);
+      const V& x = r.values_of("x", d.N * d.C);
+      for (int64_t i = 0; i < d.N * kMoeK; ++i)
+        if (rt.slot[size_t(i)] >= 0)
+          std::copy_n(&x[size_t(i / kMoeK * d.C)], d.C, &out[size_t(rt.slot[size_t(i)] * d.C)]);
+      return Results{{"out (in place)", out}};
+    };
+    c.backward = [](OpRun& r, const Dims& d) {
+      const MoeRouting rt = moe_routing(d);
+      moe_dispatch_backward(r.out("dx", {d.N, d.C}), r.in("dout", {rt.M, d.C}),
+                            r.ints(rt.slot, {d.N, kMoeK}, DType::i32));
+    };
+    c.seeds = {{"out (in place)", "dout"}};
+    c.grads = {{"x", "dx"}};
+    cases.push_back(c);
+  }
+  {  // combine: y row t = sum_k weights[t,k] * x row slot[t,k]; backward dx (padding rows 0) and dweights
+    OpCase c;
+    c.name = "moe_combine";
+    c.forward = [](OpRun& r, const Dims& d) {
+      const MoeRouting rt = moe_routing(d);
+      moe_combine_forward(r.out("y", {d.N, d.C}), r.in("x", {rt.M, d.C}), r.in("weights", {d.N, kMoeK}, Kind::acc),
+                          r.ints(rt.slot, {d.N, kMoeK}, DType::i32));
+    };
+    c.reference = [](OpRun& r, const Dims& d) {
+      const MoeRouting rt = moe_routing(d);
+      const V &x = r.values_of("x", rt.M * d.C), &w = r.values_of("weights", d.N * kMoeK);
+      V y(size_t(d.N * d.C), 0.0);
+      for (int64_t i = 0; i < d.N * kMoeK; ++i)
+        if (rt.slot[size_t(i)] >= 0)
+          for (int64_t e = 0; e < d.C; ++e)
+            y[size_t(i / kMoeK * d.C + e)] += w[size_t(i)] * x[size_t(rt.slot[size_t(i)] * d.C + e)];
+      return Results{{"y", y}};
+    };
+    c.backward = [](OpRun& r, const Dims& d) {
+      const MoeRouting rt = moe_routing(d);
+      moe_combine_backward(r.out("dx", {rt.M, d.C}), r.out("dweights", {d.N, kMoeK}, Kind::acc),
+                           r.in("dy", {d.N, d.C}), r.in("x", {rt.M, d.C}), r.in("weights", {d.N, kMoeK}, Kind::acc),
+                           r.ints(rt.slot, {d.N, kMoeK}, DType::i32));
+    };
+    c.seeds = {{"y", "dy"}};
+    c.grads = {{"x", "dx"}, {"weights", "dweights"}};
+    cases.push_back(c);
+  }
+  {  // grouped GEMM: 4 groups of rows, one empty; dweight accumulated, also without dinp
+    OpCase c;
+    c.name = "grouped_matmul";
+    auto counts = [](const Dims& d) { return std::vector<int64_t>{d.N / 2, 0, d.N - d.N / 2 - d.N / 4, d.N / 4}; };
+    const int64_t G = 4;
+    c.forward = [=](OpRun& r, const Dims& d) {
+      grouped_matmul_forward(r.out("y", {d.N, d.OC}), r.in("x", {d.N, d.C}), r.in("w", {G, d.OC, d.C}, Kind::act, 0.2),
+                             counts(d));
+    };
+    c.reference = [=](OpRun& r, const Dims& d) {
+      const V &x = r.values_of("x", d.N * d.C), &w = r.values_of("w", G * d.OC * d.C, 0.2);
+      V y;
+      int64_t b = 0;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t n = counts(d)[size_t(g)];
+        V xg(x.begin() + b * d.C, x.begin() + (b + n) * d.C),
+            wg(w.begin() + g * d.OC * d.C, w.begin() + (g + 1) * d.OC * d.C), yg = ref_matmul(xg, wg, n, d.C, d.OC);
+        y.insert(y.end(), yg.begin(), yg.end());
+        b += n;
+      }
+      return Results{{"y", y}};
+    };
+    c.backward = [=](OpRun& r, const Dims& d) {
+      Tensor x = r.in("x", {d.N, d.C}), w = r.in("w", {G, d.OC, d.C}, Kind::act, 0.2), dy = r.in("dy", {d.N, d.OC});
+      grouped_matmul_backward(r.out("dx", {d.N, d.C}), r.acc("dw", {G, d.OC, d.C}), dy, x, w, counts(d));
+      grouped_matmul_backward(Tensor(), r.acc("dw only", {G, d.OC, d.C}), dy, x, w, counts(d));
+    };
+    c.seeds = {{"y", "dy"}};
+    c.grads = {{"x", "dx"}, {"w", "dw"}};
     cases.push_back(c);
   }
 

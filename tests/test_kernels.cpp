@@ -400,3 +400,67 @@ TEST_CASE("kernels: CUDA and cuBLAS failure codes are named") {
   CHECK(std::string(cuda::error_string(-1)).find("arguments the kernel does not take") != std::string::npos);
 }
 #endif
+
+TEST_CASE("kernels: MoE router top-k, combine and grouped GEMM against finite differences and per-group matmul") {
+  const int64_t N = 5, E = 6, K = 2, C = 4;
+  for (bool sigmoid : {false, true})
+    for (bool renorm : {false, true}) {
+      CAPTURE(sigmoid);
+      CAPTURE(renorm);
+      Tensor logits = randn({N, E}, 11), bias = randn({E}, 12, DType::f64, 0.1), dw = randn({N, K}, 13);
+      Tensor dprow = randn({E}, 14);
+      Tensor w = poisoned({N, K}, DType::f64), p = poisoned({N, E}, DType::f64), ex = ints(std::vector<int64_t>(N * K));
+      ex = ex.reshape({N, K});
+      const double scale = 2.5;
+      router_topk_forward(w, ex, p, logits, bias, sigmoid, renorm, scale);
+      // The selection is fixed for small perturbations: the loss is <weights, dw> + sum_rows <probs, dprob_row>.
+      auto loss = [&] {
+        Tensor w2 = empty({N, K}, DType::f64), p2 = empty({N, E}, DType::f64), e2 = empty({N, K}, DType::i32);
+        router_topk_forward(w2, e2, p2, logits, bias, sigmoid, renorm, scale);
+        REQUIRE(equal(e2, ex));
+        double s = dot(w2, dw);
+        for (int64_t n = 0; n < N; ++n) s += dot(p2.slice0(n, n + 1).reshape({E}), dprow);
+        return s;
+      };
+      Tensor dl = poisoned({N, E}, DType::f64);
+      router_topk_backward(dl, dw, dprow, p, w, ex, sigmoid, renorm, scale);
+      CHECK(rel_err(dl, finite_differences(logits, loss)) < 1e-7);
+    }
+  // combine: dweights and dinp against finite differences; one slot dropped, one routed row unnamed.
+  const int64_t M = N * K;
+  std::vector<int64_t> sl(size_t(N * K));
+  for (int64_t i = 0; i < N * K; ++i) sl[size_t(i)] = (i * 3) % M;
+  sl[3] = -1;
+  Tensor slot = ints(sl).reshape({N, K});
+  Tensor inp = randn({M, C}, 21), wts = randn({N, K}, 22), dout = randn({N, C}, 23);
+  auto closs = [&] {
+    Tensor o = empty({N, C}, DType::f64);
+    moe_combine_forward(o, inp, wts, slot);
+    return dot(o, dout);
+  };
+  Tensor dinp = poisoned({M, C}, DType::f64), dwts = poisoned({N, K}, DType::f64);
+  moe_combine_backward(dinp, dwts, dout, inp, wts, slot);
+  CHECK(rel_err(dwts, finite_differences(wts, closs)) < 1e-8);
+  CHECK(rel_err(dinp, finite_differences(inp, closs)) < 1e-8);
+  // grouped GEMM: each group equals a matmul on its rows, an empty group included.
+  const std::vector<int64_t> counts{3, 0, 5, 2};
+  const int64_t G = 4, OC = 3;
+  Tensor x = randn({M, C}, 31, DType::f32), wg = randn({G, OC, C}, 32, DType::f32), y = poisoned({M, OC}, DType::f32);
+  grouped_matmul_forward(y, x, wg, counts);
+  Tensor dy = randn({M, OC}, 33, DType::f32), dx = poisoned({M, C}, DType::f32), dwg = zeros({G, OC, C}, DType::f32);
+  grouped_matmul_backward(dx, dwg, dy, x, wg, counts);
+  int64_t b = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t e = b + counts[size_t(g)];
+    Tensor wv = wg.view(g * OC * C, {OC, C}), dwv = zeros({OC, C}, DType::f32);
+    if (e > b) {
+      Tensor yr = empty({e - b, OC}, DType::f32), dxr = empty({e - b, C}, DType::f32);
+      matmul_forward(yr, x.slice0(b, e), wv);
+      matmul_backward(dxr, dwv, dy.slice0(b, e), x.slice0(b, e), wv);
+      CHECK(equal(yr, y.slice0(b, e)));
+      CHECK(equal(dxr, dx.slice0(b, e)));
+    }
+    CHECK(equal(dwv, dwg.view(g * OC * C, {OC, C})));
+    b = e;
+  }
+}

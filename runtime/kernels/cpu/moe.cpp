@@ -1,0 +1,452 @@
+// Mixture of experts (ops.h router_topk_*, moe_dispatch_*, moe_combine_*, grouped_matmul_*): the CPU kernels,
+// then the ops; the CUDA launchers are in runtime/kernels/cuda/moe.cu.
+// On the CPU the kernels' T is the accum dtype too (f32 for bf16, widened, or f32; f64 for f64), so the
+// router's probs and weights and the combine's weights share the activations' pointer type.
+// Router: p = softmax(logits) (or sigmoid); top K of p + bias, largest first, ties to the lower index;
+// w_k = scale * p_k (/ S = sum of the K selected p, with renormalize).
+// Backward: dp_j = dprob_row_j + scale * (dw_j / S - sum_k dw_k p_k / S^2) for selected j (scale * dw_j
+// without renormalize), then dlogit = p (dp - sum(p dp)) (softmax) or dp p (1 - p) (sigmoid).
+// The grouped GEMM has no kernel of its own: each group is one matmul_forward / matmul_backward on row views,
+// so it runs at the dense GEMM's speed on every backend.
+#include "runtime/kernels/cpu/isa_level.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace mt::cpu::MT_CPU_ISA {
+
+namespace {
+// The K experts of one row with the largest p + bias, largest first, ties to the lower index: K passes of an
+// argmax (K <= E is small, and a sort would not keep this tie rule as simply).
+template <typename T> void topk_row(int32_t* ex, const T* p, const T* bias, int64_t E, int64_t K) {
+  for (int64_t k = 0; k < K; ++k) {
+    int64_t best = -1;
+    T best_s = T(0);
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t j = 0; j < k; ++j) taken = taken || ex[j] == e;
+      if (taken) continue;
+      const T s = p[e] + (bias ? bias[e] : T(0));
+      if (best < 0 || s > best_s) best = e, best_s = s;  // strict: the lower index keeps a tie
+    }
+    ex[k] = int32_t(best);
+  }
+}
+}  // namespace
+
+template <typename T> void router_topk_forward(T* weights, int32_t* experts, T* probs, const T* logits, const T* bias,
+                                               int64_t N, int64_t E, int64_t K, bool sigmoid, bool renormalize,
+                                               double scale) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = logits + n * E;  // (E)
+    T* p = probs + n * E;         // (E)
+    if (sigmoid) {
+      for (int64_t e = 0; e < E; ++e) p[e] = T(1) / (T(1) + std::exp(-x[e]));
+    } else {
+      T m = x[0], sum = 0;
+      for (int64_t e = 1; e < E; ++e) m = std::max(m, x[e]);
+      for (int64_t e = 0; e < E; ++e) sum += p[e] = std::exp(x[e] - m);
+      for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+    }
+    int32_t* ex = experts + n * K;  // (K)
+    T* w = weights + n * K;         // (K)
+    topk_row(ex, p, bias, E, K);
+    T S = 0;
+    for (int64_t k = 0; k < K; ++k) S += p[ex[k]];
+    const T f = renormalize ? T(scale) / S : T(scale);
+    for (int64_t k = 0; k < K; ++k) w[k] = p[ex[k]] * f;
+  }
+}
+
+template <typename T> void router_topk_backward(T* dlogits, const T* dweights, const T* dprob_row, const T* probs,
+                                                const int32_t* experts, int64_t N, int64_t E, int64_t K, bool sigmoid,
+                                                bool renormalize, double scale) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* p = probs + n * E;           // (E)
+    const T* dw = dweights + n * K;       // (K)
+    const int32_t* ex = experts + n * K;  // (K)
+    T* dp = dlogits + n * E;              // (E): dprobs first, then turned into dlogits in place
+    for (int64_t e = 0; e < E; ++e) dp[e] = dprob_row ? dprob_row[e] : T(0);
+    if (renormalize) {
+      T S = 0, dot = 0;  // dot = sum_k dw_k p_k
+      for (int64_t k = 0; k < K; ++k) S += p[ex[k]], dot += dw[k] * p[ex[k]];
+      const T s = T(scale);
+      for (int64_t k = 0; k < K; ++k) dp[ex[k]] += s * (dw[k] / S - dot / (S * S));
+    } else {
+      for (int64_t k = 0; k < K; ++k) dp[ex[k]] += T(scale) * dw[k];
+    }
+    if (sigmoid) {
+      for (int64_t e = 0; e < E; ++e) dp[e] = dp[e] * p[e] * (T(1) - p[e]);
+    } else {
+      T pdp = 0;
+      for (int64_t e = 0; e < E; ++e) pdp += p[e] * dp[e];
+      for (int64_t e = 0; e < E; ++e) dp[e] = p[e] * (dp[e] - pdp);
+    }
+  }
+}
+
+template <typename T> void moe_dispatch_forward(T* out, const T* inp, const int32_t* slot, int64_t N, int64_t K,
+                                                int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t s = slot[t * K + k];
+      if (s >= 0) std::memcpy(out + int64_t(s) * C, inp + t * C, size_t(C) * sizeof(T));
+    }
+}
+
+// Each token row gathers its K routed rows in k order: deterministic, no atomics.
+template <typename T> void moe_dispatch_backward(T* dinp, const T* dout, const int32_t* slot, int64_t N, int64_t K,
+                                                 int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t) {
+    T* dx = dinp + t * C;  // (C)
+    std::fill(dx, dx + C, T(0));
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t s = slot[t * K + k];
+      if (s < 0) continue;
+      const T* dy = dout + int64_t(s) * C;  // (C)
+      for (int64_t c = 0; c < C; ++c) dx[c] += dy[c];
+    }
+  }
+}
+
+template <typename T> void moe_combine_forward(T* out, const T* inp, const T* weights, const int32_t* slot, int64_t N,
+                                               int64_t K, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t) {
+    T* y = out + t * C;  // (C)
+    std::fill(y, y + C, T(0));
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t s = slot[t * K + k];
+      if (s < 0) continue;
+      const T w = weights[t * K + k];
+      const T* x = inp + int64_t(s) * C;  // (C)
+      for (int64_t c = 0; c < C; ++c) y[c] += w * x[c];
+    }
+  }
+}
+
+// dinp is zeroed first: the rows no slot names (capacity padding) get 0, the others are written once below.
+template <typename T> void moe_combine_backward(T* dinp, T* dweights, const T* dout, const T* inp, const T* weights,
+                                                const int32_t* slot, int64_t N, int64_t K, int64_t M, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < M; ++r) std::fill(dinp + r * C, dinp + (r + 1) * C, T(0));
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < N; ++t) {
+    const T* dy = dout + t * C;  // (C)
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t s = slot[t * K + k];
+      if (s < 0) {
+        dweights[t * K + k] = T(0);
+        continue;
+      }
+      const T w = weights[t * K + k];
+      const T* x = inp + int64_t(s) * C;  // (C)
+      T* dx = dinp + int64_t(s) * C;      // (C)
+      T dot = 0;
+      for (int64_t c = 0; c < C; ++c) dot += dy[c] * x[c], dx[c] = w * dy[c];
+      dweights[t * K + k] = dot;
+    }
+  }
+}
+
+}  // namespace mt::cpu::MT_CPU_ISA
+
+MT_CPU_EXPORT(router_topk_forward)
+MT_CPU_EXPORT(router_topk_backward)
+MT_CPU_EXPORT(moe_dispatch_forward)
+MT_CPU_EXPORT(moe_dispatch_backward)
+MT_CPU_EXPORT(moe_combine_forward)
+MT_CPU_EXPORT(moe_combine_backward)
+
+#if MT_CPU_OPS  // the ops, compiled once (the baseline pass)
+#include <vector>
+
+#include "runtime/kernels/op.h"
+#include "runtime/kernels/ops.h"
+
+#if MT_CUDA
+namespace mt::cuda {  // cuda/moe.cu: one warp per row (router, gathers, scatters), f32 math
+// weights (N, K) f32, experts (N, K), probs (N, E) f32 from logits (N, E) T; bias (E) f32 or null.
+template <typename T> int router_topk_forward(float* weights, int32_t* experts, float* probs, const T* logits,
+                                              const float* bias, int64_t N, int64_t E, int64_t K, bool sigmoid,
+                                              bool renormalize, double scale, void* stream);
+// dlogits (N, E) T overwritten from dweights (N, K) f32, dprob_row (E) f32 or null, probs (N, E) f32.
+template <typename T> int router_topk_backward(T* dlogits, const float* dweights, const float* dprob_row,
+                                               const float* probs, const int32_t* experts, int64_t N, int64_t E,
+                                               int64_t K, bool sigmoid, bool renormalize, double scale, void* stream);
+// out (M, C) rows slot[t,k] = inp (N, C) row t.
+template <typename T>
+int moe_dispatch_forward(T* out, const T* inp, const int32_t* slot, int64_t N, int64_t K, int64_t C, void* stream);
+// dinp (N, C) row t = sum_k dout (M, C) row slot[t,k], in f32.
+template <typename T>
+int moe_dispatch_backward(T* dinp, const T* dout, const int32_t* slot, int64_t N, int64_t K, int64_t C, void* stream);
+// out (N, C) row t = sum_k weights[t,k] inp (M, C) row slot[t,k], in f32.
+template <typename T> int moe_combine_forward(T* out, const T* inp, const float* weights, const int32_t* slot,
+                                              int64_t N, int64_t K, int64_t C, void* stream);
+// dinp (M, C) (zeroed, then rows slot[t,k] = weights[t,k] dout row t), dweights (N, K) f32 = dout . inp rows.
+template <typename T>
+int moe_combine_backward(T* dinp, float* dweights, const T* dout, const T* inp, const float* weights,
+                         const int32_t* slot, int64_t N, int64_t K, int64_t M, int64_t C, void* stream);
+}  // namespace mt::cuda
+#endif
+
+namespace mt {
+using namespace kern;
+
+namespace {
+// Host slots only (device slots come from the routing code, which built them): each in [-1, M), and no routed
+// row named twice (the scatters write each row once, without atomics).
+void check_slots(const char* op, const Tensor& slot, int64_t M) {
+  const int32_t* s = slot.data<int32_t>();
+  std::vector<char> seen(size_t(M), 0);
+  for (int64_t i = 0; i < slot.numel(); ++i) {
+    MT_CHECK(s[i] >= -1 && s[i] < M, "kernels", "{}: slot {} at {} is outside [-1, {})", op, s[i], i, M);
+    if (s[i] < 0) continue;
+    MT_CHECK(!seen[size_t(s[i])], "kernels", "{}: routed row {} is named twice (slot {})", op, s[i], i);
+    seen[size_t(s[i])] = 1;
+  }
+}
+
+// slot (N, K) i32; returns K.
+int64_t check_slot_shape(const char* op, const Tensor& slot, int64_t N) {
+  MT_CHECK(slot.defined() && slot.dim() == 2 && slot.size(0) == N, "kernels", "{}: slot must be ({}, K), got {}", op,
+           N, slot.defined() ? shape_str(slot.shape()) : "none");
+  check_i32(op, slot, slot.numel(), "slot");
+  return slot.size(1);
+}
+
+// (N, E) logits and the (N, K) experts; K in [1, E].
+void check_router(const char* op, const Tensor& logits, const Tensor& experts, const Tensor& weights,
+                  const Tensor& probs) {
+  MT_CHECK(logits.dim() == 2 && experts.defined() && experts.dim() == 2 && experts.size(0) == logits.size(0) &&
+               experts.size(1) >= 1 && experts.size(1) <= logits.size(1),
+           "kernels", "{}: logits {} (N, E) and experts {} (N, K), 1 <= K <= E", op, shape_str(logits.shape()),
+           experts.defined() ? shape_str(experts.shape()) : "none");
+  const int64_t N = logits.size(0), E = logits.size(1), K = experts.size(1);
+  check_i32(op, experts, N * K, "experts");
+  expect_shape(op, weights, {N, K}, "weights");
+  expect_shape(op, probs, {N, E}, "probs");
+  expect_acc(op, weights, logits.dtype(), "weights");
+  expect_acc(op, probs, logits.dtype(), "probs");
+}
+
+// (M, C) rows in groups of counts; returns the groups' first rows (G + 1 entries).
+std::vector<int64_t> group_begins(const char* op, const std::vector<int64_t>& counts, int64_t M) {
+  std::vector<int64_t> begin(counts.size() + 1, 0);
+  for (size_t g = 0; g < counts.size(); ++g) {
+    MT_CHECK(counts[g] >= 0, "kernels", "{}: group {} has {} rows", op, g, counts[g]);
+    begin[g + 1] = begin[g] + counts[g];
+  }
+  MT_CHECK(begin.back() == M, "kernels", "{}: the groups' counts sum to {}, but there are {} rows", op, begin.back(),
+           M);
+  return begin;
+}
+
+// weight (G, OC, C) with G = counts.size() and inp's C.
+void check_grouped_weight(const char* op, const Tensor& weight, const std::vector<int64_t>& counts, int64_t C) {
+  check_float(op, weight, "weight");
+  MT_CHECK(weight.dim() == 3 && weight.size(0) == int64_t(counts.size()) && weight.size(2) == C, "kernels",
+           "{}: weight must be ({}, OC, {}), got {}", op, counts.size(), C, shape_str(weight.shape()));
+}
+
+// Group g's (OC, C) slice of a (G, OC, C) tensor.
+Tensor group_slice(const Tensor& w, size_t g) {
+  const int64_t OC = w.size(1), C = w.size(2);
+  return w.view(int64_t(g) * OC * C, {OC, C});
+}
+}  // namespace
+
+void router_topk_forward(const Tensor& weights, const Tensor& experts, const Tensor& probs, const Tensor& logits,
+                         const Tensor& bias, bool sigmoid, bool renormalize, double scale) {
+  const char* op = "router_topk_forward";
+  check_float(op, logits, "logits");
+  check_router(op, logits, experts, weights, probs);
+  const int64_t N = logits.size(0), E = logits.size(1), K = experts.size(1);
+  if (bias.defined()) {
+    expect_shape(op, bias, {E}, "bias");
+    expect_acc(op, bias, logits.dtype(), "bias");
+  }
+  dispatch(
+      op, logits,
+      MT_CUDA_FN(return cuda::router_topk_forward<T>(ptr<float>(weights), experts.data<int32_t>(), ptr<float>(probs),
+                                                     ptr<T>(logits), ptr<float>(bias), N, E, K, sigmoid, renormalize,
+                                                     scale, stream_of(logits));),
+      [&](auto z, const Tensor& weights, const Tensor& experts, const Tensor& probs, const Tensor& logits,
+          const Tensor& bias) {
+        using T = decltype(z);
+        MT_CPU_KERNEL(router_topk_forward, T)
+        (ptr<T>(weights), experts.data<int32_t>(), ptr<T>(probs), ptr<T>(logits), ptr<T>(bias), N, E, K, sigmoid,
+         renormalize, scale);
+      },
+      wr(weights), wr(experts), wr(probs), rd(logits), rd(bias));
+}
+
+void router_topk_backward(const Tensor& dlogits, const Tensor& dweights, const Tensor& dprob_row, const Tensor& probs,
+                          const Tensor& weights, const Tensor& experts, bool sigmoid, bool renormalize, double scale) {
+  const char* op = "router_topk_backward";
+  check_float(op, dlogits, "dlogits");
+  check_router(op, dlogits, experts, weights, probs);
+  const int64_t N = dlogits.size(0), E = dlogits.size(1), K = experts.size(1);
+  expect_shape(op, dweights, {N, K}, "dweights");
+  expect_acc(op, dweights, dlogits.dtype(), "dweights");
+  if (dprob_row.defined()) {
+    expect_shape(op, dprob_row, {E}, "dprob_row");
+    expect_acc(op, dprob_row, dlogits.dtype(), "dprob_row");
+  }
+  // weights are implied by probs and experts (the kernels recompute the sum S); checked, not read.
+  dispatch(
+      op, dlogits,
+      MT_CUDA_FN(return cuda::router_topk_backward<T>(ptr<T>(dlogits), ptr<float>(dweights), ptr<float>(dprob_row),
+                                                      ptr<float>(probs), experts.data<int32_t>(), N, E, K, sigmoid,
+                                                      renormalize, scale, stream_of(dlogits));),
+      [&](auto z, const Tensor& dlogits, const Tensor& dweights, const Tensor& dprob_row, const Tensor& probs,
+          const Tensor& experts) {
+        using T = decltype(z);
+        MT_CPU_KERNEL(router_topk_backward, T)
+        (ptr<T>(dlogits), ptr<T>(dweights), ptr<T>(dprob_row), ptr<T>(probs), experts.data<int32_t>(), N, E, K,
+         sigmoid, renormalize, scale);
+      },
+      wr(dlogits), rd(dweights), rd(dprob_row), rd(probs), rd(experts));
+}
+
+void moe_dispatch_forward(const Tensor& out, const Tensor& inp, const Tensor& slot) {
+  const char* op = "moe_dispatch_forward";
+  check_float(op, inp, "inp");
+  check_float(op, out, "out");
+  same_dtype(op, inp, out, "out");
+  MT_CHECK(inp.dim() == 2 && out.dim() == 2 && out.size(1) == inp.size(1), "kernels",
+           "{}: inp {} (N, C) and out {} (M, C)", op, shape_str(inp.shape()), shape_str(out.shape()));
+  const int64_t N = inp.size(0), C = inp.size(1), M = out.size(0), K = check_slot_shape(op, slot, N);
+  // out is read-and-written: the rows no slot names keep their values (bf16 on the CPU: widened and rounded
+  // back, exactly).
+  dispatch(
+      op, inp,
+      MT_CUDA_FN(return cuda::moe_dispatch_forward<T>(ptr<T>(out), ptr<T>(inp), slot.data<int32_t>(), N, K, C,
+                                                      stream_of(inp));),
+      [&](auto z, const Tensor& out, const Tensor& inp, const Tensor& slot) {
+        using T = decltype(z);
+        check_slots(op, slot, M);
+        MT_CPU_KERNEL(moe_dispatch_forward, T)(ptr<T>(out), ptr<T>(inp), slot.data<int32_t>(), N, K, C);
+      },
+      rw(out), rd(inp), rd(slot));
+}
+
+void moe_dispatch_backward(const Tensor& dinp, const Tensor& dout, const Tensor& slot) {
+  const char* op = "moe_dispatch_backward";
+  check_float(op, dout, "dout");
+  check_float(op, dinp, "dinp");
+  same_dtype(op, dout, dinp, "dinp");
+  MT_CHECK(dinp.dim() == 2 && dout.dim() == 2 && dout.size(1) == dinp.size(1), "kernels",
+           "{}: dinp {} (N, C) and dout {} (M, C)", op, shape_str(dinp.shape()), shape_str(dout.shape()));
+  const int64_t N = dinp.size(0), C = dinp.size(1), M = dout.size(0), K = check_slot_shape(op, slot, N);
+  dispatch(
+      op, dout,
+      MT_CUDA_FN(return cuda::moe_dispatch_backward<T>(ptr<T>(dinp), ptr<T>(dout), slot.data<int32_t>(), N, K, C,
+                                                       stream_of(dout));),
+      [&](auto z, const Tensor& dinp, const Tensor& dout, const Tensor& slot) {
+        using T = decltype(z);
+        check_slots(op, slot, M);
+        MT_CPU_KERNEL(moe_dispatch_backward, T)(ptr<T>(dinp), ptr<T>(dout), slot.data<int32_t>(), N, K, C);
+      },
+      wr(dinp), rd(dout), rd(slot));
+}
+
+void moe_combine_forward(const Tensor& out, const Tensor& inp, const Tensor& weights, const Tensor& slot) {
+  const char* op = "moe_combine_forward";
+  check_float(op, inp, "inp");
+  check_float(op, out, "out");
+  same_dtype(op, inp, out, "out");
+  MT_CHECK(inp.dim() == 2 && out.dim() == 2 && out.size(1) == inp.size(1), "kernels",
+           "{}: inp {} (M, C) and out {} (N, C)", op, shape_str(inp.shape()), shape_str(out.shape()));
+  const int64_t N = out.size(0), C = out.size(1), M = inp.size(0), K = check_slot_shape(op, slot, N);
+  expect_shape(op, weights, {N, K}, "weights");
+  expect_acc(op, weights, inp.dtype(), "weights");
+  dispatch(
+      op, inp,
+      MT_CUDA_FN(return cuda::moe_combine_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<float>(weights),
+                                                     slot.data<int32_t>(), N, K, C, stream_of(inp));),
+      [&](auto z, const Tensor& out, const Tensor& inp, const Tensor& weights, const Tensor& slot) {
+        using T = decltype(z);
+        check_slots(op, slot, M);
+        MT_CPU_KERNEL(moe_combine_forward, T)
+        (ptr<T>(out), ptr<T>(inp), ptr<T>(weights), slot.data<int32_t>(), N, K, C);
+      },
+      wr(out), rd(inp), rd(weights), rd(slot));
+}
+
+void moe_combine_backward(const Tensor& dinp, const Tensor& dweights, const Tensor& dout, const Tensor& inp,
+                          const Tensor& weights, const Tensor& slot) {
+  const char* op = "moe_combine_backward";
+  check_float(op, dout, "dout");
+  for (auto* t : {&dinp, &inp}) {
+    check_float(op, *t, "an operand");
+    same_dtype(op, dout, *t, "an operand");
+  }
+  MT_CHECK(dout.dim() == 2 && inp.dim() == 2 && inp.size(1) == dout.size(1), "kernels",
+           "{}: inp {} (M, C) and dout {} (N, C)", op, shape_str(inp.shape()), shape_str(dout.shape()));
+  const int64_t N = dout.size(0), C = dout.size(1), M = inp.size(0), K = check_slot_shape(op, slot, N);
+  expect_shape(op, dinp, inp.shape(), "dinp");
+  for (auto* t : {&dweights, &weights}) {
+    expect_shape(op, *t, {N, K}, "weights / dweights");
+    expect_acc(op, *t, dout.dtype(), "weights / dweights");
+  }
+  dispatch(
+      op, dout,
+      MT_CUDA_FN(return cuda::moe_combine_backward<T>(ptr<T>(dinp), ptr<float>(dweights), ptr<T>(dout), ptr<T>(inp),
+                                                      ptr<float>(weights), slot.data<int32_t>(), N, K, M, C,
+                                                      stream_of(dout));),
+      [&](auto z, const Tensor& dinp, const Tensor& dweights, const Tensor& dout, const Tensor& inp,
+          const Tensor& weights, const Tensor& slot) {
+        using T = decltype(z);
+        check_slots(op, slot, M);
+        MT_CPU_KERNEL(moe_combine_backward, T)
+        (ptr<T>(dinp), ptr<T>(dweights), ptr<T>(dout), ptr<T>(inp), ptr<T>(weights), slot.data<int32_t>(), N, K, M, C);
+      },
+      wr(dinp), wr(dweights), rd(dout), rd(inp), rd(weights), rd(slot));
+}
+
+void grouped_matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                            const std::vector<int64_t>& counts) {
+  const char* op = "grouped_matmul_forward";
+  check_float(op, inp, "inp");
+  MT_CHECK(inp.dim() == 2, "kernels", "{}: inp must be (M, C), got {}", op, shape_str(inp.shape()));
+  check_grouped_weight(op, weight, counts, inp.size(1));
+  const auto begin = group_begins(op, counts, inp.size(0));
+  expect_shape(op, out, {inp.size(0), weight.size(1)}, "out");
+  for (size_t g = 0; g < counts.size(); ++g) {
+    if (counts[g] == 0) continue;  // matmul's checks and dtype rules apply per group
+    matmul_forward(out.slice0(begin[g], begin[g + 1]), inp.slice0(begin[g], begin[g + 1]), group_slice(weight, g),
+                   false);
+  }
+}
+
+void grouped_matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                             const Tensor& weight, const std::vector<int64_t>& counts) {
+  const char* op = "grouped_matmul_backward";
+  check_float(op, dout, "dout");
+  MT_CHECK(dout.dim() == 2, "kernels", "{}: dout must be (M, OC), got {}", op, shape_str(dout.shape()));
+  check_float(op, inp, "inp");
+  MT_CHECK(inp.dim() == 2 && inp.size(0) == dout.size(0), "kernels", "{}: inp must be ({}, C), got {}", op,
+           dout.size(0), shape_str(inp.shape()));
+  check_grouped_weight(op, weight, counts, inp.size(1));
+  expect_shape(op, dout, {inp.size(0), weight.size(1)}, "dout");
+  if (dinp.defined()) expect_shape(op, dinp, inp.shape(), "dinp");
+  if (dweight.defined()) expect_shape(op, dweight, weight.shape(), "dweight");
+  const auto begin = group_begins(op, counts, inp.size(0));
+  for (size_t g = 0; g < counts.size(); ++g) {
+    if (counts[g] == 0) continue;
+    const int64_t b = begin[g], e = begin[g + 1];
+    matmul_backward(dinp.defined() ? dinp.slice0(b, e) : Tensor(),
+                    dweight.defined() ? group_slice(dweight, g) : Tensor(), dout.slice0(b, e), inp.slice0(b, e),
+                    group_slice(weight, g), false);
+  }
+}
+
+}  // namespace mt
+#endif  // MT_CPU_OPS
