@@ -87,7 +87,8 @@ class LlamaMLP : public Module {
 class LlamaDecoderLayer : public Module {
  public:
   LlamaDecoderLayer(const std::string& name, const ModelConfig& c, const LlamaVariant& v, const ParamFactory& f,
-                    std::shared_ptr<SequenceContext> seq, std::shared_ptr<MoeContext> moe, int64_t index);
+                    std::shared_ptr<SequenceContext> seq, std::shared_ptr<MoeContext> moe = nullptr,
+                    int64_t index = 0);
   RMSNorm* input_layernorm;
   LlamaAttention* self_attn;
   RMSNorm* post_attention_layernorm;

@@ -3,6 +3,9 @@
 #include <climits>
 #include <cmath>
 #include <filesystem>
+#include <functional>
+
+#include <fmt/ranges.h>
 
 #include "models/model.h"
 #include "runtime/io/config_reader.h"
@@ -150,7 +153,14 @@ std::string hf_key(const std::string& key) {
       {"model.rope_theta", "rope_theta"},
       {"model.max_seq_len", "max_position_embeddings"},
       {"model.tie_embeddings", "tie_word_embeddings"},
-      {"model.sliding_window", "sliding_window"}};
+      {"model.sliding_window", "sliding_window"},
+      {"model.moe.n_experts", "num_local_experts / num_experts"},
+      {"model.moe.experts_per_token", "num_experts_per_tok"},
+      {"model.moe.ffn_dim", "moe_intermediate_size (mixtral: intermediate_size)"},
+      {"model.moe.shared_expert_ffn_dim", "shared_expert_intermediate_size"},
+      {"model.moe.norm_topk_prob", "norm_topk_prob"},
+      {"model.moe.decoder_sparse_step", "decoder_sparse_step"},
+      {"model.moe.mlp_only_layers", "mlp_only_layers"}};
   for (auto& [k, h] : names)
     if (k == key) return h;
   if (key.rfind("model.rope_scaling.", 0) == 0) return "rope_scaling." + key.substr(19);
@@ -166,6 +176,16 @@ void model_from_init(Config& c, const std::set<std::string>& given) {
   ModelConfig theirs = model_config_from_hf(file);
   theirs.init_from = c.model.init_from;
   theirs.init_std = c.model.init_std;
+  // How an MoE model is trained, not what it is: the YAML's keys win over the file's (transformers' users set
+  // output_router_logits and router_aux_loss_coef per run too).
+  MoeConfig& tm = theirs.moe;
+  const MoeConfig& om = c.model.moe;
+  for (auto [key, set] : std::initializer_list<std::pair<const char*, std::function<void()>>>{
+           {"model.moe.output_router_logits", [&] { tm.output_router_logits = om.output_router_logits; }},
+           {"model.moe.router_aux_loss_coef", [&] { tm.router_aux_loss_coef = om.router_aux_loss_coef; }},
+           {"model.moe.bias_update_rate", [&] { tm.bias_update_rate = om.bias_update_rate; }},
+           {"model.moe.capacity_factor", [&] { tm.capacity_factor = om.capacity_factor; }}})
+    if (given.count(key)) set();
   Flatten ours_flat, theirs_flat;
   c.model.visit(ours_flat);
   theirs.visit(theirs_flat);
