@@ -30,9 +30,9 @@ __device__ inline void warp_argmax(float& s, int& i, float& pv) {
 
 // weights, experts (N, K), probs (N, E) f32 from logits (N, E); bias (E) or null. A warp per row; lane l holds
 // experts l, l + 32, ... in p[].
-template <typename T>
-__global__ void router_fwd_k(float* weights, int32_t* experts, float* probs, const T* logits, const float* bias,
-                             int64_t N, int E, int K, bool sigmoid, bool renorm, float scale) {
+template <typename T> __global__ void router_fwd_k(float* weights, int32_t* experts, float* probs, const T* logits,
+                                                   const float* bias, int64_t N, int E, int K, bool sigmoid,
+                                                   bool renorm, float scale) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -81,16 +81,16 @@ __global__ void router_fwd_k(float* weights, int32_t* experts, float* probs, con
 }
 
 // dlogits (N, E) from dweights (N, K), dprob_row (E) or null, probs (N, E), experts (N, K). A warp per row.
-template <typename T>
-__global__ void router_bwd_k(T* dlogits, const float* dweights, const float* dprob_row, const float* probs,
-                             const int32_t* experts, int64_t N, int E, int K, bool sigmoid, bool renorm, float scale) {
+template <typename T> __global__ void router_bwd_k(T* dlogits, const float* dweights, const float* dprob_row,
+                                                   const float* probs, const int32_t* experts, int64_t N, int E, int K,
+                                                   bool sigmoid, bool renorm, float scale) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
-  const float* p = probs + row * E;           // (E)
-  const float* dw = dweights + row * K;       // (K)
-  const int32_t* ex = experts + row * K;      // (K)
-  float S = 0, dot = 0;                       // every lane: K is small
+  const float* p = probs + row * E;       // (E)
+  const float* dw = dweights + row * K;   // (K)
+  const int32_t* ex = experts + row * K;  // (K)
+  float S = 0, dot = 0;                   // every lane: K is small
   for (int k = 0; k < K; ++k) S += p[ex[k]], dot += dw[k] * p[ex[k]];
   float dp[kPerLane], pdp = 0;
   for (int j = 0; j < kPerLane; ++j) {
@@ -130,8 +130,8 @@ template <typename T> int router_topk_backward(T* dlogits, const float* dweights
   Range r("router_topk_backward");
   if (E > 32 * kPerLane) return int(cudaErrorInvalidValue);
   if (N == 0) return 0;
-  MT_LAUNCH(router_bwd_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), dp(dlogits), dweights, dprob_row,
-            probs, experts, N, int(E), int(K), sigmoid, renormalize, float(scale));
+  MT_LAUNCH(router_bwd_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), dp(dlogits), dweights, dprob_row, probs,
+            experts, N, int(E), int(K), sigmoid, renormalize, float(scale));
   return last_error();
 }
 
@@ -231,9 +231,9 @@ template <typename T> int moe_combine_forward(T* out, const T* inp, const float*
   return last_error();
 }
 
-template <typename T>
-int moe_combine_backward(T* dinp, float* dweights, const T* dout, const T* inp, const float* weights,
-                         const int32_t* slot, int64_t N, int64_t K, int64_t M, int64_t C, void* stream) {
+template <typename T> int moe_combine_backward(T* dinp, float* dweights, const T* dout, const T* inp,
+                                               const float* weights, const int32_t* slot, int64_t N, int64_t K,
+                                               int64_t M, int64_t C, void* stream) {
   Range r("moe_combine_backward");
   if (M * C > 0) {
     MT_LAUNCH(zero_k<Dev<T>>, blocks_for(M * C), kThreads, 0, st(stream), dp(dinp), M * C);
@@ -250,17 +250,16 @@ int moe_combine_backward(T* dinp, float* dweights, const T* dout, const T* inp, 
 }
 
 // The launchers' instances for the two activation types.
-#define MT_INSTANTIATE(T)                                                                                         \
-  template int router_topk_forward<T>(float*, int32_t*, float*, const T*, const float*, int64_t, int64_t, int64_t, \
-                                      bool, bool, double, void*);                                                 \
-  template int router_topk_backward<T>(T*, const float*, const float*, const float*, const int32_t*, int64_t,     \
-                                       int64_t, int64_t, bool, bool, double, void*);                              \
-  template int moe_dispatch_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, void*);           \
-  template int moe_dispatch_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, void*);          \
-  template int moe_combine_forward<T>(T*, const T*, const float*, const int32_t*, int64_t, int64_t, int64_t,      \
-                                      void*);                                                                     \
-  template int moe_combine_backward<T>(T*, float*, const T*, const T*, const float*, const int32_t*, int64_t,     \
-                                       int64_t, int64_t, int64_t, void*);
+#define MT_INSTANTIATE(T)                                                                                              \
+  template int router_topk_forward<T>(float*, int32_t*, float*, const T*, const float*, int64_t, int64_t, int64_t,     \
+                                      bool, bool, double, void*);                                                      \
+  template int router_topk_backward<T>(T*, const float*, const float*, const float*, const int32_t*, int64_t, int64_t, \
+                                       int64_t, bool, bool, double, void*);                                            \
+  template int moe_dispatch_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, void*);                \
+  template int moe_dispatch_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, void*);               \
+  template int moe_combine_forward<T>(T*, const T*, const float*, const int32_t*, int64_t, int64_t, int64_t, void*);   \
+  template int moe_combine_backward<T>(T*, float*, const T*, const T*, const float*, const int32_t*, int64_t, int64_t, \
+                                       int64_t, int64_t, void*);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(bf16)
 #undef MT_INSTANTIATE
