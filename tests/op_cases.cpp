@@ -241,7 +241,6 @@ OpCase attention_case(const std::string& name, std::function<AttnGeom(const Dims
   return c;
 }
 
-
 // ---- mixture of experts: a fixed routing, the same on every backend ----
 // E experts (4 at the small size, 8 otherwise), K = 2 per token.
 int64_t moe_experts(const Dims& d) { return std::min<int64_t>(d.F, 8); }
@@ -909,8 +908,8 @@ std::vector<OpCase> op_cases() {
     };
     c.backward = [](OpRun& r, const Dims& d) {
       const MoeRouting rt = moe_routing(d);
-      moe_combine_backward(r.out("dx", {rt.M, d.C}), r.out("dweights", {d.N, kMoeK}, Kind::acc),
-                           r.in("dy", {d.N, d.C}), r.in("x", {rt.M, d.C}), r.in("weights", {d.N, kMoeK}, Kind::acc),
+      moe_combine_backward(r.out("dx", {rt.M, d.C}), r.out("dweights", {d.N, kMoeK}, Kind::acc), r.in("dy", {d.N, d.C}),
+                           r.in("x", {rt.M, d.C}), r.in("weights", {d.N, kMoeK}, Kind::acc),
                            r.ints(rt.slot, {d.N, kMoeK}, DType::i32));
     };
     c.seeds = {{"y", "dy"}};

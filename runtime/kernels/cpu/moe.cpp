@@ -89,8 +89,8 @@ template <typename T> void router_topk_backward(T* dlogits, const T* dweights, c
   }
 }
 
-template <typename T> void moe_dispatch_forward(T* out, const T* inp, const int32_t* slot, int64_t N, int64_t K,
-                                                int64_t C) {
+template <typename T>
+void moe_dispatch_forward(T* out, const T* inp, const int32_t* slot, int64_t N, int64_t K, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t)
     for (int64_t k = 0; k < K; ++k) {
@@ -100,8 +100,8 @@ template <typename T> void moe_dispatch_forward(T* out, const T* inp, const int3
 }
 
 // Each token row gathers its K routed rows in k order: deterministic, no atomics.
-template <typename T> void moe_dispatch_backward(T* dinp, const T* dout, const int32_t* slot, int64_t N, int64_t K,
-                                                 int64_t C) {
+template <typename T>
+void moe_dispatch_backward(T* dinp, const T* dout, const int32_t* slot, int64_t N, int64_t K, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t) {
     T* dx = dinp + t * C;  // (C)
@@ -115,8 +115,8 @@ template <typename T> void moe_dispatch_backward(T* dinp, const T* dout, const i
   }
 }
 
-template <typename T> void moe_combine_forward(T* out, const T* inp, const T* weights, const int32_t* slot, int64_t N,
-                                               int64_t K, int64_t C) {
+template <typename T>
+void moe_combine_forward(T* out, const T* inp, const T* weights, const int32_t* slot, int64_t N, int64_t K, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < N; ++t) {
     T* y = out + t * C;  // (C)
@@ -190,9 +190,9 @@ int moe_dispatch_backward(T* dinp, const T* dout, const int32_t* slot, int64_t N
 template <typename T> int moe_combine_forward(T* out, const T* inp, const float* weights, const int32_t* slot,
                                               int64_t N, int64_t K, int64_t C, void* stream);
 // dinp (M, C) (zeroed, then rows slot[t,k] = weights[t,k] dout row t), dweights (N, K) f32 = dout . inp rows.
-template <typename T>
-int moe_combine_backward(T* dinp, float* dweights, const T* dout, const T* inp, const float* weights,
-                         const int32_t* slot, int64_t N, int64_t K, int64_t M, int64_t C, void* stream);
+template <typename T> int moe_combine_backward(T* dinp, float* dweights, const T* dout, const T* inp,
+                                               const float* weights, const int32_t* slot, int64_t N, int64_t K,
+                                               int64_t M, int64_t C, void* stream);
 }  // namespace mt::cuda
 #endif
 
@@ -215,8 +215,8 @@ void check_slots(const char* op, const Tensor& slot, int64_t M) {
 
 // slot (N, K) i32; returns K.
 int64_t check_slot_shape(const char* op, const Tensor& slot, int64_t N) {
-  MT_CHECK(slot.defined() && slot.dim() == 2 && slot.size(0) == N, "kernels", "{}: slot must be ({}, K), got {}", op,
-           N, slot.defined() ? shape_str(slot.shape()) : "none");
+  MT_CHECK(slot.defined() && slot.dim() == 2 && slot.size(0) == N, "kernels", "{}: slot must be ({}, K), got {}", op, N,
+           slot.defined() ? shape_str(slot.shape()) : "none");
   check_i32(op, slot, slot.numel(), "slot");
   return slot.size(1);
 }
@@ -309,8 +309,8 @@ void router_topk_backward(const Tensor& dlogits, const Tensor& dweights, const T
           const Tensor& experts) {
         using T = decltype(z);
         MT_CPU_KERNEL(router_topk_backward, T)
-        (ptr<T>(dlogits), ptr<T>(dweights), ptr<T>(dprob_row), ptr<T>(probs), experts.data<int32_t>(), N, E, K,
-         sigmoid, renormalize, scale);
+        (ptr<T>(dlogits), ptr<T>(dweights), ptr<T>(dprob_row), ptr<T>(probs), experts.data<int32_t>(), N, E, K, sigmoid,
+         renormalize, scale);
       },
       wr(dlogits), rd(dweights), rd(dprob_row), rd(probs), rd(experts));
 }
