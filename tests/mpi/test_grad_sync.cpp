@@ -171,7 +171,7 @@ TEST_CASE("parameter states: layers see the compute copy at rest, fully_shard's 
     ParamFactory f{mesh, dt, Device::cpu(), 3, 0.3};
     LlamaForCausalLM a(tiny(), f);
     LlamaDecoderLayer* layer = a.model->layers[0];
-    Parameter* w = layer->mlp->gate_proj->weight;  // (ffn, dim): sharded on dim 0
+    Parameter* w = static_cast<LlamaMLP*>(layer->mlp)->gate_proj->weight;  // (ffn, dim): sharded on dim 0
     // Whole and replicated before sharding: what layers must see gathered, in the compute dtype.
     const Tensor whole = w->compute_local().clone();
     CHECK(whole.dtype() == dt);
