@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""An independent PyTorch reference for meshtrain's Llama.
+"""An independent PyTorch reference for meshtrain's Llama (and the Qwen3 and mixture-of-experts families).
 
 The model follows Hugging Face Llama's parameter names and semantics so that
 the same config.json + model.safetensors directory can be trained by meshtrain
@@ -13,7 +13,31 @@ Families (config.json's model_type; absent = llama), all the Llama architecture 
            below the sequence length (a window that long masks nothing, so the model is plain causal attention).
   qwen2    Qwen2/Qwen2.5: a bias on q_proj, k_proj, v_proj always, none on o_proj; use_sliding_window true is
            refused as mistral's window is.
+  qwen3    Qwen3: self_attn.q_norm and k_norm (gains of head_dim values): each head of q and of k, viewed
+           (B, T, H, hd), is RMSNormed over hd (eps rms_norm_eps, in at least f32 as the model's norms) BEFORE RoPE.
+           head_dim from config.json (absent: 128, Qwen3Config's default); attention_bias true: biases on q, k, v
+           and o_proj; use_sliding_window true is refused.
+  mixtral  Mistral's attention (no biases; sliding_window absent or null: none, else refused below the sequence
+           length). Every layer's MLP is block_sparse_moe: router gate (E, C), experts.{j}.w1 / w3 (F, C) and w2
+           (C, F), expert(x) = w2(silu(w1 x) * w3 x); E num_local_experts, k num_experts_per_tok, F
+           intermediate_size; the top-k weights are always renormalised. router_jitter_noise != 0 is refused.
+  qwen2_moe  Qwen2's attention. Layer i's mlp is sparse iff i is not in mlp_only_layers, num_experts > 0 and
+           (i + 1) % decoder_sparse_step == 0, else a dense SwiGLU of width intermediate_size. Sparse: mlp.gate
+           (E, C), mlp.experts.{j}.{gate,up,down}_proj of width moe_intermediate_size, plus
+           sigmoid(mlp.shared_expert_gate(x)) * mlp.shared_expert(x) (width shared_expert_intermediate_size);
+           renormalised iff norm_topk_prob (default false). E num_experts.
+  qwen3_moe  Qwen3's attention (q_norm, k_norm; head_dim absent: hidden_size / heads); qwen2_moe's sparse layers
+           without the shared expert.
   Any other model_type is refused (naming the supported ones), as is a hidden_act other than silu.
+MoE router, as transformers computes it: logits = gate(x) in the model's dtype; softmax in f32 (f64 in an f64 run);
+  torch.topk; renormalised as above; rounded to the hidden dtype; out[t] = sum_k w[t,k] expert_e[t,k](x[t]),
+  computed expert by expert with index_add_ (an expert no token chose still runs on no rows: zero gradients).
+Balance loss (transformers' load_balancing_loss_func, no attention mask): the router logits of every MoE layer of
+  one forward (N = B*T rows each) concatenated (R rows); p = softmax; mask = one_hot(topk(p, k), E) (R, k, E);
+  aux = E * sum(mean_rows(mask) * mean_rows(p)[None]) (k for perfectly balanced routing). When config.json's
+  output_router_logits is true, train minimises and logs ce + router_aux_loss_coef * aux, per forward (per
+  micro-batch, averaged over them as the ce is), and `loss` prints it; otherwise the loss is plain ce. For an MoE
+  model train also writes "aux_losses" (each step's aux, micro-batches averaged) and `loss` prints "aux".
 RoPE: rope_theta and the scaling in either config.json spelling:
   transformers 4: top-level rope_theta; rope_scaling null or {rope_type (or the older "type"), factor, ...}
   transformers 5: rope_parameters {rope_type, rope_theta, factor, ...} (rope_type "default": no scaling)
@@ -27,21 +51,32 @@ RoPE: rope_theta and the scaling in either config.json spelling:
   Precision: inv_freq (theta^(-2i/hd), then the scaling), the angles position * inv_freq and their cos and sin
   are all computed in f64 and rounded once to the model's dtype (f32, or f64 for --dtype f64 and generate).
   head_dim: config.json's, else hidden_size / num_attention_heads.
-AdamW decays the parameters of dim >= 2 (embeddings, linear weights, lm_head) only: norm gains and biases are
-not decayed.
+AdamW decays the parameters of dim >= 2 (embeddings, linear weights, lm_head, routers, experts) only: norm gains
+(q_norm, k_norm included) and biases are not decayed.
+Init: normal(0, 0.02) for matrices and biases, ones for norm gains, EXCEPT the MoE routers (block_sparse_moe.gate,
+mlp.gate), drawn with std 0.5 (ROUTER_INIT_STD) so that the top-k choices are far from ties and an f32 run, an f64
+run and meshtrain route every token alike.
 
   llama_ref.py init  --out DIR [--dim 64 --n-layers 2 --n-heads 4 --n-kv-heads 2 --ffn-dim 160
                      --vocab-size 256 --norm-eps 1e-5 --rope-theta 10000 --max-seq-len 256]
                      [--tie-embeddings] [--seed 0] [--dtype f32|bf16]
-                     [--model-type llama|mistral|qwen2] [--head-dim HD] [--attention-bias (llama)]
-                     [--sliding-window N (mistral)] [--rope-spelling v4|v5]
+                     [--model-type llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe] [--head-dim HD]
+                     [--attention-bias (llama)] [--sliding-window N (mistral)] [--rope-spelling v4|v5]
                      [--rope-scaling none|linear:FACTOR|llama3:FACTOR,LOW,HIGH,ORIG]
-                     biases (qwen2; llama with --attention-bias) are drawn normal(0, 0.02), not zero
+                     MoE: [--n-experts 4 --experts-per-token 2 --moe-ffn-dim F (default --ffn-dim)
+                     --router-aux-loss-coef C (default 0.02 mixtral, 0.001 qwen) --output-router-logits]
+                     qwen MoEs: [--norm-topk-prob --decoder-sparse-step 1 --mlp-only-layers 0,3]
+                     qwen2_moe: [--shared-expert-ffn-dim S (default --ffn-dim)]
+                     mixtral writes --moe-ffn-dim as intermediate_size; the qwen MoEs write it as
+                     moe_intermediate_size and --ffn-dim as intermediate_size (their dense layers)
+                     biases (qwen2, qwen2_moe; llama with --attention-bias) are drawn normal(0, 0.02), not zero
   llama_ref.py train --model DIR --data GLOB --steps N --batch-size B --seq-len T
                      [--micro-batch-size M] [--lr 3e-4 --schedule constant|cosine --warmup-steps 0
                      --lr-min 0 --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8 --grad-clip 1.0]
                      [--threads 2] [--dtype f32|f64] --out losses.json
+                     JSON {"losses", "grad_norms", "lrs"} and, for an MoE model, "aux_losses"
   llama_ref.py loss  --model DIR --data GLOB --batch-size B --seq-len T --step S
+                     JSON {"loss"} and, for an MoE model, "aux"
   llama_ref.py generate --model DIR --prompt TEXT --tokens N [--max-seq-len T --norm-eps 1e-5 --rope-theta 10000]
                      greedy continuation as JSON {"tokens", "margins"}; DIR is a Hugging Face directory or a
                      meshtrain checkpoint (step_XXXXXXXX: sizes from meta.json, the rest from the options)
