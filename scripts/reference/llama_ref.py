@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""An independent PyTorch reference for meshtrain's Llama.
+"""An independent PyTorch reference for meshtrain's Llama (and the Qwen3 and mixture-of-experts families).
 
 The model follows Hugging Face Llama's parameter names and semantics so that
 the same config.json + model.safetensors directory can be trained by meshtrain
@@ -13,7 +13,31 @@ Families (config.json's model_type; absent = llama), all the Llama architecture 
            below the sequence length (a window that long masks nothing, so the model is plain causal attention).
   qwen2    Qwen2/Qwen2.5: a bias on q_proj, k_proj, v_proj always, none on o_proj; use_sliding_window true is
            refused as mistral's window is.
+  qwen3    Qwen3: self_attn.q_norm and k_norm (gains of head_dim values): each head of q and of k, viewed
+           (B, T, H, hd), is RMSNormed over hd (eps rms_norm_eps, in at least f32 as the model's norms) BEFORE RoPE.
+           head_dim from config.json (absent: 128, Qwen3Config's default); attention_bias true: biases on q, k, v
+           and o_proj; use_sliding_window true is refused.
+  mixtral  Mistral's attention (no biases; sliding_window absent or null: none, else refused below the sequence
+           length). Every layer's MLP is block_sparse_moe: router gate (E, C), experts.{j}.w1 / w3 (F, C) and w2
+           (C, F), expert(x) = w2(silu(w1 x) * w3 x); E num_local_experts, k num_experts_per_tok, F
+           intermediate_size; the top-k weights are always renormalised. router_jitter_noise != 0 is refused.
+  qwen2_moe  Qwen2's attention. Layer i's mlp is sparse iff i is not in mlp_only_layers, num_experts > 0 and
+           (i + 1) % decoder_sparse_step == 0, else a dense SwiGLU of width intermediate_size. Sparse: mlp.gate
+           (E, C), mlp.experts.{j}.{gate,up,down}_proj of width moe_intermediate_size, plus
+           sigmoid(mlp.shared_expert_gate(x)) * mlp.shared_expert(x) (width shared_expert_intermediate_size);
+           renormalised iff norm_topk_prob (default false). E num_experts.
+  qwen3_moe  Qwen3's attention (q_norm, k_norm; head_dim absent: hidden_size / heads); qwen2_moe's sparse layers
+           without the shared expert.
   Any other model_type is refused (naming the supported ones), as is a hidden_act other than silu.
+MoE router, as transformers computes it: logits = gate(x) in the model's dtype; softmax in f32 (f64 in an f64 run);
+  torch.topk; renormalised as above; rounded to the hidden dtype; out[t] = sum_k w[t,k] expert_e[t,k](x[t]),
+  computed expert by expert with index_add_ (an expert no token chose still runs on no rows: zero gradients).
+Balance loss (transformers' load_balancing_loss_func, no attention mask): the router logits of every MoE layer of
+  one forward (N = B*T rows each) concatenated (R rows); p = softmax; mask = one_hot(topk(p, k), E) (R, k, E);
+  aux = E * sum(mean_rows(mask) * mean_rows(p)[None]) (k for perfectly balanced routing). When config.json's
+  output_router_logits is true, train minimises and logs ce + router_aux_loss_coef * aux, per forward (per
+  micro-batch, averaged over them as the ce is), and `loss` prints it; otherwise the loss is plain ce. For an MoE
+  model train also writes "aux_losses" (each step's aux, micro-batches averaged) and `loss` prints "aux".
 RoPE: rope_theta and the scaling in either config.json spelling:
   transformers 4: top-level rope_theta; rope_scaling null or {rope_type (or the older "type"), factor, ...}
   transformers 5: rope_parameters {rope_type, rope_theta, factor, ...} (rope_type "default": no scaling)
@@ -27,21 +51,32 @@ RoPE: rope_theta and the scaling in either config.json spelling:
   Precision: inv_freq (theta^(-2i/hd), then the scaling), the angles position * inv_freq and their cos and sin
   are all computed in f64 and rounded once to the model's dtype (f32, or f64 for --dtype f64 and generate).
   head_dim: config.json's, else hidden_size / num_attention_heads.
-AdamW decays the parameters of dim >= 2 (embeddings, linear weights, lm_head) only: norm gains and biases are
-not decayed.
+AdamW decays the parameters of dim >= 2 (embeddings, linear weights, lm_head, routers, experts) only: norm gains
+(q_norm, k_norm included) and biases are not decayed.
+Init: normal(0, 0.02) for matrices and biases, ones for norm gains, EXCEPT the MoE routers (block_sparse_moe.gate,
+mlp.gate), drawn with std 0.5 (ROUTER_INIT_STD) so that the top-k choices are far from ties and an f32 run, an f64
+run and meshtrain route every token alike.
 
   llama_ref.py init  --out DIR [--dim 64 --n-layers 2 --n-heads 4 --n-kv-heads 2 --ffn-dim 160
                      --vocab-size 256 --norm-eps 1e-5 --rope-theta 10000 --max-seq-len 256]
                      [--tie-embeddings] [--seed 0] [--dtype f32|bf16]
-                     [--model-type llama|mistral|qwen2] [--head-dim HD] [--attention-bias (llama)]
-                     [--sliding-window N (mistral)] [--rope-spelling v4|v5]
+                     [--model-type llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe] [--head-dim HD]
+                     [--attention-bias (llama)] [--sliding-window N (mistral)] [--rope-spelling v4|v5]
                      [--rope-scaling none|linear:FACTOR|llama3:FACTOR,LOW,HIGH,ORIG]
-                     biases (qwen2; llama with --attention-bias) are drawn normal(0, 0.02), not zero
+                     MoE: [--n-experts 4 --experts-per-token 2 --moe-ffn-dim F (default --ffn-dim)
+                     --router-aux-loss-coef C (default 0.02 mixtral, 0.001 qwen) --output-router-logits]
+                     qwen MoEs: [--norm-topk-prob --decoder-sparse-step 1 --mlp-only-layers 0,3]
+                     qwen2_moe: [--shared-expert-ffn-dim S (default --ffn-dim)]
+                     mixtral writes --moe-ffn-dim as intermediate_size; the qwen MoEs write it as
+                     moe_intermediate_size and --ffn-dim as intermediate_size (their dense layers)
+                     biases (qwen2, qwen2_moe; llama with --attention-bias) are drawn normal(0, 0.02), not zero
   llama_ref.py train --model DIR --data GLOB --steps N --batch-size B --seq-len T
                      [--micro-batch-size M] [--lr 3e-4 --schedule constant|cosine --warmup-steps 0
                      --lr-min 0 --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8 --grad-clip 1.0]
                      [--threads 2] [--dtype f32|f64] --out losses.json
+                     JSON {"losses", "grad_norms", "lrs"} and, for an MoE model, "aux_losses"
   llama_ref.py loss  --model DIR --data GLOB --batch-size B --seq-len T --step S
+                     JSON {"loss"} and, for an MoE model, "aux"
   llama_ref.py generate --model DIR --prompt TEXT --tokens N [--max-seq-len T --norm-eps 1e-5 --rope-theta 10000]
                      greedy continuation as JSON {"tokens", "margins"}; DIR is a Hugging Face directory or a
                      meshtrain checkpoint (step_XXXXXXXX: sizes from meta.json, the rest from the options)
@@ -154,7 +189,21 @@ def read_model_weights(model_dir, prefix="model"):
 # ===================================================================== model
 
 
-MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+               "qwen3_moe": "Qwen3MoeForCausalLM"}
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+# transformers' defaults for a key absent from config.json, per family.
+_DEFAULTS = {
+    "max_position_embeddings": {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768, "qwen3": 32768,
+                                "mixtral": 4096 * 32, "qwen2_moe": 32768, "qwen3_moe": 32768},
+    "rms_norm_eps": {"mixtral": 1e-5},  # every other family: 1e-6
+    "rope_theta": {"mixtral": 1e6},  # every other family: 10000
+    "num_experts": {"mixtral": 8, "qwen2_moe": 60, "qwen3_moe": 128},
+    "num_experts_per_tok": {"mixtral": 2, "qwen2_moe": 4, "qwen3_moe": 8},
+    "moe_intermediate_size": {"qwen2_moe": 1408, "qwen3_moe": 768},
+}
 # The keys each RoPE type takes besides rope_type/type and rope_theta (transformers' rope_config_validation).
 ROPE_KEYS = {"default": (), "linear": ("factor",),
              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
@@ -170,7 +219,7 @@ def _number(v, key, positive=True):
     return v
 
 
-def read_rope(d):
+def read_rope(d, default_theta=10000.0):
     """(rope_theta, scaling) from a config dict, scaling None (plain RoPE) or {"rope_type": "linear" | "llama3",
     and that type's ROPE_KEYS}. Reads transformers 4's top-level rope_theta and rope_scaling (whose type key was
     "type" before 4.45) and transformers 5's rope_parameters (rope_theta and the scaling keys together); every
@@ -206,7 +255,7 @@ def read_rope(d):
     for key, (where, v) in found.items():
         if key not in allowed:
             raise ConfigError(f"{where} = {json.dumps(v)}: not a parameter of rope_type {json.dumps(rope_type)}")
-    theta = found["rope_theta"][1] if "rope_theta" in found else 10000.0
+    theta = found["rope_theta"][1] if "rope_theta" in found else default_theta
     if rope_type == "default":
         return float(theta), None
     scaling = {"rope_type": rope_type}
@@ -220,9 +269,21 @@ def read_rope(d):
     return float(theta), scaling
 
 
+def _int(v, key, minimum):
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ConfigError(f"{key} = {json.dumps(v)}: expected an integer >= {minimum}")
+    return v
+
+
+def _bool(v, key):
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key} = {json.dumps(v)}: expected true or false")
+    return v
+
+
 class LlamaConfig:
-    """A Hugging Face config.json of the Llama, Mistral or Qwen2 family (see the module docstring); raises
-    ConfigError for what the reference does not compute."""
+    """A Hugging Face config.json of the Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE or Qwen3-MoE family (see
+    the module docstring); raises ConfigError for what the reference does not compute."""
 
     def __init__(self, d):
         def get(key, default):  # a null value is transformers' default, as an absent one
@@ -240,33 +301,98 @@ class LlamaConfig:
         self.num_key_value_heads = get("num_key_value_heads", self.num_attention_heads)
         self.intermediate_size = d["intermediate_size"]
         self.vocab_size = d["vocab_size"]
-        self.rms_norm_eps = get("rms_norm_eps", 1e-6)
-        self.rope_theta, self.rope_scaling = read_rope(d)
-        self.max_position_embeddings = get("max_position_embeddings",
-                                           {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768}[self.model_type])
+        mt = self.model_type
+        self.rms_norm_eps = get("rms_norm_eps", _DEFAULTS["rms_norm_eps"].get(mt, 1e-6))
+        self.rope_theta, self.rope_scaling = read_rope(d, _DEFAULTS["rope_theta"].get(mt, 10000.0))
+        self.max_position_embeddings = get("max_position_embeddings", _DEFAULTS["max_position_embeddings"][mt])
         self.tie_word_embeddings = get("tie_word_embeddings", False)
-        self.head_dim = get("head_dim", self.hidden_size // self.num_attention_heads)
+        # Qwen3Config's head_dim defaults to 128; every other family's to hidden_size / num_attention_heads.
+        self.head_dim = get("head_dim", 128 if mt == "qwen3" else self.hidden_size // self.num_attention_heads)
         assert self.num_attention_heads % self.num_key_value_heads == 0, "heads must be a multiple of kv heads"
         if self.head_dim % 2:
             raise ConfigError(f"head_dim = {self.head_dim}: RoPE needs an even head dim")
         # Biases, as each family's attention declares them (Mistral's has none, whatever the file says).
-        if self.model_type == "llama":
+        # Qwen3's q_norm and k_norm: an RMSNorm over each head's head_dim values of q and k, before RoPE.
+        self.qk_norm = mt in QK_NORM_TYPES
+        if mt == "llama":
             if get("mlp_bias", False):
                 raise ConfigError("mlp_bias = true: the reference's MLP has no biases")
             self.qkv_bias = self.o_bias = bool(get("attention_bias", False))
+        elif mt in QK_NORM_TYPES:  # Qwen3: attention_bias puts a bias on all four projections, as Llama's
+            self.qkv_bias = self.o_bias = _bool(get("attention_bias", False), "attention_bias")
         else:
-            self.qkv_bias, self.o_bias = self.model_type == "qwen2", False
+            self.qkv_bias, self.o_bias = mt in ("qwen2", "qwen2_moe"), False
         # Sliding-window attention: the window in tokens (a query sees itself and the window - 1 before it), or None.
-        if self.model_type == "mistral":
+        if mt == "mistral":
             self.sliding_window = d.get("sliding_window", 4096)  # absent: MistralConfig's default; null: none
-        elif self.model_type == "qwen2" and get("use_sliding_window", False):
+        elif mt == "mixtral":
+            self.sliding_window = d.get("sliding_window")  # MixtralConfig's default: none
+        elif mt in ("qwen2", "qwen2_moe") and get("use_sliding_window", False):
             self.sliding_window = d.get("sliding_window", 4096)
+        elif mt in QK_NORM_TYPES and get("use_sliding_window", False):
+            raise ConfigError("use_sliding_window = true: Qwen3's per-layer sliding-window attention is not "
+                              "implemented")
         else:
             self.sliding_window = None
+        self.read_moe(d, get)
         if self.sliding_window is not None and (isinstance(self.sliding_window, bool)
                                                 or not isinstance(self.sliding_window, int)
                                                 or self.sliding_window < 1):
             raise ConfigError(f"sliding_window = {json.dumps(self.sliding_window)}: expected an integer >= 1 or null")
+
+    def read_moe(self, d, get):
+        """The mixture-of-experts keys (transformers' names). Mixtral: every layer sparse, experts of width
+        intermediate_size, weights always renormalised. Qwen2-MoE / Qwen3-MoE: layer i sparse iff i is not in
+        mlp_only_layers, num_experts > 0 and (i + 1) % decoder_sparse_step == 0 (else a dense MLP of width
+        intermediate_size); experts of width moe_intermediate_size; renormalised iff norm_topk_prob."""
+        mt = self.model_type
+        self.moe = mt in MOE_TYPES
+        self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size = 0, 0, 0
+        self.shared_expert_intermediate_size, self.norm_topk_prob = 0, False
+        self.decoder_sparse_step, self.mlp_only_layers = 1, []
+        self.output_router_logits, self.router_aux_loss_coef = False, 0.0
+        if not self.moe:
+            return
+        if get("router_jitter_noise", 0) != 0:
+            raise ConfigError(f"router_jitter_noise = {json.dumps(d['router_jitter_noise'])}: router jitter "
+                              "(random noise in training) is not implemented; expected 0")
+        if mt == "mixtral":
+            self.num_experts = _int(get("num_local_experts", 8), "num_local_experts", 1)
+            self.moe_intermediate_size = self.intermediate_size
+            self.norm_topk_prob = True  # Mixtral always renormalises the top-k weights
+        else:
+            self.num_experts = _int(get("num_experts", _DEFAULTS["num_experts"][mt]), "num_experts", 0)
+            self.moe_intermediate_size = _int(get("moe_intermediate_size", _DEFAULTS["moe_intermediate_size"][mt]),
+                                              "moe_intermediate_size", 1)
+            self.norm_topk_prob = _bool(get("norm_topk_prob", False), "norm_topk_prob")
+            self.decoder_sparse_step = _int(get("decoder_sparse_step", 1), "decoder_sparse_step", 1)
+            layers = get("mlp_only_layers", [])
+            if not isinstance(layers, list):
+                raise ConfigError(f"mlp_only_layers = {json.dumps(layers)}: expected a list of layer indices")
+            self.mlp_only_layers = [_int(i, "mlp_only_layers[]", 0) for i in layers]
+            if mt == "qwen2_moe":
+                self.shared_expert_intermediate_size = _int(get("shared_expert_intermediate_size", 5632),
+                                                            "shared_expert_intermediate_size", 1)
+        k = get("num_experts_per_tok", _DEFAULTS["num_experts_per_tok"][mt])
+        if self.num_experts > 0:
+            _int(k, "num_experts_per_tok", 1)
+            if k > self.num_experts:
+                raise ConfigError(f"num_experts_per_tok = {k} exceeds the {self.num_experts} experts")
+        self.num_experts_per_tok = k
+        self.output_router_logits = _bool(get("output_router_logits", False), "output_router_logits")
+        coef = get("router_aux_loss_coef", 0.001)
+        self.router_aux_loss_coef = _number(coef, "router_aux_loss_coef", positive=False)
+        if coef < 0:
+            raise ConfigError(f"router_aux_loss_coef = {json.dumps(coef)}: expected a number >= 0")
+
+    def sparse_layer(self, i):
+        """Whether layer i's MLP is the mixture of experts."""
+        return (self.moe and self.num_experts > 0 and i not in self.mlp_only_layers
+                and (i + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def has_moe(self):
+        return any(self.sparse_layer(i) for i in range(self.num_hidden_layers))
 
     def check_seq_len(self, seq_len):
         """Sliding-window attention is not implemented: refuse a window that would mask something."""
@@ -366,15 +492,19 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, self.n_kv_heads * self.head_dim, bias=c.qkv_bias)
         self.v_proj = nn.Linear(c.hidden_size, self.n_kv_heads * self.head_dim, bias=c.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, c.hidden_size, bias=c.o_bias)
+        # Qwen3: RMSNorm (gain of head_dim values, shared by the heads) on each head of q and of k, before RoPE.
+        self.q_norm = RMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
 
     def forward(self, x, cos, sin):
         B, T, _ = x.shape
 
-        def heads(t, n):  # (B, T, n*hd) -> (B, n, T, hd)
-            return t.view(B, T, n, self.head_dim).transpose(1, 2)
+        def heads(t, n, norm=None):  # (B, T, n*hd) -> (B, n, T, hd), normalised per head over hd when norm
+            t = t.view(B, T, n, self.head_dim)
+            return (t if norm is None else norm(t)).transpose(1, 2)
 
-        q = apply_rope(heads(self.q_proj(x), self.n_heads), cos, sin)
-        k = apply_rope(heads(self.k_proj(x), self.n_kv_heads), cos, sin)
+        q = apply_rope(heads(self.q_proj(x), self.n_heads, self.q_norm), cos, sin)
+        k = apply_rope(heads(self.k_proj(x), self.n_kv_heads, self.k_norm), cos, sin)
         v = heads(self.v_proj(x), self.n_kv_heads)
         o = gqa_attention(q, k, v)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
@@ -391,24 +521,108 @@ class LlamaMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class LlamaDecoderLayer(nn.Module):
+class SwiGLU(nn.Module):
+    """down(silu(gate x) * up x) with the projections under the given names: an expert (Mixtral's w1, w3, w2;
+    the Qwen MoE experts' and shared expert's gate_proj, up_proj, down_proj)."""
+
+    def __init__(self, dim, ffn, gate="gate_proj", up="up_proj", down="down_proj"):
+        super().__init__()
+        self.names = (gate, up, down)
+        for name, shape in ((gate, (dim, ffn)), (down, (ffn, dim)), (up, (dim, ffn))):  # Mixtral's order w1 w2 w3
+            setattr(self, name, nn.Linear(*shape, bias=False))
+
+    def forward(self, x):
+        gate, up, down = (getattr(self, n) for n in self.names)
+        return down(F.silu(gate(x)) * up(x))
+
+
+def route(logits, k, renormalise):
+    """The router's decisions from its logits (N, E): (weights (N, k), experts (N, k)). softmax in at least f32
+    (transformers: dtype=float32; an f64 run stays f64), top-k, divided by their sum when `renormalise`, then
+    rounded to the logits' (the hidden states') dtype."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+    weights, experts = torch.topk(probs, k, dim=-1)
+    if renormalise:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(logits.dtype), experts
+
+
+class SparseMoeBlock(nn.Module):
+    """Mixtral's block_sparse_moe, Qwen2-MoE's and Qwen3-MoE's mlp: a linear router (gate) over E experts, each
+    token through its top k, their outputs summed with the routing weights; Qwen2-MoE adds a shared expert scaled
+    by sigmoid(shared_expert_gate(x))."""
+
     def __init__(self, c):
+        super().__init__()
+        self.k, self.renormalise = c.num_experts_per_tok, c.norm_topk_prob
+        names = ("w1", "w3", "w2") if c.model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=False)
+        self.experts = nn.ModuleList(SwiGLU(c.hidden_size, c.moe_intermediate_size, *names)
+                                     for _ in range(c.num_experts))
+        self.shared_expert = self.shared_expert_gate = None
+        if c.shared_expert_intermediate_size:
+            self.shared_expert = SwiGLU(c.hidden_size, c.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(c.hidden_size, 1, bias=False)
+
+    def forward(self, x, router_logits=None):
+        """x: (B, T, C). Appends the router logits (B*T, E) to `router_logits` when it is a list."""
+        B, T, C = x.shape
+        x = x.reshape(B * T, C)
+        logits = self.gate(x)
+        weights, experts = route(logits, self.k, self.renormalise)
+        # transformers' loop: each expert on the tokens that chose it (in any of the k slots), scaled by that
+        # slot's weight and added into those tokens' rows. An expert no token chose still runs (on no rows), so
+        # its gradients are zeros, not None, and the optimizer steps it as transformers' training would.
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            slot, tok = torch.where(experts.t() == e)
+            out.index_add_(0, tok, expert(x[tok]) * weights[tok, slot, None])
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        if router_logits is not None:
+            router_logits.append(logits)
+        return out.view(B, T, C)
+
+
+def load_balancing_loss(router_logits, num_experts, k):
+    """transformers' load_balancing_loss_func without an attention mask: the router logits of every MoE layer
+    pooled into R rows; E * sum_e (fraction of the R*k slots routed to e, per slot) * (mean probability of e)."""
+    logits = torch.cat(router_logits, dim=0)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+    _, selected = torch.topk(probs, k, dim=-1)
+    mask = F.one_hot(selected, num_experts).to(probs.dtype)  # (R, k, E)
+    tokens_per_expert = mask.mean(dim=0)  # (k, E)
+    router_prob_per_expert = probs.mean(dim=0)  # (E,)
+    return num_experts * (tokens_per_expert * router_prob_per_expert[None]).sum()
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, c, index=0):
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = LlamaAttention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = LlamaMLP(c)
+        self.sparse = c.sparse_layer(index)
+        if not self.sparse:
+            self.mlp = LlamaMLP(c)
+        elif c.model_type == "mixtral":
+            self.block_sparse_moe = SparseMoeBlock(c)
+        else:
+            self.mlp = SparseMoeBlock(c)
 
-    def forward(self, h, cos, sin):
+    def forward(self, h, cos, sin, router_logits=None):
         h = h + self.self_attn(self.input_layernorm(h), cos, sin)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        if not self.sparse:
+            return h + self.mlp(self.post_attention_layernorm(h))
+        moe = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+        return h + moe(self.post_attention_layernorm(h), router_logits)
 
 
 class LlamaModel(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(c) for _ in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(c, i) for i in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
 
@@ -422,8 +636,9 @@ class LlamaForCausalLM(nn.Module):
         # Tied: no separate lm_head parameter at all, so it is neither saved nor counted twice by the optimizer.
         self.lm_head = None if c.tie_word_embeddings else nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 
-    def forward(self, tokens):
-        """tokens: (B, T) int64 -> logits (B, T, V)."""
+    def forward(self, tokens, router_logits=None):
+        """tokens: (B, T) int64 -> logits (B, T, V). With a list `router_logits`, each MoE layer appends its
+        router logits (B*T, E) to it, in layer order."""
         c = self.config
         T = tokens.shape[1]
         c.check_seq_len(T)
@@ -431,25 +646,53 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = rope_cos_sin(T, c.head_dim, c.rope_theta, w.dtype, c.rope_scaling)
         h = self.model.embed_tokens(tokens)
         for layer in self.model.layers:
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, router_logits)
         h = self.model.norm(h)
         return F.linear(h, w) if self.lm_head is None else self.lm_head(h)
 
+    def loss_terms(self, tokens, targets, reduction="mean"):
+        """(cross-entropy, balance loss of this forward's router logits or None for a model without MoE layers)."""
+        router_logits = [] if self.config.has_moe else None
+        logits = self(tokens, router_logits)
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction)
+        aux = None
+        if router_logits:
+            aux = load_balancing_loss(router_logits, self.config.num_experts, self.config.num_experts_per_tok)
+        return ce, aux
+
+    def total_loss(self, ce, aux, n_tokens=1):
+        """The loss transformers minimises: ce, plus router_aux_loss_coef * aux when output_router_logits. For a
+        summed ce pass its token count, so that the total divided by it is the mean ce + coef * aux."""
+        if aux is None or not self.config.output_router_logits:
+            return ce
+        return ce + self.config.router_aux_loss_coef * aux * n_tokens
+
     def loss(self, tokens, targets, reduction="mean"):
-        logits = self(tokens)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction)
+        ce, aux = self.loss_terms(tokens, targets, reduction)
+        return self.total_loss(ce, aux, targets.numel() if reduction == "sum" else 1)
+
+
+ROUTER_INIT_STD = 0.5
+
+
+def is_router(name):
+    return name.endswith(("block_sparse_moe.gate.weight", ".mlp.gate.weight"))
 
 
 def init_weights(model, seed):
     """normal(0, 0.02) for every matrix and bias (non-zero, so that biases show in every check), ones for norm
-    weights; drawn in state_dict order from one generator so a seed always gives the same weights."""
+    weights (q_norm and k_norm included); drawn in state_dict order from one generator so a seed always gives the
+    same weights. The MoE routers (block_sparse_moe.gate, mlp.gate; not shared_expert_gate) are drawn with std
+    ROUTER_INIT_STD = 0.5 instead, so that their logits spread widely and the top-k choices are far from ties
+    (an f32 and an f64 run, or meshtrain and this reference, then route every token alike)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1 and not name.endswith(".bias"):
                 p.fill_(1.0)
             else:
-                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.02)
+                std = ROUTER_INIT_STD if is_router(name) else 0.02
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * std)
 
 
 def load_model(model_dir, dtype=None, config=None):
@@ -537,17 +780,26 @@ def grad_norm(params):
     return torch.norm(torch.stack([p.grad.detach().norm(2) for p in params if p.grad is not None]), 2).item()
 
 
-def train_step(model, opt, x, y, micro_batch, lr, grad_clip):
-    """One optimizer step over the batch (x, y); returns (batch mean loss before the update, grad norm)."""
+def train_step(model, opt, x, y, micro_batch, lr, grad_clip, stats=None):
+    """One optimizer step over the batch (x, y); returns (batch mean loss before the update, grad norm).
+    With output_router_logits the loss is each micro-batch's mean ce + router_aux_loss_coef * its balance loss,
+    averaged over the micro-batches (weighted by their token counts); a dict `stats` receives "aux", the balance
+    loss averaged the same way (None for a model without MoE layers)."""
     B, T = x.shape
     opt.zero_grad(set_to_none=True)
-    loss_sum = 0.0
+    loss_sum, aux_sum = 0.0, None
     for r in range(0, B, micro_batch):
         # Each micro-batch's summed token loss over the whole batch's token count, so the accumulated
         # gradients are exactly those of the full-batch mean.
-        loss = model.loss(x[r:r + micro_batch], y[r:r + micro_batch], reduction="sum") / (B * T)
+        xb, yb = x[r:r + micro_batch], y[r:r + micro_batch]
+        ce, aux = model.loss_terms(xb, yb, reduction="sum")
+        loss = model.total_loss(ce, aux, yb.numel()) / (B * T)
         loss.backward()
         loss_sum += loss.item()
+        if aux is not None:
+            aux_sum = (aux_sum or 0.0) + aux.item() * yb.numel() / (B * T)
+    if stats is not None:
+        stats["aux"] = aux_sum
     params = [p for p in model.parameters()]
     norm = grad_norm(params)
     if grad_clip > 0:
@@ -581,6 +833,17 @@ def init_config(a):
     """config.json for `init`: the keys and architectures transformers writes for the family. Plain Llama with the
     default options gives exactly the file earlier versions of this script wrote."""
     mt, hd = a.model_type, a.head_dim
+    moe_opts = {"--n-experts": a.n_experts, "--experts-per-token": a.experts_per_token,
+                "--moe-ffn-dim": a.moe_ffn_dim, "--router-aux-loss-coef": a.router_aux_loss_coef,
+                "--output-router-logits": a.output_router_logits or None}
+    qwen_moe_opts = {"--norm-topk-prob": a.norm_topk_prob or None, "--decoder-sparse-step": a.decoder_sparse_step,
+                     "--mlp-only-layers": a.mlp_only_layers}
+    for opt, v in list(moe_opts.items()) + list(qwen_moe_opts.items()) + [("--shared-expert-ffn-dim",
+                                                                            a.shared_expert_ffn_dim)]:
+        owners = (MOE_TYPES if opt in moe_opts else ("qwen2_moe", "qwen3_moe") if opt in qwen_moe_opts
+                  else ("qwen2_moe",))
+        if v is not None and mt not in owners:
+            raise ConfigError(f"{opt} is for model types {', '.join(owners)}, not {mt}")
     if a.attention_bias and mt != "llama":
         raise ConfigError(f"--attention-bias is Llama's (model_type {mt}: "
                           + ("biases on q, k and v always)" if mt == "qwen2" else "no biases)"))
@@ -595,8 +858,10 @@ def init_config(a):
            "hidden_size": a.dim, "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads,
            "num_key_value_heads": a.n_kv_heads, "intermediate_size": a.ffn_dim, "vocab_size": a.vocab_size,
            "rms_norm_eps": a.norm_eps}
-    if hd or mt == "mistral":  # MistralConfig always writes head_dim; Llama's and Qwen2's only when it is given
-        cfg["head_dim"] = hd or a.dim // a.n_heads
+    if hd or mt in ("mistral",) + QK_NORM_TYPES:  # MistralConfig and Qwen3's always write head_dim; the others
+        cfg["head_dim"] = hd or a.dim // a.n_heads  # only when it is given
+    if mt in QK_NORM_TYPES:
+        cfg["attention_bias"] = False
     if a.rope_spelling == "v5":  # transformers 5: one rope_parameters object, rope_theta inside
         cfg["rope_parameters"] = dict({"rope_type": "default"} if scaling is None else scaling, rope_theta=a.rope_theta)
     else:  # transformers 4: top-level rope_theta, rope_scaling only with scaling
@@ -608,8 +873,28 @@ def init_config(a):
         cfg["attention_bias"] = True
     if mt == "mistral":
         cfg["sliding_window"] = a.sliding_window  # None: no window (an absent key means 4096)
-    if mt == "qwen2":
+    if mt in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         cfg.update({"use_sliding_window": False, "sliding_window": None, "max_window_layers": a.n_layers})
+    if mt in MOE_TYPES:
+        experts = 4 if a.n_experts is None else a.n_experts
+        moe_ffn = a.moe_ffn_dim or a.ffn_dim
+        if mt == "mixtral":
+            cfg.update({"intermediate_size": moe_ffn, "num_local_experts": experts, "router_jitter_noise": 0.0,
+                        "sliding_window": None})
+        else:
+            try:
+                only = [int(i) for i in a.mlp_only_layers.split(",") if i.strip()] if a.mlp_only_layers else []
+            except ValueError:
+                raise ConfigError(f"--mlp-only-layers {a.mlp_only_layers}: expected layer indices like 0,3") from None
+            cfg.update({"num_experts": experts, "moe_intermediate_size": moe_ffn,
+                        "norm_topk_prob": a.norm_topk_prob, "decoder_sparse_step": a.decoder_sparse_step or 1,
+                        "mlp_only_layers": only})
+            if mt == "qwen2_moe":
+                cfg["shared_expert_intermediate_size"] = a.shared_expert_ffn_dim or a.ffn_dim
+        cfg["num_experts_per_tok"] = 2 if a.experts_per_token is None else a.experts_per_token
+        coef = a.router_aux_loss_coef
+        cfg["router_aux_loss_coef"] = (0.02 if mt == "mixtral" else 0.001) if coef is None else coef
+        cfg["output_router_logits"] = a.output_router_logits
     cfg["tie_word_embeddings"] = a.tie_embeddings
     cfg["dtype" if a.rope_spelling == "v5" else "torch_dtype"] = dtype
     return cfg
@@ -637,17 +922,24 @@ def cmd_train(a):
     if a.batch_size % M:
         sys.exit(f"llama_ref: --micro-batch-size {M} must divide --batch-size {a.batch_size}")
     opt = make_optimizer(model, a.lr, a.weight_decay, (a.beta1, a.beta2), a.eps)
-    losses, norms, lrs = [], [], []
+    losses, norms, lrs, auxes = [], [], [], []
+    moe = model.config.has_moe
     for s in range(a.steps):
         x, y = get_batch(tokens, s, a.batch_size, a.seq_len)
         lr = lr_at(s, a.lr, a.schedule, a.warmup_steps, a.steps, a.lr_min)
-        loss, norm = train_step(model, opt, x, y, M, lr, a.grad_clip)
+        stats = {}
+        loss, norm = train_step(model, opt, x, y, M, lr, a.grad_clip, stats)
         losses.append(loss)
         norms.append(norm)
         lrs.append(lr)
-        print(f"step {s} loss {loss:.6f} grad_norm {norm:.6f} lr {lr:.4e}", flush=True)
+        auxes.append(stats["aux"])
+        print(f"step {s} loss {loss:.6f} grad_norm {norm:.6f} lr {lr:.4e}"
+              + (f" aux {stats['aux']:.6f}" if moe else ""), flush=True)
+    out = {"losses": losses, "grad_norms": norms, "lrs": lrs}
+    if moe:  # the balance loss of each step (in the loss only with output_router_logits)
+        out["aux_losses"] = auxes
     with open(a.out, "w") as f:
-        json.dump({"losses": losses, "grad_norms": norms, "lrs": lrs}, f)
+        json.dump(out, f)
 
 
 def cmd_loss(a):
@@ -656,7 +948,11 @@ def cmd_loss(a):
     model.config.check_seq_len(a.seq_len)
     x, y = get_batch(read_tokens(a.data), a.step, a.batch_size, a.seq_len)
     with torch.no_grad():
-        print(json.dumps({"loss": model.loss(x, y).item()}))
+        ce, aux = model.loss_terms(x, y)
+        out = {"loss": model.total_loss(ce, aux).item()}
+        if aux is not None:
+            out["aux"] = aux.item()
+        print(json.dumps(out))
 
 
 def cmd_generate(a):
@@ -754,6 +1050,20 @@ def main():
                    help="config.json's RoPE keys: v4 rope_theta + rope_scaling, v5 rope_parameters")
     p.add_argument("--attention-bias", action="store_true", help="llama: biases on q, k, v and o_proj")
     p.add_argument("--sliding-window", type=int, default=None, help="mistral: sliding_window (default null)")
+    p.add_argument("--n-experts", type=int, default=None, help="MoE: num_local_experts / num_experts (default 4)")
+    p.add_argument("--experts-per-token", type=int, default=None, help="MoE: num_experts_per_tok (default 2)")
+    p.add_argument("--moe-ffn-dim", type=int, default=None,
+                   help="MoE expert width (default --ffn-dim): mixtral's intermediate_size, the qwen MoEs' "
+                        "moe_intermediate_size (their --ffn-dim is the dense layers' intermediate_size)")
+    p.add_argument("--shared-expert-ffn-dim", type=int, default=None,
+                   help="qwen2_moe: shared_expert_intermediate_size (default --ffn-dim)")
+    p.add_argument("--norm-topk-prob", action="store_true", help="qwen MoEs: renormalise the top-k weights")
+    p.add_argument("--decoder-sparse-step", type=int, default=None, help="qwen MoEs (default 1)")
+    p.add_argument("--mlp-only-layers", default=None, help="qwen MoEs: dense layers, e.g. 0,3")
+    p.add_argument("--router-aux-loss-coef", type=float, default=None,
+                   help="MoE (default 0.02 mixtral, 0.001 qwen)")
+    p.add_argument("--output-router-logits", action="store_true",
+                   help="MoE: train on ce + router_aux_loss_coef * balance loss")
 
     p = sub.add_parser("train", help="train from DIR's weights; write per-step losses, grad norms, lrs as JSON")
     p.add_argument("--model", required=True)

@@ -9,7 +9,10 @@ attention, a NumPy forward for the whole model, finite differences for
 gradients; Meta's per-frequency loop for llama3 RoPE scaling and divided positions
 for linear) so that a shared misunderstanding is unlikely to pass unnoticed.
 The Llama 3.x / Mistral / Qwen2 checks (issue 26) cover both config.json RoPE
-spellings, biases, head_dim and what is refused.
+spellings, biases, head_dim and what is refused. The Qwen3 / Mixtral / Qwen2-MoE /
+Qwen3-MoE checks compare the experts' loop with a dense all-experts formulation and
+a per-token NumPy loop, the balance loss with a count-based formula and finite
+differences, and the dense/sparse layer pattern, init and refusals.
 """
 import json
 import math
@@ -230,6 +233,28 @@ def numpy_forward(sd, c, tokens):
         y = x @ W[name + ".weight"].T
         return y + W[name + ".bias"] if name + ".bias" in W else y
 
+    def swiglu(x, pre, gate, up, down):
+        g = x @ W[pre + gate + ".weight"].T
+        return ((g / (1 + np.exp(-g))) * (x @ W[pre + up + ".weight"].T)) @ W[pre + down + ".weight"].T
+
+    def moe(x, pre):
+        """Token by token: softmax over the experts, the k largest, their SwiGLUs summed with the weights."""
+        names = ("w1", "w3", "w2") if c.model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        X = x.reshape(-1, x.shape[-1])
+        out = np.zeros_like(X)
+        for t in range(X.shape[0]):
+            z = W[pre + "gate.weight"] @ X[t]
+            pr = np.exp(z - z.max())
+            pr /= pr.sum()
+            top = np.argsort(-pr)[:c.num_experts_per_tok]
+            w = pr[top] / (pr[top].sum() if c.norm_topk_prob else 1.0)
+            for e, we in zip(top, w):
+                out[t] += we * swiglu(X[t], f"{pre}experts.{e}.", *names)
+            if pre + "shared_expert_gate.weight" in W:
+                sg = W[pre + "shared_expert_gate.weight"] @ X[t]
+                out[t] += swiglu(X[t], pre + "shared_expert.", *names) / (1 + np.exp(-sg))
+        return out.reshape(x.shape)
+
     h = W["model.embed_tokens.weight"][tokens]
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -240,16 +265,22 @@ def numpy_forward(sd, c, tokens):
         heads = []
         for hh in range(H):
             j = hh * KV // H  # the kv head serving q head hh
-            qh = rope(q[..., hh * hd:(hh + 1) * hd])
-            kh = rope(k[..., j * hd:(j + 1) * hd])
+            qh, kh = q[..., hh * hd:(hh + 1) * hd], k[..., j * hd:(j + 1) * hd]
+            if p + "self_attn.q_norm.weight" in W:  # Qwen3: each head of q and k normalised before RoPE
+                qh, kh = norm(qh, W[p + "self_attn.q_norm.weight"]), norm(kh, W[p + "self_attn.k_norm.weight"])
+            qh, kh = rope(qh), rope(kh)
             s = qh @ kh.transpose(0, 2, 1) / math.sqrt(hd)
             s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
             pr = np.exp(s - s.max(-1, keepdims=True))
             heads.append((pr / pr.sum(-1, keepdims=True)) @ v[..., j * hd:(j + 1) * hd])
         h = h + linear(np.concatenate(heads, -1), p + "self_attn.o_proj")
         x = norm(h, W[p + "post_attention_layernorm.weight"])
-        g = x @ W[p + "mlp.gate_proj.weight"].T
-        h = h + ((g / (1 + np.exp(-g))) * (x @ W[p + "mlp.up_proj.weight"].T)) @ W[p + "mlp.down_proj.weight"].T
+        if p + "block_sparse_moe.gate.weight" in W:
+            h = h + moe(x, p + "block_sparse_moe.")
+        elif p + "mlp.gate.weight" in W:
+            h = h + moe(x, p + "mlp.")
+        else:
+            h = h + swiglu(x, p + "mlp.", "gate_proj", "up_proj", "down_proj")
     h = norm(h, W["model.norm.weight"])
     return h @ W["lm_head.weight" if "lm_head.weight" in W else "model.embed_tokens.weight"].T
 
@@ -683,6 +714,334 @@ def cli_refuses_what_it_does_not_compute():
         assert 'model_type = "gpt2"' in err and "llama, mistral, qwen2" in err and "config.json" in err, err
         err = run_cli_fails("init", "--out", os.path.join(d, "x"), "--sliding-window", 8)
         assert "--sliding-window" in err, err
+
+
+# ------------------------------------------ Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE
+
+MOE_FAMILIES = {
+    "qwen3": {"model_type": "qwen3", "head_dim": 12},
+    "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
+    "qwen2_moe": {"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+                  "shared_expert_intermediate_size": 40, "mlp_only_layers": [0]},
+    "qwen2_moe_norm": {"model_type": "qwen2_moe", "num_experts": 5, "num_experts_per_tok": 3,
+                       "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40, "norm_topk_prob": True},
+    "qwen3_moe": {"model_type": "qwen3_moe", "num_experts": 5, "num_experts_per_tok": 3, "moe_intermediate_size": 24,
+                  "head_dim": 12},
+}
+
+
+def moe_blocks(m):
+    return [getattr(l, "block_sparse_moe", None) or l.mlp for l in m.model.layers if l.sparse]
+
+
+def dense_moe(block, x):
+    """Every expert on every token, weighted by an (N, E) matrix that is zero outside each token's top k
+    (found by sorting, not topk), plus the gated shared expert."""
+    probs = torch.softmax(block.gate(x), dim=-1)
+    order = torch.argsort(probs, dim=-1, descending=True)
+    keep = torch.zeros_like(probs).scatter_(1, order[:, :block.k], 1.0)
+    w = probs * keep
+    if block.renormalise:
+        w = w / w.sum(-1, keepdim=True)
+    out = sum(w[:, e:e + 1] * expert(x) for e, expert in enumerate(block.experts))
+    if block.shared_expert is not None:
+        out = out + torch.sigmoid(block.shared_expert_gate(x)) * block.shared_expert(x)
+    return out, probs.gather(1, order)
+
+
+@test
+def moe_block_loop_matches_dense_formulation():
+    for name in ("mixtral", "qwen2_moe", "qwen2_moe_norm", "qwen3_moe"):
+        m = tiny_model(**MOE_FAMILIES[name])
+        block = moe_blocks(m)[0]
+        with torch.no_grad():  # experts (std 0.02 at init) scaled up so that their outputs are of order 1
+            for n, p in block.named_parameters():
+                if "expert" in n:
+                    p.mul_(20)
+        x = torch.randn(3, 7, 32, generator=torch.Generator().manual_seed(20))
+        logits = []
+        with torch.no_grad():
+            got = block(x, logits).reshape(21, 32)
+            want, sorted_probs = dense_moe(block, x.reshape(21, 32))
+        err = (got - want).abs().max().item()
+        assert err < 1e-12, (name, err)
+        assert len(logits) == 1 and logits[0].shape == (21, block.gate.out_features)
+        # The init's wide router: the k-th and (k+1)-th probabilities are well apart for every token.
+        margin = (sorted_probs[:, block.k - 1] - sorted_probs[:, block.k]).min().item()
+        assert margin > 1e-4, (name, margin)
+        # Renormalising or not (and the shared expert) changes the output, so the comparison can fail.
+        block.renormalise = not block.renormalise
+        with torch.no_grad():
+            assert (block(x).reshape(21, 32) - want).abs().max() > 1e-4, name
+    # Every expert is used by some token and a token's k experts are distinct.
+    m = tiny_model(**MOE_FAMILIES["qwen3_moe"])
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(21))
+    _, experts = L.route(moe_blocks(m)[0].gate(x), 3, False)
+    assert set(experts.flatten().tolist()) == set(range(5))
+    assert all(len(set(r)) == 3 for r in experts.tolist())
+
+
+def balance_loss_by_counts(logits_list, E, k):
+    """E / R^2 * sum_e count_e * probsum_e, R the pooled rows, count_e over all k slots (NumPy)."""
+    z = np.concatenate([t.detach().numpy() for t in logits_list])
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    R = len(z)
+    count = np.zeros(E)
+    for row in p:
+        for e in np.argsort(-row)[:k]:
+            count[e] += 1
+    return E / R ** 2 * (count * p.sum(0)).sum()
+
+
+@test
+def balance_loss_matches_counts_and_finite_differences():
+    g = torch.Generator().manual_seed(22)
+    E, k = 5, 2
+    logits = [torch.randn(9, E, generator=g) * 2, torch.randn(9, E, generator=g) * 2]
+    got = L.load_balancing_loss(logits, E, k).item()
+    assert abs(got - balance_loss_by_counts(logits, E, k)) < 1e-14, got
+    # Perfectly balanced routing with uniform probabilities gives k.
+    flat = [torch.zeros(10, E)]
+    assert abs(L.load_balancing_loss(flat, E, 1).item() - 1.0) < 1e-14
+    # Gradient with respect to the logits (top-k choices fixed locally: no near-ties).
+    leaves = [t.clone().requires_grad_(True) for t in logits]
+    L.load_balancing_loss(leaves, E, k).backward()
+    for li, (r, c) in [(0, (0, 1)), (1, (4, 3)), (0, (8, 0)), (1, (2, 2))]:
+        eps = 1e-6
+        up, down = [t.clone() for t in logits], [t.clone() for t in logits]
+        up[li][r, c] += eps
+        down[li][r, c] -= eps
+        fd = (balance_loss_by_counts(up, E, k) - balance_loss_by_counts(down, E, k)) / (2 * eps)
+        ad = leaves[li].grad[r, c].item()
+        assert abs(fd - ad) <= 1e-8 + 1e-6 * abs(ad), (li, r, c, fd, ad)
+        assert abs(ad) > 1e-6
+
+
+@test
+def new_families_forward_and_loss_match_numpy():
+    for name, over in MOE_FAMILIES.items():
+        for tied in (False, True):
+            m = tiny_model(tied, **over)
+            x = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(4))
+            y = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(5))
+            with torch.no_grad():
+                logits, (ce, aux) = m(x).numpy(), m.loss_terms(x, y)
+            want = numpy_forward(m.state_dict(), m.config, x.numpy())
+            assert np.abs(logits - want).max() < 1e-10, (name, tied, np.abs(logits - want).max())
+            assert abs(ce.item() - numpy_ce(want, y.numpy())) < 1e-10, name
+            assert (aux is None) == (name == "qwen3"), name
+    # q_norm / k_norm matter (so the per-head check above could fail).
+    m = tiny_model(**MOE_FAMILIES["qwen3"])
+    x = torch.randint(0, 50, (1, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        before = m(x)
+        m.model.layers[0].self_attn.q_norm.weight.mul_(1.5)
+        assert not torch.allclose(before, m(x), atol=1e-6)
+
+
+def fd_check(m, x, y, names, idx=(1, 2), eps=1e-6):
+    m.zero_grad()
+    m.loss(x, y).backward()
+    P = dict(m.named_parameters())
+    for name in names:
+        p = P[name]
+        i = tuple(min(j, n - 1) for j, n in zip(idx, p.shape))
+        with torch.no_grad():
+            old = p[i].item()
+            p[i] = old + eps
+            up = m.loss(x, y).item()
+            p[i] = old - eps
+            down = m.loss(x, y).item()
+            p[i] = old
+        fd, ad = (up - down) / (2 * eps), p.grad[i].item()
+        assert abs(fd - ad) <= 1e-8 + 1e-5 * abs(ad), (name, fd, ad)
+        assert abs(ad) > 1e-9, name
+
+
+@test
+def new_families_finite_difference_gradients_with_aux():
+    x = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(6))
+    y = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(7))
+    m = tiny_model(**MOE_FAMILIES["qwen3"])
+    fd_check(m, x, y, ["model.layers.0.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight",
+                       "model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"])
+    for name, params in [("qwen2_moe", ["model.layers.1.mlp.gate.weight", "model.layers.1.mlp.experts.2.up_proj.weight",
+                                        "model.layers.1.mlp.shared_expert_gate.weight",
+                                        "model.layers.1.mlp.shared_expert.down_proj.weight",
+                                        "model.layers.0.mlp.gate_proj.weight"]),
+                         ("qwen3_moe", ["model.layers.0.mlp.gate.weight", "model.layers.1.self_attn.q_norm.weight",
+                                        "model.layers.0.mlp.experts.4.down_proj.weight"]),
+                         ("mixtral", ["model.layers.0.block_sparse_moe.gate.weight",
+                                      "model.layers.1.block_sparse_moe.experts.1.w1.weight",
+                                      "model.layers.1.block_sparse_moe.experts.3.w2.weight"])]:
+        m = tiny_model(**MOE_FAMILIES[name], output_router_logits=True, router_aux_loss_coef=0.5)
+        fd_check(m, x, y, params)
+        # The aux term is in the loss: its value and the routers' gradients change with the coefficient.
+        ce, aux = m.loss_terms(x, y)
+        assert abs(m.loss(x, y).item() - (ce.item() + 0.5 * aux.item())) < 1e-12
+        router = params[0]
+        grad_with = dict(m.named_parameters())[router].grad.clone()
+        m.config.output_router_logits = False
+        m.zero_grad()
+        m.loss(x, y).backward()
+        assert abs(m.loss(x, y).item() - ce.item()) < 1e-12
+        assert (dict(m.named_parameters())[router].grad - grad_with).abs().max() > 1e-8, name
+
+
+@test
+def moe_train_step_loss_is_ce_plus_aux_per_micro_batch():
+    x = torch.randint(0, 50, (4, 8), generator=torch.Generator().manual_seed(8))
+    y = torch.randint(0, 50, (4, 8), generator=torch.Generator().manual_seed(9))
+    for out_logits in (True, False):
+        m = tiny_model(**MOE_FAMILIES["qwen3_moe"], output_router_logits=out_logits, router_aux_loss_coef=0.3)
+        with torch.no_grad():
+            parts = [m.loss_terms(x[r:r + 2], y[r:r + 2]) for r in (0, 2)]
+        want = sum(ce.item() + (0.3 * aux.item() if out_logits else 0) for ce, aux in parts) / 2
+        stats = {}
+        opt = L.make_optimizer(m, 0.0, 0.1, (0.9, 0.95), 1e-8)
+        loss, _ = L.train_step(m, opt, x, y, 2, 0.0, 0.0, stats)
+        assert abs(loss - want) < 1e-12, (out_logits, loss, want)
+        assert abs(stats["aux"] - sum(aux.item() for _, aux in parts) / 2) < 1e-12
+        # Every expert parameter has a gradient (zeros for an unused expert, not None), as transformers' loop.
+        assert all(p.grad is not None for p in m.parameters())
+    stats = {}
+    m = tiny_model()
+    L.train_step(m, L.make_optimizer(m, 0.0, 0.1, (0.9, 0.95), 1e-8), x, y, 4, 0.0, 0.0, stats)
+    assert stats["aux"] is None
+
+
+def init_args(out, mt, *extra):
+    return ["init", "--out", out, "--model-type", mt, "--dim", 32, "--n-layers", 4, "--n-heads", 4, "--n-kv-heads", 2,
+            "--ffn-dim", 48, "--vocab-size", 64, "--max-seq-len", 32, "--seed", 2, *extra]
+
+
+@test
+def moe_layer_pattern_in_init_directory():
+    with tempfile.TemporaryDirectory() as d:
+        run_cli(*init_args(os.path.join(d, "q2"), "qwen2_moe", "--n-layers", 6, "--decoder-sparse-step", 2,
+                           "--mlp-only-layers", "3", "--n-experts", 3, "--moe-ffn-dim", 16,
+                           "--shared-expert-ffn-dim", 20))
+        w, _ = L.read_safetensors(os.path.join(d, "q2", "model.safetensors"))
+        sparse = sorted({int(n.split(".")[2]) for n in w if ".mlp.gate.weight" in n})
+        dense = sorted({int(n.split(".")[2]) for n in w if ".mlp.gate_proj.weight" in n and "expert" not in n})
+        assert sparse == [1, 5] and dense == [0, 2, 3, 4], (sparse, dense)
+        assert w["model.layers.1.mlp.experts.2.down_proj.weight"].shape == (32, 16)
+        assert "model.layers.1.mlp.experts.3.down_proj.weight" not in w
+        assert w["model.layers.5.mlp.shared_expert.up_proj.weight"].shape == (20, 32)
+        assert w["model.layers.5.mlp.shared_expert_gate.weight"].shape == (1, 32)
+        assert w["model.layers.2.mlp.up_proj.weight"].shape == (48, 32)
+        assert not any(n.startswith("model.layers.2.mlp.") and "expert" in n for n in w)
+        run_cli(*init_args(os.path.join(d, "q3"), "qwen3_moe", "--mlp-only-layers", "0,3", "--moe-ffn-dim", 16))
+        w, _ = L.read_safetensors(os.path.join(d, "q3", "model.safetensors"))
+        assert sorted({int(n.split(".")[2]) for n in w if ".mlp.gate.weight" in n}) == [1, 2]
+        assert not any("shared_expert" in n for n in w)
+        assert w["model.layers.0.self_attn.q_norm.weight"].shape == (8,)
+        run_cli(*init_args(os.path.join(d, "mx"), "mixtral", "--moe-ffn-dim", 24, "--n-experts", 3))
+        w, _ = L.read_safetensors(os.path.join(d, "mx", "model.safetensors"))
+        assert sorted({int(n.split(".")[2]) for n in w if "block_sparse_moe.gate.weight" in n}) == [0, 1, 2, 3]
+        assert not any(".mlp." in n for n in w)
+        assert w["model.layers.3.block_sparse_moe.experts.2.w2.weight"].shape == (32, 24)
+        assert w["model.layers.3.block_sparse_moe.experts.2.w3.weight"].shape == (24, 32)
+        cfg = json.load(open(os.path.join(d, "mx", "config.json")))
+        assert cfg["intermediate_size"] == 24 and cfg["num_local_experts"] == 3 and cfg["router_aux_loss_coef"] == 0.02
+
+
+@test
+def new_families_init_then_load_is_exact():
+    with tempfile.TemporaryDirectory() as d:
+        x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+        for mt, arch in [("qwen3", "Qwen3ForCausalLM"), ("mixtral", "MixtralForCausalLM"),
+                         ("qwen2_moe", "Qwen2MoeForCausalLM"), ("qwen3_moe", "Qwen3MoeForCausalLM")]:
+            out = os.path.join(d, mt)
+            extra = ["--head-dim", 12] if mt.startswith("qwen3") else []
+            if mt in ("mixtral", "qwen2_moe", "qwen3_moe"):
+                extra += ["--n-experts", 4, "--experts-per-token", 2, "--output-router-logits"]
+            run_cli(*init_args(out, mt, "--tie-embeddings", *extra))
+            cfg = json.load(open(os.path.join(out, "config.json")))
+            assert cfg["architectures"] == [arch] and cfg["model_type"] == mt and cfg["tie_word_embeddings"] is True
+            if mt != "qwen3":
+                assert cfg["output_router_logits"] is True and cfg["num_experts_per_tok"] == 2
+                assert cfg["router_aux_loss_coef"] == (0.02 if mt == "mixtral" else 0.001)
+            if mt.startswith("qwen3"):
+                assert cfg["head_dim"] == 12 and cfg["attention_bias"] is False and cfg["use_sliding_window"] is False
+            m = L.load_model(out, torch.float32)
+            want = L.LlamaForCausalLM(L.LlamaConfig(cfg))
+            L.init_weights(want, 2)
+            want = want.to(torch.float32)
+            with torch.no_grad():
+                assert torch.equal(m(x), want(x)), mt
+            w = dict(m.state_dict())
+            for n, t in w.items():
+                if L.is_router(n):
+                    assert abs(t.std().item() - L.ROUTER_INIT_STD) < 0.1, (n, t.std())
+                elif n.endswith("_norm.weight"):
+                    assert (t == 1).all(), n
+            assert any(L.is_router(n) for n in w) == (mt != "qwen3")
+
+
+@test
+def moe_init_then_train_cli():
+    with tempfile.TemporaryDirectory() as d:
+        pattern = np.random.default_rng(12).integers(0, 64, 13)
+        L.write_shard(os.path.join(d, "train_000.bin"), np.tile(pattern, 200))
+        data = os.path.join(d, "train_*.bin")
+        for mt in ("mixtral", "qwen2_moe", "qwen3_moe", "qwen3"):
+            model = os.path.join(d, mt)
+            extra = [] if mt == "qwen3" else ["--output-router-logits", "--router-aux-loss-coef", 0.1]
+            run_cli(*init_args(model, mt, "--n-layers", 2, *extra))
+            for dtype in ("f64", "f32"):
+                out = os.path.join(d, f"{mt}.{dtype}.json")
+                micro = 2 if dtype == "f64" else 4  # f32: one forward per step, as `loss` below
+                run_cli("train", "--model", model, "--data", data, "--steps", 4, "--batch-size", 4, "--seq-len", 32,
+                        "--micro-batch-size", micro, "--lr", 1e-2, "--schedule", "constant", "--threads", 1,
+                        "--dtype", dtype, "--out", out)
+                r = json.load(open(out))
+                assert len(r["losses"]) == 4 and r["losses"][-1] < r["losses"][0] - 0.2, (mt, r["losses"])
+                assert ("aux_losses" in r) == (mt != "qwen3"), mt
+                if mt != "qwen3":
+                    assert len(r["aux_losses"]) == 4 and all(1.0 <= a <= 4.0 for a in r["aux_losses"]), r
+            first = json.loads(run_cli("loss", "--model", model, "--data", data, "--batch-size", 4, "--seq-len", 32))
+            assert abs(first["loss"] - r["losses"][0]) < 1e-5, (mt, first, r["losses"][0])  # ce + 0.1 aux
+            if mt != "qwen3":
+                assert abs(first["aux"] - r["aux_losses"][0]) < 1e-5, (first, r["aux_losses"][0])
+            json.loads(run_cli("generate", "--model", model, "--prompt", "ab", "--tokens", 2))
+
+
+@test
+def new_families_refusals():
+    base = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48,
+            "vocab_size": 50}
+
+    def cfg(**over):
+        return L.LlamaConfig(dict(base, **over))
+    refused(lambda: cfg(model_type="mixtral", router_jitter_noise=0.01), "router_jitter_noise = 0.01")
+    assert cfg(model_type="mixtral", router_jitter_noise=0.0).num_experts == 8
+    refused(lambda: cfg(model_type="gpt_oss"), '"gpt_oss"', "qwen3, mixtral, qwen2_moe, qwen3_moe")
+    refused(lambda: cfg(model_type="qwen3", use_sliding_window=True), "use_sliding_window")
+    refused(lambda: cfg(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=5), "num_experts_per_tok = 5")
+    refused(lambda: cfg(model_type="qwen2_moe", mlp_only_layers=3), "mlp_only_layers")
+    refused(lambda: cfg(model_type="qwen2_moe", decoder_sparse_step=0), "decoder_sparse_step")
+    refused(lambda: cfg(model_type="qwen3_moe", norm_topk_prob="yes"), "norm_topk_prob")
+    # Defaults as transformers' configs: Qwen3's head_dim 128, Mixtral renormalises, the Qwen MoEs do not.
+    assert cfg(model_type="qwen3").head_dim == 128 and cfg(model_type="qwen3_moe").head_dim == 8
+    assert cfg(model_type="mixtral").norm_topk_prob and not cfg(model_type="qwen3_moe").norm_topk_prob
+    c = cfg(model_type="qwen2_moe", num_experts=0)  # no experts: every layer dense
+    assert not c.has_moe and not any(l.sparse for l in L.LlamaForCausalLM(c).model.layers)
+    with tempfile.TemporaryDirectory() as d:
+        err = run_cli_fails(*init_args(os.path.join(d, "x"), "llama", "--n-experts", 4))
+        assert "--n-experts" in err and "llama" in err, err
+        err = run_cli_fails(*init_args(os.path.join(d, "x"), "mixtral", "--shared-expert-ffn-dim", 8))
+        assert "--shared-expert-ffn-dim" in err and "qwen2_moe" in err, err
+        run_cli(*init_args(os.path.join(d, "m"), "mixtral"))
+        path = os.path.join(d, "m", "config.json")
+        c = json.load(open(path))
+        c["router_jitter_noise"] = 0.1
+        json.dump(c, open(path, "w"))
+        L.write_shard(os.path.join(d, "t_000.bin"), np.arange(2000) % 64)
+        err = run_cli_fails("loss", "--model", os.path.join(d, "m"), "--data", os.path.join(d, "t_*.bin"),
+                            "--batch-size", 2, "--seq-len", 16)
+        assert "router_jitter_noise = 0.1" in err and "config.json" in err, err
 
 
 def main():
