@@ -113,6 +113,14 @@ ModelConfig model_config_from_hf(const std::string& config_json) {
   return c;
 }
 
+bool is_stacked_param(const std::string& name) { return name.find(".*.") != std::string::npos; }
+
+std::string stacked_param_name(const std::string& name, int64_t j) {
+  const size_t at = name.find(".*.");
+  MT_CHECK(at != std::string::npos, "model", "{}: not a stacked parameter", name);
+  return name.substr(0, at + 1) + std::to_string(j) + name.substr(at + 2);
+}
+
 bool CausalLM::matches_elsewhere(const std::string& pattern) const {
   // A pattern without glob characters names one module: a lookup (the names are kept sorted).
   if (!has_glob(pattern))

@@ -72,12 +72,18 @@ struct StageFlops {
   double traffic_head = 0;           // the loss's, over the local logits
 };
 
+// "model.layers.0.mlp.experts.*.gate_proj.weight" and expert j: "model.layers.0.mlp.experts.3.gate_proj.weight".
+// A parameter whose name holds the segment "*" is stacked along dim 0, one slice per expert (checkpoints).
+bool is_stacked_param(const std::string& name);
+std::string stacked_param_name(const std::string& name, int64_t j);
+
 // The step's router statistics, global (summed over the ranks holding the micro-batches' other tokens).
 struct RouterStepStats {
   double aux_loss = 0;                            // the balance loss as it enters the loss (coef and weight included)
   std::vector<std::vector<double>> expert_load;   // (sparse layers, E): rows routed to each expert in the step
   int64_t dropped = 0;                            // rows dropped by the capacity
-  double bias_min = 0, bias_max = 0;              // the selection bias's range (aux-loss-free balancing)
+  bool has_bias = false;                          // aux-loss-free balancing is on: bias_min, bias_max hold its range
+  double bias_min = 0, bias_max = 0;
   bool any = false;
 };
 

@@ -120,18 +120,18 @@ TEST_CASE("context parallel's two dims: cp with cp_method, or cp_ulysses x cp_ri
   ParallelDims half = pd("parallel: {dp_replicate: 1, cp: 8, cp_ulysses: 2, cp_method: all_gather}", 8);
   CHECK(half.cp_ring() == 4);
   CHECK(half.cp_method == CpMethod::all_gather);
-  // Mesh order: dp_replicate, dp_shard, cp_ring, cp_ulysses, tp; the named groups are dp, cp, dp_cp.
+  // Mesh order: dp_replicate, dp_shard, ep, cp_ring, cp_ulysses, tp; the named groups are dp, cp, dp_cp.
   std::vector<std::string> names;
   for (auto& d : two.mesh_dims()) names.push_back(d.name);
-  CHECK(names == std::vector<std::string>{"dp_replicate", "dp_shard", "cp_ring", "cp_ulysses", "tp"});
+  CHECK(names == std::vector<std::string>{"dp_replicate", "dp_shard", "ep", "cp_ring", "cp_ulysses", "tp"});
   auto groups = two.group_names();
   REQUIRE(groups.size() == 4);
   CHECK(groups[1].name == "cp");
   CHECK(groups[1].dims == std::vector<std::string>{"cp_ring", "cp_ulysses"});
-  CHECK(groups[2].dims == std::vector<std::string>{"dp_replicate", "dp_shard", "cp_ring", "cp_ulysses"});
+  CHECK(groups[2].dims == std::vector<std::string>{"dp_replicate", "dp_shard", "ep", "cp_ring", "cp_ulysses"});
   CHECK(groups[3].name == "loss");
   CHECK(groups[3].dims == groups[2].dims);
-  CHECK(two.grad_partial_dims() == std::vector<int>{0, 1, 2, 3});
+  CHECK(two.grad_partial_dims() == std::vector<int>{0, 1, 2, 3, 4});
   CHECK(two.describe().find("cp_ulysses=2") != std::string::npos);
   // head_tail: 2 x cp_ring chunks, each split again over cp_ulysses.
   CHECK(two.seq_multiple() == 16);

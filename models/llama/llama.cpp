@@ -73,6 +73,8 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, 
     int64_t sparse = 0;
     for (int64_t i = 0; i < c.n_layers; ++i) sparse += c.moe.sparse_layer(i);
     moe = std::make_shared<MoeContext>(c.moe, sparse);
+    if (c.moe.bias_update_rate > 0)  // the selection bias of each sparse layer, zero at the start
+      for (int64_t l = 0; l < sparse; ++l) moe->biases.push_back(zeros({c.moe.n_experts}, accum_dtype(f.dtype), f.device));
   }
   model = add_child(std::make_unique<LlamaModel>("model", c, v, f, seq, moe));
   lm_head = add_child(std::make_unique<Linear>("lm_head", c.dim, c.vocab_size, f,

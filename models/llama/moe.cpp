@@ -11,14 +11,6 @@
 
 namespace mt {
 
-bool is_stacked_param(const std::string& name) { return name.find(".*.") != std::string::npos; }
-
-std::string stacked_param_name(const std::string& name, int64_t j) {
-  const size_t at = name.find(".*.");
-  MT_CHECK(at != std::string::npos, "model", "{}: not a stacked parameter", name);
-  return name.substr(0, at + 1) + std::to_string(j) + name.substr(at + 2);
-}
-
 bool MoeConfig::sparse_layer(int64_t i) const {
   if (n_experts <= 0) return false;
   if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), int(i)) != mlp_only_layers.end()) return false;
@@ -91,6 +83,7 @@ RouterStepStats MoeContext::take_step_stats() {
   RouterStepStats s = std::move(step_);
   step_ = RouterStepStats{};
   if (!biases.empty()) {
+    s.has_bias = true;
     s.bias_min = INFINITY, s.bias_max = -INFINITY;
     for (const Tensor& b : biases)
       for (double v : to_f64(b)) s.bias_min = std::min(s.bias_min, v), s.bias_max = std::max(s.bias_max, v);

@@ -28,10 +28,6 @@ struct MoeNames {
   std::string gate, up, down;
 };
 
-// "model.layers.0.mlp.experts.*.gate_proj.weight" and expert j: "model.layers.0.mlp.experts.3.gate_proj.weight".
-// A parameter whose name holds the segment "*" is stacked along dim 0, one slice per expert (checkpoints).
-bool is_stacked_param(const std::string& name);
-std::string stacked_param_name(const std::string& name, int64_t j);
 
 
 // Shared by the model's sparse blocks (one per model, like SequenceContext).

@@ -127,6 +127,23 @@ std::vector<fs::path> tokenizer_files(const Config& config) {
   return out;
 }
 
+// The names a tensor has in the files: its own, or a stacked parameter's (an MoE layer's experts) one per slice.
+std::vector<std::string> file_names(const std::string& name, int64_t dim0) {
+  if (!is_stacked_param(name)) return {name};
+  std::vector<std::string> out;
+  for (int64_t j = 0; j < dim0; ++j) out.push_back(stacked_param_name(name, j));
+  return out;
+}
+
+// Every name the model's parameters have in the files (and those of the pipeline's other stages).
+std::set<std::string> known_names(CausalLM& model) {
+  std::set<std::string> known(model.elsewhere().begin(), model.elsewhere().end());
+  for (Parameter* q : model.parameters())
+    for (const std::string& n : file_names(q->name, q->value.shape().empty() ? 1 : q->value.shape()[0]))
+      known.insert(n);
+  return known;
+}
+
 std::vector<CkptTensor> checkpoint_tensors(CausalLM& model, AdamW* opt) {
   std::vector<CkptTensor> out;
   for (Parameter* p : model.parameters()) out.push_back({p->name, p->value, true});
@@ -278,8 +295,15 @@ std::exception_ptr write_shards(const std::vector<CkptTensor>& ts, const FilePla
   auto layout = [&](bool model_file) {
     std::vector<SafetensorsWriter::Layout> l;
     for (size_t i = 0; i < ts.size(); ++i)
-      if (f.writer[i] == me && ts[i].model == model_file)
-        l.push_back({ts[i].name, ts[i].t.local.dtype(), ts[i].t.shape()});
+      if (f.writer[i] == me && ts[i].model == model_file) {
+        if (!is_stacked_param(ts[i].name)) {
+          l.push_back({ts[i].name, ts[i].t.local.dtype(), ts[i].t.shape()});
+          continue;
+        }
+        const Shape slice(ts[i].t.shape().begin() + 1, ts[i].t.shape().end());  // one expert's
+        for (int64_t j = 0; j < ts[i].t.shape()[0]; ++j)
+          l.push_back({stacked_param_name(ts[i].name, j), ts[i].t.local.dtype(), slice});
+      }
     return l;
   };
   try {
@@ -300,7 +324,14 @@ std::exception_ptr write_shards(const std::vector<CkptTensor>& ts, const FilePla
     Tensor full = gather_to_writer(ts[i].t, f.writer[i], world);
     if (f.writer[i] != me || err) continue;
     try {
-      (ts[i].model ? mine_model : mine_opt)->write(ts[i].name, full);
+      SafetensorsWriter& w = *(ts[i].model ? mine_model : mine_opt);
+      if (!is_stacked_param(ts[i].name)) {
+        w.write(ts[i].name, full);
+      } else {  // one tensor per expert, Hugging Face's names
+        const Shape slice(full.shape().begin() + 1, full.shape().end());
+        for (int64_t j = 0; j < full.size(0); ++j)
+          w.write(stacked_param_name(ts[i].name, j), full.view(j * shape_numel(slice), slice));
+      }
       ++mine_written;
       if (root && 2 * mine_written >= mine_total) {
         if (fault_at(step, true)) fail("checkpoint", "MT_FAULT_CHECKPOINT={}:error: writing {} fails", step, tmp.string());
@@ -346,7 +377,7 @@ json checkpoint_meta(const TrainProgress& progress, int64_t optimizer_steps, con
 }
 
 // Step 3 on rank 0: the indexes (when there are several files), config.json, the tokenizer, meta.json, then the
-// rename and the rotation. entries: [name, model file?, file index, bytes] of every stage's tensors.
+// rename and the rotation. entries: [name, model file?, file index, bytes, dim 0] of every stage's tensors.
 void finish_directory(const json& entries, const FilePlan& f, const json& meta, DType dtype, const Config& config,
                       const std::string& dir, const fs::path& tmp, const fs::path& final_dir) {
   auto write_index = [&](const std::string& prefix, bool model_file, int n_files, json metadata) {
@@ -355,7 +386,8 @@ void finish_directory(const json& entries, const FilePlan& f, const json& meta, 
     uint64_t total = 0;
     for (const json& e : entries)
       if (e[1].get<bool>() == model_file) {
-        map[e[0].get<std::string>()] = shard_file(prefix, e[2].get<int>(), n_files);
+        for (const std::string& n : file_names(e[0].get<std::string>(), e[4].get<int64_t>()))
+          map[n] = shard_file(prefix, e[2].get<int>(), n_files);
         total += e[3].get<uint64_t>();
       }
     metadata["total_size"] = total;
@@ -435,10 +467,10 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
   // 3. Rank 0 finishes the directory and renames it. Agreed again, so that no rank goes on (or reads) before the
   // rename and every rank fails when it fails. Under pipeline parallel each stage's first rank tells rank 0 where
   // its stage's tensors went (the index covers every stage).
-  json entries = json::array();  // [name, model file?, file index, bytes]
+  json entries = json::array();  // [name, model file?, file index, bytes, dim 0 (stacked: the slices)]
   for (size_t i = 0; i < ts.size(); ++i)
     entries.push_back({ts[i].name, ts[i].model, (ts[i].model ? files.model_k : files.opt_k).at(files.writer[i]),
-                       tensor_bytes(ts[i])});
+                       tensor_bytes(ts[i]), ts[i].t.shape().empty() ? 1 : ts[i].t.shape()[0]});
   if (stages && world.rank() == 0) entries = gather_json_array(*stages, entries, mesh.device());
   err = nullptr;
   if (root) {
@@ -570,28 +602,52 @@ struct LoadItem {
 
 // Reads each item's local block (this rank's part in its layout) from src. Everything is checked first — presence,
 // shape, dtype, finite values in the block this rank reads — so that an error leaves every parameter as it was.
+// One file tensor a destination block reads: the whole item, or one slice of a stacked parameter (its dim-0 index
+// `slice`, -1: none) into rows of the local block.
+struct LoadPart {
+  std::string name;
+  Shape shape, offset, local_shape;  // the file tensor's; where this rank's block starts in it and its shape
+  int64_t dst_row = 0;               // stacked: the local block's dim-0 row it fills
+};
+
+std::vector<LoadPart> load_parts(const LoadItem& it) {
+  const std::vector<int>& c = it.dst.mesh.coordinate();
+  const Shape off = it.dst.spec.local_offset(c), local = it.dst.spec.local_shape(c);
+  if (!is_stacked_param(it.name)) return {{it.name, it.dst.shape(), off, local, 0}};
+  std::vector<LoadPart> parts;
+  const Shape slice(it.dst.shape().begin() + 1, it.dst.shape().end());
+  const Shape off1(off.begin() + 1, off.end()), local1(local.begin() + 1, local.end());
+  for (int64_t i = 0; i < local[0]; ++i)
+    parts.push_back({stacked_param_name(it.name, off[0] + i), slice, off1, local1, i});
+  return parts;
+}
+
 void load_items(const TensorSource& src, const std::vector<LoadItem>& items) {
+  for (const LoadItem& it : items)
+    for (const LoadPart& part : load_parts(it)) {
+      auto w = src.tensors().find(part.name);
+      MT_CHECK(w != src.tensors().end(), "checkpoint", "missing tensor '{}' (shape {})", part.name,
+               shape_str(part.shape));
+      const SafetensorsReader& r = src.reader(part.name);
+      const SafetensorsEntry& e = r.entries().at(part.name);
+      MT_CHECK(e.shape == part.shape, "checkpoint", "{}: tensor '{}' has shape {}, the model expects {}", r.path(),
+               part.name, shape_str(e.shape), shape_str(part.shape));
+      MT_CHECK(e.dt == "F32" || e.dt == "BF16" || e.dt == "F16" || e.dt == "F64", "checkpoint",
+               "{}: tensor '{}' has dtype {}: weights and optimizer state must be a float type (F32, BF16, F16, F64)",
+               r.path(), part.name, e.dt);
+      double v = 0;
+      const int64_t bad = r.first_nonfinite(part.name, part.offset, part.local_shape, &v);
+      MT_CHECK(bad < 0, "checkpoint",
+               "{}: tensor '{}' holds a non-finite value ({} at element {} of this rank's part): refused", r.path(),
+               part.name, v, bad);
+    }
   for (const LoadItem& it : items) {
-    auto w = src.tensors().find(it.name);
-    MT_CHECK(w != src.tensors().end(), "checkpoint", "missing tensor '{}' (shape {})", it.name,
-             shape_str(it.dst.shape()));
-    const SafetensorsReader& r = src.reader(it.name);
-    const SafetensorsEntry& e = r.entries().at(it.name);
-    MT_CHECK(e.shape == it.dst.shape(), "checkpoint", "{}: tensor '{}' has shape {}, the model expects {}", r.path(),
-             it.name, shape_str(e.shape), shape_str(it.dst.shape()));
-    MT_CHECK(e.dt == "F32" || e.dt == "BF16" || e.dt == "F16" || e.dt == "F64", "checkpoint",
-             "{}: tensor '{}' has dtype {}: weights and optimizer state must be a float type (F32, BF16, F16, F64)",
-             r.path(), it.name, e.dt);
-    const std::vector<int>& c = it.dst.mesh.coordinate();
-    double v = 0;
-    const int64_t bad = r.first_nonfinite(it.name, it.dst.spec.local_offset(c), it.dst.spec.local_shape(c), &v);
-    MT_CHECK(bad < 0, "checkpoint", "{}: tensor '{}' holds a non-finite value ({} at element {} of this rank's part): refused",
-             r.path(), it.name, v, bad);
-  }
-  for (const LoadItem& it : items) {
-    const std::vector<int>& c = it.dst.mesh.coordinate();
     Tensor host = empty(it.dst.local.shape(), it.dst.local.dtype());
-    src.reader(it.name).read_block(it.name, it.dst.spec.local_offset(c), host);
+    for (const LoadPart& part : load_parts(it)) {
+      const int64_t n = shape_numel(part.local_shape);
+      Tensor dst = is_stacked_param(it.name) ? host.view(part.dst_row * n, part.local_shape) : host;
+      src.reader(part.name).read_block(part.name, part.offset, dst);
+    }
     copy_(it.dst.local, it.dst.local.device().is_cuda() ? host.to(it.dst.local.device()) : host);
     if (it.param) refresh_compute_copy(*it.param);
   }
@@ -614,11 +670,9 @@ TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* o
   std::vector<LoadItem> items;
   for (Parameter* q : params) items.push_back({q->name, q->value, q});
   TensorSource weights(path, "model", false);
-  const std::set<std::string> elsewhere(model.elsewhere().begin(), model.elsewhere().end());  // other stages'
+  const std::set<std::string> names = known_names(model);  // with the other stages'
   for (auto& [name, k] : weights.tensors()) {
-    bool known = std::any_of(params.begin(), params.end(), [&](Parameter* q) { return q->name == name; }) ||
-                 elsewhere.count(name) > 0;
-    MT_CHECK(known, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model",
+    MT_CHECK(names.count(name) > 0, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model",
              weights.reader(name).path(), name, shape_str(weights.reader(name).entries().at(name).shape));
   }
   std::optional<TensorSource> moments;
@@ -671,10 +725,9 @@ void load_hf_weights(const std::string& path, CausalLM& model) {
   // every .safetensors file of the directory; or the one file named.
   TensorSource src(path, "model", true);
   auto params = model.parameters();
-  const std::set<std::string> elsewhere(model.elsewhere().begin(), model.elsewhere().end());  // other stages'
+  const std::set<std::string> names = known_names(model);  // with the other stages'
   for (auto& [name, k] : src.tensors()) {
-    bool known = std::any_of(params.begin(), params.end(), [&](Parameter* q) { return q->name == name; }) ||
-                 elsewhere.count(name) > 0;
+    bool known = names.count(name) > 0;
     // Hugging Face files of tied models may still carry lm_head.weight; rotary caches are buffers, not parameters.
     if (!known && name == "lm_head.weight" && model.config.tie_embeddings) continue;
     if (!known && name.find("rotary_emb.inv_freq") != std::string::npos) continue;

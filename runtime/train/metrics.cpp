@@ -124,7 +124,7 @@ void add_router_stats(nlohmann::json& j, const RouterStepStats& r) {
   j["expert_load_max_over_mean"] = max_over_mean;
   j["expert_load"] = r.expert_load;
   j["dropped_tokens"] = r.dropped;
-  if (r.bias_max >= r.bias_min) j["router_bias_range"] = {r.bias_min, r.bias_max};
+  if (r.has_bias) j["router_bias_range"] = {r.bias_min, r.bias_max};
 }
 }  // namespace
 

@@ -83,7 +83,7 @@ family qwen2_tied --model-type qwen2 --tie-embeddings
 
 # Under tensor parallel each rank holds its slice of a q/k/v bias, and the plan says so.
 "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/qwen2" --set parallel.tp=2 plan >"$tmp/plan.out" 2>&1
-if grep -Eq "model\.layers\.0\.self_attn\.q_proj\.bias +\(32,\) +\[RRRRS\(0\)\] \(16,\)" "$tmp/plan.out"; then
+if grep -Eq "model\.layers\.0\.self_attn\.q_proj\.bias +\(32,\) +\[RRRRRS\(0\)\] \(16,\)" "$tmp/plan.out"; then
   ok "qwen2 under tp 2: the plan shows each rank's half of the q bias, Shard(0) on tp like its weight's rows"
 else
   bad "qwen2 under tp 2: the q bias's layout" "$(grep -E 'q_proj' "$tmp/plan.out" | head -n 4)"
