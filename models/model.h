@@ -82,6 +82,7 @@ struct RouterStepStats {
   double aux_loss = 0;                            // the balance loss as it enters the loss (coef and weight included)
   std::vector<std::vector<double>> expert_load;   // (sparse layers, E): rows routed to each expert in the step
   int64_t dropped = 0;                            // rows dropped by the capacity
+  double dispatch_s = 0;                          // wall time in the ep all-to-alls (host clock: exact on CPU ranks)
   bool has_bias = false;                          // aux-loss-free balancing is on: bias_min, bias_max hold its range
   double bias_min = 0, bias_max = 0;
   bool any = false;

@@ -8,6 +8,13 @@ Records with "step" and "loss" are training steps (they also carry
 else (samples, notes) is skipped. Top panel: train and validation loss against
 step; bottom panel: tokens/s against step. Prints the PNG's path; the default
 is METRICS with its extension replaced by .png.
+
+A mixture-of-experts run's records also carry "expert_load" (sparse layers x
+experts: rows routed in the step), "expert_load_max_over_mean" and "aux_loss":
+then a second PNG (OUT with "_experts" before the extension) holds one heat map
+per sparse layer, expert against step, each cell the expert's load over the
+layer's mean load (1: balanced), and the balance loss and the most loaded
+expert's ratio against step. Its path is printed too.
 """
 import argparse
 import json
@@ -46,6 +53,51 @@ def read_metrics(path):
     return train, val, tps
 
 
+def read_expert_load(path):
+    """Returns {step: record} of the records with "expert_load" (a later record for a step replaces an earlier one)."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "step" in r and "expert_load" in r:
+                out[r["step"]] = r
+    return out
+
+
+def plot_experts(records, out, title):
+    """The heat maps (one per sparse layer: expert x step, load / mean load) and the balance panel."""
+    steps = sorted(records)
+    layers = len(records[steps[0]]["expert_load"])
+    fig, axes = plt.subplots(layers + 1, 1, figsize=(8, 2.2 * (layers + 1)), sharex=True, squeeze=False)
+    for l in range(layers):
+        grid = []  # (experts, steps)
+        for s in steps:
+            row = records[s]["expert_load"][l]
+            mean = sum(row) / len(row) if row and sum(row) > 0 else 1.0
+            grid.append([v / mean for v in row])
+        grid = list(map(list, zip(*grid)))
+        ax = axes[l][0]
+        im = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest",
+                       extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, len(grid) - 0.5))
+        ax.set_ylabel(f"layer {l}\nexpert")
+        fig.colorbar(im, ax=ax, label="load / mean")
+    ax = axes[layers][0]
+    ax.plot(steps, [records[s].get("aux_loss", 0.0) for s in steps], lw=1, label="balance loss (in the loss)")
+    ax.set_ylabel("balance loss")
+    ax2 = ax.twinx()
+    ax2.plot(steps, [max(records[s].get("expert_load_max_over_mean", [0.0])) for s in steps], lw=1,
+             color="tab:red", label="max load / mean (worst layer)")
+    ax2.set_ylabel("max / mean", color="tab:red")
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    fig.suptitle(title + ": expert load")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+
+
 def series(d):
     steps = sorted(d)
     return steps, [d[s] for s in steps]
@@ -78,6 +130,11 @@ def main():
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     print(out)
+    experts = read_expert_load(a.metrics)
+    if experts:
+        base, ext = os.path.splitext(out)
+        plot_experts(experts, base + "_experts" + (ext or ".png"), os.path.basename(a.metrics))
+        print(base + "_experts" + (ext or ".png"))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <chrono>
 #include <numeric>
+#include <optional>
 
 #include "models/llama/llama.h"
 #include "runtime/kernels/ops.h"
@@ -82,6 +84,8 @@ Tensor MoeContext::aux_grad_row(DType acc, Device device) {
 RouterStepStats MoeContext::take_step_stats() {
   RouterStepStats s = std::move(step_);
   step_ = RouterStepStats{};
+  s.dispatch_s = dispatch_s;
+  dispatch_s = 0;
   if (!biases.empty()) {
     s.has_bias = true;
     s.bias_min = INFINITY, s.bias_max = -INFINITY;
@@ -361,6 +365,13 @@ std::vector<int64_t> times(std::vector<int64_t> v, int64_t k) {
   return v;
 }
 
+// Adds the wall time of its scope to a counter (the step's all-to-all share in the metrics).
+struct Stopwatch {
+  double& total;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  ~Stopwatch() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
+
 }  // namespace
 
 Tensor SparseMoeBlock::run_experts(const Tensor& xp, const std::vector<int64_t>& counts) {
@@ -371,11 +382,13 @@ Tensor SparseMoeBlock::run_experts(const Tensor& xp, const std::vector<int64_t>&
   }
   const int64_t C = xp.size(1);
   const Device dev = xp.device();
+  std::optional<Stopwatch> watch(std::in_place, ctx_->dispatch_s);
   Exchange x = plan_exchange(*ep, counts, dev);
   const int64_t R = int64_t(x.order.size());
   // Rows to their experts' ranks, then by local expert; through the experts; back to source order and home.
   Tensor arrived = empty({R, C}, xp.dtype(), dev);  // (R, C) by source
   ep->all_to_all_v(arrived, xp, times(x.send, C), times(x.recv, C));
+  watch.reset();
   Tensor order = i32_tensor(x.order, {R, 1}, dev);
   Tensor grouped = empty({R, C}, xp.dtype(), dev);  // (R, C) by local expert
   if (R > 0) moe_dispatch_forward(grouped, arrived, order);
@@ -384,7 +397,9 @@ Tensor SparseMoeBlock::run_experts(const Tensor& xp, const std::vector<int64_t>&
   Tensor back = empty({R, C}, xp.dtype(), dev);     // (R, C) by source
   if (R > 0) moe_dispatch_backward(back, out, order);
   Tensor h = empty(xp.shape(), xp.dtype(), dev);    // (M, C) by expert, this rank's rows
+  watch.emplace(ctx_->dispatch_s);
   ep->all_to_all_v(h, back, times(x.recv, C), times(x.send, C));
+  watch.reset();
   send_ = x.send, recv_ = x.recv, recv_order_ = std::vector<int64_t>(x.order.begin(), x.order.end());
   return h;
 }
@@ -401,13 +416,17 @@ Tensor SparseMoeBlock::run_experts_backward(const Tensor& dh) {
   Tensor order = i32_tensor(order32, {R, 1}, dev);
   // The same path as forward: gradients to the experts' ranks, through them, and home.
   Tensor arrived = empty({R, C}, dh.dtype(), dev);
-  ep->all_to_all_v(arrived, dh, times(send, C), times(recv, C));
+  {
+    Stopwatch w{ctx_->dispatch_s};
+    ep->all_to_all_v(arrived, dh, times(send, C), times(recv, C));
+  }
   Tensor grouped = empty({R, C}, dh.dtype(), dev);
   if (R > 0) moe_dispatch_forward(grouped, arrived, order);
   Tensor dg = experts->call_backward(grouped);  // (R, C) by local expert
   Tensor back = empty({R, C}, dh.dtype(), dev);
   if (R > 0) moe_dispatch_backward(back, dg, order);
   Tensor dxp = empty(dh.shape(), dh.dtype(), dev);
+  Stopwatch w{ctx_->dispatch_s};
   ep->all_to_all_v(dxp, back, times(recv, C), times(send, C));
   return dxp;
 }

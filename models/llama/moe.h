@@ -39,6 +39,7 @@ class MoeContext {
   Group* tokens = nullptr;     // the ranks holding the micro-batch's other tokens (the loss group); null: this one
   Group* ep = nullptr;         // expert parallel: the experts split over it; null: all here
   double loss_scale = 0;       // a training forward's loss per token (1 / the step's tokens); 0: no balance loss
+  double dispatch_s = 0;       // the step's wall time in the ep all-to-alls so far
   // Called by a sparse block (index among the sparse layers) in forward: its local counts (E) and prob sums.
   void record(int64_t layer, const std::vector<double>& counts, const Tensor& prob_sums, int64_t dropped);
   // In backward: the balance loss's gradient row for probs, (E) accum dtype, or undefined; sums the micro-batch's

@@ -124,6 +124,7 @@ void add_router_stats(nlohmann::json& j, const RouterStepStats& r) {
   j["expert_load_max_over_mean"] = max_over_mean;
   j["expert_load"] = r.expert_load;
   j["dropped_tokens"] = r.dropped;
+  j["moe_dispatch_ms"] = 1e3 * r.dispatch_s;
   if (r.has_bias) j["router_bias_range"] = {r.bias_min, r.bias_max};
 }
 }  // namespace

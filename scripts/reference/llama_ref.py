@@ -1002,11 +1002,15 @@ def blas_name():
 
 def cmd_bench(a):
     torch.set_num_threads(a.threads)
-    cfg = {"hidden_size": a.dim, "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads,
-           "num_key_value_heads": a.n_kv_heads, "intermediate_size": a.ffn_dim, "vocab_size": a.vocab_size,
-           "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
-    model = LlamaForCausalLM(LlamaConfig(cfg))
-    init_weights(model, 0)
+    if a.model:  # any family, from its directory (an MoE model runs transformers' per-expert loop)
+        model = load_model(a.model)
+        a.vocab_size = model.config.vocab_size
+    else:
+        cfg = {"hidden_size": a.dim, "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads,
+               "num_key_value_heads": a.n_kv_heads, "intermediate_size": a.ffn_dim, "vocab_size": a.vocab_size,
+               "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
+        model = LlamaForCausalLM(LlamaConfig(cfg))
+        init_weights(model, 0)
     opt = make_optimizer(model, 3e-4, 0.1, (0.9, 0.95), 1e-8)
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, a.vocab_size, (a.batch_size, a.seq_len), generator=g)
@@ -1109,6 +1113,7 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--model", default="", help="a Hugging Face directory (any family) instead of the sizes")
 
     a = ap.parse_args()
     try:
