@@ -2,7 +2,8 @@
 # The CUDA training step on the emulated CUDA device (issue 29 part 3; tests/emu, test-only): the CUDA build of
 # meshtrain (build-emu, -Demulate_cuda=true: the kernels, cuBLASLt and NCCL stand-ins run on the CPU) trains a
 # tiny model with comm.device=cuda and is compared with the CPU backend (BUILD_DIR/meshtrain):
-#  - fp32, 5 steps within 1e-4 of the CPU on 1 rank, dp_replicate 2, tp 2, cp 2 (ring and all_gather),
+#  - fp32, 5 steps within 1e-4 of the CPU on 1 rank, dp_replicate 2, tp 2, cp 2 (ring and all_gather), a mixtral
+#    model on 1 rank and on ep 2,
 #    dp_shard 2 and pp 2 (1f1b; zb1p x tp 2: the pipeline's batched sends and receives on the NCCL stand-in,
 #    whose sends are synchronous as NCCL's), with the ranks sharing one emulated device (comm.backend mpi: device
 #    buffers staged through the
@@ -95,6 +96,11 @@ pair "dp_replicate 2, a device each (nccl)" 2 nccl
 pair "tp 2, a device each (nccl)" 2 nccl --set parallel.tp=2
 pair "cp 2 ring, a device each (nccl)" 2 nccl --set parallel.cp=2 --set parallel.dp_replicate=1
 pair "dp_shard 2 x tp 2, a device each (nccl)" 4 nccl --set parallel.dp_shard=2 --set parallel.tp=2 --set parallel.dp_replicate=1 --set parallel.fsdp.min_weight_size=0
+# Mixture of experts: the router, dispatch, grouped GEMMs and combine on the device, and expert parallel's
+# all-to-alls on the NCCL stand-in.
+moe=(--set model.type=mixtral --set model.moe.n_experts=4 --set model.moe.ffn_dim=48 --set model.moe.output_router_logits=true)
+pair "mixtral 4 experts top-2, balance loss (mpi)" 1 mpi "${moe[@]}"
+pair "mixtral ep 2, a device each (nccl)" 2 nccl "${moe[@]}" --set parallel.ep=2 --set parallel.dp_replicate=1
 unset MT_EMU_DEVICES
 
 # bf16 (the tensor-core path where the kernels have one) against the emulated fp32 run.
