@@ -139,6 +139,10 @@ class CausalLM : public Module {
   virtual void set_loss_scale(double /*inv_tokens*/) {}
   virtual RouterStepStats take_router_stats() { return {}; }
   virtual void after_step() {}
+  // State beside the parameters that checkpoints keep (meta.json's model_state; null: none), the same on every
+  // rank; load_extra_state takes it back (null: none saved) and names `file` in its errors.
+  virtual nlohmann::json extra_state() const { return nullptr; }
+  virtual void load_extra_state(const nlohmann::json& /*state*/, const std::string& /*file*/) {}
 
  protected:
   std::vector<ModelChunk> chunks_;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <set>
 
+#include <spdlog/spdlog.h>
+
 #include "runtime/kernels/ops.h"
 
 namespace mt {
@@ -79,6 +81,32 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, 
   model = add_child(std::make_unique<LlamaModel>("model", c, v, f, seq, moe));
   lm_head = add_child(std::make_unique<Linear>("lm_head", c.dim, c.vocab_size, f,
                                                c.tie_embeddings ? model->embed_tokens->weight : nullptr));
+}
+
+nlohmann::json LlamaForCausalLM::extra_state() const {
+  if (!moe || moe->biases.empty()) return nullptr;
+  nlohmann::json b = nlohmann::json::array();
+  for (const Tensor& t : moe->biases) b.push_back(to_f64(t));
+  return {{"router_bias", b}};
+}
+
+void LlamaForCausalLM::load_extra_state(const nlohmann::json& state, const std::string& file) {
+  if (!moe || moe->biases.empty()) return;  // nothing to restore (a bias saved without the rate on is dropped)
+  if (state.is_null() || !state.contains("router_bias")) {
+    spdlog::warn("{}: no router_bias saved: model.moe.bias_update_rate's selection bias starts again from 0", file);
+    return;
+  }
+  const auto& b = state["router_bias"];
+  MT_CHECK(b.is_array() && b.size() == moe->biases.size(), "checkpoint",
+           "{}: model_state.router_bias holds {} layers, the model has {} sparse layers", file, b.size(),
+           moe->biases.size());
+  for (size_t l = 0; l < b.size(); ++l) {
+    MT_CHECK(b[l].is_array() && int64_t(b[l].size()) == config.moe.n_experts, "checkpoint",
+             "{}: model_state.router_bias[{}] does not hold model.moe.n_experts = {} numbers", file, l,
+             config.moe.n_experts);
+    Tensor t = from_values(b[l].get<std::vector<double>>(), {config.moe.n_experts}, moe->biases[l].dtype());
+    copy_(moe->biases[l], t.to(moe->biases[l].device()));
+  }
 }
 
 void LlamaForCausalLM::set_positions(const Tensor& positions) {

@@ -135,6 +135,8 @@ class LlamaForCausalLM : public CausalLM {
   void after_step() override {
     if (moe) moe->update_biases();
   }
+  nlohmann::json extra_state() const override;  // {"router_bias": (sparse layers, E)} with bias_update_rate
+  void load_extra_state(const nlohmann::json& state, const std::string& file) override;
   void set_attention(std::shared_ptr<const Attention> a) override;
   const std::shared_ptr<const Attention>& attention() const override {
     for (LlamaDecoderLayer* l : model->layers)

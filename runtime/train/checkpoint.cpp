@@ -475,7 +475,9 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
   err = nullptr;
   if (root) {
     try {
-      const json meta = checkpoint_meta(progress, opt.steps_taken(), config, mesh, stages ? stages->size() : 0, files);
+      json meta = checkpoint_meta(progress, opt.steps_taken(), config, mesh, stages ? stages->size() : 0, files);
+      // State the model keeps beside its parameters (an MoE model's selection bias), the same on every rank.
+      if (json extra = model.extra_state(); !extra.is_null()) meta["model_state"] = extra;
       finish_directory(entries, files, meta, ts.front().t.local.dtype(), config, dir, tmp, final_dir);
     } catch (...) {
       err = std::current_exception();
@@ -657,6 +659,7 @@ void load_items(const TensorSource& src, const std::vector<LoadItem>& items) {
 
 TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* opt) {
   json meta = read_meta(path);
+  model.load_extra_state(meta.contains("model_state") ? meta["model_state"] : json(), path + "/meta.json");
   TrainProgress p;
   try {
     p.step = meta.at("step").get<int64_t>();
