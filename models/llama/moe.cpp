@@ -284,10 +284,11 @@ Tensor SparseMoeBlock::backward(const Tensor& dy) {
   const int64_t N = dyr.size(0), C = dyr.size(1), E = mc.n_experts;
   const DType acc = accum_dtype(dy.dtype());
   const Device dev = dy.device();
-  const Tensor h = h_, w = weights_, slot = slot_;
-  // 1. Combine's transpose: the experts' output gradients (M, C) and the routing weights' (N, K).
-  Tensor dh = empty(h.shape(), dy.dtype(), dev), dw = empty(w.shape(), acc, dev);
-  moe_combine_backward(dh, dw, dyr, h, w, slot);
+  const Tensor w = weights_, slot = slot_;
+  // 1. Combine's transpose: the experts' output gradients (M, C) and the routing weights' (N, K); then the experts'
+  //    output is released (nothing else holds it) before their backward.
+  Tensor dh = empty(h_->shape(), dy.dtype(), dev), dw = empty(w.shape(), acc, dev);
+  moe_combine_backward(dh, dw, dyr, h_, w, slot);
   h_ = Tensor();
   // 2. Through the experts and back to the tokens.
   Tensor dxp = run_experts_backward(dh);  // (M, C)

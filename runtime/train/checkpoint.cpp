@@ -718,6 +718,11 @@ void load_hf_weights(const std::string& path, CausalLM& model) {
       MT_CHECK(theirs.type == c.type, "checkpoint", "{}: model_type = {} but model.type = {}", cfg.string(),
                theirs.type, c.type);
       theirs.init_std = c.init_std;
+      // How an MoE model is trained may differ from the file's (run_config.cpp lets the YAML set it).
+      theirs.moe.output_router_logits = c.moe.output_router_logits;
+      theirs.moe.router_aux_loss_coef = c.moe.router_aux_loss_coef;
+      theirs.moe.bias_update_rate = c.moe.bias_update_rate;
+      theirs.moe.capacity_factor = c.moe.capacity_factor;
       const nlohmann::json t = family_of(c).to_hf(theirs), o = family_of(c).to_hf(c);
       for (auto& [k, v] : o.items())
         MT_CHECK(t.contains(k) && t[k] == v, "checkpoint", "{}: {} = {} but this model has {}", cfg.string(), k,
