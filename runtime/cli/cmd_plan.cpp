@@ -238,7 +238,7 @@ void print_phase(const char* what, const char* key, const CommCounters& c) {
 // the family's tp_bytes, cp_layer_bytes, fsdp_step_bytes, GradSync::bucket_bytes_per_rank). The figures compared
 // are those of the parallelism's own tag, so a collective another part of the step adds cannot hide a
 // difference.
-void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& c) {
+void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& c, const RouterStepStats& router) {
   const auto& t = cfg.training;
   const ParallelDims& pd = run.pd;
   const int tp = pd.tp();
@@ -348,6 +348,13 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
     const double counts = double(c.forward.bytes(kMoeCountsTag)), counts_an = double(S) * lb.counts;
     std::printf("moe counts bytes per rank: forward measured %.0f B, analytic %lld x %.0f B = %.0f B (%s)\n", counts,
                 (long long)S, lb.counts, counts_an, counts == counts_an ? "equal" : "DIFFERENT");
+    // The routing measured: rows per expert, summed over the loss group's ranks (each holds the same random
+    // micro-batch here), for scripts to evaluate the formula on it.
+    for (size_t l = 0; l < router.expert_load.size(); ++l) {
+      std::string loads;
+      for (double x : router.expert_load[l]) loads += fmt::format(" {:.0f}", x);
+      std::printf("    moe_load[%zu]%s\n", l, loads.c_str());
+    }
   }
   if (run.fsdp) {
     const int N = run.pd.dp_shard();
@@ -417,7 +424,8 @@ int run_plan_command(RunContext& ctx, const PlanArgs& args) {
   if (root) print_layouts(cfg, run);
   if (const PipelineState* pp = run.executor->pipeline(); root && pp) print_pipeline(cfg, run, *pp);
   StepCounts counts = measure_step(cfg, run);
-  if (root) print_step_bytes(cfg, run, counts);
+  const RouterStepStats router = run.model->take_router_stats();
+  if (root) print_step_bytes(cfg, run, counts, router);
   return 0;
 }
 
