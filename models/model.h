@@ -30,6 +30,7 @@ struct RankShape {
   bool sequence_parallel = false;  // in effect (tp > 1)
   bool loss_parallel = false;      // in effect (tp > 1)
   int cp_ulysses = 1;
+  int ep = 1;                     // expert parallel: an MoE layer's rows travel to their experts' ranks
   double elem = 4, accum = 4;     // bytes of the compute dtype and of its accumulation dtype
   bool widened_bf16 = false;      // bf16 ops run in f32 on widened copies (CPU ranks: runtime/kernels/op.h)
   Device device = Device::cpu();  // whose allocator rounds each tensor
@@ -56,6 +57,8 @@ struct ActivationBytes {
   double input_forward = 0;        // the embedding's forward temporaries (first stage)
   double deferred = 0;             // zb1p: what waits between a micro-batch's input gradient (B) and its W
   double boundary = 0;             // one stage-boundary tensor (pp's message), unrounded
+  int64_t sparse_layers = 0;       // of layers_here, MoE layers (their dispatch: moe_step_bytes)
+  int64_t sparse_recomputed = 0;   // of them, those whose forward (and its all-to-alls) runs again in backward
   double total() const { return layers + input + head + logits; }
 };
 
@@ -161,6 +164,37 @@ struct TpStage {
   double elem = 4;                                        // bytes of an activation element
 };
 
+// Mixture of experts (model.moe): the collectives of a stage's sparse layers on one rank in a step, for `estimate`
+// and `plan` (models/moe_cost.cpp). Tags: the rows' all-to-all-v (there and back), the counts' all-to-all, and the
+// balance loss's statistics' all-reduce.
+inline constexpr const char* kMoeDispatchTag = "moe.dispatch";
+inline constexpr const char* kMoeCountsTag = "moe.counts";
+inline constexpr const char* kMoeStatsTag = "moe.stats";
+struct MoeStage {
+  int ep = 1;                     // the experts' ranks
+  int loss_ranks = 1;             // the ranks holding the micro-batch's other tokens (the statistics' all-reduce)
+  int64_t micro_batches = 1;      // forwards and backwards in the step
+  int64_t sparse_layers = 0;      // MoE layers on the stage
+  int64_t sparse_recomputed = 0;  // of them, recomputed (their forward's exchanges again in backward)
+  int64_t micro = 1, tokens = 1;  // B, and the tokens of each sequence a sparse block sees (whole per tp rank)
+  double elem = 4;                // bytes of an activation element
+};
+// One sparse layer's exchange in one micro-batch on one rank under uniform routing: M = B T k rows leave for the
+// experts (capacity_factor caps them), (ep-1)/ep of them to other ranks, C elements each; each all-to-all-v
+// (rows there, outputs back; the same two in backward) sends rows_out x C x elem bytes; the counts: E i64.
+struct MoeLayerBytes {
+  double rows = 0;      // M: rows routed from this rank's tokens (kept after the capacity)
+  double rows_out = 0;  // M (ep-1)/ep: of them, to other ranks
+  double exchange = 0;  // bytes of one all-to-all-v: rows_out x C x elem
+  double counts = 0;    // bytes of the counts' all-to-all: E x 8 x (ep-1)/ep
+};
+MoeLayerBytes moe_layer_bytes(const ModelConfig& c, int ep, int64_t micro, int64_t tokens, double elem);
+// Per step: forward 2 exchanges + the counts, backward 2 exchanges (+ the forward's again when recomputed), per
+// sparse layer and micro-batch; the statistics (n_sparse E + E + 2 f64) once a micro-batch over the loss ranks.
+std::vector<CommBytes> moe_step_bytes(const ModelConfig& c, const MoeStage& s);
+// The MoE layers of the model (0: dense).
+int64_t moe_sparse_layers(const ModelConfig& c);
+
 // One family, registered once (models/model.cpp lists them). Every entry is required.
 struct ModelFamily {
   std::string type;          // model.type, and Hugging Face's model_type
@@ -179,6 +213,8 @@ struct ModelFamily {
   // Model FLOPs per token (6 N + attention, the PaLM count) and parameter counts.
   double (*flops_per_token)(const ModelConfig& c, int64_t seq_len);
   int64_t (*num_params)(const ModelConfig& c, bool with_embeddings);
+  // The parameters a token runs through (an MoE layer's k experts, not all): num_params for a dense model.
+  int64_t (*active_params)(const ModelConfig& c, bool with_embeddings);
   // The family's own rules beyond check_model_config, as config errors naming the key.
   void (*check)(const ModelConfig& c, int64_t seq_len);
   // Hugging Face's config.json: the keys of this architecture (the caller adds dtype and token ids), and the

@@ -14,6 +14,11 @@ namespace {
 struct Dims {
   double B = 1, T = 1, Tsp = 1, C = 1, H = 1, KV = 1, hd = 1, F = 1, Vl = 1;  // Vl: the logits' local vocabulary
   double e = 4, a = 4;  // bytes of the compute dtype and of its accumulation dtype
+  // MoE layers (models/llama/moe.h), which run whole on every tp rank: N = B T tokens, M = N k rows routed (after
+  // the capacity), R the rows the local experts take (M on average under ep: balanced routing), E experts, k, an
+  // expert's width Fe and the shared expert's Fs.
+  double N = 1, M = 0, R = 0, E = 0, K = 0, Fe = 0, Fs = 0;
+  bool ep = false;
 };
 Dims dims_of(const ModelConfig& c, const RankShape& s) {
   Dims d;
@@ -27,6 +32,14 @@ Dims dims_of(const ModelConfig& c, const RankShape& s) {
   d.hd = double(c.head_size());
   d.F = double(c.ffn_dim / s.tp);
   d.Vl = double(s.loss_parallel ? c.vocab_size / s.tp : c.vocab_size);
+  if (c.moe.enabled()) {
+    d.N = d.B * d.T;
+    d.M = moe_layer_bytes(c, 1, s.micro, s.tokens, s.elem).rows;
+    d.R = d.M;
+    d.E = double(c.moe.n_experts), d.K = double(c.moe.experts_per_token);
+    d.Fe = double(c.moe.ffn_dim), d.Fs = double(c.moe.shared_expert_ffn_dim);
+    d.ep = s.ep > 1;
+  }
   return d;
 }
 
@@ -47,7 +60,17 @@ LayerSaved layer_saved(const Dims& d, const RankShape& s, const LlamaDecoderLaye
   const double qkv = A(d.e * d.B * d.T * d.H * d.hd) + 2 * A(d.e * d.B * d.T * d.KV * d.hd);
   const double out = A(d.e * d.B * d.T * d.H * d.hd) * (s.cp_ulysses > 1 ? 2 : 1), lse = A(d.a * d.B * d.H * d.T);
   // The MLP: its input after the hooks, gate and up (B, T, F), and the SwiGLU output (down_proj's input).
-  const double mlp_in = A(d.e * d.B * d.T * d.C), mlp = 3 * A(d.e * d.B * d.T * d.F);
+  const double mlp_in = A(d.e * d.B * d.T * d.C);
+  double mlp = 3 * A(d.e * d.B * d.T * d.F);
+  if (l->moe_block) {
+    // A sparse block (moe.cpp): the router's input (mlp_in, the block's input, which the shared expert and its
+    // gate save too), probs (N, E) and the top-k weights (N, K) in the accumulation dtype, the experts' indices and
+    // slots (N, K) i32, the experts' input, gate and up ((R, C), (R, F), (R, F): the rows here), the experts'
+    // output h (M, C); the shared expert: gate, up, SwiGLU output (N, Fs), its output (N, C), its gate (N, 1).
+    mlp = A(d.a * d.N * d.E) + A(d.a * d.N * d.K) + 2 * A(4 * d.N * d.K) + A(d.e * d.R * d.C) +
+          2 * A(d.e * d.R * d.Fe) + A(d.e * d.M * d.C);
+    if (d.Fs > 0) mlp += 3 * A(d.e * d.N * d.Fs) + A(d.e * d.N * d.C) + A(d.a * d.N);
+  }
   LayerSaved r;
   r.whole = norms + attn_in + qkv + out + lse + mlp_in + mlp;
   const bool keep = l->self_attn->keep_attention_output;
@@ -75,7 +98,9 @@ ActivationBytes LlamaForCausalLM::activation_bytes(const RankShape& s) const {
     if (l->recompute || l->self_attn->recompute || l->mlp->recompute)
       r.recompute_transient = std::max(r.recompute_transient, saved.whole - saved.total);
     ++r.layers_here;
+    if (l->moe_block) ++r.sparse_layers, r.sparse_recomputed += l->recompute || l->mlp->recompute;
   }
+  const int64_t dense_here = r.layers_here - r.sparse_layers;
   const bool last = has_output();
   if (has_input()) r.input = A(4 * d.B * d.T);  // the embedding keeps its token ids
   // bf16 on CPU ranks: the embedding's forward widens its table (V/tp rows) and writes an f32 output.
@@ -92,7 +117,14 @@ ActivationBytes LlamaForCausalLM::activation_bytes(const RankShape& s) const {
   // layer 4 C + (2 H + 2 KV) hd + 3 F of the (B, T) tokens), and lm_head's input and dlogits.
   r.deferred = (4 * A(d.e * d.B * d.T * d.C) + 2 * A(d.e * d.B * d.T * d.H * d.hd) +
                 2 * A(d.e * d.B * d.T * d.KV * d.hd) + 3 * A(d.e * d.B * d.T * d.F)) *
-                   double(r.layers_here) +
+                   double(dense_here) +
+               // A sparse layer: the attention's as above, the router's input and dlogits (the experts' grouped
+               // GEMMs compute their weight gradients at once).
+               (r.sparse_layers > 0
+                    ? (4 * A(d.e * d.B * d.T * d.C) + 2 * A(d.e * d.B * d.T * d.H * d.hd) +
+                       2 * A(d.e * d.B * d.T * d.KV * d.hd) + A(d.e * d.N * d.E)) *
+                          double(r.sparse_layers)
+                    : 0) +
                (last ? A(d.e * d.B * d.T * d.C) + A(d.e * d.B * d.T * d.Vl) : 0);
   // The largest gradients in flight: lm_head's backward (every saved tensor still held, its input gradient
   // made), or the last layer's MLP or attention backward (the head's saved tensors released by then: dh, dgate,
@@ -113,7 +145,25 @@ ActivationBytes LlamaForCausalLM::activation_bytes(const RankShape& s) const {
   const double mlp_grads = 3 * A(d.e * d.B * d.T * d.F) + residual_grad - r.head + widened;
   const double attn_grads =
       2 * A(d.e * d.B * d.T * d.H * d.hd) + 2 * A(d.e * d.B * d.T * d.KV * d.hd) + residual_grad - r.head;
-  r.backward_peak = std::max({head_grads, mlp_grads, attn_grads, 0.0});
+  r.backward_peak = std::max({head_grads, r.sparse_layers == 0 || dense_here > 0 ? mlp_grads : 0.0, attn_grads, 0.0});
+  if (r.sparse_layers > 0) {
+    // A sparse block's backward (moe.cpp): dh (M, C) and dw (N, K) held through it; under ep the gradients that
+    // arrived and their expert-major copy (R, C) each; inside the experts' backward SwiGLU's input recomputed, its
+    // gradient, dgate and dup (R, F) and dx twice (R, C) (widened bf16: f32 copies as the dense MLP's).
+    const double outer = A(d.e * d.M * d.C) + A(d.a * d.N * d.K) + (d.ep ? 2 * A(d.e * d.R * d.C) : 0);
+    const double experts = 4 * A(d.e * d.R * d.Fe) + 2 * A(d.e * d.R * d.C) +
+                           (s.widened_bf16 ? 5 * A(4 * d.R * d.Fe) : 0);
+    double moe_grads = outer + experts + residual_grad - r.head;
+    if (d.Fs > 0) {
+      // The shared expert's backward after the routed part: dh, dw, dxp (M, C), dx, the router's dlogits (N, E),
+      // ds (N, C), and the dense MLP's gradients (N, Fs) x 3.
+      const double shared = A(d.e * d.M * d.C) + A(d.a * d.N * d.K) + A(d.e * d.M * d.C) + A(d.e * d.N * d.C) +
+                            A(d.e * d.N * d.E) + A(d.e * d.N * d.C) + 3 * A(d.e * d.N * d.Fs) +
+                            (s.widened_bf16 ? 5 * A(4 * d.N * d.Fs) : 0);
+      moe_grads = std::max(moe_grads, shared + residual_grad - r.head);
+    }
+    r.backward_peak = std::max(r.backward_peak, moe_grads);
+  }
   r.boundary = d.B * d.Tsp * d.C * d.e;  // (B, T_sp, C): the residual stream leaving a stage
   return r;
 }
@@ -145,6 +195,39 @@ StageFlops LlamaForCausalLM::stage_flops(const RankShape& s) const {
   // in forward; the loss reads, exponentiates and writes the local logits.
   f.traffic_layer = d.e * (6 * d.C * (d.Tsp / d.T) + 2 * (d.H + 2 * d.KV) * d.hd + 4 * d.F);
   f.traffic_head = d.e * d.Vl;
+  if (!mc.moe.enabled()) return f;
+  // An MoE model: the stage's layers one by one, averaged. A sparse block runs whole on every tp rank (apply_moe:
+  // not split), through the router, k experts and the shared expert of each token: its FLOPs are not divided by
+  // tp. What is not an MLP (attention's projections, norms, the final norm) splits as in the dense count.
+  int64_t n = 0;
+  double mlp_all = 0;
+  for (int64_t i = 0; i < mc.n_layers; ++i) mlp_all += double(llama_mlp_params(mc, i, true));
+  const double rest = (double(llama_active_params(mc, false, variant)) - double(mc.vocab_size) * d.C - mlp_all) /
+                      double(mc.n_layers);
+  double gemm = 0, recomputed = 0, traffic = 0;
+  for (size_t i = 0; i < model->layers.size(); ++i) {
+    const LlamaDecoderLayer* l = model->layers[i];
+    if (!l) continue;
+    ++n;
+    const double mlp = double(llama_mlp_params(mc, int64_t(i), true));
+    const bool sparse = l->moe_block != nullptr;
+    gemm += 6.0 * rest / tp + 6.0 * mlp / (sparse ? 1 : tp);
+    const bool attn_again = l->recompute || l->self_attn->recompute, mlp_again = l->recompute || l->mlp->recompute;
+    recomputed += (attn_again ? proj_fwd : 0) + (mlp_again ? 2.0 * mlp / (sparse ? 1 : tp) : 0);
+    // A sparse layer's memory-bound ops per token: SwiGLU over k rows (4 k Fe), dispatch and combine (2 k C each:
+    // read and written; under ep the rows' reorder by local expert twice more), the router's probs and top-k
+    // (accumulation dtype), the shared expert's SwiGLU and its gated add.
+    const double moe = sparse ? d.e * (4 * d.K * d.Fe + 4 * d.K * d.C + (d.ep ? 4 * d.K * d.C : 0) +
+                                       (d.Fs > 0 ? 4 * d.Fs + 2 * d.C : 0)) +
+                                    d.a * 2 * d.E
+                              : d.e * 4 * d.F;
+    traffic += d.e * (6 * d.C * (d.Tsp / d.T) + 2 * (d.H + 2 * d.KV) * d.hd) + moe;
+  }
+  if (n > 0) {
+    f.layer_gemm = gemm / double(n);  // the attention kernels are layer_attention, as in the dense count
+    f.traffic_layer = traffic / double(n);
+  }
+  f.recomputed_gemm = recomputed;
   return f;
 }
 

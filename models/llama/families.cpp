@@ -42,6 +42,9 @@ double flops(const ModelConfig& c, int64_t seq_len) { return llama_flops_per_tok
 int64_t num_params(const ModelConfig& c, bool with_embeddings) {
   return llama_num_params(c, with_embeddings, variant_of(c));
 }
+int64_t active_params(const ModelConfig& c, bool with_embeddings) {
+  return llama_active_params(c, with_embeddings, variant_of(c));
+}
 
 // The sparse block's keys, named; a dense family must not set them.
 void check_moe(const ModelConfig& c) {
@@ -431,20 +434,20 @@ ParallelPlan tp_plan(bool sp, bool lp) { return llama_tp_plan(sp, lp); }
 
 const ModelFamily& llama_family() {
   static const ModelFamily f{"llama", "LlamaForCausalLM", "model.layers.*", build, parallelize, tp_plan,
-                             llama_tp_step_bytes, flops, num_params, check, llama_to_hf, llama_from_hf};
+                             llama_tp_step_bytes, flops, num_params, active_params, check, llama_to_hf, llama_from_hf};
   return f;
 }
 
 const ModelFamily& mistral_family() {
   static const ModelFamily f{"mistral", "MistralForCausalLM", "model.layers.*", build, parallelize, tp_plan,
-                             llama_tp_step_bytes, flops, num_params, check, mistral_to_hf, mistral_from_hf};
+                             llama_tp_step_bytes, flops, num_params, active_params, check, mistral_to_hf, mistral_from_hf};
   return f;
 }
 
 #define MT_FAMILY(fn, type, arch, to_hf, from_hf)                                                               \
   const ModelFamily& fn() {                                                                                    \
     static const ModelFamily f{type,  arch,      "model.layers.*", build, parallelize, tp_plan, llama_tp_step_bytes, \
-                               flops, num_params, check,            to_hf, from_hf};                            \
+                               flops, num_params, active_params, check,            to_hf, from_hf};                            \
     return f;                                                                                                  \
   }
 MT_FAMILY(qwen3_family, "qwen3", "Qwen3ForCausalLM", qwen3_to_hf, qwen3_from_hf)
@@ -455,7 +458,7 @@ MT_FAMILY(qwen3_moe_family, "qwen3_moe", "Qwen3MoeForCausalLM", qwen3_moe_to_hf,
 
 const ModelFamily& qwen2_family() {
   static const ModelFamily f{"qwen2", "Qwen2ForCausalLM", "model.layers.*", build, parallelize, tp_plan,
-                             llama_tp_step_bytes, flops, num_params, check, qwen2_to_hf, qwen2_from_hf};
+                             llama_tp_step_bytes, flops, num_params, active_params, check, qwen2_to_hf, qwen2_from_hf};
   return f;
 }
 

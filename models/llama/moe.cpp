@@ -8,6 +8,7 @@
 #include <numeric>
 #include <optional>
 
+#include "comm/comm_counters.h"
 #include "models/llama/llama.h"
 #include "runtime/kernels/ops.h"
 
@@ -50,6 +51,7 @@ Tensor MoeContext::aux_grad_row(DType acc, Device device) {
   buf.push_back(double(m.rows));
   buf.push_back(double(m.dropped));
   if (tokens && tokens->size() > 1) {
+    CommTag tag(kMoeStatsTag);
     Tensor t = from_values(buf, {int64_t(buf.size())}, DType::f64).to(device);
     tokens->all_reduce(t, ReduceOp::sum);
     buf = to_f64(t);
@@ -341,6 +343,7 @@ Exchange plan_exchange(Group& ep, const std::vector<int64_t>& counts, Device dev
   Tensor theirs = empty({E}, DType::i64);  // (P, E_local): source s's rows for my expert j
   {
     Tensor d_mine = mine.to(dev), d_theirs = theirs.to(dev);
+    CommTag tag(kMoeCountsTag);
     ep.all_to_all(d_theirs, d_mine);
     theirs = d_theirs.to(Device::cpu());
   }
@@ -381,6 +384,7 @@ Tensor SparseMoeBlock::run_experts(const Tensor& xp, const std::vector<int64_t>&
     experts->counts = counts;
     return experts->call(xp);
   }
+  CommTag tag(kMoeDispatchTag);
   const int64_t C = xp.size(1);
   const Device dev = xp.device();
   std::optional<Stopwatch> watch(std::in_place, ctx_->dispatch_s);
@@ -408,6 +412,7 @@ Tensor SparseMoeBlock::run_experts(const Tensor& xp, const std::vector<int64_t>&
 Tensor SparseMoeBlock::run_experts_backward(const Tensor& dh) {
   Group* ep = ctx_->ep;
   if (!ep || ep->size() == 1) return experts->call_backward(dh);
+  CommTag tag(kMoeDispatchTag);
   const int64_t C = dh.size(1);
   const Device dev = dh.device();
   const std::vector<int64_t> send = send_, recv = recv_;

@@ -48,6 +48,18 @@ void print_layouts(const Config& cfg, TrainRun& run) {
   const ModelFamily& family = family_of(cfg.model);
   std::printf("model: %s (%s), %lld parameters\n", family.type.c_str(), family.architecture.c_str(),
               (long long)family.num_params(cfg.model, true));
+  if (const MoeConfig& moe = cfg.model.moe; moe.enabled()) {
+    // An MoE model: its experts over ep, and the parameters a token runs through beside the total.
+    const int ep = run.pd.ep();
+    std::printf("mixture of experts: %lld of %lld layers sparse, %lld experts (ffn %lld) each, top %lld%s; "
+                "%lld experts per rank (E/ep = %lld/%d)\n",
+                (long long)moe_sparse_layers(cfg.model), (long long)cfg.model.n_layers, (long long)moe.n_experts,
+                (long long)moe.ffn_dim, (long long)moe.experts_per_token,
+                moe.shared_expert_ffn_dim > 0 ? fmt::format(", a shared expert (ffn {})", moe.shared_expert_ffn_dim).c_str() : "",
+                (long long)(moe.n_experts / ep), (long long)moe.n_experts, ep);
+    std::printf("parameters: %lld total, %lld active (a token's k experts; FLOPs and MFU count these)\n",
+                (long long)family.num_params(cfg.model, true), (long long)family.active_params(cfg.model, true));
+  }
   std::printf(
       "mesh %s (%d ranks): %s; tp plan: %s\n\n", mesh_str(mesh.dims()).c_str(), mesh.size(),
       run.pd.describe().c_str(),
@@ -226,7 +238,7 @@ void print_phase(const char* what, const char* key, const CommCounters& c) {
 // the family's tp_bytes, cp_layer_bytes, fsdp_step_bytes, GradSync::bucket_bytes_per_rank). The figures compared
 // are those of the parallelism's own tag, so a collective another part of the step adds cannot hide a
 // difference.
-void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& c) {
+void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& c, const RouterStepStats& router) {
   const auto& t = cfg.training;
   const ParallelDims& pd = run.pd;
   const int tp = pd.tp();
@@ -309,6 +321,41 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
           format_mib(b_an, 3).c_str(), b == b_an ? "equal" : "DIFFERENT");
     }
   }
+  if (const MoeConfig& moe = cfg.model.moe; moe.enabled() && pd.ep() > 1) {
+    // Expert parallel: per sparse layer and micro-batch, the counts' all-to-all, then the rows there and back in
+    // forward and their gradients in backward (all-to-all-v). The rows leaving depend on the routing: the formula
+    // is uniform routing's, (ep-1)/ep of the M = B T k rows; the counted bytes are this rank's actual ones.
+    const int ep = pd.ep();
+    const double elem = double(dtype_size(run.dtype));
+    const int64_t S = moe_sparse_layers(cfg.model), T = run.shard.size();
+    const MoeLayerBytes lb = moe_layer_bytes(cfg.model, ep, run.micro, T, elem);
+    std::printf("\nmoe dispatch over ep = %d, per sparse layer and micro-batch: M = %lld x %lld x %lld = %.0f rows, "
+                "each all-to-all-v (uniform routing) M x (%d-1)/%d x %lld x %.0f B = %s; counts %lld x 8 B x (%d-1)/%d "
+                "= %.0f B\n",
+                ep, (long long)run.micro, (long long)T, (long long)moe.experts_per_token, lb.rows, ep, ep,
+                (long long)cfg.model.dim, elem, format_mib(lb.exchange, 3).c_str(), (long long)moe.n_experts, ep, ep,
+                lb.counts);
+    for (const char* phase : {"forward", "backward"}) {
+      const CommCounters& cc = phase[0] == 'f' ? c.forward : c.backward;
+      const double got = double(cc.bytes(kMoeDispatchTag, "", "all_to_all"));
+      const int64_t calls = cc.calls(kMoeDispatchTag, "", "all_to_all");
+      const double an = 2.0 * double(S) * lb.exchange;
+      std::printf("moe dispatch bytes per rank: %s measured %s in %lld calls, analytic %lld sparse layers x 2 x %s = "
+                  "%s (measured / analytic %.3f: the routing's)\n",
+                  phase, format_mib(got, 3).c_str(), (long long)calls, (long long)S, format_mib(lb.exchange, 3).c_str(),
+                  format_mib(an, 3).c_str(), an > 0 ? got / an : 0.0);
+    }
+    const double counts = double(c.forward.bytes(kMoeCountsTag)), counts_an = double(S) * lb.counts;
+    std::printf("moe counts bytes per rank: forward measured %.0f B, analytic %lld x %.0f B = %.0f B (%s)\n", counts,
+                (long long)S, lb.counts, counts_an, counts == counts_an ? "equal" : "DIFFERENT");
+    // The routing measured: rows per expert, summed over the loss group's ranks (each holds the same random
+    // micro-batch here), for scripts to evaluate the formula on it.
+    for (size_t l = 0; l < router.expert_load.size(); ++l) {
+      std::string loads;
+      for (double x : router.expert_load[l]) loads += fmt::format(" {:.0f}", x);
+      std::printf("    moe_load[%zu]%s\n", l, loads.c_str());
+    }
+  }
   if (run.fsdp) {
     const int N = run.pd.dp_shard();
     const double slot = double(run.fsdp->slot_elements());
@@ -377,7 +424,8 @@ int run_plan_command(RunContext& ctx, const PlanArgs& args) {
   if (root) print_layouts(cfg, run);
   if (const PipelineState* pp = run.executor->pipeline(); root && pp) print_pipeline(cfg, run, *pp);
   StepCounts counts = measure_step(cfg, run);
-  if (root) print_step_bytes(cfg, run, counts);
+  const RouterStepStats router = run.model->take_router_stats();
+  if (root) print_step_bytes(cfg, run, counts, router);
   return 0;
 }
 

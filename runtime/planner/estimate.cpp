@@ -43,6 +43,7 @@ struct RunShape {
     rank.sequence_parallel = cfg.parallel.sequence_parallel && tp > 1;
     rank.loss_parallel = cfg.parallel.loss_parallel && tp > 1;
     rank.cp_ulysses = pd.cp_ulysses();
+    rank.ep = pd.ep();
     rank.elem = double(dtype_size(run.dtype));
     rank.accum = double(dtype_size(accum_dtype(run.dtype)));
     // bf16 on CPU ranks runs each op in f32 on widened copies (runtime/kernels/op.h).
@@ -265,6 +266,14 @@ void add_comm(StageEstimate& st, std::vector<std::string>& notes, const Config& 
   if (lay.fsdp) append(fsdp_step_collectives(*lay.fsdp, pd.dp_shard(), m, rs.P > 1));
   append(lay.grad_sync->step_bytes());
   if (rs.P > 1) append(pp_step_bytes(rs.pipeline.schedule, stage, a.boundary, kPpTag));
+  if (mc.moe.enabled()) {
+    // The sparse layers' exchanges over ep (uniform routing) and the balance statistics over the loss group.
+    MoeStage ms;
+    ms.ep = pd.ep(), ms.loss_ranks = lay.meshes.stage.group(dim::loss).size();
+    ms.micro_batches = m, ms.sparse_layers = a.sparse_layers, ms.sparse_recomputed = a.sparse_recomputed;
+    ms.micro = rs.run.micro, ms.tokens = rs.rank.tokens, ms.elem = rs.rank.elem;
+    append(moe_step_bytes(mc, ms));
+  }
   for (const CommBytes& c : parts) {
     if (c.calls <= 0) continue;
     // The group under the name the counters use (a set of dims made first under another name keeps that one).
@@ -451,10 +460,19 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
 
 std::string estimate_table(const Estimate& e) {
   const auto& c = e.config;
+  const ModelFamily& family = family_of(c.model);
+  // An MoE model: its total parameters and those a token runs through (what FLOPs and MFU count).
+  const std::string params =
+      c.model.moe.enabled()
+          ? fmt::format("{} parameters total, {} active: {} of {} experts a token, {} per rank over ep = {}",
+                        family.num_params(c.model, true), family.active_params(c.model, true),
+                        c.model.moe.experts_per_token, c.model.moe.n_experts,
+                        c.model.moe.n_experts / std::max(1, e.pd.ep()), e.pd.ep())
+          : fmt::format("{} parameters", family.num_params(c.model, true));
   std::string out = fmt::format(
-      "estimate: {} ({} parameters) on {} ranks: {}\n  batch {} x {} tokens, {} micro-batch(es) of {} per "
+      "estimate: {} ({}) on {} ranks: {}\n  batch {} x {} tokens, {} micro-batch(es) of {} per "
       "data-parallel rank, {}\n",
-      c.model.type, family_of(c.model).num_params(c.model, true), e.world, e.pd.describe(), c.training.batch_size,
+      c.model.type, params, e.world, e.pd.describe(), c.training.batch_size,
       c.training.seq_len, e.micro_batches, e.micro, c.training.dtype);
   for (const StageEstimate& s : e.stages) {
     out += fmt::format("\n{}rank {} (memory by part, per rank):\n",
@@ -489,8 +507,9 @@ std::string estimate_table(const Estimate& e) {
                          1e3 * s.compute_s, s.flops / 1e12, 1e3 * s.exposed_comm_s, 1e3 * s.bubble_s, 1e3 * s.step_s);
   }
   if (e.cluster)
-    out += fmt::format("\nstep {:.3f} s, {:.0f} tokens/s, {:.0f} tokens/s per rank, MFU {:.1f}% (cluster {})\n", e.step_s,
-                       e.tokens_per_s, e.tokens_per_s / e.world, 100 * e.mfu, e.cluster->name);
+    out += fmt::format("\nstep {:.3f} s, {:.0f} tokens/s, {:.0f} tokens/s per rank, MFU {:.1f}%{} (cluster {})\n", e.step_s,
+                       e.tokens_per_s, e.tokens_per_s / e.world, 100 * e.mfu,
+                       c.model.moe.enabled() ? " of the active parameters' FLOPs" : "", e.cluster->name);
   else
     out += "\n(no --cluster: time is not estimated)\n";
   for (const std::string& n : e.notes) out += "note: " + n + "\n";
@@ -503,6 +522,13 @@ nlohmann::json estimate_json(const Estimate& e) {
   j["mesh"] = e.pd.describe();
   j["micro_batches"] = e.micro_batches;
   j["micro_batch_size"] = e.micro;
+  if (e.config.model.moe.enabled()) {
+    const ModelFamily& family = family_of(e.config.model);
+    j["params_total"] = family.num_params(e.config.model, true);
+    j["params_active"] = family.active_params(e.config.model, true);
+    j["experts_per_rank"] = e.config.model.moe.n_experts / std::max(1, e.pd.ep());
+    j["flops_per_token"] = family.flops_per_token(e.config.model, e.config.training.seq_len);
+  }
   for (const StageEstimate& s : e.stages) {
     nlohmann::json r;
     r["pp_rank"] = s.pp_rank;

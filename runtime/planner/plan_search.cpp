@@ -65,6 +65,7 @@ std::vector<PpChoice> pp_choices(const Config& cfg, int world, bool keep_pp) {
 struct MeshItem {
   PpChoice pp;
   int dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1;
+  int ep = 1;  // an MoE model's expert parallel (a batch dim too)
   int64_t micro = 0;
   std::string method;
   bool sp = false;
@@ -79,15 +80,20 @@ std::vector<MeshItem> mesh_items(const Config& cfg, int world, const ClusterSpec
     for (int tp : divisors(stage)) {
       if (tp > cluster.devices_per_node) continue;  // tensor parallel stays inside a node
       for (int cp : divisors(stage / tp))
-        for (int dp_shard : divisors(stage / tp / cp)) {
+        for (int dp_shard : divisors(stage / tp / cp))
+          for (int ep : divisors(stage / tp / cp / dp_shard)) {
+          // An MoE model's experts split over ep, a divisor of the experts within the data-parallel ranks; a
+          // dense model has none.
+          if (ep > 1 && (!cfg.model.moe.enabled() || cfg.model.moe.n_experts % ep != 0)) continue;
           MeshItem it;
-          it.pp = pp, it.tp = tp, it.cp = cp, it.dp_shard = dp_shard, it.dp_replicate = stage / tp / cp / dp_shard;
+          it.pp = pp, it.tp = tp, it.cp = cp, it.dp_shard = dp_shard, it.ep = ep;
+          it.dp_replicate = stage / tp / cp / dp_shard / ep;
           // The micro-batch under pp: the config's where it leaves at least p micro-batches on a data-parallel
           // rank (interleaved_1f1b: a multiple of p), else the largest that does (the time model does not see a
           // smaller GEMM's lower efficiency, so the search does not shrink it further); without pp, and under
           // --keep-pp, the config's.
           it.micro = cfg.training.micro_batch_size;
-          const int64_t dp = int64_t(it.dp_replicate) * dp_shard, rows = cfg.training.batch_size / dp;
+          const int64_t dp = int64_t(it.dp_replicate) * dp_shard * ep, rows = cfg.training.batch_size / dp;
           const bool divides = cfg.training.batch_size % dp == 0;
           if (!opt.keep_pp && pp.p > 1 && rows >= pp.p && divides) {
             const int64_t want = it.micro > 0 ? it.micro : rows;
@@ -141,6 +147,7 @@ void search_item(const Config& cfg, int world, const ClusterSpec& cluster, const
       if (!opt.keep_pp && pp.p != std::max(1, cfg.parallel.pp)) p.pp_layers.clear();
       c.training.micro_batch_size = it.micro;
       p.dp_replicate = it.dp_replicate, p.dp_shard = it.dp_shard, p.cp = it.cp, p.tp = it.tp;
+      if (cfg.model.moe.enabled()) p.ep = it.ep;
       p.cp_ring = p.cp_ulysses = 0;
       p.cp_method = it.method;
       p.sequence_parallel = it.sp;
@@ -156,6 +163,7 @@ void search_item(const Config& cfg, int world, const ClusterSpec& cluster, const
                          pp.virt > 1 ? fmt::format(" v={}", pp.virt) : "", it.micro));
       if (it.dp_replicate > 1) part(fmt::format("dp_replicate={}", it.dp_replicate));
       if (it.dp_shard > 1) part(fmt::format("dp_shard={}{}", it.dp_shard, reshard ? "" : " (no reshard)"));
+      if (it.ep > 1) part(fmt::format("ep={} ({} experts a rank)", it.ep, cfg.model.moe.n_experts / it.ep));
       if (it.cp > 1) part(fmt::format("cp={} ({})", it.cp, it.method));
       if (it.tp > 1) part(fmt::format("tp={}{}", it.tp, it.sp ? " (sequence parallel)" : ""));
       if (label.empty()) label = "1 rank";
@@ -175,6 +183,7 @@ void search_item(const Config& cfg, int world, const ClusterSpec& cluster, const
                     : fmt::format("parallel.recompute.patterns=[\"{}\"]", layers),
             std::string(ac == 2 ? "parallel.recompute.keep=[\"attention\"]" : "parallel.recompute.keep=[]")})
         cand.overrides.push_back(std::move(o));
+      if (cfg.model.moe.enabled()) cand.overrides.push_back(fmt::format("parallel.ep={}", it.ep));
       ++out.tried;
       try {
         cand.estimate = estimate_run(c, world, cluster);
