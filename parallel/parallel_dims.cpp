@@ -128,6 +128,7 @@ ParallelDims ParallelDims::from_config(const ParallelConfig& p, int world_size) 
   std::string product, factors;
   for (auto& k : keys) {
     prod *= k.value;
+    if (std::string(k.key) == "ep" && k.value == 1) continue;  // named only when set: a dense run's message as before
     product += (product.empty() ? "" : "*") + std::string(k.key);
     factors += (factors.empty() ? "" : "*") + std::to_string(k.value);
   }
