@@ -123,7 +123,7 @@ class CausalLM : public Module {
   virtual Tensor chunk_forward(size_t k, const Tensor& x) = 0;
   virtual Tensor chunk_backward(size_t k, const Tensor& dy) = 0;
   const std::vector<ModelChunk>& chunks() const { return chunks_; }  // empty: the whole model
-  const std::vector<std::string>& elsewhere() const { return elsewhere_; }
+  const std::vector<std::string>& elsewhere() const { return elsewhere_; }  // as the files name them
   // Whether a module path pattern (style.h's) matches a module another stage holds.
   bool matches_elsewhere(const std::string& pattern) const;
   bool has_output() const { return chunks_.empty() || chunks_.back().last; }  // the logits come out here
@@ -140,6 +140,11 @@ class CausalLM : public Module {
   // take_router_stats: the step's router statistics (global), including the balance loss as it enters the loss,
   // cleared. after_step: state the optimizer does not update (the aux-loss-free selection bias).
   virtual void set_loss_scale(double /*inv_tokens*/) {}
+  // After this rank's last forward of a training micro-batch (the executors call it in the micro-batch's slot):
+  // the router statistics' sum starts. set_router_stats_group: the ranks it sums over (default: the loss group of
+  // the model's mesh; under pipeline parallel the executor gives the pp and data dims of the world).
+  virtual void forward_done() {}
+  virtual void set_router_stats_group(Group* /*g*/) {}
   virtual RouterStepStats take_router_stats() { return {}; }
   virtual void after_step() {}
   // State beside the parameters that checkpoints keep (meta.json's model_state; null: none), the same on every

@@ -74,7 +74,7 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, 
   if (c.moe.enabled()) {
     int64_t sparse = 0;
     for (int64_t i = 0; i < c.n_layers; ++i) sparse += c.moe.sparse_layer(i);
-    moe = std::make_shared<MoeContext>(c.moe, sparse);
+    moe = std::make_shared<MoeContext>(c.moe, sparse, accum_dtype(f.dtype), f.device);
     if (c.moe.bias_update_rate > 0)  // the selection bias of each sparse layer, zero at the start
       for (int64_t l = 0; l < sparse; ++l) moe->biases.push_back(zeros({c.moe.n_experts}, accum_dtype(f.dtype), f.device));
   }
@@ -146,7 +146,13 @@ void LlamaForCausalLM::keep_chunks(const std::vector<ModelChunk>& chunks) {
   for (Module* m : dropped)
     for (Module* sub : m->modules()) {
       elsewhere_modules_.push_back(sub->name());
-      for (Parameter* p : sub->own_parameters()) elsewhere_.push_back(p->name);
+      for (Parameter* p : sub->own_parameters()) {
+        if (!is_stacked_param(p->name)) {
+          elsewhere_.push_back(p->name);
+          continue;
+        }
+        for (int64_t j = 0; j < p->value.shape().at(0); ++j) elsewhere_.push_back(stacked_param_name(p->name, j));
+      }
     }
   std::sort(elsewhere_modules_.begin(), elsewhere_modules_.end());  // matches_elsewhere looks names up
   for (size_t i = 0; i < keep.size(); ++i)

@@ -131,6 +131,12 @@ class LlamaForCausalLM : public CausalLM {
   void set_loss_scale(double inv_tokens) override {
     if (moe) moe->loss_scale = inv_tokens;
   }
+  void forward_done() override {
+    if (moe) moe->forward_done();
+  }
+  void set_router_stats_group(Group* g) override {
+    if (moe) moe->tokens = g;
+  }
   RouterStepStats take_router_stats() override { return moe ? moe->take_step_stats() : RouterStepStats{}; }
   void after_step() override {
     if (moe) moe->update_biases();

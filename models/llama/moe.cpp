@@ -22,40 +22,62 @@ bool MoeConfig::sparse_layer(int64_t i) const {
 
 // ---- MoeContext
 
-void MoeContext::record(int64_t layer, const std::vector<double>& counts, const Tensor& prob_sums, int64_t dropped) {
+MoeContext::Micro& MoeContext::fresh_micro() {
   Micro& m = *micro_;
-  const size_t E = size_t(config.n_experts);
-  // A forward after this slot's backward (or after a forward with none: evaluation) starts the statistics over.
-  const bool fresh = m.reduced || m.counts.empty() || m.seen.at(size_t(layer));
-  if (fresh) {
-    m = Micro{};
-    m.counts.assign(size_t(n_sparse) * E, 0.0);
-    m.seen.assign(size_t(n_sparse), false);
-    m.prob_sums = zeros(prob_sums.shape(), prob_sums.dtype(), prob_sums.device());
-  }
-  m.seen[size_t(layer)] = true;
-  std::copy(counts.begin(), counts.end(), m.counts.begin() + std::ptrdiff_t(size_t(layer) * E));
-  add_(m.prob_sums, prob_sums);
-  m.dropped += dropped;
-  m.rows += int64_t(std::llround(std::accumulate(counts.begin(), counts.end(), 0.0))) / config.experts_per_token;
+  m = Micro{};
+  m.counts.assign(size_t(n_sparse * config.n_experts), 0.0);
+  m.seen.assign(size_t(n_sparse), false);
+  m.prob_sums = zeros({config.n_experts}, acc, device);
+  return m;
 }
 
-Tensor MoeContext::aux_grad_row(DType acc, Device device) {
-  Micro& m = *micro_;
-  if (m.reduced) return m.grad_row;
-  m.reduced = true;
-  const int64_t E = config.n_experts, L = n_sparse;
-  // One all-reduce over the ranks with the micro-batch's other tokens: (L E) counts, (E) prob sums, rows, dropped.
+void MoeContext::record(int64_t layer, const std::vector<double>& counts, const Tensor& prob_sums, int64_t dropped) {
+  // A forward after this slot's sum started (or after a forward with none: evaluation) starts the statistics over.
+  Micro* m = &*micro_;
+  if (m->sum || m->counts.empty() || m->seen.at(size_t(layer))) m = &fresh_micro();
+  const size_t E = size_t(config.n_experts);
+  m->seen[size_t(layer)] = true;
+  std::copy(counts.begin(), counts.end(), m->counts.begin() + std::ptrdiff_t(size_t(layer) * E));
+  add_(m->prob_sums, prob_sums);
+  m->dropped += dropped;
+  m->rows += int64_t(std::llround(std::accumulate(counts.begin(), counts.end(), 0.0))) / config.experts_per_token;
+}
+
+void MoeContext::start_sum(Micro& m) {
+  if (m.counts.empty()) fresh_micro();  // a stage without sparse layers adds zeros
   std::vector<double> buf = m.counts;
   for (double s : to_f64(m.prob_sums)) buf.push_back(s);
   buf.push_back(double(m.rows));
   buf.push_back(double(m.dropped));
+  m.sum = std::make_shared<Sum>();
+  m.sum->loss_scale = loss_scale;
+  m.sum->buf = from_values(buf, {int64_t(buf.size())}, DType::f64).to(device);
   if (tokens && tokens->size() > 1) {
-    CommTag tag(kMoeStatsTag);
-    Tensor t = from_values(buf, {int64_t(buf.size())}, DType::f64).to(device);
-    tokens->all_reduce(t, ReduceOp::sum);
-    buf = to_f64(t);
+    CommTag tag("moe.stats");
+    m.sum->work = tokens->all_reduce(m.sum->buf, ReduceOp::sum, /*async=*/true);
   }
+  pending_.push_back(m.sum);
+}
+
+void MoeContext::forward_done() {
+  Micro& m = *micro_;
+  if (!m.sum) start_sum(m);
+}
+
+Tensor MoeContext::aux_grad_row() {
+  Micro& m = *micro_;
+  if (!m.sum) start_sum(m);  // an executor that did not call forward_done: summed now
+  take(*m.sum);
+  return m.sum->grad_row;
+}
+
+void MoeContext::take(Sum& s) {
+  if (s.taken) return;
+  s.taken = true;
+  s.work.wait();
+  std::erase_if(pending_, [&](const std::shared_ptr<Sum>& p) { return p.get() == &s; });
+  const std::vector<double> buf = to_f64(s.buf);
+  const int64_t E = config.n_experts, L = n_sparse;
   const double R = buf[size_t(L * E + E)];  // token rows: tokens x sparse layers, every rank's
   std::vector<double> C(size_t(E), 0.0);
   if (step_.expert_load.empty()) step_.expert_load.assign(size_t(L), std::vector<double>(size_t(E), 0.0));
@@ -69,21 +91,22 @@ Tensor MoeContext::aux_grad_row(DType acc, Device device) {
     }
   step_.dropped += int64_t(buf.back());
   step_.any = true;
-  if (!config.output_router_logits || loss_scale <= 0 || R <= 0) return m.grad_row;
+  if (!config.output_router_logits || s.loss_scale <= 0 || R <= 0) return;
   // aux = coef E / R^2 sum_e C_e S_e, entering the loss weighted by the micro-batch's share of the step's tokens
   // (R / n_sparse of them): the loss stays the mean over micro-batches, as the token losses are.
   double aux = 0;
   for (int64_t e = 0; e < E; ++e) aux += C[size_t(e)] * buf[size_t(L * E + e)];
-  const double coef = config.router_aux_loss_coef, weight = R / double(L) * loss_scale;
+  const double coef = config.router_aux_loss_coef, weight = R / double(L) * s.loss_scale;
   aux *= coef * double(E) / (R * R);
   step_.aux_loss += weight * aux;
   std::vector<double> row(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) row[size_t(e)] = weight * coef * double(E) * C[size_t(e)] / (R * R);
-  m.grad_row = from_values(row, {E}, acc).to(device);
-  return m.grad_row;
+  s.grad_row = from_values(row, {E}, acc).to(device);
 }
 
 RouterStepStats MoeContext::take_step_stats() {
+  // Sums no backward took (a stage without sparse layers): waited for, counted.
+  for (auto pending = pending_; auto& p : pending) take(*p);
   RouterStepStats s = std::move(step_);
   step_ = RouterStepStats{};
   s.dispatch_s = dispatch_s;
@@ -298,7 +321,7 @@ Tensor SparseMoeBlock::backward(const Tensor& dy) {
   moe_dispatch_backward(dx, dxp, slot);
   // 3. The router: the weights' gradient and the balance loss's (one row for every token).
   Tensor dlogits = empty({N, E}, dy.dtype(), dev);
-  router_topk_backward(dlogits, dw, ctx_->aux_grad_row(acc, dev), probs_, w, experts_idx_,
+  router_topk_backward(dlogits, dw, ctx_->aux_grad_row(), probs_, w, experts_idx_,
                        mc.router_score == "sigmoid", mc.norm_topk_prob, mc.routed_scaling_factor);
   add_(dx, gate->call_backward(dlogits));
   // 4. The shared expert and its gate.

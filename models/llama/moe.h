@@ -33,33 +33,52 @@ struct MoeNames {
 // Shared by the model's sparse blocks (one per model, like SequenceContext).
 class MoeContext {
  public:
-  MoeContext(const MoeConfig& c, int64_t n_sparse_layers) : config(c), n_sparse(n_sparse_layers) {}
+  MoeContext(const MoeConfig& c, int64_t n_sparse_layers, DType acc_dtype, Device dev)
+      : config(c), n_sparse(n_sparse_layers), acc(acc_dtype), device(dev) {}
   MoeConfig config;
   int64_t n_sparse;            // sparse layers of the whole model
-  Group* tokens = nullptr;     // the ranks holding the micro-batch's other tokens (the loss group); null: this one
+  DType acc;                   // the router's dtype (probs, weights): accum_dtype of the model's
+  Device device;
+  // The ranks holding the micro-batch's other tokens and, under pipeline parallel, its other layers: the router
+  // statistics are summed over it (the loss group; with pp the pp and data dims of the world). null: this rank.
+  Group* tokens = nullptr;
   Group* ep = nullptr;         // expert parallel: the experts split over it; null: all here
   double loss_scale = 0;       // a training forward's loss per token (1 / the step's tokens); 0: no balance loss
   double dispatch_s = 0;       // the step's wall time in the ep all-to-alls so far
   // Called by a sparse block (index among the sparse layers) in forward: its local counts (E) and prob sums.
   void record(int64_t layer, const std::vector<double>& counts, const Tensor& prob_sums, int64_t dropped);
-  // In backward: the balance loss's gradient row for probs, (E) accum dtype, or undefined; sums the micro-batch's
-  // statistics over `tokens` on the first call of each micro-batch.
-  Tensor aux_grad_row(DType acc, Device device);
-  RouterStepStats take_step_stats();  // and clears them
+  // After this rank's last forward of a training micro-batch (its last pipeline chunk): the statistics' sum over
+  // `tokens` starts, asynchronously (every rank of it reaches this point for every micro-batch in the same order,
+  // whatever the schedule: no stage waits for another's backward).
+  void forward_done();
+  // In backward: the balance loss's gradient row for probs, (E) accum dtype, or undefined (the sum waited for).
+  Tensor aux_grad_row();
+  RouterStepStats take_step_stats();  // and clears them (waits for sums no backward took)
   std::vector<Tensor> biases;         // per sparse layer (E) accum dtype: the selection bias (bias_update_rate)
   void update_biases();               // after the optimizer step: bias += rate * sign(mean load - load)
 
  private:
+  // One micro-batch's statistics on their way to the sum: (L E) counts, (E) prob sums, rows, dropped.
+  struct Sum {
+    Tensor buf;  // f64, on the device; summed in place
+    Work work;   // the all-reduce (undefined: summed already, or nothing to sum over)
+    double loss_scale = 0;  // the forward's (the balance loss's weight)
+    bool taken = false;
+    Tensor grad_row;
+  };
   struct Micro {
     std::vector<double> counts;  // (L, E), this rank's
     std::vector<bool> seen;      // (L) layers recorded
     Tensor prob_sums;            // (E) accum dtype
     int64_t rows = 0;            // token rows: tokens x sparse layers
     int64_t dropped = 0;
-    bool reduced = false;
-    Tensor grad_row;
+    std::shared_ptr<Sum> sum;    // started by forward_done (or by the first backward)
   };
+  void start_sum(Micro& m);
+  void take(Sum& s);  // waits, then the step's statistics, the balance loss and its gradient row
+  Micro& fresh_micro();
   Saved<Micro> micro_;
+  std::vector<std::shared_ptr<Sum>> pending_;  // started, not yet taken
   RouterStepStats step_;
   std::vector<double> last_load_;  // (L, E) the step's global load, for the bias update
 };

@@ -202,6 +202,8 @@ class PipelineStep {
       return run_.model->chunk_forward(chunk_of(a.stage), x);
     }();
     if (forward_only_) run_.model->release_saved();  // no backward follows
+    // This rank's last forward of the micro-batch: the router statistics' sum over every stage starts (MoE).
+    if (!forward_only_ && chunk_of(a.stage) + 1 == run_.model->chunks().size()) run_.model->forward_done();
     if (!c.last) {
       outs_[{a.stage, a.micro}] = y;
       return;
@@ -346,11 +348,13 @@ class PipelineExecutor final : public StepExecutor {
     // The gradient sync waits for the last of this rank's actions (PipelineStep arms it at the last backward
     // when that one completes the stage's gradients).
     run.grad_sync->arm(false);
+    run.model->set_loss_scale(inv_tokens);  // the balance loss weighs like the token losses
     // fully_shard without resharding: each unit gathered once and reduce-scattered once per step, not once per
     // micro-batch.
     const bool hold = run.fsdp && !run.fsdp->options().reshard_after_forward;
     if (hold) run.fsdp->hold();
     std::vector<Tensor> losses = PipelineStep(run, pp_, batch, inv_tokens, false).run();
+    run.model->set_loss_scale(0);
     if (hold) run.fsdp->release();
     return losses;
   }

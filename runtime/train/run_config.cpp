@@ -21,19 +21,13 @@ namespace {
 void validate_training(const Config& c) {
   auto& m = c.model;
   check_model_config(m, c.training.seq_len);
-  // Expert parallel splits the experts evenly; the balance loss pools every sparse layer, which a pipeline splits.
+  // Expert parallel splits the experts evenly.
   if (c.parallel.ep > 1 && m.moe.n_experts > 0 && m.moe.n_experts % c.parallel.ep != 0)
     fail("config", "model.moe.n_experts = {} is not divisible by parallel.ep = {}: each ep rank holds n_experts / ep",
          m.moe.n_experts, c.parallel.ep);
   if (c.parallel.ep > 1 && m.moe.n_experts == 0)
     fail("config", "parallel.ep = {}: model.type = {} has no experts (model.moe.n_experts = 0)", c.parallel.ep,
          m.type);
-  if (m.moe.n_experts > 0 && m.moe.output_router_logits && c.parallel.pp > 1)
-    fail("config",
-         "model.moe.output_router_logits = true with parallel.pp = {}: the balance loss pools the router statistics "
-         "of every sparse layer and meshtrain does not carry them between pipeline stages yet; train without the "
-         "balance loss (or use bias_update_rate) under pp",
-         c.parallel.pp);
 
   auto& t = c.training;
   require_at_least("training.steps", t.steps, 0, "a step count");

@@ -26,6 +26,7 @@ class LocalLoop final : public StepExecutor {
         NvtxRange range("forward");         // Nsight Systems' view of the step (kernel_profile.h)
         return run.model->call(mb.inputs);  // (mb, T_local, V)
       }();
+      run.model->forward_done();  // the router statistics' sum starts (MoE), waited for in backward
       Tensor losses = empty({run.micro * T_local}, accum_dtype(logits.dtype()), run.device);  // (mb*T_local)
       {
         NvtxRange range("loss");

@@ -145,6 +145,14 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   // installs the layout hooks; context parallel swaps the attention; recompute; fully_shard.
   const DType reduce_dtype = t.grad_reduce_dtype == "bf16" ? DType::bf16 : accum_dtype(run.dtype);
   run.fsdp = family.parallelize(*run.model, run.mesh, run.pd, cfg.parallel, t.seq_len, reduce_dtype);
+  // An MoE model's router statistics pool every sparse layer: under pipeline parallel, over the stages too (the
+  // pp and data dims of the world; made on every rank, collectively).
+  if (cfg.model.moe.enabled() && run.pd.pp_size() > 1) {
+    std::string dims = dim::pp;
+    for (const DimSpec& d : run.pd.dims)
+      if (d.data) dims += std::string(",") + d.name;
+    run.model->set_router_stats_group(&run.world_mesh.group(dims));
+  }
   run.model->set_positions(shard_positions(run.shard));
   run.params = run.model->parameters();
   run.executor->install(*run.model);
