@@ -100,6 +100,10 @@ struct CkptTensor {
   std::string name;
   DTensor t;
   bool model = true;  // model file (else optimizer file)
+  // A stacked parameter's (an MoE layer's experts) slice along dim 0, written as its own tensor by a rank that
+  // holds it: -1, the whole of t.
+  int64_t slice = -1;
+  Shape shape() const { return slice < 0 ? t.shape() : Shape(t.shape().begin() + 1, t.shape().end()); }
 };
 
 // The run's tokenizer files (data.tokenizer, else model.init_from's directory's): the tokenizer itself and the
@@ -146,19 +150,37 @@ std::set<std::string> known_names(CausalLM& model) {
 
 std::vector<CkptTensor> checkpoint_tensors(CausalLM& model, AdamW* opt) {
   std::vector<CkptTensor> out;
-  for (Parameter* p : model.parameters()) out.push_back({p->name, p->value, true});
+  // A stacked parameter is one tensor per slice, each named as the files name it.
+  auto add = [&](const std::string& name, const DTensor& t, bool model_file) {
+    if (!is_stacked_param(name)) {
+      out.push_back({name, t, model_file});
+      return;
+    }
+    for (int64_t j = 0; j < t.shape().at(0); ++j) out.push_back({stacked_param_name(name, j), t, model_file, j});
+  };
+  for (Parameter* p : model.parameters()) add(p->name, p->value, true);
   if (opt)
     for (Parameter* p : model.parameters()) {
       auto& s = opt->state().at(p->name);
       DTensor m = p->value, v = p->value;
       m.local = s.exp_avg, v.local = s.exp_avg_sq;
-      out.push_back({p->name + ".exp_avg", m, false});
-      out.push_back({p->name + ".exp_avg_sq", v, false});
+      add(p->name + ".exp_avg", m, false);
+      add(p->name + ".exp_avg_sq", v, false);
     }
   return out;
 }
 
-uint64_t tensor_bytes(const CkptTensor& c) { return uint64_t(shape_numel(c.t.shape())) * dtype_size(c.t.local.dtype()); }
+uint64_t tensor_bytes(const CkptTensor& c) { return uint64_t(shape_numel(c.shape())) * dtype_size(c.t.local.dtype()); }
+
+// The lowest rank of `world` whose block of t holds row `row` of dim 0 (a stacked parameter's slice).
+int slice_holder(const DTensor& t, int64_t row, int world) {
+  for (int r = 0; r < world; ++r) {
+    const std::vector<int> c = t.mesh.coordinate_of(r);
+    const Shape off = t.spec.local_offset(c), shape = t.spec.local_shape(c);
+    if (shape_numel(shape) > 0 && row >= off[0] && row < off[0] + shape[0]) return r;
+  }
+  fail("checkpoint", "no rank holds row {} of a stacked parameter", row);
+}
 
 // Which rank writes each tensor: the largest tensors first, each to the writer with the fewest bytes so far (the
 // same answer on every rank). Writers are spread evenly over the world ranks.
@@ -171,6 +193,10 @@ std::vector<int> assign_writers(const std::vector<CkptTensor>& ts, int world, in
   std::vector<uint64_t> load(size_t(w), 0);
   std::vector<int> writer(ts.size());
   for (size_t i : order) {
+    if (ts[i].slice >= 0) {  // an expert's slice: written where it lives, nothing gathered
+      writer[i] = slice_holder(ts[i].t, ts[i].slice, world);
+      continue;
+    }
     size_t best = size_t(std::min_element(load.begin(), load.end()) - load.begin());
     load[best] += tensor_bytes(ts[i]);
     writer[i] = int(int64_t(best) * world / w);
@@ -182,12 +208,18 @@ std::vector<int> assign_writers(const std::vector<CkptTensor>& ts, int world, in
 // it (point to point over the world group, watched); the writer copies its own. Returns the whole tensor on the
 // writer (host), undefined elsewhere. Every rank calls this for every tensor in the same order; no rank holds more
 // than one whole tensor (the writer) plus one block.
-Tensor gather_to_writer(const DTensor& t, int writer, Group& world) {
+Tensor gather_to_writer(const DTensor& t, int writer, Group& world, int64_t slice = -1) {
   const DeviceMesh& mesh = t.mesh;
   const int me = world.rank();
   struct Block {
     Shape off, shape;
     int sender;
+  };
+  // A slice (dim-0 row `slice`) gathers the blocks' parts in that row only: each block's row there.
+  auto local_part = [&](const Tensor& local, const Shape& off) {
+    if (slice < 0) return local;
+    Shape row(local.shape().begin() + 1, local.shape().end());
+    return local.view((slice - off[0]) * shape_numel(row), row);
   };
   std::vector<Block> blocks;
   std::set<std::pair<Shape, Shape>> seen;  // O(ranks log ranks) per tensor
@@ -195,19 +227,27 @@ Tensor gather_to_writer(const DTensor& t, int writer, Group& world) {
     std::vector<int> c = mesh.coordinate_of(r);
     Shape off = t.spec.local_offset(c), shape = t.spec.local_shape(c);
     if (shape_numel(shape) == 0) continue;
+    if (slice >= 0) {
+      if (slice < off[0] || slice >= off[0] + shape[0]) continue;
+      off.at(0) = slice, shape.at(0) = 1;
+    }
     if (seen.insert({off, shape}).second) blocks.push_back({off, shape, r});
   }
+  const Shape whole = slice < 0 ? t.shape() : Shape(t.shape().begin() + 1, t.shape().end());
   Tensor full;
-  if (me == writer) full = empty(t.shape(), t.local.dtype());
+  if (me == writer) full = empty(whole, t.local.dtype());
+  const Shape my_off = t.spec.local_offset(mesh.coordinate());
   for (const Block& b : blocks) {
+    const Shape at = slice < 0 ? b.off : Shape(b.off.begin() + 1, b.off.end());
+    const Shape size = slice < 0 ? b.shape : Shape(b.shape.begin() + 1, b.shape.end());
     if (b.sender == me && me == writer) {
-      copy_block(full, b.off, host_f(t.local), Shape(b.off.size(), 0), b.shape);
+      copy_block(full, at, host_f(local_part(t.local, my_off)), Shape(at.size(), 0), size);
     } else if (b.sender == me) {
-      world.send(t.local, writer);  // on the tensor's device: NCCL groups move device buffers
+      world.send(local_part(t.local, my_off), writer);  // on the tensor's device: NCCL groups move device buffers
     } else if (me == writer) {
-      Tensor in = empty(b.shape, t.local.dtype(), t.local.device());
+      Tensor in = empty(size, t.local.dtype(), t.local.device());
       world.recv(in, b.sender);
-      copy_block(full, b.off, host_f(in), Shape(b.off.size(), 0), b.shape);
+      copy_block(full, at, host_f(in), Shape(at.size(), 0), size);
     }
   }
   return full;
@@ -295,15 +335,7 @@ std::exception_ptr write_shards(const std::vector<CkptTensor>& ts, const FilePla
   auto layout = [&](bool model_file) {
     std::vector<SafetensorsWriter::Layout> l;
     for (size_t i = 0; i < ts.size(); ++i)
-      if (f.writer[i] == me && ts[i].model == model_file) {
-        if (!is_stacked_param(ts[i].name)) {
-          l.push_back({ts[i].name, ts[i].t.local.dtype(), ts[i].t.shape()});
-          continue;
-        }
-        const Shape slice(ts[i].t.shape().begin() + 1, ts[i].t.shape().end());  // one expert's
-        for (int64_t j = 0; j < ts[i].t.shape()[0]; ++j)
-          l.push_back({stacked_param_name(ts[i].name, j), ts[i].t.local.dtype(), slice});
-      }
+      if (f.writer[i] == me && ts[i].model == model_file) l.push_back({ts[i].name, ts[i].t.local.dtype(), ts[i].shape()});
     return l;
   };
   try {
@@ -321,17 +353,10 @@ std::exception_ptr write_shards(const std::vector<CkptTensor>& ts, const FilePla
   int64_t mine_written = 0, mine_total = 0;
   for (size_t i = 0; i < ts.size(); ++i) mine_total += f.writer[i] == me;
   for (size_t i = 0; i < ts.size(); ++i) {
-    Tensor full = gather_to_writer(ts[i].t, f.writer[i], world);
+    Tensor full = gather_to_writer(ts[i].t, f.writer[i], world, ts[i].slice);
     if (f.writer[i] != me || err) continue;
     try {
-      SafetensorsWriter& w = *(ts[i].model ? mine_model : mine_opt);
-      if (!is_stacked_param(ts[i].name)) {
-        w.write(ts[i].name, full);
-      } else {  // one tensor per expert, Hugging Face's names
-        const Shape slice(full.shape().begin() + 1, full.shape().end());
-        for (int64_t j = 0; j < full.size(0); ++j)
-          w.write(stacked_param_name(ts[i].name, j), full.view(j * shape_numel(slice), slice));
-      }
+      (ts[i].model ? mine_model : mine_opt)->write(ts[i].name, full);
       ++mine_written;
       if (root && 2 * mine_written >= mine_total) {
         if (fault_at(step, true)) fail("checkpoint", "MT_FAULT_CHECKPOINT={}:error: writing {} fails", step, tmp.string());
@@ -377,7 +402,7 @@ json checkpoint_meta(const TrainProgress& progress, int64_t optimizer_steps, con
 }
 
 // Step 3 on rank 0: the indexes (when there are several files), config.json, the tokenizer, meta.json, then the
-// rename and the rotation. entries: [name, model file?, file index, bytes, dim 0] of every stage's tensors.
+// rename and the rotation. entries: [name, model file?, file index, bytes] of every stage's tensors.
 void finish_directory(const json& entries, const FilePlan& f, const json& meta, DType dtype, const Config& config,
                       const std::string& dir, const fs::path& tmp, const fs::path& final_dir) {
   auto write_index = [&](const std::string& prefix, bool model_file, int n_files, json metadata) {
@@ -386,8 +411,7 @@ void finish_directory(const json& entries, const FilePlan& f, const json& meta, 
     uint64_t total = 0;
     for (const json& e : entries)
       if (e[1].get<bool>() == model_file) {
-        for (const std::string& n : file_names(e[0].get<std::string>(), e[4].get<int64_t>()))
-          map[n] = shard_file(prefix, e[2].get<int>(), n_files);
+        map[e[0].get<std::string>()] = shard_file(prefix, e[2].get<int>(), n_files);
         total += e[3].get<uint64_t>();
       }
     metadata["total_size"] = total;
@@ -467,10 +491,10 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
   // 3. Rank 0 finishes the directory and renames it. Agreed again, so that no rank goes on (or reads) before the
   // rename and every rank fails when it fails. Under pipeline parallel each stage's first rank tells rank 0 where
   // its stage's tensors went (the index covers every stage).
-  json entries = json::array();  // [name, model file?, file index, bytes, dim 0 (stacked: the slices)]
+  json entries = json::array();  // [name, model file?, file index, bytes]
   for (size_t i = 0; i < ts.size(); ++i)
     entries.push_back({ts[i].name, ts[i].model, (ts[i].model ? files.model_k : files.opt_k).at(files.writer[i]),
-                       tensor_bytes(ts[i]), ts[i].t.shape().empty() ? 1 : ts[i].t.shape()[0]});
+                       tensor_bytes(ts[i])});
   if (stages && world.rank() == 0) entries = gather_json_array(*stages, entries, mesh.device());
   err = nullptr;
   if (root) {
