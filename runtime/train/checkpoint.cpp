@@ -715,6 +715,9 @@ void load_hf_weights(const std::string& path, CausalLM& model) {
       MT_CHECK(theirs.type == c.type, "checkpoint", "{}: model_type = {} but model.type = {}", cfg.string(),
                theirs.type, c.type);
       theirs.init_std = c.init_std;
+      // How the run trains it, which the YAML may set over the file's (model_from_init), not what the model is.
+      theirs.moe.output_router_logits = c.moe.output_router_logits;
+      theirs.moe.router_aux_loss_coef = c.moe.router_aux_loss_coef;
       const nlohmann::json t = family_of(c).to_hf(theirs), o = family_of(c).to_hf(c);
       for (auto& [k, v] : o.items())
         MT_CHECK(t.contains(k) && t[k] == v, "checkpoint", "{}: {} = {} but this model has {}", cfg.string(), k,
