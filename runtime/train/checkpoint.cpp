@@ -137,7 +137,9 @@ std::vector<std::string> file_names(const std::string& name, int64_t dim0) {
 
 // Every name the model's parameters have in the files (and those of the pipeline's other stages).
 std::set<std::string> known_names(CausalLM& model) {
-  std::set<std::string> known(model.elsewhere().begin(), model.elsewhere().end());
+  std::set<std::string> known;
+  for (const std::string& n : model.elsewhere())  // names only: a stacked one is (n_experts, ...)
+    for (const std::string& f : file_names(n, model.config.moe.n_experts)) known.insert(f);
   for (Parameter* q : model.parameters())
     for (const std::string& n : file_names(q->name, q->value.shape().empty() ? 1 : q->value.shape()[0]))
       known.insert(n);
