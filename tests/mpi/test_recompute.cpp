@@ -259,7 +259,7 @@ TEST_CASE("recompute: errors name the key, the pattern and the module; nothing c
   CHECK_ERROR_CONTAINS(apply_recompute_llama(model, rc({"model.layers.*", "model.layers.*.input_layernorm"})),
                        "parallel.recompute.patterns[1] = 'model.layers.*.input_layernorm' matches "
                        "model.layers.0.input_layernorm (RMSNorm): recompute applies to LlamaModel, "
-                       "LlamaDecoderLayer, LlamaAttention, LlamaMLP modules only");
+                       "LlamaDecoderLayer, LlamaAttention, LlamaMLP, SparseMoeBlock modules only");
   CHECK_ERROR_CONTAINS(apply_recompute_llama(model, rc({"lm_head"})), "matches lm_head (Linear)");
   CHECK_ERROR_CONTAINS(apply_recompute_llama(model, rc({"model.layers.*", "model.layers.*.mlp"})),
                        "model.layers.0.mlp ('model.layers.*.mlp') lies inside model.layers.0 ('model.layers.*')");
