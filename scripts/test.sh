@@ -162,6 +162,9 @@ run_script_suite cmdline tests/cli/test_cmdline.sh
 # Training: invariance over dp, the PyTorch reference, resume, checkpoint faults, bad input.
 run_script_suite train tests/cli/test_train.sh
 run_script_suite families tests/cli/test_families.sh
+# Mixture of experts: the reference's losses on 1 rank and on every mesh with expert parallel, checkpoints as
+# per-expert tensors resumed on other ep, router metrics, capacity, the selection bias, bad input, a stuck rank.
+run_script_suite moe tests/cli/test_moe.sh ${MT_TEST_FULL:+--full}
 run_script_suite tokenizer tests/cli/test_tokenizer.sh
 # Tensor and sequence parallel: invariance over tp and dp x tp, plans, `meshtrain plan`.
 run_script_suite tp tests/cli/test_tp.sh ${MT_TEST_FULL:+--full}

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The model families (models/model.h) against the independent PyTorch reference (scripts/reference/llama_ref.py):
 # for each of Llama 3 (llama3 RoPE scaling, a head_dim other than dim / n_heads, transformers 5's spelling),
-# Mistral (linear RoPE scaling, a sliding window, tied embeddings) and Qwen2 (q/k/v biases, untied and tied), the
-# reference writes a Hugging Face directory, both train 10 AdamW steps from it in f64, and meshtrain's losses match
-# the reference's within 1e-5 on 1 rank and on tp 2 x dp_shard 2 (every parameter sharded, biases included). The
+# Mistral (linear RoPE scaling, a sliding window, tied embeddings), Qwen2 (q/k/v biases, untied and tied), Qwen3
+# (q/k norms, head_dim 12) and the mixtures of experts Mixtral (balance loss), Qwen2-MoE (shared expert, dense and
+# sparse layers mixed, balance loss) and Qwen3-MoE (renormalised top-k, no balance loss), the reference writes a
+# Hugging Face directory, both train 10 AdamW steps from it in f64, and meshtrain's losses match the reference's
+# within 1e-5 on 1 rank and on tp 2 x dp_shard 2 (every parameter sharded, biases included). The
 # YAML gives no model keys: the architecture comes from config.json. The checkpoint written keeps the original's
-# model_type, architectures and keys, and loads back. Bad family input gives its message.
+# model_type, architectures and keys, and loads back. Mixtral with and without the balance loss (the YAML's
+# output_router_logits over config.json's) against the reference, and the metrics' aux_loss against its aux.
+# Bad family input gives its message.
 # Prints "families: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_families.sh BUILD_DIR
 set -uo pipefail
@@ -14,7 +18,7 @@ source "$(dirname "$0")/common.sh"
 ref="$root/scripts/reference/llama_ref.py"
 
 if ! "$py" -c "import torch" 2>/dev/null; then
-  for f in llama3 mistral qwen2 qwen2_tied; do skip "$f against the PyTorch reference" "python3-torch is not installed"; done
+  for f in llama3 mistral qwen2 qwen2_tied qwen3 mixtral qwen2_moe qwen3_moe; do skip "$f against the PyTorch reference" "python3-torch is not installed"; done
   summary families
   exit 0
 fi
@@ -80,6 +84,65 @@ family llama3 --model-type llama --rope-scaling llama3:8,1,4,16 --head-dim 12 --
 family mistral --model-type mistral --rope-scaling linear:2 --sliding-window 64 --tie-embeddings
 family qwen2 --model-type qwen2
 family qwen2_tied --model-type qwen2 --tie-embeddings
+family qwen3 --model-type qwen3 --head-dim 12
+# The mixtures of experts (models/llama/moe.h), the routers drawn wide by the reference so that no top-k choice is
+# near a tie: mixtral with the balance loss; qwen2_moe with its shared expert, dense and sparse layers mixed (layer
+# 1 sparse of 3: decoder_sparse_step 2) and the balance loss; qwen3_moe renormalising the top-k, without it.
+family mixtral --model-type mixtral --n-experts 4 --experts-per-token 2 --moe-ffn-dim 24 --output-router-logits
+family qwen2_moe --model-type qwen2_moe --n-layers 3 --n-experts 4 --experts-per-token 2 --moe-ffn-dim 16 \
+  --shared-expert-ffn-dim 24 --decoder-sparse-step 2 --output-router-logits
+family qwen3_moe --model-type qwen3_moe --n-experts 4 --experts-per-token 2 --moe-ffn-dim 24 --norm-topk-prob
+
+# With and without the balance loss, one directory (mixtral's, output_router_logits true): the YAML's
+# model.moe.output_router_logits = false wins over config.json's (how a run trains, not what the model is) and
+# gives the reference's losses trained from a copy that says false; the two runs differ (the loss term is there),
+# and the balance loss in the metrics is router_aux_loss_coef times the reference's aux of every step.
+moe_balance() {
+  "$py" - "$tmp/mixtral" "$tmp/mixtral_nobal" <<'PY' || { bad "mixtral without the balance loss: the copy"; return; }
+import json, os, shutil, sys
+src, dst = sys.argv[1:3]
+shutil.copytree(src, dst, dirs_exist_ok=True)
+c = json.load(open(os.path.join(dst, "config.json")))
+assert c["output_router_logits"] is True, c
+c["output_router_logits"] = False
+json.dump(c, open(os.path.join(dst, "config.json"), "w"))
+PY
+  "$py" "$ref" train --model "$tmp/mixtral_nobal" --data "$tmp/data/docs_train_*.bin" --steps 10 --batch-size 8 \
+    --seq-len 32 --lr 3e-3 --schedule cosine --warmup-steps 3 --lr-min 3e-4 --weight-decay 0.1 --grad-clip 1.0 \
+    --threads 1 --dtype f64 --out "$tmp/mixtral_nobal.ref.json" >"$tmp/mixtral_nobal.ref.log" 2>&1 ||
+    { bad "mixtral without the balance loss: reference train" "$(tail -n 10 "$tmp/mixtral_nobal.ref.log")"; return; }
+  if timeout 300 "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/mixtral" \
+    --set model.moe.output_router_logits=false --set log.metrics_file="$tmp/mixtral_nobal.jsonl" train \
+    >"$tmp/mixtral_nobal.log" 2>&1; then
+    if out=$("$py" "$compare" "$tmp/mixtral_nobal.jsonl" "$tmp/mixtral_nobal.ref.json" --rel0 1e-5 --abs 1e-5 --steps 10 2>&1); then
+      ok "mixtral with model.moe.output_router_logits=false over config.json's true: the reference without the balance loss within 1e-5: $out"
+    else
+      bad "mixtral without the balance loss against the reference" "$out"
+    fi
+  else
+    bad "mixtral with model.moe.output_router_logits=false over config.json's true" "$(tail -n 10 "$tmp/mixtral_nobal.log")"
+  fi
+  if out=$("$py" "$compare" "$tmp/mixtral.np1.jsonl" "$tmp/mixtral_nobal.jsonl" --exact --steps 10 --expect-differ 2>&1); then
+    ok "mixtral: the balance loss changes the losses: $out"
+  else
+    bad "mixtral: with and without the balance loss give the same losses" "$out"
+  fi
+  if out=$("$py" - "$tmp/mixtral.np1.jsonl" "$tmp/mixtral.ref.json" "$tmp/mixtral_nobal.jsonl" "$tmp/mixtral" <<'PY' 2>&1
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+ref = json.load(open(sys.argv[2]))["aux_losses"]
+off = [json.loads(l) for l in open(sys.argv[3]) if '"loss"' in l]
+coef = json.load(open(sys.argv[4] + "/config.json"))["router_aux_loss_coef"]
+assert len(rows) == 10 and len(ref) == 10 and len(off) == 10, (len(rows), len(ref), len(off))
+worst = max(abs(r["aux_loss"] - coef * a) / (coef * a) for r, a in zip(rows, ref))
+assert worst < 1e-9, worst
+assert all(r["aux_loss"] == 0 for r in off), [r["aux_loss"] for r in off]
+print(f"coef {coef}, step 1 {rows[0]['aux_loss']:.6g}, largest relative difference {worst:.1e}; 0 without it")
+PY
+  ); then ok "mixtral: the metrics' aux_loss is router_aux_loss_coef x the reference's aux: $out"
+  else bad "mixtral: the metrics' aux_loss against the reference's" "$out"; fi
+}
+moe_balance
 
 # Under tensor parallel each rank holds its slice of a q/k/v bias, and the plan says so.
 "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/qwen2" --set parallel.tp=2 plan >"$tmp/plan.out" 2>&1
