@@ -49,7 +49,8 @@ void compare_ep(const std::string& type, int64_t shared) {
   ParamFactory f{mesh, DType::f64, Device::cpu(), 7, 0.5};
   const ModelConfig c = moe_config(type, E, shared);
   const MoeNames names{"gate_proj", "up_proj", "down_proj"};
-  auto ref_ctx = std::make_shared<MoeContext>(c.moe, 1), par_ctx = std::make_shared<MoeContext>(c.moe, 1);
+  auto ref_ctx = std::make_shared<MoeContext>(c.moe, 1, DType::f64, Device::cpu()),
+       par_ctx = std::make_shared<MoeContext>(c.moe, 1, DType::f64, Device::cpu());
   SparseMoeBlock ref("mlp", c, names, 0, f, ref_ctx), par("mlp", c, names, 0, f, par_ctx);
   // Expert parallel as apply_moe lays it out: each rank E / n experts of every stacked weight.
   par_ctx->ep = &mesh.group("ep");
