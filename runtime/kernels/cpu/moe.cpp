@@ -99,22 +99,8 @@ void moe_dispatch_forward(T* out, const T* inp, const int32_t* slot, int64_t N, 
     }
 }
 
-// Each token row gathers its K routed rows in k order: deterministic, no atomics.
-template <typename T>
-void moe_dispatch_backward(T* dinp, const T* dout, const int32_t* slot, int64_t N, int64_t K, int64_t C) {
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < N; ++t) {
-    T* dx = dinp + t * C;  // (C)
-    std::fill(dx, dx + C, T(0));
-    for (int64_t k = 0; k < K; ++k) {
-      const int32_t s = slot[t * K + k];
-      if (s < 0) continue;
-      const T* dy = dout + int64_t(s) * C;  // (C)
-      for (int64_t c = 0; c < C; ++c) dx[c] += dy[c];
-    }
-  }
-}
-
+// Each token row gathers its K routed rows in k order, each weighted (weights null: by 1, dispatch's transpose):
+// deterministic, no atomics.
 template <typename T>
 void moe_combine_forward(T* out, const T* inp, const T* weights, const int32_t* slot, int64_t N, int64_t K, int64_t C) {
 #pragma omp parallel for schedule(static)
@@ -124,11 +110,16 @@ void moe_combine_forward(T* out, const T* inp, const T* weights, const int32_t* 
     for (int64_t k = 0; k < K; ++k) {
       const int32_t s = slot[t * K + k];
       if (s < 0) continue;
-      const T w = weights[t * K + k];
+      const T w = weights ? weights[t * K + k] : T(1);
       const T* x = inp + int64_t(s) * C;  // (C)
       for (int64_t c = 0; c < C; ++c) y[c] += w * x[c];
     }
   }
+}
+
+template <typename T>
+void moe_dispatch_backward(T* dinp, const T* dout, const int32_t* slot, int64_t N, int64_t K, int64_t C) {
+  moe_combine_forward<T>(dinp, dout, nullptr, slot, N, K, C);
 }
 
 // dinp is zeroed first: the rows no slot names (capacity padding) get 0, the others are written once below.

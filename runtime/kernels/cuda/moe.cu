@@ -147,21 +147,8 @@ __global__ void dispatch_fwd_k(T* out, const T* inp, const int32_t* slot, int64_
   if (s >= 0) out[int64_t(s) * C + c] = inp[tk / K * C + c];
 }
 
-// dinp (N, C) row t = sum_k dout (M, C) row slot[t,k], in f32 in k order.
-template <typename T>
-__global__ void dispatch_bwd_k(T* dinp, const T* dout, const int32_t* slot, int64_t N, int64_t K, int64_t C) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= N * C) return;
-  const int64_t t = i / C, c = i % C;
-  float acc = 0;
-  for (int64_t k = 0; k < K; ++k) {
-    const int32_t s = slot[t * K + k];
-    if (s >= 0) acc += ld(dout[int64_t(s) * C + c]);
-  }
-  dinp[i] = to<T>(acc);
-}
-
-// out (N, C) row t = sum_k weights[t,k] inp (M, C) row slot[t,k], in f32 in k order.
+// out (N, C) row t = sum_k weights[t,k] inp (M, C) row slot[t,k], in f32 in k order (weights null: 1, which is
+// dispatch's transpose).
 template <typename T> __global__ void combine_fwd_k(T* out, const T* inp, const float* weights, const int32_t* slot,
                                                     int64_t N, int64_t K, int64_t C) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -170,7 +157,7 @@ template <typename T> __global__ void combine_fwd_k(T* out, const T* inp, const 
   float acc = 0;
   for (int64_t k = 0; k < K; ++k) {
     const int32_t s = slot[t * K + k];
-    if (s >= 0) acc += weights[t * K + k] * ld(inp[int64_t(s) * C + c]);
+    if (s >= 0) acc += (weights ? weights[t * K + k] : 1.0f) * ld(inp[int64_t(s) * C + c]);
   }
   out[i] = to<T>(acc);
 }
@@ -218,7 +205,8 @@ template <typename T>
 int moe_dispatch_backward(T* dinp, const T* dout, const int32_t* slot, int64_t N, int64_t K, int64_t C, void* stream) {
   Range r("moe_dispatch_backward");
   if (N * C == 0) return 0;
-  MT_LAUNCH(dispatch_bwd_k<Dev<T>>, blocks_for(N * C), kThreads, 0, st(stream), dp(dinp), dp(dout), slot, N, K, C);
+  MT_LAUNCH(combine_fwd_k<Dev<T>>, blocks_for(N * C), kThreads, 0, st(stream), dp(dinp), dp(dout), nullptr, slot, N,
+            K, C);
   return last_error();
 }
 
