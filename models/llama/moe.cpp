@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
-#include <numeric>
 #include <optional>
 
 #include "comm/comm_counters.h"
@@ -31,7 +30,8 @@ MoeContext::Micro& MoeContext::fresh_micro() {
   return m;
 }
 
-void MoeContext::record(int64_t layer, const std::vector<double>& counts, const Tensor& prob_sums, int64_t dropped) {
+void MoeContext::record(int64_t layer, int64_t tokens_here, const std::vector<double>& counts, const Tensor& prob_sums,
+                        int64_t dropped) {
   // A forward after this slot's sum started (or after a forward with none: evaluation) starts the statistics over.
   Micro* m = &*micro_;
   if (m->sum || m->counts.empty() || m->seen.at(size_t(layer))) m = &fresh_micro();
@@ -40,7 +40,7 @@ void MoeContext::record(int64_t layer, const std::vector<double>& counts, const 
   std::copy(counts.begin(), counts.end(), m->counts.begin() + std::ptrdiff_t(size_t(layer) * E));
   add_(m->prob_sums, prob_sums);
   m->dropped += dropped;
-  m->rows += int64_t(std::llround(std::accumulate(counts.begin(), counts.end(), 0.0))) / config.experts_per_token;
+  m->rows += tokens_here;
 }
 
 void MoeContext::start_sum(Micro& m) {
@@ -279,7 +279,7 @@ Tensor SparseMoeBlock::forward(const Tensor& x) {
   if (!recomputing()) {
     Tensor prob_sums = zeros({E}, acc, dev);  // (E) column sums of probs
     bias_add_backward(prob_sums, probs);
-    ctx_->record(sparse_index, r.selected, prob_sums, r.dropped);
+    ctx_->record(sparse_index, N, r.selected, prob_sums, r.dropped);
   }
   Tensor slot = i32_tensor(r.slot, {N, K}, dev);  // (N, K)
   int64_t M = 0;
@@ -294,10 +294,10 @@ Tensor SparseMoeBlock::forward(const Tensor& x) {
     Tensor s = shared_expert->call(x);  // (B, T, C)
     Tensor sidx;
     Tensor sw = sigmoid_rows(shared_expert_gate->call(xr), sidx);  // (N, 1)
-    Tensor ys = empty({N, C}, x.dtype(), dev);
-    moe_combine_forward(ys, as_rows(s), sw, identity_slot(N, dev));
+    Tensor ys = empty({N, C}, x.dtype(), dev), ident = identity_slot(N, dev);  // (N, C), (N, 1)
+    moe_combine_forward(ys, as_rows(s), sw, ident);
     add_(y, ys);
-    shared_out_ = s, shared_w_ = sw;
+    shared_out_ = s, shared_w_ = sw, shared_slot_ = ident;
   }
   probs_ = probs, weights_ = w, experts_idx_ = idx, slot_ = slot, h_ = h, in_shape_ = x.shape();
   return y.reshape(x.shape());
@@ -326,15 +326,13 @@ Tensor SparseMoeBlock::backward(const Tensor& dy) {
   add_(dx, gate->call_backward(dlogits));
   // 4. The shared expert and its gate.
   if (shared_expert) {
-    const Tensor s = shared_out_, sw = shared_w_;
+    const Tensor s = shared_out_, sw = shared_w_, ident = shared_slot_;
     Tensor ds = empty({N, C}, dy.dtype(), dev), dsw = empty({N, 1}, acc, dev);
-    const Tensor ident = identity_slot(N, dev);
     moe_combine_backward(ds, dsw, dyr, as_rows(s), sw, ident);
     Tensor dgl = empty({N, 1}, dy.dtype(), dev), sidx = zeros({N, 1}, DType::i32).to(dev);
     router_topk_backward(dgl, dsw, Tensor(), sw, sw, sidx, /*sigmoid=*/true, /*renormalize=*/false);
     add_(dx, shared_expert_gate->call_backward(dgl));
     add_(dx, as_rows(shared_expert->call_backward(ds.reshape(s.shape()))));
-    shared_out_ = Tensor(), shared_w_ = Tensor();
   }
   drop_saved();
   return dx.reshape(in_shape_);
@@ -342,7 +340,7 @@ Tensor SparseMoeBlock::backward(const Tensor& dy) {
 
 void SparseMoeBlock::drop_saved() {
   probs_ = Tensor(), weights_ = Tensor(), experts_idx_ = Tensor(), slot_ = Tensor(), h_ = Tensor();
-  shared_out_ = Tensor(), shared_w_ = Tensor();
+  shared_out_ = Tensor(), shared_w_ = Tensor(), shared_slot_ = Tensor(), order_ = Tensor();
 }
 
 // ---- The experts here, or over the ep group
@@ -428,7 +426,7 @@ Tensor SparseMoeBlock::run_experts(const Tensor& xp, const std::vector<int64_t>&
   watch.emplace(ctx_->dispatch_s);
   ep->all_to_all_v(h, back, times(x.recv, C), times(x.send, C));
   watch.reset();
-  send_ = x.send, recv_ = x.recv, recv_order_ = std::vector<int64_t>(x.order.begin(), x.order.end());
+  send_ = x.send, recv_ = x.recv, order_ = order;
   return h;
 }
 
@@ -439,10 +437,9 @@ Tensor SparseMoeBlock::run_experts_backward(const Tensor& dh) {
   const int64_t C = dh.size(1);
   const Device dev = dh.device();
   const std::vector<int64_t> send = send_, recv = recv_;
-  const std::vector<int64_t>& o = recv_order_;
-  const int64_t R = int64_t(o.size());
-  std::vector<int32_t> order32(o.begin(), o.end());
-  Tensor order = i32_tensor(order32, {R, 1}, dev);
+  const Tensor order = order_;  // (R, 1) the forward's, already on the device
+  order_ = Tensor();
+  const int64_t R = order.size(0);
   // The same path as forward: gradients to the experts' ranks, through them, and home.
   Tensor arrived = empty({R, C}, dh.dtype(), dev);
   {

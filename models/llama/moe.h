@@ -45,8 +45,10 @@ class MoeContext {
   Group* ep = nullptr;         // expert parallel: the experts split over it; null: all here
   double loss_scale = 0;       // a training forward's loss per token (1 / the step's tokens); 0: no balance loss
   double dispatch_s = 0;       // the step's wall time in the ep all-to-alls so far
-  // Called by a sparse block (index among the sparse layers) in forward: its local counts (E) and prob sums.
-  void record(int64_t layer, const std::vector<double>& counts, const Tensor& prob_sums, int64_t dropped);
+  // Called by a sparse block (index among the sparse layers) in forward: its tokens here, their counts per expert
+  // (E) and prob sums.
+  void record(int64_t layer, int64_t tokens_here, const std::vector<double>& counts, const Tensor& prob_sums,
+              int64_t dropped);
   // After this rank's last forward of a training micro-batch (its last pipeline chunk): the statistics' sum over
   // `tokens` starts, asynchronously (every rank of it reaches this point for every micro-batch in the same order,
   // whatever the schedule: no stage waits for another's backward).
@@ -124,9 +126,9 @@ class SparseMoeBlock : public Module {
   Tensor run_experts_backward(const Tensor& dh);
   std::shared_ptr<MoeContext> ctx_;
   // Per micro-batch: the router's output, the routing, what combine and the shared expert need.
-  Saved<Tensor> probs_, weights_, experts_idx_, slot_, h_, shared_out_, shared_w_;
-  Saved<std::vector<int64_t>> counts_;
-  Saved<std::vector<int64_t>> send_, recv_, recv_order_;  // expert parallel: rows per peer, and the local order
+  Saved<Tensor> probs_, weights_, experts_idx_, slot_, h_, shared_out_, shared_w_, shared_slot_;
+  Saved<std::vector<int64_t>> send_, recv_;  // expert parallel: rows per peer
+  Saved<Tensor> order_;                      // expert parallel: (R, 1) each arrived row's expert-major row
   Saved<Shape> in_shape_;
 };
 
