@@ -1,0 +1,286 @@
+// Loading: a checkpoint (weights, optimizer moments, progress) or a Hugging Face directory's weights into a model in
+// its layout, each rank reading only its blocks (checkpoint.h). Saving is in checkpoint.cpp.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "runtime/io/safetensors.h"
+#include "runtime/train/checkpoint.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace mt {
+
+namespace {
+
+// The names a tensor has in the files: its own, or a stacked parameter's (an MoE layer's experts) one per slice.
+std::vector<std::string> file_names(const std::string& name, int64_t dim0) {
+  if (!is_stacked_param(name)) return {name};
+  std::vector<std::string> out;
+  for (int64_t j = 0; j < dim0; ++j) out.push_back(stacked_param_name(name, j));
+  return out;
+}
+
+// Every name the model's parameters have in the files (and those of the pipeline's other stages).
+std::set<std::string> known_names(CausalLM& model) {
+  std::set<std::string> known(model.elsewhere().begin(), model.elsewhere().end());
+  for (Parameter* q : model.parameters())
+    for (const std::string& n : file_names(q->name, q->value.shape().empty() ? 1 : q->value.shape()[0]))
+      known.insert(n);
+  return known;
+}
+
+}  // namespace
+
+namespace {
+
+json read_meta(const std::string& path) {
+  fs::path p = fs::path(path) / "meta.json";
+  std::ifstream f(p);
+  MT_CHECK(f.good(), "checkpoint", "{}: no meta.json (an incomplete checkpoint?)", path);
+  try {
+    return json::parse(f);
+  } catch (const json::exception& e) {
+    fail("checkpoint", "{}: meta.json is not valid JSON ({})", p.string(), e.what());
+  }
+}
+
+// Where each tensor of a checkpoint or a Hugging Face directory lives: an index's weight_map
+// (<prefix>.safetensors.index.json), else <prefix>.safetensors, else (Hugging Face shards without an index) every
+// .safetensors file of the directory. Only headers are read until a block is asked for, and blocks with pread:
+// nothing is mapped, so a loaded run's resident memory holds its state and none of the files' pages.
+class TensorSource {
+ public:
+  // dir: a directory (prefix names its files) or one .safetensors file.
+  TensorSource(const std::string& dir, const std::string& prefix, bool any_safetensors) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) {
+      MT_CHECK(fs::exists(dir, ec), "checkpoint", "{}: no such file or directory", dir);
+      add_file(dir);
+      return;
+    }
+    const fs::path index = fs::path(dir) / (prefix + ".safetensors.index.json");
+    if (fs::exists(index, ec)) {
+      json j;
+      try {
+        std::ifstream f(index);
+        j = json::parse(f);
+      } catch (const json::exception& e) {
+        fail("checkpoint", "{}: not valid JSON ({})", index.string(), e.what());
+      }
+      MT_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "checkpoint", "{}: no weight_map object",
+               index.string());
+      std::map<std::string, std::vector<std::string>> by_file;
+      for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+        MT_CHECK(it->is_string(), "checkpoint", "{}: weight_map['{}'] is not a file name", index.string(), it.key());
+        by_file[it->get<std::string>()].push_back(it.key());
+      }
+      for (auto& [file, names] : by_file) {
+        const fs::path path = fs::path(dir) / file;
+        MT_CHECK(fs::exists(path, ec), "checkpoint", "{}: the index names {} (for tensor '{}'), which is missing",
+                 index.string(), path.string(), names.front());
+        const size_t k = add_reader(path.string());
+        for (auto& name : names) {
+          MT_CHECK(readers_[k]->entries().count(name), "checkpoint",
+                   "{}: the index puts tensor '{}' in {}, which lacks it", index.string(), name, path.string());
+          place(name, k);
+        }
+      }
+      return;
+    }
+    const fs::path single = fs::path(dir) / (prefix + ".safetensors");
+    if (fs::exists(single, ec)) {
+      add_file(single.string());
+      return;
+    }
+    if (any_safetensors) {
+      std::vector<std::string> files;
+      for (auto& e : fs::directory_iterator(dir))
+        if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+      std::sort(files.begin(), files.end());
+      for (auto& f : files) add_file(f);
+    }
+    MT_CHECK(!readers_.empty(), "checkpoint", "{}: no {}.safetensors, {}.safetensors.index.json{}", dir, prefix, prefix,
+             any_safetensors ? " or other .safetensors file" : "");
+  }
+
+  const std::map<std::string, size_t>& tensors() const { return where_; }
+  const SafetensorsReader& reader(const std::string& name) const { return *readers_[where_.at(name)]; }
+
+ private:
+  size_t add_reader(const std::string& path) {
+    readers_.push_back(std::make_unique<SafetensorsReader>(path));
+    return readers_.size() - 1;
+  }
+  void add_file(const std::string& path) {
+    const size_t k = add_reader(path);
+    for (auto& [name, e] : readers_[k]->entries()) place(name, k);
+  }
+  void place(const std::string& name, size_t k) {
+    auto it = where_.find(name);
+    MT_CHECK(it == where_.end() || it->second == k, "checkpoint", "tensor '{}' appears in both {} and {}", name,
+             it == where_.end() ? "" : readers_[it->second]->path(), readers_[k]->path());
+    where_[name] = k;
+  }
+  std::vector<std::unique_ptr<SafetensorsReader>> readers_;
+  std::map<std::string, size_t> where_;
+};
+
+// A destination: a tensor name in the source and the DTensor (local part allocated) it fills.
+struct LoadItem {
+  std::string name;
+  DTensor dst;
+  Parameter* param = nullptr;  // its compute copy is refreshed after
+};
+
+// Reads each item's local block (this rank's part in its layout) from src. Everything is checked first — presence,
+// shape, dtype, finite values in the block this rank reads — so that an error leaves every parameter as it was.
+// One file tensor a destination block reads: the whole item, or one slice of a stacked parameter (its dim-0 index
+// `slice`, -1: none) into rows of the local block.
+struct LoadPart {
+  std::string name;
+  Shape shape, offset, local_shape;  // the file tensor's; where this rank's block starts in it and its shape
+  int64_t dst_row = 0;               // stacked: the local block's dim-0 row it fills
+};
+
+std::vector<LoadPart> load_parts(const LoadItem& it) {
+  const std::vector<int>& c = it.dst.mesh.coordinate();
+  const Shape off = it.dst.spec.local_offset(c), local = it.dst.spec.local_shape(c);
+  if (!is_stacked_param(it.name)) return {{it.name, it.dst.shape(), off, local, 0}};
+  std::vector<LoadPart> parts;
+  const Shape slice(it.dst.shape().begin() + 1, it.dst.shape().end());
+  const Shape off1(off.begin() + 1, off.end()), local1(local.begin() + 1, local.end());
+  for (int64_t i = 0; i < local[0]; ++i)
+    parts.push_back({stacked_param_name(it.name, off[0] + i), slice, off1, local1, i});
+  return parts;
+}
+
+void load_items(const TensorSource& src, const std::vector<LoadItem>& items) {
+  for (const LoadItem& it : items)
+    for (const LoadPart& part : load_parts(it)) {
+      auto w = src.tensors().find(part.name);
+      MT_CHECK(w != src.tensors().end(), "checkpoint", "missing tensor '{}' (shape {})", part.name,
+               shape_str(part.shape));
+      const SafetensorsReader& r = src.reader(part.name);
+      const SafetensorsEntry& e = r.entries().at(part.name);
+      MT_CHECK(e.shape == part.shape, "checkpoint", "{}: tensor '{}' has shape {}, the model expects {}", r.path(),
+               part.name, shape_str(e.shape), shape_str(part.shape));
+      MT_CHECK(e.dt == "F32" || e.dt == "BF16" || e.dt == "F16" || e.dt == "F64", "checkpoint",
+               "{}: tensor '{}' has dtype {}: weights and optimizer state must be a float type (F32, BF16, F16, F64)",
+               r.path(), part.name, e.dt);
+      double v = 0;
+      const int64_t bad = r.first_nonfinite(part.name, part.offset, part.local_shape, &v);
+      MT_CHECK(bad < 0, "checkpoint",
+               "{}: tensor '{}' holds a non-finite value ({} at element {} of this rank's part): refused", r.path(),
+               part.name, v, bad);
+    }
+  for (const LoadItem& it : items) {
+    Tensor host = empty(it.dst.local.shape(), it.dst.local.dtype());
+    for (const LoadPart& part : load_parts(it)) {
+      const int64_t n = shape_numel(part.local_shape);
+      Tensor dst = is_stacked_param(it.name) ? host.view(part.dst_row * n, part.local_shape) : host;
+      src.reader(part.name).read_block(part.name, part.offset, dst);
+    }
+    copy_(it.dst.local, it.dst.local.device().is_cuda() ? host.to(it.dst.local.device()) : host);
+    if (it.param) refresh_compute_copy(*it.param);
+  }
+}
+
+}  // namespace
+
+TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* opt) {
+  json meta = read_meta(path);
+  model.load_extra_state(meta.contains("model_state") ? meta["model_state"] : json(), path + "/meta.json");
+  TrainProgress p;
+  try {
+    p.step = meta.at("step").get<int64_t>();
+    p.data_epoch = meta.at("data").at("epoch").get<int64_t>();
+    p.data_offset = meta.at("data").at("offset").get<int64_t>();
+    p.seed = meta.at("rng").at("seed").get<uint64_t>();
+  } catch (const json::exception& e) {
+    fail("checkpoint", "{}/meta.json: {}", path, e.what());
+  }
+  auto params = model.parameters();
+  std::vector<LoadItem> items;
+  for (Parameter* q : params) items.push_back({q->name, q->value, q});
+  TensorSource weights(path, "model", false);
+  const std::set<std::string> names = known_names(model);  // with the other stages'
+  for (auto& [name, k] : weights.tensors()) {
+    MT_CHECK(names.count(name) > 0, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model",
+             weights.reader(name).path(), name, shape_str(weights.reader(name).entries().at(name).shape));
+  }
+  std::optional<TensorSource> moments;
+  std::vector<LoadItem> opt_items;
+  if (opt) {
+    moments.emplace(path, "optimizer", false);
+    for (Parameter* q : params) {
+      auto& s = opt->state().at(q->name);
+      DTensor m = q->value, v = q->value;
+      m.local = s.exp_avg, v.local = s.exp_avg_sq;
+      opt_items.push_back({q->name + ".exp_avg", m, nullptr});
+      opt_items.push_back({q->name + ".exp_avg_sq", v, nullptr});
+    }
+  }
+  // Both checked before either is read (load_items checks all its items before it reads one).
+  load_items(weights, items);
+  if (opt) {
+    load_items(*moments, opt_items);
+    opt->set_steps_taken(meta.value("optimizer_steps", p.step));
+  }
+  return p;
+}
+
+Config checkpoint_config(const std::string& path) {
+  json meta = read_meta(path);
+  MT_CHECK(meta.contains("config") && meta["config"].is_string(), "checkpoint", "{}/meta.json: no config", path);
+  return config_from_yaml_string(meta["config"].get<std::string>());
+}
+
+void load_hf_weights(const std::string& path, CausalLM& model) {
+  std::error_code ec;
+  MT_CHECK(fs::exists(path, ec), "checkpoint", "model.init_from = {}: no such file or directory", path);
+  if (fs::is_directory(path, ec)) {
+    fs::path cfg = fs::path(path) / "config.json";
+    if (fs::exists(cfg)) {
+      // The config.json's model, with transformers' defaults for what it leaves out, must be this one: compared
+      // as the family writes it (every key that shapes the computation).
+      ModelConfig theirs = model_config_from_hf(cfg.string());
+      const ModelConfig& c = model.config;
+      MT_CHECK(theirs.type == c.type, "checkpoint", "{}: model_type = {} but model.type = {}", cfg.string(),
+               theirs.type, c.type);
+      theirs.init_std = c.init_std;
+      // How an MoE model is trained may differ from the file's (run_config.cpp lets the YAML set it).
+      theirs.moe.output_router_logits = c.moe.output_router_logits;
+      theirs.moe.router_aux_loss_coef = c.moe.router_aux_loss_coef;
+      theirs.moe.bias_update_rate = c.moe.bias_update_rate;
+      theirs.moe.capacity_factor = c.moe.capacity_factor;
+      const nlohmann::json t = family_of(c).to_hf(theirs), o = family_of(c).to_hf(c);
+      for (auto& [k, v] : o.items())
+        MT_CHECK(t.contains(k) && t[k] == v, "checkpoint", "{}: {} = {} but this model has {}", cfg.string(), k,
+                 t.contains(k) ? t[k].dump() : "(absent)", v.dump());
+    }
+  }
+  // model.safetensors.index.json, else model.safetensors (a meshtrain checkpoint also holds optimizer files), else
+  // every .safetensors file of the directory; or the one file named.
+  TensorSource src(path, "model", true);
+  auto params = model.parameters();
+  const std::set<std::string> names = known_names(model);  // with the other stages'
+  for (auto& [name, k] : src.tensors()) {
+    bool known = names.count(name) > 0;
+    // Hugging Face files of tied models may still carry lm_head.weight; rotary caches are buffers, not parameters.
+    if (!known && name == "lm_head.weight" && model.config.tie_embeddings) continue;
+    if (!known && name.find("rotary_emb.inv_freq") != std::string::npos) continue;
+    MT_CHECK(known, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model",
+             src.reader(name).path(), name, shape_str(src.reader(name).entries().at(name).shape));
+  }
+  std::vector<LoadItem> items;
+  for (Parameter* q : params) items.push_back({q->name, q->value, q});
+  load_items(src, items);
+}
+
+}  // namespace mt
