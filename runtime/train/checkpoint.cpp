@@ -430,6 +430,7 @@ void finish_directory(const json& entries, const FilePlan& f, const json& meta, 
 
 std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, CausalLM& model, AdamW& opt,
                             const Config& config, const DeviceMesh& mesh, const MpiEnv& env, Group* stages) {
+  WatchdogPhase phase(fmt::format("saving the checkpoint of step {} to {}", progress.step, dir));
   const int64_t step = progress.step;
   const std::string label = fmt::format("the checkpoint of step {}", step);
   std::vector<CkptTensor> ts = checkpoint_tensors(model, &opt);
