@@ -512,7 +512,9 @@ void watchdog_async(uint64_t id) {
 
 void watchdog_waiting(uint64_t id) {
   std::lock_guard lock(state().mu);
-  if (auto it = state().pending.find(id); it != state().pending.end()) it->second.waited = true;
+  // Timed from here: until now the rank was not waiting for it (a receive posted a step ahead is no hang).
+  if (auto it = state().pending.find(id); it != state().pending.end() && !it->second.waited)
+    it->second.waited = true, it->second.start = Clock::now(), it->second.suspended_s = 0;
 }
 
 WatchdogPhase::WatchdogPhase(std::string text) { t_phases.push_back(std::move(text)); }

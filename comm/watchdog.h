@@ -43,7 +43,8 @@ void watchdog_end(uint64_t id);
 void watchdog_set_ranks(uint64_t id, std::vector<int> world_ranks);
 
 // An async operation on the host (MPI_I*): issued, it does not block this rank, which may be blocked elsewhere
-// while MPI completes it; only once its wait() starts does it time out and count as where this rank waits.
+// while MPI completes it; only once its wait() starts does it count as where this rank waits, and it times out
+// when that wait lasts longer than the timeout.
 void watchdog_async(uint64_t id);
 void watchdog_waiting(uint64_t id);
 

@@ -109,7 +109,7 @@ struct MpiWork : Work::Impl {
   }
   void wait() override {
     if (done) return;
-    // The watchdog entry made at issue time bounds how long this may take, from now on watched as blocking.
+    // The watchdog entry made at issue time bounds how long this wait may take, timed from now.
     watchdog_waiting(watch);
     MT_MPI_CHECK(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
     complete();
@@ -353,8 +353,9 @@ class MpiGroup final : public Group, public HasMpiComm {
   }
 
   Work do_send(const Tensor& t, int peer, bool async, int tag, const std::string& what) override {
-    const std::string op = fmt::format("send{} to world rank {}", what.empty() ? "" : " (" + what + ")",
-                                       world_ranks()[size_t(peer)]);
+    // The peer is named (a `what` names its own, e.g. the pp rank).
+    const std::string op =
+        what.empty() ? fmt::format("send to world rank {}", world_ranks()[size_t(peer)]) : "send (" + what + ")";
     const int cnt = to_int(t.numel(), "send", *this), mtag = p2p_tag(tag, *this);
     if (!async) {
       Staged s(t, true, false, stage(0, t, false));
@@ -371,8 +372,8 @@ class MpiGroup final : public Group, public HasMpiComm {
   }
 
   Work do_recv(const Tensor& t, int peer, bool async, int tag, const std::string& what) override {
-    const std::string op = fmt::format("recv{} from world rank {}", what.empty() ? "" : " (" + what + ")",
-                                       world_ranks()[size_t(peer)]);
+    const std::string op =
+        what.empty() ? fmt::format("recv from world rank {}", world_ranks()[size_t(peer)]) : "recv (" + what + ")";
     const int cnt = to_int(t.numel(), "recv", *this), mtag = p2p_tag(tag, *this);
     if (!async) {
       Staged s(t, false, true, stage(0, t, false));
