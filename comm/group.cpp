@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "comm/comm_counters.h"
+#include "comm/watchdog.h"
 
 namespace mt {
 
@@ -134,6 +135,7 @@ Work Group::send(const Tensor& t, int peer, bool async, int tag, const std::stri
   check_peer("send", peer);
   MT_CHECK(tag >= 0, "comm", "send on {}: negative tag {}", describe(), tag);
   count("send", int64_t(t.nbytes()));
+  if (fault_stop_armed()) fault_stop_point(fmt::format("send on group '{}'", name()));  // the stuck-rank drills
   return do_send(t, peer, async, tag, what);
 }
 

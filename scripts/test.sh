@@ -157,7 +157,9 @@ out="$log_dir/layers.log"
 report layers "$out" "layers: "
 # The command line end to end: config errors, the self-check, fault tests.
 run_script_suite cli tests/cli/test_cli.sh
-run_script_suite hang tests/cli/test_hang.sh
+run_script_suite hang tests/cli/test_hang.sh ${MT_TEST_FULL:+--full}
+# Damaged inputs an operator hits: each a clear error naming the key or file, printed once.
+run_script_suite failures tests/cli/test_failures.sh
 run_script_suite cmdline tests/cli/test_cmdline.sh
 # Training: invariance over dp, the PyTorch reference, resume, checkpoint faults, bad input.
 run_script_suite train tests/cli/test_train.sh
