@@ -301,7 +301,7 @@ LaunchResult run_launch(const std::vector<std::string>& argv, FileTail* metrics,
     for (int i = 0; i < 2; ++i)
       if (open_fd[i]) p[n] = {fds[i], POLLIN, 0}, which[n++] = i;
     if (n > 0) {
-      int r = ::poll(p, nfds_t(n), 200);
+      int r = ::poll(p, nfds_t(n), 100);
       if (r > 0) {
         for (int k = 0; k < n; ++k) {
           if (!(p[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -335,7 +335,7 @@ LaunchResult run_launch(const std::vector<std::string>& argv, FileTail* metrics,
       ::kill(pid, sig);
       res.forwarded = sig;
     }
-    if (t - last_metrics_read >= 0.5) read_metrics();
+    if (t - last_metrics_read >= 0.1) read_metrics();
     if (!exited && hang_timeout_s > 0 && steps_seen > 0 && t - last_step_t > hang_timeout_s && !res.hang_killed) {
       say("no new step in the metrics for {:.0f} s (--hang-timeout): the launch hangs; killing it", t - last_step_t);
       res.hang_killed = true;
@@ -427,7 +427,10 @@ int run_supervise(const SuperviseArgs& a) {
     OutputScanner scan(acct);
     LaunchResult r = run_launch(argv, metrics ? &*metrics : nullptr, acct, scan, a.hang_timeout_s);
     code = r.code;
-    acct.end_attempt(now_unix(), code != 0);
+    // A launch that finished, or stopped on a signal after its checkpoint, did not fail.
+    const bool stopped = r.forwarded || code == 0 || code == 128 + SIGTERM || code == 128 + SIGUSR1 ||
+                         code == 128 + SIGINT;
+    acct.end_attempt(now_unix(), !stopped);
     const AttemptRecords& at = acct.current();
     if (r.forwarded) {
       if (code != 0) code = 128 + r.forwarded;  // mpirun reports 1 after its ranks stopped on a forwarded SIGTERM
