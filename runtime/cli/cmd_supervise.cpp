@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "runtime/train/goodput.h"
+#include "runtime/train/run_config.h"
 
 namespace mt {
 
@@ -396,10 +397,32 @@ int run_supervise(const SuperviseArgs& a) {
     std::fprintf(stderr, "meshtrain supervise: no launch command (meshtrain supervise [OPTIONS] -- mpirun ...)\n");
     return 2;
   }
-  std::string metrics_path = a.metrics.empty() ? launch_setting(a.launch, "log.metrics_file") : a.metrics;
-  if (launch_setting(a.launch, "checkpoint.resume") != "auto")
-    say("warning: the launch has no --set checkpoint.resume=auto: a relaunch resumes from the newest checkpoint only "
-        "if the config says checkpoint.resume: auto");
+  // The launch's config as its ranks will read it (--config and every --set), when it can be read here: where the
+  // metrics go, and whether a relaunch resumes. Its errors are the launch's to report.
+  std::optional<Config> cfg;
+  std::string config_path;
+  std::vector<std::string> overrides;
+  for (size_t i = 0; i < a.launch.size(); ++i) {
+    const std::string& x = a.launch[i];
+    if ((x == "--config" || x == "-c") && i + 1 < a.launch.size()) config_path = a.launch[i + 1];
+    else if (x.rfind("--config=", 0) == 0) config_path = x.substr(9);
+    else if (x == "--set" && i + 1 < a.launch.size()) overrides.push_back(a.launch[i + 1]);
+    else if (x.rfind("--set=", 0) == 0) overrides.push_back(x.substr(6));
+  }
+  try {
+    if (!config_path.empty()) cfg = load_config(config_path, overrides);
+  } catch (const std::exception&) {
+  }
+  std::string metrics_path = !a.metrics.empty() ? a.metrics
+                             : cfg                ? cfg->log.metrics_file
+                                                  : launch_setting(a.launch, "log.metrics_file");
+  const bool resumes = cfg ? cfg->checkpoint.resume == "auto" && !cfg->checkpoint.dir.empty()
+                           : launch_setting(a.launch, "checkpoint.resume") == "auto";
+  if (!resumes)
+    say("warning: {}: a relaunch would start over (add --set checkpoint.resume=auto to the launch, and a "
+        "checkpoint.dir)",
+        cfg ? "the launch's config has no checkpoint.resume: auto with a checkpoint.dir"
+            : "the launch has no --set checkpoint.resume=auto (and its config could not be read here)");
   if (metrics_path.empty())
     say("warning: no metrics file (--metrics, or --set log.metrics_file=... in the launch): the failure lines lack "
         "the steps and there is no goodput");
@@ -417,6 +440,12 @@ int run_supervise(const SuperviseArgs& a) {
   double waited = 0;
   for (int attempt = 1;; ++attempt) {
     std::vector<std::string> argv = a.launch;
+    // srun leaves the other tasks running when one dies (KillOnBadExit=0, Slurm's default): they would wait for it
+    // until their watchdog fires. One dead rank ends the step at once.
+    if (launcher == "srun" && std::none_of(argv.begin(), argv.end(), [](const std::string& x) {
+          return x.rfind("--kill-on-bad-exit", 0) == 0 || x.rfind("-K", 0) == 0;
+        }))
+      argv.insert(argv.begin() + 1, "--kill-on-bad-exit=1");
     if (launcher == "srun" && !excluded.empty()) {
       std::string list;
       for (const std::string& n : excluded) list += (list.empty() ? "" : ",") + n;
