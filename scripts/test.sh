@@ -161,6 +161,7 @@ run_script_suite hang tests/cli/test_hang.sh
 run_script_suite cmdline tests/cli/test_cmdline.sh
 # Training: invariance over dp, the PyTorch reference, resume, checkpoint faults, bad input.
 run_script_suite train tests/cli/test_train.sh
+run_script_suite checkpoint tests/cli/test_checkpoint.sh
 run_script_suite families tests/cli/test_families.sh
 # Mixture of experts: the reference's losses on 1 rank and on every mesh with expert parallel, checkpoints as
 # per-expert tensors resumed on other ep, router metrics, capacity, the selection bias, bad input, a stuck rank.

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +37,38 @@ namespace mt {
 namespace {
 
 std::atomic<int> g_stop_signal{0};
+// The process's start (static initialisation, before main): set-up is counted from here.
+const auto g_process_start = std::chrono::steady_clock::now();
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Where this process's wall time went (rank 0's clock): set-up and loading before the first step, the steps,
+// the time the loop was held by checkpoints, evaluation and samples; the rest is "other" (the stop-signal
+// agreement, metrics). A supervisor adds up its attempts' (meshtrain supervise).
+struct Goodput {
+  double setup_s = 0, load_s = 0, steps_s = 0, checkpoint_s = 0, eval_s = 0;
+  nlohmann::json record() const {
+    const double wall = seconds_since(g_process_start);
+    const double other = std::max(0.0, wall - setup_s - steps_s - checkpoint_s - eval_s);
+    return {{"event", "goodput"}, {"scope", "run"},      {"wall_s", wall},       {"productive_s", steps_s},
+            {"checkpoint_s", checkpoint_s}, {"eval_s", eval_s}, {"setup_s", setup_s}, {"load_s", load_s},
+            {"other_s", other}, {"goodput", wall > 0 ? steps_s / wall : 0}};
+  }
+  std::string line() const {
+    const nlohmann::json r = record();
+    const double wall = r["wall_s"].get<double>();
+    auto part = [&](const char* k) {
+      const double v = r[k].get<double>();
+      return fmt::format("{:.1f} s ({:.1f}%)", v, wall > 0 ? 100 * v / wall : 0.0);
+    };
+    return fmt::format("goodput {:.1f}% of {:.1f} s wall: steps {}, checkpoint stalls {}, evaluation and samples {}, "
+                       "set-up and loading {}, other {}",
+                       100 * r["goodput"].get<double>(), wall, part("productive_s"), part("checkpoint_s"),
+                       part("eval_s"), part("setup_s"), part("other_s"));
+  }
+};
 // A second Ctrl-C does not wait for the step to end: the default action, at once.
 extern "C" void on_stop_signal(int sig) {
   if (sig == SIGINT && g_stop_signal.load() != 0) {
@@ -101,6 +134,16 @@ void check_checkpoint_dir_writable(const std::string& dir, const MpiEnv& env) {
       if (f && std::fclose(f) != 0 && !why[0]) std::snprintf(why, sizeof why, "%s", std::strerror(errno));
       std::filesystem::remove(probe, ec);
     }
+    // A run that died while saving left its partial save: nothing reads it, and it can be as large as a checkpoint.
+    if (!why[0])
+      for (const std::string& p : stale_partial_saves(dir)) {
+        uint64_t bytes = 0;
+        for (auto& e : std::filesystem::recursive_directory_iterator(p, ec))
+          if (e.is_regular_file(ec)) bytes += e.file_size(ec);
+        std::filesystem::remove_all(p, ec);
+        spdlog::warn("removed {} ({:.1f} MiB), a partial save left by an earlier run that stopped while saving{}", p,
+                     double(bytes) / (1 << 20), ec ? fmt::format(" (not all of it: {})", ec.message()) : "");
+      }
   }
   control_broadcast(MPI_COMM_WORLD, why, int(sizeof why), MPI_CHAR, 0, "checkpoint.dir check");
   // Every rank has rank 0's answer: one message, printed by rank 0.
@@ -111,7 +154,9 @@ void check_checkpoint_dir_writable(const std::string& dir, const MpiEnv& env) {
 
 // Step 1, where to start: a checkpoint to resume, else Hugging Face weights, else the random init (already
 // there). resume: auto tries the newest complete checkpoint first and falls back to older ones when it cannot be read.
-void resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
+// Returns the seconds spent verifying and loading.
+double resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
+  const auto load_t0 = std::chrono::steady_clock::now();
   std::vector<std::string> candidates;
   const bool resume_auto = cfg.checkpoint.resume == "auto";
   if (!cfg.checkpoint.dir.empty() && cfg.checkpoint.resume != "never") {
@@ -137,6 +182,8 @@ void resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
     };
     Config was;
     try {
+      // The checksums first: a damaged file is named, and resume: auto goes back to an older checkpoint.
+      verify_checkpoint(c, env);
       was = checkpoint_config(c);
     } catch (const Error& e) {
       if (fall_back(e)) continue;
@@ -174,12 +221,14 @@ void resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
       throw;
     }
   }
+  run.resumed_from = resume_from;
   if (!resume_from.empty()) {
     if (env.rank() == 0) spdlog::info("resumed from {} at step {}", resume_from, run.start_step);
   } else if (!cfg.model.init_from.empty()) {
     run_agreed(env, "loading model.init_from", [&] { load_hf_weights(cfg.model.init_from, *run.model); });
     if (env.rank() == 0) spdlog::info("initialised from {}", cfg.model.init_from);
   }
+  return seconds_since(load_t0);
 }
 
 // The memory that does not depend on the batch (what peak memory is compared against), allocated against the
@@ -290,26 +339,115 @@ struct StepProfiler {
   }
 };
 
-// Step 3, the loop: steps, the non-finite rule, evaluation, samples, the stop signal and checkpoints. Returns the exit
-// code (128 + the signal after a stop).
-int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogger& log) {
-  const auto& t = cfg.training;
-  auto checkpoint = [&](int64_t next_step) {
-    if (cfg.checkpoint.dir.empty()) return;
+// Checkpoints: when (every checkpoint.interval steps, every interval_s seconds by rank 0's clock, or with interval:
+// auto every sqrt(2 x save cost x mtbf_s) seconds, Young/Daly) and how (synchronous, or asynchronous: the loop is
+// held only for the snapshot, and the save is committed at the first step boundary where every rank's writer is
+// done, or before the next save). The final save and a stop signal's are synchronous.
+class Checkpointer {
+ public:
+  Checkpointer(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogger& log, Goodput& gp)
+      : cfg_(cfg), env_(env), run_(run), log_(log), gp_(gp), last_(std::chrono::steady_clock::now()),
+        period_s_(cfg.checkpoint.interval_s) {}
+  ~Checkpointer() = default;
+
+  bool enabled() const { return !cfg_.checkpoint.dir.empty(); }
+  // Rank 0's vote: the time-based interval has passed (interval_s or auto), or auto's first, measuring save.
+  bool due_by_time(int64_t steps_done) const {
+    if (!enabled() || env_.rank() != 0) return false;
+    if (cfg_.checkpoint.interval.automatic && period_s_ <= 0) return steps_done >= 2;
+    return period_s_ > 0 && seconds_since(last_) >= period_s_;
+  }
+  bool due_by_steps(int64_t steps_done) const {
+    const int64_t n = cfg_.checkpoint.interval.steps;
+    return enabled() && !cfg_.checkpoint.interval.automatic && n > 0 && steps_done % n == 0;
+  }
+  // This rank's writer is still writing (a save is in flight and not written).
+  bool writing() const { return pending_ && !pending_->written(); }
+  bool in_flight() const { return pending_ != nullptr; }
+
+  // Collective: saves the state after next_step steps.
+  void save(int64_t next_step, bool final_save) {
+    if (!enabled()) return;
     kprof::Mute not_profiled;
-    Batch pos = get_batch(run.train_data, next_step, t.batch_size, t.seq_len, 0, 0);
+    fault_stop_point("checkpoint");
+    const auto t0 = std::chrono::steady_clock::now();
+    commit(false);  // at most one save in flight: the previous one is completed first (inside this stall)
+    const auto& t = cfg_.training;
+    Batch pos = get_batch(run_.train_data, next_step, t.batch_size, t.seq_len, 0, 0);
     TrainProgress p{next_step, pos.epoch, pos.offset, uint64_t(t.seed)};
     const size_t before = allocator_stats(Device::cpu()).allocated_bytes;
     reset_peak_allocated(Device::cpu());
+    const bool async = cfg_.checkpoint.async && !final_save;
+    pending_ = begin_checkpoint(cfg_.checkpoint.dir, p, *run_.model, *run_.opt, cfg_, run_.mesh, env_,
+                                run_.executor->stage_group(), async);
+    extra_mib_ = double(allocator_stats(Device::cpu()).peak_allocated_bytes - before) / (1 << 20);
+    if (!async) commit(false);
+    const double stall = seconds_since(t0);
+    gp_.checkpoint_s += stall;
+    last_ = std::chrono::steady_clock::now();
+    log_.record({{"event", "checkpoint"}, {"step", next_step}, {"mode", async ? "async" : "sync"},
+                 {"stall_s", stall}, {"snapshot_bytes", pending_ ? pending_->snapshot_bytes() : 0}});
+    if (async)
+      log_.note(fmt::format("checkpoint step {}: snapshot taken in {:.2f} s ({:.1f} MiB of host memory on this rank); "
+                            "written in the background",
+                            next_step, stall, double(pending_->snapshot_bytes()) / (1 << 20)));
+    choose_period(stall);
+  }
+
+  // Collective: completes the save in flight, if any (waiting for this rank's writer). counted: the time goes into
+  // the goodput's checkpoint stalls here (else the caller's stall holds it).
+  void commit(bool counted = true) {
+    if (!pending_) return;
     const auto t0 = std::chrono::steady_clock::now();
-    std::string dir = save_checkpoint(cfg.checkpoint.dir, p, *run.model, *run.opt, cfg, run.mesh, env,
-                                      run.executor->stage_group());
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double extra = double(allocator_stats(Device::cpu()).peak_allocated_bytes - before) / (1 << 20);
-    log.note(fmt::format("checkpoint step {} -> {} in {:.2f} s (host memory during the save: {:.3f} MiB above the "
-                         "state on this rank, at most one whole tensor and one shard)",
-                         next_step, dir, secs, extra));
-  };
+    const int64_t step = pending_->step();
+    const bool async = pending_->snapshot_bytes() > 0 || !pending_->written();
+    std::unique_ptr<PendingCheckpoint> p = std::move(pending_);
+    const std::string dir = p->commit();
+    log_.record({{"event", "checkpoint_committed"}, {"step", step}, {"write_s", p->write_s()},
+                 {"time", unix_time_s()}});
+    log_.note(fmt::format("checkpoint step {} -> {} (files written and synced in {:.2f} s{}; host memory during the "
+                          "save: {:.3f} MiB above the state on this rank)",
+                          step, dir, p->write_s(), async ? " behind training" : "",
+                          extra_mib_));
+    if (counted) gp_.checkpoint_s += seconds_since(t0);  // waiting on a slow writer holds the loop too
+  }
+
+ private:
+  // interval: auto. The cost of a save is the time it holds the loop (the stall; for an asynchronous save the
+  // snapshot), the period sqrt(2 x cost x MTBF), never shorter than the last write (one save in flight).
+  void choose_period(double stall) {
+    if (!cfg_.checkpoint.interval.automatic || env_.rank() != 0) return;
+    cost_s_ = cost_s_ <= 0 ? stall : 0.5 * cost_s_ + 0.5 * stall;
+    const double mtbf = cfg_.checkpoint.mtbf_s;
+    const double young = std::sqrt(2 * cost_s_ * mtbf);
+    const double period = std::max(young, 1e-3);
+    const bool first = period_s_ <= 0;
+    const bool changed = first || std::abs(period - period_s_) > 0.2 * period_s_;
+    period_s_ = period;
+    if (changed)
+      log_.note(fmt::format(
+          "checkpoint.interval auto: a save holds training {:.3f} s, mtbf_s {:.0f}: a checkpoint every {:.1f} s "
+          "(sqrt(2 x {:.3f} x {:.0f}), Young/Daly); expected loss per failure {:.1f} s (half an interval and a "
+          "save) = {:.2f}% of the MTBF, checkpoint overhead {:.2f}%",
+          cost_s_, mtbf, period, cost_s_, mtbf, period / 2 + cost_s_, 100 * (period / 2 + cost_s_) / mtbf,
+          100 * cost_s_ / period));
+  }
+
+  const Config& cfg_;
+  const MpiEnv& env_;
+  TrainRun& run_;
+  MetricsLogger& log_;
+  Goodput& gp_;
+  std::unique_ptr<PendingCheckpoint> pending_;
+  std::chrono::steady_clock::time_point last_;
+  double period_s_ = 0, cost_s_ = 0, extra_mib_ = 0;
+};
+
+// Step 3, the loop: steps, the non-finite rule, evaluation, samples, the stop signal and checkpoints. Returns the exit
+// code (128 + the signal after a stop).
+int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogger& log, Goodput& gp) {
+  const auto& t = cfg.training;
+  Checkpointer ckpt(cfg, env, run, log, gp);
   // Samples are encoded and decoded with the run's tokenizer (data.tokenizer or model.init_from's), else bytes.
   TextCodec codec;
   if (cfg.sample.interval > 0 && cfg.sample.tokens > 0)
@@ -328,6 +466,7 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
       return train_step(run, step);
     }();
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    gp.steps_s += dt;
     // The step's device work is enqueued without waiting but for the one read of loss and grad norm (see
     // train_step); eval, samples and checkpoints come after the step and are not counted.
     spdlog::debug("step {}: host syncs this step: {}", step + 1, host_sync_count() - syncs_before);
@@ -358,23 +497,31 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     if (cfg.eval.interval > 0 && run.val_data.size() > 0 && ((step + 1) % cfg.eval.interval == 0 || last)) {
       fault_stop_point("evaluation");
       kprof::Mute not_profiled;
-      log.eval(step, evaluate(run));
+      const auto e0 = std::chrono::steady_clock::now();
+      const double val = evaluate(run);
+      gp.eval_s += seconds_since(e0);
+      log.eval(step, val, seconds_since(e0));
     }
     if (cfg.sample.interval > 0 && cfg.sample.tokens > 0 && ((step + 1) % cfg.sample.interval == 0 || last)) {
       fault_stop_point("sampling");
       kprof::Mute not_profiled;
+      const auto s0 = std::chrono::steady_clock::now();
       std::vector<int32_t> prompt = codec.encode(cfg.sample.prompt);
       if (codec.tokenizer && codec.tokenizer->bos_id() >= 0) prompt.insert(prompt.begin(), codec.tokenizer->bos_id());
       std::vector<int32_t> ids = generate(*run.model, *run.executor, prompt, cfg.sample.tokens,
                                           cfg.sample.temperature, uint64_t(t.seed), uint64_t(step),
                                           sequence_pad(run), cfg.data.document_separator, codec.eos_id());
       log.sample(step, printable(cfg.sample.prompt + codec.decode(ids)));
+      gp.eval_s += seconds_since(s0);
     }
-    // A stop signal on any rank stops every rank at the same step boundary.
-    int stop = g_stop_signal.load();
-    control_all_reduce(MPI_COMM_WORLD, &stop, 1, MPI_INT, MPI_MAX, "stop-signal all_reduce");
-    bool at_interval = cfg.checkpoint.interval > 0 && (step + 1) % cfg.checkpoint.interval == 0;
-    if (at_interval || last || stop) checkpoint(step + 1);
+    // One small all-reduce per step carries what every rank must decide alike: a stop signal on any rank stops every
+    // rank at the same step boundary; rank 0's clock says when a time-based checkpoint is due; an asynchronous save
+    // is committed once no rank is still writing it.
+    int flags[3] = {g_stop_signal.load(), ckpt.due_by_time(step + 1) ? 1 : 0, ckpt.writing() ? 1 : 0};
+    control_all_reduce(MPI_COMM_WORLD, flags, 3, MPI_INT, MPI_MAX, "stop-signal all_reduce");
+    const int stop = flags[0];
+    if (ckpt.in_flight() && !flags[2]) ckpt.commit();
+    if (ckpt.due_by_steps(step + 1) || flags[1] || last || stop) ckpt.save(step + 1, last || stop);
     if (stop) {
       log.note(fmt::format(
           "signal {} ({}) received: stopped after step {}{}; exit code {}", stop, strsignal(stop), step + 1,
@@ -402,13 +549,21 @@ int run_train_command(RunContext& ctx) {
   TrainRun run = make_train_run(cfg, env);
   const auto& t = cfg.training;
   check_checkpoint_dir_writable(cfg.checkpoint.dir, env);
-  resume_or_init(cfg, env, run);
+  Goodput gp;
+  gp.load_s = resume_or_init(cfg, env, run);
   const double flops_per_token = family_of(cfg.model).flops_per_token(cfg.model, t.seq_len);
   const double peak = run.device.is_cuda() ? 989e12 : cpu_peak_flops();
   log_setup(cfg, env, run, flops_per_token, peak);
   MetricsLogger log(env.rank(), env.size(), cfg.log.metrics_file, t.steps, cfg.log.interval, flops_per_token, peak,
                     run.device, cfg.log.progress);
-  return train_loop(cfg, env, run, log);
+  gp.setup_s = seconds_since(g_process_start);
+  log.record({{"event", "start"}, {"time", unix_time_s()}, {"pid", int64_t(::getpid())}, {"start_step", run.start_step},
+              {"setup_s", gp.setup_s}, {"load_s", gp.load_s}, {"world", env.size()},
+              {"resumed_from", run.resumed_from.empty() ? nlohmann::json() : nlohmann::json(run.resumed_from)}});
+  const int rc = train_loop(cfg, env, run, log, gp);
+  log.record(gp.record());
+  log.note(gp.line());
+  return rc;
 }
 
 Command train_command() {

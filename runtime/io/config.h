@@ -256,16 +256,34 @@ struct SampleConfig {
   }
 };
 
+// A step count that may instead be "auto" (checkpoint.interval: chosen from the measured save cost and
+// checkpoint.mtbf_s).
+struct StepsOrAuto {
+  int64_t steps = 0;
+  bool automatic = false;
+  bool operator==(const StepsOrAuto&) const = default;
+};
+
 struct CheckpointConfig {
   std::string dir;
-  int64_t interval = 0;
+  StepsOrAuto interval;
+  double interval_s = 0;
+  double mtbf_s = 0;
+  bool async = false;
   int64_t keep = 2;
   std::string resume = "auto";
   bool allow_config_change = false;
   int64_t writers = 0;
   template <class V> void visit(V& v) {
     v("dir", dir, "checkpoint directory ('' = no checkpoints)");
-    v("interval", interval, "steps between checkpoints (0 = only at the end)");
+    v("interval", interval,
+      "steps between checkpoints (0 = only at the end), or auto: every sqrt(2 x save cost x checkpoint.mtbf_s) "
+      "seconds (Young/Daly), the save's cost measured by a first save after step 2");
+    v("interval_s", interval_s, "seconds between checkpoints, by rank 0's clock (0 = by steps only)");
+    v("mtbf_s", mtbf_s, "the job's mean time between failures in seconds, for interval: auto");
+    v("async", async,
+      "write checkpoints while training goes on: each writer's tensors are copied to host memory at the save step "
+      "(the only stall), a thread writes and syncs them, and the directory is completed at a later step");
     v("keep", keep, "newest checkpoints kept (0 = all)");
     v("resume", resume, "auto (latest complete checkpoint in dir) | never | a step_XXXXXXXX directory");
     v("allow_config_change", allow_config_change,

@@ -13,6 +13,12 @@
 #include "runtime/core/error.h"
 #include "runtime/io/config.h"
 
+namespace mt {
+inline YAML::Emitter& operator<<(YAML::Emitter& out, const StepsOrAuto& v) {
+  return v.automatic ? out << "auto" : out << v.steps;
+}
+}  // namespace mt
+
 namespace mt::config_io {
 
 // A section is anything with visit(); probe it with a visitor that accepts any key.
@@ -56,6 +62,13 @@ inline void read_value(const YAML::Node& n, const std::string& path, bool& out) 
 }
 inline void read_value(const YAML::Node& n, const std::string& path, std::string& out) {
   out = n.IsNull() ? std::string() : scalar_as<std::string>(n, path, "a string");
+}
+inline void read_value(const YAML::Node& n, const std::string& path, StepsOrAuto& out) {
+  if (n.IsScalar() && n.Scalar() == "auto") {
+    out = {0, true};
+    return;
+  }
+  out = {scalar_as<int64_t>(n, path, "a step count or auto"), false};
 }
 template <class T> void read_list(const YAML::Node& n, const std::string& path, std::vector<T>& out) {
   if (n.IsNull()) {

@@ -410,6 +410,9 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<
   size_ = data_start_ + offset;
   bool ok = ::pwrite(fd_, &hl, 8, 0) == 8 && ::pwrite(fd_, h.data(), h.size(), 8) == ssize_t(h.size()) &&
             ::ftruncate(fd_, off_t(size_)) == 0;
+  sum_->update(&hl, 8);
+  sum_->update(h.data(), h.size());
+  hashed_to_ = data_start_;
   if (!ok) {
     const int err = errno;
     ::close(fd_), fd_ = -1;
@@ -440,6 +443,12 @@ void SafetensorsWriter::write(const std::string& name, const Tensor& t) {
              std::strerror(errno));
     done += uint64_t(w);
   }
+  if (streaming_ && at == hashed_to_) {
+    sum_->update(p, size_t(n));
+    hashed_to_ += n;
+  } else {
+    streaming_ = false;
+  }
 }
 
 void SafetensorsWriter::close() {
@@ -452,6 +461,7 @@ void SafetensorsWriter::close() {
     ::unlink(tmp.c_str());
     fail("checkpoint", "cannot write {}: {} (disk full?)", tmp, std::strerror(err));
   }
+  checksum_ = streaming_ && hashed_to_ == size_ ? sum_->hex() : file_checksum(tmp);
   std::error_code ec;
   std::filesystem::rename(tmp, path_, ec);
   MT_CHECK(!ec, "checkpoint", "cannot rename {} to {}: {}", tmp, path_, ec.message());

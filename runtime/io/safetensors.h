@@ -4,10 +4,12 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/core/tensor.h"
+#include "runtime/io/checksum.h"
 
 namespace mt {
 
@@ -85,11 +87,18 @@ class SafetensorsWriter {
   void write(const std::string& name, const Tensor& t);
   void close();
   uint64_t bytes() const { return size_; }
+  // The file's checksum (checksum.h), after close(): hashed while writing when the tensors come in the layout's
+  // order (a checkpoint's writers write them so), else read back once.
+  const std::string& checksum() const { return checksum_; }
 
  private:
   std::string path_;
   int fd_ = -1;
   uint64_t data_start_ = 0, size_ = 0;
+  std::unique_ptr<StreamChecksum> sum_ = std::make_unique<StreamChecksum>();
+  uint64_t hashed_to_ = 0;  // the file's bytes [0, hashed_to_) are in sum_; a write elsewhere stops the streaming
+  bool streaming_ = true;
+  std::string checksum_;
   std::map<std::string, std::pair<uint64_t, Layout>> where_;  // name -> (data offset, layout)
 };
 

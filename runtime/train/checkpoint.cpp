@@ -15,11 +15,15 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <thread>
+#include <atomic>
+#include <chrono>
 
 #include "comm/control.h"
 #include "parallel/copy_block.h"
 #include "runtime/train/agree.h"
 #include "runtime/core/log.h"
+#include "runtime/io/checksum.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/train/hf_config.h"
 
@@ -310,65 +314,87 @@ FilePlan plan_files(const std::vector<CkptTensor>& ts, int n_world, const Config
   return f;
 }
 
-// Step 2 of a save: every writer writes its files, one whole tensor at a time; a writer that fails keeps taking
-// part in the gathers (no rank is left waiting) and reports at the agreement that follows. Returns its error.
-std::exception_ptr write_shards(const std::vector<CkptTensor>& ts, const FilePlan& f, Group& world,
-                                const fs::path& tmp, int64_t optimizer_steps, int64_t step, bool root) {
-  const int me = world.rank();
-  std::exception_ptr err;
-  std::unique_ptr<SafetensorsWriter> mine_model, mine_opt;
-  auto layout = [&](bool model_file) {
-    std::vector<SafetensorsWriter::Layout> l;
-    for (size_t i = 0; i < ts.size(); ++i)
-      if (f.writer[i] == me && ts[i].model == model_file) l.push_back({ts[i].name, ts[i].t.local.dtype(), ts[i].shape()});
-    return l;
-  };
-  try {
-    if (f.model_k.count(me))
-      mine_model = std::make_unique<SafetensorsWriter>(
-          (tmp / shard_file("model", f.model_k.at(me), f.n_model)).string(), layout(true),
-          std::map<std::string, std::string>{{"format", "pt"}});
-    if (f.opt_k.count(me))
-      mine_opt = std::make_unique<SafetensorsWriter>(
-          (tmp / shard_file("optimizer", f.opt_k.at(me), f.n_opt)).string(), layout(false),
-          std::map<std::string, std::string>{{"step", std::to_string(optimizer_steps)}});
-  } catch (...) {
-    err = std::current_exception();
-  }
-  int64_t mine_written = 0, mine_total = 0;
-  for (size_t i = 0; i < ts.size(); ++i) mine_total += f.writer[i] == me;
-  for (size_t i = 0; i < ts.size(); ++i) {
-    Tensor full = gather_to_writer(ts[i].t, f.writer[i], world, ts[i].slice);
-    if (f.writer[i] != me || err) continue;
+// Step 2 of a save: a writer's files, one whole tensor at a time, each hashed as it is written. Errors are kept, not
+// thrown: a writer that fails keeps taking part in the gathers (no rank is left waiting) and reports at the
+// agreement that follows.
+class ShardWriter {
+ public:
+  ShardWriter(const std::vector<CkptTensor>& ts, const FilePlan& f, int me, const fs::path& tmp,
+              int64_t optimizer_steps, int64_t step, bool root)
+      : ts_(ts), f_(f), me_(me), tmp_(tmp), step_(step), root_(root) {
+    for (size_t i = 0; i < ts.size(); ++i) total_ += f.writer[i] == me;
+    auto layout = [&](bool model_file) {
+      std::vector<SafetensorsWriter::Layout> l;
+      for (size_t i = 0; i < ts.size(); ++i)
+        if (f.writer[i] == me && ts[i].model == model_file) l.push_back({ts[i].name, ts[i].t.local.dtype(), ts[i].shape()});
+      return l;
+    };
     try {
-      (ts[i].model ? mine_model : mine_opt)->write(ts[i].name, full);
-      ++mine_written;
-      if (root && 2 * mine_written >= mine_total) {
-        if (fault_at(step, true)) fail("checkpoint", "MT_FAULT_CHECKPOINT={}:error: writing {} fails", step, tmp.string());
-        if (fault_at(step, false)) {
-          spdlog::error("[checkpoint] MT_FAULT_CHECKPOINT={}: rank 0 dies while writing {}", step, tmp.string());
+      if (f.model_k.count(me))
+        model_ = std::make_unique<SafetensorsWriter>(
+            (tmp / shard_file("model", f.model_k.at(me), f.n_model)).string(), layout(true),
+            std::map<std::string, std::string>{{"format", "pt"}});
+      if (f.opt_k.count(me))
+        opt_ = std::make_unique<SafetensorsWriter>(
+            (tmp / shard_file("optimizer", f.opt_k.at(me), f.n_opt)).string(), layout(false),
+            std::map<std::string, std::string>{{"step", std::to_string(optimizer_steps)}});
+    } catch (...) {
+      err_ = std::current_exception();
+    }
+  }
+  // Tensor i, whole, on this writer (host).
+  void write(size_t i, const Tensor& full) {
+    if (err_) return;
+    try {
+      (ts_[i].model ? model_ : opt_)->write(ts_[i].name, full);
+      ++written_;
+      if (root_ && 2 * written_ >= total_) {
+        if (fault_at(step_, true)) fail("checkpoint", "MT_FAULT_CHECKPOINT={}:error: writing {} fails", step_, tmp_.string());
+        if (fault_at(step_, false)) {
+          spdlog::error("[checkpoint] MT_FAULT_CHECKPOINT={}: rank 0 dies while writing {}", step_, tmp_.string());
           spdlog::default_logger()->flush();
           std::_Exit(9);
         }
       }
     } catch (...) {
-      err = std::current_exception();
+      err_ = std::current_exception();
     }
   }
-  try {
-    if (!err && mine_model) mine_model->close();
-    if (!err && mine_opt) mine_opt->close();
-  } catch (...) {
-    err = std::current_exception();
+  // Syncs and closes the files; returns the first error. The checksums: [[file name, checksum], ...].
+  std::exception_ptr close(json& sums) {
+    try {
+      for (auto* w : {model_.get(), opt_.get()})
+        if (!err_ && w) {
+          w->close();
+          sums.push_back({fs::path(w == model_.get() ? shard_file("model", f_.model_k.at(me_), f_.n_model)
+                                                     : shard_file("optimizer", f_.opt_k.at(me_), f_.n_opt))
+                              .string(),
+                          w->checksum()});
+        }
+    } catch (...) {
+      err_ = std::current_exception();
+    }
+    model_.reset(), opt_.reset();  // an unclosed file's .tmp is removed
+    return err_;
   }
-  return err;  // the writers close here: an unclosed file's .tmp is removed
-}
+
+ private:
+  const std::vector<CkptTensor>& ts_;
+  const FilePlan& f_;
+  int me_;
+  fs::path tmp_;
+  int64_t step_;
+  bool root_;
+  int64_t total_ = 0, written_ = 0;
+  std::unique_ptr<SafetensorsWriter> model_, opt_;
+  std::exception_ptr err_;
+};
 
 // meta.json: what a resume needs beyond the tensors (step, data position, the mesh saved on, the config).
 json checkpoint_meta(const TrainProgress& progress, int64_t optimizer_steps, const Config& config,
                      const DeviceMesh& mesh, int n_stages /* 0: no pipeline */, const FilePlan& f) {
   json meta;
-  meta["format_version"] = 2;
+  meta["format_version"] = 3;  // 3: meta.json lists every file's checksum
   meta["step"] = progress.step;
   meta["optimizer_steps"] = optimizer_steps;
   meta["data"] = {{"epoch", progress.data_epoch}, {"offset", progress.data_offset}, {"next_step", progress.step}};
@@ -388,8 +414,10 @@ json checkpoint_meta(const TrainProgress& progress, int64_t optimizer_steps, con
 
 // Step 3 on rank 0: the indexes (when there are several files), config.json, the tokenizer, meta.json, then the
 // rename and the rotation. entries: [name, model file?, file index, bytes] of every stage's tensors.
-void finish_directory(const json& entries, const FilePlan& f, const json& meta, DType dtype, const Config& config,
+void finish_directory(const json& entries, const FilePlan& f, json meta, DType dtype, const Config& config,
                       const std::string& dir, const fs::path& tmp, const fs::path& final_dir) {
+  // Every file rank 0 writes is in meta.json's checksums too (the shards' come from their writers).
+  auto sum = [&](const std::string& name) { meta["checksums"][name] = file_checksum((tmp / name).string()); };
   auto write_index = [&](const std::string& prefix, bool model_file, int n_files, json metadata) {
     if (n_files <= 1) return;
     json map = json::object();
@@ -402,15 +430,18 @@ void finish_directory(const json& entries, const FilePlan& f, const json& meta, 
     metadata["total_size"] = total;
     write_text(tmp / (prefix + ".safetensors.index.json"), json{{"metadata", metadata}, {"weight_map", map}}.dump(2) + "\n");
     fsync_path(tmp / (prefix + ".safetensors.index.json"));
+    sum(prefix + ".safetensors.index.json");
   };
   write_index("model", true, f.n_model, json::object());
   write_index("optimizer", false, f.n_opt, json{{"step", std::to_string(meta["optimizer_steps"].get<int64_t>())}});
   write_text(tmp / "config.json", hf_config_json(config, dtype).dump(2) + "\n");
   fsync_path(tmp / "config.json");
+  sum("config.json");
   // The tokenizer travels with the weights, so that the directory is a whole Hugging Face model.
   for (const fs::path& t : tokenizer_files(config)) {
     fs::copy_file(t, tmp / t.filename(), fs::copy_options::overwrite_existing);
     fsync_path(tmp / t.filename());
+    sum(t.filename().string());
   }
   write_text(tmp / "meta.json", meta.dump(2) + "\n");
   fsync_path(tmp / "meta.json");
@@ -428,23 +459,76 @@ void finish_directory(const json& entries, const FilePlan& f, const json& meta, 
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, CausalLM& model, AdamW& opt,
-                            const Config& config, const DeviceMesh& mesh, const MpiEnv& env, Group* stages) {
+struct PendingCheckpoint::State {
+  std::string dir;
+  fs::path tmp, final_dir;
+  const Config& config;
+  const DeviceMesh& mesh;
+  const MpiEnv& env;
+  Group* stages;
+  TrainProgress progress;
+  int64_t optimizer_steps = 0;
+  bool root = false;
+  std::vector<CkptTensor> ts;
+  FilePlan files;
+  json entries;      // rank 0: [name, model file?, file index, bytes] of every stage's tensors
+  json model_state;  // rank 0: the model's own state at the save step (an MoE model's selection bias)
+  DType dtype = DType::f32;
+  std::vector<std::pair<size_t, Tensor>> snapshot;  // async: this writer's tensors, whole, on the host
+  uint64_t snapshot_bytes = 0;
+  std::unique_ptr<ShardWriter> writer;
+  json sums = json::array();
+  std::exception_ptr err;
+  std::thread thread;
+  std::atomic<bool> written{false};
+  double write_s = 0;
+  bool committed = false;
+
+  State(const Config& c, const DeviceMesh& m, const MpiEnv& e) : config(c), mesh(m), env(e) {}
+  std::string label() const { return fmt::format("the checkpoint of step {}", progress.step); }
+  // Writes the snapshot (async) and closes the files; no communication.
+  void write_files() {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& [i, full] : snapshot) writer->write(i, full);
+    err = writer->close(sums);
+    snapshot.clear();  // the snapshot's memory goes back as soon as it is on disk
+    write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    written = true;
+  }
+};
+
+PendingCheckpoint::PendingCheckpoint(std::unique_ptr<State> s) : s_(std::move(s)) {}
+PendingCheckpoint::~PendingCheckpoint() {
+  // A save never committed (the run failed) keeps its .tmp, which the next run removes.
+  if (s_ && s_->thread.joinable()) s_->thread.join();
+}
+int64_t PendingCheckpoint::step() const { return s_->progress.step; }
+uint64_t PendingCheckpoint::snapshot_bytes() const { return s_->snapshot_bytes; }
+bool PendingCheckpoint::written() const { return s_->written.load(); }
+double PendingCheckpoint::write_s() const { return s_->write_s; }
+
+std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, const TrainProgress& progress,
+                                                    CausalLM& model, AdamW& opt, const Config& config,
+                                                    const DeviceMesh& mesh, const MpiEnv& env, Group* stages,
+                                                    bool async) {
+  auto s = std::make_unique<PendingCheckpoint::State>(config, mesh, env);
+  s->dir = dir, s->stages = stages, s->progress = progress, s->optimizer_steps = opt.steps_taken();
   const int64_t step = progress.step;
-  const std::string label = fmt::format("the checkpoint of step {}", step);
-  std::vector<CkptTensor> ts = checkpoint_tensors(model, &opt);
+  s->ts = checkpoint_tensors(model, &opt);
   // The model's ranks: the world, or under pipeline parallel this stage's, which write this stage's tensors.
   Group& world = mesh.group("world");
-  const bool root = env.rank() == 0;  // makes the directory, writes the indexes and meta.json, renames
-  const FilePlan files = plan_files(ts, world.size(), config, mesh, stages);
-  fs::path final_dir = fs::path(dir) / step_dir_name(step);
-  fs::path tmp = fs::path(dir) / (step_dir_name(step) + ".tmp");
+  s->root = env.rank() == 0;  // makes the directory, writes the indexes and meta.json, renames
+  s->files = plan_files(s->ts, world.size(), config, mesh, stages);
+  s->final_dir = fs::path(dir) / step_dir_name(step);
+  s->tmp = fs::path(dir) / (step_dir_name(step) + ".tmp");
+  s->dtype = s->ts.front().t.local.dtype();
+  const std::string label = s->label();
 
   // 1. Every rank checks its own shards (a NaN model never replaces, or through rotation deletes, a good checkpoint);
   // rank 0 makes the temporary directory. Agreed before anything is written.
   std::exception_ptr err;
   try {
-    for (const CkptTensor& c : ts) {
+    for (const CkptTensor& c : s->ts) {
       Tensor h = host_f(c.t.local);
       int64_t i = first_nonfinite(h);
       MT_CHECK(i < 0, "checkpoint",
@@ -452,50 +536,145 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
                "checkpoint is not written, the previous ones are kept",
                step, c.model ? "parameter" : "optimizer", c.name, to_f64(h.reshape({-1}).slice0(i, i + 1))[0], i);
     }
-    if (root) {
+    if (s->root) {
       std::error_code ec;
-      fs::remove_all(tmp, ec);
-      fs::create_directories(tmp, ec);
-      MT_CHECK(!ec, "checkpoint", "cannot create {}: {}", tmp.string(), ec.message());
+      fs::remove_all(s->tmp, ec);
+      fs::create_directories(s->tmp, ec);
+      MT_CHECK(!ec, "checkpoint", "cannot create {}: {}", s->tmp.string(), ec.message());
+      if (json extra = model.extra_state(); !extra.is_null()) s->model_state = extra;
     }
   } catch (...) {
     err = std::current_exception();
   }
   agree_on_error(env, err, label);
 
-  // 2. Every writer writes its files.
-  err = write_shards(ts, files, world, tmp, opt.steps_taken(), step, root);
+  // 2. Every tensor goes whole to its writer. Synchronous: written at once, one tensor at a time. Asynchronous: kept
+  // in host memory (the snapshot: copies, never views of the training state) and written by a thread.
+  s->writer = std::make_unique<ShardWriter>(s->ts, s->files, world.rank(), s->tmp, s->optimizer_steps, step, s->root);
+  for (size_t i = 0; i < s->ts.size(); ++i) {
+    Tensor full = gather_to_writer(s->ts[i].t, s->files.writer[i], world, s->ts[i].slice);
+    if (s->files.writer[i] != world.rank()) continue;
+    if (async) {
+      s->snapshot_bytes += full.nbytes();
+      s->snapshot.emplace_back(i, std::move(full));
+    } else {
+      s->writer->write(i, full);
+    }
+  }
+  // Where every stage's tensors went, for the indexes: each stage's first rank tells rank 0.
+  s->entries = json::array();
+  for (size_t i = 0; i < s->ts.size(); ++i)
+    s->entries.push_back({s->ts[i].name, s->ts[i].model,
+                          (s->ts[i].model ? s->files.model_k : s->files.opt_k).at(s->files.writer[i]),
+                          tensor_bytes(s->ts[i])});
+  if (stages && world.rank() == 0) s->entries = gather_json_array(*stages, s->entries, mesh.device());
+  if (async) {
+    PendingCheckpoint::State* raw = s.get();
+    s->thread = std::thread([raw] { raw->write_files(); });
+  } else {
+    s->write_files();
+  }
+  return std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint(std::move(s)));
+}
+
+std::string PendingCheckpoint::commit() {
+  State& s = *s_;
+  MT_CHECK(!s.committed, "checkpoint", "the checkpoint of step {} is committed twice", s.progress.step);
+  s.committed = true;
+  if (s.thread.joinable()) s.thread.join();
+  Group& world = s.mesh.group("world");
+  const std::string label = s.label();
   try {
-    agree_on_error(env, err, label);
+    agree_on_error(s.env, s.err, label);
   } catch (...) {
     std::error_code ec;
-    if (root) fs::remove_all(tmp, ec);
+    if (s.root) fs::remove_all(s.tmp, ec);
     throw;
   }
-
-  // 3. Rank 0 finishes the directory and renames it. Agreed again, so that no rank goes on (or reads) before the
-  // rename and every rank fails when it fails. Under pipeline parallel each stage's first rank tells rank 0 where
-  // its stage's tensors went (the index covers every stage).
-  json entries = json::array();  // [name, model file?, file index, bytes]
-  for (size_t i = 0; i < ts.size(); ++i)
-    entries.push_back({ts[i].name, ts[i].model, (ts[i].model ? files.model_k : files.opt_k).at(files.writer[i]),
-                       tensor_bytes(ts[i])});
-  if (stages && world.rank() == 0) entries = gather_json_array(*stages, entries, mesh.device());
-  err = nullptr;
-  if (root) {
+  // 3. Every writer's checksums reach rank 0 (over the stage's ranks, then from each stage's first rank), which
+  // finishes the directory and renames it. Agreed again, so that no rank goes on (or reads) before the rename and
+  // every rank fails when it fails.
+  json sums = gather_json_array(world, s.sums, s.mesh.device());
+  if (s.stages && world.rank() == 0) sums = gather_json_array(*s.stages, sums, s.mesh.device());
+  std::exception_ptr err;
+  if (s.root) {
     try {
-      json meta = checkpoint_meta(progress, opt.steps_taken(), config, mesh, stages ? stages->size() : 0, files);
-      // State the model keeps beside its parameters (an MoE model's selection bias), the same on every rank.
-      if (json extra = model.extra_state(); !extra.is_null()) meta["model_state"] = extra;
-      finish_directory(entries, files, meta, ts.front().t.local.dtype(), config, dir, tmp, final_dir);
+      json meta = checkpoint_meta(s.progress, s.optimizer_steps, s.config, s.mesh, s.stages ? s.stages->size() : 0,
+                                  s.files);
+      if (!s.model_state.is_null()) meta["model_state"] = s.model_state;
+      json by_file = json::object();
+      for (const json& e : sums) by_file[e[0].get<std::string>()] = e[1];
+      meta["checksums"] = by_file;
+      finish_directory(s.entries, s.files, meta, s.dtype, s.config, s.dir, s.tmp, s.final_dir);
     } catch (...) {
       err = std::current_exception();
       std::error_code ec;
-      fs::remove_all(tmp, ec);
+      fs::remove_all(s.tmp, ec);
     }
   }
-  agree_on_error(env, err, label);
-  return final_dir.string();
+  agree_on_error(s.env, err, label);
+  return s.final_dir.string();
+}
+
+std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, CausalLM& model, AdamW& opt,
+                            const Config& config, const DeviceMesh& mesh, const MpiEnv& env, Group* stages) {
+  return begin_checkpoint(dir, progress, model, opt, config, mesh, env, stages, false)->commit();
+}
+
+// Each file listed in meta.json's checksums is read whole by one rank (file k by rank k mod world) and hashed; the
+// first mismatch (lowest rank) is every rank's error.
+void verify_checkpoint(const std::string& path, const MpiEnv& env) {
+  std::string mine;
+  json meta;
+  try {
+    std::ifstream f(fs::path(path) / "meta.json");
+    MT_CHECK(f.good(), "checkpoint", "{}: no meta.json (an incomplete checkpoint?)", path);
+    try {
+      meta = json::parse(f);
+    } catch (const json::exception& e) {
+      fail("checkpoint", "{}/meta.json is not valid JSON ({})", path, e.what());
+    }
+    if (meta.contains("checksums") && meta["checksums"].is_object()) {
+      int k = 0;
+      for (auto it = meta["checksums"].begin(); it != meta["checksums"].end(); ++it, ++k) {
+        if (k % env.size() != env.rank()) continue;
+        const std::string file = (fs::path(path) / it.key()).string();
+        MT_CHECK(it->is_string(), "checkpoint", "{}/meta.json: checksums['{}'] is not a string", path, it.key());
+        std::error_code ec;
+        MT_CHECK(fs::is_regular_file(file, ec), "checkpoint", "{}: missing (meta.json lists it)", file);
+        const std::string got = file_checksum(file);
+        MT_CHECK(got == it->get<std::string>(), "checkpoint",
+                 "{}: checksum {} differs from the {} recorded in meta.json: the file is damaged, truncated or from "
+                 "another save",
+                 file, got, it->get<std::string>());
+      }
+    } else if (env.rank() == 0) {
+      spdlog::warn("{}: no checksums in meta.json (written before format 3): its files are not verified", path);
+    }
+  } catch (const std::exception& e) {
+    mine = e.what();
+  }
+  // The ranks' messages, in rank order: every rank fails with the first, printed by rank 0.
+  constexpr int kLen = 1024;
+  std::vector<char> all(size_t(kLen) * size_t(env.size()), 0), buf(kLen, 0);
+  std::snprintf(buf.data(), kLen, "%s", mine.c_str());
+  if (env.size() > 1)
+    control_all_gather(MPI_COMM_WORLD, all.data(), buf.data(), kLen, MPI_CHAR, "verifying the checkpoint's checksums");
+  else
+    all = buf;
+  for (int r = 0; r < env.size(); ++r)
+    if (all[size_t(r) * kLen] != 0) throw ReportedError(std::string(&all[size_t(r) * kLen]), 1, env.rank() == 0);
+}
+
+std::vector<std::string> stale_partial_saves(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return out;
+  const std::regex re("step_[0-9]{8}\\.tmp");
+  for (auto& e : fs::directory_iterator(dir, ec))
+    if (std::regex_match(e.path().filename().string(), re)) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::vector<std::string> checkpoints_in(const std::string& dir) {

@@ -12,10 +12,14 @@
 // over the writers; a tensor sharded over several ranks is sent to its writer one shard at a time, so a writer
 // holds at most one whole tensor beyond its own state. Written into step_XXXXXXXX.tmp, each file synced, agreed by
 // every rank, then renamed by rank 0: a crash mid-write leaves the previous checkpoint intact and the .tmp is
-// ignored. Tensors are stored whole, so a run may resume on another mesh; a rank reads only its block of each
+// ignored (and removed by the next run, stale_partial_saves). meta.json records every file's checksum (XXH3-64,
+// checksum.h); verify_checkpoint checks them before a resume trusts the files.
+// Asynchronous saves (checkpoint.async): begin_checkpoint gathers each writer's tensors into host memory (the only
+// stall), a thread writes and syncs them, and commit() completes the directory at a later step; at most one in flight. Tensors are stored whole, so a run may resume on another mesh; a rank reads only its block of each
 // (the files mapped). A tied lm_head is not stored (it is
 // model.embed_tokens.weight), as transformers saves tied models and expects to find them.
 #pragma once
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,6 +45,36 @@ struct TrainProgress {
 // every stage: the same tensors as with one stage.
 std::string save_checkpoint(const std::string& dir, const TrainProgress& progress, CausalLM& model, AdamW& opt,
                             const Config& config, const DeviceMesh& mesh, const MpiEnv& env, Group* stages = nullptr);
+
+// A save begun and not yet committed. Its files are written by the time written() is true on every rank.
+class PendingCheckpoint {
+ public:
+  struct State;
+  explicit PendingCheckpoint(std::unique_ptr<State> s);
+  ~PendingCheckpoint();  // waits for the writer thread; an uncommitted save's .tmp stays for the next run to remove
+  int64_t step() const;
+  uint64_t snapshot_bytes() const;  // host memory the snapshot holds on this rank (0 for a synchronous save)
+  bool written() const;             // this rank's files are written and synced, or failed (commit() will say)
+  double write_s() const;           // this rank's time writing and syncing its files
+  // Collective: waits for this rank's writer, agrees on errors, writes the indexes, config.json, the tokenizer and
+  // meta.json with every file's checksum, renames, rotates. Returns the directory.
+  std::string commit();
+
+ private:
+  std::unique_ptr<State> s_;
+};
+// Collective: steps 1 and 2 of a save (the checks, the temporary directory, the gathers); with async the files are
+// written by a thread, else before it returns. save_checkpoint is begin_checkpoint(..., false)->commit().
+std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, const TrainProgress& progress,
+                                                    CausalLM& model, AdamW& opt, const Config& config,
+                                                    const DeviceMesh& mesh, const MpiEnv& env, Group* stages,
+                                                    bool async);
+// Collective: every file meta.json lists is hashed by one rank and compared with its recorded checksum; a
+// missing, damaged, truncated or foreign file fails on every rank with one message naming it (ReportedError,
+// printed by rank 0). A checkpoint without checksums (format 2) is accepted with a warning.
+void verify_checkpoint(const std::string& path, const MpiEnv& env);
+// Partial saves (step_XXXXXXXX.tmp) left in dir by a run that died while saving.
+std::vector<std::string> stale_partial_saves(const std::string& dir);
 // The complete checkpoints (step_XXXXXXXX with meta.json) in dir, oldest first.
 std::vector<std::string> checkpoints_in(const std::string& dir);
 // The newest complete checkpoint (step_XXXXXXXX with meta.json) in dir, if any.

@@ -15,6 +15,10 @@
 
 namespace mt {
 
+double unix_time_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
   int64_t t = int64_t(s + 0.5);
@@ -138,31 +142,35 @@ void MetricsLogger::step(const StepMetrics& m) {
   double tps_now = double(m.tokens) / std::max(m.step_s, 1e-12);
   double eta = ema_step_s_ * double(total_ - m.step - 1);
   bool log_line = (m.step + 1) % interval_ == 0 || m.step == 0 || m.step + 1 == total_;
+  const double mem = peak_memory_bytes(device_);
   if (log_line) {
     double tps = tokens_window_ / std::max(time_window_, 1e-12);
     double mfu = peak_flops_ > 0 ? flops_per_token_ * tps / (peak_flops_ * world_) : 0;
-    double mem = peak_memory_bytes(device_);
     clear_bar();
     std::printf(
         "step %*lld/%lld | loss %.4f | lr %.2e | grad_norm %.3f | %.0f tok/s | mfu %.1f%% | mem %.0f MiB | eta %s\n",
         int(std::to_string(total_).size()), (long long)(m.step + 1), (long long)total_, m.loss, m.lr, m.grad_norm, tps,
         100 * mfu, mem / (1 << 20), format_duration(eta).c_str());
-    nlohmann::json j = {{"step", m.step + 1},
-            {"loss", m.loss},
-            {"lr", m.lr},
-            {"grad_norm", m.grad_norm},
-            {"tokens_per_s", tps},
-            {"mfu", mfu},
-            {"step_ms", 1e3 * m.step_s},
-            {"peak_mem_bytes", mem},
-            {"alloc_peak_bytes", m.alloc_peak_bytes},
-            {"alloc_peak_block_bytes", m.alloc_peak_block_bytes},
-            {"skipped_steps", m.skipped}};
-    if (m.router && m.router->any) add_router_stats(j, *m.router);
     std::fflush(stdout);
-    record(j);
     tokens_window_ = time_window_ = 0;
   }
+  // Every step is a record (its own throughput; the console averages over log.interval): goodput and a resumed
+  // run's redone steps are counted from them. "time": the step's end, Unix seconds.
+  const double mfu_now = peak_flops_ > 0 ? flops_per_token_ * tps_now / (peak_flops_ * world_) : 0;
+  nlohmann::json j = {{"step", m.step + 1},
+          {"loss", m.loss},
+          {"lr", m.lr},
+          {"grad_norm", m.grad_norm},
+          {"tokens_per_s", tps_now},
+          {"mfu", mfu_now},
+          {"step_ms", 1e3 * m.step_s},
+          {"time", unix_time_s()},
+          {"peak_mem_bytes", mem},
+          {"alloc_peak_bytes", m.alloc_peak_bytes},
+          {"alloc_peak_block_bytes", m.alloc_peak_block_bytes},
+          {"skipped_steps", m.skipped}};
+  if (m.router && m.router->any) add_router_stats(j, *m.router);
+  record(j);
   if (tty_) {
     int width = 30, filled = int(double(width) * double(m.step + 1) / double(std::max<int64_t>(total_, 1)));
     std::string bar(size_t(filled), '=');
@@ -174,10 +182,12 @@ void MetricsLogger::step(const StepMetrics& m) {
   }
 }
 
-void MetricsLogger::eval(int64_t step, double val_loss) {
+void MetricsLogger::eval(int64_t step, double val_loss, double seconds) {
   if (rank_ != 0) return;
   note(fmt::format("eval step {} | val_loss {:.4f}", step + 1, val_loss));
-  record({{"step", step + 1}, {"val_loss", val_loss}});
+  nlohmann::json j = {{"step", step + 1}, {"val_loss", val_loss}};
+  if (seconds >= 0) j["eval_s"] = seconds;
+  record(j);
 }
 
 void MetricsLogger::sample(int64_t step, const std::string& text) {

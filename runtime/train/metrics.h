@@ -40,7 +40,7 @@ class MetricsLogger {
                 double flops_per_token, double peak_flops, Device device, const std::string& progress = "auto");
   ~MetricsLogger();
   void step(const StepMetrics& m);
-  void eval(int64_t step, double val_loss);  // step: 0-based index, as in StepMetrics
+  void eval(int64_t step, double val_loss, double seconds = -1);  // step: 0-based index, as in StepMetrics
   void sample(int64_t step, const std::string& text);
   void note(const std::string& line);  // a plain line that does not break the progress bar
   void record(nlohmann::json j);       // a JSON line as is
@@ -68,6 +68,8 @@ double cpu_peak_flops();
 double gemm_peak_flops(DType dt, int64_t n, int reps);
 // Peak resident memory of this process in bytes (getrusage), or of the device's caching allocator.
 double peak_memory_bytes(Device d);
+// Now, in seconds since the Unix epoch (the metrics' "time").
+double unix_time_s();
 // "1h02m", "3m05s", "12s"
 std::string format_duration(double seconds);
 

@@ -99,7 +99,15 @@ void validate_training(const Config& c) {
   require_at_least("sample.interval", c.sample.interval, 0, "a step count (0 = never)");
   require_at_least("sample.tokens", c.sample.tokens, 0, "a token count");
   require_at_least("sample.temperature", c.sample.temperature, 0, "a temperature");
-  require_at_least("checkpoint.interval", c.checkpoint.interval, 0, "a step count (0 = at the end only)");
+  require_at_least("checkpoint.interval", double(c.checkpoint.interval.steps), 0, "a step count (0 = at the end only)");
+  require_at_least("checkpoint.interval_s", c.checkpoint.interval_s, 0, "seconds (0 = by steps only)");
+  require_at_least("checkpoint.mtbf_s", c.checkpoint.mtbf_s, 0, "seconds");
+  if (c.checkpoint.interval.automatic && !(c.checkpoint.mtbf_s > 0))
+    fail("config", "checkpoint.interval = auto needs checkpoint.mtbf_s, the job's mean time between failures in "
+                   "seconds (e.g. 3600): the interval is sqrt(2 x save cost x mtbf_s)");
+  if (c.checkpoint.interval.automatic && c.checkpoint.interval_s > 0)
+    fail("config", "checkpoint.interval = auto and checkpoint.interval_s = {} both choose the interval: set one",
+         c.checkpoint.interval_s);
   require_at_least("checkpoint.keep", c.checkpoint.keep, 0, "a count (0 = all)");
   require_at_least("training.memory_limit_mb", c.training.memory_limit_mb, 0, "MiB (0 = no cap)");
   require_at_least("checkpoint.writers", double(c.checkpoint.writers), 0, "a count of ranks (0 = every rank)");

@@ -36,6 +36,7 @@ struct TrainRun {
   int64_t micro = 0;            // sequences per forward/backward
   SequenceShard shard;          // this rank's tokens of each sequence (all of them without cp)
   int64_t start_step = 0;       // > 0 after resuming
+  std::string resumed_from;     // the checkpoint resumed, if any
   // How the step's micro-batches run (step_executor.h): the local loop, or pipeline parallel's schedule
   // (parallel.pp > 1). Chosen once, in make_train_run.
   std::unique_ptr<StepExecutor> executor;

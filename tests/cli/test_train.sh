@@ -43,6 +43,12 @@ train() {  # train NAME NP [--set ...]: metrics in $tmp/NAME.jsonl, checkpoints 
     --set checkpoint.dir="$tmp/$name.ckpt" "$@" train >"$tmp/$name.log" 2>&1
 }
 
+# no_sums DIR: a checkpoint's meta.json without its checksums (as written before format 3), so that the loader's
+# own checks of damaged files are reached (tests/cli/test_checkpoint.sh checks the checksums).
+no_sums() {
+  "$py" -c "import json, sys; p = sys.argv[1] + '/meta.json'; m = json.load(open(p)); m.pop('checksums', None); json.dump(m, open(p, 'w'))" "$1"
+}
+
 # --- Invariance over the data-parallel mesh and micro-batching ---
 if train base 1; then ok "train 20 steps on 1 rank: $(grep -c '"loss"' "$tmp/base.jsonl") steps logged"; else
   bad "train 20 steps on 1 rank" "$(tail -n 20 "$tmp/base.log")"; fi
@@ -306,6 +312,7 @@ expect "init_from: mis-shaped tensor" nonzero "'model.norm.weight' has shape (16
 expect "init_from: an integer tensor is refused" nonzero "tensor 'model.norm.weight' has dtype I32" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/int" train
 expect "init_from: a NaN weight is refused at load" nonzero "tensor 'model.norm.weight' holds a non-finite value (nan at element 0 of this rank's part)" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/nan" train
 cp "$tmp/base.ckpt/step_00000020/meta.json" "$tmp/base.ckpt/step_00000020/optimizer.safetensors" "$tmp/bad/nan/"
+no_sums "$tmp/bad/nan"
 expect "resume: a NaN weight in a checkpoint is refused at load" nonzero "model.safetensors: tensor 'model.norm.weight' holds a non-finite value" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set checkpoint.resume="$tmp/bad/nan" --set checkpoint.dir="$tmp/x" train
 expect "init_from: corrupt file" nonzero "[checkpoint]" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/bad/garbage" train
 expect "init_from: no such path" nonzero "no such file or directory" -- "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/nope" train
@@ -404,8 +411,8 @@ train r4to2 2 --set checkpoint.resume="$ck/../step_00000010" --set parallel.dp_r
 expect "logits of a sharded checkpoint on 1 rank" zero "logits (5, 256) of $ck written" -- "$mpirun" -np 1 "$mt" logits --checkpoint "$ck" --tokens 84,104,101,32,113 --out "$tmp/logits4.npy"
 expect "init_from a sharded checkpoint (model.safetensors.index.json)" zero "initialised from" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.steps=1 --set model.init_from="$ck" train
 # Bad sharded checkpoints: each named by file and tensor, on every rank, before a parameter changes.
-shard_bad() {  # shard_bad NAME: a copy of the 4-writer checkpoint in $tmp/sbad/NAME
-  rm -rf "$tmp/sbad/$1" && mkdir -p "$tmp/sbad" && cp -r "$ck" "$tmp/sbad/$1"
+shard_bad() {  # shard_bad NAME: a copy of the 4-writer checkpoint in $tmp/sbad/NAME, past its checksums
+  rm -rf "$tmp/sbad/$1" && mkdir -p "$tmp/sbad" && cp -r "$ck" "$tmp/sbad/$1" && no_sums "$tmp/sbad/$1"
 }
 shard_bad missing && rm "$tmp/sbad/missing/model-00002-of-00004.safetensors"
 expect "sharded checkpoint: a missing file is named" nonzero "model.safetensors.index.json: the index names $tmp/sbad/missing/model-00002-of-00004.safetensors" -- \
