@@ -247,6 +247,7 @@ struct LaunchResult {
   int code = 0;           // the exit code, 128 + N when the launcher itself was killed by signal N
   bool hang_killed = false;
   int forwarded = 0;      // the stop signal passed on to the launcher (0: none)
+  int launcher_signal = 0;  // the signal that killed the launcher itself (0: it exited)
 };
 
 // Runs one launch: its output passed through and scanned, the metrics file read as it grows, stop signals
@@ -281,6 +282,7 @@ LaunchResult run_launch(const std::vector<std::string>& argv, FileTail* metrics,
   int status = 0;
   double exit_seen = 0, last_step_t = -1, last_metrics_read = 0;
   int64_t steps_seen = 0;
+  std::set<int> forwarded;
   auto read_metrics = [&] {
     if (!metrics) return;
     const double t = now_unix();
@@ -330,11 +332,19 @@ LaunchResult run_launch(const std::vector<std::string>& argv, FileTail* metrics,
     }
     const double t = now_unix();
     if (int sig = g_signal.exchange(0); sig != 0 && !exited) {
-      say("received {} ({}): passing it to the launch (pid {}); its ranks checkpoint and stop, and there is no "
-          "relaunch",
-          sig, signal_name(sig), pid);
-      ::kill(pid, sig);
-      res.forwarded = sig;
+      // Once per signal: Open MPI's mpirun kills its ranks at once on a second SIGTERM, before their checkpoint
+      // (a signal may reach the supervisor twice: from `timeout`, from Slurm signalling every process of the job).
+      // A second Ctrl-C is passed on: the user asks to stop now.
+      if (forwarded.count(sig) && sig != SIGINT) {
+        say("received {} ({}) again: already passed on, the ranks are stopping", sig, signal_name(sig));
+      } else {
+        say("received {} ({}): passing it to the launch (pid {}); its ranks checkpoint and stop, and there is no "
+            "relaunch",
+            sig, signal_name(sig), pid);
+        ::kill(pid, sig);
+        forwarded.insert(sig);
+        res.forwarded = sig;
+      }
     }
     if (t - last_metrics_read >= 0.1) read_metrics();
     if (!exited && hang_timeout_s > 0 && steps_seen > 0 && t - last_step_t > hang_timeout_s && !res.hang_killed) {
@@ -360,6 +370,7 @@ LaunchResult run_launch(const std::vector<std::string>& argv, FileTail* metrics,
   }
   read_metrics();
   res.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (WIFSIGNALED(status)) res.launcher_signal = WTERMSIG(status);
   return res;
 }
 
@@ -483,7 +494,7 @@ int run_supervise(const SuperviseArgs& a) {
       say("launch {} exited 2 (a command-line error): not relaunched", attempt);
       break;
     }
-    const bool launcher_killed = code > 128 && code < 128 + 32 && ev.level < 3;
+    const bool launcher_killed = r.launcher_signal != 0;
     if (!ev.rank_failure() && !r.hang_killed && !launcher_killed && at.steps_recorded == 0) {
       say("launch {} failed with exit code {} before its first step, with no rank killed, stopped or timed out: an "
           "error that a relaunch would repeat (the config, the data, the command line?): not relaunched",
@@ -496,7 +507,9 @@ int run_supervise(const SuperviseArgs& a) {
     if (!ev.node.empty()) who += " on " + ev.node;
     std::string how = r.hang_killed ? fmt::format("hung: no new step for {:g} s (--hang-timeout)", a.hang_timeout_s)
                       : !ev.how.empty() ? ev.how
-                                        : fmt::format("the launch exited {}", code);
+                      : launcher_killed ? fmt::format("(unknown: the launcher was killed by signal {}, {})",
+                                                      r.launcher_signal, signal_name(r.launcher_signal))
+                                        : "(unknown: no rank named in the launch's output)";
     const bool give_up = restarts >= a.max_restarts;
     say("failure {} (launch {}): {} {}; exit code {}; last step recorded {}, last committed checkpoint {}, {} "
         "step{} lost{}",

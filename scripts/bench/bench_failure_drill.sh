@@ -10,8 +10,9 @@
 #     uninterrupted run's losses bit for bit;
 #   - the supervisor's goodput is printed with its parts beside the 85% goal, with what bounds it: the time per
 #     relaunch (the ranks' start-up and the checkpoint load), the work lost per failure, the saves.
-# Checkpoints every CKPT_INTERVAL steps (default: Young's sqrt(2 x save time x MTBF), from a probe run), written
-# synchronously unless the binary knows checkpoint.async (then ASYNC=1 uses it).
+# Checkpoints with checkpoint.interval: auto and checkpoint.mtbf_s = MTBF (Young/Daly: every sqrt(2 x stall x
+# MTBF) seconds, the stall measured by the trainer), asynchronous (checkpoint.async: true; ASYNC=0 for synchronous
+# saves); CKPT_INTERVAL=N for a fixed interval of N steps.
 #   scripts/bench/bench_failure_drill.sh [BUILD_DIR] [MINUTES]
 #   env: MTBF (s, default 60), STOP_EVERY (default 3), SAVE_EVERY (default 4), SEED, TIMEOUT_S (comm.timeout_s,
 #        default 5), BACKOFF (s, default 0), CKPT_INTERVAL, KEEP=1 (keep the work directory, printed)
@@ -43,28 +44,27 @@ PY
 common=(--config "$root/configs/bench_cpu.yaml" --set data.train="$tmp/bench_*.bin" --set data.val=""
   --set training.threads=1 --set log.interval=1 --set comm.timeout_s="$timeout_s" --set checkpoint.keep=2)
 async=()
-if [ "${ASYNC:-0}" = 1 ]; then async=(--set checkpoint.async=true); fi
+if [ "${ASYNC:-1}" = 1 ]; then async=(--set checkpoint.async=true); fi
+interval=${CKPT_INTERVAL:-auto}
 # launch NAME STEPS INTERVAL: the 4-rank launch of run NAME.
 launch() {
   echo "$root/scripts/mpirun.sh" -np 4 "$mt" "${common[@]}" "${async[@]}" --set training.steps="$2" \
-    --set checkpoint.interval="$3" --set log.metrics_file="$tmp/$1.jsonl" --set checkpoint.dir="$tmp/$1.ckpt" \
-    --set checkpoint.resume=auto train
+    --set checkpoint.interval="$3" --set checkpoint.mtbf_s="$mtbf" --set log.metrics_file="$tmp/$1.jsonl" \
+    --set checkpoint.dir="$tmp/$1.ckpt" --set checkpoint.resume=auto train
 }
 
-# A probe: the step time and the save time on this machine now.
+# A probe: the step time on this machine now, for the step count.
 # shellcheck disable=SC2046
-$(launch probe 12 4) >"$tmp/probe.log" 2>&1 || { tail -n 20 "$tmp/probe.log"; exit 1; }
-read -r step_s save_s < <("$py" - "$tmp/probe.jsonl" "$tmp/probe.log" <<'PY'
-import json, re, statistics, sys
+$(launch probe 10 0) >"$tmp/probe.log" 2>&1 || { tail -n 20 "$tmp/probe.log"; exit 1; }
+step_s=$("$py" - "$tmp/probe.jsonl" <<'PY'
+import json, statistics, sys
 ms = [json.loads(l)["step_ms"] for l in open(sys.argv[1]) if '"step_ms"' in l][2:]
-saves = [float(x) for x in re.findall(r"^checkpoint step \d+ -> \S+ in ([0-9.]+) s", open(sys.argv[2]).read(), re.M)]
-print(statistics.median(ms) / 1e3, statistics.median(saves) if saves else 0.2)
+print(round(statistics.median(ms) / 1e3, 3))
 PY
 )
 steps=$("$py" -c "print(max(50, int($minutes * 60 / $step_s)))")
-interval=${CKPT_INTERVAL:-$("$py" -c "import math; print(max(1, round(math.sqrt(2 * $save_s * $mtbf) / $step_s)))")}
-echo "probe      : ${step_s} s per step, ${save_s} s per save: $steps steps, a checkpoint every $interval steps" \
-  "(Young: sqrt(2 x save x MTBF) / step), ${async[*]:-synchronous saves}"
+echo "probe      : $step_s s per step: $steps steps; checkpoint.interval $interval (mtbf_s $mtbf)," \
+  "${async[*]:-synchronous saves}; comm.timeout_s $timeout_s, back-off $backoff s"
 
 # rank_pid RANK: the process of rank RANK of the drill (Open MPI gives each rank OMPI_COMM_WORLD_RANK).
 rank_pid() {
@@ -93,8 +93,8 @@ while kill -0 $sup 2>/dev/null; do
   [ $((round % stop_every)) -eq 0 ] && what=STOP
   during=""
   if [ $((round % save_every)) -eq 0 ]; then
-    # Wait (up to 3 intervals) for a save in progress, and strike then.
-    for _ in $(seq $((30 * interval))); do
+    # Wait (up to 30 s) for a save in progress, and strike then.
+    for _ in $(seq 600); do
       ls -d "$tmp"/drill.ckpt/step_*.tmp >/dev/null 2>&1 && { during=" during the save of $(basename "$(ls -d "$tmp"/drill.ckpt/step_*.tmp | head -n 1)")"; break; }
       sleep 0.05
     done
@@ -112,6 +112,7 @@ rc=$?
 drill_s=$(($(date +%s) - start))
 echo "drill      : exit $rc after $drill_s s; $kills SIGKILL, $stops SIGSTOP ($in_save during a save)"
 grep -E '^\[supervise.*\] (failure|giving up|goodput)' "$tmp/drill.log" | sed 's/^\[supervise [0-9:]*\] /  /'
+grep -m 1 'checkpoint.interval auto:' "$tmp/drill.log" | sed 's/^\[[^]]*\] \[r0\] \[[a-z]*\] /  /'
 
 # The same steps uninterrupted.
 start=$(date +%s)
@@ -129,27 +130,33 @@ done
 if [ $n -gt 0 ] && [ $differ -eq 0 ]; then echo "weights    : the final checkpoint's $n safetensors files equal the uninterrupted run's byte for byte"
 else echo "weights    : $differ of $n safetensors files DIFFER from the uninterrupted run's"; status=1; fi
 echo "metrics    : $("$py" "$root/tests/cli/dedup_steps.py" "$tmp/drill.jsonl" "$steps" --base "$tmp/base.jsonl" || echo FAILED)"
-"$py" - "$tmp/drill.jsonl" "$tmp/drill.log" "$mtbf" "$step_s" "$interval" <<'PY' || status=1
+"$py" - "$tmp/drill.jsonl" "$mtbf" <<'PY' || status=1
 import json, re, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
 g = [r for r in recs if r.get("event") == "goodput" and r.get("scope") == "job"]
 if not g:
     print("goodput    : none recorded"); sys.exit(1)
 g = g[-1]
-mtbf, step_s, interval = float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+mtbf = float(sys.argv[2])
+saves = [r for r in recs if r.get("event") == "checkpoint"]
+starts = [r for r in recs if r.get("event") == "start"]
 w = g["wall_s"]
 parts = ", ".join(f"{k} {g[k + '_s']:.0f} s ({100 * g[k + '_s'] / w:.1f}%)"
                   for k in ("productive", "checkpoint", "eval", "lost", "restart", "other"))
 print(f"goodput    : {100 * g['goodput']:.1f}% (goal 85%) of {w:.0f} s: {parts}")
 f = max(g["failures"], 1)
 launches = g["attempts"]
-saves = len(re.findall(r"^checkpoint step \d+ ->", open(sys.argv[2]).read(), re.M))
+n = max(len(saves), 1)
+period = g["productive_s"] / n
+setup = sum(r.get("setup_s", 0) for r in starts) / max(len(starts), 1)
+load = sum(r.get("load_s", 0) for r in starts) / max(len(starts), 1)
+modes = sorted({r.get("mode", "?") for r in saves})
 print(f"per failure: {g['failures']} failures, one every {w / f:.0f} s; restart {g['restart_s'] / launches:.1f} s per "
-      f"launch (start-up of 4 ranks, set-up, load), lost {g['lost_s'] / f:.1f} s per failure "
-      f"({g['redone_steps'] / f:.1f} steps redone + the step it died in and the detection); "
-      f"checkpoint {g['checkpoint_s'] / max(saves, 1):.2f} s per save ({saves} saves, every {interval} steps "
-      f"= {interval * step_s:.1f} s)")
-bound = 1 - (g["restart_s"] / launches + g["lost_s"] / f) / mtbf - (g["checkpoint_s"] / max(saves, 1)) / (interval * step_s)
+      f"launch (of which the trainer's set-up {setup:.1f} s, its checkpoint load {load:.2f} s; the rest mpirun "
+      f"starting 4 ranks); lost {g['lost_s'] / f:.1f} s per failure ({g['redone_steps'] / f:.1f} steps redone, the "
+      f"step it died in, the detection); checkpoint stall {g['checkpoint_s'] / n:.2f} s per save ({len(saves)} "
+      f"{'/'.join(modes)} saves, one every {period:.1f} s of steps)")
+bound = 1 - (g["restart_s"] / launches + g["lost_s"] / f) / mtbf - (g["checkpoint_s"] / n) / period
 print(f"bound      : at one failure per {mtbf:.0f} s, 1 - (restart + lost) / MTBF - save / interval = {100 * bound:.1f}%")
 PY
 exit $status

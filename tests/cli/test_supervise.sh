@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `meshtrain supervise` (runtime/cli/cmd_supervise.cpp), the short failure drill: 4 ranks of a tiny model under
 # the supervisor, one random rank killed with SIGKILL at a random step and, in the relaunched run, another stopped
-# with SIGSTOP (its peers' watchdog, comm.timeout_s 3, aborts the job). The supervisor relaunches each time from
-# the newest checkpoint (checkpoint.resume=auto), and at the end:
+# with SIGSTOP (its peers' watchdog, comm.timeout_s 3, aborts the job); asynchronous checkpoints every 50 steps.
+# The supervisor relaunches each time from the newest checkpoint (checkpoint.resume=auto), and at the end:
 #   - it exits 0, and each failure line names the rank that was killed or stopped;
 #   - the final checkpoint's weights and optimizer state equal an uninterrupted run's, byte for byte;
 #   - after deduplication (the last record of a step wins) the metrics hold every step once, none missing, with the
@@ -32,7 +32,7 @@ eval: {interval: 500, steps: 2}
 sample: {interval: 0}
 log: {interval: 1}
 comm: {timeout_s: 3}
-checkpoint: {interval: 50, keep: 2}
+checkpoint: {interval: 50, keep: 2, async: true}
 YAML
 # launch NAME: the 4-rank launch of run NAME (its metrics $tmp/NAME.jsonl, its checkpoints $tmp/NAME.ckpt).
 launch() {
