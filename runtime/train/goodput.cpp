@@ -85,11 +85,6 @@ void GoodputAccount::end_attempt(double exit_t, bool failed) {
   }
 }
 
-void GoodputAccount::note_committed(int64_t step) {
-  if (!attempts_.empty()) attempts_.back().last_committed = std::max(attempts_.back().last_committed, step);
-  last_committed_ = std::max(last_committed_, step);
-}
-
 int64_t GoodputAccount::steps_lost() const {
   if (attempts_.empty()) return 0;
   const AttemptRecords& a = attempts_.back();

@@ -53,8 +53,6 @@ class GoodputAccount {
   // A checkpoint seen only in the launch's output ("checkpoint step N -> DIR in X s"): used for launches whose
   // metrics carry no checkpoint events (the stall is then the whole save).
   void add_output_checkpoint(int64_t step, double seconds);
-  // A checkpoint known to be complete from elsewhere (the launch's output), for the failure line.
-  void note_committed(int64_t step);
   void end_attempt(double exit_t, bool failed);
   // A back-off wait that no launch followed (the job was stopped during it): restart time.
   void add_wait(double seconds) { extra_wait_s_ += seconds; }
