@@ -338,10 +338,14 @@ LaunchResult run_launch(const std::vector<std::string>& argv, FileTail* metrics,
       if (forwarded.count(sig) && sig != SIGINT) {
         say("received {} ({}) again: already passed on, the ranks are stopping", sig, signal_name(sig));
       } else {
-        say("received {} ({}): passing it to the launch (pid {}); its ranks checkpoint and stop, and there is no "
+        // SIGTERM goes on as SIGUSR1, which the ranks treat alike (checkpoint, stop): Open MPI's mpirun, given
+        // SIGTERM, terminates its ranks itself shortly after passing it on, before a loaded rank has saved;
+        // SIGUSR1 it only forwards (srun forwards both).
+        const int pass = sig == SIGTERM ? SIGUSR1 : sig;
+        say("received {} ({}): passing it to the launch (pid {}){}; its ranks checkpoint and stop, and there is no "
             "relaunch",
-            sig, signal_name(sig), pid);
-        ::kill(pid, sig);
+            sig, signal_name(sig), pid, pass != sig ? " as SIGUSR1" : "");
+        ::kill(pid, pass);
         forwarded.insert(sig);
         res.forwarded = sig;
       }
