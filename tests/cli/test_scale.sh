@@ -73,9 +73,9 @@ else
   bad "meshtrain logits of the sharded checkpoint" "$(tail -n 20 "$tmp/logits.log")"
 fi
 
-# The whole-model path under the same cap: a rank that makes the whole model (1 rank here, as every rank did
-# before sharded creation) stops with the allocator's error naming the key, not a kill.
-expect "the whole model on one rank under the cap is a clear error" nonzero "above training.memory_limit_mb = 170.0 MiB" -- \
+# The whole model on one rank under the same cap: refused before anything is allocated (the model's size against the
+# rank's memory, training.memory_limit_mb here), naming the keys, not a kill.
+expect "the whole model on one rank under the cap is a clear error" nonzero "the model does not fit in this rank's memory: model.n_layers = 24" -- \
   "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" "${cap[@]}" --set checkpoint.dir="$tmp/one.ckpt" train
 
 summary scale
