@@ -1,14 +1,23 @@
 // Loading: a checkpoint (weights, optimizer moments, progress) or a Hugging Face directory's weights into a model in
-// its layout, each rank reading only its blocks (checkpoint.h). Saving is in checkpoint.cpp.
+// its layout, each rank reading only its blocks (checkpoint.h); the checksums verified before a resume trusts the
+// files; partial saves found. Saving is in checkpoint.cpp.
+#include <mpi.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 
+#include "comm/control.h"
+#include "runtime/core/log.h"
+#include "runtime/io/checksum.h"
 #include "runtime/io/safetensors.h"
+#include "runtime/train/agree.h"
 #include "runtime/train/checkpoint.h"
 
 namespace fs = std::filesystem;
@@ -293,6 +302,62 @@ void load_hf_weights(const std::string& path, CausalLM& model) {
   std::vector<LoadItem> items;
   for (Parameter* q : params) items.push_back({q->name, q->value, q});
   load_items(src, items);
+}
+
+// Each file listed in meta.json's checksums is read whole by one rank (file k by rank k mod world) and hashed; the
+// first mismatch (lowest rank) is every rank's error.
+void verify_checkpoint(const std::string& path, const MpiEnv& env) {
+  std::string mine;
+  json meta;
+  try {
+    std::ifstream f(fs::path(path) / "meta.json");
+    MT_CHECK(f.good(), "checkpoint", "{}: no meta.json (an incomplete checkpoint?)", path);
+    try {
+      meta = json::parse(f);
+    } catch (const json::exception& e) {
+      fail("checkpoint", "{}/meta.json is not valid JSON ({})", path, e.what());
+    }
+    if (meta.contains("checksums") && meta["checksums"].is_object()) {
+      int k = 0;
+      for (auto it = meta["checksums"].begin(); it != meta["checksums"].end(); ++it, ++k) {
+        if (k % env.size() != env.rank()) continue;
+        const std::string file = (fs::path(path) / it.key()).string();
+        MT_CHECK(it->is_string(), "checkpoint", "{}/meta.json: checksums['{}'] is not a string", path, it.key());
+        std::error_code ec;
+        MT_CHECK(fs::is_regular_file(file, ec), "checkpoint", "{}: missing (meta.json lists it)", file);
+        const std::string got = file_checksum(file);
+        MT_CHECK(got == it->get<std::string>(), "checkpoint",
+                 "{}: checksum {} differs from the {} recorded in meta.json: the file is damaged, truncated or from "
+                 "another save",
+                 file, got, it->get<std::string>());
+      }
+    } else if (env.rank() == 0) {
+      spdlog::warn("{}: no checksums in meta.json (written before format 3): its files are not verified", path);
+    }
+  } catch (const std::exception& e) {
+    mine = e.what();
+  }
+  // The ranks' messages, in rank order: every rank fails with the first, printed by rank 0.
+  constexpr int kLen = 1024;
+  std::vector<char> all(size_t(kLen) * size_t(env.size()), 0), buf(kLen, 0);
+  std::snprintf(buf.data(), kLen, "%s", mine.c_str());
+  if (env.size() > 1)
+    control_all_gather(MPI_COMM_WORLD, all.data(), buf.data(), kLen, MPI_CHAR, "verifying the checkpoint's checksums");
+  else
+    all = buf;
+  for (int r = 0; r < env.size(); ++r)
+    if (all[size_t(r) * kLen] != 0) throw ReportedError(std::string(&all[size_t(r) * kLen]), 1, env.rank() == 0);
+}
+
+std::vector<std::string> stale_partial_saves(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return out;
+  const std::regex re("step_[0-9]{8}\\.tmp");
+  for (auto& e : fs::directory_iterator(dir, ec))
+    if (std::regex_match(e.path().filename().string(), re)) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 }  // namespace mt
