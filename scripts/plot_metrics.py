@@ -36,10 +36,9 @@ matplotlib.use("Agg")  # render to a file: cluster nodes and CI have no display
 import matplotlib.pyplot as plt  # noqa: E402  (must come after the backend is chosen)
 
 
-def read_metrics(path):
-    """Returns {step: loss}, {step: val_loss}, {step: tokens_per_s}. A resumed run appends to the same file
-    and may repeat steps, so a later record for a step replaces an earlier one."""
-    train, val, tps = {}, {}, {}
+def records(path, warn=False):
+    """The JSON objects of a metrics file, in order. A run killed mid-write can leave a truncated last line; the rest
+    is still worth plotting, so a line that is not JSON is skipped (said once per line when warn)."""
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
             line = line.strip()
@@ -48,32 +47,32 @@ def read_metrics(path):
             try:
                 r = json.loads(line)
             except json.JSONDecodeError:
-                # A run killed mid-write can leave a truncated last line; the rest is still worth plotting.
-                print(f"plot_metrics: {path}:{lineno}: skipping a line that is not JSON", file=sys.stderr)
+                if warn:
+                    print(f"plot_metrics: {path}:{lineno}: skipping a line that is not JSON", file=sys.stderr)
                 continue
-            if "step" not in r:
-                continue
-            if "loss" in r:
-                train[r["step"]] = r["loss"]
-                if "tokens_per_s" in r:
-                    tps[r["step"]] = r["tokens_per_s"]
-            if "val_loss" in r:
-                val[r["step"]] = r["val_loss"]
+            if isinstance(r, dict):
+                yield r
+
+
+def read_metrics(path):
+    """Returns {step: loss}, {step: val_loss}, {step: tokens_per_s}. A resumed run appends to the same file
+    and may repeat steps, so a later record for a step replaces an earlier one."""
+    train, val, tps = {}, {}, {}
+    for r in records(path, warn=True):
+        if "step" not in r:
+            continue
+        if "loss" in r:
+            train[r["step"]] = r["loss"]
+            if "tokens_per_s" in r:
+                tps[r["step"]] = r["tokens_per_s"]
+        if "val_loss" in r:
+            val[r["step"]] = r["val_loss"]
     return train, val, tps
 
 
 def read_expert_load(path):
     """Returns {step: record} of the records with "expert_load" (a later record for a step replaces an earlier one)."""
-    out = {}
-    with open(path) as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if "step" in r and "expert_load" in r:
-                out[r["step"]] = r
-    return out
+    return {r["step"]: r for r in records(path) if "step" in r and "expert_load" in r}
 
 
 def plot_experts(records, out, title):
@@ -111,21 +110,14 @@ def read_job_events(path):
     """Returns (the goodput record: the job's if any, else the last run's, or None; the failure records)."""
     job = run = None
     failures = []
-    with open(path) as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(r, dict):
-                continue
-            if r.get("event") == "goodput":
-                if r.get("scope") == "job":
-                    job = r
-                else:
-                    run = r
-            elif r.get("event") == "failure":
-                failures.append(r)
+    for r in records(path):
+        if r.get("event") == "goodput":
+            if r.get("scope") == "job":
+                job = r
+            else:
+                run = r
+        elif r.get("event") == "failure":
+            failures.append(r)
     return job or run, failures
 
 

@@ -231,13 +231,13 @@ std::vector<pid_t> descendants(pid_t root) {
     int ppid = 0;
     if (std::sscanf(s.c_str() + close + 1, " %*c %d", &ppid) == 1) children[pid_t(ppid)].push_back(pid_t(std::stoi(name)));
   }
-  std::vector<pid_t> out, todo{root};
-  while (!todo.empty()) {
-    pid_t p = todo.back();
-    todo.pop_back();
+  std::vector<pid_t> out, frontier{root};
+  while (!frontier.empty()) {
+    pid_t p = frontier.back();
+    frontier.pop_back();
     for (pid_t c : children[p]) {
       out.push_back(c);
-      todo.push_back(c);
+      frontier.push_back(c);
     }
   }
   return out;
