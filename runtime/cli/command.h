@@ -44,5 +44,6 @@ Command estimate_command();
 Command generate_command();
 Command logits_command();
 Command tokenize_command();
+Command trace_command();
 
 }  // namespace mt
