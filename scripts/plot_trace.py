@@ -133,7 +133,8 @@ def main():
         tot = [sum(e["args"].values()) / 2**20 for e in cs]
         axm.step(xs, tot + tot[-1:], where="post", linewidth=0.9, label=f"rank {r}")
         if r == args.memory_rank:
-            keys = list(cs[0]["args"])
+            order = ["parameters", "gradients", "optimizer", "activations and buffers"]  # the fixed state at the bottom
+            keys = sorted(cs[0]["args"], key=lambda k: order.index(k) if k in order else len(order))
             parts = (xs, keys, [[e["args"].get(k, 0) / 2**20 for e in cs] + [cs[-1]["args"].get(k, 0) / 2**20]
                                 for k in keys])
     axm.set_xlim(0, ms(t1))

@@ -28,6 +28,7 @@
 #include "runtime/core/stream.h"
 #include "runtime/core/trace.h"
 #include "runtime/kernels/ops.h"
+#include "runtime/planner/estimate.h"
 #include "runtime/train/agree.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/metrics.h"
@@ -342,6 +343,45 @@ struct StepProfiler {
   }
 };
 
+// After the traced range (issue 40 part 3): rank 0's memory track at its peak, by part, beside `meshtrain
+// estimate`'s parts for the same config (its pp stage 0, which rank 0 holds): the estimate's parameters and compute
+// copies, gradients, optimizer moments, and the rest (buckets, activations, temporaries) against the track's.
+void log_memory_beside_estimate(const Config& cfg, const MpiEnv& env, const RunTrace& tr, MetricsLogger& log) {
+  if (env.rank() != 0) return;
+  const trace::MemoryParts& p = tr.peak();
+  double est[4] = {0, 0, 0, 0}, est_peak = 0;
+  try {
+    const Estimate e = estimate_run(cfg, env.size(), std::nullopt);
+    for (const MemoryPart& m : e.stages.at(0).memory) {
+      const std::string& n = m.name;
+      if (n.rfind("peak", 0) == 0 || n.rfind("process", 0) == 0) continue;
+      const int k = n.rfind("parameters", 0) == 0 || n.rfind("compute copies", 0) == 0 ? 0
+                    : n.rfind("gradients", 0) == 0                                     ? 1
+                    : n.rfind("optimizer", 0) == 0                                     ? 2
+                                                                                       : 3;
+      est[k] += m.bytes;
+    }
+    est_peak = e.stages.at(0).peak_bytes;
+  } catch (const Error& e) {
+    log.note(fmt::format("memory at the traced peak: no estimate to compare ({})", e.what()));
+    return;
+  }
+  const double got[4] = {double(p.parameters), double(p.gradients), double(p.optimizer), double(p.other)};
+  const char* names[4] = {"parameters", "gradients", "optimizer state", "activations and buffers"};
+  std::string parts;
+  nlohmann::json rec = {{"event", "memory_peak"}, {"rank", 0}};
+  for (int k = 0; k < 4; ++k) {
+    parts += fmt::format("{}{} {:.3f} MiB (estimate {:.3f}, {:+.1f}%)", k ? ", " : "", names[k], got[k] / (1 << 20),
+                         est[k] / (1 << 20), est[k] > 0 ? 100 * (got[k] / est[k] - 1) : 0.0);
+    rec[names[k]] = {{"trace", got[k]}, {"estimate", est[k]}};
+  }
+  rec["peak"] = {{"trace", double(p.total())}, {"estimate", est_peak}};
+  log.note(fmt::format("memory at the traced peak on rank 0, by part beside `meshtrain estimate`: {}; peak {:.3f} MiB "
+                       "(estimate {:.3f})",
+                       parts, double(p.total()) / (1 << 20), est_peak / (1 << 20)));
+  log.record(rec);
+}
+
 // Checkpoints: when (every checkpoint.interval steps, every interval_s seconds by rank 0's clock, or with interval:
 // auto every sqrt(2 x save cost x mtbf_s) seconds, Young/Daly) and how (synchronous, or asynchronous: the loop is
 // held only for the snapshot, and the save is committed at the first step boundary where every rank's writer is
@@ -470,6 +510,7 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     control_all_gather(MPI_COMM_WORLD, all.data(), mine, 64, MPI_CHAR, "host names");
     for (int r = 0; r < env.size(); ++r) hosts[size_t(r)] = std::string(all.data() + 64 * r, strnlen(all.data() + 64 * r, 63));
   }
+  bool memory_compared = false;
   StragglerCheck stragglers(cfg.profile.straggler_threshold, cfg.profile.straggler_steps, hosts);
   const int pp_coord = run.world_mesh.has_dim("pp") ? run.world_mesh.coordinate(run.world_mesh.dim_index("pp")) : 0;
   int64_t skipped = 0, skipped_in_a_row = 0;  // non-finite steps (not applied): in all, and the current run of them
@@ -573,8 +614,10 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
       return 128 + stop;
     }
     trace_range.after_step(step, log);
+    if (trace_range.finished() && !memory_compared) log_memory_beside_estimate(cfg, env, trace_range, log), memory_compared = true;
   }
   trace_range.finish(log);
+  if (trace_range.finished() && !memory_compared) log_memory_beside_estimate(cfg, env, trace_range, log);
   profile.report();
   return 0;
 }

@@ -1,5 +1,6 @@
 // The recorder of trace.h: one vector of events per process under a mutex, written as Chrome trace JSON.
 #include "runtime/core/trace.h"
+#include "runtime/core/trace_memory.h"
 
 #include <algorithm>
 #include <chrono>
@@ -135,10 +136,26 @@ void set_memory_parts(int64_t parameters, int64_t gradients, int64_t optimizer) 
   g_parts[0] = parameters, g_parts[1] = gradients, g_parts[2] = optimizer;
 }
 
+MemoryParts g_peak;
+std::mutex g_peak_mu;
+
+MemoryParts memory_peak() {
+  std::lock_guard lock(g_peak_mu);
+  return g_peak;
+}
+void reset_memory_peak() {
+  std::lock_guard lock(g_peak_mu);
+  g_peak = {};
+}
+
 void memory_sample(int64_t a) {
   const double p = double(std::min(a, g_parts[0]));
   const double g = double(std::min(a - int64_t(p), g_parts[1]));
   const double o = double(std::min(a - int64_t(p + g), g_parts[2]));
+  {
+    std::lock_guard lock(g_peak_mu);
+    if (a > g_peak.total()) g_peak = {int64_t(p), int64_t(g), int64_t(o), a - int64_t(p + g + o)};
+  }
   counter("memory", {{"parameters", p}, {"gradients", g}, {"optimizer", o}, {"activations and buffers", double(a) - p - g - o}});
 }
 

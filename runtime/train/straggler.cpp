@@ -32,6 +32,9 @@ std::string StragglerCheck::step(int64_t step, const std::vector<RankStepTimes>&
   for (const RankStepTimes& r : t) by_peers[r.peers].push_back(r.compute_s);
   std::vector<double> all_compute, all_wait;
   for (const RankStepTimes& r : t) all_compute.push_back(r.compute_s), all_wait.push_back(r.wait_s);
+  std::vector<double> walls;
+  for (const RankStepTimes& r : t) walls.push_back(r.compute_s + r.wait_s);
+  const double step_s = median(walls);
   double worst = 0;
   int slowest = -1;
   std::string line;
@@ -40,7 +43,9 @@ std::string StragglerCheck::step(int64_t step, const std::vector<RankStepTimes>&
     const double med = peers.size() > 1 ? median(peers) : median(all_compute);
     const double ratio = med > 0 ? t[i].compute_s / med : 1;
     if (ratio > worst) worst = ratio, slowest = int(i);
-    const bool slow = n > 1 && ratio > 1 + threshold_;
+    // Slower by the threshold, and by more than 2% of the step: a few hundred microseconds on a step that mostly
+    // waits are noise, not a straggler.
+    const bool slow = n > 1 && ratio > 1 + threshold_ && t[i].compute_s - med > 0.02 * step_s;
     streak_[i] = slow ? streak_[i] + 1 : 0;
     if (slow && streak_[i] == steps_) {
       std::vector<double> peer_waits;

@@ -2,7 +2,7 @@
 // it waited in collectives, trace::wait_ns) and wait time travel with the loop's per-step control collective (one
 // small all-gather); every rank then runs the same check on the same numbers. A rank is slow at a step when its
 // compute time is above the median of the ranks doing the same work (the same pp rank: stages differ) by more than
-// profile.straggler_threshold; after profile.straggler_steps slow steps in a row it is named in a log line with its
+// profile.straggler_threshold (and by more than 2% of the median step time: less is noise); after profile.straggler_steps slow steps in a row it is named in a log line with its
 // host and where the difference goes (its compute against the median's, its waits against theirs). The spread
 // (slowest compute / median compute, the slowest rank) goes into a per-step metrics record.
 #pragma once

@@ -103,6 +103,7 @@ void RunTrace::before_step(int64_t step) {
   if (!enabled() || recording_ || done_ || step + 1 < first_) return;
   before_ = comm_counters();
   trace::clear();
+  trace::reset_memory_peak();
   trace::start();
   recording_ = true;
   trace::memory_sample(int64_t(allocator_stats(Device::cpu()).allocated_bytes));
@@ -125,6 +126,7 @@ void RunTrace::finish(MetricsLogger& log) {
   if (!recording_) return;
   trace::stop();
   recording_ = false, done_ = true;
+  peak_ = trace::memory_peak();
   // The Group counters of the traced range: what the "comm" spans' bytes must add up to.
   const CommCounters now = comm_counters();
   nlohmann::json counters = nlohmann::json::array();
@@ -137,7 +139,9 @@ void RunTrace::finish(MetricsLogger& log) {
   }
   const nlohmann::json meta = {{"steps", {first_, last_}},
                                {"comm_counters", counters},
-                               {"peak_allocated_bytes", allocator_stats(Device::cpu()).peak_allocated_bytes}};
+                               {"memory_peak", {{"parameters", peak_.parameters}, {"gradients", peak_.gradients},
+                                                {"optimizer", peak_.optimizer}, {"activations and buffers", peak_.other},
+                                                {"total", peak_.total()}}}};
   const std::string path = trace_rank_path(cfg_.profile.dir, env_.rank());
   const bool ok = trace::write(path, meta.dump());
   const size_t n = trace::event_count();

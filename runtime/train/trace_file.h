@@ -17,6 +17,7 @@ std::string merge_traces(const std::string& dir, int* ranks = nullptr);
 #include <memory>
 
 #include "comm/comm_counters.h"
+#include "runtime/core/trace_memory.h"
 
 namespace mt {
 
@@ -38,6 +39,9 @@ class RunTrace {
   void step_done(int64_t step, int64_t t0_ns, int64_t peak);  // the step span
   void after_step(int64_t step, MetricsLogger& log);          // ends the range after its last step
   void finish(MetricsLogger& log);                            // ends it early (the loop stopped)
+  // After the range: this rank's memory track at its peak, by part ({} before).
+  const trace::MemoryParts& peak() const { return peak_; }
+  bool finished() const { return done_; }
 
  private:
   const Config& cfg_;
@@ -45,6 +49,7 @@ class RunTrace {
   int64_t first_ = 0, last_ = 0;  // 1-based
   bool recording_ = false, done_ = false;
   CommCounters before_;
+  trace::MemoryParts peak_;
 };
 
 }  // namespace mt

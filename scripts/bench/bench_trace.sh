@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# What tracing costs (issue 40, docs/PERFORMANCE.md): configs/bench_cpu.yaml's model on 1 rank with 2 threads,
+# runs interleaved (A B C A B C ...): a binary without the trace hooks (BASE_BIN, optional: e.g. main's build),
+# this build with tracing off, and this build tracing steps 3 to the end (profile.steps, profile.dir). Prints each
+# run's median step time over steps 3..STEPS and, per variant, the median of the runs and the fastest step (on a
+# shared machine the least disturbed), and the ratios.
+#   scripts/bench/bench_trace.sh [BUILD_DIR] [PAIRS] [STEPS] [BASE_BIN]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build}
+pairs=${2:-4}
+steps=${3:-12}
+base=${4:-}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=2
+/usr/bin/python3 - "$tmp" <<'PY'
+import struct, sys, random
+random.seed(0)
+toks = [random.randrange(256) for _ in range(200000)]
+open(sys.argv[1] + "/bench_000.bin", "wb").write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)) + struct.pack(f"<{len(toks)}H", *toks))
+PY
+run() {  # run NAME BIN [--set ...]
+  local name=$1 bin=$2
+  shift 2
+  "$root/scripts/mpirun.sh" -np 1 "$bin" --config "$root/configs/bench_cpu.yaml" --set data.train="$tmp/bench_*.bin" \
+    --set data.val="" --set training.steps="$steps" --set training.threads=2 \
+    --set log.metrics_file="$tmp/$name.jsonl" "$@" train >"$tmp/$name.log" 2>&1 || { tail "$tmp/$name.log"; exit 1; }
+}
+for i in $(seq 1 "$pairs"); do
+  [ -n "$base" ] && run "base_$i" "$base"
+  run "off_$i" "$build/meshtrain"
+  run "on_$i" "$build/meshtrain" --set "profile.steps=[3, $steps]" --set profile.dir="$tmp/trace_$i"
+done
+/usr/bin/python3 - "$tmp" "$pairs" "$steps" <<'PY'
+import glob, json, os, statistics, sys
+tmp, pairs, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def times(path):
+    ms = [json.loads(l)["step_ms"] for l in open(path) if '"step_ms"' in l]
+    return [m for s, m in enumerate(ms, 1) if s >= 3]
+res, low = {}, {}
+for v in ("base", "off", "on"):
+    runs = [times(p) for p in sorted(glob.glob(f"{tmp}/{v}_*.jsonl"))]
+    if runs:
+        res[v] = statistics.median(statistics.median(r) for r in runs)
+        low[v] = min(min(r) for r in runs)
+        print(f"{v:5}: median step {res[v]:.2f} ms over {len(runs)} runs (each the median of steps 3..{steps}: "
+              + " ".join(f"{statistics.median(r):.2f}" for r in runs) + f"); fastest step {low[v]:.2f} ms")
+ev = [json.load(open(p))["traceEvents"] for p in glob.glob(f"{tmp}/trace_*/trace_rank0.json")]
+if ev:
+    print(f"trace: {len(ev[0])} events for {steps - 2} steps ({len(ev[0]) / (steps - 2):.0f} per step)")
+if "on" in res:
+    print(f"tracing on / off: {res['on'] / res['off']:.4f} (medians), {low['on'] / low['off']:.4f} (fastest steps: the "
+          "least disturbed on a shared machine)")
+if "base" in res:
+    print(f"off / without the hooks: {res['off'] / res['base']:.4f}")
+PY
