@@ -448,6 +448,7 @@ class Checkpointer {
     const bool async = pending_->snapshot_bytes() > 0 || !pending_->written();
     std::unique_ptr<PendingCheckpoint> p = std::move(pending_);
     const std::string dir = p->commit();
+    last_write_s_ = p->write_s();
     log_.record({{"event", "checkpoint_committed"}, {"step", step}, {"write_s", p->write_s()},
                  {"time", unix_time_s()}});
     log_.note(fmt::format("checkpoint step {} -> {} (files written and synced in {:.2f} s{}; host memory during the "
@@ -465,7 +466,7 @@ class Checkpointer {
     cost_s_ = cost_s_ <= 0 ? stall : 0.5 * cost_s_ + 0.5 * stall;
     const double mtbf = cfg_.checkpoint.mtbf_s;
     const double young = std::sqrt(2 * cost_s_ * mtbf);
-    const double period = std::max(young, 1e-3);
+    const double period = std::max({young, last_write_s_, 1e-3});
     const bool first = period_s_ <= 0;
     const bool changed = first || std::abs(period - period_s_) > 0.2 * period_s_;
     period_s_ = period;
@@ -485,7 +486,7 @@ class Checkpointer {
   Goodput& gp_;
   std::unique_ptr<PendingCheckpoint> pending_;
   std::chrono::steady_clock::time_point last_;
-  double period_s_ = 0, cost_s_ = 0, extra_mib_ = 0;
+  double period_s_ = 0, cost_s_ = 0, extra_mib_ = 0, last_write_s_ = 0;
 };
 
 // Step 3, the loop: steps, the non-finite rule, evaluation, samples, the stop signal and checkpoints. Returns the exit
