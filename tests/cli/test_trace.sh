@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Traces and the slow rank (issue 40): a pp 2 x dp_shard 2 x tp 2 run (8 ranks) with profile.steps writes a Chrome
-# trace per rank and the merged trace.json; check_trace.py checks the format's rules, that the spans inside each
+# trace per rank and the merged trace.json (with an asynchronous checkpoint's phases); check_trace.py checks the format's rules, that the spans inside each
 # step cover its wall time within 5% on every rank, that the collective spans' calls and bytes equal the Group
 # counters, that the pipeline actions come in the order of `meshtrain plan`'s schedule, and that the memory
 # track's peak equals the allocator's; `meshtrain trace merge` rebuilds trace.json; plot_trace.py draws a step;
@@ -18,7 +18,9 @@ write_yaml "dim: 64, n_layers: 4, n_heads: 4, n_kv_heads: 2, ffn_dim: 96, vocab_
 mesh=(--set parallel.pp=2 --set parallel.dp_shard=2 --set parallel.tp=2 --set parallel.fsdp.min_weight_size=1000)
 
 # The traced run: steps 3 and 4 (an evaluation at step 5 is outside the range).
-if train traced 8 "${mesh[@]}" --set 'profile.steps=[3, 4]' --set profile.dir="$tmp/tr"; then
+# An asynchronous checkpoint at step 3 puts its phases in the trace, the writer on its own lane.
+if train traced 8 "${mesh[@]}" --set 'profile.steps=[3, 4]' --set profile.dir="$tmp/tr" --set checkpoint.dir="$tmp/ck" \
+  --set checkpoint.interval=3 --set checkpoint.async=true; then
   if grep -q "trace of steps 3 to 4: .* 8 ranks merged into $tmp/tr/trace.json" "$tmp/traced.log"; then
     ok "the run merges its 8 traces at the end of the range"
   else bad "the merge line" "$(grep -a trace "$tmp/traced.log" | tail -n 3)"; fi
@@ -41,6 +43,16 @@ passed=$((passed + $(grep -c '^ok ' <<<"$out")))
 failed=$((failed + $(grep -c '^FAIL' <<<"$out")))
 [ -n "$out" ] || bad "check_trace.py printed nothing"
 
+if "$py" - "$tmp/tr/trace_rank0.json" <<'PY'; then ok "checkpoint phases in the trace, the async writer on its own lane"; else bad "checkpoint spans"; fi
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+names = {(e["name"], e["tid"]) for e in ev if e.get("cat") == "checkpoint"}
+writer = [e["tid"] for e in ev if e["ph"] == "M" and e["args"].get("name") == "checkpoint writer"]
+assert writer and ("checkpoint: write files", writer[0]) in names, names
+# (its commit comes at the first step boundary where the writers are done: in the range or after it)
+for n in ("checkpoint save", "checkpoint: check shards", "checkpoint: gather and snapshot"):
+    assert (n, 0) in names, (n, names)
+PY
 # `meshtrain trace merge DIR` rebuilds the same merged file.
 cp "$tmp/tr/trace.json" "$tmp/run_merged.json"
 rm "$tmp/tr/trace.json"
