@@ -101,6 +101,9 @@ void run_control(MPI_Comm comm, std::string_view label, const std::string& where
   const double grace = st->partial ? std::min(10.0, 0.25 * std::max(watchdog_timeout(), 0.0)) : 0.0;
   uint64_t id = watchdog_begin(std::string(label), where.empty() ? world_where(comm) : where, {},
                                [st] { return st->describe(); }, grace);
+  std::vector<int> ranks = st->world;
+  ranks.push_back(process_rank());
+  watchdog_set_ranks(id, std::move(ranks));
   // The trace's "control" span (trace.h): from the markers' start to the end of the wait.
   struct End {
     uint64_t id;

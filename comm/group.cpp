@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "comm/comm_counters.h"
+#include "comm/watchdog.h"
 
 namespace mt {
 
@@ -153,6 +154,7 @@ Work Group::send(const Tensor& t, int peer, bool async, int tag, const std::stri
   MT_CHECK(tag >= 0, "comm", "send on {}: negative tag {}", describe(), tag);
   const int64_t bytes = int64_t(t.nbytes());
   count("send", bytes);
+  if (fault_stop_armed()) fault_stop_point(fmt::format("send on group '{}'", name()));  // the stuck-rank drills
   const int64_t t0 = trace::timing() ? trace::now_ns() : -1;
   return traced("send", bytes, peer, async, t0, do_send(t, peer, async, tag, what));
 }

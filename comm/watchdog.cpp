@@ -29,7 +29,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kAbortNoticeTag = 7191;
 // At a timeout with no better detail, the waiting rank asks the group's other
 // ranks where they are; live ones answer from their watchdog thread.
-constexpr int kQueryTag = 7192, kReplyTag = 7193, kReplyLen = 160;
+constexpr int kQueryTag = 7192, kReplyTag = 7193, kReplyLen = 1024;
 constexpr double kQueryWait_s = 1.0;
 // A gap this long between two 100 ms ticks means this process was suspended.
 constexpr double kSuspendedGap_s = 1.0;
@@ -43,7 +43,14 @@ struct Pending {
   double suspended_s = 0;  // time this process was suspended while the operation waited
   std::vector<int> ranks;  // world ranks of the group; empty: the world
   double grace_s = 0;      // waited beyond the timeout before this rank fires (watchdog_begin's grace_s)
+  std::string phase;       // what the thread that began it was doing (WatchdogPhase)
+  // An async operation issued and not yet waited for does not block this rank (MPI may well have completed it):
+  // it neither times out nor counts as where this rank is until wait() starts (watchdog_async/watchdog_waiting).
+  bool waited = true;
 };
+
+// The calling thread's phases, innermost last.
+thread_local std::vector<std::string> t_phases;
 
 struct State {
   std::mutex mu;
@@ -102,8 +109,74 @@ void send_abort_notice() {
   }
 }
 
-// Answers the "where are you" queries of peers that timed out: this rank's
-// oldest pending operation. Sends are kept until they complete.
+// Ranks whose state a reply or a chain search lists at most (the chain search stops there too).
+constexpr size_t kMaxRanks = 64, kMaxQueried = 1024;
+
+// A peer's answer to "where are you": waiting (in which calls, on which world ranks), in no collective, or no
+// answer at all (stopped or dead). Sent as text: "W <ranks or *>|<description>" or "N|in no collective".
+struct Answer {
+  bool answered = false, waiting = false, all = false;  // all: waits on the whole world
+  std::vector<int> on;
+  std::string text;
+};
+
+Answer parse_answer(const char* text) {
+  Answer a;
+  a.answered = true;
+  std::string t(text);
+  size_t bar = t.find('|');
+  a.text = bar == std::string::npos ? t : t.substr(bar + 1);
+  if (t.rfind("W ", 0) != 0 || bar == std::string::npos) return a;
+  a.waiting = true;
+  std::string list = t.substr(2, bar - 2);
+  if (list == "*") a.all = true;
+  for (size_t i = 0; i < list.size();) {
+    size_t j = list.find(',', i);
+    if (j == std::string::npos) j = list.size();
+    if (j > i && list[i] != '*') a.on.push_back(std::atoi(list.substr(i, j - i).c_str()));
+    i = j + 1;
+  }
+  return a;
+}
+
+std::string describe_pending(const Pending& p, Clock::time_point now) {
+  return fmt::format("in {} on {}{} for {:.1f} s", p.op, p.group, p.phase.empty() ? "" : " while " + p.phase,
+                     std::chrono::duration<double>(now - p.start).count());
+}
+
+// This rank's answer: every pending operation, oldest first, and the union of the ranks they wait on.
+std::string my_answer() {
+  std::lock_guard lock(state().mu);
+  std::vector<const Pending*> ps;
+  for (auto& [id, p] : state().pending)
+    if (p.waited) ps.push_back(&p);
+  if (ps.empty()) return "N|in no collective";
+  std::sort(ps.begin(), ps.end(), [](auto* a, auto* b) { return a->start < b->start; });
+  auto now = Clock::now();
+  bool all = false;
+  std::vector<int> on;
+  for (auto* p : ps) {
+    if (p->ranks.empty()) all = true;
+    for (int r : p->ranks)
+      if (r != process_rank() && std::find(on.begin(), on.end(), r) == on.end()) on.push_back(r);
+  }
+  std::string list;
+  if (all || on.size() > kMaxRanks) list = "*";
+  else
+    for (int r : on) list += (list.empty() ? "" : ",") + std::to_string(r);
+  std::string text = describe_pending(*ps[0], now);
+  for (size_t i = 1; i < ps.size(); ++i) {
+    std::string more = fmt::format("; also {}", describe_pending(*ps[i], now));
+    if (text.size() + more.size() > size_t(kReplyLen) - 80) {
+      text += fmt::format("; and {} more", ps.size() - i);
+      break;
+    }
+    text += more;
+  }
+  return fmt::format("W {}|{}", list, text);
+}
+
+// Answers the "where are you" queries of peers that timed out. Sends are kept until they complete.
 void answer_queries() {
   struct Reply {
     MPI_Request req;
@@ -121,90 +194,189 @@ void answer_queries() {
     if (MPI_Iprobe(MPI_ANY_SOURCE, kQueryTag, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS || !flag) return;
     MPI_Recv(&dummy, 1, MPI_INT, st.MPI_SOURCE, kQueryTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     auto r = std::make_unique<Reply>();
-    std::string where = "in no collective";
-    {
-      std::lock_guard lock(state().mu);
-      const Pending* oldest = nullptr;
-      for (auto& [id, p] : state().pending)
-        if (!oldest || p.start < oldest->start) oldest = &p;
-      if (oldest)
-        where = fmt::format("in {} on {} for {:.1f} s", oldest->op, oldest->group,
-                            std::chrono::duration<double>(Clock::now() - oldest->start).count());
-    }
-    std::snprintf(r->text, kReplyLen, "%s", where.c_str());
+    std::snprintf(r->text, kReplyLen, "%s", my_answer().c_str());
     if (MPI_Isend(r->text, kReplyLen, MPI_CHAR, st.MPI_SOURCE, kReplyTag, MPI_COMM_WORLD, &r->req) == MPI_SUCCESS)
       replies.push_back(std::move(r));
   }
 }
 
-// Asks the other ranks of the group where they are and waits up to
-// kQueryWait_s: a rank that does not answer is stopped or dead.
-std::string ask_peers(const std::vector<int>& group, const std::string& op, const std::string& where) {
-  int me = 0, n = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &me);
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  std::vector<int> peers;
-  if (group.empty())
-    for (int r = 0; r < n; ++r) peers.push_back(r);
-  else peers = group;
-  peers.erase(std::remove(peers.begin(), peers.end(), me), peers.end());
-  if (peers.empty()) return "a peer is missing, dead or stuck";
-  static int query = 0;
-  std::vector<std::array<char, kReplyLen>> text(peers.size());
-  std::vector<MPI_Request> recvs(peers.size(), MPI_REQUEST_NULL), sends(peers.size(), MPI_REQUEST_NULL);
-  for (size_t i = 0; i < peers.size(); ++i) {
-    MPI_Irecv(text[i].data(), kReplyLen, MPI_CHAR, peers[i], kReplyTag, MPI_COMM_WORLD, &recvs[i]);
-    MPI_Isend(&query, 1, MPI_INT, peers[i], kQueryTag, MPI_COMM_WORLD, &sends[i]);
+// A peer aborted the job while this rank was searching: it has printed the report, so this one stays silent.
+void leave_if_reported() {
+  int flag = 0;
+  MPI_Status st;
+  if (MPI_Iprobe(MPI_ANY_SOURCE, kAbortNoticeTag, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS || !flag) return;
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // its MPI_Abort ends this process first
+  std::_Exit(124);
+}
+
+// Asks these ranks where they are and waits up to kQueryWait_s: a rank that does not answer is stopped or dead.
+// Unanswered requests are left pending: the job is about to abort.
+std::vector<Answer> query(const std::vector<int>& ranks) {
+  static int q = 0;
+  auto buffers = std::make_shared<std::vector<std::array<char, kReplyLen>>>(ranks.size());
+  auto& text = *buffers;
+  std::vector<MPI_Request> recvs(ranks.size(), MPI_REQUEST_NULL), sends(ranks.size(), MPI_REQUEST_NULL);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    MPI_Irecv(text[i].data(), kReplyLen, MPI_CHAR, ranks[i], kReplyTag, MPI_COMM_WORLD, &recvs[i]);
+    MPI_Isend(&q, 1, MPI_INT, ranks[i], kQueryTag, MPI_COMM_WORLD, &sends[i]);
   }
-  std::vector<char> answered(peers.size(), 0);
+  std::vector<Answer> out(ranks.size());
   auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kQueryWait_s));
   size_t got = 0;
-  while (got < peers.size() && Clock::now() < until) {
+  while (got < ranks.size() && Clock::now() < until) {
     answer_queries();  // peers timing out at the same moment ask this rank too
-    for (size_t i = 0; i < peers.size(); ++i) {
-      if (answered[i]) continue;
+    leave_if_reported();
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (out[i].answered) continue;
       int flag = 0;
       MPI_Test(&recvs[i], &flag, MPI_STATUS_IGNORE);
-      if (flag) answered[i] = 1, ++got;
+      if (!flag) continue;
+      text[i][kReplyLen - 1] = '\0';
+      out[i] = parse_answer(text[i].data());
+      ++got;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  // Unanswered requests are left pending: the job is about to abort.
-  // Peers waiting in the same call are fine; the others are named.
-  std::string same = fmt::format("in {} on {} ", op, where), missing, elsewhere;
-  int waiting = 0, shown = 0;
-  for (size_t i = 0; i < peers.size(); ++i) {
-    text[i][kReplyLen - 1] = '\0';
-    if (!answered[i]) {
-      missing += (missing.empty() ? "" : ",") + std::to_string(peers[i]);
-    } else if (std::string(text[i].data()).rfind(same, 0) == 0) {
-      ++waiting;
-    } else if (shown++ < 8) {
-      elsewhere += fmt::format("{}world rank {} did not arrive: it is {}", elsewhere.empty() ? "" : "; ", peers[i],
-                               text[i].data());
-    }
+  // A late answer (a stopped rank resumed) still lands in these buffers: never freed when one is missing.
+  if (got < ranks.size()) (void)new std::shared_ptr<std::vector<std::array<char, kReplyLen>>>(buffers);
+  return out;
+}
+
+std::string rank_list(const std::vector<int>& r) {
+  std::string s;
+  for (size_t i = 0; i < r.size() && i < 16; ++i) s += (i ? "," : "") + std::to_string(r[i]);
+  if (r.size() > 16) s += fmt::format(" and {} more", r.size() - 16);
+  return fmt::format("world rank{} {}", r.size() > 1 ? "s" : "", s);
+}
+
+// At a timeout: follows the chain of waiting ranks from this operation's peers (each waiting peer says on which
+// ranks it waits) to the ranks that are not waiting, the culprits: those that do not answer (stopped or dead),
+// else those in no collective. The healthy ranks between are named only as the path. found: a culprit was found.
+std::string find_culprit(const Pending& p, bool* found) {
+  int me = 0, n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  auto everyone = [&] {
+    std::vector<int> v;
+    for (int r = 0; r < n; ++r) v.push_back(r);
+    return v;
+  };
+  std::vector<int> frontier = p.ranks.empty() ? everyone() : p.ranks;
+  {
+    // This rank's other pending operations (a receive beside an async collective) wait on their ranks too.
+    std::lock_guard lock(state().mu);
+    for (auto& [id, q] : state().pending)
+      if (q.waited)
+        for (int r : q.ranks.empty() ? everyone() : q.ranks)
+        if (std::find(frontier.begin(), frontier.end(), r) == frontier.end()) frontier.push_back(r);
   }
-  std::string r;
-  if (!missing.empty())
-    r = fmt::format("world rank{} {} did not arrive and did not answer within {:g} s (stopped or dead)",
-                    missing.find(',') == std::string::npos ? "" : "s", missing, kQueryWait_s);
-  if (!elsewhere.empty()) r += (r.empty() ? "" : "; ") + elsewhere;
-  if (r.empty()) r = "every peer answered from inside this call (a peer stuck inside it?)";
-  return r + fmt::format(" ({} of {} peers wait in it too)", waiting, peers.size());
+  frontier.erase(std::remove(frontier.begin(), frontier.end(), me), frontier.end());
+  *found = false;
+  if (frontier.empty()) return "a peer is missing, dead or stuck";
+  const std::vector<int> direct = frontier;
+  std::map<int, Answer> known;
+  std::map<int, int> via;  // rank -> the waiting rank that led to it (-1: a peer of this operation)
+  for (int r : frontier) via[r] = -1;
+  for (int level = 0; !frontier.empty() && level < 8 && known.size() < kMaxQueried; ++level) {
+    std::vector<Answer> a = query(frontier);
+    // A healthy rank between two calls soon waits again: ask the ones in no collective twice more.
+    for (int again = 0; again < 2; ++again) {
+      std::vector<size_t> idle;
+      for (size_t i = 0; i < a.size(); ++i)
+        if (a[i].answered && !a[i].waiting) idle.push_back(i);
+      if (idle.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      std::vector<int> ask;
+      for (size_t i : idle) ask.push_back(frontier[i]);
+      std::vector<Answer> b = query(ask);
+      for (size_t k = 0; k < idle.size(); ++k)
+        if (b[k].answered) a[idle[k]] = b[k];
+    }
+    std::vector<int> next;
+    for (size_t i = 0; i < frontier.size(); ++i) {
+      known[frontier[i]] = a[i];
+      if (!a[i].waiting) continue;
+      for (int r : a[i].all ? everyone() : a[i].on)
+        if (r != me && r >= 0 && r < n && !via.count(r) && known.size() + next.size() < kMaxQueried) {
+          via[r] = frontier[i];
+          next.push_back(r);
+        }
+    }
+    frontier = std::move(next);
+  }
+  std::vector<int> silent, idle;
+  for (auto& [r, a] : known)
+    if (!a.answered) silent.push_back(r);
+    else if (!a.waiting) idle.push_back(r);
+  auto path = [&](int culprit) {
+    std::vector<int> chain;
+    for (int r = via[culprit]; r >= 0; r = via[r]) chain.push_back(r);
+    std::reverse(chain.begin(), chain.end());
+    std::string s;
+    for (int r : chain)
+      s += fmt::format("{}world rank {} ({})", s.empty() ? "" : ", which waits on ", r, known[r].text);
+    return s;
+  };
+  auto name = [&](const std::vector<int>& culprits, const std::string& what) {
+    std::vector<int> near, far;
+    for (int r : culprits) (via[r] < 0 ? near : far).push_back(r);
+    std::string s;
+    if (!near.empty()) s = fmt::format("{} did not arrive and {}", rank_list(near), what);
+    if (!far.empty())
+      s += fmt::format("{}{} {}; this rank waits on {} through {}", s.empty() ? "" : "; ", rank_list(far), what,
+                       far.size() > 1 ? "them" : "it", path(far[0]));
+    return s;
+  };
+  int same = 0;
+  std::string same_prefix = fmt::format("in {} on {}", p.op, p.group);
+  for (int r : direct)
+    if (known.count(r) && known[r].text.rfind(same_prefix, 0) == 0) ++same;
+  std::string tail = direct.size() > 1 ? fmt::format(" ({} of {} peers wait in it too)", same, direct.size()) : "";
+  if (!silent.empty()) {
+    *found = true;
+    return name(silent, fmt::format("did not answer within {:g} s (stopped or dead)", kQueryWait_s)) + tail;
+  }
+  if (!idle.empty()) {
+    *found = true;
+    std::string s = name(idle, "is in no collective (busy, or stuck outside communication)");
+    return s + tail;
+  }
+  // Everyone reached waits: on each other, in the same call (a peer stuck inside it) or in different ones.
+  std::string calls;
+  int shown = 0;
+  bool differ = false;
+  for (auto& [r, a] : known) {
+    if (a.text.rfind(same_prefix, 0) != 0) differ = true;
+    if (shown++ < 8) calls += fmt::format("; world rank {} is {}", r, a.text);
+  }
+  if (differ)
+    return "every rank reached waits on another, in different calls (the ranks took different paths)" + calls;
+  return "every peer answered from inside this call (a peer stuck inside it?)" + tail;
 }
 
 [[noreturn]] void fire(const Pending& p, double limit) {
   auto& s = state();
-  std::string why = p.detail       ? p.detail()
-                    : mpi_usable() ? ask_peers(p.ranks, p.op, p.group)
-                                   : "a peer is missing, dead or stuck";
+  // The culprit first: a rank that is itself waiting is never the one named.
+  std::string why;
+  bool found = false;
+  if (mpi_usable()) why = find_culprit(p, &found);
+  if (!found && p.detail) why = p.detail();
+  if (why.empty()) why = "a peer is missing, dead or stuck";
+  {
+    std::lock_guard lock(s.mu);
+    auto now = Clock::now();
+    int more = 0;
+    for (auto& [id, q] : s.pending)
+      if (q.waited && (q.start != p.start || q.op != p.op))
+        if (more++ < 4) why += fmt::format("; this rank is also {}", describe_pending(q, now));
+  }
   if (p.suspended_s > 0)
     why += fmt::format(" (this rank was itself suspended for {:.1f} s while it waited; that time is not counted)",
                        p.suspended_s);
   std::string msg = fmt::format(
-      "[comm] timeout: {} on {} did not finish within {:g} s (comm.timeout_s) on {}; {}; "
+      "[comm] timeout: {} on {}{} did not finish within {:g} s (comm.timeout_s) on {}; {}; "
       "aborting the job",
-      p.op, p.group, limit, rank_str(), why);
+      p.op, p.group, p.phase.empty() ? "" : " while " + p.phase, limit, rank_str(), why);
   std::fprintf(stderr, "%s\n", msg.c_str());
   std::fflush(stderr);
   std::vector<std::function<void()>> hooks;
@@ -281,7 +453,7 @@ void loop() {
         continue;
       }
       double waited = std::chrono::duration<double>(now - it->second.start).count();
-      if (s.timeout_s > 0 && waited > s.timeout_s + it->second.grace_s) {
+      if (s.timeout_s > 0 && it->second.waited && waited > s.timeout_s + it->second.grace_s) {
         Pending p = it->second;
         double limit = s.timeout_s;
         lock.unlock();
@@ -313,8 +485,10 @@ uint64_t watchdog_begin(std::string op, std::string where, std::function<bool()>
   auto& s = state();
   std::lock_guard lock(s.mu);
   uint64_t id = s.next_id++;
+  std::string phase;
+  for (auto& ph : t_phases) phase += (phase.empty() ? "" : ", ") + ph;
   s.pending.emplace(id, Pending{std::move(op), std::move(where), Clock::now(), std::move(done), std::move(detail),
-                                0.0, {}, grace_s});
+                                0.0, {}, grace_s, std::move(phase)});
   return id;
 }
 
@@ -328,6 +502,26 @@ uint64_t watchdog_begin(std::string op, const Group& group, std::function<bool()
   state().pending.at(id).ranks = group.world_ranks();
   return id;
 }
+
+void watchdog_set_ranks(uint64_t id, std::vector<int> world_ranks) {
+  std::lock_guard lock(state().mu);
+  if (auto it = state().pending.find(id); it != state().pending.end()) it->second.ranks = std::move(world_ranks);
+}
+
+void watchdog_async(uint64_t id) {
+  std::lock_guard lock(state().mu);
+  if (auto it = state().pending.find(id); it != state().pending.end()) it->second.waited = false;
+}
+
+void watchdog_waiting(uint64_t id) {
+  std::lock_guard lock(state().mu);
+  // Timed from here: until now the rank was not waiting for it (a receive posted a step ahead is no hang).
+  if (auto it = state().pending.find(id); it != state().pending.end() && !it->second.waited)
+    it->second.waited = true, it->second.start = Clock::now(), it->second.suspended_s = 0;
+}
+
+WatchdogPhase::WatchdogPhase(std::string text) { t_phases.push_back(std::move(text)); }
+WatchdogPhase::~WatchdogPhase() { t_phases.pop_back(); }
 
 void watchdog_end(uint64_t id) {
   auto& s = state();
@@ -366,9 +560,19 @@ void watchdog_mpi_finalizing() {
   s.cv.wait(lock, [&] { return !s.in_mpi; });  // MPI_Finalize must not overlap the thread's probes
 }
 
-void fault_stop_point(std::string_view label) {
+namespace {
+const char* fault_spec() {
   static const char* spec = std::getenv("MT_FAULT_STOP_AT");
-  static bool fired = false;
+  return spec;
+}
+bool fault_fired = false;
+}  // namespace
+
+bool fault_stop_armed() { return fault_spec() && *fault_spec() && !fault_fired; }
+
+void fault_stop_point(std::string_view label) {
+  const char* spec = fault_spec();
+  bool& fired = fault_fired;
   if (!spec || !*spec || fired) return;
   std::string_view v(spec);
   size_t colon = v.rfind(':');

@@ -6,12 +6,17 @@
 // too end within the timeout. The watchdog runs from before MPI_Init to after
 // MPI_Finalize. A rank that was itself suspended (SIGSTOP, a paused machine)
 // does not count that time as waiting on its peers, and a rank resumed after
-// a peer aborted the job says so instead of blaming the peers.
+// a peer aborted the job says so instead of blaming the peers. Before it
+// aborts, the rank that timed out follows the chain of waiting ranks (each
+// peer says on which ranks it waits) to the one that is not waiting: the
+// stopped, dead or busy rank is what its first line names, never a healthy
+// rank that waits on it.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace mt {
 
@@ -34,12 +39,34 @@ uint64_t watchdog_begin(std::string op, std::string where, std::function<bool()>
 uint64_t watchdog_begin(std::string op, std::string where, std::function<bool()> done,
                         std::function<std::string()> detail, double grace_s = 0);
 void watchdog_end(uint64_t id);
+// The world ranks an operation waits on, when fewer than its group's (a send or receive waits on its peer only).
+void watchdog_set_ranks(uint64_t id, std::vector<int> world_ranks);
+
+// An async operation on the host (MPI_I*): issued, it does not block this rank, which may be blocked elsewhere
+// while MPI completes it; only once its wait() starts does it count as where this rank waits, and it times out
+// when that wait lasts longer than the timeout.
+void watchdog_async(uint64_t id);
+void watchdog_waiting(uint64_t id);
+
+// What the calling thread is doing, named in the timeout message and in the answers to peers of every operation
+// it begins meanwhile (e.g. "saving the checkpoint of step 4"): a stuck collective is reported as part of it.
+class WatchdogPhase {
+ public:
+  explicit WatchdogPhase(std::string text);
+  ~WatchdogPhase();
+  WatchdogPhase(const WatchdogPhase&) = delete;
+  WatchdogPhase& operator=(const WatchdogPhase&) = delete;
+};
 
 // RAII form for blocking host-side calls.
 class WatchdogScope {
  public:
   WatchdogScope(const char* op, const Group& g) : id_(watchdog_begin(op, g)) {}
   WatchdogScope(const char* op, std::string where) : id_(watchdog_begin(op, std::move(where))) {}
+  // Point to point: waits on these world ranks of the group only.
+  WatchdogScope(const char* op, const Group& g, std::vector<int> peers) : id_(watchdog_begin(op, g)) {
+    watchdog_set_ranks(id_, std::move(peers));
+  }
   ~WatchdogScope() { watchdog_end(id_); }
   WatchdogScope(const WatchdogScope&) = delete;
   WatchdogScope& operator=(const WatchdogScope&) = delete;
@@ -60,5 +87,7 @@ void watchdog_mpi_finalizing();
 // that world rank raises SIGSTOP on itself the first time it reaches a call
 // whose label starts with <point> (e.g. "checkpoint barrier:1"). No-op otherwise.
 void fault_stop_point(std::string_view label);
+// Whether MT_FAULT_STOP_AT is set and has not fired (a cheap test before building a label).
+bool fault_stop_armed();
 
 }  // namespace mt

@@ -108,6 +108,17 @@ ModelConfig model_config_from_hf(const std::string& config_json) {
     type = j["model_type"].get<std::string>();
   }
   const ModelFamily& family = model_family(type, config_json + ": model_type");
+  // The architecture must be the family's causal LM (a classifier's or another family's weights are not this model).
+  if (j.contains("architectures") && !j["architectures"].is_null()) {
+    const auto& a = j["architectures"];
+    MT_CHECK(a.is_array() && !a.empty() && a[0].is_string(), "checkpoint",
+             "{}: architectures = {}: expected a list of class names such as [\"{}\"]", config_json, a.dump(),
+             family.architecture);
+    for (const auto& name : a)
+      MT_CHECK(name == family.architecture, "checkpoint",
+               "{}: architectures = {} but model_type \"{}\" is {}: meshtrain reads only that architecture",
+               config_json, a.dump(), type, family.architecture);
+  }
   ModelConfig c = family.from_hf(j, config_json);
   c.type = family.type;
   return c;

@@ -15,6 +15,15 @@ then a second PNG (OUT with "_experts" before the extension) holds one heat map
 per sparse layer, expert against step, each cell the expert's load over the
 layer's mean load (1: balanced), and the balance loss and the most loaded
 expert's ratio against step. Its path is printed too.
+
+A job run under `meshtrain supervise` holds several launches in one file: a
+step redone after a failure has several records, and the last one is drawn
+(every step once). Its {"event": "failure"} records are marked on the loss
+panel (a dotted line at the last step each failed launch recorded), and its
+{"event": "goodput"} record (the job's, else the last run's) becomes a third
+PNG (OUT with "_goodput" before the extension): the wall time as one stacked
+bar of productive steps, checkpoint stalls, evaluation, lost work, restarts
+and the rest, each with its seconds and share. Its path is printed too.
 """
 import argparse
 import json
@@ -98,6 +107,57 @@ def plot_experts(records, out, title):
     fig.savefig(out, dpi=100)
 
 
+def read_job_events(path):
+    """Returns (the goodput record: the job's if any, else the last run's, or None; the failure records)."""
+    job = run = None
+    failures = []
+    with open(path) as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(r, dict):
+                continue
+            if r.get("event") == "goodput":
+                if r.get("scope") == "job":
+                    job = r
+                else:
+                    run = r
+            elif r.get("event") == "failure":
+                failures.append(r)
+    return job or run, failures
+
+
+GOODPUT_PARTS = [("productive_s", "productive", "tab:green"), ("checkpoint_s", "checkpoint", "tab:blue"),
+                 ("eval_s", "eval", "tab:purple"), ("lost_s", "lost", "tab:red"),
+                 ("restart_s", "restart", "tab:orange"), ("setup_s", "set-up", "tab:orange"),
+                 ("other_s", "other", "tab:gray")]
+
+
+def plot_goodput(g, out, title):
+    """One horizontal bar: the wall time split into its parts, each labelled with seconds and share."""
+    wall = g.get("wall_s") or sum(g.get(k, 0) for k, _, _ in GOODPUT_PARTS) or 1.0
+    fig, ax = plt.subplots(figsize=(9, 2.6))
+    left = 0.0
+    for key, name, color in GOODPUT_PARTS:
+        v = g.get(key)
+        if not v:
+            continue
+        ax.barh([0], [v], left=left, color=color, edgecolor="white", label=f"{name} {v:.0f} s ({100 * v / wall:.1f}%)")
+        if v / wall > 0.06:
+            ax.text(left + v / 2, 0, f"{100 * v / wall:.0f}%", ha="center", va="center", color="white")
+        left += v
+    ax.set_xlim(0, max(wall, left))
+    ax.set_yticks([])
+    ax.set_xlabel("wall time (s)")
+    extra = f", {g['failures']} failures, {g['attempts']} launches" if "failures" in g else ""
+    ax.set_title(f"{title}: goodput {100 * g.get('goodput', 0):.1f}% ({g.get('scope', 'run')}{extra})")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+
+
 def series(d):
     steps = sorted(d)
     return steps, [d[s] for s in steps]
@@ -118,6 +178,10 @@ def main():
         ax_loss.plot(*series(train), lw=1, label="train")
     if val:
         ax_loss.plot(*series(val), "o-", ms=4, label="validation")
+    goodput, failures = read_job_events(a.metrics)
+    for i, f in enumerate(failures):
+        if f.get("last_step", -1) >= 0:
+            ax_loss.axvline(f["last_step"], color="tab:red", ls=":", lw=1, label="failure" if i == 0 else None)
     ax_loss.set_ylabel("loss (nats/token)")
     ax_loss.grid(alpha=0.3)
     ax_loss.legend()
@@ -135,6 +199,10 @@ def main():
         base, ext = os.path.splitext(out)
         plot_experts(experts, base + "_experts" + (ext or ".png"), os.path.basename(a.metrics))
         print(base + "_experts" + (ext or ".png"))
+    if goodput:
+        base, ext = os.path.splitext(out)
+        plot_goodput(goodput, base + "_goodput" + (ext or ".png"), os.path.basename(a.metrics))
+        print(base + "_goodput" + (ext or ".png"))
 
 
 if __name__ == "__main__":

@@ -157,7 +157,9 @@ out="$log_dir/layers.log"
 report layers "$out" "layers: "
 # The command line end to end: config errors, the self-check, fault tests.
 run_script_suite cli tests/cli/test_cli.sh
-run_script_suite hang tests/cli/test_hang.sh
+run_script_suite hang tests/cli/test_hang.sh ${MT_TEST_FULL:+--full}
+# Damaged inputs an operator hits: each a clear error naming the key or file, printed once.
+run_script_suite failures tests/cli/test_failures.sh
 run_script_suite cmdline tests/cli/test_cmdline.sh
 # Training: invariance over dp, the PyTorch reference, resume, checkpoint faults, bad input.
 run_script_suite train tests/cli/test_train.sh
@@ -190,6 +192,7 @@ run_script_suite scale tests/cli/test_scale.sh
 # CPU kernels built per instruction-set level, chosen at run time: every level gives the same losses.
 run_script_suite cpu_isa tests/cli/test_cpu_isa.sh
 run_script_suite host_sync tests/cli/test_host_sync.sh
+run_script_suite supervise tests/cli/test_supervise.sh
 run_script_suite slurm tests/cli/test_slurm.sh ${MT_TEST_FULL:+--full}
 # The CUDA training step on the emulated device against the CPU backend (build-emu's meshtrain, built above).
 if [ $emu_ready -eq 1 ]; then

@@ -109,7 +109,8 @@ struct MpiWork : Work::Impl {
   }
   void wait() override {
     if (done) return;
-    // The watchdog entry made at issue time bounds how long this may take.
+    // The watchdog entry made at issue time bounds how long this wait may take, timed from now.
+    watchdog_waiting(watch);
     MT_MPI_CHECK(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
     complete();
   }
@@ -352,16 +353,18 @@ class MpiGroup final : public Group, public HasMpiComm {
   }
 
   Work do_send(const Tensor& t, int peer, bool async, int tag, const std::string& what) override {
-    const std::string op = what.empty() ? std::string("send") : "send (" + what + ")";
+    // The peer is named (a `what` names its own, e.g. the pp rank).
+    const std::string op =
+        what.empty() ? fmt::format("send to world rank {}", world_ranks()[size_t(peer)]) : "send (" + what + ")";
     const int cnt = to_int(t.numel(), "send", *this), mtag = p2p_tag(tag, *this);
     if (!async) {
       Staged s(t, true, false, stage(0, t, false));
-      WatchdogScope w(op.c_str(), *this);
+      WatchdogScope w(op.c_str(), *this, {world_ranks()[size_t(peer)]});
       MT_MPI_CHECK(MPI_Send(s.host.data_ptr(), cnt, mpi_datatype(t.dtype()), peer, mtag, comm_));
       return {};
     }
     Staged s(t, true, false, nullptr);
-    auto w = start(op);
+    auto w = start(op, {world_ranks()[size_t(peer)]});
     w->reqs.resize(1);
     MT_MPI_CHECK(MPI_Isend(s.host.data_ptr(), cnt, mpi_datatype(t.dtype()), peer, mtag, comm_, &w->reqs[0]));
     keep_alive(*w, s);
@@ -369,19 +372,20 @@ class MpiGroup final : public Group, public HasMpiComm {
   }
 
   Work do_recv(const Tensor& t, int peer, bool async, int tag, const std::string& what) override {
-    const std::string op = what.empty() ? std::string("recv") : "recv (" + what + ")";
+    const std::string op =
+        what.empty() ? fmt::format("recv from world rank {}", world_ranks()[size_t(peer)]) : "recv (" + what + ")";
     const int cnt = to_int(t.numel(), "recv", *this), mtag = p2p_tag(tag, *this);
     if (!async) {
       Staged s(t, false, true, stage(0, t, false));
       {
-        WatchdogScope w(op.c_str(), *this);
+        WatchdogScope w(op.c_str(), *this, {world_ranks()[size_t(peer)]});
         MT_MPI_CHECK(MPI_Recv(s.host.data_ptr(), cnt, mpi_datatype(t.dtype()), peer, mtag, comm_, MPI_STATUS_IGNORE));
       }
       s.finish();
       return {};
     }
     Staged s(t, false, true, nullptr);
-    auto w = start(op);
+    auto w = start(op, {world_ranks()[size_t(peer)]});
     w->reqs.resize(1);
     MT_MPI_CHECK(MPI_Irecv(s.host.data_ptr(), cnt, mpi_datatype(t.dtype()), peer, mtag, comm_, &w->reqs[0]));
     w->staged = {s};
@@ -396,14 +400,14 @@ class MpiGroup final : public Group, public HasMpiComm {
     MPI_Datatype ty = mpi_datatype(in.dtype());
     if (!async) {
       {
-        WatchdogScope w("ring_shift", *this);
+        WatchdogScope w("ring_shift", *this, {world_ranks()[size_t(to)], world_ranks()[size_t(from)]});
         MT_MPI_CHECK(MPI_Sendrecv(si.host.data_ptr(), cnt, ty, to, kTag + 1, so.host.data_ptr(), cnt, ty, from,
                                   kTag + 1, comm_, MPI_STATUS_IGNORE));
       }
       so.finish();
       return {};
     }
-    auto w = start("ring_shift");
+    auto w = start("ring_shift", {world_ranks()[size_t(to)], world_ranks()[size_t(from)]});
     w->reqs.resize(2);
     MT_MPI_CHECK(MPI_Irecv(so.host.data_ptr(), cnt, ty, from, kTag + 1, comm_, &w->reqs[0]));
     MT_MPI_CHECK(MPI_Isend(si.host.data_ptr(), cnt, ty, to, kTag + 1, comm_, &w->reqs[1]));
@@ -445,9 +449,12 @@ class MpiGroup final : public Group, public HasMpiComm {
     MPI_Comm_rank(c, &r);
     return r;
   }
-  std::shared_ptr<MpiWork> start(const std::string& op) {
+  // peers: the world ranks a point-to-point operation waits on (empty: the whole group).
+  std::shared_ptr<MpiWork> start(const std::string& op, std::vector<int> peers = {}) {
     auto w = std::make_shared<MpiWork>();
     w->watch = watchdog_begin(op, *this);
+    watchdog_async(w->watch);
+    if (!peers.empty()) watchdog_set_ranks(w->watch, std::move(peers));
     return w;
   }
   // An input staged to host must live until MPI is done reading it.

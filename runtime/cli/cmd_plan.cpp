@@ -404,6 +404,7 @@ int run_plan_command(RunContext& ctx, const PlanArgs& args) {
     run_agreed(*ctx.env, "plan --search", [&] {
       MT_CHECK(args.world >= 1, "plan", "--search needs --world N (the ranks to plan for), got {}", args.world);
       MT_CHECK(!args.cluster.empty(), "plan", "--search needs --cluster FILE (configs/clusters/*.yaml)");
+      MT_CHECK(args.top >= 1, "plan", "--search --top {}: expected the number of plans to show, at least 1", args.top);
       const ClusterSpec cluster = load_cluster(args.cluster);
       // Ranks on one node share its cores: each estimates on its share (every rank searches, to agree on errors).
       PlanSearchOptions opt;

@@ -163,7 +163,9 @@ double resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
   const auto load_t0 = std::chrono::steady_clock::now();
   std::vector<std::string> candidates;
   const bool resume_auto = cfg.checkpoint.resume == "auto";
-  if (!cfg.checkpoint.dir.empty() && cfg.checkpoint.resume != "never") {
+  // Every rank looks at the same directory: an error is printed once.
+  run_agreed(env, "checkpoint.resume", [&] {
+    if (cfg.checkpoint.dir.empty() || cfg.checkpoint.resume == "never") return;
     if (resume_auto) {
       candidates = checkpoints_in(cfg.checkpoint.dir);
       std::reverse(candidates.begin(), candidates.end());  // newest first
@@ -172,7 +174,7 @@ double resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
       MT_CHECK(std::filesystem::exists(std::filesystem::path(cfg.checkpoint.resume) / "meta.json"), "checkpoint",
                "checkpoint.resume = {}: not a complete checkpoint (no meta.json)", cfg.checkpoint.resume);
     }
-  }
+  });
   std::string resume_from;
   for (size_t i = 0; i < candidates.size() && resume_from.empty(); ++i) {
     const std::string& c = candidates[i];
@@ -188,7 +190,7 @@ double resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
     try {
       // The checksums first: a damaged file is named, and resume: auto goes back to an older checkpoint.
       verify_checkpoint(c, env);
-      was = checkpoint_config(c);
+      run_agreed(env, "reading the checkpoint's config", [&] { was = checkpoint_config(c); });
     } catch (const Error& e) {
       if (fall_back(e)) continue;
       throw;
@@ -635,6 +637,12 @@ int run_train_command(RunContext& ctx) {
   std::signal(SIGINT, on_stop_signal);
   const Config& cfg = ctx.config;
   const MpiEnv& env = *ctx.env;
+  // Fewer ranks than checkpoint.writers cannot write that many files: refused rather than quietly fewer.
+  run_agreed(env, "checkpoint.writers", [&] {
+    MT_CHECK(cfg.checkpoint.writers <= env.size(), "config",
+             "checkpoint.writers = {} but the job has {} ranks: at most one file pair per rank (0 = every rank)",
+             cfg.checkpoint.writers, env.size());
+  });
   TrainRun run = make_train_run(cfg, env);
   const auto& t = cfg.training;
   check_checkpoint_dir_writable(cfg.checkpoint.dir, env);

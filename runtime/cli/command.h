@@ -21,19 +21,26 @@ struct Command {
   // Adds the command's own options to its subcommand; their values live in state the closures share.
   std::function<void(CLI::App&)> add_options;
   std::function<int(RunContext&)> run;  // the exit code
+  // false: MPI is not initialised at all (ctx.env is null, no config): a process outside the job's ranks, such as
+  // `meshtrain supervise`, which starts the launcher (mpirun, srun) itself.
+  bool needs_mpi = true;
 };
 
 // A command whose options fill an Args value that its run reads: one value, shared by the two closures.
 template <typename Args>
 Command command_with(std::string name, std::string help, std::function<void(CLI::App*, Args&)> add,
-                     std::function<int(RunContext&, const Args&)> run, bool needs_config = true) {
+                     std::function<int(RunContext&, const Args&)> run, bool needs_config = true,
+                     bool needs_mpi = true) {
   auto args = std::make_shared<Args>();
   return {std::move(name), std::move(help), needs_config, [args, add](CLI::App& app) { add(&app, *args); },
-          [args, run](RunContext& ctx) { return run(ctx, *args); }};
+          [args, run](RunContext& ctx) { return run(ctx, *args); }, needs_mpi};
 }
 
 // Every command, in the order `meshtrain --help` lists them.
 const std::vector<Command>& commands();
+// The command named on this command line if it runs without MPI (needs_mpi false), else null: the first argument
+// that names a command, before any "--".
+const Command* command_without_mpi(int argc, char** argv);
 
 // One per file (runtime/cli/cmd_<name>.cpp).
 Command check_command();
@@ -44,6 +51,7 @@ Command estimate_command();
 Command generate_command();
 Command logits_command();
 Command tokenize_command();
+Command supervise_command();
 Command trace_command();
 
 }  // namespace mt

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <optional>
 
 #include "comm/control.h"
 #include "comm/watchdog.h"
@@ -35,6 +36,7 @@ std::string command_line_hint(CLI::App& app, int argc, char** argv) {
   const CLI::App* chosen = nullptr;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--") break;  // what follows is a command of its own (meshtrain supervise -- mpirun ...)
     if (a.rfind("--", 0) == 0 && a.size() > 2) {
       std::string name = a.substr(0, a.find('='));
       if (std::find(all.begin(), all.end(), name) == all.end()) {
@@ -67,9 +69,15 @@ std::string command_line_hint(CLI::App& app, int argc, char** argv) {
 }  // namespace mt
 
 int main(int argc, char** argv) {
-  mt::watchdog_set_timeout(mt::startup_timeout_s(argc, argv));
-  mt::MpiEnv env(&argc, &argv);
-  mt::init_logging(env.rank());
+  // A command outside the job's ranks (meshtrain supervise) starts no MPI: it launches the ranks itself.
+  const mt::Command* without_mpi = mt::command_without_mpi(argc, argv);
+  std::optional<mt::MpiEnv> env_storage;
+  if (!without_mpi) {
+    mt::watchdog_set_timeout(mt::startup_timeout_s(argc, argv));
+    env_storage.emplace(&argc, &argv);
+  }
+  const int rank = env_storage ? env_storage->rank() : 0;
+  mt::init_logging(rank);
 
   CLI::App app{"meshtrain: train Llama-family models on a device mesh built from MPI ranks"};
   app.require_subcommand(1);
@@ -99,7 +107,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // Every rank parses the same arguments, so only rank 0 needs to talk; every rank leaves with the same code.
     const int code = e.get_exit_code() == 0 ? 0 : 2;
-    if (env.rank() == 0) {
+    if (rank == 0) {
       if (code == 0) {
         app.exit(e);  // --help
       } else {
@@ -113,12 +121,24 @@ int main(int argc, char** argv) {
   }
 
   try {
-    mt::run_agreed(env, "--log-level", [&] {
-      if (!g.log_level.empty()) mt::init_logging(env.rank(), g.log_level);
-    });
     const mt::Command* chosen = nullptr;
     for (auto& [sub, c] : subs)
       if (sub->parsed()) chosen = c;
+    if (!env_storage) {
+      if (chosen->needs_mpi) {  // the pre-scan took an option's value for the command's name
+        std::fprintf(stderr, "meshtrain: put the subcommand '%s' before option values that look like one\n",
+                     chosen->name.c_str());
+        return 2;
+      }
+      if (!g.log_level.empty()) mt::init_logging(0, g.log_level);
+      mt::RunContext ctx;  // no MPI, no config
+      ctx.opts = g;
+      return chosen->run(ctx);
+    }
+    mt::MpiEnv& env = *env_storage;
+    mt::run_agreed(env, "--log-level", [&] {
+      if (!g.log_level.empty()) mt::init_logging(env.rank(), g.log_level);
+    });
     if (!chosen->needs_config) {
       // Rank 0 alone does the work: the other ranks of a launch wait at the exit barrier for as long as it takes
       // (no collective, so no timeout).
@@ -141,7 +161,8 @@ int main(int argc, char** argv) {
     spdlog::default_logger()->flush();
     // The other ranks may already wait in a collective: end the whole job now
     // rather than let them hang until the timeout.
-    if (env.size() > 1) mt::abort_job(fmt::format("meshtrain: rank {} failed, aborting the job", env.rank()), 1);
+    if (env_storage && env_storage->size() > 1)
+      mt::abort_job(fmt::format("meshtrain: rank {} failed, aborting the job", rank), 1);
     return 1;
   }
   return 0;

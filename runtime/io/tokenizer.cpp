@@ -57,6 +57,13 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   while (in.get(c) && is_ascii_space(c)) {
   }
   if (c != '{') {
+    // A .json file (tokenizer.json) is never read as a protobuf: say what is wrong with it as JSON.
+    const bool blank = !in;
+    const bool is_json = fs::path(file).extension() == ".json";
+    if (blank)
+      fail("tokenizer", "{}: the file is empty{}", file,
+           is_json ? " (a tokenizer.json must hold a JSON object)" : " (neither a tokenizer.json nor a SentencePiece model)");
+    if (is_json) fail("tokenizer", "{}: not valid JSON: a tokenizer.json must hold a JSON object, starting with '{{'", file);
     in.close();
     return make_sentencepiece_tokenizer(file);
   }

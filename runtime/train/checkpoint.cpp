@@ -515,6 +515,7 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
                                                     bool async) {
   auto s = std::make_unique<PendingCheckpoint::State>(config, mesh, env);
   s->dir = dir, s->stages = stages, s->progress = progress, s->optimizer_steps = opt.steps_taken();
+  WatchdogPhase phase(fmt::format("saving the checkpoint of step {} to {}", progress.step, dir));
   const int64_t step = progress.step;
   s->ts = checkpoint_tensors(model, &opt);
   // The model's ranks: the world, or under pipeline parallel this stage's, which write this stage's tensors.
@@ -588,6 +589,7 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
 
 std::string PendingCheckpoint::commit() {
   State& s = *s_;
+  WatchdogPhase phase(fmt::format("completing the checkpoint of step {} in {}", s.progress.step, s.dir));
   MT_CHECK(!s.committed, "checkpoint", "the checkpoint of step {} is committed twice", s.progress.step);
   s.committed = true;
   if (s.thread.joinable()) s.thread.join();

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "comm/env.h"
+#include "comm/watchdog.h"  // WatchdogPhase: a rank stuck in a save or load is reported as part of it
 #include "models/model.h"
 #include "runtime/train/hf_config.h"
 #include "runtime/train/optimizer.h"

@@ -67,9 +67,20 @@ class TensorSource {
     const fs::path index = fs::path(dir) / (prefix + ".safetensors.index.json");
     if (fs::exists(index, ec)) {
       json j;
+      // JSON keeps the last of two equal keys: a tensor the weight_map lists twice would be read from one file
+      // silently, so the parser's callback refuses it.
+      std::string top_key;
+      std::set<std::string> mapped;
+      auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
+        if (event != json::parse_event_t::key) return true;
+        if (depth == 1) top_key = parsed.get<std::string>();
+        else if (depth == 2 && top_key == "weight_map" && !mapped.insert(parsed.get<std::string>()).second)
+          fail("checkpoint", "{}: weight_map lists tensor '{}' twice", index.string(), parsed.get<std::string>());
+        return true;
+      };
       try {
         std::ifstream f(index);
-        j = json::parse(f);
+        j = json::parse(f, callback);
       } catch (const json::exception& e) {
         fail("checkpoint", "{}: not valid JSON ({})", index.string(), e.what());
       }
@@ -194,6 +205,7 @@ void load_items(const TensorSource& src, const std::vector<LoadItem>& items) {
 }  // namespace
 
 TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* opt) {
+  WatchdogPhase phase(fmt::format("loading the checkpoint {}", path));
   json meta = read_meta(path);
   model.load_extra_state(meta.contains("model_state") ? meta["model_state"] : json(), path + "/meta.json");
   TrainProgress p;

@@ -6,6 +6,7 @@
 #include <optional>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "attention/sequence_shard.h"
@@ -35,6 +36,69 @@ DType training_dtype(const Config& c, Device device) {
 }
 
 namespace {
+
+// Host memory this rank may use: MemAvailable, or the cgroup's limit less its usage when lower, shared by the ranks
+// of this node; training.memory_limit_mb when set and lower. 0 when unknown (no check).
+double rank_memory_bytes(const MpiEnv& env, double limit_mb) {
+  double avail = 0;
+  std::ifstream mi("/proc/meminfo");
+  for (std::string key; mi >> key;) {
+    double kb = 0;
+    mi >> kb;
+    if (key == "MemAvailable:") avail = kb * 1024;
+    mi.ignore(256, '\n');
+  }
+  auto read_num = [](const char* path) {
+    std::ifstream f(path);
+    double v = -1;
+    if (!(f >> v)) v = -1;  // "max" or missing: no limit
+    return v;
+  };
+  for (auto [lim, used] : {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                           std::pair{"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                     "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+    const double l = read_num(lim), u = read_num(used);
+    if (l > 0 && l < 1e18) {
+      const double left = std::max(0.0, l - std::max(0.0, u));
+      avail = avail > 0 ? std::min(avail, left) : left;
+    }
+  }
+  double per_rank = avail / double(std::max(1, env.local_size()));
+  if (limit_mb > 0) per_rank = per_rank > 0 ? std::min(per_rank, limit_mb * double(1 << 20)) : limit_mb * double(1 << 20);
+  return per_rank;
+}
+
+// Before anything of the model exists (a billion layers must not run the machine out of memory): the parameters a
+// rank holds at the least, with their gradients and AdamW's two moments (16 B each in f32), against the memory
+// it has. Counted in double from the family's parameter count (one and two layers, extrapolated, so that no count
+// overflows), spread over every dim that can shard a parameter. `memory` is the job's smallest (the same on every
+// rank, so the error is printed once).
+void check_model_fits(const Config& cfg, double memory) {
+  if (memory <= 0) return;
+  const ModelConfig& m = cfg.model;
+  const ModelFamily& family = family_of(m);
+  ModelConfig one = m, two = m;
+  one.n_layers = 1, two.n_layers = 2;
+  one.moe.mlp_only_layers.clear(), two.moe.mlp_only_layers.clear();
+  const double p1 = double(family.num_params(one, true)), p2 = double(family.num_params(two, true));
+  const double params = p1 + (p2 - p1) * double(std::max<int64_t>(m.n_layers - 1, 0));
+  const auto& p = cfg.parallel;
+  const double shards =
+      double(std::max(1, p.pp)) * std::max(1, p.tp) * std::max(1, p.dp_shard) * std::max(1, p.ep);
+  const double bytes = params / shards * 16;
+  if (bytes <= memory) return;
+  const std::string from = m.init_from.empty() ? std::string()
+                                                : fmt::format(" (model.init_from's config.json: num_hidden_layers, "
+                                                              "hidden_size, intermediate_size, vocab_size)");
+  fail("config",
+       "the model does not fit in this rank's memory: model.n_layers = {}, model.dim = {}, model.ffn_dim = {}, "
+       "model.vocab_size = {}{} make {:.3g} parameters, at least {:.3g} GiB per rank with their gradients and "
+       "AdamW's two moments (16 B each, spread over parallel.pp x tp x dp_shard x ep = {:g} ranks), but a rank has "
+       "{:.3g} GiB (the host's available memory, or its cgroup's limit, shared by the ranks of a node, or "
+       "training.memory_limit_mb): make the model smaller or shard it over more ranks",
+       m.n_layers, m.dim, m.ffn_dim, m.vocab_size, from, params, bytes / double(1 << 30), shards,
+       memory / double(1 << 30));
+}
 
 // training.threads 0: the cores this process may run on. A launcher that binds (Slurm's --cpus-per-task, mpirun
 // --bind-to) gives each rank its own set; one that does not gives every rank all the node's cores, shared by the
@@ -97,12 +161,22 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   run.config = cfg;
   auto& t = cfg.training;
   PipelineState pipeline;
+  // The memory of the job's tightest rank, agreed first: the model's size is checked against it before anything
+  // is built, with the same message on every rank.
+  double memory = rank_memory_bytes(env, cfg.training.memory_limit_mb);
+  if (env.size() > 1)
+    control_all_reduce(MPI_COMM_WORLD, &memory, 1, MPI_DOUBLE, MPI_MIN, "the ranks' memory before the model");
   // Everything before the mesh is checked by each rank alone; an error every rank has alike is printed once.
   run_agreed(env, "the run's setup", [&] {
+    check_model_fits(cfg, memory);
     set_cpu_threads(cfg.training.threads > 0 ? cfg.training.threads : auto_threads(env));
     set_host_memory_limit(size_t(cfg.training.memory_limit_mb * double(1 << 20)), "training.memory_limit_mb");
 
     pipeline = plan_run_shape(run, env.size());
+    // The sizes the parallelisms split, checked again when they are applied: here every rank fails alike before
+    // any collective, and the message is printed once.
+    run.pd.check_seq_len(t.seq_len);
+    run.pd.check_heads(cfg.model.n_heads, cfg.model.n_kv_heads);
     run.device = rank_device(env, cfg.comm.device);
     run.dtype = training_dtype(cfg, run.device);
     if (run.device.is_cuda() && run.dtype == DType::bf16 && env.rank() == 0) {

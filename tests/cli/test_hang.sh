@@ -8,9 +8,14 @@
 # (wherever the rank happens to be). A stopped rank resumed after the abort
 # must not blame its peers. Prints each drill's seconds, then
 # "hang: N passed, N failed" last.
-#   tests/cli/test_hang.sh BUILD_DIR
+# On 4 and 8 ranks over pairs of mesh dims, a rank stopped from outside mid-run
+# must be the one the FIRST timeout line names (never a healthy rank waiting
+# on it); --full runs every pair (4 ranks) and 2x2x2 meshes (8 ranks).
+#   tests/cli/test_hang.sh BUILD_DIR [--full]
 set -uo pipefail
-build=${1:?usage: test_hang.sh BUILD_DIR}
+build=${1:?usage: test_hang.sh BUILD_DIR [--full]}
+full=0
+[ "${2:-}" = --full ] && full=1
 
 source "$(dirname "$0")/common.sh"
 
@@ -69,7 +74,13 @@ MT_FAULT_STOP_AT="mesh creation:1" drill "start-up: mesh creation" \
 MT_FAULT_STOP_AT="stop-signal all_reduce:1" drill "a step: stop-signal all_reduce" \
   "$(timeout_of "stop-signal all_reduce on the world (2 ranks)")" "$stopped1" -- "${run2[@]}" train
 MT_FAULT_STOP_AT="errors in the checkpoint of step 1:1" drill "checkpoint write: the ranks' agreement" \
-  "$(timeout_of "errors in the checkpoint of step 1 on the world (2 ranks)")" "$stopped1" -- "${run2[@]}" train
+  "[comm] timeout: errors in the checkpoint of step 1 on the world (2 ranks) while saving the checkpoint of step 1" \
+  "on rank 0" "$stopped1" -- "${run2[@]}" train
+# Inside a sharded save (rank 1 stops before sending its shard to the one writer): named as part of the checkpoint.
+MT_FAULT_STOP_AT="send on group 'world':1" drill "checkpoint write: rank 1 stopped before sending its shard" \
+  "[comm] timeout: recv from world rank 1 on group 'world' (world ranks 0,1) while saving the checkpoint of step 1" \
+  "$stopped1" -- "${run2[@]}" --set parallel.dp_shard=2 --set parallel.dp_replicate=1 \
+  --set parallel.fsdp.min_weight_size=1 --set checkpoint.writers=1 train
 MT_FAULT_STOP_AT="exit barrier:1" drill "end of the run: exit barrier" \
   "$(timeout_of "exit barrier on the world (2 ranks)")" "$stopped1" -- "${run2[@]}" train
 MT_FAULT_STOP_AT="check timing barrier:1" drill "meshtrain check: timing barrier" \
@@ -98,7 +109,7 @@ for _ in $(seq 100); do
   for p in $(pgrep -f -- "$tmp/h.yaml"); do
     tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && pid=$p
   done
-  [ -n "$pid" ] && grep -q "^step 2" "$tmp/ext" && break
+  [ -n "$pid" ] && grep -qE "^step +2/" "$tmp/ext" && break
   sleep 0.2
 done
 if [ -z "$pid" ]; then
@@ -125,6 +136,89 @@ else
   fi
 fi
 if pgrep -f -- "$tmp/h.yaml" >/dev/null; then bad "no rank left behind" "$(pgrep -af -- "$tmp/h.yaml")"; else ok "no rank left behind"; fi
+
+# Meshes of two (and three) dims: rank S stopped from outside after step 2; the first timeout line printed must
+# name S (the ranks waiting on it, directly or through other waiting ranks, are never named first).
+# mesh_drill NAME NP S [--set ...]. The limit is a little longer than the others': 4 or 8 ranks on 2 cores make the
+# first step's start uneven (each rank's GEMM probe), which must not time out before the stop.
+mesh_limit=5
+sed -e 's/batch_size: 4,/batch_size: 8, micro_batch_size: 1,/' "$tmp/h.yaml" >"$tmp/m.yaml"
+mesh_drill() {
+  local name=$1 np=$2 s=$3
+  shift 3
+  rm -rf "$tmp/ckpt"
+  timeout -k 5 120 "$mpirun" -np "$np" "$mt" --config "$tmp/m.yaml" --set training.steps=1000000 --set comm.timeout_s=$mesh_limit \
+    --set checkpoint.interval=0 --set parallel.dp_replicate=1 "$@" train >"$tmp/mesh" 2>&1 &
+  local job=$! pid="" p
+  for _ in $(seq 300); do
+    for p in $(pgrep -f -- "$tmp/m.yaml"); do
+      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$s" && pid=$p
+    done
+    [ -n "$pid" ] && grep -qE "^step +2/" "$tmp/mesh" && break
+    kill -0 $job 2>/dev/null || break
+    sleep 0.2
+  done
+  if [ -z "$pid" ] || ! grep -qE "^step +2/" "$tmp/mesh"; then
+    bad "$name: start" "$(grep -v '^step\|info' "$tmp/mesh" | tail -n 5)"
+    kill $job 2>/dev/null
+    wait $job
+    return
+  fi
+  local stopped took rc first
+  stopped=$(date +%s.%N)
+  kill -STOP "$pid"
+  for _ in $(seq 300); do grep -q "\[comm\] timeout" "$tmp/mesh" && break; sleep 0.1; done
+  kill -CONT "$pid" 2>/dev/null
+  wait $job
+  rc=$?
+  took=$(echo "$(date +%s.%N) - $stopped" | bc)
+  first=$(grep -m1 "\[comm\] timeout" "$tmp/mesh")
+  echo "drill $name: exit $rc after ${took}s"
+  if [ $rc -eq 0 ] || [ "$(echo "$took > $mesh_limit + $margin" | bc)" = 1 ]; then
+    bad "$name" "exit $rc after ${took}s" "$(grep '\[comm\]' "$tmp/mesh")"
+  elif ! grep -q "world rank $s did not" <<<"$first" ||
+    grep -oE "world ranks? [0-9,]+ did not" <<<"$first" | grep -vq "world rank $s did not"; then
+    bad "$name: the first timeout line names rank $s" "$first"
+  else
+    ok "$name: the first line names rank $s (${took}s)"
+  fi
+}
+moe=(--set model.type=mixtral --set model.moe.n_experts=4 --set model.moe.ffn_dim=48)
+# 4 ranks, 2 x 2: the meshes the issue found wrong by default, every pair with --full.
+mesh_drill "4 ranks pp x dp_shard, rank 1 stopped" 4 1 --set parallel.pp=2 --set parallel.dp_shard=2
+mesh_drill "4 ranks pp x tp, rank 1 stopped" 4 1 --set parallel.pp=2 --set parallel.tp=2
+mesh_drill "4 ranks 2-D cp (cp_ring x cp_ulysses), rank 1 stopped" 4 1 --set parallel.cp=4 \
+  --set parallel.cp_ring=2 --set parallel.cp_ulysses=2
+mesh_drill "4 ranks dp_shard x tp, rank 2 stopped" 4 2 --set parallel.dp_shard=2 --set parallel.tp=2
+if [ $full -eq 1 ]; then
+  mesh_drill "4 ranks pp x dp_replicate" 4 1 --set parallel.pp=2 --set parallel.dp_replicate=2
+  mesh_drill "4 ranks pp x cp" 4 1 --set parallel.pp=2 --set parallel.cp=2
+  mesh_drill "4 ranks pp x ep" 4 1 --set parallel.pp=2 --set parallel.ep=2 "${moe[@]}"
+  mesh_drill "4 ranks dp_replicate x dp_shard" 4 1 --set parallel.dp_replicate=2 --set parallel.dp_shard=2
+  mesh_drill "4 ranks dp_replicate x tp" 4 1 --set parallel.dp_replicate=2 --set parallel.tp=2
+  mesh_drill "4 ranks dp_replicate x cp" 4 1 --set parallel.dp_replicate=2 --set parallel.cp=2
+  mesh_drill "4 ranks dp_replicate x ep" 4 1 --set parallel.dp_replicate=2 --set parallel.ep=2 "${moe[@]}"
+  mesh_drill "4 ranks dp_shard x cp" 4 1 --set parallel.dp_shard=2 --set parallel.cp=2
+  mesh_drill "4 ranks dp_shard x ep" 4 1 --set parallel.dp_shard=2 --set parallel.ep=2 "${moe[@]}"
+  mesh_drill "4 ranks tp x cp" 4 1 --set parallel.tp=2 --set parallel.cp=2
+  mesh_drill "4 ranks tp x ep" 4 1 --set parallel.tp=2 --set parallel.ep=2 "${moe[@]}"
+  mesh_drill "4 ranks cp x ep" 4 1 --set parallel.cp=2 --set parallel.ep=2 "${moe[@]}"
+  mesh_drill "4 ranks pp x dp_shard, rank 2 stopped" 4 2 --set parallel.pp=2 --set parallel.dp_shard=2
+fi
+# 8 ranks, 2 x 2 x 2: one by default, the others with --full.
+mesh_drill "8 ranks pp x dp_shard x tp, rank 5 stopped" 8 5 --set parallel.pp=2 --set parallel.dp_shard=2 \
+  --set parallel.tp=2
+if [ $full -eq 1 ]; then
+  mesh_drill "8 ranks pp x dp_replicate x cp" 8 3 --set parallel.pp=2 --set parallel.dp_replicate=2 --set parallel.cp=2
+  mesh_drill "8 ranks dp_shard x cp x tp" 8 6 --set parallel.dp_shard=2 --set parallel.cp=2 --set parallel.tp=2
+  mesh_drill "8 ranks pp x ep x dp_shard" 8 2 --set parallel.pp=2 --set parallel.ep=2 --set parallel.dp_shard=2 \
+    "${moe[@]}"
+  mesh_drill "8 ranks dp_replicate x tp x ep" 8 7 --set parallel.dp_replicate=2 --set parallel.tp=2 \
+    --set parallel.ep=2 "${moe[@]}"
+  mesh_drill "8 ranks pp x 2-D cp" 8 1 --set parallel.pp=2 --set parallel.cp=4 --set parallel.cp_ring=2 \
+    --set parallel.cp_ulysses=2
+fi
+if pgrep -f -- "$tmp/m.yaml" >/dev/null; then bad "no rank left behind (meshes)" "$(pgrep -af -- "$tmp/m.yaml")"; else ok "no rank left behind (meshes)"; fi
 
 echo "hang: $passed passed, $failed failed"
 [ $failed -eq 0 ]

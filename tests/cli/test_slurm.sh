@@ -7,6 +7,9 @@
 #     uninterrupted run, bit for bit;
 #   - train.sbatch under mpirun (MT_LAUNCHER=mpirun) and scripts/slurm/check.sbatch pass; a missing config is a
 #     clear error;
+#   - a rank killed (SIGKILL) during a train.sbatch job: the job's `meshtrain supervise` names the rank and node,
+#     relaunches srun inside the allocation from the newest checkpoint, and the job completes with the
+#     uninterrupted run's weights byte for byte and every step in its metrics;
 #   - with --full, a real one-minute time limit: warned, requeued, resumed, until the last step (about a minute).
 # Where Slurm or munge is not installed or the daemons do not start, every check is counted as skipped.
 # Prints "slurm: N passed, N failed[, N skipped]" last.
@@ -23,7 +26,7 @@ compare="$root/tests/cli/compare_runs.py"
 tmp=$(mktemp -d /tmp/mt-slurm.XXXXXX)
 chmod 755 "$tmp"
 source "$root/tests/cli/common.sh"
-checks=$((8 + full))  # the checks below, all counted as skipped when the cluster cannot start
+checks=$((10 + full))  # the checks below, all counted as skipped when the cluster cannot start
 
 # Nothing of an outer Slurm job (this test may itself run in one) may leak into the private cluster's commands.
 for v in $(compgen -e | grep -E '^(SLURM|SBATCH|SALLOC|SRUN)_'); do unset "$v"; done
@@ -258,6 +261,44 @@ print(max(200, min(5000, int(45000 / max(statistics.median(ms), 1e-3)))))' "$tmp
       "$(distinct_steps "$tmp/run/limit.jsonl") of $n steps" \
       "$(grep -v '^\[' "$out" 2>/dev/null | grep -v '^step ' | tail -n 12)"
   fi
+fi
+
+# 3c. A rank killed during the job: the supervisor in train.sbatch relaunches srun inside the allocation, from the
+# newest checkpoint, and the job completes as if nothing happened.
+out="$tmp/run/kill.out"
+jid=$(MT_BACKOFF=1 sbatch --parsable "${sb[@]}" --output="$out" "$root/scripts/slurm/train.sbatch" "$tmp/t.yaml" \
+  --set log.metrics_file="$tmp/run/kill.jsonl" --set checkpoint.dir="$tmp/run/kill_ckpt" --set checkpoint.interval=10 \
+  --set comm.timeout_s=10)
+for _ in $(seq 1200); do [ "$(steps_in "$tmp/run/kill.jsonl")" -ge 25 ] && break; sleep 0.05; done
+victim=""
+for p in $(pgrep -f -- "^$mt .*checkpoint.dir=$tmp/run/kill_ckpt"); do
+  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_PROCID=1" && victim=$p
+done
+echo "slurm: SIGKILL to rank 1 (pid ${victim:-none}) after $(steps_in "$tmp/run/kill.jsonl") step records"
+[ -n "$victim" ] && kill -KILL "$victim"
+for _ in $(seq 240); do
+  state=$(job_field "$jid" JobState)
+  [ "$state" = COMPLETED ] || [ "$state" = FAILED ] || [ "$state" = CANCELLED ] && break
+  sleep 0.5
+done
+if [ "$state" = COMPLETED ] && grep -q "\] failure 1 (launch 1): rank 1 on localhost exited on signal 9" "$out" &&
+  grep -q "\] launch 2 of .*srun" "$out" && grep -q "resumed from $tmp/run/kill_ckpt/step_" "$out" &&
+  grep -q "\] goodput [0-9.]*% of" "$out"; then
+  ok "train.sbatch: a rank killed mid-job: the supervisor names rank 1 on localhost, relaunches srun, the job completes"
+else
+  bad "train.sbatch: a rank killed mid-job is relaunched by the supervisor" "job $state" \
+    "$(grep -v '^\[\|^step ' "$out" 2>/dev/null | tail -n 8)" "$(grep '^\[supervise' "$out" 2>/dev/null | tail -n 6)"
+fi
+ckpt_same=1
+for f in "$tmp/run/plain_ckpt/$last_ckpt"/*.safetensors; do
+  cmp -s "$f" "$tmp/run/kill_ckpt/$last_ckpt/$(basename "$f")" || ckpt_same=0
+done
+if [ $ckpt_same = 1 ] && cmpout=$("$py" "$root/tests/cli/dedup_steps.py" "$tmp/run/kill.jsonl" $steps \
+  --base "$tmp/run/plain.jsonl" 2>&1); then
+  ok "train.sbatch: after the relaunch, the weights equal the uninterrupted job's byte for byte; $cmpout"
+else
+  bad "train.sbatch: after the relaunch, the uninterrupted job's weights and steps" "weights equal: $ckpt_same" \
+    "${cmpout:-}"
 fi
 
 # 4. check.sbatch: the communication self-check over the allocation, through srun.

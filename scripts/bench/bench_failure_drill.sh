@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The failure drill as a benchmark (docs/PERFORMANCE.md, "Goodput under failures"): the CPU benchmark model
+# (configs/bench_cpu.yaml: dim 256, 4 layers, seq 256, batch 8, fp32) on 4 ranks of 1 thread under
+# `meshtrain supervise`, for about MINUTES of training, while a random rank is killed with SIGKILL (every
+# STOP_EVERY-th round stopped with SIGSTOP instead, which the ranks' watchdog, comm.timeout_s, turns into an abort)
+# every MTBF/2 to 3 MTBF/2 seconds (uniform) at a random moment; every SAVE_EVERY-th round waits for a checkpoint
+# to be in progress (its step_N.tmp directory) and kills then. Afterwards the same steps run uninterrupted, and:
+#   - the final checkpoint's safetensors files (weights, AdamW state) are compared byte for byte;
+#   - the metrics file, deduplicated (the last record of a step wins), must hold every step once with the
+#     uninterrupted run's losses bit for bit;
+#   - the supervisor's goodput is printed with its parts beside the 85% goal, with what bounds it: the time per
+#     relaunch (the ranks' start-up and the checkpoint load), the work lost per failure, the saves.
+# Checkpoints with checkpoint.interval: auto and checkpoint.mtbf_s = MTBF (Young/Daly: every sqrt(2 x stall x
+# MTBF) seconds, the stall measured by the trainer), asynchronous (checkpoint.async: true; ASYNC=0 for synchronous
+# saves); CKPT_INTERVAL=N for a fixed interval of N steps.
+#   scripts/bench/bench_failure_drill.sh [BUILD_DIR] [MINUTES]
+#   env: MTBF (s, default 60), STOP_EVERY (default 3), SAVE_EVERY (default 4), SEED, TIMEOUT_S (comm.timeout_s,
+#        default 5), BACKOFF (s, default 0), CKPT_INTERVAL, KEEP=1 (keep the work directory, printed)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build}
+minutes=${2:-10}
+mtbf=${MTBF:-60}
+stop_every=${STOP_EVERY:-3}
+save_every=${SAVE_EVERY:-4}
+seed=${SEED:-$(date +%s)}
+RANDOM=$seed
+timeout_s=${TIMEOUT_S:-5}
+backoff=${BACKOFF:-0}
+mt="$build/meshtrain"
+py=/usr/bin/python3
+tmp=$(mktemp -d /tmp/mt-drill.XXXXXX)
+if [ "${KEEP:-0}" = 1 ]; then echo "work directory: $tmp (kept)"; else trap 'rm -rf "$tmp"' EXIT; fi
+export OMP_NUM_THREADS=1
+
+echo "machine    : $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1), $(getconf _NPROCESSORS_ONLN) cores," \
+  "load average $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%F %H:%M UTC'); SEED=$seed"
+"$py" - "$tmp" <<'PY'
+import struct, sys, random
+random.seed(0)
+toks = [random.randrange(256) for _ in range(200000)]
+open(sys.argv[1] + "/bench_000.bin", "wb").write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)) + struct.pack(f"<{len(toks)}H", *toks))
+PY
+common=(--config "$root/configs/bench_cpu.yaml" --set data.train="$tmp/bench_*.bin" --set data.val=""
+  --set training.threads=1 --set log.interval=1 --set comm.timeout_s="$timeout_s" --set checkpoint.keep=2)
+async=()
+if [ "${ASYNC:-1}" = 1 ]; then async=(--set checkpoint.async=true); fi
+interval=${CKPT_INTERVAL:-auto}
+# launch NAME STEPS INTERVAL: the 4-rank launch of run NAME.
+launch() {
+  echo "$root/scripts/mpirun.sh" -np 4 "$mt" "${common[@]}" "${async[@]}" --set training.steps="$2" \
+    --set checkpoint.interval="$3" --set checkpoint.mtbf_s="$mtbf" --set log.metrics_file="$tmp/$1.jsonl" \
+    --set checkpoint.dir="$tmp/$1.ckpt" --set checkpoint.resume=auto train
+}
+
+# A probe: the step time on this machine now, for the step count.
+# shellcheck disable=SC2046
+$(launch probe 10 0) >"$tmp/probe.log" 2>&1 || { tail -n 20 "$tmp/probe.log"; exit 1; }
+step_s=$("$py" - "$tmp/probe.jsonl" <<'PY'
+import json, statistics, sys
+ms = [json.loads(l)["step_ms"] for l in open(sys.argv[1]) if '"step_ms"' in l][2:]
+print(round(statistics.median(ms) / 1e3, 3))
+PY
+)
+steps=$("$py" -c "print(max(50, int($minutes * 60 / $step_s)))")
+echo "probe      : $step_s s per step: $steps steps; checkpoint.interval $interval (mtbf_s $mtbf)," \
+  "${async[*]:-synchronous saves}; comm.timeout_s $timeout_s, back-off $backoff s"
+
+# rank_pid RANK: the process of rank RANK of the drill (Open MPI gives each rank OMPI_COMM_WORLD_RANK).
+rank_pid() {
+  local p
+  for p in $(pgrep -f -- "^$mt .*checkpoint.dir=$tmp/drill.ckpt"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then echo "$p"; return; fi
+  done
+}
+
+# The drill.
+start=$(date +%s)
+# shellcheck disable=SC2046
+"$mt" supervise --max-restarts 1000 --backoff "$backoff" -- $(launch drill "$steps" "$interval") \
+  >"$tmp/drill.log" 2>&1 &
+sup=$!
+round=0
+kills=0 stops=0 in_save=0
+while kill -0 $sup 2>/dev/null; do
+  wait_s=$("$py" -c "import random; random.seed($seed * 1000 + $round); print(round(random.uniform($mtbf / 2, 1.5 * $mtbf), 1))")
+  end=$(($(date +%s%N) / 1000000 + ${wait_s%.*} * 1000 + ${wait_s#*.} * 100))
+  while [ $(($(date +%s%N) / 1000000)) -lt $end ] && kill -0 $sup 2>/dev/null; do sleep 0.2; done
+  kill -0 $sup 2>/dev/null || break
+  round=$((round + 1))
+  rank=$((RANDOM % 4))
+  what=KILL
+  [ $((round % stop_every)) -eq 0 ] && what=STOP
+  during=""
+  if [ $((round % save_every)) -eq 0 ]; then
+    # Wait (up to 30 s) for a save in progress, and strike then.
+    for _ in $(seq 600); do
+      ls -d "$tmp"/drill.ckpt/step_*.tmp >/dev/null 2>&1 && { during=" during the save of $(basename "$(ls -d "$tmp"/drill.ckpt/step_*.tmp | head -n 1)")"; break; }
+      sleep 0.05
+    done
+  fi
+  pid=$(rank_pid $rank)
+  if [ -z "$pid" ]; then echo "round $round: rank $rank not running (between launches): skipped"; continue; fi
+  kill -$what "$pid" 2>/dev/null && {
+    [ $what = KILL ] && kills=$((kills + 1)) || stops=$((stops + 1))
+    [ -n "$during" ] && in_save=$((in_save + 1))
+    echo "round $round at $(($(date +%s) - start)) s: SIG$what to rank $rank (pid $pid)$during"
+  }
+done
+wait $sup
+rc=$?
+drill_s=$(($(date +%s) - start))
+echo "drill      : exit $rc after $drill_s s; $kills SIGKILL, $stops SIGSTOP ($in_save during a save)"
+grep -E '^\[supervise.*\] (failure|giving up|goodput)' "$tmp/drill.log" | sed 's/^\[supervise [0-9:]*\] /  /'
+grep -m 1 'checkpoint.interval auto:' "$tmp/drill.log" | sed 's/^\[[^]]*\] \[r0\] \[[a-z]*\] /  /'
+
+# The same steps uninterrupted.
+start=$(date +%s)
+# shellcheck disable=SC2046
+$(launch base "$steps" "$interval") >"$tmp/base.log" 2>&1 || { echo "the uninterrupted run failed"; tail -n 10 "$tmp/base.log"; }
+echo "uninterrupted: $(($(date +%s) - start)) s"
+
+status=0
+last=$(printf 'step_%08d' "$steps")
+n=0 differ=0
+for f in "$tmp/base.ckpt/$last"/*.safetensors; do
+  n=$((n + 1))
+  cmp -s "$f" "$tmp/drill.ckpt/$last/$(basename "$f")" || differ=$((differ + 1))
+done
+if [ $n -gt 0 ] && [ $differ -eq 0 ]; then echo "weights    : the final checkpoint's $n safetensors files equal the uninterrupted run's byte for byte"
+else echo "weights    : $differ of $n safetensors files DIFFER from the uninterrupted run's"; status=1; fi
+echo "metrics    : $("$py" "$root/tests/cli/dedup_steps.py" "$tmp/drill.jsonl" "$steps" --base "$tmp/base.jsonl" || echo FAILED)"
+"$py" - "$tmp/drill.jsonl" "$mtbf" <<'PY' || status=1
+import json, re, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+g = [r for r in recs if r.get("event") == "goodput" and r.get("scope") == "job"]
+if not g:
+    print("goodput    : none recorded"); sys.exit(1)
+g = g[-1]
+mtbf = float(sys.argv[2])
+saves = [r for r in recs if r.get("event") == "checkpoint"]
+starts = [r for r in recs if r.get("event") == "start"]
+w = g["wall_s"]
+parts = ", ".join(f"{k} {g[k + '_s']:.0f} s ({100 * g[k + '_s'] / w:.1f}%)"
+                  for k in ("productive", "checkpoint", "eval", "lost", "restart", "other"))
+print(f"goodput    : {100 * g['goodput']:.1f}% (goal 85%) of {w:.0f} s: {parts}")
+f = max(g["failures"], 1)
+launches = g["attempts"]
+n = max(len(saves), 1)
+period = g["productive_s"] / n
+setup = sum(r.get("setup_s", 0) for r in starts) / max(len(starts), 1)
+load = sum(r.get("load_s", 0) for r in starts) / max(len(starts), 1)
+modes = sorted({r.get("mode", "?") for r in saves})
+print(f"per failure: {g['failures']} failures, one every {w / f:.0f} s; restart {g['restart_s'] / launches:.1f} s per "
+      f"launch (of which the trainer's set-up {setup:.1f} s, its checkpoint load {load:.2f} s; the rest mpirun "
+      f"starting 4 ranks); lost {g['lost_s'] / f:.1f} s per failure ({g['redone_steps'] / f:.1f} steps redone, the "
+      f"step it died in, the detection); checkpoint stall {g['checkpoint_s'] / n:.2f} s per save ({len(saves)} "
+      f"{'/'.join(modes)} saves, one every {period:.1f} s of steps)")
+bound = 1 - (g["restart_s"] / launches + g["lost_s"] / f) / mtbf - (g["checkpoint_s"] / n) / period
+print(f"bound      : at one failure per {mtbf:.0f} s, 1 - (restart + lost) / MTBF - save / interval = {100 * bound:.1f}%")
+PY
+exit $status

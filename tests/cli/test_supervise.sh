@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# `meshtrain supervise` (runtime/cli/cmd_supervise.cpp), the short failure drill: 4 ranks of a tiny model under
+# the supervisor, one random rank killed with SIGKILL at a random step and, in the relaunched run, another stopped
+# with SIGSTOP (its peers' watchdog, comm.timeout_s 3, aborts the job); asynchronous checkpoints every 50 steps.
+# The supervisor relaunches each time from the newest checkpoint (checkpoint.resume=auto), and at the end:
+#   - it exits 0, and each failure line names the rank that was killed or stopped;
+#   - the final checkpoint's weights and optimizer state equal an uninterrupted run's, byte for byte;
+#   - after deduplication (the last record of a step wins) the metrics hold every step once, none missing, with the
+#     uninterrupted run's losses bit for bit;
+#   - the goodput is printed with its parts and recorded in the metrics file, with one record per failure.
+# Then what is not relaunched: a config error (one launch), SIGTERM to the supervisor (passed on: checkpoint,
+# exit 143), a launch that exits 138 by itself (a preemption), --max-restarts used up (non-zero, "giving up", the
+# back-off doubling), and --hang-timeout ending a launch whose steps stopped. MT_TEST_SEED fixes the random choices.
+# Prints "supervise: N passed, N failed" last.
+#   tests/cli/test_supervise.sh BUILD_DIR
+set -uo pipefail
+build=${1:?usage: test_supervise.sh BUILD_DIR}
+source "$(dirname "$0")/common.sh"
+
+seed=${MT_TEST_SEED:-$(date +%s)}
+RANDOM=$seed
+echo "supervise: MT_TEST_SEED=$seed"
+dedup="$root/tests/cli/dedup_steps.py"
+steps=1500
+docs_data --val-fraction 0.1
+cat >"$tmp/s.yaml" <<YAML
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 64, vocab_size: 256, max_seq_len: 32}
+training: {steps: $steps, batch_size: 8, seq_len: 32, lr: 3.0e-3, warmup_steps: 3, lr_min: 3.0e-4, grad_clip: 1.0,
+           weight_decay: 0.1, threads: 1}
+data: {train: "$tmp/data/docs_train_*.bin", val: "$tmp/data/docs_val_*.bin"}
+eval: {interval: 500, steps: 2}
+sample: {interval: 0}
+log: {interval: 1}
+comm: {timeout_s: 3}
+checkpoint: {interval: 50, keep: 2, async: true}
+YAML
+# launch NAME: the 4-rank launch of run NAME (its metrics $tmp/NAME.jsonl, its checkpoints $tmp/NAME.ckpt).
+launch() {
+  echo "$mpirun" -np 4 "$mt" --config "$tmp/s.yaml" --set log.metrics_file="$tmp/$1.jsonl" \
+    --set checkpoint.dir="$tmp/$1.ckpt" --set checkpoint.resume=auto train
+}
+# steps_in FILE: the step records in a metrics file so far.
+steps_in() { local n; n=$(grep -c '"loss"' "$1" 2>/dev/null); echo "${n:-0}"; }
+# rank_pid NAME RANK: the process of rank RANK of run NAME (Open MPI gives each rank OMPI_COMM_WORLD_RANK).
+rank_pid() {
+  local p
+  for p in $(pgrep -f -- "^$mt .*checkpoint.dir=$tmp/$1.ckpt"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$p"; return; fi
+  done
+}
+# wait_steps FILE N SECONDS: until FILE has N more step records than now, or the time is up.
+wait_steps() {
+  local want=$(($(steps_in "$1") + $2)) end=$((SECONDS + $3))
+  while [ "$(steps_in "$1")" -lt $want ] && [ $SECONDS -lt $end ]; do sleep 0.1; done
+}
+# same_weights A B: the final checkpoints' safetensors files of runs A and B are equal byte for byte.
+same_weights() {
+  local last f n=0
+  last=$(printf 'step_%08d' $steps)
+  for f in "$tmp/$2.ckpt/$last"/*.safetensors; do
+    [ -f "$f" ] || return 1
+    cmp -s "$f" "$tmp/$1.ckpt/$last/$(basename "$f")" || { echo "$(basename "$f") differs"; return 1; }
+    n=$((n + 1))
+  done
+  echo "$n safetensors files equal"
+}
+
+# The uninterrupted run.
+start=$SECONDS
+# shellcheck disable=SC2046
+timeout 300 $(launch base) >"$tmp/base.log" 2>&1 || bad "the uninterrupted 4-rank run" "$(tail -n 10 "$tmp/base.log")"
+echo "uninterrupted run: $((SECONDS - start)) s"
+
+# The drill: a random rank killed at a random step of launch 1, another stopped at a random step of launch 2.
+start=$SECONDS
+# shellcheck disable=SC2046
+timeout 600 "$mt" supervise --backoff 1 -- $(launch drill) >"$tmp/drill.log" 2>&1 &
+sup=$!
+kill_rank=$((RANDOM % 4))
+wait_steps "$tmp/drill.jsonl" $((100 + RANDOM % 400)) 120
+sleep "0.$((RANDOM % 10))"
+pid=$(rank_pid drill $kill_rank)
+echo "drill: SIGKILL to rank $kill_rank (pid ${pid:-none}) after $(steps_in "$tmp/drill.jsonl") step records"
+[ -n "$pid" ] && kill -KILL "$pid"
+# Launch 2: its own steps begin after the "launch 2" line.
+for _ in $(seq 600); do grep -q "launch 2 of" "$tmp/drill.log" && break; sleep 0.1; done
+wait_steps "$tmp/drill.jsonl" $((100 + RANDOM % 300)) 120
+stop_rank=$((RANDOM % 4))
+pid=$(rank_pid drill $stop_rank)
+echo "drill: SIGSTOP to rank $stop_rank (pid ${pid:-none}) after $(steps_in "$tmp/drill.jsonl") step records"
+[ -n "$pid" ] && kill -STOP "$pid"
+wait $sup
+rc=$?
+echo "drill: the supervised job took $((SECONDS - start)) s"
+if [ $rc -eq 0 ] && [ "$(grep -c '^\[supervise.*\] launch [0-9]* of' "$tmp/drill.log")" -eq 3 ]; then
+  ok "drill: exit 0 after 3 launches (2 failures relaunched)"
+else
+  bad "drill: exit 0 after 3 launches" "exit $rc, $(grep -c '^\[supervise.*\] launch' "$tmp/drill.log") launches" \
+    "$(grep -v '^step\|^checkpoint step\|info\]' "$tmp/drill.log" | tail -n 20)"
+fi
+f1=$(grep -m 1 '\] failure 1 ' "$tmp/drill.log")
+f2=$(grep -m 1 '\] failure 2 ' "$tmp/drill.log")
+if [[ "$f1" == *"rank $kill_rank "*"exited on signal 9 (Killed)"*"last step recorded"*"last committed checkpoint"*"lost"* ]]; then
+  ok "drill: the failure line names the killed rank $kill_rank, the signal, the steps and what was lost"
+else
+  bad "drill: the failure line names the killed rank $kill_rank" "${f1:-no failure 1 line}"
+fi
+if [[ "$f2" == *"rank $stop_rank "* ]] && [[ "$f2" == *"did not arrive"* || "$f2" == *"was stopped"* ]]; then
+  ok "drill: the failure line names the stopped rank $stop_rank (the watchdog's timeout)"
+else
+  bad "drill: the failure line names the stopped rank $stop_rank" "${f2:-no failure 2 line}" \
+    "$(grep '\[comm\]' "$tmp/drill.log" | head -n 3)"
+fi
+if out=$(same_weights base drill); then ok "drill: the final weights and optimizer state equal the uninterrupted run's ($out)"
+else bad "drill: the final weights equal the uninterrupted run's" "$out"; fi
+if out=$("$py" "$dedup" "$tmp/drill.jsonl" $steps --base "$tmp/base.jsonl" 2>&1); then ok "drill: metrics: $out"
+else bad "drill: metrics after deduplication" "$out"; fi
+g=$(grep -m 1 '\] goodput [0-9.]*% of' "$tmp/drill.log")
+if [[ "$g" == *productive*checkpoint*eval*lost*restart*other* ]] && grep -q '"event": *"goodput".*"scope": *"job"' "$tmp/drill.jsonl" &&
+  [ "$(grep -c '"event": *"failure"' "$tmp/drill.jsonl")" -eq 2 ]; then
+  ok "drill: ${g#*] }"
+else
+  bad "drill: the goodput with its parts, and the failure records" "${g:-no goodput line}" \
+    "$(grep -c '"event": *"failure"' "$tmp/drill.jsonl") failure records"
+fi
+
+# What is not relaunched.
+# A config error: every rank fails before the first step; a relaunch would fail the same way.
+# shellcheck disable=SC2046
+timeout 120 "$mt" supervise --backoff 0 -- $(launch cfg) --set training.batch_size=3 >"$tmp/cfg.log" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ "$(grep -c '\] launch [0-9]* of' "$tmp/cfg.log")" -eq 1 ] &&
+  grep -q "before its first step, with no rank killed, stopped or timed out.*not relaunched" "$tmp/cfg.log"; then
+  ok "a config error: one launch, exit $rc, not relaunched and why"
+else
+  bad "a config error is not relaunched" "exit $rc" "$(grep -v 'info\]' "$tmp/cfg.log" | tail -n 8)"
+fi
+# SIGTERM to the supervisor (a preemption): passed to mpirun, the ranks checkpoint and stop, exit 143, no relaunch.
+rm -rf "$tmp/term.ckpt"
+# shellcheck disable=SC2046
+timeout 120 "$mt" supervise --backoff 0 -- $(launch term) --set checkpoint.interval=0 >"$tmp/term.log" 2>&1 &
+sup=$!
+wait_steps "$tmp/term.jsonl" 30 60
+kill -TERM $sup
+wait $sup
+rc=$?
+if [ $rc -eq 143 ] && [ "$(grep -c '\] launch [0-9]* of' "$tmp/term.log")" -eq 1 ] &&
+  grep -q "received: stopped after step" "$tmp/term.log" && ls -d "$tmp"/term.ckpt/step_* >/dev/null 2>&1; then
+  ok "SIGTERM to the supervisor: passed on, the ranks checkpoint, exit 143, not relaunched"
+else
+  bad "SIGTERM to the supervisor" "exit $rc" "$(grep -v '^step\|info\]' "$tmp/term.log" | tail -n 8)"
+fi
+# A launch that exits 128 + SIGUSR1 by itself: its ranks stopped for a preemption; passed on.
+timeout 30 "$mt" supervise --backoff 0 -- bash -c 'exit 138' >"$tmp/usr1.log" 2>&1
+rc=$?
+if [ $rc -eq 138 ] && [ "$(grep -c '\] launch [0-9]* of' "$tmp/usr1.log")" -eq 1 ]; then
+  ok "a launch exiting 138 (stopped by SIGUSR1 after a checkpoint) is passed on, not relaunched"
+else
+  bad "a launch exiting 138 is passed on" "exit $rc" "$(tail -n 5 "$tmp/usr1.log")"
+fi
+# --max-restarts used up: a launch whose rank always dies (Open MPI's line, printed by a stand-in); no progress, so
+# the back-off doubles.
+timeout 60 "$mt" supervise --max-restarts 2 --backoff 0.1 -- bash -c \
+  'echo "mpirun noticed that process rank 1 with PID 0 on node n1 exited on signal 9 (Killed)."; exit 137' \
+  >"$tmp/max.log" 2>&1
+rc=$?
+if [ $rc -eq 137 ] && [ "$(grep -c '\] launch [0-9]* of' "$tmp/max.log")" -eq 3 ] &&
+  grep -q "giving up: 2 relaunches (--max-restarts 2) used; the last launch exited 137" "$tmp/max.log" &&
+  grep -q "relaunch 2 of 2 in 0.2 s (2 failures in a row without progress)" "$tmp/max.log" &&
+  grep -q "rank 1 on n1 exited on signal 9 (Killed)" "$tmp/max.log"; then
+  ok "--max-restarts 2 used up: 3 launches, exit 137, a clear message, the back-off doubled"
+else
+  bad "--max-restarts used up" "exit $rc" "$(tail -n 8 "$tmp/max.log")"
+fi
+# --hang-timeout: a launch that recorded a step and then went silent is ended.
+timeout 60 "$mt" supervise --max-restarts 0 --hang-timeout 2 --metrics "$tmp/hang.jsonl" -- bash -c \
+  "echo '{\"step\": 1, \"loss\": 1.0, \"step_ms\": 5}' >>'$tmp/hang.jsonl'; sleep 100" >"$tmp/hang.log" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && grep -q "no new step in the metrics for [0-9]* s (--hang-timeout): the launch hangs; killing it" "$tmp/hang.log" &&
+  grep -q "hung: no new step for 2 s" "$tmp/hang.log"; then
+  ok "--hang-timeout 2: a launch silent after its first step is killed and counted as a failure"
+else
+  bad "--hang-timeout" "exit $rc" "$(tail -n 6 "$tmp/hang.log")"
+fi
+
+summary supervise
+[ $failed -eq 0 ]
