@@ -529,7 +529,7 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
 
   // 1. Every rank checks its own shards (a NaN model never replaces, or through rotation deletes, a good checkpoint);
   // rank 0 makes the temporary directory. Agreed before anything is written. Each step is a span in a trace (issue 40).
-  std::optional<trace::Span> phase(std::in_place, "checkpoint: check shards", "checkpoint");
+  std::optional<trace::Span> trace_phase(std::in_place, "checkpoint: check shards", "checkpoint");
   std::exception_ptr err;
   try {
     for (const CkptTensor& c : s->ts) {
@@ -554,7 +554,7 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
 
   // 2. Every tensor goes whole to its writer. Synchronous: written at once, one tensor at a time. Asynchronous: kept
   // in host memory (the snapshot: copies, never views of the training state) and written by a thread.
-  phase.emplace(async ? "checkpoint: gather and snapshot" : "checkpoint: gather and write", "checkpoint");
+  trace_phase.emplace(async ? "checkpoint: gather and snapshot" : "checkpoint: gather and write", "checkpoint");
   s->writer = std::make_unique<ShardWriter>(s->ts, s->files, world.rank(), s->tmp, s->optimizer_steps, step, s->root);
   for (size_t i = 0; i < s->ts.size(); ++i) {
     Tensor full = gather_to_writer(s->ts[i].t, s->files.writer[i], world, s->ts[i].slice);
@@ -581,7 +581,7 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
       raw->write_files();
     });
   } else {
-    phase.emplace("checkpoint: write files", "checkpoint");
+    trace_phase.emplace("checkpoint: write files", "checkpoint");
     s->write_files();
   }
   return std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint(std::move(s)));
