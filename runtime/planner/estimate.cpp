@@ -449,6 +449,13 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
   e.world = world;
   e.cluster = cluster;
   family_of(cfg.model).check(cfg.model, cfg.training.seq_len);
+  // The estimate builds every layer's description (tens of KiB each, and time that grows faster than the layers):
+  // a mistyped layer count must be an error, not a machine out of memory. Published models have under 200 layers.
+  constexpr int64_t kMaxLayers = 4096;
+  MT_CHECK(cfg.model.n_layers <= kMaxLayers, "config",
+           "model.n_layers = {} (num_hidden_layers in a config.json): estimate and plan --search describe every layer "
+           "and take at most {} (a mistyped count?)",
+           cfg.model.n_layers, kMaxLayers);
   RunShape rs(cfg, world);  // train's checks, with its errors
   e.pd = rs.run.pd;
   e.micro = rs.run.micro;

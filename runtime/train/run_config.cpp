@@ -25,15 +25,6 @@ void validate_training(const Config& c) {
   if (c.parallel.ep > 1 && m.moe.n_experts > 0 && m.moe.n_experts % c.parallel.ep != 0)
     fail("config", "model.moe.n_experts = {} is not divisible by parallel.ep = {}: each ep rank holds n_experts / ep",
          m.moe.n_experts, c.parallel.ep);
-  // Under pp the router statistics' sum is issued beside the pipeline's sends and receives; NCCL runs both in issue
-  // order on the device, where a stage may wait in the sum for a peer that waits in a send: refused until it is
-  // ruled out on a GPU (MPI's non-blocking calls do not order them).
-  if (m.moe.n_experts > 0 && c.parallel.pp > 1 && c.comm.device == "cuda" && c.comm.backend != "mpi")
-    fail("config",
-         "model.type = {} with parallel.pp = {} on comm.device = cuda and comm.backend = {}: an MoE model's router "
-         "statistics are summed beside the pipeline's NCCL sends, whose order is not yet proved free of a hang; "
-         "use parallel.pp = 1 (ep, dp, tp, cp all work) or comm.backend = mpi",
-         m.type, c.parallel.pp, c.comm.backend);
   if (c.parallel.ep > 1 && m.moe.n_experts == 0)
     fail("config", "parallel.ep = {}: model.type = {} has no experts (model.moe.n_experts = 0)", c.parallel.ep,
          m.type);

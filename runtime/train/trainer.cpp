@@ -169,6 +169,16 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   // Everything before the mesh is checked by each rank alone; an error every rank has alike is printed once.
   run_agreed(env, "the run's setup", [&] {
     check_model_fits(cfg, memory);
+    // Training only: estimate and plan --search may plan such a run.
+    // Under pp the router statistics' sum is issued beside the pipeline's sends and receives; NCCL runs both in issue
+    // order on the device, where a stage may wait in the sum for a peer that waits in a send: refused until it is
+    // ruled out on a GPU (MPI's non-blocking calls do not order them).
+    if (cfg.model.moe.n_experts > 0 && cfg.parallel.pp > 1 && cfg.comm.device == "cuda" && cfg.comm.backend != "mpi")
+      fail("config",
+           "model.type = {} with parallel.pp = {} on comm.device = cuda and comm.backend = {}: an MoE model's router "
+           "statistics are summed beside the pipeline's NCCL sends, whose order is not yet proved free of a hang; "
+           "use parallel.pp = 1 (ep, dp, tp, cp all work) or comm.backend = mpi",
+           cfg.model.type, cfg.parallel.pp, cfg.comm.backend);
     set_cpu_threads(cfg.training.threads > 0 ? cfg.training.threads : auto_threads(env));
     set_host_memory_limit(size_t(cfg.training.memory_limit_mb * double(1 << 20)), "training.memory_limit_mb");
 

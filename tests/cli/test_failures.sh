@@ -41,6 +41,9 @@ good="$tmp/ckpt/step_00000001"
 # num_hidden_layers (model.init_from), a trillion layers.
 once "huge model.n_layers: refused before allocating" "does not fit in this rank's memory: model.n_layers = 1000000000000" -- \
   "${run2[@]}" --set model.n_layers=1000000000000 train
+# estimate describes every layer: a million layers (which would take hours and gigabytes) is refused at once.
+once "estimate: a million layers refused, naming the key" "model.n_layers = 1000000 (num_hidden_layers in a config.json)" -- \
+  "$mt" --config "$tmp/f.yaml" --set model.n_layers=1000000 estimate --world 2
 cp -r "$good" "$tmp/huge"
 "$py" - "$tmp/huge/config.json" <<'PY'
 import json, sys
