@@ -1,5 +1,7 @@
 #include "comm/control.h"
 
+#include "runtime/core/trace.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -102,10 +104,16 @@ void run_control(MPI_Comm comm, std::string_view label, const std::string& where
   std::vector<int> ranks = st->world;
   ranks.push_back(process_rank());
   watchdog_set_ranks(id, std::move(ranks));
+  // The trace's "control" span (trace.h): from the markers' start to the end of the wait.
   struct End {
     uint64_t id;
-    ~End() { watchdog_end(id); }
-  } end{id};
+    std::string_view label;
+    int64_t t0;
+    ~End() {
+      watchdog_end(id);
+      if (t0 >= 0) trace::complete(std::string(label), "control", t0, trace::now_ns());
+    }
+  } end{id, label, trace::on() ? trace::now_ns() : -1};
 
   // Done when the collective is and every marker has gone both ways.
   std::vector<int> idx(reqs.size());
@@ -160,6 +168,39 @@ void control_gather(MPI_Comm comm, void* out, const void* in, int count, MPI_Dat
                     std::string_view label, const std::string& where) {
   run_control(comm, label, where,
               [&](MPI_Request* r) { return MPI_Igather(in, count, type, out, count, type, root, comm, r); });
+}
+
+ClockSync control_clock_sync(MPI_Comm comm, int rounds) {
+  int n = 1, me = 0;
+  MPI_Comm_size(comm, &n);
+  MPI_Comm_rank(comm, &me);
+  control_barrier(comm, "clock sync");
+  ClockSync r;
+  constexpr int kClockTag = 7342;
+  {
+    WatchdogScope watch("clock sync", world_where(comm));
+    if (me == 0) {
+      for (int peer = 1; peer < n; ++peer)
+        for (int k = 0; k < rounds; ++k) {
+          int64_t t = 0;
+          MT_MPI_CHECK(MPI_Recv(&t, 1, MPI_INT64_T, peer, kClockTag, comm, MPI_STATUS_IGNORE));
+          t = trace::now_ns();
+          MT_MPI_CHECK(MPI_Send(&t, 1, MPI_INT64_T, peer, kClockTag, comm));
+        }
+    } else {
+      r.rtt_ns = -1;
+      for (int k = 0; k < rounds; ++k) {
+        int64_t t0 = trace::now_ns(), t_root = 0;
+        MT_MPI_CHECK(MPI_Send(&t0, 1, MPI_INT64_T, 0, kClockTag, comm));
+        MT_MPI_CHECK(MPI_Recv(&t_root, 1, MPI_INT64_T, 0, kClockTag, comm, MPI_STATUS_IGNORE));
+        const int64_t t1 = trace::now_ns();
+        if (r.rtt_ns < 0 || t1 - t0 < r.rtt_ns) r.rtt_ns = t1 - t0, r.offset_ns = t_root - (t0 + (t1 - t0) / 2);
+      }
+    }
+  }
+  r.zero_ns = me == 0 ? trace::now_ns() : 0;
+  control_broadcast(comm, &r.zero_ns, 1, MPI_INT64_T, 0, "clock sync zero");
+  return r;
 }
 
 }  // namespace mt

@@ -10,6 +10,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -27,5 +28,14 @@ void control_broadcast(MPI_Comm comm, void* buf, int count, MPI_Datatype type, i
 // out (size * count elements) is written on root only.
 void control_gather(MPI_Comm comm, void* out, const void* in, int count, MPI_Datatype type, int root,
                     std::string_view label, const std::string& where = {});
+
+// Clock alignment for traces (issue 40): rank 0 and each other rank in turn ping-pong `rounds` times (blocking
+// point-to-point under the watchdog); each rank keeps the round with the smallest round trip and estimates the
+// offset to add to its steady clock to read rank 0's (rank 0's time at the reply minus the round trip's middle).
+// zero_ns: rank 0's clock when the sync ended (broadcast), the traces' zero. Collective over comm.
+struct ClockSync {
+  int64_t offset_ns = 0, zero_ns = 0, rtt_ns = 0;
+};
+ClockSync control_clock_sync(MPI_Comm comm, int rounds = 8);
 
 }  // namespace mt

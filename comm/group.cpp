@@ -53,15 +53,19 @@ int64_t max_of(const std::vector<int64_t>& v) {
 
 Work Group::all_reduce(const Tensor& t, ReduceOp op, bool async) {
   // A ring all-reduce sends 2 (n-1)/n of the buffer per rank (reduce-scatter, then all-gather).
-  count("all_reduce", 2 * int64_t(t.nbytes()) * (size() - 1) / size());
-  return do_all_reduce(t, op, async);
+  const int64_t bytes = 2 * int64_t(t.nbytes()) * (size() - 1) / size();
+  count("all_reduce", bytes);
+  const int64_t t0 = trace::timing() ? trace::now_ns() : -1;
+  return traced("all_reduce", bytes, -1, async, t0, do_all_reduce(t, op, async));
 }
 
 Work Group::all_reduce(const Tensor& out, const Tensor& in, ReduceOp op, bool async) {
   check_same("all_reduce", out, in);
   check_count("all_reduce", "output", out, in.numel());
-  count("all_reduce", 2 * int64_t(in.nbytes()) * (size() - 1) / size());
-  return do_all_reduce(out, in, op, async);
+  const int64_t bytes = 2 * int64_t(in.nbytes()) * (size() - 1) / size();
+  count("all_reduce", bytes);
+  const int64_t t0 = trace::timing() ? trace::now_ns() : -1;
+  return traced("all_reduce", bytes, -1, async, t0, do_all_reduce(out, in, op, async));
 }
 
 Work Group::do_all_reduce(const Tensor& out, const Tensor& in, ReduceOp op, bool async) {
@@ -72,8 +76,10 @@ Work Group::do_all_reduce(const Tensor& out, const Tensor& in, ReduceOp op, bool
 Work Group::all_gather(const Tensor& out, const Tensor& in, bool async) {
   check_same("all_gather", out, in);
   check_count("all_gather", "output", out, in.numel() * size());
-  count("all_gather", int64_t(in.nbytes()) * (size() - 1));
-  return do_all_gather(out, in, async);
+  const int64_t bytes = int64_t(in.nbytes()) * (size() - 1);
+  count("all_gather", bytes);
+  const int64_t t0 = trace::timing() ? trace::now_ns() : -1;
+  return traced("all_gather", bytes, -1, async, t0, do_all_gather(out, in, async));
 }
 
 Work Group::all_gather_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, bool async) {
@@ -82,15 +88,19 @@ Work Group::all_gather_v(const Tensor& out, const Tensor& in, const std::vector<
   check_count("all_gather_v", "input", in, counts[size_t(rank())]);
   check_count("all_gather_v", "output", out, sum_of(counts));
   // Counted as the ring's bound: (n-1) of the largest piece (the planner's convention for uneven shards).
-  count("all_gather", max_of(counts) * int64_t(dtype_size(in.dtype())) * (size() - 1));
-  return do_all_gather_v(out, in, counts, async);
+  const int64_t bytes = max_of(counts) * int64_t(dtype_size(in.dtype())) * (size() - 1);
+  count("all_gather", bytes);
+  const int64_t t0 = trace::timing() ? trace::now_ns() : -1;
+  return traced("all_gather", bytes, -1, async, t0, do_all_gather_v(out, in, counts, async));
 }
 
 Work Group::reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, bool async) {
   check_same("reduce_scatter", out, in);
   check_count("reduce_scatter", "input", in, out.numel() * size());
-  count("reduce_scatter", int64_t(in.nbytes()) * (size() - 1) / size());
-  return do_reduce_scatter(out, in, op, async);
+  const int64_t bytes = int64_t(in.nbytes()) * (size() - 1) / size();
+  count("reduce_scatter", bytes);
+  const int64_t t0 = trace::timing() ? trace::now_ns() : -1;
+  return traced("reduce_scatter", bytes, -1, async, t0, do_reduce_scatter(out, in, op, async));
 }
 
 Work Group::reduce_scatter_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& counts, ReduceOp op,
@@ -99,8 +109,10 @@ Work Group::reduce_scatter_v(const Tensor& out, const Tensor& in, const std::vec
   check_counts("reduce_scatter_v", counts);
   check_count("reduce_scatter_v", "input", in, sum_of(counts));
   check_count("reduce_scatter_v", "output", out, counts[size_t(rank())]);
-  count("reduce_scatter", int64_t(in.nbytes()) * (size() - 1) / size());
-  return do_reduce_scatter_v(out, in, counts, op, async);
+  const int64_t bytes = int64_t(in.nbytes()) * (size() - 1) / size();
+  count("reduce_scatter", bytes);
+  const int64_t t0 = trace::timing() ? trace::now_ns() : -1;
+  return traced("reduce_scatter", bytes, -1, async, t0, do_reduce_scatter_v(out, in, counts, op, async));
 }
 
 Work Group::all_to_all(const Tensor& out, const Tensor& in, bool async) {
@@ -108,8 +120,10 @@ Work Group::all_to_all(const Tensor& out, const Tensor& in, bool async) {
   check_count("all_to_all", "output", out, in.numel());
   MT_CHECK(in.numel() % size() == 0, "comm", "all_to_all on {}: {} elements do not split into {} equal chunks",
            describe(), in.numel(), size());
-  count("all_to_all", int64_t(in.nbytes()) * (size() - 1) / size());
-  return do_all_to_all(out, in, async);
+  const int64_t bytes = int64_t(in.nbytes()) * (size() - 1) / size();
+  count("all_to_all", bytes);
+  const int64_t t0 = trace::timing() ? trace::now_ns() : -1;
+  return traced("all_to_all", bytes, -1, async, t0, do_all_to_all(out, in, async));
 }
 
 Work Group::all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send_counts,
@@ -120,40 +134,80 @@ Work Group::all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<
   check_count("all_to_all_v", "input", in, sum_of(send_counts));
   check_count("all_to_all_v", "output", out, sum_of(recv_counts));
   // What this rank sends to the others (its own block stays): exact for uneven counts.
-  count("all_to_all", (sum_of(send_counts) - send_counts[size_t(rank())]) * int64_t(dtype_size(in.dtype())));
-  return do_all_to_all_v(out, in, send_counts, recv_counts, async);
+  const int64_t bytes = (sum_of(send_counts) - send_counts[size_t(rank())]) * int64_t(dtype_size(in.dtype()));
+  count("all_to_all", bytes);
+  const int64_t t0 = trace::timing() ? trace::now_ns() : -1;
+  return traced("all_to_all", bytes, -1, async, t0, do_all_to_all_v(out, in, send_counts, recv_counts, async));
 }
 
 Work Group::broadcast(const Tensor& t, int root, bool async) {
   MT_CHECK(root >= 0 && root < size(), "comm", "broadcast on {}: root {} is not a rank of a group of {}", describe(),
            root, size());
-  count("broadcast", rank() == root ? int64_t(t.nbytes()) : 0);
-  return do_broadcast(t, root, async);
+  const int64_t bytes = rank() == root ? int64_t(t.nbytes()) : 0;
+  count("broadcast", bytes);
+  const int64_t t0 = trace::timing() ? trace::now_ns() : -1;
+  return traced("broadcast", bytes, -1, async, t0, do_broadcast(t, root, async));
 }
 
 Work Group::send(const Tensor& t, int peer, bool async, int tag, const std::string& what) {
   check_peer("send", peer);
   MT_CHECK(tag >= 0, "comm", "send on {}: negative tag {}", describe(), tag);
-  count("send", int64_t(t.nbytes()));
+  const int64_t bytes = int64_t(t.nbytes());
+  count("send", bytes);
   if (fault_stop_armed()) fault_stop_point(fmt::format("send on group '{}'", name()));  // the stuck-rank drills
-  return do_send(t, peer, async, tag, what);
+  const int64_t t0 = trace::timing() ? trace::now_ns() : -1;
+  return traced("send", bytes, peer, async, t0, do_send(t, peer, async, tag, what));
 }
 
 Work Group::recv(const Tensor& t, int peer, bool async, int tag, const std::string& what) {
   check_peer("recv", peer);
   MT_CHECK(tag >= 0, "comm", "recv on {}: negative tag {}", describe(), tag);
-  count("recv", 0);
-  return do_recv(t, peer, async, tag, what);
+  const int64_t bytes = 0;
+  count("recv", bytes);
+  const int64_t t0 = trace::timing() ? trace::now_ns() : -1;
+  return traced("recv", bytes, peer, async, t0, do_recv(t, peer, async, tag, what));
 }
 
 Work Group::ring_shift(const Tensor& out, const Tensor& in, int shift, bool async) {
   check_same("ring_shift", out, in);
   check_count("ring_shift", "output", out, in.numel());
-  count("ring_shift", int64_t(in.nbytes()));
-  return do_ring_shift(out, in, shift, async);
+  const int64_t bytes = int64_t(in.nbytes());
+  count("ring_shift", bytes);
+  const int64_t t0 = trace::timing() ? trace::now_ns() : -1;
+  return traced("ring_shift", bytes, -1, async, t0, do_ring_shift(out, in, shift, async));
 }
 
-void Group::barrier() { do_barrier(); }
+void Group::barrier() {
+  const int64_t t0 = trace::timing() ? trace::now_ns() : -1;
+  do_barrier();
+  traced("barrier", 0, -1, false, t0, Work());
+}
+
+Work Group::traced(const char* kind, int64_t bytes, int peer, bool async, int64_t t0, Work w) const {
+  if (t0 < 0) return w;
+  const int64_t t1 = trace::now_ns();
+  if (!async) trace::add_wait_ns(t1 - t0);
+  if (trace::on() && size() > 1) {
+    trace::Args a;
+    a.tag = current_comm_tag(), a.group = name_, a.kind = kind, a.bytes = bytes, a.peer = peer;
+    if (async) a.detail = "async";
+    trace::complete(kind, "comm", t0, t1, std::move(a));
+  }
+  if (async) w.watch(this, kind);
+  return w;
+}
+
+void Work::timed_wait() {
+  const int64_t t0 = trace::now_ns();
+  impl_->wait();
+  const int64_t t1 = trace::now_ns();
+  trace::add_wait_ns(t1 - t0);
+  if (trace::on() && group_->size() > 1) {
+    trace::Args a;
+    a.tag = current_comm_tag(), a.group = group_->name(), a.kind = kind_;
+    trace::complete(std::string("wait ") + kind_, "wait", t0, t1, std::move(a));
+  }
+}
 
 void Group::count(const char* kind, int64_t bytes) const {
   if (size() > 1) count_collective(name_, kind, bytes);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/core/tensor.h"
+#include "runtime/core/trace.h"
 
 namespace mt {
 
@@ -30,13 +31,22 @@ class Work {
   Work() = default;
   explicit Work(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   void wait() {
-    if (impl_) impl_->wait();
+    if (impl_) {
+      if (group_) timed_wait();
+      else impl_->wait();
+    }
     impl_.reset();
   }
   bool test() { return !impl_ || impl_->test(); }
+  // Group marks the async collectives it issues while trace::timing() is on: their waits count as wait time
+  // (the slow-rank check) and, while tracing, as "wait" spans naming the collective.
+  void watch(const class Group* group, const char* kind) { group_ = group, kind_ = kind; }
 
  private:
+  void timed_wait();
   std::shared_ptr<Impl> impl_;
+  const class Group* group_ = nullptr;
+  const char* kind_ = nullptr;
 };
 
 class Group {
@@ -121,6 +131,10 @@ class Group {
   void check_peer(const char* op, int peer) const;
   // Counts one collective of this group under the thread's tag (nothing for a group of one rank).
   void count(const char* kind, int64_t bytes) const;
+  // The issue's end (trace.h): a blocking collective's time counts as wait, a "comm" span records it with its
+  // kind, group, tag, bytes and peer (the bytes count() counted); an async one's Work is watched for its wait.
+  // t0: trace::now_ns() at the start when trace::timing(), else -1.
+  Work traced(const char* kind, int64_t bytes, int peer, bool async, int64_t t0, Work w) const;
 
   std::string name_;
   int rank_ = 0;

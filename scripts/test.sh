@@ -178,6 +178,9 @@ run_script_suite recompute tests/cli/test_recompute.sh
 # Fully sharded data parallel: invariance over dp_shard, HSDP, with tp and cp, layouts, memory, bytes, checkpoints.
 run_script_suite fsdp tests/cli/test_fsdp.sh ${MT_TEST_FULL:+--full}
 run_script_suite pp tests/cli/test_pp.sh
+# Traces (issue 40): a pp 2 x dp_shard 2 x tp 2 trace checked against the format, the step, the Group counters, the
+# schedule and the allocator; merge; the picture; a rank slowed on purpose named within 10 steps.
+run_script_suite trace tests/cli/test_trace.sh
 # meshtrain estimate against measured runs: the peak memory within 5% and every byte of a step, 17 configurations;
 # then on seeded random shapes and 4-rank meshes (6, or 20 with MT_TEST_FULL).
 run_script_suite estimate tests/cli/test_estimate.sh

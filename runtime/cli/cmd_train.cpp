@@ -26,10 +26,14 @@
 #include "runtime/core/kernel_profile.h"
 #include "runtime/core/log.h"
 #include "runtime/core/stream.h"
+#include "runtime/core/trace.h"
 #include "runtime/kernels/ops.h"
+#include "runtime/planner/estimate.h"
 #include "runtime/train/agree.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/metrics.h"
+#include "runtime/train/straggler.h"
+#include "runtime/train/trace_file.h"
 #include "runtime/train/trainer.h"
 
 namespace mt {
@@ -341,6 +345,45 @@ struct StepProfiler {
   }
 };
 
+// After the traced range (issue 40 part 3): rank 0's memory track at its peak, by part, beside `meshtrain
+// estimate`'s parts for the same config (its pp stage 0, which rank 0 holds): the estimate's parameters and compute
+// copies, gradients, optimizer moments, and the rest (buckets, activations, temporaries) against the track's.
+void log_memory_beside_estimate(const Config& cfg, const MpiEnv& env, const RunTrace& tr, MetricsLogger& log) {
+  if (env.rank() != 0) return;
+  const trace::MemoryParts& p = tr.peak();
+  double est[4] = {0, 0, 0, 0}, est_peak = 0;
+  try {
+    const Estimate e = estimate_run(cfg, env.size(), std::nullopt);
+    for (const MemoryPart& m : e.stages.at(0).memory) {
+      const std::string& n = m.name;
+      if (n.rfind("peak", 0) == 0 || n.rfind("process", 0) == 0) continue;
+      const int k = n.rfind("parameters", 0) == 0 || n.rfind("compute copies", 0) == 0 ? 0
+                    : n.rfind("gradients", 0) == 0                                     ? 1
+                    : n.rfind("optimizer", 0) == 0                                     ? 2
+                                                                                       : 3;
+      est[k] += m.bytes;
+    }
+    est_peak = e.stages.at(0).peak_bytes;
+  } catch (const Error& e) {
+    log.note(fmt::format("memory at the traced peak: no estimate to compare ({})", e.what()));
+    return;
+  }
+  const double got[4] = {double(p.parameters), double(p.gradients), double(p.optimizer), double(p.other)};
+  const char* names[4] = {"parameters", "gradients", "optimizer state", "activations and buffers"};
+  std::string parts;
+  nlohmann::json rec = {{"event", "memory_peak"}, {"rank", 0}};
+  for (int k = 0; k < 4; ++k) {
+    parts += fmt::format("{}{} {:.3f} MiB (estimate {:.3f}, {:+.1f}%)", k ? ", " : "", names[k], got[k] / (1 << 20),
+                         est[k] / (1 << 20), est[k] > 0 ? 100 * (got[k] / est[k] - 1) : 0.0);
+    rec[names[k]] = {{"trace", got[k]}, {"estimate", est[k]}};
+  }
+  rec["peak"] = {{"trace", double(p.total())}, {"estimate", est_peak}};
+  log.note(fmt::format("memory at the traced peak on rank 0, by part beside `meshtrain estimate`: {}; peak {:.3f} MiB "
+                       "(estimate {:.3f})",
+                       parts, double(p.total()) / (1 << 20), est_peak / (1 << 20)));
+  log.record(rec);
+}
+
 // Checkpoints: when (every checkpoint.interval steps, every interval_s seconds by rank 0's clock, or with interval:
 // auto every sqrt(2 x save cost x mtbf_s) seconds, Young/Daly) and how (synchronous, or asynchronous: the loop is
 // held only for the snapshot, and the save is committed at the first step boundary where every rank's writer is
@@ -371,6 +414,7 @@ class Checkpointer {
   void save(int64_t next_step, bool final_save) {
     if (!enabled()) return;
     kprof::Mute not_profiled;
+    trace::Span span("checkpoint save", "checkpoint");
     fault_stop_point("checkpoint");
     const auto t0 = std::chrono::steady_clock::now();
     commit(false);  // at most one save in flight: the previous one is completed first (inside this stall)
@@ -400,6 +444,7 @@ class Checkpointer {
   // the goodput's checkpoint stalls here (else the caller's stall holds it).
   void commit(bool counted = true) {
     if (!pending_) return;
+    trace::Span span("checkpoint commit", "checkpoint");
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t step = pending_->step();
     const bool async = pending_->snapshot_bytes() > 0 || !pending_->written();
@@ -457,10 +502,26 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     run_agreed(env, "the tokenizer (for samples)", [&] { codec = text_codec(cfg); });
   StepProfiler profile(run, env, log, t.steps);
   const int64_t first_profiled = profile.first_profiled;
+  RunTrace trace_range(cfg, env, run);  // profile.steps: the Chrome trace (issue 40)
+  // The slow-rank check (issue 40): every rank's compute and wait times travel with the per-step control collective.
+  trace::g_timing = cfg.profile.straggler_threshold > 0;
+  std::vector<std::string> hosts(size_t(env.size()));
+  {
+    char mine[64] = {0};
+    std::snprintf(mine, sizeof mine, "%s", env.host().c_str());
+    std::vector<char> all(64 * size_t(env.size()));
+    control_all_gather(MPI_COMM_WORLD, all.data(), mine, 64, MPI_CHAR, "host names");
+    for (int r = 0; r < env.size(); ++r) hosts[size_t(r)] = std::string(all.data() + 64 * r, strnlen(all.data() + 64 * r, 63));
+  }
+  bool memory_compared = false;
+  StragglerCheck stragglers(cfg.profile.straggler_threshold, cfg.profile.straggler_steps, hosts);
+  const int pp_coord = run.world_mesh.has_dim("pp") ? run.world_mesh.coordinate(run.world_mesh.dim_index("pp")) : 0;
   int64_t skipped = 0, skipped_in_a_row = 0;  // non-finite steps (not applied): in all, and the current run of them
   for (int64_t step = run.start_step; step < t.steps; ++step) {
     if (kprof::enabled() && step == first_profiled) kprof::reset();  // drops what set-up recorded
+    trace_range.before_step(step);
     reset_peak_allocated(run.device);  // the step's own high-water mark (the model state included)
+    const int64_t trace_t0 = trace::now_ns(), wait0 = trace::wait_ns();
     auto t0 = std::chrono::steady_clock::now();
     const int64_t syncs_before = host_sync_count();
     StepResult r = [&] {
@@ -469,6 +530,8 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
       return train_step(run, step);
     }();
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double wait_s = 1e-9 * double(trace::wait_ns() - wait0);
+    trace_range.step_done(step, trace_t0, int64_t(allocator_stats(run.device).peak_allocated_bytes));
     gp.steps_s += dt;
     // The step's device work is enqueued without waiting but for the one read of loss and grad norm (see
     // train_step); eval, samples and checkpoints come after the step and are not counted.
@@ -500,6 +563,7 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     if (cfg.eval.interval > 0 && run.val_data.size() > 0 && ((step + 1) % cfg.eval.interval == 0 || last)) {
       fault_stop_point("evaluation");
       kprof::Mute not_profiled;
+      trace::Span span("evaluation", "eval");
       const auto e0 = std::chrono::steady_clock::now();
       const double val = evaluate(run);
       gp.eval_s += seconds_since(e0);
@@ -508,6 +572,7 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     if (cfg.sample.interval > 0 && cfg.sample.tokens > 0 && ((step + 1) % cfg.sample.interval == 0 || last)) {
       fault_stop_point("sampling");
       kprof::Mute not_profiled;
+      trace::Span span("sample", "eval");
       const auto s0 = std::chrono::steady_clock::now();
       std::vector<int32_t> prompt = codec.encode(cfg.sample.prompt);
       if (codec.tokenizer && codec.tokenizer->bos_id() >= 0) prompt.insert(prompt.begin(), codec.tokenizer->bos_id());
@@ -520,8 +585,26 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     // One small all-reduce per step carries what every rank must decide alike: a stop signal on any rank stops every
     // rank at the same step boundary; rank 0's clock says when a time-based checkpoint is due; an asynchronous save
     // is committed once no rank is still writing it.
-    int flags[3] = {g_stop_signal.load(), ckpt.due_by_time(step + 1) ? 1 : 0, ckpt.writing() ? 1 : 0};
-    control_all_reduce(MPI_COMM_WORLD, flags, 3, MPI_INT, MPI_MAX, "stop-signal all_reduce");
+    // It is an all-gather: each rank's compute and wait times of the step ride along for the slow-rank check, and
+    // the flags are reduced (max) from the gathered values.
+    constexpr int kN = 6;
+    const double mine[kN] = {double(g_stop_signal.load()), ckpt.due_by_time(step + 1) ? 1.0 : 0.0,
+                             ckpt.writing() ? 1.0 : 0.0, std::max(0.0, dt - wait_s), wait_s, double(pp_coord)};
+    std::vector<double> gathered(size_t(kN * env.size()));
+    control_all_gather(MPI_COMM_WORLD, gathered.data(), mine, kN, MPI_DOUBLE, "stop-signal all_reduce");
+    int flags[3] = {0, 0, 0};
+    std::vector<RankStepTimes> times(size_t(env.size()));
+    for (int r = 0; r < env.size(); ++r) {
+      const double* g = gathered.data() + kN * r;
+      for (int k = 0; k < 3; ++k) flags[k] = std::max(flags[k], int(g[k]));
+      times[size_t(r)] = {g[3], g[4], int(g[5])};
+    }
+    if (cfg.profile.straggler_threshold > 0) {
+      nlohmann::json spread;
+      const std::string named = stragglers.step(step, times, spread);
+      log.record(spread);
+      if (!named.empty() && env.rank() == 0) spdlog::warn("{}", named);
+    }
     const int stop = flags[0];
     if (ckpt.in_flight() && !flags[2]) ckpt.commit();
     if (ckpt.due_by_steps(step + 1) || flags[1] || last || stop) ckpt.save(step + 1, last || stop);
@@ -530,9 +613,14 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
           "signal {} ({}) received: stopped after step {}{}; exit code {}", stop, strsignal(stop), step + 1,
           cfg.checkpoint.dir.empty() ? " (no checkpoint.dir: nothing saved)" : " with a checkpoint", 128 + stop));
       profile.report();
+      trace_range.finish(log);
       return 128 + stop;
     }
+    trace_range.after_step(step, log);
+    if (trace_range.finished() && !memory_compared) log_memory_beside_estimate(cfg, env, trace_range, log), memory_compared = true;
   }
+  trace_range.finish(log);
+  if (trace_range.finished() && !memory_compared) log_memory_beside_estimate(cfg, env, trace_range, log);
   profile.report();
   return 0;
 }

@@ -52,5 +52,6 @@ Command generate_command();
 Command logits_command();
 Command tokenize_command();
 Command supervise_command();
+Command trace_command();
 
 }  // namespace mt

@@ -1,5 +1,7 @@
 #include "runtime/core/allocator.h"
 
+#include "runtime/core/trace.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -78,6 +80,7 @@ void* device_alloc(Device d, size_t bytes) {
   h.s.peak_allocated_bytes = std::max(h.s.peak_allocated_bytes, h.s.allocated_bytes);
   h.s.requested_bytes += requested;
   h.s.peak_requested_bytes = std::max(h.s.peak_requested_bytes, h.s.requested_bytes);
+  if (trace::g_on) trace::memory_sample(int64_t(h.s.allocated_bytes));
   return p;
 }
 
@@ -93,10 +96,12 @@ void device_free(Device d, void* p, size_t bytes) {
     h.s.allocated_bytes -= it->second;
     h.cached.emplace(it->second, p);
     h.live.erase(it);
+    if (trace::g_on) trace::memory_sample(int64_t(h.s.allocated_bytes));
     return;
   }
   std::free(p);
   h.s.allocated_bytes -= rounded;
+  if (trace::g_on) trace::memory_sample(int64_t(h.s.allocated_bytes));
   h.s.reserved_bytes -= rounded;
   h.s.driver_frees++;
 }

@@ -140,6 +140,23 @@ void Scope::end() {
   s.pool[s.pending[size_t(slot_)].end].record(*st);
 }
 
+thread_local int t_trace_depth = 0;
+
+void Scope::trace_begin(const char* name) {
+  if (t_trace_depth++ > 0) {
+    trace_state_ = 1;
+    return;
+  }
+  trace_state_ = 2;
+  trace_name_ = name;
+  trace_t0_ = trace::now_ns();
+}
+
+void Scope::trace_end() {
+  --t_trace_depth;
+  if (trace_state_ == 2) trace::complete(trace_name_, "op", trace_t0_, trace::now_ns());
+}
+
 // A muted thread looks like one inside a scope: every scope it opens is nested, hence not timed.
 Mute::Mute() { ++t_depth; }
 Mute::~Mute() { --t_depth; }

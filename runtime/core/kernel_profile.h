@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "runtime/core/device.h"
+#include "runtime/core/trace.h"
 
 namespace mt {
 
@@ -61,9 +62,11 @@ class Scope {
   Scope(const char* name, Device d, double flops = 0, double bytes = 0, const Stream* stream = nullptr,
         const char* category = nullptr) {
     if (g_enabled) begin(name, category, d, flops, bytes, stream);
+    if (trace::g_on) trace_begin(name);
   }
   ~Scope() {
     if (state_ != 0) end();
+    if (trace_state_ != 0) trace_end();
   }
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
@@ -71,8 +74,14 @@ class Scope {
  private:
   void begin(const char* name, const char* category, Device d, double flops, double bytes, const Stream* stream);
   void end();
+  // The trace's op span (trace.h, issue 40): the outermost scope of a thread, on the host clock.
+  void trace_begin(const char* name);
+  void trace_end();
   int state_ = 0;     // 0 off, 1 nested in another scope (not timed), 2 timing
   int64_t slot_ = 0;  // the pending device record, or the host start time (ns)
+  int trace_state_ = 0;  // 0 off, 1 nested, 2 a span
+  int64_t trace_t0_ = 0;
+  const char* trace_name_ = nullptr;
 };
 
 // While a Mute lives, this thread's ops are not timed (evaluation and samples between training steps).

@@ -160,6 +160,25 @@ struct LogConfig {
   }
 };
 
+// Traces and the slow rank (issue 40): profile.steps [first, last] (1-based, inclusive; empty: no trace) written
+// to profile.dir as Chrome trace JSON per rank and merged; the slow-rank check runs every step.
+struct ProfileConfig {
+  std::vector<int> steps;
+  std::string dir;
+  double straggler_threshold = 0.2;
+  int straggler_steps = 5;
+  template <class V> void visit(V& v) {
+    v("steps", steps,
+      "[first, last]: the steps (1-based, inclusive) traced in the Chrome trace event format (Perfetto, "
+      "chrome://tracing); empty: none");
+    v("dir", dir, "where each rank writes trace_rank{R}.json and rank 0 the merged trace.json");
+    v("straggler_threshold", straggler_threshold,
+      "a rank whose compute time per step is above its peers' median by more than this fraction is slow "
+      "(0: no slow-rank check)");
+    v("straggler_steps", straggler_steps, "slow steps in a row before the rank is named in the log");
+  }
+};
+
 struct TrainingConfig {
   int64_t steps = 1000;
   int64_t batch_size = 8;  // global, in sequences

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -24,6 +25,7 @@
 #include "parallel/copy_block.h"
 #include "runtime/train/agree.h"
 #include "runtime/core/log.h"
+#include "runtime/core/trace.h"
 #include "runtime/io/checksum.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/train/hf_config.h"
@@ -527,7 +529,8 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
   const std::string label = s->label();
 
   // 1. Every rank checks its own shards (a NaN model never replaces, or through rotation deletes, a good checkpoint);
-  // rank 0 makes the temporary directory. Agreed before anything is written.
+  // rank 0 makes the temporary directory. Agreed before anything is written. Each step is a span in a trace (issue 40).
+  std::optional<trace::Span> trace_phase(std::in_place, "checkpoint: check shards", "checkpoint");
   std::exception_ptr err;
   try {
     for (const CkptTensor& c : s->ts) {
@@ -552,6 +555,7 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
 
   // 2. Every tensor goes whole to its writer. Synchronous: written at once, one tensor at a time. Asynchronous: kept
   // in host memory (the snapshot: copies, never views of the training state) and written by a thread.
+  trace_phase.emplace(async ? "checkpoint: gather and snapshot" : "checkpoint: gather and write", "checkpoint");
   s->writer = std::make_unique<ShardWriter>(s->ts, s->files, world.rank(), s->tmp, s->optimizer_steps, step, s->root);
   for (size_t i = 0; i < s->ts.size(); ++i) {
     Tensor full = gather_to_writer(s->ts[i].t, s->files.writer[i], world, s->ts[i].slice);
@@ -572,8 +576,13 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
   if (stages && world.rank() == 0) s->entries = gather_json_array(*stages, s->entries, mesh.device());
   if (async) {
     PendingCheckpoint::State* raw = s.get();
-    s->thread = std::thread([raw] { raw->write_files(); });
+    s->thread = std::thread([raw] {
+      if (trace::on()) trace::name_thread("checkpoint writer");
+      trace::Span span("checkpoint: write files", "checkpoint");
+      raw->write_files();
+    });
   } else {
+    trace_phase.emplace("checkpoint: write files", "checkpoint");
     s->write_files();
   }
   return std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint(std::move(s)));
@@ -597,6 +606,7 @@ std::string PendingCheckpoint::commit() {
   // 3. Every writer's checksums reach rank 0 (over the stage's ranks, then from each stage's first rank), which
   // finishes the directory and renames it. Agreed again, so that no rank goes on (or reads) before the rename and
   // every rank fails when it fails.
+  trace::Span span("checkpoint: checksums, indexes, rename", "checkpoint");
   json sums = gather_json_array(world, s.sums, s.mesh.device());
   if (s.stages && world.rank() == 0) sums = gather_json_array(*s.stages, sums, s.mesh.device());
   std::exception_ptr err;

@@ -78,6 +78,8 @@ class PipelineStep {
       if (!transfer) end_batch();
       if (ai == last_backward) run_.grad_sync->arm(true);
       const auto a0 = Clock::now();
+      trace::Span span(pp_op_name(a.op), "pipeline");  // the action in the trace (issue 40)
+      if (trace::Args* ta = span.args()) ta->stage = a.stage, ta->micro = a.micro, ta->peer = a.peer;
       switch (a.op) {
         case PpOp::recv_act:
           post_recv(acts_in_, a, /*grad=*/false);
@@ -116,6 +118,7 @@ class PipelineStep {
     end_batch();
     // The sends still in flight: their buffers must outlive them, and the step ends when the neighbours have them.
     const auto w0 = Clock::now();
+    trace::Span drain("drain sends", "pipeline");
     for (Transfer& tr : sends_) tr.work.wait();
     t.wait_s += since(w0);
     sends_.clear();

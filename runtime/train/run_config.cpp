@@ -100,6 +100,14 @@ void validate_training(const Config& c) {
     fail("config", "checkpoint.interval = auto and checkpoint.interval_s = {} both choose the interval: set one",
          c.checkpoint.interval_s);
   require_at_least("checkpoint.keep", c.checkpoint.keep, 0, "a count (0 = all)");
+  if (!c.profile.steps.empty()) {
+    MT_CHECK(c.profile.steps.size() == 2 && c.profile.steps[0] >= 1 && c.profile.steps[1] >= c.profile.steps[0],
+             "config", "profile.steps = [{}]: expected [first, last], 1-based steps with first <= last",
+             fmt::format("{}", fmt::join(c.profile.steps, ", ")));
+    MT_CHECK(!c.profile.dir.empty(), "config", "profile.steps is set but profile.dir is empty: where do traces go?");
+  }
+  require_at_least("profile.straggler_threshold", c.profile.straggler_threshold, 0, "a fraction");
+  require_at_least("profile.straggler_steps", c.profile.straggler_steps, 1, "a step count");
   require_at_least("training.memory_limit_mb", c.training.memory_limit_mb, 0, "MiB (0 = no cap)");
   require_at_least("checkpoint.writers", double(c.checkpoint.writers), 0, "a count of ranks (0 = every rank)");
   if (c.checkpoint.resume.empty())

@@ -21,6 +21,7 @@ struct Config {
   EvalConfig eval;
   SampleConfig sample;
   CheckpointConfig checkpoint;
+  ProfileConfig profile;
   template <class V> void visit(V& v) {
     v("parallel", parallel, "mesh sizes");
     v("comm", comm, "communication");
@@ -31,6 +32,7 @@ struct Config {
     v("eval", eval, "validation");
     v("sample", sample, "generated samples during training");
     v("checkpoint", checkpoint, "checkpoints and resume");
+    v("profile", profile, "traces and the slow-rank check");
   }
 };
 

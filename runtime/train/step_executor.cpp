@@ -23,16 +23,19 @@ class LocalLoop final : public StepExecutor {
       MicroBatch mb = local_micro_batch(run, batch, r);  // (mb, T_local) x2, this rank's tokens
       run.model->set_documents(mb.doc_start);
       Tensor logits = [&] {
+        trace::Span span("forward", "phase");  // the trace's phases (issue 40)
         NvtxRange range("forward");         // Nsight Systems' view of the step (kernel_profile.h)
         return run.model->call(mb.inputs);  // (mb, T_local, V)
       }();
       run.model->forward_done();  // the router statistics' sum starts (MoE), waited for in backward
       Tensor losses = empty({run.micro * T_local}, accum_dtype(logits.dtype()), run.device);  // (mb*T_local)
       {
+        trace::Span span("loss", "phase");
         NvtxRange range("loss");
         token_losses(run, losses, as_rows(logits), as_rows(logits), mb.targets.reshape({-1}), inv_tokens);
       }
       micro_losses.push_back(losses);
+      trace::Span span("backward", "phase");
       NvtxRange range("backward");
       run.model->call_backward(logits);  // logits now hold dloss/dlogits
     }

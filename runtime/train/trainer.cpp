@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <cmath>
+#include <optional>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,8 @@
 #include "runtime/kernels/ops.h"
 #include "runtime/train/agree.h"
 #include "runtime/train/metrics.h"
+#include "runtime/train/straggler.h"
+#include "runtime/core/trace.h"
 
 namespace mt {
 
@@ -271,7 +274,11 @@ StepResult train_step(TrainRun& run, int64_t step) {
   const auto& t = run.config.training;
   const int64_t B = t.batch_size, T = t.seq_len;
   // 1. This rank's rows of the global batch for this step.
-  Batch batch = get_batch(run.train_data, step, B, T, run.dp_rank * run.rows, run.rows);  // (rows, T) x2
+  Batch batch = [&] {
+    trace::Span span("data", "data");
+    return get_batch(run.train_data, step, B, T, run.dp_rank * run.rows, run.rows);  // (rows, T) x2
+  }();
+  fault_slow_rank();  // MT_FAULT_SLOW_RANK: the slow-rank drill's injected delay
   // 2. Forward and backward per micro-batch, by the run's executor (the local loop, or this rank's actions of the
   //    pipeline's schedule); gradients accumulate in the parameters' grad buffers and the last backward launches
   //    the gradient sync. The loss is the sum of token losses over the global token count, so every mesh gives
@@ -279,7 +286,12 @@ StepResult train_step(TrainRun& run, int64_t step) {
   zero_grads(run.params);
   const double inv_tokens = 1.0 / double(B * T);
   // (micro * T_local) each, read after backward: no host sync inside the micro-batch loop
-  const std::vector<Tensor> micro_losses = run.executor->forward_backward(run, batch, inv_tokens);
+  const std::vector<Tensor> micro_losses = [&] {
+    trace::Span span("forward and backward", "phase");
+    return run.executor->forward_backward(run, batch, inv_tokens);
+  }();
+  std::optional<trace::Span> phase;  // the step's phases in the trace (issue 40)
+  phase.emplace("grad sync, loss and norm", "phase");
   // 3. Gradient sync, the one rule (see sync_gradients): waits for the buckets backward launched.
   NvtxRange range("grad sync, loss and norm, optimizer");
   sync_gradients(run);
@@ -305,6 +317,8 @@ StepResult train_step(TrainRun& run, int64_t step) {
   res.lr = lr_at(t, step);
   res.skipped = !std::isfinite(res.loss) || !std::isfinite(res.grad_norm);
   if (res.skipped) return res;
+  phase.reset();
+  phase.emplace("optimizer", "phase");
   clip_grads(run.params, res.grad_norm, t.grad_clip);
   run.opt->step(res.lr);
   run.model->after_step();

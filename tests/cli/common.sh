@@ -49,8 +49,26 @@ summary() {
 train() {
   local name=$1 np=$2
   shift 2
-  timeout 600 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set log.metrics_file="$tmp/$name.jsonl" "$@" train \
-    >"$tmp/$name.log" 2>&1
+  mpi_logged "$tmp/$name.log" "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set log.metrics_file="$tmp/$name.jsonl" \
+    "$@" train
+}
+
+# mpi_logged LOG COMMAND...: COMMAND (an mpirun launch, 600 s at most) with its output in LOG, run once more when
+# it failed inside Open MPI's own runtime: an ORTE_ERROR_LOG line (seen once in CI: "Data unpack would read past end
+# of buffer ... show_help.c", mpirun's message channel) and no line from meshtrain's logger saying error. The retry is
+# printed in the test's output; a second failure fails as any other.
+mpi_logged() {
+  local log=$1 rc
+  shift
+  timeout 600 "$@" >"$log" 2>&1
+  rc=$?
+  if [ "$rc" -ne 0 ] && grep -aq "ORTE_ERROR_LOG" "$log" && ! grep -aq "\] \[error\]" "$log"; then
+    echo "note: $(basename "$log" .log): Open MPI's runtime failed ($(grep -a -m1 ORTE_ERROR_LOG "$log" | sed 's/.*ORTE_ERROR_LOG: //')); run once more"
+    cp "$log" "$log.orte"
+    timeout 600 "$@" >"$log" 2>&1
+    rc=$?
+  fi
+  return "$rc"
 }
 
 # same_as BASE NAME NP DESCRIPTION [--set ...]: trains NAME and checks its 20 steps against BASE's (compare_runs'

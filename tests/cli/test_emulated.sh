@@ -55,8 +55,8 @@ devices() {
 run() {
   local name=$1 bin=$2 np=$3
   shift 3
-  timeout 600 "$mpirun" -np "$np" "$bin" --config "$tmp/t.yaml" --set log.metrics_file="$tmp/$name.jsonl" "$@" train \
-    >"$tmp/$name.log" 2>&1
+  mpi_logged "$tmp/$name.log" "$mpirun" -np "$np" "$bin" --config "$tmp/t.yaml" --set log.metrics_file="$tmp/$name.jsonl" \
+    "$@" train
 }
 # pair WHAT NP BACKEND [--set ...]: the CPU run and the emulated run (comm.backend BACKEND) of the same config,
 # their losses compared.

@@ -1,0 +1,15 @@
+// The memory track's peak by part (trace.h, issue 40 part 3): the sample of trace::memory_sample with the most
+// bytes in use since the last reset, split as the track is (the model state's fixed parts, the rest).
+#pragma once
+#include <cstdint>
+
+namespace mt::trace {
+
+struct MemoryParts {
+  int64_t parameters = 0, gradients = 0, optimizer = 0, other = 0;  // other: activations and buffers
+  int64_t total() const { return parameters + gradients + optimizer + other; }
+};
+MemoryParts memory_peak();
+void reset_memory_peak();
+
+}  // namespace mt::trace
