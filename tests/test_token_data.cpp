@@ -388,3 +388,53 @@ TEST_CASE("data: uint32 shards (magic 20240801, version 7) round trip, mix with 
   fs::resize_file(d / "t.bin", 1024 + 4 * 5);
   CHECK_ERROR_CONTAINS(TokenStream(d / "t.bin", 0), "does not match header: 1024 + 4 x 6 = 1048 bytes");
 }
+
+TEST_CASE("data: loss masks beside shards: masked targets are -1, the batch's trained count, packing, errors") {
+  test::TempDir d("data");
+  // Two shards, the first masked, the second without a mask (every target trained).
+  std::vector<uint16_t> a{10, 11, 12, 13, 14, 15}, b{20, 21, 22, 23};
+  write_token_shard(d / "s_0.bin", a);
+  write_token_shard(d / "s_1.bin", b);
+  write_loss_mask(d / "s_0.mask", {1, 0, 0, 1, 1, 0}, 0);
+  CHECK(mask_path_of("x/s_0.bin") == "x/s_0.mask");
+  CHECK(mask_path_of("x/s_0.dat") == "x/s_0.dat.mask");
+  TokenStream ts(d / "s_*", 256);  // a glob that also matches the mask: the mask is not read as a shard
+  REQUIRE(ts.shards().size() == 2);
+  CHECK(ts.masked());
+  CHECK(ts.masked_shards() == 1);
+  CHECK(ts.mask() == std::vector<uint8_t>{1, 0, 0, 1, 1, 0, 1, 1, 1, 1});
+  // B 2, T 2: step 0 reads stream positions 0..4; targets are positions 1..4, mask 0 0 1 1.
+  Batch full = get_batch(ts, 0, 2, 2, 0, 2);
+  CHECK(full.targets.at<int32_t>(0) == -1);
+  CHECK(full.targets.at<int32_t>(1) == -1);
+  CHECK(full.targets.at<int32_t>(2) == 13);
+  CHECK(full.targets.at<int32_t>(3) == 14);
+  CHECK(full.inputs.at<int32_t>(0) == 10);  // inputs are never masked
+  CHECK(trained_targets(ts, 0, 2, 2) == 2);
+  // Step 1: targets are positions 5..8, mask 0 1 1 1; a rank's rows see the same targets as the whole batch's.
+  CHECK(trained_targets(ts, 1, 2, 2) == 3);
+  Batch hi = get_batch(ts, 1, 2, 2, 1, 1);
+  CHECK(hi.targets.at<int32_t>(0) == 21);
+  CHECK(hi.targets.at<int32_t>(1) == 22);
+  // Without masks every target counts.
+  TokenStream plain(d / "s_1.bin", 256);
+  CHECK(!plain.masked());
+  CHECK(trained_targets(plain, 0, 1, 3) == 3);
+  // Packing: seq_len must be a multiple of the rows the data was packed in.
+  write_loss_mask(d / "s_0.mask", {1, 0, 0, 1, 1, 0}, 3);
+  TokenStream packed(d / "s_*.bin", 256, "data.train");
+  CHECK(packed.packed_len() == 3);
+  packed.check_packing(6);
+  CHECK_ERROR_CONTAINS(packed.check_packing(4), "[data] data.train: packed in rows of 3 tokens");
+  CHECK_ERROR_CONTAINS(packed.check_packing(4), "s_0.mask) but training.seq_len = 4 is not a multiple");
+  // Damaged masks name the file.
+  write_loss_mask(d / "s_0.mask", {1, 0, 0}, 0);
+  CHECK_ERROR_CONTAINS(TokenStream(d / "s_0.bin", 256), "s_0.mask: 3 values at offset 8, but its shard");
+  write_loss_mask(d / "s_0.mask", {1, 0, 2, 1, 1, 0}, 0);
+  CHECK_ERROR_CONTAINS(TokenStream(d / "s_0.bin", 256), "s_0.mask: value 2 at offset 1026 (expected 0 or 1)");
+  write_token_shard(d / "s_0.mask", a);  // a token shard where the mask belongs
+  CHECK_ERROR_CONTAINS(TokenStream(d / "s_0.bin", 256), "s_0.mask: bad magic 20240520 at offset 0 (expected 20241127");
+  write_loss_mask(d / "s_0.mask", {1, 0, 0, 1, 1, 0}, 0);
+  fs::resize_file(d / "s_0.mask", 1024 + 4);
+  CHECK_ERROR_CONTAINS(TokenStream(d / "s_0.bin", 256), "s_0.mask: size 1028 does not match header");
+}

@@ -282,6 +282,14 @@ void log_setup(const Config& cfg, const MpiEnv& env, const TrainRun& run, double
         cpu_threads(), peak / 1e9);
     spdlog::info("data: {} train tokens in {} shard(s), {} steps per epoch", run.train_data.size(),
                  run.train_data.shards().size(), steps_per_epoch(run.train_data, t.batch_size, t.seq_len));
+    if (const TokenStream& d = run.train_data; d.masked()) {
+      const int64_t kept = d.trained(1, d.size());
+      spdlog::info(
+          "data: loss masks on {} of {} shard(s): {} of {} targets trained ({:.1f}%){}; the loss is their mean over "
+          "each global batch",
+          d.masked_shards(), d.shards().size(), kept, d.size() - 1, 100.0 * double(kept) / double(std::max<int64_t>(1, d.size() - 1)),
+          d.packed_len() > 0 ? fmt::format(", packed in rows of {} tokens", d.packed_len()) : std::string());
+    }
   }
   if (env.rank() == 0 && run.grad_sync) spdlog::info("gradient sync: {}", run.grad_sync->describe());
   if (const std::string how = run.executor->describe(); env.rank() == 0 && !how.empty()) spdlog::info("{}", how);
@@ -554,9 +562,12 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
             step + 1, r.loss, r.grad_norm, skipped_in_a_row, skipped);
     } else {
       skipped_in_a_row = 0;
+      if (r.trained_tokens == 0 && env.rank() == 0)
+        spdlog::warn("step {}: the loss masks keep no target of the global batch: nothing to train on, the update "
+                     "is skipped", step + 1);
     }
     const AllocatorStats mem = allocator_stats(run.device);
-    log.step({step, r.loss, r.lr, r.grad_norm, dt, t.batch_size * t.seq_len, skipped,
+    log.step({step, r.loss, r.lr, r.grad_norm, dt, t.batch_size * t.seq_len, r.trained_tokens, skipped,
               double(mem.peak_requested_bytes), double(mem.peak_allocated_bytes), &r.router});
     run.executor->log_step(log, step);  // the executor's own figures (the pipeline's timers and bubble)
     bool last = step + 1 == t.steps;

@@ -53,8 +53,62 @@ void write_token_shard_u32(const std::string& path, const std::vector<uint32_t>&
   write_shard(path, tokens, kShardMagic32, kShardVersion32);
 }
 
+void write_loss_mask(const std::string& path, const std::vector<uint8_t>& mask, int32_t packed_len) {
+  MT_CHECK(mask.size() <= size_t(INT32_MAX), "data", "{}: {} values do not fit a mask's int32 count", path,
+           mask.size());
+  int32_t header[256] = {};
+  header[0] = kMaskMagic;
+  header[1] = kMaskVersion;
+  header[2] = int32_t(mask.size());
+  header[3] = packed_len;
+  std::ofstream f(path, std::ios::binary);
+  MT_CHECK(f.is_open(), "data", "cannot create {}: {}", path, std::strerror(errno));
+  f.write(reinterpret_cast<const char*>(header), sizeof(header));
+  f.write(reinterpret_cast<const char*>(mask.data()), std::streamsize(mask.size()));
+  f.close();
+  MT_CHECK(!f.fail(), "data", "cannot write {} (disk full?)", path);
+}
+
+std::string mask_path_of(const std::string& shard) {
+  const std::string ext = ".bin";
+  if (shard.size() > ext.size() && shard.compare(shard.size() - ext.size(), ext.size(), ext) == 0)
+    return shard.substr(0, shard.size() - ext.size()) + ".mask";
+  return shard + ".mask";
+}
+
+namespace {
+
+// Reads shard `shard`'s mask (count values) into out; returns its packing length.
+int64_t read_mask(const std::string& path, const std::string& shard, int64_t count, uint8_t* out) {
+  std::error_code ec;
+  const int64_t size = int64_t(std::filesystem::file_size(path, ec));
+  MT_CHECK(!ec, "data", "{}: cannot read ({})", path, ec.message());
+  MT_CHECK(size >= 1024, "data", "{}: {} bytes is shorter than the 1024-byte header (truncated file?)", path, size);
+  std::ifstream f(path, std::ios::binary);
+  int32_t header[256];
+  f.read(reinterpret_cast<char*>(header), sizeof(header));
+  MT_CHECK(f.good(), "data", "{}: cannot read the header", path);
+  MT_CHECK(header[0] == kMaskMagic, "data", "{}: bad magic {} at offset 0 (expected {} for a loss mask)", path,
+           header[0], kMaskMagic);
+  MT_CHECK(header[1] == kMaskVersion, "data", "{}: bad version {} at offset 4 (expected {})", path, header[1],
+           kMaskVersion);
+  MT_CHECK(header[2] == count, "data", "{}: {} values at offset 8, but its shard {} holds {} tokens", path, header[2],
+           shard, count);
+  MT_CHECK(header[3] >= 0, "data", "{}: negative packing length {} at offset 12", path, header[3]);
+  MT_CHECK(size == 1024 + count, "data", "{}: size {} does not match header: 1024 + {} = {} bytes (truncated file?)",
+           path, size, count, 1024 + count);
+  if (count > 0) f.read(reinterpret_cast<char*>(out), std::streamsize(count));
+  MT_CHECK(f.good(), "data", "{}: cannot read {} values", path, count);
+  for (int64_t i = 0; i < count; ++i)
+    MT_CHECK(out[i] <= 1, "data", "{}: value {} at offset {} (expected 0 or 1)", path, int(out[i]), 1024 + i);
+  return header[3];
+}
+
+}  // namespace
+
 TokenStream::TokenStream(const std::string& glob, int64_t vocab_size, const std::string& key) : key_(key) {
   for (const std::string& path : glob_files(glob, key)) {
+    if (path.size() > 5 && path.compare(path.size() - 5, 5, ".mask") == 0) continue;  // a mask, read beside its shard
     std::error_code ec;
     int64_t size = int64_t(std::filesystem::file_size(path, ec));
     MT_CHECK(!ec, "data", "{}: cannot read ({})", path, ec.message());
@@ -93,6 +147,42 @@ TokenStream::TokenStream(const std::string& glob, int64_t vocab_size, const std:
                  1024 + width * i, vocab_size);
     shards_.push_back({path, count});
   }
+  // Loss masks, where any shard has one (a shard without: every target trained).
+  int64_t at = 0;
+  for (const ShardInfo& sh : shards_) {
+    const std::string mpath = mask_path_of(sh.path);
+    std::error_code ec;
+    if (std::filesystem::exists(mpath, ec)) {
+      if (mask_.empty()) mask_.assign(tokens_.size(), 1);
+      const int64_t packed = read_mask(mpath, sh.path, sh.tokens, mask_.data() + at);
+      ++masked_shards_;
+      if (packed > 0) {
+        MT_CHECK(packed_len_ == 0 || packed_len_ == packed, "data",
+                 "{}: {} is packed in rows of {} tokens, {} in rows of {}: prepare the shards with one --pack", key_,
+                 mpath, packed, packed_file_, packed_len_);
+        packed_len_ = packed;
+        packed_file_ = mpath;
+      }
+    }
+    at += sh.tokens;
+  }
+}
+
+int64_t TokenStream::trained(int64_t begin, int64_t end) const {
+  begin = std::max<int64_t>(begin, 0);
+  end = std::min<int64_t>(end, size());
+  if (end <= begin) return 0;
+  if (mask_.empty()) return end - begin;
+  int64_t n = 0;
+  for (int64_t i = begin; i < end; ++i) n += mask_[size_t(i)];
+  return n;
+}
+
+void TokenStream::check_packing(int64_t seq_len) const {
+  MT_CHECK(packed_len_ == 0 || seq_len % packed_len_ == 0, "data",
+           "{}: packed in rows of {} tokens ({}) but training.seq_len = {} is not a multiple: conversations would "
+           "straddle rows (prepare the data with --pack {} or a divisor of it)",
+           key_, packed_len_, packed_file_, seq_len, packed_len_, seq_len);
 }
 
 int64_t steps_per_epoch(const TokenStream& s, int64_t B, int64_t T) {
@@ -120,7 +210,17 @@ Batch get_batch(const TokenStream& s, int64_t step, int64_t B, int64_t T, int64_
     in[i] = int32_t(src[i]);  // < vocab_size <= INT32_MAX (checked at load and in the config)
     tg[i] = int32_t(src[i + 1]);
   }
+  if (s.masked()) {  // an untrained target is -1: the cross-entropy ignores it
+    const uint8_t* m = s.mask().data() + batch.offset + row_begin * T + 1;
+    for (int64_t i = 0; i < rows * T; ++i)
+      if (!m[i]) tg[i] = -1;
+  }
   return batch;
+}
+
+int64_t trained_targets(const TokenStream& s, int64_t step, int64_t B, int64_t T) {
+  const int64_t offset = (step % steps_per_epoch(s, B, T)) * B * T;
+  return s.trained(offset + 1, offset + B * T + 1);  // the targets: positions 1..B*T past the offset
 }
 
 }  // namespace mt

@@ -169,6 +169,7 @@ void MetricsLogger::step(const StepMetrics& m) {
           {"alloc_peak_bytes", m.alloc_peak_bytes},
           {"alloc_peak_block_bytes", m.alloc_peak_block_bytes},
           {"skipped_steps", m.skipped}};
+  if (m.trained_tokens >= 0) j["trained_tokens"] = m.trained_tokens;
   if (m.router && m.router->any) add_router_stats(j, *m.router);
   record(j);
   if (tty_) {

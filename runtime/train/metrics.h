@@ -22,7 +22,8 @@ struct StepMetrics {
   int64_t step = 0;  // 0-based index of the step just done (printed and recorded as step + 1, the steps done)
   double loss = 0, lr = 0, grad_norm = 0;
   double step_s = 0;    // wall time of the step
-  int64_t tokens = 0;   // global tokens in the step
+  int64_t tokens = 0;   // global tokens in the step (tokens/s and MFU count them all)
+  int64_t trained_tokens = -1;  // the step's trained targets (the loss mask's; -1: not given)
   int64_t skipped = 0;  // steps not applied so far (non-finite loss or grad norm, training.nonfinite: skip)
   // The high-water mark over the step on this rank of what its tensors asked for (tensors only: not MPI, not the
   // binary; AllocatorStats::peak_requested_bytes), what `meshtrain estimate` predicts as the peak; and the

@@ -202,9 +202,11 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
     if (with_data) {
       run.train_data = TokenStream(cfg.data.train, cfg.model.vocab_size, "data.train");
       steps_per_epoch(run.train_data, t.batch_size, t.seq_len);  // errors if shorter than one batch
+      run.train_data.check_packing(t.seq_len);
       if (!cfg.data.val.empty() && cfg.eval.interval > 0) {
         run.val_data = TokenStream(cfg.data.val, cfg.model.vocab_size, "data.val");
         steps_per_epoch(run.val_data, t.batch_size, t.seq_len);
+        run.val_data.check_packing(t.seq_len);
       }
     }
   });
@@ -281,10 +283,12 @@ StepResult train_step(TrainRun& run, int64_t step) {
   fault_slow_rank();  // MT_FAULT_SLOW_RANK: the slow-rank drill's injected delay
   // 2. Forward and backward per micro-batch, by the run's executor (the local loop, or this rank's actions of the
   //    pipeline's schedule); gradients accumulate in the parameters' grad buffers and the last backward launches
-  //    the gradient sync. The loss is the sum of token losses over the global token count, so every mesh gives
-  //    the same number.
+  //    the gradient sync. The loss is the sum of token losses over the global count of trained targets (every
+  //    target, or the ones the loss mask keeps: each rank counts the whole batch's alone), so every mesh and every
+  //    micro-batch size gives the same number.
   zero_grads(run.params);
-  const double inv_tokens = 1.0 / double(B * T);
+  const int64_t trained = trained_targets(run.train_data, step, B, T);
+  const double inv_tokens = trained > 0 ? 1.0 / double(trained) : 0.0;
   // (micro * T_local) each, read after backward: no host sync inside the micro-batch loop
   const std::vector<Tensor> micro_losses = [&] {
     trace::Span span("forward and backward", "phase");
@@ -311,12 +315,14 @@ StepResult train_step(TrainRun& run, int64_t step) {
   const std::vector<double> host = to_f64(stats);
   const std::vector<double> sums = run.executor->sum_over_stages({host[0], sum_of(host, 1, norm_groups)});
   StepResult res;
+  res.trained_tokens = trained;
   res.router = run.model->take_router_stats();  // the same on every rank: its statistics were summed
   res.loss = sums[0] * inv_tokens + res.router.aux_loss;
   res.grad_norm = std::sqrt(sums[1]);
   res.lr = lr_at(t, step);
   res.skipped = !std::isfinite(res.loss) || !std::isfinite(res.grad_norm);
   if (res.skipped) return res;
+  if (trained == 0) return res;  // every target masked: nothing to learn from, no update (weight decay included)
   phase.reset();
   phase.emplace("optimizer", "phase");
   clip_grads(run.params, res.grad_norm, t.grad_clip);
@@ -329,6 +335,8 @@ double evaluate(TrainRun& run) {
   const auto& t = run.config.training;
   const int64_t B = t.batch_size, T = t.seq_len;
   Tensor loss_sum = zeros({1}, DType::f64, run.device);  // (1) summed on the device, read once
+  int64_t trained = 0;  // the trained targets of every evaluated batch, all ranks (counted here alone)
+  for (int64_t i = 0; i < run.config.eval.steps; ++i) trained += trained_targets(run.val_data, i, B, T);
   for (int64_t i = 0; i < run.config.eval.steps; ++i) {
     Batch batch = get_batch(run.val_data, i, B, T, run.dp_rank * run.rows, run.rows);
     run.executor->forward_loss(loss_sum, run, batch);
@@ -336,7 +344,7 @@ double evaluate(TrainRun& run) {
   run.mesh.group(run.pd.loss_group()).all_reduce(loss_sum, ReduceOp::sum);
   // Under pipeline parallel only the last stage has losses.
   const double total = run.executor->sum_over_stages({to_f64(loss_sum)[0]})[0];
-  return total / double(run.config.eval.steps * B * T);
+  return trained > 0 ? total / double(trained) : std::nan("");
 }
 
 std::vector<int32_t> generate(CausalLM& model, const StepExecutor& executor, std::vector<int32_t> toks, int64_t n,

@@ -67,6 +67,7 @@ struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0;
   RouterStepStats router;  // an MoE model's routing in the step (global); the balance loss is part of loss
   bool skipped = false;  // the loss or grad norm was not finite: the update was not applied
+  int64_t trained_tokens = 0;  // the global batch's trained targets (all of them without a loss mask; 0: no update)
 };
 StepResult train_step(TrainRun& run, int64_t step);
 // Per-token losses (N) of logits (N, V, or V/tp under loss parallel, never gathered); dlogits
@@ -76,7 +77,8 @@ void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, co
 // Brings every gradient to its parameter's placement (a gradient ends in its parameter's placements) through run.grad_sync:
 // buckets, or one redistribute per parameter with grad_bucket_mb 0; both reduce in training.grad_reduce_dtype.
 void sync_gradients(TrainRun& run);
-// Mean token loss over eval.steps validation batches (collective over dp).
+// Mean loss of the trained targets over eval.steps validation batches (collective over dp; NaN when the masks
+// keep none).
 double evaluate(TrainRun& run);
 // Continues `prompt` (token ids) by up to `n` sampled tokens, stopping after stop_id (-1: never); every rank
 // computes the same tokens (collective under tensor parallel). Contexts are padded to a multiple of pad_multiple.
