@@ -51,6 +51,12 @@ RoPE: rope_theta and the scaling in either config.json spelling:
   Precision: inv_freq (theta^(-2i/hd), then the scaling), the angles position * inv_freq and their cos and sin
   are all computed in f64 and rounded once to the model's dtype (f32, or f64 for --dtype f64 and generate).
   head_dim: config.json's, else hidden_size / num_attention_heads.
+Loss masks (issue 41; train --masks): beside a token shard X.bin, X.mask holds 256 little-endian int32 (magic
+  20241127, version 1, the shard's token count, a packing length T_pack (0: not packed) that must divide the
+  sequence length, the rest 0) and then one uint8 per token, 1 where that token is a trained target; a shard
+  without one trains every token. The target at stream position p counts iff mask[p] = 1; a step's loss is the
+  sum of the counted targets' cross-entropy over the number counted in the whole batch (every micro-batch), the
+  validation loss the same over all its batches. Written from that definition alone.
 AdamW decays the parameters of dim >= 2 (embeddings, linear weights, lm_head, routers, experts) only: norm gains
 (q_norm, k_norm included) and biases are not decayed.
 Init: normal(0, 0.02) for matrices and biases, ones for norm gains, EXCEPT the MoE routers (block_sparse_moe.gate,
@@ -73,8 +79,10 @@ run and meshtrain route every token alike.
   llama_ref.py train --model DIR --data GLOB --steps N --batch-size B --seq-len T
                      [--micro-batch-size M] [--lr 3e-4 --schedule constant|cosine --warmup-steps 0
                      --lr-min 0 --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8 --grad-clip 1.0]
-                     [--threads 2] [--dtype f32|f64] --out losses.json
-                     JSON {"losses", "grad_norms", "lrs"} and, for an MoE model, "aux_losses"
+                     [--threads 2] [--dtype f32|f64] [--masks] [--val-data GLOB --eval-interval N
+                     --eval-steps K] --out losses.json
+                     JSON {"losses", "grad_norms", "lrs"} and, for an MoE model, "aux_losses"; with --masks
+                     "trained_tokens" (each step's counted targets); with validation "val_losses" [{step, val_loss}]
   llama_ref.py loss  --model DIR --data GLOB --batch-size B --seq-len T --step S
                      JSON {"loss"} and, for an MoE model, "aux"
   llama_ref.py generate --model DIR --prompt TEXT --tokens N [--max-seq-len T --norm-eps 1e-5 --rope-theta 10000]
@@ -755,6 +763,71 @@ def write_shard(path, tokens):
         f.write(header.tobytes())
         f.write(tokens.tobytes())
 
+MASK_MAGIC = 20241127
+MASK_VERSION = 1
+
+
+def mask_path(shard):
+    """The loss mask beside a token shard: X.bin -> X.mask (a name without .bin gets .mask appended)."""
+    return (shard[:-4] if shard.endswith(".bin") else shard) + ".mask"
+
+
+def read_masks(pattern, seq_len=None):
+    """The loss masks of the shards matching `pattern`, concatenated in the shards' order as one float tensor
+    parallel to read_tokens(pattern): value i is 1 when token i of the stream is a trained target. A shard's
+    mask is X.mask beside X.bin: 256 little-endian int32 (magic 20241127, version 1, token count, packing length
+    T_pack (0: not packed), the rest 0), then `count` uint8 values, each 0 or 1. A shard without one trains every
+    token (ones). The count must equal the shard's; with seq_len, a T_pack > 0 must divide it."""
+    files = sorted(glob.glob(pattern))
+    if not files:
+        sys.exit(f"llama_ref: no file matches {pattern}")
+    parts = []
+    for shard in files:
+        with open(shard, "rb") as f:
+            count = int(np.frombuffer(f.read(1024), dtype="<i4")[2])
+        path = mask_path(shard)
+        if not os.path.exists(path):
+            parts.append(np.ones(count, dtype=np.float64))
+            continue
+        with open(path, "rb") as f:
+            raw = f.read()
+        if len(raw) < 1024:
+            sys.exit(f"llama_ref: {path}: shorter than the 1024-byte header")
+        header = np.frombuffer(raw[:1024], dtype="<i4")
+        if header[0] != MASK_MAGIC or header[1] != MASK_VERSION:
+            sys.exit(f"llama_ref: {path}: bad magic {header[0]} or version {header[1]} "
+                     f"(expected {MASK_MAGIC}, {MASK_VERSION})")
+        if header[2] != count or len(raw) != 1024 + count:
+            sys.exit(f"llama_ref: {path}: header says {header[2]} values, file holds {len(raw) - 1024}, "
+                     f"the shard {shard} {count} tokens")
+        t_pack = int(header[3])
+        if t_pack < 0 or (seq_len and t_pack and seq_len % t_pack):
+            sys.exit(f"llama_ref: {path}: packing length {t_pack} does not divide the sequence length {seq_len}")
+        m = np.frombuffer(raw[1024:], dtype=np.uint8)
+        if m.max(initial=0) > 1:
+            sys.exit(f"llama_ref: {path}: value {int(m.max())} at offset {1024 + int(np.argmax(m > 1))} "
+                     "(expected 0 or 1)")
+        parts.append(m.astype(np.float64))
+    return torch.from_numpy(np.concatenate(parts))
+
+
+def get_weights(masks, step, B, T):
+    """The (B, T) 0/1 weights of get_batch(tokens, step, B, T)'s targets: the mask at each target's position in
+    the stream (offset + 1 onwards)."""
+    steps_per_epoch = (len(masks) - 1) // (B * T)
+    b = step % steps_per_epoch
+    return masks[b * B * T + 1: b * B * T + B * T + 1].view(B, T)
+
+
+def write_mask(path, mask, t_pack=0):
+    """Writes a loss mask (used by the tests): the header, then one uint8 (0 or 1) per token."""
+    mask = np.asarray(mask, dtype=np.uint8)
+    header = np.zeros(256, dtype="<i4")
+    header[:4] = [MASK_MAGIC, MASK_VERSION, len(mask), t_pack]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(mask.tobytes())
+
 # ================================================================== training
 
 
@@ -780,14 +853,39 @@ def grad_norm(params):
     return torch.norm(torch.stack([p.grad.detach().norm(2) for p in params if p.grad is not None]), 2).item()
 
 
-def train_step(model, opt, x, y, micro_batch, lr, grad_clip, stats=None):
+def masked_ce_sum(model, x, y, w):
+    """The sum over the targets y of cross-entropy times their weights w (0 or 1): the loss of the counted
+    targets only. A model whose loss has the balance loss in it is refused (what a mask does to it is not
+    defined)."""
+    if model.config.has_moe and model.config.output_router_logits:
+        raise ConfigError("loss masks with output_router_logits true: the balance loss under a mask is not defined")
+    ce, _ = model.loss_terms(x, y, reduction="none")
+    return (ce * w.reshape(-1).to(ce.dtype)).sum()
+
+
+def train_step(model, opt, x, y, micro_batch, lr, grad_clip, stats=None, weights=None):
     """One optimizer step over the batch (x, y); returns (batch mean loss before the update, grad norm).
     With output_router_logits the loss is each micro-batch's mean ce + router_aux_loss_coef * its balance loss,
     averaged over the micro-batches (weighted by their token counts); a dict `stats` receives "aux", the balance
-    loss averaged the same way (None for a model without MoE layers)."""
+    loss averaged the same way (None for a model without MoE layers).
+    weights (B, T) of 0 and 1 (a loss mask): the loss is the sum of the counted targets' cross-entropy over the
+    number counted in the whole batch (every micro-batch's), so the gradients do not depend on the micro-batch
+    size; stats then also receives "trained_tokens". A batch with none counted is an error."""
     B, T = x.shape
     opt.zero_grad(set_to_none=True)
     loss_sum, aux_sum = 0.0, None
+    if weights is not None:
+        n = int(weights.sum().item())
+        if n == 0:
+            sys.exit("llama_ref: a batch with no trained target (every target masked)")
+        for r in range(0, B, micro_batch):
+            loss = masked_ce_sum(model, x[r:r + micro_batch], y[r:r + micro_batch], weights[r:r + micro_batch]) / n
+            loss.backward()
+            loss_sum += loss.item()
+        if stats is not None:
+            stats["aux"] = None
+            stats["trained_tokens"] = n
+        return finish_step(model, opt, loss_sum, lr, grad_clip)
     for r in range(0, B, micro_batch):
         # Each micro-batch's summed token loss over the whole batch's token count, so the accumulated
         # gradients are exactly those of the full-batch mean.
@@ -800,6 +898,11 @@ def train_step(model, opt, x, y, micro_batch, lr, grad_clip, stats=None):
             aux_sum = (aux_sum or 0.0) + aux.item() * yb.numel() / (B * T)
     if stats is not None:
         stats["aux"] = aux_sum
+    return finish_step(model, opt, loss_sum, lr, grad_clip)
+
+
+def finish_step(model, opt, loss_sum, lr, grad_clip):
+    """The global gradient norm, clipping and the AdamW update after the backward passes; (loss_sum, norm)."""
     params = [p for p in model.parameters()]
     norm = grad_norm(params)
     if grad_clip > 0:
@@ -808,6 +911,21 @@ def train_step(model, opt, x, y, micro_batch, lr, grad_clip, stats=None):
         g["lr"] = lr
     opt.step()
     return loss_sum, norm
+
+def evaluate(model, tokens, masks, B, T, steps):
+    """Validation loss as meshtrain computes it: batches 0..steps-1 of the stream (get_batch's convention), the
+    cross-entropy summed over the counted targets of all of them over the number counted (masks None: every
+    target, so the mean over steps * B * T)."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(steps):
+            x, y = get_batch(tokens, i, B, T)
+            w = torch.ones(B, T) if masks is None else get_weights(masks, i, B, T)
+            total += masked_ce_sum(model, x, y, w).item()
+            count += int(w.sum().item())
+    if count == 0:
+        sys.exit("llama_ref: the validation batches have no trained target (every target masked)")
+    return total / count
 
 # ================================================================== commands
 
@@ -921,23 +1039,40 @@ def cmd_train(a):
     M = a.micro_batch_size or a.batch_size
     if a.batch_size % M:
         sys.exit(f"llama_ref: --micro-batch-size {M} must divide --batch-size {a.batch_size}")
+    masks = read_masks(a.data, a.seq_len) if a.masks else None
+    val_tokens = val_masks = None
+    if a.val_data and a.eval_interval > 0:
+        val_tokens = read_tokens(a.val_data)
+        val_masks = read_masks(a.val_data, a.seq_len) if a.masks else None
     opt = make_optimizer(model, a.lr, a.weight_decay, (a.beta1, a.beta2), a.eps)
-    losses, norms, lrs, auxes = [], [], [], []
+    losses, norms, lrs, auxes, trained, vals = [], [], [], [], [], []
     moe = model.config.has_moe
     for s in range(a.steps):
         x, y = get_batch(tokens, s, a.batch_size, a.seq_len)
+        w = None if masks is None else get_weights(masks, s, a.batch_size, a.seq_len)
         lr = lr_at(s, a.lr, a.schedule, a.warmup_steps, a.steps, a.lr_min)
         stats = {}
-        loss, norm = train_step(model, opt, x, y, M, lr, a.grad_clip, stats)
+        loss, norm = train_step(model, opt, x, y, M, lr, a.grad_clip, stats, w)
         losses.append(loss)
         norms.append(norm)
         lrs.append(lr)
         auxes.append(stats["aux"])
+        trained.append(stats.get("trained_tokens", a.batch_size * a.seq_len))
         print(f"step {s} loss {loss:.6f} grad_norm {norm:.6f} lr {lr:.4e}"
-              + (f" aux {stats['aux']:.6f}" if moe else ""), flush=True)
+              + (f" aux {stats['aux']:.6f}" if moe else "")
+              + (f" trained_tokens {trained[-1]}" if masks is not None else ""), flush=True)
+        # meshtrain's evaluation: after step s + 1 when it is a multiple of the interval, and after the last.
+        if val_tokens is not None and ((s + 1) % a.eval_interval == 0 or s + 1 == a.steps):
+            v = evaluate(model, val_tokens, val_masks, a.batch_size, a.seq_len, a.eval_steps)
+            vals.append({"step": s + 1, "val_loss": v})
+            print(f"eval step {s + 1} val_loss {v:.6f}", flush=True)
     out = {"losses": losses, "grad_norms": norms, "lrs": lrs}
     if moe:  # the balance loss of each step (in the loss only with output_router_logits)
         out["aux_losses"] = auxes
+    if masks is not None:  # the targets counted in each step's batch
+        out["trained_tokens"] = trained
+    if val_tokens is not None:
+        out["val_losses"] = vals
     with open(a.out, "w") as f:
         json.dump(out, f)
 
@@ -1087,6 +1222,11 @@ def main():
     p.add_argument("--grad-clip", type=float, default=1.0, help="0 = off")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", choices=["f32", "f64"], default="f32")
+    p.add_argument("--masks", action="store_true",
+                   help="loss masks: X.mask beside each shard X.bin of --data and --val-data (none: all ones)")
+    p.add_argument("--val-data", default="", help="validation shards (with --eval-interval)")
+    p.add_argument("--eval-interval", type=int, default=0, help="validation loss every N steps and after the last")
+    p.add_argument("--eval-steps", type=int, default=1, help="validation batches (0..K-1 of the stream)")
     p.add_argument("--out", required=True)
 
     p = sub.add_parser("loss", help="print the mean loss of step S's batch")

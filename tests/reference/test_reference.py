@@ -12,7 +12,9 @@ The Llama 3.x / Mistral / Qwen2 checks (issue 26) cover both config.json RoPE
 spellings, biases, head_dim and what is refused. The Qwen3 / Mixtral / Qwen2-MoE /
 Qwen3-MoE checks compare the experts' loop with a dense all-experts formulation and
 a per-token NumPy loop, the balance loss with a count-based formula and finite
-differences, and the dense/sparse layer pattern, init and refusals.
+differences, and the dense/sparse layer pattern, init and refusals. The loss masks
+(issue 41) against the counted targets picked out by index, in micro-batches, and
+the mask files' checks.
 """
 import json
 import math
@@ -25,6 +27,7 @@ import traceback
 try:
     import numpy as np
     import torch
+    import torch.nn.functional as F
 except ImportError as e:  # counted as skipped, never as passed (exit 77: meson's "skipped")
     print(f"skipped: {e} (scripts/setup.sh installs python3-numpy and python3-torch)")
     print("0 passed, 0 failed, 1 skipped")
@@ -1042,6 +1045,103 @@ def new_families_refusals():
         err = run_cli_fails("loss", "--model", os.path.join(d, "m"), "--data", os.path.join(d, "t_*.bin"),
                             "--batch-size", 2, "--seq-len", 16)
         assert "router_jitter_noise = 0.1" in err and "config.json" in err, err
+
+
+# ------------------------------------------------------------ loss masks (issue 41)
+
+
+@test
+def masked_loss_is_the_mean_over_counted_targets():
+    """train_step with a mask against the counted targets picked out by index and averaged by F.cross_entropy;
+    micro-batches of 4, 2, 1 (one of them with no counted target) give the same loss and gradients; an all-ones
+    mask gives the unmasked step's."""
+    x = torch.randint(0, 50, (4, 8), generator=torch.Generator().manual_seed(8))
+    y = torch.randint(0, 50, (4, 8), generator=torch.Generator().manual_seed(9))
+    w = (torch.rand(4, 8, generator=torch.Generator().manual_seed(10)) < 0.3).double()
+    w[1] = 0  # a row, and so a micro-batch of 1, with nothing counted
+    w[3] = 1
+    m = tiny_model()
+    logits = m(x).reshape(-1, 50)
+    keep = w.reshape(-1).nonzero().flatten()
+    want = F.cross_entropy(logits[keep], y.reshape(-1)[keep])
+    want.backward()
+    want_grad = torch.cat([p.grad.flatten() for p in m.parameters()])
+    for M in (4, 2, 1):
+        m = tiny_model()
+        stats = {}
+        loss, _ = L.train_step(m, L.make_optimizer(m, 1e-3, 0.1, (0.9, 0.95), 1e-8), x, y, M, 0.0, 0.0, stats, w)
+        grad = torch.cat([p.grad.flatten() for p in m.parameters()])
+        assert abs(loss - want.item()) < 1e-12 and (grad - want_grad).abs().max() < 1e-12, (M, loss, want.item())
+        assert stats["trained_tokens"] == int(w.sum()), stats
+    losses = []
+    for weights in (None, torch.ones(4, 8)):
+        m = tiny_model()
+        losses.append(L.train_step(m, L.make_optimizer(m, 1e-3, 0.1, (0.9, 0.95), 1e-8), x, y, 2, 0.0, 0.0, None,
+                                   weights)[0])
+    assert abs(losses[0] - losses[1]) < 1e-12, losses
+
+
+@test
+def masks_are_read_beside_the_shards_and_checked():
+    """X.mask beside X.bin, a shard without one all ones, the weights of get_batch's targets, and each damaged
+    header refused naming the file."""
+    import contextlib
+    import io
+    with tempfile.TemporaryDirectory() as d:
+        L.write_shard(os.path.join(d, "s_000.bin"), np.arange(0, 50))
+        L.write_shard(os.path.join(d, "s_001.bin"), np.arange(50, 100))
+        L.write_shard(os.path.join(d, "s_002.bin"), np.arange(100, 120))
+        m0 = np.arange(50) % 3 == 0
+        L.write_mask(os.path.join(d, "s_000.mask"), m0)
+        L.write_mask(os.path.join(d, "s_002.mask"), np.zeros(20), t_pack=4)
+        masks = L.read_masks(os.path.join(d, "s_*.bin"), 8)
+        assert masks.tolist() == m0.tolist() + [1.0] * 50 + [0.0] * 20
+        tok = L.read_tokens(os.path.join(d, "s_*.bin"))
+        # (120 - 1) // 16 = 7 steps per epoch: step 8 is batch 1, targets 17..32.
+        _, yb = L.get_batch(tok, 8, 2, 8)
+        assert L.get_weights(masks, 8, 2, 8).tolist() == [[float(m0[t]) for t in row] for row in yb.tolist()]
+
+        def refused(words, seq_len=8):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                try:
+                    L.read_masks(os.path.join(d, "s_*.bin"), seq_len)
+                except SystemExit as e:
+                    msg = str(e.code)
+                    assert all(w in msg for w in words), (msg, words)
+                    return
+            raise AssertionError(f"not refused: {words}")
+
+        refused(["s_002.mask", "packing length 4"], seq_len=6)
+        L.write_mask(os.path.join(d, "s_002.mask"), np.zeros(19))
+        refused(["s_002.mask", "19"])
+        L.write_mask(os.path.join(d, "s_002.mask"), np.full(20, 2))
+        refused(["s_002.mask", "value 2"])
+        with open(os.path.join(d, "s_002.mask"), "r+b") as f:
+            f.write(np.int32(20240520).tobytes())
+        refused(["s_002.mask", "bad magic 20240520"])
+
+
+@test
+def masked_evaluate_sums_over_all_batches():
+    """evaluate: the counted losses of every batch over the number counted in all of them (not a mean of the
+    batches' means); without masks the plain mean."""
+    m = tiny_model()
+    tok = torch.randint(0, 50, (100,), generator=torch.Generator().manual_seed(3))
+    masks = (torch.rand(100, generator=torch.Generator().manual_seed(4)) < 0.5).double()
+    masks[:17] = 0  # batch 0 (targets 1..16) has nothing counted: a mean of batch means would fail or differ
+    num, den = 0.0, 0
+    for i in range(3):
+        x, y = L.get_batch(tok, i, 2, 8)
+        w = L.get_weights(masks, i, 2, 8).reshape(-1)
+        with torch.no_grad():
+            ce = F.cross_entropy(m(x).reshape(-1, 50), y.reshape(-1), reduction="none")
+        num += float(ce[w == 1].sum())
+        den += int(w.sum())
+    assert abs(L.evaluate(m, tok, masks, 2, 8, 3) - num / den) < 1e-12
+    with torch.no_grad():
+        plain = sum(m.loss(*L.get_batch(tok, i, 2, 8)).item() for i in range(3)) / 3
+    assert abs(L.evaluate(m, tok, None, 2, 8, 3) - plain) < 1e-12
 
 
 def main():
