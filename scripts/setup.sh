@@ -15,8 +15,10 @@ done
 
 pkgs=(g++ pkg-config meson ninja-build ccache openmpi-bin libopenmpi-dev libeigen3-dev libspdlog-dev
       doctest-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev python3 python3-numpy
-      fortunes python3-torch python3-matplotlib libopenblas0-pthread libpcre2-dev libsentencepiece-dev libxxhash-dev)
+      fortunes python3-torch python3-matplotlib libopenblas0-pthread libpcre2-dev libsentencepiece-dev libxxhash-dev
+      python3-jinja2)
 # libxxhash-dev: checkpoint files' checksums; libpcre2-dev: the byte-level BPE tokenizers' pre-tokenizer regex; libsentencepiece-dev: tokenizer.model files;
+# python3-jinja2: chat templates (scripts/chat_template.py, prepare_data --chat);
 # fortunes: the default dataset's text; python3-torch: the reference model (scripts/reference) and
 # its benchmark, on OpenBLAS (libopenblas0-pthread replaces the reference BLAS Debian's torch links)
 missing=()

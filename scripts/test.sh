@@ -171,6 +171,8 @@ run_script_suite families tests/cli/test_families.sh
 # per-expert tensors resumed on other ep, router metrics, capacity, the selection bias, bad input, a stuck rank.
 run_script_suite moe tests/cli/test_moe.sh ${MT_TEST_FULL:+--full}
 run_script_suite tokenizer tests/cli/test_tokenizer.sh
+# Chat data: prepare_data --chat's ids and masks against Hugging Face's Jinja and tokenizers (npm), packing, bad lines.
+run_script_suite chat_data tests/cli/test_chat_data.sh
 # Tensor and sequence parallel: invariance over tp and dp x tp, plans, `meshtrain plan`.
 run_script_suite tp tests/cli/test_tp.sh ${MT_TEST_FULL:+--full}
 # Context parallel: invariance over cp, dp x cp, cp x tp, both methods, packed documents, `meshtrain plan`.
