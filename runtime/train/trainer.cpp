@@ -467,6 +467,7 @@ TextCodec text_codec(const Config& cfg, const std::string& path, const std::stri
   }
   if (file.empty()) return c;
   c.tokenizer = Tokenizer::load(file);
+  c.file = file;
   MT_CHECK(c.tokenizer->vocab_size() <= cfg.model.vocab_size, "config",
            "{} = {}: the tokenizer has {} ids but model.vocab_size = {}: it is not this model's tokenizer", key, file,
            c.tokenizer->vocab_size(), cfg.model.vocab_size);

@@ -92,6 +92,7 @@ std::vector<int32_t> generate(CausalLM& model, const StepExecutor& executor, std
 // token id, modulo the vocabulary) when there is none.
 struct TextCodec {
   std::shared_ptr<const Tokenizer> tokenizer;  // null: bytes
+  std::string file;  // where the tokenizer was read (empty: bytes)
   int64_t vocab_size = 256;
   std::vector<int32_t> encode(const std::string& text) const;
   // Ids the tokenizer does not have (a model's vocabulary padded past its tokenizer's) decode as U+FFFD.

@@ -216,6 +216,42 @@ if "$py" "$root/scripts/prepare_data" --out "$tmp/tiny_out" --name chat "$tmp/go
   [ -f "$tmp/tiny_out/chat_train_000000.bin" ] && ! ls "$tmp/tiny_out"/*.mask >/dev/null 2>&1; then ok "$what"; else
   bad "$what" "$(ls "$tmp/tiny_out")" "$(tail -n 5 "$tmp/plain.log")"; fi
 
+# ---------------------------------------------------------------- use: fine-tune on the packed chat data, chat with it
+# A tiny model trained from scratch on tiny's packed conversations (rows of 32, the BOS as document separator, the
+# masks), saved; then `generate --chat` renders a user's message with the template and prints the reply, on 1 and 2
+# ranks alike; a conversation the template refuses is one clear error, printed once.
+if prep use --tokenizer "$tmp/tiny" --out "$tmp/use" --val-fraction 0.2 --pack 32 "$tmp/pack.jsonl"; then
+  cat >"$tmp/use.yaml" <<YAML
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 64, vocab_size: 264, max_seq_len: 64}
+training: {steps: 6, batch_size: 2, seq_len: 32, lr: 3.0e-3, warmup_steps: 1, grad_clip: 1.0, threads: 1}
+data: {train: "$tmp/use/chat_train_*.bin", val: "$tmp/use/chat_val_*.bin", tokenizer: "$tmp/tiny", document_separator: 256}
+eval: {interval: 3, steps: 1}
+sample: {interval: 0}
+checkpoint: {dir: "$tmp/use_ck", interval: 6}
+log: {interval: 1, metrics_file: "$tmp/use.jsonl"}
+YAML
+  if mpi_logged "$tmp/use_train.log" "$mpirun" -np 2 "$mt" --config "$tmp/use.yaml" train &&
+    grep -q "loss masks on 1 of 1 shard(s)" "$tmp/use_train.log" && grep -q '"trained_tokens"' "$tmp/use.jsonl"; then
+    ok "training on the packed chat data (2 ranks): $(grep -o 'loss masks on.*trained ([0-9.]*%)' "$tmp/use_train.log" | head -n 1)"
+  else bad "training on the packed chat data" "$(tail -n 8 "$tmp/use_train.log")"; fi
+  gen() {  # gen NAME NP ARGS...: generate from the checkpoint
+    local n=$1 np=$2
+    shift 2
+    mpi_logged "$tmp/$n.log" "$mpirun" -np "$np" "$mt" generate --checkpoint "$tmp/use_ck" --tokenizer "$tmp/tiny" \
+      --tokens 12 --temperature 0 "$@"
+  }
+  if gen chat1 1 --chat --prompt "Hi?" && gen chat2 2 --chat --prompt "Hi?" && [ -s "$tmp/chat1.log" ] &&
+    cmp -s <(tail -n 1 "$tmp/chat1.log") <(tail -n 1 "$tmp/chat2.log"); then
+    ok "generate --chat: the reply to a user's message rendered by the template, 1 and 2 ranks alike: '$(tail -n 1 "$tmp/chat1.log")'"
+  else bad "generate --chat" "$(tail -n 4 "$tmp/chat1.log")" "$(tail -n 4 "$tmp/chat2.log")"; fi
+  printf '%s' '{"messages": [{"role": "user", "content": "u"}, {"role": "system", "content": "late"}]}' >"$tmp/late.json"
+  if ! gen chatbad 2 --chat-file "$tmp/late.json" && [ "$(grep -c 'a system message must come first' "$tmp/chatbad.log")" = 1 ]; then
+    ok "generate --chat-file: a conversation the template refuses is one error: $(grep -m1 -o 'the chat template.*first' "$tmp/chatbad.log")"
+  else bad "generate --chat-file with a refused conversation" "$(tail -n 6 "$tmp/chatbad.log")"; fi
+else
+  bad "prepare_data --chat --pack 32 for training" "$(tail -n 6 "$tmp/use.log")"
+fi
+
 # ---------------------------------------------------------------- against Hugging Face's implementations (npm)
 ref_checks=(
   "llama31: the ids and masks equal the reference's" "qwen25: the ids and masks equal the reference's"
