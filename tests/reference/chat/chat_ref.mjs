@@ -4,7 +4,7 @@
 // (@huggingface/jinja, the one transformers.js uses), tokenized by Hugging Face's tokenizers (the Rust library's
 // Node bindings, `tokenizers`; else tokenizers.js, `@huggingface/tokenizers`), loss masks by the prefix rule.
 //
-//   node chat_ref.mjs models --tokenizers EXPDIR --out DIR
+//   node chat_ref.mjs models --tokenizers EXPDIR --out DIR [--only llama31,qwen25,mistral]
 //     Test model directories (tokenizer.json + tokenizer_config.json with chat_template and special tokens), the
 //     templates taken from @huggingface/ollama-utils, which ships Hugging Face models' chat templates in
 //     dist/index.js (the array OLLAMA_CHAT_TEMPLATE_MAPPING, not exported: cut out of the file and evaluated as a
@@ -15,6 +15,7 @@
 //                    128256, 128257, 128258); no bos, eos <|im_end|>, pad <|endoftext|>, as Qwen2.5 Instruct sets.
 //       DIR/mistral  Mistral 7B Instruct's template, Llama 2's tokenizer (Mistral 7B v0.1 has the same 32,000
 //                    pieces; [INST] is plain text); bos <s>, eos </s>, unk <unk>.
+//     --only: those directories alone (EXPDIR then needs only their tokenizers: llama31 and qwen25 need llama3/).
 //   node chat_ref.mjs render --model DIR --in JSONL --out JSON [--train-on-prompt]
 //     Each line of JSONL: {"messages": [...], "tools"?, "system"?} (a top-level system becomes a first system
 //     message) or {"text": ...}. Writes {"tokenizer": "...", "lines": [{"line": N, "ids": [...], "mask": [...],
@@ -68,9 +69,10 @@ const MODELS = {
   },
 };
 
-function writeModels(expDir, out) {
+function writeModels(expDir, out, only) {
   const all = ollamaTemplates();
   for (const [name, m] of Object.entries(MODELS)) {
+    if (!only.includes(name)) continue;
     const entry = all.find((e) => e.model === m.ollama);
     if (!entry || typeof entry.gguf !== 'string') throw new Error(`@huggingface/ollama-utils has no template for ${m.ollama}`);
     const tj = JSON.parse(fs.readFileSync(path.join(expDir, m.tokenizer, 'tokenizer.json'), 'utf8'));
@@ -163,8 +165,10 @@ async function render(dir, inFile, trainOnPrompt) {
 
 if (mode === 'models') {
   const exp = opt('--tokenizers'), out = opt('--out');
-  if (!exp || !out) die('usage: chat_ref.mjs models --tokenizers EXPDIR --out DIR');
-  writeModels(exp, out);
+  if (!exp || !out) die('usage: chat_ref.mjs models --tokenizers EXPDIR --out DIR [--only NAME,...]');
+  const only = opt('--only', Object.keys(MODELS).join(',')).split(',');
+  for (const name of only) if (!MODELS[name]) die(`--only: no model '${name}' (${Object.keys(MODELS).join(', ')})`);
+  writeModels(exp, out, only);
 } else if (mode === 'render') {
   const dir = opt('--model'), inFile = opt('--in'), outFile = opt('--out');
   if (!dir || !inFile || !outFile) die('usage: chat_ref.mjs render --model DIR --in JSONL --out JSON [--train-on-prompt]');
@@ -180,5 +184,5 @@ if (mode === 'models') {
   const obj = JSON.parse(fs.readFileSync(inFile, 'utf8'));
   process.stdout.write((await chatTemplate(dir))(messagesOf(obj), obj.tools ?? null, args.includes('--add-generation-prompt')));
 } else {
-  die('usage: chat_ref.mjs models --tokenizers EXPDIR --out DIR | render --model DIR --in JSONL --out JSON [--train-on-prompt] | text --model DIR --in JSON [--add-generation-prompt]');
+  die('usage: chat_ref.mjs models --tokenizers EXPDIR --out DIR [--only NAME,...] | render --model DIR --in JSONL --out JSON [--train-on-prompt] | text --model DIR --in JSON [--add-generation-prompt]');
 }
