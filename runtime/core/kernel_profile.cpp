@@ -142,7 +142,19 @@ void Scope::end() {
 
 thread_local int t_trace_depth = 0;
 
-void Scope::trace_begin(const char* name) {
+// The device side of traced ops: event pairs from the same pool as the profiler's, and the reference event that
+// places them on the host clock (recorded on an idle device: its host time is when it ran).
+struct TracePending {
+  const char* name;
+  bool comm;
+  size_t start, end;
+  const Stream* stream;
+};
+std::vector<TracePending> t_trace_pending;  // under state().mu
+int64_t g_trace_ref = -1;                   // pool index of the reference event, -1: none yet this step
+int64_t g_trace_ref_ns = 0;
+
+void Scope::trace_begin(const char* name, const char* category, Device d, const Stream* stream) {
   if (t_trace_depth++ > 0) {
     trace_state_ = 1;
     return;
@@ -150,11 +162,49 @@ void Scope::trace_begin(const char* name) {
   trace_state_ = 2;
   trace_name_ = name;
   trace_t0_ = trace::now_ns();
+  if (!d.is_cuda()) return;
+  const Stream& st = stream ? *stream : current_stream(d.index);
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  if (g_trace_ref < 0) {  // the step's first device op: an idle device, then the reference
+    device_synchronize();
+    g_trace_ref = int64_t(take_event(s));
+    g_trace_ref_ns = trace::now_ns();
+    s.pool[size_t(g_trace_ref)].record(st);
+  }
+  TracePending p{name, category && std::string(category) == "nccl", take_event(s), take_event(s), &st};
+  s.pool[p.start].record(st);
+  trace_slot_ = int64_t(t_trace_pending.size());
+  t_trace_pending.push_back(p);
 }
 
 void Scope::trace_end() {
   --t_trace_depth;
-  if (trace_state_ == 2) trace::complete(trace_name_, "op", trace_t0_, trace::now_ns());
+  if (trace_state_ != 2) return;
+  trace::complete(trace_name_, "op", trace_t0_, trace::now_ns());
+  if (trace_slot_ < 0) return;
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  const TracePending& p = t_trace_pending[size_t(trace_slot_)];
+  s.pool[p.end].record(*p.stream);
+}
+
+void trace_device_flush() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  if (g_trace_ref < 0) return;
+  device_synchronize();
+  const Event& ref = s.pool[size_t(g_trace_ref)];
+  for (const TracePending& p : t_trace_pending) {
+    const auto at = [&](size_t e) { return g_trace_ref_ns + int64_t(double(ref.elapsed_ms(s.pool[e])) * 1e6); };
+    trace::complete_on(p.comm ? "GPU collectives" : "GPU kernels", p.name, p.comm ? "gpu comm" : "gpu", at(p.start),
+                       at(p.end));
+    s.free.push_back(p.start);
+    s.free.push_back(p.end);
+  }
+  t_trace_pending.clear();
+  s.free.push_back(size_t(g_trace_ref));
+  g_trace_ref = -1;
 }
 
 // A muted thread looks like one inside a scope: every scope it opens is nested, hence not timed.

@@ -62,7 +62,7 @@ class Scope {
   Scope(const char* name, Device d, double flops = 0, double bytes = 0, const Stream* stream = nullptr,
         const char* category = nullptr) {
     if (g_enabled) begin(name, category, d, flops, bytes, stream);
-    if (trace::g_on) trace_begin(name);
+    if (trace::g_on) trace_begin(name, category, d, stream);
   }
   ~Scope() {
     if (state_ != 0) end();
@@ -74,13 +74,15 @@ class Scope {
  private:
   void begin(const char* name, const char* category, Device d, double flops, double bytes, const Stream* stream);
   void end();
-  // The trace's op span (trace.h, issue 40): the outermost scope of a thread, on the host clock.
-  void trace_begin(const char* name);
+  // The trace's op span (trace.h, issue 40): the outermost scope of a thread, on the host clock; on a CUDA
+  // device also the op's run on its stream, from a pair of events (trace_device_flush).
+  void trace_begin(const char* name, const char* category, Device d, const Stream* stream);
   void trace_end();
   int state_ = 0;     // 0 off, 1 nested in another scope (not timed), 2 timing
   int64_t slot_ = 0;  // the pending device record, or the host start time (ns)
   int trace_state_ = 0;  // 0 off, 1 nested, 2 a span
   int64_t trace_t0_ = 0;
+  int64_t trace_slot_ = -1;  // the op's pending device events in the trace, or -1
   const char* trace_name_ = nullptr;
 };
 
@@ -98,6 +100,11 @@ class Mute {
 double flush();
 // Drops the totals (after a warm-up step); pending records are flushed and dropped too.
 void reset();
+// The device spans of a traced step: waits for the device, then writes each op's run on its stream into the trace
+// (lanes "GPU kernels" and "GPU collectives"), placed on the host clock by a reference event recorded on an idle
+// stream at the step's first device op. Call at a traced step's end; a no-op without device ops. Tracing on a GPU
+// thus adds two device synchronisations to a traced step (none when tracing is off).
+void trace_device_flush();
 
 struct OpStat {
   std::string name;

@@ -113,6 +113,19 @@ void complete(std::string name, const char* cat, int64_t t0, int64_t t1, Args ar
   s.events.push_back(Event{'X', tid_locked(s), nullptr, std::move(name), cat, t0, t1, std::move(args), {}});
 }
 
+void complete_on(const char* lane, const char* name, const char* cat, int64_t t0, int64_t t1) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  int tid = -1;
+  for (auto& [t, n] : s.threads)
+    if (n == lane) tid = t;
+  if (tid < 0) {
+    tid = s.next_tid++;
+    s.threads.emplace_back(tid, lane);
+  }
+  s.events.push_back(Event{'X', tid, name, {}, cat, t0, t1, {}, {}});
+}
+
 void counter(const char* name, std::vector<std::pair<const char*, double>> values, int64_t t) {
   if (t < 0) t = now_ns();
   State& s = state();

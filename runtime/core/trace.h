@@ -53,6 +53,9 @@ void clear();
 // as a string.
 void complete(const char* name, const char* cat, int64_t t0_ns, int64_t t1_ns, Args args = {});
 void complete(std::string name, const char* cat, int64_t t0_ns, int64_t t1_ns, Args args = {});
+// A complete event on a named lane of its own (the device's streams: "GPU kernels", "GPU collectives"), made on
+// first use.
+void complete_on(const char* lane, const char* name, const char* cat, int64_t t0_ns, int64_t t1_ns);
 // A counter sample ("ph":"C"): series name -> value, at now.
 void counter(const char* name, std::vector<std::pair<const char*, double>> values, int64_t t_ns = -1);
 // Names this thread's lane ("main", "checkpoint writer").

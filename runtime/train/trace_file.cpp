@@ -61,6 +61,7 @@ std::string merge_traces(const std::string& dir, int* ranks) {
 #include "comm/control.h"
 #include "comm/env.h"
 #include "runtime/core/allocator.h"
+#include "runtime/core/kernel_profile.h"
 #include "runtime/core/trace.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/optimizer.h"
@@ -116,6 +117,9 @@ void RunTrace::step_done(int64_t step, int64_t t0_ns, int64_t peak) {
   a.bytes = peak;
   a.detail = "bytes: the allocator's peak of the step";
   trace::complete("step", "step", t0_ns, trace::now_ns(), std::move(a));
+  // On a GPU, each op's run on its stream (the device may still be running the optimizer: those spans end past
+  // the host's step span).
+  kprof::trace_device_flush();
 }
 
 void RunTrace::after_step(int64_t step, MetricsLogger& log) {

@@ -127,6 +127,30 @@ else
   bad "host sync run" "$(tail -n 15 "$tmp/emu_sync.log")"
 fi
 
+# A traced step on the device: each op's run on its stream (a pair of events) on a "GPU kernels" lane, one per op
+# span, none starting before its op was issued, inside the traced steps' range.
+if run emu_trace "$emt" 2 --set comm.device=cuda --set parallel.tp=2 --set 'profile.steps=[3,4]' \
+    --set profile.dir="$tmp/emu_trace"; then
+  if out=$("$py" - "$tmp/emu_trace/trace.json" <<'PY' 2>&1
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+lanes = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e.get("name") == "thread_name"}
+for pid in sorted({e["pid"] for e in ev}):
+    ops = [e for e in ev if e.get("pid") == pid and e.get("cat") == "op"]
+    gpu = [e for e in ev if e.get("pid") == pid and e.get("cat") == "gpu"]
+    steps = [e for e in ev if e.get("pid") == pid and e.get("cat") == "step"]
+    assert gpu and len(gpu) == len(ops), f"rank {pid}: {len(gpu)} GPU spans, {len(ops)} op spans"
+    assert all(lanes[(pid, e["tid"])] == "GPU kernels" for e in gpu), "a GPU span off the GPU kernels lane"
+    late = [(o["name"], g["ts"] - o["ts"]) for o, g in zip(ops, gpu) if g["name"] != o["name"] or g["ts"] < o["ts"] - 50 or g["dur"] < 0]
+    assert not late, f"rank {pid}: GPU spans before their op or out of order: {late[:3]}"
+    assert min(g["ts"] for g in gpu) >= min(s["ts"] for s in steps), "a GPU span before the traced steps"
+print(f"{len(gpu)} GPU spans per rank, in the ops' order, each after its launch")
+PY
+  ); then ok "device spans in the trace: $out"; else bad "device spans in the trace" "$out"; fi
+else
+  bad "traced run on the emulated device" "$(tail -n 15 "$tmp/emu_trace.log")"
+fi
+
 # Checkpoints cross the backends: written on the emulated device at step 3, resumed on the CPU; and back.
 if run emu_ck "$emt" 1 --set comm.device=cuda --set checkpoint.dir="$tmp/emu_ck" --set checkpoint.interval=3 &&
   run cpu_from_emu "$mt" 1 --set checkpoint.dir="$tmp/cpu_from_emu_ck" --set checkpoint.resume="$tmp/emu_ck/step_00000003"; then
