@@ -28,13 +28,17 @@ std::vector<std::string> glob_files(const std::string& pattern, const std::strin
 
 namespace {
 
-template <class T> void write_shard(const std::string& path, const std::vector<T>& tokens, int32_t magic, int32_t version) {
-  MT_CHECK(tokens.size() <= size_t(INT32_MAX), "data", "{}: {} tokens do not fit a shard's int32 count", path,
+// A shard (or a mask: uint8 values and header[3] = the packing length).
+template <class T>
+void write_shard(const std::string& path, const std::vector<T>& tokens, int32_t magic, int32_t version,
+                 int32_t packed_len = 0) {
+  MT_CHECK(tokens.size() <= size_t(INT32_MAX), "data", "{}: {} values do not fit the header's int32 count", path,
            tokens.size());
   int32_t header[256] = {};  // little-endian on every host this builds for
   header[0] = magic;
   header[1] = version;
   header[2] = int32_t(tokens.size());
+  header[3] = packed_len;
   std::ofstream f(path, std::ios::binary);
   MT_CHECK(f.is_open(), "data", "cannot create {}: {}", path, std::strerror(errno));
   f.write(reinterpret_cast<const char*>(header), sizeof(header));
@@ -54,19 +58,7 @@ void write_token_shard_u32(const std::string& path, const std::vector<uint32_t>&
 }
 
 void write_loss_mask(const std::string& path, const std::vector<uint8_t>& mask, int32_t packed_len) {
-  MT_CHECK(mask.size() <= size_t(INT32_MAX), "data", "{}: {} values do not fit a mask's int32 count", path,
-           mask.size());
-  int32_t header[256] = {};
-  header[0] = kMaskMagic;
-  header[1] = kMaskVersion;
-  header[2] = int32_t(mask.size());
-  header[3] = packed_len;
-  std::ofstream f(path, std::ios::binary);
-  MT_CHECK(f.is_open(), "data", "cannot create {}: {}", path, std::strerror(errno));
-  f.write(reinterpret_cast<const char*>(header), sizeof(header));
-  f.write(reinterpret_cast<const char*>(mask.data()), std::streamsize(mask.size()));
-  f.close();
-  MT_CHECK(!f.fail(), "data", "cannot write {} (disk full?)", path);
+  write_shard(path, mask, kMaskMagic, kMaskVersion, packed_len);
 }
 
 std::string mask_path_of(const std::string& shard) {
@@ -78,16 +70,23 @@ std::string mask_path_of(const std::string& shard) {
 
 namespace {
 
-// Reads shard `shard`'s mask (count values) into out; returns its packing length.
-int64_t read_mask(const std::string& path, const std::string& shard, int64_t count, uint8_t* out) {
+// Opens a shard or mask file and reads its 1024-byte header; returns the file's size.
+int64_t open_with_header(const std::string& path, std::ifstream& f, int32_t (&header)[256]) {
   std::error_code ec;
   const int64_t size = int64_t(std::filesystem::file_size(path, ec));
   MT_CHECK(!ec, "data", "{}: cannot read ({})", path, ec.message());
   MT_CHECK(size >= 1024, "data", "{}: {} bytes is shorter than the 1024-byte header (truncated file?)", path, size);
-  std::ifstream f(path, std::ios::binary);
-  int32_t header[256];
+  f.open(path, std::ios::binary);
   f.read(reinterpret_cast<char*>(header), sizeof(header));
   MT_CHECK(f.good(), "data", "{}: cannot read the header", path);
+  return size;
+}
+
+// Reads shard `shard`'s mask (count values) into out; returns its packing length.
+int64_t read_mask(const std::string& path, const std::string& shard, int64_t count, uint8_t* out) {
+  int32_t header[256];
+  std::ifstream f;
+  const int64_t size = open_with_header(path, f, header);
   MT_CHECK(header[0] == kMaskMagic, "data", "{}: bad magic {} at offset 0 (expected {} for a loss mask)", path,
            header[0], kMaskMagic);
   MT_CHECK(header[1] == kMaskVersion, "data", "{}: bad version {} at offset 4 (expected {})", path, header[1],
@@ -109,14 +108,9 @@ int64_t read_mask(const std::string& path, const std::string& shard, int64_t cou
 TokenStream::TokenStream(const std::string& glob, int64_t vocab_size, const std::string& key) : key_(key) {
   for (const std::string& path : glob_files(glob, key)) {
     if (path.size() > 5 && path.compare(path.size() - 5, 5, ".mask") == 0) continue;  // a mask, read beside its shard
-    std::error_code ec;
-    int64_t size = int64_t(std::filesystem::file_size(path, ec));
-    MT_CHECK(!ec, "data", "{}: cannot read ({})", path, ec.message());
-    MT_CHECK(size >= 1024, "data", "{}: {} bytes is shorter than the 1024-byte header (truncated file?)", path, size);
-    std::ifstream f(path, std::ios::binary);
     int32_t header[256];
-    f.read(reinterpret_cast<char*>(header), sizeof(header));
-    MT_CHECK(f.good(), "data", "{}: cannot read the header", path);
+    std::ifstream f;
+    const int64_t size = open_with_header(path, f, header);
     MT_CHECK(header[0] == kShardMagic || header[0] == kShardMagic32, "data",
              "{}: bad magic {} at offset 0 (expected {} for uint16 tokens or {} for uint32 tokens)", path, header[0],
              kShardMagic, kShardMagic32);

@@ -24,7 +24,6 @@
     Prints one JSON line: the counts, the loop's times (render, tokenize, the loop, the set-up before it) and the
     median round trip of a call on an empty text (measured in the set-up: what a call costs beyond the encode)."""
 import argparse
-import datetime
 import json
 import math
 import random
@@ -98,39 +97,13 @@ def generate(a):
 # ---------------------------------------------------------------- baseline (transformers' style)
 
 def compile_template(source):
-    """As transformers' _compile_jinja_template (cached once): the sandbox, trim_blocks, lstrip_blocks, the
-    {% generation %} tracker and loopcontrols extensions, tojson, raise_exception, strftime_now."""
-    import jinja2
-    import jinja2.ext
-    import jinja2.nodes
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class AssistantTracker(jinja2.ext.Extension):
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_render_assistant", []), [], [], body).set_lineno(lineno)
-
-        def _render_assistant(self, caller):
-            return caller()
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def strftime_now(fmt):
-        return datetime.datetime.now().strftime(fmt)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[AssistantTracker, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    return env.from_string(source)
+    """As transformers' _compile_jinja_template (cached once): the same Jinja environment as prepare_data's
+    (scripts/chat_template.py: the sandbox, trim/lstrip blocks, the {% generation %} block, loopcontrols, tojson,
+    raise_exception, strftime_now), so the two sides differ in the loop around it, not in the rendering."""
+    import os
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    import chat_template
+    return chat_template._environment().from_string(source)
 
 
 class NodeTokenizer:

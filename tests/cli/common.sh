@@ -129,3 +129,27 @@ expect() {
   fi
   ok "$name"
 }
+
+# npm_references REFDIR CACHE: the tests' reference packages from the npm registry (never used by the runtime),
+# installed once into CACHE by `npm ci` from REFDIR's lock file (again when the lock changes), preferring npm's own
+# cache. Sets have_node (0 without node or npm) and npm_error (the registry's error line when the install failed).
+npm_references() {
+  local refdir=$1 cache=$2 want
+  have_node=1
+  npm_error=
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    have_node=0
+    return
+  fi
+  want=$(sha256sum "$refdir/package-lock.json" | cut -d' ' -f1)
+  [ "$(cat "$cache/.installed" 2>/dev/null)" = "$want" ] && return
+  mkdir -p "$cache" && cp "$refdir/package.json" "$refdir/package-lock.json" "$cache/" &&
+    rm -f "$cache/.installed" &&
+    (cd "$cache" && timeout 300 npm ci --no-audit --no-fund --prefer-offline) >"$tmp/npm.log" 2>&1 &&
+    echo "$want" >"$cache/.installed"
+  if [ ! -f "$cache/.installed" ]; then
+    npm_error=$(grep -m 1 -iE 'npm (error|err!) (code|errno|network|request)|ENOTFOUND|ECONNREFUSED' "$tmp/npm.log")
+    echo "npm ci in $cache failed:"
+    tail -n 8 "$tmp/npm.log" | sed 's/^/  /'
+  fi
+}

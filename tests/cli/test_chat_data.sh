@@ -260,24 +260,7 @@ ref_checks=(
   "qwen25: --train-on-prompt equals the reference's" "mistral: the conversation with a system message is a bad line"
 )
 skip_refs() { local c; for c in "${ref_checks[@]}"; do skip "$c" "$1"; done; }
-have_node=1
-npm_error=
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  have_node=0
-else
-  want=$(sha256sum "$refdir/package-lock.json" | cut -d' ' -f1)
-  if [ "$(cat "$cache/.installed" 2>/dev/null)" != "$want" ]; then  # as test_tokenizer.sh installs them
-    mkdir -p "$cache" && cp "$refdir/package.json" "$refdir/package-lock.json" "$cache/" &&
-      rm -f "$cache/.installed" &&
-      (cd "$cache" && timeout 300 npm ci --no-audit --no-fund --prefer-offline) >"$tmp/npm.log" 2>&1 &&
-      echo "$want" >"$cache/.installed"
-    if [ ! -f "$cache/.installed" ]; then
-      npm_error=$(grep -m 1 -iE 'npm (error|err!) (code|errno|network|request)|ENOTFOUND|ECONNREFUSED' "$tmp/npm.log")
-      echo "npm ci in $cache failed:"
-      tail -n 8 "$tmp/npm.log" | sed 's/^/  /'
-    fi
-  fi
-fi
+npm_references "$refdir" "$cache"  # sets have_node and npm_error
 missing=
 for p in @huggingface/jinja @huggingface/ollama-utils llama3-tokenizer-js llama-tokenizer-js; do
   [ -f "$MT_TOK_NODE_MODULES/$p/package.json" ] || missing="$missing $p"

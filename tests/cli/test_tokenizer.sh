@@ -47,24 +47,7 @@ skip_all() {  # skip_all NAME WHY
 }
 
 # --- The reference packages, installed once into the cache (npm ci from the lock file, preferring npm's cache)
-have_node=1
-npm_error=
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  have_node=0
-else
-  want=$(sha256sum "$refdir/package-lock.json" | cut -d' ' -f1)
-  if [ "$(cat "$cache/.installed" 2>/dev/null)" != "$want" ]; then
-    mkdir -p "$cache" && cp "$refdir/package.json" "$refdir/package-lock.json" "$cache/" &&
-      rm -f "$cache/.installed" &&
-      (cd "$cache" && timeout 300 npm ci --no-audit --no-fund --prefer-offline) >"$tmp/npm.log" 2>&1 &&
-      echo "$want" >"$cache/.installed"
-    if [ ! -f "$cache/.installed" ]; then
-      npm_error=$(grep -m 1 -iE 'npm (error|err!) (code|errno|network|request)|ENOTFOUND|ECONNREFUSED' "$tmp/npm.log")
-      echo "npm ci in $cache failed:"
-      tail -n 8 "$tmp/npm.log" | sed 's/^/  /'
-    fi
-  fi
-fi
+npm_references "$refdir" "$cache"  # sets have_node and npm_error
 node_v=$(node --version 2>/dev/null)
 
 # The corpus (needs node only).
