@@ -1,5 +1,7 @@
 #include "parallel/fully_shard.h"
 
+#include "runtime/core/trace.h"
+
 #include <algorithm>
 #include <map>
 #include <numeric>
@@ -9,6 +11,7 @@
 #include "comm/comm_counters.h"
 #include "parallel/style.h"
 #include "runtime/core/log.h"
+#include "runtime/core/trace.h"
 #include "runtime/kernels/ops.h"
 
 namespace mt {
@@ -60,6 +63,7 @@ struct FsdpUnit {
   // Starts the all-gather of this unit's shards (no-op if started or done).
   void start_gather() {
     if (in_flight || unpacked || params.empty()) return;
+    trace::UnitScope unit_memory;  // the trace's "fully_shard units" part
     own = empty({slot}, opt.param_dtype, device());
     for (FsdpParam& f : params) {
       Tensor shard = f.p->compute_local();  // the shard: nothing is gathered here
@@ -78,6 +82,7 @@ struct FsdpUnit {
   // Waits for the gather and gives every parameter its whole tensor.
   void materialize() {
     if (unpacked || params.empty()) return;
+    trace::UnitScope unit_memory;  // the trace's "fully_shard units" part
     start_gather();
     pending.wait();
     in_flight = false;
@@ -98,6 +103,7 @@ struct FsdpUnit {
   }
   // The full-size gradient buffers backward writes into.
   void give_grads() {
+    trace::UnitScope unit_memory;  // the trace's "fully_shard units" part
     for (FsdpParam& f : params)
       if (!f.state->unsharded_grad.defined())
         f.state->unsharded_grad = zeros(f.full, f.p->grad.local.dtype(), f.p->grad.local.device());
@@ -105,6 +111,7 @@ struct FsdpUnit {
   // Reduce-scatters the full-size gradients and adds each rank's piece to its sharded gradient.
   void reduce_grads() {
     if (params.empty()) return;
+    trace::UnitScope unit_memory;  // the trace's "fully_shard units" part
     const DType rdt = opt.reduce_dtype;
     Tensor all = zeros({int64_t(n) * slot}, rdt, device());  // padding summed as zeros, never read
     for (FsdpParam& f : params) {

@@ -359,16 +359,19 @@ struct StepProfiler {
 void log_memory_beside_estimate(const Config& cfg, const MpiEnv& env, const RunTrace& tr, MetricsLogger& log) {
   if (env.rank() != 0) return;
   const trace::MemoryParts& p = tr.peak();
-  double est[4] = {0, 0, 0, 0}, est_peak = 0;
+  // The estimate states the gathered fully_shard units inside its temporaries at the peak: the two are compared
+  // together, as "activations and temporaries" (the track's units shown apart beside them).
+  double est[5] = {0, 0, 0, 0, 0}, est_peak = 0;
   try {
     const Estimate e = estimate_run(cfg, env.size(), std::nullopt);
     for (const MemoryPart& m : e.stages.at(0).memory) {
       const std::string& n = m.name;
       if (n.rfind("peak", 0) == 0 || n.rfind("process", 0) == 0) continue;
       const int k = n.rfind("parameters", 0) == 0 || n.rfind("compute copies", 0) == 0 ? 0
+                    : n.rfind("gradient buckets", 0) == 0                              ? 3
                     : n.rfind("gradients", 0) == 0                                     ? 1
                     : n.rfind("optimizer", 0) == 0                                     ? 2
-                                                                                       : 3;
+                                                                                       : 4;
       est[k] += m.bytes;
     }
     est_peak = e.stages.at(0).peak_bytes;
@@ -376,19 +379,22 @@ void log_memory_beside_estimate(const Config& cfg, const MpiEnv& env, const RunT
     log.note(fmt::format("memory at the traced peak: no estimate to compare ({})", e.what()));
     return;
   }
-  const double got[4] = {double(p.parameters), double(p.gradients), double(p.optimizer), double(p.other)};
-  const char* names[4] = {"parameters", "gradients", "optimizer state", "activations and buffers"};
+  const double got[5] = {double(p.parameters), double(p.gradients), double(p.optimizer), double(p.buffers),
+                         double(p.units + p.other)};
+  const char* names[5] = {"parameters", "gradients", "optimizer state", "communication buffers",
+                          "activations and temporaries"};
   std::string parts;
   nlohmann::json rec = {{"event", "memory_peak"}, {"rank", 0}};
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < 5; ++k) {
     parts += fmt::format("{}{} {:.3f} MiB (estimate {:.3f}, {:+.1f}%)", k ? ", " : "", names[k], got[k] / (1 << 20),
                          est[k] / (1 << 20), est[k] > 0 ? 100 * (got[k] / est[k] - 1) : 0.0);
     rec[names[k]] = {{"trace", got[k]}, {"estimate", est[k]}};
   }
+  rec["fully_shard units"] = {{"trace", double(p.units)}};
   rec["peak"] = {{"trace", double(p.total())}, {"estimate", est_peak}};
-  log.note(fmt::format("memory at the traced peak on rank 0, by part beside `meshtrain estimate`: {}; peak {:.3f} MiB "
-                       "(estimate {:.3f})",
-                       parts, double(p.total()) / (1 << 20), est_peak / (1 << 20)));
+  log.note(fmt::format("memory at the traced peak on rank 0, by part beside `meshtrain estimate`: {} (of which "
+                       "fully_shard units {:.3f} MiB); peak {:.3f} MiB (estimate {:.3f})",
+                       parts, double(p.units) / (1 << 20), double(p.total()) / (1 << 20), est_peak / (1 << 20)));
   log.record(rec);
 }
 

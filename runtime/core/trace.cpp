@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -142,11 +143,28 @@ void name_thread(const std::string& name) {
 }
 
 namespace {
-int64_t g_parts[3] = {0, 0, 0};
+int64_t g_parts[4] = {0, 0, 0, 0};  // parameters, gradients, optimizer, communication buffers
+thread_local int t_unit_depth = 0;
+std::mutex g_units_mu;
+std::unordered_map<const void*, int64_t> g_unit_blocks;  // live allocations made in a UnitScope while recording
+int64_t g_unit_bytes = 0;
+}  // namespace
+
+UnitScope::UnitScope() { ++t_unit_depth; }
+UnitScope::~UnitScope() { --t_unit_depth; }
+
+void set_memory_parts(int64_t parameters, int64_t gradients, int64_t optimizer, int64_t buffers) {
+  g_parts[0] = parameters, g_parts[1] = gradients, g_parts[2] = optimizer, g_parts[3] = buffers;
 }
 
-void set_memory_parts(int64_t parameters, int64_t gradients, int64_t optimizer) {
-  g_parts[0] = parameters, g_parts[1] = gradients, g_parts[2] = optimizer;
+void memory_block(const void* p, int64_t bytes, bool allocated) {
+  std::lock_guard lock(g_units_mu);
+  if (allocated) {
+    if (t_unit_depth > 0) g_unit_blocks[p] = bytes, g_unit_bytes += bytes;
+  } else if (auto it = g_unit_blocks.find(p); it != g_unit_blocks.end()) {
+    g_unit_bytes -= it->second;
+    g_unit_blocks.erase(it);
+  }
 }
 
 MemoryParts g_peak;
@@ -159,17 +177,39 @@ MemoryParts memory_peak() {
 void reset_memory_peak() {
   std::lock_guard lock(g_peak_mu);
   g_peak = {};
+  std::lock_guard units(g_units_mu);  // blocks allocated before this range are not followed
+  g_unit_blocks.clear();
+  g_unit_bytes = 0;
 }
 
 void memory_sample(int64_t a) {
-  const double p = double(std::min(a, g_parts[0]));
-  const double g = double(std::min(a - int64_t(p), g_parts[1]));
-  const double o = double(std::min(a - int64_t(p + g), g_parts[2]));
+  // The fixed parts first (each at most what is left), then the units, then the rest.
+  int64_t left = a;
+  auto take = [&](int64_t want) {
+    const int64_t t = std::max<int64_t>(0, std::min(left, want));
+    left -= t;
+    return t;
+  };
+  MemoryParts m;
+  m.parameters = take(g_parts[0]);
+  m.gradients = take(g_parts[1]);
+  m.optimizer = take(g_parts[2]);
+  m.buffers = take(g_parts[3]);
+  {
+    std::lock_guard lock(g_units_mu);
+    m.units = take(g_unit_bytes);
+  }
+  m.other = left;
   {
     std::lock_guard lock(g_peak_mu);
-    if (a > g_peak.total()) g_peak = {int64_t(p), int64_t(g), int64_t(o), a - int64_t(p + g + o)};
+    if (a > g_peak.total()) g_peak = m;
   }
-  counter("memory", {{"parameters", p}, {"gradients", g}, {"optimizer", o}, {"activations and buffers", double(a) - p - g - o}});
+  counter("memory", {{"parameters", double(m.parameters)},
+                     {"gradients", double(m.gradients)},
+                     {"optimizer", double(m.optimizer)},
+                     {"communication buffers", double(m.buffers)},
+                     {"fully_shard units", double(m.units)},
+                     {"activations and temporaries", double(m.other)}});
 }
 
 int64_t wait_ns() { return g_wait_ns.load(std::memory_order_relaxed); }

@@ -61,12 +61,24 @@ void counter(const char* name, std::vector<std::pair<const char*, double>> value
 // Names this thread's lane ("main", "checkpoint writer").
 void name_thread(const std::string& name);
 
-// Memory by part (issue 40 part 3): the model state's bytes (fixed during a run: set once by the training loop),
-// and a sample of the allocator's bytes in use, written as the counter "memory" with the series parameters,
-// gradients, optimizer and "activations and buffers" (the rest: activations, communication buffers, gathered
-// fully_shard units), stacked to the allocator's total. The host allocator samples at every change.
-void set_memory_parts(int64_t parameters, int64_t gradients, int64_t optimizer);
+// Memory by part (issue 40 part 3): the model state's bytes and the gradient buckets' (fixed during a run: set
+// once by the training loop), the fully_shard units' (the host allocations made inside a UnitScope while
+// recording, followed to their free), and a sample of the allocator's bytes in use, written as the counter
+// "memory" with the series parameters, gradients, optimizer, "communication buffers", "fully_shard units" and
+// "activations and temporaries" (the rest), stacked to the allocator's total. The host allocator samples at every
+// change and reports each allocation and free (memory_block).
+void set_memory_parts(int64_t parameters, int64_t gradients, int64_t optimizer, int64_t buffers = 0);
 void memory_sample(int64_t allocated_bytes);
+void memory_block(const void* p, int64_t bytes, bool allocated);
+// While one lives, this thread's host allocations count as the fully_shard units' (gathers, unpacked weights,
+// full-size gradients and their reduce buffers); nested scopes count once.
+class UnitScope {
+ public:
+  UnitScope();
+  ~UnitScope();
+  UnitScope(const UnitScope&) = delete;
+  UnitScope& operator=(const UnitScope&) = delete;
+};
 
 // The wait time counted so far (see above), and its addition.
 int64_t wait_ns();

@@ -6,8 +6,11 @@
 namespace mt::trace {
 
 struct MemoryParts {
-  int64_t parameters = 0, gradients = 0, optimizer = 0, other = 0;  // other: activations and buffers
-  int64_t total() const { return parameters + gradients + optimizer + other; }
+  int64_t parameters = 0, gradients = 0, optimizer = 0;
+  int64_t buffers = 0;  // communication buffers: the gradient buckets' flat buffers
+  int64_t units = 0;    // fully_shard's gathered units and their full-size gradients (allocated under UnitScope)
+  int64_t other = 0;    // activations and temporaries: the rest
+  int64_t total() const { return parameters + gradients + optimizer + buffers + units + other; }
 };
 MemoryParts memory_peak();
 void reset_memory_peak();

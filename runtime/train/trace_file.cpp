@@ -97,7 +97,8 @@ RunTrace::RunTrace(const Config& cfg, const MpiEnv& env, const TrainRun& run) : 
     const auto& s = run.opt->state().at(q->name);
     opt += int64_t(allocation_bytes(d, s.exp_avg.nbytes()) + allocation_bytes(d, s.exp_avg_sq.nbytes()));
   }
-  trace::set_memory_parts(params, grads, opt);
+  const int64_t buffers = run.grad_sync ? int64_t(allocation_bytes(d, size_t(run.grad_sync->bucket_buffer_bytes()))) : 0;
+  trace::set_memory_parts(params, grads, opt, buffers);
 }
 
 void RunTrace::before_step(int64_t step) {
@@ -144,7 +145,9 @@ void RunTrace::finish(MetricsLogger& log) {
   const nlohmann::json meta = {{"steps", {first_, last_}},
                                {"comm_counters", counters},
                                {"memory_peak", {{"parameters", peak_.parameters}, {"gradients", peak_.gradients},
-                                                {"optimizer", peak_.optimizer}, {"activations and buffers", peak_.other},
+                                                {"optimizer", peak_.optimizer}, {"communication buffers", peak_.buffers},
+                                                {"fully_shard units", peak_.units},
+                                                {"activations and temporaries", peak_.other},
                                                 {"total", peak_.total()}}}};
   const std::string path = trace_rank_path(cfg_.profile.dir, env_.rank());
   const bool ok = trace::write(path, meta.dump());
