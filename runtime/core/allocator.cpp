@@ -80,7 +80,7 @@ void* device_alloc(Device d, size_t bytes) {
   h.s.peak_allocated_bytes = std::max(h.s.peak_allocated_bytes, h.s.allocated_bytes);
   h.s.requested_bytes += requested;
   h.s.peak_requested_bytes = std::max(h.s.peak_requested_bytes, h.s.requested_bytes);
-  if (trace::g_on) {
+  if (trace::g_on && trace::g_memory_device < 0) {
     trace::memory_block(p, int64_t(rounded), true);  // the block's real size (a reused one may be larger)
     trace::memory_sample(int64_t(h.s.allocated_bytes));
   }
@@ -99,13 +99,13 @@ void device_free(Device d, void* p, size_t bytes) {
     h.s.allocated_bytes -= it->second;
     h.cached.emplace(it->second, p);
     h.live.erase(it);
-    if (trace::g_on) trace::memory_block(p, 0, false), trace::memory_sample(int64_t(h.s.allocated_bytes));
+    if (trace::g_on && trace::g_memory_device < 0) trace::memory_block(p, 0, false), trace::memory_sample(int64_t(h.s.allocated_bytes));
     return;
   }
-  if (trace::g_on) trace::memory_block(p, 0, false);  // before the free: the address is the block's key
+  if (trace::g_on && trace::g_memory_device < 0) trace::memory_block(p, 0, false);  // before the free: the address is the block's key
   std::free(p);
   h.s.allocated_bytes -= rounded;
-  if (trace::g_on) trace::memory_sample(int64_t(h.s.allocated_bytes));
+  if (trace::g_on && trace::g_memory_device < 0) trace::memory_sample(int64_t(h.s.allocated_bytes));
   h.s.reserved_bytes -= rounded;
   h.s.driver_frees++;
 }

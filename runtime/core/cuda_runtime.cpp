@@ -16,6 +16,7 @@
 #include "runtime/core/cuda_backend.h"
 #include "runtime/core/error.h"
 #include "runtime/core/stream.h"
+#include "runtime/core/trace.h"
 #include "runtime/core/cuda_guard.h"
 #if MT_CUDA_EMULATED
 #include "tests/emu/device_registry.h"  // the emulated device (test-only): tensors' extents in cached blocks
@@ -368,6 +369,10 @@ void* cuda_caching_alloc(int device, size_t bytes) {
   c.stats.requested_bytes += size;  // device blocks are the request's rounded size
   c.stats.peak_requested_bytes = std::max(c.stats.peak_requested_bytes, c.stats.requested_bytes);
   c.stats.peak_allocated_bytes = std::max(c.stats.peak_allocated_bytes, c.stats.allocated_bytes);
+  if (trace::g_on && trace::g_memory_device == device) {  // the trace's memory track (trace.h)
+    trace::memory_block(p, int64_t(size), true);
+    trace::memory_sample(int64_t(c.stats.allocated_bytes));
+  }
   return p;
 }
 
@@ -386,6 +391,10 @@ void cuda_caching_free(int device, void* p, size_t /*bytes*/) {
   c.stats.allocated_bytes -= size;
   c.stats.requested_bytes -= size;
   c.free_blocks.emplace(size, p);
+  if (trace::g_on && trace::g_memory_device == device) {
+    trace::memory_block(p, 0, false);
+    trace::memory_sample(int64_t(c.stats.allocated_bytes));
+  }
 }
 
 AllocatorStats cuda_allocator_stats(int device) {

@@ -14,6 +14,7 @@ namespace mt::trace {
 
 bool g_on = false;
 bool g_timing = false;
+int g_memory_device = -1;
 
 namespace {
 

@@ -68,6 +68,9 @@ void name_thread(const std::string& name);
 // "activations and temporaries" (the rest), stacked to the allocator's total. The host allocator samples at every
 // change and reports each allocation and free (memory_block).
 void set_memory_parts(int64_t parameters, int64_t gradients, int64_t optimizer, int64_t buffers = 0);
+// Whose allocator the track follows: -1 the host's (CPU runs), else that CUDA device's caching allocator.
+extern int g_memory_device;
+inline void set_memory_device(int device) { g_memory_device = device; }
 void memory_sample(int64_t allocated_bytes);
 void memory_block(const void* p, int64_t bytes, bool allocated);
 // While one lives, this thread's host allocations count as the fully_shard units' (gathers, unpacked weights,

@@ -99,6 +99,8 @@ RunTrace::RunTrace(const Config& cfg, const MpiEnv& env, const TrainRun& run) : 
   }
   const int64_t buffers = run.grad_sync ? int64_t(allocation_bytes(d, size_t(run.grad_sync->bucket_buffer_bytes()))) : 0;
   trace::set_memory_parts(params, grads, opt, buffers);
+  device_ = d;
+  trace::set_memory_device(d.is_cuda() ? d.index : -1);  // a GPU run's track is the device's memory
 }
 
 void RunTrace::before_step(int64_t step) {
@@ -108,7 +110,7 @@ void RunTrace::before_step(int64_t step) {
   trace::reset_memory_peak();
   trace::start();
   recording_ = true;
-  trace::memory_sample(int64_t(allocator_stats(Device::cpu()).allocated_bytes));
+  trace::memory_sample(int64_t(allocator_stats(device_).allocated_bytes));
 }
 
 void RunTrace::step_done(int64_t step, int64_t t0_ns, int64_t peak) {

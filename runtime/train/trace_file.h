@@ -17,6 +17,7 @@ std::string merge_traces(const std::string& dir, int* ranks = nullptr);
 #include <memory>
 
 #include "comm/comm_counters.h"
+#include "runtime/core/device.h"
 #include "runtime/core/trace_memory.h"
 
 namespace mt {
@@ -50,6 +51,7 @@ class RunTrace {
   bool recording_ = false, done_ = false;
   CommCounters before_;
   trace::MemoryParts peak_;
+  Device device_ = Device::cpu();  // the run's: whose allocator the memory track follows
 };
 
 }  // namespace mt
