@@ -2,6 +2,7 @@
 // evaluation, samples, checkpoints, metrics, and a clean stop on SIGTERM,
 // SIGUSR1 or SIGINT (checkpoint, then exit 128 + the signal number).
 #include "runtime/cli/command.h"
+#include "runtime/cli/train_reports.h"
 
 #include <mpi.h>
 #include <unistd.h>
@@ -302,100 +303,6 @@ void log_setup(const Config& cfg, const MpiEnv& env, const TrainRun& run, double
   if (env.rank() == 0)
     spdlog::info("memory after setup: {:.0f} MiB resident (model, optimizer state, data, MPI)",
                  peak_memory_bytes(Device::cpu()) / (1 << 20));
-}
-
-// MT_PROFILE_KERNELS=1: every op's time per step (kernel_profile.h), over the last MT_PROFILE_STEPS steps (by
-// default all but the first, a warm-up, when more follow); the steps before run muted, as without profiling. The
-// top 10 are printed at the end with the device memory, and recorded in the metrics.
-struct StepProfiler {
-  const TrainRun& run;
-  const MpiEnv& env;
-  MetricsLogger& log;
-  int64_t first_profiled = 0, profiled_steps = 0;
-  double profiled_wall_s = 0;
-
-  StepProfiler(const TrainRun& r, const MpiEnv& e, MetricsLogger& l, int64_t steps) : run(r), env(e), log(l) {
-    first_profiled = steps - run.start_step > 1 ? run.start_step + 1 : run.start_step;
-    if (const char* v = std::getenv("MT_PROFILE_STEPS"); v && *v)
-      first_profiled = std::max(run.start_step, steps - std::max<int64_t>(1, std::atoll(v)));
-  }
-  void step(int64_t step, double dt) {
-    if (!kprof::enabled() || step < first_profiled) return;
-    kprof::flush();  // waits for the device: between steps, after the step's own host-sync count
-    ++profiled_steps;
-    profiled_wall_s += dt;
-  }
-  void report() {
-    if (run.device.is_cuda() && env.rank() == 0) {
-      AllocatorStats m = allocator_stats(run.device);
-      log.note(fmt::format(
-          "device memory on rank 0: peak allocated {:.3f} GiB, reserved {:.3f} GiB ({} cudaMalloc calls)",
-          double(m.peak_allocated_bytes) / (1 << 30), double(m.reserved_bytes) / (1 << 30), m.driver_allocs));
-      log.record({{"peak_allocated_bytes", m.peak_allocated_bytes}, {"reserved_bytes", m.reserved_bytes}});
-    }
-    if (!kprof::enabled() || env.rank() != 0) return;
-    kprof::flush();
-    // The H200's dense bf16 peak and HBM3e bandwidth give the ridge point on a GPU; on the CPU no bandwidth is
-    // known, so no bound is estimated.
-    const bool gpu = run.device.is_cuda();
-    std::string what = fmt::format(
-        "MT_PROFILE_KERNELS=1, rank 0, steps {} to {}, {:.3f} ms wall per step; {}", first_profiled + 1,
-        first_profiled + profiled_steps, profiled_steps ? 1e3 * profiled_wall_s / double(profiled_steps) : 0.0,
-        gpu ? "CUDA events around each launch on its stream (ops overlap only across streams: NCCL's)"
-            : "host clock around each op");
-    std::string table = kprof::report(10, profiled_steps, gpu ? 989e12 : 0, gpu ? 4.8e12 : 0, what);
-    if (!table.empty() && table.back() == '\n') table.pop_back();
-    log.note(table);
-    nlohmann::json ops = nlohmann::json::array();
-    for (const kprof::OpStat& o : kprof::stats())
-      ops.push_back({{"op", o.name}, {"calls", o.calls}, {"ms", o.ms}, {"flops", o.flops}, {"bytes", o.bytes}});
-    log.record({{"kernel_profile", ops}, {"profiled_steps", profiled_steps}, {"wall_ms", 1e3 * profiled_wall_s}});
-  }
-};
-
-// After the traced range (issue 40 part 3): rank 0's memory track at its peak, by part, beside `meshtrain
-// estimate`'s parts for the same config (its pp stage 0, which rank 0 holds): the estimate's parameters and compute
-// copies, gradients, optimizer moments, and the rest (buckets, activations, temporaries) against the track's.
-void log_memory_beside_estimate(const Config& cfg, const MpiEnv& env, const RunTrace& tr, MetricsLogger& log) {
-  if (env.rank() != 0) return;
-  const trace::MemoryParts& p = tr.peak();
-  // The estimate states the gathered fully_shard units inside its temporaries at the peak: the two are compared
-  // together, as "activations and temporaries" (the track's units shown apart beside them).
-  double est[5] = {0, 0, 0, 0, 0}, est_peak = 0;
-  try {
-    const Estimate e = estimate_run(cfg, env.size(), std::nullopt);
-    for (const MemoryPart& m : e.stages.at(0).memory) {
-      const std::string& n = m.name;
-      if (n.rfind("peak", 0) == 0 || n.rfind("process", 0) == 0) continue;
-      const int k = n.rfind("parameters", 0) == 0 || n.rfind("compute copies", 0) == 0 ? 0
-                    : n.rfind("gradient buckets", 0) == 0                              ? 3
-                    : n.rfind("gradients", 0) == 0                                     ? 1
-                    : n.rfind("optimizer", 0) == 0                                     ? 2
-                                                                                       : 4;
-      est[k] += m.bytes;
-    }
-    est_peak = e.stages.at(0).peak_bytes;
-  } catch (const Error& e) {
-    log.note(fmt::format("memory at the traced peak: no estimate to compare ({})", e.what()));
-    return;
-  }
-  const double got[5] = {double(p.parameters), double(p.gradients), double(p.optimizer), double(p.buffers),
-                         double(p.units + p.other)};
-  const char* names[5] = {"parameters", "gradients", "optimizer state", "communication buffers",
-                          "activations and temporaries"};
-  std::string parts;
-  nlohmann::json rec = {{"event", "memory_peak"}, {"rank", 0}};
-  for (int k = 0; k < 5; ++k) {
-    parts += fmt::format("{}{} {:.3f} MiB (estimate {:.3f}, {:+.1f}%)", k ? ", " : "", names[k], got[k] / (1 << 20),
-                         est[k] / (1 << 20), est[k] > 0 ? 100 * (got[k] / est[k] - 1) : 0.0);
-    rec[names[k]] = {{"trace", got[k]}, {"estimate", est[k]}};
-  }
-  rec["fully_shard units"] = {{"trace", double(p.units)}};
-  rec["peak"] = {{"trace", double(p.total())}, {"estimate", est_peak}};
-  log.note(fmt::format("memory at the traced peak on rank 0, by part beside `meshtrain estimate`: {} (of which "
-                       "fully_shard units {:.3f} MiB); peak {:.3f} MiB (estimate {:.3f})",
-                       parts, double(p.units) / (1 << 20), double(p.total()) / (1 << 20), est_peak / (1 << 20)));
-  log.record(rec);
 }
 
 // Checkpoints: when (every checkpoint.interval steps, every interval_s seconds by rank 0's clock, or with interval:

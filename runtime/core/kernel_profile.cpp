@@ -150,7 +150,7 @@ struct TracePending {
   size_t start, end;
   const Stream* stream;
 };
-std::vector<TracePending> t_trace_pending;  // under state().mu
+std::vector<TracePending> g_trace_pending;  // under state().mu
 int64_t g_trace_ref = -1;                   // pool index of the reference event, -1: none yet this step
 int64_t g_trace_ref_ns = 0;
 
@@ -174,8 +174,8 @@ void Scope::trace_begin(const char* name, const char* category, Device d, const 
   }
   TracePending p{name, category && std::string(category) == "nccl", take_event(s), take_event(s), &st};
   s.pool[p.start].record(st);
-  trace_slot_ = int64_t(t_trace_pending.size());
-  t_trace_pending.push_back(p);
+  trace_slot_ = int64_t(g_trace_pending.size());
+  g_trace_pending.push_back(p);
 }
 
 void Scope::trace_end() {
@@ -185,7 +185,7 @@ void Scope::trace_end() {
   if (trace_slot_ < 0) return;
   State& s = state();
   std::lock_guard lock(s.mu);
-  const TracePending& p = t_trace_pending[size_t(trace_slot_)];
+  const TracePending& p = g_trace_pending[size_t(trace_slot_)];
   s.pool[p.end].record(*p.stream);
 }
 
@@ -195,14 +195,14 @@ void trace_device_flush() {
   if (g_trace_ref < 0) return;
   device_synchronize();
   const Event& ref = s.pool[size_t(g_trace_ref)];
-  for (const TracePending& p : t_trace_pending) {
+  for (const TracePending& p : g_trace_pending) {
     const auto at = [&](size_t e) { return g_trace_ref_ns + int64_t(double(ref.elapsed_ms(s.pool[e])) * 1e6); };
     trace::complete_on(p.comm ? "GPU collectives" : "GPU kernels", p.name, p.comm ? "gpu comm" : "gpu", at(p.start),
                        at(p.end));
     s.free.push_back(p.start);
     s.free.push_back(p.end);
   }
-  t_trace_pending.clear();
+  g_trace_pending.clear();
   s.free.push_back(size_t(g_trace_ref));
   g_trace_ref = -1;
 }

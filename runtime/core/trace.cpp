@@ -159,6 +159,7 @@ void set_memory_parts(int64_t parameters, int64_t gradients, int64_t optimizer, 
 }
 
 void memory_block(const void* p, int64_t bytes, bool allocated) {
+  if (allocated && t_unit_depth == 0) return;  // not a unit's: nothing to follow
   std::lock_guard lock(g_units_mu);
   if (allocated) {
     if (t_unit_depth > 0) g_unit_blocks[p] = bytes, g_unit_bytes += bytes;
