@@ -29,7 +29,6 @@
 #include "runtime/core/stream.h"
 #include "runtime/core/trace.h"
 #include "runtime/kernels/ops.h"
-#include "runtime/planner/estimate.h"
 #include "runtime/train/agree.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/metrics.h"
