@@ -60,12 +60,19 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
   local_rank_ = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("SLURM_LOCALID", node_rank));
   local_size_ = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("SLURM_NTASKS_PER_NODE", node_size));
 
-  int ndev = cuda_device_count();
-  if (ndev > 0) {
-    cuda_device_ = local_rank_ % ndev;
-    set_device(cuda_device_);
-  }
   (void)provided;
+}
+
+int MpiEnv::cuda_device() const {
+  if (!device_found_) {
+    device_found_ = true;
+    int ndev = cuda_device_count();
+    if (ndev > 0) {
+      cuda_device_ = local_rank_ % ndev;
+      set_device(cuda_device_);
+    }
+  }
+  return cuda_device_;
 }
 
 // A rank stopped near the end must not hold the others forever: a watched

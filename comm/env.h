@@ -18,11 +18,15 @@ class MpiEnv {
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
   const std::string& host() const { return host_; }
-  // CUDA device for this rank, -1 when none is visible or CUDA is not built.
-  int cuda_device() const { return cuda_device_; }
+  // CUDA device for this rank, -1 when none is visible or CUDA is not built. Found (and made current) on the
+  // first call, which loads the CUDA backend (runtime/core/cuda_table.h): a CPU run never asks, so never loads it.
+  // Throws "[cuda] cannot load the CUDA backend ..." when the backend is built but cannot be loaded.
+  int cuda_device() const;
 
  private:
-  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, cuda_device_ = -1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  mutable int cuda_device_ = -1;
+  mutable bool device_found_ = false;
   std::string host_;
 };
 

@@ -1,7 +1,8 @@
 // Private to runtime/core and comm: the few CUDA runtime calls that the
 // device-independent code needs, so that only CUDA-built files include
-// cuda_runtime.h. Implemented in cuda_runtime.cpp (throwing stubs in
-// cuda_stub.cpp when CUDA is not built).
+// cuda_runtime.h. Implemented in cuda_runtime.cpp, in libmeshtrain_cuda.so and
+// called through cuda_loader.cpp's trampolines (cuda_table.h); throwing stubs in
+// cuda_stub.cpp when CUDA is not built.
 #pragma once
 #include <cstddef>
 #include <string>
@@ -27,6 +28,17 @@ void* cuda_caching_alloc(int device, size_t bytes);
 void cuda_caching_free(int device, void* p, size_t bytes);
 AllocatorStats cuda_allocator_stats(int device);
 void cuda_reset_peak(int device);
-size_t cuda_allocation_bytes(size_t bytes);  // the block size a request of `bytes` takes
+// The block size a request of `bytes` takes: requests under 1 MiB round up to 512 bytes, larger ones to 2 MiB
+// (cuda_runtime.cpp's caching allocator). Here, not in the CUDA backend, so that estimates for a CUDA device
+// (models' activation bytes) need no CUDA library loaded; a build without CUDA takes the bytes as they are.
+inline size_t cuda_allocation_bytes(size_t bytes) {
+#if MT_CUDA
+  constexpr size_t kSmall = size_t(1) << 20, kSmallRound = 512, kLargeRound = size_t(2) << 20;
+  if (bytes < kSmall) return (bytes + kSmallRound - 1) / kSmallRound * kSmallRound;
+  return (bytes + kLargeRound - 1) / kLargeRound * kLargeRound;
+#else
+  return bytes;
+#endif
+}
 void cuda_empty_cache(int device);
 }  // namespace mt::detail

@@ -272,14 +272,7 @@ namespace detail {
 
 namespace {
 
-constexpr size_t kSmall = size_t(1) << 20;  // 1 MiB
-constexpr size_t kSmallRound = 512;
-constexpr size_t kLargeRound = size_t(2) << 20;  // 2 MiB
-
-size_t round_size(size_t bytes) {
-  if (bytes < kSmall) return (bytes + kSmallRound - 1) / kSmallRound * kSmallRound;
-  return (bytes + kLargeRound - 1) / kLargeRound * kLargeRound;
-}
+size_t round_size(size_t bytes) { return cuda_allocation_bytes(bytes); }  // cuda_backend.h
 
 struct DeviceCache {
   std::multimap<size_t, void*> free_blocks;  // rounded size -> block
@@ -403,7 +396,6 @@ AllocatorStats cuda_allocator_stats(int device) {
   return C.at(device).stats;
 }
 
-size_t cuda_allocation_bytes(size_t bytes) { return round_size(bytes); }
 
 void cuda_reset_peak(int device) {
   auto& C = caches();

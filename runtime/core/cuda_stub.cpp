@@ -13,6 +13,10 @@ namespace {
 }  // namespace
 
 bool cuda_built() { return false; }
+const std::string& cuda_backend_error() {
+  static const std::string why = "meshtrain was built without CUDA";
+  return why;
+}
 int cuda_device_count() { return 0; }
 
 Stream Stream::create(int, bool) { no_cuda(); }
@@ -84,7 +88,6 @@ void* cuda_caching_alloc(int, size_t bytes) {
 void cuda_caching_free(int, void*, size_t) {}
 AllocatorStats cuda_allocator_stats(int) { return {}; }
 void cuda_reset_peak(int) {}
-size_t cuda_allocation_bytes(size_t bytes) { return bytes; }
 void cuda_empty_cache(int) {}
 }  // namespace detail
 

@@ -18,9 +18,14 @@ struct Device {
   static Device parse(const std::string& s);  // "cpu", "cuda", "cuda:N"; throws "[core] ..."
 };
 
-// True when this binary was built with the CUDA backend.
+// True when this binary was built with the CUDA backend (libmeshtrain_cuda.so, loaded at run time on the first
+// CUDA call: runtime/core/cuda_table.h).
 bool cuda_built();
-// Number of visible CUDA devices (0 when not built or none present).
+// Loads the CUDA backend if not yet tried: "" once it is loaded, else why it cannot be ("cannot load the CUDA
+// backend libmeshtrain_cuda.so (<the loader's message>): ..."); in a build without CUDA, says so.
+const std::string& cuda_backend_error();
+// Number of visible CUDA devices (0 when not built or none present). Loads the backend in a CUDA build; throws
+// "[cuda] cannot load the CUDA backend ..." when it cannot.
 int cuda_device_count();
 
 }  // namespace mt

@@ -15,6 +15,7 @@
 
 #include "comm/env.h"
 #include "comm/watchdog.h"
+#include "runtime/core/device.h"
 #include "runtime/core/log.h"
 #include "../skip.h"
 #include "mpi_world.h"
@@ -29,6 +30,10 @@ const mt::MpiEnv& test_env() { return *g_env; }
 int main(int argc, char** argv) {
   mt::MpiEnv env(&argc, &argv);
   g_env = &env;
+#if MT_TEST_GPU_MAIN
+  // test_gpu: this rank's device made current at start, as for a CUDA run (MpiEnv finds it when first asked).
+  if (mt::cuda_built()) (void)env.cuda_device();
+#endif
   mt::init_logging(env.rank(), "warn");
   const char* t = std::getenv("MT_TEST_TIMEOUT");
   mt::watchdog_set_timeout(t ? std::atof(t) : 120.0);
