@@ -43,8 +43,9 @@ YAML
 
 # devices: the CUDA devices a rank can see: the emulated build's MT_EMU_DEVICES (1 unless set), else the GPUs.
 devices() {
-  # grep reads the binary itself: a pipe from strings into grep -q fails under pipefail (strings gets SIGPIPE).
-  if grep -qa "emulated CUDA device, test-only" "$emt"; then
+  # grep reads the binaries themselves: a pipe from strings into grep -q fails under pipefail (strings gets SIGPIPE).
+  # The CUDA code, this text included, is in the backend library beside the executable (runtime/core/cuda_table.h).
+  if grep -qa "emulated CUDA device, test-only" "$emt" "$(dirname "$emt")/libmeshtrain_cuda.so" 2>/dev/null; then
     echo "${MT_EMU_DEVICES:-1}"
   else
     nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true  # grep -c prints 0 itself when there is none
