@@ -93,7 +93,28 @@ constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
   X(int, attention_merge,                                                                                             \
     (float* out, float* lse, const T* part_out, const float* part_lse, int64_t B, int64_t T_, int64_t H, int64_t hd,  \
      void* stream),                                                                                                   \
-    (out, lse, part_out, part_lse, B, T_, H, hd, stream))
+    (out, lse, part_out, part_lse, B, T_, H, hd, stream))                                                            \
+  X(int, router_topk_forward,                                                                                         \
+    (float* weights, int32_t* experts, float* probs, const T* logits, const float* bias, int64_t N, int64_t E,        \
+     int64_t K, bool sigmoid, bool renormalize, double scale, void* stream),                                          \
+    (weights, experts, probs, logits, bias, N, E, K, sigmoid, renormalize, scale, stream))                            \
+  X(int, router_topk_backward,                                                                                        \
+    (T * dlogits, const float* dweights, const float* dprob_row, const float* probs, const int32_t* experts,          \
+     int64_t N, int64_t E, int64_t K, bool sigmoid, bool renormalize, double scale, void* stream),                    \
+    (dlogits, dweights, dprob_row, probs, experts, N, E, K, sigmoid, renormalize, scale, stream))                     \
+  X(int, moe_dispatch_forward,                                                                                        \
+    (T * out, const T* inp, const int32_t* slot, int64_t N, int64_t K, int64_t C, void* stream),                      \
+    (out, inp, slot, N, K, C, stream))                                                                                \
+  X(int, moe_dispatch_backward,                                                                                       \
+    (T * dinp, const T* dout, const int32_t* slot, int64_t N, int64_t K, int64_t C, void* stream),                    \
+    (dinp, dout, slot, N, K, C, stream))                                                                              \
+  X(int, moe_combine_forward,                                                                                         \
+    (T * out, const T* inp, const float* weights, const int32_t* slot, int64_t N, int64_t K, int64_t C, void* stream),\
+    (out, inp, weights, slot, N, K, C, stream))                                                                       \
+  X(int, moe_combine_backward,                                                                                        \
+    (T * dinp, float* dweights, const T* dout, const T* inp, const float* weights, const int32_t* slot, int64_t N,    \
+     int64_t K, int64_t M, int64_t C, void* stream),                                                                  \
+    (dinp, dweights, dout, inp, weights, slot, N, K, M, C, stream))
 
 // The other functions of mt::cuda that code outside the library calls (launchers and queries).
 #define MT_CUDA_FUNCTIONS(X)                                                                                          \
