@@ -16,8 +16,11 @@ passed=0
 failed=0
 skipped=0
 
-ok() { passed=$((passed + 1)); echo "ok   $1"; }
-bad() { failed=$((failed + 1)); echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
+# Each verdict ends with the seconds since the previous one ([N s]): what each case costs the suite's run.
+_verdict_at=$SECONDS
+_since() { _took=$((SECONDS - _verdict_at)); _verdict_at=$SECONDS; }
+ok() { passed=$((passed + 1)); _since; echo "ok   $1 [$_took s]"; }
+bad() { failed=$((failed + 1)); _since; echo "FAIL $1 [$_took s]"; shift; for l in "$@"; do echo "  $l"; done; }
 # The bytes `meshtrain plan` counted in one phase (forward, backward, sync) under tags starting with a prefix.
 counted() {  # counted PLAN_OUT PHASE TAG_PREFIX
   awk -v ph="bytes[$2]" -v tg="tag=$3" '$1 == ph && index($2, tg) == 1 { sub("bytes=", "", $6); s += $6 } END { print s + 0 }' "$1"
@@ -37,7 +40,7 @@ same_sample() {
   else bad "$1: the same sample" "$a" "$b"; fi
 }
 # skip NAME WHY: a check that cannot run here (a missing tool or device): counted as skipped, never as passed.
-skip() { skipped=$((skipped + 1)); echo "skip $1: $2"; }
+skip() { skipped=$((skipped + 1)); _since; echo "skip $1: $2 [$_took s]"; }
 # summary NAME: the last line scripts/test.sh reads, "NAME: N passed, N failed" with ", N skipped" when any were.
 summary() {
   if [ "$skipped" -gt 0 ]; then echo "$1: $passed passed, $failed failed, $skipped skipped"; else
