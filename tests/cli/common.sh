@@ -39,8 +39,35 @@ same_sample() {
   elif [ "$a" = "$b" ]; then ok "$1: the same sample"
   else bad "$1: the same sample" "$a" "$b"; fi
 }
+# check NAME -- COMMAND...: passes when the command (300 s at most) exits 0, its last line shown; else its last
+# 15 lines. (A script whose checks differ defines its own check after sourcing this file.)
+check() {
+  local name=$1
+  shift 2
+  local out="$tmp/check.out"
+  if timeout 300 "$@" >"$out" 2>&1; then ok "$name: $(tail -n 1 "$out")"; else bad "$name" "$(tail -n 15 "$out")"; fi
+}
+# same_safetensors A B: every safetensors file of checkpoint directory A is byte-identical in B (and there are some);
+# prints how many, or the first that differs.
+same_safetensors() {
+  local n=0 f
+  for f in "$1"/*.safetensors; do
+    [ -f "$f" ] || return 1
+    cmp -s "$f" "$2/$(basename "$f")" || { echo "differs: $(basename "$f")"; return 1; }
+    n=$((n + 1))
+  done
+  echo "$n safetensors files identical"
+}
 # skip NAME WHY: a check that cannot run here (a missing tool or device): counted as skipped, never as passed.
 skip() { skipped=$((skipped + 1)); _since; echo "skip $1: $2 [$_took s]"; }
+# need_torch SUITE WHAT: where python3-torch does not import, WHAT is skipped and the script ends (summary SUITE).
+need_torch() {
+  if ! "$py" -c "import torch" 2>/dev/null; then
+    skip "$2" "python3-torch is not installed"
+    summary "$1"
+    exit 0
+  fi
+}
 # summary NAME: the last line scripts/test.sh reads, "NAME: N passed, N failed" with ", N skipped" when any were.
 summary() {
   if [ "$skipped" -gt 0 ]; then echo "$1: $passed passed, $failed failed, $skipped skipped"; else
@@ -118,6 +145,74 @@ eval: {interval: 10, steps: 2}
 sample: {interval: 10, tokens: 8, prompt: "The "}
 log: {interval: 1}
 ${3:-}
+YAML
+}
+
+# check_logits WHAT NP CKPT: `meshtrain logits` of checkpoint CKPT (WHAT, in the check's name) on NP ranks for 8
+# tokens equal what scripts/reference/llama_ref.py computes from the same directory in f64, within 1e-5 of the largest.
+check_logits() {
+  local what=$1 np=$2 ck=$3 tok=84,104,101,32,113,117,105,99
+  if timeout 300 "$mpirun" -np "$np" "$mt" logits --checkpoint "$ck" --tokens $tok --out "$tmp/logits.npy" \
+    >"$tmp/logits.log" 2>&1; then
+    check "llama_ref.py loads $what and gives meshtrain's logits" -- "$py" - "$ck" "$tmp/logits.npy" "$tok" \
+      "$root/scripts/reference" <<'PY'
+import sys, numpy as np, torch
+sys.path.insert(0, sys.argv[4])
+import llama_ref as L
+model = L.load_model(sys.argv[1], torch.float64)
+toks = torch.tensor([[int(t) for t in sys.argv[3].split(",")]])
+ref = model(toks)[0].detach().numpy()
+got = np.load(sys.argv[2])
+err = np.abs(got - ref).max() / np.abs(ref).max()
+print(f"max relative difference {err:.2e}")
+assert err < 1e-5, err
+PY
+  else
+    bad "meshtrain logits of $what" "$(tail -n 20 "$tmp/logits.log")"
+  fi
+}
+
+# estimate_run I NP WHAT [--set ...]: for the estimate scripts, trains m$I on NP ranks (train), counts its bytes with
+# `meshtrain plan` ($tmp/p$I.out) and estimates the same run in one process ($tmp/e$I.json); a step that fails is
+# a failure naming WHAT, and the return status 1.
+estimate_run() {
+  local i=$1 np=$2 what=$3
+  shift 3
+  if ! train "m$i" "$np" "$@"; then bad "$what: train" "$(tail -n 10 "$tmp/m$i.log")"; return 1; fi
+  if ! "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" "$@" plan >"$tmp/p$i.out" 2>&1; then
+    bad "$what: plan" "$(tail -n 10 "$tmp/p$i.out")"; return 1; fi
+  # One process, no mpirun: the mesh is simulated.
+  if ! "$mt" --config "$tmp/t.yaml" "$@" estimate --world "$np" --json "$tmp/e$i.json" >"$tmp/e$i.out" 2>&1; then
+    bad "$what: estimate" "$(tail -n 10 "$tmp/e$i.out")"; return 1; fi
+}
+# peak_within_5pct METRICS ESTIMATE_JSON DIGITS: prints rank 0's estimated peak against the largest alloc_peak_bytes
+# of the steps after the first (which also makes the gradient buckets), in MiB with DIGITS decimals; fails when the
+# ratio is more than 5% off.
+peak_within_5pct() {
+  "$py" - "$@" <<'PY'
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"alloc_peak_bytes"' in l]
+measured = max(s["alloc_peak_bytes"] for s in steps[1:])
+est = json.load(open(sys.argv[2]))["stages"][0]["peak_bytes"]
+d = int(sys.argv[3])
+print(f"peak {est / 2**20:.{d}f} MiB estimated, {measured / 2**20:.{d}f} MiB measured (ratio {est / measured:.3f})")
+sys.exit(0 if abs(est / measured - 1) <= 0.05 else 1)
+PY
+}
+
+# fault_yaml FILE STEPS TIMEOUT_S: the fault scripts' config (test_failures.sh, test_hang.sh): the small model on the
+# docs data (docs_data --val-fraction 0.1), STEPS steps, comm.timeout_s TIMEOUT_S, a checkpoint every step in
+# $tmp/ckpt, no evaluation, samples or metrics file.
+fault_yaml() {
+  cat >"$1" <<YAML
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 64, vocab_size: 256, max_seq_len: 32}
+training: {steps: $2, batch_size: 4, seq_len: 32, warmup_steps: 1, threads: 1}
+data: {train: "$tmp/data/docs_train_*.bin", val: "$tmp/data/docs_val_*.bin"}
+eval: {interval: 0}
+sample: {interval: 0}
+log: {interval: 1, metrics_file: ""}
+comm: {timeout_s: $3}
+checkpoint: {interval: 1, keep: 1, dir: "$tmp/ckpt", resume: never}
 YAML
 }
 
