@@ -125,6 +125,21 @@ AttentionOptions pair_options(const RingAttentionOptions& opt, int64_t q0, int64
   return a;
 }
 
+// Calls f(i, j, kj, vj, options) for each pair of this rank's query chunk i and chunk j of the K/V block from rank
+// src that has a query seeing a key: the pairs the forward and the backward visit alike.
+template <class F>
+void for_visible_pairs(const Ring& r, const RingAttentionOptions& opt, int src, const Tensor& block,
+                       const std::vector<Tensor>& docs, const std::vector<Tensor>& docs_host, F&& f) {
+  const SequenceShard theirs = sequence_shard(opt.load_balance, opt.seq_len, r.n, src);
+  for (int64_t i = 0; i < r.m; ++i)
+    for (int64_t j = 0; j < r.m; ++j) {
+      const int64_t q0 = r.mine.chunk_pos[size_t(i)], k0 = theirs.chunk_pos[size_t(j)];
+      if (!pair_visible(q0, k0, r.c, opt.causal, docs_host.empty() ? Tensor() : docs_host[size_t(i)])) continue;
+      Tensor kj = chunk(block, j, r.KV, r), vj = chunk(block, r.m + j, r.KV, r);
+      f(i, j, kj, vj, pair_options(opt, q0, k0, docs, i));
+    }
+}
+
 // dst (accum dtype) += part (activation dtype).
 void accumulate(const Tensor& dst, const Tensor& part) {
   if (dst.dtype() == part.dtype()) return add_(dst, part);
@@ -176,16 +191,12 @@ void ring_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& 
     if (opt.method == CpMethod::ring && s + 1 < r.n) {  // the next step's K/V, in flight while this one computes
       shift = opt.group->ring_shift(next, cur, 1, /*async=*/true);
     }
-    const SequenceShard theirs = sequence_shard(opt.load_balance, opt.seq_len, r.n, src);
-    for (int64_t i = 0; i < r.m; ++i)
-      for (int64_t j = 0; j < r.m; ++j) {
-        const int64_t q0 = r.mine.chunk_pos[size_t(i)], k0 = theirs.chunk_pos[size_t(j)];
-        if (!pair_visible(q0, k0, r.c, opt.causal, docs_host.empty() ? Tensor() : docs_host[size_t(i)])) continue;
-        Tensor kj = chunk(block, j, r.KV, r), vj = chunk(block, r.m + j, r.KV, r);
-        attention_forward(part_out, part_lse, chunk(qc, i, r.H, r), kj, vj, pair_options(opt, q0, k0, docs, i));
-        attention_merge(chunk(out_acc, i, r.H, r), lse_acc.view(i * r.B * r.H * r.c, {r.B, r.H, r.c}), part_out,
-                        part_lse);
-      }
+    for_visible_pairs(r, opt, src, block, docs, docs_host,
+                      [&](int64_t i, int64_t, const Tensor& kj, const Tensor& vj, const AttentionOptions& o) {
+                        attention_forward(part_out, part_lse, chunk(qc, i, r.H, r), kj, vj, o);
+                        attention_merge(chunk(out_acc, i, r.H, r),
+                                        lse_acc.view(i * r.B * r.H * r.c, {r.B, r.H, r.c}), part_out, part_lse);
+                      });
     if (opt.method == CpMethod::ring && s + 1 < r.n) {
       shift.wait();
       std::swap(cur, next);  // the block just used (ours at first: a copy) takes the next arrival
@@ -246,18 +257,14 @@ void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
       }
       fill_zero_(contrib);
     }
-    const SequenceShard theirs = sequence_shard(opt.load_balance, opt.seq_len, r.n, src);
-    for (int64_t i = 0; i < r.m; ++i)
-      for (int64_t j = 0; j < r.m; ++j) {
-        const int64_t q0 = r.mine.chunk_pos[size_t(i)], k0 = theirs.chunk_pos[size_t(j)];
-        if (!pair_visible(q0, k0, r.c, opt.causal, docs_host.empty() ? Tensor() : docs_host[size_t(i)])) continue;
-        Tensor kj = chunk(block, j, r.KV, r), vj = chunk(block, r.m + j, r.KV, r);
-        attention_backward(dq_part, dk_part, dv_part, chunk(doc_, i, r.H, r), chunk(qc, i, r.H, r), kj, vj,
-                           chunk(oc, i, r.H, r), lse_c[size_t(i)], pair_options(opt, q0, k0, docs, i));
-        accumulate(chunk(dq_acc, i, r.H, r), dq_part);
-        accumulate(chunk(dblock, j, r.KV, r), dk_part);
-        accumulate(chunk(dblock, r.m + j, r.KV, r), dv_part);
-      }
+    for_visible_pairs(r, opt, src, block, docs, docs_host,
+                      [&](int64_t i, int64_t j, const Tensor& kj, const Tensor& vj, const AttentionOptions& o) {
+                        attention_backward(dq_part, dk_part, dv_part, chunk(doc_, i, r.H, r), chunk(qc, i, r.H, r),
+                                           kj, vj, chunk(oc, i, r.H, r), lse_c[size_t(i)], o);
+                        accumulate(chunk(dq_acc, i, r.H, r), dq_part);
+                        accumulate(chunk(dblock, j, r.KV, r), dk_part);
+                        accumulate(chunk(dblock, r.m + j, r.KV, r), dv_part);
+                      });
     if (opt.method == CpMethod::ring) {
       // Add what arrived for this block (its earlier visitors' parts) and pass it on; after n shifts the
       // accumulator of every block is back with its owner.

@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <string_view>
+#include <utility>
 #include <sstream>
 
 namespace mt {
@@ -82,6 +83,21 @@ Placement single(const std::vector<std::optional<Placement>>& v, const Module& m
   MT_CHECK(v.size() <= 1, "parallel", "{} on {}: {} lists {} layouts but the module takes one tensor", style, m.name(),
            what, v.size());
   return v.empty() || !v[0] ? fallback : *v[0];
+}
+
+// A Prepare style's move on one side: from `layouts` (Replicate when unset) to `desired` (when unset, no move);
+// keys name each list in errors. The three Prepare styles read each side alike.
+std::pair<Placement, Placement> from_to(const std::vector<std::optional<Placement>>& layouts, const char* key,
+                                        const std::vector<std::optional<Placement>>& desired, const char* desired_key,
+                                        const Module& m, const char* style) {
+  Placement from = single(layouts, m, key, style, Placement::Replicate());
+  return {from, single(desired, m, desired_key, style, from)};
+}
+
+// "layouts -> desired", as str() shows a side of a Prepare style.
+std::string from_to_str(const std::vector<std::optional<Placement>>& layouts,
+                        const std::vector<std::optional<Placement>>& desired) {
+  return opt_str(layouts) + " -> " + opt_str(desired);
 }
 
 void add_hook(std::vector<LayoutHook>& hooks, const DeviceMesh& mesh, int dim, Placement from, Placement to,
@@ -239,12 +255,11 @@ SequenceParallel SequenceParallel::from_args(const StyleArgs& a) {
 // ---- PrepareModuleInput, PrepareModuleOutput, PrepareModuleInputOutput
 
 std::string PrepareModuleInput::str() const {
-  return "PrepareModuleInput(" + opt_str(input_layouts) + " -> " + opt_str(desired_input_layouts) + ")";
+  return "PrepareModuleInput(" + from_to_str(input_layouts, desired_input_layouts) + ")";
 }
 
 void PrepareModuleInput::apply(Module& m, const StyleContext& c) const {
-  Placement in = single(input_layouts, m, "input_layouts", name, Placement::Replicate());
-  Placement want = single(desired_input_layouts, m, "desired_input_layouts", name, in);
+  auto [in, want] = from_to(input_layouts, "input_layouts", desired_input_layouts, "desired_input_layouts", m, name);
   prepare_input(m, c.mesh, c.dim, in, want);
 }
 
@@ -254,12 +269,12 @@ PrepareModuleInput PrepareModuleInput::from_args(const StyleArgs& a) {
 }
 
 std::string PrepareModuleOutput::str() const {
-  return "PrepareModuleOutput(" + opt_str(output_layouts) + " -> " + opt_str(desired_output_layouts) + ")";
+  return "PrepareModuleOutput(" + from_to_str(output_layouts, desired_output_layouts) + ")";
 }
 
 void PrepareModuleOutput::apply(Module& m, const StyleContext& c) const {
-  Placement out = single(output_layouts, m, "output_layouts", name, Placement::Replicate());
-  Placement want = single(desired_output_layouts, m, "desired_output_layouts", name, out);
+  auto [out, want] =
+      from_to(output_layouts, "output_layouts", desired_output_layouts, "desired_output_layouts", m, name);
   prepare_output(m, c.mesh, c.dim, out, want);
 }
 
@@ -269,15 +284,15 @@ PrepareModuleOutput PrepareModuleOutput::from_args(const StyleArgs& a) {
 }
 
 std::string PrepareModuleInputOutput::str() const {
-  return "PrepareModuleInputOutput(input " + opt_str(input_layouts) + " -> " + opt_str(desired_input_layouts) +
-         ", output " + opt_str(output_layouts) + " -> " + opt_str(desired_output_layouts) + ")";
+  return "PrepareModuleInputOutput(input " + from_to_str(input_layouts, desired_input_layouts) + ", output " +
+         from_to_str(output_layouts, desired_output_layouts) + ")";
 }
 
 void PrepareModuleInputOutput::apply(Module& m, const StyleContext& c) const {
-  Placement in = single(input_layouts, m, "input_layouts", name, Placement::Replicate());
-  Placement in_want = single(desired_input_layouts, m, "desired_input_layouts", name, in);
-  Placement out = single(output_layouts, m, "output_layouts", name, Placement::Replicate());
-  Placement out_want = single(desired_output_layouts, m, "desired_output_layouts", name, out);
+  auto [in, in_want] =
+      from_to(input_layouts, "input_layouts", desired_input_layouts, "desired_input_layouts", m, name);
+  auto [out, out_want] =
+      from_to(output_layouts, "output_layouts", desired_output_layouts, "desired_output_layouts", m, name);
   prepare_input_output(m, c.mesh, c.dim, in, in_want, out, out_want);
 }
 

@@ -171,6 +171,19 @@ void rope_inputs(OpRun& r, const Dims& d, Tensor& cs, Tensor& sn, V& csv, V& snv
   if (r.dev.is_cuda()) cs = cs.to(r.dev), sn = sn.to(r.dev);
 }
 
+// RoPE's forward (backward: its transpose) on input `in` into `out`, then again in place on `in_place`: the
+// forward and backward cases run alike.
+void run_rope(OpRun& r, const Dims& d, bool backward, const char* in, const char* out, const char* in_place) {
+  Tensor cs, sn;
+  V cv, sv;
+  rope_inputs(r, d, cs, sn, cv, sv);
+  auto rope = backward ? rope_backward : rope_forward;
+  Tensor x = r.in(in, {d.B, d.T, d.H, d.hd});
+  rope(r.out(out, x.shape()), x, cs, sn);
+  Tensor xi = r.inout(in_place, x.shape());
+  rope(xi, xi, cs, sn);
+}
+
 V ref_rope(const V& x, const V& c, const V& s, int64_t B, int64_t T, int64_t H, int64_t hd) {
   V y(x.size());
   const int64_t half = hd / 2;
@@ -438,15 +451,7 @@ std::vector<OpCase> op_cases() {
   {  // RoPE forward (also in place) and its transpose
     OpCase c;
     c.name = "rope";
-    c.forward = [](OpRun& r, const Dims& d) {
-      Tensor cs, sn;
-      V cv, sv;
-      rope_inputs(r, d, cs, sn, cv, sv);
-      Tensor x = r.in("x", {d.B, d.T, d.H, d.hd});
-      rope_forward(r.out("y", x.shape()), x, cs, sn);
-      Tensor xi = r.inout("x2", x.shape());
-      rope_forward(xi, xi, cs, sn);
-    };
+    c.forward = [](OpRun& r, const Dims& d) { run_rope(r, d, false, "x", "y", "x2"); };
     c.reference = [](OpRun& r, const Dims& d) {
       Tensor cs, sn;
       V cv, sv;
@@ -455,15 +460,7 @@ std::vector<OpCase> op_cases() {
       return Results{{"y", ref_rope(r.values_of("x", n), cv, sv, d.B, d.T, d.H, d.hd)},
                      {"x2 (in place)", ref_rope(r.values_of("x2", n), cv, sv, d.B, d.T, d.H, d.hd)}};
     };
-    c.backward = [](OpRun& r, const Dims& d) {
-      Tensor cs, sn;
-      V cv, sv;
-      rope_inputs(r, d, cs, sn, cv, sv);
-      Tensor dy = r.in("dy", {d.B, d.T, d.H, d.hd});
-      rope_backward(r.out("dx", dy.shape()), dy, cs, sn);
-      Tensor di = r.inout("dy2", dy.shape());
-      rope_backward(di, di, cs, sn);
-    };
+    c.backward = [](OpRun& r, const Dims& d) { run_rope(r, d, true, "dy", "dx", "dy2"); };
     c.seeds = {{"y", "dy"}};
     c.grads = {{"x", "dx"}};
     cases.push_back(c);

@@ -29,6 +29,13 @@ Tensor randn_t(const Shape& s, uint64_t seed, DType dt = DType::f64) { return te
 using test::dot;      // the f64 dot product of two tensors, the finite differences' scalar loss
 using test::rel_err;  // norm-wise relative error (tests/test_util.h), a NaN fails
 
+// A case's sizes and options in one line, for its failure messages (INFO).
+std::string case_str(int64_t T, int64_t S, int64_t KV, int64_t hd, const AttentionOptions& o) {
+  return "T=" + std::to_string(T) + " S=" + std::to_string(S) + " KV=" + std::to_string(KV) + " hd=" +
+         std::to_string(hd) + " causal=" + std::to_string(o.causal) + " scale=" + std::to_string(o.scale) +
+         " q_pos0=" + std::to_string(o.q_pos0) + " k_pos0=" + std::to_string(o.k_pos0);
+}
+
 struct Naive {
   Tensor out, lse;
 };
@@ -138,14 +145,24 @@ double lse_err(const Tensor& got, const Tensor& want, int64_t& mismatched_inf) {
   return worst;
 }
 
+// Local attention's out and lse, then dq, dk, dv for the output gradient dout; q, k, v and all of these f64.
+struct Attended {
+  Tensor out, lse, dq, dk, dv;
+};
+Attended attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const AttentionOptions& o) {
+  Attended a;
+  a.out = empty(q.shape(), DType::f64), a.lse = empty({q.size(0), q.size(2), q.size(1)}, DType::f64);
+  attention_forward(a.out, a.lse, q, k, v, o);
+  a.dq = empty(q.shape(), DType::f64), a.dk = empty(k.shape(), DType::f64), a.dv = empty(v.shape(), DType::f64);
+  attention_backward(a.dq, a.dk, a.dv, dout, q, k, v, a.out, a.lse, o);
+  return a;
+}
+
 // The kernel's dq, dk, dv (f64) against central differences of the scalar loss sum(out * R), at `reps`
 // random elements of each input.
 void check_gradients_fd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& R, const AttentionOptions& o,
                         uint64_t seed, int reps) {
-  Tensor out = empty(q.shape(), DType::f64), lse = empty({q.size(0), q.size(2), q.size(1)}, DType::f64);
-  attention_forward(out, lse, q, k, v, o);
-  Tensor dq = empty(q.shape(), DType::f64), dk = empty(k.shape(), DType::f64), dv = empty(v.shape(), DType::f64);
-  attention_backward(dq, dk, dv, R, q, k, v, out, lse, o);
+  auto [out, lse, dq, dk, dv] = attend(q, k, v, R, o);
   Tensor o2 = empty(q.shape(), DType::f64), l2 = empty(lse.shape(), DType::f64);
   auto loss = [&] {
     attention_forward(o2, l2, q, k, v, o);
@@ -185,12 +202,7 @@ TEST_CASE("attention: forward and lse against the naive softmax, causal and full
       {20, 70, 2, 2, 8, {true, 0, 0, 10, {}}},  // the first 10 queries see no key
   };
   for (const Case& c : cases) {
-    CAPTURE(c.T);
-    CAPTURE(c.S);
-    CAPTURE(c.KV);
-    CAPTURE(c.o.causal);
-    CAPTURE(c.o.q_pos0);
-    CAPTURE(c.o.k_pos0);
+    INFO(case_str(c.T, c.S, c.KV, c.hd, c.o));
     Tensor q = randn_t({2, c.T, c.H, c.hd}, 1), k = randn_t({2, c.S, c.KV, c.hd}, 2),
            v = randn_t({2, c.S, c.KV, c.hd}, 3);
     Naive want = naive_attention(q, k, v, c.o);
@@ -220,10 +232,7 @@ TEST_CASE("attention: backward against finite differences, rows without keys, ac
     const int64_t Tq = o.k_pos0 == 0 && o.q_pos0 == 0 ? S : T;
     Tensor q = randn_t({B, Tq, H, hd}, 4), k = randn_t({B, S, KV, hd}, 5), v = randn_t({B, S, KV, hd}, 6);
     Tensor R = randn_t({B, Tq, H, hd}, 7);
-    Tensor out = empty(q.shape(), DType::f64), lse = empty({B, H, Tq}, DType::f64);
-    attention_forward(out, lse, q, k, v, o);
-    Tensor dq = empty(q.shape(), DType::f64), dk = empty(k.shape(), DType::f64), dv = empty(v.shape(), DType::f64);
-    attention_backward(dq, dk, dv, R, q, k, v, out, lse, o);
+    auto [out, lse, dq, dk, dv] = attend(q, k, v, R, o);
     check_gradients_fd(q, k, v, R, o, 8, 8);  // 8 random elements of each input
     for (int64_t i = 0; i < dq.numel(); ++i) REQUIRE(!std::isnan(dq.at<double>(i)));
     if (o.k_pos0 == 10) {  // queries 0..9 see nothing: output 0, lse -inf, no gradient
@@ -252,18 +261,11 @@ TEST_CASE("attention: every gradient element against finite differences, GQA, ba
       {2, 9, 12, 4, 2, 4, {true, 0, 0, 4, {}}},  // queries 0..3 see nothing
   };
   for (const Case& c : cases) {
-    CAPTURE(c.T);
-    CAPTURE(c.S);
-    CAPTURE(c.KV);
-    CAPTURE(c.o.causal);
-    CAPTURE(c.o.k_pos0);
+    INFO(case_str(c.T, c.S, c.KV, c.hd, c.o));
     const int64_t B = c.B;
     Tensor q = randn_t({B, c.T, c.H, c.hd}, 21), k = randn_t({B, c.S, c.KV, c.hd}, 22);
     Tensor v = randn_t({B, c.S, c.KV, c.hd}, 23), R = randn_t({B, c.T, c.H, c.hd}, 24);
-    Tensor out = empty(q.shape(), DType::f64), lse = empty({B, c.H, c.T}, DType::f64);
-    attention_forward(out, lse, q, k, v, c.o);
-    Tensor dq = empty(q.shape(), DType::f64), dk = empty(k.shape(), DType::f64), dv = empty(v.shape(), DType::f64);
-    attention_backward(dq, dk, dv, R, q, k, v, out, lse, c.o);
+    auto [out, lse, dq, dk, dv] = attend(q, k, v, R, c.o);
     Tensor o2 = empty(q.shape(), DType::f64), l2 = empty(lse.shape(), DType::f64);
     auto loss = [&] {
       attention_forward(o2, l2, q, k, v, c.o);
@@ -410,14 +412,7 @@ TEST_CASE("attention: forward grid: causal/full x KV 4, 2, 1 x T 5, 70, 130 x hd
   for (const Dims& dm : dims)
     for (int64_t KV : {4, 2, 1})
       for (int64_t hd : {8, 16}) {
-        CAPTURE(dm.T);
-        CAPTURE(dm.S);
-        CAPTURE(KV);
-        CAPTURE(hd);
-        CAPTURE(dm.o.causal);
-        CAPTURE(dm.o.scale);
-        CAPTURE(dm.o.q_pos0);
-        CAPTURE(dm.o.k_pos0);
+        INFO(case_str(dm.T, dm.S, KV, hd, dm.o));
         Tensor q = randn_t({B, dm.T, H, hd}, ++seed), k = randn_t({B, dm.S, KV, hd}, ++seed);
         Tensor v = randn_t({B, dm.S, KV, hd}, ++seed);
         Naive want = naive_attention(q, k, v, dm.o);
@@ -451,10 +446,7 @@ TEST_CASE("attention: rows without keys in f32: out 0, lse -inf, zero dq, no NaN
   const AttentionOptions o{true, 0, 0, 10, {}};  // queries 0..9 see nothing
   Tensor q = randn_t({B, T, H, hd}, 2001), k = randn_t({B, S, KV, hd}, 2002), v = randn_t({B, S, KV, hd}, 2003);
   Tensor R = randn_t({B, T, H, hd}, 2004);
-  Tensor out = empty(q.shape(), DType::f64), lse = empty({B, H, T}, DType::f64);
-  attention_forward(out, lse, q, k, v, o);
-  Tensor dq = empty(q.shape(), DType::f64), dk = empty(k.shape(), DType::f64), dv = empty(v.shape(), DType::f64);
-  attention_backward(dq, dk, dv, R, q, k, v, out, lse, o);
+  auto [out, lse, dq, dk, dv] = attend(q, k, v, R, o);
 
   Tensor q32 = as_f32(q), k32 = as_f32(k), v32 = as_f32(v), R32 = as_f32(R);
   Tensor out32 = empty(q.shape(), DType::f32), lse32 = empty({B, H, T}, DType::f32);
@@ -515,12 +507,7 @@ TEST_CASE("attention: backward by finite differences at random elements: GQA, hd
       {130, 130, 4, 2, 8, {false, 0, 0, 0, {}}},  // full, three key blocks
   };
   for (const Case& c : cases) {
-    CAPTURE(c.T);
-    CAPTURE(c.S);
-    CAPTURE(c.KV);
-    CAPTURE(c.o.scale);
-    CAPTURE(c.o.q_pos0);
-    CAPTURE(c.o.k_pos0);
+    INFO(case_str(c.T, c.S, c.KV, c.hd, c.o));
     const int64_t B = 1;
     Tensor q = randn_t({B, c.T, c.H, c.hd}, 3001), k = randn_t({B, c.S, c.KV, c.hd}, 3002);
     Tensor v = randn_t({B, c.S, c.KV, c.hd}, 3003), R = randn_t({B, c.T, c.H, c.hd}, 3004);

@@ -7,6 +7,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "check_error.h"
 #include "runtime/planner/cluster.h"
@@ -123,83 +126,76 @@ TEST_CASE("cluster: write then load gives the same values") {
 
 TEST_CASE("cluster: each bad input is an error naming the file and the key") {
   auto bad = [](const std::string& yaml) { return cluster_from_yaml(yaml, "bad.yaml"); };
-  // Missing fields, at the top and inside a link.
-  CHECK_ERROR_CONTAINS(bad(with_line("gemm_efficiency", "")), "[cluster] bad.yaml: missing key 'gemm_efficiency'");
-  CHECK_ERROR_CONTAINS(bad(with_line("network", "")), "[cluster] bad.yaml: missing key 'network'");
-  CHECK_ERROR_CONTAINS(bad(with_line("node", "node: {bandwidth_gbs: 100}")),
-                       "[cluster] bad.yaml: missing key 'node.latency_us'");
-  // Non-positive bandwidths, a negative latency, memory, device count, peak.
-  CHECK_ERROR_CONTAINS(bad(with_line("node", "node: {bandwidth_gbs: 0, latency_us: 2}")),
-                       "[cluster] bad.yaml: node.bandwidth_gbs = 0: expected a bandwidth in GB/s > 0");
-  CHECK_ERROR_CONTAINS(bad(with_line("network", "network: {bandwidth_gbs: -5, latency_us: 2}")),
-                       "bad.yaml: network.bandwidth_gbs = -5");
-  CHECK_ERROR_CONTAINS(bad(with_line("network", "network: {bandwidth_gbs: 5, latency_us: -1}")),
-                       "bad.yaml: network.latency_us = -1: expected a latency in microseconds >= 0");
-  CHECK_ERROR_CONTAINS(bad(with_line("memory_bandwidth_gbs", "memory_bandwidth_gbs: 0")),
-                       "bad.yaml: memory_bandwidth_gbs = 0");
-  CHECK_ERROR_CONTAINS(bad(with_line("device_memory_gib", "device_memory_gib: .nan")),
-                       "bad.yaml: device_memory_gib = nan");
-  CHECK_ERROR_CONTAINS(bad(with_line("devices_per_node", "devices_per_node: 0")), "bad.yaml: devices_per_node = 0");
-  CHECK_ERROR_CONTAINS(bad(std::string(kValid) + "cores_per_node: -2\n"), "bad.yaml: cores_per_node = -2");
-  CHECK_ERROR_CONTAINS(bad(with_line("peak_tflops", "peak_tflops: {fp32: 0}")), "bad.yaml: peak_tflops.fp32 = 0");
-  CHECK_ERROR_CONTAINS(bad(with_line("peak_tflops", "peak_tflops: {}")), "bad.yaml: peak_tflops: expected at least");
-  // Efficiencies outside (0, 1].
-  CHECK_ERROR_CONTAINS(bad(with_line("gemm_efficiency", "gemm_efficiency: 1.5")),
-                       "[cluster] bad.yaml: gemm_efficiency = 1.5: expected a fraction of peak in (0, 1]");
-  CHECK_ERROR_CONTAINS(bad(with_line("attention_efficiency", "attention_efficiency: 0")),
-                       "bad.yaml: attention_efficiency = 0");
-  // Unknown keys and dtypes, with a suggestion.
-  CHECK_ERROR_CONTAINS(bad(std::string(kValid) + "gemm_eficiency: 0.5\n"),
-                       "[cluster] bad.yaml: unknown key 'gemm_eficiency' (known keys in 'the top level': name, "
-                       "devices_per_node");
-  CHECK_ERROR_CONTAINS(bad(std::string(kValid) + "gemm_eficiency: 0.5\n"), "did you mean 'gemm_efficiency'?");
-  CHECK_ERROR_CONTAINS(
-      bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, lat: 2}")),
-      "bad.yaml: unknown key 'node.lat' (known keys in 'node': bandwidth_gbs, latency_us, bandwidth_gbs_by_kind, sync_us)");
-  CHECK_ERROR_CONTAINS(bad(with_line("node",
-                                     "node: {bandwidth_gbs: 1, latency_us: 1, bandwidth_gbs_by_kind: "
-                                     "{allreduce: 2}}")),
-                       "bad.yaml: unknown key 'node.bandwidth_gbs_by_kind.allreduce' (known keys in "
-                       "'node.bandwidth_gbs_by_kind': all_reduce, all_gather");
-  CHECK_ERROR_CONTAINS(bad(with_line("node",
-                                     "node: {bandwidth_gbs: 1, latency_us: 1, bandwidth_gbs_by_kind: "
-                                     "{reduce_scatter: 0}}")),
-                       "bad.yaml: node.bandwidth_gbs_by_kind.reduce_scatter = 0: expected a bandwidth in GB/s > 0");
-  CHECK_ERROR_CONTAINS(bad(with_line("peak_tflops", "peak_tflops: {fp8: 1979}")),
-                       "bad.yaml: peak_tflops.fp8: unknown dtype");
-  CHECK_ERROR_CONTAINS(bad(std::string(kValid) + "gemm_efficiency: 0.6\n"),
-                       "bad.yaml: duplicate key 'gemm_efficiency'");
-  // Wrong types and shapes.
-  CHECK_ERROR_CONTAINS(bad(with_line("node", "node: 100")), "bad.yaml: node: expected a map of keys, got '100'");
-  CHECK_ERROR_CONTAINS(bad(with_line("gemm_efficiency", "gemm_efficiency: fast")),
-                       "bad.yaml: gemm_efficiency: expected a number, got 'fast'");
-  CHECK_ERROR_CONTAINS(bad(with_line("devices_per_node", "devices_per_node: 2.5")),
-                       "bad.yaml: devices_per_node: expected an integer, got '2.5'");
-  CHECK_ERROR_CONTAINS(bad("- a\n- b\n"), "bad.yaml: the top level: expected a map of keys, got a list");
-  CHECK_ERROR_CONTAINS(bad(""), "bad.yaml: the top level: expected a map of keys, got nothing");
-  // "<kind>_async" bandwidths for the kinds the runtime issues non-blocking, and only those.
+  // Each YAML text and the error it gives.
+  const std::vector<std::pair<std::string, std::string>> errors{
+      // Missing fields, at the top and inside a link.
+      {with_line("gemm_efficiency", ""), "[cluster] bad.yaml: missing key 'gemm_efficiency'"},
+      {with_line("network", ""), "[cluster] bad.yaml: missing key 'network'"},
+      {with_line("node", "node: {bandwidth_gbs: 100}"), "[cluster] bad.yaml: missing key 'node.latency_us'"},
+      // Non-positive bandwidths, a negative latency, memory, device count, peak.
+      {with_line("node", "node: {bandwidth_gbs: 0, latency_us: 2}"),
+       "[cluster] bad.yaml: node.bandwidth_gbs = 0: expected a bandwidth in GB/s > 0"},
+      {with_line("network", "network: {bandwidth_gbs: -5, latency_us: 2}"), "bad.yaml: network.bandwidth_gbs = -5"},
+      {with_line("network", "network: {bandwidth_gbs: 5, latency_us: -1}"),
+       "bad.yaml: network.latency_us = -1: expected a latency in microseconds >= 0"},
+      {with_line("memory_bandwidth_gbs", "memory_bandwidth_gbs: 0"), "bad.yaml: memory_bandwidth_gbs = 0"},
+      {with_line("device_memory_gib", "device_memory_gib: .nan"), "bad.yaml: device_memory_gib = nan"},
+      {with_line("devices_per_node", "devices_per_node: 0"), "bad.yaml: devices_per_node = 0"},
+      {std::string(kValid) + "cores_per_node: -2\n", "bad.yaml: cores_per_node = -2"},
+      {with_line("peak_tflops", "peak_tflops: {fp32: 0}"), "bad.yaml: peak_tflops.fp32 = 0"},
+      {with_line("peak_tflops", "peak_tflops: {}"), "bad.yaml: peak_tflops: expected at least"},
+      // Efficiencies outside (0, 1].
+      {with_line("gemm_efficiency", "gemm_efficiency: 1.5"),
+       "[cluster] bad.yaml: gemm_efficiency = 1.5: expected a fraction of peak in (0, 1]"},
+      {with_line("attention_efficiency", "attention_efficiency: 0"), "bad.yaml: attention_efficiency = 0"},
+      // Unknown keys and dtypes, with a suggestion.
+      {std::string(kValid) + "gemm_eficiency: 0.5\n",
+       "[cluster] bad.yaml: unknown key 'gemm_eficiency' (known keys in 'the top level': name, devices_per_node"},
+      {std::string(kValid) + "gemm_eficiency: 0.5\n", "did you mean 'gemm_efficiency'?"},
+      {with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, lat: 2}"),
+       "bad.yaml: unknown key 'node.lat' (known keys in 'node': bandwidth_gbs, latency_us, bandwidth_gbs_by_kind, "
+       "sync_us)"},
+      {with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, bandwidth_gbs_by_kind: {allreduce: 2}}"),
+       "bad.yaml: unknown key 'node.bandwidth_gbs_by_kind.allreduce' (known keys in "
+       "'node.bandwidth_gbs_by_kind': all_reduce, all_gather"},
+      {with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, bandwidth_gbs_by_kind: {reduce_scatter: 0}}"),
+       "bad.yaml: node.bandwidth_gbs_by_kind.reduce_scatter = 0: expected a bandwidth in GB/s > 0"},
+      {with_line("peak_tflops", "peak_tflops: {fp8: 1979}"), "bad.yaml: peak_tflops.fp8: unknown dtype"},
+      {std::string(kValid) + "gemm_efficiency: 0.6\n", "bad.yaml: duplicate key 'gemm_efficiency'"},
+      // Wrong types and shapes.
+      {with_line("node", "node: 100"), "bad.yaml: node: expected a map of keys, got '100'"},
+      {with_line("gemm_efficiency", "gemm_efficiency: fast"),
+       "bad.yaml: gemm_efficiency: expected a number, got 'fast'"},
+      {with_line("devices_per_node", "devices_per_node: 2.5"),
+       "bad.yaml: devices_per_node: expected an integer, got '2.5'"},
+      {"- a\n- b\n", "bad.yaml: the top level: expected a map of keys, got a list"},
+      {"", "bad.yaml: the top level: expected a map of keys, got nothing"},
+      // "<kind>_async" bandwidths only for the kinds the runtime issues non-blocking.
+      {with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, bandwidth_gbs_by_kind: {broadcast_async: 3}}"),
+       "bad.yaml: unknown key 'node.bandwidth_gbs_by_kind.broadcast_async'"},
+      // sync_us: waits and segments >= 0, segment keys numbers, each once.
+      {with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, sync_us: -3}"),
+       "bad.yaml: node.sync_us = -3 at a segment of 0 ms: expected a wait in microseconds >= 0"},
+      {with_line("network", "network: {bandwidth_gbs: 1, latency_us: 1, sync_us: {2: 5, -1: 3}}"),
+       "bad.yaml: network.sync_us has a segment of -1 ms: expected a length in milliseconds >= 0"},
+      {with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, sync_us: {soon: 5}}"),
+       "bad.yaml: node.sync_us.soon (a segment in ms): expected a number, got 'soon'"},
+      {with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, sync_us: {2: 5, 2.0: 6}}"),
+       "bad.yaml: duplicate segment 'node.sync_us.2.0'"},
+      {with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, sync_us: {2: x}}"),
+       "bad.yaml: node.sync_us.2: expected a number, got 'x'"},
+      // node_by_ranks: sizes from 2 to devices_per_node, each a link.
+      {std::string(kValid) + "node_by_ranks: {8: {bandwidth_gbs: 1, latency_us: 1}}\n",
+       "bad.yaml: node_by_ranks.8: expected a group size from 2 to devices_per_node = 4"},
+      {std::string(kValid) + "node_by_ranks: {2: {bandwidth_gbs: 0, latency_us: 1}}\n",
+       "bad.yaml: node_by_ranks.2.bandwidth_gbs = 0"},
+  };
+  for (const auto& [yaml, error] : errors) CHECK_ERROR_CONTAINS(bad(yaml), error);
+  // "<kind>_async" bandwidths for the kinds the runtime issues non-blocking.
   CHECK(bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, bandwidth_gbs_by_kind: {all_reduce_async: 3}}"))
             .node.bandwidth_for("all_reduce", true) == 3);
-  CHECK_ERROR_CONTAINS(bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, bandwidth_gbs_by_kind: "
-                                             "{broadcast_async: 3}}")),
-                       "bad.yaml: unknown key 'node.bandwidth_gbs_by_kind.broadcast_async'");
-  // sync_us: waits and segments >= 0, segment keys numbers, each once.
+  // sync_us: a wait in microseconds.
   CHECK(bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, sync_us: 40}")).node.sync_us.at(0) == 40);
-  CHECK_ERROR_CONTAINS(bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, sync_us: -3}")),
-                       "bad.yaml: node.sync_us = -3 at a segment of 0 ms: expected a wait in microseconds >= 0");
-  CHECK_ERROR_CONTAINS(bad(with_line("network", "network: {bandwidth_gbs: 1, latency_us: 1, sync_us: {2: 5, -1: 3}}")),
-                       "bad.yaml: network.sync_us has a segment of -1 ms: expected a length in milliseconds >= 0");
-  CHECK_ERROR_CONTAINS(bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, sync_us: {soon: 5}}")),
-                       "bad.yaml: node.sync_us.soon (a segment in ms): expected a number, got 'soon'");
-  CHECK_ERROR_CONTAINS(bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, sync_us: {2: 5, 2.0: 6}}")),
-                       "bad.yaml: duplicate segment 'node.sync_us.2.0'");
-  CHECK_ERROR_CONTAINS(bad(with_line("node", "node: {bandwidth_gbs: 1, latency_us: 1, sync_us: {2: x}}")),
-                       "bad.yaml: node.sync_us.2: expected a number, got 'x'");
-  // node_by_ranks: sizes from 2 to devices_per_node, each a link.
-  CHECK_ERROR_CONTAINS(bad(std::string(kValid) + "node_by_ranks: {8: {bandwidth_gbs: 1, latency_us: 1}}\n"),
-                       "bad.yaml: node_by_ranks.8: expected a group size from 2 to devices_per_node = 4");
-  CHECK_ERROR_CONTAINS(bad(std::string(kValid) + "node_by_ranks: {2: {bandwidth_gbs: 0, latency_us: 1}}\n"),
-                       "bad.yaml: node_by_ranks.2.bandwidth_gbs = 0");
   // Not YAML, and no file at all.
   const std::string p = write_text("not_yaml.yaml", "node: {bandwidth_gbs: [1, 2\n");
   CHECK_ERROR_CONTAINS(load_cluster(p), "[cluster] " + p + ": YAML error at line");

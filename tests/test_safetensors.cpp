@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <string>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "check_error.h"
@@ -129,46 +131,36 @@ TEST_CASE("safetensors: malformed files name the file and what is wrong") {
   std::ofstream(p, std::ios::binary) << "abc";
   CHECK_ERROR_CONTAINS(read_safetensors(p), "[checkpoint] " + p + ": 3 bytes is too short");
 
-  p = write_file(d, "json.safetensors", "{not json", "");
-  CHECK_ERROR_CONTAINS(read_safetensors(p), "[checkpoint] " + p + ": header is not valid JSON");
-  p = write_file(d, "array.safetensors", "[1, 2]", "");
-  CHECK_ERROR_CONTAINS(read_safetensors(p), p + ": header is not a JSON object");
-
-  p = write_file(d, "range.safetensors", one, "abcd");  // 8 bytes declared, 4 present
-  CHECK_ERROR_CONTAINS(read_safetensors(p),
-                       "[checkpoint] " + p + ": tensor 'x' data_offsets [0, 8] out of range of the 4 data bytes");
-  p = write_file(d, "backwards.safetensors", R"({"x":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", "abcdefgh");
-  CHECK_ERROR_CONTAINS(read_safetensors(p), "tensor 'x' data_offsets [8, 0] out of range");
-
-  p = write_file(d, "shape.safetensors", R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "abcdefgh");
-  CHECK_ERROR_CONTAINS(read_safetensors(p),
-                       "[checkpoint] " + p + ": tensor 'x' of F32 (3,) needs 12 bytes, data_offsets [0, 8] give 8");
-
-  p = write_file(d, "dtype.safetensors", R"({"x":{"dtype":"Q8","shape":[1],"data_offsets":[0,1]}})", "a");
-  CHECK_ERROR_CONTAINS(read_safetensors(p), "[checkpoint] " + p + ": tensor 'x' has unknown dtype 'Q8'");
-
-  p = write_file(
-      d, "overlap.safetensors",
-      R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-      "abcdefgh");
-  CHECK_ERROR_CONTAINS(read_safetensors(p),
-                       "[checkpoint] " + p + ": tensors 'x' [0, 8] and 'y' [4, 8] have overlapping data_offsets");
-  p = write_file(
-      d, "gap.safetensors",
-      R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"y":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
-      "abcdefghijkl");
-  CHECK_ERROR_CONTAINS(read_safetensors(p),
-                       "[checkpoint] " + p + ": data_offsets do not cover the data: bytes [4, 8) belong to no tensor");
-  p = write_file(d, "tail.safetensors", one, "abcdefghXXXX");  // 4 bytes after the last tensor
-  CHECK_ERROR_CONTAINS(read_safetensors(p),
-                       p + ": data_offsets do not cover the data: the tensors end at byte 8 of 12");
-
-  p = write_file(d, "entry.safetensors", R"({"x":{"dtype":"F32","shape":[2]}})", "abcdefgh");
-  CHECK_ERROR_CONTAINS(read_safetensors(p), p + ": tensor 'x': expected dtype, shape and data_offsets");
-  p = write_file(d, "neg.safetensors", R"({"x":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", "abcd");
-  CHECK_ERROR_CONTAINS(read_safetensors(p), p + ": tensor 'x' has a negative size");
-  p = write_file(d, "meta.safetensors", R"({"__metadata__":{"step":12}})", "");
-  CHECK_ERROR_CONTAINS(read_safetensors(p), p + ": __metadata__ value 'step' is not a string");
+  // Each file's header and data bytes, and the error it gives after "[checkpoint] <path>: ".
+  struct Bad {
+    const char* name;
+    std::string header, data, error;
+  };
+  const std::string overlap = R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                              R"("y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+  const std::string gap = R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                          R"("y":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})";
+  const std::vector<Bad> bad{
+      {"json", "{not json", "", "header is not valid JSON"},
+      {"array", "[1, 2]", "", "header is not a JSON object"},
+      {"range", one, "abcd", "tensor 'x' data_offsets [0, 8] out of range of the 4 data bytes"},  // 8 declared
+      {"backwards", R"({"x":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", "abcdefgh",
+       "tensor 'x' data_offsets [8, 0] out of range"},
+      {"shape", R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "abcdefgh",
+       "tensor 'x' of F32 (3,) needs 12 bytes, data_offsets [0, 8] give 8"},
+      {"dtype", R"({"x":{"dtype":"Q8","shape":[1],"data_offsets":[0,1]}})", "a", "tensor 'x' has unknown dtype 'Q8'"},
+      {"overlap", overlap, "abcdefgh", "tensors 'x' [0, 8] and 'y' [4, 8] have overlapping data_offsets"},
+      {"gap", gap, "abcdefghijkl", "data_offsets do not cover the data: bytes [4, 8) belong to no tensor"},
+      {"tail", one, "abcdefghXXXX",  // 4 bytes after the last tensor
+       "data_offsets do not cover the data: the tensors end at byte 8 of 12"},
+      {"entry", R"({"x":{"dtype":"F32","shape":[2]}})", "abcdefgh", "tensor 'x': expected dtype, shape and data_offsets"},
+      {"neg", R"({"x":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", "abcd", "tensor 'x' has a negative size"},
+      {"meta", R"({"__metadata__":{"step":12}})", "", "__metadata__ value 'step' is not a string"},
+  };
+  for (const Bad& b : bad) {
+    p = write_file(d, std::string(b.name) + ".safetensors", b.header, b.data);
+    CHECK_ERROR_CONTAINS(read_safetensors(p), "[checkpoint] " + p + ": " + b.error);
+  }
 
   // A good file cut short: the last tensor's data_offsets run past the end.
   Tensor a = from_values({1, 2, 3, 4}, {4}, DType::f32);

@@ -11,6 +11,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/tensor.h"
@@ -87,6 +88,14 @@ inline Tensor ints(const std::vector<int64_t>& v, DType dt = DType::i32) {
 }
 
 inline double rel_err(const Tensor& got, const Tensor& want) { return rel_err(to_f64(got), to_f64(want)); }
+// {||got - want||^2, ||want||^2} over the whole output (as many elements each), for a tolerance that has both a
+// relative and an absolute part.
+inline std::pair<double, double> squared_diff_and_norm(const Tensor& got, const Tensor& want) {
+  double num = 0, den = 0;
+  auto a = to_f64(got), b = to_f64(want);
+  for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+  return {num, den};
+}
 inline double rel_err(const Tensor& got, const std::vector<double>& want) { return rel_err(to_f64(got), want); }
 inline double dot(const Tensor& a, const Tensor& b) { return dot(to_f64(a), to_f64(b)); }
 

@@ -234,6 +234,128 @@ void print_phase(const char* what, const char* key, const CommCounters& c) {
   }
 }
 
+// Under pipeline parallel: this stage's bytes over the whole step, and the pp sends against their formula.
+void print_pp_bytes(const PipelineState& pp_state, const StepCounts& c) {
+  const PipelineState* pp = &pp_state;
+  std::printf("\nbytes sent by pp rank %d (world rank 0) in one step of %d micro-batches (measured by the runtime):\n",
+              pp->rank, pp->schedule.m);
+  print_phase("forward and backward", "step", c.forward);
+  print_phase("gradient sync", "sync", c.sync);
+  const double measured = double(c.forward.bytes(kPpTag, dim::pp)), analytic = pp_rank_bytes(*pp, pp->rank);
+  std::printf("\npp bytes per rank: measured %s, analytic m x boundary x (activations + gradients sent) = %s (%s)\n",
+              format_mib(measured, 3).c_str(), format_mib(analytic, 3).c_str(),
+              measured == analytic ? "equal" : "DIFFERENT");
+  for (int r = 0; r < pp->schedule.p; ++r)
+    std::printf("  pp rank %d: %s per step\n", r, format_mib(pp_rank_bytes(*pp, r), 3).c_str());
+  std::printf(
+      "(the other parallelisms' bytes above are this stage's over the whole step; their per-micro-batch "
+      "analytic counts are printed without pipeline parallel)\n");
+}
+
+// Tensor + sequence parallel with the family's default plan: the layout collectives against tp_step_bytes.
+void print_tp_bytes(const Config& cfg, const TrainRun& run, const StepCounts& c) {
+  const int tp = run.pd.tp();
+  const std::string tp_group = dim::tp;
+  // Per direction: the step's reduce-scatters (a forward all-gather's backward is one, and the other way round).
+  TpStage st;
+  st.tp = tp, st.sequence_parallel = true, st.loss_parallel = cfg.parallel.loss_parallel;
+  st.layers = cfg.model.n_layers, st.micro = run.micro, st.tokens = run.shard.size();
+  st.elem = double(dtype_size(run.dtype));
+  double analytic = 0;
+  for (const CommBytes& x : family_of(cfg.model).tp_step_bytes(cfg.model, st))
+    if (x.kind == "reduce_scatter") analytic += x.bytes;
+  double f = double(c.forward.bytes(kLayoutTag, tp_group)), b = double(c.backward.bytes(kLayoutTag, tp_group));
+  std::printf(
+      "\nanalytic tp bytes per direction: (4 x %lld layers + 2) x (%d-1)/%d x %lld x %lld x %lld x %zu B = %s\n",
+      (long long)cfg.model.n_layers, tp, tp, (long long)run.micro, (long long)run.shard.size(),
+      (long long)cfg.model.dim, dtype_size(run.dtype), format_mib(analytic, 3).c_str());
+  bool same = f == analytic && b == analytic;
+  std::printf("tp activations: measured %s analytic (forward %s, backward %s)\n",
+              same ? "=" : "!=", format_mib(f, 3).c_str(), format_mib(b, 3).c_str());
+}
+
+// Context parallel: Ulysses' all-to-alls and the ring's K/V and dK/dV against cp_bytes.
+void print_cp_bytes(const Config& cfg, const TrainRun& run, const StepCounts& c) {
+  const ParallelDims& pd = run.pd;
+  const int tp = pd.tp();
+  // Per layer: Ulysses moves this rank's q, k, v (micro, T_u, heads after tp, hd) to head shards and the output
+  // back (ulysses_layer_bytes); the ring then moves the K/V of the ring part (micro, T_u U, KV_u, hd).
+  const int R = pd.cp_ring(), U = pd.cp_ulysses();
+  const int64_t hd = cfg.model.head_size(), H = cfg.model.n_heads / tp, KV = cfg.model.n_kv_heads / tp;
+  const double L = double(cfg.model.n_layers), elem = double(dtype_size(run.dtype));
+  const CpBytes cb = cp_bytes(
+      pd.cp_method, R, U, {run.micro, run.shard.size(), H, KV, hd, elem, double(dtype_size(accum_dtype(run.dtype)))});
+  if (U > 1) {
+    const CpLayerBytes& per_layer = cb.ulysses;
+    const double f = double(c.forward.bytes(kCpA2aTag)), b = double(c.backward.bytes(kCpA2aTag));
+    const double f_an = L * per_layer.forward, b_an = L * per_layer.backward;
+    std::printf(
+        "\ncp_ulysses (alltoall) bytes per rank: forward measured %s, analytic %lld layers x (%d-1) x %lld x %lld "
+        "x %lld x (2 x %lld + 2 x %lld) heads x %.0f B = %s (%s)\n",
+        format_mib(f, 3).c_str(), (long long)cfg.model.n_layers, U, (long long)run.micro, (long long)run.shard.size(),
+        (long long)hd, (long long)(H / U), (long long)std::max<int64_t>(1, KV / U), elem, format_mib(f_an, 3).c_str(),
+        f == f_an ? "equal" : "DIFFERENT");
+    std::printf("cp_ulysses (alltoall) bytes per rank: backward measured %s, analytic the same = %s (%s)\n",
+                format_mib(b, 3).c_str(), format_mib(b_an, 3).c_str(), b == b_an ? "equal" : "DIFFERENT");
+  }
+  if (R > 1) {
+    const CpLayerBytes& per_layer = cb.ring;
+    const double kv = cb.kv, dkv = cb.dkv;
+    const double f_an = L * per_layer.forward, b_an = L * per_layer.backward;
+    const double f = double(c.forward.bytes(kCpKvTag) + c.forward.bytes(kCpDkvTag)),
+                 b = double(c.backward.bytes(kCpKvTag) + c.backward.bytes(kCpDkvTag));
+    std::printf(
+        "\ncp_ring (%s) bytes per rank: forward measured %s, analytic %lld layers x (%d-1) x K/V %s = %s (%s)\n",
+        cp_method_name(pd.cp_method).c_str(), format_mib(f, 3).c_str(), (long long)cfg.model.n_layers, R,
+        format_mib(kv, 3).c_str(), format_mib(f_an, 3).c_str(), f == f_an ? "equal" : "DIFFERENT");
+    std::printf(
+        "cp_ring bytes per rank: backward measured %s, analytic %lld layers x ((%d-1) x K/V + %d x dK/dV %s) = %s "
+        "(%s)\n",
+        format_mib(b, 3).c_str(), (long long)cfg.model.n_layers, R, per_layer.dkv_moves, format_mib(dkv, 3).c_str(),
+        format_mib(b_an, 3).c_str(), b == b_an ? "equal" : "DIFFERENT");
+  }
+}
+
+// Expert parallel: the dispatch's all-to-all-v and the counts against moe_layer_bytes, and the routing measured.
+void print_moe_bytes(const Config& cfg, const TrainRun& run, const StepCounts& c, const RouterStepStats& router) {
+  const MoeConfig& moe = cfg.model.moe;
+  const ParallelDims& pd = run.pd;
+  // Expert parallel: per sparse layer and micro-batch, the counts' all-to-all, then the rows there and back in
+  // forward and their gradients in backward (all-to-all-v). The rows leaving depend on the routing: the formula
+  // is uniform routing's, (ep-1)/ep of the M = B T k rows; the counted bytes are this rank's actual ones.
+  const int ep = pd.ep();
+  const double elem = double(dtype_size(run.dtype));
+  const int64_t S = moe_sparse_layers(cfg.model), T = run.shard.size();
+  const MoeLayerBytes lb = moe_layer_bytes(cfg.model, ep, run.micro, T, elem);
+  std::printf(
+      "\nmoe dispatch over ep = %d, per sparse layer and micro-batch: M = %lld x %lld x %lld = %.0f rows, "
+      "each all-to-all-v (uniform routing) M x (%d-1)/%d x %lld x %.0f B = %s; counts %lld x 8 B x (%d-1)/%d "
+      "= %.0f B\n",
+      ep, (long long)run.micro, (long long)T, (long long)moe.experts_per_token, lb.rows, ep, ep,
+      (long long)cfg.model.dim, elem, format_mib(lb.exchange, 3).c_str(), (long long)moe.n_experts, ep, ep, lb.counts);
+  for (const char* phase : {"forward", "backward"}) {
+    const CommCounters& cc = phase[0] == 'f' ? c.forward : c.backward;
+    const double got = double(cc.bytes(kMoeDispatchTag, "", "all_to_all"));
+    const int64_t calls = cc.calls(kMoeDispatchTag, "", "all_to_all");
+    const double an = 2.0 * double(S) * lb.exchange;
+    std::printf(
+        "moe dispatch bytes per rank: %s measured %s in %lld calls, analytic %lld sparse layers x 2 x %s = "
+        "%s (measured / analytic %.3f: the routing's)\n",
+        phase, format_mib(got, 3).c_str(), (long long)calls, (long long)S, format_mib(lb.exchange, 3).c_str(),
+        format_mib(an, 3).c_str(), an > 0 ? got / an : 0.0);
+  }
+  const double counts = double(c.forward.bytes(kMoeCountsTag)), counts_an = double(S) * lb.counts;
+  std::printf("moe counts bytes per rank: forward measured %.0f B, analytic %lld x %.0f B = %.0f B (%s)\n", counts,
+              (long long)S, lb.counts, counts_an, counts == counts_an ? "equal" : "DIFFERENT");
+  // The routing measured: rows per expert, summed over the loss group's ranks (each holds the same random
+  // micro-batch here), for scripts to evaluate the formula on it.
+  for (size_t l = 0; l < router.expert_load.size(); ++l) {
+    std::string loads;
+    for (double x : router.expert_load[l]) loads += fmt::format(" {:.0f}", x);
+    std::printf("    moe_load[%zu]%s\n", l, loads.c_str());
+  }
+}
+
 // Step 3: the counted bytes, and beside them each parallelism's analytic count (declared next to its code:
 // the family's tp_bytes, cp_layer_bytes, fsdp_step_bytes, GradSync::bucket_bytes_per_rank). The figures compared
 // are those of the parallelism's own tag, so a collective another part of the step adds cannot hide a
@@ -242,22 +364,7 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
   const auto& t = cfg.training;
   const ParallelDims& pd = run.pd;
   const int tp = pd.tp();
-  const std::string tp_group = dim::tp;
-  if (const PipelineState* pp = run.executor->pipeline()) {
-    std::printf("\nbytes sent by pp rank %d (world rank 0) in one step of %d micro-batches (measured by the runtime):\n",
-                pp->rank, pp->schedule.m);
-    print_phase("forward and backward", "step", c.forward);
-    print_phase("gradient sync", "sync", c.sync);
-    const double measured = double(c.forward.bytes(kPpTag, dim::pp)), analytic = pp_rank_bytes(*pp, pp->rank);
-    std::printf("\npp bytes per rank: measured %s, analytic m x boundary x (activations + gradients sent) = %s (%s)\n",
-                format_mib(measured, 3).c_str(), format_mib(analytic, 3).c_str(),
-                measured == analytic ? "equal" : "DIFFERENT");
-    for (int r = 0; r < pp->schedule.p; ++r)
-      std::printf("  pp rank %d: %s per step\n", r, format_mib(pp_rank_bytes(*pp, r), 3).c_str());
-    std::printf("(the other parallelisms' bytes above are this stage's over the whole step; their per-micro-batch "
-                "analytic counts are printed without pipeline parallel)\n");
-    return;
-  }
+  if (const PipelineState* pp = run.executor->pipeline()) return print_pp_bytes(*pp, c);
   std::printf(
       "\nbytes sent per rank in one micro-batch of %lld x %lld tokens (%lld on this rank; measured by the "
       "runtime):\n",
@@ -265,97 +372,9 @@ void print_step_bytes(const Config& cfg, const TrainRun& run, const StepCounts& 
   print_phase("forward", "forward", c.forward);
   print_phase("backward", "backward", c.backward);
   print_phase("gradient sync", "sync", c.sync);
-  if (tp > 1 && cfg.parallel.sequence_parallel && cfg.parallel.tp_plan.empty()) {
-    // Per direction: the step's reduce-scatters (a forward all-gather's backward is one, and the other way round).
-    TpStage st;
-    st.tp = tp, st.sequence_parallel = true, st.loss_parallel = cfg.parallel.loss_parallel;
-    st.layers = cfg.model.n_layers, st.micro = run.micro, st.tokens = run.shard.size();
-    st.elem = double(dtype_size(run.dtype));
-    double analytic = 0;
-    for (const CommBytes& x : family_of(cfg.model).tp_step_bytes(cfg.model, st))
-      if (x.kind == "reduce_scatter") analytic += x.bytes;
-    double f = double(c.forward.bytes(kLayoutTag, tp_group)), b = double(c.backward.bytes(kLayoutTag, tp_group));
-    std::printf(
-        "\nanalytic tp bytes per direction: (4 x %lld layers + 2) x (%d-1)/%d x %lld x %lld x %lld x %zu B = %s\n",
-        (long long)cfg.model.n_layers, tp, tp, (long long)run.micro, (long long)run.shard.size(),
-        (long long)cfg.model.dim, dtype_size(run.dtype), format_mib(analytic, 3).c_str());
-    bool same = f == analytic && b == analytic;
-    std::printf("tp activations: measured %s analytic (forward %s, backward %s)\n",
-                same ? "=" : "!=", format_mib(f, 3).c_str(), format_mib(b, 3).c_str());
-  }
-  if (pd.cp() > 1) {
-    // Per layer: Ulysses moves this rank's q, k, v (micro, T_u, heads after tp, hd) to head shards and the output
-    // back (ulysses_layer_bytes); the ring then moves the K/V of the ring part (micro, T_u U, KV_u, hd).
-    const int R = pd.cp_ring(), U = pd.cp_ulysses();
-    const int64_t hd = cfg.model.head_size(), H = cfg.model.n_heads / tp, KV = cfg.model.n_kv_heads / tp;
-    const double L = double(cfg.model.n_layers), elem = double(dtype_size(run.dtype));
-    const CpBytes cb = cp_bytes(
-        pd.cp_method, R, U, {run.micro, run.shard.size(), H, KV, hd, elem, double(dtype_size(accum_dtype(run.dtype)))});
-    if (U > 1) {
-      const CpLayerBytes& per_layer = cb.ulysses;
-      const double f = double(c.forward.bytes(kCpA2aTag)), b = double(c.backward.bytes(kCpA2aTag));
-      const double f_an = L * per_layer.forward, b_an = L * per_layer.backward;
-      std::printf(
-          "\ncp_ulysses (alltoall) bytes per rank: forward measured %s, analytic %lld layers x (%d-1) x %lld x %lld "
-          "x %lld x (2 x %lld + 2 x %lld) heads x %.0f B = %s (%s)\n",
-          format_mib(f, 3).c_str(), (long long)cfg.model.n_layers, U, (long long)run.micro, (long long)run.shard.size(),
-          (long long)hd, (long long)(H / U), (long long)std::max<int64_t>(1, KV / U), elem, format_mib(f_an, 3).c_str(),
-          f == f_an ? "equal" : "DIFFERENT");
-      std::printf("cp_ulysses (alltoall) bytes per rank: backward measured %s, analytic the same = %s (%s)\n",
-                  format_mib(b, 3).c_str(), format_mib(b_an, 3).c_str(), b == b_an ? "equal" : "DIFFERENT");
-    }
-    if (R > 1) {
-      const CpLayerBytes& per_layer = cb.ring;
-      const double kv = cb.kv, dkv = cb.dkv;
-      const double f_an = L * per_layer.forward, b_an = L * per_layer.backward;
-      const double f = double(c.forward.bytes(kCpKvTag) + c.forward.bytes(kCpDkvTag)),
-                   b = double(c.backward.bytes(kCpKvTag) + c.backward.bytes(kCpDkvTag));
-      std::printf(
-          "\ncp_ring (%s) bytes per rank: forward measured %s, analytic %lld layers x (%d-1) x K/V %s = %s (%s)\n",
-          cp_method_name(pd.cp_method).c_str(), format_mib(f, 3).c_str(), (long long)cfg.model.n_layers, R,
-          format_mib(kv, 3).c_str(), format_mib(f_an, 3).c_str(), f == f_an ? "equal" : "DIFFERENT");
-      std::printf(
-          "cp_ring bytes per rank: backward measured %s, analytic %lld layers x ((%d-1) x K/V + %d x dK/dV %s) = %s "
-          "(%s)\n",
-          format_mib(b, 3).c_str(), (long long)cfg.model.n_layers, R, per_layer.dkv_moves, format_mib(dkv, 3).c_str(),
-          format_mib(b_an, 3).c_str(), b == b_an ? "equal" : "DIFFERENT");
-    }
-  }
-  if (const MoeConfig& moe = cfg.model.moe; moe.enabled() && pd.ep() > 1) {
-    // Expert parallel: per sparse layer and micro-batch, the counts' all-to-all, then the rows there and back in
-    // forward and their gradients in backward (all-to-all-v). The rows leaving depend on the routing: the formula
-    // is uniform routing's, (ep-1)/ep of the M = B T k rows; the counted bytes are this rank's actual ones.
-    const int ep = pd.ep();
-    const double elem = double(dtype_size(run.dtype));
-    const int64_t S = moe_sparse_layers(cfg.model), T = run.shard.size();
-    const MoeLayerBytes lb = moe_layer_bytes(cfg.model, ep, run.micro, T, elem);
-    std::printf("\nmoe dispatch over ep = %d, per sparse layer and micro-batch: M = %lld x %lld x %lld = %.0f rows, "
-                "each all-to-all-v (uniform routing) M x (%d-1)/%d x %lld x %.0f B = %s; counts %lld x 8 B x (%d-1)/%d "
-                "= %.0f B\n",
-                ep, (long long)run.micro, (long long)T, (long long)moe.experts_per_token, lb.rows, ep, ep,
-                (long long)cfg.model.dim, elem, format_mib(lb.exchange, 3).c_str(), (long long)moe.n_experts, ep, ep,
-                lb.counts);
-    for (const char* phase : {"forward", "backward"}) {
-      const CommCounters& cc = phase[0] == 'f' ? c.forward : c.backward;
-      const double got = double(cc.bytes(kMoeDispatchTag, "", "all_to_all"));
-      const int64_t calls = cc.calls(kMoeDispatchTag, "", "all_to_all");
-      const double an = 2.0 * double(S) * lb.exchange;
-      std::printf("moe dispatch bytes per rank: %s measured %s in %lld calls, analytic %lld sparse layers x 2 x %s = "
-                  "%s (measured / analytic %.3f: the routing's)\n",
-                  phase, format_mib(got, 3).c_str(), (long long)calls, (long long)S, format_mib(lb.exchange, 3).c_str(),
-                  format_mib(an, 3).c_str(), an > 0 ? got / an : 0.0);
-    }
-    const double counts = double(c.forward.bytes(kMoeCountsTag)), counts_an = double(S) * lb.counts;
-    std::printf("moe counts bytes per rank: forward measured %.0f B, analytic %lld x %.0f B = %.0f B (%s)\n", counts,
-                (long long)S, lb.counts, counts_an, counts == counts_an ? "equal" : "DIFFERENT");
-    // The routing measured: rows per expert, summed over the loss group's ranks (each holds the same random
-    // micro-batch here), for scripts to evaluate the formula on it.
-    for (size_t l = 0; l < router.expert_load.size(); ++l) {
-      std::string loads;
-      for (double x : router.expert_load[l]) loads += fmt::format(" {:.0f}", x);
-      std::printf("    moe_load[%zu]%s\n", l, loads.c_str());
-    }
-  }
+  if (tp > 1 && cfg.parallel.sequence_parallel && cfg.parallel.tp_plan.empty()) print_tp_bytes(cfg, run, c);
+  if (pd.cp() > 1) print_cp_bytes(cfg, run, c);
+  if (cfg.model.moe.enabled() && pd.ep() > 1) print_moe_bytes(cfg, run, c, router);
   if (run.fsdp) {
     const int N = run.pd.dp_shard();
     const double slot = double(run.fsdp->slot_elements());

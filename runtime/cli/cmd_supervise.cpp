@@ -56,24 +56,22 @@ struct SuperviseArgs {
 };
 
 void add_supervise_options(CLI::App* app, SuperviseArgs& a) {
-  app->add_option("--max-restarts", a.max_restarts, "relaunches after failures before giving up (default 3)")
-      ->check(CLI::NonNegativeNumber);
-  app->add_option("--backoff", a.backoff_s,
-                  "seconds to wait before the first relaunch, doubled per consecutive failure without progress "
-                  "(default 5)")
-      ->check(CLI::NonNegativeNumber);
-  app->add_option("--backoff-max", a.backoff_max_s, "the longest wait between launches in seconds (default 60)")
-      ->check(CLI::NonNegativeNumber);
-  app->add_option("--hang-timeout", a.hang_timeout_s,
-                  "kill the launch when the metrics file gets no new step for this many seconds after its first "
-                  "(0: off, default; the ranks' own watchdog, comm.timeout_s, ends stuck collectives)")
-      ->check(CLI::NonNegativeNumber);
+  // Every count and duration option: a negative value is a usage error.
+  auto count = [app](const char* name, auto& value, const char* help) {
+    app->add_option(name, value, help)->check(CLI::NonNegativeNumber);
+  };
+  count("--max-restarts", a.max_restarts, "relaunches after failures before giving up (default 3)");
+  count("--backoff", a.backoff_s,
+        "seconds to wait before the first relaunch, doubled per consecutive failure without progress (default 5)");
+  count("--backoff-max", a.backoff_max_s, "the longest wait between launches in seconds (default 60)");
+  count("--hang-timeout", a.hang_timeout_s,
+        "kill the launch when the metrics file gets no new step for this many seconds after its first "
+        "(0: off, default; the ranks' own watchdog, comm.timeout_s, ends stuck collectives)");
   app->add_option("--metrics", a.metrics,
                   "the run's metrics file (log.metrics_file), for the failure lines and the goodput (default: the "
                   "launch's --set log.metrics_file=...)");
-  app->add_option("--exclude-after", a.exclude_after,
-                  "srun launches: leave out (srun --exclude) a node that failed this many times (0: never, default)")
-      ->check(CLI::NonNegativeNumber);
+  count("--exclude-after", a.exclude_after,
+        "srun launches: leave out (srun --exclude) a node that failed this many times (0: never, default)");
   app->add_option("launch", a.launch, "the launch command, after --: mpirun -np 4 meshtrain ... train")->required();
 }
 
@@ -250,6 +248,41 @@ struct LaunchResult {
   int launcher_signal = 0;  // the signal that killed the launcher itself (0: it exited)
 };
 
+// Waits up to 100 ms for the launch's stdout and stderr (fds), passes what arrives through to ours and hands each
+// whole line to the scanner (partial: the unfinished line of each); a pipe at its end is marked closed in open_fd.
+void pump_output(const int fds[2], bool open_fd[2], std::string partial[2], OutputScanner& scan) {
+  pollfd p[2];
+  int n = 0;
+  int which[2];
+  for (int i = 0; i < 2; ++i)
+    if (open_fd[i]) p[n] = {fds[i], POLLIN, 0}, which[n++] = i;
+  if (n == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return;
+  }
+  if (::poll(p, nfds_t(n), 100) <= 0) return;
+  for (int k = 0; k < n; ++k) {
+    if (!(p[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    const int i = which[k];
+    char buf[65536];
+    ssize_t got = ::read(fds[i], buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      open_fd[i] = false;
+      continue;
+    }
+    write_all(i == 0 ? 1 : 2, buf, size_t(got));
+    for (ssize_t j = 0; j < got; ++j) {
+      if (buf[j] == '\n') {
+        scan.line(partial[i]);
+        partial[i].clear();
+      } else if (buf[j] != '\r') {
+        partial[i].push_back(buf[j]);
+      }
+    }
+  }
+}
+
 // Runs one launch: its output passed through and scanned, the metrics file read as it grows, stop signals
 // forwarded, a hang (no new step for hang_timeout_s) ended.
 LaunchResult run_launch(const std::vector<std::string>& argv, FileTail* metrics, GoodputAccount& acct,
@@ -298,38 +331,7 @@ LaunchResult run_launch(const std::vector<std::string>& argv, FileTail* metrics,
     }
   };
   while (true) {
-    pollfd p[2];
-    int n = 0;
-    int which[2];
-    for (int i = 0; i < 2; ++i)
-      if (open_fd[i]) p[n] = {fds[i], POLLIN, 0}, which[n++] = i;
-    if (n > 0) {
-      int r = ::poll(p, nfds_t(n), 100);
-      if (r > 0) {
-        for (int k = 0; k < n; ++k) {
-          if (!(p[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-          const int i = which[k];
-          char buf[65536];
-          ssize_t got = ::read(fds[i], buf, sizeof buf);
-          if (got < 0 && errno == EINTR) continue;
-          if (got <= 0) {
-            open_fd[i] = false;
-            continue;
-          }
-          write_all(i == 0 ? 1 : 2, buf, size_t(got));
-          for (ssize_t j = 0; j < got; ++j) {
-            if (buf[j] == '\n') {
-              scan.line(partial[i]);
-              partial[i].clear();
-            } else if (buf[j] != '\r') {
-              partial[i].push_back(buf[j]);
-            }
-          }
-        }
-      }
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
+    pump_output(fds, open_fd, partial, scan);
     const double t = now_unix();
     if (int sig = g_signal.exchange(0); sig != 0 && !exited) {
       // Once per signal: Open MPI's mpirun kills its ranks at once on a second SIGTERM, before their checkpoint
@@ -406,14 +408,64 @@ void append_record(const std::string& path, const nlohmann::json& j) {
   }
 }
 
-int run_supervise(const SuperviseArgs& a) {
-  const double t0 = now_unix();
-  if (a.launch.empty()) {
-    std::fprintf(stderr, "meshtrain supervise: no launch command (meshtrain supervise [OPTIONS] -- mpirun ...)\n");
-    return 2;
+// One line per failure (who, where, how, and what it cost) and its record in the metrics file.
+void report_failure(int failure, int attempt, const LaunchResult& r, const FailureEvidence& ev,
+                    const AttemptRecords& at, const GoodputAccount& acct, double hang_timeout_s, int code, bool give_up,
+                    const std::string& metrics_path) {
+  const int64_t lost = acct.steps_lost();
+  std::string who = ev.rank >= 0 ? fmt::format("rank {}", ev.rank) : "a rank";
+  if (!ev.node.empty()) who += " on " + ev.node;
+  std::string how = r.hang_killed     ? fmt::format("hung: no new step for {:g} s (--hang-timeout)", hang_timeout_s)
+                    : !ev.how.empty() ? ev.how
+                    : r.launcher_signal != 0 ? fmt::format("(unknown: the launcher was killed by signal {}, {})",
+                                                           r.launcher_signal, signal_name(r.launcher_signal))
+                                             : "(unknown: no rank named in the launch's output)";
+  say("failure {} (launch {}): {} {}; exit code {}; last step recorded {}, last committed checkpoint {}, {} "
+      "step{} lost{}",
+      failure, attempt, who, how, code, at.last_step >= 0 ? std::to_string(at.last_step) : "none",
+      acct.last_committed() >= 0 ? std::to_string(acct.last_committed()) : "none", lost, lost == 1 ? "" : "s",
+      at.last_record_t > 0 && at.exit_t > at.last_record_t
+          ? fmt::format(" ({:.1f} s since the last record)", at.exit_t - at.last_record_t)
+          : "");
+  nlohmann::json rec = {{"event", "failure"},
+                        {"attempt", attempt},
+                        {"rank", ev.rank},
+                        {"node", ev.node},
+                        {"signal", ev.signal},
+                        {"rank_exit_code", ev.rank_exit},
+                        {"exit_code", code},
+                        {"how", how},
+                        {"hang", r.hang_killed},
+                        {"last_step", at.last_step},
+                        {"last_committed", acct.last_committed()},
+                        {"steps_lost", lost},
+                        {"time", now_unix()},
+                        {"action", give_up ? "give up" : "relaunch"}};
+  append_record(metrics_path, rec);
+}
+
+// The launch command of an attempt: srun's with --kill-on-bad-exit=1 unless given, and the nodes left out.
+std::vector<std::string> attempt_argv(const std::vector<std::string>& launch, const std::string& launcher,
+                                      const std::set<std::string>& excluded) {
+  std::vector<std::string> argv = launch;
+  // srun leaves the other tasks running when one dies (KillOnBadExit=0, Slurm's default): they would wait for it
+  // until their watchdog fires. One dead rank ends the step at once.
+  if (launcher == "srun" && std::none_of(argv.begin(), argv.end(), [](const std::string& x) {
+        return x.rfind("--kill-on-bad-exit", 0) == 0 || x.rfind("-K", 0) == 0;
+      }))
+    argv.insert(argv.begin() + 1, "--kill-on-bad-exit=1");
+  if (launcher == "srun" && !excluded.empty()) {
+    std::string list;
+    for (const std::string& n : excluded) list += (list.empty() ? "" : ",") + n;
+    argv.insert(argv.begin() + 1, "--exclude=" + list);
   }
-  // The launch's config as its ranks will read it (--config and every --set), when it can be read here: where the
-  // metrics go, and whether a relaunch resumes. Its errors are the launch's to report.
+  return argv;
+}
+
+// Where the launch's metrics go (--metrics, else the launch's config as its ranks will read it: --config and every
+// --set, when it can be read here; its errors are the launch's to report), with a warning when a relaunch would not
+// resume or there is no metrics file.
+std::string launch_metrics_path(const SuperviseArgs& a) {
   std::optional<Config> cfg;
   std::string config_path;
   std::vector<std::string> overrides;
@@ -428,9 +480,9 @@ int run_supervise(const SuperviseArgs& a) {
     if (!config_path.empty()) cfg = load_config(config_path, overrides);
   } catch (const std::exception&) {
   }
-  std::string metrics_path = !a.metrics.empty() ? a.metrics
-                             : cfg                ? cfg->log.metrics_file
-                                                  : launch_setting(a.launch, "log.metrics_file");
+  const std::string metrics_path = !a.metrics.empty() ? a.metrics
+                                   : cfg              ? cfg->log.metrics_file
+                                                      : launch_setting(a.launch, "log.metrics_file");
   const bool resumes = cfg ? cfg->checkpoint.resume == "auto" && !cfg->checkpoint.dir.empty()
                            : launch_setting(a.launch, "checkpoint.resume") == "auto";
   if (!resumes)
@@ -441,6 +493,16 @@ int run_supervise(const SuperviseArgs& a) {
   if (metrics_path.empty())
     say("warning: no metrics file (--metrics, or --set log.metrics_file=... in the launch): the failure lines lack "
         "the steps and there is no goodput");
+  return metrics_path;
+}
+
+int run_supervise(const SuperviseArgs& a) {
+  const double t0 = now_unix();
+  if (a.launch.empty()) {
+    std::fprintf(stderr, "meshtrain supervise: no launch command (meshtrain supervise [OPTIONS] -- mpirun ...)\n");
+    return 2;
+  }
+  const std::string metrics_path = launch_metrics_path(a);
   for (int s : {SIGTERM, SIGUSR1, SIGINT}) std::signal(s, on_supervisor_signal);
   std::signal(SIGPIPE, SIG_IGN);
 
@@ -454,18 +516,7 @@ int run_supervise(const SuperviseArgs& a) {
   int64_t best_step = -1;
   double waited = 0;
   for (int attempt = 1;; ++attempt) {
-    std::vector<std::string> argv = a.launch;
-    // srun leaves the other tasks running when one dies (KillOnBadExit=0, Slurm's default): they would wait for it
-    // until their watchdog fires. One dead rank ends the step at once.
-    if (launcher == "srun" && std::none_of(argv.begin(), argv.end(), [](const std::string& x) {
-          return x.rfind("--kill-on-bad-exit", 0) == 0 || x.rfind("-K", 0) == 0;
-        }))
-      argv.insert(argv.begin() + 1, "--kill-on-bad-exit=1");
-    if (launcher == "srun" && !excluded.empty()) {
-      std::string list;
-      for (const std::string& n : excluded) list += (list.empty() ? "" : ",") + n;
-      argv.insert(argv.begin() + 1, "--exclude=" + list);
-    }
+    const std::vector<std::string> argv = attempt_argv(a.launch, launcher, excluded);
     say("launch {} of at most {}: {}", attempt, a.max_restarts + 1, join(argv));
     acct.begin_attempt(now_unix(), waited);
     OutputScanner scan(acct);
@@ -505,38 +556,8 @@ int run_supervise(const SuperviseArgs& a) {
           attempt, code);
       break;
     }
-    // One line per failure: who, where, how, and what it cost.
-    const int64_t lost = acct.steps_lost();
-    std::string who = ev.rank >= 0 ? fmt::format("rank {}", ev.rank) : "a rank";
-    if (!ev.node.empty()) who += " on " + ev.node;
-    std::string how = r.hang_killed ? fmt::format("hung: no new step for {:g} s (--hang-timeout)", a.hang_timeout_s)
-                      : !ev.how.empty() ? ev.how
-                      : launcher_killed ? fmt::format("(unknown: the launcher was killed by signal {}, {})",
-                                                      r.launcher_signal, signal_name(r.launcher_signal))
-                                        : "(unknown: no rank named in the launch's output)";
     const bool give_up = restarts >= a.max_restarts;
-    say("failure {} (launch {}): {} {}; exit code {}; last step recorded {}, last committed checkpoint {}, {} "
-        "step{} lost{}",
-        restarts + 1, attempt, who, how, code, at.last_step >= 0 ? std::to_string(at.last_step) : "none",
-        acct.last_committed() >= 0 ? std::to_string(acct.last_committed()) : "none", lost, lost == 1 ? "" : "s",
-        at.last_record_t > 0 && at.exit_t > at.last_record_t
-            ? fmt::format(" ({:.1f} s since the last record)", at.exit_t - at.last_record_t)
-            : "");
-    nlohmann::json rec = {{"event", "failure"},
-                          {"attempt", attempt},
-                          {"rank", ev.rank},
-                          {"node", ev.node},
-                          {"signal", ev.signal},
-                          {"rank_exit_code", ev.rank_exit},
-                          {"exit_code", code},
-                          {"how", how},
-                          {"hang", r.hang_killed},
-                          {"last_step", at.last_step},
-                          {"last_committed", acct.last_committed()},
-                          {"steps_lost", lost},
-                          {"time", now_unix()},
-                          {"action", give_up ? "give up" : "relaunch"}};
-    append_record(metrics_path, rec);
+    report_failure(restarts + 1, attempt, r, scan.ev, at, acct, a.hang_timeout_s, code, give_up, metrics_path);
     if (!ev.node.empty() && ++node_failures[ev.node] >= a.exclude_after && a.exclude_after > 0 &&
         launcher == "srun" && !excluded.count(ev.node)) {
       excluded.insert(ev.node);

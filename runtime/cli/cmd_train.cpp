@@ -413,6 +413,75 @@ class Checkpointer {
 
 // Step 3, the loop: steps, the non-finite rule, evaluation, samples, the stop signal and checkpoints. Returns the exit
 // code (128 + the signal after a stop).
+// Every rank's host name, by world rank (one all-gather of 64 bytes each; for the slow-rank lines).
+std::vector<std::string> gather_host_names(const MpiEnv& env) {
+  std::vector<std::string> hosts(size_t(env.size()));
+  char mine[64] = {0};
+  std::snprintf(mine, sizeof mine, "%s", env.host().c_str());
+  std::vector<char> all(64 * size_t(env.size()));
+  control_all_gather(MPI_COMM_WORLD, all.data(), mine, 64, MPI_CHAR, "host names");
+  for (int r = 0; r < env.size(); ++r)
+    hosts[size_t(r)] = std::string(all.data() + 64 * r, strnlen(all.data() + 64 * r, 63));
+  return hosts;
+}
+
+// A step whose update was not applied: counted (in all, and in a row), an error when training.nonfinite or
+// training.max_nonfinite_steps says stop, else a warning; a step with no trained target is a warning.
+void count_skipped_step(const TrainingConfig& t, const MpiEnv& env, const StepResult& r, int64_t step, int64_t& skipped,
+                        int64_t& skipped_in_a_row) {
+  if (r.skipped) {
+    ++skipped, ++skipped_in_a_row;
+    MT_CHECK(t.nonfinite == "skip", "train",
+             "step {}: the loss is {} and the grad norm {}: not finite, the update was not applied and the run "
+             "stops (training.nonfinite = stop; lower training.lr, or nonfinite: skip to go on)",
+             step + 1, r.loss, r.grad_norm);
+    MT_CHECK(skipped_in_a_row < t.max_nonfinite_steps, "train",
+             "step {}: the loss is {} and the grad norm {}: {} non-finite steps in a row "
+             "(training.max_nonfinite_steps = {}), none applied: the run stops (lower training.lr?)",
+             step + 1, r.loss, r.grad_norm, skipped_in_a_row, t.max_nonfinite_steps);
+    if (env.rank() == 0)
+      spdlog::warn(
+          "step {}: the loss is {} and the grad norm {}: not finite, the update is skipped ({} in a row, "
+          "{} in all)",
+          step + 1, r.loss, r.grad_norm, skipped_in_a_row, skipped);
+  } else {
+    skipped_in_a_row = 0;
+    if (r.trained_tokens == 0 && env.rank() == 0)
+      spdlog::warn(
+          "step {}: the loss masks keep no target of the global batch: nothing to train on, the update "
+          "is skipped",
+          step + 1);
+  }
+}
+
+// Evaluation and samples after a step, when their intervals (or the last step) say so; neither is profiled.
+void evaluate_and_sample(const Config& cfg, TrainRun& run, MetricsLogger& log, Goodput& gp, const TextCodec& codec,
+                         int64_t step, bool last) {
+  const auto& t = cfg.training;
+  if (cfg.eval.interval > 0 && run.val_data.size() > 0 && ((step + 1) % cfg.eval.interval == 0 || last)) {
+    fault_stop_point("evaluation");
+    kprof::Mute not_profiled;
+    trace::Span span("evaluation", "eval");
+    const auto e0 = std::chrono::steady_clock::now();
+    const double val = evaluate(run);
+    gp.eval_s += seconds_since(e0);
+    log.eval(step, val, seconds_since(e0));
+  }
+  if (cfg.sample.interval > 0 && cfg.sample.tokens > 0 && ((step + 1) % cfg.sample.interval == 0 || last)) {
+    fault_stop_point("sampling");
+    kprof::Mute not_profiled;
+    trace::Span span("sample", "eval");
+    const auto s0 = std::chrono::steady_clock::now();
+    std::vector<int32_t> prompt = codec.encode(cfg.sample.prompt);
+    if (codec.tokenizer && codec.tokenizer->bos_id() >= 0) prompt.insert(prompt.begin(), codec.tokenizer->bos_id());
+    std::vector<int32_t> ids =
+        generate(*run.model, *run.executor, prompt, cfg.sample.tokens, cfg.sample.temperature, uint64_t(t.seed),
+                 uint64_t(step), sequence_pad(run), cfg.data.document_separator, codec.eos_id());
+    log.sample(step, printable(cfg.sample.prompt + codec.decode(ids)));
+    gp.eval_s += seconds_since(s0);
+  }
+}
+
 int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogger& log, Goodput& gp) {
   const auto& t = cfg.training;
   Checkpointer ckpt(cfg, env, run, log, gp);
@@ -425,14 +494,7 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
   RunTrace trace_range(cfg, env, run);  // profile.steps: the Chrome trace (issue 40)
   // The slow-rank check (issue 40): every rank's compute and wait times travel with the per-step control collective.
   trace::g_timing = cfg.profile.straggler_threshold > 0;
-  std::vector<std::string> hosts(size_t(env.size()));
-  {
-    char mine[64] = {0};
-    std::snprintf(mine, sizeof mine, "%s", env.host().c_str());
-    std::vector<char> all(64 * size_t(env.size()));
-    control_all_gather(MPI_COMM_WORLD, all.data(), mine, 64, MPI_CHAR, "host names");
-    for (int r = 0; r < env.size(); ++r) hosts[size_t(r)] = std::string(all.data() + 64 * r, strnlen(all.data() + 64 * r, 63));
-  }
+  const std::vector<std::string> hosts = gather_host_names(env);
   bool memory_compared = false;
   StragglerCheck stragglers(cfg.profile.straggler_threshold, cfg.profile.straggler_steps, hosts);
   const int pp_coord = run.world_mesh.has_dim("pp") ? run.world_mesh.coordinate(run.world_mesh.dim_index("pp")) : 0;
@@ -457,54 +519,13 @@ int train_loop(const Config& cfg, const MpiEnv& env, TrainRun& run, MetricsLogge
     // train_step); eval, samples and checkpoints come after the step and are not counted.
     spdlog::debug("step {}: host syncs this step: {}", step + 1, host_sync_count() - syncs_before);
     profile.step(step, dt);
-    if (r.skipped) {
-      ++skipped, ++skipped_in_a_row;
-      MT_CHECK(t.nonfinite == "skip", "train",
-               "step {}: the loss is {} and the grad norm {}: not finite, the update was not applied and the run "
-               "stops (training.nonfinite = stop; lower training.lr, or nonfinite: skip to go on)",
-               step + 1, r.loss, r.grad_norm);
-      MT_CHECK(skipped_in_a_row < t.max_nonfinite_steps, "train",
-               "step {}: the loss is {} and the grad norm {}: {} non-finite steps in a row "
-               "(training.max_nonfinite_steps = {}), none applied: the run stops (lower training.lr?)",
-               step + 1, r.loss, r.grad_norm, skipped_in_a_row, t.max_nonfinite_steps);
-      if (env.rank() == 0)
-        spdlog::warn(
-            "step {}: the loss is {} and the grad norm {}: not finite, the update is skipped ({} in a row, "
-            "{} in all)",
-            step + 1, r.loss, r.grad_norm, skipped_in_a_row, skipped);
-    } else {
-      skipped_in_a_row = 0;
-      if (r.trained_tokens == 0 && env.rank() == 0)
-        spdlog::warn("step {}: the loss masks keep no target of the global batch: nothing to train on, the update "
-                     "is skipped", step + 1);
-    }
+    count_skipped_step(t, env, r, step, skipped, skipped_in_a_row);
     const AllocatorStats mem = allocator_stats(run.device);
     log.step({step, r.loss, r.lr, r.grad_norm, dt, t.batch_size * t.seq_len, r.trained_tokens, skipped,
               double(mem.peak_requested_bytes), double(mem.peak_allocated_bytes), &r.router});
     run.executor->log_step(log, step);  // the executor's own figures (the pipeline's timers and bubble)
     bool last = step + 1 == t.steps;
-    if (cfg.eval.interval > 0 && run.val_data.size() > 0 && ((step + 1) % cfg.eval.interval == 0 || last)) {
-      fault_stop_point("evaluation");
-      kprof::Mute not_profiled;
-      trace::Span span("evaluation", "eval");
-      const auto e0 = std::chrono::steady_clock::now();
-      const double val = evaluate(run);
-      gp.eval_s += seconds_since(e0);
-      log.eval(step, val, seconds_since(e0));
-    }
-    if (cfg.sample.interval > 0 && cfg.sample.tokens > 0 && ((step + 1) % cfg.sample.interval == 0 || last)) {
-      fault_stop_point("sampling");
-      kprof::Mute not_profiled;
-      trace::Span span("sample", "eval");
-      const auto s0 = std::chrono::steady_clock::now();
-      std::vector<int32_t> prompt = codec.encode(cfg.sample.prompt);
-      if (codec.tokenizer && codec.tokenizer->bos_id() >= 0) prompt.insert(prompt.begin(), codec.tokenizer->bos_id());
-      std::vector<int32_t> ids = generate(*run.model, *run.executor, prompt, cfg.sample.tokens,
-                                          cfg.sample.temperature, uint64_t(t.seed), uint64_t(step),
-                                          sequence_pad(run), cfg.data.document_separator, codec.eos_id());
-      log.sample(step, printable(cfg.sample.prompt + codec.decode(ids)));
-      gp.eval_s += seconds_since(s0);
-    }
+    evaluate_and_sample(cfg, run, log, gp, codec, step, last);
     // One small all-reduce per step carries what every rank must decide alike: a stop signal on any rank stops every
     // rank at the same step boundary; rank 0's clock says when a time-based checkpoint is due; an asynchronous save
     // is committed once no rank is still writing it.

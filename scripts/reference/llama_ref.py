@@ -723,14 +723,20 @@ def load_model(model_dir, dtype=None, config=None):
 # ====================================================================== data
 
 
-def read_tokens(pattern):
-    """llm.c shards (256 x int32 header: magic 20240520, version 1, token count; then uint16 tokens),
-    concatenated in sorted file-name order."""
+def shard_files(pattern):
+    """The files matching `pattern` in sorted name order, the order their tokens (and masks) are concatenated in;
+    exits naming the pattern when there is none."""
     files = sorted(glob.glob(pattern))
     if not files:
         sys.exit(f"llama_ref: no file matches {pattern}")
+    return files
+
+
+def read_tokens(pattern):
+    """llm.c shards (256 x int32 header: magic 20240520, version 1, token count; then uint16 tokens),
+    concatenated in sorted file-name order."""
     parts = []
-    for path in files:
+    for path in shard_files(pattern):
         with open(path, "rb") as f:
             raw = f.read()
         if len(raw) < 1024:
@@ -778,11 +784,8 @@ def read_masks(pattern, seq_len=None):
     mask is X.mask beside X.bin: 256 little-endian int32 (magic 20241127, version 1, token count, packing length
     T_pack (0: not packed), the rest 0), then `count` uint8 values, each 0 or 1. A shard without one trains every
     token (ones). The count must equal the shard's; with seq_len, a T_pack > 0 must divide it."""
-    files = sorted(glob.glob(pattern))
-    if not files:
-        sys.exit(f"llama_ref: no file matches {pattern}")
     parts = []
-    for shard in files:
+    for shard in shard_files(pattern):
         with open(shard, "rb") as f:
             count = int(np.frombuffer(f.read(1024), dtype="<i4")[2])
         path = mask_path(shard)

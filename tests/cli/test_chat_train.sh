@@ -25,11 +25,7 @@ build=${1:?usage: test_chat_train.sh BUILD_DIR}
 source "$(dirname "$0")/common.sh"
 ref="$root/scripts/reference/llama_ref.py"
 
-if ! "$py" -c "import torch" 2>/dev/null; then
-  skip "loss masks against the PyTorch reference, on every mesh, errors" "python3-torch is not installed"
-  summary chat_train
-  exit 0
-fi
+need_torch chat_train "loss masks against the PyTorch reference, on every mesh, errors"
 
 B=8 T=32 STEPS=10
 # --- Data: chat-like byte text; the masks are laid out by where each target falls in its step's batch ---

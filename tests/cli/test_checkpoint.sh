@@ -12,12 +12,6 @@ set -uo pipefail
 build=${1:?usage: test_checkpoint.sh BUILD_DIR}
 source "$(dirname "$0")/common.sh"
 
-check() {  # check NAME -- COMMAND...
-  local name=$1
-  shift 2
-  if timeout 300 "$@" >"$tmp/check.out" 2>&1; then ok "$name: $(tail -n 1 "$tmp/check.out")"; else bad "$name" "$(tail -n 15 "$tmp/check.out")"; fi
-}
-
 docs_data --val-fraction 0.1
 cat >"$tmp/t.yaml" <<YAML
 model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 64, vocab_size: 256, max_seq_len: 32}
@@ -36,22 +30,12 @@ train() {  # train NAME NP [--set ...]: metrics in $tmp/NAME.jsonl, checkpoints 
   timeout 300 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set log.metrics_file="$tmp/$name.jsonl" \
     --set checkpoint.dir="$tmp/$name.ckpt" "$@" train >"$tmp/$name.log" 2>&1
 }
-# same_files A B: every safetensors file of two checkpoint directories is byte-identical (and there are some).
-same_files() {
-  local n=0 f
-  for f in "$1"/*.safetensors; do
-    [ -f "$f" ] || return 1
-    cmp -s "$f" "$2/$(basename "$f")" || { echo "differs: $(basename "$f")"; return 1; }
-    n=$((n + 1))
-  done
-  echo "$n files identical"
-}
 
 # --- Synchronous and asynchronous saves write the same bytes ---
 train sync 2 || bad "sync run" "$(tail -n 20 "$tmp/sync.log")"
 if train async 2 --set checkpoint.async=true; then
   for s in 00000004 00000008 00000012; do
-    if out=$(same_files "$tmp/sync.ckpt/step_$s" "$tmp/async.ckpt/step_$s"); then ok "async = sync at step $s, byte for byte: $out"
+    if out=$(same_safetensors "$tmp/sync.ckpt/step_$s" "$tmp/async.ckpt/step_$s"); then ok "async = sync at step $s, byte for byte: $out"
     else bad "async = sync at step $s, byte for byte" "$out"; fi
   done
   check "async: the metrics record each save (mode, stall, snapshot) and its commit once, and the goodput" -- "$py" -c "

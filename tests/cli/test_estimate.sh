@@ -45,23 +45,9 @@ for c in "${configs[@]}"; do
   IFS='|' read -r np what args <<<"$c"
   i=$((i + 1))
   # shellcheck disable=SC2086
-  if ! train m$i "$np" $args; then bad "$what: train" "$(tail -n 10 "$tmp/m$i.log")"; continue; fi
-  # shellcheck disable=SC2086
-  if ! "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" $args plan >"$tmp/p$i.out" 2>&1; then
-    bad "$what: plan" "$(tail -n 10 "$tmp/p$i.out")"; continue; fi
-  # One process, no mpirun: the mesh is simulated.
-  # shellcheck disable=SC2086
-  if ! "$mt" --config "$tmp/t.yaml" $args estimate --world "$np" --json "$tmp/e$i.json" >"$tmp/e$i.out" 2>&1; then
-    bad "$what: estimate" "$(tail -n 10 "$tmp/e$i.out")"; continue; fi
-  if out=$("$py" - "$tmp/m$i.jsonl" "$tmp/e$i.json" <<'PY' 2>&1
-import json, sys
-steps = [json.loads(l) for l in open(sys.argv[1]) if '"alloc_peak_bytes"' in l]
-measured = max(s["alloc_peak_bytes"] for s in steps[1:])  # the first step also makes the gradient buckets
-est = json.load(open(sys.argv[2]))["stages"][0]["peak_bytes"]
-print(f"peak {est / 2**20:.3f} MiB estimated, {measured / 2**20:.3f} MiB measured (ratio {est / measured:.3f})")
-sys.exit(0 if abs(est / measured - 1) <= 0.05 else 1)
-PY
-  ); then ok "$what: memory: $out"; else bad "$what: memory within 5%" "$out"; fi
+  estimate_run $i "$np" "$what" $args || continue
+  if out=$(peak_within_5pct "$tmp/m$i.jsonl" "$tmp/e$i.json" 3 2>&1); then ok "$what: memory: $out"
+  else bad "$what: memory within 5%" "$out"; fi
   if out=$("$py" - "$tmp/p$i.out" "$tmp/e$i.json" <<'PY' 2>&1
 import collections, json, re, sys
 e = json.load(open(sys.argv[2]))
@@ -97,15 +83,8 @@ for c in "${bigs[@]}"; do
   # shellcheck disable=SC2086
   if ! "$mt" --config "$tmp/t.yaml" "${big[@]}" $args estimate --world "$np" --json "$tmp/e$i.json" >"$tmp/e$i.out" 2>&1; then
     bad "$what: estimate" "$(tail -n 10 "$tmp/e$i.out")"; continue; fi
-  if out=$("$py" - "$tmp/m$i.jsonl" "$tmp/e$i.json" <<'PY' 2>&1
-import json, sys
-steps = [json.loads(l) for l in open(sys.argv[1]) if '"alloc_peak_bytes"' in l]
-measured = max(s["alloc_peak_bytes"] for s in steps[1:])
-est = json.load(open(sys.argv[2]))["stages"][0]["peak_bytes"]
-print(f"peak {est / 2**20:.2f} MiB estimated, {measured / 2**20:.2f} MiB measured (ratio {est / measured:.3f})")
-sys.exit(0 if abs(est / measured - 1) <= 0.05 else 1)
-PY
-  ); then ok "$what: memory: $out"; else bad "$what: memory within 5%" "$out"; fi
+  if out=$(peak_within_5pct "$tmp/m$i.jsonl" "$tmp/e$i.json" 2 2>&1); then ok "$what: memory: $out"
+  else bad "$what: memory within 5%" "$out"; fi
 done
 
 # A plan train refuses, estimate refuses with the same message.

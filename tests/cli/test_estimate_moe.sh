@@ -34,13 +34,7 @@ for c in "${configs[@]}"; do
   IFS='|' read -r np what args <<<"$c"
   i=$((i + 1))
   # shellcheck disable=SC2086
-  if ! train m$i "$np" $args; then bad "$what: train" "$(tail -n 10 "$tmp/m$i.log")"; continue; fi
-  # shellcheck disable=SC2086
-  if ! "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" $args plan >"$tmp/p$i.out" 2>&1; then
-    bad "$what: plan" "$(tail -n 10 "$tmp/p$i.out")"; continue; fi
-  # shellcheck disable=SC2086
-  if ! "$mt" --config "$tmp/t.yaml" $args estimate --world "$np" --json "$tmp/e$i.json" >"$tmp/e$i.out" 2>&1; then
-    bad "$what: estimate" "$(tail -n 10 "$tmp/e$i.out")"; continue; fi
+  estimate_run $i "$np" "$what" $args || continue
   if out=$("$py" - "$tmp/m$i.jsonl" "$tmp/e$i.json" <<'PY' 2>&1
 import json, sys
 steps = [json.loads(l) for l in open(sys.argv[1]) if '"alloc_peak_bytes"' in l]

@@ -74,15 +74,8 @@ while IFS="|" read -r what args <&3; do
   # shellcheck disable=SC2086
   if ! "$mt" --config "$tmp/t.yaml" $args estimate --world 4 --json "$tmp/e$i.json" >"$tmp/e$i.out" 2>&1; then
     bad "$what: estimate" "$(tail -n 5 "$tmp/e$i.out")"; continue; fi
-  if out=$("$py" - "$tmp/s$i.jsonl" "$tmp/e$i.json" <<'PY' 2>&1
-import json, sys
-steps = [json.loads(l) for l in open(sys.argv[1]) if '"alloc_peak_bytes"' in l]
-measured = max(s["alloc_peak_bytes"] for s in steps[1:])  # the first step also makes the gradient buckets
-est = json.load(open(sys.argv[2]))["stages"][0]["peak_bytes"]
-print(f"peak {est / 2**20:.2f} MiB estimated, {measured / 2**20:.2f} MiB measured (ratio {est / measured:.3f})")
-sys.exit(0 if abs(est / measured - 1) <= 0.05 else 1)
-PY
-  ); then ok "$what: $out"; else bad "$what: memory within 5%" "$out"; fi
+  if out=$(peak_within_5pct "$tmp/s$i.jsonl" "$tmp/e$i.json" 2 2>&1); then ok "$what: $out"
+  else bad "$what: memory within 5%" "$out"; fi
   # The process: rank 0's resident high-water mark above an idle rank's against the estimate's process less its
   # floor. Counted apart (not in the summary): the allocator's cache of transients of other sizes and blocks the
   # GEMM probe leaves are not modelled, and some configurations land outside 15% (see process_outside below).

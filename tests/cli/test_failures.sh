@@ -9,16 +9,7 @@ build=${1:?usage: test_failures.sh BUILD_DIR}
 source "$(dirname "$0")/common.sh"
 
 docs_data --val-fraction 0.1
-cat >"$tmp/f.yaml" <<YAML
-model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 64, vocab_size: 256, max_seq_len: 32}
-training: {steps: 1, batch_size: 4, seq_len: 32, warmup_steps: 1, threads: 1}
-data: {train: "$tmp/data/docs_train_*.bin", val: "$tmp/data/docs_val_*.bin"}
-eval: {interval: 0}
-sample: {interval: 0}
-log: {interval: 1, metrics_file: ""}
-comm: {timeout_s: 30}
-checkpoint: {interval: 1, keep: 1, dir: "$tmp/ckpt", resume: never}
-YAML
+fault_yaml "$tmp/f.yaml" 1 30
 run2=("$mpirun" -np 2 "$mt" --config "$tmp/f.yaml")
 
 # once NAME TEXT -- COMMAND...: non-zero exit, TEXT in the output exactly once (one rank printed it).

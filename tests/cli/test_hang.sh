@@ -23,16 +23,7 @@ limit=3     # comm.timeout_s
 margin=15   # start-up of the ranks on a loaded machine, the peer query, the abort
 
 docs_data --val-fraction 0.1
-cat >"$tmp/h.yaml" <<YAML
-model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 64, vocab_size: 256, max_seq_len: 32}
-training: {steps: 3, batch_size: 4, seq_len: 32, warmup_steps: 1, threads: 1}
-data: {train: "$tmp/data/docs_train_*.bin", val: "$tmp/data/docs_val_*.bin"}
-eval: {interval: 0}
-sample: {interval: 0}
-log: {interval: 1, metrics_file: ""}
-comm: {timeout_s: $limit}
-checkpoint: {interval: 1, keep: 1, dir: "$tmp/ckpt", resume: never}
-YAML
+fault_yaml "$tmp/h.yaml" 3 "$limit"
 
 # drill NAME TEXT... -- COMMAND...: the command must end non-zero within the limit + margin with every TEXT in its output.
 drill() {
@@ -98,6 +89,26 @@ MT_FAULT_STOP_AT="stop-signal all_reduce:2" drill "3 ranks: rank 2 stopped at a 
   "world rank 2 did not arrive" -- "$mpirun" -np 3 "$mt" --config "$tmp/h.yaml" --set training.batch_size=6 train
 if ! grep -q "\[comm\] timeout" "$tmp/out" || grep -q "world ranks\? [0-9,]*1[0-9,]* did not arrive" "$tmp/out"; then bad "3 ranks: rank 1 is not blamed" "$(grep '\[comm\]' "$tmp/out")"; else ok "3 ranks: rank 1 is not blamed"; fi
 
+# rank_pid CONFIG RANK: the process id of world rank RANK of the run launched with CONFIG ("" while there is none).
+rank_pid() {
+  local p
+  for p in $(pgrep -f -- "$1"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && echo "$p"
+  done | tail -n 1
+}
+# stop_rank PID JOB LOG: stops the rank PID until LOG has a timeout line (30 s at most), resumes it and waits for
+# the launch JOB; sets rc (its exit status) and took (the seconds from the stop to its end).
+stop_rank() {
+  local stopped
+  stopped=$(date +%s.%N)
+  kill -STOP "$1"
+  for _ in $(seq 300); do grep -q "\[comm\] timeout" "$3" && break; sleep 0.1; done
+  kill -CONT "$1" 2>/dev/null
+  wait "$2"
+  rc=$?
+  took=$(echo "$(date +%s.%N) - $stopped" | bc)
+}
+
 # From outside, wherever rank 1 is: stop it mid-run, and resume it once rank 0 has aborted.
 rm -rf "$tmp/ckpt"
 start=$(date +%s.%N)
@@ -106,9 +117,7 @@ timeout -k 5 120 "$mpirun" -np 2 "$mt" --config "$tmp/h.yaml" --set training.ste
 job=$!
 pid=""
 for _ in $(seq 100); do
-  for p in $(pgrep -f -- "$tmp/h.yaml"); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && pid=$p
-  done
+  pid=$(rank_pid "$tmp/h.yaml" 1)
   [ -n "$pid" ] && grep -qE "^step +2/" "$tmp/ext" && break
   sleep 0.2
 done
@@ -116,13 +125,7 @@ if [ -z "$pid" ]; then
   bad "external stop: find rank 1" "$(tail -n 5 "$tmp/ext")"
   wait $job
 else
-  stopped=$(date +%s.%N)
-  kill -STOP "$pid"
-  for _ in $(seq 300); do grep -q "\[comm\] timeout" "$tmp/ext" && break; sleep 0.1; done
-  kill -CONT "$pid" 2>/dev/null
-  wait $job
-  rc=$?
-  took=$(echo "$(date +%s.%N) - $stopped" | bc)
+  stop_rank "$pid" $job "$tmp/ext"
   echo "drill external stop mid-run: exit $rc after ${took}s"
   if [ $rc -ne 0 ] && [ "$(echo "$took < $limit + $margin" | bc)" = 1 ] && grep -q "\[comm\] timeout: .* on rank 0 .*world rank 1 did not arrive" "$tmp/ext"; then
     ok "external stop mid-run: rank 0 names rank 1 (${took}s)"
@@ -149,11 +152,9 @@ mesh_drill() {
   rm -rf "$tmp/ckpt"
   timeout -k 5 120 "$mpirun" -np "$np" "$mt" --config "$tmp/m.yaml" --set training.steps=1000000 --set comm.timeout_s=$mesh_limit \
     --set checkpoint.interval=0 --set parallel.dp_replicate=1 "$@" train >"$tmp/mesh" 2>&1 &
-  local job=$! pid="" p
+  local job=$! pid=""
   for _ in $(seq 300); do
-    for p in $(pgrep -f -- "$tmp/m.yaml"); do
-      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$s" && pid=$p
-    done
+    pid=$(rank_pid "$tmp/m.yaml" "$s")
     [ -n "$pid" ] && grep -qE "^step +2/" "$tmp/mesh" && break
     kill -0 $job 2>/dev/null || break
     sleep 0.2
@@ -164,14 +165,8 @@ mesh_drill() {
     wait $job
     return
   fi
-  local stopped took rc first
-  stopped=$(date +%s.%N)
-  kill -STOP "$pid"
-  for _ in $(seq 300); do grep -q "\[comm\] timeout" "$tmp/mesh" && break; sleep 0.1; done
-  kill -CONT "$pid" 2>/dev/null
-  wait $job
-  rc=$?
-  took=$(echo "$(date +%s.%N) - $stopped" | bc)
+  local took rc first
+  stop_rank "$pid" $job "$tmp/mesh"
   first=$(grep -m1 "\[comm\] timeout" "$tmp/mesh")
   echo "drill $name: exit $rc after ${took}s"
   if [ $rc -eq 0 ] || [ "$(echo "$took > $mesh_limit + $margin" | bc)" = 1 ]; then

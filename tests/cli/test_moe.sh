@@ -24,19 +24,7 @@ full=0
 source "$(dirname "$0")/common.sh"
 ref="$root/scripts/reference/llama_ref.py"
 
-# check NAME -- COMMAND...: passes when the command exits 0 (its last line shown).
-check() {
-  local name=$1
-  shift 2
-  local out="$tmp/check.out"
-  if timeout 300 "$@" >"$out" 2>&1; then ok "$name: $(tail -n 1 "$out")"; else bad "$name" "$(tail -n 15 "$out")"; fi
-}
-
-if ! "$py" -c "import torch" 2>/dev/null; then
-  skip "MoE against the PyTorch reference, expert parallel, checkpoints, metrics" "python3-torch is not installed"
-  summary moe
-  exit 0
-fi
+need_torch moe "MoE against the PyTorch reference, expert parallel, checkpoints, metrics"
 
 E=8 K=2 B=8 T=32 L=2
 docs_data --val-fraction 0.1
@@ -312,24 +300,7 @@ star = [n for n in opt if "*" in n]
 assert not star, star
 print(f"{len(experts)} expert tensors of {len(w)}; optimizer state {len(opt)} tensors, none stacked")
 PY
-tok=84,104,101,32,113,117,105,99
-if timeout 300 "$mpirun" -np 1 "$mt" logits --checkpoint "$ck" --tokens $tok --out "$tmp/logits.npy" >"$tmp/logits.log" 2>&1; then
-  check "llama_ref.py loads the ep 2 checkpoint and gives meshtrain's logits" -- "$py" - "$ck" "$tmp/logits.npy" "$tok" \
-    "$root/scripts/reference" <<'PY'
-import sys, numpy as np, torch
-sys.path.insert(0, sys.argv[4])
-import llama_ref as L
-model = L.load_model(sys.argv[1], torch.float64)
-toks = torch.tensor([[int(t) for t in sys.argv[3].split(",")]])
-ref = model(toks)[0].detach().numpy()
-got = np.load(sys.argv[2])
-err = np.abs(got - ref).max() / np.abs(ref).max()
-print(f"max relative difference {err:.2e}")
-assert err < 1e-5, err
-PY
-else
-  bad "meshtrain logits of the ep 2 checkpoint" "$(tail -n 20 "$tmp/logits.log")"
-fi
+check_logits "the ep 2 checkpoint" 1 "$ck"
 check "llama_ref.py loss on the ep 2 checkpoint (ce + coef x aux of step 6's batch) equals meshtrain's step 6 loss" -- \
   "$py" - "$ref" "$ck" "$tmp/data/docs_train_*.bin" "$tmp/ep2.jsonl" $B $T <<'PY'
 import json, subprocess, sys

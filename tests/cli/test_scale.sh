@@ -14,14 +14,6 @@ build=${1:?usage: test_scale.sh BUILD_DIR}
 
 source "$(dirname "$0")/common.sh"
 
-# check NAME -- COMMAND...: passes when the command exits 0.
-check() {
-  local name=$1
-  shift 2
-  local out="$tmp/check.out"
-  if timeout 300 "$@" >"$out" 2>&1; then ok "$name: $(tail -n 1 "$out")"; else bad "$name" "$(tail -n 15 "$out")"; fi
-}
-
 docs_data
 # min_weight_size 1024: every matrix is sharded; 24 layers so that one gathered layer (7.7 MiB) is small beside
 # a rank's share of the state (88 MiB).
@@ -54,24 +46,7 @@ check "the capped runs' 10 losses equal the uncapped run's within 1e-5" -- "$py"
   --steps 10 --rel0 1e-5 --abs 1e-5
 
 # The saved directory in the PyTorch reference: the logits meshtrain computes (on 2 ranks, no cap) for 8 tokens.
-tok=84,104,101,32,113,117,105,99
-if timeout 300 "$mpirun" -np 2 "$mt" logits --checkpoint "$ck" --tokens $tok --out "$tmp/logits.npy" >"$tmp/logits.log" 2>&1; then
-  check "llama_ref.py loads the sharded checkpoint and gives meshtrain's logits" -- "$py" - "$ck" "$tmp/logits.npy" "$tok" \
-    "$root/scripts/reference" <<'PY'
-import sys, numpy as np, torch
-sys.path.insert(0, sys.argv[4])
-import llama_ref as L
-model = L.load_model(sys.argv[1], torch.float64)
-toks = torch.tensor([[int(t) for t in sys.argv[3].split(",")]])
-ref = model(toks)[0].detach().numpy()
-got = np.load(sys.argv[2])
-err = np.abs(got - ref).max() / np.abs(ref).max()
-print(f"max relative difference {err:.2e}")
-assert err < 1e-5, err
-PY
-else
-  bad "meshtrain logits of the sharded checkpoint" "$(tail -n 20 "$tmp/logits.log")"
-fi
+check_logits "the sharded checkpoint" 2 "$ck"
 
 # The whole model on one rank under the same cap: refused before anything is allocated (the model's size against the
 # rank's memory, training.memory_limit_mb here), naming the keys, not a kill.

@@ -55,14 +55,9 @@ wait_steps() {
 }
 # same_weights A B: the final checkpoints' safetensors files of runs A and B are equal byte for byte.
 same_weights() {
-  local last f n=0
+  local last
   last=$(printf 'step_%08d' $steps)
-  for f in "$tmp/$2.ckpt/$last"/*.safetensors; do
-    [ -f "$f" ] || return 1
-    cmp -s "$f" "$tmp/$1.ckpt/$last/$(basename "$f")" || { echo "$(basename "$f") differs"; return 1; }
-    n=$((n + 1))
-  done
-  echo "$n safetensors files equal"
+  same_safetensors "$tmp/$2.ckpt/$last" "$tmp/$1.ckpt/$last"
 }
 
 # The uninterrupted run.

@@ -15,13 +15,6 @@ build=${1:?usage: test_train.sh BUILD_DIR}
 source "$(dirname "$0")/common.sh"
 ref="$root/scripts/reference/llama_ref.py"
 
-# check NAME -- COMMAND...: passes when the command exits 0.
-check() {
-  local name=$1
-  shift 2
-  local out="$tmp/check.out"
-  if timeout 300 "$@" >"$out" 2>&1; then ok "$name: $(tail -n 1 "$out")"; else bad "$name" "$(tail -n 15 "$out")"; fi
-}
 
 # A small byte-level dataset from the project's own docs.
 docs_data --val-fraction 0.1

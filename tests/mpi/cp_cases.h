@@ -1,5 +1,6 @@
 // What the context-parallel attention tests share (test_ring_attention.cpp, test_ulysses.cpp): packed
-// documents that cross every chunk boundary, a shard's columns of a (B, H, T) log-sum-exp, and its error.
+// documents that cross every chunk boundary, the single-rank result each shard is compared with, a shard's
+// columns of a (B, H, T) log-sum-exp, and its error.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -8,6 +9,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../test_util.h"
+#include "attention/local_attention.h"
 #include "attention/sequence_shard.h"
 #include "runtime/kernels/ops.h"
 
@@ -27,6 +30,27 @@ inline Tensor document_tokens(int64_t T, int64_t c, int32_t separator, uint64_t 
     for (int64_t p : seps[size_t(b)])
       if (p >= 0 && p < T) tok.at<int32_t>(b * T + p) = separator;
   return tok;
+}
+
+// The single-rank result over the whole sequence, in f64.
+struct CpReference {
+  Tensor q, k, v, dout, doc_start;  // full inputs (f64), doc_start (B, T) i64 or undefined
+  Tensor out, lse, dq, dk, dv;
+};
+// q and dout (B, T, H, hd), k and v (B, T, KV, hd) drawn from seed .. seed + 3; doc_start: the documents' starts
+// (undefined: one causal or full sequence).
+inline CpReference cp_reference(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, bool causal, double scale,
+                                const Tensor& doc_start, uint64_t seed) {
+  CpReference r;
+  r.q = randn({B, T, H, hd}, seed), r.k = randn({B, T, KV, hd}, seed + 1);
+  r.v = randn({B, T, KV, hd}, seed + 2), r.dout = randn({B, T, H, hd}, seed + 3);
+  r.doc_start = doc_start;
+  AttentionOptions o{causal, scale, 0, 0, r.doc_start};
+  r.out = empty(r.q.shape(), DType::f64), r.lse = empty({B, H, T}, DType::f64);
+  attention_forward(r.out, r.lse, r.q, r.k, r.v, o);
+  r.dq = empty(r.q.shape(), DType::f64), r.dk = empty(r.k.shape(), DType::f64), r.dv = empty(r.v.shape(), DType::f64);
+  attention_backward(r.dq, r.dk, r.dv, r.dout, r.q, r.k, r.v, r.out, r.lse, o);
+  return r;
 }
 
 // The shard's columns of a (B, H, T) lse: (B, H, T_local).

@@ -22,15 +22,7 @@ using namespace mt;
 namespace {
 
 ModelConfig tiny() {
-  ModelConfig c;
-  c.dim = 16;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.ffn_dim = 24;
-  c.vocab_size = 32;
-  c.max_seq_len = 8;
-  return c;
+  return {.dim = 16, .n_layers = 2, .n_heads = 2, .n_kv_heads = 1, .ffn_dim = 24, .vocab_size = 32, .max_seq_len = 8};
 }
 
 // Every rank gets different tokens: the gradients differ until they are summed.

@@ -34,12 +34,7 @@ ModelConfig tiny_config(bool tied = false) {
 }
 
 ParamFactory f64_factory(const DeviceMesh& mesh) {
-  ParamFactory f;
-  f.mesh = mesh;
-  f.dtype = DType::f64;
-  f.seed = 7;
-  f.init_std = 0.3;
-  return f;
+  return {.mesh = mesh, .dtype = DType::f64, .seed = 7, .init_std = 0.3};
 }
 
 Tensor random_tensor(const Shape& s, uint64_t seed, double scale = 1.0) {
@@ -74,32 +69,21 @@ void check_module(Module& m, const Tensor& x, uint64_t seed) {
   zero_grads(params);
   Tensor dx = m.call_backward(R.clone());
   auto loss = [&] { return dot(m.call(x), R); };
-  const double eps = 1e-6;
   std::mt19937_64 g(seed + 1);
   if (x.dtype() == DType::f64) {
     REQUIRE(dx.defined());
     for (int k = 0; k < 6; ++k) {
       int64_t i = int64_t(g() % uint64_t(x.numel()));
-      double old = x.at<double>(i);
-      x.at<double>(i) = old + eps;
-      double lp = loss();
-      x.at<double>(i) = old - eps;
-      double lm = loss();
-      x.at<double>(i) = old;
-      check_close(dx.at<double>(i), (lp - lm) / (2 * eps), m.name() + " input[" + std::to_string(i) + "]");
+      check_close(dx.at<double>(i), test::finite_difference_at(x, i, loss),
+                  m.name() + " input[" + std::to_string(i) + "]");
     }
   }
   for (Parameter* p : params) {
     const Tensor& w = p->value.local;
     for (int k = 0; k < 4; ++k) {
       int64_t i = int64_t(g() % uint64_t(w.numel()));
-      double old = w.at<double>(i);
-      w.at<double>(i) = old + eps;
-      double lp = loss();
-      w.at<double>(i) = old - eps;
-      double lm = loss();
-      w.at<double>(i) = old;
-      check_close(p->grad.local.at<double>(i), (lp - lm) / (2 * eps), p->name + "[" + std::to_string(i) + "]");
+      check_close(p->grad.local.at<double>(i), test::finite_difference_at(w, i, loss),
+                  p->name + "[" + std::to_string(i) + "]");
     }
   }
 }

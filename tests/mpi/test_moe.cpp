@@ -19,9 +19,7 @@ namespace {
 
 void check_close(const Tensor& got, const Tensor& want, const std::string& what) {
   REQUIRE(got.shape() == want.shape());
-  double num = 0, den = 0;
-  auto a = to_f64(got), b = to_f64(want);
-  for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+  auto [num, den] = test::squared_diff_and_norm(got, want);
   INFO(what << ": relative error " << std::sqrt(num / std::max(den, 1e-300)));
   CHECK(den > 0);
   CHECK(std::sqrt(num) <= 1e-10 * std::sqrt(den) + 1e-14);

@@ -44,22 +44,10 @@ using test::document_tokens;
 using test::lse_err;
 using test::shard_lse;
 
-// The single-rank result over the whole sequence, in f64.
-struct Reference {
-  Tensor q, k, v, dout, doc_start;  // full inputs (f64), doc_start (B, T) i64 or undefined
-  Tensor out, lse, dq, dk, dv;
-};
+using Reference = test::CpReference;
 Reference reference(int64_t T, bool causal, double scale, bool docs, int64_t chunk, uint64_t seed) {
-  Reference r;
-  r.q = randn_full({B, T, H, hd}, seed), r.k = randn_full({B, T, KV, hd}, seed + 1);
-  r.v = randn_full({B, T, KV, hd}, seed + 2), r.dout = randn_full({B, T, H, hd}, seed + 3);
-  if (docs) r.doc_start = document_starts(document_tokens(T, chunk, kSeparator, uint64_t(T)), kSeparator);
-  AttentionOptions o{causal, scale, 0, 0, r.doc_start};
-  r.out = empty(r.q.shape(), DType::f64), r.lse = empty({B, H, T}, DType::f64);
-  attention_forward(r.out, r.lse, r.q, r.k, r.v, o);
-  r.dq = empty(r.q.shape(), DType::f64), r.dk = empty(r.k.shape(), DType::f64), r.dv = empty(r.v.shape(), DType::f64);
-  attention_backward(r.dq, r.dk, r.dv, r.dout, r.q, r.k, r.v, r.out, r.lse, o);
-  return r;
+  Tensor doc_start = docs ? document_starts(document_tokens(T, chunk, kSeparator, uint64_t(T)), kSeparator) : Tensor();
+  return test::cp_reference(B, T, H, KV, hd, causal, scale, doc_start, seed);
 }
 
 struct Result {

@@ -21,16 +21,8 @@ using namespace mt;
 namespace {
 
 ModelConfig config() {
-  ModelConfig c;
-  c.dim = 64;
-  c.n_layers = 2;
-  c.n_heads = 8;
-  c.n_kv_heads = 4;
-  c.ffn_dim = 96;
-  c.vocab_size = 128;
-  c.max_seq_len = 32;
-  c.init_std = 0.02;
-  return c;
+  return {.dim = 64, .n_layers = 2, .n_heads = 8, .n_kv_heads = 4, .ffn_dim = 96, .vocab_size = 128,
+          .max_seq_len = 32, .init_std = 0.02};
 }
 
 struct Built {

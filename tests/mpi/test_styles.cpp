@@ -20,12 +20,7 @@ using namespace mt;
 namespace {
 
 ParamFactory factory(const DeviceMesh& mesh) {
-  ParamFactory f;
-  f.mesh = mesh;
-  f.dtype = DType::f64;
-  f.seed = 11;
-  f.init_std = 0.5;
-  return f;
+  return {.mesh = mesh, .dtype = DType::f64, .seed = 11, .init_std = 0.5};
 }
 
 Tensor random_full(const Shape& s, uint64_t seed) { return test::randn(s, seed); }
@@ -47,9 +42,7 @@ Tensor whole(const Tensor& local, const DeviceMesh& mesh, const Placement& p, co
 
 void check_close(const Tensor& got, const Tensor& want, const std::string& what) {
   REQUIRE(got.shape() == want.shape());
-  double num = 0, den = 0;
-  auto a = to_f64(got), b = to_f64(want);
-  for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+  auto [num, den] = test::squared_diff_and_norm(got, want);
   INFO(what << ": relative error " << std::sqrt(num / std::max(den, 1e-300)));
   CHECK(std::sqrt(num) <= 1e-10 * std::sqrt(den) + 1e-14);
 }
@@ -77,6 +70,14 @@ template <class M> void compare(M& ref, M& par, const DeviceMesh& mesh, const Pa
   }
 }
 
+// compare() on a module made twice from the same arguments: the reference, and the one `style` parallelizes.
+template <class M, class... Args>
+void compare_one(const ParallelStyle& style, const DeviceMesh& mesh, const Tensor& x_full, Placement in, Placement out,
+                 Placement dx_layout, const Args&... args) {
+  M ref(args...), par(args...);
+  compare(ref, par, mesh, {{par.name(), style}}, x_full, in, out, dx_layout);
+}
+
 }  // namespace
 
 TEST_CASE("styles: Colwise, Rowwise, SequenceParallel and PrepareModuleInput against the unparallelized module") {
@@ -90,32 +91,25 @@ TEST_CASE("styles: Colwise, Rowwise, SequenceParallel and PrepareModuleInput aga
   for (int64_t i = 0; i < tokens.numel(); ++i) tokens.at<int32_t>(i) = int32_t((i * 7) % 11);
 
   SUBCASE("ColwiseParallel on Linear, output Shard(-1) (uneven)") {
-    Linear ref("lin", 6, 10, f), par("lin", 6, 10, f);
-    compare(ref, par, mesh, {{par.name(), ColwiseParallel{}}}, x6, R, Slast, R);
+    compare_one<Linear>(ColwiseParallel{}, mesh, x6, R, Slast, R, "lin", 6, 10, f);
   }
   SUBCASE("ColwiseParallel on Linear, output Replicate, input Shard(1)") {
-    Linear ref("lin", 6, 10, f), par("lin", 6, 10, f);
-    compare(ref, par, mesh, {{par.name(), ColwiseParallel{S1, R}}}, x6, S1, R, S1);
+    compare_one<Linear>(ColwiseParallel{S1, R}, mesh, x6, S1, R, S1, "lin", 6, 10, f);
   }
   SUBCASE("RowwiseParallel on Linear, input Shard(-1) (uneven), output Replicate") {
-    Linear ref("lin", 10, 6, f), par("lin", 10, 6, f);
-    compare(ref, par, mesh, {{par.name(), RowwiseParallel{}}}, x10, Slast, R, Slast);
+    compare_one<Linear>(RowwiseParallel{}, mesh, x10, Slast, R, Slast, "lin", 10, 6, f);
   }
   SUBCASE("RowwiseParallel on Linear, output Shard(1)") {
-    Linear ref("lin", 10, 6, f), par("lin", 10, 6, f);
-    compare(ref, par, mesh, {{par.name(), RowwiseParallel{std::nullopt, S1}}}, x10, Slast, S1, Slast);
+    compare_one<Linear>(RowwiseParallel{std::nullopt, S1}, mesh, x10, Slast, S1, Slast, "lin", 10, 6, f);
   }
   SUBCASE("ColwiseParallel on Embedding (dim-sharded, uneven)") {
-    Embedding ref("emb", 11, 10, f), par("emb", 11, 10, f);
-    compare(ref, par, mesh, {{par.name(), ColwiseParallel{}}}, tokens, R, Slast, R);
+    compare_one<Embedding>(ColwiseParallel{}, mesh, tokens, R, Slast, R, "emb", 11, 10, f);
   }
   SUBCASE("RowwiseParallel on Embedding (vocab-sharded, masked rows), output Replicate") {
-    Embedding ref("emb", 11, 10, f), par("emb", 11, 10, f);
-    compare(ref, par, mesh, {{par.name(), RowwiseParallel{}}}, tokens, R, R, R);
+    compare_one<Embedding>(RowwiseParallel{}, mesh, tokens, R, R, R, "emb", 11, 10, f);
   }
   SUBCASE("RowwiseParallel on Embedding, output Shard(1)") {
-    Embedding ref("emb", 11, 10, f), par("emb", 11, 10, f);
-    compare(ref, par, mesh, {{par.name(), RowwiseParallel{R, S1}}}, tokens, R, S1, R);
+    compare_one<Embedding>(RowwiseParallel{R, S1}, mesh, tokens, R, S1, R, "emb", 11, 10, f);
   }
   SUBCASE("SequenceParallel on RMSNorm: weight gradient partial over tp") {
     RMSNorm ref("norm", 10, 1e-5, f), par("norm", 10, 1e-5, f);

@@ -45,22 +45,9 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import traceback
 from dataclasses import dataclass
 
-try:
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-except ImportError as e:  # counted as skipped, never as passed (exit 77: meson's "skipped")
-    print(f"skipped: {e} (scripts/setup.sh installs python3-numpy and python3-torch)")
-    print("0 passed, 0 failed, 1 skipped")
-    sys.exit(77)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-REF = os.path.join(ROOT, "scripts", "reference", "llama_ref.py")
-sys.path.insert(0, os.path.dirname(REF))
-import llama_ref as L  # noqa: E402
+from reference_env import F, L, REF, ROOT, Skip, np, run_check, torch  # exits 77 without NumPy and PyTorch
 
 try:
     import transformers
@@ -113,10 +100,6 @@ CASES = [
     Case("qwen2 tied", "qwen2", tied=True, spelling="v5"),
 ]
 assert all(c.window is None or c.window >= max(SEQ, len(TOKENS)) for c in CASES)  # meshtrain's rule
-
-
-class Skip(Exception):
-    pass
 
 
 def rel_err(got, want):
@@ -459,7 +442,7 @@ def main():
           + (f"transformers {transformers.__version__}" if transformers else HF_ERROR)
           + f"; meshtrain on {args.device}")
 
-    passed = failed = skipped = 0
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
     with tempfile.TemporaryDirectory() as tmp:
         mt = Meshtrain(args, tmp)
         checks = []
@@ -476,23 +459,14 @@ def main():
                      impl, lambda impl=impl, case=case: check_meshtrain_trains_saved(mt, impl, case)),
                 ]
         for name, impl, fn in checks:
-            try:
+            def check(impl=impl, fn=fn):  # skipped where the implementation does not run here
                 why = impl.available() if impl else None
                 if why:
                     raise Skip(why)
-                what = fn()
-                passed += 1
-                print(f"ok   {name}: {what}")
-            except Skip as e:
-                skipped += 1
-                print(f"skip {name}: {e}")
-            except Exception:
-                failed += 1
-                print(f"FAIL {name}")
-                traceback.print_exc()
-            sys.stdout.flush()
-    print(f"{passed} passed, {failed} failed, {skipped} skipped")
-    sys.exit(1 if failed else 77 if passed == 0 else 0)
+                return fn()
+            run_check(counts, name, check)
+    print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+    sys.exit(1 if counts["failed"] else 77 if counts["passed"] == 0 else 0)
 
 
 if __name__ == "__main__":

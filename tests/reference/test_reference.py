@@ -22,21 +22,8 @@ import os
 import subprocess
 import sys
 import tempfile
-import traceback
 
-try:
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-except ImportError as e:  # counted as skipped, never as passed (exit 77: meson's "skipped")
-    print(f"skipped: {e} (scripts/setup.sh installs python3-numpy and python3-torch)")
-    print("0 passed, 0 failed, 1 skipped")
-    sys.exit(77)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-REF = os.path.join(ROOT, "scripts", "reference", "llama_ref.py")
-sys.path.insert(0, os.path.dirname(REF))
-import llama_ref as L  # noqa: E402
+from reference_env import F, L, REF, np, run_check, torch  # exits 77 without NumPy and PyTorch
 
 TESTS = []
 
@@ -65,6 +52,18 @@ def tiny_model(tied=False, dtype=torch.float64, seed=0, **over):
     return m.to(dtype)
 
 # ------------------------------------------------------------------- RoPE
+
+
+def central_difference(m, x, y, p, idx, eps=1e-6):
+    """d m.loss(x, y) / d p[idx] by central differences (p[idx] restored): the finite-difference checks' probe."""
+    with torch.no_grad():
+        old = p[idx].item()
+        p[idx] = old + eps
+        up = m.loss(x, y).item()
+        p[idx] = old - eps
+        down = m.loss(x, y).item()
+        p[idx] = old
+    return (up - down) / (2 * eps)
 
 
 @test
@@ -342,15 +341,8 @@ def finite_difference_gradients_f64():
         if not tied:
             probes.append(("lm_head.weight", (int(y[1, 2]), 6)))
         for name, idx in probes:
-            p, eps = P[name], 1e-6
-            with torch.no_grad():
-                old = p[idx].item()
-                p[idx] = old + eps
-                up = m.loss(x, y).item()
-                p[idx] = old - eps
-                down = m.loss(x, y).item()
-                p[idx] = old
-            fd, ad = (up - down) / (2 * eps), p.grad[idx].item()
+            p = P[name]
+            fd, ad = central_difference(m, x, y, p, idx), p.grad[idx].item()
             assert abs(fd - ad) <= 1e-7 + 1e-5 * abs(ad), (tied, name, idx, fd, ad)
 
 
@@ -459,15 +451,8 @@ def bias_gradients_finite_difference_and_no_decay():
         names = [n for n in P if n.endswith(".bias")]
         assert names and all(P[n].grad.abs().max() > 0 for n in names)
         for name in names[:4]:
-            p, idx, eps = P[name], (5,), 1e-6
-            with torch.no_grad():
-                old = p[idx].item()
-                p[idx] = old + eps
-                up = m.loss(x, y).item()
-                p[idx] = old - eps
-                down = m.loss(x, y).item()
-                p[idx] = old
-            fd, ad = (up - down) / (2 * eps), p.grad[idx].item()
+            p, idx = P[name], (5,)
+            fd, ad = central_difference(m, x, y, p, idx), p.grad[idx].item()
             assert abs(fd - ad) <= 1e-7 + 1e-5 * abs(ad), (over, name, fd, ad)
         # AdamW: biases are 1-D, so in the undecayed group with the norm gains.
         decay, no_decay = L.make_optimizer(m, 1e-3, 0.1, (0.9, 0.95), 1e-8).param_groups
@@ -850,14 +835,7 @@ def fd_check(m, x, y, names, idx=(1, 2), eps=1e-6):
     for name in names:
         p = P[name]
         i = tuple(min(j, n - 1) for j, n in zip(idx, p.shape))
-        with torch.no_grad():
-            old = p[i].item()
-            p[i] = old + eps
-            up = m.loss(x, y).item()
-            p[i] = old - eps
-            down = m.loss(x, y).item()
-            p[i] = old
-        fd, ad = (up - down) / (2 * eps), p.grad[i].item()
+        fd, ad = central_difference(m, x, y, p, i, eps), p.grad[i].item()
         assert abs(fd - ad) <= 1e-8 + 1e-5 * abs(ad), (name, fd, ad)
         assert abs(ad) > 1e-9, name
 
@@ -1147,18 +1125,11 @@ def masked_evaluate_sums_over_all_batches():
 def main():
     torch.set_default_dtype(torch.float64)
     torch.set_num_threads(2)
-    passed = failed = 0
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
     for fn in TESTS:
-        try:
-            fn()
-            passed += 1
-            print(f"ok   {fn.__name__}")
-        except Exception:
-            failed += 1
-            print(f"FAIL {fn.__name__}")
-            traceback.print_exc()
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+        run_check(counts, fn.__name__, fn)
+    print(f"{counts['passed']} passed, {counts['failed']} failed")
+    sys.exit(1 if counts["failed"] else 0)
 
 
 if __name__ == "__main__":
