@@ -15,6 +15,7 @@
 
 #include "runtime/core/cuda_backend.h"
 #include "runtime/core/cuda_table.h"
+#include "runtime/core/device.h"
 #include "runtime/core/error.h"
 #include "runtime/core/kernel_profile.h"
 #include "runtime/core/stream.h"
@@ -75,7 +76,7 @@ void load() {
 
 }  // namespace
 
-const std::string& cuda_backend_load_error() {
+const std::string& cuda_backend_error() {
   std::call_once(g_once, load);
   return g_error;
 }
@@ -84,7 +85,7 @@ const CudaBackend* cuda_backend_if_loaded() { return g_backend.load(std::memory_
 
 const CudaBackend& cuda_backend() {
   if (const CudaBackend* b = cuda_backend_if_loaded()) return *b;
-  const std::string& e = cuda_backend_load_error();
+  const std::string& e = cuda_backend_error();
   if (const CudaBackend* b = cuda_backend_if_loaded()) return *b;
   throw Error("[cuda] " + e);
 }
@@ -96,7 +97,6 @@ const CudaBackend& be() { return cuda_backend(); }
 // ---------------------------------------------------------------- device.h, stream.h
 
 bool cuda_built() { return true; }
-const std::string& cuda_backend_error() { return cuda_backend_load_error(); }
 // Asking loads the backend: a caller that counts devices is about to use one (MpiEnv asks lazily).
 int cuda_device_count() { return be().device_count(); }
 void set_device(int device) { be().set_device(device); }

@@ -272,8 +272,6 @@ namespace detail {
 
 namespace {
 
-size_t round_size(size_t bytes) { return cuda_allocation_bytes(bytes); }  // cuda_backend.h
-
 struct DeviceCache {
   std::multimap<size_t, void*> free_blocks;  // rounded size -> block
   std::unordered_map<void*, size_t> live;    // block -> its size
@@ -323,7 +321,7 @@ void release_cached(int device, DeviceCache& c) {
 
 void* cuda_caching_alloc(int device, size_t bytes) {
   if (bytes == 0) return nullptr;
-  size_t size = round_size(bytes);
+  size_t size = cuda_allocation_bytes(bytes);  // cuda_backend.h
   auto& C = caches();
   std::lock_guard lock(C.mu);
   DeviceCache& c = C.at(device);

@@ -236,8 +236,7 @@ struct CudaBackend {
 const CudaBackend& cuda_backend();
 // Null when not loaded yet (nothing is loaded by asking).
 const CudaBackend* cuda_backend_if_loaded();
-// Loads the backend if not yet tried; "" when it is loaded, else why not (the library and dlerror's text).
-const std::string& cuda_backend_load_error();
+// Why the backend cannot be loaded: cuda_backend_error() in device.h (it loads it if not yet tried).
 
 }  // namespace mt
 

@@ -54,14 +54,12 @@ Config load_and_agree_config(const MpiEnv& env, const GlobalOptions& opts) {
 
 Device rank_device(const MpiEnv& env, const std::string& device_name) {
   if (device_name == "cpu") return Device::cpu();
-  // A CUDA build's backend is a library loaded now (runtime/core/cuda_table.h): when it cannot be, every rank
-  // says why here, before any collective.
-  if (cuda_built()) {
-    const std::string& why = cuda_backend_error();
-    MT_CHECK(why.empty(), "config", "comm.device = {}: {} (rank {} on {})", device_name, why, env.rank(), env.host());
-  }
-  MT_CHECK(env.cuda_device() >= 0, "config", "comm.device = {} but {} (rank {} on {})", device_name,
-           cuda_built() ? "no CUDA device is visible" : "meshtrain was built without CUDA", env.rank(), env.host());
+  // The CUDA backend is a library loaded now (runtime/core/cuda_table.h): when it cannot be (or was not built),
+  // every rank says why here, before any collective.
+  const std::string& why = cuda_backend_error();
+  MT_CHECK(why.empty(), "config", "comm.device = {}: {} (rank {} on {})", device_name, why, env.rank(), env.host());
+  MT_CHECK(env.cuda_device() >= 0, "config", "comm.device = {} but no CUDA device is visible (rank {} on {})",
+           device_name, env.rank(), env.host());
   return Device::cuda(env.cuda_device());
 }
 
