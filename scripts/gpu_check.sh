@@ -11,25 +11,31 @@
 #  - one host synchronisation per training step on the GPU, 1 rank (log.level: debug counts them);
 #  - Hugging Face interoperability (tests/reference/test_hf_interop.py, run on the GPU), where present;
 #  - with --bench, then the benchmarks (scripts/bench/bench_gpu.sh).
+# --quick (scripts/gpu_run.sh's part 1): the list above less the emulated device's list and the Hugging Face
+# check, each run limited to 90 s instead of 300.
 # Logs: $OUT (or runs/gpu_check) holds gpu_check.log (this output), gpu_check_logs.tar.gz (every run's log)
 # and the summary table.
-#   scripts/gpu_check.sh [BUILD_DIR] [--bench]        ($MPIRUN may name the launcher; default scripts/mpirun.sh)
+#   scripts/gpu_check.sh [BUILD_DIR] [--bench] [--quick]        ($MPIRUN may name the launcher; default scripts/mpirun.sh)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build
 bench=0
+quick=0
 while [ $# -gt 0 ]; do
   case $1 in
     --bench) bench=1 ;;
     --no-bench) bench=0 ;;
-    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    -*) echo "gpu_check.sh: unknown option $1 (options: --bench)" >&2; exit 2 ;;
+    --quick) quick=1 ;;
+    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "gpu_check.sh: unknown option $1 (options: --bench, --quick)" >&2; exit 2 ;;
     *) build=$(cd "$1" 2>/dev/null && pwd) || { echo "gpu_check.sh: no build directory $1" >&2; exit 2; } ;;
   esac
   shift
 done
 cd "$root"
 mpirun=${MPIRUN:-$root/scripts/mpirun.sh}
+lim=300  # each run's limit (s)
+[ $quick = 1 ] && lim=90
 out=${OUT:-$root/runs/gpu_check}
 mkdir -p "$out"
 logs=$(mktemp -d)
@@ -92,11 +98,11 @@ suite() {  # suite NAME MAX_SKIPPED LOG EXIT_CODE
 }
 
 # 1. The GPU suite and the op table.
-MT_SUITE_NAME=test_gpu timeout 300 $mpirun -np 1 "$build/tests/test_gpu" >"$logs/test_gpu_np1.log" 2>&1
+MT_SUITE_NAME=test_gpu timeout $lim $mpirun -np 1 "$build/tests/test_gpu" >"$logs/test_gpu_np1.log" 2>&1
 suite "GPU suite, 1 rank (NCCL)" 0 "$logs/test_gpu_np1.log" $?
-MT_SUITE_NAME=test_gpu timeout 300 $mpirun -np 2 "$build/tests/test_gpu" >"$logs/test_gpu_np2.log" 2>&1
+MT_SUITE_NAME=test_gpu timeout $lim $mpirun -np 2 "$build/tests/test_gpu" >"$logs/test_gpu_np2.log" 2>&1
 suite "GPU suite, 2 ranks on one GPU (staged MPI)" 1000 "$logs/test_gpu_np2.log" $?
-MT_SUITE_NAME=ops timeout 300 "$build/tests/test_ops" >"$logs/test_ops.log" 2>&1
+MT_SUITE_NAME=ops timeout $lim "$build/tests/test_ops" >"$logs/test_ops.log" 2>&1
 suite "op table, cuda f32 and bf16 against the CPU" 0 "$logs/test_ops.log" $?
 
 # 2. Training: the GPU against the CPU.
@@ -114,7 +120,7 @@ YAML
 train() {  # train NAME NP [--set ...]: 0 when the run succeeded
   local name=$1 np=$2
   shift 2
-  timeout 300 $mpirun -np "$np" "$build/meshtrain" --config "$logs/t.yaml" --set log.metrics_file="$logs/$name.jsonl" \
+  timeout $lim $mpirun -np "$np" "$build/meshtrain" --config "$logs/t.yaml" --set log.metrics_file="$logs/$name.jsonl" \
     "$@" train >"$logs/$name.log" 2>&1 && return 0
   echo "-- $name failed:"
   grep -a -m 5 -E "error|\[cuda\]" "$logs/$name.log" || tail -n 10 "$logs/$name.log"
@@ -174,8 +180,12 @@ fi
 
 # 2b. The emulated device's list (tests/cli/test_emulated.sh) on this GPU: the same cases CI runs on the emulated
 # CUDA device, here with this build's meshtrain for both the CPU and the GPU runs.
-bash tests/cli/test_emulated.sh "$build" "$build" >"$logs/emulated_list.log" 2>&1
-suite "the emulated device's list on the GPU (tests/cli/test_emulated.sh)" 1000 "$logs/emulated_list.log" $?
+if [ $quick = 1 ]; then
+  row SKIP "the emulated device's list on the GPU (tests/cli/test_emulated.sh)" "--quick"
+else
+  bash tests/cli/test_emulated.sh "$build" "$build" >"$logs/emulated_list.log" 2>&1
+  suite "the emulated device's list on the GPU (tests/cli/test_emulated.sh)" 1000 "$logs/emulated_list.log" $?
+fi
 
 # 3. Host synchronisations: one per step on the GPU (the loss and grad norm read once). One rank: ranks sharing
 # a GPU go through the staged MPI path, whose copies back to the device count as syncs by design
@@ -194,7 +204,9 @@ fi
 
 # 4. Hugging Face interoperability on the GPU: a meshtrain checkpoint loads in transformers with the same logits,
 # and a transformers model trains in meshtrain.
-if [ -f tests/reference/test_hf_interop.py ]; then
+if [ $quick = 1 ]; then
+  row SKIP "Hugging Face interoperability (transformers)" "--quick"
+elif [ -f tests/reference/test_hf_interop.py ]; then
   "$py" tests/reference/test_hf_interop.py --meshtrain "$build/meshtrain" --mpirun "$mpirun" --device cuda \
     >"$logs/hf_interop.log" 2>&1
   suite "Hugging Face interoperability (transformers)" 0 "$logs/hf_interop.log" $?

@@ -18,7 +18,9 @@
 #     part 1's run (MT_PROFILE_STEPS=4: the steps before run unprofiled and give part 1's figures).
 # A part that fails prints its error row and the script goes on. Raw JSON lines: $OUT/bench_gpu.jsonl (or
 # runs/bench_gpu/bench_gpu.jsonl), the runs' logs beside it.
-#   scripts/bench/bench_gpu.sh [BUILD_DIR] [--batch-size N] [--steps 20] [--quick]
+#   scripts/bench/bench_gpu.sh [BUILD_DIR] [--batch-size N] [--steps 20] [--limit 300] [--quick]
+# --limit S: each run's time limit in seconds (meshtrain's, each PyTorch mode's; attention and redistribution runs
+# get the smaller of S and 120).
 # --quick: a tiny model, short sequences and small tensors, end to end in a minute or two; on a machine without a
 # GPU meshtrain trains on the CPU, PyTorch runs on the CPU, and what needs CUDA reports its error row.
 set -uo pipefail
@@ -27,17 +29,20 @@ build=$root/build
 batch=
 steps=20
 quick=0
+limit=300
 command_line="$0 $*"
 while [ $# -gt 0 ]; do
   case $1 in
     --batch-size) batch=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --quick) quick=1; shift ;;
+    --limit) limit=$2; shift 2 ;;
     -*) echo "bench_gpu.sh: unknown option $1" >&2; exit 2 ;;
     *) build=$1; shift ;;
   esac
 done
 build=$(cd "$build" 2>/dev/null && pwd || echo "$build")
+small_limit=$((limit < 120 ? limit : 120))
 py=python3  # the one that has torch (Debian's on the CI VM, the GPU machine's own there)
 for c in python3 /usr/bin/python3; do
   if "$c" -c "import torch" 2>/dev/null; then py=$c; break; fi
@@ -136,7 +141,7 @@ run_meshtrain() {  # run_meshtrain BATCH: the timed steps, then the profiled one
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 >"$tmp/smi.txt" 2>/dev/null &
     smi_pid=$!
   fi
-  MT_PROFILE_KERNELS=1 MT_PROFILE_STEPS=$prof_steps timeout 300 "$mpirun" -np 1 "$build/meshtrain" \
+  MT_PROFILE_KERNELS=1 MT_PROFILE_STEPS=$prof_steps timeout "$limit" "$mpirun" -np 1 "$build/meshtrain" \
     --config "$tmp/bench.yaml" train >"$logs/meshtrain.log" 2>&1
   local rc=$?
   [ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null && wait "$smi_pid" 2>/dev/null
@@ -166,18 +171,18 @@ for mode in eager compile; do
   targs=(--device "$device" --dim "$dim" --n-layers "$layers" --n-heads "$heads" --n-kv-heads "$kv" --ffn-dim "$ffn"
     --vocab-size "$vocab" --seq-len "$seq" --batch-size "$batch" --steps $torch_steps --warmup $torch_warmup
     --mode $mode --dtype $([ $device = cpu ] && echo fp32 || echo bf16))
-  timeout 300 "$py" "$root/scripts/bench/torch_llama_bench.py" "${targs[@]}" >"$tmp/torch.out" 2>"$logs/torch_$mode.err"
+  timeout "$limit" "$py" "$root/scripts/bench/torch_llama_bench.py" "${targs[@]}" >"$tmp/torch.out" 2>"$logs/torch_$mode.err"
   rc=$?
   if grep -q '"error": "oom"' "$tmp/torch.out" && [ "$batch" -gt 1 ]; then  # the same batch in two micro-batches
     echo "torch $mode: out of memory at batch $batch; again with micro-batches of $((batch / 2))"
-    timeout 300 "$py" "$root/scripts/bench/torch_llama_bench.py" "${targs[@]}" --micro-batch-size $((batch / 2)) \
+    timeout "$limit" "$py" "$root/scripts/bench/torch_llama_bench.py" "${targs[@]}" --micro-batch-size $((batch / 2)) \
       >"$tmp/torch.out" 2>"$logs/torch_$mode.err"
     rc=$?
   fi
   if grep -q '^{' "$tmp/torch.out"; then
     $report tag 1b <"$tmp/torch.out" | tee -a "$results"
   else
-    err part=1b impl=torch_$mode "$([ $rc = 124 ] && echo 'timeout after 300 s' || tail -n 1 "$logs/torch_$mode.err")"
+    err part=1b impl=torch_$mode "$([ $rc = 124 ] && echo "timeout after $limit s" || tail -n 1 "$logs/torch_$mode.err")"
   fi
 done
 
@@ -187,10 +192,10 @@ echo "== 2. attention alone, causal, fwd+bwd, $([ $device = cuda ] && echo bf16 
 for shape in "${att_shapes[@]}"; do
   read -r aB aH aT ahd <<<"$shape"
   if [ $cuda_build = 1 ] && [ $device = cuda ]; then
-    timeout 120 "$build/scripts/bench/bench_attention_gpu" --B "$aB" --H "$aH" --KV "$aH" --T "$aT" --hd "$ahd" \
+    timeout $small_limit "$build/scripts/bench/bench_attention_gpu" --B "$aB" --H "$aH" --KV "$aH" --T "$aT" --hd "$ahd" \
       --iters $iters >"$tmp/att.out" 2>"$tmp/att.err"
   else  # the CPU build: local attention on the CPU, as training calls it
-    timeout 120 "$build/scripts/bench/bench_attention" --device cpu --dtype f32 --B "$aB" --H "$aH" --KV "$aH" \
+    timeout $small_limit "$build/scripts/bench/bench_attention" --device cpu --dtype f32 --B "$aB" --H "$aH" --KV "$aH" \
       --T "$aT" --hd "$ahd" --iters 2 >"$tmp/att.out" 2>"$tmp/att.err"
   fi
   if grep -q '"fwdbwd_tflops"' "$tmp/att.out"; then
@@ -199,7 +204,7 @@ for shape in "${att_shapes[@]}"; do
     err part=attention kernel=meshtrain T=$aT hd=$ahd "$(cat "$tmp/att.out" "$tmp/att.err" | tail -n 1)"
   fi
   for backend in flash cudnn; do
-    timeout 120 "$py" "$root/scripts/bench/attention_torch.py" --device "$device" --dtype \
+    timeout $small_limit "$py" "$root/scripts/bench/attention_torch.py" --device "$device" --dtype \
       "$([ $device = cuda ] && echo bf16 || echo fp32)" --B "$aB" --H "$aH" --T "$aT" --hd "$ahd" \
       --iters $([ $device = cuda ] && echo $iters || echo 2) --backend $backend >"$tmp/att_t.out" 2>"$tmp/att_t.err"
     if grep -q '^{' "$tmp/att_t.out"; then
@@ -218,13 +223,13 @@ red_dev=$([ $cuda_build = 1 ] && [ $device = cuda ] && echo cuda || echo cpu)
 red_dtype=$([ $red_dev = cuda ] && echo bf16 || echo f32)
 for np in 1 2; do
   backend=$([ $red_dev = cuda ] && { [ $np = 1 ] && echo nccl || echo mpi; } || echo mpi)
-  timeout 150 "$mpirun" -np $np "$build/scripts/bench/bench_redistribute" --device $red_dev --shape "$red_shape" \
+  timeout $small_limit "$mpirun" -np $np "$build/scripts/bench/bench_redistribute" --device $red_dev --shape "$red_shape" \
     --dtype $red_dtype --backend "$backend" --iters $iters --step-ms "$step_ms" --layers "$layers" \
     --json "$results" >"$tmp/red.out" 2>"$tmp/red.err"
   rc=$?
   cat "$tmp/red.out"
   if [ $rc != 0 ] && ! grep -q '"error"' "$tmp/red.out"; then
-    err bench=redistribute ranks=$np "$([ $rc = 124 ] && echo 'timeout after 150 s' || last_error "$tmp/red.err")"
+    err bench=redistribute ranks=$np "$([ $rc = 124 ] && echo "timeout after $small_limit s" || last_error "$tmp/red.err")"
   fi
 done
 
@@ -240,6 +245,24 @@ for l in sys.stdin:
           + (f\"; nvidia-smi peak {r['nvidia_smi_peak_mib'] / 1024:.3f} GiB\" if 'nvidia_smi_peak_mib' in r else ''))
     for k, v in r['terms_gib'].items(): print(f'  expected: {k:34s} {v:9.3f} GiB')
     print('  ' + r['how'] + '.' + (' ' + r['note'] if 'note' in r else ''))"
+# meshtrain's own prediction for the same config (estimate, one rank; no cluster: memory only) beside the peak.
+if "$build/meshtrain" --config "$tmp/bench.yaml" estimate --world 1 --json "$tmp/est.json" >"$logs/estimate.log" 2>&1; then
+  grep -h '"part": "memory"' "$results" | tail -n 1 | "$py" -c "import json,sys
+est = json.load(open('$tmp/est.json'))['stages'][0]
+lines = sys.stdin.read().strip()
+r = json.loads(lines) if lines else {}
+measured = r.get('measured_bytes')
+out = {'part': 'memory_estimate', 'estimate_peak_bytes': est['peak_bytes'], 'estimate_where': est['peak_where'],
+       'estimate_parts_gib': {m['part']: round(m['bytes'] / 2**30, 3) for m in est['memory']}}
+if measured: out['measured_bytes'] = measured; out['ratio_measured_over_estimate'] = measured / est['peak_bytes']
+print(json.dumps(out))
+print(f\"estimate: peak {est['peak_bytes'] / 2**30:.3f} GiB at {est['peak_where']}\"
+      + (f\"; measured / estimate = {measured / est['peak_bytes']:.3f}\" if measured else ''), file=sys.stderr)
+for m in est['memory']: print(f\"  estimate: {m['part'][:48]:48s} {m['bytes'] / 2**30:9.3f} GiB\", file=sys.stderr)
+" >>"$results" || err part=memory_estimate "report failed"
+else
+  err part=memory_estimate "$(last_error "$logs/estimate.log")"
+fi
 if [ $mt_ok = 1 ]; then
   sed -n '/kernel profile (/,/^ *10 /p' "$logs/meshtrain.log"
   $report profile "$tmp/mt.jsonl" $([ $mt_device = cpu ] && echo --cpu) >>"$results" 2>"$tmp/rep.err" ||

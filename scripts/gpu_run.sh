@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Everything CUDA in one device call (at most 8 minutes of wall time), run on the GPU machine from the repository
+# root, parts in order, each under its own time limit so that a hang or failure in one leaves the others' results:
+#   0. the machine: the GPU, the toolkit's libraries found (LD_LIBRARY_PATH), no library missing for the bundle;
+#   1. the functional list (scripts/gpu_check.sh --quick): the GPU suite at 1 and 2 ranks, the op table's CUDA
+#      cases, fp32 against the CPU (1 rank, dp 2, tp 2), bf16 within 2% of fp32, one host sync per step;
+#   2. the benchmarks (scripts/bench/bench_gpu.sh): the 1B Llama step's tokens/s and MFU beside PyTorch eager and
+#      torch.compile, attention beside SDPA's flash and cuDNN backends, redistribution, the top 10 kernels, memory
+#      against the expected bytes and estimate's prediction;
+#   3. `meshtrain estimate --calibrate` on the GPU (comm.device=cuda), written as a cluster file.
+# $OUT gets gpu_run.log (all of the output), gpu_run_logs.tar.gz (every part's logs and raw results) and
+# gpu_cluster.yaml (part 3's file); the summary table comes last.
+#
+# Here, before the call (the GPU machine has CUDA and PyTorch but no Open MPI and no package access):
+#   bash ../shared/gpu/pack-deps.sh .gpu-deps libpcre2-8-0 libsentencepiece0 libxxhash0
+#   scripts/gpu_bundle.sh build .gpu-bundle && mkdir -p .gpu-carry && tar cJf .gpu-carry/bundle.tar.xz .gpu-bundle .gpu-deps
+#   (.gpu-deps, .gpu-bundle and .gpu-carry in .git/info/exclude), then the device call with carry [".gpu-carry"]:
+#   bash scripts/gpu_run.sh
+# Options: --parts 1,2,3 (which parts), --quick (bench_gpu.sh --quick: a dry run of the plumbing, also on a CPU).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+parts=1,2,3
+quick=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --parts) parts=$2; shift ;;
+    --quick) quick=1 ;;
+    *) echo "gpu_run.sh: unknown argument $1 (options: --parts LIST, --quick)" >&2; exit 2 ;;
+  esac
+  shift
+done
+out=${OUT:-$root/runs/gpu_run}
+mkdir -p "$out"
+work=$(mktemp -d)
+exec > >(tee "$out/gpu_run.log") 2>&1
+t0=$(date +%s)
+since() { echo $(( $(date +%s) - t0 )); }
+rows=()
+
+# 0. The machine and the bundle.
+echo "== 0. $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname): scripts/gpu_run.sh --parts $parts$([ $quick = 1 ] && echo ' --quick')"
+if [ ! -d .gpu-bundle ] && [ -f .gpu-carry/bundle.tar.xz ]; then tar xJf .gpu-carry/bundle.tar.xz; fi
+[ -f .gpu-deps/env.sh ] && source .gpu-deps/env.sh
+bundle=$root/.gpu-bundle
+[ -x "$bundle/meshtrain" ] || bundle=$root/build
+# The toolkit's libraries where this machine has them (the image's toolkit, or PyTorch's nvidia wheels).
+for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+  d=$(find /usr/local /usr/lib /opt -name "$lib" -not -path '*/stubs/*' 2>/dev/null | head -n 1)
+  [ -n "$d" ] && export LD_LIBRARY_PATH="$(dirname "$d"):${LD_LIBRARY_PATH:-}" && echo "$lib: $d"
+done
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null ||
+  echo "nvidia-smi: no GPU"
+missing=$(for f in "$bundle/meshtrain" "$bundle/libmeshtrain_cuda.so" "$bundle/tests/test_gpu"; do
+  ldd "$f" 2>/dev/null | grep 'not found' | sed "s|^|$(basename "$f"): |"; done)
+if [ -n "$missing" ]; then
+  echo "$missing"
+  rows+=("FAIL  0. libraries: $(echo "$missing" | tr '\n' ';')")
+else
+  rows+=("ok    0. libraries: every one found ($bundle)")
+fi
+echo "MPIRUN=${MPIRUN:-scripts/mpirun.sh}; python3 $(python3 -c 'import torch; print("torch", torch.__version__)' 2>&1 | tail -n 1)"
+
+part() {  # part N NAME LIMIT_S COMMAND...: runs COMMAND under LIMIT_S, one summary row
+  local n=$1 name=$2 limit=$3 start rc
+  shift 3
+  case ",$parts," in *",$n,"*) ;; *) return ;; esac
+  start=$(date +%s)
+  echo
+  echo "== $n. $name (limit $limit s; at $(since) s)"
+  timeout -k 10 "$limit" "$@"
+  rc=$?
+  local verdict=ok
+  [ $rc = 0 ] || verdict=FAIL
+  [ $rc = 124 ] && verdict="FAIL (time limit $limit s)"
+  rows+=("$(printf '%-5s %s. %s: exit %s in %s s' "${verdict%% *}" "$n" "$name" "$rc" $(( $(date +%s) - start )))$(
+    [ $rc = 124 ] && echo ", cut at its limit")")
+}
+
+# 1. The functional list: logs and summary to $work/check.
+part 1 "functional list (gpu_check.sh --quick)" 200 env OUT="$work/check" bash scripts/gpu_check.sh "$bundle" --quick
+# 2. The benchmarks.
+bench_args=(--steps 12 --limit 110)
+[ $quick = 1 ] && bench_args=(--quick --limit 110)
+part 2 "benchmarks (bench_gpu.sh ${bench_args[*]})" 230 env OUT="$work/bench" bash scripts/bench/bench_gpu.sh "$bundle" \
+  "${bench_args[@]}"
+# 3. Calibration on the GPU.
+cal_args=()
+[ $quick = 1 ] && cal_args=(--quick)
+part 3 "estimate --calibrate on the GPU" 50 "$bundle/meshtrain" --set comm.device=cuda estimate --calibrate \
+  "${cal_args[@]}" --out "$out/gpu_cluster.yaml"
+[ -f "$out/gpu_cluster.yaml" ] && cat "$out/gpu_cluster.yaml"
+
+(cd "$work" && tar czf "$out/gpu_run_logs.tar.gz" .) 2>/dev/null
+# The tables again, last (a device call's reply carries the end of the output).
+echo
+[ -f "$work/check/gpu_check_summary.txt" ] && cat "$work/check/gpu_check_summary.txt"
+if [ -f "$work/bench/bench_gpu.jsonl" ]; then
+  echo
+  python3 scripts/bench/bench_gpu_report.py summary "$work/bench/bench_gpu.jsonl" 2>&1 | tail -n 40
+fi
+rm -rf "$work"
+echo
+echo "== gpu_run summary ($(since) s in all; $(date -u '+%Y-%m-%d %H:%M UTC'))"
+printf '%s\n' "${rows[@]}"
