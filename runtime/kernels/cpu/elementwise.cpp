@@ -86,14 +86,15 @@ MT_CPU_EXPORT(bias_add_backward)
 #include "runtime/kernels/ops.h"
 
 #if MT_CUDA
+#include "runtime/kernels/cuda/cuda_ops.h"  // sum_partials_in_order
 namespace mt::cuda {  // cuda/elementwise.cu
 template <typename T> int add(T* out, const T* a, const T* b, int64_t n, void* stream);
 template <typename T> int scale(T* t, double s, int64_t n, void* stream);
-// partials: reduce_partials_count(n) doubles; the caller sums them in order (deterministic).
+// partials: reduce_partials_count(n) doubles; the caller sums them in sum_partials_in_order's order.
 int64_t reduce_partials_count(int64_t n);
 template <typename T> int reduce_sum(double* partials, const T* t, int64_t n, bool squares, void* stream);
-// out[0] += (partials[0] + ... + partials[n-1]), summed in that order by one thread: the same bits as the host
-// summing reduce_sum's partials, without reading them on the host.
+// out[0] += the sum of partials[0 .. n-1] in sum_partials_in_order's order: the same bits as the host summing
+// reduce_sum's partials, without reading them on the host.
 int sum_partials_into(double* out, const double* partials, int64_t n, void* stream);
 // out (N, C) = inp (N, C) + bias (C) (may alias); dbias (C) f32 += column sums of dout (N, C), fixed order.
 template <typename T> int bias_add_forward(T* out, const T* inp, const T* bias, int64_t N, int64_t C, void* stream);
@@ -150,14 +151,13 @@ Tensor cuda_partials(const Tensor& t, bool squares, const char* op) {
              op);
   return partials;
 }
-// Fixed-size chunks reduced on the device, their partials summed on the host in order.
+// Fixed-size chunks reduced on the device, their partials summed on the host in sum_partials_into's order.
 double cuda_sum(const Tensor& t, bool squares, const char* op) {
   kprof::Scope prof(op, t.device(), 0, double(t.nbytes()));
   Tensor partials = cuda_partials(t, squares, op);
   if (!partials.defined()) return 0;
-  double total = 0;
-  for (double p : to_f64(partials)) total += p;
-  return total;
+  const std::vector<double> host = to_f64(partials);
+  return cuda::sum_partials_in_order(host.data(), int64_t(host.size()));
 }
 }  // namespace
 #endif
@@ -190,7 +190,8 @@ std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
   std::vector<double> out(ts.size(), 0.0);
   bool counted = false;  // one host read for the whole call, on either backend
 #if MT_CUDA
-  // Every device tensor's chunk partials into one buffer, copied to the host once, summed in order.
+  // Every device tensor's chunk partials into one buffer, copied to the host once, each tensor's summed in
+  // sum_partials_into's order.
   std::vector<int64_t> first(ts.size(), -1), count(ts.size(), 0);
   int64_t total = 0;
   Device dev;
@@ -220,7 +221,7 @@ std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
     std::vector<double> host = to_f64(partials);  // counts the sync
     counted = true;
     for (size_t i = 0; i < ts.size(); ++i)
-      for (int64_t j = 0; j < count[i]; ++j) out[i] += host[size_t(first[i] + j)];
+      if (count[i] > 0) out[i] += cuda::sum_partials_in_order(host.data() + first[i], count[i]);
   }
 #endif
   for (size_t i = 0; i < ts.size(); ++i) {
@@ -251,7 +252,7 @@ void check_sum_out(const char* op, const Tensor& out, int64_t slot, const Tensor
            t.device().str());
 }
 #if MT_CUDA
-// reduce_sum's chunk partials, then one thread adds them in order into out[slot]: cuda_sum's bits, on the device.
+// reduce_sum's chunk partials, then summed into out[slot] on the device: cuda_sum's bits (sum_partials_in_order).
 void cuda_sum_into(const Tensor& out, int64_t slot, const Tensor& t, bool squares, const char* op) {
   kprof::Scope prof(op, t.device(), 0, double(t.nbytes()));
   Tensor partials = cuda_partials(t, squares, op);

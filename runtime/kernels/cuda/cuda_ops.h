@@ -20,6 +20,27 @@ constexpr int kCublasErrorBase = 100000;
 // name and text, for a launcher's non-zero code.
 const char* error_string(int code);
 
+// How sum_partials_into's kernel (elementwise.cu) adds n f64 partials, one block of kSumPartialsThreads: thread t
+// sums partials t, t + kSumPartialsThreads, ... in order; each warp's 32 sums by a butterfly (lane l adds lane
+// l ^ o, o = 16 .. 1); thread 0 the warps' in order. The host sums a copy of the same partials this way, so that
+// sum_squares (read back) and sum_squares_into (on the device) give the same bits.
+constexpr int kSumPartialsThreads = 256;
+inline double sum_partials_in_order(const double* p, int64_t n) {
+  double lane[kSumPartialsThreads] = {};
+  for (int64_t i = 0; i < n; ++i) lane[i % kSumPartialsThreads] += p[i];
+  double total = 0;
+  for (int w = 0; w < kSumPartialsThreads / 32; ++w) {
+    double* v = lane + 32 * w;
+    for (int o = 16; o > 0; o >>= 1) {
+      double next[32];
+      for (int l = 0; l < 32; ++l) next[l] = v[l] + v[l ^ o];
+      for (int l = 0; l < 32; ++l) v[l] = next[l];
+    }
+    total += v[0];
+  }
+  return total;
+}
+
 // GEMM shapes whose cuBLASLt algorithm is cached, on every device so far (matmul.cu; for tests and logs).
 int64_t gemm_cached_algos();
 

@@ -93,17 +93,28 @@ template <typename T> int reduce_sum(double* partials, const T* t, int64_t n, bo
 
 namespace {
 
+// out[0] += the sum of partials (n), one block, in sum_partials_in_order's order (cuda_ops.h: the host's sums of
+// the same partials give the same bits). One thread summing them all waited on each load in turn: 0.09 ms a call
+// on an H200 (16k partials for the embedding's gradient), 13 ms of a 1B model's step over its 147 parameters.
 __global__ void sum_partials_into_k(double* out, const double* partials, int64_t n) {
-  double total = 0;
-  for (int64_t i = 0; i < n; ++i) total += partials[i];
-  out[0] += total;
+  __shared__ double warp_part[kSumPartialsThreads / 32];
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kSumPartialsThreads) s += partials[i];
+  s = warp_sum_d(s);
+  if (threadIdx.x % 32 == 0) warp_part[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int w = 0; w < kSumPartialsThreads / 32; ++w) total += warp_part[w];
+    out[0] += total;
+  }
 }
 
 }  // namespace
 
 int sum_partials_into(double* out, const double* partials, int64_t n, void* stream) {
   Range r("sum_partials_into");
-  MT_LAUNCH(sum_partials_into_k, 1, 1, 0, st(stream), out, partials, n);
+  MT_LAUNCH(sum_partials_into_k, 1, kSumPartialsThreads, 0, st(stream), out, partials, n);
   return last_error();
 }
 
