@@ -16,17 +16,22 @@
 #   scripts/gpu_bundle.sh build .gpu-bundle && mkdir -p .gpu-carry && tar cJf .gpu-carry/bundle.tar.xz .gpu-bundle .gpu-deps
 #   (.gpu-deps, .gpu-bundle and .gpu-carry in .git/info/exclude), then the device call with carry [".gpu-carry"]:
 #   bash scripts/gpu_run.sh
-# Options: --parts 1,2,3 (which parts), --quick (bench_gpu.sh --quick: a dry run of the plumbing, also on a CPU).
+#   4. with --compare OLD (a bundle of another build: its meshtrain and libmeshtrain_cuda.so): the 1B step of OLD,
+#      then of this bundle and torch.compile, one after the other on the same GPU (a change's effect).
+# Options: --parts 1,2,3 (which parts; 4 is added by --compare), --quick (bench_gpu.sh --quick: a dry run of the
+# plumbing, also on a CPU).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 parts=1,2,3
 quick=0
+old=
 while [ $# -gt 0 ]; do
   case $1 in
     --parts) parts=$2; shift ;;
     --quick) quick=1 ;;
-    *) echo "gpu_run.sh: unknown argument $1 (options: --parts LIST, --quick)" >&2; exit 2 ;;
+    --compare) old=$2; parts="$parts,4"; shift ;;
+    *) echo "gpu_run.sh: unknown argument $1 (options: --parts LIST, --compare OLD, --quick)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -90,15 +95,29 @@ cal_args=()
 part 3 "estimate --calibrate on the GPU" 50 "$bundle/meshtrain" --set comm.device=cuda estimate --calibrate \
   "${cal_args[@]}" --out "$out/gpu_cluster.yaml"
 [ -f "$out/gpu_cluster.yaml" ] && cat "$out/gpu_cluster.yaml"
+# 4. The step of another build, then of this one (and torch.compile), on the same GPU.
+if [ -n "$old" ]; then
+  [ -d .gpu-carry ] && [ ! -x "$old/meshtrain" ] && [ -f ".gpu-carry/$(basename "$old").tar.xz" ] &&
+    tar xJf ".gpu-carry/$(basename "$old").tar.xz"
+  step_args=(--step-only --steps 12 --limit 110)
+  [ $quick = 1 ] && step_args=(--step-only --quick --limit 110)
+  part 4 "the 1B step of $old" 120 env OUT="$work/step_old" bash scripts/bench/bench_gpu.sh "$old" "${step_args[@]}" \
+    --torch ""
+  part 4 "the 1B step of $bundle, then torch.compile" 200 env OUT="$work/step_new" bash scripts/bench/bench_gpu.sh \
+    "$bundle" "${step_args[@]}" --torch compile
+fi
 
 (cd "$work" && tar czf "$out/gpu_run_logs.tar.gz" .) 2>/dev/null
 # The tables again, last (a device call's reply carries the end of the output).
 echo
 [ -f "$work/check/gpu_check_summary.txt" ] && cat "$work/check/gpu_check_summary.txt"
-if [ -f "$work/bench/bench_gpu.jsonl" ]; then
-  echo
-  python3 scripts/bench/bench_gpu_report.py summary "$work/bench/bench_gpu.jsonl" 2>&1 | tail -n 40
-fi
+for b in bench step_old step_new; do
+  if [ -f "$work/$b/bench_gpu.jsonl" ]; then
+    echo
+    echo "-- $b"
+    python3 scripts/bench/bench_gpu_report.py summary "$work/$b/bench_gpu.jsonl" 2>&1 | tail -n 40
+  fi
+done
 rm -rf "$work"
 echo
 echo "== gpu_run summary ($(since) s in all; $(date -u '+%Y-%m-%d %H:%M UTC'))"

@@ -18,7 +18,9 @@
 #     part 1's run (MT_PROFILE_STEPS=4: the steps before run unprofiled and give part 1's figures).
 # A part that fails prints its error row and the script goes on. Raw JSON lines: $OUT/bench_gpu.jsonl (or
 # runs/bench_gpu/bench_gpu.jsonl), the runs' logs beside it.
-#   scripts/bench/bench_gpu.sh [BUILD_DIR] [--batch-size N] [--steps 20] [--limit 300] [--quick]
+#   scripts/bench/bench_gpu.sh [BUILD_DIR] [--batch-size N] [--steps 20] [--limit 300] [--step-only] [--torch MODES] [--quick]
+# --step-only: parts 1 and 4 only (the step, its memory and profile); --torch MODES: PyTorch's modes in part 1
+# (default "eager compile"; "" for none), e.g. to time another build's step beside this one's in one call.
 # --limit S: each run's time limit in seconds (meshtrain's, each PyTorch mode's; attention and redistribution runs
 # get the smaller of S and 120).
 # --quick: a tiny model, short sequences and small tensors, end to end in a minute or two; on a machine without a
@@ -30,6 +32,8 @@ batch=
 steps=20
 quick=0
 limit=300
+step_only=0
+torch_modes="eager compile"
 command_line="$0 $*"
 while [ $# -gt 0 ]; do
   case $1 in
@@ -37,6 +41,8 @@ while [ $# -gt 0 ]; do
     --steps) steps=$2; shift 2 ;;
     --quick) quick=1; shift ;;
     --limit) limit=$2; shift 2 ;;
+    --step-only) step_only=1; shift ;;
+    --torch) torch_modes=$2; shift 2 ;;
     -*) echo "bench_gpu.sh: unknown option $1" >&2; exit 2 ;;
     *) build=$1; shift ;;
   esac
@@ -176,7 +182,7 @@ fi
 step_ms=$(grep -h '"impl": "meshtrain"' "$results" | "$py" -c "import json,sys
 r=[json.loads(l) for l in sys.stdin]; print(r[-1].get('step_ms', 0) if r else 0)" 2>/dev/null || echo 0)
 
-for mode in eager compile; do
+for mode in $torch_modes; do
   targs=(--device "$device" --dim "$dim" --n-layers "$layers" --n-heads "$heads" --n-kv-heads "$kv" --ffn-dim "$ffn"
     --vocab-size "$vocab" --seq-len "$seq" --batch-size "$batch" --steps $torch_steps --warmup $torch_warmup
     --mode $mode --dtype $([ $device = cpu ] && echo fp32 || echo bf16))
@@ -195,6 +201,7 @@ for mode in eager compile; do
   fi
 done
 
+if [ $step_only = 0 ]; then
 # ---- 2. Attention alone: meshtrain's kernel beside SDPA's flash and cuDNN backends ----
 echo
 echo "== 2. attention alone, causal, fwd+bwd, $([ $device = cuda ] && echo bf16 || echo fp32) ($(elapsed))"
@@ -241,6 +248,8 @@ for np in 1 2; do
     err bench=redistribute ranks=$np "$([ $rc = 124 ] && echo "timeout after $small_limit s" || last_error "$tmp/red.err")"
   fi
 done
+
+fi  # --step-only
 
 # ---- 4. Memory against the expected bytes; the top 10 ops of a profiled run ----
 echo
