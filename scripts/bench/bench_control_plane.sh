@@ -5,7 +5,8 @@
 #   step+save  one step and a sharded checkpoint (every rank a writer), to the end of the job;
 #   resume     a second job resuming that checkpoint, launch to "resumed from";
 #   stopped    (64 and 128 ranks) the last rank stops itself at the step's stop-signal all-reduce: the job must end
-#              non-zero within comm.timeout_s + a margin, naming that rank.
+#              non-zero within comm.timeout_s (20 s; 120 s at 128 ranks, whose start-up alone takes ~60 s here) + a
+#              margin, naming that rank.
 #   scripts/bench/bench_control_plane.sh [BUILD_DIR] [RANKS...]   (default 1 8 32 64 128; OUT=/tmp/bench_cp_plane)
 # Use a CPU-only build (scripts/setup.sh --cpu-only BUILD_DIR): a build with CUDA links cuBLAS/cuBLASLt/NCCL/cudart
 # and each rank then carries about 110 MiB of private memory for them even on CPU.
@@ -73,15 +74,17 @@ for n in "${ranks[@]}"; do
   stopped="-"
   if [ "$n" -ge 64 ]; then
     last=$((n - 1))
+    # The watchdog's limit covers start-up's collectives too: 128 ranks on 2 cores take about 60 s to start.
+    drill_s=$((n >= 128 ? 120 : 20))
     t0=$(now)
-    MT_FAULT_STOP_AT="stop-signal all_reduce:$last" timeout -k 10 300 "$root/scripts/mpirun.sh" -np "$n" "$mt" \
-      --config "$out/c.yaml" "${mesh[@]}" --set comm.timeout_s=20 --set training.steps=3 --set checkpoint.dir= train \
+    MT_FAULT_STOP_AT="stop-signal all_reduce:$last" timeout -k 10 $((drill_s + 300)) "$root/scripts/mpirun.sh" -np "$n" "$mt" \
+      --config "$out/c.yaml" "${mesh[@]}" --set comm.timeout_s=$drill_s --set training.steps=3 --set checkpoint.dir= train \
       >"$out/stop$n.log" 2>&1
     src=$?
     t1=$(now)
     named=no
     grep -aq "world rank $last did not arrive" "$out/stop$n.log" && named=yes
-    stopped="exit $src after $(python3 -c "print(f'{$t1 - $t0:.1f}')") s (timeout 20 s), rank $last named: $named"
+    stopped="exit $src after $(python3 -c "print(f'{$t1 - $t0:.1f}')") s (timeout $drill_s s), rank $last named: $named"
   fi
   echo "| $n | $desc | $start | $total | ${save:--} | $resume | ${load:--} | $stopped |" >>"$report"
   tail -n 1 "$report"
