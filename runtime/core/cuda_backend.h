@@ -21,6 +21,10 @@ void pinned_free(void* p);
 // The device's PCI bus id ("0000:3b:00.0"): the same GPU has the same id in every process of a node, whatever
 // each process's CUDA_VISIBLE_DEVICES.
 std::string pci_bus_id(int device);
+// The device's total memory in bytes (cudaMemGetInfo's total).
+size_t device_memory_bytes(int device);
+// The device's name (cudaGetDeviceProperties: "NVIDIA H100 80GB HBM3").
+std::string device_name(int device);
 }  // namespace mt::cuda
 
 namespace mt::detail {

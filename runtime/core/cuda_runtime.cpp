@@ -251,6 +251,19 @@ std::string pci_bus_id(int device) {
   return id;
 }
 
+size_t device_memory_bytes(int device) {
+  DeviceGuard g(device);
+  size_t free_b = 0, total_b = 0;
+  MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return total_b;
+}
+
+std::string device_name(int device) {
+  cudaDeviceProp p{};
+  MT_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  return p.name;
+}
+
 }  // namespace cuda
 
 // ---------------------------------------------------------------- caching allocator

@@ -78,6 +78,8 @@ void* pinned_malloc(size_t bytes) {
 }
 void pinned_free(void*) {}
 std::string pci_bus_id(int) { no_cuda(); }
+size_t device_memory_bytes(int) { no_cuda(); }
+std::string device_name(int) { no_cuda(); }
 }  // namespace cuda
 
 namespace detail {

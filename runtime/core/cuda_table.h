@@ -28,7 +28,7 @@ class Stream;
 class Event;
 class Group;
 
-constexpr uint32_t kCudaBackendAbi = 1;
+constexpr uint32_t kCudaBackendAbi = 2;
 constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
 
 // The launchers of runtime/kernels/cuda taking T = float or mt::bf16 (declared again beside their ops,
@@ -172,7 +172,9 @@ constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
   X(void, stream_sync_current, (int device), (device))                                                                \
   X(void*, pinned_malloc, (size_t bytes), (bytes))                                                                    \
   X(void, pinned_free, (void* p), (p))                                                                                \
-  X(std::string, pci_bus_id, (int device), (device))
+  X(std::string, pci_bus_id, (int device), (device))                                                                  \
+  X(size_t, device_memory_bytes, (int device), (device))                                                              \
+  X(std::string, device_name, (int device), (device))
 
 // The launcher templates, declared for the table (the same declarations as beside the ops).
 namespace cuda {

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "runtime/core/cuda_backend.h"
 #include "runtime/core/error.h"
 #include "runtime/core/stream.h"
 
@@ -14,6 +15,10 @@ std::atomic<int64_t> g_host_syncs{0};
 
 void note_host_sync() { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
 int64_t host_sync_count() { return g_host_syncs.load(std::memory_order_relaxed); }
+
+size_t cuda_device_memory_bytes(int device) { return cuda::device_memory_bytes(device); }
+std::string cuda_device_name(int device) { return cuda::device_name(device); }
+std::string cuda_device_pci_bus_id(int device) { return cuda::pci_bus_id(device); }
 
 Device Device::parse(const std::string& s) {
   if (s == "cpu") return cpu();

@@ -1,5 +1,6 @@
 // Where a tensor's storage lives: host memory or one CUDA device.
 #pragma once
+#include <cstddef>
 #include <string>
 
 namespace mt {
@@ -27,5 +28,12 @@ const std::string& cuda_backend_error();
 // Number of visible CUDA devices (0 when not built or none present). Loads the backend in a CUDA build; throws
 // "[cuda] cannot load the CUDA backend ..." when it cannot.
 int cuda_device_count();
+// CUDA device `device`'s total memory in bytes (cudaMemGetInfo). Loads the backend; throws "[cuda] ..." when it
+// cannot be loaded or was not built.
+size_t cuda_device_memory_bytes(int device);
+// Its name ("NVIDIA H100 80GB HBM3"; the emulated device says it is one); the same loading and errors.
+std::string cuda_device_name(int device);
+// Its PCI bus id ("0000:3b:00.0"); the same loading and errors.
+std::string cuda_device_pci_bus_id(int device);
 
 }  // namespace mt

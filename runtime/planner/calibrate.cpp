@@ -1,5 +1,7 @@
 // Calibration (cluster.h's calibrate_cluster, `meshtrain estimate --calibrate`): this machine measured with the
-// runtime's own kernels and collectives, every rank at once, and written as a cluster file.
+// runtime's own kernels and collectives, every rank at once, and written as a cluster file: CPU ranks (comm.device
+// cpu), or a CUDA device per rank (comm.device cuda). One measuring code for both; what differs (where the tensors
+// live and in which dtype, waiting for the device, the peak, the memory, the shapes) is the Target chosen once.
 #include <mpi.h>
 #include <sched.h>
 #include <sys/resource.h>
@@ -13,12 +15,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "attention/attention.h"
 #include "comm/control.h"
 #include "comm/mesh.h"
+#include "runtime/core/device.h"
 #include "runtime/core/log.h"
+#include "runtime/core/stream.h"
 #include "runtime/io/config.h"
 #include "runtime/kernels/cpu/isa.h"
 #include "runtime/kernels/ops.h"
@@ -52,33 +57,56 @@ double median_over_ranks(double x, std::string_view label) {
   return median(all);
 }
 
+// Where the measurements run, chosen once (calibrate's setup). CPU ranks: host tensors in f32, the CPU kernels'
+// fast path (bf16 there is f32 arithmetic on widened copies, ops.h). comm.device cuda: each rank's own CUDA device
+// (rank_device's, as train picks it), the ops in bf16 as training runs them on a GPU (weight gradients, statistics
+// and the optimizer's master copy f32, the mixed-precision rule), the collectives on device buffers through the
+// mesh's backend (nccl with a device per rank, as in training).
+struct Target {
+  Device device = Device::cpu();
+  DType dtype = DType::f32;  // the ops' activations and weights
+  int ranks_per_device = 1;  // on a device: the node's ranks sharing one (local ranks / visible devices, rounded up)
+  bool on_device() const { return device.is_cuda(); }
+  // Device work is asynchronous: a time read before the device is done would be the launches'. CPU ops return
+  // done.
+  void sync() const {
+    if (device.is_cuda()) device_synchronize();
+  }
+  // Values in [-0.5, 0.5) (no denormals, NaNs or overflow to slow or break the kernels), in dt (default: the
+  // target's dtype), on the target's device.
+  Tensor filled(const Shape& s, std::optional<DType> dt = {}) const {
+    Tensor t = empty(s, DType::f32);
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = float((i * 7919) % 1000) * 1e-3f - 0.5f;
+    if (const DType want = dt.value_or(dtype); want != DType::f32) {
+      Tensor c = empty(s, want);
+      convert(c, t);
+      t = c;
+    }
+    return t.to(device);
+  }
+  Tensor uninit(const Shape& s, std::optional<DType> dt = {}) const { return empty(s, dt.value_or(dtype), device); }
+  Tensor zeroed(const Shape& s, std::optional<DType> dt = {}) const { return zeros(s, dt.value_or(dtype), device); }
+};
+
 // fn's time with every rank running it at once, as in training: each repetition starts on all ranks together (a
-// barrier) and lasts until the slowest rank is done; the median over iters repetitions after one warm-up. The
-// slowest rank, not each rank's own time: with more ranks than cores, an op shorter than the scheduler's time slice
-// can run undisturbed on one rank while the others wait for a core, and its own time would promise a rate that
-// all ranks together never reach.
-template <class F> double time_median(int iters, std::string_view label, F&& fn) {
+// barrier) and lasts until the slowest rank is done (on a device, until its work is done: tg.sync()); the median
+// over iters repetitions after one warm-up. The slowest rank, not each rank's own time: with more ranks than cores,
+// an op shorter than the scheduler's time slice can run undisturbed on one rank while the others wait for a core,
+// and its own time would promise a rate that all ranks together never reach.
+template <class F> double time_median(const Target& tg, int iters, std::string_view label, F&& fn) {
   fn();
+  tg.sync();
   std::vector<double> t;
   for (int i = 0; i < iters; ++i) {
     control_barrier(MPI_COMM_WORLD, label);
     auto t0 = Clock::now();
     fn();
+    tg.sync();
     t.push_back(seconds_since(t0));
   }
   control_all_reduce(MPI_COMM_WORLD, t.data(), iters, MPI_DOUBLE, MPI_MAX, label);
   return median(t);
-}
-
-// Values in [-0.5, 0.5): no denormals, NaNs or overflow to slow or break the kernels.
-void fill(const Tensor& t) {
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = float((i * 7919) % 1000) * 1e-3f - 0.5f;
-}
-Tensor filled(const Shape& s) {
-  Tensor t = empty(s, DType::f32);
-  fill(t);
-  return t;
 }
 
 // The node's cores this process may run on.
@@ -106,28 +134,36 @@ struct Rate {
 };
 
 // A linear layer's forward and backward, out (N, OC) = inp (N, C) @ w (OC, C)^T: 3 GEMMs of 2 N C OC FLOPs.
-Rate time_gemm(int64_t N, int64_t C, int64_t OC, int iters) {
-  Tensor inp = filled({N, C}), w = filled({OC, C}), out = empty({N, OC}, DType::f32);
-  Tensor dout = filled({N, OC}), dinp = empty({N, C}, DType::f32), dw = zeros({OC, C}, DType::f32);
-  const double s = time_median(iters, "calibration: GEMM", [&] {
+// In the target's dtype; dw in its accumulation dtype (f32 with bf16), as training's weight gradients.
+Rate time_gemm(const Target& tg, int64_t N, int64_t C, int64_t OC, int iters) {
+  Tensor inp = tg.filled({N, C}), w = tg.filled({OC, C}), out = tg.uninit({N, OC});
+  Tensor dout = tg.filled({N, OC}), dinp = tg.uninit({N, C}), dw = tg.zeroed({OC, C}, accum_dtype(tg.dtype));
+  const double s = time_median(tg, iters, "calibration: GEMM", [&] {
     matmul_forward(out, inp, w);
     matmul_backward(dinp, dw, dout, inp, w);
   });
   return {fmt::format("GEMM fwd+bwd N={} C={} OC={}", N, C, OC), 6.0 * double(N) * double(C) * double(OC), s};
 }
 
+// A matmul forward alone, out (n, n) = a (n, n) @ b (n, n)^T in dt: the peak's probe on a device.
+Rate time_square_gemm(const Target& tg, int64_t n, DType dt, int iters) {
+  Tensor a = tg.filled({n, n}, dt), b = tg.filled({n, n}, dt), c = tg.uninit({n, n}, dt);
+  const double s = time_median(tg, iters, "calibration: peak GEMM", [&] { matmul_forward(c, a, b); });
+  return {fmt::format("{} GEMM forward {}^3", dtype_name(dt), n), 2.0 * double(n) * double(n) * double(n), s};
+}
+
 // The model's attention (make_attention: local, as with cp = 1), forward and backward, causal, on (1, T, H, hd) with
-// H/2 kv heads (grouped-query, as configs/bench_cpu.yaml); FLOPs as attention_forward_flops counts them.
-Rate time_attention(int64_t T, int64_t H, int64_t hd, int iters) {
+// H/2 kv heads (grouped-query, as configs/bench_cpu.yaml); FLOPs as attention_forward_flops counts them. On a device
+// in bf16 with hd 64 or 128: the tensor-core kernel training uses (ops.h, local_attention_forward).
+Rate time_attention(const Target& tg, int64_t T, int64_t H, int64_t hd, int iters) {
   const int64_t KV = std::max<int64_t>(1, H / 2);
   auto att = make_attention();
-  Tensor q = filled({1, T, H, hd}), k = filled({1, T, KV, hd}), v = filled({1, T, KV, hd});
-  Tensor dout = filled({1, T, H, hd});
-  Tensor dq = empty({1, T, H, hd}, DType::f32), dk = empty({1, T, KV, hd}, DType::f32),
-         dv = empty({1, T, KV, hd}, DType::f32);
+  Tensor q = tg.filled({1, T, H, hd}), k = tg.filled({1, T, KV, hd}), v = tg.filled({1, T, KV, hd});
+  Tensor dout = tg.filled({1, T, H, hd});
+  Tensor dq = tg.uninit({1, T, H, hd}), dk = tg.uninit({1, T, KV, hd}), dv = tg.uninit({1, T, KV, hd});
   AttentionCall call;
   call.causal = true;
-  const double s = time_median(iters, "calibration: attention", [&] {
+  const double s = time_median(tg, iters, "calibration: attention", [&] {
     AttentionSaved saved;
     att->forward(saved, q, k, v, call);
     att->backward(dq, dk, dv, dout, saved, call);
@@ -138,27 +174,36 @@ Rate time_attention(int64_t T, int64_t H, int64_t hd, int iters) {
 
 // Elementwise ops over tensors past the caches, the kinds of a training step's (the residual add, the norm, the
 // FFN's activation, the optimizer): bytes read + bytes written per second. On CPU ranks the norm and the
-// activation are partly compute-bound (exp, rsqrt); the figure is their mix, time-weighted.
+// activation are partly compute-bound (exp, rsqrt); the figure is their mix, time-weighted. Activations in the
+// target's dtype; the optimizer's state f32, with the bf16 compute copy written where the target computes in bf16
+// (as training's step on a device).
 struct Bandwidth {
   std::string what;
   double bytes = 0, seconds = 0;
   double gbs() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
 };
-std::vector<Bandwidth> time_elementwise(int64_t elems, int iters) {
+std::vector<Bandwidth> time_elementwise(const Target& tg, int64_t elems, int iters) {
   const int64_t C = 1024, N = std::max<int64_t>(1, elems / C);
-  Tensor a = filled({N, C}), b = filled({N, C}), w = filled({C}), rstd = empty({N}, DType::f32);
-  const double e = double(N * C) * 4;
+  const DType acc = accum_dtype(tg.dtype);
+  Tensor a = tg.filled({N, C}), b = tg.filled({N, C}), w = tg.filled({C}), rstd = tg.uninit({N}, acc);
+  const double e = double(N * C) * double(dtype_size(tg.dtype)), e32 = double(N * C) * 4;
   std::vector<Bandwidth> r;
-  double s = time_median(iters, "calibration: add_", [&] { add_(a, b); });  // read a and b, write a
+  double s = time_median(tg, iters, "calibration: add_", [&] { add_(a, b); });  // read a and b, write a
   r.push_back({"add_ (a += b)", 3 * e, s});
-  s = time_median(iters, "calibration: rmsnorm", [&] { rmsnorm_forward(b, rstd, a, w, 1e-5); });  // read a, write b
-  r.push_back({"rmsnorm forward", 2 * e + double(N) * 4, s});
-  Tensor c = filled({N, C}), d = zeros({N, C}, DType::f32);
-  s = time_median(iters, "calibration: swiglu", [&] { swiglu_forward(c, a, b); });  // read a and b, write c
+  s = time_median(tg, iters, "calibration: rmsnorm", [&] { rmsnorm_forward(b, rstd, a, w, 1e-5); });  // read a, write b
+  r.push_back({"rmsnorm forward", 2 * e + double(N * int64_t(dtype_size(acc))), s});
+  Tensor c = tg.filled({N, C}), d = tg.zeroed({N, C}, acc);
+  s = time_median(tg, iters, "calibration: swiglu", [&] { swiglu_forward(c, a, b); });  // read a and b, write c
   r.push_back({"swiglu forward", 3 * e, s});
-  int64_t step = 0;  // read param a, grad b, moments c and d; write a, c and d
-  s = time_median(iters, "calibration: adamw", [&] { adamw_step(a, b, c, d, 1e-4, 0.9, 0.95, 1e-8, 0.1, ++step); });
-  r.push_back({"adamw step", 7 * e, s});
+  // read param, grad, moments m and v; write param, m and v (and the bf16 copy). In f32 the activations' tensors
+  // serve (param a, grad b, m c, v d); in bf16 the f32 master copy, its gradient and moments are their own.
+  const bool f32 = tg.dtype == DType::f32;
+  Tensor param = f32 ? a : tg.filled({N, C}, DType::f32), grad = f32 ? b : tg.filled({N, C}, DType::f32);
+  Tensor m = f32 ? c : tg.filled({N, C}, DType::f32), lowp = f32 ? Tensor() : a;
+  int64_t step = 0;
+  s = time_median(tg, iters, "calibration: adamw",
+                  [&] { adamw_step(param, grad, m, d, 1e-4, 0.9, 0.95, 1e-8, 0.1, ++step, lowp); });
+  r.push_back({f32 ? "adamw step" : "adamw step (+ bf16 copy)", 7 * e32 + (f32 ? 0 : e), s});
   return r;
 }
 
@@ -175,18 +220,20 @@ struct CollectiveTime {
 const std::vector<std::string> kFitKinds = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ring_shift"};
 
 // Buffers for kind on n ranks holding `bytes` in all (nccl-tests' size: the all_reduce buffer, the all_gather
-// output, the reduce_scatter input), as f32 elements, a multiple of n.
+// output, the reduce_scatter input), as f32 elements, a multiple of n, on the target's device.
 // One collective of a kind on its buffers, issued and waited (calibration's own, as train issues it).
 struct CollectiveCall {
   Group& g;
   std::string kind;
   int64_t count, m;  // the whole buffer's f32 elements (a multiple of n), a rank's part of it
   Tensor whole, part, out;
-  CollectiveCall(Group& group, std::string k, int64_t bytes)
+  CollectiveCall(const Target& tg, Group& group, std::string k, int64_t bytes)
       : g(group), kind(std::move(k)), count(std::max<int64_t>(g.size(), bytes / 4 / g.size() * g.size())),
-        m(count / g.size()), whole(filled({count})), part(filled({m})), out(empty({count}, DType::f32)) {}
+        m(count / g.size()), whole(tg.filled({count}, DType::f32)), part(tg.filled({m}, DType::f32)),
+        out(tg.uninit({count}, DType::f32)) {}
   // async: issued non-blocking and waited at once, as the runtime issues gradient buckets, fully_shard's transfers
-  // and ring attention's shifts (Open MPI runs its non-blocking collectives by other algorithms).
+  // and ring attention's shifts (Open MPI runs its non-blocking collectives by other algorithms). On a device the
+  // wait may only order the rank's stream after the collective: the caller's tg.sync() waits for it.
   void run(bool async = false) {
     Work w;
     if (kind == "all_reduce") w = g.all_reduce(whole, ReduceOp::sum, async);
@@ -198,10 +245,14 @@ struct CollectiveCall {
   }
 };
 
-double time_collective(Group& g, const std::string& kind, int64_t bytes, int iters, double* sent, bool async = false) {
+double time_collective(const Target& tg, Group& g, const std::string& kind, int64_t bytes, int iters, double* sent,
+                       bool async = false) {
   const int n = g.size();
-  CollectiveCall call(g, kind, bytes);
-  auto run = [&] { call.run(async); };
+  CollectiveCall call(tg, g, kind, bytes);
+  auto run = [&] {
+    call.run(async);
+    tg.sync();
+  };
   run();
   std::vector<double> t(static_cast<size_t>(iters));
   for (int i = 0; i < iters; ++i) {
@@ -231,9 +282,9 @@ double time_collective(Group& g, const std::string& kind, int64_t bytes, int ite
 struct SyncPoint {
   double segment_s = 0, wait_s = 0;
 };
-SyncPoint time_sync(Group& g, const std::vector<std::pair<std::string, double>>& kinds_own_s, int64_t latency_bytes,
-                    int64_t rows, int calls, int reps) {
-  Tensor inp = filled({rows, 256}), w = filled({768, 256}), out = empty({rows, 768}, DType::f32);
+SyncPoint time_sync(const Target& tg, Group& g, const std::vector<std::pair<std::string, double>>& kinds_own_s,
+                    int64_t latency_bytes, int64_t rows, int calls, int reps) {
+  Tensor inp = tg.filled({rows, 256}), w = tg.filled({768, 256}), out = tg.uninit({rows, 768});
   auto loop = [&](CollectiveCall* call) {
     control_barrier(MPI_COMM_WORLD, "calibration: sync");
     auto t0 = Clock::now();
@@ -241,10 +292,11 @@ SyncPoint time_sync(Group& g, const std::vector<std::pair<std::string, double>>&
       matmul_forward(out, inp, w);
       if (call) call->run();
     }
+    tg.sync();
     return seconds_since(t0);
   };
   std::vector<CollectiveCall> kinds;
-  for (auto& [kind, own] : kinds_own_s) kinds.emplace_back(g, kind, latency_bytes);
+  for (auto& [kind, own] : kinds_own_s) kinds.emplace_back(tg, g, kind, latency_bytes);
   std::vector<double> with, without;
   for (int r = 0; r <= reps; ++r)  // the first round warms up
     for (CollectiveCall& call : kinds) {
@@ -262,16 +314,19 @@ SyncPoint time_sync(Group& g, const std::vector<std::pair<std::string, double>>&
 
 struct LinkFit {
   int ranks = 0;
+  std::string backend;  // the mesh's, resolved (auto: nccl with a device per rank, else mpi)
   LinkSpec link;
   std::vector<CollectiveTime> kinds;
 };
 
 // Groups of n ranks (all of the world's ranks in such groups at once): the latency is the median over the kinds of
 // the small message's time per message step; each kind's bandwidth the median over the sizes of the bytes sent
-// over the time less the latency; bandwidth_gbs, for the kinds not measured, the kinds' median.
-LinkFit measure_link(int world, int n, const std::string& backend, const CalibrateOptions& o) {
+// over the time less the latency; bandwidth_gbs, for the kinds not measured, the kinds' median. The mesh on the
+// target's device, the buffers there (on a device with the nccl backend, as training's collectives). sync_us only
+// on CPU ranks: ranks with a device each have no such wait (cluster.h), and the estimate adds none for them.
+LinkFit measure_link(const Target& tg, int world, int n, const std::string& backend, const CalibrateOptions& o) {
   MeshOptions mo;
-  mo.device = Device::cpu();
+  mo.device = tg.device;
   mo.backend = backend;
   std::vector<MeshDim> dims;
   if (world / n > 1) dims.push_back({"calibrate_groups", world / n});
@@ -280,15 +335,16 @@ LinkFit measure_link(int world, int n, const std::string& backend, const Calibra
   Group& g = mesh.group("calibrate_ranks");
   LinkFit fit;
   fit.ranks = n;
+  fit.backend = mesh.backend();
   std::vector<double> per_step;
   for (const std::string& kind : kFitKinds) {
     CollectiveTime ct;
     ct.kind = kind;
     double unused = 0;
-    ct.small_s = time_collective(g, kind, o.latency_bytes, o.collective_iters, &unused);
+    ct.small_s = time_collective(tg, g, kind, o.latency_bytes, o.collective_iters, &unused);
     for (int64_t size : o.bandwidth_sizes) {
       double sent = 0;
-      const double t = time_collective(g, kind, size, o.collective_iters, &sent);
+      const double t = time_collective(tg, g, kind, size, o.collective_iters, &sent);
       ct.large.push_back({sent, t});
     }
     per_step.push_back(ct.small_s / collective_steps(kind, n));
@@ -301,7 +357,7 @@ LinkFit measure_link(int world, int n, const std::string& backend, const Calibra
     ct.async = true;
     for (int64_t size : o.bandwidth_sizes) {
       double sent = 0;
-      const double t = time_collective(g, kind, size, o.collective_iters, &sent, true);
+      const double t = time_collective(tg, g, kind, size, o.collective_iters, &sent, true);
       ct.large.push_back({sent, t});
     }
     fit.kinds.push_back(ct);
@@ -321,6 +377,7 @@ LinkFit measure_link(int world, int n, const std::string& backend, const Calibra
   }
   fit.link.bandwidth_gbs = median(bws);
   fit.link.latency_us = alpha * 1e6;
+  if (tg.on_device()) return fit;
   // sync_us over the kinds a training step calls most (tp and fully_shard's, data parallel's).
   std::vector<std::pair<std::string, double>> own;
   for (auto& ct : fit.kinds)
@@ -328,7 +385,7 @@ LinkFit measure_link(int world, int n, const std::string& backend, const Calibra
       own.push_back({ct.kind, ct.small_s});
   for (int64_t rows : o.sync_rows) {
     const int calls = std::max<int>(4, int(o.sync_calls * o.sync_rows.front() / rows));
-    const SyncPoint p = time_sync(g, own, o.latency_bytes, rows, calls, o.sync_reps);
+    const SyncPoint p = time_sync(tg, g, own, o.latency_bytes, rows, calls, o.sync_reps);
     fit.link.sync_us[p.segment_s * 1e3] = p.wait_s * 1e6;
   }
   return fit;
@@ -360,19 +417,70 @@ void round_figures(ClusterSpec& c) {
   c.memory_bandwidth_gbs = sig4(c.memory_bandwidth_gbs);
 }
 
+// What is measured, by target and --quick. CPU ranks: transformer-like GEMMs of 2048 tokens through dim 256..1024
+// projections and a 3x FFN, attention T=256..1024 with 8 heads. A device: shapes of the size a GPU trains at
+// (8192 tokens through dim 1024..4096; attention T=2048..8192, 16 or 32 heads, hd 64 and 128, the tensor-core
+// kernel's), and the peak from bf16 squares of 4096 and 8192 (f32 on the first). --quick: one small shape of each.
+struct Plan {
+  std::vector<int64_t> peak_sizes;                // a device's peak probes (square GEMMs); CPU: cpu_peak_flops'
+  std::vector<std::array<int64_t, 3>> gemms;      // N, C, OC
+  std::vector<std::array<int64_t, 3>> attentions;  // T, H, hd
+  int64_t elementwise_elems = 0;
+};
+Plan make_plan(const Target& tg, const CalibrateOptions& o) {
+  Plan p;
+  if (!tg.on_device()) {
+    p.gemms = o.quick ? std::vector<std::array<int64_t, 3>>{{256, 128, 128}}
+                      : std::vector<std::array<int64_t, 3>>{
+                            {2048, 256, 256}, {2048, 256, 768}, {2048, 512, 512}, {2048, 1024, 1024}};
+    p.attentions = o.quick ? std::vector<std::array<int64_t, 3>>{{128, 8, 32}}
+                           : std::vector<std::array<int64_t, 3>>{{256, 8, 32}, {512, 8, 32}, {1024, 8, 32}, {1024, 8, 64}};
+    p.elementwise_elems = o.quick ? (1 << 18) : o.elementwise_elems;
+    return p;
+  }
+  // --quick on a device: small enough for the emulated device of the tests (tests/emu), which runs the kernels on
+  // the CPU; hd 64 still takes the tensor-core attention kernel.
+  p.peak_sizes = o.quick ? std::vector<int64_t>{128} : std::vector<int64_t>{4096, 8192};
+  p.gemms = o.quick ? std::vector<std::array<int64_t, 3>>{{128, 64, 64}}
+                    : std::vector<std::array<int64_t, 3>>{
+                          {8192, 1024, 1024}, {8192, 1024, 3072}, {8192, 2048, 2048}, {8192, 4096, 4096}};
+  p.attentions = o.quick ? std::vector<std::array<int64_t, 3>>{{64, 2, 64}}
+                         : std::vector<std::array<int64_t, 3>>{
+                               {2048, 16, 64}, {2048, 16, 128}, {4096, 32, 128}, {8192, 32, 128}};
+  p.elementwise_elems = o.quick ? (1 << 16) : o.device_elementwise_elems;
+  return p;
+}
+
 struct Calibration {
   ClusterSpec spec;
+  Target target;
+  std::string device_desc;  // a device: rank 0's ("cuda:0, NVIDIA H100 80GB HBM3, PCI 0000:3b:00.0")
   int threads = 0, cores = 0;
-  double share = 1;                    // the cores a rank has when all run: min(threads, cores / ranks)
-  double cpu_peak = 0, bf16_peak = 0;  // per rank: alone / its cores alone x share
-  std::vector<Rate> gemms, attentions;
+  double share = 1;  // the cores a rank has when all run: min(threads, cores / ranks); 1 on a device
+  // Per rank. CPU: one rank alone / its cores alone x share (f32_peak cpu_peak_flops'). A device: the fastest
+  // square GEMM in the dtype (peaks, every rank at once).
+  double f32_peak = 0, bf16_peak = 0;
+  std::vector<Rate> peaks, gemms, attentions;
   std::vector<Bandwidth> elementwise;
   std::vector<LinkFit> links;
   std::vector<int64_t> bandwidth_sizes;
 };
 
-// cal's peaks (cpu_peak, bf16_peak) and the cores they are shared by (cores, share); cal.threads set.
-void measure_peaks(Calibration& cal, const MpiEnv& env, const CalibrateOptions& o) {
+// cal's peaks (f32_peak, bf16_peak) and the cores they are shared by (cores, share); cal.threads set.
+void measure_peaks(Calibration& cal, const MpiEnv& env, const CalibrateOptions& o, const Plan& plan, int iters) {
+  const Target& tg = cal.target;
+  if (tg.on_device()) {
+    // A device per rank: every rank on its own at once, as the other rates (time_median: the slowest rank's time),
+    // the largest bf16 GEMMs; f32 (CUDA cores: the runtime's f32 GEMM takes no TF32) on the first size only.
+    for (int64_t n : plan.peak_sizes) {
+      cal.peaks.push_back(time_square_gemm(tg, n, DType::bf16, iters));
+      cal.bf16_peak = std::max(cal.bf16_peak, cal.peaks.back().rate());
+    }
+    cal.peaks.push_back(time_square_gemm(tg, plan.peak_sizes.front(), DType::f32, iters));
+    cal.f32_peak = cal.peaks.back().rate();
+    cal.cores = 0, cal.share = 1;
+    return;
+  }
   const int world = env.size();
   // The peaks: each rank's threads alone (one rank at a time, the others waiting), per core, times the cores a
   // rank has when all run, min(threads, cores / ranks on the node): a rank's peak when all run. Measured alone because a peak
@@ -391,14 +499,52 @@ void measure_peaks(Calibration& cal, const MpiEnv& env, const CalibrateOptions& 
   // A rank's cores when all run (rank_share's rule), and alone (its threads, at most the node's cores).
   cal.share = std::min(double(cal.threads), double(cal.cores) / env.local_size());
   const double alone_cores = std::min(cal.threads, cal.cores);
-  cal.cpu_peak = median_over_ranks(f32_alone, "calibration: f32 peak") / alone_cores * cal.share;
+  cal.f32_peak = median_over_ranks(f32_alone, "calibration: f32 peak") / alone_cores * cal.share;
   cal.bf16_peak = median_over_ranks(bf16_alone, "calibration: bf16 peak") / alone_cores * cal.share;
+}
+
+std::string shapes_text(const std::vector<std::array<int64_t, 3>>& shapes, const char* fmt3) {
+  std::string r;
+  for (auto& [a, b, c] : shapes) r += (r.empty() ? "" : ", ") + fmt::format(fmt::runtime(fmt3), a, b, c);
+  return r;
+}
+
+std::string devices_text(const Target& tg) {
+  return tg.ranks_per_device > 1
+             ? fmt::format("{} ranks sharing each CUDA device (every figure a rank's share of one)", tg.ranks_per_device)
+             : "a CUDA device each";
+}
+
+// The source text of a device calibration: what was measured, on which device, how.
+std::string device_source(const Calibration& cal, const MpiEnv& env, const Plan& plan, const CalibrateOptions& co,
+                          int iters, const std::string& sizes) {
+  std::string peaks;
+  for (int64_t n : plan.peak_sizes) peaks += (peaks.empty() ? "" : ", ") + std::to_string(n) + "^3";
+  const std::string backend = cal.links.empty() ? "-" : cal.links.back().backend;
+  return fmt::format(
+      "measured by meshtrain estimate --calibrate on {}: {} ranks on one node, {} (rank 0's: {}), comm backend {}. Every op on device tensors, all ranks at once: timed from a barrier of the ranks to the "
+      "device's synchronisation (device_synchronize), an op's time the slowest rank's, the median of {} "
+      "repetition(s) after a warm-up. peak_tflops.bf16 = the fastest bf16 rate measured (matmul forward on {} "
+      "squares, or a rate below if higher); fp32 = the f32 matmul forward on {}^3 (no TF32); rates are harmonic "
+      "means over the shapes (equal FLOPs or bytes of each); gemm = bf16 matmul forward+backward (dweight f32) at "
+      "{}; attention = local causal forward+backward in bf16 (half as many kv heads) at {}; memory bandwidth = "
+      "add_, rmsnorm and swiglu in bf16 and adamw (f32 state, the bf16 copy written) over {} bf16 tensors; "
+      "links = all_reduce, all_gather, reduce_scatter, all_to_all, ring_shift of {} B (latency: the median per "
+      "message step) and of {} (bandwidth per kind, and of all_reduce, all_gather, reduce_scatter and ring_shift "
+      "issued non-blocking (<kind>_async): the median over the sizes; bandwidth_gbs: the kinds' median), f32 "
+      "buffers on the devices, in groups of n ranks (node_by_ranks), node = the world's; no sync_us (a device per "
+      "rank waits for no core); network = node (one node: no network measured). device_memory_gib = the device's "
+      "total memory (cudaMemGetInfo){}.",
+      env.host(), env.size(), devices_text(cal.target), cal.device_desc, backend, iters, peaks, plan.peak_sizes.front(), shapes_text(plan.gemms, "N={} C={} OC={}"),
+      shapes_text(plan.attentions, "T={} H={} hd={}"), human_bytes(plan.elementwise_elems * 2), co.latency_bytes, sizes,
+      cal.target.ranks_per_device > 1 ? fmt::format(" / {} ranks per device", cal.target.ranks_per_device) : "");
 }
 
 // cal.spec from cal's measurements (o: the options as given, co: as run, --quick's reductions applied).
 void fill_spec(Calibration& cal, const MpiEnv& env, const Config& cfg, const CalibrateOptions& o,
-               const CalibrateOptions& co) {
+               const CalibrateOptions& co, const Plan& plan, int iters) {
   const int world = env.size();
+  const Target& tg = cal.target;
   // The figures: the harmonic mean of the shapes' rates, the rate of a mix with equal FLOPs of each (a
   // time-weighted mean would be the largest shape's alone).
   auto harmonic = [](const std::vector<double>& rates) {
@@ -413,9 +559,9 @@ void fill_spec(Calibration& cal, const MpiEnv& env, const Config& cfg, const Cal
   };
   const auto [gemm_rate, gemm_best] = total(cal.gemms);
   const auto [att_rate, att_best] = total(cal.attentions);
-  // cpu_peak_flops is a best-of-7 768^3 GEMM; a larger GEMM here may beat it. The peak is the fastest of them, so
-  // that peak x efficiency is the measured rate and every efficiency is <= 1.
-  const double peak = std::max({cal.cpu_peak, gemm_best, att_best});
+  // The peak in the rates' dtype (CPU: cpu_peak_flops' best-of-7 768^3 f32 GEMM; a device: the bf16 squares') is the
+  // fastest of it and the rates, so that peak x efficiency is the measured rate and every efficiency is <= 1.
+  const double peak = std::max({tg.on_device() ? cal.bf16_peak : cal.f32_peak, gemm_best, att_best});
   std::string sizes;
   for (int64_t b : co.bandwidth_sizes) sizes += (sizes.empty() ? "" : ", ") + human_bytes(b);
   std::vector<double> elementwise_rates;  // the same mean: equal bytes through each op
@@ -424,52 +570,66 @@ void fill_spec(Calibration& cal, const MpiEnv& env, const Config& cfg, const Cal
   ClusterSpec& c = cal.spec;
   c.name = "this_machine";
   c.devices_per_node = env.local_size();
-  c.cores_per_node = cal.cores;
-  const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-  c.device_memory_gib = ram / double(env.local_size()) / double(1 << 30);
-  // The file's figures are one core's (cores_per_node set): a rank's divided by its share.
-  c.peak_tflops["fp32"] = peak / cal.share / 1e12;
-  // bf16 on the CPU is f32 arithmetic on widened copies (ops.h): its own peak, its rate relative to f32's assumed
-  // the same for every op kind.
-  if (cal.bf16_peak > 0)
-    c.peak_tflops["bf16"] = cal.bf16_peak * (peak / std::max(cal.cpu_peak, 1.0)) / cal.share / 1e12;
+  c.cores_per_node = cal.cores;  // 0 on a device: a device per rank, its figures the rank's (share 1)
+  if (tg.on_device()) {
+    c.device_memory_gib =
+        double(cuda_device_memory_bytes(tg.device.index)) / tg.ranks_per_device / double(1 << 30);
+    c.peak_tflops["bf16"] = peak / 1e12;
+    if (cal.f32_peak > 0) c.peak_tflops["fp32"] = cal.f32_peak / 1e12;
+  } else {
+    const double ram = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+    c.device_memory_gib = ram / double(env.local_size()) / double(1 << 30);
+    // The file's figures are one core's (cores_per_node set): a rank's divided by its share.
+    c.peak_tflops["fp32"] = peak / cal.share / 1e12;
+    // bf16 on the CPU is f32 arithmetic on widened copies (ops.h): its own peak, its rate relative to f32's assumed
+    // the same for every op kind.
+    if (cal.bf16_peak > 0)
+      c.peak_tflops["bf16"] = cal.bf16_peak * (peak / std::max(cal.f32_peak, 1.0)) / cal.share / 1e12;
+  }
   c.gemm_efficiency = std::clamp(gemm_rate / peak, 1e-6, 1.0);
   c.attention_efficiency = std::clamp(att_rate / peak, 1e-6, 1.0);
   c.memory_bandwidth_gbs = harmonic(elementwise_rates) / cal.share;
   for (auto& l : cal.links) c.node_by_ranks[l.ranks] = l.link;
   c.node = cal.links.back().link;  // the world's groups: every rank at once
   c.network = c.node;
-  c.source = fmt::format(
-      "measured by meshtrain estimate --calibrate on {}: {} CPU ranks on one node, {} thread(s) per rank, {} "
-      "kernels, comm backend {}. peak_tflops and memory_bandwidth_gbs are one core's (a rank gets rank_share of "
-      "them: here {:.3g} of the {} cores each): peak = cpu_peak_flops' 768^3 GEMM on one rank alone, per core, or "
-      "the fastest rate measured here if higher; every rate with all ranks running at once, an op's time the "
-      "slowest rank's; rates are harmonic means over the shapes (equal FLOPs or "
-      "bytes of each); gemm = matmul forward+backward at N=2048, C=256..1024; "
-      "attention = local causal forward+backward, T=256..1024, 8 heads, hd 32/64; memory bandwidth = add_, "
-      "rmsnorm, swiglu and adamw over {} MiB tensors; links = all_reduce, all_gather, reduce_scatter, all_to_all, "
-      "ring_shift of {} B (latency: the median per message step) and of {} (bandwidth per kind, and of all_reduce, "
-      "all_gather, reduce_scatter and ring_shift issued non-blocking (<kind>_async): the median over "
-      "the sizes; bandwidth_gbs: the kinds' median) in groups of n ranks (node_by_ranks), node = the world's; "
-      "sync_us = loops of (a GEMM of 256, 1024 or 4096 rows x 256 x 768, an all_reduce, all_gather or "
-      "reduce_scatter of {} B) against the GEMMs alone, all ranks at once: per segment (the GEMM's time), the median "
-      "over kinds and rounds of the time per call less the collective's own; network "
-      "= node (one node: no network measured). device_memory_gib = RAM / ranks.",
-      env.host(), world, cal.threads, cpu_isa_name(cpu_isa()), cfg.comm.backend, cal.share, cal.cores,
-      (o.quick ? (1 << 18) : o.elementwise_elems) * 4 >> 20, o.latency_bytes, sizes, o.latency_bytes);
+  if (tg.on_device()) {
+    c.source = device_source(cal, env, plan, co, iters, sizes);
+  } else {
+    c.source = fmt::format(
+        "measured by meshtrain estimate --calibrate on {}: {} CPU ranks on one node, {} thread(s) per rank, {} "
+        "kernels, comm backend {}. peak_tflops and memory_bandwidth_gbs are one core's (a rank gets rank_share of "
+        "them: here {:.3g} of the {} cores each): peak = cpu_peak_flops' 768^3 GEMM on one rank alone, per core, or "
+        "the fastest rate measured here if higher; every rate with all ranks running at once, an op's time the "
+        "slowest rank's; rates are harmonic means over the shapes (equal FLOPs or "
+        "bytes of each); gemm = matmul forward+backward at N=2048, C=256..1024; "
+        "attention = local causal forward+backward, T=256..1024, 8 heads, hd 32/64; memory bandwidth = add_, "
+        "rmsnorm, swiglu and adamw over {} MiB tensors; links = all_reduce, all_gather, reduce_scatter, all_to_all, "
+        "ring_shift of {} B (latency: the median per message step) and of {} (bandwidth per kind, and of all_reduce, "
+        "all_gather, reduce_scatter and ring_shift issued non-blocking (<kind>_async): the median over "
+        "the sizes; bandwidth_gbs: the kinds' median) in groups of n ranks (node_by_ranks), node = the world's; "
+        "sync_us = loops of (a GEMM of 256, 1024 or 4096 rows x 256 x 768, an all_reduce, all_gather or "
+        "reduce_scatter of {} B) against the GEMMs alone, all ranks at once: per segment (the GEMM's time), the "
+        "median over kinds and rounds of the time per call less the collective's own; network "
+        "= node (one node: no network measured). device_memory_gib = RAM / ranks.",
+        env.host(), world, cal.threads, cpu_isa_name(cpu_isa()), cfg.comm.backend, cal.share, cal.cores,
+        plan.elementwise_elems * 4 >> 20, o.latency_bytes, sizes, o.latency_bytes);
+  }
   round_figures(c);
   check_cluster(c);
 }
 
 Calibration calibrate(const MpiEnv& env, const Config& cfg, const CalibrateOptions& o) {
   Calibration cal;
+  Target& tg = cal.target;
   const int world = env.size();
-  const double floor_mib = rank_floor_mib();  // first: before the measurements' buffers
+  // The floor first, before the measurements' buffers: on CPU ranks before anything; on a device once the rank's
+  // device is set up (the CUDA backend and its libraries loaded, the context made), as a training rank's is.
+  const bool on_device = cfg.comm.device != "cpu";
+  double floor_mib = on_device ? 0 : rank_floor_mib();
   run_agreed(env, "the calibration's setup", [&] {
-    MT_CHECK(cfg.comm.device == "cpu", "cluster",
-             "comm.device = {}: calibration measures CPU ranks (its peak is cpu_peak_flops'); run it with "
-             "--set comm.device=cpu",
-             cfg.comm.device);
+    // The rank's device as train picks it (rank_device: a clear error where CUDA was not built or no device is
+    // visible).
+    tg.device = rank_device(env, cfg.comm.device);
     MT_CHECK(world >= 2, "cluster",
              "calibration needs at least 2 ranks to measure a link (mpirun -np 2 or more; this job has 1)");
     MT_CHECK(env.local_size() == world, "cluster",
@@ -481,61 +641,87 @@ Calibration calibrate(const MpiEnv& env, const Config& cfg, const CalibrateOptio
     MT_CHECK(!o.sync_rows.empty(), "cluster", "calibration needs at least one sync GEMM size");
     cal.threads = cfg.training.threads > 0 ? cfg.training.threads : default_threads(env);
     set_cpu_threads(cal.threads);
+    if (tg.on_device()) {
+      tg.dtype = DType::bf16;
+      const int ndev = std::max(1, cuda_device_count());
+      tg.ranks_per_device = (env.local_size() + ndev - 1) / ndev;
+      cal.device_desc = fmt::format("{}, {}, {:.4g} GiB, PCI {}", tg.device.str(), cuda_device_name(tg.device.index),
+                                    double(cuda_device_memory_bytes(tg.device.index)) / double(1 << 30),
+                                    cuda_device_pci_bus_id(tg.device.index));
+      Tensor probe = tg.zeroed({1});  // the device's context made now, not inside a measurement
+      tg.sync();
+    }
   });
+  if (on_device) floor_mib = rank_floor_mib();
   const int iters = o.quick ? 1 : o.iters;
   CalibrateOptions co = o;
+  if (tg.on_device() && !o.quick) co.bandwidth_sizes = o.device_bandwidth_sizes;
   if (o.quick)
     co.collective_iters = std::min(o.collective_iters, 3), co.bandwidth_sizes = {64 << 10, 1 << 20},
     co.sync_calls = std::min(o.sync_calls, 4), co.sync_reps = 1, co.sync_rows = {64};
   MT_CHECK(!co.bandwidth_sizes.empty(), "cluster", "calibration needs at least one bandwidth size");
+  const Plan plan = make_plan(tg, o);
 
-  measure_peaks(cal, env, o);
-
-  // GEMMs of transformer-like shapes: 2048 tokens through dim 256..1024 projections and a 3x FFN.
-  const std::vector<std::array<int64_t, 3>> gemm_shapes =
-      o.quick ? std::vector<std::array<int64_t, 3>>{{256, 128, 128}}
-              : std::vector<std::array<int64_t, 3>>{
-                    {2048, 256, 256}, {2048, 256, 768}, {2048, 512, 512}, {2048, 1024, 1024}};
-  for (auto& [N, C, OC] : gemm_shapes) cal.gemms.push_back(time_gemm(N, C, OC, iters));
-  const std::vector<std::array<int64_t, 2>> att_shapes =
-      o.quick ? std::vector<std::array<int64_t, 2>>{{128, 32}}
-              : std::vector<std::array<int64_t, 2>>{{256, 32}, {512, 32}, {1024, 32}, {1024, 64}};
-  for (auto& [T, hd] : att_shapes) cal.attentions.push_back(time_attention(T, 8, hd, iters));
-  cal.elementwise = time_elementwise(o.quick ? (1 << 18) : o.elementwise_elems, iters);
+  measure_peaks(cal, env, o, plan, iters);
+  for (auto& [N, C, OC] : plan.gemms) cal.gemms.push_back(time_gemm(tg, N, C, OC, iters));
+  for (auto& [T, H, hd] : plan.attentions) cal.attentions.push_back(time_attention(tg, T, H, hd, iters));
+  cal.elementwise = time_elementwise(tg, plan.elementwise_elems, iters);
 
   // Links: groups of every size n dividing the world (all ranks in such groups at once).
   cal.bandwidth_sizes = co.bandwidth_sizes;
   for (int n = 2; n <= world; ++n)
-    if (world % n == 0) cal.links.push_back(measure_link(world, n, cfg.comm.backend, co));
+    if (world % n == 0) cal.links.push_back(measure_link(tg, world, n, cfg.comm.backend, co));
 
-  fill_spec(cal, env, cfg, o, co);
+  fill_spec(cal, env, cfg, o, co, plan, iters);
   cal.spec.rank_floor_mb = sig4(floor_mib);
-  cal.spec.source += " rank_floor_mb = the ranks' most resident memory (ru_maxrss) after MPI init, before any "
-                     "measurement.";
+  cal.spec.source += tg.on_device() ? " rank_floor_mb = the ranks' most resident host memory (ru_maxrss) after MPI "
+                                      "init and the CUDA device's set-up, before any measurement."
+                                    : " rank_floor_mb = the ranks' most resident memory (ru_maxrss) after MPI init, "
+                                      "before any measurement.";
   return cal;
 }
 
 void print_calibration(const Calibration& cal, int world, const std::vector<int64_t>& sizes) {
   const ClusterSpec& c = cal.spec;
-  const double peak = c.peak_tflops.at("fp32") * 1e12 * cal.share;  // a rank's
-  std::printf(
-      "calibrated this machine: %d ranks on one node, %d thread(s) per rank (figures per rank, every rank "
-      "running at once)\n",
-      world, cal.threads);
-  std::printf("  a rank's cores when all run: %.3g of %d (min(threads, cores / ranks))\n", cal.share, cal.cores);
-  std::printf("  f32 GEMM peak (768^3 alone, x share)    %9.2f GFLOP/s\n", cal.cpu_peak / 1e9);
-  std::printf("  bf16 GEMM peak (768^3 alone, x share)   %9.2f GFLOP/s\n", cal.bf16_peak / 1e9);
-  std::printf("  peak used (the larger of it and rates)  %9.2f GFLOP/s\n", peak / 1e9);
+  const bool dev = cal.target.on_device();
+  // A rank's peak, in the dtype the rates were measured in.
+  const double peak = dev ? c.peak_tflops.at("bf16") * 1e12 : c.peak_tflops.at("fp32") * 1e12 * cal.share;
+  if (dev) {
+    std::printf(
+        "calibrated this machine: %d ranks on one node, %s (figures per rank, every rank running at once)\n",
+        world, devices_text(cal.target).c_str());
+    std::printf("  rank 0's device: %s\n", cal.device_desc.c_str());
+    for (auto& r : cal.peaks)
+      std::printf("  %-38s  %9.2f GFLOP/s             (%.2f ms)\n", r.what.c_str(), r.rate() / 1e9,
+                  r.seconds * 1e3);
+    std::printf("  peak used (the largest bf16 rate)       %9.2f GFLOP/s\n", peak / 1e9);
+  } else {
+    std::printf(
+        "calibrated this machine: %d ranks on one node, %d thread(s) per rank (figures per rank, every rank "
+        "running at once)\n",
+        world, cal.threads);
+    std::printf("  a rank's cores when all run: %.3g of %d (min(threads, cores / ranks))\n", cal.share, cal.cores);
+    std::printf("  f32 GEMM peak (768^3 alone, x share)    %9.2f GFLOP/s\n", cal.f32_peak / 1e9);
+    std::printf("  bf16 GEMM peak (768^3 alone, x share)   %9.2f GFLOP/s\n", cal.bf16_peak / 1e9);
+    std::printf("  peak used (the larger of it and rates)  %9.2f GFLOP/s\n", peak / 1e9);
+  }
   for (auto* rs : {&cal.gemms, &cal.attentions})
     for (auto& r : *rs)
       std::printf("  %-38s  %9.2f GFLOP/s  %6.1f%% of peak  (%.2f ms)\n", r.what.c_str(), r.rate() / 1e9,
                   100 * r.rate() / peak, r.seconds * 1e3);
   for (auto& b : cal.elementwise)
     std::printf("  %-38s  %9.2f GB/s              (%.2f ms)\n", b.what.c_str(), b.gbs(), b.seconds * 1e3);
-  std::printf(
-      "  => gemm_efficiency %.3f, attention_efficiency %.3f, per core: peak_tflops fp32 %.4g, "
-      "memory_bandwidth_gbs %.4g\n",
-      c.gemm_efficiency, c.attention_efficiency, c.peak_tflops.at("fp32"), c.memory_bandwidth_gbs);
+  if (dev)
+    std::printf(
+        "  => gemm_efficiency %.3f, attention_efficiency %.3f, per device: peak_tflops bf16 %.4g, fp32 %.4g, "
+        "memory_bandwidth_gbs %.4g, device_memory_gib %.4g\n",
+        c.gemm_efficiency, c.attention_efficiency, c.peak_tflops.at("bf16"),
+        c.peak_tflops.count("fp32") ? c.peak_tflops.at("fp32") : 0.0, c.memory_bandwidth_gbs, c.device_memory_gib);
+  else
+    std::printf(
+        "  => gemm_efficiency %.3f, attention_efficiency %.3f, per core: peak_tflops fp32 %.4g, "
+        "memory_bandwidth_gbs %.4g\n",
+        c.gemm_efficiency, c.attention_efficiency, c.peak_tflops.at("fp32"), c.memory_bandwidth_gbs);
   std::printf("\n  links (groups of n ranks, all ranks at once; busbw GB/s at each size, then the fit)\n");
   std::printf("  %5s %-20s %4s", "ranks", "kind", "8B us");
   for (int64_t b : sizes) std::printf(" %8s", human_bytes(b).c_str());
@@ -550,6 +736,7 @@ void print_calibration(const Calibration& cal, int world, const std::vector<int6
     }
     std::printf("  %5d => latency_us %.3g per message step, bandwidth_gbs %.4g (the kinds' median)\n", l.ranks,
                 l.link.latency_us, l.link.bandwidth_gbs);
+    if (l.link.sync_us.empty()) continue;  // a device per rank: not measured
     std::printf("  %5d => sync_us (a call's wait when its ranks come from computing, by the work before it):", l.ranks);
     for (auto& [ms, us] : l.link.sync_us) std::printf(" %.3g ms: %.0f us", ms, us);
     std::printf("\n");
@@ -590,12 +777,17 @@ int run_calibrate(const RunContext& ctx, const std::string& out_path, const Cali
   run_agreed(env, "writing the cluster file", [&] {
     if (env.rank() != 0) return;
     print_calibration(cal, env.size(), cal.bandwidth_sizes);
+    const std::string figures =
+        cal.target.on_device()
+            ? fmt::format("The figures are one CUDA device's (a device per rank, cores_per_node 0), measured with all {} "
+                          "ranks running;", env.size())
+            : fmt::format("peak_tflops and memory_bandwidth_gbs are one core's, measured with all {} ranks running (a "
+                          "rank gets rank_share of them);", env.size());
     write_cluster(cal.spec, out_path,
-                  fmt::format("This machine, measured by `mpirun -np {} meshtrain estimate --calibrate --out {}`.\n"
-                              "peak_tflops and memory_bandwidth_gbs are one core's, measured with all {} ranks "
-                              "running (a rank gets rank_share of them);\nthe links are this {}-rank run's. Rerun to "
-                              "refresh them.",
-                              env.size(), out_path, env.size(), env.size()));
+                  fmt::format("This machine, measured by `mpirun -np {} meshtrain{} estimate --calibrate --out {}`.\n"
+                              "{}\nthe links are this {}-rank run's. Rerun to refresh them.",
+                              env.size(), cal.target.on_device() ? " --set comm.device=cuda" : "", out_path, figures,
+                              env.size()));
     std::printf("\nwrote %s\n", out_path.c_str());
   });
   return 0;

@@ -167,11 +167,15 @@ struct CalibrateOptions {
   std::vector<int64_t> sync_rows = {256, 1024, 4096};
   int sync_calls = 32, sync_reps = 8;
   int64_t elementwise_elems = 16 << 20;  // f32 elements per tensor of the memory-bandwidth ops (past the caches)
+  // On a CUDA device (comm.device cuda): the bandwidth sizes (what NVLink needs to approach its bus bandwidth) and
+  // the bf16 elements per tensor of the memory-bandwidth ops (past a GPU's L2 cache).
+  std::vector<int64_t> device_bandwidth_sizes = {1 << 20, 16 << 20, 64 << 20, 256 << 20};
+  int64_t device_elementwise_elems = 64 << 20;
   bool quick = false;                    // smaller problems and fewer repetitions (tests); figures less exact
 };
 
-// Measures this machine, on every rank of the job at once (collective over the world). CPU ranks only (comm.device
-// cpu), with training.threads threads per rank (0: the node's cores / its ranks, as train sets them):
+// Measures this machine, on every rank of the job at once (collective over the world). CPU ranks (comm.device cpu),
+// with training.threads threads per rank (0: the node's cores / its ranks, as train sets them):
 //   peak        cpu_peak_flops()'s 768^3 GEMM (metrics.h) on one rank alone, per core, raised to the fastest rate
 //               measured here so that every efficiency stays <= 1;
 //   efficiency  GEMM (matmul forward+backward at N=2048, C=256..1024) and attention (local, causal, forward+
@@ -187,6 +191,14 @@ struct CalibrateOptions {
 // Compute figures are written per core (cores_per_node set), so that an estimate for another rank count scales them
 // by rank_share; the links are not rescaled: they are this rank count's (calibrate with the rank count to estimate).
 // Every rank is on one node: devices_per_node = its ranks, network = node (said in source). Needs >= 2 ranks.
+// comm.device cuda: each rank's own CUDA device (rank_device's), the same measurements on device tensors in bf16
+// (the training dtype on a GPU), each op timed up to the device's synchronisation: the peak is the fastest bf16 rate
+// (matmul forward on 4096^2 and 8192^2 squares, or a rate measured if higher; fp32 from the 4096^2 square in f32);
+// GEMMs at N=8192, C=1024..4096, attention T=2048..8192, 16-32 heads, hd 64/128; memory over 128 MiB bf16 tensors;
+// the links on device buffers through the mesh's backend (nccl with a device per rank), at 1M..256M (no sync_us:
+// a device per rank waits for no core). cores_per_node 0 (a device per rank: the figures are one device's);
+// device_memory_gib the device's total memory (divided among ranks sharing one). --quick: tiny shapes (the
+// emulated device of the tests).
 ClusterSpec calibrate_cluster(const MpiEnv& env, const Config& cfg, const CalibrateOptions& opts = {});
 // The floor of a rank of this binary in MiB: the most over the job's ranks of the resident-set high-water mark
 // (ru_maxrss, what train's peak_mem_bytes reads) now, after MPI init and the config, before any model or data

@@ -13,7 +13,10 @@
 #  - a checkpoint written from the emulated device resumes on the CPU backend bit for bit in the losses' 1e-4,
 #    and a CPU checkpoint resumes on the emulated device;
 #  - the emulator's own reports (a host pointer where a device one belongs, a run past an allocation, a missing
-#    stream wait) fail the run: MT_EMU_ABORT=1 turns each into an abort.
+#    stream wait) fail the run: MT_EMU_ABORT=1 turns each into an abort;
+#  - `estimate --calibrate --quick` with comm.device=cuda on 2 ranks writes a cluster file of the device (cores_per_node
+#    0, a bf16 peak, the device's memory, links on device buffers) that estimate reads; on 1 rank it refuses, as
+#    the CPU calibration does (no link to measure).
 # The same list runs on a real GPU: scripts/gpu_check.sh calls this script with its CUDA build as EMU_BUILD_DIR
 # (the cases that need a GPU per rank skip where the machine has fewer).
 # Prints "emulated: N passed, N failed[, N skipped]" last.
@@ -192,5 +195,44 @@ if run cpu_ck "$mt" 1 --set checkpoint.dir="$tmp/cpu_ck" --set checkpoint.interv
 else
   bad "CPU -> emulated checkpoint" "$(tail -n 10 "$tmp/cpu_ck.log" "$tmp/emu_from_cpu.log" 2>/dev/null)"
 fi
+
+# The device's calibration (runtime/planner/calibrate.cpp): tiny shapes (--quick), a device per rank where there are
+# 2 (the NCCL stand-in on the emulated device), else the 2 ranks share one through the MPI backend.
+export MT_EMU_DEVICES=2
+cal_backend=nccl
+[ "$(devices)" -lt 2 ] && cal_backend=mpi
+if mpi_logged "$tmp/cal_dev.log" "$mpirun" -np 2 "$emt" --config "$tmp/t.yaml" --set comm.device=cuda \
+    --set comm.backend=$cal_backend estimate --calibrate --quick --out "$tmp/cal_dev.yaml" &&
+  "$emt" --config "$tmp/t.yaml" --set comm.device=cuda --set training.dtype=bf16 estimate --world 2 \
+    --cluster "$tmp/cal_dev.yaml" --json "$tmp/cal_dev_e.json" >"$tmp/cal_dev_e.log" 2>&1; then
+  if out=$("$py" - "$tmp/cal_dev.yaml" "$tmp/cal_dev_e.json" "$cal_backend" <<'PY' 2>&1
+import json, re, sys
+text = open(sys.argv[1]).read()
+def num(key):
+    m = re.search(rf"^{key}: ([0-9.e+-]+)$", text, re.M)
+    assert m, f"no {key}"
+    return float(m.group(1))
+assert not re.search(r"^cores_per_node: [1-9]", text, re.M), "cores_per_node set: the figures would be a core's"
+assert re.search(r"^peak_tflops: \{bf16: [0-9.e+-]+, fp32: [0-9.e+-]+\}$", text, re.M), "peak_tflops: no bf16 and fp32"
+assert num("device_memory_gib") > 0 and num("memory_bandwidth_gbs") > 0
+assert 0 < num("gemm_efficiency") <= 1 and 0 < num("attention_efficiency") <= 1
+assert re.search(r"^node_by_ranks:\n  2:", text, re.M), "no node_by_ranks 2"
+assert not re.search(r"^\s*sync_us:", text, re.M), "sync_us measured for devices of their own"
+src = re.search(r'^source: "(.*)"$', text, re.M).group(1)
+assert "a CUDA device each" in src or "sharing each CUDA device" in src, src[:200]
+assert f"comm backend {sys.argv[3]}" in src, src[:300]
+e = json.load(open(sys.argv[2]))
+assert e["step_s"] > 0 and e["stages"][0]["compute_s"] > 0, e["step_s"]
+print(f"{num('device_memory_gib')} GiB a rank, backend {sys.argv[3]}, estimate step {e['step_s']:.3g} s")
+PY
+  ); then ok "calibrate --quick on the device, 2 ranks: a cluster file of the device that estimate reads ($out)"
+  else bad "calibrate --quick on the device: the file" "$out"; fi
+else
+  bad "calibrate --quick on the device, 2 ranks" "$(grep -av 'emulated CUDA device, test-only' "$tmp/cal_dev.log" "$tmp/cal_dev_e.log" 2>/dev/null | tail -n 15)"
+fi
+unset MT_EMU_DEVICES
+expect "calibrate on the device, 1 rank: no link to measure, as on CPU ranks" nonzero \
+  "calibration needs at least 2 ranks to measure a link" -- \
+  "$emt" --config "$tmp/t.yaml" --set comm.device=cuda estimate --calibrate --quick --out "$tmp/cal_dev1.yaml"
 
 summary emulated

@@ -583,6 +583,18 @@ cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device) {
   return cudaSuccess;
 }
 
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
+  if (device < 0 || device >= S().n_devices)
+    return emu::fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties", "device " + std::to_string(device));
+  if (!p) return emu::fail(cudaErrorInvalidValue, "cudaGetDeviceProperties", "null properties");
+  // Only what meshtrain reads (the name); the rest zero.
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof p->name, "emulated CUDA device %d", device);
+  std::lock_guard lock(S().mu);
+  p->totalGlobalMem = S().device_bytes;
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
   auto& s = S();
   std::lock_guard lock(s.mu);
