@@ -7,7 +7,8 @@
 #   2. the benchmarks (scripts/bench/bench_gpu.sh): the 1B Llama step's tokens/s and MFU beside PyTorch eager and
 #      torch.compile, attention beside SDPA's flash and cuDNN backends, redistribution, the top 10 kernels, memory
 #      against the expected bytes and estimate's prediction;
-#   3. `meshtrain estimate --calibrate` on the GPU (comm.device=cuda), written as a cluster file.
+#   3. `meshtrain estimate --calibrate` on the GPU (comm.device=cuda), written as a cluster file (a rank per GPU; on
+#      one GPU the links are taken from configs/clusters/h100_ib.yaml, --links-from).
 # $OUT gets gpu_run.log (all of the output), gpu_run_logs.tar.gz (every part's logs and raw results) and
 # gpu_cluster.yaml (part 3's file); the summary table comes last.
 #
@@ -89,11 +90,19 @@ bench_args=(--steps 12 --limit 110)
 [ $quick = 1 ] && bench_args=(--quick --limit 110)
 part 2 "benchmarks (bench_gpu.sh ${bench_args[*]})" 230 env OUT="$work/bench" bash scripts/bench/bench_gpu.sh "$bundle" \
   "${bench_args[@]}"
-# 3. Calibration on the GPU.
+# 3. Calibration on the GPU: a rank per GPU measures the links too; one GPU has none, so its file takes them from
+# configs/clusters/h100_ib.yaml (said in the file).
 cal_args=()
 [ $quick = 1 ] && cal_args=(--quick)
-part 3 "estimate --calibrate on the GPU" 50 "$bundle/meshtrain" --set comm.device=cuda estimate --calibrate \
-  "${cal_args[@]}" --out "$out/gpu_cluster.yaml"
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${ngpu:-0}" -ge 2 ]; then
+  part 3 "estimate --calibrate on $ngpu GPUs" 120 ${MPIRUN:-scripts/mpirun.sh} -np "$ngpu" "$bundle/meshtrain" \
+    --set comm.device=cuda estimate --calibrate "${cal_args[@]}" --out "$out/gpu_cluster.yaml"
+else
+  part 3 "estimate --calibrate on the GPU (one GPU: links from h100_ib.yaml)" 90 "$bundle/meshtrain" \
+    --set comm.device=cuda estimate --calibrate --links-from configs/clusters/h100_ib.yaml "${cal_args[@]}" \
+    --out "$out/gpu_cluster.yaml"
+fi
 [ -f "$out/gpu_cluster.yaml" ] && cat "$out/gpu_cluster.yaml"
 # 4. The step of another build, then of this one (and torch.compile), on the same GPU.
 if [ -n "$old" ]; then

@@ -23,6 +23,7 @@ struct EstimateArgs {
   bool rank_floor = false;  // --rank-floor (hidden): an idle rank's memory, for tests/cli/test_estimate_sweep.sh
   bool quick = false;  // --quick: --calibrate with smaller problems and fewer repetitions (tests; figures rough)
   std::string out = "configs/clusters/this_machine.yaml";  // --calibrate's output
+  std::string links_from;                                  // --links-from FILE (one rank: links not measured)
 };
 
 
@@ -33,6 +34,9 @@ void add_estimate_options(CLI::App* sub, EstimateArgs& a) {
   sub->add_flag("--calibrate", a.calibrate,
                 "measure this machine (GEMM, attention, memory and collective rates on the ranks launched) into --out");
   sub->add_option("--out", a.out, "--calibrate's cluster file");
+  sub->add_option("--links-from", a.links_from,
+                  "--calibrate: take the node and network links from this cluster file instead of measuring them "
+                  "(a machine of one device, one rank: no link to measure)");
   sub->add_flag("--rank-floor", a.rank_floor,
                 "print {\"rank_floor_mib\": X}: the ranks' most resident memory after MPI init (what --calibrate "
                 "writes as rank_floor_mb) and nothing else")
@@ -44,6 +48,7 @@ int run_estimate_command(const RunContext& ctx, const EstimateArgs& a) {
   if (a.calibrate) {
     CalibrateOptions o;
     o.quick = a.quick;
+    o.links_from = a.links_from;
     return run_calibrate(ctx, a.out, o);
   }
   if (a.rank_floor) {

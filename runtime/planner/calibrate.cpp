@@ -463,6 +463,8 @@ struct Calibration {
   std::vector<Rate> peaks, gemms, attentions;
   std::vector<Bandwidth> elementwise;
   std::vector<LinkFit> links;
+  std::optional<ClusterSpec> links_from;  // --links-from's file: its node and network instead of measured links
+  std::string links_from_path;
   std::vector<int64_t> bandwidth_sizes;
 };
 
@@ -589,9 +591,14 @@ void fill_spec(Calibration& cal, const MpiEnv& env, const Config& cfg, const Cal
   c.gemm_efficiency = std::clamp(gemm_rate / peak, 1e-6, 1.0);
   c.attention_efficiency = std::clamp(att_rate / peak, 1e-6, 1.0);
   c.memory_bandwidth_gbs = harmonic(elementwise_rates) / cal.share;
-  for (auto& l : cal.links) c.node_by_ranks[l.ranks] = l.link;
-  c.node = cal.links.back().link;  // the world's groups: every rank at once
-  c.network = c.node;
+  if (cal.links_from) {  // node_by_ranks not taken: its group sizes are the other machine's
+    c.node = cal.links_from->node;
+    c.network = cal.links_from->network;
+  } else {
+    for (auto& l : cal.links) c.node_by_ranks[l.ranks] = l.link;
+    c.node = cal.links.back().link;  // the world's groups: every rank at once
+    c.network = c.node;
+  }
   if (tg.on_device()) {
     c.source = device_source(cal, env, plan, co, iters, sizes);
   } else {
@@ -630,8 +637,10 @@ Calibration calibrate(const MpiEnv& env, const Config& cfg, const CalibrateOptio
     // The rank's device as train picks it (rank_device: a clear error where CUDA was not built or no device is
     // visible).
     tg.device = rank_device(env, cfg.comm.device);
-    MT_CHECK(world >= 2, "cluster",
-             "calibration needs at least 2 ranks to measure a link (mpirun -np 2 or more; this job has 1)");
+    MT_CHECK(world >= 2 || !o.links_from.empty(), "cluster",
+             "calibration needs at least 2 ranks to measure a link (mpirun -np 2 or more; this job has 1), or "
+             "--links-from FILE: a cluster file whose node and network links are taken instead");
+    if (!o.links_from.empty()) cal.links_from = load_cluster(o.links_from), cal.links_from_path = o.links_from;
     MT_CHECK(env.local_size() == world, "cluster",
              "calibration measures one node, but the {} ranks are spread over several hosts ({} on {}): run it on "
              "one node",
@@ -669,10 +678,14 @@ Calibration calibrate(const MpiEnv& env, const Config& cfg, const CalibrateOptio
 
   // Links: groups of every size n dividing the world (all ranks in such groups at once).
   cal.bandwidth_sizes = co.bandwidth_sizes;
-  for (int n = 2; n <= world; ++n)
-    if (world % n == 0) cal.links.push_back(measure_link(tg, world, n, cfg.comm.backend, co));
+  if (!cal.links_from)
+    for (int n = 2; n <= world; ++n)
+      if (world % n == 0) cal.links.push_back(measure_link(tg, world, n, cfg.comm.backend, co));
 
   fill_spec(cal, env, cfg, o, co, plan, iters);
+  if (cal.links_from)
+    cal.spec.source += fmt::format(" The links (node, network) are NOT measured here: taken from {} ({}).",
+                                   o.links_from, cal.links_from->name);
   cal.spec.rank_floor_mb = sig4(floor_mib);
   cal.spec.source += tg.on_device() ? " rank_floor_mb = the ranks' most resident host memory (ru_maxrss) after MPI "
                                       "init and the CUDA device's set-up, before any measurement."
@@ -722,6 +735,12 @@ void print_calibration(const Calibration& cal, int world, const std::vector<int6
         "  => gemm_efficiency %.3f, attention_efficiency %.3f, per core: peak_tflops fp32 %.4g, "
         "memory_bandwidth_gbs %.4g\n",
         c.gemm_efficiency, c.attention_efficiency, c.peak_tflops.at("fp32"), c.memory_bandwidth_gbs);
+  if (cal.links_from) {
+    std::printf("\n  links: not measured, taken from %s (%s): node %.4g GB/s, %.4g us; network %.4g GB/s, %.4g us\n",
+                cal.links_from_path.c_str(), cal.links_from->name.c_str(),
+                c.node.bandwidth_gbs, c.node.latency_us, c.network.bandwidth_gbs, c.network.latency_us);
+    return;
+  }
   std::printf("\n  links (groups of n ranks, all ranks at once; busbw GB/s at each size, then the fit)\n");
   std::printf("  %5s %-20s %4s", "ranks", "kind", "8B us");
   for (int64_t b : sizes) std::printf(" %8s", human_bytes(b).c_str());
@@ -784,10 +803,13 @@ int run_calibrate(const RunContext& ctx, const std::string& out_path, const Cali
             : fmt::format("peak_tflops and memory_bandwidth_gbs are one core's, measured with all {} ranks running (a "
                           "rank gets rank_share of them);", env.size());
     write_cluster(cal.spec, out_path,
-                  fmt::format("This machine, measured by `mpirun -np {} meshtrain{} estimate --calibrate --out {}`.\n"
-                              "{}\nthe links are this {}-rank run's. Rerun to refresh them.",
-                              env.size(), cal.target.on_device() ? " --set comm.device=cuda" : "", out_path, figures,
-                              env.size()));
+                  fmt::format("This machine, measured by `mpirun -np {} meshtrain{} estimate --calibrate{} --out {}`.\n"
+                              "{}\n{} Rerun to refresh them.",
+                              env.size(), cal.target.on_device() ? " --set comm.device=cuda" : "",
+                              opts.links_from.empty() ? "" : " --links-from " + opts.links_from, out_path, figures,
+                              opts.links_from.empty()
+                                  ? fmt::format("the links are this {}-rank run's.", env.size())
+                                  : fmt::format("the links are NOT measured: taken from {}.", opts.links_from)));
     std::printf("\nwrote %s\n", out_path.c_str());
   });
   return 0;

@@ -172,6 +172,9 @@ struct CalibrateOptions {
   std::vector<int64_t> device_bandwidth_sizes = {1 << 20, 16 << 20, 64 << 20, 256 << 20};
   int64_t device_elementwise_elems = 64 << 20;
   bool quick = false;                    // smaller problems and fewer repetitions (tests); figures less exact
+  // A cluster file whose node and network links are taken instead of measured (--links-from): what a machine of
+  // one device (one rank, no link to measure) writes its file with; said in the file's source.
+  std::string links_from;
 };
 
 // Measures this machine, on every rank of the job at once (collective over the world). CPU ranks (comm.device cpu),

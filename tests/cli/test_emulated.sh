@@ -16,7 +16,7 @@
 #    stream wait) fail the run: MT_EMU_ABORT=1 turns each into an abort;
 #  - `estimate --calibrate --quick` with comm.device=cuda on 2 ranks writes a cluster file of the device (cores_per_node
 #    0, a bf16 peak, the device's memory, links on device buffers) that estimate reads; on 1 rank it refuses, as
-#    the CPU calibration does (no link to measure).
+#    the CPU calibration does (no link to measure), unless --links-from names a file to take the links from.
 # The same list runs on a real GPU: scripts/gpu_check.sh calls this script with its CUDA build as EMU_BUILD_DIR
 # (the cases that need a GPU per rank skip where the machine has fewer).
 # Prints "emulated: N passed, N failed[, N skipped]" last.
@@ -232,7 +232,21 @@ else
 fi
 unset MT_EMU_DEVICES
 expect "calibrate on the device, 1 rank: no link to measure, as on CPU ranks" nonzero \
-  "calibration needs at least 2 ranks to measure a link" -- \
+  "calibration needs at least 2 ranks to measure a link (mpirun -np 2 or more; this job has 1), or --links-from FILE" -- \
   "$emt" --config "$tmp/t.yaml" --set comm.device=cuda estimate --calibrate --quick --out "$tmp/cal_dev1.yaml"
+# One device, one rank (a one-GPU machine): the links taken from another cluster file, said in the file.
+if "$emt" --config "$tmp/t.yaml" --set comm.device=cuda estimate --calibrate --quick \
+    --links-from "$root/configs/clusters/h100_ib.yaml" --out "$tmp/cal_dev1.yaml" >"$tmp/cal_dev1.log" 2>&1 &&
+  out=$("$py" - "$tmp/cal_dev1.yaml" "$root/configs/clusters/h100_ib.yaml" <<'PY' 2>&1
+import re, sys
+text, other = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+line = lambda t, k: re.search(rf"^{k}: (.*)$", t, re.M).group(1)
+assert line(text, "node") == line(other, "node") and line(text, "network") == line(other, "network"), "links differ"
+assert re.search(r"^devices_per_node: 1$", text, re.M) and not re.search(r"^node_by_ranks:", text, re.M)
+assert "NOT measured: taken from" in text and "h100_ib" in line(text, "source"), "the file does not say so"
+print("node", line(text, "node"))
+PY
+  ); then ok "calibrate on the device, 1 rank, --links-from: the device measured, the links taken and said ($out)"
+else bad "calibrate on the device, 1 rank, --links-from" "$(tail -n 8 "$tmp/cal_dev1.log"; echo "${out:-}")"; fi
 
 summary emulated
