@@ -108,6 +108,9 @@ fi
 if [ -n "$old" ]; then
   [ -d .gpu-carry ] && [ ! -x "$old/meshtrain" ] && [ -f ".gpu-carry/$(basename "$old").tar.xz" ] &&
     tar xJf ".gpu-carry/$(basename "$old").tar.xz"
+  # bench_gpu.sh takes a build without its GPU benchmark programs for a CPU-only one: an old bundle of meshtrain
+  # and its library alone borrows this bundle's (the step is meshtrain's own).
+  [ -x "$old/scripts/bench/bench_attention_gpu" ] || cp -r "$bundle/scripts" "$old/"
   step_args=(--step-only --steps 12 --limit 110)
   [ $quick = 1 ] && step_args=(--step-only --quick --limit 110)
   part 4 "the 1B step of $old" 120 env OUT="$work/step_old" bash scripts/bench/bench_gpu.sh "$old" "${step_args[@]}" \
