@@ -5,8 +5,8 @@
 #    kernels, the flash kernel and ring attention on the device;
 #  - the op table (tests/test_ops): every kernel on cuda f32 and bf16 against the CPU, value and gradient, on
 #    fresh random inputs with NaN-poisoned outputs; no case may be skipped on a GPU;
-#  - 20 fp32 steps of a small model on the GPU against the same on the CPU, within 1e-4: 1 rank, dp = 2 and
-#    tp = 2 (2 ranks sharing the GPU); bf16 against fp32 within 2% at step 20 (1 rank, tp = 2, and dp = 2
+#  - 20 fp32 steps of a small model on the GPU against the same on the CPU, within 1e-4: 1 rank and the 2-rank
+#    meshes dp = 2, tp = 2, dp_shard = 2, cp = 2 (ring) and pp = 2 (2 ranks sharing the GPU); bf16 against fp32 within 2% at step 20 (1 rank, tp = 2, and dp = 2
 #    with gradients reduced in bf16);
 #  - one host synchronisation per training step on the GPU, 1 rank (log.level: debug counts them);
 #  - Hugging Face interoperability (tests/reference/test_hf_interop.py, run on the GPU), where present;
@@ -164,6 +164,15 @@ if train cpu 1; then
     row FAIL "fp32 20 steps, dp=2 on one GPU vs CPU" "$(first_error gpu_dp)"
   train gpu_tp 2 "${gpu[@]}" "${tp2[@]}" && within_1e4 gpu_tp cpu "fp32 20 steps, tp=2 on one GPU vs CPU" ||
     row FAIL "fp32 20 steps, tp=2 on one GPU vs CPU" "$(first_error gpu_tp)"
+  # The other 2-rank meshes: fully sharded, context parallel (ring), pipeline (1f1b over 4 micro-batches).
+  for m in "dp_shard=2:--set parallel.dp_replicate=1 --set parallel.dp_shard=2" \
+           "cp=2 (ring):--set parallel.dp_replicate=1 --set parallel.cp=2" \
+           "pp=2 (1f1b):--set parallel.dp_replicate=1 --set parallel.pp=2 --set training.micro_batch_size=2"; do
+    name=${m%%:*} tag=gpu_$(echo "${m%%:*}" | tr -dc 'a-z0-9')
+    read -r -a extra <<<"${m#*:}"
+    train "$tag" 2 "${gpu[@]}" "${extra[@]}" && within_1e4 "$tag" cpu "fp32 20 steps, $name on one GPU vs CPU" ||
+      row FAIL "fp32 20 steps, $name on one GPU vs CPU" "$(first_error "$tag")"
+  done
 else
   row FAIL "fp32 20 steps on the CPU (the baseline)" "$(first_error cpu)"
 fi
