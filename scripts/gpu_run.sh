@@ -3,22 +3,24 @@
 # root, parts in order, each under its own time limit so that a hang or failure in one leaves the others' results:
 #   0. the machine: the GPU, the toolkit's libraries found (LD_LIBRARY_PATH), no library missing for the bundle;
 #   1. the functional list (scripts/gpu_check.sh --quick): the GPU suite at 1 and 2 ranks, the op table's CUDA
-#      cases, fp32 against the CPU (1 rank, dp 2, tp 2), bf16 within 2% of fp32, one host sync per step;
+#      cases, fp32 against the CPU (1 rank and the 2-rank meshes), bf16 within 2% of fp32, one host sync per step;
 #   2. the benchmarks (scripts/bench/bench_gpu.sh): the 1B Llama step's tokens/s and MFU beside PyTorch eager and
 #      torch.compile, attention beside SDPA's flash and cuDNN backends, redistribution, the top 10 kernels, memory
 #      against the expected bytes and estimate's prediction;
 #   3. `meshtrain estimate --calibrate` on the GPU (comm.device=cuda), written as a cluster file (a rank per GPU; on
-#      one GPU the links are taken from configs/clusters/h100_ib.yaml, --links-from).
+#      one GPU the links are taken from configs/clusters/h100_ib.yaml, --links-from);
+#   4. with --compare OLD (another build's bundle, at least its meshtrain and libmeshtrain_cuda.so): the 1B step of
+#      OLD, then of this bundle and torch.compile, one after the other on the same GPU (a change's effect).
+# First call on an H200 (2026-11-28): parts 1 and 2 in 262 s; part 3 took 7 s. Exits 1 when a part failed.
 # $OUT gets gpu_run.log (all of the output), gpu_run_logs.tar.gz (every part's logs and raw results) and
 # gpu_cluster.yaml (part 3's file); the summary table comes last.
 #
 # Here, before the call (the GPU machine has CUDA and PyTorch but no Open MPI and no package access):
 #   bash ../shared/gpu/pack-deps.sh .gpu-deps libpcre2-8-0 libsentencepiece0 libxxhash0
 #   scripts/gpu_bundle.sh build .gpu-bundle && mkdir -p .gpu-carry && tar cJf .gpu-carry/bundle.tar.xz .gpu-bundle .gpu-deps
-#   (.gpu-deps, .gpu-bundle and .gpu-carry in .git/info/exclude), then the device call with carry [".gpu-carry"]:
+#   (an old bundle for --compare goes into the same archive; .gpu-deps, .gpu-bundle* and .gpu-carry in
+#   .git/info/exclude), then the device call with carry [".gpu-carry"]:
 #   bash scripts/gpu_run.sh
-#   4. with --compare OLD (a bundle of another build: its meshtrain and libmeshtrain_cuda.so): the 1B step of OLD,
-#      then of this bundle and torch.compile, one after the other on the same GPU (a change's effect).
 # Options: --parts 1,2,3 (which parts; 4 is added by --compare), --quick (bench_gpu.sh --quick: a dry run of the
 # plumbing, also on a CPU).
 set -uo pipefail
@@ -106,8 +108,6 @@ fi
 [ -f "$out/gpu_cluster.yaml" ] && cat "$out/gpu_cluster.yaml"
 # 4. The step of another build, then of this one (and torch.compile), on the same GPU.
 if [ -n "$old" ]; then
-  [ -d .gpu-carry ] && [ ! -x "$old/meshtrain" ] && [ -f ".gpu-carry/$(basename "$old").tar.xz" ] &&
-    tar xJf ".gpu-carry/$(basename "$old").tar.xz"
   # bench_gpu.sh takes a build without its GPU benchmark programs for a CPU-only one: an old bundle of meshtrain
   # and its library alone borrows this bundle's (the step is meshtrain's own).
   [ -x "$old/scripts/bench/bench_attention_gpu" ] || cp -r "$bundle/scripts" "$old/"
@@ -134,3 +134,5 @@ rm -rf "$work"
 echo
 echo "== gpu_run summary ($(since) s in all; $(date -u '+%Y-%m-%d %H:%M UTC'))"
 printf '%s\n' "${rows[@]}"
+printf '%s\n' "${rows[@]}" | grep -q '^FAIL' && exit 1
+exit 0
