@@ -48,6 +48,19 @@ __device__ inline double warp_sum_d(double v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+// The sum of every thread's s over a block of kBlock threads: each warp's butterfly (warp_sum_d), then thread 0 adds
+// the warps' in order (a fixed order: the same bits on every run; cuda_ops.h sum_partials_in_order repeats it on
+// the host). The result is thread 0's.
+template <int kBlock> __device__ double block_sum_d(double s) {
+  __shared__ double warp_part[kBlock / 32];
+  s = warp_sum_d(s);
+  if (threadIdx.x % 32 == 0) warp_part[threadIdx.x / 32] = s;
+  __syncthreads();
+  double total = 0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kBlock / 32; ++w) total += warp_part[w];
+  return total;
+}
 __device__ inline float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;

@@ -63,21 +63,14 @@ namespace {
 // partials (n / kReduceChunk, rounded up) f64: one block per fixed chunk, summed by the caller in order.
 constexpr int64_t kReduceChunk = 4096;
 template <typename T> __global__ void reduce_k(double* partials, const T* t, int64_t n, bool squares) {
-  __shared__ double warp_part[kThreads / 32];
   int64_t begin = int64_t(blockIdx.x) * kReduceChunk, end = min(n, begin + kReduceChunk);
   double s = 0;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     double x = ld(t[i]);
     s += squares ? x * x : x;
   }
-  s = warp_sum_d(s);
-  if (threadIdx.x % 32 == 0) warp_part[threadIdx.x / 32] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0;
-    for (int w = 0; w < kThreads / 32; ++w) total += warp_part[w];
-    partials[blockIdx.x] = total;
-  }
+  s = block_sum_d<kThreads>(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
 }  // namespace
@@ -97,17 +90,10 @@ namespace {
 // the same partials give the same bits). One thread summing them all waited on each load in turn: 0.09 ms a call
 // on an H200 (16k partials for the embedding's gradient), 13 ms of a 1B model's step over its 147 parameters.
 __global__ void sum_partials_into_k(double* out, const double* partials, int64_t n) {
-  __shared__ double warp_part[kSumPartialsThreads / 32];
   double s = 0;
   for (int64_t i = threadIdx.x; i < n; i += kSumPartialsThreads) s += partials[i];
-  s = warp_sum_d(s);
-  if (threadIdx.x % 32 == 0) warp_part[threadIdx.x / 32] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0;
-    for (int w = 0; w < kSumPartialsThreads / 32; ++w) total += warp_part[w];
-    out[0] += total;
-  }
+  s = block_sum_d<kSumPartialsThreads>(s);
+  if (threadIdx.x == 0) out[0] += s;
 }
 
 }  // namespace
