@@ -10,7 +10,9 @@
 #   3. `meshtrain estimate --calibrate` on the GPU (comm.device=cuda), written as a cluster file (a rank per GPU; on
 #      one GPU the links are taken from configs/clusters/h100_ib.yaml, --links-from);
 #   4. with --compare OLD (another build's bundle, at least its meshtrain and libmeshtrain_cuda.so): the 1B step of
-#      OLD, then of this bundle and torch.compile, one after the other on the same GPU (a change's effect).
+#      OLD, then of this bundle and torch.compile, one after the other on the same GPU (a change's effect);
+#   5. with --tilings "1,1,1 2,2,1 ..." (MT_FLASH_MT values): the flash kernel under each tiling, and OLD's
+#      (OLD/scripts/bench/bench_attention_gpu, which loads OLD's library), on the step's and the benchmark shapes.
 # First call on an H200 (2026-11-28): parts 1 and 2 in 262 s; part 3 took 7 s. Exits 1 when a part failed.
 # $OUT gets gpu_run.log (all of the output), gpu_run_logs.tar.gz (every part's logs and raw results) and
 # gpu_cluster.yaml (part 3's file); the summary table comes last.
@@ -21,7 +23,7 @@
 #   (an old bundle for --compare goes into the same archive; .gpu-deps, .gpu-bundle* and .gpu-carry in
 #   .git/info/exclude), then the device call with carry [".gpu-carry"]:
 #   bash scripts/gpu_run.sh
-# Options: --parts 1,2,3 (which parts; 4 is added by --compare), --quick (bench_gpu.sh --quick: a dry run of the
+# Options: --parts 1,2,3 (which parts; 4 is added by --compare, 5 by --tilings), --quick (bench_gpu.sh --quick: a dry run of the
 # plumbing, also on a CPU).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,12 +31,14 @@ cd "$root"
 parts=1,2,3
 quick=0
 old=
+tilings=
 while [ $# -gt 0 ]; do
   case $1 in
     --parts) parts=$2; shift ;;
     --quick) quick=1 ;;
     --compare) old=$2; parts="$parts,4"; shift ;;
-    *) echo "gpu_run.sh: unknown argument $1 (options: --parts LIST, --compare OLD, --quick)" >&2; exit 2 ;;
+    --tilings) tilings=$2; parts="$parts,5"; shift ;;
+    *) echo "gpu_run.sh: unknown argument $1 (options: --parts LIST, --compare OLD, --tilings LIST, --quick)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -116,7 +120,32 @@ if [ -n "$old" ]; then
   part 4 "the 1B step of $old" 120 env OUT="$work/step_old" bash scripts/bench/bench_gpu.sh "$old" "${step_args[@]}" \
     --torch ""
   part 4 "the 1B step of $bundle, then torch.compile" 200 env OUT="$work/step_new" bash scripts/bench/bench_gpu.sh \
-    "$bundle" "${step_args[@]}" --torch compile
+    "$bundle" "${step_args[@]}" --torch "${COMPARE_TORCH-compile}"
+fi
+
+# 5. The flash kernel's tilings (--tilings LIST: MT_FLASH_MT values, runtime/kernels/cuda/flash_attention.cu), each
+# timed by bench_attention_gpu on the 1B step's shape (B 16, H 16, KV 8, T 2048, hd 128) and FlashAttention-2's
+# benchmark shapes, then OLD's kernel on the same shapes (with --compare): which tiling is fastest, and by how much.
+attention_shapes() {  # attention_shapes BENCH: one JSON line per shape
+  "$1" --B 16 --H 16 --KV 8 --T 2048 --hd 128 --iters 10
+  "$1" --B 2 --H 16 --KV 16 --T 8192 --hd 128 --iters 10
+  "$1" --B 8 --H 32 --KV 32 --T 2048 --hd 64 --iters 10
+}
+tiling_runs() {
+  local t
+  for t in $tilings; do
+    echo "-- MT_FLASH_MT=$t"
+    MT_FLASH_MT=$t attention_shapes "$bundle/scripts/bench/bench_attention_gpu" | sed "s/^{/{\"tiling\":\"$t\",/"
+  done
+  if [ -n "$old" ] && [ -x "$old/scripts/bench/bench_attention_gpu" ]; then
+    echo "-- OLD ($old)"
+    attention_shapes "$old/scripts/bench/bench_attention_gpu" | sed 's/^{/{"tiling":"old",/'
+  fi
+}
+if [ -n "$tilings" ]; then
+  export -f attention_shapes tiling_runs
+  export tilings old bundle
+  part 5 "flash kernel tilings ($tilings)" 150 bash -c tiling_runs
 fi
 
 (cd "$work" && tar czf "$out/gpu_run_logs.tar.gz" .) 2>/dev/null

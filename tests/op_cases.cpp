@@ -531,11 +531,24 @@ std::vector<OpCase> op_cases() {
                                      r.in("logits", {d.N, d.V}, Kind::act, 3.0), tg, gs(d));
       Tensor lg = r.inout("logits", {d.N, d.V}, Kind::act, 3.0);
       cross_entropy_forward_backward(r.out("losses with gradient", {d.N}, Kind::acc), lg, lg, tg, gs(d));
+      // A vocabulary a multiple of 8: the CUDA kernel's 16-byte loads (V above is odd: one element at a time).
+      if (const int64_t v8 = d.V / 8 * 8; v8 > 0) {
+        Tensor l8 = r.inout("logits8", {d.N, v8}, Kind::act, 3.0);
+        cross_entropy_forward_backward(r.out("losses, V a multiple of 8", {d.N}, Kind::acc), l8, l8,
+                                       r.ints(targets_for(d.N, v8), {d.N}, DType::i32), gs(d));
+      }
     };
     c.reference = [gs](OpRun& r, const Dims& d) {
       V l, g;
       ref_cross_entropy(l, g, r.values_of("logits", d.N * d.V), targets_for(d.N, d.V), d.N, d.V, gs(d));
-      return Results{{"losses", l}, {"logits (in place)", g}, {"losses with gradient", l}};
+      Results res{{"losses", l}, {"logits (in place)", g}, {"losses with gradient", l}};
+      if (const int64_t v8 = d.V / 8 * 8; v8 > 0) {
+        V l8, g8;
+        ref_cross_entropy(l8, g8, r.values_of("logits8", d.N * v8), targets_for(d.N, v8), d.N, v8, gs(d));
+        res.push_back({"logits8 (in place)", g8});
+        res.push_back({"losses, V a multiple of 8", l8});
+      }
+      return res;
     };
     c.backward = [gs](OpRun& r, const Dims& d) {
       Tensor tg = r.ints(targets_for(d.N, d.V), {d.N}, DType::i32), lg = r.in("logits", {d.N, d.V}, Kind::act, 3.0);

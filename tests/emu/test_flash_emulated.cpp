@@ -144,17 +144,19 @@ std::pair<int64_t, int64_t> seen_keys(const Case& c, const int64_t* doc, int64_t
   return {lo, hi};
 }
 
-// (batch, q head, 64-query block, 64-key block) with at least one visible (query, key): the work of the kernels.
-int64_t visible_pairs(const Case& c, const int64_t* doc) {
-  const int64_t n_qb = (c.T + 63) / 64, n_kb = (c.S + 63) / 64;
+// (batch, q head, block of `rows` queries, block of `keys` keys) with at least one visible (query, key), blocks
+// aligned to their sizes: the work of the kernels, whose warps each compute such pairs (a warp's 16 MT query rows
+// against a 64-key block in the forward and dQ kernels, 64 queries against its 16 MT keys in the dK/dV kernel).
+int64_t visible_pairs(const Case& c, const int64_t* doc, int64_t rows, int64_t keys) {
+  const int64_t n_qb = (c.T + rows - 1) / rows, n_kb = (c.S + keys - 1) / keys;
   int64_t n = 0;
   for (int64_t b = 0; b < c.B; ++b)
     for (int64_t qb = 0; qb < n_qb; ++qb)
       for (int64_t kb = 0; kb < n_kb; ++kb) {
         bool seen = false;
-        for (int64_t t = qb * 64; t < std::min(c.T, qb * 64 + 64) && !seen; ++t) {
+        for (int64_t t = qb * rows; t < std::min(c.T, qb * rows + rows) && !seen; ++t) {
           const auto [lo, hi] = seen_keys(c, doc, b, t);
-          seen = std::max(lo, kb * 64) < std::min(hi, kb * 64 + 64);
+          seen = std::max(lo, kb * keys) < std::min(hi, kb * keys + keys);
         }
         n += seen;
       }
@@ -217,11 +219,18 @@ Reference reference(const Case& c, const std::vector<double>& q, const std::vect
   return r;
 }
 
-// The kernels' mma instructions (4 warps) per (batch, q head, query block, key block) computed: forward
-// Q K^T and P V, hd/2 each a warp; backward dQ (S, dP, dS K: 1.5 hd a warp) and dK/dV (S^T, dP^T, P^T dO,
-// dS^T Q: 2 hd a warp).
-int64_t fwd_mma_per_pair(int64_t hd) { return 4 * hd; }
-int64_t bwd_mma_per_pair(int64_t hd) { return 4 * (hd * 3 / 2) + 4 * 2 * hd; }
+// The mma instructions the kernels compute for the visible pairs of doc (visible_pairs), with the m tiles per warp
+// the launchers choose (tiling): a warp's 16 MT rows against 64 keys cost MT hd / 2 mma per product (forward: Q K^T,
+// P V; dQ: S, dP, dS K), its 16 MT keys against 64 queries MT hd / 2 per product too (S^T, dP^T, P^T dO, dS^T Q).
+int64_t fwd_mma(const Case& c, const int64_t* doc) {
+  const int mt = c.hd == 64 ? mt::cuda::tiling<64>().fwd : mt::cuda::tiling<128>().fwd;
+  return visible_pairs(c, doc, 16 * mt, 64) * 2 * (mt * c.hd / 2);
+}
+int64_t bwd_mma(const Case& c, const int64_t* doc) {
+  const auto t = c.hd == 64 ? mt::cuda::tiling<64>() : mt::cuda::tiling<128>();
+  return visible_pairs(c, doc, 16 * t.dq, 64) * 3 * (t.dq * c.hd / 2) +
+         visible_pairs(c, doc, 64, 16 * t.dkdv) * 4 * (t.dkdv * c.hd / 2);
+}
 
 void check_case(const Case& c, const Docs* docs = nullptr) {
   INFO(name(c, docs));
@@ -264,21 +273,19 @@ void check_case(const Case& c, const Docs* docs = nullptr) {
                                    v.data(), out.data(), lse.data(), c.B, c.T, c.S, c.H, c.KV, c.hd, scale, c.causal,
                                    c.q_pos0, c.k_pos0, doc, true, nullptr) == 0);
 
-  // Block skipping: exactly the (query block, key block) pairs with a visible (query, key) are computed. With
+  // Block skipping: exactly the (warp rows, key block) pairs with a visible (query, key) are computed. With
   // document starts not ordered along t, blocks between visible ones may be visited (masked): at least the
   // visible pairs then, at most those of the same call without the document mask.
-  const int64_t pairs = visible_pairs(c, doc);
   if (!docs || !docs->arbitrary) {
-    CHECK(mma1 - mma0 == pairs * fwd_mma_per_pair(c.hd));
-    CHECK(mma3 - mma2 == pairs * bwd_mma_per_pair(c.hd));
+    CHECK(mma1 - mma0 == fwd_mma(c, doc));
+    CHECK(mma3 - mma2 == bwd_mma(c, doc));
   } else {
-    const int64_t unmasked = visible_pairs(c, nullptr);
-    CHECK(mma1 - mma0 >= pairs * fwd_mma_per_pair(c.hd));
-    CHECK(mma1 - mma0 <= unmasked * fwd_mma_per_pair(c.hd));
-    CHECK(mma3 - mma2 >= pairs * bwd_mma_per_pair(c.hd));
-    CHECK(mma3 - mma2 <= unmasked * bwd_mma_per_pair(c.hd));
+    CHECK(mma1 - mma0 >= fwd_mma(c, doc));
+    CHECK(mma1 - mma0 <= fwd_mma(c, nullptr));
+    CHECK(mma3 - mma2 >= bwd_mma(c, doc));
+    CHECK(mma3 - mma2 <= bwd_mma(c, nullptr));
   }
-  if (docs && !docs->arbitrary) CHECK(pairs < visible_pairs(c, nullptr));  // the mask saves work
+  if (docs && !docs->arbitrary) CHECK(fwd_mma(c, doc) < fwd_mma(c, nullptr));  // the mask saves work
 
   const std::vector<double> lse_got(lse.data(), lse.data() + nl);
   std::vector<double> dka_want(nk), dva_want(nk);

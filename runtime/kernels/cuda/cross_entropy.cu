@@ -7,18 +7,23 @@ namespace mt::cuda {
 
 namespace {
 
-// Online max and sum of exponentials of a row, per lane then merged across the warp.
-template <typename T> __device__ void row_stats(const T* x, int64_t V, int lane, float* mx_out, double* se_out) {
+// Online max and sum of exponentials of a row, per lane then merged across the warp; each lane W logits at a time
+// (Pack: one 16-byte load where the launcher found V a multiple of W and the rows aligned; W = 1 otherwise).
+template <typename T, int W> __device__ void row_stats(const T* x, int64_t V, int lane, float* mx_out, double* se_out) {
+  using P = Pack<T, W>;
   float m = -INFINITY;
   double s = 0;
-  for (int64_t v = lane; v < V; v += 32) {
-    float xv = ld(x[v]);
-    if (xv > m) {
-      s = s * exp(double(m) - xv) + 1.0;
-      m = xv;
-    } else {
-      s += double(__expf(xv - m));
+  for (int64_t p = lane; p < V / W; p += 32) {
+    const P xp = reinterpret_cast<const P*>(x)[p];
+    float pm = m;
+#pragma unroll
+    for (int e = 0; e < W; ++e) pm = fmaxf(pm, ld(xp.v[e]));
+    if (pm > m) {
+      s = m == -INFINITY ? 0.0 : s * exp(double(m) - pm);
+      m = pm;
     }
+#pragma unroll
+    for (int e = 0; e < W; ++e) s += double(__expf(ld(xp.v[e]) - m));
   }
   float M = warp_max(m);
   s = m == -INFINITY ? 0.0 : s * exp(double(m) - M);
@@ -26,9 +31,12 @@ template <typename T> __device__ void row_stats(const T* x, int64_t V, int lane,
   *se_out = warp_sum_d(s);
 }
 
-// A warp per row: one read for the statistics, one pass writing the gradient over the logits' buffer.
-template <typename T> __global__ void cross_entropy_k(float* losses, T* dlogits, const T* logits,
-                                                      const int32_t* targets, int64_t N, int64_t V, float scale) {
+// A warp per row: one read for the statistics, one pass writing the gradient over the logits' buffer; W logits a
+// lane at a time, as row_stats.
+template <typename T, int W> __global__ void cross_entropy_k(float* losses, T* dlogits, const T* logits,
+                                                             const int32_t* targets, int64_t N, int64_t V,
+                                                             float scale) {
+  using P = Pack<T, W>;
   int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -42,17 +50,23 @@ template <typename T> __global__ void cross_entropy_k(float* losses, T* dlogits,
   }
   float mx;
   double se;
-  row_stats(x, V, lane, &mx, &se);
+  row_stats<T, W>(x, V, lane, &mx, &se);
   double lse = mx + log(se);
   float xt = ld(x[t]);
   __syncwarp();  // every lane has read x[t] before the gradient overwrites it
   if (lane == 0) losses[row] = float(lse - xt);
   if (dlogits) {
-    for (int64_t v = lane; v < V; v += 32) {
-      // The exponent in f64 (logits near lse lose nothing), the exponential in f32 (relative error ~1e-7, below
-      // the gradient's rounding): f64's exp is a long software sequence, one per logit of an (N, V) pass.
-      float p = expf(float(double(ld(x[v])) - lse)) * scale;
-      dlogits[row * V + v] = to<T>(v == t ? p - scale : p);
+    for (int64_t p = lane; p < V / W; p += 32) {
+      const P xp = reinterpret_cast<const P*>(x)[p];  // each lane reads its pack, then overwrites it
+      P g;
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        // The exponent in f64 (logits near lse lose nothing), the exponential in f32 (relative error ~1e-7, below
+        // the gradient's rounding): f64's exp is a long software sequence, one per logit of an (N, V) pass.
+        const float pr = expf(float(double(ld(xp.v[e])) - lse)) * scale;
+        g.v[e] = to<T>(p * W + e == t ? pr - scale : pr);
+      }
+      reinterpret_cast<P*>(dlogits + row * V)[p] = g;
     }
   }
 }
@@ -63,8 +77,10 @@ template <typename T> int cross_entropy(float* losses, T* dlogits, const T* logi
                                         int64_t V, double grad_scale, void* stream) {
   Range r("cross_entropy");
   if (N == 0) return 0;
-  MT_LAUNCH(cross_entropy_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), losses, dp(dlogits), dp(logits),
-            targets, N, V, float(grad_scale));
+  const bool packed = packable(V, kPack<T>, logits) && (!dlogits || packable(V, kPack<T>, dlogits));
+  auto kernel = packed ? cross_entropy_k<Dev<T>, kPack<T>> : cross_entropy_k<Dev<T>, 1>;
+  MT_LAUNCH(kernel, blocks_for(N * 32), kThreads, 0, st(stream), losses, dp(dlogits), dp(logits), targets, N, V,
+            float(grad_scale));
   return last_error();
 }
 

@@ -1,37 +1,42 @@
 // FlashAttention-2 style attention in bf16 on tensor cores: mma.sync m16n8k16 (bf16 in, fp32 accumulate)
 // fed by ldmatrix from shared memory, tiles streamed in by cp.async. See flash_attention.h for the contract.
 //
-// Tiles. 64 queries x 64 keys, 4 warps of 16 rows: one warp's rows are exactly one m16 row block of the
-// mma, so a warp owns its rows end to end (softmax statistics never leave the warp) and the per-thread
-// accumulators stay at hd/2 floats (64 for hd 128). That is what lets the dk/dv kernel hold both dK and
-// dV (128 floats) in registers (at hd 128 ptxas spills 8 bytes there, nothing elsewhere). 64 keys per
-// step amortise each barrier over 64-128 mma per warp. Shared memory rows are padded by 8 bf16 (16 bytes), so
-// the 8 row addresses of every ldmatrix 8x8 matrix hit different banks. Per CTA (hd 128): forward 85 KiB,
-// dq 102 KiB, dk/dv 103 KiB, so two CTAs (8 warps) fit on an H100 SM; hd 64 about half of that.
+// Tiles. 4 warps; a warp owns 16 MT rows (MT m16 row blocks of the mma: MT = 1 or 2, chosen per kernel and head
+// dim by tiling(), measured on an H200) end to end, so softmax statistics never leave the warp. The forward and dQ
+// kernels take 64 MT queries a CTA against blocks of 64 keys; the dK/dV kernel 64 MT keys a CTA against blocks of
+// 64 queries. MT = 2 makes every B fragment read from shared memory (ldmatrix) feed two mma: shared-memory reads,
+// not the tensor cores, bound these loops on mma.sync, so that is where a second m tile pays, where the registers
+// allow it (two m tiles of dK and dV at hd 128 would be 256 floats a thread). 64 keys per step amortise each
+// barrier over 64-256 mma per warp; loops whose scores would not fit beside the accumulators take them in chunks
+// of 32 (the hd 128 forward at MT = 2: its own online-softmax step per chunk; dQ at MT = 2). Shared memory rows
+// are padded by 8 bf16 (16 bytes), so the 8 row addresses of every ldmatrix 8x8 matrix hit different banks.
+// Per CTA (hd 128): forward 85-102 KiB, dq 102 KiB, dk/dv 103 KiB: two CTAs (8 warps) fit on an H100 SM.
+// Within a CTA's key (or query) blocks, a warp computes only the blocks its own rows see (causally and by the
+// document mask): the causal diagonal of a 128-row tile costs half its warps nothing.
 //
-// Forward, one CTA per (64-query block, b, h), the heaviest causal blocks launched first:
+// Forward, one CTA per (64 MT-query block, b, h), the heaviest causal blocks launched first:
 //   for each key block j the block's last query sees (two-stage pipeline: block j+1's K and V load
 //   while block j computes):  S = Q K^T;  online softmax in the log2 domain (running max m, running
 //   sum l, scores prescaled by scale*log2e, exp2f);  O = O * 2^(m_old - m) + P V, with P rounded to
 //   bf16 straight from the accumulator registers (the C layout of two n8 tiles is the A layout).
-//   Only key blocks that cross the causal diagonal or the end of the keys are masked element-wise;
+//   Only key blocks that cross a warp's causal diagonal or the end of the keys are masked element-wise;
 //   fully masked blocks are never visited. A row that sees no key keeps m = -inf and l = 0: its
 //   exponentials use base 0 instead of -inf (no inf - inf), and it stores out = 0, lse = -inf.
 // Document masks (doc_start): a query also sees no key before its document's start (first_key). The key
 //   blocks visited start at the one holding the smallest first_key of the query block (each warp reduces
-//   the 64 values itself), and blocks before a row's first key are masked element-wise as well.
+//   the values itself), and blocks before a row's first key are masked element-wise as well.
 // Backward (deterministic, no atomics), three kernels:
 //   1. D = rowsum(dout * out), (B, H, T) f32 in the scratch.
-//   2. dK, dV: one CTA per (64-key block, b, kv head); warp w owns keys 16w..16w+15 and keeps their
-//      dK, dV in registers while it walks every q head of the GQA group and every q block that sees a
-//      key of the block, in a fixed order. It works on the transposed products (keys as mma rows):
+//   2. dK, dV: one CTA per (64 MT-key block, b, kv head); warp w owns keys 16 MT w .. 16 MT (w + 1) - 1 and
+//      keeps their dK, dV in registers while it walks every q head of the GQA group and every 64-query block
+//      that sees a key of the block, in a fixed order. It works on the transposed products (keys as mma rows):
 //      S^T = K Q^T, P^T = 2^(S^T*scale*log2e - lse*log2e), dP^T = V dO^T, dS^T = P^T (dP^T - D),
 //      dV += P^T dO, dK += dS^T Q (scaled once at the end), in two halves of 32 queries to bound the
 //      registers. Q, dO, lse and D of the next item load while the current one computes. With document
 //      masks the q blocks run from the first to the last whose smallest first_key is within the key block
 //      (per-q-block bounds from a small kernel, flash_doc_tiles_k, in the scratch), and the queries'
 //      first keys load with lse and D.
-//   3. dQ: one CTA per (64-query block, b, h) like the forward: S = Q K^T, dP = dO V^T,
+//   3. dQ: one CTA per (64 MT-query block, b, h) like the forward: S = Q K^T, dP = dO V^T,
 //      dS = P (dP - D), dQ += dS K. S and dP are computed twice (in 2 and 3), the price of no atomics.
 //   Tails: rows past T or S are zero-filled in shared memory (0 * garbage could be NaN); key columns
 //   past S are masked; queries past T get lse = +inf in the backward, so their P is exactly 0.
@@ -48,6 +53,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "runtime/kernels/cuda/flash_attention.h"
@@ -67,11 +73,11 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kMinBlocks = 2;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-// A 64-row tile of HD bf16 in shared memory, rows padded by 8 elements (see the top comment).
+// A 64-row tile of HD bf16 in shared memory, rows padded by 8 elements (see the top comment); tiles of 64 MT rows
+// have the same rows.
 template <int HD> struct Tile {
   static constexpr int kLd = HD + 8;  // elements per row
   static constexpr int kElems = 64 * kLd;
-  static constexpr int kBytes = kElems * int(sizeof(bf16_t));
 };
 
 struct Range {  // an NVTX range over a launcher, so that Nsight Systems shows the op by name
@@ -178,12 +184,12 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 // ---------------------------------------------------------------- tiles and warp GEMMs
 
-// Rows [0, rows) of a 64 x HD tile whose row r starts at src + r * ld, into dst (row stride HD + 8). Rows
+// Rows [0, rows) of a ROWS x HD tile whose row r starts at src + r * ld, into dst (row stride HD + 8). Rows
 // >= rows are zero-filled: tails then add exact zeros to the products. any_valid: a readable address passed
 // for the zero-filled chunks (nothing is read from it).
-template <int HD> __device__ __forceinline__ void load_tile(bf16_t* dst, const bf16_t* src, int64_t ld, int rows,
-                                                            const bf16_t* any_valid) {
-  constexpr int kPerRow = HD / 8, kChunks = 64 * kPerRow;  // 16-byte chunks
+template <int HD, int ROWS = 64> __device__ __forceinline__ void load_tile(bf16_t* dst, const bf16_t* src, int64_t ld,
+                                                                           int rows, const bf16_t* any_valid) {
+  constexpr int kPerRow = HD / 8, kChunks = ROWS * kPerRow;  // 16-byte chunks
   static_assert(kChunks % kThreads == 0, "whole chunks per thread");
 #pragma unroll
   for (int i = 0; i < kChunks / kThreads; ++i) {
@@ -193,23 +199,28 @@ template <int HD> __device__ __forceinline__ void load_tile(bf16_t* dst, const b
   }
 }
 
-// acc (16 x 8 NT) += A B^T, A = rows a_row .. a_row+15 of sA (16 x HD), B = rows b_row .. b_row + 8 NT - 1 of
-// sB (8 NT x HD): both operands row-major along HD, as Q K^T, K Q^T, dO V^T, V dO^T are.
-template <int HD, int NT> __device__ __forceinline__ void gemm_abt(float (&acc)[NT][4], const bf16_t* sA, int a_row,
-                                                                   const bf16_t* sB, int b_row) {
+// acc (MT x 16 x 8 NT) += A B^T, A = m tiles a_row + 16 mt of sA (each 16 x HD), B = rows b_row .. b_row + 8 NT - 1
+// of sB (8 NT x HD): both operands row-major along HD, as Q K^T, K Q^T, dO V^T, V dO^T are. Each B fragment read
+// from shared memory feeds MT mma: reading shared memory is what bounds these loops.
+template <int HD, int NT, int MT> __device__ __forceinline__ void gemm_abt(float (&acc)[MT][NT][4], const bf16_t* sA,
+                                                                           int a_row, const bf16_t* sB, int b_row) {
   static_assert(NT % 2 == 0, "n tiles in pairs");
   constexpr int LD = Tile<HD>::kLd;
   const int lane = int(threadIdx.x) % 32;
 #pragma unroll
   for (int kc = 0; kc < HD / 16; ++kc) {
-    uint32_t a[4];  // matrices: rows 0-7 / 8-15 x cols 0-7, then cols 8-15
-    ldsm_x4(a, sA + (a_row + lane % 16) * LD + kc * 16 + (lane / 16) * 8);
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], sA + (a_row + 16 * mt + lane % 16) * LD + kc * 16 + (lane / 16) * 8);
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
-      uint32_t b[4];  // matrices: n 0-7 x k 0-7, n 0-7 x k 8-15, n 8-15 x k 0-7, n 8-15 x k 8-15
+      uint32_t b[4];
       ldsm_x4(b, sB + (b_row + np * 16 + lane % 8 + (lane / 16) * 8) * LD + kc * 16 + ((lane / 8) % 2) * 8);
-      mma_bf16(acc[2 * np], a, b[0], b[1]);
-      mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_bf16(acc[mt][2 * np], a[mt], b[0], b[1]);
+        mma_bf16(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
     }
   }
 }
@@ -227,10 +238,11 @@ template <int NT> __device__ __forceinline__ void to_a(uint32_t (&a)[NT / 2][4],
   }
 }
 
-// acc (16 x HD) += P B, P (16 x 16 KC) as KC A operands (to_a), B = rows b_row .. b_row + 16 KC - 1 of sB
-// (16 KC x HD, row-major along HD), as P V, P^T dO, dS^T Q, dS K are.
-template <int HD, int KC> __device__ __forceinline__ void gemm_pb(float (&acc)[HD / 8][4], const uint32_t (&a)[KC][4],
-                                                                  const bf16_t* sB, int b_row) {
+// acc (MT x 16 x HD) += P B, P (MT x 16 x 16 KC) as A operands (to_a), B = rows b_row .. b_row + 16 KC - 1 of sB
+// (16 KC x HD, row-major along HD), as P V, P^T dO, dS^T Q, dS K are. Each B fragment feeds MT mma.
+template <int HD, int KC, int MT> __device__ __forceinline__ void gemm_pb(float (&acc)[MT][HD / 8][4],
+                                                                          const uint32_t (&a)[MT][KC][4],
+                                                                          const bf16_t* sB, int b_row) {
   constexpr int LD = Tile<HD>::kLd;
   const int lane = int(threadIdx.x) % 32;
 #pragma unroll
@@ -239,25 +251,55 @@ template <int HD, int KC> __device__ __forceinline__ void gemm_pb(float (&acc)[H
     for (int dp = 0; dp < HD / 16; ++dp) {
       uint32_t b[4];  // transposed matrices: k 0-7 x n 0-7, k 8-15 x n 0-7, k 0-7 x n 8-15, k 8-15 x n 8-15
       ldsm_x4_trans(b, sB + (b_row + kc * 16 + lane % 8 + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
-      mma_bf16(acc[2 * dp], a[kc], b[0], b[1]);
-      mma_bf16(acc[2 * dp + 1], a[kc], b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_bf16(acc[mt][2 * dp], a[mt][kc], b[0], b[1]);
+        mma_bf16(acc[mt][2 * dp + 1], a[mt][kc], b[2], b[3]);
+      }
     }
 }
 
+// A query tile's rows as one warp holds them: rows w0 .. w0 + 16 MT - 1 of the tile, this thread's rows
+// w0 + 16 mt + lane / 4 (+ 8), their causal limits and first keys, and what the warp as a whole sees.
+template <int MT> struct WarpRows {
+  int w0, lim[MT][2], fk[MT][2];
+  int lim_min, fk_max;  // this thread's smallest limit and largest first key: no element mask needed past them
+  int lo, hi;           // the warp sees keys [lo, hi) at most (hi = 0 when it has no row within T)
+  __device__ WarpRows(const Dims& d, int b, int first_row) : w0(first_row) {
+    fk_max = 0;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        lim[mt][r] = d.limit(row(mt, r));
+        fk[mt][r] = d.first_key(b, row(mt, r));
+        fk_max = fk_max > fk[mt][r] ? fk_max : fk[mt][r];
+      }
+    lim_min = lim[0][0];
+    const int wn = min(16 * MT, d.T - w0);
+    hi = wn > 0 ? d.limit(w0 + wn - 1) : 0;
+    lo = tile_first_min(d, b, w0, wn);
+  }
+  __device__ int row(int mt, int r) const { return w0 + 16 * mt + int(threadIdx.x) % 32 / 4 + 8 * r; }
+  // The warp sees a key of [s0, s0 + 64).
+  __device__ bool sees(int s0) const { return s0 < hi && lo < s0 + kBlockN && lo < hi; }
+};
+
 // ---------------------------------------------------------------- forward
 
-// grid (B*H, query blocks), 128 threads; smem 5 tiles: Q, then K and V of two stages.
-template <int HD> __global__ void __launch_bounds__(kThreads, kMinBlocks)
+// grid (B*H, query blocks of 64 MT), 128 threads; smem: Q (64 MT rows), then K and V of two stages. Warp w owns
+// query rows 16 MT w .. 16 MT (w + 1) - 1 and holds their Q fragments in registers.
+template <int HD, int MT> __global__ void __launch_bounds__(kThreads, kMinBlocks)
     flash_fwd_k(bf16_t* __restrict__ out, float* __restrict__ lse, const bf16_t* __restrict__ q,
                 const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, Dims d) {
-  constexpr int kElems = Tile<HD>::kElems;
+  constexpr int QB = kWarps * 16 * MT, kElems = Tile<HD>::kElems;
   MT_DYNAMIC_SMEM(smem);
-  bf16_t* sQ = reinterpret_cast<bf16_t*>(smem);  // (64, HD + 8)
-  bf16_t* sK = sQ + kElems;                      // [2] (64, HD + 8): key block j in stage j % 2
+  bf16_t* sQ = reinterpret_cast<bf16_t*>(smem);  // (QB, HD + 8)
+  bf16_t* sK = sQ + QB * Tile<HD>::kLd;          // [2] (64, HD + 8): key block j in stage j % 2
   bf16_t* sV = sK + 2 * kElems;                  // [2] (64, HD + 8)
   const int b = int(blockIdx.x) / d.H, h = int(blockIdx.x) % d.H, kvh = h / d.group;
-  const int t0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kBlockM;  // the last (heaviest causal) blocks first
-  const int nq = min(kBlockM, d.T - t0);
+  const int t0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * QB;  // the last (heaviest causal) blocks first
+  const int nq = min(QB, d.T - t0);
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int64_t q_ld = int64_t(d.H) * HD, kv_ld = int64_t(d.KV) * HD;  // row strides
   const bf16_t* qg = q + ((int64_t(b) * d.T + t0) * d.H + h) * HD;     // (nq, hd)
@@ -265,14 +307,11 @@ template <int HD> __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const bf16_t* vg = v + (int64_t(b) * d.S * d.KV + kvh) * HD;         // (S, hd)
   // Key blocks [j_begin, j_end). The last row sees the most keys: later key blocks are fully masked and
   // skipped; no row sees a key before the earliest document start of the tile: earlier blocks are skipped too.
-  // The first row sees the fewest: blocks ending within its limit need no causal mask.
+  // Within them a warp computes only the blocks its own rows see, and masks element-wise only blocks that end
+  // past its first row's limit or start before a row's first key.
   const int hi = d.limit(t0 + nq - 1), lo = tile_first_min(d, b, t0, nq);
   const int j_begin = lo / kBlockN, j_end = lo < hi ? (hi + kBlockN - 1) / kBlockN : j_begin;
-  const int lim_first = d.limit(t0);
-  const int row = t0 + warp * 16 + lane / 4;  // this thread's rows: row and row + 8
-  const int lim[2] = {d.limit(row), d.limit(row + 8)};
-  const int fk[2] = {d.first_key(b, row), d.first_key(b, row + 8)};  // their first keys (document masks)
-  const int fk_max = fk[0] > fk[1] ? fk[0] : fk[1];
+  const WarpRows<MT> w(d, b, t0 + warp * 16 * MT);
   const int col = (lane % 4) * 2;  // this thread's first column in each n8 tile
 
   auto load_kv = [&](int j, int stage) {
@@ -280,80 +319,92 @@ template <int HD> __global__ void __launch_bounds__(kThreads, kMinBlocks)
     load_tile<HD>(sK + stage * kElems, kg + s0 * kv_ld, kv_ld, rows, k);
     load_tile<HD>(sV + stage * kElems, vg + s0 * kv_ld, kv_ld, rows, v);
   };
-  load_tile<HD>(sQ, qg, q_ld, nq, q);
+  load_tile<HD, QB>(sQ, qg, q_ld, nq, q);
   if (j_begin < j_end) load_kv(j_begin, j_begin % 2);
   cp_async_commit();
-
-  float o[HD / 8][4] = {};                             // (16, HD) un-normalised output of the warp's rows
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};  // running max (log2 domain) and this thread's part of the sum
+  float o[MT][HD / 8][4] = {};  // (16 MT, HD) un-normalised output of the warp's rows
+  float m[MT][2], l[MT][2];     // running max (log2 domain) and this thread's part of the sum
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
   for (int j = j_begin; j < j_end; ++j) {
     if (j + 1 < j_end) load_kv(j + 1, (j + 1) % 2);
     cp_async_commit();  // possibly empty: keeps one group per iteration so wait<1> means "block j is here"
     cp_async_wait<1>();
     __syncthreads();
-    const bf16_t* cK = sK + (j % 2) * kElems;
-    const bf16_t* cV = sV + (j % 2) * kElems;
-    float s[kBlockN / 8][4] = {};  // (16, 64) scores, then probabilities
-    gemm_abt<HD, kBlockN / 8>(s, sQ, warp * 16, cK, 0);
     const int s0 = j * kBlockN;
-    const bool masked = s0 + kBlockN > lim_first || s0 < fk_max;  // a key past a causal limit or before a document
-    float mx[2] = {m[0], m[1]};
+    if (w.sees(s0)) {  // the same in every lane of the warp
+      const bf16_t* cK = sK + (j % 2) * kElems;
+      const bf16_t* cV = sV + (j % 2) * kElems;
+      const bool masked = s0 + kBlockN > w.lim_min || s0 < w.fk_max;  // a key past a limit or before a document
+      // In chunks of KK keys, each its own online-softmax step: at 16 MT x HD = 4096 the output accumulators take
+      // 128 registers, and a whole block's scores would not fit beside them.
+      constexpr int KK = MT * HD <= 128 ? kBlockN : kBlockN / 2;
+#pragma unroll 1
+      for (int kk = 0; kk < kBlockN; kk += KK) {
+        float s[MT][KK / 8][4] = {};  // (16 MT, KK) scores, then probabilities
+        gemm_abt<HD, KK / 8, MT>(s, sQ, warp * 16 * MT, cK, kk);
+        uint32_t pa[MT][KK / 16][4];
 #pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt)
+        for (int mt = 0; mt < MT; ++mt) {
+          float mx[2] = {m[mt][0], m[mt][1]};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nt][e] * d.scale_log2;
-        const int key = s0 + nt * 8 + col + (e & 1);
-        if (masked && (key >= lim[e / 2] || key < fk[e / 2])) x = -INFINITY;
-        s[nt][e] = x;
-        mx[e / 2] = fmaxf(mx[e / 2], x);
+          for (int nt = 0; nt < KK / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float x = s[mt][nt][e] * d.scale_log2;
+              const int key = s0 + kk + nt * 8 + col + (e & 1);
+              if (masked && (key >= w.lim[mt][e / 2] || key < w.fk[mt][e / 2])) x = -INFINITY;
+              s[mt][nt][e] = x;
+              mx[e / 2] = fmaxf(mx[e / 2], x);
+            }
+          float base[2], corr[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            // The 4 lanes of a quad hold the same row.
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            base[r] = mx[r] == -INFINITY ? 0.f : mx[r];  // a row with nothing visible yet: exp2(-inf - 0) = 0, no NaN
+            corr[r] = exp2f(m[mt][r] - base[r]);         // 0 while m is -inf
+            m[mt][r] = mx[r];
+            l[mt][r] *= corr[r];
+          }
+#pragma unroll
+          for (int nt = 0; nt < KK / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float p = exp2f(s[mt][nt][e] - base[e / 2]);
+              s[mt][nt][e] = p;
+              l[mt][e / 2] += p;
+            }
+#pragma unroll
+          for (int dt = 0; dt < HD / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[mt][dt][e] *= corr[e / 2];
+          to_a(pa[mt], s[mt]);
+        }
+        gemm_pb<HD, KK / 16, MT>(o, pa, cV, kk);
       }
-    float base[2], corr[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      // The 4 lanes of a quad hold the same row.
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      base[r] = mx[r] == -INFINITY ? 0.f : mx[r];  // a row with nothing visible yet: exp2(-inf - 0) = 0, no NaN
-      corr[r] = exp2f(m[r] - base[r]);             // 0 while m is -inf
-      m[r] = mx[r];
-      l[r] *= corr[r];
     }
-#pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[nt][e] - base[e / 2]);
-        s[nt][e] = p;
-        l[e / 2] += p;
-      }
-#pragma unroll
-    for (int dt = 0; dt < HD / 8; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[dt][e] *= corr[e / 2];
-    uint32_t pa[kBlockN / 16][4];
-    to_a(pa, s);
-    gemm_pb<HD, kBlockN / 16>(o, pa, cV, 0);
     __syncthreads();  // every warp is done with this stage before iteration j + 1 refills it
   }
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int t = row + 8 * r;
-    if (t >= d.T) continue;
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;  // a row that saw no key: out = 0
-    bf16_t* og = out + ((int64_t(b) * d.T + t) * d.H + h) * HD + col;
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int t = w.row(mt, r);
+      if (t >= d.T) continue;
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a row that saw no key: out = 0
+      bf16_t* og = out + ((int64_t(b) * d.T + t) * d.H + h) * HD + col;
 #pragma unroll
-    for (int dt = 0; dt < HD / 8; ++dt)
-      *reinterpret_cast<uint32_t*>(og + dt * 8) = pack_bf16(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-    if (lane % 4 == 0) lse[(int64_t(b) * d.H + h) * d.T + t] = l[r] > 0.f ? m[r] * kLn2 + logf(l[r]) : -INFINITY;
-  }
+      for (int dt = 0; dt < HD / 8; ++dt)
+        *reinterpret_cast<uint32_t*>(og + dt * 8) = pack_bf16(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+      if (lane % 4 == 0) lse[(int64_t(b) * d.H + h) * d.T + t] = sum > 0.f ? m[mt][r] * kLn2 + logf(sum) : -INFINITY;
+    }
 }
 
 // ---------------------------------------------------------------- backward
@@ -398,24 +449,25 @@ __global__ void flash_doc_tiles_k(int* __restrict__ tile_first, Dims d, int n_qb
   if (lane == 0) tile_first[2 * w] = lo, tile_first[2 * w + 1] = hi;
 }
 
-// dK, dV. grid (B*KV, key blocks), 128 threads; smem: K, V, then Q and dO of two stages, then lse*log2e, D and
-// the queries' first keys of two stages (64 floats or ints each), then 2 kWarps ints.
-template <int HD> __global__ void __launch_bounds__(kThreads, kMinBlocks)
+// dK, dV. grid (B*KV, key blocks of 64 MT), 128 threads; smem: K, V (64 MT rows each), then Q and dO of two stages,
+// then lse*log2e, D and the queries' first keys of two stages (64 floats or ints each), then 2 kWarps ints. Warp
+// w owns keys 16 MT w .. 16 MT (w + 1) - 1 of the block.
+template <int HD, int MT> __global__ void __launch_bounds__(kThreads, kMinBlocks)
     flash_bwd_dkdv_k(bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, const bf16_t* __restrict__ dout,
                      const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                      const float* __restrict__ lse, const float* __restrict__ rowdot, Dims d, bool accumulate) {
-  constexpr int kElems = Tile<HD>::kElems;
+  constexpr int KB = kWarps * 16 * MT, kElems = Tile<HD>::kElems;
   MT_DYNAMIC_SMEM(smem);
-  bf16_t* sK = reinterpret_cast<bf16_t*>(smem);            // (64, HD + 8) this CTA's keys
-  bf16_t* sV = sK + kElems;                                // (64, HD + 8)
-  bf16_t* sQ = sV + kElems;                                // [2] (64, HD + 8): item i in stage i % 2
+  bf16_t* sK = reinterpret_cast<bf16_t*>(smem);            // (KB, HD + 8) this CTA's keys
+  bf16_t* sV = sK + KB * Tile<HD>::kLd;                    // (KB, HD + 8)
+  bf16_t* sQ = sV + KB * Tile<HD>::kLd;                    // [2] (64, HD + 8): item i in stage i % 2
   bf16_t* sdO = sQ + 2 * kElems;                           // [2] (64, HD + 8)
   float* sL = reinterpret_cast<float*>(sdO + 2 * kElems);  // [2] (64) lse * log2e; +inf past T or for -inf
   float* sD = sL + 2 * kBlockM;                            // [2] (64) row dots; 0 past T
   int* sF = reinterpret_cast<int*>(sD + 2 * kBlockM);      // [2] (64) first_key of each query; 0 past T
   int* sRange = sF + 2 * kBlockM;                          // [2][kWarps] the q block range, per warp
   const int b = int(blockIdx.x) / d.KV, kvh = int(blockIdx.x) % d.KV;
-  const int s0 = int(blockIdx.y) * kBlockN, nk = min(kBlockN, d.S - s0);
+  const int s0 = int(blockIdx.y) * KB, nk = min(KB, d.S - s0);
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int64_t q_ld = int64_t(d.H) * HD, kv_ld = int64_t(d.KV) * HD;
   // Items: every q head of the group, and for each the q blocks from the one holding the first query that sees
@@ -450,8 +502,15 @@ template <int HD> __global__ void __launch_bounds__(kThreads, kMinBlocks)
     else qb_begin = lo, qb_end = hi + 1;
   }
   const int per_head = qb_end - qb_begin, n_items = d.group * per_head;
-  const int key = s0 + warp * 16 + lane / 4;  // this thread's keys (mma rows): key and key + 8
-  const int first_q[2] = {d.first_query(key), d.first_query(key + 8)};  // the first queries that see them
+  // The warp's keys [k0, k1) (k1 <= k0 when none is below S), the first query that sees its first key, and this
+  // thread's keys (mma rows) k0 + 16 mt + lane / 4 (+ 8) with the first queries that see them.
+  const int k0 = s0 + warp * 16 * MT, k1 = min(k0 + 16 * MT, d.S), wq = d.first_query(k0);
+  auto key = [&](int mt, int r) { return k0 + 16 * mt + lane / 4 + 8 * r; };
+  int first_q[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) first_q[mt][r] = d.first_query(key(mt, r));
   const int col = (lane % 4) * 2;
 
   auto load_item = [&](int it, int stage) {
@@ -475,165 +534,187 @@ template <int HD> __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   };
   const int64_t kv_off = ((int64_t(b) * d.S + s0) * d.KV + kvh) * HD;
-  load_tile<HD>(sK, k + kv_off, kv_ld, nk, k);
-  load_tile<HD>(sV, v + kv_off, kv_ld, nk, v);
+  load_tile<HD, KB>(sK, k + kv_off, kv_ld, nk, k);
+  load_tile<HD, KB>(sV, v + kv_off, kv_ld, nk, v);
   if (n_items > 0) load_item(0, 0);
   cp_async_commit();
 
-  float dK[HD / 8][4] = {}, dV[HD / 8][4] = {};  // (16, HD) each, the warp's keys
+  float dK[MT][HD / 8][4] = {}, dV[MT][HD / 8][4] = {};  // (16 MT, HD) each, the warp's keys
   for (int it = 0; it < n_items; ++it) {
     const int stage = it % 2;
     if (it + 1 < n_items) load_item(it + 1, 1 - stage);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();  // item it (and K, V) landed for every thread; sL, sD stores visible
-    const bf16_t* cQ = sQ + stage * kElems;
-    const bf16_t* cdO = sdO + stage * kElems;
-    const float* cL = sL + stage * kBlockM;
-    const float* cD = sD + stage * kBlockM;
-    const int* cF = sF + stage * kBlockM;
-    const int t0 = (qb_begin + it % per_head) * kBlockM;
-    // Some (query, key) of the tile is not visible: past a causal limit, or before a query's document.
-    const bool masked =
-        s0 + kBlockN > d.limit(t0) || (d.doc_start && d.tile_first[2 * (int64_t(b) * n_qb + t0 / kBlockM) + 1] > s0);
-#pragma unroll 1  // not unrolled: the two halves' live ranges would overlap and spill (hd 128)
-    for (int half = 0; half < 2; ++half) {
-      const int qo = half * 32;             // queries qo .. qo + 31 of the tile
-      float st[4][4] = {}, dpt[4][4] = {};  // (16 keys, 32 queries): S^T, then P^T; dP^T, then dS^T
-      gemm_abt<HD, 4>(st, sK, warp * 16, cQ, qo);
-      gemm_abt<HD, 4>(dpt, sV, warp * 16, cdO, qo);
+    const int t0 = (qb_begin + it % per_head) * kBlockM, nq = min(kBlockM, d.T - t0);
+    const int qb = t0 / kBlockM;
+    // The warp computes only items whose queries see one of its keys: a query at or after the one that sees its
+    // first key, and a document starting before its last key.
+    const bool sees = k0 < k1 && wq < t0 + nq && (!d.doc_start || d.tile_first[2 * (int64_t(b) * n_qb + qb)] < k1);
+    if (sees) {
+      const bf16_t* cQ = sQ + stage * kElems;
+      const bf16_t* cdO = sdO + stage * kElems;
+      const float* cL = sL + stage * kBlockM;
+      const float* cD = sD + stage * kBlockM;
+      const int* cF = sF + stage * kBlockM;
+      // Some (query, key) of the warp's part is not visible: past a causal limit, or before a query's document.
+      const bool masked =
+          k0 + 16 * MT > d.limit(t0) || (d.doc_start && d.tile_first[2 * (int64_t(b) * n_qb + qb) + 1] > k0);
+#pragma unroll 1  // not unrolled: the two halves' live ranges would overlap and spill
+      for (int half = 0; half < 2; ++half) {
+        const int qo = half * 32;                     // queries qo .. qo + 31 of the tile
+        float st[MT][4][4] = {}, dpt[MT][4][4] = {};  // (16 MT keys, 32 queries): S^T, then P^T; dP^T, then dS^T
+        gemm_abt<HD, 4, MT>(st, sK, warp * 16 * MT, cQ, qo);
+        gemm_abt<HD, 4, MT>(dpt, sV, warp * 16 * MT, cdO, qo);
+        uint32_t pa[MT][2][4], dsa[MT][2][4];  // P^T and dS^T as bf16 A operands: the f32 tiles die here
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = qo + nt * 8 + col + (e & 1);  // query within the tile
-          float p = exp2f(fmaf(st[nt][e], d.scale_log2, -cL[i]));
-          // Select, not multiply: p may be inf there.
-          if (masked && (t0 + i < first_q[e / 2] || key + 8 * (e / 2) < cF[i])) p = 0.f;
-          st[nt][e] = p;
-          dpt[nt][e] = p * (dpt[nt][e] - cD[i]);
+          for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int i = qo + nt * 8 + col + (e & 1);  // query within the tile
+              float p = exp2f(fmaf(st[mt][nt][e], d.scale_log2, -cL[i]));
+              // Select, not multiply: p may be inf there.
+              if (masked && (t0 + i < first_q[mt][e / 2] || key(mt, e / 2) < cF[i])) p = 0.f;
+              st[mt][nt][e] = p;
+              dpt[mt][nt][e] = p * (dpt[mt][nt][e] - cD[i]);
+            }
+          to_a(pa[mt], st[mt]);
+          to_a(dsa[mt], dpt[mt]);
         }
-      uint32_t pa[2][4], dsa[2][4];  // P^T and dS^T as bf16 A operands: the f32 tiles die here
-      to_a(pa, st);
-      to_a(dsa, dpt);
-      gemm_pb<HD, 2>(dV, pa, cdO, qo);
-      gemm_pb<HD, 2>(dK, dsa, cQ, qo);
+        gemm_pb<HD, 2, MT>(dV, pa, cdO, qo);
+        gemm_pb<HD, 2, MT>(dK, dsa, cQ, qo);
+      }
     }
     __syncthreads();  // every warp is done with this stage before iteration it + 1 refills it
   }
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int s = key + 8 * r;
-    if (s >= d.S) continue;
-    const int64_t off = ((int64_t(b) * d.S + s) * d.KV + kvh) * HD + col;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < HD / 8; ++dt) {
-      float kx = dK[dt][2 * r] * d.scale, ky = dK[dt][2 * r + 1] * d.scale;
-      float vx = dV[dt][2 * r], vy = dV[dt][2 * r + 1];
-      uint32_t* pk = reinterpret_cast<uint32_t*>(dk + off + dt * 8);
-      uint32_t* pv = reinterpret_cast<uint32_t*>(dv + off + dt * 8);
-      if (accumulate) {  // in fp32, rounded once
-        const float2 ok = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pk));
-        const float2 ov = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pv));
-        kx += ok.x, ky += ok.y, vx += ov.x, vy += ov.y;
+    for (int r = 0; r < 2; ++r) {
+      const int s = key(mt, r);
+      if (s >= d.S) continue;
+      const int64_t off = ((int64_t(b) * d.S + s) * d.KV + kvh) * HD + col;
+#pragma unroll
+      for (int dt = 0; dt < HD / 8; ++dt) {
+        float kx = dK[mt][dt][2 * r] * d.scale, ky = dK[mt][dt][2 * r + 1] * d.scale;
+        float vx = dV[mt][dt][2 * r], vy = dV[mt][dt][2 * r + 1];
+        uint32_t* pk = reinterpret_cast<uint32_t*>(dk + off + dt * 8);
+        uint32_t* pv = reinterpret_cast<uint32_t*>(dv + off + dt * 8);
+        if (accumulate) {  // in fp32, rounded once
+          const float2 ok = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pk));
+          const float2 ov = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pv));
+          kx += ok.x, ky += ok.y, vx += ov.x, vy += ov.y;
+        }
+        *pk = pack_bf16(kx, ky);
+        *pv = pack_bf16(vx, vy);
       }
-      *pk = pack_bf16(kx, ky);
-      *pv = pack_bf16(vx, vy);
     }
-  }
 }
 
-// dQ. grid (B*H, query blocks), 128 threads; smem: Q, dO, then K and V of two stages.
-template <int HD> __global__ void __launch_bounds__(kThreads, kMinBlocks)
+// dQ. grid (B*H, query blocks of 64 MT), 128 threads; smem: Q, dO (64 MT rows each), then K and V of two stages.
+template <int HD, int MT> __global__ void __launch_bounds__(kThreads, kMinBlocks)
     flash_bwd_dq_k(bf16_t* __restrict__ dq, const bf16_t* __restrict__ dout, const bf16_t* __restrict__ q,
                    const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, const float* __restrict__ lse,
                    const float* __restrict__ rowdot, Dims d) {
-  constexpr int kElems = Tile<HD>::kElems;
+  constexpr int QB = kWarps * 16 * MT, kElems = Tile<HD>::kElems;
   MT_DYNAMIC_SMEM(smem);
-  bf16_t* sQ = reinterpret_cast<bf16_t*>(smem);  // (64, HD + 8)
-  bf16_t* sdO = sQ + kElems;                     // (64, HD + 8)
-  bf16_t* sK = sdO + kElems;                     // [2] (64, HD + 8): key block j in stage j % 2
+  bf16_t* sQ = reinterpret_cast<bf16_t*>(smem);  // (QB, HD + 8)
+  bf16_t* sdO = sQ + QB * Tile<HD>::kLd;         // (QB, HD + 8)
+  bf16_t* sK = sdO + QB * Tile<HD>::kLd;         // [2] (64, HD + 8): key block j in stage j % 2
   bf16_t* sV = sK + 2 * kElems;                  // [2] (64, HD + 8)
   const int b = int(blockIdx.x) / d.H, h = int(blockIdx.x) % d.H, kvh = h / d.group;
-  const int t0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kBlockM;
-  const int nq = min(kBlockM, d.T - t0);
+  const int t0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * QB;
+  const int nq = min(QB, d.T - t0);
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int64_t q_ld = int64_t(d.H) * HD, kv_ld = int64_t(d.KV) * HD;
   const int64_t q_off = ((int64_t(b) * d.T + t0) * d.H + h) * HD;
   const bf16_t* kg = k + (int64_t(b) * d.S * d.KV + kvh) * HD;  // (S, hd)
   const bf16_t* vg = v + (int64_t(b) * d.S * d.KV + kvh) * HD;  // (S, hd)
-  // Key blocks [j_begin, j_end), as in the forward.
+  // Key blocks [j_begin, j_end), and the warp's rows, as in the forward.
   const int hi = d.limit(t0 + nq - 1), lo = tile_first_min(d, b, t0, nq);
   const int j_begin = lo / kBlockN, j_end = lo < hi ? (hi + kBlockN - 1) / kBlockN : j_begin;
-  const int lim_first = d.limit(t0);
-  const int row = t0 + warp * 16 + lane / 4;
-  const int lim[2] = {d.limit(row), d.limit(row + 8)};
-  const int fk[2] = {d.first_key(b, row), d.first_key(b, row + 8)};
-  const int fk_max = fk[0] > fk[1] ? fk[0] : fk[1];
+  const WarpRows<MT> w(d, b, t0 + warp * 16 * MT);
   const int col = (lane % 4) * 2;
-  float L2[2], Dv[2];  // lse * log2e (+inf past T or for a row that saw no key: P = 0) and the row dot
+  float L2[MT][2], Dv[MT][2];  // lse * log2e (+inf past T or for a row that saw no key: P = 0) and the row dot
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int t = row + 8 * r;
-    L2[r] = INFINITY, Dv[r] = 0.f;
-    if (t < d.T) {
-      const int64_t idx = (int64_t(b) * d.H + h) * d.T + t;
-      const float L = lse[idx];
-      L2[r] = L == -INFINITY ? INFINITY : L * kLog2e;
-      Dv[r] = rowdot[idx];
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int t = w.row(mt, r);
+      L2[mt][r] = INFINITY, Dv[mt][r] = 0.f;
+      if (t < d.T) {
+        const int64_t idx = (int64_t(b) * d.H + h) * d.T + t;
+        const float L = lse[idx];
+        L2[mt][r] = L == -INFINITY ? INFINITY : L * kLog2e;
+        Dv[mt][r] = rowdot[idx];
+      }
     }
-  }
 
   auto load_kv = [&](int j, int stage) {
     const int s0 = j * kBlockN, rows = min(kBlockN, d.S - s0);
     load_tile<HD>(sK + stage * kElems, kg + s0 * kv_ld, kv_ld, rows, k);
     load_tile<HD>(sV + stage * kElems, vg + s0 * kv_ld, kv_ld, rows, v);
   };
-  load_tile<HD>(sQ, q + q_off, q_ld, nq, q);
-  load_tile<HD>(sdO, dout + q_off, q_ld, nq, dout);
+  load_tile<HD, QB>(sQ, q + q_off, q_ld, nq, q);
+  load_tile<HD, QB>(sdO, dout + q_off, q_ld, nq, dout);
   if (j_begin < j_end) load_kv(j_begin, j_begin % 2);
   cp_async_commit();
 
-  float acc[HD / 8][4] = {};  // (16, HD) dQ of the warp's rows, unscaled
+  float acc[MT][HD / 8][4] = {};  // (16 MT, HD) dQ of the warp's rows, unscaled
   for (int j = j_begin; j < j_end; ++j) {
     if (j + 1 < j_end) load_kv(j + 1, (j + 1) % 2);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const bf16_t* cK = sK + (j % 2) * kElems;
-    const bf16_t* cV = sV + (j % 2) * kElems;
-    float s[kBlockN / 8][4] = {}, dp[kBlockN / 8][4] = {};  // (16, 64): S then dS; dP
-    gemm_abt<HD, kBlockN / 8>(s, sQ, warp * 16, cK, 0);
-    gemm_abt<HD, kBlockN / 8>(dp, sdO, warp * 16, cV, 0);
     const int s0 = j * kBlockN;
-    const bool masked = s0 + kBlockN > lim_first || s0 < fk_max;
+    if (w.sees(s0)) {
+      const bf16_t* cK = sK + (j % 2) * kElems;
+      const bf16_t* cV = sV + (j % 2) * kElems;
+      const bool masked = s0 + kBlockN > w.lim_min || s0 < w.fk_max;
+      // In chunks of KK keys: at two m tiles a whole block's S and dP would not fit the registers with dQ.
+      constexpr int KK = MT == 1 ? kBlockN : kBlockN / 2;
+#pragma unroll 1
+      for (int kk = 0; kk < kBlockN; kk += KK) {
+        float s[MT][KK / 8][4] = {}, dp[MT][KK / 8][4] = {};  // (16 MT, KK): S then dS; dP
+        gemm_abt<HD, KK / 8, MT>(s, sQ, warp * 16 * MT, cK, kk);
+        gemm_abt<HD, KK / 8, MT>(dp, sdO, warp * 16 * MT, cV, kk);
+        uint32_t dsa[MT][KK / 16][4];
 #pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt)
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float p = exp2f(fmaf(s[nt][e], d.scale_log2, -L2[e / 2]));
-        const int key = s0 + nt * 8 + col + (e & 1);
-        if (masked && (key >= lim[e / 2] || key < fk[e / 2])) p = 0.f;  // select: p may be inf there
-        s[nt][e] = p * (dp[nt][e] - Dv[e / 2]);
+          for (int nt = 0; nt < KK / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float p = exp2f(fmaf(s[mt][nt][e], d.scale_log2, -L2[mt][e / 2]));
+              const int key = s0 + kk + nt * 8 + col + (e & 1);
+              if (masked && (key >= w.lim[mt][e / 2] || key < w.fk[mt][e / 2])) p = 0.f;  // select: p may be inf
+              s[mt][nt][e] = p * (dp[mt][nt][e] - Dv[mt][e / 2]);
+            }
+          to_a(dsa[mt], s[mt]);
+        }
+        gemm_pb<HD, KK / 16, MT>(acc, dsa, cK, kk);
       }
-    uint32_t dsa[kBlockN / 16][4];
-    to_a(dsa, s);
-    gemm_pb<HD, kBlockN / 16>(acc, dsa, cK, 0);
+    }
     __syncthreads();
   }
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int t = row + 8 * r;
-    if (t >= d.T) continue;
-    bf16_t* g = dq + ((int64_t(b) * d.T + t) * d.H + h) * HD + col;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < HD / 8; ++dt)
-      *reinterpret_cast<uint32_t*>(g + dt * 8) = pack_bf16(acc[dt][2 * r] * d.scale, acc[dt][2 * r + 1] * d.scale);
-  }
+    for (int r = 0; r < 2; ++r) {
+      const int t = w.row(mt, r);
+      if (t >= d.T) continue;
+      bf16_t* g = dq + ((int64_t(b) * d.T + t) * d.H + h) * HD + col;
+#pragma unroll
+      for (int dt = 0; dt < HD / 8; ++dt)
+        *reinterpret_cast<uint32_t*>(g + dt * 8) =
+            pack_bf16(acc[mt][dt][2 * r] * d.scale, acc[mt][dt][2 * r + 1] * d.scale);
+    }
 }
 
 // ---------------------------------------------------------------- launchers
@@ -679,16 +760,60 @@ int launch(Kernel kernel, dim3 grid, size_t smem, cudaStream_t stream, Args... a
   return int(cudaGetLastError());
 }
 
+// m tiles per warp (rows per warp / 16) of the forward, the dQ and the dK/dV kernels, the faster choice measured on
+// an H200 (docs/PERFORMANCE.md, "the flash kernel's tilings"): two for the forward at head dim 128 (1.31 -> 1.12 ms
+// on the 1B step's shape) and for dQ and dK/dV at head dim 64 (forward + backward 3.62 -> 3.28 ms); one elsewhere
+// (at head dim 128 two in dQ ran 1.2x slower, and dK/dV's accumulators would not fit; at head dim 64 two in the
+// forward ran 1.05x slower).
+struct Tiling {
+  int fwd, dq, dkdv;
+};
+template <int HD> Tiling tiling() {
+  Tiling t = HD == 64 ? Tiling{1, 2, 2} : Tiling{2, 1, 1};
+  // MT_FLASH_MT=f,q,k (each 1 or 2; q and k only at head dim 64) overrides them for benchmarks: one build times each.
+  static const char* env = std::getenv("MT_FLASH_MT");
+  if (env && std::strlen(env) == 5)
+    t = Tiling{env[0] == '1' ? 1 : 2, HD == 64 && env[2] == '2' ? 2 : 1, HD == 64 && env[4] == '2' ? 2 : 1};
+  return t;
+}
+
+template <int HD, int MT> int forward_mt(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                                         const Dims& d, cudaStream_t stream) {
+  constexpr int QB = kWarps * 16 * MT;
+  const dim3 grid(unsigned(d.B * d.H), unsigned(cdiv(d.T, QB)));
+  const size_t smem = size_t(QB + 4 * kBlockN) * Tile<HD>::kLd * sizeof(bf16_t);
+  return launch(flash_fwd_k<HD, MT>, grid, smem, stream, out, lse, q, k, v, d);
+}
+
+template <int HD, int MT> int dq_mt(bf16_t* dq, const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                                    const float* lse, const float* D, const Dims& d, cudaStream_t stream) {
+  constexpr int QB = kWarps * 16 * MT;
+  const dim3 grid(unsigned(d.B * d.H), unsigned(cdiv(d.T, QB)));
+  const size_t smem = size_t(2 * QB + 4 * kBlockN) * Tile<HD>::kLd * sizeof(bf16_t);
+  return launch(flash_bwd_dq_k<HD, MT>, grid, smem, stream, dq, dout, q, k, v, lse, D, d);
+}
+
+template <int HD, int MT> int dkdv_mt(bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q, const bf16_t* k,
+                                      const bf16_t* v, const float* lse, const float* D, const Dims& d, bool accumulate,
+                                      cudaStream_t stream) {
+  constexpr int KB = kWarps * 16 * MT;
+  const dim3 grid(unsigned(d.B * d.KV), unsigned(cdiv(d.S, KB)));
+  const size_t smem = size_t(2 * KB + 4 * kBlockM) * Tile<HD>::kLd * sizeof(bf16_t) + 4 * kBlockM * sizeof(float) +
+                      2 * kBlockM * sizeof(int) + 2 * kWarps * sizeof(int);
+  return launch(flash_bwd_dkdv_k<HD, MT>, grid, smem, stream, dk, dv, dout, q, k, v, lse, D, d, accumulate);
+}
+
 template <int HD> int forward_hd(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                                  const Dims& d, cudaStream_t stream) {
-  const dim3 grid(unsigned(d.B * d.H), unsigned(cdiv(d.T, kBlockM)));
-  return launch(flash_fwd_k<HD>, grid, 5 * size_t(Tile<HD>::kBytes), stream, out, lse, q, k, v, d);
+  if (tiling<HD>().fwd == 2) return forward_mt<HD, 2>(out, lse, q, k, v, d, stream);
+  return forward_mt<HD, 1>(out, lse, q, k, v, d, stream);
 }
 
 template <int HD> int backward_hd(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* D, const bf16_t* dout, const bf16_t* q,
                                   const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse, const Dims& d,
                                   bool accumulate, cudaStream_t stream) {
   const int64_t rows = int64_t(d.B) * d.T * d.H;
+  const Tiling tl = tiling<HD>();
   if (d.doc_start && int64_t(d.B) * d.T * d.S > 0) {  // the q block bounds the dK/dV kernel reads
     constexpr int kTileThreads = 256;                 // 8 query blocks per CTA
     const int n_qb = int(cdiv(d.T, kBlockM));
@@ -701,18 +826,18 @@ template <int HD> int backward_hd(bf16_t* dq, bf16_t* dk, bf16_t* dv, float* D, 
     MT_LAUNCH(flash_rowdot_k<HD>, dim3(unsigned(cdiv(rows * 32, kRowThreads))), kRowThreads, 0, stream, D, dout, out,
               rows, d.T, d.H);
     if (int err = int(cudaGetLastError())) return err;
-    const dim3 grid(unsigned(d.B * d.H), unsigned(cdiv(d.T, kBlockM)));
-    if (int err = launch(flash_bwd_dq_k<HD>, grid, 6 * size_t(Tile<HD>::kBytes), stream, dq, dout, q, k, v, lse,
-                         static_cast<const float*>(D), d))
-      return err;
+    const float* cD = D;
+    int err = 0;
+    if constexpr (HD == 64)
+      if (tl.dq == 2) err = dq_mt<HD, 2>(dq, dout, q, k, v, lse, cD, d, stream);
+    if (HD != 64 || tl.dq != 2) err = dq_mt<HD, 1>(dq, dout, q, k, v, lse, cD, d, stream);
+    if (err) return err;
   }
   if (int64_t(d.B) * d.KV * d.S > 0) {  // runs with T == 0 too: dk, dv are then zeroed (or left as they are)
-    const dim3 grid(unsigned(d.B * d.KV), unsigned(cdiv(d.S, kBlockN)));
-    const size_t smem = 6 * size_t(Tile<HD>::kBytes) + 4 * kBlockM * sizeof(float) + 2 * kBlockM * sizeof(int) +
-                        2 * kWarps * sizeof(int);
-    if (int err = launch(flash_bwd_dkdv_k<HD>, grid, smem, stream, dk, dv, dout, q, k, v, lse,
-                         static_cast<const float*>(D), d, accumulate))
-      return err;
+    const float* cD = D;
+    if constexpr (HD == 64)
+      if (tl.dkdv == 2) return dkdv_mt<HD, 2>(dk, dv, dout, q, k, v, lse, cD, d, accumulate, stream);
+    return dkdv_mt<HD, 1>(dk, dv, dout, q, k, v, lse, cD, d, accumulate, stream);
   }
   return 0;
 }

@@ -11,30 +11,60 @@ namespace mt::cuda {
 namespace {
 
 // out (N, C), rstd (N) f32, inp (N, C), weight (C); with residual: sum (N, C) = inp + residual first.
-// A warp per row; the sum of squares in fp32 per lane, then across the warp in double.
-template <typename T> __global__ void rmsnorm_fwd_k(T* out, float* rstd, const T* inp, const T* w, int64_t N, int64_t C,
-                                                    float eps, T* sum, const T* residual) {
+// A warp per row, each lane W columns at a time (Pack: one 16-byte load where the launcher found C a multiple of W
+// and the rows aligned; W = 1 otherwise); the sum of squares per lane, then across the warp, in double.
+template <typename T, int W> __global__ void rmsnorm_fwd_k(T* out, float* rstd, const T* inp, const T* w, int64_t N,
+                                                           int64_t C, float eps, T* sum, const T* residual) {
+  using P = Pack<T, W>;
   int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
   if (row >= N) return;
-  const T* x = inp + row * C;
+  const P* x = reinterpret_cast<const P*>(inp + row * C);
+  const int64_t np = C / W;
   double ss = 0;
-  if (residual) {          // fused residual add: sum = inp + residual, rounded as add() rounds; the norm reads it back
-    T* s = sum + row * C;  // from the cache (each lane re-reads only what it wrote)
-    for (int64_t c = lane; c < C; c += 32) {
-      const T v = to<T>(ld(x[c]) + ld(residual[row * C + c]));
-      s[c] = v;
-      ss += double(ld(v)) * ld(v);
+  if (residual) {  // fused residual add: sum = inp + residual, rounded as add() rounds; the norm reads it back
+    P* s = reinterpret_cast<P*>(sum + row * C);  // from the cache (each lane re-reads only what it wrote)
+    const P* res = reinterpret_cast<const P*>(residual + row * C);
+    for (int64_t p = lane; p < np; p += 32) {
+      const P a = x[p], b = res[p];
+      P v;
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        v.v[e] = to<T>(ld(a.v[e]) + ld(b.v[e]));
+        ss += double(ld(v.v[e]) * ld(v.v[e]));  // the square in f32: exact for bf16
+      }
+      s[p] = v;
     }
     x = s;
   } else {
-    for (int64_t c = lane; c < C; c += 32) ss += double(ld(x[c])) * ld(x[c]);
+    for (int64_t p = lane; p < np; p += 32) {
+      const P a = x[p];
+#pragma unroll
+      for (int e = 0; e < W; ++e) ss += double(ld(a.v[e]) * ld(a.v[e]));
+    }
   }
   ss = warp_sum_d(ss);
   float r = float(1.0 / sqrt(ss / double(C) + double(eps)));
   if (lane == 0) rstd[row] = r;
   // Hugging Face's order: normalise in fp32, round to the activation type, then scale by the weight.
-  for (int64_t c = lane; c < C; c += 32) out[row * C + c] = to<T>(ld(to<T>(ld(x[c]) * r)) * ld(w[c]));
+  const P* wp = reinterpret_cast<const P*>(w);
+  for (int64_t p = lane; p < np; p += 32) {
+    const P a = x[p], b = wp[p];
+    P o;
+#pragma unroll
+    for (int e = 0; e < W; ++e) o.v[e] = to<T>(ld(to<T>(ld(a.v[e]) * r)) * ld(b.v[e]));
+    reinterpret_cast<P*>(out + row * C)[p] = o;
+  }
+}
+
+// The fused-residual and plain forms, W chosen as above.
+template <typename T> int rmsnorm_fwd(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
+                                      double eps, T* sum, const T* residual, void* stream) {
+  const bool packed = packable(C, kPack<T>, out, inp, weight) && (!sum || packable(C, kPack<T>, sum, residual));
+  auto kernel = packed ? rmsnorm_fwd_k<Dev<T>, kPack<T>> : rmsnorm_fwd_k<Dev<T>, 1>;
+  MT_LAUNCH(kernel, blocks_for(N * 32), kThreads, 0, st(stream), dp(out), rstd, dp(inp), dp(weight), N, C, float(eps),
+            dp(sum), dp(residual));
+  return last_error();
 }
 
 }  // namespace
@@ -43,54 +73,76 @@ template <typename T> int rmsnorm_forward(T* out, float* rstd, const T* inp, con
                                           double eps, void* stream) {
   Range r("rmsnorm_forward");
   if (N == 0) return 0;
-  MT_LAUNCH(rmsnorm_fwd_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), dp(out), rstd, dp(inp), dp(weight), N,
-            C, float(eps), dp(static_cast<T*>(nullptr)), dp(static_cast<const T*>(nullptr)));
-  return last_error();
+  return rmsnorm_fwd(out, rstd, inp, weight, N, C, eps, static_cast<T*>(nullptr), static_cast<const T*>(nullptr),
+                     stream);
 }
 
 template <typename T> int add_rmsnorm_forward(T* sum, T* out, float* rstd, const T* a, const T* b, const T* weight,
                                               int64_t N, int64_t C, double eps, void* stream) {
   Range r("add_rmsnorm_forward");
   if (N == 0) return 0;
-  MT_LAUNCH(rmsnorm_fwd_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), dp(out), rstd, dp(a), dp(weight), N, C,
-            float(eps), dp(sum), dp(b));
-  return last_error();
+  return rmsnorm_fwd(out, rstd, a, weight, N, C, eps, sum, b, stream);
 }
 
 namespace {
 
-// dinp (N, C) from dout (N, C); dweight (C) f32 += the sum over rows of dout * inp * rstd.
-template <typename T> __global__ void rmsnorm_bwd_dx_k(T* dinp, const T* dout, const T* inp, const T* w,
-                                                       const float* rstd, int64_t N, int64_t C, const T* dres) {
+// dinp (N, C) from dout (N, C), a warp per row, each lane W columns at a time (Pack: one 16-byte load per operand
+// where the launcher found C a multiple of W and the rows aligned; W = 1 otherwise). Products in f32, their sum in
+// f64: one conversion to f64 an element (f64 arithmetic and conversions run at a small fraction of f32's rate on a
+// GPU, and bound this kernel when every step is f64).
+template <typename T, int W> __global__ void rmsnorm_bwd_dx_k(T* dinp, const T* dout, const T* inp, const T* w,
+                                                              const float* rstd, int64_t N, int64_t C, const T* dres) {
+  using P = Pack<T, W>;
   int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
   if (row >= N) return;
-  const T* x = inp + row * C;
-  const T* dy = dout + row * C;
+  const P* x = reinterpret_cast<const P*>(inp + row * C);
+  const P* dy = reinterpret_cast<const P*>(dout + row * C);
+  const P* wp = reinterpret_cast<const P*>(w);
+  const int64_t np = C / W;
   double r = rstd[row], dot = 0;
-  for (int64_t c = lane; c < C; c += 32) dot += double(ld(dy[c])) * ld(w[c]) * ld(x[c]) * r;
-  dot = warp_sum_d(dot);
-  double mean = dot / double(C);
-  for (int64_t c = lane; c < C; c += 32) {
-    double v = r * (double(ld(dy[c])) * ld(w[c]) - double(ld(x[c])) * r * mean);
-    if (dres) v += ld(dres[row * C + c]);  // the residual branch's gradient, fused: one rounding
-    dinp[row * C + c] = to<T>(float(v));
+  for (int64_t p = lane; p < np; p += 32) {
+    const P a = dy[p], b = wp[p], c = x[p];
+#pragma unroll
+    for (int e = 0; e < W; ++e) dot += double(ld(a.v[e]) * ld(b.v[e]) * ld(c.v[e]));
+  }
+  dot = warp_sum_d(dot) * r;
+  const float mean = float(dot / double(C)), rf = float(r);
+  for (int64_t p = lane; p < np; p += 32) {
+    const P a = dy[p], b = wp[p], c = x[p];
+    P res, o;
+    if (dres) res = reinterpret_cast<const P*>(dres + row * C)[p];
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      float v = rf * (ld(a.v[e]) * ld(b.v[e]) - ld(c.v[e]) * rf * mean);
+      if (dres) v += ld(res.v[e]);  // the residual branch's gradient, fused: one rounding
+      o.v[e] = to<T>(v);
+    }
+    reinterpret_cast<P*>(dinp + row * C)[p] = o;
   }
 }
 
 constexpr int64_t kRowChunk = 256;
-// scratch[chunk][c] = sum over the chunk's rows of dy * x * rstd, rows in order. The grid's y covers the chunks
-// in strides of gridDim.y (at most 65,535: the device's limit on a grid's y), each chunk summed the same way.
-template <typename T> __global__ void rmsnorm_bwd_partial_k(float* scratch, const T* dout, const T* inp,
-                                                            const float* rstd, int64_t N, int64_t C) {
-  int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+// scratch[chunk][c] = sum over the chunk's rows of dy * x * rstd (each product in f32, the sum in f64), rows in
+// order, a thread per W columns (Pack, as above). The grid's y covers the chunks in strides of gridDim.y (at most 65,535: the device's limit
+// on a grid's y), each chunk summed the same way.
+template <typename T, int W> __global__ void rmsnorm_bwd_partial_k(float* scratch, const T* dout, const T* inp,
+                                                                   const float* rstd, int64_t N, int64_t C) {
+  using P = Pack<T, W>;
+  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= C / W) return;
   const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
   for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
-    double acc = 0;
-    for (int64_t n = chunk * kRowChunk; n < min(N, (chunk + 1) * kRowChunk); ++n)
-      acc += double(ld(dout[n * C + c])) * ld(inp[n * C + c]) * rstd[n];
-    scratch[chunk * C + c] = float(acc);
+    double acc[W] = {};
+#pragma unroll 4
+    for (int64_t n = chunk * kRowChunk; n < min(N, (chunk + 1) * kRowChunk); ++n) {
+      const P a = reinterpret_cast<const P*>(dout + n * C)[p], b = reinterpret_cast<const P*>(inp + n * C)[p];
+      const float rs = rstd[n];
+#pragma unroll
+      for (int e = 0; e < W; ++e) acc[e] += double(ld(a.v[e]) * ld(b.v[e]) * rs);
+    }
+#pragma unroll
+    for (int e = 0; e < W; ++e) scratch[chunk * C + p * W + e] = float(acc[e]);
   }
 }
 __global__ void rmsnorm_bwd_sum_k(float* dweight, const float* scratch, int64_t chunks, int64_t C) {
@@ -110,12 +162,16 @@ template <typename T> int rmsnorm_backward(T* dinp, float* dweight, float* scrat
                                            const T* dresidual) {
   Range r("rmsnorm_backward");
   if (N == 0 || C == 0) return 0;
-  MT_LAUNCH(rmsnorm_bwd_dx_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), dp(dinp), dp(dout), dp(inp),
-            dp(weight), rstd, N, C, dp(dresidual));
-  int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
-  MT_LAUNCH(rmsnorm_bwd_partial_k<Dev<T>>, dim3(unsigned(blocks_for(C)), unsigned(std::min<int64_t>(chunks, 65535))),
-            kThreads, 0, st(stream),
-            scratch, dp(dout), dp(inp), rstd, N, C);
+  const bool packed =
+      packable(C, kPack<T>, dinp, dout, inp, weight) && (!dresidual || packable(C, kPack<T>, dresidual));
+  const int64_t w = packed ? kPack<T> : 1;
+  auto dx = packed ? rmsnorm_bwd_dx_k<Dev<T>, kPack<T>> : rmsnorm_bwd_dx_k<Dev<T>, 1>;
+  MT_LAUNCH(dx, blocks_for(N * 32), kThreads, 0, st(stream), dp(dinp), dp(dout), dp(inp), dp(weight), rstd, N, C,
+            dp(dresidual));
+  const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
+  auto partial = packed ? rmsnorm_bwd_partial_k<Dev<T>, kPack<T>> : rmsnorm_bwd_partial_k<Dev<T>, 1>;
+  MT_LAUNCH(partial, dim3(unsigned(blocks_for(C / w)), unsigned(std::min<int64_t>(chunks, 65535))), kThreads, 0,
+            st(stream), scratch, dp(dout), dp(inp), rstd, N, C);
   MT_LAUNCH(rmsnorm_bwd_sum_k, blocks_for(C), kThreads, 0, st(stream), dweight, scratch, chunks, C);
   return last_error();
 }

@@ -9,16 +9,6 @@ namespace mt::cuda {
 
 namespace {
 
-// W elements of T in 16 bytes or fewer, moved as one load or store when W * sizeof(T) == 16.
-template <typename T, int W> struct alignas(W * sizeof(T)) Pack {
-  T v[W];
-};
-template <typename T> constexpr int kPack = 16 / int(sizeof(T));
-// Packs of kPack<T> elements where n divides and every pointer is 16-byte aligned, else single elements.
-template <typename... P> bool packable(int64_t n, int w, const P*... p) {
-  return n % w == 0 && ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
-}
-
 // out (n) = silu(g) * u; g, u (n); W elements a thread.
 template <typename T, int W> __global__ void swiglu_fwd_k(T* out, const T* g, const T* u, int64_t n_packs) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
