@@ -47,6 +47,19 @@ template <typename... P> bool packable(int64_t n, int w, const P*... p) {
   return n % w == 0 && ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
 }
 
+// out = f(a, b) element-wise, computed in f32 (F: a functor with a __device__ float operator()(float, float) const),
+// W elements a thread.
+template <typename T, int W, typename F> __global__ void map2_k(T* out, const T* a, const T* b, int64_t n_packs, F f) {
+  using P = Pack<T, W>;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_packs) return;
+  const P x = reinterpret_cast<const P*>(a)[i], y = reinterpret_cast<const P*>(b)[i];
+  P o;
+#pragma unroll
+  for (int e = 0; e < W; ++e) o.v[e] = to<T>(f(ld(x.v[e]), ld(y.v[e])));
+  reinterpret_cast<P*>(out)[i] = o;
+}
+
 // An NVTX range over a launcher, so that Nsight Systems shows the op by name.
 struct Range {
   explicit Range(const char* name) { nvtxRangePushA(name); }
@@ -77,6 +90,16 @@ __device__ inline float warp_max(float v) {
 __device__ inline double warp_max_d(double v) {
   for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+// Launches map2_k over n elements of the host type T: 16-byte packs where n divides and every pointer is aligned,
+// else one element a thread (the same arithmetic per element: the same bits).
+template <typename T, typename F> int map2(T* out, const T* a, const T* b, int64_t n, F f, void* stream) {
+  const bool packed = packable(n, kPack<T>, out, a, b);
+  const int64_t w = packed ? kPack<T> : 1;
+  auto kernel = packed ? map2_k<Dev<T>, kPack<T>, F> : map2_k<Dev<T>, 1, F>;
+  MT_LAUNCH(kernel, blocks_for(n / w), kThreads, 0, st(stream), dp(out), dp(a), dp(b), n / w, f);
+  return last_error();
 }
 
 }  // namespace

@@ -7,18 +7,11 @@ namespace mt::cuda {
 
 namespace {
 
-// W elements a thread (Pack: 16-byte loads where n divides and the pointers are aligned, else W = 1); the same
-// arithmetic per element either way.
-template <typename T, int W> __global__ void add_k(T* out, const T* a, const T* b, int64_t n_packs) {
-  using P = Pack<T, W>;
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n_packs) return;
-  const P x = reinterpret_cast<const P*>(a)[i], y = reinterpret_cast<const P*>(b)[i];
-  P o;
-#pragma unroll
-  for (int e = 0; e < W; ++e) o.v[e] = to<T>(ld(x.v[e]) + ld(y.v[e]));
-  reinterpret_cast<P*>(out)[i] = o;
-}
+struct AddF {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+// t *= s, W elements a thread (Pack: 16-byte loads where n divides and t is aligned, else W = 1).
 template <typename T, int W> __global__ void scale_k(T* t, float s, int64_t n_packs) {
   using P = Pack<T, W>;
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -34,11 +27,7 @@ template <typename T, int W> __global__ void scale_k(T* t, float s, int64_t n_pa
 template <typename T> int add(T* out, const T* a, const T* b, int64_t n, void* stream) {
   Range r("add");
   if (n == 0) return 0;
-  const bool packed = packable(n, kPack<T>, out, a, b);
-  const int64_t w = packed ? kPack<T> : 1;
-  auto kernel = packed ? add_k<Dev<T>, kPack<T>> : add_k<Dev<T>, 1>;
-  MT_LAUNCH(kernel, blocks_for(n / w), kThreads, 0, st(stream), dp(out), dp(a), dp(b), n / w);
-  return last_error();
+  return map2(out, a, b, n, AddF{}, stream);
 }
 template <typename T> int scale(T* t, double s, int64_t n, void* stream) {
   Range r("scale");

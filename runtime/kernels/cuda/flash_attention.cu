@@ -592,27 +592,25 @@ template <int HD, int MT> __global__ void __launch_bounds__(kThreads, kMinBlocks
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+  for (int i = 0; i < 2 * MT; ++i) {  // this thread's keys: rows r of m tile mt
+    const int mt = i / 2, r = i % 2, s = key(mt, r);
+    if (s >= d.S) continue;
+    const int64_t off = ((int64_t(b) * d.S + s) * d.KV + kvh) * HD + col;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int s = key(mt, r);
-      if (s >= d.S) continue;
-      const int64_t off = ((int64_t(b) * d.S + s) * d.KV + kvh) * HD + col;
-#pragma unroll
-      for (int dt = 0; dt < HD / 8; ++dt) {
-        float kx = dK[mt][dt][2 * r] * d.scale, ky = dK[mt][dt][2 * r + 1] * d.scale;
-        float vx = dV[mt][dt][2 * r], vy = dV[mt][dt][2 * r + 1];
-        uint32_t* pk = reinterpret_cast<uint32_t*>(dk + off + dt * 8);
-        uint32_t* pv = reinterpret_cast<uint32_t*>(dv + off + dt * 8);
-        if (accumulate) {  // in fp32, rounded once
-          const float2 ok = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pk));
-          const float2 ov = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pv));
-          kx += ok.x, ky += ok.y, vx += ov.x, vy += ov.y;
-        }
-        *pk = pack_bf16(kx, ky);
-        *pv = pack_bf16(vx, vy);
+    for (int dt = 0; dt < HD / 8; ++dt) {
+      float kx = dK[mt][dt][2 * r] * d.scale, ky = dK[mt][dt][2 * r + 1] * d.scale;
+      float vx = dV[mt][dt][2 * r], vy = dV[mt][dt][2 * r + 1];
+      uint32_t* pk = reinterpret_cast<uint32_t*>(dk + off + dt * 8);
+      uint32_t* pv = reinterpret_cast<uint32_t*>(dv + off + dt * 8);
+      if (accumulate) {  // in fp32, rounded once
+        const float2 ok = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pk));
+        const float2 ov = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pv));
+        kx += ok.x, ky += ok.y, vx += ov.x, vy += ov.y;
       }
+      *pk = pack_bf16(kx, ky);
+      *pv = pack_bf16(vx, vy);
     }
+  }
 }
 
 // dQ. grid (B*H, query blocks of 64 MT), 128 threads; smem: Q, dO (64 MT rows each), then K and V of two stages.

@@ -9,30 +9,17 @@ namespace mt::cuda {
 
 namespace {
 
-// out (n) = silu(g) * u; g, u (n); W elements a thread.
-template <typename T, int W> __global__ void swiglu_fwd_k(T* out, const T* g, const T* u, int64_t n_packs) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n_packs) return;
-  const Pack<T, W> gp = reinterpret_cast<const Pack<T, W>*>(g)[i], up = reinterpret_cast<const Pack<T, W>*>(u)[i];
-  Pack<T, W> o;
-#pragma unroll
-  for (int e = 0; e < W; ++e) {
-    const float x = ld(gp.v[e]);
-    o.v[e] = to<T>(x / (1.0f + expf(-x)) * ld(up.v[e]));
-  }
-  reinterpret_cast<Pack<T, W>*>(out)[i] = o;
-}
+// silu(g) * u.
+struct SiluMulF {
+  __device__ float operator()(float g, float u) const { return g / (1.0f + expf(-g)) * u; }
+};
 
 }  // namespace
 
 template <typename T> int swiglu_forward(T* out, const T* gate, const T* up, int64_t n, void* stream) {
   Range r("swiglu_forward");
   if (n == 0) return 0;
-  const bool packed = packable(n, kPack<T>, out, gate, up);
-  const int w = packed ? kPack<T> : 1;
-  auto kernel = packed ? swiglu_fwd_k<Dev<T>, kPack<T>> : swiglu_fwd_k<Dev<T>, 1>;
-  MT_LAUNCH(kernel, blocks_for(n / w), kThreads, 0, st(stream), dp(out), dp(gate), dp(up), n / w);
-  return last_error();
+  return map2(out, gate, up, n, SiluMulF{}, stream);
 }
 
 namespace {
