@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <tuple>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -82,15 +83,15 @@ Rate time_square_gemm(const Target& tg, int64_t n, DType dt, int iters) {
   return {fmt::format("{} GEMM forward {}^3", dtype_name(dt), n), 2.0 * double(n) * double(n) * double(n), s};
 }
 
-// The model's attention (make_attention: local, as with cp = 1), forward and backward, causal, on (1, T, H, hd) with
+// The model's attention (make_attention: local, as with cp = 1), forward and backward, causal, on (B, T, H, hd) with
 // H/2 kv heads (grouped-query, as configs/bench_cpu.yaml); FLOPs as attention_forward_flops counts them. On a device
 // in bf16 with hd 64 or 128: the tensor-core kernel training uses (ops.h, local_attention_forward).
-Rate time_attention(const Target& tg, int64_t T, int64_t H, int64_t hd, int iters) {
+Rate time_attention(const Target& tg, int64_t B, int64_t T, int64_t H, int64_t hd, int iters) {
   const int64_t KV = std::max<int64_t>(1, H / 2);
   auto att = make_attention();
-  Tensor q = tg.filled({1, T, H, hd}), k = tg.filled({1, T, KV, hd}), v = tg.filled({1, T, KV, hd});
-  Tensor dout = tg.filled({1, T, H, hd});
-  Tensor dq = tg.uninit({1, T, H, hd}), dk = tg.uninit({1, T, KV, hd}), dv = tg.uninit({1, T, KV, hd});
+  Tensor q = tg.filled({B, T, H, hd}), k = tg.filled({B, T, KV, hd}), v = tg.filled({B, T, KV, hd});
+  Tensor dout = tg.filled({B, T, H, hd});
+  Tensor dq = tg.uninit({B, T, H, hd}), dk = tg.uninit({B, T, KV, hd}), dv = tg.uninit({B, T, KV, hd});
   AttentionCall call;
   call.causal = true;
   const double s = time_median(tg, iters, "calibration: attention", [&] {
@@ -98,8 +99,9 @@ Rate time_attention(const Target& tg, int64_t T, int64_t H, int64_t hd, int iter
     att->forward(saved, q, k, v, call);
     att->backward(dq, dk, dv, dout, saved, call);
   });
-  const double fwd = attention_forward_flops(1, double(T), double(T), double(H), double(hd), true);
-  return {fmt::format("attention fwd+bwd T={} H={} hd={}", T, H, hd), fwd * (1.0 + kAttentionBackwardFactor), s};
+  const double fwd = attention_forward_flops(double(B), double(T), double(T), double(H), double(hd), true);
+  return {fmt::format("attention fwd+bwd B={} T={} H={} hd={}", B, T, H, hd), fwd * (1.0 + kAttentionBackwardFactor),
+          s};
 }
 
 // Elementwise ops over tensors past the caches, the kinds of a training step's (the residual add, the norm, the
@@ -166,11 +168,13 @@ void round_figures(ClusterSpec& c) {
 // What is measured, by target and --quick. CPU ranks: transformer-like GEMMs of 2048 tokens through dim 256..1024
 // projections and a 3x FFN, attention T=256..1024 with 8 heads. A device: shapes of the size a GPU trains at
 // (8192 tokens through dim 1024..4096; attention T=2048..8192, 16 or 32 heads, hd 64 and 128, the tensor-core
-// kernel's), and the peak from bf16 squares of 4096 and 8192 (f32 on the first). --quick: one small shape of each.
+// kernel's, 16k tokens a call as a training step's batch has: at batch 1 the kernel's grid is too small to fill a
+// GPU: the figure was 1.25x below the 1B step's attention rate on an H200), and the peak from bf16 squares of 4096
+// and 8192 (f32 on the first). --quick: one small shape of each.
 struct Plan {
-  std::vector<int64_t> peak_sizes;                // a device's peak probes (square GEMMs); CPU: cpu_peak_flops'
-  std::vector<std::array<int64_t, 3>> gemms;      // N, C, OC
-  std::vector<std::array<int64_t, 3>> attentions;  // T, H, hd
+  std::vector<int64_t> peak_sizes;                 // a device's peak probes (square GEMMs); CPU: cpu_peak_flops'
+  std::vector<std::array<int64_t, 3>> gemms;       // N, C, OC
+  std::vector<std::array<int64_t, 4>> attentions;  // B, T, H, hd
   int64_t elementwise_elems = 0;
 };
 Plan make_plan(const Target& tg, const CalibrateOptions& o) {
@@ -179,8 +183,9 @@ Plan make_plan(const Target& tg, const CalibrateOptions& o) {
     p.gemms = o.quick ? std::vector<std::array<int64_t, 3>>{{256, 128, 128}}
                       : std::vector<std::array<int64_t, 3>>{
                             {2048, 256, 256}, {2048, 256, 768}, {2048, 512, 512}, {2048, 1024, 1024}};
-    p.attentions = o.quick ? std::vector<std::array<int64_t, 3>>{{128, 8, 32}}
-                           : std::vector<std::array<int64_t, 3>>{{256, 8, 32}, {512, 8, 32}, {1024, 8, 32}, {1024, 8, 64}};
+    p.attentions = o.quick ? std::vector<std::array<int64_t, 4>>{{1, 128, 8, 32}}
+                           : std::vector<std::array<int64_t, 4>>{
+                                 {1, 256, 8, 32}, {1, 512, 8, 32}, {1, 1024, 8, 32}, {1, 1024, 8, 64}};
     p.elementwise_elems = o.quick ? (1 << 18) : o.elementwise_elems;
     return p;
   }
@@ -190,9 +195,9 @@ Plan make_plan(const Target& tg, const CalibrateOptions& o) {
   p.gemms = o.quick ? std::vector<std::array<int64_t, 3>>{{128, 64, 64}}
                     : std::vector<std::array<int64_t, 3>>{
                           {8192, 1024, 1024}, {8192, 1024, 3072}, {8192, 2048, 2048}, {8192, 4096, 4096}};
-  p.attentions = o.quick ? std::vector<std::array<int64_t, 3>>{{64, 2, 64}}
-                         : std::vector<std::array<int64_t, 3>>{
-                               {2048, 16, 64}, {2048, 16, 128}, {4096, 32, 128}, {8192, 32, 128}};
+  p.attentions = o.quick ? std::vector<std::array<int64_t, 4>>{{1, 64, 2, 64}}
+                         : std::vector<std::array<int64_t, 4>>{
+                               {8, 2048, 16, 64}, {8, 2048, 16, 128}, {4, 4096, 32, 128}, {2, 8192, 32, 128}};
   p.elementwise_elems = o.quick ? (1 << 16) : o.device_elementwise_elems;
   return p;
 }
@@ -251,16 +256,17 @@ void measure_peaks(Calibration& cal, const MpiEnv& env, const CalibrateOptions& 
   cal.bf16_peak = median_over_ranks(bf16_alone, "calibration: bf16 peak") / alone_cores * cal.share;
 }
 
-std::string shapes_text(const std::vector<std::array<int64_t, 3>>& shapes, const char* fmt3) {
+template <size_t N> std::string shapes_text(const std::vector<std::array<int64_t, N>>& shapes, const char* fmt_n) {
   std::string r;
-  for (auto& [a, b, c] : shapes) r += (r.empty() ? "" : ", ") + fmt::format(fmt::runtime(fmt3), a, b, c);
+  for (auto& a : shapes)
+    r += (r.empty() ? "" : ", ") + std::apply([&](auto... x) { return fmt::format(fmt::runtime(fmt_n), x...); }, a);
   return r;
 }
 
 std::string devices_text(const Target& tg) {
-  return tg.ranks_per_device > 1
-             ? fmt::format("{} ranks sharing each CUDA device (every figure a rank's share of one)", tg.ranks_per_device)
-             : "a CUDA device each";
+  return tg.ranks_per_device > 1 ? fmt::format("{} ranks sharing each CUDA device (every figure a rank's share of one)",
+                                               tg.ranks_per_device)
+                                 : "a CUDA device each";
 }
 
 // The source text of a device calibration: what was measured, on which device, how.
@@ -270,7 +276,8 @@ std::string device_source(const Calibration& cal, const MpiEnv& env, const Plan&
   for (int64_t n : plan.peak_sizes) peaks += (peaks.empty() ? "" : ", ") + std::to_string(n) + "^3";
   const std::string backend = cal.links.empty() ? "-" : cal.links.back().backend;
   return fmt::format(
-      "measured by meshtrain estimate --calibrate on {}: {} ranks on one node, {} (rank 0's: {}), comm backend {}. Every op on device tensors, all ranks at once: timed from a barrier of the ranks to the "
+      "measured by meshtrain estimate --calibrate on {}: {} ranks on one node, {} (rank 0's: {}), comm backend {}. "
+      "Every op on device tensors, all ranks at once: timed from a barrier of the ranks to the "
       "device's synchronisation (device_synchronize), an op's time the slowest rank's, the median of {} "
       "repetition(s) after a warm-up. peak_tflops.bf16 = the fastest bf16 rate measured (matmul forward on {} "
       "squares, or a rate below if higher); fp32 = the f32 matmul forward on {}^3 (no TF32); rates are harmonic "
@@ -283,8 +290,9 @@ std::string device_source(const Calibration& cal, const MpiEnv& env, const Plan&
       "buffers on the devices, in groups of n ranks (node_by_ranks), node = the world's; no sync_us (a device per "
       "rank waits for no core); network = node (one node: no network measured). device_memory_gib = the device's "
       "total memory (cudaMemGetInfo){}.",
-      env.host(), env.size(), devices_text(cal.target), cal.device_desc, backend, iters, peaks, plan.peak_sizes.front(), shapes_text(plan.gemms, "N={} C={} OC={}"),
-      shapes_text(plan.attentions, "T={} H={} hd={}"), human_bytes(plan.elementwise_elems * 2), co.latency_bytes, sizes,
+      env.host(), env.size(), devices_text(cal.target), cal.device_desc, backend, iters, peaks, plan.peak_sizes.front(),
+      shapes_text(plan.gemms, "N={} C={} OC={}"), shapes_text(plan.attentions, "B={} T={} H={} hd={}"),
+      human_bytes(plan.elementwise_elems * 2), co.latency_bytes, sizes,
       cal.target.ranks_per_device > 1 ? fmt::format(" / {} ranks per device", cal.target.ranks_per_device) : "");
 }
 
@@ -320,8 +328,7 @@ void fill_spec(Calibration& cal, const MpiEnv& env, const Config& cfg, const Cal
   c.devices_per_node = env.local_size();
   c.cores_per_node = cal.cores;  // 0 on a device: a device per rank, its figures the rank's (share 1)
   if (tg.on_device()) {
-    c.device_memory_gib =
-        double(cuda_device_memory_bytes(tg.device.index)) / tg.ranks_per_device / double(1 << 30);
+    c.device_memory_gib = double(cuda_device_memory_bytes(tg.device.index)) / tg.ranks_per_device / double(1 << 30);
     c.peak_tflops["bf16"] = peak / 1e12;
     if (cal.f32_peak > 0) c.peak_tflops["fp32"] = cal.f32_peak / 1e12;
   } else {
@@ -419,7 +426,7 @@ Calibration calibrate(const MpiEnv& env, const Config& cfg, const CalibrateOptio
 
   measure_peaks(cal, env, o, plan, iters);
   for (auto& [N, C, OC] : plan.gemms) cal.gemms.push_back(time_gemm(tg, N, C, OC, iters));
-  for (auto& [T, H, hd] : plan.attentions) cal.attentions.push_back(time_attention(tg, T, H, hd, iters));
+  for (auto& [B, T, H, hd] : plan.attentions) cal.attentions.push_back(time_attention(tg, B, T, H, hd, iters));
   cal.elementwise = time_elementwise(tg, plan.elementwise_elems, iters);
 
   // Links: groups of every size n dividing the world (all ranks in such groups at once).
@@ -446,13 +453,11 @@ void print_calibration(const Calibration& cal, int world, const std::vector<int6
   // A rank's peak, in the dtype the rates were measured in.
   const double peak = dev ? c.peak_tflops.at("bf16") * 1e12 : c.peak_tflops.at("fp32") * 1e12 * cal.share;
   if (dev) {
-    std::printf(
-        "calibrated this machine: %d ranks on one node, %s (figures per rank, every rank running at once)\n",
-        world, devices_text(cal.target).c_str());
+    std::printf("calibrated this machine: %d ranks on one node, %s (figures per rank, every rank running at once)\n",
+                world, devices_text(cal.target).c_str());
     std::printf("  rank 0's device: %s\n", cal.device_desc.c_str());
     for (auto& r : cal.peaks)
-      std::printf("  %-38s  %9.2f GFLOP/s             (%.2f ms)\n", r.what.c_str(), r.rate() / 1e9,
-                  r.seconds * 1e3);
+      std::printf("  %-38s  %9.2f GFLOP/s             (%.2f ms)\n", r.what.c_str(), r.rate() / 1e9, r.seconds * 1e3);
     std::printf("  peak used (the largest bf16 rate)       %9.2f GFLOP/s\n", peak / 1e9);
   } else {
     std::printf(
@@ -483,8 +488,8 @@ void print_calibration(const Calibration& cal, int world, const std::vector<int6
         c.gemm_efficiency, c.attention_efficiency, c.peak_tflops.at("fp32"), c.memory_bandwidth_gbs);
   if (cal.links_from) {
     std::printf("\n  links: not measured, taken from %s (%s): node %.4g GB/s, %.4g us; network %.4g GB/s, %.4g us\n",
-                cal.links_from_path.c_str(), cal.links_from->name.c_str(),
-                c.node.bandwidth_gbs, c.node.latency_us, c.network.bandwidth_gbs, c.network.latency_us);
+                cal.links_from_path.c_str(), cal.links_from->name.c_str(), c.node.bandwidth_gbs, c.node.latency_us,
+                c.network.bandwidth_gbs, c.network.latency_us);
     return;
   }
   std::printf("\n  links (groups of n ranks, all ranks at once; busbw GB/s at each size, then the fit)\n");
@@ -544,10 +549,14 @@ int run_calibrate(const RunContext& ctx, const std::string& out_path, const Cali
     print_calibration(cal, env.size(), cal.bandwidth_sizes);
     const std::string figures =
         cal.target.on_device()
-            ? fmt::format("The figures are one CUDA device's (a device per rank, cores_per_node 0), measured with all {} "
-                          "ranks running;", env.size())
-            : fmt::format("peak_tflops and memory_bandwidth_gbs are one core's, measured with all {} ranks running (a "
-                          "rank gets rank_share of them);", env.size());
+            ? fmt::format(
+                  "The figures are one CUDA device's (a device per rank, cores_per_node 0), measured with all {} "
+                  "ranks running;",
+                  env.size())
+            : fmt::format(
+                  "peak_tflops and memory_bandwidth_gbs are one core's, measured with all {} ranks running (a "
+                  "rank gets rank_share of them);",
+                  env.size());
     write_cluster(cal.spec, out_path,
                   fmt::format("This machine, measured by `mpirun -np {} meshtrain{} estimate --calibrate{} --out {}`.\n"
                               "{}\n{} Rerun to refresh them.",
