@@ -19,9 +19,7 @@ LlamaVariant variant_of(const ModelConfig& c) {
   return v;
 }
 
-bool is_moe_family(const std::string& type) {
-  return type == "mixtral" || type == "qwen2_moe" || type == "qwen3_moe";
-}
+bool is_moe_family(const std::string& type) { return type == "mixtral" || type == "qwen2_moe" || type == "qwen3_moe"; }
 
 std::unique_ptr<CausalLM> build(const ModelConfig& c, const ParamFactory& f) {
   return std::make_unique<LlamaForCausalLM>(c, f, variant_of(c));
@@ -51,8 +49,10 @@ void check_moe(const ModelConfig& c) {
   const MoeConfig& m = c.moe;
   if (!is_moe_family(c.type)) {
     if (m.n_experts != 0)
-      fail("config", "model.moe.n_experts = {}: model.type = {} is dense (the MoE families are mixtral, qwen2_moe, "
-           "qwen3_moe)", m.n_experts, c.type);
+      fail("config",
+           "model.moe.n_experts = {}: model.type = {} is dense (the MoE families are mixtral, qwen2_moe, "
+           "qwen3_moe)",
+           m.n_experts, c.type);
     return;
   }
   require_at_least("model.moe.n_experts", double(m.n_experts), 1, "an expert count");
@@ -92,18 +92,17 @@ void check(const ModelConfig& c, int64_t seq_len) {
 // The keys every family of the architecture writes. RoPE both ways: top-level rope_theta and rope_scaling
 // (transformers 4) and rope_parameters (transformers 5, which prefers it and still reads the top-level keys).
 json common_to_hf(const ModelConfig& m, const char* architecture) {
-  json j;
-  j["architectures"] = json::array({architecture});
-  j["model_type"] = m.type;
-  j["hidden_size"] = m.dim;
-  j["intermediate_size"] = m.ffn_dim;
-  j["num_hidden_layers"] = m.n_layers;
-  j["num_attention_heads"] = m.n_heads;
-  j["num_key_value_heads"] = m.n_kv_heads;
-  j["head_dim"] = m.head_size();
-  j["vocab_size"] = m.vocab_size;
-  j["rms_norm_eps"] = m.norm_eps;
-  j["rope_theta"] = m.rope_theta;
+  json j = {{"architectures", json::array({architecture})},
+            {"model_type", m.type},
+            {"hidden_size", m.dim},
+            {"intermediate_size", m.ffn_dim},
+            {"num_hidden_layers", m.n_layers},
+            {"num_attention_heads", m.n_heads},
+            {"num_key_value_heads", m.n_kv_heads},
+            {"head_dim", m.head_size()},
+            {"vocab_size", m.vocab_size},
+            {"rms_norm_eps", m.norm_eps},
+            {"rope_theta", m.rope_theta}};
   json params = {{"rope_type", m.rope_scaling.type == "none" ? "default" : m.rope_scaling.type},
                  {"rope_theta", m.rope_theta}};
   const RopeScalingConfig& r = m.rope_scaling;
@@ -248,7 +247,8 @@ void read_rope(const HfReader& r, ModelConfig& c) {
     std::string type = "default";
     for (const char* type_key : {"rope_type", "type"})
       if (d.contains(type_key)) {
-        if (!d[type_key].is_string()) r.unsupported(fmt::format("{}.{}", key, type_key), d[type_key], "expected a string");
+        if (!d[type_key].is_string())
+          r.unsupported(fmt::format("{}.{}", key, type_key), d[type_key], "expected a string");
         type = d[type_key].get<std::string>();
       }
     if (type != "default" && type != "linear" && type != "llama3")
@@ -308,7 +308,8 @@ ModelConfig common_from_hf(const HfReader& r) {
     c.init_std = r.j["initializer_range"].get<double>();
   read_rope(r, c);
   MT_CHECK(c.n_heads % c.n_kv_heads == 0, "checkpoint",
-           "{}: num_attention_heads = {} is not a multiple of num_key_value_heads = {}", r.file, c.n_heads, c.n_kv_heads);
+           "{}: num_attention_heads = {} is not a multiple of num_key_value_heads = {}", r.file, c.n_heads,
+           c.n_kv_heads);
   // head_dim: written by newer files (and needed when it is not hidden_size / num_attention_heads, as in Mistral
   // Nemo); kept 0 when it is that quotient so that the YAML's model keys compare as they are written.
   if (r.has("head_dim")) {
@@ -415,9 +416,8 @@ ModelConfig qwen_moe_from_hf(const HfReader& r, ModelConfig c) {
 ModelConfig qwen2_moe_from_hf(const json& j, const std::string& file) {
   HfReader r{j, file};
   ModelConfig c = qwen_moe_from_hf(r, common_from_hf(r));
-  c.moe.shared_expert_ffn_dim = r.has("shared_expert_intermediate_size")
-                                    ? r.integer("shared_expert_intermediate_size", std::nullopt)
-                                    : 5632;
+  c.moe.shared_expert_ffn_dim =
+      r.has("shared_expert_intermediate_size") ? r.integer("shared_expert_intermediate_size", std::nullopt) : 5632;
   return c;
 }
 
@@ -433,22 +433,24 @@ ParallelPlan tp_plan(bool sp, bool lp) { return llama_tp_plan(sp, lp); }
 }  // namespace
 
 const ModelFamily& llama_family() {
-  static const ModelFamily f{"llama", "LlamaForCausalLM", "model.layers.*", build, parallelize, tp_plan,
-                             llama_tp_step_bytes, flops, num_params, active_params, check, llama_to_hf, llama_from_hf};
+  static const ModelFamily f{
+      "llama", "LlamaForCausalLM", "model.layers.*", build, parallelize, tp_plan,      llama_tp_step_bytes,
+      flops,   num_params,         active_params,    check, llama_to_hf, llama_from_hf};
   return f;
 }
 
 const ModelFamily& mistral_family() {
-  static const ModelFamily f{"mistral", "MistralForCausalLM", "model.layers.*", build, parallelize, tp_plan,
-                             llama_tp_step_bytes, flops, num_params, active_params, check, mistral_to_hf, mistral_from_hf};
+  static const ModelFamily f{
+      "mistral", "MistralForCausalLM", "model.layers.*", build, parallelize,   tp_plan,        llama_tp_step_bytes,
+      flops,     num_params,           active_params,    check, mistral_to_hf, mistral_from_hf};
   return f;
 }
 
-#define MT_FAMILY(fn, type, arch, to_hf, from_hf)                                                               \
-  const ModelFamily& fn() {                                                                                    \
-    static const ModelFamily f{type,  arch,      "model.layers.*", build, parallelize, tp_plan, llama_tp_step_bytes, \
-                               flops, num_params, active_params, check,            to_hf, from_hf};                            \
-    return f;                                                                                                  \
+#define MT_FAMILY(fn, type, arch, to_hf, from_hf)                                                                     \
+  const ModelFamily& fn() {                                                                                           \
+    static const ModelFamily f{type,  arch,       "model.layers.*", build, parallelize, tp_plan, llama_tp_step_bytes, \
+                               flops, num_params, active_params,    check, to_hf,       from_hf};                     \
+    return f;                                                                                                         \
   }
 MT_FAMILY(qwen3_family, "qwen3", "Qwen3ForCausalLM", qwen3_to_hf, qwen3_from_hf)
 MT_FAMILY(mixtral_family, "mixtral", "MixtralForCausalLM", mixtral_to_hf, mixtral_from_hf)
@@ -457,8 +459,9 @@ MT_FAMILY(qwen3_moe_family, "qwen3_moe", "Qwen3MoeForCausalLM", qwen3_moe_to_hf,
 #undef MT_FAMILY
 
 const ModelFamily& qwen2_family() {
-  static const ModelFamily f{"qwen2", "Qwen2ForCausalLM", "model.layers.*", build, parallelize, tp_plan,
-                             llama_tp_step_bytes, flops, num_params, active_params, check, qwen2_to_hf, qwen2_from_hf};
+  static const ModelFamily f{
+      "qwen2", "Qwen2ForCausalLM", "model.layers.*", build, parallelize, tp_plan,      llama_tp_step_bytes,
+      flops,   num_params,         active_params,    check, qwen2_to_hf, qwen2_from_hf};
   return f;
 }
 

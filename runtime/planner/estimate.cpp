@@ -229,9 +229,11 @@ std::vector<Candidate> peak_candidates(const StageEstimate& st, const RunShape& 
   for (size_t i = k >= 2 ? k - 2 : 0; i < k; ++i) {
     const UnitBytes u = unit_bytes(rs, fsdp, i);
     c.push_back({act + temps + u.backward, fmt::format("fully_shard unit {}'s backward (gathered, its full-size "
-                                                       "gradients, the unit before it being gathered)", i)});
+                                                       "gradients, the unit before it being gathered)",
+                                                       i)});
     c.push_back({act + u.reduce, fmt::format("fully_shard unit {}'s reduce (its gradients packed into the flat "
-                                             "buffer, every micro-batch in flight held)", i)});
+                                             "buffer, every micro-batch in flight held)",
+                                             i)});
   }
   if (k > 0 && lay.first) {
     const UnitBytes u = unit_bytes(rs, fsdp, 0);
@@ -394,11 +396,12 @@ double add_memory(StageEstimate& st, const Config& cfg, const RunShape& rs, cons
     if (c.bytes > peak.bytes) peak = std::move(c);
   // The temporaries are what the peak's moment holds beside the state and the activations at their most (the
   // moment may hold fewer activations: the part is then smaller than its own temporaries).
-  st.memory.push_back({"temporaries at the peak", std::max(0.0, peak.bytes - st.activation_bytes),
-                       fmt::format("largest: a backward's {}{}{}", format_bytes(a.backward_peak + a.recompute_transient),
-                                   a.loss > 0 ? ", the loss's " + format_bytes(a.loss) : std::string(),
-                                   a.input_forward > 0 ? ", the embedding forward's " + format_bytes(a.input_forward)
-                                                       : std::string())});
+  st.memory.push_back(
+      {"temporaries at the peak", std::max(0.0, peak.bytes - st.activation_bytes),
+       fmt::format(
+           "largest: a backward's {}{}{}", format_bytes(a.backward_peak + a.recompute_transient),
+           a.loss > 0 ? ", the loss's " + format_bytes(a.loss) : std::string(),
+           a.input_forward > 0 ? ", the embedding forward's " + format_bytes(a.input_forward) : std::string())});
   st.peak_bytes = 0;
   for (auto& p : st.memory) st.peak_bytes += p.bytes;
   st.peak_where = peak.where;
@@ -479,8 +482,8 @@ std::string estimate_table(const Estimate& e) {
   std::string out = fmt::format(
       "estimate: {} ({}) on {} ranks: {}\n  batch {} x {} tokens, {} micro-batch(es) of {} per "
       "data-parallel rank, {}\n",
-      c.model.type, params, e.world, e.pd.describe(), c.training.batch_size,
-      c.training.seq_len, e.micro_batches, e.micro, c.training.dtype);
+      c.model.type, params, e.world, e.pd.describe(), c.training.batch_size, c.training.seq_len, e.micro_batches,
+      e.micro, c.training.dtype);
   for (const StageEstimate& s : e.stages) {
     out += fmt::format("\n{}rank {} (memory by part, per rank):\n",
                        e.pd.pp_size() > 1 ? fmt::format("pp stage {}: ", s.pp_rank) : "", s.world_rank);
@@ -509,16 +512,16 @@ std::string estimate_table(const Estimate& e) {
                     : e.cluster->cores_per_node > 0 ? " (async, exposed on CPU ranks)"
                                                     : " (overlapped with compute)"));
     if (e.cluster)
-      out += fmt::format("  time: compute {:.3f} ms ({:.3g} TFLOP), exposed communication {:.3f} ms, bubble {:.3f} ms: "
-                         "step {:.3f} ms\n",
-                         1e3 * s.compute_s, s.flops / 1e12, 1e3 * s.exposed_comm_s, 1e3 * s.bubble_s, 1e3 * s.step_s);
+      out += fmt::format(
+          "  time: compute {:.3f} ms ({:.3g} TFLOP), exposed communication {:.3f} ms, bubble {:.3f} ms: "
+          "step {:.3f} ms\n",
+          1e3 * s.compute_s, s.flops / 1e12, 1e3 * s.exposed_comm_s, 1e3 * s.bubble_s, 1e3 * s.step_s);
   }
   if (e.cluster)
-    out += fmt::format("\nstep {:.3f} s, {:.0f} tokens/s, {:.0f} tokens/s per rank, MFU {:.1f}%{} (cluster {})\n", e.step_s,
-                       e.tokens_per_s, e.tokens_per_s / e.world, 100 * e.mfu,
+    out += fmt::format("\nstep {:.3f} s, {:.0f} tokens/s, {:.0f} tokens/s per rank, MFU {:.1f}%{} (cluster {})\n",
+                       e.step_s, e.tokens_per_s, e.tokens_per_s / e.world, 100 * e.mfu,
                        c.model.moe.enabled() ? " of the active parameters' FLOPs" : "", e.cluster->name);
-  else
-    out += "\n(no --cluster: time is not estimated)\n";
+  else out += "\n(no --cluster: time is not estimated)\n";
   for (const std::string& n : e.notes) out += "note: " + n + "\n";
   return out;
 }
@@ -537,21 +540,28 @@ nlohmann::json estimate_json(const Estimate& e) {
     j["flops_per_token"] = family.flops_per_token(e.config.model, e.config.training.seq_len);
   }
   for (const StageEstimate& s : e.stages) {
-    nlohmann::json r;
-    r["pp_rank"] = s.pp_rank;
-    r["world_rank"] = s.world_rank;
-    for (const MemoryPart& p : s.memory) r["memory"].push_back({{"part", p.name}, {"bytes", p.bytes}, {"note", p.note}});
-    r["state_bytes"] = s.state_bytes;
-    r["activation_bytes"] = s.activation_bytes;
-    r["peak_bytes"] = s.peak_bytes;
-    r["peak_where"] = s.peak_where;
-    r["process_bytes"] = s.process_bytes;
-    r["rank_floor_bytes"] = s.floor_bytes;
-    r["setup_bytes"] = s.setup_bytes;
-    r["resident_bytes"] = s.resident_bytes;
+    nlohmann::json r = {{"pp_rank", s.pp_rank},
+                        {"world_rank", s.world_rank},
+                        {"state_bytes", s.state_bytes},
+                        {"activation_bytes", s.activation_bytes},
+                        {"peak_bytes", s.peak_bytes},
+                        {"peak_where", s.peak_where},
+                        {"process_bytes", s.process_bytes},
+                        {"rank_floor_bytes", s.floor_bytes},
+                        {"setup_bytes", s.setup_bytes},
+                        {"resident_bytes", s.resident_bytes}};
+    for (const MemoryPart& p : s.memory)
+      r["memory"].push_back({{"part", p.name}, {"bytes", p.bytes}, {"note", p.note}});
     for (const CommPart& p : s.comm)
-      r["comm"].push_back({{"tag", p.tag}, {"group", p.group}, {"kind", p.kind}, {"bytes", p.bytes},
-                           {"calls", p.calls}, {"seconds", p.seconds}, {"sync_seconds", p.sync_seconds}, {"overlapped", p.overlapped}, {"link", p.link}});
+      r["comm"].push_back({{"tag", p.tag},
+                           {"group", p.group},
+                           {"kind", p.kind},
+                           {"bytes", p.bytes},
+                           {"calls", p.calls},
+                           {"seconds", p.seconds},
+                           {"sync_seconds", p.sync_seconds},
+                           {"overlapped", p.overlapped},
+                           {"link", p.link}});
     r["flops"] = s.flops;
     if (e.cluster) {
       r["compute_s"] = s.compute_s;
