@@ -124,8 +124,8 @@ template <typename T, int W> __global__ void rmsnorm_bwd_dx_k(T* dinp, const T* 
 
 constexpr int64_t kRowChunk = 256;
 // scratch[chunk][c] = sum over the chunk's rows of dy * x * rstd (each product in f32, the sum in f64), rows in
-// order, a thread per W columns (Pack, as above). The grid's y covers the chunks in strides of gridDim.y (at most 65,535: the device's limit
-// on a grid's y), each chunk summed the same way.
+// order, a thread per W columns (Pack, as above). The grid's y covers the chunks in strides of gridDim.y (at most
+// 65,535: the device's limit on a grid's y), each chunk summed the same way.
 template <typename T, int W> __global__ void rmsnorm_bwd_partial_k(float* scratch, const T* dout, const T* inp,
                                                                    const float* rstd, int64_t N, int64_t C) {
   using P = Pack<T, W>;
