@@ -480,16 +480,25 @@ void watchdog_add_abort_hook(std::function<void()> hook) {
   state().abort_hooks.push_back(std::move(hook));
 }
 
-uint64_t watchdog_begin(std::string op, std::string where, std::function<bool()> done,
-                        std::function<std::string()> detail, double grace_s) {
+namespace {
+// Registers the operation with its ranks in one critical section: the watchdog's thread erases an entry whose
+// done() already holds (an async device operation can finish at once), so nothing may look the id up afterwards.
+uint64_t begin_pending(std::string op, std::string where, std::function<bool()> done,
+                       std::function<std::string()> detail, double grace_s, std::vector<int> ranks) {
   auto& s = state();
   std::lock_guard lock(s.mu);
   uint64_t id = s.next_id++;
   std::string phase;
   for (auto& ph : t_phases) phase += (phase.empty() ? "" : ", ") + ph;
-  s.pending.emplace(id, Pending{std::move(op), std::move(where), Clock::now(), std::move(done), std::move(detail),
-                                0.0, {}, grace_s, std::move(phase)});
+  s.pending.emplace(id, Pending{std::move(op), std::move(where), Clock::now(), std::move(done), std::move(detail), 0.0,
+                                std::move(ranks), grace_s, std::move(phase)});
   return id;
+}
+}  // namespace
+
+uint64_t watchdog_begin(std::string op, std::string where, std::function<bool()> done,
+                        std::function<std::string()> detail, double grace_s) {
+  return begin_pending(std::move(op), std::move(where), std::move(done), std::move(detail), grace_s, {});
 }
 
 uint64_t watchdog_begin(std::string op, std::string where, std::function<bool()> done) {
@@ -497,10 +506,7 @@ uint64_t watchdog_begin(std::string op, std::string where, std::function<bool()>
 }
 
 uint64_t watchdog_begin(std::string op, const Group& group, std::function<bool()> done) {
-  uint64_t id = watchdog_begin(std::move(op), group.describe(), std::move(done));
-  std::lock_guard lock(state().mu);
-  state().pending.at(id).ranks = group.world_ranks();
-  return id;
+  return begin_pending(std::move(op), group.describe(), std::move(done), {}, 0, group.world_ranks());
 }
 
 void watchdog_set_ranks(uint64_t id, std::vector<int> world_ranks) {

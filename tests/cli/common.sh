@@ -20,7 +20,8 @@ skipped=0
 _verdict_at=$SECONDS
 _since() { _took=$((SECONDS - _verdict_at)); _verdict_at=$SECONDS; }
 ok() { passed=$((passed + 1)); _since; echo "ok   $1 [$_took s]"; }
-bad() { failed=$((failed + 1)); _since; echo "FAIL $1 [$_took s]"; shift; for l in "$@"; do echo "  $l"; done; }
+# Every line of the excerpt is indented: scripts/test.sh's summary (and CI's log) keeps the indented lines.
+bad() { failed=$((failed + 1)); _since; echo "FAIL $1 [$_took s]"; shift; for l in "$@"; do printf '%s\n' "$l" | sed 's/^/  /'; done; }
 # The bytes `meshtrain plan` counted in one phase (forward, backward, sync) under tags starting with a prefix.
 counted() {  # counted PLAN_OUT PHASE TAG_PREFIX
   awk -v ph="bytes[$2]" -v tg="tag=$3" '$1 == ph && index($2, tg) == 1 { sub("bytes=", "", $6); s += $6 } END { print s + 0 }' "$1"
