@@ -192,7 +192,7 @@ run_script_suite estimate-moe tests/cli/test_estimate_moe.sh
 run_script_suite estimate-sweep tests/cli/test_estimate_sweep.sh ${MT_TEST_FULL:+--full}
 # A model larger than any one rank: sharded creation, steps, sharded save and resume on another mesh under a cap per
 # rank below the model's f32 weights; the saved directory in the PyTorch reference.
-run_script_suite scale tests/cli/test_scale.sh
+run_script_suite scale tests/cli/test_scale.sh ${MT_TEST_FULL:+--full}
 # CPU kernels built per instruction-set level, chosen at run time: every level gives the same losses.
 run_script_suite cpu_isa tests/cli/test_cpu_isa.sh
 run_script_suite host_sync tests/cli/test_host_sync.sh
