@@ -14,8 +14,9 @@
 #   5. with --tilings "1,1,1 2,2,1 ..." (MT_FLASH_MT values): the flash kernel under each tiling, and OLD's
 #      (OLD/scripts/bench/bench_attention_gpu, which loads OLD's library), on the step's and the benchmark shapes.
 # First call on an H200 (2026-11-28): parts 1 and 2 in 262 s; part 3 took 7 s. Exits 1 when a part failed.
-# $OUT gets gpu_run.log (all of the output), gpu_run_logs.tar.gz (every part's logs and raw results) and
-# gpu_cluster.yaml (part 3's file); the summary table comes last.
+# $OUT gets gpu_run.log (all of the output), gpu_run_logs.tar.gz (every part's logs and raw results),
+# gpu_cluster.yaml (part 3's file) and gpu_clocks.csv (GPU 0's clock and power every 500 ms); the summary table
+# comes last.
 #
 # Here, before the call (the GPU machine has CUDA and PyTorch but no Open MPI and no package access):
 #   bash ../shared/gpu/pack-deps.sh .gpu-deps libpcre2-8-0 libsentencepiece0 libxxhash0
@@ -63,6 +64,15 @@ for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
 done
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null ||
   echo "nvidia-smi: no GPU"
+# GPU 0's SM clock, power, temperature and throttle reasons every 500 ms for the whole call ($out/gpu_clocks.csv),
+# summarised per part last: a kernel slower in the step than alone at the same clock is the kernel's doing; at a
+# lower clock, the power limit's (attention ran 1.18-1.21x longer in the step than alone on the first H200 calls).
+clock_query=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active
+clock_pid=
+if nvidia-smi -i 0 --query-gpu=$clock_query --format=csv,noheader >/dev/null 2>&1; then
+  nvidia-smi -i 0 --query-gpu=$clock_query --format=csv,noheader,nounits -lms 500 >"$out/gpu_clocks.csv" 2>/dev/null &
+  clock_pid=$!
+fi
 missing=$(for f in "$bundle/meshtrain" "$bundle/libmeshtrain_cuda.so" "$bundle/tests/test_gpu"; do
   ldd "$f" 2>/dev/null | grep 'not found' | sed "s|^|$(basename "$f"): |"; done)
 if [ -n "$missing" ]; then
@@ -87,6 +97,7 @@ part() {  # part N NAME LIMIT_S COMMAND...: runs COMMAND under LIMIT_S, one summ
   [ $rc = 124 ] && verdict="FAIL (time limit $limit s)"
   rows+=("$(printf '%-5s %s. %s: exit %s in %s s' "${verdict%% *}" "$n" "$name" "$rc" $(( $(date +%s) - start )))$(
     [ $rc = 124 ] && echo ", cut at its limit")")
+  echo "$n $start $(date +%s)" >>"$work/part_times"
 }
 
 # 1. The functional list: logs and summary to $work/check.
@@ -159,6 +170,12 @@ for b in bench step_old step_new; do
     python3 scripts/bench/bench_gpu_report.py summary "$work/$b/bench_gpu.jsonl" 2>&1 | tail -n 40
   fi
 done
+if [ -n "$clock_pid" ]; then
+  kill "$clock_pid" 2>/dev/null
+  echo
+  echo "-- GPU 0's clock and power per part ($out/gpu_clocks.csv)"
+  python3 scripts/gpu_clocks.py "$out/gpu_clocks.csv" "$work/part_times" 2>&1 | tail -n 20
+fi
 rm -rf "$work"
 echo
 echo "== gpu_run summary ($(since) s in all; $(date -u '+%Y-%m-%d %H:%M UTC'))"
