@@ -188,7 +188,8 @@ else
 fi
 
 # 2b. The emulated device's list (tests/cli/test_emulated.sh) on this GPU: the same cases CI runs on the emulated
-# CUDA device and the ones it runs with --full only, here with this build's meshtrain for both the CPU and the GPU runs.
+# CUDA device and those it runs with --full only, here with this build's meshtrain for both the CPU and the GPU
+# runs.
 if [ $quick = 1 ]; then
   row SKIP "the emulated device's list on the GPU (tests/cli/test_emulated.sh)" "--quick"
 else

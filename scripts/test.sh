@@ -19,10 +19,6 @@ done
 if [ $setup -eq 1 ]; then
   scripts/setup.sh "$build" || { echo "setup failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 fi
-# Open MPI's point-to-point layer named: ob1, the one it selects on these machines anyway (shared memory, one node);
-# naming it skips the probes of UCX and the MTLs, 0.2 s of each of the suites' many launches
-# (tests/cli/test_cmdline.sh: 35 -> 27 s).
-export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 
 passed=0
 failed=0
