@@ -16,7 +16,8 @@
 
 #include "runtime/train/agree.h"
 #include "runtime/train/checkpoint.h"
-#include "runtime/train/trainer.h"
+#include "runtime/train/generate.h"
+#include "runtime/train/run.h"
 
 namespace mt {
 

@@ -14,7 +14,8 @@
 #include "runtime/io/npy.h"
 #include "runtime/train/agree.h"
 #include "runtime/train/checkpoint.h"
-#include "runtime/train/trainer.h"
+#include "runtime/train/generate.h"
+#include "runtime/train/run.h"
 
 namespace fs = std::filesystem;
 

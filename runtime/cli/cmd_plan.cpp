@@ -24,7 +24,8 @@
 #include "runtime/planner/cluster.h"
 #include "runtime/planner/plan_search.h"
 #include "runtime/train/pipeline.h"
-#include "runtime/train/trainer.h"
+#include "runtime/train/run.h"
+#include "runtime/train/step.h"
 
 namespace mt {
 

@@ -10,7 +10,7 @@
 #include "runtime/core/bytes_format.h"
 #include "runtime/core/log.h"
 #include "runtime/train/pipeline.h"
-#include "runtime/train/trainer.h"
+#include "runtime/train/stage.h"
 
 namespace mt {
 
@@ -18,24 +18,17 @@ namespace {
 
 // The run's shape by train's own code (plan_run_shape, with its errors), and the model's view of one rank's
 // layout: the same on every stage.
-struct RunShape {
-  TrainRun run;
-  PipelineState pipeline;
-  DType reduce_dtype = DType::f32;  // the gradient buckets'
+struct EstimateShape {
+  RunShape run;
   RankShape rank;
   int world = 1, P = 1, S = 1, tp = 1;  // ranks, stages, ranks of a stage, tp
   int64_t m = 1;                        // micro-batches per step per rank
 
-  RunShape(const Config& cfg, int world_size) : world(world_size) {
+  EstimateShape(const Config& cfg, int world_size) : run(plan_run_shape(cfg, world_size)), world(world_size) {
     const auto& t = cfg.training;
-    run.config = cfg;
-    pipeline = plan_run_shape(run, world);
-    const Device device = cfg.comm.device == "cuda" ? Device::cuda(0) : Device::cpu();
-    run.dtype = training_dtype(cfg, device);
     const ParallelDims& pd = run.pd;
     P = pd.pp_size(), S = pd.stage_size(), tp = pd.tp();
-    m = run.rows / run.micro;
-    reduce_dtype = t.grad_reduce_dtype == "bf16" ? DType::bf16 : accum_dtype(run.dtype);
+    m = run.micro_batches();
     rank.micro = run.micro;
     rank.tokens = cp_shard(pd.cp_load_balance, t.seq_len, pd.cp_ring(), 0, pd.cp_ulysses(), 0).size();
     rank.seq_len = t.seq_len;
@@ -48,30 +41,22 @@ struct RunShape {
     rank.accum = double(dtype_size(accum_dtype(run.dtype)));
     // bf16 on CPU ranks runs each op in f32 on widened copies (runtime/kernels/op.h).
     rank.widened_bf16 = run.dtype == DType::bf16 && cfg.comm.device != "cuda";
-    rank.device = device;
+    rank.device = cfg.comm.device == "cuda" ? Device::cuda(0) : Device::cpu();
   }
 };
 
-// A stage's model laid out on the simulated meshes of its first rank: deferred parameters, never allocated, in the
-// layouts train gives them. Not movable: the parallelisms keep the meshes' groups.
+// A stage's model laid out on the simulated meshes of its first rank by train's own assembly (assemble_stage):
+// deferred parameters, never allocated, in the layouts train gives them. Not movable: the parallelisms keep the
+// meshes' groups.
 struct StageLayout {
   ParallelDims::Meshes meshes;
-  std::unique_ptr<CausalLM> model;
-  std::unique_ptr<FullyShard> fsdp;
-  std::unique_ptr<GradSync> grad_sync;
+  Stage stage;
   bool first = true, last = true;  // the stage holds the embedding; the output projection
 
-  StageLayout(const Config& cfg, const RunShape& rs, int stage) : meshes(rs.run.pd.simulate_meshes(stage * rs.S)) {
-    const auto& t = cfg.training;
-    const ModelFamily& family = family_of(cfg.model);
-    ParamFactory f{meshes.stage, rs.run.dtype, Device::cpu(), uint64_t(t.seed), cfg.model.init_std};
-    f.deferred = true;
-    model = family.build(cfg.model, f);
-    if (rs.P > 1) model->keep_chunks(pp_rank_chunks(rs.pipeline.split, rs.P, cfg.parallel.pp_virtual, stage));
-    fsdp = family.parallelize(*model, meshes.stage, rs.run.pd, cfg.parallel, t.seq_len, rs.reduce_dtype);
-    GradSyncOptions gso{rs.run.pd.grad_partial_dims(), size_t(t.grad_bucket_mb * double(1 << 20)), rs.reduce_dtype};
-    grad_sync = std::make_unique<GradSync>(*model, meshes.stage, gso);
-    first = model->has_input(), last = model->has_output();
+  StageLayout(const Config& cfg, const EstimateShape& rs, int pp_rank)
+      : meshes(rs.run.pd.simulate_meshes(pp_rank * rs.S)),
+        stage(assemble_stage(cfg, rs.run, meshes.stage, Device::cpu(), pp_rank)) {
+    first = stage.model->has_input(), last = stage.model->has_output();
   }
   StageLayout(const StageLayout&) = delete;
 };
@@ -79,30 +64,31 @@ struct StageLayout {
 // The model state: the bytes `train` allocates for each parameter's local shape (log_model_state's count): master
 // value, gradient and AdamW's two moments in the master dtype, and the bf16 copy, each its own allocation; and the
 // gradient buckets' flat buffers. Returns the parameters' local elements.
-double add_state_memory(StageEstimate& st, const RunShape& rs, const StageLayout& lay) {
+double add_state_memory(StageEstimate& st, const EstimateShape& rs, const StageLayout& lay) {
   const DType dtype = rs.run.dtype;
-  const double per_element = dtype == DType::bf16 ? 18 : double(4 * dtype_size(dtype));
+  const ParamStateBytes b = param_state_bytes(dtype);
   const std::vector<int> coord0(size_t(lay.meshes.stage.ndim()), 0);
   double elements = 0;
-  double one = 0, copies = 0;  // one master-dtype tensor per parameter; the bf16 copies
-  for (Parameter* p : lay.model->parameters()) {
+  double master = 0, grads = 0, moments = 0, copies = 0;  // each tensor its own allocation
+  for (Parameter* p : lay.stage.model->parameters()) {
     const double n = double(shape_numel(p->value.spec.local_shape(coord0)));
-    const double master = double(dtype_size(accum_dtype(dtype)));
     elements += n;
-    one += rs.rank.alloc(n * master);
-    copies += dtype == DType::bf16 ? rs.rank.alloc(n * 2) : 0;
+    master += rs.rank.alloc(n * b.master);
+    grads += rs.rank.alloc(n * b.grad);
+    for (double e : b.optimizer) moments += rs.rank.alloc(n * e);
+    copies += b.copy > 0 ? rs.rank.alloc(n * b.copy) : 0;
   }
-  st.state_bytes = 4 * one + copies;
+  st.state_bytes = master + grads + moments + copies;
   const std::string master_name(dtype_name(accum_dtype(dtype)));
-  st.memory.push_back({"parameters (master " + master_name + ")", one,
+  st.memory.push_back({"parameters (master " + master_name + ")", master,
                        fmt::format("{:.0f} elements of this rank's layouts ({:.0f} B each for weights, gradient, "
                                    "AdamW m and v{} in all)",
-                                   elements, per_element, dtype == DType::bf16 ? " and the bf16 copy" : "")});
+                                   elements, b.total(), dtype == DType::bf16 ? " and the bf16 copy" : "")});
   if (copies > 0) st.memory.push_back({"compute copies (bf16)", copies, "rounded from the masters after each update"});
-  st.memory.push_back({"gradients", one, "the parameters' layouts, " + master_name});
-  st.memory.push_back({"optimizer moments (AdamW m and v)", 2 * one, master_name});
-  const double buckets = rs.rank.alloc(double(lay.grad_sync->bucket_buffer_bytes()));  // a flat buffer per bucket
-  if (buckets > 0) st.memory.push_back({"gradient buckets", buckets, lay.grad_sync->describe()});
+  st.memory.push_back({"gradients", grads, "the parameters' layouts, " + master_name});
+  st.memory.push_back({"optimizer moments (AdamW m and v)", moments, master_name});
+  const double buckets = rs.rank.alloc(double(lay.stage.grad_sync->bucket_buffer_bytes()));  // a flat buffer each
+  if (buckets > 0) st.memory.push_back({"gradient buckets", buckets, lay.stage.grad_sync->describe()});
   return elements;
 }
 
@@ -116,7 +102,7 @@ struct HeldAtInput {
 // The activations at the peak: the micro-batches in flight from this rank's own order of actions (memory depends
 // on nothing else). After a forward a (chunk, micro-batch) holds a chunk's share of the activations until its
 // backward; under zb1p, between its input-gradient B and its W, what the model defers (ActivationBytes::deferred).
-HeldAtInput add_activation_memory(StageEstimate& st, const Config& cfg, const RunShape& rs, const StageLayout& lay,
+HeldAtInput add_activation_memory(StageEstimate& st, const Config& cfg, const EstimateShape& rs, const StageLayout& lay,
                                   const ActivationBytes& a, int stage) {
   const double micro_saved = a.total();
   const int v = rs.P > 1 ? cfg.parallel.pp_virtual : 1;
@@ -127,7 +113,7 @@ HeldAtInput add_activation_memory(StageEstimate& st, const Config& cfg, const Ru
   if (rs.P > 1) {
     int full = 0, deferred = 0;
     act_peak = 0, in_flight = 0;
-    for (const PpAction& x : rs.pipeline.schedule.ranks[size_t(stage)]) {
+    for (const PpAction& x : rs.run.pipeline.schedule.ranks[size_t(stage)]) {
       if (x.op == PpOp::forward)
         held.forward = std::max(held.forward, full * per_chunk + deferred * deferred_per_micro), ++full;
       if (x.op == PpOp::backward) --full;
@@ -145,7 +131,7 @@ HeldAtInput add_activation_memory(StageEstimate& st, const Config& cfg, const Ru
       {fmt::format(
            "activations ({} layer(s){}{}; {} {} in flight{})", a.layers_here, first ? ", embedding" : "",
            last ? ", head and logits" : "", in_flight, v > 1 ? "chunk micro-batches" : "micro-batch(es)",
-           rs.P > 1 && rs.pipeline.schedule.kind == "zb1p" ? fmt::format(", {} waiting for their W", held_max) : ""),
+           rs.P > 1 && rs.run.pipeline.schedule.kind == "zb1p" ? fmt::format(", {} waiting for their W", held_max) : ""),
        st.activation_bytes,
        fmt::format("per micro-batch of {} x {} tokens: {} (layers {}, {:.2f} MiB a layer under the "
                    "recompute policy{}{})",
@@ -164,7 +150,7 @@ HeldAtInput add_activation_memory(StageEstimate& st, const Config& cfg, const Ru
 struct UnitBytes {
   double forward = 0, backward = 0, reduce = 0;
 };
-UnitBytes unit_bytes(const RunShape& rs, const FullyShard& fsdp, size_t i) {
+UnitBytes unit_bytes(const EstimateShape& rs, const FullyShard& fsdp, size_t i) {
   const double n = rs.run.pd.dp_shard();
   const std::vector<int64_t> slots = fsdp.unit_slots();
   const std::vector<int64_t> params = fsdp.unit_param_elements()[i];
@@ -205,7 +191,7 @@ struct Candidate {
 // call_backward returns) and its first unit's forward, backward and reduce (the embedding's: without pp it runs
 // backward when only the logits and token ids are left, under pp's 1F1B beside other micro-batches in flight).
 // Without resharding every unit stays gathered through the step.
-std::vector<Candidate> peak_candidates(const StageEstimate& st, const RunShape& rs, const StageLayout& lay,
+std::vector<Candidate> peak_candidates(const StageEstimate& st, const EstimateShape& rs, const StageLayout& lay,
                                        const ActivationBytes& a, const HeldAtInput& held) {
   const double act = st.activation_bytes, temps = a.backward_peak + a.recompute_transient;
   std::vector<Candidate> c;
@@ -213,10 +199,10 @@ std::vector<Candidate> peak_candidates(const StageEstimate& st, const RunShape& 
                                        "logits as dloss/dlogits)"
                                      : "the first backward of the step (every micro-batch in flight held)"});
   if (a.loss > 0) c.push_back({act + a.loss, "the loss (its f32 logits and dlogits beside the activations)"});
-  if (a.input_forward > 0 && !lay.fsdp)
+  if (a.input_forward > 0 && !lay.stage.fsdp)
     c.push_back({held.forward + a.input_forward, "the embedding's forward (its table widened to f32)"});
-  if (!lay.fsdp) return c;
-  const FullyShard& fsdp = *lay.fsdp;
+  if (!lay.stage.fsdp) return c;
+  const FullyShard& fsdp = *lay.stage.fsdp;
   const size_t k = fsdp.unit_slots().size();
   if (!fsdp.options().reshard_after_forward) {
     const double pb = double(dtype_size(fsdp.options().param_dtype)), n = rs.run.pd.dp_shard();
@@ -244,7 +230,7 @@ std::vector<Candidate> peak_candidates(const StageEstimate& st, const RunShape& 
 }
 
 // Bytes per step, by group and kind: each parallelism's analytic count, from the function beside its code.
-void add_comm(StageEstimate& st, std::vector<std::string>& notes, const Config& cfg, const RunShape& rs,
+void add_comm(StageEstimate& st, std::vector<std::string>& notes, const Config& cfg, const EstimateShape& rs,
               const StageLayout& lay, const ActivationBytes& a, int stage) {
   const ParallelDims& pd = rs.run.pd;
   const ModelConfig& mc = cfg.model;
@@ -265,9 +251,9 @@ void add_comm(StageEstimate& st, std::vector<std::string>& notes, const Config& 
                             mc.head_size(), rs.rank.elem,   rs.rank.accum};
     append(cp_step_bytes(pd.cp_method, pd.cp_ring(), pd.cp_ulysses(), as, m * L));
   }
-  if (lay.fsdp) append(fsdp_step_collectives(*lay.fsdp, pd.dp_shard(), m, rs.P > 1));
-  append(lay.grad_sync->step_bytes());
-  if (rs.P > 1) append(pp_step_bytes(rs.pipeline.schedule, stage, a.boundary, kPpTag));
+  if (lay.stage.fsdp) append(fsdp_step_collectives(*lay.stage.fsdp, pd.dp_shard(), m, rs.P > 1));
+  append(lay.stage.grad_sync->step_bytes());
+  if (rs.P > 1) append(pp_step_bytes(rs.run.pipeline.schedule, stage, a.boundary, kPpTag));
   if (mc.moe.enabled()) {
     // The sparse layers' exchanges over ep (uniform routing) and the balance statistics over the loss group.
     MoeStage ms;
@@ -288,7 +274,7 @@ void add_comm(StageEstimate& st, std::vector<std::string>& notes, const Config& 
 // repeats) and the bytes the memory-bound ops move (the model's, and AdamW over the local parameters: master,
 // gradient, m and v read, three written, and the copy: about 30 B per element).
 // Returns the GEMM FLOPs (the rest is attention's).
-double add_work(StageEstimate& st, const RunShape& rs, const StageFlops& f, int64_t layers, bool last,
+double add_work(StageEstimate& st, const EstimateShape& rs, const StageFlops& f, int64_t layers, bool last,
                 double elements) {
   const double tokens = double(rs.rank.micro) * double(rs.rank.tokens) * double(rs.m);  // over the step
   double gemm = f.layer_gemm * double(layers) * tokens + (last ? f.head * tokens : 0);
@@ -316,7 +302,7 @@ void time_part(CommPart& c, const DeviceMesh& mesh, const ClusterSpec& cl, bool 
 }
 
 // Time: compute from FLOPs at the cluster's efficiencies; each collective on its group's link; the bubble.
-void add_time(StageEstimate& st, const Config& cfg, const RunShape& rs, const StageLayout& lay, const StageFlops& f,
+void add_time(StageEstimate& st, const Config& cfg, const EstimateShape& rs, const StageLayout& lay, const StageFlops& f,
               int64_t layers, double gemm, const ClusterSpec& cluster) {
   const auto& t = cfg.training;
   const int world = rs.world;
@@ -353,7 +339,7 @@ void add_time(StageEstimate& st, const Config& cfg, const RunShape& rs, const St
     }
   }
   if (rs.P > 1) {
-    const PpSchedule& s = rs.pipeline.schedule;
+    const PpSchedule& s = rs.run.pipeline.schedule;
     const double fb = pp_bubble_formula(s.kind, s.p, s.v, s.m);
     // CPU ranks of several stages sharing a node's cores k times over: a stage idle in the bubble leaves its
     // cores to the others. The step is then at least the node's work on all its cores (compute_s is counted at
@@ -387,9 +373,9 @@ void add_run_time(Estimate& e, const ClusterSpec& cluster) {
 
 // A stage's memory by part and its peak (the sum of the parts), in rs.rank's bytes per tensor. Returns the
 // parameters' local elements.
-double add_memory(StageEstimate& st, const Config& cfg, const RunShape& rs, const StageLayout& lay, int stage) {
+double add_memory(StageEstimate& st, const Config& cfg, const EstimateShape& rs, const StageLayout& lay, int stage) {
   const double elements = add_state_memory(st, rs, lay);
-  const ActivationBytes a = lay.model->activation_bytes(rs.rank);
+  const ActivationBytes a = lay.stage.model->activation_bytes(rs.rank);
   const HeldAtInput held = add_activation_memory(st, cfg, rs, lay, a, stage);
   Candidate peak;
   for (Candidate& c : peak_candidates(st, rs, lay, a, held))
@@ -411,7 +397,7 @@ double add_memory(StageEstimate& st, const Config& cfg, const RunShape& rs, cons
 // The rank's process: its floor, train's set-up and, on CPU ranks, the pages its tensors touch at the peak (the
 // same moment counted in 4 KiB pages: a 2 MiB granule's unwritten tail is not resident). GPU ranks keep their
 // tensors in device memory.
-void add_process_memory(StageEstimate& st, const Config& cfg, RunShape& rs, const StageLayout& lay, int stage,
+void add_process_memory(StageEstimate& st, const Config& cfg, EstimateShape& rs, const StageLayout& lay, int stage,
                         const std::optional<ClusterSpec>& cluster) {
   const double mib = double(1 << 20);
   st.floor_bytes = (cluster && cluster->rank_floor_mb > 0 ? cluster->rank_floor_mb : kDefaultRankFloorMib) * mib;
@@ -427,7 +413,7 @@ void add_process_memory(StageEstimate& st, const Config& cfg, RunShape& rs, cons
 }
 
 // One stage: its layout, memory by part, bytes by collective, work, and (with a cluster) time.
-StageEstimate estimate_stage(const Config& cfg, RunShape& rs, int stage, const std::optional<ClusterSpec>& cluster,
+StageEstimate estimate_stage(const Config& cfg, EstimateShape& rs, int stage, const std::optional<ClusterSpec>& cluster,
                              std::vector<std::string>& notes) {
   StageEstimate st;
   st.pp_rank = stage;
@@ -435,9 +421,9 @@ StageEstimate estimate_stage(const Config& cfg, RunShape& rs, int stage, const s
   const StageLayout lay(cfg, rs, stage);
   const double elements = add_memory(st, cfg, rs, lay, stage);
   add_process_memory(st, cfg, rs, lay, stage, cluster);
-  const ActivationBytes a = lay.model->activation_bytes(rs.rank);
+  const ActivationBytes a = lay.stage.model->activation_bytes(rs.rank);
   add_comm(st, notes, cfg, rs, lay, a, stage);
-  const StageFlops f = lay.model->stage_flops(rs.rank);
+  const StageFlops f = lay.stage.model->stage_flops(rs.rank);
   const double gemm = add_work(st, rs, f, a.layers_here, lay.last, elements);
   if (cluster) add_time(st, cfg, rs, lay, f, a.layers_here, gemm, *cluster);
   return st;
@@ -459,7 +445,7 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
            "model.n_layers = {} (num_hidden_layers in a config.json): estimate and plan --search describe every layer "
            "and take at most {} (a mistyped count?)",
            cfg.model.n_layers, kMaxLayers);
-  RunShape rs(cfg, world);  // train's checks, with its errors
+  EstimateShape rs(cfg, world);  // train's checks, with its errors
   e.pd = rs.run.pd;
   e.micro = rs.run.micro;
   e.micro_batches = rs.m;

@@ -21,6 +21,11 @@ class AdamW {
   struct State {
     Tensor exp_avg, exp_avg_sq;  // like the parameter's local shard; f32 (f64 for f64 params)
   };
+  // State's tensors for a parameter whose master value is `master`: the bytes per element of each (two moments,
+  // each like the master value; each its own allocation).
+  static std::vector<double> state_element_bytes(DType master) {
+    return {double(dtype_size(master)), double(dtype_size(master))};
+  }
   std::map<std::string, State>& state() { return state_; }
   const std::vector<Parameter*>& params() const { return params_; }
 

@@ -12,7 +12,7 @@
 #include "runtime/core/log.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/train/metrics.h"
-#include "runtime/train/trainer.h"
+#include "runtime/train/run.h"
 
 namespace mt {
 
@@ -274,11 +274,11 @@ void install_pp_progress(CausalLM& model, PipelineState& pp) {
 
 }  // namespace
 
-PipelineState plan_pipeline(const TrainRun& run, int64_t micro_batches) {
-  const auto& p = run.config.parallel;
-  const auto& c = run.config.model;
+PipelineState plan_pipeline(const Config& cfg, const ParallelDims& pd, int64_t micro, int64_t micro_batches) {
+  const auto& p = cfg.parallel;
+  const auto& c = cfg.model;
   PipelineState st;
-  const int pp = run.pd.pp_size();
+  const int pp = pd.pp_size();
   if (pp == 1) {
     MT_CHECK(p.pp_virtual == 1, "config", "parallel.pp_virtual = {} needs parallel.pp > 1", p.pp_virtual);
     MT_CHECK(p.pp_layers.empty(), "config", "parallel.pp_layers is given but parallel.pp = 1 (one stage)");
@@ -288,12 +288,12 @@ PipelineState plan_pipeline(const TrainRun& run, int64_t micro_batches) {
   MT_CHECK(micro_batches >= pp, "config",
            "parallel.pp = {} needs at least {} micro-batches per step, but training.batch_size / dp / "
            "training.micro_batch_size = {} / {} / {} = {}: lower training.micro_batch_size (or raise batch_size)",
-           pp, pp, run.config.training.batch_size, run.dp, run.micro, micro_batches);
-  MT_CHECK(!(p.pp_schedule == "zb1p" && run.pd.dp_shard() > 1), "config",
+           pp, pp, cfg.training.batch_size, pd.dp(), micro, micro_batches);
+  MT_CHECK(!(p.pp_schedule == "zb1p" && pd.dp_shard() > 1), "config",
            "parallel.pp_schedule = zb1p with parallel.dp_shard = {}: fully_shard reduce-scatters a unit's gradients "
            "right after its backward, before zb1p's deferred weight gradients exist; use 1f1b or "
            "interleaved_1f1b with dp_shard, or dp_replicate with zb1p",
-           run.pd.dp_shard());
+           pd.dp_shard());
   MT_CHECK(!c.tie_embeddings, "config",
            "model.tie_embeddings = true with parallel.pp = {}: the embedding (stage 0) and lm_head (the last stage) "
            "would share one weight across stages; untie them or run without pipeline parallel",
@@ -304,7 +304,7 @@ PipelineState plan_pipeline(const TrainRun& run, int64_t micro_batches) {
   const ModelFamily& family = family_of(c);
   const double lm_head = 6.0 * double(c.vocab_size) * double(c.dim);
   const double per_layer =
-      std::max(1.0, (family.flops_per_token(c, run.config.training.seq_len) - lm_head) / double(c.n_layers));
+      std::max(1.0, (family.flops_per_token(c, cfg.training.seq_len) - lm_head) / double(c.n_layers));
   st.split = pp_layer_split(c.n_layers, pp * p.pp_virtual, 0.0, lm_head / per_layer, p.pp_layers);
   return st;
 }
@@ -337,7 +337,6 @@ class PipelineExecutor final : public StepExecutor {
     // This rank's stages: the other stages' modules are destroyed before any parameter has storage.
     pp_.rank = run.world_mesh.coordinate(run.world_mesh.dim_index(dim::pp));
     pp_.group = &run.world_mesh.group(dim::pp);
-    run.model->keep_chunks(pp_rank_chunks(pp_.split, run.pd.pp_size(), run.config.parallel.pp_virtual, pp_.rank));
     const int64_t seq_split = run.config.parallel.sequence_parallel && run.pd.tp() > 1 ? run.pd.tp() : 1;
     pp_.seq_split = seq_split;
     pp_.act_shape = {run.micro, run.shard.size() / seq_split, run.config.model.dim};  // (mb, T_local, C)

@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "comm/group.h"
+#include "parallel/parallel_dims.h"
 #include "parallel/pipeline_schedule.h"
 #include "runtime/core/tensor.h"
+#include "runtime/train/run_config.h"
 #include "runtime/train/step_executor.h"
 
 namespace mt {
@@ -61,10 +63,10 @@ std::vector<PpStepTimes> gather_pp_times(const PipelineState& pp);
 // Checks the pipeline keys before any collective (the schedule, the micro-batches, the split) and returns the
 // split and schedule: errors name parallel.pp, parallel.pp_schedule, parallel.pp_virtual, parallel.pp_layers,
 // training.micro_batch_size and model.n_layers.
-PipelineState plan_pipeline(const TrainRun& run, int64_t micro_batches);
+PipelineState plan_pipeline(const Config& cfg, const ParallelDims& pd, int64_t micro, int64_t micro_batches);
 
 // The pipeline executor of `run` from plan_pipeline's `plan`: this rank's pp coordinate, group and boundary
-// messages; keeps only this rank's stages of run.model (before any parameter has storage). Its forward_backward
+// messages (run.model holds only this rank's stages: assemble_stage). Its forward_backward
 // runs this rank's actions of the schedule (gradients accumulate in the parameters; with fully_shard and
 // reshard_after_forward false, each unit is gathered and reduce-scattered once in the step: FullyShard::hold);
 // forward_loss the schedule's forwards only; sample_logits each stage in turn.

@@ -5,7 +5,7 @@
 #include "runtime/core/kernel_profile.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/train/pipeline.h"
-#include "runtime/train/trainer.h"
+#include "runtime/train/run.h"
 
 namespace mt {
 

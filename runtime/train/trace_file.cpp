@@ -66,7 +66,7 @@ std::string merge_traces(const std::string& dir, int* ranks) {
 #include "runtime/train/metrics.h"
 #include "runtime/train/optimizer.h"
 #include "runtime/train/run_config.h"
-#include "runtime/train/trainer.h"
+#include "runtime/train/run.h"
 
 namespace mt {
 

@@ -16,7 +16,7 @@
 #include "mpi_world.h"
 #include "parallel/pipeline_schedule.h"
 #include "runtime/train/pipeline.h"
-#include "runtime/train/trainer.h"
+#include "runtime/train/run.h"
 
 using namespace mt;
 

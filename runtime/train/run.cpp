@@ -1,0 +1,220 @@
+#include "runtime/train/run.h"
+
+#include <sched.h>
+
+#include <fstream>
+#include <thread>
+
+#include "comm/world.h"
+#include "models/layers.h"
+#include "parallel/loss_parallel.h"
+#include "runtime/core/allocator.h"
+#include "runtime/core/log.h"
+#include "runtime/kernels/ops.h"
+#include "runtime/train/agree.h"
+#include "runtime/train/run_context.h"
+
+namespace mt {
+
+namespace {
+
+// Host memory this rank may use: MemAvailable, or the cgroup's limit less its usage when lower, shared by the ranks
+// of this node; training.memory_limit_mb when set and lower. 0 when unknown (no check).
+double rank_memory_bytes(const MpiEnv& env, double limit_mb) {
+  double avail = 0;
+  std::ifstream mi("/proc/meminfo");
+  for (std::string key; mi >> key;) {
+    double kb = 0;
+    mi >> kb;
+    if (key == "MemAvailable:") avail = kb * 1024;
+    mi.ignore(256, '\n');
+  }
+  auto read_num = [](const char* path) {
+    std::ifstream f(path);
+    double v = -1;
+    if (!(f >> v)) v = -1;  // "max" or missing: no limit
+    return v;
+  };
+  for (auto [lim, used] : {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                           std::pair{"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                     "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+    const double l = read_num(lim), u = read_num(used);
+    if (l > 0 && l < 1e18) {
+      const double left = std::max(0.0, l - std::max(0.0, u));
+      avail = avail > 0 ? std::min(avail, left) : left;
+    }
+  }
+  double per_rank = avail / double(std::max(1, env.local_size()));
+  if (limit_mb > 0) per_rank = per_rank > 0 ? std::min(per_rank, limit_mb * double(1 << 20)) : limit_mb * double(1 << 20);
+  return per_rank;
+}
+
+// Before anything of the model exists (a billion layers must not run the machine out of memory): the parameters a
+// rank holds at the least, with their gradients and the optimizer's state (param_state_bytes in f32), against the
+// memory it has. Counted in double from the family's parameter count (one and two layers, extrapolated, so that no count
+// overflows), spread over every dim that can shard a parameter. `memory` is the job's smallest (the same on every
+// rank, so the error is printed once).
+void check_model_fits(const Config& cfg, double memory) {
+  if (memory <= 0) return;
+  const ModelConfig& m = cfg.model;
+  const ModelFamily& family = family_of(m);
+  ModelConfig one = m, two = m;
+  one.n_layers = 1, two.n_layers = 2;
+  one.moe.mlp_only_layers.clear(), two.moe.mlp_only_layers.clear();
+  const double p1 = double(family.num_params(one, true)), p2 = double(family.num_params(two, true));
+  const double params = p1 + (p2 - p1) * double(std::max<int64_t>(m.n_layers - 1, 0));
+  const auto& p = cfg.parallel;
+  const double shards =
+      double(std::max(1, p.pp)) * std::max(1, p.tp) * std::max(1, p.dp_shard) * std::max(1, p.ep);
+  const double per_param = param_state_bytes(DType::f32).total();  // f32 master, gradient, optimizer state
+  const double bytes = params / shards * per_param;
+  if (bytes <= memory) return;
+  const std::string from = m.init_from.empty() ? std::string()
+                                                : fmt::format(" (model.init_from's config.json: num_hidden_layers, "
+                                                              "hidden_size, intermediate_size, vocab_size)");
+  fail("config",
+       "the model does not fit in this rank's memory: model.n_layers = {}, model.dim = {}, model.ffn_dim = {}, "
+       "model.vocab_size = {}{} make {:.3g} parameters, at least {:.3g} GiB per rank with their gradients and "
+       "AdamW's two moments ({:g} B each, spread over parallel.pp x tp x dp_shard x ep = {:g} ranks), but a rank has "
+       "{:.3g} GiB (the host's available memory, or its cgroup's limit, shared by the ranks of a node, or "
+       "training.memory_limit_mb): make the model smaller or shard it over more ranks",
+       m.n_layers, m.dim, m.ffn_dim, m.vocab_size, from, params, bytes / double(1 << 30), per_param, shards,
+       memory / double(1 << 30));
+}
+
+// training.threads 0: the cores this process may run on. A launcher that binds (Slurm's --cpus-per-task, mpirun
+// --bind-to) gives each rank its own set; one that does not gives every rank all the node's cores, shared by the
+// ranks on the node.
+int auto_threads(const MpiEnv& env) {
+  const int hw = int(std::thread::hardware_concurrency());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int allowed = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : hw;
+  if (allowed > 0 && allowed < hw) return allowed;
+  return std::max(1, hw / std::max(1, env.local_size()));
+}
+
+// TEMPORARY (replaced by models/ and attention/ at merge)
+struct CheckRunShim {
+  void check_run(const ModelConfig& m, const ParallelConfig& p, const CommConfig& c) const {
+    if (m.moe.n_experts > 0 && p.pp > 1 && c.device == "cuda" && c.backend != "mpi")
+      fail("config",
+           "model.type = {} with parallel.pp = {} on comm.device = cuda and comm.backend = {}: an MoE model's router "
+           "statistics are summed beside the pipeline's NCCL sends, whose order is not yet proved free of a hang; "
+           "use parallel.pp = 1 (ep, dp, tp, cp all work) or comm.backend = mpi",
+           m.type, p.pp, c.backend);
+  }
+};
+CheckRunShim shim_family(const ModelConfig&) { return {}; }
+std::string attention_kernel_warning(int64_t hd, DType dtype, Device device) {
+  if (!device.is_cuda() || dtype != DType::bf16 || hd == 64 || hd == 128) return "";
+  return fmt::format("training.dtype = bf16 with head dim {}: the tensor-core attention kernel takes 64 or 128, so "
+                     "attention runs the slow fp32 reference kernel", hd);
+}
+void pool_router_stats(CausalLM& model, const DeviceMesh& world, const ParallelDims& pd) {
+  if (!model.config.moe.enabled() || pd.pp_size() <= 1) return;
+  std::string dims = dim::pp;
+  for (const DimSpec& d : pd.dims)
+    if (d.data) dims += std::string(",") + d.name;
+  model.set_router_stats_group(&world.group(dims));
+}
+
+// Everything before the mesh, checked by each rank alone (an error every rank has alike is printed once): the
+// model against the job's tightest rank's memory, the threads and the memory cap, the run's shape, the device and
+// the data.
+void set_up_run(TrainRun& run, const MpiEnv& env, bool with_data, double memory) {
+  const Config& cfg = run.config;
+  const auto& t = cfg.training;
+  run_agreed(env, "the run's setup", [&] {
+    check_model_fits(cfg, memory);
+    shim_family(cfg.model).check_run(cfg.model, cfg.parallel, cfg.comm);
+    set_cpu_threads(t.threads > 0 ? t.threads : auto_threads(env));
+    set_host_memory_limit(size_t(t.memory_limit_mb * double(1 << 20)), "training.memory_limit_mb");
+    static_cast<RunShape&>(run) = plan_run_shape(cfg, env.size());
+    run.device = rank_device(env, cfg.comm.device);
+    if (env.rank() == 0)
+      if (const std::string w = attention_kernel_warning(cfg.model.head_size(), run.dtype, run.device); !w.empty())
+        spdlog::warn("{}", w);
+    // Data (every rank reads and validates the files itself: errors before any collective).
+    if (with_data) {
+      run.train_data = TokenStream(cfg.data.train, cfg.model.vocab_size, "data.train");
+      steps_per_epoch(run.train_data, t.batch_size, t.seq_len);  // errors if shorter than one batch
+      run.train_data.check_packing(t.seq_len);
+      if (!cfg.data.val.empty() && cfg.eval.interval > 0) {
+        run.val_data = TokenStream(cfg.data.val, cfg.model.vocab_size, "data.val");
+        steps_per_epoch(run.val_data, t.batch_size, t.seq_len);
+        run.val_data.check_packing(t.seq_len);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
+  TrainRun run;
+  run.config = cfg;
+  // The memory of the job's tightest rank, agreed first: the model's size is checked against it before anything
+  // is built, with the same message on every rank.
+  double memory = rank_memory_bytes(env, cfg.training.memory_limit_mb);
+  if (env.size() > 1) memory = world::all_reduce(memory, ReduceOp::min, "the ranks' memory before the model");
+  set_up_run(run, env, with_data, memory);
+
+  auto meshes = run.pd.make_meshes({.device = run.device, .backend = cfg.comm.backend});
+  run.mesh = meshes.stage;
+  run.world_mesh = meshes.world;
+  run.dp_rank = run.pd.dp_rank(run.mesh);
+  run.shard = cp_shard(run.pd.cp_load_balance, cfg.training.seq_len, run.pd.cp_ring(), run.pd.cp_ring_rank(run.mesh),
+                       run.pd.cp_ulysses(), run.pd.cp_ulysses_rank(run.mesh));
+
+  const size_t before_model = allocator_stats(Device::cpu()).allocated_bytes;
+  reset_peak_allocated(Device::cpu());
+  const int pp_rank = run.world_mesh.has_dim(dim::pp) ? run.world_mesh.coordinate(run.world_mesh.dim_index(dim::pp)) : 0;
+  static_cast<Stage&>(run) = assemble_stage(cfg, run, run.mesh, run.device, pp_rank);
+  pool_router_stats(*run.model, run.world_mesh, run.pd);  // under pp: over the stages too (collective)
+  run.model->set_positions(shard_positions(run.shard));
+  run.params = run.model->parameters();
+  // How the step runs, chosen once: the local loop, or this rank's stages of the pipeline.
+  run.executor = make_step_executor(run, run.pipeline);
+  run.executor->install(*run.model);
+  run.opt = std::make_unique<AdamW>(run.params, cfg.training);
+  run.create_peak_bytes = allocator_stats(Device::cpu()).peak_allocated_bytes - before_model;
+  // Creation made nothing whole (sharded creation); hand any temporaries' cached blocks back.
+  empty_cache(Device::cpu());
+  return run;
+}
+
+MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r) {
+  MicroBatch mb;
+  Tensor inputs = batch.inputs.slice0(r, r + run.micro), targets = batch.targets.slice0(r, r + run.micro);  // (mb, T)
+  Tensor docs;
+  if (run.config.data.document_separator >= 0)
+    docs = document_starts(inputs, int32_t(run.config.data.document_separator));  // (mb, T) from whole sequences
+  if (run.pd.cp() > 1) {  // this rank's part of each sequence; the attention shards doc_start itself
+    inputs = shard_sequence(inputs, run.shard);
+    targets = shard_sequence(targets, run.shard);
+  }
+  mb.inputs = inputs.to(run.device);    // (mb, T_local)
+  mb.targets = targets.to(run.device);  // (mb, T_local)
+  mb.doc_start = docs;                  // (mb, T) host, whole sequences, or undefined
+  return mb;
+}
+
+void token_losses(TrainRun& run, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                  const Tensor& targets, double grad_scale) {
+  if (logits.size(1) == run.config.model.vocab_size) {
+    cross_entropy_forward_backward(losses, dlogits, logits, targets, grad_scale);
+  } else {
+    // (V, C) sharded by rows on tp: this rank's first vocabulary row
+    int64_t vocab_begin = run.model->output_weight().compute_offset()[0];
+    vocab_parallel_cross_entropy(losses, dlogits, logits, targets, vocab_begin, grad_scale, run.mesh.group(dim::tp));
+  }
+}
+
+// Sequence lengths must be multiples of this (tp under sequence parallel).
+int64_t sequence_pad(const TrainRun& run) {
+  int tp = run.mesh.size(run.mesh.dim_index(dim::tp));
+  return run.config.parallel.sequence_parallel ? tp : 1;
+}
+
+}  // namespace mt
