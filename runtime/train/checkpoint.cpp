@@ -4,7 +4,6 @@
 #include "runtime/train/checkpoint.h"
 
 #include <fcntl.h>
-#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
