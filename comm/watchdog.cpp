@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <csignal>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -564,41 +563,6 @@ void watchdog_mpi_finalizing() {
   std::unique_lock lock(s.mu);
   s.finalizing = true;
   s.cv.wait(lock, [&] { return !s.in_mpi; });  // MPI_Finalize must not overlap the thread's probes
-}
-
-namespace {
-const char* fault_spec() {
-  static const char* spec = std::getenv("MT_FAULT_STOP_AT");
-  return spec;
-}
-bool fault_fired = false;
-}  // namespace
-
-bool fault_stop_armed() { return fault_spec() && *fault_spec() && !fault_fired; }
-
-void fault_stop_point(std::string_view label) {
-  const char* spec = fault_spec();
-  bool& fired = fault_fired;
-  if (!spec || !*spec || fired) return;
-  std::string_view v(spec);
-  size_t colon = v.rfind(':');
-  if (colon == std::string_view::npos) return;
-  std::string_view point = v.substr(0, colon);
-  int rank = std::atoi(std::string(v.substr(colon + 1)).c_str());
-  // Before MPI_Init this process knows its rank only from the launcher.
-  int me = process_rank();
-  if (me < 0)
-    for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"})
-      if (const char* v = std::getenv(var); v && *v) {
-        me = std::atoi(v);
-        break;
-      }
-  if (rank != me || label.substr(0, point.size()) != point) return;
-  fired = true;
-  std::fprintf(stderr, "[fault] MT_FAULT_STOP_AT=%s: rank %d (pid %d) stops itself at '%.*s'\n", spec, rank,
-               int(::getpid()), int(label.size()), label.data());
-  std::fflush(stderr);
-  std::raise(SIGSTOP);
 }
 
 }  // namespace mt

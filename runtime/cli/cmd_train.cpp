@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "comm/control.h"
-#include "comm/watchdog.h"
+#include "runtime/core/fault.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/kernel_profile.h"
 #include "runtime/core/log.h"

@@ -22,7 +22,7 @@
 #include "runtime/kernels/ops.h"
 #include "runtime/train/agree.h"
 #include "runtime/train/metrics.h"
-#include "runtime/train/straggler.h"
+#include "runtime/core/fault.h"
 #include "runtime/core/trace.h"
 
 namespace mt {
