@@ -10,7 +10,8 @@
 // aborts, the rank that timed out follows the chain of waiting ranks (each
 // peer says on which ranks it waits) to the one that is not waiting: the
 // stopped, dead or busy rank is what its first line names, never a healthy
-// rank that waits on it.
+// rank that waits on it. (The registry and its thread are in watchdog.cpp, the
+// peers' protocol in watchdog_peers.cpp, the chain search in watchdog_culprit.cpp.)
 #pragma once
 #include <cstdint>
 #include <functional>
