@@ -13,6 +13,7 @@
 
 #include "comm/watchdog.h"
 #include "runtime/core/error.h"
+#include "runtime/core/fault.h"
 
 namespace mt {
 

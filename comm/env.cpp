@@ -10,6 +10,7 @@
 #include "comm/watchdog.h"
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
+#include "runtime/core/fault.h"
 #include "runtime/core/stream.h"
 
 namespace mt {

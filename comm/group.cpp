@@ -5,6 +5,7 @@
 
 #include "comm/comm_counters.h"
 #include "comm/watchdog.h"
+#include "runtime/core/fault.h"
 
 namespace mt {
 

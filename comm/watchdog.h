@@ -10,12 +10,12 @@
 // aborts, the rank that timed out follows the chain of waiting ranks (each
 // peer says on which ranks it waits) to the one that is not waiting: the
 // stopped, dead or busy rank is what its first line names, never a healthy
-// rank that waits on it.
+// rank that waits on it. (The registry and its thread are in watchdog.cpp, the
+// peers' protocol in watchdog_peers.cpp, the chain search in watchdog_culprit.cpp.)
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace mt {
@@ -82,12 +82,5 @@ void watchdog_stop();
 void watchdog_mpi_ready();
 // From here on MPI may no longer be called: a timeout exits without MPI_Abort.
 void watchdog_mpi_finalizing();
-
-// Test hook for the stuck-rank drills: with MT_FAULT_STOP_AT=<point>:<rank>,
-// that world rank raises SIGSTOP on itself the first time it reaches a call
-// whose label starts with <point> (e.g. "checkpoint barrier:1"). No-op otherwise.
-void fault_stop_point(std::string_view label);
-// Whether MT_FAULT_STOP_AT is set and has not fired (a cheap test before building a label).
-bool fault_stop_armed();
 
 }  // namespace mt

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The layer rule of docs/ARCHITECTURE.md, checked on every #include of the sources.
 
-    runtime/{core,kernels,io} -> comm -> parallel -> attention -> models -> runtime/train -> runtime/planner
-    -> runtime/cli
+    runtime/{core,kernels,io} -> comm -> parallel -> attention -> models -> runtime/train -> runtime/supervise
+    -> runtime/planner -> runtime/cli
 
 A file may include its own layer's headers and those of the layers to its left, never one to its right. Prints
 each include that runs against the rule (file:line, the two layers) and ends with "layers: N passed, N failed":
@@ -16,7 +16,8 @@ import tempfile
 
 # Each layer's rank: a layer may include ranks <= its own. The ground (core, kernels, io) shares rank 0.
 LAYERS = [("runtime/core", 0), ("runtime/kernels", 0), ("runtime/io", 0), ("comm", 1), ("parallel", 2),
-          ("attention", 3), ("models", 4), ("runtime/train", 5), ("runtime/planner", 6), ("runtime/cli", 7)]
+          ("attention", 3), ("models", 4), ("runtime/train", 5), ("runtime/supervise", 6), ("runtime/planner", 7),
+          ("runtime/cli", 8)]
 SOURCE = (".h", ".cpp", ".cu", ".cuh")
 INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')
 
@@ -68,6 +69,13 @@ def self_test():
         n, bad = violations(t)
         out.append(("comm including runtime/train fails, naming file and line",
                     n == 2 and bad == [("comm/b.cpp", 2, "comm", "runtime/train/trainer.h", "runtime/train")]))
+        os.remove(os.path.join(t, "comm/b.cpp"))
+        with open(os.path.join(t, "runtime/train/c.cpp"), "w") as f:
+            f.write('#include "runtime/supervise/supervisor.h"\n')
+        n, bad = violations(t)
+        out.append(("runtime/train including runtime/supervise fails",
+                    n == 2 and bad == [("runtime/train/c.cpp", 1, "runtime/train", "runtime/supervise/supervisor.h",
+                                        "runtime/supervise")]))
     return out
 
 

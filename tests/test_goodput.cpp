@@ -1,4 +1,4 @@
-// The job's goodput accounting (runtime/train/goodput.h) on synthetic metrics records in the trainer's schema: a
+// The job's goodput accounting (runtime/supervise/goodput.h) on synthetic metrics records in the trainer's schema: a
 // launch that fails after a committed checkpoint, a relaunch that redoes the lost steps, evaluations, stalls.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "runtime/train/goodput.h"
+#include "runtime/supervise/goodput.h"
 
 using namespace mt;
 using nlohmann::json;

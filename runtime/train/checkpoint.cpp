@@ -23,6 +23,7 @@
 #include "comm/control.h"
 #include "parallel/copy_block.h"
 #include "runtime/train/agree.h"
+#include "runtime/core/fault.h"
 #include "runtime/core/log.h"
 #include "runtime/core/trace.h"
 #include "runtime/io/checksum.h"
@@ -59,14 +60,6 @@ std::vector<fs::path> complete_checkpoints(const std::string& dir) {
       all.push_back(e.path());
   std::sort(all.begin(), all.end());
   return all;
-}
-
-// Test hook: MT_FAULT_CHECKPOINT=<step> kills rank 0 half way through writing that step's checkpoint;
-// MT_FAULT_CHECKPOINT=<step>:error makes that write fail with an error instead (a full disk).
-bool fault_at(int64_t step, bool error) {
-  const char* f = std::getenv("MT_FAULT_CHECKPOINT");
-  if (!f || std::atoll(f) != step) return false;
-  return error == (std::string(f).find(":error") != std::string::npos);
 }
 
 // The index of the first NaN or infinity in a host tensor, or -1 (integer tensors: -1).
@@ -351,8 +344,8 @@ class ShardWriter {
       (ts_[i].model ? model_ : opt_)->write(ts_[i].name, full);
       ++written_;
       if (root_ && 2 * written_ >= total_) {
-        if (fault_at(step_, true)) fail("checkpoint", "MT_FAULT_CHECKPOINT={}:error: writing {} fails", step_, tmp_.string());
-        if (fault_at(step_, false)) {
+        if (fault_checkpoint_at(step_, true)) fail("checkpoint", "MT_FAULT_CHECKPOINT={}:error: writing {} fails", step_, tmp_.string());
+        if (fault_checkpoint_at(step_, false)) {
           spdlog::error("[checkpoint] MT_FAULT_CHECKPOINT={}: rank 0 dies while writing {}", step_, tmp_.string());
           spdlog::default_logger()->flush();
           std::_Exit(9);

@@ -6,7 +6,7 @@
 #include "runtime/core/allocator.h"
 #include "runtime/core/kernel_profile.h"
 #include "runtime/core/trace.h"
-#include "comm/watchdog.h"
+#include "runtime/core/fault.h"
 
 namespace mt {
 

@@ -4,7 +4,7 @@
 #include <map>
 
 #include "comm/comm_counters.h"
-#include "comm/watchdog.h"
+#include "runtime/core/fault.h"
 #include "models/layers.h"
 #include "parallel/style.h"
 #include "runtime/core/allocator.h"
@@ -142,7 +142,7 @@ class PipelineStep {
   }
 
   void post_recv(std::map<Key, Transfer>& into, const PpAction& a, bool grad) {
-    fault_stop_point("pp transfer");  // the stuck-rank drill's hook (watchdog.h)
+    fault_stop_point("pp transfer");  // the stuck-rank drill's hook (runtime/core/fault.h)
     // An activation comes from stage - 1 into this stage; a gradient from stage + 1.
     const int from_stage = grad ? a.stage + 1 : a.stage - 1;
     Transfer tr;

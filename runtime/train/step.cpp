@@ -3,7 +3,7 @@
 #include <cmath>
 #include <optional>
 
-#include "runtime/train/straggler.h"
+#include "runtime/core/fault.h"
 #include "runtime/core/kernel_profile.h"
 #include "runtime/core/trace.h"
 #include "runtime/kernels/ops.h"

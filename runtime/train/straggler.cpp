@@ -1,17 +1,9 @@
 #include "runtime/train/straggler.h"
 
-#include <mpi.h>
-
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <map>
-#include <thread>
 
 #include <fmt/format.h>
-
-#include "runtime/core/trace.h"
 
 namespace mt {
 
@@ -70,24 +62,6 @@ std::string StragglerCheck::step(int64_t step, const std::vector<RankStepTimes>&
             {"compute_max_over_median", worst},
             {"slowest_rank", slowest}};
   return line;
-}
-
-void fault_slow_rank() {
-  static const std::pair<int, int> f = [] {
-    const char* e = std::getenv("MT_FAULT_SLOW_RANK");
-    int rank = -1, ms = 0;
-    if (e && std::sscanf(e, "%d:%d", &rank, &ms) == 2) {
-      int me = -1;
-      MPI_Comm_rank(MPI_COMM_WORLD, &me);
-      if (me != rank) rank = -1;
-    } else {
-      rank = -1;
-    }
-    return std::pair<int, int>{rank, ms};
-  }();
-  if (f.first < 0) return;
-  trace::Span span("MT_FAULT_SLOW_RANK sleep", "op");
-  std::this_thread::sleep_for(std::chrono::milliseconds(f.second));
 }
 
 }  // namespace mt

@@ -36,8 +36,4 @@ class StragglerCheck {
   int named_ = -1;
 };
 
-// MT_FAULT_SLOW_RANK=<world rank>:<ms>: that rank sleeps ms milliseconds in every training step (inside the step,
-// before forward), the slow-rank drill's hook. No-op otherwise.
-void fault_slow_rank();
-
 }  // namespace mt

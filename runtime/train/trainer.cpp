@@ -7,7 +7,7 @@
 #include <cstring>
 #include <optional>
 
-#include "comm/watchdog.h"
+#include "runtime/core/fault.h"
 #include "comm/world.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/kernel_profile.h"

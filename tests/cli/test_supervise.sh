@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `meshtrain supervise` (runtime/cli/cmd_supervise.cpp), the short failure drill: 4 ranks of a tiny model under
+# `meshtrain supervise` (runtime/supervise/), the short failure drill: 4 ranks of a tiny model under
 # the supervisor, one random rank killed with SIGKILL at a random step and, in the relaunched run, another stopped
 # with SIGSTOP (its peers' watchdog, comm.timeout_s 3, aborts the job); asynchronous checkpoints every 50 steps.
 # The supervisor relaunches each time from the newest checkpoint (checkpoint.resume=auto), and at the end:

@@ -1,4 +1,4 @@
-#include "runtime/train/goodput.h"
+#include "runtime/supervise/goodput.h"
 
 #include <fmt/format.h>
 

@@ -1,0 +1,30 @@
+// Fault injection for the failure drills (tests/cli/, scripts/bench/): each MT_FAULT_* variable makes one rank
+// misbehave at one point of the run, so that the watchdog, the supervisor and resume can be tested on purpose.
+// Unset, every hook here is a no-op. The variables:
+//   MT_FAULT_STOP_AT=<label prefix>:<world rank>  that rank raises SIGSTOP on itself the first time it reaches a
+//                                                 fault_stop_point whose label starts with the prefix
+//                                                 (e.g. "checkpoint barrier:1"): the stuck-rank drills
+//   MT_FAULT_SLOW_RANK=<world rank>:<ms>          that rank sleeps ms milliseconds in every training step (inside
+//                                                 the step, before forward): the slow-rank drill
+//   MT_FAULT_CHECKPOINT=<step>                    rank 0 dies half way through writing that step's checkpoint
+//   MT_FAULT_CHECKPOINT=<step>:error              that write fails with an error instead (a full disk)
+// The ground knows no MPI: before MPI_Init a rank is known from its launcher's variables.
+#pragma once
+#include <cstdint>
+#include <string_view>
+
+namespace mt {
+
+// MT_FAULT_STOP_AT's hook at the point named by label; returns at once unless this rank stops here.
+void fault_stop_point(std::string_view label);
+// Whether MT_FAULT_STOP_AT is set and has not fired (a cheap test before building a label).
+bool fault_stop_armed();
+
+// MT_FAULT_SLOW_RANK's hook, called once per training step.
+void fault_slow_rank();
+
+// Whether MT_FAULT_CHECKPOINT asks the checkpoint of this step to fail: with an error (error true, ":error") or by
+// killing the writer (error false).
+bool fault_checkpoint_at(int64_t step, bool error);
+
+}  // namespace mt
