@@ -155,6 +155,120 @@ AttentionOptions whole_sequence_options(const RingAttentionOptions& opt, const R
   return AttentionOptions{opt.causal, opt.scale, 0, 0, opt.doc_start.defined() ? opt.doc_start.to(r.dev) : Tensor()};
 }
 
+// ---- the backward's steps
+
+// The forward's tensors the backward reads, chunk-major: one (B, c, X, hd) chunk per query chunk, and each
+// query chunk's document starts and log-sum-exp.
+struct BackwardInputs {
+  std::vector<Tensor> docs_host, docs;
+  Tensor qc, oc, doc_;        // (m, B, c, H, hd)
+  std::vector<Tensor> lse_c;  // (B, H, c) per query chunk
+};
+
+BackwardInputs backward_inputs(const RingAttentionOptions& opt, const Ring& r, const Tensor& dout, const Tensor& q,
+                               const Tensor& out, const Tensor& lse) {
+  BackwardInputs in;
+  in.docs = doc_chunks(opt, r, &in.docs_host);
+  in.qc = chunk_major(q, r), in.oc = chunk_major(out, r), in.doc_ = chunk_major(dout, r);
+  for (int64_t i = 0; i < r.m; ++i) {
+    Tensor l = empty({r.B, r.H, r.c}, lse.dtype(), r.dev);
+    copy_slice(l, 0, lse, i * r.c, r.c, 2);
+    in.lse_c.push_back(l);
+  }
+  return in;
+}
+
+// The K/V blocks the steps visit, the gradient accumulators and the local kernel's outputs for one pair, all
+// allocated before the first step.
+struct BackwardBuffers {
+  Tensor cur, next;         // ring: the K/V block visited now, and the one arriving
+  Tensor gathered, dkv_all;  // all_gather: every rank's K/V block, and the contributions to every rank's dK/dV
+  Tensor dq_acc, dq_part, dk_part, dv_part;
+  // ring: the dK/dV accumulator of the block being visited travels with it; contrib is this rank's part.
+  Tensor contrib, travelling, arriving;
+  Work dkv_shift;
+};
+
+BackwardBuffers backward_buffers(const RingAttentionOptions& opt, const Ring& r, const Tensor& kv) {
+  BackwardBuffers b;
+  if (opt.method == CpMethod::all_gather) {
+    b.gathered = empty({r.n * r.kv_block()}, r.dt, r.dev);
+    opt.group->all_gather(b.gathered, kv);
+    b.dkv_all = zeros({r.n * r.kv_block()}, r.acc, r.dev);  // in rank order
+  } else {
+    b.next = empty({r.kv_block()}, r.dt, r.dev);
+  }
+  b.dq_acc = zeros({r.m * r.q_numel()}, r.acc, r.dev);
+  b.dq_part = empty({r.B, r.c, r.H, r.hd}, r.dt, r.dev);
+  b.dk_part = empty({r.B, r.c, r.KV, r.hd}, r.dt, r.dev), b.dv_part = empty(b.dk_part.shape(), r.dt, r.dev);
+  if (opt.method == CpMethod::ring) {
+    b.contrib = empty({r.kv_block()}, r.acc, r.dev);
+    b.arriving = empty({r.kv_block()}, r.acc, r.dev);
+  }
+  b.cur = kv;
+  return b;
+}
+
+// ring: adds what arrived for the block just visited (its earlier visitors' parts) and passes it on; after n
+// shifts the accumulator of every block is back with its owner.
+void pass_dkv_on(const RingAttentionOptions& opt, const Ring& r, BackwardBuffers& b, int s) {
+  if (s > 0) {
+    b.dkv_shift.wait();
+    add_(b.contrib, b.arriving);
+  }
+  std::swap(b.travelling, b.contrib);  // travelling: what we send now; contrib: a free buffer for the next step
+  if (!b.contrib.defined()) b.contrib = empty({r.kv_block()}, r.acc, r.dev);
+  CommTag dkv_tag(kCpDkvTag);
+  b.dkv_shift = opt.group->ring_shift(b.arriving, b.travelling, 1, /*async=*/true);
+}
+
+// Step s: the K/V block of rank src against every query chunk here; dQ accumulates here, dK and dV in the block's
+// accumulator (ring: passed on; all_gather: src's slot, reduce-scattered at the end).
+void backward_step(const RingAttentionOptions& opt, const Ring& r, const BackwardInputs& in, BackwardBuffers& b,
+                   int s) {
+  const int src = ((r.rank - s) % r.n + r.n) % r.n;
+  const bool ring = opt.method == CpMethod::ring;
+  Tensor block = ring ? b.cur : b.gathered.view(int64_t(src) * r.kv_block(), {r.kv_block()});
+  Tensor dblock = ring ? b.contrib : b.dkv_all.view(int64_t(src) * r.kv_block(), {r.kv_block()});
+  Work shift;
+  if (ring) {
+    if (s + 1 < r.n) shift = opt.group->ring_shift(b.next, b.cur, 1, /*async=*/true);
+    fill_zero_(b.contrib);
+  }
+  for_visible_pairs(r, opt, src, block, in.docs, in.docs_host,
+                    [&](int64_t i, int64_t j, const Tensor& kj, const Tensor& vj, const AttentionOptions& o) {
+                      attention_backward(b.dq_part, b.dk_part, b.dv_part, chunk(in.doc_, i, r.H, r),
+                                         chunk(in.qc, i, r.H, r), kj, vj, chunk(in.oc, i, r.H, r),
+                                         in.lse_c[size_t(i)], o);
+                      accumulate(chunk(b.dq_acc, i, r.H, r), b.dq_part);
+                      accumulate(chunk(dblock, j, r.KV, r), b.dk_part);
+                      accumulate(chunk(dblock, r.m + j, r.KV, r), b.dv_part);
+                    });
+  if (!ring) return;
+  pass_dkv_on(opt, r, b, s);
+  if (s + 1 < r.n) {
+    shift.wait();
+    std::swap(b.cur, b.next);
+  }
+}
+
+// dQ, and this rank's dK and dV once every rank's part is in: the last arrival (ring) or a reduce-scatter.
+void finish_backward(const RingAttentionOptions& opt, const Ring& r, BackwardBuffers& b, const Tensor& dq,
+                     const Tensor& dk, const Tensor& dv) {
+  Tensor mine_dkv;
+  if (opt.method == CpMethod::ring) {
+    b.dkv_shift.wait();
+    mine_dkv = b.arriving;
+  } else {
+    mine_dkv = empty({r.kv_block()}, r.acc, r.dev);
+    CommTag dkv_tag(kCpDkvTag);
+    opt.group->reduce_scatter(mine_dkv, b.dkv_all, ReduceOp::sum);
+  }
+  from_chunk_major(dq, b.dq_acc, r.H, r);
+  from_chunk_major(dk, mine_dkv.view(0, {r.m * r.kv_numel()}), r.KV, r);
+  from_chunk_major(dv, mine_dkv.view(r.m * r.kv_numel(), {r.m * r.kv_numel()}), r.KV, r);
+}
+
 }  // namespace
 
 void ring_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -213,89 +327,12 @@ void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
   const Ring r = setup("ring_attention_backward", q, k, v, opt);
   if (local_only(opt) && r.m == 1)
     return attention_backward(dq, dk, dv, dout, q, k, v, out, lse, whole_sequence_options(opt, r));
-  std::vector<Tensor> docs_host, docs = doc_chunks(opt, r, &docs_host);
-  Tensor qc = chunk_major(q, r), oc = chunk_major(out, r), doc_ = chunk_major(dout, r);  // (m, B, c, H, hd)
-  std::vector<Tensor> lse_c;                                                             // (B, H, c) per query chunk
-  for (int64_t i = 0; i < r.m; ++i) {
-    Tensor l = empty({r.B, r.H, r.c}, lse.dtype(), r.dev);
-    copy_slice(l, 0, lse, i * r.c, r.c, 2);
-    lse_c.push_back(l);
-  }
+  const BackwardInputs in = backward_inputs(opt, r, dout, q, out, lse);
   Tensor kv = pack_kv(k, v, r);  // (2, m, B, c, KV, hd)
   CommTag tag(kCpKvTag);
-
-  Tensor gathered, dkv_all, next;
-  if (opt.method == CpMethod::all_gather) {
-    gathered = empty({r.n * r.kv_block()}, r.dt, r.dev);
-    opt.group->all_gather(gathered, kv);
-    dkv_all = zeros({r.n * r.kv_block()}, r.acc, r.dev);  // contributions to every rank's dK/dV, in rank order
-  } else {
-    next = empty({r.kv_block()}, r.dt, r.dev);
-  }
-  Tensor dq_acc = zeros({r.m * r.q_numel()}, r.acc, r.dev);
-  Tensor dq_part = empty({r.B, r.c, r.H, r.hd}, r.dt, r.dev);
-  Tensor dk_part = empty({r.B, r.c, r.KV, r.hd}, r.dt, r.dev), dv_part = empty(dk_part.shape(), r.dt, r.dev);
-  // ring: the dK/dV accumulator of the block being visited travels with it; contrib is this rank's part.
-  Tensor contrib, travelling, arriving;
-  if (opt.method == CpMethod::ring) {
-    contrib = empty({r.kv_block()}, r.acc, r.dev);
-    arriving = empty({r.kv_block()}, r.acc, r.dev);
-  }
-  Work dkv_shift;
-
-  Tensor cur = kv;
-  for (int s = 0; s < r.n; ++s) {
-    const int src = ((r.rank - s) % r.n + r.n) % r.n;
-    Tensor block =
-        opt.method == CpMethod::all_gather ? gathered.view(int64_t(src) * r.kv_block(), {r.kv_block()}) : cur;
-    Tensor dblock =
-        opt.method == CpMethod::all_gather ? dkv_all.view(int64_t(src) * r.kv_block(), {r.kv_block()}) : contrib;
-    Work shift;
-    if (opt.method == CpMethod::ring) {
-      if (s + 1 < r.n) {
-        shift = opt.group->ring_shift(next, cur, 1, /*async=*/true);
-      }
-      fill_zero_(contrib);
-    }
-    for_visible_pairs(r, opt, src, block, docs, docs_host,
-                      [&](int64_t i, int64_t j, const Tensor& kj, const Tensor& vj, const AttentionOptions& o) {
-                        attention_backward(dq_part, dk_part, dv_part, chunk(doc_, i, r.H, r), chunk(qc, i, r.H, r),
-                                           kj, vj, chunk(oc, i, r.H, r), lse_c[size_t(i)], o);
-                        accumulate(chunk(dq_acc, i, r.H, r), dq_part);
-                        accumulate(chunk(dblock, j, r.KV, r), dk_part);
-                        accumulate(chunk(dblock, r.m + j, r.KV, r), dv_part);
-                      });
-    if (opt.method == CpMethod::ring) {
-      // Add what arrived for this block (its earlier visitors' parts) and pass it on; after n shifts the
-      // accumulator of every block is back with its owner.
-      if (s > 0) {
-        dkv_shift.wait();
-        add_(contrib, arriving);
-      }
-      std::swap(travelling, contrib);  // travelling: what we send now; contrib: a free buffer for the next step
-      if (!contrib.defined()) contrib = empty({r.kv_block()}, r.acc, r.dev);
-      {
-        CommTag dkv_tag(kCpDkvTag);
-        dkv_shift = opt.group->ring_shift(arriving, travelling, 1, /*async=*/true);
-      }
-      if (s + 1 < r.n) {
-        shift.wait();
-        std::swap(cur, next);
-      }
-    }
-  }
-  Tensor mine_dkv;
-  if (opt.method == CpMethod::ring) {
-    dkv_shift.wait();
-    mine_dkv = arriving;
-  } else {
-    mine_dkv = empty({r.kv_block()}, r.acc, r.dev);
-    CommTag dkv_tag(kCpDkvTag);
-    opt.group->reduce_scatter(mine_dkv, dkv_all, ReduceOp::sum);
-  }
-  from_chunk_major(dq, dq_acc, r.H, r);
-  from_chunk_major(dk, mine_dkv.view(0, {r.m * r.kv_numel()}), r.KV, r);
-  from_chunk_major(dv, mine_dkv.view(r.m * r.kv_numel(), {r.m * r.kv_numel()}), r.KV, r);
+  BackwardBuffers b = backward_buffers(opt, r, kv);
+  for (int s = 0; s < r.n; ++s) backward_step(opt, r, in, b, s);
+  finish_backward(opt, r, b, dq, dk, dv);
 }
 
 CpLayerBytes cp_layer_bytes(CpMethod method, int n, double kv_bytes, double dkv_bytes) {

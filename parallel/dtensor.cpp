@@ -51,105 +51,133 @@ std::vector<int64_t> chunk_lens(int64_t size, int n) {
 
 bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
+// What every kind of step needs: the plan step and the layout before it, its mesh dim's group and size, this
+// rank's coordinate (and its index along that dim), and the local shape the step ends with.
+struct StepCtx {
+  const PlanStep& st;
+  const DTensorSpec& before;
+  Group& g;
+  int m, n, me;
+  const std::vector<int>& coord;
+  Shape out_shape;
+};
+
+// Shard(a) -> Replicate: every member's shard gathered, then unpacked along a unless the blocks are in order.
+Tensor gather_step(const Tensor& cur, const StepCtx& x) {
+  const int a = x.st.from.dim, n = x.n;
+  std::vector<int64_t> counts(static_cast<size_t>(n));
+  for (int j = 0; j < n; ++j) counts[size_t(j)] = shape_numel(x.before.local_shape(with_coord(x.coord, x.m, j)));
+  int64_t total = 0;
+  for (auto c : counts) total += c;
+  Tensor gathered = empty({total}, cur.dtype(), cur.device());  // every member's shard, in member order
+  // Equal shards use the plain collective: MPI's *v variants are much slower.
+  if (all_equal(counts)) x.g.all_gather(gathered, cur.reshape({-1}));
+  else x.g.all_gather_v(gathered, cur.reshape({-1}), counts);
+  if (outer(x.out_shape, a) == 1) return gathered.reshape(x.out_shape);
+  Tensor out = empty(x.out_shape, cur.dtype(), cur.device());
+  unpack_blocks(out, gathered, a, chunk_lens(x.out_shape[size_t(a)], n));
+  return out;
+}
+
+// Partial -> Replicate: one all-reduce.
+Tensor all_reduce_step(const Tensor& cur, const StepCtx& x) {
+  Tensor out = empty(cur.shape(), cur.dtype(), cur.device());
+  x.g.all_reduce(out, cur, x.st.from.op);
+  return out;
+}
+
+// Partial -> Shard(a): member j's block j packed after one another, then reduce-scattered.
+Tensor reduce_scatter_step(const Tensor& cur, const StepCtx& x) {
+  const int a = x.st.to.dim, n = x.n;
+  std::vector<int64_t> lens = chunk_lens(cur.shape()[size_t(a)], n), counts(static_cast<size_t>(n));
+  for (int j = 0; j < n; ++j) counts[size_t(j)] = shape_numel(with(cur.shape(), a, lens[size_t(j)]));
+  Tensor packed = cur.reshape({-1});  // member j's block j, one after the other
+  if (outer(cur.shape(), a) != 1) {
+    packed = empty({cur.numel()}, cur.dtype(), cur.device());
+    pack_blocks(packed, cur, a, lens);
+  }
+  Tensor out = empty({counts[size_t(x.me)]}, cur.dtype(), cur.device());
+  if (all_equal(counts)) x.g.reduce_scatter(out, packed, x.st.from.op);
+  else x.g.reduce_scatter_v(out, packed, counts, x.st.from.op);
+  return out.reshape(x.out_shape);
+}
+
+// Shard(a) -> Shard(b): my chunk j of b sent to member j, every member's shard of a received and unpacked.
+Tensor all_to_all_step(const Tensor& cur, const StepCtx& x) {
+  const int a = x.st.from.dim, b = x.st.to.dim, n = x.n;
+  std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
+  std::vector<int64_t> b_lens = chunk_lens(cur.shape()[size_t(b)], n), a_sizes;
+  for (int j = 0; j < n; ++j) {
+    send[size_t(j)] = shape_numel(with(cur.shape(), b, b_lens[size_t(j)]));
+    // Member j sends its own shard of a, restricted to my chunk of b.
+    Shape theirs = x.before.local_shape(with_coord(x.coord, x.m, j));
+    a_sizes.push_back(theirs[size_t(a)]);
+    recv[size_t(j)] = shape_numel(with(theirs, b, x.out_shape[size_t(b)]));
+  }
+  Tensor packed = cur.reshape({-1});  // my chunk j of b for member j, one after the other
+  if (outer(cur.shape(), b) != 1) {
+    packed = empty({cur.numel()}, cur.dtype(), cur.device());
+    pack_blocks(packed, cur, b, b_lens);
+  }
+  int64_t total = 0;
+  for (auto c : recv) total += c;
+  Tensor got = empty({total}, cur.dtype(), cur.device());
+  // The choice must be the same on every rank: decide from the members' shard sizes along a and the
+  // chunk sizes along b, which all ranks share.
+  if (all_equal(a_sizes) && all_equal(b_lens)) x.g.all_to_all(got, packed);
+  else x.g.all_to_all_v(got, packed, send, recv);
+  if (outer(x.out_shape, a) == 1) return got.reshape(x.out_shape);
+  Tensor out = empty(x.out_shape, cur.dtype(), cur.device());
+  unpack_blocks(out, got, a, chunk_lens(x.out_shape[size_t(a)], n));
+  return out;
+}
+
+// Replicate -> Shard(a): this rank's chunk, copied out locally.
+Tensor local_chunk_step(const Tensor& cur, const StepCtx& x) {
+  const int a = x.st.to.dim;
+  Chunk c = chunk_of(cur.shape()[size_t(a)], x.n, x.me);
+  Tensor out = empty(with(cur.shape(), a, c.len), cur.dtype(), cur.device());
+  copy_slice(out, 0, cur, c.begin, c.len, a);
+  return out;
+}
+
+// Replicate -> Partial: a copy, divided by n for Partial(sum) so that the members' sum is the value.
+Tensor local_partial_step(const Tensor& cur, const StepCtx& x) {
+  const int n = x.n;
+  const Device dev = cur.device();
+  const DType dt = cur.dtype();
+  Tensor t = cur.clone();
+  if (x.st.to.op != ReduceOp::sum || n == 1) return t;  // dividing by 1 is the identity: no trip to the host
+  // Partial(sum) divides by n: on the host exactly (divide_); on a device by a scale, which is the same
+  // bits when n is a power of two; other sizes (and integers) take the division on the host.
+  bool exact_scale = (dt == DType::f32 || dt == DType::bf16) && power_of_two(n);
+  if (dev.is_cpu()) {
+    divide_(t, n);
+  } else if (exact_scale) {
+    scale_(t, 1.0 / double(n));
+  } else {
+    Tensor h = t.to(Device::cpu());
+    divide_(h, n);
+    t = h.to(dev);
+  }
+  return t;
+}
+
 // One plan step where the tensor lives: shards are packed and unpacked by device ops (pack_blocks,
 // unpack_blocks, copy_slice) and the collectives take the tensor's buffers, so a device tensor never visits
 // the host and nothing waits for the device (the MPI backend stages device buffers itself: ranks sharing a GPU).
 Tensor run_step(const Tensor& cur, const DTensorSpec& before, const PlanStep& st, const DeviceMesh& mesh) {
   const int m = st.mesh_dim;
   Group& g = mesh.group(m);
-  const int n = g.size();
   const auto& coord = mesh.coordinate();
-  const int me = coord[size_t(m)];
-  const Device dev = cur.device();
-  const DType dt = cur.dtype();
-  Shape out_shape = st.after.local_shape(coord);
+  const StepCtx x{st, before, g, m, g.size(), coord[size_t(m)], coord, st.after.local_shape(coord)};
   switch (st.kind) {
-    case StepKind::all_gather: {
-      int a = st.from.dim;
-      std::vector<int64_t> counts(static_cast<size_t>(n));
-      for (int j = 0; j < n; ++j) counts[size_t(j)] = shape_numel(before.local_shape(with_coord(coord, m, j)));
-      int64_t total = 0;
-      for (auto c : counts) total += c;
-      Tensor gathered = empty({total}, dt, dev);  // every member's shard, in member order
-      // Equal shards use the plain collective: MPI's *v variants are much slower.
-      if (all_equal(counts)) g.all_gather(gathered, cur.reshape({-1}));
-      else g.all_gather_v(gathered, cur.reshape({-1}), counts);
-      if (outer(out_shape, a) == 1) return gathered.reshape(out_shape);
-      Tensor out = empty(out_shape, dt, dev);
-      unpack_blocks(out, gathered, a, chunk_lens(out_shape[size_t(a)], n));
-      return out;
-    }
-    case StepKind::all_reduce: {
-      Tensor out = empty(cur.shape(), dt, dev);
-      g.all_reduce(out, cur, st.from.op);
-      return out;
-    }
-    case StepKind::reduce_scatter: {
-      int a = st.to.dim;
-      std::vector<int64_t> lens = chunk_lens(cur.shape()[size_t(a)], n), counts(static_cast<size_t>(n));
-      for (int j = 0; j < n; ++j) counts[size_t(j)] = shape_numel(with(cur.shape(), a, lens[size_t(j)]));
-      Tensor packed = cur.reshape({-1});  // member j's block j, one after the other
-      if (outer(cur.shape(), a) != 1) {
-        packed = empty({cur.numel()}, dt, dev);
-        pack_blocks(packed, cur, a, lens);
-      }
-      Tensor out = empty({counts[size_t(me)]}, dt, dev);
-      if (all_equal(counts)) g.reduce_scatter(out, packed, st.from.op);
-      else g.reduce_scatter_v(out, packed, counts, st.from.op);
-      return out.reshape(out_shape);
-    }
-    case StepKind::all_to_all: {
-      int a = st.from.dim, b = st.to.dim;
-      std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
-      std::vector<int64_t> b_lens = chunk_lens(cur.shape()[size_t(b)], n), a_sizes;
-      for (int j = 0; j < n; ++j) {
-        send[size_t(j)] = shape_numel(with(cur.shape(), b, b_lens[size_t(j)]));
-        // Member j sends its own shard of a, restricted to my chunk of b.
-        Shape theirs = before.local_shape(with_coord(coord, m, j));
-        a_sizes.push_back(theirs[size_t(a)]);
-        recv[size_t(j)] = shape_numel(with(theirs, b, out_shape[size_t(b)]));
-      }
-      Tensor packed = cur.reshape({-1});  // my chunk j of b for member j, one after the other
-      if (outer(cur.shape(), b) != 1) {
-        packed = empty({cur.numel()}, dt, dev);
-        pack_blocks(packed, cur, b, b_lens);
-      }
-      int64_t total = 0;
-      for (auto c : recv) total += c;
-      Tensor got = empty({total}, dt, dev);
-      // The choice must be the same on every rank: decide from the members' shard sizes along a and the
-      // chunk sizes along b, which all ranks share.
-      if (all_equal(a_sizes) && all_equal(b_lens)) g.all_to_all(got, packed);
-      else g.all_to_all_v(got, packed, send, recv);
-      if (outer(out_shape, a) == 1) return got.reshape(out_shape);
-      Tensor out = empty(out_shape, dt, dev);
-      unpack_blocks(out, got, a, chunk_lens(out_shape[size_t(a)], n));
-      return out;
-    }
-    case StepKind::local_chunk: {
-      int a = st.to.dim;
-      Chunk c = chunk_of(cur.shape()[size_t(a)], n, me);
-      Tensor out = empty(with(cur.shape(), a, c.len), dt, dev);
-      copy_slice(out, 0, cur, c.begin, c.len, a);
-      return out;
-    }
-    case StepKind::local_partial: {
-      Tensor x = cur.clone();
-      if (st.to.op != ReduceOp::sum || n == 1) return x;  // dividing by 1 is the identity: no trip to the host
-      // Partial(sum) divides by n: on the host exactly (divide_); on a device by a scale, which is the same
-      // bits when n is a power of two; other sizes (and integers) take the division on the host.
-      bool exact_scale = (dt == DType::f32 || dt == DType::bf16) && power_of_two(n);
-      if (dev.is_cpu()) {
-        divide_(x, n);
-      } else if (exact_scale) {
-        scale_(x, 1.0 / double(n));
-      } else {
-        Tensor h = x.to(Device::cpu());
-        divide_(h, n);
-        x = h.to(dev);
-      }
-      return x;
-    }
+    case StepKind::all_gather: return gather_step(cur, x);
+    case StepKind::all_reduce: return all_reduce_step(cur, x);
+    case StepKind::reduce_scatter: return reduce_scatter_step(cur, x);
+    case StepKind::all_to_all: return all_to_all_step(cur, x);
+    case StepKind::local_chunk: return local_chunk_step(cur, x);
+    case StepKind::local_partial: return local_partial_step(cur, x);
   }
   return cur;
 }

@@ -115,7 +115,19 @@ void build_interleaved(PpSchedule& s) {
 // gradient (W) deferred to where its rank would otherwise wait for a message, as long as the rank holds at most p
 // micro-batches' activations (1F1B's peak, rank 0's); the rest run at the end. Built by simulating the step with
 // unit costs (F = Bi = W = 1), the earliest rank first, and recording what each rank ran.
-void build_zb1p(PpSchedule& s) {
+class Zb1pBuilder {
+ public:
+  explicit Zb1pBuilder(PpSchedule& s) : s_(s), ranks_(size_t(s.p)) {
+    for (int r = 0; r < s_.p; ++r) queue_1f1b(r);
+  }
+
+  void build() {
+    for (int r; (r = earliest_rank()) >= 0;) act(r);
+    for (int r = 0; r < s_.p; ++r)
+      MT_CHECK(ranks_[size_t(r)].order.empty(), "pipeline", "zb1p: rank {} could not place all its actions", r);
+  }
+
+ private:
   struct Rank {
     std::deque<PpAction> order;      // F and Bi in 1F1B order, not yet run
     std::deque<PpAction> pending_w;  // W whose Bi has run
@@ -123,82 +135,103 @@ void build_zb1p(PpSchedule& s) {
     int in_flight = 0;  // forwards run whose W has not
     bool blocked = false;
   };
-  std::vector<Rank> ranks(size_t(s.p));
-  for (int r = 0; r < s.p; ++r) {
-    const int warmup = std::min(s.p - 1 - r, s.m);
-    auto& q = ranks[size_t(r)].order;
+
+  // Rank r's forwards and input-gradient backwards in 1F1B's order: p-1-r forwards ahead, then alternating.
+  void queue_1f1b(int r) {
+    const int warmup = std::min(s_.p - 1 - r, s_.m);
+    auto& q = ranks_[size_t(r)].order;
     for (int mb = 0; mb < warmup; ++mb) q.push_back({PpOp::forward, r, mb});
-    for (int i = 0; i < s.m - warmup; ++i) {
+    for (int i = 0; i < s_.m - warmup; ++i) {
       q.push_back({PpOp::forward, r, warmup + i});
       q.push_back({PpOp::backward_input, r, i});
     }
-    for (int mb = s.m - warmup; mb < s.m; ++mb) q.push_back({PpOp::backward_input, r, mb});
+    for (int mb = s_.m - warmup; mb < s_.m; ++mb) q.push_back({PpOp::backward_input, r, mb});
   }
-  std::map<MsgKey, double> arrived;  // message -> time it can be received
-  auto input_of = [&](const PpAction& a) -> std::optional<MsgKey> {
+
+  // The message an action waits for: a forward's activation from the stage before, a Bi's gradient from the
+  // stage after; none on the first and last stage.
+  std::optional<MsgKey> input_of(const PpAction& a) const {
     if (a.op == PpOp::forward && a.stage > 0) return MsgKey{false, a.stage - 1, a.micro};
-    if (a.op == PpOp::backward_input && a.stage < s.stages() - 1) return MsgKey{true, a.stage + 1, a.micro};
+    if (a.op == PpOp::backward_input && a.stage < s_.stages() - 1) return MsgKey{true, a.stage + 1, a.micro};
     return std::nullopt;
-  };
-  auto run_w = [&](int r) {
-    Rank& k = ranks[size_t(r)];
+  }
+
+  // The earliest rank that can act (not blocked, something left), or -1 when every rank is done.
+  int earliest_rank() const {
+    int r = -1;
+    for (int i = 0; i < s_.p; ++i) {
+      const Rank& k = ranks_[size_t(i)];
+      if (k.blocked || (k.order.empty() && k.pending_w.empty())) continue;
+      if (r < 0 || k.t < ranks_[size_t(r)].t) r = i;
+    }
+    return r;
+  }
+
+  // Rank r runs its oldest deferred W.
+  void run_w(int r) {
+    Rank& k = ranks_[size_t(r)];
     PpAction w = k.pending_w.front();
     k.pending_w.pop_front();
-    s.ranks[size_t(r)].push_back(w);
+    s_.ranks[size_t(r)].push_back(w);
     k.t += 1;
     --k.in_flight;
-  };
-  for (;;) {
-    // The earliest rank that can act.
-    int r = -1;
-    for (int i = 0; i < s.p; ++i) {
-      const Rank& k = ranks[size_t(i)];
-      if (k.blocked || (k.order.empty() && k.pending_w.empty())) continue;
-      if (r < 0 || k.t < ranks[size_t(r)].t) r = i;
-    }
-    if (r < 0) break;
-    Rank& k = ranks[size_t(r)];
+  }
+
+  // Rank r's next move: a deferred W where memory or a wait calls for one, else its next F or Bi when the input
+  // has arrived, else it waits (until the message lands, or blocked until it is sent).
+  void act(int r) {
+    Rank& k = ranks_[size_t(r)];
     if (k.order.empty()) {  // the drain: every deferred W
       run_w(r);
-      continue;
+      return;
     }
     const PpAction a = k.order.front();
     const auto in = input_of(a);
-    auto it = in ? arrived.find(*in) : arrived.end();
-    const bool ready = !in || (it != arrived.end() && it->second <= k.t);
-    if (a.op == PpOp::forward && k.in_flight >= s.p && !k.pending_w.empty()) {
+    auto it = in ? arrived_.find(*in) : arrived_.end();
+    const bool ready = !in || (it != arrived_.end() && it->second <= k.t);
+    if (a.op == PpOp::forward && k.in_flight >= s_.p && !k.pending_w.empty()) {
       run_w(r);  // 1F1B's memory: free one micro-batch's activations before taking another
-      continue;
+      return;
     }
     if (!ready) {
       if (!k.pending_w.empty()) {
         run_w(r);  // fill the wait with a deferred weight gradient
-      } else if (it != arrived.end()) {
+      } else if (it != arrived_.end()) {
         k.t = it->second;  // sent, still on its way: wait for it
       } else {
         k.blocked = true;  // not sent yet: woken by the send
       }
-      continue;
+      return;
     }
     k.order.pop_front();
-    auto& out = s.ranks[size_t(r)];
+    run(r, a);
+  }
+
+  // Rank r runs F or Bi: emitted with its transfers, its output's arrival time recorded and its receiver woken.
+  void run(int r, const PpAction& a) {
+    Rank& k = ranks_[size_t(r)];
+    auto& out = s_.ranks[size_t(r)];
     if (a.op == PpOp::forward) {
-      emit_forward(s, out, a.stage, a.micro);
+      emit_forward(s_, out, a.stage, a.micro);
       ++k.in_flight;
       k.t += 1;
-      if (a.stage < s.stages() - 1) arrived[{false, a.stage, a.micro}] = k.t;
-      if (a.stage < s.stages() - 1) ranks[size_t(s.rank_of(a.stage + 1))].blocked = false;
+      if (a.stage < s_.stages() - 1) arrived_[{false, a.stage, a.micro}] = k.t;
+      if (a.stage < s_.stages() - 1) ranks_[size_t(s_.rank_of(a.stage + 1))].blocked = false;
     } else {
-      emit_backward(s, out, a.stage, a.micro, PpOp::backward_input);
+      emit_backward(s_, out, a.stage, a.micro, PpOp::backward_input);
       k.pending_w.push_back({PpOp::backward_weight, a.stage, a.micro});
       k.t += 1;
-      if (a.stage > 0) arrived[{true, a.stage, a.micro}] = k.t;
-      if (a.stage > 0) ranks[size_t(s.rank_of(a.stage - 1))].blocked = false;
+      if (a.stage > 0) arrived_[{true, a.stage, a.micro}] = k.t;
+      if (a.stage > 0) ranks_[size_t(s_.rank_of(a.stage - 1))].blocked = false;
     }
   }
-  for (int r = 0; r < s.p; ++r)
-    MT_CHECK(ranks[size_t(r)].order.empty(), "pipeline", "zb1p: rank {} could not place all its actions", r);
-}
+
+  PpSchedule& s_;
+  std::vector<Rank> ranks_;
+  std::map<MsgKey, double> arrived_;  // message -> time it can be received
+};
+
+void build_zb1p(PpSchedule& s) { Zb1pBuilder(s).build(); }
 
 }  // namespace
 

@@ -41,11 +41,9 @@ struct PlanArgs {
 
 namespace {
 
-// Step 1: every parameter's layout on each tp rank, fully_shard's decisions, every module's layout hooks.
-void print_layouts(const Config& cfg, TrainRun& run) {
+// The model, its experts over ep (an MoE model), and the mesh with what each dim means.
+void print_model_and_mesh(const Config& cfg, const TrainRun& run, int tp) {
   const DeviceMesh& mesh = run.mesh;
-  const int tp_dim = run.pd.index(dim::tp);
-  const int tp = mesh.size(tp_dim);
   const ModelFamily& family = family_of(cfg.model);
   std::printf("model: %s (%s), %lld parameters\n", family.type.c_str(), family.architecture.c_str(),
               (long long)family.num_params(cfg.model, true));
@@ -65,37 +63,43 @@ void print_layouts(const Config& cfg, TrainRun& run) {
       "mesh %s (%d ranks): %s; tp plan: %s\n\n", mesh_str(mesh.dims()).c_str(), mesh.size(),
       run.pd.describe().c_str(),
       tp == 1 ? "none (tp = 1)" : (cfg.parallel.tp_plan.empty() ? "the model's default" : "parallel.tp_plan"));
-  const ParallelDims& pd = run.pd;
-  if (pd.cp() > 1) {
-    // Each cp rank's tokens of every sequence (the same on every dp and tp coordinate): the cp_ring part, then
-    // split again in order over cp_ulysses.
-    std::printf("sequence (%lld tokens) over cp = %d (cp_ring %d, %s, %s; cp_ulysses %d): each rank's chunks of "
-                "global positions\n",
-                (long long)cfg.training.seq_len, pd.cp(), pd.cp_ring(), cp_method_name(pd.cp_method).c_str(),
-                cp_load_balance_name(pd.cp_load_balance).c_str(), pd.cp_ulysses());
-    for (int r = 0; r < pd.cp_ring(); ++r)
-      for (int u = 0; u < pd.cp_ulysses(); ++u) {
-        SequenceShard sh = cp_shard(pd.cp_load_balance, cfg.training.seq_len, pd.cp_ring(), r, pd.cp_ulysses(), u);
-        std::string chunks;
-        for (int64_t p0 : sh.chunk_pos)
-          chunks += fmt::format("{}[{}, {})", chunks.empty() ? "" : " ", p0, p0 + sh.chunk_len);
-        std::printf("  cp_ring %d cp_ulysses %d: %s (%lld tokens)\n", r, u, chunks.c_str(), (long long)sh.size());
-      }
-    if (pd.cp_ulysses() > 1) {
-      // Inside attention each cp_ulysses rank holds the cp_ring part's tokens of some heads (after tp's split).
-      const int U = pd.cp_ulysses();
-      const int64_t H = cfg.model.n_heads / tp, KV = cfg.model.n_kv_heads / tp, Hu = H / U;
-      std::printf("attention heads over cp_ulysses = %d (of %lld q and %lld kv heads per tp rank):", U, (long long)H,
-                  (long long)KV);
-      for (int u = 0; u < U; ++u) {
-        const int64_t kv0 = int64_t(u) * KV / U, kvn = std::max<int64_t>(1, KV / U);
-        std::printf("%s rank %d q [%lld, %lld) kv [%lld, %lld)", u ? ";" : "", u, (long long)(u * Hu),
-                    (long long)((u + 1) * Hu), (long long)kv0, (long long)(kv0 + kvn));
-      }
-      std::printf("%s\n", KV < U ? " (a kv head shared by several ranks: their gradients are summed)" : "");
+}
+
+// Context parallel: each cp rank's chunks of the sequence, and each cp_ulysses rank's heads inside attention.
+void print_cp_split(const Config& cfg, const ParallelDims& pd, int tp) {
+  // Each cp rank's tokens of every sequence (the same on every dp and tp coordinate): the cp_ring part, then
+  // split again in order over cp_ulysses.
+  std::printf("sequence (%lld tokens) over cp = %d (cp_ring %d, %s, %s; cp_ulysses %d): each rank's chunks of "
+              "global positions\n",
+              (long long)cfg.training.seq_len, pd.cp(), pd.cp_ring(), cp_method_name(pd.cp_method).c_str(),
+              cp_load_balance_name(pd.cp_load_balance).c_str(), pd.cp_ulysses());
+  for (int r = 0; r < pd.cp_ring(); ++r)
+    for (int u = 0; u < pd.cp_ulysses(); ++u) {
+      SequenceShard sh = cp_shard(pd.cp_load_balance, cfg.training.seq_len, pd.cp_ring(), r, pd.cp_ulysses(), u);
+      std::string chunks;
+      for (int64_t p0 : sh.chunk_pos)
+        chunks += fmt::format("{}[{}, {})", chunks.empty() ? "" : " ", p0, p0 + sh.chunk_len);
+      std::printf("  cp_ring %d cp_ulysses %d: %s (%lld tokens)\n", r, u, chunks.c_str(), (long long)sh.size());
     }
-    std::printf("\n");
+  if (pd.cp_ulysses() > 1) {
+    // Inside attention each cp_ulysses rank holds the cp_ring part's tokens of some heads (after tp's split).
+    const int U = pd.cp_ulysses();
+    const int64_t H = cfg.model.n_heads / tp, KV = cfg.model.n_kv_heads / tp, Hu = H / U;
+    std::printf("attention heads over cp_ulysses = %d (of %lld q and %lld kv heads per tp rank):", U, (long long)H,
+                (long long)KV);
+    for (int u = 0; u < U; ++u) {
+      const int64_t kv0 = int64_t(u) * KV / U, kvn = std::max<int64_t>(1, KV / U);
+      std::printf("%s rank %d q [%lld, %lld) kv [%lld, %lld)", u ? ";" : "", u, (long long)(u * Hu),
+                  (long long)((u + 1) * Hu), (long long)kv0, (long long)(kv0 + kvn));
+    }
+    std::printf("%s\n", KV < U ? " (a kv head shared by several ranks: their gradients are summed)" : "");
   }
+  std::printf("\n");
+}
+
+// Every parameter's placements over the mesh and its local shape on each tp rank.
+void print_parameters(const TrainRun& run, int tp_dim, int tp) {
+  const DeviceMesh& mesh = run.mesh;
   std::printf("parameters: placements over (%s), local shape on each tp rank\n",
               [&] {
                 std::string s;
@@ -115,18 +119,24 @@ void print_layouts(const Config& cfg, TrainRun& run) {
     std::printf("  %-48s %-14s [%s] %s%s\n", p->name.c_str(), shape_str(p->value.shape()).c_str(), pl.c_str(),
                 shapes.c_str(), grad.c_str());
   }
-  if (run.fsdp) {
-    std::printf("\nfully_shard over dp_shard = %d (min_weight_size %lld, reshard_after_forward %s): %s\n  units:",
-                run.pd.dp_shard(), (long long)run.fsdp->options().min_weight_size,
-                run.fsdp->options().reshard_after_forward ? "true" : "false", run.fsdp->describe().c_str());
-    for (auto& u : run.fsdp->unit_names()) std::printf(" %s", u.c_str());
-    std::printf("\n");
-    for (const FsdpDecision& d : run.fsdp->decisions())
-      std::printf("  %-48s %s%s\n", d.param.c_str(),
-                  d.tensor_dim < 0 ? "replicated: "
-                                   : fmt::format("Shard({}){}: ", d.tensor_dim, d.with_tp ? " with tp" : "").c_str(),
-                  d.reason.c_str());
-  }
+}
+
+// fully_shard's options, units, and its decision for each parameter with the reason.
+void print_fsdp(const TrainRun& run) {
+  std::printf("\nfully_shard over dp_shard = %d (min_weight_size %lld, reshard_after_forward %s): %s\n  units:",
+              run.pd.dp_shard(), (long long)run.fsdp->options().min_weight_size,
+              run.fsdp->options().reshard_after_forward ? "true" : "false", run.fsdp->describe().c_str());
+  for (auto& u : run.fsdp->unit_names()) std::printf(" %s", u.c_str());
+  std::printf("\n");
+  for (const FsdpDecision& d : run.fsdp->decisions())
+    std::printf("  %-48s %s%s\n", d.param.c_str(),
+                d.tensor_dim < 0 ? "replicated: "
+                                 : fmt::format("Shard({}){}: ", d.tensor_dim, d.with_tp ? " with tp" : "").c_str(),
+                d.reason.c_str());
+}
+
+// Every module's layout hooks on its input and output.
+void print_module_hooks(const TrainRun& run) {
   std::printf("\nmodule layouts (activations: Shard(0) over the data-parallel dims, Shard(1) over cp)\n");
   int shown = 0;
   for (Module* m : run.model->modules()) {
@@ -134,6 +144,17 @@ void print_layouts(const Config& cfg, TrainRun& run) {
     for (auto& h : m->output_hooks) std::printf("  %s: output %s\n", m->name().c_str(), h.what.c_str()), ++shown;
   }
   if (!shown) std::printf("  (none: every module sees its whole input)\n");
+}
+
+// Step 1: every parameter's layout on each tp rank, fully_shard's decisions, every module's layout hooks.
+void print_layouts(const Config& cfg, TrainRun& run) {
+  const int tp_dim = run.pd.index(dim::tp);
+  const int tp = run.mesh.size(tp_dim);
+  print_model_and_mesh(cfg, run, tp);
+  if (run.pd.cp() > 1) print_cp_split(cfg, run.pd, tp);
+  print_parameters(run, tp_dim, tp);
+  if (run.fsdp) print_fsdp(run);
+  print_module_hooks(run);
 }
 
 // What one micro-batch's forward, backward and gradient sync sent from this rank, counted by the groups.

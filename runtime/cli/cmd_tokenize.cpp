@@ -135,6 +135,95 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
+// What a run produced: the bytes to write, and the sizes --stats reports (text bytes, ids).
+struct Coded {
+  std::string out;
+  size_t n_ids = 0, n_bytes = 0;
+};
+
+// --decode: the ids of the input back to text.
+Coded decode_ids(const Tokenizer& tok, const std::string& in, const TokenizeArgs& a) {
+  Coded c;
+  std::vector<int32_t> ids = parse_ids(in, a.format, a.in == "-" ? "stdin" : a.in);
+  c.out = tok.decode(ids);
+  c.n_ids = ids.size();
+  c.n_bytes = c.out.size();
+  return c;
+}
+
+// --docs: the framed documents of the input (a u32 byte count, then the bytes), as views into it.
+std::vector<std::string_view> split_docs(const std::string& in) {
+  std::vector<std::string_view> docs;
+  for (size_t at = 0; at < in.size();) {
+    MT_CHECK(at + 4 <= in.size(), "tokenize", "--docs: the input ends inside a document's length at byte {}", at);
+    const auto* p = reinterpret_cast<const uint8_t*>(in.data() + at);
+    size_t len = size_t(p[0]) | (size_t(p[1]) << 8) | (size_t(p[2]) << 16) | (size_t(p[3]) << 24);
+    MT_CHECK(at + 4 + len <= in.size(), "tokenize", "--docs: document {} at byte {} claims {} bytes, {} are left",
+             docs.size(), at, len, in.size() - at - 4);
+    docs.push_back(std::string_view(in).substr(at + 4, len));
+    at += 4 + len;
+  }
+  return docs;
+}
+
+// Each document encoded on its own, the documents shared out over the threads; the first error is rethrown.
+std::vector<std::vector<int32_t>> encode_each(const Tokenizer& tok, const std::vector<std::string_view>& docs,
+                                              int threads) {
+  std::vector<std::vector<int32_t>> ids(docs.size());
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex mu;
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < docs.size();) {
+      try {
+        ids[i] = tok.encode(docs[i]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int k = 0; k < std::min<int>(threads, int(docs.size())); ++k) pool.emplace_back(work);
+  for (std::thread& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
+  return ids;
+}
+
+// --docs: every document's ids, each a u32 id count then the ids (json: one array a line).
+Coded encode_docs(const Tokenizer& tok, const std::string& in, const TokenizeArgs& a) {
+  Coded c;
+  const std::vector<std::string_view> docs = split_docs(in);
+  for (std::string_view d : docs) c.n_bytes += d.size();
+  for (const auto& d : encode_each(tok, docs, a.threads)) {
+    c.n_ids += d.size();
+    if (a.format != "json") append_u32(c.out, uint32_t(d.size()));
+    append_ids(c.out, d, a.format);
+    if (a.format == "json") c.out += '\n';
+  }
+  return c;
+}
+
+// The whole input as one text, cut at safe newlines over the threads.
+Coded encode_text(const Tokenizer& tok, const std::string& in, const TokenizeArgs& a) {
+  Coded c;
+  std::vector<int32_t> ids = encode_parallel(tok, in, a.threads);
+  append_ids(c.out, ids, a.format);
+  if (a.format == "json") c.out += '\n';
+  c.n_ids = ids.size();
+  c.n_bytes = in.size();
+  return c;
+}
+
+// The output to a file or stdout ("-"), every write and the close checked.
+void write_output(const std::string& path, const std::string& out) {
+  FILE* f = path == "-" ? stdout : std::fopen(path.c_str(), "wb");
+  if (!f) fail("tokenize", "cannot write {}: {}", path, std::strerror(errno));
+  write_all(f, path, out.data(), out.size());
+  if (f != stdout ? std::fclose(f) != 0 : std::fflush(f) != 0)
+    fail("tokenize", "cannot write {}: {}", path == "-" ? "stdout" : path, std::strerror(errno));
+}
+
 }  // namespace
 
 int run_tokenize_command(const TokenizeArgs& a) {
@@ -150,71 +239,18 @@ int run_tokenize_command(const TokenizeArgs& a) {
   }
   std::string in = read_all(a.in);
   auto t2 = std::chrono::steady_clock::now();
-  std::string out;
-  size_t n_ids = 0, n_bytes = 0;
-  if (a.decode) {
-    std::vector<int32_t> ids = parse_ids(in, a.format, a.in == "-" ? "stdin" : a.in);
-    out = tok->decode(ids);
-    n_ids = ids.size();
-    n_bytes = out.size();
-  } else if (a.docs) {
-    std::vector<std::string_view> docs;
-    for (size_t at = 0; at < in.size();) {
-      MT_CHECK(at + 4 <= in.size(), "tokenize", "--docs: the input ends inside a document's length at byte {}", at);
-      const auto* p = reinterpret_cast<const uint8_t*>(in.data() + at);
-      size_t len = size_t(p[0]) | (size_t(p[1]) << 8) | (size_t(p[2]) << 16) | (size_t(p[3]) << 24);
-      MT_CHECK(at + 4 + len <= in.size(), "tokenize", "--docs: document {} at byte {} claims {} bytes, {} are left",
-               docs.size(), at, len, in.size() - at - 4);
-      docs.push_back(std::string_view(in).substr(at + 4, len));
-      at += 4 + len;
-      n_bytes += len;
-    }
-    std::vector<std::vector<int32_t>> ids(docs.size());
-    std::atomic<size_t> next{0};
-    std::exception_ptr error;
-    std::mutex mu;
-    auto work = [&] {
-      for (size_t i; (i = next.fetch_add(1)) < docs.size();) {
-        try {
-          ids[i] = tok->encode(docs[i]);
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(mu);
-          if (!error) error = std::current_exception();
-        }
-      }
-    };
-    std::vector<std::thread> pool;
-    for (int k = 0; k < std::min<int>(a.threads, int(docs.size())); ++k) pool.emplace_back(work);
-    for (std::thread& th : pool) th.join();
-    if (error) std::rethrow_exception(error);
-    for (const auto& d : ids) {
-      n_ids += d.size();
-      if (a.format != "json") append_u32(out, uint32_t(d.size()));
-      append_ids(out, d, a.format);
-      if (a.format == "json") out += '\n';
-    }
-  } else {
-    std::vector<int32_t> ids = encode_parallel(*tok, in, a.threads);
-    append_ids(out, ids, a.format);
-    if (a.format == "json") out += '\n';
-    n_ids = ids.size();
-    n_bytes = in.size();
-  }
+  Coded c = a.decode ? decode_ids(*tok, in, a) : a.docs ? encode_docs(*tok, in, a) : encode_text(*tok, in, a);
   auto t3 = std::chrono::steady_clock::now();
-  FILE* f = a.out == "-" ? stdout : std::fopen(a.out.c_str(), "wb");
-  if (!f) fail("tokenize", "cannot write {}: {}", a.out, std::strerror(errno));
-  write_all(f, a.out, out.data(), out.size());
-  if (f != stdout ? std::fclose(f) != 0 : std::fflush(f) != 0)
-    fail("tokenize", "cannot write {}: {}", a.out == "-" ? "stdout" : a.out, std::strerror(errno));
+  write_output(a.out, c.out);
   if (a.stats) {
     auto sec = [](auto x, auto y) { return std::chrono::duration<double>(y - x).count(); };
     double s = sec(t2, t3);
     std::fprintf(stderr,
                  "tokenize: %s %zu bytes %s %zu ids in %.3f s, %.2f MB/s, %.3f bytes/token, %d thread%s%s "
                  "(%s; load %.3f s, read %.3f s)\n",
-                 a.decode ? "decode:" : "encode:", n_bytes, a.decode ? "<-" : "->", n_ids, s,
-                 s > 0 ? double(n_bytes) / 1e6 / s : 0.0, n_ids ? double(n_bytes) / double(n_ids) : 0.0, a.threads,
-                 a.threads == 1 ? "" : "s",
+                 a.decode ? "decode:" : "encode:", c.n_bytes, a.decode ? "<-" : "->", c.n_ids, s,
+                 s > 0 ? double(c.n_bytes) / 1e6 / s : 0.0, c.n_ids ? double(c.n_bytes) / double(c.n_ids) : 0.0,
+                 a.threads, a.threads == 1 ? "" : "s",
                  a.threads > 1 && (a.decode || (!a.docs && !tok->splits_at_newlines()))
                      ? " given, 1 used (this tokenizer is not cut at newlines, see tokenizer.h)"
                      : "",

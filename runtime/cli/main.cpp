@@ -64,6 +64,80 @@ std::string command_line_hint(CLI::App& app, int argc, char** argv) {
   return "";
 }
 
+// The global options, accepted before or after the subcommand (fallthrough), and one subcommand per row of the
+// command table (runtime/cli/commands.cpp), each with the footer that names the global options.
+std::vector<std::pair<CLI::App*, const Command*>> add_command_line(CLI::App& app, GlobalOptions& g) {
+  app.require_subcommand(1);
+  // Subcommands pass the global options on: --config, --set and --log-level work before or after the subcommand.
+  app.fallthrough();
+  app.add_option("-c,--config", g.config_path, "YAML config file");
+  app.add_option("--set", g.overrides, "override a config key: --set comm.timeout_s=30 (repeatable)")
+      ->take_all()
+      ->allow_extra_args(false);
+  app.add_option("--log-level", g.log_level, "trace, debug, info, warn, error or off");
+  std::vector<std::pair<CLI::App*, const Command*>> subs;
+  for (const Command& c : commands()) {
+    CLI::App* sub = app.add_subcommand(c.name, c.help);
+    c.add_options(*sub);
+    subs.push_back({sub, &c});
+  }
+  for (CLI::App* sub : app.get_subcommands({}))
+    sub->footer(
+        "Global options, here or before the subcommand: -c,--config FILE, --set KEY=VALUE (repeatable), "
+        "--log-level LEVEL (meshtrain --help)");
+  return subs;
+}
+
+// A command line that does not parse: --help printed (exit 0), else the error and a hint (exit 2). Every rank
+// parses the same arguments, so only rank 0 talks; every rank leaves with the same code.
+int command_line_error(CLI::App& app, const CLI::ParseError& e, int rank, int argc, char** argv) {
+  const int code = e.get_exit_code() == 0 ? 0 : 2;
+  if (rank == 0) {
+    if (code == 0) {
+      app.exit(e);  // --help
+    } else {
+      std::string hint = command_line_hint(app, argc, argv);
+      std::fprintf(stderr,
+                   "meshtrain: %s\n%s%sRun 'meshtrain --help' (or 'meshtrain SUBCOMMAND --help') for usage.\n",
+                   e.what(), hint.c_str(), hint.empty() ? "" : "\n");
+    }
+  }
+  return code;
+}
+
+// A command outside the job's ranks (meshtrain supervise): no MPI, no config.
+int run_without_mpi(const Command& chosen, const GlobalOptions& g) {
+  if (chosen.needs_mpi) {  // the pre-scan took an option's value for the command's name
+    std::fprintf(stderr, "meshtrain: put the subcommand '%s' before option values that look like one\n",
+                 chosen.name.c_str());
+    return 2;
+  }
+  if (!g.log_level.empty()) init_logging(0, g.log_level);
+  RunContext ctx;
+  ctx.opts = g;
+  return chosen.run(ctx);
+}
+
+// A command on every rank of the job: --log-level agreed, then the config loaded and agreed on (unless the
+// command needs none: rank 0 alone runs it).
+int run_on_ranks(const Command& chosen, MpiEnv& env, const GlobalOptions& g) {
+  run_agreed(env, "--log-level", [&] {
+    if (!g.log_level.empty()) init_logging(env.rank(), g.log_level);
+  });
+  if (!chosen.needs_config) {
+    // Rank 0 alone does the work: the other ranks of a launch wait at the exit barrier for as long as it takes
+    // (no collective, so no timeout).
+    watchdog_set_timeout(0);
+    RunContext ctx;  // no config
+    ctx.env = &env;
+    ctx.opts = g;
+    return env.rank() == 0 ? chosen.run(ctx) : 0;
+  }
+  RunContext ctx{&env, g, load_and_agree_config(env, g)};
+  if (ctx.config.log.level != "" && g.log_level.empty()) init_logging(env.rank(), ctx.config.log.level);
+  return chosen.run(ctx);
+}
+
 }  // namespace
 
 }  // namespace mt
@@ -80,77 +154,20 @@ int main(int argc, char** argv) {
   mt::init_logging(rank);
 
   CLI::App app{"meshtrain: train Llama-family models on a device mesh built from MPI ranks"};
-  app.require_subcommand(1);
-  // Subcommands pass the global options on: --config, --set and --log-level work before or after the subcommand.
-  app.fallthrough();
   mt::GlobalOptions g;
-  app.add_option("-c,--config", g.config_path, "YAML config file");
-  app.add_option("--set", g.overrides, "override a config key: --set comm.timeout_s=30 (repeatable)")
-      ->take_all()
-      ->allow_extra_args(false);
-  app.add_option("--log-level", g.log_level, "trace, debug, info, warn, error or off");
-
-  // One subcommand per row of the command table (runtime/cli/commands.cpp).
-  std::vector<std::pair<CLI::App*, const mt::Command*>> subs;
-  for (const mt::Command& c : mt::commands()) {
-    CLI::App* sub = app.add_subcommand(c.name, c.help);
-    c.add_options(*sub);
-    subs.push_back({sub, &c});
-  }
-
-  for (CLI::App* sub : app.get_subcommands({}))
-    sub->footer(
-        "Global options, here or before the subcommand: -c,--config FILE, --set KEY=VALUE (repeatable), "
-        "--log-level LEVEL (meshtrain --help)");
+  const auto subs = mt::add_command_line(app, g);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // Every rank parses the same arguments, so only rank 0 needs to talk; every rank leaves with the same code.
-    const int code = e.get_exit_code() == 0 ? 0 : 2;
-    if (rank == 0) {
-      if (code == 0) {
-        app.exit(e);  // --help
-      } else {
-        std::string hint = mt::command_line_hint(app, argc, argv);
-        std::fprintf(stderr,
-                     "meshtrain: %s\n%s%sRun 'meshtrain --help' (or 'meshtrain SUBCOMMAND --help') for usage.\n",
-                     e.what(), hint.c_str(), hint.empty() ? "" : "\n");
-      }
-    }
-    return code;
+    return mt::command_line_error(app, e, rank, argc, argv);
   }
 
   try {
     const mt::Command* chosen = nullptr;
     for (auto& [sub, c] : subs)
       if (sub->parsed()) chosen = c;
-    if (!env_storage) {
-      if (chosen->needs_mpi) {  // the pre-scan took an option's value for the command's name
-        std::fprintf(stderr, "meshtrain: put the subcommand '%s' before option values that look like one\n",
-                     chosen->name.c_str());
-        return 2;
-      }
-      if (!g.log_level.empty()) mt::init_logging(0, g.log_level);
-      mt::RunContext ctx;  // no MPI, no config
-      ctx.opts = g;
-      return chosen->run(ctx);
-    }
-    mt::MpiEnv& env = *env_storage;
-    mt::run_agreed(env, "--log-level", [&] {
-      if (!g.log_level.empty()) mt::init_logging(env.rank(), g.log_level);
-    });
-    if (!chosen->needs_config) {
-      // Rank 0 alone does the work: the other ranks of a launch wait at the exit barrier for as long as it takes
-      // (no collective, so no timeout).
-      mt::watchdog_set_timeout(0);
-      mt::RunContext ctx;  // no config
-      ctx.env = &env;
-      ctx.opts = g;
-      return env.rank() == 0 ? chosen->run(ctx) : 0;
-    }
-    mt::RunContext ctx{&env, g, mt::load_and_agree_config(env, g)};
-    if (ctx.config.log.level != "" && g.log_level.empty()) mt::init_logging(env.rank(), ctx.config.log.level);
-    return chosen->run(ctx);
+    if (!env_storage) return mt::run_without_mpi(*chosen, g);
+    return mt::run_on_ranks(*chosen, *env_storage, g);
   } catch (const mt::ReportedError& e) {
     // Agreed on by every rank (agree.h): printed where it should be, and no rank is left in a collective.
     if (e.print) spdlog::error("{}", e.what());

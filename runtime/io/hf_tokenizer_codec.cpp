@@ -49,6 +49,101 @@ bool byte_token(const std::string& t, uint8_t* b) {
   return true;
 }
 
+// Every occurrence of a in s replaced by b, left to right (a not empty).
+std::string replace_all(const std::string& s, const std::string& a, const std::string& b) {
+  std::string r;
+  for (size_t k = 0; k < s.size();) {
+    if (s.compare(k, a.size(), a) == 0) {
+      r += b;
+      k += a.size();
+    } else {
+      r += s[k++];
+    }
+  }
+  return r;
+}
+
+// The normalizer's steps on a section: prepend (not to a chunk that continues a text), replace, and NFC, which
+// only checks that the text is already NFC.
+std::string normalize(std::string_view text, const std::vector<NormStep>& norm, bool continues,
+                      const std::string& name) {
+  std::string normalized(text);
+  for (const NormStep& n : norm) {
+    if (n.kind == NormStep::prepend) {
+      if (!normalized.empty() && !continues) normalized.insert(0, n.a);
+    } else if (n.kind == NormStep::replace) {
+      if (n.a.empty()) continue;
+      normalized = replace_all(normalized, n.a, n.b);
+    } else {
+      for (size_t k = 0; k < normalized.size();) {
+        int32_t cp;
+        k += utf8_char(normalized, k, &cp);
+        MT_CHECK(nfc_stable(cp) || cp < 0, "tokenizer",
+                 "{}: normalizer NFC: the text holds U+{:04X}, which may change under NFC; meshtrain has no "
+                 "Unicode normalization tables (normalize the text to NFC first and use a tokenizer.json "
+                 "without the normalizer)",
+                 name, cp);
+      }
+    }
+  }
+  return normalized;
+}
+
+// What a pre-tokenizer step works with (the encoding state's members): the regex matcher and its matches, and
+// the arena that owns the pieces a step makes.
+struct PreScratch {
+  Matcher& m;
+  std::vector<std::pair<size_t, size_t>>& matches;
+  std::deque<std::string>& arena;
+};
+
+// One pre-tokenizer step on one piece: the pieces it is cut into, appended to next.
+void pre_tokenize(const PreStep& p, std::string_view piece, bool at_start, bool continues, PreScratch& sc,
+                  std::vector<std::string_view>& next) {
+  if (p.kind == PreStep::metaspace) {
+    std::string s;
+    bool prepend = !continues && (p.prepend_scheme == "always" || (p.prepend_scheme == "first" && at_start));
+    if (prepend && piece.substr(0, p.replacement.size()) != p.replacement && piece.substr(0, 1) != " ")
+      s = p.replacement;
+    for (char c : piece)
+      if (c == ' ') s += p.replacement;
+      else s += c;
+    sc.arena.push_back(std::move(s));
+    std::string_view v = sc.arena.back();
+    if (p.metaspace_split) {
+      sc.m.matches(*p.re, v, sc.matches);
+      split_piece(v, sc.matches, Behavior::merged_with_next, false, next);
+    } else {
+      next.push_back(v);
+    }
+    return;
+  }
+  if (p.kind == PreStep::byte_level && p.add_prefix_space && piece.substr(0, 1) != " ") {
+    sc.arena.push_back(" " + std::string(piece));
+    piece = sc.arena.back();
+  }
+  if (!p.re) {
+    next.push_back(piece);
+    return;
+  }
+  sc.m.matches(*p.re, piece, sc.matches);
+  split_piece(piece, sc.matches, p.kind == PreStep::split ? p.behavior : Behavior::isolated,
+              p.kind == PreStep::split && p.invert, next);
+}
+
+// A piece cut before each run of kSpace ("\u2581"), the run kept whole at the start of its part: where no merge
+// crosses such a cut (ws_split_), the parts encode apart and each is cached as a word.
+void split_at_space_runs(std::string_view piece, std::vector<std::string_view>& next) {
+  size_t begin = 0;
+  for (size_t k = 1; k + kSpace.size() <= piece.size(); ++k)
+    if (piece.compare(k, kSpace.size(), kSpace) == 0 &&
+        !(k >= kSpace.size() && piece.compare(k - kSpace.size(), kSpace.size(), kSpace) == 0)) {
+      next.push_back(piece.substr(begin, k - begin));
+      begin = k;
+    }
+  next.push_back(piece.substr(begin));
+}
+
 }  // namespace
 
 HfTokenizer::State& HfTokenizer::state() const {
@@ -116,85 +211,20 @@ void HfTokenizer::encode_section(std::string_view text, bool at_start, bool cont
   if (text.empty()) return;
   std::string normalized;
   if (!norm_.empty()) {
-    normalized = std::string(text);
-    for (const NormStep& n : norm_) {
-      if (n.kind == NormStep::prepend) {
-        if (!normalized.empty() && !continues) normalized.insert(0, n.a);
-      } else if (n.kind == NormStep::replace) {
-        if (n.a.empty()) continue;
-        std::string r;
-        for (size_t k = 0; k < normalized.size();) {
-          if (normalized.compare(k, n.a.size(), n.a) == 0) {
-            r += n.b;
-            k += n.a.size();
-          } else {
-            r += normalized[k++];
-          }
-        }
-        normalized.swap(r);
-      } else {
-        for (size_t k = 0; k < normalized.size();) {
-          int32_t cp;
-          k += utf8_char(normalized, k, &cp);
-          MT_CHECK(nfc_stable(cp) || cp < 0, "tokenizer",
-                   "{}: normalizer NFC: the text holds U+{:04X}, which may change under NFC; meshtrain has no "
-                   "Unicode normalization tables (normalize the text to NFC first and use a tokenizer.json "
-                   "without the normalizer)",
-                   name_, cp);
-        }
-      }
-    }
+    normalized = normalize(text, norm_, continues, name_);
     text = normalized;
   }
   st.arena.clear();
   std::vector<std::string_view> pieces{text}, next;
+  PreScratch scratch{st.m, st.matches, st.arena};
   for (const PreStep& p : pre_) {
     next.clear();
-    for (std::string_view piece : pieces) {
-      if (p.kind == PreStep::metaspace) {
-        std::string s;
-        bool prepend = !continues && (p.prepend_scheme == "always" || (p.prepend_scheme == "first" && at_start));
-        if (prepend && piece.substr(0, p.replacement.size()) != p.replacement && piece.substr(0, 1) != " ")
-          s = p.replacement;
-        for (char c : piece)
-          if (c == ' ') s += p.replacement;
-          else s += c;
-        st.arena.push_back(std::move(s));
-        std::string_view v = st.arena.back();
-        if (p.metaspace_split) {
-          st.m.matches(*p.re, v, st.matches);
-          split_piece(v, st.matches, Behavior::merged_with_next, false, next);
-        } else {
-          next.push_back(v);
-        }
-        continue;
-      }
-      if (p.kind == PreStep::byte_level && p.add_prefix_space && piece.substr(0, 1) != " ") {
-        st.arena.push_back(" " + std::string(piece));
-        piece = st.arena.back();
-      }
-      if (!p.re) {
-        next.push_back(piece);
-        continue;
-      }
-      st.m.matches(*p.re, piece, st.matches);
-      split_piece(piece, st.matches, p.kind == PreStep::split ? p.behavior : Behavior::isolated,
-                  p.kind == PreStep::split && p.invert, next);
-    }
+    for (std::string_view piece : pieces) pre_tokenize(p, piece, at_start, continues, scratch, next);
     pieces.swap(next);
   }
   if (ws_split_) {
     next.clear();
-    for (std::string_view piece : pieces) {
-      size_t begin = 0;
-      for (size_t k = 1; k + kSpace.size() <= piece.size(); ++k)
-        if (piece.compare(k, kSpace.size(), kSpace) == 0 &&
-            !(k >= kSpace.size() && piece.compare(k - kSpace.size(), kSpace.size(), kSpace) == 0)) {
-          next.push_back(piece.substr(begin, k - begin));
-          begin = k;
-        }
-      next.push_back(piece.substr(begin));
-    }
+    for (std::string_view piece : pieces) split_at_space_runs(piece, next);
     pieces.swap(next);
   }
   for (std::string_view w : pieces) encode_word(w, st, out);

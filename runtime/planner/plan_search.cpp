@@ -118,11 +118,90 @@ std::vector<MeshItem> mesh_items(const Config& cfg, int world, const ClusterSpec
   return items;
 }
 
+// One plan of a mesh item: its reshard_after_forward (when dp_shard > 1) and its recompute (ac: 0 none, 1 full,
+// 2 selective, keeping attention).
+struct PlanVariant {
+  int reshard = 1, ac = 0;
+};
+
+// The config of one plan: the item's mesh, pipeline, micro-batch and cp method, and the variant's recompute and
+// resharding. layers: whole-layer recompute's pattern.
+Config plan_config(const Config& cfg, const PlanSearchOptions& opt, const MeshItem& it, PlanVariant v,
+                   const std::string& layers) {
+  Config c = cfg;
+  auto& p = c.parallel;
+  p.pp = it.pp.p, p.pp_schedule = it.pp.schedule, p.pp_virtual = it.pp.virt;
+  if (!opt.keep_pp && it.pp.p != std::max(1, cfg.parallel.pp)) p.pp_layers.clear();
+  c.training.micro_batch_size = it.micro;
+  p.dp_replicate = it.dp_replicate, p.dp_shard = it.dp_shard, p.cp = it.cp, p.tp = it.tp;
+  if (cfg.model.moe.enabled()) p.ep = it.ep;
+  p.cp_ring = p.cp_ulysses = 0;
+  p.cp_method = it.method;
+  p.sequence_parallel = it.sp;
+  p.fsdp.reshard_after_forward = v.reshard == 1;
+  p.recompute.patterns.clear(), p.recompute.keep.clear();
+  if (v.ac > 0) p.recompute.patterns = {layers};
+  if (v.ac == 2) p.recompute.keep = {"attention"};
+  return c;
+}
+
+// The plan as the table names it: the mesh dims above 1 with their options, then the recompute.
+std::string plan_label(const Config& cfg, const MeshItem& it, PlanVariant v) {
+  const PpChoice& pp = it.pp;
+  std::string label;
+  auto part = [&](const std::string& s) { label += (label.empty() ? "" : " x ") + s; };
+  if (pp.p > 1)
+    part(fmt::format("pp={} ({}{}, micro-batches of {})", pp.p, pp.schedule,
+                     pp.virt > 1 ? fmt::format(" v={}", pp.virt) : "", it.micro));
+  if (it.dp_replicate > 1) part(fmt::format("dp_replicate={}", it.dp_replicate));
+  if (it.dp_shard > 1) part(fmt::format("dp_shard={}{}", it.dp_shard, v.reshard ? "" : " (no reshard)"));
+  if (it.ep > 1) part(fmt::format("ep={} ({} experts a rank)", it.ep, cfg.model.moe.n_experts / it.ep));
+  if (it.cp > 1) part(fmt::format("cp={} ({})", it.cp, it.method));
+  if (it.tp > 1) part(fmt::format("tp={}{}", it.tp, it.sp ? " (sequence parallel)" : ""));
+  if (label.empty()) label = "1 rank";
+  label += v.ac == 0 ? "" : v.ac == 1 ? ", recompute full" : ", recompute selective";
+  return label;
+}
+
+// The --set overrides that turn the config into this plan (the pipeline's only when the search chose it).
+std::vector<std::string> plan_overrides(const Config& cfg, const PlanSearchOptions& opt, const MeshItem& it,
+                                        PlanVariant v, const std::string& layers) {
+  std::vector<std::string> out;
+  if (!opt.keep_pp)
+    out = {fmt::format("parallel.pp={}", it.pp.p), fmt::format("parallel.pp_schedule={}", it.pp.schedule),
+           fmt::format("parallel.pp_virtual={}", it.pp.virt), fmt::format("training.micro_batch_size={}", it.micro)};
+  for (std::string o :
+       {fmt::format("parallel.dp_replicate={}", it.dp_replicate), fmt::format("parallel.dp_shard={}", it.dp_shard),
+        fmt::format("parallel.cp={}", it.cp), fmt::format("parallel.cp_method={}", it.method),
+        fmt::format("parallel.tp={}", it.tp), fmt::format("parallel.sequence_parallel={}", it.sp ? "true" : "false"),
+        fmt::format("parallel.fsdp.reshard_after_forward={}", v.reshard ? "true" : "false"),
+        v.ac == 0 ? std::string("parallel.recompute.patterns=[]")
+                  : fmt::format("parallel.recompute.patterns=[\"{}\"]", layers),
+        std::string(v.ac == 2 ? "parallel.recompute.keep=[\"attention\"]" : "parallel.recompute.keep=[]")})
+    out.push_back(std::move(o));
+  if (cfg.model.moe.enabled()) out.push_back(fmt::format("parallel.ep={}", it.ep));
+  return out;
+}
+
+// The estimate of one plan into cand; false (counted in out) when the estimator refuses the plan.
+bool estimate_plan(const Config& c, int world, const ClusterSpec& cluster, PlanCandidate& cand, PlanSearch& out) {
+  ++out.tried;
+  try {
+    cand.estimate = estimate_run(c, world, cluster);
+  } catch (const Error& e) {
+    std::string why = e.what();
+    why = why.substr(0, std::min<size_t>(why.size(), why.find(':') == std::string::npos ? 60 : why.find(':') + 30));
+    ++out.refused[why];
+    return false;
+  }
+  for (const StageEstimate& s : cand.estimate.stages) cand.peak_bytes = std::max(cand.peak_bytes, s.peak_bytes);
+  return true;
+}
+
 // The plans of one mesh item, into out (its own: merged in item order afterwards).
 void search_item(const Config& cfg, int world, const ClusterSpec& cluster, const PlanSearchOptions& opt,
                  const MeshItem& it, PlanSearch& out) {
   const double capacity = cluster.device_memory_gib * double(1 << 30);
-  const PpChoice& pp = it.pp;
   const std::string& layers = family_of(cfg.model).layers;  // whole-layer recompute's pattern
   // Memory only grows from recompute full to selective to none, and from resharding to holding the gathered
   // weights: a plan whose smaller neighbour is too large is too large, and is not estimated.
@@ -141,59 +220,11 @@ void search_item(const Config& cfg, int world, const ClusterSpec& cluster, const
         ++out.tried, ++out.too_large, ++out.pruned;
         continue;
       }
-      Config c = cfg;
-      auto& p = c.parallel;
-      p.pp = pp.p, p.pp_schedule = pp.schedule, p.pp_virtual = pp.virt;
-      if (!opt.keep_pp && pp.p != std::max(1, cfg.parallel.pp)) p.pp_layers.clear();
-      c.training.micro_batch_size = it.micro;
-      p.dp_replicate = it.dp_replicate, p.dp_shard = it.dp_shard, p.cp = it.cp, p.tp = it.tp;
-      if (cfg.model.moe.enabled()) p.ep = it.ep;
-      p.cp_ring = p.cp_ulysses = 0;
-      p.cp_method = it.method;
-      p.sequence_parallel = it.sp;
-      p.fsdp.reshard_after_forward = reshard == 1;
-      p.recompute.patterns.clear(), p.recompute.keep.clear();
-      if (ac > 0) p.recompute.patterns = {layers};
-      if (ac == 2) p.recompute.keep = {"attention"};
+      const PlanVariant v{reshard, ac};
       PlanCandidate cand;
-      std::string label;
-      auto part = [&](const std::string& s) { label += (label.empty() ? "" : " x ") + s; };
-      if (pp.p > 1)
-        part(fmt::format("pp={} ({}{}, micro-batches of {})", pp.p, pp.schedule,
-                         pp.virt > 1 ? fmt::format(" v={}", pp.virt) : "", it.micro));
-      if (it.dp_replicate > 1) part(fmt::format("dp_replicate={}", it.dp_replicate));
-      if (it.dp_shard > 1) part(fmt::format("dp_shard={}{}", it.dp_shard, reshard ? "" : " (no reshard)"));
-      if (it.ep > 1) part(fmt::format("ep={} ({} experts a rank)", it.ep, cfg.model.moe.n_experts / it.ep));
-      if (it.cp > 1) part(fmt::format("cp={} ({})", it.cp, it.method));
-      if (it.tp > 1) part(fmt::format("tp={}{}", it.tp, it.sp ? " (sequence parallel)" : ""));
-      if (label.empty()) label = "1 rank";
-      label += ac == 0 ? "" : ac == 1 ? ", recompute full" : ", recompute selective";
-      cand.label = label;
-      if (!opt.keep_pp)
-        cand.overrides = {fmt::format("parallel.pp={}", pp.p), fmt::format("parallel.pp_schedule={}", pp.schedule),
-                          fmt::format("parallel.pp_virtual={}", pp.virt),
-                          fmt::format("training.micro_batch_size={}", it.micro)};
-      for (std::string o :
-           {fmt::format("parallel.dp_replicate={}", it.dp_replicate), fmt::format("parallel.dp_shard={}", it.dp_shard),
-            fmt::format("parallel.cp={}", it.cp), fmt::format("parallel.cp_method={}", it.method),
-            fmt::format("parallel.tp={}", it.tp),
-            fmt::format("parallel.sequence_parallel={}", it.sp ? "true" : "false"),
-            fmt::format("parallel.fsdp.reshard_after_forward={}", reshard ? "true" : "false"),
-            ac == 0 ? std::string("parallel.recompute.patterns=[]")
-                    : fmt::format("parallel.recompute.patterns=[\"{}\"]", layers),
-            std::string(ac == 2 ? "parallel.recompute.keep=[\"attention\"]" : "parallel.recompute.keep=[]")})
-        cand.overrides.push_back(std::move(o));
-      if (cfg.model.moe.enabled()) cand.overrides.push_back(fmt::format("parallel.ep={}", it.ep));
-      ++out.tried;
-      try {
-        cand.estimate = estimate_run(c, world, cluster);
-      } catch (const Error& e) {
-        std::string why = e.what();
-        why = why.substr(0, std::min<size_t>(why.size(), why.find(':') == std::string::npos ? 60 : why.find(':') + 30));
-        ++out.refused[why];
-        continue;
-      }
-      for (const StageEstimate& s : cand.estimate.stages) cand.peak_bytes = std::max(cand.peak_bytes, s.peak_bytes);
+      cand.label = plan_label(cfg, it, v);
+      cand.overrides = plan_overrides(cfg, opt, it, v, layers);
+      if (!estimate_plan(plan_config(cfg, opt, it, v, layers), world, cluster, cand, out)) continue;
       cand.fits = cand.peak_bytes <= capacity;
       if (out.smallest_peak < 0 || cand.peak_bytes < out.smallest_peak) out.smallest_peak = cand.peak_bytes;
       if (!cand.fits) {

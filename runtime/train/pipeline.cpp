@@ -55,13 +55,7 @@ class PipelineStep {
     PpStepTimes t;
     int in_flight = 0;
     const std::vector<PpAction>& actions = s_.ranks[size_t(pp_.rank)];
-    // With one chunk per rank and no deferred weight gradients, this rank's last backward completes every
-    // gradient of its stage: the gradient sync's buckets start inside it (overlapped), as without pp.
-    size_t last_backward = actions.size();
-    const bool fsdp_holds = run_.fsdp && !run_.fsdp->options().reshard_after_forward;  // reduces after the step
-    if (!forward_only_ && s_.v == 1 && !fsdp_holds)
-      for (size_t i = 0; i < actions.size(); ++i)
-        if (actions[i].op == PpOp::backward) last_backward = i;
+    const size_t last_backward = grad_sync_start(actions);
     // Consecutive transfers form one batch (Group::batch_begin): on NCCL, a send does not complete before its peer
     // receives, and 1F1B's steady state has neighbours that each send before receiving from the other.
     bool in_batch = false;
@@ -77,54 +71,11 @@ class PipelineStep {
       if (transfer && !in_batch) pp_.group->batch_begin(), in_batch = true;
       if (!transfer) end_batch();
       if (ai == last_backward) run_.grad_sync->arm(true);
-      const auto a0 = Clock::now();
-      trace::Span span(pp_op_name(a.op), "pipeline");  // the action in the trace (issue 40)
-      if (trace::Args* ta = span.args()) ta->stage = a.stage, ta->micro = a.micro, ta->peer = a.peer;
-      switch (a.op) {
-        case PpOp::recv_act:
-          post_recv(acts_in_, a, /*grad=*/false);
-          break;
-        case PpOp::recv_grad:
-          post_recv(grads_in_, a, /*grad=*/true);
-          break;
-        case PpOp::send_act:
-          send(outs_, a, /*grad=*/false);
-          break;
-        case PpOp::send_grad:
-          send(gouts_, a, /*grad=*/true);
-          break;
-        case PpOp::forward:
-          forward(a, t);
-          t.compute_s += since(a0);
-          t.peak_in_flight = std::max(t.peak_in_flight, ++in_flight);
-          break;
-        case PpOp::backward:
-        case PpOp::backward_input:
-          backward(a, t);
-          t.compute_s += since(a0);
-          --in_flight;
-          break;
-        case PpOp::backward_weight: {
-          auto it = wgrads_.find({a.stage, a.micro});
-          MT_CHECK(it != wgrads_.end(), "pipeline", "stage {} micro-batch {}: W before its B", a.stage, a.micro);
-          for (auto& f : it->second) f();
-          wgrads_.erase(it);
-          t.compute_s += since(a0);
-          break;
-        }
-      }
+      run_action(a, t, in_flight);
       if (!in_batch) reap_sends();
     }
     end_batch();
-    // The sends still in flight: their buffers must outlive them, and the step ends when the neighbours have them.
-    const auto w0 = Clock::now();
-    trace::Span drain("drain sends", "pipeline");
-    for (Transfer& tr : sends_) tr.work.wait();
-    t.wait_s += since(w0);
-    sends_.clear();
-    MT_CHECK(acts_in_.empty() && grads_in_.empty() && outs_.empty() && gouts_.empty() && wgrads_.empty() &&
-                 dlogits_.empty(),
-             "pipeline", "the step ended with messages or gradients left over (a schedule bug)");
+    drain_sends(t);
     t.step_s = since(t0);
     t.peak_bytes = double(allocator_stats(run_.device).peak_allocated_bytes) - double(base_bytes);
     pp_.last = t;
@@ -133,6 +84,71 @@ class PipelineStep {
 
  private:
   using Key = std::pair<int, int>;  // (stage, micro-batch)
+
+  // The action after which the gradient sync is armed: with one chunk per rank and no deferred weight gradients,
+  // this rank's last backward completes every gradient of its stage, so the sync's buckets start inside it
+  // (overlapped), as without pp; else none (actions.size()).
+  size_t grad_sync_start(const std::vector<PpAction>& actions) const {
+    size_t last_backward = actions.size();
+    const bool fsdp_holds = run_.fsdp && !run_.fsdp->options().reshard_after_forward;  // reduces after the step
+    if (!forward_only_ && s_.v == 1 && !fsdp_holds)
+      for (size_t i = 0; i < actions.size(); ++i)
+        if (actions[i].op == PpOp::backward) last_backward = i;
+    return last_backward;
+  }
+
+  // One action of the schedule: its compute time into t, and in_flight the forwards whose backward has not run.
+  void run_action(const PpAction& a, PpStepTimes& t, int& in_flight) {
+    const auto a0 = Clock::now();
+    trace::Span span(pp_op_name(a.op), "pipeline");  // the action in the trace (issue 40)
+    if (trace::Args* ta = span.args()) ta->stage = a.stage, ta->micro = a.micro, ta->peer = a.peer;
+    switch (a.op) {
+      case PpOp::recv_act:
+        post_recv(acts_in_, a, /*grad=*/false);
+        break;
+      case PpOp::recv_grad:
+        post_recv(grads_in_, a, /*grad=*/true);
+        break;
+      case PpOp::send_act:
+        send(outs_, a, /*grad=*/false);
+        break;
+      case PpOp::send_grad:
+        send(gouts_, a, /*grad=*/true);
+        break;
+      case PpOp::forward:
+        forward(a, t);
+        t.compute_s += since(a0);
+        t.peak_in_flight = std::max(t.peak_in_flight, ++in_flight);
+        break;
+      case PpOp::backward:
+      case PpOp::backward_input:
+        backward(a, t);
+        t.compute_s += since(a0);
+        --in_flight;
+        break;
+      case PpOp::backward_weight: {
+        auto it = wgrads_.find({a.stage, a.micro});
+        MT_CHECK(it != wgrads_.end(), "pipeline", "stage {} micro-batch {}: W before its B", a.stage, a.micro);
+        for (auto& f : it->second) f();
+        wgrads_.erase(it);
+        t.compute_s += since(a0);
+        break;
+      }
+    }
+  }
+
+  // The sends still in flight: their buffers must outlive them, and the step ends when the neighbours have them;
+  // then nothing may be left over.
+  void drain_sends(PpStepTimes& t) {
+    const auto w0 = Clock::now();
+    trace::Span drain("drain sends", "pipeline");
+    for (Transfer& tr : sends_) tr.work.wait();
+    t.wait_s += since(w0);
+    sends_.clear();
+    MT_CHECK(acts_in_.empty() && grads_in_.empty() && outs_.empty() && gouts_.empty() && wgrads_.empty() &&
+                 dlogits_.empty(),
+             "pipeline", "the step ended with messages or gradients left over (a schedule bug)");
+  }
 
   size_t chunk_of(int stage) const { return size_t(stage / s_.p); }
   const ModelChunk& chunk(int stage) const { return run_.model->chunks().at(chunk_of(stage)); }

@@ -237,6 +237,31 @@ int stream_id(cudaStream_t h, const char* call) {
   return it->second;
 }
 
+// The record of a live event; else a report naming the call (the caller returns cudaErrorInvalidResourceHandle)
+// and nullptr.
+EventRec* live_event(cudaEvent_t e, const char* call) {
+  auto it = S().events.find(e);
+  if (it == S().events.end()) {
+    fail(cudaErrorInvalidResourceHandle, call, "event " + ptr_text(e) + " is not a live event");
+    return nullptr;
+  }
+  return &it->second;
+}
+
+// A stream or event made by `call`: a new handle (a fake address, never reused) into *p, its record made by
+// add(state, handle) under the lock; a null p is refused.
+template <typename Handle, typename Add>
+cudaError_t create_handle(Handle* p, const char* call, Add&& add) {
+  if (!p) return fail(cudaErrorInvalidValue, call, "null result pointer");
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  const auto h = reinterpret_cast<Handle>(s.next_handle);
+  s.next_handle += 16;
+  add(s, h);
+  *p = h;
+  return cudaSuccess;
+}
+
 // The ordering an enqueue on stream id inherits (the host's clock, the legacy stream's rules), then its step.
 unsigned long long enqueue(int id) {
   auto& s = S();
@@ -790,21 +815,16 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
 // ---- streams
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* p, unsigned flags) {
-  if (!p) return emu::fail(cudaErrorInvalidValue, "cudaStreamCreateWithFlags", "null result pointer");
-  auto& s = S();
-  std::lock_guard lock(s.mu);
-  emu::StreamRec r;
-  r.id = int(s.streams.size());
-  r.device = emu::t_device;
-  r.blocking = (flags & cudaStreamNonBlocking) == 0;
-  r.name = "stream #" + std::to_string(r.id) + " (cuda:" + std::to_string(r.device) +
-           (r.blocking ? ", blocking)" : ", non-blocking)");
-  const auto h = reinterpret_cast<cudaStream_t>(s.next_handle);
-  s.next_handle += 16;
-  s.stream_ids[h] = r.id;
-  s.streams.push_back(std::move(r));
-  *p = h;
-  return cudaSuccess;
+  return emu::create_handle(p, "cudaStreamCreateWithFlags", [&](emu::State& s, cudaStream_t h) {
+    emu::StreamRec r;
+    r.id = int(s.streams.size());
+    r.device = emu::t_device;
+    r.blocking = (flags & cudaStreamNonBlocking) == 0;
+    r.name = "stream #" + std::to_string(r.id) + " (cuda:" + std::to_string(r.device) +
+             (r.blocking ? ", blocking)" : ", non-blocking)");
+    s.stream_ids[h] = r.id;
+    s.streams.push_back(std::move(r));
+  });
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t* p) { return cudaStreamCreateWithFlags(p, cudaStreamDefault); }
@@ -835,84 +855,74 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t e, unsigned int /*fl
   std::lock_guard lock(s.mu);
   const int id = emu::stream_id(h, "cudaStreamWaitEvent");
   if (id < 0) return cudaErrorInvalidResourceHandle;
-  auto it = s.events.find(e);
-  if (it == s.events.end())
-    return emu::fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent", "event " + emu::ptr_text(e) + " is not a live event");
+  emu::EventRec* ev = emu::live_event(e, "cudaStreamWaitEvent");
+  if (!ev) return cudaErrorInvalidResourceHandle;
   emu::enqueue(id);
   ++s.stats.waits;
-  if (it->second.recorded) emu::merge(s.streams[size_t(id)].vc, it->second.vc);
+  if (ev->recorded) emu::merge(s.streams[size_t(id)].vc, ev->vc);
   return cudaSuccess;
 }
 
 // ---- events
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* p, unsigned flags) {
-  if (!p) return emu::fail(cudaErrorInvalidValue, "cudaEventCreateWithFlags", "null result pointer");
-  auto& s = S();
-  std::lock_guard lock(s.mu);
-  emu::EventRec r;
-  r.device = emu::t_device;
-  r.timing = (flags & cudaEventDisableTiming) == 0;
-  const auto h = reinterpret_cast<cudaEvent_t>(s.next_handle);
-  s.next_handle += 16;
-  s.events.emplace(h, std::move(r));
-  *p = h;
-  return cudaSuccess;
+  return emu::create_handle(p, "cudaEventCreateWithFlags", [&](emu::State& s, cudaEvent_t h) {
+    emu::EventRec r;
+    r.device = emu::t_device;
+    r.timing = (flags & cudaEventDisableTiming) == 0;
+    s.events.emplace(h, std::move(r));
+  });
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* p) { return cudaEventCreateWithFlags(p, cudaEventDefault); }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   std::lock_guard lock(S().mu);
-  if (!S().events.erase(e))
-    return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy", "event " + emu::ptr_text(e) + " is not a live event");
+  if (!emu::live_event(e, "cudaEventDestroy")) return cudaErrorInvalidResourceHandle;
+  S().events.erase(e);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t h) {
   auto& s = S();
   std::lock_guard lock(s.mu);
-  auto it = s.events.find(e);
-  if (it == s.events.end())
-    return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventRecord", "event " + emu::ptr_text(e) + " is not a live event");
+  emu::EventRec* ev = emu::live_event(e, "cudaEventRecord");
+  if (!ev) return cudaErrorInvalidResourceHandle;
   const int id = emu::stream_id(h, "cudaEventRecord");
   if (id < 0) return cudaErrorInvalidResourceHandle;
-  if (s.streams[size_t(id)].device != it->second.device)
+  if (s.streams[size_t(id)].device != ev->device)
     return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventRecord",
-                     "the event was created on cuda:" + std::to_string(it->second.device) + ", the stream is on cuda:" +
+                     "the event was created on cuda:" + std::to_string(ev->device) + ", the stream is on cuda:" +
                          std::to_string(s.streams[size_t(id)].device));
   emu::enqueue(id);
-  it->second.vc = s.streams[size_t(id)].vc;
-  it->second.recorded = true;
-  it->second.not_ready = s.event_polls;
-  it->second.when = std::chrono::steady_clock::now();
+  ev->vc = s.streams[size_t(id)].vc;
+  ev->recorded = true;
+  ev->not_ready = s.event_polls;
+  ev->when = std::chrono::steady_clock::now();
   return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   auto& s = S();
   std::lock_guard lock(s.mu);
-  auto it = s.events.find(e);
-  if (it == s.events.end())
-    return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventQuery", "event " + emu::ptr_text(e) + " is not a live event");
+  emu::EventRec* ev = emu::live_event(e, "cudaEventQuery");
+  if (!ev) return cudaErrorInvalidResourceHandle;
   // Work runs when enqueued, so every event is complete; MT_EMU_EVENT_POLLS makes the first queries say otherwise,
   // so that the callers' "not yet" paths run too (and, as on the device, "not ready" is the thread's last error
   // until read: a caller that does not clear it fails its next launch check).
-  if (it->second.recorded && it->second.not_ready > 0) {
-    --it->second.not_ready;
+  if (ev->recorded && ev->not_ready > 0) {
+    --ev->not_ready;
     return emu::ret(cudaErrorNotReady);
   }
-  emu::host_waits_for(it->second.vc);
+  emu::host_waits_for(ev->vc);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  auto& s = S();
-  std::lock_guard lock(s.mu);
-  auto it = s.events.find(e);
-  if (it == s.events.end())
-    return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize", "event " + emu::ptr_text(e) + " is not a live event");
-  emu::host_waits_for(it->second.vc);
+  std::lock_guard lock(S().mu);
+  emu::EventRec* ev = emu::live_event(e, "cudaEventSynchronize");
+  if (!ev) return cudaErrorInvalidResourceHandle;
+  emu::host_waits_for(ev->vc);
   return cudaSuccess;
 }
 

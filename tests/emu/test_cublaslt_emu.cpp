@@ -21,36 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "tests/emu/device_registry.h"
-#include "tests/emu/capture_stderr.h"
+#include "tests/emu/stand_in_test.h"
 
 namespace {
 
 // ---------------------------------------------------------------- helpers
-
-uint16_t to_bf16(float f) {  // round to nearest even (the test's own, for inputs and the reference)
-  uint32_t w;
-  std::memcpy(&w, &f, 4);
-  w += 0x7fffu + ((w >> 16) & 1u);
-  return uint16_t(w >> 16);
-}
-float from_bf16(uint16_t u) {
-  const uint32_t w = uint32_t(u) << 16;
-  float f;
-  std::memcpy(&f, &w, 4);
-  return f;
-}
-
-// A device allocation (emulated: host memory the registry knows).
-struct Dev {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Dev(size_t n) : bytes(n) { REQUIRE(cudaMalloc(&p, n) == cudaSuccess); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  template <typename T> T* as() const { return static_cast<T*>(p); }
-};
 
 // A column-major matrix of rows x cols with leading dimension ld, in device memory, f32 or bf16, with the
 // float value of each element kept for the reference.
@@ -372,17 +347,8 @@ TEST_CASE("the descriptor sequence of matmul.cu: forward, dinp, dweight (bf16 ac
 
 // ---------------------------------------------------------------- refusals
 
-// The call returns `want` and reports once, naming the call and each of `words`.
-#define EXPECT_REFUSED(expr, want, ...)                                                           \
-  do {                                                                                            \
-    const long long before_ = emu::reports();                                                     \
-    CaptureStderr cap_;                                                                           \
-    const cublasStatus_t got_ = (expr);                                                           \
-    const std::string text_ = cap_.text();                                                        \
-    CHECK(got_ == (want));                                                                        \
-    CHECK(emu::reports() > before_);                                                              \
-    for (const char* w_ : {__VA_ARGS__}) CHECK_MESSAGE(text_.find(w_) != std::string::npos, "'", w_, "' in: ", text_); \
-  } while (0)
+// The call returns `want` (a cublasStatus_t) and reports once, naming the call and each of `words`.
+#define EXPECT_REFUSED(expr, want, ...) EXPECT_REPORTED(expr, want, __VA_ARGS__)
 
 TEST_CASE("attributes and values meshtrain does not use are refused, naming them") {
   cublasLtMatmulDesc_t op = nullptr;

@@ -108,6 +108,91 @@ bool sees_a_key(const Case& c, const Tensor& doc, int64_t b, int64_t t) {
 // hd 128 at T 130 and above): tests/emu/test_flash_emulated.cpp runs the kernels at those sizes.
 bool emulated_skip(const Case& c) { return emulated_quick() && double(c.B * c.H * c.T) * double(c.S * c.hd) > 6e6; }
 
+// A case's sizes and offsets in the message of any failing check in scope.
+#define CAPTURE_CASE(c) \
+  CAPTURE(c.T);         \
+  CAPTURE(c.S);         \
+  CAPTURE(c.hd);        \
+  CAPTURE(c.causal);    \
+  CAPTURE(c.q_pos0);    \
+  CAPTURE(c.k_pos0)
+
+// A case's inputs from seeds seed..seed+3: f32 on the host for the reference, the same values in bf16 on the
+// device for the kernel.
+struct Inputs {
+  Tensor q, k, v, dout;
+  Tensor qd, kd, vd, doutd;
+};
+Inputs inputs(const Case& c, uint64_t seed) {
+  Inputs in;
+  in.q = rnd({c.B, c.T, c.H, c.hd}, seed), in.k = rnd({c.B, c.S, c.KV, c.hd}, seed + 1);
+  in.v = rnd({c.B, c.S, c.KV, c.hd}, seed + 2), in.dout = rnd(in.q.shape(), seed + 3);
+  in.qd = bf(in.q), in.kd = bf(in.k), in.vd = bf(in.v), in.doutd = bf(in.dout);
+  return in;
+}
+
+// The CPU f32 attention's forward and backward (its backward from its own forward).
+struct Reference {
+  Tensor out, lse, dq, dk, dv;
+};
+Reference reference(const Case& c, const Inputs& in, const AttentionOptions& o) {
+  Reference r{empty(in.q.shape(), DType::f32), empty({c.B, c.H, c.T}, DType::f32), empty(in.q.shape(), DType::f32),
+              empty(in.k.shape(), DType::f32), empty(in.k.shape(), DType::f32)};
+  attention_forward(r.out, r.lse, in.q, in.k, in.v, o);
+  attention_backward(r.dq, r.dk, r.dv, in.dout, in.q, in.k, in.v, r.out, r.lse, o);
+  return r;
+}
+
+// The (row, head) pairs whose query sees no key (sees(b, t) false), and how many of their values are not exactly
+// out = 0, lse = -inf, dq = 0.
+struct DeadRows {
+  int64_t dead = 0, wrong = 0;
+};
+template <typename Sees>
+DeadRows dead_rows(const Case& c, const Tensor& outd, const Tensor& lsed, const Tensor& dqd, Sees&& sees) {
+  auto ov = to_f64(outd), lv = to_f64(lsed), qv = to_f64(dqd);
+  DeadRows d;
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t t = 0; t < c.T; ++t) {
+      if (sees(b, t)) continue;
+      for (int64_t h = 0; h < c.H; ++h) {
+        ++d.dead;
+        if (lv[size_t((b * c.H + h) * c.T + t)] != -INFINITY) ++d.wrong;
+        for (int64_t x = 0; x < c.hd; ++x) {
+          const size_t i = size_t(((b * c.T + t) * c.H + h) * c.hd + x);
+          if (ov[i] != 0 || qv[i] != 0) ++d.wrong;
+        }
+      }
+    }
+  return d;
+}
+
+// The backward accumulating into dk, dv that start as random dk0, dv0 (seeds seed, seed + 1), as ring attention's
+// later query chunks do: they must come out as dk0, dv0 plus the reference's. Returns the kernel's gradients.
+Grads check_accumulate(const Case& c, const Inputs& in, const Reference& ref, const Tensor& outd, const Tensor& lsed,
+                       uint64_t seed, const Tensor* doc = nullptr) {
+  Tensor dk0 = rnd(in.k.shape(), seed), dv0 = rnd(in.k.shape(), seed + 1), dk0d = bf(dk0), dv0d = bf(dv0);
+  Grads ga = flash_backward(c, in.doutd, in.qd, in.kd, in.vd, outd, lsed, &dk0d, &dv0d, doc);
+  Tensor dk_sum = empty(in.k.shape(), DType::f32), dv_sum = empty(in.k.shape(), DType::f32);
+  add(dk_sum, dk0, ref.dk);
+  add(dv_sum, dv0, ref.dv);
+  CHECK_BF16(ga.dk, dk_sum);
+  CHECK_BF16(ga.dv, dv_sum);
+  return ga;
+}
+
+// A rerun of the forward and the backward gives the same bits.
+void check_rerun(const Case& c, const Inputs& in, const Tensor& outd, const Tensor& lsed, const Grads& g,
+                 const Tensor* doc = nullptr) {
+  auto [outd2, lsed2] = flash_forward(c, in.qd, in.kd, in.vd, doc);
+  CHECK(same_bits(outd2, outd));
+  CHECK(same_bits(lsed2, lsed));
+  Grads g2 = flash_backward(c, in.doutd, in.qd, in.kd, in.vd, outd, lsed, nullptr, nullptr, doc);
+  CHECK(same_bits(g2.dq, g.dq));
+  CHECK(same_bits(g2.dk, g.dk));
+  CHECK(same_bits(g2.dv, g.dv));
+}
+
 }  // namespace
 
 TEST_CASE("gpu flash attention: forward and backward vs CPU f32 (hd 64/128, causal/full, GQA, tails, ring offsets)") {
@@ -124,73 +209,38 @@ TEST_CASE("gpu flash attention: forward and backward vs CPU f32 (hd 64/128, caus
            {1, 520, 520, 4, 1, 128, true, 0, 0},    // 9 blocks deep: both pipeline stages reused many times
        }) {
     if (emulated_skip(c)) continue;
-    CAPTURE(c.T);
-    CAPTURE(c.S);
-    CAPTURE(c.hd);
-    CAPTURE(c.causal);
-    CAPTURE(c.q_pos0);
-    CAPTURE(c.k_pos0);
+    CAPTURE_CASE(c);
     AttentionOptions o;
     o.causal = c.causal, o.q_pos0 = c.q_pos0, o.k_pos0 = c.k_pos0;
-    Tensor q = rnd({c.B, c.T, c.H, c.hd}, 1), k = rnd({c.B, c.S, c.KV, c.hd}, 2), v = rnd({c.B, c.S, c.KV, c.hd}, 3);
-    Tensor dout = rnd(q.shape(), 4);
-    Tensor qd = bf(q), kd = bf(k), vd = bf(v), doutd = bf(dout);
+    const Inputs in = inputs(c, 1);
+    const Reference ref = reference(c, in, o);
 
     // Forward.
-    Tensor out = empty(q.shape(), DType::f32), lse = empty({c.B, c.H, c.T}, DType::f32);
-    attention_forward(out, lse, q, k, v, o);
-    auto [outd, lsed] = flash_forward(c, qd, kd, vd);
-    CHECK_BF16(outd, out);
-    CHECK_LSE(lsed, lse);
+    auto [outd, lsed] = flash_forward(c, in.qd, in.kd, in.vd);
+    CHECK_BF16(outd, ref.out);
+    CHECK_LSE(lsed, ref.lse);
 
     // Backward (the reference from its own forward; the kernel from the kernel's).
-    Tensor dq = empty(q.shape(), DType::f32), dk = empty(k.shape(), DType::f32), dv = empty(k.shape(), DType::f32);
-    attention_backward(dq, dk, dv, dout, q, k, v, out, lse, o);
-    Grads g = flash_backward(c, doutd, qd, kd, vd, outd, lsed);
-    CHECK_BF16(g.dq, dq);
-    CHECK_BF16(g.dk, dk);
-    CHECK_BF16(g.dv, dv);
+    Grads g = flash_backward(c, in.doutd, in.qd, in.kd, in.vd, outd, lsed);
+    CHECK_BF16(g.dq, ref.dq);
+    CHECK_BF16(g.dk, ref.dk);
+    CHECK_BF16(g.dv, ref.dv);
 
     // Rows that see no key: exactly out = 0, lse = -inf, dq = 0.
-    {
-      auto ov = to_f64(outd), lv = to_f64(lsed), qv = to_f64(g.dq);
-      int64_t dead = 0, wrong = 0;
-      for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t t = 0; t < c.T; ++t) {
-          if (c.S > 0 && (!c.causal || c.q_pos0 + t - c.k_pos0 + 1 > 0)) continue;  // sees key 0
-          for (int64_t h = 0; h < c.H; ++h) {
-            ++dead;
-            if (lv[size_t((b * c.H + h) * c.T + t)] != -INFINITY) ++wrong;
-            for (int64_t x = 0; x < c.hd; ++x) {
-              const size_t i = size_t(((b * c.T + t) * c.H + h) * c.hd + x);
-              if (ov[i] != 0 || qv[i] != 0) ++wrong;
-            }
-          }
-        }
-      if (c.k_pos0 > c.q_pos0) CHECK(dead > 0);
-      CHECK(wrong == 0);
-    }
+    const DeadRows dead = dead_rows(c, outd, lsed, g.dq, [&](int64_t, int64_t t) {
+      return c.S > 0 && (!c.causal || c.q_pos0 + t - c.k_pos0 + 1 > 0);  // sees key 0
+    });
+    if (c.k_pos0 > c.q_pos0) CHECK(dead.dead > 0);
+    CHECK(dead.wrong == 0);
 
     // Accumulate: dk, dv += the contribution (ring attention's later query chunks).
-    Tensor dk0 = rnd(k.shape(), 5), dv0 = rnd(k.shape(), 6), dk0d = bf(dk0), dv0d = bf(dv0);
-    Grads ga = flash_backward(c, doutd, qd, kd, vd, outd, lsed, &dk0d, &dv0d);
-    Tensor dk_sum = empty(k.shape(), DType::f32), dv_sum = empty(k.shape(), DType::f32);
-    add(dk_sum, dk0, dk);
-    add(dv_sum, dv0, dv);
-    CHECK_BF16(ga.dk, dk_sum);
-    CHECK_BF16(ga.dv, dv_sum);
+    Grads ga = check_accumulate(c, in, ref, outd, lsed, 5);
     CHECK(same_bits(ga.dq, g.dq));
 
     // Determinism: a rerun gives the same bits (on a GPU; the emulated device's quick run leaves it out: its
     // kernels run in one fixed order).
     if (emulated_quick()) continue;
-    auto [outd2, lsed2] = flash_forward(c, qd, kd, vd);
-    CHECK(same_bits(outd2, outd));
-    CHECK(same_bits(lsed2, lsed));
-    Grads g2 = flash_backward(c, doutd, qd, kd, vd, outd, lsed);
-    CHECK(same_bits(g2.dq, g.dq));
-    CHECK(same_bits(g2.dk, g.dk));
-    CHECK(same_bits(g2.dv, g.dv));
+    check_rerun(c, in, outd, lsed, g);
   }
 }
 
@@ -219,80 +269,41 @@ TEST_CASE(
        }) {
     const Case& c = dc.c;
     if (emulated_skip(c)) continue;
-    CAPTURE(c.T);
-    CAPTURE(c.S);
-    CAPTURE(c.hd);
-    CAPTURE(c.causal);
-    CAPTURE(c.q_pos0);
-    CAPTURE(c.k_pos0);
+    CAPTURE_CASE(c);
     CAPTURE(dc.arbitrary);
     Tensor doc = doc_starts(c, dc.starts, dc.arbitrary), docd = doc.to(gpu());
     AttentionOptions o;
     o.causal = c.causal, o.q_pos0 = c.q_pos0, o.k_pos0 = c.k_pos0, o.doc_start = doc;
-    Tensor q = rnd({c.B, c.T, c.H, c.hd}, 21), k = rnd({c.B, c.S, c.KV, c.hd}, 22), v = rnd({c.B, c.S, c.KV, c.hd}, 23);
-    Tensor dout = rnd(q.shape(), 24);
-    Tensor qd = bf(q), kd = bf(k), vd = bf(v), doutd = bf(dout);
+    const Inputs in = inputs(c, 21);
+    const Reference ref = reference(c, in, o);
 
-    Tensor out = empty(q.shape(), DType::f32), lse = empty({c.B, c.H, c.T}, DType::f32);
-    attention_forward(out, lse, q, k, v, o);
-    auto [outd, lsed] = flash_forward(c, qd, kd, vd, &docd);
-    CHECK_BF16(outd, out);
-    CHECK_LSE(lsed, lse);
-    Tensor dq = empty(q.shape(), DType::f32), dk = empty(k.shape(), DType::f32), dv = empty(k.shape(), DType::f32);
-    attention_backward(dq, dk, dv, dout, q, k, v, out, lse, o);
-    Grads g = flash_backward(c, doutd, qd, kd, vd, outd, lsed, nullptr, nullptr, &docd);
-    CHECK_BF16(g.dq, dq);
-    CHECK_BF16(g.dk, dk);
-    CHECK_BF16(g.dv, dv);
+    auto [outd, lsed] = flash_forward(c, in.qd, in.kd, in.vd, &docd);
+    CHECK_BF16(outd, ref.out);
+    CHECK_LSE(lsed, ref.lse);
+    Grads g = flash_backward(c, in.doutd, in.qd, in.kd, in.vd, outd, lsed, nullptr, nullptr, &docd);
+    CHECK_BF16(g.dq, ref.dq);
+    CHECK_BF16(g.dk, ref.dk);
+    CHECK_BF16(g.dv, ref.dv);
 
     // Rows that see no key: exactly out = 0, lse = -inf, dq = 0.
-    {
-      auto ov = to_f64(outd), lv = to_f64(lsed), qv = to_f64(g.dq);
-      int64_t wrong = 0;
-      for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t t = 0; t < c.T; ++t) {
-          if (sees_a_key(c, doc, b, t)) continue;
-          for (int64_t h = 0; h < c.H; ++h) {
-            if (lv[size_t((b * c.H + h) * c.T + t)] != -INFINITY) ++wrong;
-            for (int64_t x = 0; x < c.hd; ++x) {
-              const size_t i = size_t(((b * c.T + t) * c.H + h) * c.hd + x);
-              if (ov[i] != 0 || qv[i] != 0) ++wrong;
-            }
-          }
-        }
-      CHECK(wrong == 0);
-    }
+    CHECK(dead_rows(c, outd, lsed, g.dq, [&](int64_t b, int64_t t) { return sees_a_key(c, doc, b, t); }).wrong == 0);
 
     // Accumulate, and the same bits on a rerun.
-    Tensor dk0 = rnd(k.shape(), 25), dv0 = rnd(k.shape(), 26), dk0d = bf(dk0), dv0d = bf(dv0);
-    Grads ga = flash_backward(c, doutd, qd, kd, vd, outd, lsed, &dk0d, &dv0d, &docd);
-    Tensor dk_sum = empty(k.shape(), DType::f32), dv_sum = empty(k.shape(), DType::f32);
-    add(dk_sum, dk0, dk);
-    add(dv_sum, dv0, dv);
-    CHECK_BF16(ga.dk, dk_sum);
-    CHECK_BF16(ga.dv, dv_sum);
-    if (!emulated_quick()) {  // a rerun: the same bits (not in the emulated device's quick run, as above)
-      auto [outd2, lsed2] = flash_forward(c, qd, kd, vd, &docd);
-      CHECK(same_bits(outd2, outd));
-      CHECK(same_bits(lsed2, lsed));
-      Grads g2 = flash_backward(c, doutd, qd, kd, vd, outd, lsed, nullptr, nullptr, &docd);
-      CHECK(same_bits(g2.dq, g.dq));
-      CHECK(same_bits(g2.dk, g.dk));
-      CHECK(same_bits(g2.dv, g.dv));
-    }
+    check_accumulate(c, in, ref, outd, lsed, 25, &docd);
+    if (!emulated_quick()) check_rerun(c, in, outd, lsed, g, &docd);  // not in the emulated quick run, as above
 
     // Through local attention (doc_start on the device): the same bits as the direct calls.
-    const char* ref = std::getenv("MT_REFERENCE_ATTENTION");
-    if (!(ref && std::string(ref) == "1")) {
+    const char* reference_only = std::getenv("MT_REFERENCE_ATTENTION");
+    if (!(reference_only && std::string(reference_only) == "1")) {
       AttentionOptions od = o;
       od.doc_start = docd;
-      Tensor out3 = nan_dev(qd.shape(), DType::bf16), lse3 = nan_dev({c.B, c.H, c.T}, DType::f32);
-      attention_forward(out3, lse3, qd, kd, vd, od);
+      Tensor out3 = nan_dev(in.qd.shape(), DType::bf16), lse3 = nan_dev({c.B, c.H, c.T}, DType::f32);
+      attention_forward(out3, lse3, in.qd, in.kd, in.vd, od);
       CHECK(same_bits(out3, outd));
       CHECK(same_bits(lse3, lsed));
-      Tensor dq3 = nan_dev(qd.shape(), DType::bf16), dk3 = nan_dev(kd.shape(), DType::bf16),
-             dv3 = nan_dev(kd.shape(), DType::bf16);
-      attention_backward(dq3, dk3, dv3, doutd, qd, kd, vd, outd, lsed, od);
+      Tensor dq3 = nan_dev(in.qd.shape(), DType::bf16), dk3 = nan_dev(in.kd.shape(), DType::bf16),
+             dv3 = nan_dev(in.kd.shape(), DType::bf16);
+      attention_backward(dq3, dk3, dv3, in.doutd, in.qd, in.kd, in.vd, outd, lsed, od);
       CHECK(same_bits(dq3, g.dq));
       CHECK(same_bits(dk3, g.dk));
       CHECK(same_bits(dv3, g.dv));
