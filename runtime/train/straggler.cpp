@@ -1,7 +1,5 @@
 #include "runtime/train/straggler.h"
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/world.h"
 #include "runtime/core/trace.h"
 
 namespace mt {
@@ -77,9 +76,7 @@ void fault_slow_rank() {
     const char* e = std::getenv("MT_FAULT_SLOW_RANK");
     int rank = -1, ms = 0;
     if (e && std::sscanf(e, "%d:%d", &rank, &ms) == 2) {
-      int me = -1;
-      MPI_Comm_rank(MPI_COMM_WORLD, &me);
-      if (me != rank) rank = -1;
+      if (world::rank() != rank) rank = -1;
     } else {
       rank = -1;
     }
