@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "comm/watchdog.h"
@@ -153,6 +155,27 @@ void control_all_reduce(MPI_Comm comm, void* buf, int count, MPI_Datatype type, 
   run_control(comm, label, where,
               [&](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, op, comm, r); });
 }
+
+template <class T>
+void control_all_reduce(MPI_Comm comm, std::span<T> values, ReduceOp op, std::string_view label,
+                        const std::string& where) {
+  static_assert(world::Reducible<T>);
+  MT_CHECK(values.size() <= size_t(INT_MAX), "comm", "'{}': {} values exceed MPI's int count", label, values.size());
+  const MPI_Datatype type = std::is_same_v<T, int>       ? MPI_INT
+                            : std::is_same_v<T, int64_t> ? MPI_INT64_T
+                            : std::is_same_v<T, uint64_t> ? MPI_UINT64_T
+                                                          : MPI_DOUBLE;
+  const MPI_Op mop = op == ReduceOp::max ? MPI_MAX : op == ReduceOp::min ? MPI_MIN : MPI_SUM;
+  control_all_reduce(comm, values.data(), int(values.size()), type, mop, label, where);
+  if (op != ReduceOp::avg) return;
+  int n = 1;
+  MPI_Comm_size(comm, &n);
+  for (T& v : values) v /= T(n);
+}
+template void control_all_reduce(MPI_Comm, std::span<int>, ReduceOp, std::string_view, const std::string&);
+template void control_all_reduce(MPI_Comm, std::span<int64_t>, ReduceOp, std::string_view, const std::string&);
+template void control_all_reduce(MPI_Comm, std::span<uint64_t>, ReduceOp, std::string_view, const std::string&);
+template void control_all_reduce(MPI_Comm, std::span<double>, ReduceOp, std::string_view, const std::string&);
 
 void control_all_gather(MPI_Comm comm, void* out, const void* in, int count, MPI_Datatype type, std::string_view label,
                         const std::string& where) {

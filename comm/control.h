@@ -6,19 +6,28 @@
 // peers (small non-blocking sends; with more than 64 ranks, only to and from
 // the communicator's rank 0), so a timeout names the ranks that never reached
 // the call, and a rank whose peers are in a different call fails at once
-// naming both calls. Labels must be the same on every rank.
+// naming both calls. Labels must be the same on every rank. Private to comm: the layers above reach the world
+// through world.h and a Group's communicator through mpi/mpi_baseline.h.
 #pragma once
 #include <mpi.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
+
+#include "comm/group.h"
+#include "comm/world.h"
 
 namespace mt {
 
 // where: what the communicator is, for messages ("" = the world).
 void control_barrier(MPI_Comm comm, std::string_view label, const std::string& where = {});
 void control_all_reduce(MPI_Comm comm, void* buf, int count, MPI_Datatype type, MPI_Op op, std::string_view label,
+                        const std::string& where = {});
+// Typed and in place (T: world.h's Reducible; avg: the sum divided by the ranks, in T's arithmetic).
+template <class T>
+void control_all_reduce(MPI_Comm comm, std::span<T> values, ReduceOp op, std::string_view label,
                         const std::string& where = {});
 // out holds size * count elements, rank r's in at r * count.
 void control_all_gather(MPI_Comm comm, void* out, const void* in, int count, MPI_Datatype type, std::string_view label,
@@ -29,13 +38,7 @@ void control_broadcast(MPI_Comm comm, void* buf, int count, MPI_Datatype type, i
 void control_gather(MPI_Comm comm, void* out, const void* in, int count, MPI_Datatype type, int root,
                     std::string_view label, const std::string& where = {});
 
-// Clock alignment for traces (issue 40): rank 0 and each other rank in turn ping-pong `rounds` times (blocking
-// point-to-point under the watchdog); each rank keeps the round with the smallest round trip and estimates the
-// offset to add to its steady clock to read rank 0's (rank 0's time at the reply minus the round trip's middle).
-// zero_ns: rank 0's clock when the sync ended (broadcast), the traces' zero. Collective over comm.
-struct ClockSync {
-  int64_t offset_ns = 0, zero_ns = 0, rtt_ns = 0;
-};
+// Clock alignment for traces (world.h's ClockSync). Collective over comm.
 ClockSync control_clock_sync(MPI_Comm comm, int rounds = 8);
 
 }  // namespace mt

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "comm/mpi/mpi_group.h"
+#include "comm/nccl/nccl_table.h"
 #include "comm/watchdog.h"
 #include "runtime/core/kernel_profile.h"
 #include "runtime/core/stream.h"
@@ -499,3 +500,15 @@ std::unique_ptr<Group> make_nccl_group(MPI_Comm comm, std::string name, std::vec
 }
 
 }  // namespace mt
+
+// comm's entry of libmeshtrain_cuda.so (nccl_table.h), beside what it points to.
+extern "C" __attribute__((visibility("default"))) const mt::NcclBackend* mt_nccl_backend_v1() {
+  static const mt::NcclBackend table = [] {
+    mt::NcclBackend t;
+    t.make_nccl_group = [](MPI_Comm comm, std::string name, std::vector<int> world_ranks, int device) -> mt::Group* {
+      return mt::make_nccl_group(comm, std::move(name), std::move(world_ranks), device).release();
+    };
+    return t;
+  }();
+  return &table;
+}

@@ -1,23 +1,20 @@
 // meshtrain check: the cluster self-check. Runs every collective on every
 // mesh dim and on the flattened groups, verifies each result against values
 // computed without communication, and times it (median of --iters) in
-// nccl-tests' conventions, beside the bare MPI call on the same buffers.
+// nccl-tests' conventions, beside the bare MPI call on the same buffers (comm/mpi/mpi_baseline.h).
 #include "runtime/cli/command.h"
 #include <cstdint>
 #include <string>
 #include <vector>
 #include <CLI/CLI.hpp>
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <functional>
 
-#include "comm/control.h"
-#include "comm/mpi/mpi_group.h"
-#include "comm/watchdog.h"
+#include "comm/mpi/mpi_baseline.h"
+#include "comm/world.h"
 #include "parallel/parallel_dims.h"
 #include "runtime/core/log.h"
 #include "runtime/core/stream.h"
@@ -88,22 +85,6 @@ Work run_op(Group& g, const std::string& op, const Buffers& b, bool async = fals
   if (op == "ring_shift") return g.ring_shift(b.out, b.in, 1, async);
   g.barrier();
   return {};
-}
-
-// The bare MPI call on the same host buffers, for the wrapper-cost comparison.
-void run_bare(MPI_Comm c, const std::string& op, const Buffers& b, int me, int n) {
-  auto ty = mpi_datatype(b.in.dtype());
-  int cnt = int(b.in.numel());
-  if (op == "all_reduce") MPI_Allreduce(MPI_IN_PLACE, b.in.data_ptr(), cnt, ty, MPI_SUM, c);
-  else if (op == "all_gather") MPI_Allgather(b.in.data_ptr(), cnt, ty, b.out.data_ptr(), cnt, ty, c);
-  else if (op == "reduce_scatter")
-    MPI_Reduce_scatter_block(b.in.data_ptr(), b.out.data_ptr(), int(b.out.numel()), ty, MPI_SUM, c);
-  else if (op == "all_to_all") MPI_Alltoall(b.in.data_ptr(), cnt / n, ty, b.out.data_ptr(), cnt / n, ty, c);
-  else if (op == "broadcast") MPI_Bcast(b.in.data_ptr(), cnt, ty, 0, c);
-  else if (op == "ring_shift")
-    MPI_Sendrecv(b.in.data_ptr(), cnt, ty, (me + 1) % n, 99, b.out.data_ptr(), cnt, ty, (me + n - 1) % n, 99, c,
-                 MPI_STATUS_IGNORE);
-  else MPI_Barrier(c);
 }
 
 // Compares the op's result with the expectation computed from value(); returns
@@ -233,7 +214,6 @@ int64_t time_ops(const MpiEnv& env, Group& g, const std::vector<std::string>& op
                  const CheckArgs& args, const Device& device, std::ofstream& json) {
   const int n = g.size(), me = g.rank();
   const bool bare = args.compare_mpi && g.backend() == "mpi" && device.is_cpu();
-  MPI_Comm comm = group_mpi_comm(g);
   int64_t failures = 0;
   for (const auto& op : ops) {
     if (env.rank() == 0)
@@ -250,27 +230,22 @@ int64_t time_ops(const MpiEnv& env, Group& g, const std::vector<std::string>& op
       int64_t bad = verify(op, b, count, me, n);
       std::vector<double> ours(size_t(args.iters)), theirs(size_t(args.iters), 0.0);
       for (int it = -args.warmup; it < args.iters; ++it) {
-        control_barrier(comm, fmt::format("check timing barrier ({})", op), g.describe());
+        mpi_baseline::barrier(g, fmt::format("check timing barrier ({})", op));
         auto t0 = Clock::now();
         run_op(g, op, b).wait();
         sync_device(device);
         double t = std::chrono::duration<double>(Clock::now() - t0).count();
         if (it >= 0) ours[size_t(it)] = t;
         if (bare) {
-          control_barrier(comm, fmt::format("check timing barrier (bare {})", op), g.describe());
-          // Watched like ours, with the watchdog's bookkeeping outside the timed span.
-          WatchdogScope w(op.c_str(), g);
-          t0 = Clock::now();
-          run_bare(comm, op, b, me, n);
-          t = std::chrono::duration<double>(Clock::now() - t0).count();
+          t = mpi_baseline::time_collective(g, op, b.in, b.out, fmt::format("check timing barrier (bare {})", op));
           if (it >= 0) theirs[size_t(it)] = t;
         }
       }
       // An iteration lasts as long as its slowest rank.
-      control_all_reduce(comm, ours.data(), args.iters, MPI_DOUBLE, MPI_MAX, "check timing all_reduce", g.describe());
-      control_all_reduce(comm, theirs.data(), args.iters, MPI_DOUBLE, MPI_MAX, "check timing all_reduce", g.describe());
+      mpi_baseline::all_reduce(g, std::span(ours), ReduceOp::max, "check timing all_reduce");
+      mpi_baseline::all_reduce(g, std::span(theirs), ReduceOp::max, "check timing all_reduce");
       int64_t bad_all = bad;
-      control_all_reduce(comm, &bad_all, 1, MPI_INT64_T, MPI_SUM, "check wrong-element count", g.describe());
+      mpi_baseline::all_reduce(g, std::span(&bad_all, 1), ReduceOp::sum, "check wrong-element count");
       if (bad_all) ++failures;
       double t = median(ours), tb = median(theirs);
       int64_t moved = op == "barrier" ? 0 : count * 4;
@@ -356,8 +331,7 @@ int run_check_command(const RunContext& ctx, const CheckArgs& args) {
     failures += check_values(*g, ops, mo.device);
     failures += time_ops(env, *g, ops, plan.sizes, args, mo.device, json);
   }
-  int64_t total = failures;
-  control_all_reduce(MPI_COMM_WORLD, &total, 1, MPI_INT64_T, MPI_SUM, "check failure count");
+  const int64_t total = world::all_reduce(failures, ReduceOp::sum, "check failure count");
   if (env.rank() == 0)
     std::printf("\ncheck %s: %lld wrong result(s) over %zu group(s)\n", total ? "FAILED" : "passed", (long long)total,
                 groups.size());

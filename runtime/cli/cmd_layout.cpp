@@ -6,12 +6,10 @@
 #include <string>
 #include <CLI/CLI.hpp>
 
-#include <mpi.h>
-
 #include <filesystem>
 #include <sstream>
 
-#include "comm/control.h"
+#include "comm/world.h"
 #include "parallel/dtensor.h"
 #include "runtime/io/npy.h"
 
@@ -121,8 +119,7 @@ int run_layout_command(const RunContext& ctx, const LayoutArgs& a) {
     write_npy(fmt::format("{}/rank{}_src.npy", a.dump, env.rank()), x.local);
     write_npy(fmt::format("{}/rank{}_dst.npy", a.dump, env.rank()), y.local);
   }
-  int64_t total = bad;
-  control_all_reduce(MPI_COMM_WORLD, &total, 1, MPI_INT64_T, MPI_SUM, "layout error count");
+  const int64_t total = world::all_reduce(bad, ReduceOp::sum, "layout error count");
   if (rank0) {
     std::printf("\nexecuted on %d ranks (%s backend): %s\n", env.size(), mesh.backend().c_str(),
                 total ? fmt::format("WRONG on {} rank(s)", total).c_str() : "every rank's shard is correct");

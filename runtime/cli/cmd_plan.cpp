@@ -4,8 +4,6 @@
 // runtime on a real forward/backward of a random batch and set beside the
 // analytic count each parallelism declares next to its code (tp with sequence
 // parallel, cp, fully_shard, the gradient buckets).
-#include <mpi.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>

@@ -3,13 +3,10 @@
 // The global options may also follow the subcommand: meshtrain train --config FILE --set k=v.
 // Exit codes: 0 done, 1 an error, 2 a command-line error, 128 + N a training run stopped by signal N
 // (after its checkpoint; 143 SIGTERM, 138 SIGUSR1, 130 SIGINT).
-#include <mpi.h>
-
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <optional>
 
-#include "comm/control.h"
 #include "comm/watchdog.h"
 #include "runtime/core/log.h"
 #include "runtime/train/agree.h"

@@ -45,4 +45,10 @@ inline size_t cuda_allocation_bytes(size_t bytes) {
 #endif
 }
 void cuda_empty_cache(int device);
+// What the caching allocator tells a device that checks every access (the emulated device of a test build): after
+// an allocation, the block now holds a tensor of `bytes`, what the checks should see of it; after a free, bytes 0
+// (the block is cached, and any use of it is an error). Set once, before the first allocation, from inside
+// libmeshtrain_cuda.so (cuda_runtime.cpp keeps it); none by default.
+using CudaBlockHook = void (*)(void* block, size_t bytes);
+void set_cuda_block_hook(CudaBlockHook hook);
 }  // namespace mt::detail

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "runtime/core/cuda_backend.h"
 #include "runtime/core/cuda_table.h"
@@ -25,6 +26,7 @@ namespace mt {
 namespace {
 
 std::atomic<const CudaBackend*> g_backend{nullptr};
+void* g_handle = nullptr;  // the library's, set with g_backend
 std::once_flag g_once;
 std::string g_error;
 
@@ -64,6 +66,7 @@ void load() {
       break;
     }
     spdlog::debug("loaded the CUDA backend {}", c);
+    g_handle = h;
     g_backend.store(b, std::memory_order_release);
     return;
   }
@@ -88,6 +91,11 @@ const CudaBackend& cuda_backend() {
   const std::string& e = cuda_backend_error();
   if (const CudaBackend* b = cuda_backend_if_loaded()) return *b;
   throw Error("[cuda] " + e);
+}
+
+void* cuda_backend_symbol(const char* name) {
+  cuda_backend();
+  return dlsym(g_handle, name);
 }
 
 namespace {

@@ -2,7 +2,8 @@
 // runtime calls the device-independent code needs (cuda_backend.h), the
 // caching device allocator, and the CUDA/cuBLAS error formatting of error.h.
 // Compiled only when CUDA is built (cuda_stub.cpp stands in otherwise), by nvcc's host compiler or, in the
-// emulated build (-Demulate_cuda=true, MT_CUDA_EMULATED), against tests/emu's runtime.
+// emulated build (-Demulate_cuda=true, MT_CUDA_EMULATED), against tests/emu's runtime, which hears of the
+// allocator's blocks through set_cuda_block_hook (cuda_backend.h).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -18,9 +19,6 @@
 #include "runtime/core/stream.h"
 #include "runtime/core/trace.h"
 #include "runtime/core/cuda_guard.h"
-#if MT_CUDA_EMULATED
-#include "tests/emu/device_registry.h"  // the emulated device (test-only): tensors' extents in cached blocks
-#endif
 
 namespace mt {
 
@@ -301,6 +299,8 @@ struct Caches {
   }
 };
 
+CudaBlockHook g_block_hook = nullptr;  // cuda_backend.h
+
 // Never destroyed: tensors freed from static destructors must still find it.
 Caches& caches() {
   static Caches* c = new Caches;
@@ -366,9 +366,7 @@ void* cuda_caching_alloc(int device, size_t bytes) {
     c.stats.driver_allocs++;
   }
   c.live.emplace(p, size);
-#if MT_CUDA_EMULATED
-  emu::set_extent(p, bytes);  // checks see the tensor's bytes, not the block's; fresh contents are NaN
-#endif
+  if (g_block_hook) g_block_hook(p, bytes);  // a checking device sees the tensor's bytes, not the block's
   c.stats.allocated_bytes += size;
   c.stats.requested_bytes += size;  // device blocks are the request's rounded size
   c.stats.peak_requested_bytes = std::max(c.stats.peak_requested_bytes, c.stats.requested_bytes);
@@ -389,9 +387,7 @@ void cuda_caching_free(int device, void* p, size_t /*bytes*/) {
   if (it == c.live.end()) return;  // not ours (never happens for tensors); do not corrupt the bins
   size_t size = it->second;
   c.live.erase(it);
-#if MT_CUDA_EMULATED
-  emu::set_extent(p, 0);  // a use after this free is an error
-#endif
+  if (g_block_hook) g_block_hook(p, 0);  // a use after this free is an error
   c.stats.allocated_bytes -= size;
   c.stats.requested_bytes -= size;
   c.free_blocks.emplace(size, p);
@@ -400,6 +396,8 @@ void cuda_caching_free(int device, void* p, size_t /*bytes*/) {
     trace::memory_sample(int64_t(c.stats.allocated_bytes));
   }
 }
+
+void set_cuda_block_hook(CudaBlockHook hook) { g_block_hook = hook; }
 
 AllocatorStats cuda_allocator_stats(int device) {
   auto& C = caches();

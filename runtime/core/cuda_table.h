@@ -1,23 +1,22 @@
-// The CUDA backend as a library loaded at run time (docs/ARCHITECTURE.md, "The CUDA backend"). Everything that
-// includes a CUDA header or links a CUDA library (the .cu launchers, cuda_runtime.cpp, nvtx.cpp,
-// comm/nccl/nccl_group.cpp; in the emulated build tests/emu's runtime, cuBLASLt and NCCL stand-ins) is built into
-// libmeshtrain_cuda.so, whose one exported entry, mt_cuda_backend_v1(), returns this table: a function pointer for
-// every CUDA function the rest of meshtrain calls (each launcher template once per activation type). The
-// executable links no CUDA library: cuda_loader.cpp loads the library on the first CUDA call (dlopen, from the
-// executable's directory, then $MESHTRAIN_CUDA_BACKEND, then the default search path) and defines the same
-// functions (cuda_backend.h, stream.h, device.h, the launchers of runtime/kernels) as trampolines into the table;
-// the library's own definitions are local to it (a version script), so neither side's calls reach the other's
-// copy. What the library needs of the rest (mt::fail, spdlog, Group, the watchdog, the counters) it takes from the
-// executable (linked with --export-dynamic), so there is one copy of each.
+// The CUDA backend as a library loaded at run time (docs/ARCHITECTURE.md, "The CUDA backend"). Everything that includes
+// a CUDA header or links a CUDA library (the .cu launchers, cuda_runtime.cpp, nvtx.cpp, comm/nccl/nccl_group.cpp; in
+// the emulated build tests/emu's runtime, cuBLASLt and NCCL stand-ins) is built into libmeshtrain_cuda.so, whose entry
+// mt_cuda_backend_v1() returns this table: a function pointer for every CUDA function of the ground that the rest of
+// meshtrain calls (each launcher template once per activation type). A layer above the ground fills a table of its own
+// from the same library (comm's NCCL groups: comm/nccl/nccl_table.h), behind its own exported entry that its loader
+// finds with cuda_backend_symbol(). The executable links no CUDA library: cuda_loader.cpp loads the library on the
+// first CUDA call (dlopen, from the executable's directory, then $MESHTRAIN_CUDA_BACKEND, then the default search path)
+// and defines the same functions (cuda_backend.h, stream.h, device.h, the launchers of runtime/kernels) as trampolines
+// into the table; the library's own definitions are local to it (a version script), so neither side's calls reach the
+// other's copy. What the library needs of the rest (mt::fail, spdlog, Group, the watchdog, the counters) it takes from
+// the executable (linked with --export-dynamic), so there is one copy of each.
 //
-// Private to runtime/core, runtime/kernels and comm. Change the table: bump kCudaBackendAbi.
+// Private to runtime/core and runtime/kernels, and to the loaders above the ground (cuda_backend_symbol). Change the
+// table: bump kCudaBackendAbi.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <vector>
-
-#include <mpi.h>
 
 #include "runtime/core/allocator.h"
 #include "runtime/core/dtype.h"
@@ -26,9 +25,8 @@ namespace mt {
 
 class Stream;
 class Event;
-class Group;
 
-constexpr uint32_t kCudaBackendAbi = 2;
+constexpr uint32_t kCudaBackendAbi = 3;
 constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
 
 // The launchers of runtime/kernels/cuda taking T = float or mt::bf16 (declared again beside their ops,
@@ -221,8 +219,6 @@ struct CudaBackend {
   AllocatorStats (*allocator_stats)(int device);
   void (*reset_peak)(int device);
   void (*empty_cache)(int device);
-  // comm/nccl/nccl_group.h: the group, owned by the caller.
-  Group* (*make_nccl_group)(MPI_Comm comm, std::string name, std::vector<int> world_ranks, int device);
 
 #define MT_LAUNCHER_FIELDS(R, NAME, PARAMS, ARGS) \
   cuda::LauncherTypes<float>::NAME NAME##_f32;    \
@@ -239,6 +235,10 @@ const CudaBackend& cuda_backend();
 // Null when not loaded yet (nothing is loaded by asking).
 const CudaBackend* cuda_backend_if_loaded();
 // Why the backend cannot be loaded: cuda_backend_error() in device.h (it loads it if not yet tried).
+
+// The loaded library's exported symbol `name` (loads it, throwing as cuda_backend() does when it cannot); null
+// when the library has none: how a layer above the ground finds its own table in the same library.
+void* cuda_backend_symbol(const char* name);
 
 }  // namespace mt
 

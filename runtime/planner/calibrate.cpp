@@ -2,7 +2,6 @@
 // runtime's own kernels and collectives, every rank at once, and written as a cluster file: CPU ranks (comm.device
 // cpu), or a CUDA device per rank (comm.device cuda). One measuring code for both; what differs (where the tensors
 // live and in which dtype, waiting for the device, the peak, the memory, the shapes) is the Target chosen once.
-#include <mpi.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -20,8 +19,8 @@
 #include <thread>
 
 #include "attention/attention.h"
-#include "comm/control.h"
 #include "comm/mesh.h"
+#include "comm/world.h"
 #include "runtime/core/device.h"
 #include "runtime/core/log.h"
 #include "runtime/core/stream.h"
@@ -241,7 +240,7 @@ void measure_peaks(Calibration& cal, const MpiEnv& env, const CalibrateOptions& 
   // ranks on 2 cores, run to run); the contention is in the efficiencies, measured with every rank running.
   double f32_alone = 0, bf16_alone = 0;
   for (int r = 0; r < world; ++r) {
-    control_barrier(MPI_COMM_WORLD, "calibration: peak, one rank at a time");
+    world::barrier("calibration: peak, one rank at a time");
     if (env.rank() == r) {
       f32_alone = cpu_peak_flops();  // cached for the process: the same figure train's MFU would use
       // cpu_peak_flops' measurement in bf16 (on one rank at a time, as calibrate runs both).
@@ -519,9 +518,8 @@ void print_calibration(const Calibration& cal, int world, const std::vector<int6
 double rank_floor_mib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  double mib = double(u.ru_maxrss) / 1024.0;  // KiB on Linux
-  control_all_reduce(MPI_COMM_WORLD, &mib, 1, MPI_DOUBLE, MPI_MAX, "the ranks' floor");
-  return mib;
+  const double mib = double(u.ru_maxrss) / 1024.0;  // KiB on Linux
+  return world::all_reduce(mib, ReduceOp::max, "the ranks' floor");
 }
 
 ClusterSpec calibrate_cluster(const MpiEnv& env, const Config& cfg, const CalibrateOptions& opts) {

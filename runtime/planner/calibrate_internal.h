@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/control.h"
+#include "comm/world.h"
 #include "runtime/core/device.h"
 #include "runtime/core/stream.h"
 #include "runtime/kernels/ops.h"
@@ -71,13 +71,13 @@ template <class F> double time_median(const Target& tg, int iters, std::string_v
   tg.sync();
   std::vector<double> t;
   for (int i = 0; i < iters; ++i) {
-    control_barrier(MPI_COMM_WORLD, label);
+    world::barrier(label);
     auto t0 = Clock::now();
     fn();
     tg.sync();
     t.push_back(seconds_since(t0));
   }
-  control_all_reduce(MPI_COMM_WORLD, t.data(), iters, MPI_DOUBLE, MPI_MAX, label);
+  world::all_reduce(std::span(t), ReduceOp::max, label);
   return median(t);
 }
 

@@ -1,8 +1,6 @@
 // Calibration's links (calibrate_internal.h measure_link): every collective kind the runtime issues, timed on groups
 // of n ranks on the target's device, fitted to a latency and a bandwidth per kind; on CPU ranks also the wait a call
 // adds when its members come from computing (LinkSpec::sync_us).
-#include <mpi.h>
-
 #include <algorithm>
 
 #include "comm/mesh.h"
@@ -14,13 +12,7 @@ namespace mt::calibrate_detail {
 using cluster_detail::kAsyncKinds;
 
 // The median over the world's ranks of a figure each rank measured (collective).
-double median_over_ranks(double x, std::string_view label) {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  std::vector<double> all(size_t(n), 0.0);
-  control_all_gather(MPI_COMM_WORLD, all.data(), &x, 1, MPI_DOUBLE, label);
-  return median(all);
-}
+double median_over_ranks(double x, std::string_view label) { return median(world::all_gather(x, label)); }
 
 namespace {
 
@@ -64,13 +56,13 @@ double time_collective(const Target& tg, Group& g, const std::string& kind, int6
   run();
   std::vector<double> t(static_cast<size_t>(iters));
   for (int i = 0; i < iters; ++i) {
-    control_barrier(MPI_COMM_WORLD, "calibration: collective");
+    world::barrier("calibration: collective");
     auto t0 = Clock::now();
     run();
     t[size_t(i)] = seconds_since(t0);
   }
   // An iteration lasts as long as its slowest rank (as meshtrain check times it).
-  control_all_reduce(MPI_COMM_WORLD, t.data(), iters, MPI_DOUBLE, MPI_MAX, "calibration: collective time");
+  world::all_reduce(std::span(t), ReduceOp::max, "calibration: collective time");
   const double whole_bytes = double(call.count) * 4;
   *sent = kind == "all_reduce"   ? whole_bytes * 2.0 * (n - 1) / n
           : kind == "ring_shift" ? whole_bytes
@@ -94,7 +86,7 @@ SyncPoint time_sync(const Target& tg, Group& g, const std::vector<std::pair<std:
                     int64_t latency_bytes, int64_t rows, int calls, int reps) {
   Tensor inp = tg.filled({rows, 256}), w = tg.filled({768, 256}), out = tg.uninit({rows, 768});
   auto loop = [&](CollectiveCall* call) {
-    control_barrier(MPI_COMM_WORLD, "calibration: sync");
+    world::barrier("calibration: sync");
     auto t0 = Clock::now();
     for (int i = 0; i < calls; ++i) {
       matmul_forward(out, inp, w);
@@ -111,9 +103,8 @@ SyncPoint time_sync(const Target& tg, Group& g, const std::vector<std::pair<std:
       const double a = loop(&call), b = loop(nullptr);
       if (r > 0) with.push_back(a), without.push_back(b);
     }
-  control_all_reduce(MPI_COMM_WORLD, with.data(), int(with.size()), MPI_DOUBLE, MPI_MAX, "calibration: sync time");
-  control_all_reduce(MPI_COMM_WORLD, without.data(), int(without.size()), MPI_DOUBLE, MPI_MAX,
-                     "calibration: sync time");
+  world::all_reduce(std::span(with), ReduceOp::max, "calibration: sync time");
+  world::all_reduce(std::span(without), ReduceOp::max, "calibration: sync time");
   std::vector<double> samples;
   for (size_t i = 0; i < with.size(); ++i)
     samples.push_back((with[i] - without[i]) / calls - kinds_own_s[i % kinds_own_s.size()].second);

@@ -1,11 +1,9 @@
 #include "runtime/train/agree.h"
 
-#include <mpi.h>
-
 #include <cstdint>
 #include <vector>
 
-#include "comm/control.h"
+#include "comm/world.h"
 
 namespace mt {
 
@@ -36,8 +34,7 @@ void agree_on_error(const MpiEnv& env, std::exception_ptr error, std::string_vie
   }
   uint64_t mine = error ? message_hash(msg) : 0;
   std::vector<uint64_t> all(size_t(env.size()), mine);  // (world size) each rank's hash
-  if (env.size() > 1)
-    control_all_gather(MPI_COMM_WORLD, all.data(), &mine, 1, MPI_UINT64_T, fmt::format("errors in {}", label));
+  if (env.size() > 1) all = world::all_gather(mine, fmt::format("errors in {}", label));
   std::string failed;
   bool same = true;
   for (int r = 0; r < env.size(); ++r) {

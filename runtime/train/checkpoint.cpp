@@ -20,7 +20,6 @@
 #include <atomic>
 #include <chrono>
 
-#include "comm/control.h"
 #include "parallel/copy_block.h"
 #include "runtime/train/agree.h"
 #include "runtime/core/fault.h"

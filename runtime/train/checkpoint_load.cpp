@@ -1,8 +1,6 @@
 // Loading: a checkpoint (weights, optimizer moments, progress) or a Hugging Face directory's weights into a model in
 // its layout, each rank reading only its blocks (checkpoint.h); the checksums verified before a resume trusts the
 // files; partial saves found. Saving is in checkpoint.cpp.
-#include <mpi.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -13,7 +11,7 @@
 #include <regex>
 #include <set>
 
-#include "comm/control.h"
+#include "comm/world.h"
 #include "runtime/core/log.h"
 #include "runtime/io/checksum.h"
 #include "runtime/io/safetensors.h"
@@ -339,12 +337,10 @@ void verify_checkpoint(const std::string& path, const MpiEnv& env) {
   }
   // The ranks' messages, in rank order: every rank fails with the first, printed by rank 0.
   constexpr int kLen = 1024;
-  std::vector<char> all(size_t(kLen) * size_t(env.size()), 0), buf(kLen, 0);
+  std::vector<char> buf(kLen, 0);
   std::snprintf(buf.data(), kLen, "%s", mine.c_str());
-  if (env.size() > 1)
-    control_all_gather(MPI_COMM_WORLD, all.data(), buf.data(), kLen, MPI_CHAR, "verifying the checkpoint's checksums");
-  else
-    all = buf;
+  const std::vector<char> all =
+      env.size() > 1 ? world::all_gather(std::span<const char>(buf), "verifying the checkpoint's checksums") : buf;
   for (int r = 0; r < env.size(); ++r)
     if (all[size_t(r) * kLen] != 0) throw ReportedError(std::string(&all[size_t(r) * kLen]), 1, env.rank() == 0);
 }

@@ -2,14 +2,12 @@
 // on, and the device of this rank.
 #include "runtime/train/run_context.h"
 
-#include <mpi.h>
-
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "comm/control.h"
 #include "comm/watchdog.h"
+#include "comm/world.h"
 #include "runtime/core/device.h"
 #include "runtime/train/agree.h"
 
@@ -40,8 +38,7 @@ Config load_and_agree_config(const MpiEnv& env, const GlobalOptions& opts) {
   watchdog_set_timeout(c.comm.timeout_s);
   // First collective of the run: every rank must have read the same config.
   uint64_t h = config_hash(c);
-  std::vector<uint64_t> all(size_t(env.size()));
-  control_all_gather(MPI_COMM_WORLD, all.data(), &h, 1, MPI_UINT64_T, "config agreement");
+  const std::vector<uint64_t> all = world::all_gather(h, "config agreement");
   std::string differ;
   for (int r = 0; r < env.size(); ++r)
     if (all[size_t(r)] != all[0]) differ += (differ.empty() ? "" : ",") + std::to_string(r);

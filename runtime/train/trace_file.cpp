@@ -58,8 +58,8 @@ std::string merge_traces(const std::string& dir, int* ranks) {
 
 // ---- RunTrace ----
 
-#include "comm/control.h"
 #include "comm/env.h"
+#include "comm/world.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/kernel_profile.h"
 #include "runtime/core/trace.h"
@@ -80,9 +80,9 @@ RunTrace::RunTrace(const Config& cfg, const MpiEnv& env, const TrainRun& run) : 
     std::filesystem::create_directories(p.dir, ec);
     if (ec) std::snprintf(why, sizeof why, "%s", ec.message().c_str());
   }
-  control_broadcast(MPI_COMM_WORLD, why, int(sizeof why), MPI_CHAR, 0, "profile.dir check");
+  world::broadcast(std::as_writable_bytes(std::span(why)), 0, "profile.dir check");
   MT_CHECK(!why[0], "config", "profile.dir = {}: cannot create it: {}", p.dir, why);
-  const ClockSync c = control_clock_sync(MPI_COMM_WORLD);
+  const ClockSync c = world::clock_sync();
   trace::set_clock(c.offset_ns, c.zero_ns, c.rtt_ns);
   trace::set_process(env.rank(), env.host());
   trace::name_thread("main");
@@ -155,8 +155,7 @@ void RunTrace::finish(MetricsLogger& log) {
   const bool ok = trace::write(path, meta.dump());
   const size_t n = trace::event_count();
   trace::clear();
-  int bad = ok ? 0 : 1;
-  control_all_reduce(MPI_COMM_WORLD, &bad, 1, MPI_INT, MPI_MAX, "trace files written");
+  const int bad = world::all_reduce(ok ? 0 : 1, ReduceOp::max, "trace files written");
   if (bad) {
     if (env_.rank() == 0) log.note(fmt::format("trace: a rank could not write its file in {}", cfg_.profile.dir));
     return;

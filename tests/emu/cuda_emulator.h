@@ -14,7 +14,7 @@
 
 #if defined(MT_EMU_RUNTIME)
 // The emulated build (-Demulate_cuda=true): the kernel files are compiled through this header by the host
-// compiler (runtime/kernels/emu_unit.cpp.in) and linked with the emulated runtime (cuda_runtime_emu.cpp). The
+// compiler (tests/emu/emu_unit.cpp.in) and linked with the emulated runtime (cuda_runtime_emu.cpp). The
 // toolkit's own headers declare the API; launches run in stream order through emu::launch_checked, which checks
 // every pointer argument against the device-allocation registry and records it for the hazard tracker.
 #include <cuda_bf16.h>

@@ -46,6 +46,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/core/cuda_backend.h"
 #include "tests/emu/cuda_emulator_hooks.h"
 #include "tests/emu/device_registry.h"
 
@@ -550,6 +551,12 @@ void set_extent(void* block, size_t bytes) {
   std::memset(p, 0xff, bytes);  // fresh memory: NaN
   std::memset(p + bytes, kCanary, a->block + kCanaryZone - bytes);
 }
+
+namespace {
+// The caching allocator's blocks (runtime/core/cuda_backend.h) get their tensors' extents: registered as the
+// library loads, before anything can allocate.
+[[maybe_unused]] const bool g_block_hook_set = (mt::detail::set_cuda_block_hook(&set_extent), true);
+}  // namespace
 
 }  // namespace emu
 

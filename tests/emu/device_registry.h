@@ -62,12 +62,13 @@ int stream_device(cudaStream_t stream);
 int current_device();
 int device_count();
 
-// For the emulated build's caching allocator (runtime/core/cuda_runtime.cpp under MT_CUDA_EMULATED): the block
-// cudaMalloc returned at `block` now holds a tensor of `bytes` (<= the block's size). [block, block + bytes)
-// becomes the allocation's extent, what every check above sees, filled with 0xff bytes (NaN) as fresh memory;
-// the rest of the block and a zone past it are canary bytes that each kernel's written arguments are checked
-// against after it runs (a write past the tensor is an error naming the kernel and the argument). bytes 0: the
-// block is back in the allocator's free list, and any use of it is an error (use after free).
+// For the emulated build's caching allocator (runtime/core/cuda_runtime.cpp, which calls it as its block hook,
+// cuda_backend.h's set_cuda_block_hook, registered by cuda_runtime_emu.cpp): the block cudaMalloc returned at
+// `block` now holds a tensor of `bytes` (<= the block's size). [block, block + bytes) becomes the allocation's
+// extent, what every check above sees, filled with 0xff bytes (NaN) as fresh memory; the rest of the block and a
+// zone past it are canary bytes that each kernel's written arguments are checked against after it runs (a write
+// past the tensor is an error naming the kernel and the argument). bytes 0: the block is back in the allocator's
+// free list, and any use of it is an error (use after free).
 void set_extent(void* block, size_t bytes);
 
 // Reports "CALL: WHAT" on stderr (and remembers it for cudaGetErrorString); aborts under MT_EMU_ABORT=1.

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/cuda_backend.h"
 #include "tests/emu/device_registry.h"
 
 namespace {
@@ -203,6 +204,20 @@ TEST_CASE("kernel launches: a write past the end of a buffer; tensors in cached 
   CHECK(std::isnan(h[0]));  // a fresh extent is NaN
   CHECK(cudaFree(block) == cudaSuccess);
   CHECK(cudaStreamDestroy(s) == cudaSuccess);
+}
+
+TEST_CASE("the caching allocator tells the device each block's tensor (set_cuda_block_hook), then that it is freed") {
+  void* p = mt::detail::cuda_caching_alloc(0, 400);  // a 512-byte block
+  const void* base = nullptr;
+  size_t bytes = 0;
+  REQUIRE(emu::find_allocation(p, &base, &bytes));
+  CHECK(base == p);
+  CHECK(bytes == 400);
+  mt::detail::cuda_caching_free(0, p, 400);
+  REQUIRE(emu::find_allocation(p, &base, &bytes));
+  CHECK(bytes == 0);  // cached: a use is a use after free
+  mt::detail::cuda_empty_cache(0);
+  CHECK_FALSE(emu::find_allocation(p, nullptr, nullptr));
 }
 
 TEST_CASE("kernel launches: 2-D blocks with a partial warp and static shared memory") {

@@ -1,17 +1,12 @@
-// The entry of libmeshtrain_cuda.so (runtime/core/cuda_table.h): the table of the library's functions that the
-// rest of meshtrain calls through runtime/core/cuda_loader.cpp. Built into the library only; here because the
-// table reaches up to comm (make_nccl_group), the highest layer the library holds.
-#include <memory>
+// The core's entry of libmeshtrain_cuda.so (cuda_table.h): the table of the library's functions that the rest of
+// meshtrain calls through cuda_loader.cpp. Built into the library only.
 #include <utility>
 
-#include "comm/nccl/nccl_group.h"
 #include "runtime/core/cuda_backend.h"
 #include "runtime/core/cuda_table.h"
 #include "runtime/core/device.h"
 #include "runtime/core/kernel_profile.h"
 #include "runtime/core/stream.h"
-#include "runtime/kernels/cuda/cuda_ops.h"
-#include "runtime/kernels/cuda/flash_attention.h"
 
 namespace mt {
 namespace {
@@ -40,9 +35,6 @@ CudaBackend make_table() {
   t.allocator_stats = &detail::cuda_allocator_stats;
   t.reset_peak = &detail::cuda_reset_peak;
   t.empty_cache = &detail::cuda_empty_cache;
-  t.make_nccl_group = [](MPI_Comm comm, std::string name, std::vector<int> world_ranks, int device) -> Group* {
-    return make_nccl_group(comm, std::move(name), std::move(world_ranks), device).release();
-  };
 #define MT_SET_LAUNCHER(R, NAME, PARAMS, ARGS) \
   t.NAME##_f32 = &cuda::NAME<float>;           \
   t.NAME##_bf16 = &cuda::NAME<bf16>;
