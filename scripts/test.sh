@@ -18,16 +18,28 @@ for a in "$@"; do
 done
 if [ $setup -eq 1 ]; then
   scripts/setup.sh "$build" || { echo "setup failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
+  echo "set-up and build: $SECONDS s"
 fi
+start_s=$SECONDS
 
 passed=0
 failed=0
 skipped=0
+# Each suite's wall time (and each build's), for the list of the slowest at the end: the seconds since the last lap.
+laps=""
+lap_at=$start_s
+lap() {  # lap NAME: the time since the previous lap is NAME's; prints it
+  local took=$((SECONDS - lap_at))
+  lap_at=$SECONDS
+  laps+="$took $1"$'\n'
+  last_lap=$took
+}
 add() {  # add PASSED FAILED SKIPPED SUITE
   passed=$((passed + $1))
   failed=$((failed + $2))
   skipped=$((skipped + $3))
-  printf '%-28s %4d passed, %d failed, %d skipped\n' "$4" "$1" "$2" "$3"
+  lap "$4"
+  printf '%-28s %4d passed, %d failed, %d skipped  [%d s]\n' "$4" "$1" "$2" "$3" "$last_lap"
 }
 # report SUITE LOG PREFIX: counts a suite from the last line of LOG that reads "PREFIX N passed, N failed" with an
 # optional ", N skipped" (PREFIX an extended regular expression), else from doctest's own "[doctest] test cases:"
@@ -84,6 +96,7 @@ if [ -f /usr/local/cuda/include/cuda_runtime_api.h ]; then
        meson setup "$emu_build" -Demulate_cuda=true -Dcpu_dispatch=false >"$log_dir/emu-setup.log" 2>&1; } &&
      ninja -C "$emu_build" tests/test_ops tests/test_cuda_emulated tests/test_cublaslt_emu tests/test_nccl_emu meshtrain \
        >"$log_dir/emu-build.log" 2>&1; then
+    lap "(build-emu: the emulated CUDA build)"
     run_doctest_suite "$emu_build/tests/test_ops" ops-emulated 900 -tc="ops value: cuda*,ops gradient: cuda*"
     # Again with each block's threads run last to first between barriers: a read of another thread's write with no
     # barrier in between gives another result in one of the two orders.
@@ -124,6 +137,7 @@ gpu_emulated_suite() {  # gpu_emulated_suite BINARY NAME NP [DOCTEST ARGS...]
 gpu_emulated_multi_rank="-tc=redistribute*,the auto backend*,gpu: ring attention*"
 if [ $emu_ready -eq 1 ]; then
   if ninja -C "$emu_build" tests/test_gpu >"$log_dir/emu-gpu-build.log" 2>&1; then
+    lap "(build-emu: tests/test_gpu)"
     gpu_emulated_suite "$emu_build/tests/test_gpu" gpu-emulated 1
     MT_EMU_DEVICES=2 gpu_emulated_suite "$emu_build/tests/test_gpu" gpu-emulated 2 "$gpu_emulated_multi_rank"
   else
@@ -263,5 +277,7 @@ else
 fi
 
 echo "logs: $log_dir"
+echo "the ten slowest suites and builds of $((SECONDS - start_s)) s (after set-up):"
+printf '%s' "$laps" | sort -rn | head -n 10 | awk '{ t = $1; $1 = ""; printf "  %5d s %s\n", t, substr($0, 2) }'
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

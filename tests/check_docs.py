@@ -7,7 +7,7 @@ brace form (`parallel/fully_shard.{h,cpp}`, `runtime/{core,kernels,io}`), and ch
 folder, anything else a file or a folder. Inside backticks and fenced code blocks every such path counts; in plain
 text only one that ends in a file name with an extension, in `/` or holds a brace form (so that prose such as
 "attention/MLP" is not read as a path). Placeholders (`<name>`, `*`, `...`, a one-letter name as
-`configs/x.yaml`) and paths under runs/, data/ and build*/ are left out. Prints each missing path as
+`configs/x.yaml`), paths under runs/, data/ and build*/, and ninja's targets after `ninja -C DIR` are left out. Prints each missing path as
 "FAIL file:line: path" and ends with "docs: N passed, N failed": one check per path mentioned on a line, and the
 checker's own cases (a doc naming a missing file must fail, an existing one pass).
     tests/check_docs.py [--root ROOT] [FILE_OR_FOLDER ...]   (relative to ROOT; default README.md docs)
@@ -19,11 +19,14 @@ import tempfile
 
 TOP = ("runtime", "comm", "parallel", "attention", "models", "tests", "scripts", "configs", "docs")
 IGNORED = re.compile(r"^(runs|data|build[^/]*)/")
+# A user's Hugging Face downloads that the fine-tuning examples name (configs/finetune_*.yaml's init_from).
+USER_FOLDERS = re.compile(r"^models/Llama-3\.2-1B(-Instruct)?/?$")
 # A path: a known top-level folder, then segments of path characters and brace groups. Not preceded by a path
 # character, so that /usr/local/cuda or a URL's tail is not read as one.
 PATH = re.compile(r"(?<![\w./{}-])((?:%s)/(?:[\w.+\-/<>*]|\{[^{}\s`]*\})*)" % "|".join(TOP))
 BRACE = re.compile(r"\{([^{}]*)\}")
 CODE = re.compile(r"`([^`]*)`")
+NINJA = re.compile(r"\bninja -C \S+\s")  # what follows names build targets, not files of the tree
 
 
 def expand(path):
@@ -49,7 +52,8 @@ def clean(path):
 def placeholder(path):
     """`<name>`, `*`, `...`, a one-letter file name (`configs/x.yaml`), runs/, data/, build*/."""
     stem = path.rstrip("/").rsplit("/", 1)[-1].split(".")[0]
-    return any(c in path for c in "<>*") or "..." in path or len(stem) == 1 or IGNORED.match(path) is not None
+    return (any(c in path for c in "<>*") or "..." in path or len(stem) == 1 or IGNORED.match(path) is not None
+            or USER_FOLDERS.match(path) is not None)
 
 
 def plain_enough(path):
@@ -81,6 +85,8 @@ def mentions(text):
                 p = clean(m.group(1))
                 if not p or placeholder(p) or (not code and not plain_enough(p)):
                     continue
+                if NINJA.search(s[:m.start()]):
+                    continue  # a build target, relative to the build folder
                 for q in expand(p):
                     if q not in seen:
                         seen.add(q)
@@ -132,7 +138,8 @@ def self_test():
             open(os.path.join(t, f), "w").close()
         with open(os.path.join(t, "docs/a.md"), "w") as f:
             f.write("`runtime/train/run.{h,cpp}` and `runtime/train/`, with configs/tiny.yaml.\n"
-                    "`models/<family>/`, `tests/cli/test_*.sh`, configs/x.yaml, runs/x.json, attention/MLP prose.\n")
+                    "`models/<family>/`, `tests/cli/test_*.sh`, configs/x.yaml, runs/x.json, attention/MLP prose.\n"
+                    "`ninja -C build tests/test_ops meshtrain`\n")
         passed, missing, _ = check(t, [])
         out.append(("existing paths pass, placeholders and prose are left out", passed == 4 and not missing))
         with open(os.path.join(t, "docs/b.md"), "w") as f:
