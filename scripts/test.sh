@@ -169,6 +169,10 @@ run_script_suite() {  # run_script_suite NAME SCRIPT [ARGS...]
 out="$log_dir/layers.log"
 /usr/bin/python3 tests/check_layers.py "$root" >"$out" 2>&1
 report layers "$out" "layers: "
+# The map against the tree: every repository path README.md and docs/ name exists.
+out="$log_dir/docs.log"
+/usr/bin/python3 tests/check_docs.py --root "$root" >"$out" 2>&1
+report docs "$out" "docs: "
 # The command line end to end: config errors, the self-check, fault tests.
 run_script_suite cli tests/cli/test_cli.sh
 run_script_suite hang tests/cli/test_hang.sh ${MT_TEST_FULL:+--full}
