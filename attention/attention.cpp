@@ -268,6 +268,14 @@ class UlyssesAttention final : public Attention {
 
 }  // namespace
 
+std::string slow_attention_warning(const Device& device, DType dtype, int64_t head_dim) {
+  if (!device.is_cuda() || dtype != DType::bf16 || head_dim == 64 || head_dim == 128) return "";
+  return fmt::format(
+      "training.dtype = bf16 with head dim {}: the tensor-core attention kernel takes 64 or 128, so attention runs "
+      "the slow fp32 reference kernel",
+      head_dim);
+}
+
 std::shared_ptr<const Attention> make_attention(const ContextParallel& cp) {
   std::shared_ptr<const Attention> inner;
   if (cp.ring_size() > 1) {

@@ -84,6 +84,10 @@ class Attention {
 // before, naming the keys: ParallelDims::check_heads).
 std::shared_ptr<const Attention> make_attention(const ContextParallel& cp = {});
 
+// Why attention runs slowly in dtype on device with heads of head_dim, as a warning for the run's log; "" when it
+// runs at speed. bf16 on CUDA takes the tensor-core kernel only at head dim 64 or 128 (local_attention.h).
+std::string slow_attention_warning(const Device& device, DType dtype, int64_t head_dim);
+
 // Tag of Ulysses' all-to-alls (comm_counters.h); ring's are kCpKvTag and kCpDkvTag.
 inline constexpr const char* kCpA2aTag = "cp.a2a";
 

@@ -1,4 +1,4 @@
-// The family registry and the checks every family's config shares.
+// The family registry and the model section's rules every family shares.
 #include "models/model.h"
 
 #include <algorithm>
@@ -11,82 +11,101 @@
 
 namespace mt {
 
-// Each family's one registration (models/<architecture>/families.cpp).
-const ModelFamily& llama_family();
-const ModelFamily& mistral_family();
-const ModelFamily& qwen2_family();
-const ModelFamily& qwen3_family();
-const ModelFamily& mixtral_family();
-const ModelFamily& qwen2_moe_family();
-const ModelFamily& qwen3_moe_family();
+// Each architecture's families (models/<architecture>/families.cpp).
+std::vector<ModelFamily> llama_architecture_families();
 
 namespace {
 
-const std::vector<const ModelFamily*>& families() {
-  static const std::vector<const ModelFamily*> all = {&llama_family(),   &mistral_family(),   &qwen2_family(),
-                                                       &qwen3_family(),   &mixtral_family(),   &qwen2_moe_family(),
-                                                       &qwen3_moe_family()};
+const std::vector<ModelFamily>& families() {
+  static const std::vector<ModelFamily> all = [] {
+    std::vector<ModelFamily> v;
+    for (auto architecture : {llama_architecture_families})
+      for (ModelFamily& f : architecture()) v.push_back(std::move(f));
+    return v;
+  }();
   return all;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string list;
+  for (auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  return list;
 }
 
 }  // namespace
 
 std::vector<std::string> model_family_names() {
   std::vector<std::string> names;
-  for (const ModelFamily* f : families()) names.push_back(f->type);
+  for (const ModelFamily& f : families()) names.push_back(f.type);
   return names;
 }
 
 const ModelFamily& model_family(const std::string& type, const std::string& key) {
-  for (const ModelFamily* f : families())
-    if (f->type == type) return *f;
-  std::string list;
-  for (auto& n : model_family_names()) list += (list.empty() ? "" : ", ") + n;
-  fail("config", "{} = '{}': meshtrain implements {}", key, type, list);
+  for (const ModelFamily& f : families())
+    if (f.type == type) return f;
+  fail("config", "{} = '{}': meshtrain implements {}", key, type, joined(model_family_names()));
 }
 
-void check_model_config(const ModelConfig& m, int64_t seq_len) {
-  const ModelFamily& family = model_family(m.type);
-  require_at_least("model.dim", double(m.dim), 1, "a width");
-  require_at_least("model.n_layers", double(m.n_layers), 1, "a layer count");
-  require_at_least("model.n_heads", double(m.n_heads), 1, "a head count");
-  require_at_least("model.n_kv_heads", double(m.n_kv_heads), 1, "a head count");
-  require_at_least("model.head_dim", double(m.head_dim), 0, "a width (0: dim / n_heads)");
-  require_at_least("model.ffn_dim", double(m.ffn_dim), 1, "a width");
-  require_at_least("model.max_seq_len", double(m.max_seq_len), 1, "a length");
-  if (m.vocab_size < 1 || m.vocab_size > INT32_MAX)
-    fail("config", "model.vocab_size = {}: expected 1 ... {} (token ids are int32)", m.vocab_size, INT32_MAX);
-  if (m.head_dim == 0 && m.dim % m.n_heads != 0)
-    fail("config", "model.dim = {} must be divisible by model.n_heads = {} (or give model.head_dim)", m.dim, m.n_heads);
-  if (m.n_heads % m.n_kv_heads != 0)
-    fail("config", "model.n_heads = {} must be divisible by model.n_kv_heads = {}", m.n_heads, m.n_kv_heads);
-  if (m.head_size() % 2 != 0)
-    fail("config", "model.{} = {}: RoPE needs an even head dim", m.head_dim ? "head_dim" : "dim / model.n_heads",
-         m.head_size());
-  if (!(m.norm_eps > 0) || !std::isfinite(m.norm_eps)) fail("config", "model.norm_eps = {}: expected > 0", m.norm_eps);
-  if (!(m.rope_theta > 0) || !std::isfinite(m.rope_theta))
-    fail("config", "model.rope_theta = {}: expected > 0", m.rope_theta);
-  const RopeScalingConfig& r = m.rope_scaling;
-  require_one_of("model.rope_scaling.type", r.type, {"none", "linear", "llama3"});
-  if (r.type != "none") require_at_least("model.rope_scaling.factor", r.factor, 1, "a factor");
-  if (r.type == "llama3") {
-    require_at_least("model.rope_scaling.low_freq_factor", r.low_freq_factor, 1e-9, "a factor");
-    require_at_least("model.rope_scaling.original_max_position_embeddings",
-                     double(r.original_max_position_embeddings), 1, "a length");
-    if (!(r.high_freq_factor > r.low_freq_factor) || !std::isfinite(r.high_freq_factor))
-      fail("config", "model.rope_scaling.high_freq_factor = {} must exceed model.rope_scaling.low_freq_factor = {}",
-           r.high_freq_factor, r.low_freq_factor);
+std::string ModelFamily::hf_key(const std::string& key) const {
+  for (const HfName& n : hf_names) {
+    const std::string k = n.key;
+    if (key == k) return n.hf;
+    if (key.size() > k.size() && key.compare(0, k.size(), k) == 0 && key[k.size()] == '.')
+      return n.hf + key.substr(k.size());
   }
-  require_at_least("model.sliding_window", double(m.sliding_window), 0, "a window (0: none)");
-  require_at_least("model.init_std", m.init_std, 0, "a standard deviation");
-  const int64_t qd = m.n_heads * m.head_size();  // the attention's width (dim unless head_dim says otherwise)
-  require_product_fits({{"model.dim", m.dim}, {"model.vocab_size", m.vocab_size}});
-  require_product_fits({{"model.dim", m.dim}, {"model.n_heads x head_dim", qd}});
-  require_product_fits({{"model.dim", m.dim}, {"model.ffn_dim", m.ffn_dim}});
-  require_product_fits({{"model.n_layers", m.n_layers}, {"model.dim", m.dim}, {"model.n_heads x head_dim", qd}});
-  require_product_fits({{"model.n_layers", m.n_layers}, {"model.dim", m.dim}, {"model.ffn_dim", m.ffn_dim}});
-  require_product_fits({{"model.max_seq_len", m.max_seq_len}, {"model.dim", m.dim}});
-  family.check(m, seq_len);
+  return key;
+}
+
+void KnownFamily::operator()(const std::string& key, const std::string& type) const { model_family(type, key); }
+
+void ExpertsOfFamily::operator()(const std::string& key, const MoeConfig& moe) const {
+  const std::string n_experts = key + ".n_experts";
+  if (model_family(type).experts) return require_at_least(n_experts, double(moe.n_experts), 1, "an expert count");
+  if (moe.n_experts == 0) return;
+  std::vector<std::string> moe_families;
+  for (const ModelFamily& f : families())
+    if (f.experts) moe_families.push_back(f.type);
+  fail("config", "{} = {}: model.type = {} is dense (the MoE families are {})", n_experts, moe.n_experts, type,
+       joined(moe_families));
+}
+
+void RopeScalingConfig::check() const {
+  if (type != "llama3") return;
+  require_at_least("model.rope_scaling.low_freq_factor", low_freq_factor, 1e-9, "a factor");
+  require_at_least("model.rope_scaling.original_max_position_embeddings", double(original_max_position_embeddings), 1,
+                   "a length");
+  if (!(high_freq_factor > low_freq_factor) || !std::isfinite(high_freq_factor))
+    fail("config", "model.rope_scaling.high_freq_factor = {} must exceed model.rope_scaling.low_freq_factor = {}",
+         high_freq_factor, low_freq_factor);
+}
+
+void MoeConfig::check() const {
+  if (experts_per_token > n_experts)
+    fail("config", "model.moe.experts_per_token = {} exceeds model.moe.n_experts = {}: top-k needs k <= experts",
+         experts_per_token, n_experts);
+}
+
+void ModelConfig::check() const {
+  if (head_dim == 0 && dim % n_heads != 0)
+    fail("config", "model.dim = {} must be divisible by model.n_heads = {} (or give model.head_dim)", dim, n_heads);
+  if (n_heads % n_kv_heads != 0)
+    fail("config", "model.n_heads = {} must be divisible by model.n_kv_heads = {}", n_heads, n_kv_heads);
+  if (head_size() % 2 != 0)
+    fail("config", "model.{} = {}: RoPE needs an even head dim", head_dim ? "head_dim" : "dim / model.n_heads",
+         head_size());
+  const int64_t qd = n_heads * head_size();  // the attention's width (dim unless head_dim says otherwise)
+  require_product_fits({{"model.dim", dim}, {"model.vocab_size", vocab_size}});
+  require_product_fits({{"model.dim", dim}, {"model.n_heads x head_dim", qd}});
+  require_product_fits({{"model.dim", dim}, {"model.ffn_dim", ffn_dim}});
+  require_product_fits({{"model.n_layers", n_layers}, {"model.dim", dim}, {"model.n_heads x head_dim", qd}});
+  require_product_fits({{"model.n_layers", n_layers}, {"model.dim", dim}, {"model.ffn_dim", ffn_dim}});
+  require_product_fits({{"model.max_seq_len", max_seq_len}, {"model.dim", dim}});
+  if (!moe.enabled()) return;
+  for (int l : moe.mlp_only_layers)
+    if (l < 0 || l >= n_layers)
+      fail("config", "model.moe.mlp_only_layers: {} is not a layer of model.n_layers = {}", l, n_layers);
+  require_product_fits(
+      {{"model.moe.n_experts", moe.n_experts}, {"model.dim", dim}, {"model.moe.ffn_dim", moe.ffn_dim}});
 }
 
 ModelConfig model_config_from_hf(const std::string& config_json) {
@@ -130,6 +149,14 @@ std::string stacked_param_name(const std::string& name, int64_t j) {
   const size_t at = name.find(".*.");
   MT_CHECK(at != std::string::npos, "model", "{}: not a stacked parameter", name);
   return name.substr(0, at + 1) + std::to_string(j) + name.substr(at + 2);
+}
+
+void CausalLM::pool_router_stats(DeviceMesh& world, const ParallelDims& pd) {
+  if (!config.moe.enabled() || pd.pp_size() == 1) return;
+  std::string dims = dim::pp;
+  for (const DimSpec& d : pd.dims)
+    if (d.data) dims += std::string(",") + d.name;
+  set_router_stats_group(&world.group(dims));
 }
 
 bool CausalLM::matches_elsewhere(const std::string& pattern) const {

@@ -57,7 +57,7 @@ struct ActivationBytes {
   double input_forward = 0;        // the embedding's forward temporaries (first stage)
   double deferred = 0;             // zb1p: what waits between a micro-batch's input gradient (B) and its W
   double boundary = 0;             // one stage-boundary tensor (pp's message), unrounded
-  int64_t sparse_layers = 0;       // of layers_here, MoE layers (their dispatch: moe_step_bytes)
+  int64_t sparse_layers = 0;       // of layers_here, MoE layers (their dispatch: moe_cost.h)
   int64_t sparse_recomputed = 0;   // of them, those whose forward (and its all-to-alls) runs again in backward
   double total() const { return layers + input + head + logits; }
 };
@@ -142,9 +142,12 @@ class CausalLM : public Module {
   virtual void set_loss_scale(double /*inv_tokens*/) {}
   // After this rank's last forward of a training micro-batch (the executors call it in the micro-batch's slot):
   // the router statistics' sum starts. set_router_stats_group: the ranks it sums over (default: the loss group of
-  // the model's mesh; under pipeline parallel the executor gives the pp and data dims of the world).
+  // the model's mesh). pool_router_stats: under pipeline parallel, an MoE model's statistics pool every sparse
+  // layer, so over the stages too: the pp and data dims of the world mesh, a group made here (collective: every
+  // rank calls it); nothing for a dense model or without pp.
   virtual void forward_done() {}
   virtual void set_router_stats_group(Group* /*g*/) {}
+  void pool_router_stats(DeviceMesh& world, const ParallelDims& pd);
   virtual RouterStepStats take_router_stats() { return {}; }
   virtual void after_step() {}
   // State beside the parameters that checkpoints keep (meta.json's model_state; null: none), the same on every
@@ -169,41 +172,22 @@ struct TpStage {
   double elem = 4;                                        // bytes of an activation element
 };
 
-// Mixture of experts (model.moe): the collectives of a stage's sparse layers on one rank in a step, for `estimate`
-// and `plan` (models/moe_cost.cpp). Tags: the rows' all-to-all-v (there and back), the counts' all-to-all, and the
-// balance loss's statistics' all-reduce.
-inline constexpr const char* kMoeDispatchTag = "moe.dispatch";
-inline constexpr const char* kMoeCountsTag = "moe.counts";
-inline constexpr const char* kMoeStatsTag = "moe.stats";
-struct MoeStage {
-  int ep = 1;                     // the experts' ranks
-  int loss_ranks = 1;             // the ranks holding the micro-batch's other tokens (the statistics' all-reduce)
-  int64_t micro_batches = 1;      // forwards and backwards in the step
-  int64_t sparse_layers = 0;      // MoE layers on the stage
-  int64_t sparse_recomputed = 0;  // of them, recomputed (their forward's exchanges again in backward)
-  int64_t micro = 1, tokens = 1;  // B, and the tokens of each sequence a sparse block sees (whole per tp rank)
-  double elem = 4;                // bytes of an activation element
+// One model key in Hugging Face's config.json: its name there ("model.dim", "hidden_size"; a section's keys are
+// the section's name and theirs: "model.rope_scaling.factor", "rope_scaling.factor"), and its value there when
+// that is not the key's own (head_dim: the head size; sliding_window: null for none).
+struct HfName {
+  const char* key;
+  const char* hf;
+  nlohmann::json (*value)(const ModelConfig& c) = nullptr;
 };
-// One sparse layer's exchange in one micro-batch on one rank under uniform routing: M = B T k rows leave for the
-// experts (capacity_factor caps them), (ep-1)/ep of them to other ranks, C elements each; each all-to-all-v
-// (rows there, outputs back; the same two in backward) sends rows_out x C x elem bytes; the counts: E i64.
-struct MoeLayerBytes {
-  double rows = 0;      // M: rows routed from this rank's tokens (kept after the capacity)
-  double rows_out = 0;  // M (ep-1)/ep: of them, to other ranks
-  double exchange = 0;  // bytes of one all-to-all-v: rows_out x C x elem
-  double counts = 0;    // bytes of the counts' all-to-all: E x 8 x (ep-1)/ep
-};
-MoeLayerBytes moe_layer_bytes(const ModelConfig& c, int ep, int64_t micro, int64_t tokens, double elem);
-// Per step: forward 2 exchanges + the counts, backward 2 exchanges (+ the forward's again when recomputed), per
-// sparse layer and micro-batch; the statistics (n_sparse E + E + 2 f64) once a micro-batch over the loss ranks.
-std::vector<CommBytes> moe_step_bytes(const ModelConfig& c, const MoeStage& s);
-// The MoE layers of the model (0: dense).
-int64_t moe_sparse_layers(const ModelConfig& c);
 
-// One family, registered once (models/model.cpp lists them). Every entry is required.
+// One family, registered once: a designated initialiser in its architecture's file (models/llama/families.cpp:
+// {.type = "llama", .architecture = ...}), whose list of families the registry (models/model.cpp) asks for once.
+// Every function is required.
 struct ModelFamily {
   std::string type;          // model.type, and Hugging Face's model_type
   std::string architecture;  // Hugging Face's architectures[0] ("LlamaForCausalLM")
+  bool experts = false;      // a mixture of experts: model.moe.n_experts >= 1 (a dense family's is 0)
   std::string layers;        // the decoder layers' module pattern (style.h's): what whole-layer recompute matches
   std::unique_ptr<CausalLM> (*build)(const ModelConfig& c, const ParamFactory& f);
   // The family's parallelisms composed (tp, cp, recompute, fully_shard) after checking that the sequence and the
@@ -220,12 +204,24 @@ struct ModelFamily {
   int64_t (*num_params)(const ModelConfig& c, bool with_embeddings);
   // The parameters a token runs through (an MoE layer's k experts, not all): num_params for a dense model.
   int64_t (*active_params)(const ModelConfig& c, bool with_embeddings);
-  // The family's own rules beyond check_model_config, as config errors naming the key.
+  // The family's own rules beyond the model section's (model_config.h), as config errors naming the key.
+  // seq_len: training.seq_len.
   void (*check)(const ModelConfig& c, int64_t seq_len);
-  // Hugging Face's config.json: the keys of this architecture (the caller adds dtype and token ids), and the
-  // model of such a file (file: for messages). A key meshtrain does not implement is refused, naming it.
-  nlohmann::json (*to_hf)(const ModelConfig& c);
-  ModelConfig (*from_hf)(const nlohmann::json& j, const std::string& file);
+  // The rules only a training run adds (estimate and plan may plan what it refuses), as config errors naming
+  // the keys: the run's parallel and comm sections.
+  void (*check_training)(const ModelConfig& c, const ParallelConfig& p, const CommConfig& comm);
+  // Hugging Face's config.json: the model keys the architecture stores there, each named once (write_hf writes
+  // them, read_hf reads them by these names, hf_key names them in messages); write_hf gives the whole file's
+  // keys of this architecture (the caller adds dtype and token ids), read_hf the model of such a file (file: for
+  // messages), refusing a key meshtrain does not implement, naming it.
+  std::vector<HfName> hf_names;
+  nlohmann::json (*write_hf)(const ModelFamily& f, const ModelConfig& c);
+  ModelConfig (*read_hf)(const ModelFamily& f, const nlohmann::json& j, const std::string& file);
+
+  nlohmann::json to_hf(const ModelConfig& c) const { return write_hf(*this, c); }
+  ModelConfig from_hf(const nlohmann::json& j, const std::string& file) const { return read_hf(*this, j, file); }
+  // The config.json name of a model key ("model.dim" -> "hidden_size"); the key itself when the file has none.
+  std::string hf_key(const std::string& key) const;
 };
 
 // The family of model.type (or a config.json's model_type); an unknown one is an error naming `key` and the

@@ -1,11 +1,15 @@
 // The model section of a run's config (model: in the YAML): which family (models/model.h) and its sizes.
 // It lives with the models, not with the YAML reader: the reader only parses the keys visit() lists; what they
-// must satisfy is check_model_config, here. With model.init_from naming a Hugging Face directory the family's
-// config.json reader fills it (models/model.h: model_config_from_hf) and the YAML's keys must agree with it.
+// must satisfy is here, each key's constraints beside it and the rules across keys in check() (the family's own
+// rules: ModelFamily::check). With model.init_from naming a Hugging Face directory the family's config.json
+// reader fills it (models/model.h: model_config_from_hf) and the YAML's keys must agree with it.
 #pragma once
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "runtime/io/config.h"
 
 namespace mt {
 
@@ -20,13 +24,16 @@ struct RopeScalingConfig {
   double high_freq_factor = 4;
   int64_t original_max_position_embeddings = 8192;
   template <class V> void visit(V& v) {
-    v("type", type, "none | linear | llama3 (Hugging Face's rope_type; default: none)");
-    v("factor", factor, "linear and llama3: the context extension factor");
+    v("type", type, "none | linear | llama3 (Hugging Face's rope_type; default: none)",
+      one_of({"none", "linear", "llama3"}));
+    v("factor", factor, "linear and llama3: the context extension factor", at_least(1, "a factor"));
     v("low_freq_factor", low_freq_factor, "llama3: wavelengths above original / low_freq_factor are scaled");
     v("high_freq_factor", high_freq_factor, "llama3: wavelengths below original / high_freq_factor are kept");
     v("original_max_position_embeddings", original_max_position_embeddings,
       "llama3: the context the model was pre-trained with");
   }
+  bool enabled() const { return type != "none"; }
+  void check() const;  // llama3's keys
   bool operator==(const RopeScalingConfig&) const = default;
 };
 
@@ -46,31 +53,50 @@ struct MoeConfig {
   double routed_scaling_factor = 1.0;    // the routed experts' output scale (DeepSeek-V3: 2.5)
   double bias_update_rate = 0;  // aux-loss-free balancing: after each step bias += rate * sign(mean load - load); 0 off
   double capacity_factor = 0;   // 0: dropless; else each expert takes at most ceil(factor * N * K / E) rows a forward
+  // n_experts: whether the family has experts decides it (ModelConfig's ExpertsOfFamily); the other keys are
+  // checked only when it has (enabled()).
   template <class V> void visit(V& v) {
     v("n_experts", n_experts, "routed experts per MoE layer (0: a dense model)");
-    v("experts_per_token", experts_per_token, "experts each token is routed to (top-k)");
-    v("ffn_dim", ffn_dim, "each expert's hidden width");
+    v("experts_per_token", experts_per_token, "experts each token is routed to (top-k)", at_least(1, "a count"));
+    v("ffn_dim", ffn_dim, "each expert's hidden width", at_least(1, "a width"));
     v("shared_expert_ffn_dim", shared_expert_ffn_dim,
-      "qwen2_moe: the shared expert's hidden width (0: none); its output is scaled by sigmoid(shared_expert_gate)");
+      "qwen2_moe: the shared expert's hidden width (0: none); its output is scaled by sigmoid(shared_expert_gate)",
+      at_least(0, "a width (0: none)"));
     v("norm_topk_prob", norm_topk_prob, "renormalise the top-k routing weights to sum to 1");
-    v("decoder_sparse_step", decoder_sparse_step, "qwen: layer i is an MoE layer when (i + 1) % step == 0");
+    v("decoder_sparse_step", decoder_sparse_step, "qwen: layer i is an MoE layer when (i + 1) % step == 0",
+      at_least(1, "a step"));
     v("mlp_only_layers", mlp_only_layers, "qwen: layers that keep a dense MLP");
-    v("router_aux_loss_coef", router_aux_loss_coef, "the balance loss's coefficient");
+    v("router_aux_loss_coef", router_aux_loss_coef, "the balance loss's coefficient", at_least(0, "a coefficient"));
     v("output_router_logits", output_router_logits,
       "add the balance loss (transformers' load_balancing_loss_func) to the training loss");
-    v("router_score", router_score, "softmax | sigmoid: how router logits become scores");
-    v("routed_scaling_factor", routed_scaling_factor, "the routed experts' weights are multiplied by it");
+    v("router_score", router_score, "softmax | sigmoid: how router logits become scores",
+      one_of({"softmax", "sigmoid"}));
+    v("routed_scaling_factor", routed_scaling_factor, "the routed experts' weights are multiplied by it",
+      at_least(1e-12, "a factor"));
     v("bias_update_rate", bias_update_rate,
       "aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for selection only, updated "
-      "after each step by rate * sign(mean load - load) (0: off)");
+      "after each step by rate * sign(mean load - load) (0: off)",
+      at_least(0, "a rate (0: off)"));
     v("capacity_factor", capacity_factor,
       "0: dropless; > 0: each expert takes at most ceil(factor x tokens x k / experts) tokens per forward, the "
-      "rest dropped (counted in the metrics)");
+      "rest dropped (counted in the metrics)",
+      at_least(0, "a factor (0: dropless)"));
   }
   bool enabled() const { return n_experts > 0; }
+  void check() const;  // top-k needs k <= experts
   // Whether decoder layer i has the sparse block (Hugging Face's rule; mixtral's step 1 and no dense layers).
   bool sparse_layer(int64_t i) const;
   bool operator==(const MoeConfig&) const = default;
+};
+
+// model.type: a family meshtrain implements ("model.type = 'x': meshtrain implements llama, ...").
+struct KnownFamily {
+  void operator()(const std::string& key, const std::string& type) const;
+};
+// model.moe under model.type: an MoE family needs model.moe.n_experts >= 1, a dense one 0.
+struct ExpertsOfFamily {
+  const std::string& type;
+  void operator()(const std::string& key, const MoeConfig& moe) const;
 };
 
 struct ModelConfig {
@@ -94,33 +120,37 @@ struct ModelConfig {
   template <class V> void visit(V& v) {
     v("type", type,
       "the model family: llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe (Hugging Face's "
-      "model_type)");
-    v("dim", dim, "model width d");
-    v("n_layers", n_layers, "decoder layers");
-    v("n_heads", n_heads, "query heads");
-    v("n_kv_heads", n_kv_heads, "key/value heads (n_heads divisible by it)");
-    v("head_dim", head_dim, "width of one head (0: dim / n_heads)");
-    v("ffn_dim", ffn_dim, "MLP hidden width");
-    v("vocab_size", vocab_size, "vocabulary size (256: bytes)");
-    v("norm_eps", norm_eps, "RMSNorm epsilon");
-    v("rope_theta", rope_theta, "RoPE base");
+      "model_type)",
+      KnownFamily{});
+    v("dim", dim, "model width d", at_least(1, "a width"));
+    v("n_layers", n_layers, "decoder layers", at_least(1, "a layer count"));
+    v("n_heads", n_heads, "query heads", at_least(1, "a head count"));
+    v("n_kv_heads", n_kv_heads, "key/value heads (n_heads divisible by it)", at_least(1, "a head count"));
+    v("head_dim", head_dim, "width of one head (0: dim / n_heads)", at_least(0, "a width (0: dim / n_heads)"));
+    v("ffn_dim", ffn_dim, "MLP hidden width", at_least(1, "a width"));
+    v("vocab_size", vocab_size, "vocabulary size (256: bytes)",
+      expect([](int64_t n) { return n >= 1 && n <= INT32_MAX; },
+             fmt::format("expected 1 ... {} (token ids are int32)", INT32_MAX)));
+    v("norm_eps", norm_eps, "RMSNorm epsilon", positive());
+    v("rope_theta", rope_theta, "RoPE base", positive());
     v("rope_scaling", rope_scaling, "RoPE frequency scaling (Llama 3.1+: llama3)");
-    v("max_seq_len", max_seq_len, "longest sequence (positions) the model is used with");
+    v("max_seq_len", max_seq_len, "longest sequence (positions) the model is used with", at_least(1, "a length"));
     v("tie_embeddings", tie_embeddings, "lm_head shares model.embed_tokens.weight");
     v("sliding_window", sliding_window,
       "mistral: the attention window (0: none); meshtrain attends to the whole sequence, so it must be at "
-      "least training.seq_len");
-    v("init_std", init_std, "std of the normal init of matrices (norm weights start at 1, biases at 0)");
+      "least training.seq_len",
+      at_least(0, "a window (0: none)"));
+    v("init_std", init_std, "std of the normal init of matrices (norm weights start at 1, biases at 0)",
+      at_least(0, "a standard deviation"));
     v("init_from", init_from,
       "a Hugging Face model directory (config.json + safetensors) or safetensors file to start from: its "
       "config.json gives the model keys ('' = random init)");
-    v("moe", moe, "mixture of experts (mixtral, qwen2_moe, qwen3_moe)");
+    v("moe", moe, "mixture of experts (mixtral, qwen2_moe, qwen3_moe)", ExpertsOfFamily{type});
   }
+  // The rules across the model's keys every family shares: heads split the width, products that must fit in
+  // 64 bits, the MoE layers. The family's own are ModelFamily::check (models/model.h).
+  void check() const;
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / n_heads; }
 };
-
-// The checks every family shares (sizes, products that must fit in 64 bits, the RoPE scaling keys) and the
-// family's own (models/model.h), as config errors naming the key. seq_len: training.seq_len.
-void check_model_config(const ModelConfig& m, int64_t seq_len);
 
 }  // namespace mt

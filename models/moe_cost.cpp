@@ -1,4 +1,4 @@
-// The collectives of a mixture-of-experts model's sparse layers (model.h: moe_step_bytes), next to the counters'
+// The collectives of a mixture-of-experts model's sparse layers (moe_cost.h: moe_step_bytes), next to the counters'
 // convention (comm/comm_counters.h): an all-to-all-v counts the bytes a rank sends to the other ranks, an
 // all-to-all (n-1)/n of its input, an all-reduce 2 (n-1)/n of its buffer. models/llama/moe.cpp issues them:
 // per sparse layer and micro-batch, in forward the counts (E i64) and the rows there and back, in backward the
@@ -6,7 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "models/model.h"
+#include "models/moe_cost.h"
+#include "parallel/parallel_dims.h"
 
 namespace mt {
 

@@ -71,46 +71,22 @@ struct SizeKey {
   int value;
 };
 
-}  // namespace
-
-ParallelDims::ParallelDims() : pp{dim::pp, 1, false, false, false, false, false, "layers (pipeline stages)"},
-  dims(dim_specs()) { pp.stages = true; }
-
-ParallelDims ParallelDims::from_sizes(const std::vector<std::pair<std::string, int>>& sizes) {
-  ParallelDims pd;
-  for (auto& [name, n] : sizes) {
-    MT_CHECK(n >= 1, "parallel", "dim {} has size {} (expected >= 1)", name, n);
-    if (name == dim::pp) pd.pp.size = n;
-    else pd.dims[size_t(pd.index(name))].size = n;
-  }
-  return pd;
+// cp from its keys: with cp_ring and cp_ulysses both given, their product (parallel.cp, when set, must be it).
+int cp_degree(const ParallelConfig& p) {
+  if (p.cp_ring == 0 || p.cp_ulysses == 0) return p.cp;
+  const int prod = p.cp_ring * p.cp_ulysses;
+  if (p.cp > 1 && p.cp != prod)
+    fail("config",
+         "parallel.cp_ulysses x parallel.cp_ring = {} x {} = {}, but parallel.cp = {}: cp is their product (set it "
+         "to {} or leave it out)",
+         p.cp_ulysses, p.cp_ring, prod, p.cp, prod);
+  return prod;
 }
 
-ParallelDims ParallelDims::from_config(const ParallelConfig& p, int world_size) {
-  // 1. cp's two dims. cp_method alltoall puts cp on cp_ulysses; otherwise on cp_ring, unless cp_ring and
-  // cp_ulysses are given (0: derived), whose product is then cp.
-  const bool alltoall = p.cp_method == "alltoall";
-  if (!alltoall) cp_method_from_name(p.cp_method, "parallel.cp_method");
-  check_parallel_sizes(p);
-  if (p.pp < 1) fail("config", "parallel.pp = {}: expected a size >= 1 (pipeline stages)", p.pp);
-  if (world_size % p.pp != 0)
-    fail("config", "parallel.pp = {} does not divide the job's {} ranks (each stage needs world / pp ranks)", p.pp,
-         world_size);
-  const int full_world = world_size;
-  world_size /= p.pp;  // the other dims split each stage's ranks
-  int cp = p.cp;
-  if (p.cp_ring > 0 && p.cp_ulysses > 0) {
-    const int prod = p.cp_ring * p.cp_ulysses;
-    if (cp > 1 && cp != prod)
-      fail("config",
-           "parallel.cp_ulysses x parallel.cp_ring = {} x {} = {}, but parallel.cp = {}: cp is their product (set it "
-           "to {} or leave it out)",
-           p.cp_ulysses, p.cp_ring, prod, cp, prod);
-    cp = prod;
-  }
-  // 2. The sizes, one of them -1 at most.
-  std::vector<SizeKey> keys{
-      {"dp_replicate", p.dp_replicate}, {"dp_shard", p.dp_shard}, {"cp", cp}, {"tp", p.tp}, {"ep", p.ep}};
+// The sizes of one stage's dims (world_size: a stage's ranks), the -1 among them resolved; their product must be
+// the stage's ranks.
+void resolve_sizes(std::vector<SizeKey>& keys, const ParallelConfig& p, int world_size) {
+  const int full_world = world_size * p.pp;
   int infer = -1;
   int64_t known = 1;  // 64 bits: sizes typed by hand may overflow an int product
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -132,14 +108,16 @@ ParallelDims ParallelDims::from_config(const ParallelConfig& p, int world_size) 
     product += (product.empty() ? "" : "*") + std::string(k.key);
     factors += (factors.empty() ? "" : "*") + std::to_string(k.value);
   }
-  if (prod != world_size) {
-    if (p.pp > 1)
-      fail("config", "parallel: pp*{} = {}*{} = {} but the job has {} ranks", product, p.pp, factors,
-           prod * p.pp, full_world);
-    fail("config", "parallel: {} = {} = {} but the job has {} ranks", product, factors, prod, world_size);
-  }
-  cp = keys[2].value;
-  // 3. cp over its two dims.
+  if (prod == world_size) return;
+  if (p.pp > 1)
+    fail("config", "parallel: pp*{} = {}*{} = {} but the job has {} ranks", product, p.pp, factors, prod * p.pp,
+         full_world);
+  fail("config", "parallel: {} = {} = {} but the job has {} ranks", product, factors, prod, world_size);
+}
+
+// cp's degree over its two dims (ring, ulysses): cp_method alltoall puts it on cp_ulysses; otherwise on cp_ring,
+// unless cp_ring or cp_ulysses is given (0: derived).
+std::pair<int, int> split_cp(const ParallelConfig& p, int cp, bool alltoall) {
   int ring = 1, ulysses = 1;
   if (p.cp_ring > 0 && p.cp_ulysses > 0) {
     ring = p.cp_ring, ulysses = p.cp_ulysses;
@@ -161,6 +139,40 @@ ParallelDims ParallelDims::from_config(const ParallelConfig& p, int world_size) 
          "parallel.cp_method = alltoall puts all of parallel.cp on Ulysses, but parallel.cp_ring = {}: with "
          "cp_ring and cp_ulysses set, cp_method names the ring dim's method (ring or all_gather)",
          ring);
+  return {ring, ulysses};
+}
+
+}  // namespace
+
+ParallelDims::ParallelDims()
+    : pp{dim::pp, 1, false, false, false, false, false, "layers (pipeline stages)"}, dims(dim_specs()) {
+  pp.stages = true;
+}
+
+ParallelDims ParallelDims::from_sizes(const std::vector<std::pair<std::string, int>>& sizes) {
+  ParallelDims pd;
+  for (auto& [name, n] : sizes) {
+    MT_CHECK(n >= 1, "parallel", "dim {} has size {} (expected >= 1)", name, n);
+    if (name == dim::pp) pd.pp.size = n;
+    else pd.dims[size_t(pd.index(name))].size = n;
+  }
+  return pd;
+}
+
+ParallelDims ParallelDims::from_config(const ParallelConfig& p, int world_size) {
+  // The names were checked with the config (their constraints in ParallelConfig::visit); the sizes are here, where
+  // -1 means the ranks the others leave.
+  const bool alltoall = p.cp_method == "alltoall";
+  check_parallel_sizes(p);
+  if (p.pp < 1) fail("config", "parallel.pp = {}: expected a size >= 1 (pipeline stages)", p.pp);
+  if (world_size % p.pp != 0)
+    fail("config", "parallel.pp = {} does not divide the job's {} ranks (each stage needs world / pp ranks)", p.pp,
+         world_size);
+  // The other dims split each stage's ranks.
+  std::vector<SizeKey> keys{
+      {"dp_replicate", p.dp_replicate}, {"dp_shard", p.dp_shard}, {"cp", cp_degree(p)}, {"tp", p.tp}, {"ep", p.ep}};
+  resolve_sizes(keys, p, world_size / p.pp);
+  const auto [ring, ulysses] = split_cp(p, keys[2].value, alltoall);
   ParallelDims pd = from_sizes({{dim::dp_replicate, keys[0].value},
                                 {dim::dp_shard, keys[1].value},
                                 {dim::ep, keys[4].value},

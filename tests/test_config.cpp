@@ -10,6 +10,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include "runtime/core/log.h"
+#include "attention/attention.h"
 #include "parallel/parallel_dims.h"
 #include "models/model.h"
 #include "runtime/train/run_config.h"
@@ -200,6 +201,76 @@ TEST_CASE("a bad value names its origin: the --set that gave it, else the file")
                        "--set log.progress=maybe: log.progress = 'maybe': expected one of 'auto', 'on', 'off'");
   CHECK(config_from_yaml_string("", {"log.progress=off"}).log.progress == "off");
   CHECK(config_from_yaml_string("").log.progress == "auto");
+}
+
+TEST_CASE("a key's constraints, in its visit() entry: named by path, per element, only when the section is on") {
+  // A section checked alone, as code builds it.
+  TrainingConfig t;
+  config_io::check_section(t, "training");
+  t.beta2 = 1;
+  CHECK_ERROR_CONTAINS(config_io::check_section(t, "training"), "[config] training.beta2 = 1: expected 0 <= beta < 1");
+  t.beta2 = 0.95;
+  t.threads = 2000;  // two constraints on one key, in order
+  CHECK_ERROR_CONTAINS(config_io::check_section(t, "training"), "training.threads = 2000: expected at most 1024");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("parallel: {recompute: {patterns: [a, ''], keep: [attention]}}"),
+                       "parallel.recompute.patterns[1] is empty: expected a module path");
+  // RoPE scaling off (type none): its other keys are unused, so unchecked.
+  config_from_yaml_string("model: {rope_scaling: {factor: 0.5}}");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {rope_scaling: {type: linear, factor: 0.5}}"),
+                       "model.rope_scaling.factor = 0.5: expected a factor >= 1");
+  // A dense family's MoE keys are unused; experts on it are refused before any of them is read.
+  config_from_yaml_string("model: {moe: {experts_per_token: 0}}");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {moe: {n_experts: 4}}"),
+                       "model.moe.n_experts = 4: model.type = llama is dense (the MoE families are mixtral, "
+                       "qwen2_moe, qwen3_moe)");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {type: mixtral}"),
+                       "model.moe.n_experts = 0: expected an expert count >= 1");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {type: mixtral, moe: {n_experts: 4, ffn_dim: 8, "
+                                               "experts_per_token: 5}}"),
+                       "model.moe.experts_per_token = 5 exceeds model.moe.n_experts = 4");
+  // A rule across sections: Config::check.
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("training: {seq_len: 512}"),
+                       "training.seq_len = 512 exceeds model.max_seq_len = 256");
+}
+
+TEST_CASE("a family names its model keys' config.json keys once: hf_key, to_hf and from_hf agree") {
+  CHECK(model_family("llama").hf_key("model.dim") == "hidden_size");
+  CHECK(model_family("llama").hf_key("model.rope_scaling.factor") == "rope_scaling.factor");
+  CHECK(model_family("llama").hf_key("model.moe.router_score") == "model.moe.router_score");  // not in the file
+  CHECK(model_family("mixtral").hf_key("model.moe.ffn_dim") == "intermediate_size");
+  CHECK(model_family("mixtral").hf_key("model.moe.n_experts") == "num_local_experts");
+  CHECK(model_family("qwen2_moe").hf_key("model.moe.ffn_dim") == "moe_intermediate_size");
+  CHECK(model_family("qwen2_moe").hf_key("model.moe.n_experts") == "num_experts");
+  for (const std::string& type : model_family_names()) {
+    const ModelFamily& f = model_family(type);
+    ModelConfig m;
+    m.type = type;
+    if (f.experts) m.moe.n_experts = 4, m.moe.ffn_dim = 96;
+    if (type == "qwen2_moe") m.moe.shared_expert_ffn_dim = 64;
+    const nlohmann::json j = f.to_hf(m);
+    CHECK(j["architectures"][0] == f.architecture);
+    for (const HfName& n : f.hf_names) CHECK_MESSAGE(j.contains(n.hf), type << ": " << n.hf);
+    ModelConfig back = f.from_hf(j, "config.json");
+    back.type = type;
+    CHECK_MESSAGE(f.to_hf(back) == j, type);
+  }
+}
+
+TEST_CASE("the rules a training run adds, and attention's slow kernel, are the model's and attention's to say") {
+  Config c = config_from_yaml_string(
+      "model: {type: mixtral, moe: {n_experts: 4, ffn_dim: 96}}\n"
+      "parallel: {pp: 2}\ncomm: {device: cuda}");
+  const ModelFamily& f = family_of(c.model);
+  CHECK_ERROR_CONTAINS(f.check_training(c.model, c.parallel, c.comm),
+                       "model.type = mixtral with parallel.pp = 2 on comm.device = cuda and comm.backend = auto");
+  c.comm.backend = "mpi";
+  f.check_training(c.model, c.parallel, c.comm);
+  CHECK(slow_attention_warning(Device::cuda(0), DType::bf16, 96) ==
+        "training.dtype = bf16 with head dim 96: the tensor-core attention kernel takes 64 or 128, so attention runs "
+        "the slow fp32 reference kernel");
+  CHECK(slow_attention_warning(Device::cuda(0), DType::bf16, 128).empty());
+  CHECK(slow_attention_warning(Device::cuda(0), DType::f32, 96).empty());
+  CHECK(slow_attention_warning(Device::cpu(), DType::bf16, 96).empty());
 }
 
 TEST_CASE("nearest_name: a typo's nearest name, nothing for an unrelated word") {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "models/llama/llama.h"
+#include "models/moe_cost.h"
 
 namespace mt {
 

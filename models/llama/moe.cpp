@@ -9,6 +9,7 @@
 
 #include "comm/comm_counters.h"
 #include "models/llama/llama.h"
+#include "models/moe_cost.h"
 #include "runtime/kernels/ops.h"
 
 namespace mt {

@@ -15,6 +15,7 @@
 #include "comm/comm_counters.h"
 #include "models/layers.h"
 #include "models/model.h"
+#include "models/moe_cost.h"
 #include "runtime/cli/command.h"
 #include "runtime/core/bytes_format.h"
 #include "runtime/kernels/ops.h"

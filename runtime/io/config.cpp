@@ -1,4 +1,5 @@
-// The generic YAML side of the config (config_reader.h) and the shared value checks (config.h).
+// The generic YAML side of the config (config_reader.h), the shared value checks and the sections' rules across
+// their keys (config.h).
 #include "runtime/io/config.h"
 
 #include <cerrno>
@@ -148,6 +149,41 @@ void require_product_fits(std::initializer_list<std::pair<const char*, int64_t>>
 
 void require_divisible(const std::string& key, int64_t value, const std::string& by_key, int64_t by) {
   if (by <= 0 || value % by != 0) fail("config", "{} = {} must be divisible by {} = {}", key, value, by_key, by);
+}
+
+void require_non_empty(const std::string& key, const std::string& value, const char* what) {
+  if (value.empty()) fail("config", "{} is empty: expected {}", key, what);
+}
+
+// ---- The sections' rules across their keys (each key's own are its constraints in visit()) ----
+
+void RecomputeConfig::check() const {
+  if (!keep.empty() && patterns.empty())
+    fail("config", "parallel.recompute.keep is set but parallel.recompute.patterns is empty: nothing is recomputed");
+}
+
+void TrainingConfig::check() const {
+  require_product_fits({{"training.batch_size", batch_size}, {"training.seq_len", seq_len}});
+}
+
+void CheckpointConfig::check() const {
+  if (interval.automatic && !(mtbf_s > 0))
+    fail("config",
+         "checkpoint.interval = auto needs checkpoint.mtbf_s, the job's mean time between failures in "
+         "seconds (e.g. 3600): the interval is sqrt(2 x save cost x mtbf_s)");
+  if (interval.automatic && interval_s > 0)
+    fail("config", "checkpoint.interval = auto and checkpoint.interval_s = {} both choose the interval: set one",
+         interval_s);
+  if (dir.empty() && resume != "auto" && resume != "never")
+    fail("config",
+         "checkpoint.resume = {} but checkpoint.dir is empty: a resumed run needs a checkpoint.dir to "
+         "write its own checkpoints into",
+         resume);
+}
+
+void ProfileConfig::check() const {
+  MT_CHECK(steps.empty() || !dir.empty(), "config",
+           "profile.steps is set but profile.dir is empty: where do traces go?");
 }
 
 }  // namespace mt

@@ -1,16 +1,93 @@
 // The run's configuration sections: YAML into typed structs. Each section is a plain struct with defaults whose
-// visit() lists its keys once; that one list drives reading (runtime/io/config_reader.h, with unknown-key and
-// type errors naming the key path), writing the canonical YAML, and the hash that ranks compare. Adding a key is
-// one line in visit(). The whole run's Config (these sections and the model's, models/model_config.h) and its
-// checks are runtime/train/run_config.h.
+// visit() lists its keys once, each with its doc and its constraints; that one list drives reading
+// (runtime/io/config_reader.h, with unknown-key and type errors naming the key path), checking (check_section
+// below), writing the canonical YAML, and the hash that ranks compare. Adding a key is one line in visit(). The
+// whole run's Config (these sections and the model's, models/model_config.h) is runtime/train/run_config.h.
 #pragma once
+#include <fmt/ranges.h>
+
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
-#include <utility>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "runtime/core/error.h"
+
 namespace mt {
+
+// The name in names nearest to word (edit distance) when it is near enough to be a typo of it, else "":
+// unknown config keys, subcommands and options are answered with "did you mean ...?".
+std::string nearest_name(const std::string& word, const std::vector<std::string>& names);
+// "[config] training.batch_size = 10 must be divisible by dp = 4"
+void require_divisible(const std::string& key, int64_t value, const std::string& by_key, int64_t by);
+// "[config] key = value: expected what >= min" unless min <= value (finite).
+void require_at_least(const std::string& key, double value, double min, const char* what);
+// "[config] key = 'value': expected one of 'a', 'b'".
+void require_one_of(const std::string& key, const std::string& value, std::initializer_list<const char*> allowed);
+// "[config] key is empty: expected what".
+void require_non_empty(const std::string& key, const std::string& value, const char* what);
+// Sizes multiplied into tensor sizes (elements, then bytes) must not overflow 64 bits: checked before any code
+// multiplies them. factors: (key, value) pairs, each already >= 1.
+void require_product_fits(std::initializer_list<std::pair<const char*, int64_t>> factors);
+
+// A step count that may instead be "auto" (checkpoint.interval: chosen from the measured save cost and
+// checkpoint.mtbf_s).
+struct StepsOrAuto {
+  int64_t steps = 0;
+  bool automatic = false;
+  bool operator==(const StepsOrAuto&) const = default;
+};
+
+// ---- A key's constraints, beside its definition ----
+// visit() entries take them after the doc: v("steps", steps, "optimizer steps", at_least(0, "a step count")).
+// check_section applies each to its key's value once the config is complete, naming the key path; a constraint
+// that does not take a whole list applies to each element ("key[i]"). A section's rules across its keys are its
+// check() member, run after its keys'; a section whose enabled() is false (off) has nothing checked.
+
+// "key = value: expected what >= min" (require_at_least: the value as a number).
+struct AtLeast {
+  double min;
+  const char* what;
+  void operator()(const std::string& key, double v) const { require_at_least(key, v, min, what); }
+  void operator()(const std::string& key, const StepsOrAuto& v) const {
+    require_at_least(key, double(v.steps), min, what);
+  }
+};
+inline AtLeast at_least(double min, const char* what) { return {min, what}; }
+
+// "key = 'value': expected one of 'a', 'b'". The names live as long as the visit() call that lists them.
+struct OneOf {
+  std::initializer_list<const char*> allowed;
+  void operator()(const std::string& key, const std::string& v) const { require_one_of(key, v, allowed); }
+};
+inline OneOf one_of(std::initializer_list<const char*> allowed) { return {allowed}; }
+
+// "key is empty: expected what".
+struct NonEmpty {
+  const char* what;
+  void operator()(const std::string& key, const std::string& v) const { require_non_empty(key, v, what); }
+};
+inline NonEmpty non_empty(const char* what) { return {what}; }
+
+// "key = value: <text>" unless ok(value), for what at_least cannot say ("expected > 0"). ok takes one concrete
+// type: the key's, or its elements' for a rule on each element of a list.
+template <class Pred> struct Expect {
+  Pred ok;
+  std::string text;
+  template <class T>
+    requires std::is_invocable_r_v<bool, const Pred&, const T&>
+  void operator()(const std::string& key, const T& v) const {
+    if (!ok(v)) fail("config", "{} = {}: {}", key, v, text);
+  }
+};
+template <class Pred> Expect<Pred> expect(Pred ok, std::string text) { return {std::move(ok), std::move(text)}; }
+// "key = value: expected > 0" unless finite and > 0.
+inline auto positive() {
+  return expect([](double x) { return x > 0 && std::isfinite(x); }, "expected > 0");
+}
 
 // One entry of a tensor-parallel plan written in YAML: a module-path pattern and a style with
 // PyTorch's keyword names. Layouts are placements on the tp dim: "Shard(1)", "S(-1)", "Replicate", "R";
@@ -46,16 +123,18 @@ struct FsdpConfig {
   std::string param_dtype;   // "" = training.dtype (the dtype parameters are gathered and computed in)
   std::string reduce_dtype;  // "" = training.grad_reduce_dtype
   template <class V> void visit(V& v) {
-    v("min_weight_size", min_weight_size, "parameters with at most this many elements stay replicated");
+    v("min_weight_size", min_weight_size, "parameters with at most this many elements stay replicated",
+      expect([](int64_t n) { return n >= 0; }, "expected a number of elements >= 0"));
     v("patterns", patterns,
       "the units: module patterns, each match a unit; 'a+b' puts the matches of a and b "
       "in one unit ([] = each decoder layer, the embedding, the final norm with lm_head)");
     v("reshard_after_forward", reshard_after_forward,
       "free a unit's gathered parameters after its forward "
       "(false: keep them until its backward: less traffic, more memory)");
-    v("param_dtype", param_dtype, "'' | fp32 | bf16 | fp64: must be training.dtype ('' = that)");
-    v("reduce_dtype", reduce_dtype,
-      "'' | fp32 | bf16: gradients reduce-scattered in ('' = training.grad_reduce_dtype)");
+    v("param_dtype", param_dtype, "'' | fp32 | bf16 | fp64: must be training.dtype ('' = that)",
+      one_of({"", "fp32", "bf16", "fp64"}));
+    v("reduce_dtype", reduce_dtype, "'' | fp32 | bf16: gradients reduce-scattered in ('' = training.grad_reduce_dtype)",
+      one_of({"", "fp32", "bf16"}));
   }
 };
 
@@ -68,12 +147,16 @@ struct RecomputeConfig {
   template <class V> void visit(V& v) {
     v("patterns", patterns,
       "module paths to recompute, e.g. [\"model.layers.*\"] ('*' one segment, '**' any "
-      "number; empty: off)");
-    v("every", every, "recompute every N-th matched module in forward order (1: all)");
+      "number; empty: off)",
+      non_empty("a module path"));
+    v("every", every, "recompute every N-th matched module in forward order (1: all)",
+      expect([](int n) { return n >= 1; }, "expected every N-th matched module, N >= 1"));
     v("keep", keep,
       "what recomputed modules keep besides their input: [attention] (its output and log-sum-exp: "
-      "attention and its cp communication are not repeated)");
+      "attention and its cp communication are not repeated)",
+      one_of({"attention"}));
   }
+  void check() const;  // keep needs patterns
 };
 
 struct ParallelConfig {
@@ -122,10 +205,12 @@ struct ParallelConfig {
       "with cp > 1: ring (K/V passed around the cp ranks, overlapped with compute) | "
       "all_gather (K/V gathered once per layer, dK/dV reduce-scattered) | "
       "alltoall (Ulysses: q, k, v all-to-all from sequence- to head-sharded, attention over the whole sequence); "
-      "with cp_ring and cp_ulysses set, the ring dim's method");
+      "with cp_ring and cp_ulysses set, the ring dim's method",
+      one_of({"ring", "all_gather", "alltoall"}));
     v("cp_load_balance", cp_load_balance,
       "with cp > 1: head_tail (2 cp chunks, rank r holds r and 2 cp - 1 - r: "
-      "equal causal work) | none (contiguous)");
+      "equal causal work) | none (contiguous)",
+      one_of({"head_tail", "none"}));
     v("tp_plan", tp_plan, "tensor-parallel plan (empty: the model's default plan)");
     v("recompute", recompute, "activation recompute by module pattern (default off)");
     v("fsdp", fsdp, "fully sharded data parallel (with dp_shard > 1)");
@@ -138,10 +223,13 @@ struct CommConfig {
   std::string device = "cpu";
   std::vector<double> link_gbps;
   template <class V> void visit(V& v) {
-    v("timeout_s", timeout_s, "seconds before a stuck collective aborts the job");
-    v("backend", backend, "auto | mpi | nccl (auto: nccl for cuda when built and each rank has its own GPU)");
-    v("device", device, "cpu | cuda");
-    v("link_gbps", link_gbps, "link bandwidth per mesh dim in GB/s, outermost first (empty: defaults)");
+    v("timeout_s", timeout_s, "seconds before a stuck collective aborts the job",
+      expect([](double s) { return s > 0 && std::isfinite(s); }, "expected a finite number of seconds > 0"));
+    v("backend", backend, "auto | mpi | nccl (auto: nccl for cuda when built and each rank has its own GPU)",
+      one_of({"auto", "mpi", "nccl"}));
+    v("device", device, "cpu | cuda", one_of({"cpu", "cuda"}));
+    v("link_gbps", link_gbps, "link bandwidth per mesh dim in GB/s, outermost first (empty: defaults)",
+      expect([](double g) { return g > 0 && std::isfinite(g); }, "expected a finite bandwidth in GB/s > 0"));
   }
 };
 
@@ -151,12 +239,15 @@ struct LogConfig {
   std::string metrics_file;
   std::string progress = "auto";
   template <class V> void visit(V& v) {
-    v("level", level, "'' | trace | debug | info | warn | error | off");
-    v("interval", interval, "steps between progress lines");
+    v("level", level, "'' | trace | debug | info | warn | error | off",
+      one_of({"", "trace", "debug", "info", "warn", "error", "off"}));
+    v("interval", interval, "steps between progress lines",
+      expect([](int n) { return n >= 1; }, "expected a number of steps >= 1"));
     v("metrics_file", metrics_file, "JSON-lines metrics file ('' = none)");
     v("progress", progress,
       "auto | on | off: the redrawn progress bar on rank 0's stdout (auto: only when that "
-      "reaches a person's terminal, never a file or a batch log)");
+      "reaches a person's terminal, never a file or a batch log)",
+      one_of({"auto", "on", "off"}));
   }
 };
 
@@ -170,13 +261,18 @@ struct ProfileConfig {
   template <class V> void visit(V& v) {
     v("steps", steps,
       "[first, last]: the steps (1-based, inclusive) traced in the Chrome trace event format (Perfetto, "
-      "chrome://tracing); empty: none");
+      "chrome://tracing); empty: none",
+      expect([](const std::vector<int>& s) { return s.empty() || (s.size() == 2 && s[0] >= 1 && s[1] >= s[0]); },
+             "expected [first, last], 1-based steps with first <= last"));
     v("dir", dir, "where each rank writes trace_rank{R}.json and rank 0 the merged trace.json");
     v("straggler_threshold", straggler_threshold,
       "a rank whose compute time per step is above its peers' median by more than this fraction is slow "
-      "(0: no slow-rank check)");
-    v("straggler_steps", straggler_steps, "slow steps in a row before the rank is named in the log");
+      "(0: no slow-rank check)",
+      at_least(0, "a fraction"));
+    v("straggler_steps", straggler_steps, "slow steps in a row before the rank is named in the log",
+      at_least(1, "a step count"));
   }
+  void check() const;  // steps need a dir
 };
 
 struct TrainingConfig {
@@ -202,38 +298,49 @@ struct TrainingConfig {
   std::string nonfinite = "stop";
   int64_t max_nonfinite_steps = 5;
   template <class V> void visit(V& v) {
-    v("steps", steps, "optimizer steps");
-    v("batch_size", batch_size, "global batch in sequences (independent of the mesh)");
-    v("seq_len", seq_len, "tokens per sequence");
-    v("micro_batch_size", micro_batch_size, "sequences per forward/backward on a rank (0: all of the rank's share)");
-    v("lr", lr, "peak learning rate");
-    v("schedule", schedule, "constant | cosine (both with linear warmup)");
-    v("warmup_steps", warmup_steps, "steps of linear warmup");
-    v("lr_min", lr_min, "learning rate at the end of the cosine");
-    v("weight_decay", weight_decay, "AdamW decoupled weight decay (2-D weights only)");
-    v("beta1", beta1, "AdamW beta1");
-    v("beta2", beta2, "AdamW beta2");
-    v("eps", eps, "AdamW epsilon (outside the square root)");
-    v("grad_clip", grad_clip, "clip the global gradient norm to this (0 = off)");
+    const auto beta = expect([](double b) { return b >= 0 && b < 1; }, "expected 0 <= beta < 1");
+    v("steps", steps, "optimizer steps", at_least(0, "a step count"));
+    v("batch_size", batch_size, "global batch in sequences (independent of the mesh)",
+      at_least(1, "a number of sequences"));
+    v("seq_len", seq_len, "tokens per sequence", at_least(1, "a length"));
+    v("micro_batch_size", micro_batch_size, "sequences per forward/backward on a rank (0: all of the rank's share)",
+      at_least(0, "a number of sequences"));
+    v("lr", lr, "peak learning rate", at_least(0, "a learning rate"));
+    v("schedule", schedule, "constant | cosine (both with linear warmup)", one_of({"constant", "cosine"}));
+    v("warmup_steps", warmup_steps, "steps of linear warmup", at_least(0, "a step count"));
+    v("lr_min", lr_min, "learning rate at the end of the cosine", at_least(0, "a learning rate"));
+    v("weight_decay", weight_decay, "AdamW decoupled weight decay (2-D weights only)", at_least(0, "a decay"));
+    v("beta1", beta1, "AdamW beta1", beta);
+    v("beta2", beta2, "AdamW beta2", beta);
+    v("eps", eps, "AdamW epsilon (outside the square root)", positive());
+    v("grad_clip", grad_clip, "clip the global gradient norm to this (0 = off)", at_least(0, "a norm (0 = off)"));
     v("seed", seed, "seed of the parameter init and of sampling");
     v("dtype", dtype,
       "fp32 | bf16 (mixed precision: bf16 compute, f32 master weights, optimizer state, norms' statistics, softmax "
-      "and loss; on the CPU bf16 is emulated in f32 for checks) | fp64 (CPU, for checks)");
+      "and loss; on the CPU bf16 is emulated in f32 for checks) | fp64 (CPU, for checks)",
+      one_of({"fp32", "fp64", "bf16"}));
     v("grad_reduce_dtype", grad_reduce_dtype,
-      "fp32 | bf16: the dtype gradients are all-reduced in across data-parallel ranks (bf16 halves the bytes)");
+      "fp32 | bf16: the dtype gradients are all-reduced in across data-parallel ranks (bf16 halves the bytes)",
+      one_of({"fp32", "bf16"}));
     v("grad_bucket_mb", grad_bucket_mb,
       "gradients are synced in buckets of about this many MiB, each launched as soon as backward has produced it "
-      "(0: one collective per parameter)");
-    v("threads", threads, "CPU threads per rank (0: the node's cores / ranks on the node; at most 1024)");
+      "(0: one collective per parameter)",
+      at_least(0, "a size in MiB (0 = per parameter)"));
+    v("threads", threads, "CPU threads per rank (0: the node's cores / ranks on the node; at most 1024)",
+      at_least(0, "a thread count (0 = auto)"),
+      expect([](int n) { return n <= 1024; }, "expected at most 1024 threads per rank"));
     v("memory_limit_mb", memory_limit_mb,
       "host memory this rank's tensors may hold, in MiB (0: no cap): an allocation past it is an error naming this "
-      "key, not a kill by the kernel");
+      "key, not a kill by the kernel",
+      at_least(0, "MiB (0 = no cap)"));
     v("nonfinite", nonfinite,
       "a step whose loss or gradient norm is not finite is never applied: stop (end the "
-      "run naming the step) | skip (count it in the metrics and go on)");
+      "run naming the step) | skip (count it in the metrics and go on)",
+      one_of({"stop", "skip"}));
     v("max_nonfinite_steps", max_nonfinite_steps,
-      "with nonfinite: skip, stop after this many non-finite steps in a row");
+      "with nonfinite: skip, stop after this many non-finite steps in a row", at_least(1, "a step count"));
   }
+  void check() const;  // the step's rows x seq_len fit in 64 bits
 };
 
 struct DataConfig {
@@ -257,8 +364,9 @@ struct EvalConfig {
   int64_t interval = 100;
   int64_t steps = 4;
   template <class V> void visit(V& v) {
-    v("interval", interval, "steps between validation evaluations (0 = never)");
-    v("steps", steps, "validation batches per evaluation");
+    v("interval", interval, "steps between validation evaluations (0 = never)",
+      at_least(0, "a step count (0 = never)"));
+    v("steps", steps, "validation batches per evaluation", at_least(1, "a batch count"));
   }
 };
 
@@ -268,19 +376,11 @@ struct SampleConfig {
   int64_t tokens = 64;
   double temperature = 0.8;
   template <class V> void visit(V& v) {
-    v("interval", interval, "steps between generated samples (0 = never)");
+    v("interval", interval, "steps between generated samples (0 = never)", at_least(0, "a step count (0 = never)"));
     v("prompt", prompt, "text the samples continue");
-    v("tokens", tokens, "tokens generated per sample");
-    v("temperature", temperature, "sampling temperature (0 = greedy)");
+    v("tokens", tokens, "tokens generated per sample", at_least(0, "a token count"));
+    v("temperature", temperature, "sampling temperature (0 = greedy)", at_least(0, "a temperature"));
   }
-};
-
-// A step count that may instead be "auto" (checkpoint.interval: chosen from the measured save cost and
-// checkpoint.mtbf_s).
-struct StepsOrAuto {
-  int64_t steps = 0;
-  bool automatic = false;
-  bool operator==(const StepsOrAuto&) const = default;
 };
 
 struct CheckpointConfig {
@@ -297,34 +397,97 @@ struct CheckpointConfig {
     v("dir", dir, "checkpoint directory ('' = no checkpoints)");
     v("interval", interval,
       "steps between checkpoints (0 = only at the end), or auto: every sqrt(2 x save cost x checkpoint.mtbf_s) "
-      "seconds (Young/Daly), the save's cost measured by a first save after step 2");
-    v("interval_s", interval_s, "seconds between checkpoints, by rank 0's clock (0 = by steps only)");
-    v("mtbf_s", mtbf_s, "the job's mean time between failures in seconds, for interval: auto");
+      "seconds (Young/Daly), the save's cost measured by a first save after step 2",
+      at_least(0, "a step count (0 = at the end only)"));
+    v("interval_s", interval_s, "seconds between checkpoints, by rank 0's clock (0 = by steps only)",
+      at_least(0, "seconds (0 = by steps only)"));
+    v("mtbf_s", mtbf_s, "the job's mean time between failures in seconds, for interval: auto", at_least(0, "seconds"));
     v("async", async,
       "write checkpoints while training goes on: each writer's tensors are copied to host memory at the save step "
       "(the only stall), a thread writes and syncs them, and the directory is completed at a later step");
-    v("keep", keep, "newest checkpoints kept (0 = all)");
-    v("resume", resume, "auto (latest complete checkpoint in dir) | never | a step_XXXXXXXX directory");
+    v("keep", keep, "newest checkpoints kept (0 = all)", at_least(0, "a count (0 = all)"));
+    v("resume", resume, "auto (latest complete checkpoint in dir) | never | a step_XXXXXXXX directory",
+      non_empty("auto, never or a checkpoint directory"));
     v("allow_config_change", allow_config_change,
       "resume even when the data path, seed, model or schedule "
       "differ from the checkpoint's (they are reported either way)");
     v("writers", writers,
       "ranks that write a checkpoint's files, one file each for the model and the optimizer (0 = every rank; "
-      "1 = one model.safetensors and one optimizer.safetensors)");
+      "1 = one model.safetensors and one optimizer.safetensors)",
+      at_least(0, "a count of ranks (0 = every rank)"));
+  }
+  void check() const;  // interval auto needs mtbf_s and no interval_s; a resumed run needs a dir
+};
+
+namespace config_io {
+
+// A section is anything with visit(); probe it with a visitor that accepts any key.
+struct ProbeVisitor {
+  template <class F, class... C> void operator()(const char*, F&, const char*, const C&...) {}
+};
+template <class T> constexpr bool is_section_v = requires(T& t, ProbeVisitor& p) { t.visit(p); };
+// A list of sections (parallel.tp_plan).
+template <class T> constexpr bool is_section_list_v = false;
+template <class T> constexpr bool is_section_list_v<std::vector<T>> = is_section_v<T>;
+
+inline std::string join_path(const std::string& prefix, const std::string& key) {
+  return prefix.empty() ? key : prefix + "." + key;
+}
+
+template <class S> void check_section(const S& section, const std::string& path);
+
+// One constraint on a key's value, or on each element of a list when it does not take the whole list.
+template <class T, class C> void check_value(const std::string& key, const T& value, const C& constraint) {
+  if constexpr (std::is_invocable_v<const C&, const std::string&, const T&>) {
+    constraint(key, value);
+  } else {
+    for (size_t i = 0; i < value.size(); ++i) constraint(fmt::format("{}[{}]", key, i), value[i]);
+  }
+}
+
+struct Checker {
+  std::string path;
+  template <class T, class... C> void operator()(const char* key, T& field, const char*, const C&... constraints) {
+    const std::string p = join_path(path, key);
+    (check_value(p, field, constraints), ...);
+    if constexpr (is_section_v<T>) {
+      check_section(field, p);
+    } else if constexpr (is_section_list_v<T>) {
+      for (size_t i = 0; i < field.size(); ++i) check_section(field[i], fmt::format("{}[{}]", p, i));
+    }
   }
 };
 
-// The name in names nearest to word (edit distance) when it is near enough to be a typo of it, else "":
-// unknown config keys, subcommands and options are answered with "did you mean ...?".
-std::string nearest_name(const std::string& word, const std::vector<std::string>& names);
-// "[config] training.batch_size = 10 must be divisible by dp = 4"
-void require_divisible(const std::string& key, int64_t value, const std::string& by_key, int64_t by);
-// "[config] key = value: expected what >= min" unless min <= value (finite).
-void require_at_least(const std::string& key, double value, double min, const char* what);
-// "[config] key = 'value': expected one of 'a', 'b'".
-void require_one_of(const std::string& key, const std::string& value, std::initializer_list<const char*> allowed);
-// Sizes multiplied into tensor sizes (elements, then bytes) must not overflow 64 bits: checked before any code
-// multiplies them. factors: (key, value) pairs, each already >= 1.
-void require_product_fits(std::initializer_list<std::pair<const char*, int64_t>> factors);
+// A section's keys' constraints in visit() order, nested sections included, then its check(); errors name the
+// key paths under `path` ("" for the root).
+template <class S> void check_section(const S& section, const std::string& path) {
+  if constexpr (requires { section.enabled(); })
+    if (!section.enabled()) return;
+  Checker c{path};
+  const_cast<S&>(section).visit(c);
+  if constexpr (requires { section.check(); }) section.check();
+}
+
+template <class F> struct KeyVisitor {
+  std::string path;
+  F& fn;
+  template <class T, class... C> void operator()(const char* key, T& field, const char*, const C&...) {
+    const std::string p = join_path(path, key);
+    if constexpr (is_section_v<T>) {
+      KeyVisitor inner{p, fn};
+      field.visit(inner);
+    } else {
+      fn(p, std::as_const(field));
+    }
+  }
+};
+
+// fn(key path, value) for every plain key of a section in visit() order, nested sections' keys under their paths.
+template <class S, class F> void for_each_key(const S& section, const std::string& path, F&& fn) {
+  KeyVisitor<F> v{path, fn};
+  const_cast<S&>(section).visit(v);
+}
+
+}  // namespace config_io
 
 }  // namespace mt

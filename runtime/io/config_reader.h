@@ -1,6 +1,7 @@
 // The generic YAML side of the config: sections (anything with visit()) read with unknown-key, duplicate-key and
 // type errors naming the key path, --set overrides applied first, and the canonical YAML written back. Used by
-// runtime/train/run_config.cpp for the whole run's Config; nothing here knows what a key means.
+// runtime/train/run_config.cpp for the whole run's Config; what a key must satisfy is its constraints in visit(),
+// checked by config.h's check_section.
 #pragma once
 #include <yaml-cpp/yaml.h>
 
@@ -20,19 +21,6 @@ inline YAML::Emitter& operator<<(YAML::Emitter& out, const StepsOrAuto& v) {
 }  // namespace mt
 
 namespace mt::config_io {
-
-// A section is anything with visit(); probe it with a visitor that accepts any key.
-struct ProbeVisitor {
-  template <class F> void operator()(const char*, F&, const char*) {}
-};
-template <class T> constexpr bool is_section_v = requires(T& t, ProbeVisitor& p) { t.visit(p); };
-// A list of sections (parallel.tp_plan).
-template <class T> constexpr bool is_section_list_v = false;
-template <class T> constexpr bool is_section_list_v<std::vector<T>> = is_section_v<T>;
-
-inline std::string join_path(const std::string& prefix, const std::string& key) {
-  return prefix.empty() ? key : prefix + "." + key;
-}
 
 inline std::string describe_node(const YAML::Node& n) {
   if (n.IsMap()) return "a map";
@@ -96,7 +84,7 @@ struct Reader {
   std::set<std::string>* given;           // key paths present in the YAML (with the overrides)
   std::vector<std::string> known;
 
-  template <class T> void operator()(const char* key, T& field, const char*) {
+  template <class T, class... C> void operator()(const char* key, T& field, const char*, const C&...) {
     known.push_back(key);
     const YAML::Node n = node[key];
     if (!n) return;
@@ -150,7 +138,7 @@ struct Reader {
 
 struct Writer {
   YAML::Emitter& out;
-  template <class T> void operator()(const char* key, T& field, const char*) {
+  template <class T, class... C> void operator()(const char* key, T& field, const char*, const C&...) {
     out << YAML::Key << key << YAML::Value;
     if constexpr (is_section_v<T>) {
       out << YAML::BeginMap;
@@ -191,12 +179,13 @@ void apply_override(YAML::Node& root, const std::string& ov, std::set<std::strin
 YAML::Node load_yaml_file(const std::string& path);
 YAML::Node load_yaml_string(const std::string& yaml);
 
-// A whole config (a root section) from YAML: overrides applied, keys read, then finish(root, the key paths the
-// YAML gave), which completes and checks it; every error names the file (path, "" = a string or defaults) or the
-// --set that gave the bad value.
+// A whole config (a root section) from YAML: overrides applied, keys read, complete(root, the key paths the YAML
+// gave) fills in what the YAML leaves to other files, then every key's constraints and each section's check()
+// (check_section); every error names the file (path, "" = a string or defaults) or the --set that gave the bad
+// value.
 template <class Root>
 Root from_node(YAML::Node root, const std::vector<std::string>& overrides, const std::string& path,
-               void (*finish)(Root&, const std::set<std::string>& given)) {
+               void (*complete)(Root&, const std::set<std::string>& given)) {
   if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   Root c;
   std::set<std::string> given;
@@ -211,7 +200,8 @@ Root from_node(YAML::Node root, const std::vector<std::string>& overrides, const
       // A yaml-cpp corner not checked above still leaves as a config error, not a bare library one.
       fail("config", "{}", e.what());
     }
-    finish(c, given);
+    complete(c, given);
+    check_section(c, "");
   } catch (const Error& e) {
     fail_with_origin(e, path, overrides);
   }

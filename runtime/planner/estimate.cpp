@@ -6,6 +6,7 @@
 #include "attention/attention.h"
 #include "attention/sequence_shard.h"
 #include "models/model.h"
+#include "models/moe_cost.h"
 #include "parallel/grad_sync.h"
 #include "runtime/core/bytes_format.h"
 #include "runtime/core/log.h"

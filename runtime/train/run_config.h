@@ -34,11 +34,16 @@ struct Config {
     v("checkpoint", checkpoint, "checkpoints and resume");
     v("profile", profile, "traces and the slow-rank check");
   }
+  // The rules across sections (each section's own are its keys' constraints and its check()): the model's
+  // family's, and the training, data and parallel keys that depend on the model. Those that need the mesh are
+  // ParallelDims' and the trainer's.
+  void check() const;
 };
 
-// Loads path (empty: defaults only), applies --set overrides, converts and validates. With model.init_from naming
-// a directory that holds a config.json, the model keys come from that file; each model key the YAML gives must
-// agree with it, or it is an error naming the key and the file.
+// Loads path (empty: defaults only), applies --set overrides, converts and checks (every key's constraints, each
+// section's check(), then Config::check). With model.init_from naming a directory that holds a config.json, the
+// model keys come from that file; each model key the YAML gives must agree with it, or it is an error naming the
+// key and the file.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides);
 Config config_from_yaml_string(const std::string& yaml, const std::vector<std::string>& overrides = {});
 std::string config_to_yaml(const Config& c);  // canonical: every key, defaults included
