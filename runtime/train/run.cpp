@@ -94,31 +94,6 @@ int auto_threads(const MpiEnv& env) {
   return std::max(1, hw / std::max(1, env.local_size()));
 }
 
-// TEMPORARY (replaced by models/ and attention/ at merge)
-struct CheckRunShim {
-  void check_run(const ModelConfig& m, const ParallelConfig& p, const CommConfig& c) const {
-    if (m.moe.n_experts > 0 && p.pp > 1 && c.device == "cuda" && c.backend != "mpi")
-      fail("config",
-           "model.type = {} with parallel.pp = {} on comm.device = cuda and comm.backend = {}: an MoE model's router "
-           "statistics are summed beside the pipeline's NCCL sends, whose order is not yet proved free of a hang; "
-           "use parallel.pp = 1 (ep, dp, tp, cp all work) or comm.backend = mpi",
-           m.type, p.pp, c.backend);
-  }
-};
-CheckRunShim shim_family(const ModelConfig&) { return {}; }
-std::string attention_kernel_warning(int64_t hd, DType dtype, Device device) {
-  if (!device.is_cuda() || dtype != DType::bf16 || hd == 64 || hd == 128) return "";
-  return fmt::format("training.dtype = bf16 with head dim {}: the tensor-core attention kernel takes 64 or 128, so "
-                     "attention runs the slow fp32 reference kernel", hd);
-}
-void pool_router_stats(CausalLM& model, const DeviceMesh& world, const ParallelDims& pd) {
-  if (!model.config.moe.enabled() || pd.pp_size() <= 1) return;
-  std::string dims = dim::pp;
-  for (const DimSpec& d : pd.dims)
-    if (d.data) dims += std::string(",") + d.name;
-  model.set_router_stats_group(&world.group(dims));
-}
-
 // Everything before the mesh, checked by each rank alone (an error every rank has alike is printed once): the
 // model against the job's tightest rank's memory, the threads and the memory cap, the run's shape, the device and
 // the data.
@@ -127,14 +102,14 @@ void set_up_run(TrainRun& run, const MpiEnv& env, bool with_data, double memory)
   const auto& t = cfg.training;
   run_agreed(env, "the run's setup", [&] {
     check_model_fits(cfg, memory);
-    shim_family(cfg.model).check_run(cfg.model, cfg.parallel, cfg.comm);
+    family_of(cfg.model).check_training(cfg.model, cfg.parallel, cfg.comm);
     set_cpu_threads(t.threads > 0 ? t.threads : auto_threads(env));
     set_host_memory_limit(size_t(t.memory_limit_mb * double(1 << 20)), "training.memory_limit_mb");
     static_cast<RunShape&>(run) = plan_run_shape(cfg, env.size());
     run.device = rank_device(env, cfg.comm.device);
-    if (env.rank() == 0)
-      if (const std::string w = attention_kernel_warning(cfg.model.head_size(), run.dtype, run.device); !w.empty())
-        spdlog::warn("{}", w);
+    if (const std::string slow = slow_attention_warning(run.device, run.dtype, cfg.model.head_size());
+        !slow.empty() && env.rank() == 0)
+      spdlog::warn("{}", slow);
     // Data (every rank reads and validates the files itself: errors before any collective).
     if (with_data) {
       run.train_data = TokenStream(cfg.data.train, cfg.model.vocab_size, "data.train");
@@ -171,7 +146,7 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   reset_peak_allocated(Device::cpu());
   const int pp_rank = run.world_mesh.has_dim(dim::pp) ? run.world_mesh.coordinate(run.world_mesh.dim_index(dim::pp)) : 0;
   static_cast<Stage&>(run) = assemble_stage(cfg, run, run.mesh, run.device, pp_rank);
-  pool_router_stats(*run.model, run.world_mesh, run.pd);  // under pp: over the stages too (collective)
+  run.model->pool_router_stats(run.world_mesh, run.pd);  // under pp: over the stages too (collective)
   run.model->set_positions(shard_positions(run.shard));
   run.params = run.model->parameters();
   // How the step runs, chosen once: the local loop, or this rank's stages of the pipeline.
