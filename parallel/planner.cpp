@@ -136,12 +136,43 @@ std::string key_of(const DTensorSpec& s) {
   return k;
 }
 
-Plan min_cost_plan(const DTensorSpec& src, const DTensorSpec& dst, size_t elem_bytes, const std::vector<double>& gbps) {
+// The mesh dims the search need not move: a dim of size 1 whose placement is the same in src and dst and, when it
+// shards a tensor dim, whose tensor dim only such dims shard, in the same order in both. Moving one costs a step and
+// changes no local shape (a size-1 dim's chunk is the whole dim), so no bytes are saved; it never unblocks another
+// dim (every dim before it in its shard order stays too, and any dim pushed later comes after it). The plan found
+// without them is the plan found with them; without this rule the size-1 dims of a full mesh (dp, ep and cp of size
+// 1 beside tp) multiply the states the search visits into the tens of thousands.
+std::vector<bool> still_dims(const DTensorSpec& src, const DTensorSpec& dst) {
+  const int nd = src.mesh_ndim();
+  auto unchanged_one = [&](int m) {
+    return src.mesh[size_t(m)].size == 1 && src.placements[size_t(m)] == dst.placements[size_t(m)];
+  };
+  std::vector<bool> still(size_t(nd), false);
+  for (int m = 0; m < nd; ++m) {
+    if (!unchanged_one(m)) continue;
+    const Placement& p = src.placements[size_t(m)];
+    if (!p.is_shard()) {
+      still[size_t(m)] = true;
+      continue;
+    }
+    const auto &a = src.shard_order[size_t(p.dim)], &b = dst.shard_order[size_t(p.dim)];
+    still[size_t(m)] = a == b && std::all_of(a.begin(), a.end(), unchanged_one);
+  }
+  return still;
+}
+
+Plan min_cost_plan(const DTensorSpec& src, const DTensorSpec& dst, size_t elem_bytes, const std::vector<double>& gbps,
+                   bool every_dim) {
+  const std::vector<bool> still = every_dim ? std::vector<bool>{} : still_dims(src, dst);
   struct Node {
     double cost;
     int steps;
     std::string key;
-    bool operator>(const Node& o) const { return cost != o.cost ? cost > o.cost : steps > o.steps; }
+    // Ties broken by the layout's key: the plan chosen depends on the graph alone, never on the order the search
+    // met its nodes (so leaving still dims out cannot change it).
+    bool operator>(const Node& o) const {
+      return cost != o.cost ? cost > o.cost : steps != o.steps ? steps > o.steps : key > o.key;
+    }
   };
   struct Seen {
     double cost;
@@ -174,12 +205,17 @@ Plan min_cost_plan(const DTensorSpec& src, const DTensorSpec& dst, size_t elem_b
     DTensorSpec spec = cur.spec;  // copy: `cur` may move when the map grows
     double base = cur.cost;
     int steps = cur.steps;
-    for (auto& st : next_steps(spec, dst, elem_bytes, gbps)) {
+    for (auto& st : next_steps(spec, dst, elem_bytes, gbps, still)) {
       std::string k = key_of(st.after);
       double c = base + st.cost_s;
       auto it = seen.find(k);
+      // Better: cheaper, then fewer steps, then a smaller predecessor (every predecessor on an optimal path is
+      // cheaper, so all of them are relaxed before the node is taken).
       if (it == seen.end() ||
-          (!it->second.done && (c < it->second.cost || (c == it->second.cost && steps + 1 < it->second.steps)))) {
+          (!it->second.done &&
+           (c < it->second.cost ||
+            (c == it->second.cost &&
+             (steps + 1 < it->second.steps || (steps + 1 == it->second.steps && n.key < it->second.prev)))))) {
         seen.insert_or_assign(k, Seen{c, steps + 1, st.after, n.key, st, false});
         pq.push({c, steps + 1, k});
       }
@@ -237,7 +273,7 @@ bool greedy_plan(const DTensorSpec& src, const DTensorSpec& dst, size_t elem_byt
 }  // namespace
 
 std::vector<PlanStep> next_steps(const DTensorSpec& s, const DTensorSpec& target, size_t elem_bytes,
-                                 const std::vector<double>& gbps) {
+                                 const std::vector<double>& gbps, const std::vector<bool>& still) {
   std::vector<PlanStep> out;
   int nd = s.tensor_ndim();
   auto add = [&](int m, StepKind kind, const Placement& to) {
@@ -245,6 +281,7 @@ std::vector<PlanStep> next_steps(const DTensorSpec& s, const DTensorSpec& target
     if (apply(s, m, to, next)) out.push_back(make_step(s, m, kind, to, next, elem_bytes, gbps));
   };
   for (int m = 0; m < s.mesh_ndim(); ++m) {
+    if (!still.empty() && still[size_t(m)]) continue;
     const Placement& p = s.placements[size_t(m)];
     if (p.is_shard()) {
       add(m, StepKind::all_gather, Placement::Replicate());
@@ -271,7 +308,7 @@ Plan plan_redistribute_uncached(const DTensorSpec& src, const DTensorSpec& dst, 
   p.src = src;
   p.dst = dst;
   if (planner != Planner::greedy || !greedy_plan(src, dst, elem_bytes, gbps, p)) {
-    p = min_cost_plan(src, dst, elem_bytes, gbps);
+    p = min_cost_plan(src, dst, elem_bytes, gbps, planner == Planner::min_cost_every_dim);
   }
   for (auto& st : p.steps) {
     p.cost_s += st.cost_s;

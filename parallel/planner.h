@@ -47,7 +47,9 @@ struct Plan {
 std::vector<double> link_bandwidths(int mesh_ndim, const std::vector<double>& link_gbps);
 inline constexpr double kCollectiveLatencyS = 5e-6;
 
-enum class Planner { min_cost, greedy };
+// min_cost_every_dim: min-cost with every mesh dim searched, size-1 dims left in place included (for the tests that
+// check the pruning against it).
+enum class Planner { min_cost, greedy, min_cost_every_dim };
 Planner planner_from_name(const std::string& name);  // "min-cost" | "greedy"; throws "[redistribute] ..."
 
 // Cached by (mesh, source spec, target spec, element size, bandwidths, planner).
@@ -62,9 +64,9 @@ void clear_plan_cache();
 size_t plan_cache_size();
 
 // Every step the planner may take from `state` toward `target` (exposed for
-// the brute-force check in the tests).
+// the brute-force check in the tests); none on the mesh dims `still` marks (empty: every dim moves).
 std::vector<PlanStep> next_steps(const DTensorSpec& state, const DTensorSpec& target, size_t elem_bytes,
-                                 const std::vector<double>& gbps);
+                                 const std::vector<double>& gbps, const std::vector<bool>& still = {});
 // Whether two specs are the same layout (placements and shard order).
 bool same_layout(const DTensorSpec& a, const DTensorSpec& b);
 

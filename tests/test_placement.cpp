@@ -143,6 +143,39 @@ TEST_CASE("min-cost plans match a brute-force search; greedy is never cheaper") 
   }
 }
 
+TEST_CASE("min-cost plans: leaving unchanged size-1 mesh dims in place finds the plan of the search over every dim") {
+  // The meshes a run builds hold every dim, most of size 1 (dp, ep, cp beside tp): the search leaves those in place
+  // (still_dims in parallel/planner.cpp) and must choose exactly the plan it chose when it moved them too.
+  std::mt19937 rng(11);
+  for (auto sizes : std::vector<std::vector<int>>{{1, 2}, {2, 1}, {1, 2, 1}, {2, 1, 2}, {1, 1, 2}, {1, 2, 1, 2}}) {
+    Mesh mesh = mesh_of(sizes);
+    const int nd = int(sizes.size());
+    auto all = all_placements(nd, 2, true);
+    Shape gs{12, 10};
+    const int pairs = nd <= 2 ? 300 : nd == 3 ? 150 : 40;
+    int pruned = 0;
+    for (int t = 0; t < pairs; ++t) {
+      DTensorSpec src = DTensorSpec::make(mesh, all[rng() % all.size()], gs);
+      // Half the targets keep the size-1 dims' placements, as a run's layout changes do.
+      std::vector<Placement> to = all[rng() % all.size()];
+      if (t % 2 == 0)
+        for (int m = 0; m < nd; ++m)
+          if (sizes[size_t(m)] == 1) to[size_t(m)] = src.placements[size_t(m)];
+      DTensorSpec dst = DTensorSpec::make(mesh, to, gs);
+      const Plan fast = plan_redistribute_uncached(src, dst, 4, {}, Planner::min_cost);
+      const Plan every = plan_redistribute_uncached(src, dst, 4, {}, Planner::min_cost_every_dim);
+      INFO(src.str(), " -> ", dst.str());
+      CHECK(fast.chain() == every.chain());
+      CHECK(fast.cost_s == every.cost_s);
+      CHECK(fast.bytes_per_rank == every.bytes_per_rank);
+      for (size_t i = 0; i < fast.steps.size() && i < every.steps.size(); ++i)
+        CHECK(fast.steps[i].kind == every.steps[i].kind);
+      for (int m = 0; m < nd; ++m) pruned += sizes[size_t(m)] == 1 && src.placements[size_t(m)] == dst.placements[size_t(m)];
+    }
+    CHECK(pruned > 0);  // the rule applied on this mesh
+  }
+}
+
 TEST_CASE("plans: costs use the link model, are cached, print as a chain") {
   Mesh mesh = mesh_of({2, 2});
   DTensorSpec src = DTensorSpec::make(mesh, parse_placements("S(0)[0]S(0)[1]"), {16, 4});
