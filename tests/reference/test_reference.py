@@ -16,6 +16,8 @@ differences, and the dense/sparse layer pattern, init and refusals. The loss mas
 (issue 41) against the counted targets picked out by index, in micro-batches, and
 the mask files' checks.
 """
+import contextlib
+import io
 import json
 import math
 import os
@@ -571,10 +573,49 @@ def safetensors_round_trip():
     assert L.f32_to_bf16_bits(bits.view("<f4")).tolist() == [0x3F80, 0x3F82, 0x3F81, 0x3F80]
 
 
+def cli(*args):
+    """llama_ref.py's command line run in this process, as (exit code, stdout, stderr): a process per call would
+    import torch again each time (2 s). The torch and NumPy state it sets (threads, default dtype, seeds) is put
+    back; an exception other than the script's own exit propagates, as a traceback would have shown."""
+    argv, threads, dtype = sys.argv, torch.get_num_threads(), torch.get_default_dtype()
+    rng, np_rng = torch.get_rng_state(), np.random.get_state()
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    sys.argv = [REF, *map(str, args)]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            L.main()
+    except SystemExit as e:  # sys.exit("llama_ref: ...") prints its message and exits 1; argparse exits 2
+        code = e.code if isinstance(e.code, int) else 1
+        if e.code is not None and not isinstance(e.code, int):
+            err.write(f"{e.code}\n")
+    finally:
+        sys.argv = argv
+        torch.set_num_threads(threads)
+        torch.set_default_dtype(dtype)
+        torch.set_rng_state(rng)
+        np.random.set_state(np_rng)
+    return code, out.getvalue(), err.getvalue()
+
+
 def run_cli(*args):
-    r = subprocess.run([sys.executable, REF, *map(str, args)], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
+    code, out, err = cli(*args)
+    assert code == 0, err
+    return out
+
+
+@test
+def the_script_runs_as_a_process():
+    # The other checks call llama_ref.main in this process: here the script itself, as the tests' shell scripts and
+    # users run it, succeeds and refuses with a message, not a traceback.
+    with tempfile.TemporaryDirectory() as d:
+        args = ["init", "--out", os.path.join(d, "m"), "--dim", 32, "--n-layers", 1, "--n-heads", 4, "--ffn-dim", 40,
+                "--vocab-size", 64]
+        r = subprocess.run([sys.executable, REF, *map(str, args)], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0 and os.path.exists(os.path.join(d, "m", "model.safetensors")), r.stderr
+        r = subprocess.run([sys.executable, REF, "init", "--out", os.path.join(d, "x"), "--sliding-window", "8"],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode != 0 and "--sliding-window" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 @test
@@ -619,10 +660,9 @@ def init_then_train_decreases_loss():
 
 
 def run_cli_fails(*args):
-    r = subprocess.run([sys.executable, REF, *map(str, args)], capture_output=True, text=True, timeout=600)
-    assert r.returncode != 0, r.stdout
-    assert "Traceback" not in r.stderr, r.stderr
-    return r.stderr
+    code, out, err = cli(*args)  # a traceback would be an exception raised here
+    assert code != 0, out
+    return err
 
 
 @test
