@@ -1,4 +1,4 @@
-// Pipeline-parallel schedules (issue 27): for each pp rank, the list of actions it runs in one step, built once
+// Pipeline-parallel schedules: for each pp rank, the list of actions it runs in one step, built once
 // from (schedule, p ranks, v model chunks per rank, m micro-batches) and checked before anything runs: every
 // (stage, micro-batch) has its forward and its backward exactly once, every send has its receive, each action's
 // inputs exist before it, and the ranks cannot deadlock. A simulator with per-action costs gives each rank's idle

@@ -1,5 +1,5 @@
 // `meshtrain trace merge DIR`: joins the per-rank traces a run with profile.steps wrote (trace_rank{R}.json) into
-// DIR/trace.json, one process per rank (issue 40). The run does this itself at the end of its traced steps; the
+// DIR/trace.json, one process per rank. The run does this itself at the end of its traced steps; the
 // command is for a run that stopped before, or files copied from several machines. Runs on rank 0 alone.
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-// Opt-in per-op timing of the work a run issues (issue 17 part 5): MT_PROFILE_KERNELS=1 in the environment
+// Opt-in per-op timing of the work a run issues: MT_PROFILE_KERNELS=1 in the environment
 // times every op launch with a pair of CUDA events on the op's stream (host clock for CPU ops, which run
 // synchronously), aggregated per op name; `meshtrain train` reads the events after each step (one device
 // synchronisation per step, outside the step's own host-sync count) and prints the top ops at the end with
@@ -74,7 +74,7 @@ class Scope {
  private:
   void begin(const char* name, const char* category, Device d, double flops, double bytes, const Stream* stream);
   void end();
-  // The trace's op span (trace.h, issue 40): the outermost scope of a thread, on the host clock; on a CUDA
+  // The trace's op span (trace.h): the outermost scope of a thread, on the host clock; on a CUDA
   // device also the op's run on its stream, from a pair of events (trace_device_flush).
   void trace_begin(const char* name, const char* category, Device d, const Stream* stream);
   void trace_end();

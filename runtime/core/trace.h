@@ -1,4 +1,4 @@
-// Timeline traces in the Chrome trace event format (issue 40), which Perfetto and chrome://tracing open.
+// Timeline traces in the Chrome trace event format, which Perfetto and chrome://tracing open.
 // `profile.steps: [a, b]` and `profile.dir` (runtime/io/config.h) turn recording on for those steps: every rank
 // appends events to one vector in memory and writes `profile.dir/trace_rank{R}.json` at the end of the range;
 // `meshtrain trace merge DIR` (or rank 0 at the end of the range) joins them into DIR/trace.json, a process per
@@ -61,7 +61,7 @@ void counter(const char* name, std::vector<std::pair<const char*, double>> value
 // Names this thread's lane ("main", "checkpoint writer").
 void name_thread(const std::string& name);
 
-// Memory by part (issue 40 part 3): the model state's bytes and the gradient buckets' (fixed during a run: set
+// Memory by part: the model state's bytes and the gradient buckets' (fixed during a run: set
 // once by the training loop), the fully_shard units' (the host allocations made inside a UnitScope while
 // recording, followed to their free), and a sample of the allocator's bytes in use, written as the counter
 // "memory" with the series parameters, gradients, optimizer, "communication buffers", "fully_shard units" and

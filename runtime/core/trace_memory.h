@@ -1,4 +1,4 @@
-// The memory track's peak by part (trace.h, issue 40 part 3): the sample of trace::memory_sample with the most
+// The memory track's peak by part (trace.h): the sample of trace::memory_sample with the most
 // bytes in use since the last reset, split as the track is (the model state's fixed parts, the rest).
 #pragma once
 #include <cstdint>

@@ -251,7 +251,7 @@ struct LogConfig {
   }
 };
 
-// Traces and the slow rank (issue 40): profile.steps [first, last] (1-based, inclusive; empty: no trace) written
+// Traces and the slow rank: profile.steps [first, last] (1-based, inclusive; empty: no trace) written
 // to profile.dir as Chrome trace JSON per rank and merged; the slow-rank check runs every step.
 struct ProfileConfig {
   std::vector<int> steps;

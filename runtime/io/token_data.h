@@ -6,7 +6,7 @@
 // must be 1024 + width * count. Shards are matched by a glob and read in sorted
 // order as one concatenated stream (formats may mix).
 //
-// Loss masks (supervised fine-tuning, issue 41; written by scripts/prepare_data --chat): the mask of shard X.bin is
+// Loss masks (supervised fine-tuning; written by scripts/prepare_data --chat): the mask of shard X.bin is
 // X.mask beside it: a header of 256 little-endian int32 (magic 20241127, version 1, the token count, which must equal
 // the shard's, the packing length T or 0 when not packed, the rest zero), then `count` uint8, each 0 or 1: 1 when
 // token i of the shard is a trained target (its prediction from the tokens before it counts in the loss). A shard

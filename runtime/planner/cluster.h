@@ -1,4 +1,4 @@
-// The cluster description `meshtrain estimate` predicts for (issue 28): what one device computes, how much memory
+// The cluster description `meshtrain estimate` predicts for: what one device computes, how much memory
 // it has, and how fast its links move bytes, read from a YAML file. configs/clusters/h100_ib.yaml is written by hand
 // from datasheet figures; configs/clusters/this_machine.yaml by `meshtrain estimate --calibrate`, which measures
 // this machine with the runtime's own kernels and collectives (calibrate_cluster below).

@@ -1,4 +1,4 @@
-// `meshtrain estimate` (issue 28): memory, bytes and time per rank of a config on N ranks, computed by one process
+// `meshtrain estimate`: memory, bytes and time per rank of a config on N ranks, computed by one process
 // with no MPI ranks. The mesh is simulated (DeviceMesh::simulate): the same ParallelDims, tensor-parallel styles,
 // fully_shard rule, cp sharding, recompute policy and pipeline split as `train` lay out every parameter of a
 // rank's stage (the model is built deferred and never materialized), so a plan `train` refuses is refused here

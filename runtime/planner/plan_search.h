@@ -1,4 +1,4 @@
-// `meshtrain plan --search --world N --cluster c.yaml` (issue 28): the plans of the config's model and batch on N
+// `meshtrain plan --search --world N --cluster c.yaml`: the plans of the config's model and batch on N
 // ranks that fit in a rank's memory, fastest first by `meshtrain estimate`'s step time. A plan: dp_replicate x
 // dp_shard x cp x tp (tp inside a node), the cp method, sequence parallel on or off, the recompute policy (none,
 // full, selective: attention kept) and fully_shard's reshard_after_forward, under each pipeline: pp = 1 or a

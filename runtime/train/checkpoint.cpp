@@ -520,7 +520,7 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
   const std::string label = s->label();
 
   // 1. Every rank checks its own shards (a NaN model never replaces, or through rotation deletes, a good checkpoint);
-  // rank 0 makes the temporary directory. Agreed before anything is written. Each step is a span in a trace (issue 40).
+  // rank 0 makes the temporary directory. Agreed before anything is written. Each step is a span in a trace.
   std::optional<trace::Span> trace_phase(std::in_place, "checkpoint: check shards", "checkpoint");
   std::exception_ptr err;
   try {

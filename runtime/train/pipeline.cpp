@@ -100,7 +100,7 @@ class PipelineStep {
   // One action of the schedule: its compute time into t, and in_flight the forwards whose backward has not run.
   void run_action(const PpAction& a, PpStepTimes& t, int& in_flight) {
     const auto a0 = Clock::now();
-    trace::Span span(pp_op_name(a.op), "pipeline");  // the action in the trace (issue 40)
+    trace::Span span(pp_op_name(a.op), "pipeline");  // the action in the trace
     if (trace::Args* ta = span.args()) ta->stage = a.stage, ta->micro = a.micro, ta->peer = a.peer;
     switch (a.op) {
       case PpOp::recv_act:

@@ -49,7 +49,7 @@ StepResult train_step(TrainRun& run, int64_t step) {
     trace::Span span("forward and backward", "phase");
     return run.executor->forward_backward(run, batch, inv_tokens);
   }();
-  std::optional<trace::Span> phase;  // the step's phases in the trace (issue 40)
+  std::optional<trace::Span> phase;  // the step's phases in the trace
   phase.emplace("grad sync, loss and norm", "phase");
   // 3. Gradient sync, the one rule (see sync_gradients): waits for the buckets backward launched.
   NvtxRange range("grad sync, loss and norm, optimizer");

@@ -23,7 +23,7 @@ class LocalLoop final : public StepExecutor {
       MicroBatch mb = local_micro_batch(run, batch, r);  // (mb, T_local) x2, this rank's tokens
       run.model->set_documents(mb.doc_start);
       Tensor logits = [&] {
-        trace::Span span("forward", "phase");  // the trace's phases (issue 40)
+        trace::Span span("forward", "phase");  // the trace's phases
         NvtxRange range("forward");         // Nsight Systems' view of the step (kernel_profile.h)
         return run.model->call(mb.inputs);  // (mb, T_local, V)
       }();

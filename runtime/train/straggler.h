@@ -1,4 +1,4 @@
-// The slow rank, named (issue 40 part 2). Every step each rank's compute time (the step's wall time less the time
+// The slow rank, named. Every step each rank's compute time (the step's wall time less the time
 // it waited in collectives, trace::wait_ns) and wait time travel with the loop's per-step control collective (one
 // small all-gather); every rank then runs the same check on the same numbers. A rank is slow at a step when its
 // compute time is above the median of the ranks doing the same work (the same pp rank: stages differ) by more than

@@ -1,4 +1,4 @@
-// The per-rank trace files of a profiled range (runtime/core/trace.h) and their merge (issue 40).
+// The per-rank trace files of a profiled range (runtime/core/trace.h) and their merge.
 #pragma once
 #include <string>
 
@@ -27,7 +27,7 @@ class MpiEnv;
 struct TrainRun;
 class MetricsLogger;
 
-// The training loop's side of profile.steps (issue 40): before the first traced step it aligns the clocks
+// The training loop's side of profile.steps: before the first traced step it aligns the clocks
 // (control_clock_sync), names the process and lanes, and starts recording; each step is a "step" span (the step
 // number and the allocator's peak of the step in its args); after the last (or when the loop ends first) every
 // rank writes its file with the Group counters of the traced steps in its metadata, and rank 0 merges them after a
