@@ -121,6 +121,10 @@ struct ParallelDims {
   int dp_rank(const DeviceMesh& mesh) const;
   int cp_ring_rank(const DeviceMesh& mesh) const { return mesh.coordinate(index(dim::cp_ring)); }
   int cp_ulysses_rank(const DeviceMesh& mesh) const { return mesh.coordinate(index(dim::cp_ulysses)); }
+  // This rank's pipeline stage: its pp coordinate in the world mesh (0 on a mesh without pp).
+  int pp_rank(const DeviceMesh& world) const {
+    return world.has_dim(dim::pp) ? world.coordinate(world.dim_index(dim::pp)) : 0;
+  }
   // The group the loss and token counts are summed over (the data dims).
   std::string loss_group() const { return dim::loss; }
   // Mesh dims over which every gradient is Partial after backward (the data dims).

@@ -9,7 +9,7 @@ reduce_scatter, all_reduce, send/recv, ...), waiting for an async collective or 
 or idle (no span: white). Above each lane a thin band shows the pipeline actions (F forward, B backward, with the
 micro-batch number). Middle: the allocator's bytes in use per rank over the step (the memory counter track);
 bottom: one rank's memory by part (parameters, gradients, optimizer state, communication buffers, fully_shard
-units, activations and temporaries), stacked.
+units, a checkpoint's snapshot, activations and temporaries), stacked.
 Prints the PNG's path (default: the trace's directory, step{N}.png).
 """
 import argparse
@@ -135,7 +135,7 @@ def main():
         axm.step(xs, tot + tot[-1:], where="post", linewidth=0.9, label=f"rank {r}")
         if r == args.memory_rank:
             order = ["parameters", "gradients", "optimizer", "communication buffers", "fully_shard units",
-                     "activations and temporaries"]  # the fixed state at the bottom
+                     "checkpoint snapshot", "activations and temporaries"]  # the fixed state at the bottom
             keys = sorted(cs[0]["args"], key=lambda k: order.index(k) if k in order else len(order))
             parts = (xs, keys, [[e["args"].get(k, 0) / 2**20 for e in cs] + [cs[-1]["args"].get(k, 0) / 2**20]
                                 for k in keys])

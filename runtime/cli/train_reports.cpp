@@ -47,10 +47,14 @@ void log_memory_beside_estimate(const Config& cfg, const MpiEnv& env, const RunT
     rec[names[k]] = {{"trace", got[k]}, {"estimate", est[k]}};
   }
   rec["fully_shard units"] = {{"trace", double(p.units)}};
-  rec["peak"] = {{"trace", double(p.total())}, {"estimate", est_peak}};
+  // An asynchronous checkpoint's snapshot may still be held at the step's peak: shown apart, not in the estimate.
+  rec["checkpoint snapshot"] = {{"trace", double(p.snapshot)}};
+  rec["peak"] = {{"trace", double(p.training())}, {"estimate", est_peak}};
   log.note(fmt::format("memory at the traced peak on rank 0, by part beside `meshtrain estimate`: {} (of which "
-                       "fully_shard units {:.3f} MiB); peak {:.3f} MiB (estimate {:.3f})",
-                       parts, double(p.units) / (1 << 20), double(p.total()) / (1 << 20), est_peak / (1 << 20)));
+                       "fully_shard units {:.3f} MiB); peak {:.3f} MiB (estimate {:.3f}){}",
+                       parts, double(p.units) / (1 << 20), double(p.training()) / (1 << 20), est_peak / (1 << 20),
+                       p.snapshot ? fmt::format("; beside it a checkpoint's snapshot {:.3f} MiB", double(p.snapshot) / (1 << 20))
+                                  : std::string()));
   log.record(rec);
 }
 

@@ -145,27 +145,31 @@ void name_thread(const std::string& name) {
 
 namespace {
 int64_t g_parts[4] = {0, 0, 0, 0};  // parameters, gradients, optimizer, communication buffers
-thread_local int t_unit_depth = 0;
+thread_local int t_unit_depth = 0, t_snapshot_depth = 0;
 std::mutex g_units_mu;
-std::unordered_map<const void*, int64_t> g_unit_blocks;  // live allocations made in a UnitScope while recording
-int64_t g_unit_bytes = 0;
+// Live allocations made in a UnitScope (owner 0) or a SnapshotScope (owner 1) while recording: bytes, owner.
+std::unordered_map<const void*, std::pair<int64_t, int>> g_owned_blocks;
+int64_t g_owned_bytes[2] = {0, 0};  // fully_shard units, checkpoint snapshot
 }  // namespace
 
 UnitScope::UnitScope() { ++t_unit_depth; }
 UnitScope::~UnitScope() { --t_unit_depth; }
+SnapshotScope::SnapshotScope() { ++t_snapshot_depth; }
+SnapshotScope::~SnapshotScope() { --t_snapshot_depth; }
 
 void set_memory_parts(int64_t parameters, int64_t gradients, int64_t optimizer, int64_t buffers) {
   g_parts[0] = parameters, g_parts[1] = gradients, g_parts[2] = optimizer, g_parts[3] = buffers;
 }
 
 void memory_block(const void* p, int64_t bytes, bool allocated) {
-  if (allocated && t_unit_depth == 0) return;  // not a unit's: nothing to follow
+  const int owner = t_unit_depth > 0 ? 0 : t_snapshot_depth > 0 ? 1 : -1;
+  if (allocated && owner < 0) return;  // neither a unit's nor a snapshot's: nothing to follow
   std::lock_guard lock(g_units_mu);
   if (allocated) {
-    if (t_unit_depth > 0) g_unit_blocks[p] = bytes, g_unit_bytes += bytes;
-  } else if (auto it = g_unit_blocks.find(p); it != g_unit_blocks.end()) {
-    g_unit_bytes -= it->second;
-    g_unit_blocks.erase(it);
+    g_owned_blocks[p] = {bytes, owner}, g_owned_bytes[owner] += bytes;
+  } else if (auto it = g_owned_blocks.find(p); it != g_owned_blocks.end()) {
+    g_owned_bytes[it->second.second] -= it->second.first;
+    g_owned_blocks.erase(it);
   }
 }
 
@@ -180,12 +184,12 @@ void reset_memory_peak() {
   std::lock_guard lock(g_peak_mu);
   g_peak = {};
   std::lock_guard units(g_units_mu);  // blocks allocated before this range are not followed
-  g_unit_blocks.clear();
-  g_unit_bytes = 0;
+  g_owned_blocks.clear();
+  g_owned_bytes[0] = g_owned_bytes[1] = 0;
 }
 
 void memory_sample(int64_t a) {
-  // The fixed parts first (each at most what is left), then the units, then the rest.
+  // The fixed parts first (each at most what is left), then the units and a snapshot, then the rest.
   int64_t left = a;
   auto take = [&](int64_t want) {
     const int64_t t = std::max<int64_t>(0, std::min(left, want));
@@ -199,18 +203,20 @@ void memory_sample(int64_t a) {
   m.buffers = take(g_parts[3]);
   {
     std::lock_guard lock(g_units_mu);
-    m.units = take(g_unit_bytes);
+    m.units = take(g_owned_bytes[0]);
+    m.snapshot = take(g_owned_bytes[1]);
   }
   m.other = left;
   {
-    std::lock_guard lock(g_peak_mu);
-    if (a > g_peak.total()) g_peak = m;
+    std::lock_guard lock(g_peak_mu);  // the step's peak: a snapshot still being written does not move it
+    if (m.training() > g_peak.training()) g_peak = m;
   }
   counter("memory", {{"parameters", double(m.parameters)},
                      {"gradients", double(m.gradients)},
                      {"optimizer", double(m.optimizer)},
                      {"communication buffers", double(m.buffers)},
                      {"fully_shard units", double(m.units)},
+                     {"checkpoint snapshot", double(m.snapshot)},
                      {"activations and temporaries", double(m.other)}});
 }
 

@@ -64,7 +64,8 @@ void name_thread(const std::string& name);
 // Memory by part: the model state's bytes and the gradient buckets' (fixed during a run: set
 // once by the training loop), the fully_shard units' (the host allocations made inside a UnitScope while
 // recording, followed to their free), and a sample of the allocator's bytes in use, written as the counter
-// "memory" with the series parameters, gradients, optimizer, "communication buffers", "fully_shard units" and
+// "memory" with the series parameters, gradients, optimizer, "communication buffers", "fully_shard units",
+// "checkpoint snapshot" (the host allocations made inside a SnapshotScope, followed to their free) and
 // "activations and temporaries" (the rest), stacked to the allocator's total. The host allocator samples at every
 // change and reports each allocation and free (memory_block).
 void set_memory_parts(int64_t parameters, int64_t gradients, int64_t optimizer, int64_t buffers = 0);
@@ -81,6 +82,14 @@ class UnitScope {
   ~UnitScope();
   UnitScope(const UnitScope&) = delete;
   UnitScope& operator=(const UnitScope&) = delete;
+};
+// While one lives, this thread's host allocations count as a checkpoint's snapshot (a UnitScope inside wins).
+class SnapshotScope {
+ public:
+  SnapshotScope();
+  ~SnapshotScope();
+  SnapshotScope(const SnapshotScope&) = delete;
+  SnapshotScope& operator=(const SnapshotScope&) = delete;
 };
 
 // The wait time counted so far (see above), and its addition.

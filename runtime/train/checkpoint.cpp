@@ -549,6 +549,7 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
   trace_phase.emplace(async ? "checkpoint: gather and snapshot" : "checkpoint: gather and write", "checkpoint");
   s->writer = std::make_unique<ShardWriter>(s->ts, s->files, world.rank(), s->tmp, s->optimizer_steps, step, s->root);
   for (size_t i = 0; i < s->ts.size(); ++i) {
+    trace::SnapshotScope snapshot_memory;  // the trace's "checkpoint snapshot" part, followed until written
     Tensor full = gather_to_writer(s->ts[i].t, s->files.writer[i], world, s->ts[i].slice);
     if (s->files.writer[i] != world.rank()) continue;
     if (async) {

@@ -351,7 +351,7 @@ class PipelineExecutor final : public StepExecutor {
   PipelineExecutor(TrainRun& run, PipelineState plan)
       : pp_(std::move(plan)), log_every_(std::max<int64_t>(1, run.config.log.interval)) {
     // This rank's stages: the other stages' modules are destroyed before any parameter has storage.
-    pp_.rank = run.world_mesh.coordinate(run.world_mesh.dim_index(dim::pp));
+    pp_.rank = run.pd.pp_rank(run.world_mesh);
     pp_.group = &run.world_mesh.group(dim::pp);
     const int64_t seq_split = run.config.parallel.sequence_parallel && run.pd.tp() > 1 ? run.pd.tp() : 1;
     pp_.seq_split = seq_split;

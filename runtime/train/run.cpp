@@ -144,8 +144,7 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
 
   const size_t before_model = allocator_stats(Device::cpu()).allocated_bytes;
   reset_peak_allocated(Device::cpu());
-  const int pp_rank = run.world_mesh.has_dim(dim::pp) ? run.world_mesh.coordinate(run.world_mesh.dim_index(dim::pp)) : 0;
-  static_cast<Stage&>(run) = assemble_stage(cfg, run, run.mesh, run.device, pp_rank);
+  static_cast<Stage&>(run) = assemble_stage(cfg, run, run.mesh, run.device, run.pd.pp_rank(run.world_mesh));
   run.model->pool_router_stats(run.world_mesh, run.pd);  // under pp: over the stages too (collective)
   run.model->set_positions(shard_positions(run.shard));
   run.params = run.model->parameters();

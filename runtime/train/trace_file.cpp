@@ -149,6 +149,7 @@ void RunTrace::finish(MetricsLogger& log) {
                                {"memory_peak", {{"parameters", peak_.parameters}, {"gradients", peak_.gradients},
                                                 {"optimizer", peak_.optimizer}, {"communication buffers", peak_.buffers},
                                                 {"fully_shard units", peak_.units},
+                                                {"checkpoint snapshot", peak_.snapshot},
                                                 {"activations and temporaries", peak_.other},
                                                 {"total", peak_.total()}}}};
   const std::string path = trace_rank_path(cfg_.profile.dir, env_.rank());

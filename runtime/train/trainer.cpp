@@ -218,7 +218,7 @@ int Trainer::agree_and_checkpoint(int64_t step, const Timed& t, bool last) {
   mine.stop_signal = stop_signal_received();
   mine.checkpoint_due = ckpt_->due_by_time(step + 1);
   mine.writing = ckpt_->writing();
-  mine.pp_coord = run_.world_mesh.has_dim(dim::pp) ? run_.world_mesh.coordinate(run_.world_mesh.dim_index(dim::pp)) : 0;
+  mine.pp_coord = run_.pd.pp_rank(run_.world_mesh);
   mine.compute_s = std::max(0.0, t.step_s - t.wait_s);
   mine.wait_s = t.wait_s;
   const AgreedControl agreed = agree_step_control(mine);

@@ -55,6 +55,9 @@ assert writer and ("checkpoint: write files", writer[0]) in names, names
 # (its commit comes at the first step boundary where the writers are done: in the range or after it)
 for n in ("checkpoint save", "checkpoint: check shards", "checkpoint: gather and snapshot"):
     assert (n, 0) in names, (n, names)
+# The snapshot's host copies are the memory track's "checkpoint snapshot" while the writer holds them.
+mem = [e["args"].get("checkpoint snapshot", 0) for e in ev if e["ph"] == "C" and e["name"] == "memory"]
+assert max(mem) > 0, "no checkpoint snapshot in the memory track"
 PY
 # `meshtrain trace merge DIR` rebuilds the same merged file.
 cp "$tmp/tr/trace.json" "$tmp/run_merged.json"
