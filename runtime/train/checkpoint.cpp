@@ -48,14 +48,16 @@ void fsync_path(const fs::path& p) {
 
 Tensor host_f(const Tensor& t) { return t.device().is_cuda() ? t.to(Device::cpu()) : t; }
 
-// The complete checkpoints in dir (step_XXXXXXXX directories with a meta.json), oldest first.
-std::vector<fs::path> complete_checkpoints(const std::string& dir) {
+// The complete checkpoints in dir (step_XXXXXXXX directories with a meta.json), oldest first; with_damaged: every
+// step_XXXXXXXX directory, those whose meta.json has gone too (renamed into place only once it was written).
+std::vector<fs::path> complete_checkpoints(const std::string& dir, bool with_damaged = false) {
   std::error_code ec;
   std::vector<fs::path> all;
   if (dir.empty() || !fs::is_directory(dir, ec)) return all;
   const std::regex re("step_[0-9]{8}");
   for (auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_directory() && std::regex_match(e.path().filename().string(), re) && fs::exists(e.path() / "meta.json"))
+    if (e.is_directory() && std::regex_match(e.path().filename().string(), re) &&
+        (with_damaged || fs::exists(e.path() / "meta.json")))
       all.push_back(e.path());
   std::sort(all.begin(), all.end());
   return all;
@@ -388,7 +390,7 @@ class ShardWriter {
 json checkpoint_meta(const TrainProgress& progress, int64_t optimizer_steps, const Config& config,
                      const DeviceMesh& mesh, int n_stages /* 0: no pipeline */, const FilePlan& f) {
   json meta;
-  meta["format_version"] = 3;  // 3: meta.json lists every file's checksum
+  meta["format_version"] = 4;  // 3: meta.json lists every file's checksum; 4: and has one of its own (meta_checksum)
   meta["step"] = progress.step;
   meta["optimizer_steps"] = optimizer_steps;
   meta["data"] = {{"epoch", progress.data_epoch}, {"offset", progress.data_offset}, {"next_step", progress.step}};
@@ -437,10 +439,17 @@ void finish_directory(const json& entries, const FilePlan& f, json meta, DType d
     fsync_path(tmp / t.filename());
     sum(t.filename().string());
   }
+  meta["meta_checksum"] = meta_checksum(meta);  // last: it covers every other key
   write_text(tmp / "meta.json", meta.dump(2) + "\n");
   fsync_path(tmp / "meta.json");
   fsync_path(tmp);
   std::error_code ec;
+  // A directory of this step already there is one this run did not resume from (resume: auto skipped it as
+  // damaged, or the run started from an older one): never replaced without a word.
+  if (fs::exists(final_dir, ec))
+    spdlog::warn("{} is replaced by this save: it held a checkpoint of the same step that this run did not resume "
+                 "from (skipped as damaged, or newer than the one the run started from)",
+                 final_dir.string());
   fs::remove_all(final_dir, ec);
   fs::rename(tmp, final_dir, ec);
   MT_CHECK(!ec, "checkpoint", "cannot rename {} to {}: {}", tmp.string(), final_dir.string(), ec.message());
@@ -628,8 +637,17 @@ std::string save_checkpoint(const std::string& dir, const TrainProgress& progres
 
 std::vector<std::string> checkpoints_in(const std::string& dir) {
   std::vector<std::string> out;
-  for (auto& p : complete_checkpoints(dir)) out.push_back(p.string());
+  for (auto& p : complete_checkpoints(dir, true)) out.push_back(p.string());
   return out;
+}
+
+std::string meta_checksum(json meta) {
+  meta.erase("meta_checksum");
+  // As a load sees it: the text of the parsed file (numbers and strings as the parser gives them back).
+  const std::string text = json::parse(meta.dump()).dump();
+  StreamChecksum sum;
+  sum.update(text.data(), text.size());
+  return sum.hex();
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {

@@ -7,13 +7,15 @@
 //                          AutoModelForCausalLM.from_pretrained(dir) loads the directory as it is
 //   tokenizer files        those of the run's tokenizer directory (tokenizer.json, tokenizer_config.json, ...),
 //                          copied, so that the directory is a whole Hugging Face model
-//   meta.json              step, data position, RNG, config, mesh; written last
+//   meta.json              step, data position, RNG, config, mesh, the model's own state (an MoE router's bias), every
+//                          other file's checksum and one of its own (meta_checksum); written last
 // Every rank writes (checkpoint.writers): each tensor goes to one file, each file has one writer, the bytes balanced
 // over the writers; a tensor sharded over several ranks is sent to its writer one shard at a time, so a writer
 // holds at most one whole tensor beyond its own state. Written into step_XXXXXXXX.tmp, each file synced, agreed by
 // every rank, then renamed by rank 0: a crash mid-write leaves the previous checkpoint intact and the .tmp is
 // ignored (and removed by the next run, stale_partial_saves). meta.json records every file's checksum (XXH3-64,
-// checksum.h); verify_checkpoint checks them before a resume trusts the files.
+// checksum.h) and its own (meta_checksum); verify_checkpoint checks them before a resume trusts the files, and every
+// read of meta.json checks its own.
 // Asynchronous saves (checkpoint.async): begin_checkpoint gathers each writer's tensors into host memory (the only
 // stall), a thread writes and syncs them, and commit() completes the directory at a later step; at most one in flight. Tensors are stored whole, so a run may resume on another mesh; a rank reads only its block of each
 // (the files mapped). A tied lm_head is not stored (it is
@@ -70,20 +72,29 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
                                                     CausalLM& model, AdamW& opt, const Config& config,
                                                     const DeviceMesh& mesh, const MpiEnv& env, Group* stages,
                                                     bool async);
-// Collective: every file meta.json lists is hashed by one rank and compared with its recorded checksum; a
-// missing, damaged, truncated or foreign file fails on every rank with one message naming it (ReportedError,
-// printed by rank 0). A checkpoint without checksums (format 2) is accepted with a warning.
+// Collective: meta.json is checked against its own checksum on every rank, every file it lists is hashed by one
+// rank and compared with its recorded checksum, and a safetensors or index file it does not list (one the loader
+// could read) is refused; a missing, damaged, truncated or foreign file fails on every rank with one message naming
+// it and what ("checksum mismatch", "missing"; ReportedError, printed by rank 0). A checkpoint written before
+// meta.json had a checksum of its own (format 3), or any (format 2), is accepted with a one-line warning saying what
+// is not verified: refusing it would restart from scratch a run that was merely upgraded.
 void verify_checkpoint(const std::string& path, const MpiEnv& env);
+// meta.json's checksum of itself (meta_checksum): XXH3-64 of its canonical text, the compact JSON of every other key
+// with keys sorted as parsing the file gives it (a checksum cannot cover its own bytes; the file stays readable).
+std::string meta_checksum(nlohmann::json meta);
 // Partial saves (step_XXXXXXXX.tmp) left in dir by a run that died while saving.
 std::vector<std::string> stale_partial_saves(const std::string& dir);
-// The complete checkpoints (step_XXXXXXXX with meta.json) in dir, oldest first.
+// Every committed checkpoint directory (step_XXXXXXXX) in dir, oldest first, with or without its meta.json: a
+// directory is renamed into place only after its meta.json is written, so one without it is a damaged checkpoint
+// (verify_checkpoint says "missing"), not a partial one.
 std::vector<std::string> checkpoints_in(const std::string& dir);
 // The newest complete checkpoint (step_XXXXXXXX with meta.json) in dir, if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 // Loads parameters and optimizer state: each rank reads its block of every tensor (not communicating: callers agree
 // on errors). Everything is checked (files, index, names, shapes, dtypes, finite values) before a parameter changes.
 TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* opt);
-// The config stored in a checkpoint's meta.json (for `meshtrain generate`).
+// The config stored in a checkpoint's meta.json (for `meshtrain generate`), meta.json checked against its own
+// checksum.
 Config checkpoint_config(const std::string& path);
 
 // Loads a Hugging Face safetensors file or directory (model.safetensors.index.json, else model.safetensors,

@@ -46,15 +46,37 @@ std::set<std::string> known_names(CausalLM& model) {
 
 namespace {
 
-json read_meta(const std::string& path) {
-  fs::path p = fs::path(path) / "meta.json";
+// A checkpoint's meta.json, checked against its own checksum (meta_checksum) before any field is used: an edited
+// step, optimizer_steps, data position, model state or checksum list is refused naming the file. One written
+// before format 4 has none (own_sum false; verify_checkpoint says so).
+json read_meta(const std::string& path, bool* own_sum = nullptr) {
+  const fs::path p = fs::path(path) / "meta.json";
+  std::error_code ec;
+  MT_CHECK(fs::exists(p, ec), "checkpoint", "{}: missing (a checkpoint is renamed into place only after it is written)",
+           p.string());
   std::ifstream f(p);
-  MT_CHECK(f.good(), "checkpoint", "{}: no meta.json (an incomplete checkpoint?)", path);
+  MT_CHECK(f.good(), "checkpoint", "{}: cannot be read", p.string());
+  json meta;
   try {
-    return json::parse(f);
+    meta = json::parse(f);
   } catch (const json::exception& e) {
-    fail("checkpoint", "{}: meta.json is not valid JSON ({})", p.string(), e.what());
+    fail("checkpoint", "{}: damaged (not valid JSON: {})", p.string(), e.what());
   }
+  MT_CHECK(meta.is_object(), "checkpoint", "{}: damaged (not a JSON object)", p.string());
+  const bool has = meta.contains("meta_checksum");
+  MT_CHECK(has || meta.value("format_version", 0) < 4, "checkpoint",
+           "{}: checksum missing (format_version {} records one in meta_checksum)", p.string(),
+           meta["format_version"].dump());
+  if (has) {
+    MT_CHECK(meta["meta_checksum"].is_string(), "checkpoint", "{}: damaged (meta_checksum is not a string)",
+             p.string());
+    const std::string want = meta["meta_checksum"].get<std::string>(), got = meta_checksum(meta);
+    MT_CHECK(got == want, "checkpoint",
+             "{}: checksum mismatch ({} of its content, {} recorded in it): edited or damaged since the save",
+             p.string(), got, want);
+  }
+  if (own_sum) *own_sum = has;
+  return meta;
 }
 
 // Where each tensor of a checkpoint or a Hugging Face directory lives: an index's weight_map
@@ -302,36 +324,59 @@ void load_hf_weights(const std::string& path, CausalLM& model) {
   load_items(src, items);
 }
 
-// Each file listed in meta.json's checksums is read whole by one rank (file k by rank k mod world) and hashed; the
-// first mismatch (lowest rank) is every rank's error.
+namespace {
+
+// The files of a checkpoint that meta.json lists, those assigned to this rank (file k to rank k mod world) hashed and
+// compared; and (rank 0) no safetensors or index file the loader could read that the save did not write.
+void verify_files(const std::string& path, const json& sums, const MpiEnv& env) {
+  int k = 0;
+  for (auto it = sums.begin(); it != sums.end(); ++it, ++k) {
+    if (k % env.size() != env.rank()) continue;
+    const std::string file = (fs::path(path) / it.key()).string();
+    MT_CHECK(it->is_string(), "checkpoint", "{}/meta.json: checksums['{}'] is not a string", path, it.key());
+    std::error_code ec;
+    MT_CHECK(fs::is_regular_file(file, ec), "checkpoint", "{}: missing (meta.json lists it)", file);
+    const std::string got = file_checksum(file);
+    MT_CHECK(got == it->get<std::string>(), "checkpoint",
+             "{}: checksum mismatch ({} of its content, {} recorded in meta.json): the file is damaged, truncated or "
+             "from another save",
+             file, got, it->get<std::string>());
+  }
+  if (env.rank() != 0) return;
+  std::vector<std::string> unlisted;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(path, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool readable = name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json");
+    if (readable && !sums.contains(name)) unlisted.push_back((fs::path(path) / name).string());
+  }
+  std::sort(unlisted.begin(), unlisted.end());
+  MT_CHECK(unlisted.empty(), "checkpoint",
+           "{}: not recorded in meta.json, which lists every file the save wrote: a file the loader could read, put "
+           "there since",
+           unlisted.empty() ? "" : unlisted.front());
+}
+
+}  // namespace
+
+// meta.json is read and checked against its own checksum by every rank; each file it lists is read whole by one
+// rank and hashed; the first error (lowest rank) is every rank's.
 void verify_checkpoint(const std::string& path, const MpiEnv& env) {
   std::string mine;
-  json meta;
   try {
-    std::ifstream f(fs::path(path) / "meta.json");
-    MT_CHECK(f.good(), "checkpoint", "{}: no meta.json (an incomplete checkpoint?)", path);
-    try {
-      meta = json::parse(f);
-    } catch (const json::exception& e) {
-      fail("checkpoint", "{}/meta.json is not valid JSON ({})", path, e.what());
-    }
-    if (meta.contains("checksums") && meta["checksums"].is_object()) {
-      int k = 0;
-      for (auto it = meta["checksums"].begin(); it != meta["checksums"].end(); ++it, ++k) {
-        if (k % env.size() != env.rank()) continue;
-        const std::string file = (fs::path(path) / it.key()).string();
-        MT_CHECK(it->is_string(), "checkpoint", "{}/meta.json: checksums['{}'] is not a string", path, it.key());
-        std::error_code ec;
-        MT_CHECK(fs::is_regular_file(file, ec), "checkpoint", "{}: missing (meta.json lists it)", file);
-        const std::string got = file_checksum(file);
-        MT_CHECK(got == it->get<std::string>(), "checkpoint",
-                 "{}: checksum {} differs from the {} recorded in meta.json: the file is damaged, truncated or from "
-                 "another save",
-                 file, got, it->get<std::string>());
-      }
-    } else if (env.rank() == 0) {
-      spdlog::warn("{}: no checksums in meta.json (written before format 3): its files are not verified", path);
-    }
+    bool own_sum = false;
+    const json meta = read_meta(path, &own_sum);
+    const bool sums = meta.contains("checksums") && meta["checksums"].is_object();
+    if (sums) verify_files(path, meta["checksums"], env);
+    // One line for a checkpoint of an older format: what it does not let a resume verify.
+    if (env.rank() == 0 && !sums)
+      spdlog::warn("{}: no checksums in meta.json (format 2, written before format 3): neither meta.json nor the "
+                   "files are verified",
+                   path);
+    else if (env.rank() == 0 && !own_sum)
+      spdlog::warn("{}/meta.json has no checksum of its own (format 3, written before format 4): its step, "
+                   "optimizer_steps, data position and model state are not verified (the other files are)",
+                   path);
   } catch (const std::exception& e) {
     mine = e.what();
   }

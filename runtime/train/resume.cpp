@@ -96,6 +96,7 @@ double resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
   run_agreed(env, "checkpoint.resume", [&] {
     if (cfg.checkpoint.dir.empty() || cfg.checkpoint.resume == "never") return;
     if (resume_auto) {
+      // Every committed directory, one whose meta.json has gone too: verify_checkpoint names it and it is skipped.
       candidates = checkpoints_in(cfg.checkpoint.dir);
       std::reverse(candidates.begin(), candidates.end());  // newest first
     } else {
@@ -117,7 +118,8 @@ double resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
     };
     Config was;
     try {
-      // The checksums first: a damaged file is named, and resume: auto goes back to an older checkpoint.
+      // The checksums first (meta.json's own, then every file's): a damaged or missing file is named, and resume:
+      // auto goes back to an older checkpoint (the save of the skipped one's step replaces it, saying so).
       verify_checkpoint(c, env);
       run_agreed(env, "reading the checkpoint's config", [&] { was = checkpoint_config(c); });
     } catch (const Error& e) {

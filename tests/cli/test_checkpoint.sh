@@ -2,8 +2,11 @@
 # Checkpoints that cost training little and are never trusted blindly (issue: goodput under failures):
 #  - asynchronous saves (checkpoint.async) write the same bytes as synchronous ones, at the same steps, and a
 #    resume from one is bit-identical; a rank killed while its writer thread writes leaves the previous checkpoint;
-#  - every file's checksum is in meta.json: a flipped byte, a truncated shard, a shard from another step and a
-#    damaged index are errors naming the file, and resume: auto falls back to the newest checkpoint that verifies;
+#  - every file's checksum is in meta.json, and meta.json has its own: a flipped byte, a truncated shard, a shard
+#    from another step, a damaged index, an edited step or optimizer_steps, a deleted meta.json, an MoE bias edited
+#    in meta.json and a planted index are errors naming the file and what, and resume: auto falls back to the
+#    newest checkpoint that verifies (its save of the skipped step says that it replaces it); checkpoints of
+#    formats 3 and 2 load with a warning;
 #  - a partial save left by a dead run is removed by the next, saying so;
 #  - checkpoint.interval_s and checkpoint.interval: auto (Young/Daly) choose when; the metrics say what each save
 #    cost and where the wall time went (goodput).
@@ -57,13 +60,14 @@ assert st['start_step'] == 0 and st['world'] == 2 and st['resumed_from'] is None
 print('saves', saves, 'snapshot bytes', snap, 'goodput', round(g['goodput'], 3))"
   expect "async: the log says the snapshot's memory" zero "MiB of host memory on this rank); written in the background" -- cat "$tmp/async.log"
   expect "the run prints its goodput with the parts" zero "checkpoint stalls" -- grep -a "^goodput" "$tmp/async.log"
-  check "meta.json (format 3) lists a checksum for every file of the directory but itself" -- "$py" -c "
+  check "meta.json (format 4) lists a checksum for every file of the directory but itself, and has its own" -- "$py" -c "
 import json, os, sys
 d = '$tmp/async.ckpt/step_00000008'
 m = json.load(open(d + '/meta.json'))
 files = sorted(f for f in os.listdir(d) if f != 'meta.json')
-assert m['format_version'] == 3 and sorted(m['checksums']) == files, (sorted(m['checksums']), files)
-assert all(v.startswith('xxh3-64:') and len(v) == 24 for v in m['checksums'].values())
+assert m['format_version'] == 4 and sorted(m['checksums']) == files, (sorted(m['checksums']), files)
+sums = list(m['checksums'].values()) + [m['meta_checksum']]
+assert all(v.startswith('xxh3-64:') and len(v) == 24 for v in sums), sums
 print(len(files), 'files')"
 else
   bad "async run" "$(tail -n 20 "$tmp/async.log")"
@@ -86,29 +90,93 @@ damaged flip "$flip"
 damaged trunc 'truncate -s -64 optimizer-00002-of-00002.safetensors'
 damaged other 'cp ../step_00000008/model-00002-of-00002.safetensors .'
 damaged index 'sed -i "s/model-00002-of-00002/model-00001-of-00002/" model.safetensors.index.json'
-for c in "flip:model-00001-of-00002.safetensors" "trunc:optimizer-00002-of-00002.safetensors" \
-         "other:model-00002-of-00002.safetensors" "index:model.safetensors.index.json"; do
-  n=${c%%:*} file=${c#*:}
-  expect "$n: resuming the damaged step 12 names $file" nonzero "$tmp/$n.ckpt/step_00000012/$file: checksum" -- \
+damaged optindex 'sed -i "s/optimizer-00002-of-00002/optimizer-00001-of-00002/" optimizer.safetensors.index.json'
+# meta.json itself: its step or optimizer_steps edited (valid JSON, other numbers), or the file deleted.
+meta_set='python3 -c "import json, sys; m = json.load(open(\"meta.json\")); m[sys.argv[1]] = int(sys.argv[2]); json.dump(m, open(\"meta.json\", \"w\"), indent=2)"'
+damaged metastep "$meta_set step 11"
+damaged metaopt "$meta_set optimizer_steps 13"
+damaged metagone 'rm meta.json'
+# NAME|FILE|WHAT: resuming step 12 explicitly fails with "step_00000012/FILE: WHAT" (a directory without meta.json:
+# "not a complete checkpoint"), printed once; resume: auto falls back to step 8 saying the same, redoes steps 9-12
+# bit-identically, and says that its save of step 12 replaces the skipped directory.
+for c in "flip|model-00001-of-00002.safetensors|checksum mismatch" "trunc|optimizer-00002-of-00002.safetensors|checksum mismatch" \
+         "other|model-00002-of-00002.safetensors|checksum mismatch" "index|model.safetensors.index.json|checksum mismatch" \
+         "optindex|optimizer.safetensors.index.json|checksum mismatch" "metastep|meta.json|checksum mismatch" \
+         "metaopt|meta.json|checksum mismatch" "metagone|meta.json|missing"; do
+  IFS='|' read -r n file what <<<"$c"
+  named="$tmp/$n.ckpt/step_00000012/$file: $what"
+  explicit=$named
+  [ "$n" = metagone ] && explicit="step_00000012: not a complete checkpoint (no meta.json)"
+  expect "$n: resuming the damaged step 12 names $file ($what)" nonzero "$explicit" -- \
     "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.steps=14 --set checkpoint.allow_config_change=true \
-    --set checkpoint.dir="$tmp/$n.ckpt" --set checkpoint.resume="$tmp/$n.ckpt/step_00000012" train
-  c_out=$(grep -c "checksum" "$tmp/out")
-  [ "$c_out" = 1 ] && ok "$n: the error is printed once" || bad "$n: the error is printed once" "$c_out lines" "$(grep checksum "$tmp/out")"
-  expect "$n: resume: auto says so and falls back to step 8" zero "falls back to $tmp/$n.ckpt/step_00000008" -- \
+    --set checkpoint.dir="$tmp/$n.explicit" --set checkpoint.resume="$tmp/$n.ckpt/step_00000012" train
+  c_out=$(grep -cF "$explicit" "$tmp/out")
+  [ "$c_out" = 1 ] && ok "$n: the error is printed once" || bad "$n: the error is printed once" "$c_out lines" "$(grep -F "$explicit" "$tmp/out")"
+  expect "$n: resume: auto falls back to step 8" zero "falls back to $tmp/$n.ckpt/step_00000008" -- \
     "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set checkpoint.dir="$tmp/$n.ckpt" --set checkpoint.interval=0 \
     --set log.metrics_file="$tmp/$n.jsonl" train
-  grep -qF "resumed from $tmp/$n.ckpt/step_00000008 at step 8" "$tmp/out" &&
-    check "$n: the fallback run redoes steps 9-12 bit-identically" -- "$py" "$compare" "$tmp/$n.jsonl" "$tmp/sync.jsonl" --exact --from-step 8 --steps 4 ||
-    bad "$n: resumed from step 8" "$(grep -a resumed "$tmp/out")"
+  cp "$tmp/out" "$tmp/$n.out"
+  expect "$n: and its line names $file ($what)" zero "$named" -- grep -a "falls back to $tmp/$n.ckpt/step_00000008" "$tmp/$n.out"
+  if grep -qF "resumed from $tmp/$n.ckpt/step_00000008 at step 8" "$tmp/$n.out"; then
+    check "$n: the fallback run redoes steps 9-12 bit-identically" -- "$py" "$compare" "$tmp/$n.jsonl" "$tmp/sync.jsonl" --exact --from-step 8 --steps 4
+    expect "$n: its save of step 12 says that it replaces the skipped directory" zero "$tmp/$n.ckpt/step_00000012 is replaced" -- cat "$tmp/$n.out"
+  else
+    bad "$n: resumed from step 8" "$(grep -a resumed "$tmp/$n.out")"
+  fi
 done
-# A checkpoint written before checksums (format 2) still loads, with a warning.
-rm -rf "$tmp/old.ckpt" && cp -r "$tmp/sync.ckpt" "$tmp/old.ckpt"
-"$py" -c "
-import json; p = '$tmp/old.ckpt/step_00000012/meta.json'; m = json.load(open(p)); del m['checksums']; m['format_version'] = 2
-json.dump(m, open(p, 'w'))"
-expect "a checkpoint without checksums (format 2) loads, with a warning" zero "no checksums in meta.json" -- \
-  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.steps=13 --set checkpoint.allow_config_change=true \
-  --set checkpoint.dir="$tmp/old.ckpt" train
+# Checkpoints written before meta.json had a checksum of its own (format 3), or any checksum (format 2), still load,
+# with one line saying what is not verified.
+for v in 3 2; do
+  rm -rf "$tmp/old$v.ckpt" && cp -r "$tmp/sync.ckpt" "$tmp/old$v.ckpt"
+  "$py" -c "
+import json; p = '$tmp/old$v.ckpt/step_00000012/meta.json'; m = json.load(open(p)); m.pop('meta_checksum', None)
+if $v == 2: del m['checksums']
+m['format_version'] = $v; json.dump(m, open(p, 'w'))"
+  want="$tmp/old$v.ckpt/step_00000012/meta.json has no checksum of its own (format 3, written before format 4)"
+  [ $v = 2 ] && want="$tmp/old$v.ckpt/step_00000012: no checksums in meta.json (format 2"
+  expect "a format $v checkpoint loads, with a warning" zero "$want" -- \
+    "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.steps=13 --set checkpoint.allow_config_change=true \
+    --set checkpoint.dir="$tmp/old$v.ckpt" train
+  grep -qF "resumed from $tmp/old$v.ckpt/step_00000012 at step 12" "$tmp/out" && ok "format $v: resumed from step 12" ||
+    bad "format $v: resumed from step 12" "$(grep -a -e resumed -e warn "$tmp/out")"
+done
+
+# --- An MoE model's selection bias (meta.json's model_state), and a file the loader would read that the save did
+# not write, on a one-writer checkpoint (model.safetensors, no index): resume: auto falls back to step 4 ---
+sed -e 's/^model: .*/model: {type: mixtral, dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 64, vocab_size: 256, max_seq_len: 32, moe: {n_experts: 4, ffn_dim: 32, bias_update_rate: 0.01}}/' \
+  -e 's/steps: 12,/steps: 8,/' "$tmp/t.yaml" >"$tmp/moe.yaml"
+moe_train() {  # moe_train NAME [--set ...]: one rank; metrics in $tmp/NAME.jsonl, checkpoints in $tmp/NAME.ckpt
+  local name=$1
+  shift
+  rm -f "$tmp/$name.jsonl"
+  timeout 300 "$mpirun" -np 1 "$mt" --config "$tmp/moe.yaml" --set log.metrics_file="$tmp/$name.jsonl" \
+    --set checkpoint.dir="$tmp/$name.ckpt" "$@" train >"$tmp/$name.log" 2>&1
+}
+rm -rf "$tmp/moe.ckpt"
+if moe_train moe && grep -q router_bias "$tmp/moe.ckpt/step_00000008/meta.json"; then
+  for c in "bias|meta.json|checksum mismatch" "planted|model-00001-of-00001.safetensors|not recorded in meta.json"; do
+    IFS='|' read -r n file what <<<"$c"
+    rm -rf "$tmp/moe_$n.ckpt" && cp -r "$tmp/moe.ckpt" "$tmp/moe_$n.ckpt"
+    (cd "$tmp/moe_$n.ckpt/step_00000008" && case $n in
+      bias) python3 -c "import json; m = json.load(open('meta.json')); m['model_state']['router_bias'][0][0] += 0.01; json.dump(m, open('meta.json', 'w'), indent=2)" ;;
+      # step 4's weights under an index that maps every tensor to them: read instead of model.safetensors.
+      planted) cp ../step_00000004/model.safetensors model-00001-of-00001.safetensors && python3 -c "
+import json, struct
+f = open('model.safetensors', 'rb'); n = struct.unpack('<Q', f.read(8))[0]
+names = [k for k in json.loads(f.read(n)) if k != '__metadata__']
+json.dump({'metadata': {}, 'weight_map': {k: 'model-00001-of-00001.safetensors' for k in names}}, open('model.safetensors.index.json', 'w'))" ;;
+    esac)
+    if moe_train "moe_$n"; then
+      expect "moe $n: resume: auto names $file ($what) and falls back to step 4" zero \
+        "$tmp/moe_$n.ckpt/step_00000008/$file: $what" -- grep -a "falls back to $tmp/moe_$n.ckpt/step_00000004" "$tmp/moe_$n.log"
+      check "moe $n: the fallback run redoes steps 5-8 bit-identically" -- "$py" "$compare" "$tmp/moe_$n.jsonl" "$tmp/moe.jsonl" --exact --from-step 4 --steps 4
+    else
+      bad "moe $n: the run after the damage" "$(tail -n 20 "$tmp/moe_$n.log")"
+    fi
+  done
+else
+  bad "moe run with bias_update_rate (model_state in meta.json)" "$(tail -n 20 "$tmp/moe.log")"
+fi
 
 # --- A rank killed while its writer thread writes (async): the previous checkpoint stays; the next run removes the
 # partial save, saying so, and goes on from it bit-identically ---

@@ -36,10 +36,10 @@ train() {  # train NAME NP [--set ...]: metrics in $tmp/NAME.jsonl, checkpoints 
     --set checkpoint.dir="$tmp/$name.ckpt" "$@" train >"$tmp/$name.log" 2>&1
 }
 
-# no_sums DIR: a checkpoint's meta.json without its checksums (as written before format 3), so that the loader's
-# own checks of damaged files are reached (tests/cli/test_checkpoint.sh checks the checksums).
+# no_sums DIR: a checkpoint's meta.json without its checksums, its own included (as written before format 3), so
+# that the loader's own checks of damaged files are reached (tests/cli/test_checkpoint.sh checks the checksums).
 no_sums() {
-  "$py" -c "import json, sys; p = sys.argv[1] + '/meta.json'; m = json.load(open(p)); m.pop('checksums', None); json.dump(m, open(p, 'w'))" "$1"
+  "$py" -c "import json, sys; p = sys.argv[1] + '/meta.json'; m = json.load(open(p)); m.pop('checksums', None); m.pop('meta_checksum', None); m['format_version'] = 2; json.dump(m, open(p, 'w'))" "$1"
 }
 
 # --- Invariance over the data-parallel mesh and micro-batching ---
