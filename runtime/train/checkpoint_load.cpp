@@ -64,9 +64,10 @@ json read_meta(const std::string& path, bool* own_sum = nullptr) {
   }
   MT_CHECK(meta.is_object(), "checkpoint", "{}: damaged (not a JSON object)", p.string());
   const bool has = meta.contains("meta_checksum");
-  MT_CHECK(has || meta.value("format_version", 0) < 4, "checkpoint",
-           "{}: checksum missing (format_version {} records one in meta_checksum)", p.string(),
-           meta["format_version"].dump());
+  const bool before_4 = !meta.contains("format_version") ||
+                        (meta["format_version"].is_number() && meta["format_version"].get<double>() < 4);
+  MT_CHECK(has || before_4, "checkpoint", "{}: checksum missing (format_version {} records one in meta_checksum)",
+           p.string(), meta["format_version"].dump());
   if (has) {
     MT_CHECK(meta["meta_checksum"].is_string(), "checkpoint", "{}: damaged (meta_checksum is not a string)",
              p.string());
