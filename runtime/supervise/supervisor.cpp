@@ -75,7 +75,8 @@ std::string not_appendable(const std::string& path) {
     return fmt::format("its folder {} is not writable ({})", dir.string(), std::strerror(errno));
   if (!fs::exists(p, ec)) return "";
   if (fs::is_directory(p, ec)) return "it is a folder, not a file";
-  if (::access(p.c_str(), R_OK | W_OK) != 0) return fmt::format("it cannot be read and written ({})", std::strerror(errno));
+  if (::access(p.c_str(), R_OK | W_OK) != 0)
+    return fmt::format("it cannot be read and written ({})", std::strerror(errno));
   return "";
 }
 

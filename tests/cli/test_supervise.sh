@@ -197,7 +197,8 @@ killed_at=$SECONDS
 for _ in $(seq 100); do [ -z "$(launch_procs)" ] && break; sleep 0.1; done
 left=$(launch_procs)
 if [ "$(steps_in "$tmp/orphan.jsonl")" -ge 20 ] && [ "$(wc -w <<<"$procs")" -eq 3 ] && [ -z "$left" ]; then
-  ok "SIGKILL to the supervisor: its quiet launch (mpirun and 2 ranks, pids ${procs% }) ended with it within $((SECONDS - killed_at)) s"
+  took=$((SECONDS - killed_at))
+  ok "SIGKILL to the supervisor: its quiet launch (mpirun and 2 ranks, pids ${procs% }) ended with it within $took s"
 else
   bad "SIGKILL to the supervisor ends its quiet launch" \
     "$(steps_in "$tmp/orphan.jsonl") steps recorded; the launch's processes before the kill: ${procs:-none}; 10 s after: ${left:-none}" \
