@@ -438,3 +438,30 @@ TEST_CASE("data: loss masks beside shards: masked targets are -1, the batch's tr
   fs::resize_file(d / "s_0.mask", 1024 + 4);
   CHECK_ERROR_CONTAINS(TokenStream(d / "s_0.bin", 256), "s_0.mask: size 1028 does not match header");
 }
+
+TEST_CASE("data: masks that keep no target of the batches used, and an empty split, are errors naming the files") {
+  test::TempDir d("data");
+  // 9 tokens, B 2 x T 2: 2 batches an epoch (targets at positions 1..4 and 5..8); position 0 is never a target.
+  write_token_shard(d / "s_0.bin", std::vector<uint16_t>{10, 11, 12, 13, 14, 15, 16, 17, 18});
+  write_loss_mask(d / "s_0.mask", {1, 0, 0, 0, 0, 0, 0, 0, 0}, 0);
+  TokenStream none(d / "s_0.bin", 256, "data.train");
+  CHECK_ERROR_CONTAINS(none.check_trained(2, "both batches", 2, 2, "nothing to train on"),
+                       "[data] data.train: the loss masks (");
+  CHECK_ERROR_CONTAINS(none.check_trained(2, "both batches", 2, 2, "nothing to train on"),
+                       "s_0.mask) keep no target in both batches (batch_size 2 x seq_len 2): nothing to train on");
+  // One trained target in batch 1: the epoch trains (one empty batch is only skipped); its first batch alone not.
+  write_loss_mask(d / "s_0.mask", {1, 0, 0, 0, 0, 0, 1, 0, 0}, 0);
+  TokenStream late(d / "s_0.bin", 256, "data.val");
+  late.check_trained(2, "an epoch", 2, 2, "");
+  late.check_trained(5, "5 batches, wrapping", 2, 2, "");
+  CHECK_ERROR_CONTAINS(late.check_trained(1, "the first batch", 2, 2, ""), "keep no target in the first batch");
+  // Without masks every target trains.
+  write_token_shard(d / "p_0.bin", std::vector<uint16_t>{1, 2, 3, 4, 5});
+  TokenStream(d / "p_0.bin", 256).check_trained(1, "a batch", 2, 2, "");
+  // An empty shard: its name and what to do.
+  write_token_shard(d / "e_0.bin", std::vector<uint16_t>{});
+  TokenStream empty(d / "e_0.bin", 256, "data.val");
+  CHECK_ERROR_CONTAINS(empty.check_not_empty("set data.val: ''"),
+                       "e_0.bin holds no token (an empty split): set data.val: ''");
+  TokenStream(d / "p_0.bin", 256).check_not_empty("");
+}

@@ -40,7 +40,6 @@ struct CheckPlan {
 CheckPlan check_plan(const MpiEnv& env, const Config& cfg, const CheckArgs& args) {
   CheckPlan plan;
   run_agreed(env, "the check options", [&] {
-    MT_CHECK(args.iters >= 1 && args.warmup >= 0, "check", "--iters must be >= 1 and --warmup >= 0");
     const std::vector<std::string>& known = self_check_ops();
     for (auto& op : args.ops)
       MT_CHECK(std::find(known.begin(), known.end(), op) != known.end(), "check",
@@ -68,8 +67,10 @@ void add_check_options(CLI::App* sub, CheckArgs& a) {
   sub->add_option("--mesh", a.mesh, "mesh dims, e.g. dp_shard=2,cp=2,tp=2 (one size may be -1); default: config");
   sub->add_option("--sizes", a.sizes, "buffer sizes MIN:MAX (x2 steps) or one size, e.g. 1K:64M")
       ->capture_default_str();
-  sub->add_option("--iters", a.iters, "timed repetitions per size (median reported)")->capture_default_str();
-  sub->add_option("--warmup", a.warmup, "untimed repetitions first")->capture_default_str();
+  sub->add_option("--iters", a.iters, "timed repetitions per size (median reported)")
+      ->check(whole_number(1))
+      ->capture_default_str();
+  sub->add_option("--warmup", a.warmup, "untimed repetitions first")->check(whole_number(0))->capture_default_str();
   sub->add_option("--device", a.device, "cpu or cuda (default: comm.device)");
   sub->add_option("--backend", a.backend, "auto, mpi or nccl (default: comm.backend)");
   sub->add_option("--ops", a.ops, "collectives to run (default: all)")->delimiter(',');

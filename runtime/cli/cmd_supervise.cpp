@@ -8,20 +8,23 @@ namespace mt {
 
 namespace {
 void add_supervise_options(CLI::App* app, SuperviseOptions& a) {
-  // Every count and duration option: a negative value is a usage error.
-  auto count = [app](const char* name, auto& value, const char* help) {
-    app->add_option(name, value, help)->check(CLI::NonNegativeNumber);
+  // Every count (an integer) and duration (seconds): anything else, or a negative value, is a usage error.
+  auto count = [app](const char* name, int& value, const char* help) {
+    app->add_option(name, value, help)->check(whole_number(0));
+  };
+  auto seconds = [app](const char* name, double& value, const char* help) {
+    app->add_option(name, value, help)->check(number_at_least(0));
   };
   count("--max-restarts", a.max_restarts, "relaunches after failures before giving up (default 3)");
-  count("--backoff", a.backoff_s,
-        "seconds to wait before the first relaunch, doubled per consecutive failure without progress (default 5)");
-  count("--backoff-max", a.backoff_max_s, "the longest wait between launches in seconds (default 60)");
-  count("--hang-timeout", a.hang_timeout_s,
-        "kill the launch when the metrics file gets no new step for this many seconds after its first "
-        "(0: off, default; the ranks' own watchdog, comm.timeout_s, ends stuck collectives)");
+  seconds("--backoff", a.backoff_s,
+          "seconds to wait before the first relaunch, doubled per consecutive failure without progress (default 5)");
+  seconds("--backoff-max", a.backoff_max_s, "the longest wait between launches in seconds (default 60)");
+  seconds("--hang-timeout", a.hang_timeout_s,
+          "kill the launch when the metrics file gets no new step for this many seconds after its first "
+          "(0: off, default; the ranks' own watchdog, comm.timeout_s, ends stuck collectives)");
   app->add_option("--metrics", a.metrics,
                   "the run's metrics file (log.metrics_file), for the failure lines and the goodput (default: the "
-                  "launch's --set log.metrics_file=...)");
+                  "launch's --set log.metrics_file=...); its folder must exist and be writable");
   count("--exclude-after", a.exclude_after,
         "srun launches: leave out (srun --exclude) a node that failed this many times (0: never, default)");
   app->add_option("launch", a.launch, "the launch command, after --: mpirun -np 4 meshtrain ... train")->required();

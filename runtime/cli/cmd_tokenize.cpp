@@ -28,7 +28,7 @@ void add_tokenize_options(CLI::App* app, TokenizeArgs& a) {
   app->add_option("--format", a.format, "ids as u32 (little-endian, default), u16 or json")
       ->check(CLI::IsMember({"u32", "u16", "json"}));
   app->add_option("--threads", a.threads, "encoding threads (text cut at safe newlines, see tokenizer.h)")
-      ->check(CLI::Range(1, 1024));
+      ->check(whole_number(1, 1024));
   app->add_flag("--decode", a.decode, "the input is ids; write the bytes they decode to");
   app->add_flag("--info", a.info, "print the tokenizer's description, vocab_size, bos_id, eos_id as one JSON line");
   app->add_flag("--stats", a.stats, "print sizes and throughput (MB/s) on stderr");

@@ -3,6 +3,7 @@
 // one row.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <climits>
 #include <functional>
 #include <memory>
 #include <string>
@@ -35,6 +36,13 @@ Command command_with(std::string name, std::string help, std::function<void(CLI:
   return {std::move(name), std::move(help), needs_config, [args, add](CLI::App& app) { add(&app, *args); },
           [args, run](RunContext& ctx) { return run(ctx, *args); }, needs_mpi};
 }
+
+// The checks of number options (CLI::Option::check), each error a command-line error (exit 2) that says what is
+// wanted: "--max-restarts: must be an integer, got 'abc'", "--max-restarts: must be at least 0, got -1".
+// A whole number in [min, max] (written back in decimal: CLI11 alone would read 010 as octal).
+CLI::Validator whole_number(long long min, long long max = INT_MAX);
+// A finite number at least min (seconds, rates).
+CLI::Validator number_at_least(double min);
 
 // Every command, in the order `meshtrain --help` lists them.
 const std::vector<Command>& commands();

@@ -179,6 +179,35 @@ void TokenStream::check_packing(int64_t seq_len) const {
            key_, packed_len_, packed_file_, seq_len, packed_len_, seq_len);
 }
 
+namespace {
+// The files of a stream for a message: "a.bin", or "a.bin and 3 more" (their masks: "a.mask ...").
+std::string files_of(const std::vector<ShardInfo>& shards, bool masks) {
+  std::vector<std::string> names;
+  for (const ShardInfo& sh : shards) {
+    const std::string path = masks ? mask_path_of(sh.path) : sh.path;
+    std::error_code ec;
+    if (!masks || std::filesystem::exists(path, ec)) names.push_back(path);
+  }
+  if (names.empty()) return "no file";
+  return names.size() == 1 ? names[0] : fmt::format("{} and {} more", names[0], names.size() - 1);
+}
+}  // namespace
+
+void TokenStream::check_not_empty(const std::string& then) const {
+  MT_CHECK(size() > 0, "data", "{}: {} {} no token (an empty split): {}", key_, files_of(shards_, false),
+           shards_.size() == 1 ? "holds" : "hold", then);
+}
+
+void TokenStream::check_trained(int64_t batches, const std::string& which, int64_t B, int64_t T,
+                                const std::string& then) const {
+  if (!masked()) return;
+  const int64_t n = std::min(batches, steps_per_epoch(*this, B, T));
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n && kept == 0; ++i) kept += trained_targets(*this, i, B, T);
+  MT_CHECK(kept > 0, "data", "{}: the loss masks ({}) keep no target in {} (batch_size {} x seq_len {}): {}", key_,
+           files_of(shards_, true), which, B, T, then);
+}
+
 int64_t steps_per_epoch(const TokenStream& s, int64_t B, int64_t T) {
   MT_CHECK(B > 0 && T > 0, "data", "{}: batch_size {} and seq_len {} must be positive", s.key(), B, T);
   MT_CHECK(s.size() >= B * T + 1, "data",

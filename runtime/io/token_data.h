@@ -70,6 +70,14 @@ class TokenStream {
   // Errors unless seq_len is a multiple of the packing length: "[data] data.train: packed in rows of 64 tokens
   // (chat_train_000000.mask) but training.seq_len = 96 is not a multiple: conversations would straddle rows".
   void check_packing(int64_t seq_len) const;
+  // Errors when the shards hold no token at all (an empty split), what follows in the message saying what to do:
+  // "[data] data.val: chat_val_000000.bin holds no token (an empty split): ...".
+  void check_not_empty(const std::string& then) const;
+  // Errors when the loss masks keep no target in the (B, T) batches 0 .. batches-1 (wrapping as the steps do), so
+  // no step over them has anything to learn from (or to evaluate): "[data] data.train: the loss masks
+  // (chat_train_000000.mask) keep no target in the 4 batches of an epoch (batch_size 8 x seq_len 64): ...". A
+  // stream without masks trains every target.
+  void check_trained(int64_t batches, const std::string& which, int64_t B, int64_t T, const std::string& then) const;
 
  private:
   std::string key_ = "data";

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -102,13 +103,25 @@ void pump_output(const int fds[2], bool open_fd[2], std::string partial[2], Outp
 
 // Starts the launcher in a process group of its own (a hang kill reaches all it started), its stdout and stderr
 // into pipes whose read ends go to fds. Returns its pid.
+//
+// The launch dies with the supervisor: a supervisor killed with SIGKILL passes nothing on, and a launch that prints
+// nothing would never notice (only a write to its closed pipe would end it), so the launcher gets SIGTERM when the
+// supervisor dies (Linux's parent-death signal, kept across exec), which mpirun and srun pass on to their ranks
+// (Open MPI's mpirun then kills them, within about 2 s). The signal follows the thread that forked: the supervisor's
+// one thread. A supervisor that died between fork and prctl is caught by the check of the parent's pid after it.
 pid_t start_launcher(const std::vector<std::string>& argv, int fds[2]) {
   int out_pipe[2], err_pipe[2];
   if (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0) throw std::runtime_error("pipe failed");
+  const pid_t supervisor = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
   if (pid == 0) {
     ::setpgid(0, 0);
+    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) {
+      std::fprintf(stderr, "meshtrain supervise: prctl(PR_SET_PDEATHSIG) failed: %s\n", std::strerror(errno));
+      std::_Exit(127);
+    }
+    if (::getppid() != supervisor) std::_Exit(128 + SIGTERM);  // the supervisor is gone already
     for (int s : {SIGTERM, SIGUSR1, SIGINT, SIGPIPE}) std::signal(s, SIG_DFL);
     ::dup2(out_pipe[1], 1);
     ::dup2(err_pipe[1], 2);

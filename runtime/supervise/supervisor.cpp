@@ -2,10 +2,14 @@
 // back-off, giving up, and the nodes left out (supervisor.h).
 #include "runtime/supervise/supervisor.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -46,11 +50,34 @@ std::string launch_setting(const std::vector<std::string>& argv, const std::stri
 
 void append_record(const std::string& path, const nlohmann::json& j) {
   if (path.empty()) return;
-  if (FILE* f = std::fopen(path.c_str(), "a")) {
-    std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    std::fwrite(s.data(), 1, s.size(), f);
-    std::fclose(f);
+  FILE* f = std::fopen(path.c_str(), "a");
+  if (!f) {
+    say("warning: cannot append the {} record to the metrics file {}: {}", j.value("event", "supervisor's"), path,
+        std::strerror(errno));
+    return;
   }
+  std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  std::fwrite(s.data(), 1, s.size(), f);
+  std::fclose(f);
+}
+
+// Why the supervisor could not append to a metrics file named on its command line ("" when it can): the file's
+// folder must exist and be writable (the supervisor creates none: a mistyped path would be recorded to nowhere),
+// and the file, if there, be a writable file.
+std::string not_appendable(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return fmt::format("its folder {} does not exist", dir.string());
+  if (!fs::is_directory(dir, ec)) return fmt::format("{} is not a folder", dir.string());
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return fmt::format("its folder {} is not writable ({})", dir.string(), std::strerror(errno));
+  if (!fs::exists(p, ec)) return "";
+  if (fs::is_directory(p, ec)) return "it is a folder, not a file";
+  if (::access(p.c_str(), R_OK | W_OK) != 0)
+    return fmt::format("it cannot be read and written ({})", std::strerror(errno));
+  return "";
 }
 
 // The launch command of an attempt: srun's with --kill-on-bad-exit=1 unless given, and the nodes left out.
@@ -272,6 +299,13 @@ int supervise(const SuperviseOptions& o) {
   const double t0 = now_unix();
   if (o.launch.empty()) {
     std::fprintf(stderr, "meshtrain supervise: no launch command (meshtrain supervise [OPTIONS] -- mpirun ...)\n");
+    return 2;
+  }
+  if (const std::string why = o.metrics.empty() ? "" : not_appendable(o.metrics); !why.empty()) {
+    std::fprintf(stderr,
+                 "meshtrain supervise: --metrics %s: %s (the supervisor reads the run's records there and appends "
+                 "the failures and the goodput); nothing launched\n",
+                 o.metrics.c_str(), why.c_str());
     return 2;
   }
   const std::string metrics_path = launch_metrics_path(o);

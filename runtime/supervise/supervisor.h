@@ -34,7 +34,7 @@ struct SuperviseOptions {
 };
 
 // Supervises the launch to its end; the exit code: the last launch's (0: done), 128 + a stop signal, 2 without a
-// launch command.
+// launch command or with a --metrics file it could not append to (its folder missing or not writable).
 int supervise(const SuperviseOptions& o);
 
 }  // namespace mt

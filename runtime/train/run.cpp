@@ -113,12 +113,24 @@ void set_up_run(TrainRun& run, const MpiEnv& env, bool with_data, double memory)
     // Data (every rank reads and validates the files itself: errors before any collective).
     if (with_data) {
       run.train_data = TokenStream(cfg.data.train, cfg.model.vocab_size, "data.train");
-      steps_per_epoch(run.train_data, t.batch_size, t.seq_len);  // errors if shorter than one batch
+      const int64_t per_epoch = steps_per_epoch(run.train_data, t.batch_size, t.seq_len);  // errors if < one batch
       run.train_data.check_packing(t.seq_len);
+      // Known now, before any step: masks that keep nothing would skip every step (a single empty batch is only
+      // skipped, see train_step).
+      run.train_data.check_trained(
+          per_epoch, fmt::format("any of the {} batch(es) of an epoch", per_epoch), t.batch_size, t.seq_len,
+          "no step has anything to train on (no assistant token in the data? prepare_data --chat says how many it "
+          "trains; --train-on-prompt trains every token)");
       if (!cfg.data.val.empty() && cfg.eval.interval > 0) {
         run.val_data = TokenStream(cfg.data.val, cfg.model.vocab_size, "data.val");
+        run.val_data.check_not_empty(fmt::format(
+            "evaluation is on (eval.interval = {}): set data.val: '' or eval.interval: 0 to train without it",
+            cfg.eval.interval));
         steps_per_epoch(run.val_data, t.batch_size, t.seq_len);
         run.val_data.check_packing(t.seq_len);
+        run.val_data.check_trained(
+            cfg.eval.steps, fmt::format("the {} batch(es) evaluated (eval.steps)", cfg.eval.steps), t.batch_size,
+            t.seq_len, "the validation loss would have no target to average (no assistant token in them?)");
       }
     }
   });

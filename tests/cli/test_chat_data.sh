@@ -16,7 +16,8 @@
 #    assistant's content and end of turn, --train-on-prompt, the separator (the BOS, or the pad token written before
 #    each conversation), --pack rows (whole conversations, padding masked, a too long one cut or dropped and
 #    counted, shards of whole rows), the validation split, bad lines named by line number (skipped and fatal), the
-#    mask file's header, the config line printed, stale masks removed by a plain run.
+#    mask file's header, the config line printed, stale masks removed by a plain run; data that would train nothing
+#    (no assistant message, --pack 1, an empty validation split asked for) refused naming the file and why.
 # The npm-dependent checks are skipped (never passed) when node, npm or the registry is unavailable.
 # Prints "chat_data: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_chat_data.sh BUILD_DIR
@@ -94,6 +95,8 @@ good = [
 W("good.jsonl", good)
 long = {"messages": [msg("user", "Tell me a long story."), msg("assistant", "Once upon a time. " * 30)]}
 W("pack.jsonl", good * 3 + [long] + good)
+W("noasst.jsonl", [good[4]] * 3 + [{"messages": [msg("system", "S"), msg("user", "no answer")]}])
+W("single.jsonl", [good[1]])
 W("bad.jsonl", [good[0], "{not json", {"foo": 1}, {"messages": [msg("narrator", "x")]}, "",
                 {"messages": [msg("user", "u"), msg("system", "late")]}, good[1], {"messages": []},
                 {"text": 5}, '{"messages": [{"role": "user", "content": "\\ud800"}]}'])
@@ -215,6 +218,33 @@ what="a plain prepare_data run with the same name removes the stale masks"
 if "$py" "$root/scripts/prepare_data" --out "$tmp/tiny_out" --name chat "$tmp/good.jsonl" >"$tmp/plain.log" 2>&1 &&
   [ -f "$tmp/tiny_out/chat_train_000000.bin" ] && ! ls "$tmp/tiny_out"/*.mask >/dev/null 2>&1; then ok "$what"; else
   bad "$what" "$(ls "$tmp/tiny_out")" "$(tail -n 5 "$tmp/plain.log")"; fi
+
+# 7. Data that would train nothing is an error naming the input and why, nothing written; an empty split is said so.
+# nothing_written WHAT NAME RC TEXT...: prep NAME exited with RC = 1, its output holds each TEXT, and no
+# shard was written into $tmp/NAME.
+nothing_written() {
+  local what=$1 n=$2 rc=$3 t
+  shift 3
+  if [ "$rc" -ne 1 ] || [ -e "$tmp/$n/chat_train_000000.bin" ]; then
+    bad "$what" "exit $rc, expected 1 and no shard" "$(tail -n 4 "$tmp/$n.log")"
+    return
+  fi
+  has "$what" "$tmp/$n.log" "$@"
+}
+prep noasst --tokenizer "$tmp/tiny" --out "$tmp/noasst" "$tmp/noasst.jsonl"
+nothing_written "no assistant message anywhere: exit 1" noasst $? \
+  "no trained token in $tmp/noasst.jsonl: none of its 4 conversations has an assistant message"
+prep pack1 --tokenizer "$tmp/tiny" --out "$tmp/pack1" --pack 1 "$tmp/pack.jsonl"
+nothing_written "--pack 1 leaves no assistant token: exit 1" pack1 $? \
+  "no trained token in $tmp/pack.jsonl after --pack 1" "21 conversations cut"
+prep single --tokenizer "$tmp/tiny" --out "$tmp/single" --val-fraction 0.1 "$tmp/single.jsonl"
+nothing_written "--val-fraction 0.1 on one conversation: an empty validation split is an error" single $? \
+  "--val-fraction 0.1: the validation split of $tmp/single.jsonl is empty"
+what="--pack 96 --val-fraction 0: the empty validation split said so"
+if prep packval0 --tokenizer "$tmp/tiny" --out "$tmp/packval0" --pack 96 --val-fraction 0 "$tmp/pack.jsonl" &&
+  ! grep -q '\[\]' "$tmp/packval0.log"; then
+  has "$what" "$tmp/packval0.log" "val: no conversations (--val-fraction 0): its one shard is empty: train with data.val: ''"
+else bad "$what" "$(grep -F 'val:' "$tmp/packval0.log")" "$(tail -n 3 "$tmp/packval0.log")"; fi
 
 # ---------------------------------------------------------------- use: fine-tune on the packed chat data, chat with it
 # A tiny model trained from scratch on tiny's packed conversations (rows of 32, the BOS as document separator, the

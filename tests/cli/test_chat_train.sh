@@ -17,7 +17,8 @@
 #    bit;
 #  - a mask with the wrong token count (train and val), the wrong magic, or a packing length not dividing
 #    training.seq_len: a non-zero exit within 120 s, one error line naming the .mask file (and data.train for the
-#    packing length), no step.
+#    packing length), no step; so are train masks that keep no target in any batch (every step would be skipped),
+#    a validation mask that keeps none in the evaluated batches (val_loss NaN), and an empty validation shard.
 # Prints "chat_train: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_chat_train.sh BUILD_DIR
 set -uo pipefail
@@ -291,6 +292,26 @@ if train pack16 1 "${data[@]}"; then
   exact pack16 plain "all-ones masks with packing length 16 (divides seq_len 32) give the losses without .mask files"
 else bad "all-ones masks with packing length 16" "$(tail -n 20 "$tmp/pack16.log")"; fi
 
+# --- Masks that keep nothing, copies of data/ with: every train mask all zeros (no step could train), the validation
+# mask all zeros (no evaluation could average), an empty validation shard (an empty split) ---
+if ! out=$("$py" - "$tmp" "$ref" <<'PY' 2>&1
+import os, shutil, sys
+import numpy as np
+tmp = sys.argv[1]
+sys.path.insert(0, os.path.dirname(sys.argv[2]))
+import llama_ref as L
+for d in ("none", "none_val", "empty_val"):
+    os.makedirs(os.path.join(tmp, d), exist_ok=True)
+    for f in os.listdir(os.path.join(tmp, "data")):
+        shutil.copy(os.path.join(tmp, "data", f), os.path.join(tmp, d, f))
+for i, size in enumerate((1000, 150, 800)):  # the middle shard's mask too: without one it trains every token
+    L.write_mask(os.path.join(tmp, "none", f"chat_train_{i:03d}.mask"), np.zeros(size))
+L.write_mask(os.path.join(tmp, "none_val", "chat_val_000.mask"), np.zeros(700))
+L.write_shard(os.path.join(tmp, "empty_val", "chat_val_000.bin"), [])
+L.write_mask(os.path.join(tmp, "empty_val", "chat_val_000.mask"), [])
+PY
+); then bad "the masks that keep nothing" "$out"; fi
+
 # --- Damaged masks: refused on 2 ranks, one error line naming the file, no step, no hang ---
 refused() {  # refused WHAT DIR FILE [TEXT...]
   local what=$1 dir=$2 file=$3 rc n t
@@ -319,6 +340,12 @@ refused "a mask with one value too few" bad_count chat_train_002.mask
 refused "a mask with a token shard's magic" bad_magic chat_train_002.mask
 refused "a packing length (24) that does not divide training.seq_len (32)" bad_pack chat_train_002.mask data.train
 refused "a validation mask with three values too few" bad_val chat_val_000.mask
+refused "train masks that keep no target: no step could train" none chat_train_000.mask \
+  "keep no target in any of the 7 batch(es) of an epoch" "no step has anything to train on"
+refused "a validation mask that keeps no target: no evaluation could average" none_val chat_val_000.mask \
+  "keep no target in the 2 batch(es) evaluated (eval.steps)"
+refused "an empty validation shard while evaluation is on" empty_val chat_val_000.bin \
+  "holds no token (an empty split): evaluation is on (eval.interval = 5): set data.val: '' or eval.interval: 0"
 
 summary chat_train
 [ $failed -eq 0 ]

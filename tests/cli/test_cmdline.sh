@@ -2,9 +2,10 @@
 # End-to-end tests of the command line a person types: options after the
 # subcommand, typo suggestions, an error every rank has alike printed once (and
 # one that differs printed by each rank that has it), --set named as the origin
-# of a bad value, one step numbering in console, metrics, checkpoints and
-# messages, the exit code of a run stopped by a signal, scripts/run.sh --help,
-# and the progress bar only on a person's terminal (log.progress).
+# of a bad value, number options that say what they want, one step numbering in
+# console, metrics, checkpoints and messages, the exit code of a run stopped by
+# a signal, scripts/run.sh --help, and the progress bar only on a person's
+# terminal (log.progress).
 # Prints "cmdline: N passed, N failed, N skipped" last.
 #   tests/cli/test_cmdline.sh BUILD_DIR
 set -uo pipefail
@@ -93,6 +94,11 @@ expect "range error from --set names the --set" nonzero "[config] --set training
   "$mt" --config "$tmp/t.yaml" --set training.lr=-1 train
 expect "choice error from --set names the --set" nonzero "[config] --set log.progress=maybe: log.progress = 'maybe'" -- \
   "$mt" --config "$tmp/t.yaml" --set log.progress=maybe train
+# A command's number options say what they want (the checks of runtime/cli/command.h; supervise's in test_supervise.sh).
+expect "check --iters abc: not an integer" nonzero "--iters: must be an integer, got 'abc'" -- "$mt" check --iters abc
+expect "check --warmup -1: at least 0" nonzero "--warmup: must be at least 0, got -1" -- "$mt" check --warmup -1
+expect "tokenize --threads abc: not an integer" nonzero "--threads: must be an integer, got 'abc'" -- \
+  "$mt" tokenize --threads abc
 sed 's/steps: 6,/steps: -6,/' "$tmp/t.yaml" >"$tmp/bad.yaml"
 expect "range error from the file names the file" nonzero "[config] $tmp/bad.yaml: training.steps = -6" -- \
   "$mt" --config "$tmp/bad.yaml" --set training.lr=1e-3 train

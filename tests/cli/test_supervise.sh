@@ -10,7 +10,9 @@
 #   - the goodput is printed with its parts and recorded in the metrics file, with one record per failure.
 # Then what is not relaunched: a config error (one launch), SIGTERM to the supervisor (passed on: checkpoint,
 # exit 143), a launch that exits 138 by itself (a preemption), --max-restarts used up (non-zero, "giving up", the
-# back-off doubling), and --hang-timeout ending a launch whose steps stopped. MT_TEST_SEED fixes the random choices.
+# back-off doubling), and --hang-timeout ending a launch whose steps stopped. SIGKILL to the supervisor ends its
+# launch (mpirun and the ranks) too. Options that cannot be used (not an integer, negative, a --metrics file in a
+# missing folder) are usage errors naming the option, before any launch. MT_TEST_SEED fixes the random choices.
 # Prints "supervise: N passed, N failed" last.
 #   tests/cli/test_supervise.sh BUILD_DIR
 set -uo pipefail
@@ -176,6 +178,68 @@ if [ $rc -ne 0 ] && grep -q "no new step in the metrics for [0-9]* s (--hang-tim
   ok "--hang-timeout 2: a launch silent after its first step is killed and counted as a failure"
 else
   bad "--hang-timeout" "exit $rc" "$(tail -n 6 "$tmp/hang.log")"
+fi
+
+# SIGKILL to the supervisor (it can pass nothing on): its launch dies with it (the launcher's parent-death signal,
+# passed on to the ranks by mpirun). The launch is quiet (--log-level error, no step lines, no evaluation: its
+# ranks write nothing into the supervisor's closed pipes, which would end them); its processes, mpirun and the 2
+# ranks, are found by the run's checkpoint folder in their command lines. Any left behind are killed here.
+launch_procs() { pgrep -f -- "checkpoint.dir=$tmp/orphan.ckpt" | tr '\n' ' '; }
+"$mt" supervise --backoff 0 -- "$mpirun" -np 2 "$mt" --config "$tmp/s.yaml" --log-level error \
+  --set log.metrics_file="$tmp/orphan.jsonl" --set checkpoint.dir="$tmp/orphan.ckpt" --set checkpoint.interval=0 \
+  --set training.steps=1000000 --set log.interval=1000000 --set eval.interval=0 train >"$tmp/orphan.log" 2>&1 &
+sup=$!
+wait_steps "$tmp/orphan.jsonl" 20 60
+procs=$(launch_procs | tr ' ' '\n' | grep -vx "$sup" | tr '\n' ' ')  # mpirun and the ranks
+kill -KILL $sup
+{ wait $sup; } 2>/dev/null
+killed_at=$SECONDS
+for _ in $(seq 100); do [ -z "$(launch_procs)" ] && break; sleep 0.1; done
+left=$(launch_procs)
+if [ "$(steps_in "$tmp/orphan.jsonl")" -ge 20 ] && [ "$(wc -w <<<"$procs")" -eq 3 ] && [ -z "$left" ]; then
+  took=$((SECONDS - killed_at))
+  ok "SIGKILL to the supervisor: its quiet launch (mpirun and 2 ranks, pids ${procs% }) ended with it within $took s"
+else
+  bad "SIGKILL to the supervisor ends its quiet launch" \
+    "$(steps_in "$tmp/orphan.jsonl") steps recorded; the launch's processes before the kill: ${procs:-none}; 10 s after: ${left:-none}" \
+    "$(ps -o pid,ppid,etime,args -p "$(echo $left | tr ' ' ,)" 2>/dev/null | cut -c1-160)" "$(tail -n 5 "$tmp/orphan.log")"
+  # shellcheck disable=SC2086
+  [ -n "$left" ] && kill -KILL $left 2>/dev/null
+fi
+
+# The command line: an option's value that cannot be used is a usage error (exit 2) that says what is wanted, and
+# nothing is launched.
+# usage_error NAME TEXT ARGS...: `supervise ARGS -- true` exits 2, prints TEXT, launches nothing.
+usage_error() {
+  local name=$1 text=$2 rc
+  shift 2
+  timeout 30 "$mt" supervise "$@" -- true >"$tmp/usage.log" 2>&1
+  rc=$?
+  if [ $rc -eq 2 ] && grep -qF -- "$text" "$tmp/usage.log" && ! grep -q '\] launch [0-9]* of' "$tmp/usage.log"; then
+    ok "$name: $(head -n 1 "$tmp/usage.log")"
+  else
+    bad "$name" "exit $rc, expected 2 and '$text'" "$(head -n 5 "$tmp/usage.log")"
+  fi
+}
+usage_error "--max-restarts abc" "--max-restarts: must be an integer, got 'abc'" --max-restarts abc
+usage_error "--max-restarts 1.5" "--max-restarts: must be an integer, got '1.5'" --max-restarts 1.5
+usage_error "--max-restarts -1" "--max-restarts: must be at least 0, got -1" --max-restarts -1
+grep -qE '[0-9]{20}' "$tmp/usage.log" && bad "--max-restarts -1: no 309-digit range" "$(head -n 2 "$tmp/usage.log")"
+usage_error "--exclude-after 99999999999" "--exclude-after: must be at most 2147483647, got 99999999999" \
+  --exclude-after 99999999999
+usage_error "--backoff abc" "--backoff: must be a number, got 'abc'" --backoff abc
+usage_error "--hang-timeout -2" "--hang-timeout: must be at least 0, got -2" --hang-timeout -2
+usage_error "--metrics in a folder that does not exist" \
+  "--metrics $tmp/nowhere/m.jsonl: its folder $tmp/nowhere does not exist" --metrics "$tmp/nowhere/m.jsonl"
+usage_error "--metrics under a file" "--metrics $tmp/s.yaml/m.jsonl: $tmp/s.yaml is not a folder" \
+  --metrics "$tmp/s.yaml/m.jsonl"
+if [ "$(id -u)" -ne 0 ]; then
+  mkdir -p "$tmp/readonly" && chmod a-w "$tmp/readonly"
+  usage_error "--metrics in a folder that is not writable" "its folder $tmp/readonly is not writable" \
+    --metrics "$tmp/readonly/m.jsonl"
+  chmod u+w "$tmp/readonly"
+else
+  skip "--metrics in a folder that is not writable" "root writes anywhere"
 fi
 
 summary supervise
