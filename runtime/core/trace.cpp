@@ -39,11 +39,16 @@ struct State {
   int64_t offset_ns = 0, zero_ns = 0, rtt_ns = 0;
   int next_tid = 0;
   size_t max_events = SIZE_MAX, dropped = 0;
-  // Past max_events: counted, not kept (the caller holds mu).
+  // Past max_events: counted, not kept (the caller holds mu). The vector grows by doubling up to max_events, never
+  // past it: a full buffer holds max_events * sizeof(Event) bytes, not up to twice that.
   bool drop_locked() {
-    if (events.size() < max_events) return false;
-    ++dropped;
-    return true;
+    if (events.size() >= max_events) {
+      ++dropped;
+      return true;
+    }
+    if (events.size() == events.capacity())
+      events.reserve(std::min(max_events, std::max<size_t>(1024, 2 * events.size())));
+    return false;
   }
 };
 State& state() {

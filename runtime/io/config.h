@@ -252,7 +252,8 @@ struct LogConfig {
 };
 
 // Traces and the slow rank: profile.steps [first, last] (1-based global steps, inclusive; empty: no trace; a range
-// past training.steps is cut there, one starting past it is an error) written to profile.dir as Chrome trace JSON per rank and merged; the slow-rank check runs every step.
+// past training.steps is cut there, one starting past it is an error) written to profile.dir as Chrome trace JSON per
+// rank and merged; the slow-rank check runs every step.
 struct ProfileConfig {
   std::vector<int> steps;
   std::string dir;

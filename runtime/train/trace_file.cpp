@@ -113,7 +113,8 @@ MergedTraces merge_traces(const std::string& dir, const std::string& run_id, int
       nlohmann::json j = read_rank_file(path, rank);
       nlohmann::json& run = j["metadata"]["run"];
       const std::string id = run["run_id"];
-      MT_CHECK(run_id.empty() || id == run_id, "trace", "{}: from run {}, not this run's {}", path.string(), id, run_id);
+      MT_CHECK(run_id.empty() || id == run_id, "trace", "{}: from run {}, not this run's {}", path.string(), id,
+               run_id);
       runs[id].first = run["world_size"].get<int>();
       runs[id].second.push_back(rank);
       out.dropped += run.value("dropped_events", int64_t(0));
@@ -175,8 +176,9 @@ void check_profile_dir(const Config& cfg, const MpiEnv& env) {
       std::snprintf(why, sizeof why, "cannot create it: %s", ec.message().c_str());
     } else {
       std::FILE* f = std::fopen(probe.c_str(), "w");
-      if (!f || std::fputs("ok\n", f) < 0) std::snprintf(why, sizeof why, "cannot write in it: %s", std::strerror(errno));
-      if (f && std::fclose(f) != 0 && !why[0]) std::snprintf(why, sizeof why, "cannot write in it: %s", std::strerror(errno));
+      bool ok = f && std::fputs("ok\n", f) >= 0;
+      ok = f && std::fclose(f) == 0 && ok;
+      if (!ok) std::snprintf(why, sizeof why, "cannot write in it: %s", std::strerror(errno));
       fs::remove(probe, ec);
     }
   }

@@ -122,6 +122,16 @@ if train past 2 --set 'profile.steps=[4, 100]' --set profile.dir="$tmp/r2" &&
   ok "profile.steps [4, 100] of 5 steps: steps 4 to 5 traced, and said so"
 else bad "a range past the last step" "$(grep -a 'trace\|error' "$tmp/past.log" | tail -n 3)" \
   "$(steps_traced "$tmp/r2/trace_rank1.json" 2>&1)"; fi
+# A resumed run (from step 5) traces the range's steps it runs, and says when the range is behind it.
+train first5 2 --set checkpoint.dir="$tmp/rck" >/dev/null
+if train behind 2 --set checkpoint.dir="$tmp/rck" --set training.steps=8 --set 'profile.steps=[2, 3]' \
+  --set profile.dir="$tmp/rb" && grep -q "profile.steps = \[2, 3\] ends before step 6, where this run resumes: nothing" \
+  "$tmp/behind.log" && [ ! -e "$tmp/rb/trace_rank0.json" ] &&
+  train inside 2 --set checkpoint.dir="$tmp/rck" --set training.steps=12 --set 'profile.steps=[4, 10]' \
+  --set profile.dir="$tmp/ri" && grep -q "trace of steps 9 to 10: .* 2 ranks merged" "$tmp/inside.log" &&
+  [ "$(steps_traced "$tmp/ri/trace_rank0.json")" = "9 10 2 [9, 10]" ]; then
+  ok "a resumed run: a range behind it said and not traced; one it enters traced from its first step"
+else bad "profile.steps on a resumed run" "$(grep -a 'trace\|resumed' "$tmp/behind.log" "$tmp/inside.log" | cut -c1-300)"; fi
 # 2. A range ending at the last step, while rank 0 writes and merges slowly (MT_FAULT_SLOW_TRACE: 45 us per event,
 # 2 s for the merge, longer than comm.timeout_s = 1.5): the run ends as an untraced one does, trace merged.
 slow=(--set training.steps=100 --set 'profile.steps=[1, 100]' --set comm.timeout_s=1.5)
