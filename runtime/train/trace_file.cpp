@@ -352,7 +352,7 @@ void RunTrace::merge(MetricsLogger& log, int64_t events, int64_t all_events, con
                          m.dropped ? fmt::format(", {} events past profile.max_events dropped", m.dropped) : "",
                          m.other_files ? fmt::format(", {} file(s) of another run beside them left out", m.other_files)
                                        : ""));
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a damaged file is the merge's error, never the run's
     log.note(fmt::format("trace: the rank files are written, the merge failed ({}): meshtrain trace merge {} "
                          "after fixing it",
                          e.what(), dir));
