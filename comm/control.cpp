@@ -69,7 +69,7 @@ std::string world_where(MPI_Comm comm) {
 // Runs one non-blocking collective (started by `start`) under the watchdog,
 // with arrival markers exchanged beside it.
 void run_control(MPI_Comm comm, std::string_view label, const std::string& where,
-                 const std::function<int(MPI_Request*)>& start) {
+                 const std::function<int(MPI_Request*)>& start, double extra_wait_s = 0) {
   fault_stop_point(label);
   int n = 1, me = 0;
   MPI_Comm_size(comm, &n);
@@ -101,7 +101,8 @@ void run_control(MPI_Comm comm, std::string_view label, const std::string& where
   MT_MPI_CHECK(start(&reqs[2 * np]));
   // Above kAllPairsUpTo ranks only rank 0 hears from everyone: the others give it a few seconds more to abort first
   // and name the missing ranks (they still fire, naming rank 0, when rank 0 is the one missing).
-  const double grace = st->partial ? std::min(10.0, 0.25 * std::max(watchdog_timeout(), 0.0)) : 0.0;
+  const double grace =
+      (st->partial ? std::min(10.0, 0.25 * std::max(watchdog_timeout(), 0.0)) : 0.0) + std::max(extra_wait_s, 0.0);
   uint64_t id = watchdog_begin(std::string(label), where.empty() ? world_where(comm) : where, {},
                                [st] { return st->describe(); }, grace);
   std::vector<int> ranks = st->world;
@@ -146,8 +147,8 @@ void run_control(MPI_Comm comm, std::string_view label, const std::string& where
 
 }  // namespace
 
-void control_barrier(MPI_Comm comm, std::string_view label, const std::string& where) {
-  run_control(comm, label, where, [&](MPI_Request* r) { return MPI_Ibarrier(comm, r); });
+void control_barrier(MPI_Comm comm, std::string_view label, const std::string& where, double extra_wait_s) {
+  run_control(comm, label, where, [&](MPI_Request* r) { return MPI_Ibarrier(comm, r); }, extra_wait_s);
 }
 
 void control_all_reduce(MPI_Comm comm, void* buf, int count, MPI_Datatype type, MPI_Op op, std::string_view label,

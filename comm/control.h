@@ -21,8 +21,9 @@
 
 namespace mt {
 
-// where: what the communicator is, for messages ("" = the world).
-void control_barrier(MPI_Comm comm, std::string_view label, const std::string& where = {});
+// where: what the communicator is, for messages ("" = the world). extra_wait_s: added to the watchdog's timeout
+// for this call (world.h's barrier).
+void control_barrier(MPI_Comm comm, std::string_view label, const std::string& where = {}, double extra_wait_s = 0);
 void control_all_reduce(MPI_Comm comm, void* buf, int count, MPI_Datatype type, MPI_Op op, std::string_view label,
                         const std::string& where = {});
 // Typed and in place (T: world.h's Reducible; avg: the sum divided by the ranks, in T's arithmetic).

@@ -22,7 +22,9 @@ int size() {
   return n;
 }
 
-void barrier(std::string_view label) { control_barrier(MPI_COMM_WORLD, label); }
+void barrier(std::string_view label, double extra_wait_s) {
+  control_barrier(MPI_COMM_WORLD, label, {}, extra_wait_s);
+}
 
 template <Reducible T> void all_reduce(std::span<T> values, ReduceOp op, std::string_view label) {
   control_all_reduce(MPI_COMM_WORLD, values, op, label);

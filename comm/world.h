@@ -30,8 +30,10 @@ namespace world {
 int rank();
 int size();
 
-// Returns once every rank has reached it.
-void barrier(std::string_view label);
+// Returns once every rank has reached it. extra_wait_s: how much longer than comm.timeout_s a rank may wait here
+// before the watchdog ends the job, for a point where one rank does work in proportion to a size every rank knows
+// (writing a trace of n events) while the others wait.
+void barrier(std::string_view label, double extra_wait_s = 0);
 
 // The element types of the reductions.
 template <class T>

@@ -456,3 +456,12 @@ TEST_CASE("model.init_from's config.json gives the model keys; a key the YAML gi
                            " says rope_scaling.factor = 32");
   CHECK_ERROR_CONTAINS(load_config("", {"model.init_from=/nonexistent/dir"}), "model.init_from = /nonexistent/dir: no such file or directory");
 }
+
+TEST_CASE("profile.steps against training.steps, the last step of any run of the config") {
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("training: {steps: 5}\nprofile: {steps: [50, 60], dir: tr}\n"),
+                       "profile.steps = [50, 60] starts after training.steps = 5");
+  // A range ending after it is cut there by the run (RunTrace), not refused; one starting at it is traced.
+  CHECK(config_from_yaml_string("training: {steps: 5}\nprofile: {steps: [4, 100], dir: tr}\n").profile.steps[1] == 100);
+  CHECK(config_from_yaml_string("training: {steps: 5}\nprofile: {steps: [5, 5], dir: tr}\n").profile.steps[0] == 5);
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("profile: {max_events: 0}"), "profile.max_events = 0");
+}

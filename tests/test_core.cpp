@@ -1,11 +1,19 @@
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 
 #include "check_error.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/tensor.h"
+#include "runtime/core/trace.h"
 
 using namespace mt;
 
@@ -112,4 +120,31 @@ TEST_CASE("large host blocks are cached and reused, small ones are not") {
   CHECK(allocator_stats(Device::cpu()).driver_allocs == s1.driver_allocs + 1);
   empty_cache(Device::cpu());
   CHECK(allocator_stats(Device::cpu()).reserved_bytes == s0.reserved_bytes);
+}
+
+TEST_CASE("the trace recorder keeps profile.max_events events and counts the ones past it") {
+  trace::set_max_events(5);
+  trace::clear();
+  trace::start();
+  for (int i = 0; i < 8; ++i) trace::complete("span", "op", i, i + 1);
+  trace::counter("memory", {{"bytes", 1.0}});
+  CHECK(trace::full());
+  trace::stop();
+  CHECK(trace::event_count() == 5);
+  CHECK(trace::dropped_events() == 4);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("mt_trace_bound_" + std::to_string(::getpid()) + ".json")).string();
+  REQUIRE(trace::write(path, "{\"dropped_events\":4}"));
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t spans = 0;
+  for (size_t at = text.find("\"ph\":\"X\""); at != std::string::npos; at = text.find("\"ph\":\"X\"", at + 1))
+    ++spans;
+  CHECK(spans == 5);
+  CHECK(text.find("\"dropped_events\":4") != std::string::npos);
+  std::remove(path.c_str());
+  trace::clear();  // the count goes with the events
+  CHECK(trace::dropped_events() == 0);
+  CHECK(!trace::full());
+  trace::set_max_events(SIZE_MAX);
 }

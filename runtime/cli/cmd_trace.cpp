@@ -1,5 +1,6 @@
 // `meshtrain trace merge DIR`: joins the per-rank traces a run with profile.steps wrote (trace_rank{R}.json) into
-// DIR/trace.json, one process per rank. The run does this itself at the end of its traced steps; the
+// DIR/trace.json, one process per rank, once the files are known to come from one run (their run id) and to hold
+// every rank of it. The run does this itself at the end of its traced steps; the
 // command is for a run that stopped before, or files copied from several machines. Runs on rank 0 alone.
 #include <fmt/format.h>
 
@@ -22,9 +23,9 @@ Command trace_command() {
         app->add_option("dir", a.dir, "the run's profile.dir, holding trace_rank{R}.json")->required();
       },
       [](RunContext&, const TraceArgs& a) {
-        int ranks = 0;
-        const std::string out = merge_traces(a.dir, &ranks);
-        fmt::print("merged {} rank(s) into {}\n", ranks, out);
+        const MergedTraces m = merge_traces(a.dir);
+        fmt::print("merged {} rank(s) of run {} into {}{}\n", m.ranks, m.run_id, m.path,
+                   m.dropped ? fmt::format(" ({} events past profile.max_events were dropped)", m.dropped) : "");
         return 0;
       },
       /*needs_config=*/false);

@@ -66,6 +66,16 @@ void fault_slow_rank() {
   std::this_thread::sleep_for(std::chrono::milliseconds(f.second));
 }
 
+void fault_slow_trace(int64_t events) {
+  static const std::pair<int, int> f = [] {
+    const char* e = std::getenv("MT_FAULT_SLOW_TRACE");
+    int rank = -1, us = 0;
+    if (!e || std::sscanf(e, "%d:%d", &rank, &us) != 2 || rank != fault_rank()) rank = -1;
+    return std::pair<int, int>{rank, us};
+  }();
+  if (f.first >= 0) std::this_thread::sleep_for(std::chrono::microseconds(int64_t(f.second) * events));
+}
+
 bool fault_checkpoint_at(int64_t step, bool error) {
   const char* f = std::getenv("MT_FAULT_CHECKPOINT");
   if (!f || std::atoll(f) != step) return false;

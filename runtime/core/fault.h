@@ -6,6 +6,8 @@
 //                                                 (e.g. "checkpoint barrier:1"): the stuck-rank drills
 //   MT_FAULT_SLOW_RANK=<world rank>:<ms>          that rank sleeps ms milliseconds in every training step (inside
 //                                                 the step, before forward): the slow-rank drill
+//   MT_FAULT_SLOW_TRACE=<world rank>:<us>         that rank takes us microseconds longer per event to write its trace
+//                                                 file (and, on rank 0, the merged trace.json): the slow-disk drill
 //   MT_FAULT_CHECKPOINT=<step>                    rank 0 dies half way through writing that step's checkpoint
 //   MT_FAULT_CHECKPOINT=<step>:error              that write fails with an error instead (a full disk)
 // The ground knows no MPI: before MPI_Init a rank is known from its launcher's variables.
@@ -22,6 +24,9 @@ bool fault_stop_armed();
 
 // MT_FAULT_SLOW_RANK's hook, called once per training step.
 void fault_slow_rank();
+
+// MT_FAULT_SLOW_TRACE's hook, called where a trace file of `events` events is written.
+void fault_slow_trace(int64_t events);
 
 // Whether MT_FAULT_CHECKPOINT asks the checkpoint of this step to fail: with an error (error true, ":error") or by
 // killing the writer (error false).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
 #include <unordered_map>
@@ -37,6 +38,18 @@ struct State {
   std::string host;
   int64_t offset_ns = 0, zero_ns = 0, rtt_ns = 0;
   int next_tid = 0;
+  size_t max_events = SIZE_MAX, dropped = 0;
+  // Past max_events: counted, not kept (the caller holds mu). The vector grows by doubling up to max_events, never
+  // past it: a full buffer holds max_events * sizeof(Event) bytes, not up to twice that.
+  bool drop_locked() {
+    if (events.size() >= max_events) {
+      ++dropped;
+      return true;
+    }
+    if (events.size() == events.capacity())
+      events.reserve(std::min(max_events, std::max<size_t>(1024, 2 * events.size())));
+    return false;
+  }
 };
 State& state() {
   static State* s = new State;  // never destroyed: spans may end during static destruction
@@ -101,23 +114,46 @@ void clear() {
   State& s = state();
   std::lock_guard lock(s.mu);
   s.events.clear();
+  s.events.shrink_to_fit();  // a range's memory is given back when it is written
+  s.dropped = 0;
+}
+
+void set_max_events(size_t n) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  s.max_events = n;
+}
+
+bool full() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  return s.events.size() >= s.max_events;
+}
+
+size_t dropped_events() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  return s.dropped;
 }
 
 void complete(const char* name, const char* cat, int64_t t0, int64_t t1, Args args) {
   State& s = state();
   std::lock_guard lock(s.mu);
+  if (s.drop_locked()) return;
   s.events.push_back(Event{'X', tid_locked(s), name, {}, cat, t0, t1, std::move(args), {}});
 }
 
 void complete(std::string name, const char* cat, int64_t t0, int64_t t1, Args args) {
   State& s = state();
   std::lock_guard lock(s.mu);
+  if (s.drop_locked()) return;
   s.events.push_back(Event{'X', tid_locked(s), nullptr, std::move(name), cat, t0, t1, std::move(args), {}});
 }
 
 void complete_on(const char* lane, const char* name, const char* cat, int64_t t0, int64_t t1) {
   State& s = state();
   std::lock_guard lock(s.mu);
+  if (s.drop_locked()) return;
   int tid = -1;
   for (auto& [t, n] : s.threads)
     if (n == lane) tid = t;
@@ -132,6 +168,7 @@ void counter(const char* name, std::vector<std::pair<const char*, double>> value
   if (t < 0) t = now_ns();
   State& s = state();
   std::lock_guard lock(s.mu);
+  if (s.drop_locked()) return;
   s.events.push_back(Event{'C', tid_locked(s), name, {}, "memory", t, t, {}, std::move(values)});
 }
 
@@ -242,8 +279,17 @@ std::string json_string(const std::string& in) {
 bool write(const std::string& path, const std::string& metadata_json) {
   State& s = state();
   std::lock_guard lock(s.mu);
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return false;
+  // Written in pieces of about 1 MiB: a long range's text is never held whole beside its events.
+  bool ok = true;
   std::string o;
-  o.reserve(s.events.size() * 160 + 4096);
+  o.reserve((1 << 20) + 4096);
+  auto flush = [&](size_t at_least) {
+    if (o.size() < at_least) return;
+    ok = ok && std::fwrite(o.data(), 1, o.size(), f) == o.size();
+    o.clear();
+  };
   o += "{\"traceEvents\":[\n";
   const int pid = s.rank;
   // Metadata: the process (rank and host) and each thread's lane, ordered by rank.
@@ -268,13 +314,12 @@ bool write(const std::string& path, const std::string& metadata_json) {
       o += fmt::format(",\n{{\"name\":{},\"cat\":\"{}\",\"ph\":\"C\",\"ts\":{:.3f},\"pid\":{},\"tid\":{},\"args\":{{{}}}}}",
                        name, e.cat, ts_us(s, e.t0), pid, e.tid, vals);
     }
+    flush(1 << 20);
   }
   o += fmt::format("\n],\"displayTimeUnit\":\"ms\",\"metadata\":{{\"rank\":{},\"host\":{},\"clock_offset_ns\":{},"
                    "\"clock_sync_rtt_ns\":{},\"run\":{}}}}}\n",
                    s.rank, json_string(s.host), s.offset_ns, s.rtt_ns, metadata_json.empty() ? "{}" : metadata_json);
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) return false;
-  const bool ok = std::fwrite(o.data(), 1, o.size(), f) == o.size();
+  flush(0);
   return std::fclose(f) == 0 && ok;
 }
 

@@ -47,7 +47,13 @@ int64_t clock_offset_ns();
 // Starts and stops recording (events are kept until take/write).
 void start();
 void stop();
-void clear();
+void clear();  // the events and the count of dropped ones
+
+// The most events kept (profile.max_events): past it each new event is dropped and counted, so a long range holds
+// bounded memory. full(): the bound is reached.
+void set_max_events(size_t n);
+bool full();
+size_t dropped_events();
 
 // A complete event ("ph":"X") on this thread's lane. name and cat must outlive the run (literals) unless given
 // as a string.

@@ -251,11 +251,13 @@ struct LogConfig {
   }
 };
 
-// Traces and the slow rank: profile.steps [first, last] (1-based, inclusive; empty: no trace) written
-// to profile.dir as Chrome trace JSON per rank and merged; the slow-rank check runs every step.
+// Traces and the slow rank: profile.steps [first, last] (1-based global steps, inclusive; empty: no trace; a range
+// past training.steps is cut there, one starting past it is an error) written to profile.dir as Chrome trace JSON per
+// rank and merged; the slow-rank check runs every step.
 struct ProfileConfig {
   std::vector<int> steps;
   std::string dir;
+  int64_t max_events = 1000000;
   double straggler_threshold = 0.2;
   int straggler_steps = 5;
   template <class V> void visit(V& v) {
@@ -265,6 +267,10 @@ struct ProfileConfig {
       expect([](const std::vector<int>& s) { return s.empty() || (s.size() == 2 && s[0] >= 1 && s[1] >= s[0]); },
              "expected [first, last], 1-based steps with first <= last"));
     v("dir", dir, "where each rank writes trace_rank{R}.json and rank 0 the merged trace.json");
+    v("max_events", max_events,
+      "the most events a rank keeps of the range (each about 250 B of memory, 160 B of file): once a rank "
+      "holds this many the range ends after that step, said in the log",
+      at_least(1, "a number of events"));
     v("straggler_threshold", straggler_threshold,
       "a rank whose compute time per step is above its peers' median by more than this fraction is slow "
       "(0: no slow-rank check)",

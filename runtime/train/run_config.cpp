@@ -86,6 +86,13 @@ void Config::check() const {
          "parallel.fsdp.param_dtype = {} differs from training.dtype = {}: parameters are gathered in the "
          "dtype the model computes in; set training.dtype instead",
          parallel.fsdp.param_dtype, t.dtype);
+  // profile.steps counts global steps and training.steps is the last one of any run of this config, resumed or not.
+  const std::vector<int>& ps = profile.steps;
+  if (ps.size() == 2 && ps[0] > t.steps)
+    fail("config",
+         "profile.steps = [{}, {}] starts after training.steps = {}, the last step of this run (and of any resumed "
+         "from it): nothing would be traced",
+         ps[0], ps[1], t.steps);
   if (data.document_separator != -1 && (data.document_separator < 0 || data.document_separator >= m.vocab_size))
     fail("config", "data.document_separator = {}: expected a token id in [0, model.vocab_size = {}), or -1 (off)",
          data.document_separator, m.vocab_size);

@@ -37,6 +37,7 @@ AgreedControl agree_step_control(const StepControl& mine) {
     a.stop_signal = std::max(a.stop_signal, int(c.stop_signal));
     a.checkpoint_due = a.checkpoint_due || c.checkpoint_due != 0;
     a.writing = a.writing || c.writing != 0;
+    if (c.trace_full && a.trace_full_rank < 0) a.trace_full_rank = int(a.times.size());
     a.times.push_back({c.compute_s, c.wait_s, int(c.pp_coord)});
   }
   return a;

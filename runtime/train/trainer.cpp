@@ -57,6 +57,7 @@ struct Trainer::Loop {
   TextCodec codec;       // samples: the run's tokenizer (data.tokenizer or model.init_from's), else bytes
   StepProfiler profile;  // MT_PROFILE_KERNELS
   RunTrace trace;        // profile.steps: the Chrome trace
+  int trace_full_rank = -1;  // agreed after each step: a rank whose trace buffer is full (-1: none)
   bool memory_compared = false;
 };
 
@@ -69,6 +70,7 @@ struct Trainer::Timed {
 Trainer::Trainer(const Config& cfg, const MpiEnv& env) : cfg_(cfg), env_(env) {
   const auto& t = cfg.training;
   check_writers(cfg, env);
+  check_profile_dir(cfg, env);
   run_ = make_train_run(cfg, env);
   check_checkpoint_dir_writable(cfg.checkpoint.dir, env);
   gp_.load_s = resume_or_init(cfg, env, run_);
@@ -92,7 +94,10 @@ int Trainer::train() {
   if (cfg_.sample.interval > 0 && cfg_.sample.tokens > 0)
     run_agreed(env_, "the tokenizer (for samples)", [&] { codec = text_codec(cfg_); });
   loop_.reset(new Loop{std::move(codec), StepProfiler(run_, env_, *log_, cfg_.training.steps),
-                       RunTrace(cfg_, env_, run_)});
+                       RunTrace(cfg_, env_, run_, *log_)});
+  // The memory report (rank 0's `meshtrain estimate`) runs at the range's end, before the ranks agree that it is
+  // written and merged: the others wait for it there, not in the next collective.
+  loop_->trace.after_range = [this] { compare_memory(); };
   // The slow-rank check: every rank's compute and wait times travel with the per-step agreement.
   trace::g_timing = cfg_.profile.straggler_threshold > 0;
   stragglers_ = std::make_unique<StragglerCheck>(cfg_.profile.straggler_threshold, cfg_.profile.straggler_steps,
@@ -111,12 +116,10 @@ int Trainer::train() {
       loop_->trace.finish(*log_);
       break;
     }
-    loop_->trace.after_step(step, *log_);
-    compare_memory();
+    loop_->trace.after_step(step, loop_->trace_full_rank, *log_);
   }
   if (!stop) {
     loop_->trace.finish(*log_);
-    compare_memory();
     loop_->profile.report();
   }
   log_->record(gp_.record());
@@ -219,6 +222,7 @@ int Trainer::agree_and_checkpoint(int64_t step, const Timed& t, bool last) {
   mine.checkpoint_due = ckpt_->due_by_time(step + 1);
   mine.writing = ckpt_->writing();
   mine.pp_coord = run_.pd.pp_rank(run_.world_mesh);
+  mine.trace_full = loop_->trace.full();
   mine.compute_s = std::max(0.0, t.step_s - t.wait_s);
   mine.wait_s = t.wait_s;
   const AgreedControl agreed = agree_step_control(mine);
@@ -229,6 +233,7 @@ int Trainer::agree_and_checkpoint(int64_t step, const Timed& t, bool last) {
     if (!named.empty() && env_.rank() == 0) spdlog::warn("{}", named);
   }
   const int stop = agreed.stop_signal;
+  loop_->trace_full_rank = agreed.trace_full_rank;
   if (ckpt_->in_flight() && !agreed.writing) ckpt_->commit();
   if (ckpt_->due_by_steps(step + 1) || agreed.checkpoint_due || last || stop) ckpt_->save(step + 1, last || stop);
   return stop;

@@ -5,7 +5,10 @@
 # counters, that the pipeline actions come in the order of `meshtrain plan`'s schedule, and that the memory
 # track's peak equals the allocator's; `meshtrain trace merge` rebuilds trace.json; plot_trace.py draws a step;
 # a rank slowed on purpose (MT_FAULT_SLOW_RANK) is named within 10 steps with its host, and the spread is in the
-# metrics; bad profile keys are clear errors. Prints "trace: N passed, N failed" last.
+# metrics; bad profile keys are clear errors. On two ranks: a range against training.steps (an error, or cut and
+# said), a range ending at the last step and a SIGUSR1 inside one exiting 0 and 138 while a rank writes slowly
+# (MT_FAULT_SLOW_TRACE), profile.max_events, two runs in one directory and an unwritable profile.dir.
+# Prints "trace: N passed, N failed" last.
 #   tests/cli/test_trace.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: test_trace.sh BUILD_DIR}
@@ -99,4 +102,101 @@ expect "profile.steps without a range" nonzero "profile.steps = [3]: expected [f
 expect "profile.steps without profile.dir" nonzero "profile.dir is empty" -- \
   "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set 'profile.steps=[1, 2]' train
 
+# --- The range against the run, slow disks, the event bound, two runs in one directory, an unwritable dir ---
+# Two ranks (dp_shard 2), no evaluation or samples: a traced step is a few ms and about 400 events per rank.
+write_yaml "dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 96, vocab_size: 256, max_seq_len: 32" \
+  "steps: 5, batch_size: 8, seq_len: 32" "parallel: {dp_replicate: 1, dp_shard: 2}"
+sed -i 's/^eval: .*/eval: {interval: 0}/; s/^sample: .*/sample: {interval: 0}/' "$tmp/t.yaml"
+# steps_traced FILE: the "step" spans' numbers of a rank's trace file, and its metadata's range, on one line.
+steps_traced() {
+  "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); s=sorted(e["args"]["step"] for e in d["traceEvents"] if e.get("cat")=="step"); print(s[0], s[-1], len(s), d["metadata"]["run"]["steps"])' "$1"
+}
+# 1. A range the run never reaches is a config error naming it (training.steps is the last step of any run of this
+# config, resumed or not); one that ends after it traces and reports the steps it traced.
+expect "profile.steps after training.steps: a config error" nonzero \
+  "profile.steps = [50, 60] starts after training.steps = 5" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set 'profile.steps=[50, 60]' --set profile.dir="$tmp/r1" train
+if train past 2 --set 'profile.steps=[4, 100]' --set profile.dir="$tmp/r2" &&
+  grep -q "trace of steps 4 to 5: .* 2 ranks merged" "$tmp/past.log" &&
+  [ "$(steps_traced "$tmp/r2/trace_rank1.json")" = "4 5 2 [4, 5]" ]; then
+  ok "profile.steps [4, 100] of 5 steps: steps 4 to 5 traced, and said so"
+else bad "a range past the last step" "$(grep -a 'trace\|error' "$tmp/past.log" | tail -n 3)" \
+  "$(steps_traced "$tmp/r2/trace_rank1.json" 2>&1)"; fi
+# A resumed run (from step 5) traces the range's steps it runs, and says when the range is behind it.
+train first5 2 --set checkpoint.dir="$tmp/rck" >/dev/null
+if train behind 2 --set checkpoint.dir="$tmp/rck" --set training.steps=8 --set 'profile.steps=[2, 3]' \
+  --set profile.dir="$tmp/rb" && grep -q "profile.steps = \[2, 3\] ends before step 6, where this run resumes: nothing" \
+  "$tmp/behind.log" && [ ! -e "$tmp/rb/trace_rank0.json" ] &&
+  train inside 2 --set checkpoint.dir="$tmp/rck" --set training.steps=12 --set 'profile.steps=[4, 10]' \
+  --set profile.dir="$tmp/ri" && grep -q "trace of steps 9 to 10: .* 2 ranks merged" "$tmp/inside.log" &&
+  [ "$(steps_traced "$tmp/ri/trace_rank0.json")" = "9 10 2 [9, 10]" ]; then
+  ok "a resumed run: a range behind it said and not traced; one it enters traced from its first step"
+else bad "profile.steps on a resumed run" "$(grep -a 'trace\|resumed' "$tmp/behind.log" "$tmp/inside.log" | cut -c1-300)"; fi
+# 2. A range ending at the last step, while rank 0 writes and merges slowly (MT_FAULT_SLOW_TRACE: 45 us per event,
+# 2 s for the merge, longer than comm.timeout_s = 1.5): the run ends as an untraced one does, trace merged.
+slow=(--set training.steps=100 --set 'profile.steps=[1, 100]' --set comm.timeout_s=1.5)
+if MT_FAULT_SLOW_TRACE=0:45 train lastrange 2 "${slow[@]}" --set profile.dir="$tmp/r3" &&
+  grep -q "trace of steps 1 to 100: .* 2 ranks merged" "$tmp/lastrange.log"; then
+  ok "a range ending at the last step, rank 0 slow to write and merge: exit 0, trace merged"
+else bad "a range ending at the last step: exit 0" "$(grep -a 'trace\|timeout\|error' "$tmp/lastrange.log" | cut -c1-300 | tail -n 4)"; fi
+# SIGUSR1 inside the range: 138 as untraced, and the steps traced until the stop written and said.
+rm -f "$tmp/usr1.jsonl"
+MT_FAULT_SLOW_TRACE=0:45 timeout 300 "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.steps=100000 \
+  --set 'profile.steps=[1, 100000]' --set comm.timeout_s=1.5 --set profile.dir="$tmp/r4" \
+  --set log.metrics_file="$tmp/usr1.jsonl" train >"$tmp/usr1.log" 2>&1 &
+usr1_job=$!
+for _ in $(seq 1 600); do
+  [ -f "$tmp/usr1.jsonl" ] && [ "$(grep -c '"loss"' "$tmp/usr1.jsonl")" -ge 100 ] && break
+  sleep 0.1
+done
+pkill -USR1 -f -- "^$mt .*log.metrics_file=$tmp/usr1.jsonl" 2>/dev/null
+wait $usr1_job
+usr1_rc=$?
+usr1_step=$(sed -n 's/.*stopped after step \([0-9]*\).*/\1/p' "$tmp/usr1.log" | head -n 1)
+if [ $usr1_rc -eq 138 ] && [ -n "$usr1_step" ] && grep -q "trace of steps 1 to $usr1_step: .* 2 ranks merged" "$tmp/usr1.log"; then
+  ok "SIGUSR1 inside the range: exit 138, steps 1 to $usr1_step traced and merged"
+else bad "SIGUSR1 inside the range: exit 138" "exit $usr1_rc" "$(grep -a 'trace\|timeout\|signal' "$tmp/usr1.log" | cut -c1-300 | tail -n 4)"; fi
+# 3. A rank slow to write (rank 1: 2 s, past comm.timeout_s) does not time out its peers: the agreement's wait
+# grows with the largest trace.
+if MT_FAULT_SLOW_TRACE=1:45 train slowwrite 2 "${slow[@]}" --set training.steps=202 --set 'profile.steps=[1, 200]' \
+  --set profile.dir="$tmp/r5" && grep -q "trace of steps 1 to 200: .* 2 ranks merged" "$tmp/slowwrite.log"; then
+  ok "rank 1 slow to write its trace: no timeout, the run goes on and ends"
+else bad "rank 1 slow to write its trace" "$(grep -a 'trace\|timeout\|error' "$tmp/slowwrite.log" | cut -c1-300 | tail -n 4)"; fi
+# profile.max_events bounds each rank's buffer: the range ends at the step where a rank reached it, said once.
+if train bounded 2 --set training.steps=40 --set 'profile.steps=[1, 40]' --set profile.max_events=3000 \
+  --set profile.dir="$tmp/r6" && [ "$(grep -c "reached profile.max_events = 3000" "$tmp/bounded.log")" = 1 ] &&
+  last=$(sed -n 's/.*trace of steps 1 to \([0-9]*\): .* 2 ranks merged.*/\1/p' "$tmp/bounded.log") &&
+  [ -n "$last" ] && [ "$last" -lt 40 ] && "$py" - "$tmp/r6" "$last" <<'PY'; then
+import json, sys
+for r in (0, 1):
+    d = json.load(open(f"{sys.argv[1]}/trace_rank{r}.json"))
+    ev = [e for e in d["traceEvents"] if e["ph"] != "M"]
+    assert len(ev) <= 3000, (r, len(ev))
+    assert d["metadata"]["run"]["steps"] == [1, int(sys.argv[2])], d["metadata"]["run"]["steps"]
+PY
+  ok "profile.max_events = 3000: the range ends at step $last, said once, at most 3000 events a rank"
+else bad "profile.max_events" "$(grep -a 'trace\|max_events\|error' "$tmp/bounded.log" | cut -c1-300 | tail -n 4)"; fi
+# 4. Two runs in one directory: the second run (2 ranks, after one of 4) merges its own files only; `trace merge`
+# refuses the mixed directory, and one that lacks ranks, naming what is wrong.
+train mix4 4 --set parallel.dp_shard=4 --set 'profile.steps=[2, 3]' --set profile.dir="$tmp/mix" >/dev/null
+mkdir -p "$tmp/gap"
+cp "$tmp/mix/trace_rank0.json" "$tmp/mix/trace_rank3.json" "$tmp/gap/"
+if train mix2 2 --set 'profile.steps=[2, 3]' --set profile.dir="$tmp/mix" &&
+  grep -q "trace of steps 2 to 3: .* 2 ranks merged into .*, 2 file(s) of another run beside them left out" \
+    "$tmp/mix2.log" &&
+  [ "$("$py" -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["metadata"]["ranks"]))' "$tmp/mix/trace.json")" = 2 ]; then
+  ok "a run merges its own rank files only, beside another run's in profile.dir"
+else bad "a run merges its own rank files only" "$(grep -a 'trace of' "$tmp/mix2.log" "$tmp/mix4.log")"; fi
+expect "trace merge of two runs' files: an error naming them" nonzero "trace files of 2 runs" -- "$mt" trace merge "$tmp/mix"
+expect "trace merge of ranks 0 and 3 of 4: an error naming the missing ones" nonzero "ranks 1, 2 missing" -- \
+  "$mt" trace merge "$tmp/gap"
+# 5. An unwritable profile.dir: one error line, before the model is set up.
+touch "$tmp/afile"
+"$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set 'profile.steps=[1, 2]' --set profile.dir="$tmp/afile/tr" train \
+  >"$tmp/nodir.log" 2>&1
+nodir_rc=$?
+if [ $nodir_rc -ne 0 ] && [ "$(grep -ac "profile.dir = $tmp/afile/tr" "$tmp/nodir.log")" = 1 ] &&
+  ! grep -aq "model state on rank" "$tmp/nodir.log"; then
+  ok "an unwritable profile.dir: one error line, before set-up"
+else bad "an unwritable profile.dir" "exit $nodir_rc" "$(grep -a 'profile.dir\|model state' "$tmp/nodir.log" | cut -c1-300)"; fi
 summary trace
