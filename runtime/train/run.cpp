@@ -139,7 +139,7 @@ void set_up_run(TrainRun& run, const MpiEnv& env, bool with_data, double memory)
 
 }  // namespace
 
-TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
+TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data, bool init_later) {
   TrainRun run;
   run.config = cfg;
   // The memory of the job's tightest rank, agreed first: the model's size is checked against it before anything
@@ -148,6 +148,7 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   if (env.size() > 1) memory = world::all_reduce(memory, ReduceOp::min, "the ranks' memory before the model");
   set_up_run(run, env, with_data, memory);
 
+  run.init_later = init_later;
   auto meshes = run.pd.make_meshes({.device = run.device, .backend = cfg.comm.backend});
   run.mesh = meshes.stage;
   run.world_mesh = meshes.world;

@@ -71,7 +71,8 @@ struct Trainer::Timed {
 Trainer::Trainer(const Config& cfg, const MpiEnv& env) : cfg_(cfg), env_(env) {
   const auto& t = cfg.training;
   check_writers(cfg, env);
-  run_ = make_train_run(cfg, env);
+  // A run that may resume leaves the random init for resume_or_init: drawn only when no checkpoint is loaded.
+  run_ = make_train_run(cfg, env, true, !cfg.checkpoint.dir.empty() && cfg.checkpoint.resume != "never");
   check_checkpoint_dir_writable(cfg.checkpoint.dir, env);
   gp_.load_s = resume_or_init(cfg, env, run_);
   startup::mark("load");

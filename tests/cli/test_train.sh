@@ -3,7 +3,7 @@
 #  - parallelism invariance: dp_replicate = 2 and 4, and micro-batching, give the losses of 1 rank;
 #  - the PyTorch reference (scripts/reference/llama_ref.py) on the same weights and data:
 #    step 0 within 1e-5 relative, 10 AdamW steps within 1e-4 absolute (untied and tied);
-#  - resume from a checkpoint is bit-identical; on another mesh within tolerance;
+#  - resume from a checkpoint is bit-identical (the random init not drawn); on another mesh within tolerance;
 #  - a rank killed while writing a checkpoint leaves the previous one, and resume: auto uses it;
 #  - the CPU GEMM peak kept per machine (log.peak_cache: written, used, a corrupt or foreign file probed again),
 #    and the set-up timeline (one line, one "setup" record whose parts add up);
@@ -100,6 +100,12 @@ train resumed 1 --set checkpoint.resume="$tmp/base.ckpt/step_00000010" &&
   check "resume at step 10 is bit-identical" -- "$py" "$compare" "$tmp/resumed.jsonl" "$tmp/base.jsonl" --exact --from-step 10 --steps 10 ||
   bad "resume run" "$(tail -n 20 "$tmp/resumed.log")"
 expect "resume is announced" zero "resumed from $tmp/base.ckpt/step_00000010 at step 10" -- cat "$tmp/resumed.log"
+# A run that may resume allocates its parameters undrawn: the checkpoint's values replace them, or (nothing to load,
+# as in base) the random init is drawn then, the same bits as a run that never resumes draws at creation.
+expect "resume: no random init drawn, the checkpoint loads every parameter" zero "at step 10 (no random init drawn: the checkpoint loaded every parameter)" -- cat "$tmp/resumed.log"
+train never 1 --set checkpoint.resume=never &&
+  check "the random init drawn after the search for a checkpoint equals the one drawn at creation" -- "$py" "$compare" "$tmp/base.jsonl" "$tmp/never.jsonl" --exact --steps 20 ||
+  bad "resume: never run" "$(tail -n 20 "$tmp/never.log")"
 
 # --- Set-up: the CPU GEMM peak kept per machine, the set-up timeline ---
 # pk NAME NP [--set ...]: a 2-rank resume at step 10 and one step, the peak kept in $tmp/peak; its launch's wall
