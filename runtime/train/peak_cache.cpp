@@ -125,6 +125,8 @@ CpuPeak cpu_peak_for_run(const std::string& peak_cache, const MpiEnv& env) {
     const double probe_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     p.source = "probed";
     p.line = fmt::format("probed in {:.2f} s", probe_s);
+    if (dir.empty() && peak_cache != "off")
+      p.line += " (log.peak_cache: auto, but no $XDG_CACHE_HOME or $HOME: not kept)";
     if (env.rank() == 0 && !path.empty()) {
       const std::string why = write_cached(dir, path, key, p.flops, probe_s);
       if (why.empty()) p.line += fmt::format(", kept in {}", path);

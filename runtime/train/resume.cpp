@@ -161,7 +161,10 @@ double resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
   run.resumed_from = resume_from;
   // make_train_run's init_later: the checkpoint loaded every parameter (load_checkpoint refuses one it lacks), or
   // the random init is drawn now, the same bits as at creation.
-  for (Parameter* p : run.params) resume_from.empty() ? void(draw_init(*p)) : forget_init(*p);
+  for (Parameter* p : run.params) {
+    if (resume_from.empty()) draw_init(*p);
+    else forget_init(*p);
+  }
   if (!resume_from.empty()) {
     if (env.rank() == 0)
       spdlog::info("resumed from {} at step {}{}", resume_from, run.start_step,

@@ -35,9 +35,9 @@ std::string RunGoodput::line() const {
 }
 
 SetupTimeline setup_timeline(int64_t start_step, const std::string& peak) {
-  static const std::map<std::string, std::string> labels = {
-      {"exec", "exec and loading"}, {"mpi", "MPI start-up"},  {"config", "config"},
-      {"mesh", "mesh and groups"},  {"model", "model built"},  {"load", start_step > 0 ? "checkpoint loaded" : "init"},
+  const std::map<std::string, std::string> labels = {
+      {"exec", "exec and loading"}, {"mpi", "MPI start-up"}, {"config", "config"}, {"mesh", "mesh and groups"},
+      {"model", "model built"},     {"load", start_step > 0 ? "checkpoint loaded" : "init"},
       {"peak", "GEMM peak"},        {"report", "set-up report"}, {"first_step", "first step"}};
   nlohmann::json parts = nlohmann::json::array();
   std::vector<std::string> shown;

@@ -32,7 +32,8 @@ struct Built {
   int64_t peak = 0;  // host bytes allocated at the peak of creation, above the start
 };
 
-Built build(const ParallelDims& pd, const DeviceMesh& mesh, bool deferred, DType dtype, bool draw_later = false) {
+Built build(const ParallelDims& pd, const DeviceMesh& mesh, bool deferred, DType dtype,
+            bool draw_later = false) {
   ParamFactory f;
   f.mesh = mesh, f.dtype = dtype, f.seed = 11, f.init_std = 0.02, f.deferred = deferred, f.draw_later = draw_later;
   ParallelConfig p;
@@ -97,7 +98,8 @@ TEST_CASE("sharded creation drawn later: zeros until draw_init, then the same bi
     ParallelDims pd = ParallelDims::from_sizes(sizes);
     INFO(pd.describe(), ", ", dtype_name(dt));
     DeviceMesh mesh = pd.make_mesh();
-    Built now = build(pd, mesh, true, dt), later = build(pd, mesh, true, dt, true), dropped = build(pd, mesh, true, dt, true);
+    Built now = build(pd, mesh, true, dt), later = build(pd, mesh, true, dt, true);
+    Built dropped = build(pd, mesh, true, dt, true);
     auto a = now.model->parameters(), b = later.model->parameters(), c = dropped.model->parameters();
     REQUIRE(a.size() == b.size());
     int drawn_nonzero = 0;
