@@ -11,6 +11,7 @@
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fault.h"
+#include "runtime/core/startup.h"
 #include "runtime/core/stream.h"
 
 namespace mt {
@@ -60,7 +61,7 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
   MPI_Comm_free(&node);
   local_rank_ = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("SLURM_LOCALID", node_rank));
   local_size_ = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("SLURM_NTASKS_PER_NODE", node_size));
-
+  startup::mark("mpi");
   (void)provided;
 }
 

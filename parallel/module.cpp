@@ -22,7 +22,25 @@ struct DeferredInit : ParamState {
   double std = 0;
   DType master = DType::f32, compute = DType::f32;
   Device device = Device::cpu();
+  bool draw_later = false;
 };
+
+// A parameter allocated without its draw (ParamFactory::draw_later): what the draw needs, until drawn or loaded.
+struct UndrawnInit : ParamState {
+  DeferredInit init;
+};
+
+// Only this rank's elements of p, drawn by their global index: the bits of the whole parameter's part.
+Tensor draw_local(const Parameter& p, const DeferredInit& init) {
+  return make_local(p.value.spec, p.value.mesh.coordinate(), init.init == "normal" ? "randn" : init.init, init.master,
+                    RandomKey{init.seed, p.name}, 0, 0.0, init.std);
+}
+
+template <class S> void erase_state(Parameter& p) {
+  p.states.erase(std::remove_if(p.states.begin(), p.states.end(),
+                                [](const std::shared_ptr<ParamState>& s) { return dynamic_cast<S*>(s.get()); }),
+                 p.states.end());
+}
 
 // The gradient and the compute copy of a parameter whose value was just allocated.
 void finish_param(Parameter& p, DType compute) {
@@ -139,6 +157,7 @@ std::unique_ptr<Parameter> ParamFactory::make(const std::string& name, const Sha
     p->grad = p->value;
     auto d = std::make_shared<DeferredInit>();
     d->init = init, d->seed = seed, d->std = init_std, d->master = master, d->compute = dtype, d->device = device;
+    d->draw_later = draw_later;
     p->states.push_back(d);
     return p;
   }
@@ -161,15 +180,30 @@ void materialize(Parameter& p) {
   const DeferredInit* d = p.state<DeferredInit>();
   if (!d) return;
   const DeferredInit init = *d;
-  p.states.erase(std::remove_if(p.states.begin(), p.states.end(),
-                                [](const std::shared_ptr<ParamState>& s) { return dynamic_cast<DeferredInit*>(s.get()); }),
-                 p.states.end());
-  // Only this rank's elements, drawn by their global index: the bits of the whole parameter's part.
-  Tensor local = make_local(p.value.spec, p.value.mesh.coordinate(), init.init == "normal" ? "randn" : init.init,
-                            init.master, RandomKey{init.seed, p.name}, 0, 0.0, init.std);
-  p.value.local = init.device.is_cuda() ? local.to(init.device) : local;
+  erase_state<DeferredInit>(p);
+  if (init.draw_later) {
+    p.value.local = zeros(p.value.spec.local_shape(p.value.mesh.coordinate()), init.master, init.device);
+    auto u = std::make_shared<UndrawnInit>();
+    u->init = init;
+    p.states.push_back(u);
+  } else {
+    const Tensor local = draw_local(p, init);
+    p.value.local = init.device.is_cuda() ? local.to(init.device) : local;
+  }
   finish_param(p, init.compute);
 }
+
+bool draw_init(Parameter& p) {
+  const UndrawnInit* u = p.state<UndrawnInit>();
+  if (!u) return false;
+  const Tensor local = draw_local(p, u->init);
+  erase_state<UndrawnInit>(p);
+  copy_(p.value.local, p.value.local.device().is_cuda() ? local.to(p.value.local.device()) : local);
+  refresh_compute_copy(p);
+  return true;
+}
+
+void forget_init(Parameter& p) { erase_state<UndrawnInit>(p); }
 
 const Tensor& Parameter::compute_local() const {
   for (auto it = states.rbegin(); it != states.rend(); ++it)

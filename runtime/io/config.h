@@ -238,6 +238,7 @@ struct LogConfig {
   int interval = 10;
   std::string metrics_file;
   std::string progress = "auto";
+  std::string peak_cache = "auto";
   template <class V> void visit(V& v) {
     v("level", level, "'' | trace | debug | info | warn | error | off",
       one_of({"", "trace", "debug", "info", "warn", "error", "off"}));
@@ -248,6 +249,10 @@ struct LogConfig {
       "auto | on | off: the redrawn progress bar on rank 0's stdout (auto: only when that "
       "reaches a person's terminal, never a file or a batch log)",
       one_of({"auto", "on", "off"}));
+    v("peak_cache", peak_cache,
+      "auto | off | a folder: where the CPU GEMM peak MFU is measured against is kept per machine (auto: "
+      "$XDG_CACHE_HOME/meshtrain, else ~/.cache/meshtrain; off: probed at every start)",
+      non_empty("a folder, auto or off"));
   }
 };
 

@@ -60,7 +60,8 @@ struct StageEstimate {
 // cluster file's rank_floor_mb (`estimate --calibrate`) replaces it.
 inline constexpr double kDefaultRankFloorMib = 18.3;
 // What `train` adds to an idle rank before its tensors, on CPU ranks: cpu_peak_flops' GEMM probe (three 768^2
-// f32 matrices left in the allocator's cache), the data loader and tokenizer, Eigen's and OpenMP's buffers;
+// f32 matrices left in the allocator's cache; 6.75 MiB fewer when the peak is read from log.peak_cache's file,
+// runtime/train/peak_cache.h, so this errs high then), the data loader and tokenizer, Eigen's and OpenMP's buffers;
 // measured here (one thread per rank) as train's RSS less an idle rank's less the tensors, on
 // tests/cli/test_estimate_sweep.sh's configurations of under 10 MiB of tensors: 18.8 to 21.1 MiB.
 inline constexpr double kTrainSetupMib = 19.5;

@@ -50,9 +50,13 @@ double gemm_peak_flops(DType dt, int64_t n, int reps) {
   return best;
 }
 
+double probe_cpu_peak_flops() {
+  return gemm_peak_flops(DType::f32, 768, 7);  // the best of 7: shared machines are noisy
+}
+
 double cpu_peak_flops() {
   static double peak = [] {
-    const double best = gemm_peak_flops(DType::f32, 768, 7);  // the best of 7: shared machines are noisy
+    const double best = probe_cpu_peak_flops();
     MT_LOG_INFO("CPU kernels: {} (widest supported: {}); f32 GEMM peak {:.1f} GFLOP/s on {} threads (768^3)",
                 cpu_isa_name(cpu_isa()), cpu_isa_name(cpu_isa_supported()), best / 1e9, cpu_threads());
     return best;

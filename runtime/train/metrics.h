@@ -62,8 +62,11 @@ class MetricsLogger {
 // Whether rank 0 draws the progress bar: on / off as said; auto when stdout reaches a person's terminal
 // (reaches_terminal in runtime/core/log.h: not when mpirun copies a rank's pty into a file or a batch log).
 bool progress_bar_wanted(const std::string& mode);
-// Dense GEMM peak of this process's CPU threads in FLOP/s (f32, measured once, cached).
+// Dense GEMM peak of this process's CPU threads in FLOP/s (f32, measured once, cached for the process, logged).
+// `meshtrain train` keeps it per machine instead (peak_cache.h).
 double cpu_peak_flops();
+// The same measurement, each call afresh, unlogged.
+double probe_cpu_peak_flops();
 // The same measurement in any dtype: the best of `reps` n^3 GEMMs after a warm-up (matmul_forward, the kernels
 // the training step runs), in FLOP/s. Not cached (calibration measures bf16 with it).
 double gemm_peak_flops(DType dt, int64_t n, int reps);

@@ -159,8 +159,16 @@ double resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
     }
   }
   run.resumed_from = resume_from;
+  // make_train_run's init_later: the checkpoint loaded every parameter (load_checkpoint refuses one it lacks), or
+  // the random init is drawn now, the same bits as at creation.
+  for (Parameter* p : run.params) {
+    if (resume_from.empty()) draw_init(*p);
+    else forget_init(*p);
+  }
   if (!resume_from.empty()) {
-    if (env.rank() == 0) spdlog::info("resumed from {} at step {}", resume_from, run.start_step);
+    if (env.rank() == 0)
+      spdlog::info("resumed from {} at step {}{}", resume_from, run.start_step,
+                   run.init_later ? " (no random init drawn: the checkpoint loaded every parameter)" : "");
   } else if (!cfg.model.init_from.empty()) {
     run_agreed(env, "loading model.init_from", [&] { load_hf_weights(cfg.model.init_from, *run.model); });
     if (env.rank() == 0) spdlog::info("initialised from {}", cfg.model.init_from);

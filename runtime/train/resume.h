@@ -9,7 +9,8 @@
 
 namespace mt {
 
-// Collective. Sets run.start_step and run.resumed_from; returns the seconds spent verifying and loading.
+// Collective. Sets run.start_step and run.resumed_from; draws the random init make_train_run left (init_later) when
+// no checkpoint is loaded; returns the seconds spent verifying and loading (or drawing).
 double resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run);
 
 // checkpoint.dir takes files (rank 0 tries; every rank gets its answer and stops with the same message), and a

@@ -10,6 +10,7 @@
 #include "parallel/loss_parallel.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/log.h"
+#include "runtime/core/startup.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/train/agree.h"
 #include "runtime/train/run_context.h"
@@ -138,7 +139,7 @@ void set_up_run(TrainRun& run, const MpiEnv& env, bool with_data, double memory)
 
 }  // namespace
 
-TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
+TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data, bool init_later) {
   TrainRun run;
   run.config = cfg;
   // The memory of the job's tightest rank, agreed first: the model's size is checked against it before anything
@@ -147,9 +148,11 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   if (env.size() > 1) memory = world::all_reduce(memory, ReduceOp::min, "the ranks' memory before the model");
   set_up_run(run, env, with_data, memory);
 
+  run.init_later = init_later;
   auto meshes = run.pd.make_meshes({.device = run.device, .backend = cfg.comm.backend});
   run.mesh = meshes.stage;
   run.world_mesh = meshes.world;
+  startup::mark("mesh");  // the checks, the data files and the mesh's groups
   run.dp_rank = run.pd.dp_rank(run.mesh);
   run.shard = cp_shard(run.pd.cp_load_balance, cfg.training.seq_len, run.pd.cp_ring(), run.pd.cp_ring_rank(run.mesh),
                        run.pd.cp_ulysses(), run.pd.cp_ulysses_rank(run.mesh));
@@ -167,6 +170,7 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data) {
   run.create_peak_bytes = allocator_stats(Device::cpu()).peak_allocated_bytes - before_model;
   // Creation made nothing whole (sharded creation); hand any temporaries' cached blocks back.
   empty_cache(Device::cpu());
+  startup::mark("model");  // built, parallelized, its optimizer
   return run;
 }
 

@@ -36,8 +36,9 @@ struct TrainRun : RunShape, Stage {
 };
 
 // Builds everything on every rank; config problems are errors before any collective other than agreeing on the
-// ranks' memory and building the mesh. with_data = false skips the data (generate, logits, plan).
-TrainRun make_train_run(const Config& config, const MpiEnv& env, bool with_data = true);
+// ranks' memory and building the mesh. with_data = false skips the data (generate, logits, plan). init_later: the
+// parameters are allocated without their random init, which the caller must then draw or load (resume_or_init).
+TrainRun make_train_run(const Config& config, const MpiEnv& env, bool with_data = true, bool init_later = false);
 
 // This rank's part of rows [r, r + micro) of a batch: its tokens of each sequence (all of them without cp) on
 // the run's device, and where their documents start (host; undefined without data.document_separator).

@@ -9,6 +9,7 @@
 #include "comm/watchdog.h"
 #include "comm/world.h"
 #include "runtime/core/device.h"
+#include "runtime/core/startup.h"
 #include "runtime/train/agree.h"
 
 namespace mt {
@@ -46,6 +47,7 @@ Config load_and_agree_config(const MpiEnv& env, const GlobalOptions& opts) {
            "ranks {} read a different config than rank 0 (hash {:016x} vs {:016x}): is the file the same on every "
            "node, and are the --set overrides the same on every rank?",
            differ, all[0], h);
+  startup::mark("config");
   return c;
 }
 

@@ -3,25 +3,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <map>
 
 #include "runtime/core/allocator.h"
 #include "runtime/core/kernel_profile.h"
 #include "runtime/core/log.h"
+#include "runtime/core/startup.h"
 #include "runtime/kernels/ops.h"
 
 namespace mt {
 
-namespace {
-// The process's start (static initialisation, before main).
-const auto g_process_start = std::chrono::steady_clock::now();
-}  // namespace
-
-double seconds_since_process_start() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - g_process_start).count();
-}
-
 nlohmann::json RunGoodput::record() const {
-  const double wall = seconds_since_process_start();
+  const double wall = startup::seconds_since_process_start();
   const double other = std::max(0.0, wall - setup_s - steps_s - checkpoint_s - eval_s);
   return {{"event", "goodput"}, {"scope", "run"},      {"wall_s", wall},       {"productive_s", steps_s},
           {"checkpoint_s", checkpoint_s}, {"eval_s", eval_s}, {"setup_s", setup_s}, {"load_s", load_s},
@@ -39,6 +32,29 @@ std::string RunGoodput::line() const {
                      "set-up and loading {}, other {}",
                      100 * r["goodput"].get<double>(), wall, part("productive_s"), part("checkpoint_s"),
                      part("eval_s"), part("setup_s"), part("other_s"));
+}
+
+SetupTimeline setup_timeline(int64_t start_step, const std::string& peak) {
+  const std::map<std::string, std::string> labels = {
+      {"exec", "exec and loading"}, {"mpi", "MPI start-up"}, {"config", "config"}, {"mesh", "mesh and groups"},
+      {"model", "model built"},     {"load", start_step > 0 ? "checkpoint loaded" : "init"},
+      {"peak", "GEMM peak"},        {"report", "set-up report"}, {"first_step", "first step"}};
+  nlohmann::json parts = nlohmann::json::array();
+  std::vector<std::string> shown;
+  double before = 0;
+  for (const auto& [part, end] : startup::marks()) {
+    parts.push_back({{"part", part}, {"s", end - before}});
+    const auto label = labels.find(part);
+    shown.push_back(fmt::format("{} {:.2f}{}", label == labels.end() ? part : label->second, end - before,
+                                part == "peak" ? " (" + peak + ")" : ""));
+    before = end;
+  }
+  SetupTimeline t;
+  t.record = {{"event", "setup"}, {"time", unix_time_s()}, {"start_step", start_step}, {"total_s", before},
+              {"parts", parts},   {"peak", peak}};
+  t.line = fmt::format("set-up {:.2f} s from the process's start to the first step done: {} (s)", before,
+                       fmt::join(shown, ", "));
+  return t;
 }
 
 std::string printable(const std::string& s) {

@@ -13,9 +13,6 @@
 
 namespace mt {
 
-// Seconds since the process started (static initialisation, before main): set-up is counted from there.
-double seconds_since_process_start();
-
 // Where this process's wall time went (rank 0's clock): set-up and loading before the first step, the steps, the
 // time the loop was held by checkpoints, evaluation and samples; the rest is "other" (the per-step agreement,
 // metrics). A supervisor adds up its attempts' (runtime/supervise).
@@ -24,6 +21,17 @@ struct RunGoodput {
   nlohmann::json record() const;  // {"event": "goodput", "scope": "run", ...}
   std::string line() const;
 };
+
+// The launch's set-up, from the process's start to the first step done, by part (runtime/core/startup.h's marks:
+// exec and loading, MPI start-up, the config, the mesh and its groups, the model, the checkpoint load or init, the
+// CPU GEMM peak, the set-up report, the first step): one line for the log, and the metrics record
+// {"event": "setup", "time", "start_step", "total_s", "parts": [{"part", "s"}, ...] in order, "peak"} whose parts
+// add up to total_s. peak: where the MFU's peak came from ("probed", "cached", "device").
+struct SetupTimeline {
+  nlohmann::json record;
+  std::string line;
+};
+SetupTimeline setup_timeline(int64_t start_step, const std::string& peak);
 
 // What the run is, printed by rank 0 once it is built and loaded: the model, the mesh, the data, the gradient
 // sync, the executor, the model state against the count its layouts give, mixed precision, resident memory.

@@ -45,6 +45,7 @@ Stage assemble_stage(const Config& cfg, const RunShape& shape, const DeviceMesh&
   const ModelFamily& family = family_of(cfg.model);
   ParamFactory f{mesh, shape.dtype, device, uint64_t(t.seed), cfg.model.init_std};
   f.deferred = true;  // sharded creation: each rank allocates and draws only its part, after the plan
+  f.draw_later = shape.init_later;
   st.model = family.build(cfg.model, f);
   // Pipeline parallel: the other stages' modules are dropped before any parameter has storage.
   if (shape.pd.pp_size() > 1)

@@ -27,6 +27,9 @@ struct RunShape {
   PipelineState pipeline;           // the schedule and stage split (parallel.pp > 1); nothing else is set here
   DType dtype = DType::f32;         // training.dtype on the run's device
   DType reduce_dtype = DType::f32;  // the dtype gradients are reduced in
+  // The parameters allocated undrawn, their random init left for resume_or_init to draw unless a checkpoint
+  // loads every one (make_train_run's init_later: the trainer's, when it may resume).
+  bool init_later = false;
   int64_t micro_batches() const { return rows / micro; }
 };
 

@@ -12,11 +12,13 @@
 #include "runtime/core/allocator.h"
 #include "runtime/core/kernel_profile.h"
 #include "runtime/core/log.h"
+#include "runtime/core/startup.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/trace.h"
 #include "runtime/train/agree.h"
 #include "runtime/train/checkpointer.h"
 #include "runtime/train/generate.h"
+#include "runtime/train/peak_cache.h"
 #include "runtime/train/resume.h"
 #include "runtime/train/step.h"
 #include "runtime/train/step_control.h"
@@ -71,19 +73,29 @@ Trainer::Trainer(const Config& cfg, const MpiEnv& env) : cfg_(cfg), env_(env) {
   const auto& t = cfg.training;
   check_writers(cfg, env);
   check_profile_dir(cfg, env);
-  run_ = make_train_run(cfg, env);
+  // A run that may resume leaves the random init for resume_or_init: drawn only when no checkpoint is loaded.
+  run_ = make_train_run(cfg, env, true, !cfg.checkpoint.dir.empty() && cfg.checkpoint.resume != "never");
   check_checkpoint_dir_writable(cfg.checkpoint.dir, env);
   gp_.load_s = resume_or_init(cfg, env, run_);
+  startup::mark("load");
   const double flops_per_token = family_of(cfg.model).flops_per_token(cfg.model, t.seq_len);
-  const double peak = run_.device.is_cuda() ? 989e12 : cpu_peak_flops();
+  // A GPU's: the H200's dense bf16 peak; a CPU's: the GEMM probe's, kept per machine.
+  double peak = 989e12;
+  peak_source_ = "device";
+  if (!run_.device.is_cuda()) {
+    const CpuPeak cpu = cpu_peak_for_run(cfg.log.peak_cache, env);
+    peak = cpu.flops, peak_source_ = cpu.source;
+  }
+  startup::mark("peak");
   log_setup(cfg, env, run_, flops_per_token, peak);
   log_ = std::make_unique<MetricsLogger>(env.rank(), env.size(), cfg.log.metrics_file, t.steps, cfg.log.interval,
                                          flops_per_token, peak, run_.device, cfg.log.progress);
-  gp_.setup_s = seconds_since_process_start();
+  gp_.setup_s = startup::seconds_since_process_start();
   log_->record({{"event", "start"}, {"time", unix_time_s()}, {"pid", int64_t(::getpid())},
                 {"start_step", run_.start_step}, {"setup_s", gp_.setup_s}, {"load_s", gp_.load_s},
                 {"world", env.size()},
                 {"resumed_from", run_.resumed_from.empty() ? nlohmann::json() : nlohmann::json(run_.resumed_from)}});
+  startup::mark("report");
 }
 
 Trainer::~Trainer() = default;
@@ -105,6 +117,12 @@ int Trainer::train() {
   int stop = 0;
   for (int64_t step = run_.start_step; step < cfg_.training.steps; ++step) {
     const Timed t = timed_step(step);
+    if (step == run_.start_step) {  // the set-up, printed and recorded once, now that its end is known
+      startup::mark("first_step");
+      const SetupTimeline setup = setup_timeline(run_.start_step, peak_source_);
+      log_->note(setup.line);
+      log_->record(setup.record);
+    }
     const bool last = step + 1 == cfg_.training.steps;
     evaluate_and_sample(step, last);
     stop = agree_and_checkpoint(step, t, last);

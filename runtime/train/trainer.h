@@ -51,6 +51,7 @@ class Trainer {
   std::unique_ptr<Checkpointer> ckpt_;
   std::unique_ptr<StragglerCheck> stragglers_;
   std::unique_ptr<Loop> loop_;
+  std::string peak_source_;  // where the MFU's peak came from: device, probed or cached (the set-up record)
   int64_t skipped_ = 0, skipped_in_a_row_ = 0;  // non-finite steps (not applied): in all, and the current run of them
 };
 

@@ -3,8 +3,10 @@
 #  - parallelism invariance: dp_replicate = 2 and 4, and micro-batching, give the losses of 1 rank;
 #  - the PyTorch reference (scripts/reference/llama_ref.py) on the same weights and data:
 #    step 0 within 1e-5 relative, 10 AdamW steps within 1e-4 absolute (untied and tied);
-#  - resume from a checkpoint is bit-identical; on another mesh within tolerance;
+#  - resume from a checkpoint is bit-identical (the random init not drawn); on another mesh within tolerance;
 #  - a rank killed while writing a checkpoint leaves the previous one, and resume: auto uses it;
+#  - the CPU GEMM peak kept per machine (log.peak_cache: written, used, a corrupt or foreign file probed again),
+#    and the set-up timeline (one line, one "setup" record whose parts add up);
 #  - every kind of bad data, checkpoint, config.json (unknown RoPE scaling or model_type, Llama's attention
 #    biases, activation) and config input gives its message; config.json's architecture is read (RoPE scaling in
 #    both spellings) and the YAML's model keys must agree with it; logits of a checkpoint and of a Hugging Face directory, and their bad input.
@@ -98,6 +100,92 @@ train resumed 1 --set checkpoint.resume="$tmp/base.ckpt/step_00000010" &&
   check "resume at step 10 is bit-identical" -- "$py" "$compare" "$tmp/resumed.jsonl" "$tmp/base.jsonl" --exact --from-step 10 --steps 10 ||
   bad "resume run" "$(tail -n 20 "$tmp/resumed.log")"
 expect "resume is announced" zero "resumed from $tmp/base.ckpt/step_00000010 at step 10" -- cat "$tmp/resumed.log"
+# A run that may resume allocates its parameters undrawn: the checkpoint's values replace them, or (nothing to load,
+# as in base) the random init is drawn then, the same bits as a run that never resumes draws at creation.
+expect "resume: no random init drawn, the checkpoint loads every parameter" zero "at step 10 (no random init drawn: the checkpoint loaded every parameter)" -- cat "$tmp/resumed.log"
+train never 1 --set checkpoint.resume=never &&
+  check "the random init drawn after the search for a checkpoint equals the one drawn at creation" -- "$py" "$compare" "$tmp/base.jsonl" "$tmp/never.jsonl" --exact --steps 20 ||
+  bad "resume: never run" "$(tail -n 20 "$tmp/never.log")"
+
+# --- Set-up: the CPU GEMM peak kept per machine, the set-up timeline ---
+# pk NAME NP [--set ...]: a 2-rank resume at step 10 and one step, the peak kept in $tmp/peak; its launch's wall
+# time (ms) in $tmp/NAME.wall.
+pk() {
+  local name=$1 np=$2 t0
+  shift 2
+  t0=$(date +%s%N)
+  train "$name" "$np" --set checkpoint.resume="$tmp/base.ckpt/step_00000010" --set training.steps=11 \
+    --set log.peak_cache="$tmp/peak" "$@"
+  local rc=$?
+  echo $(( ($(date +%s%N) - t0) / 1000000 )) >"$tmp/$name.wall"
+  return $rc
+}
+pk_file() { ls "$tmp"/peak/cpu_peak-*.json 2>/dev/null; }
+if pk pk1 2; then
+  f=$(pk_file)
+  if [ "$(echo "$f" | grep -c .)" = 1 ] && grep -qF "probed in" "$tmp/pk1.log" && grep -qF "kept in $f" "$tmp/pk1.log"; then
+    ok "GEMM peak: probed on the first start and kept in $(basename "$f")"
+  else bad "GEMM peak: probed on the first start and kept" "files: $f" "$(grep -F 'GEMM peak' "$tmp/pk1.log")"; fi
+else bad "GEMM peak: first run" "$(tail -n 20 "$tmp/pk1.log")"; fi
+# The set-up timeline: one line on rank 0, one record whose parts are in order, non-negative, add up to the whole,
+# count MPI's start-up, and end within the launch's wall time.
+check "set-up timeline: one line, one record, parts in order adding up to the whole" -- "$py" - "$tmp/pk1" <<'PY'
+import json, re, sys
+p = sys.argv[1]
+log = open(p + ".log", errors="replace").read()
+lines = re.findall(r"set-up ([0-9.]+) s from the process's start to the first step done: (.*) \(s\)", log)
+assert len(lines) == 1, ("set-up lines", len(lines))
+assert "MPI start-up" in lines[0][1] and "checkpoint loaded" in lines[0][1] and "GEMM peak" in lines[0][1], lines[0]
+recs = [json.loads(l) for l in open(p + ".jsonl") if l.startswith("{")]
+setup = [r for r in recs if r.get("event") == "setup"]
+assert len(setup) == 1, ("setup records", len(setup))
+s = setup[0]
+names = [x["part"] for x in s["parts"]]
+assert names == ["exec", "mpi", "config", "mesh", "model", "load", "peak", "report", "first_step"], names
+assert all(x["s"] >= 0 for x in s["parts"]), s["parts"]
+assert abs(sum(x["s"] for x in s["parts"]) - s["total_s"]) < 1e-6, s
+assert s["start_step"] == 10 and s["peak"] == "probed", s
+mpi = s["parts"][1]["s"]
+assert mpi > 0.01, ("MPI start-up not counted", mpi)
+start = [r for r in recs if r.get("event") == "start"][0]
+wall = int(open(p + ".wall").read()) / 1e3
+assert start["setup_s"] < s["total_s"] < wall, (start["setup_s"], s["total_s"], wall)
+assert abs(float(lines[0][0]) - s["total_s"]) < 0.01, (lines[0][0], s["total_s"])
+print(f"total {s['total_s']:.2f} s (launch {wall:.2f} s): " + ", ".join(f"{x['part']} {x['s']:.2f}" for x in s["parts"]))
+PY
+# The next start reads the file: no probe, the same figure, and the record says so.
+if pk pk2 2; then
+  f=$(pk_file)
+  want=$("$py" -c "import json, sys; print(f'{json.load(open(sys.argv[1]))[\"flops\"] / 1e9:.1f}')" "$f")
+  if grep -qF "cached in $f" "$tmp/pk2.log" && ! grep -qF "probed in" "$tmp/pk2.log" &&
+    grep -qF "CPU GEMM peak $want GFLOP/s" "$tmp/pk2.log" && grep -qF '"peak":"cached"' "$tmp/pk2.jsonl"; then
+    ok "GEMM peak: the next start uses the kept one ($want GFLOP/s), not probed"
+  else bad "GEMM peak: the next start uses the kept one ($want GFLOP/s)" "$(grep -F 'GEMM peak' "$tmp/pk2.log")"; fi
+else bad "GEMM peak: second run" "$(tail -n 20 "$tmp/pk2.log")"; fi
+# A corrupt file and one written for another machine: one warning naming it, probed again, rewritten whole.
+for how in corrupt foreign; do
+  f=$(pk_file)
+  if [ $how = corrupt ]; then printf '{"key": {"cpu": ' >"$f"; why="not a peak cache file"
+  else "$py" -c "import json, sys; j = json.load(open(sys.argv[1])); j['key']['cpu'] = 'another CPU'; json.dump(j, open(sys.argv[1], 'w'))" "$f"
+    why="written for another machine"; fi
+  if pk pk_$how 2 && [ "$(grep -cF "log.peak_cache: ignoring $f: $why" "$tmp/pk_$how.log")" = 1 ] &&
+    grep -qF "probed in" "$tmp/pk_$how.log" && "$py" -c "import json, sys; assert json.load(open(sys.argv[1]))['flops'] > 0" "$f" &&
+    pk pk_${how}2 2 && grep -qF "cached in $f" "$tmp/pk_${how}2.log"; then
+    ok "GEMM peak: a $how file is named once, probed again and rewritten"
+  else bad "GEMM peak: a $how file is named once, probed again and rewritten" "$(grep -F 'peak' "$tmp/pk_$how.log")"; fi
+done
+# Another layout (1 rank on the node, not 2) has a file of its own; two jobs writing at once leave whole files.
+pk pk_a 1 & pk pk_b 1; wait
+if [ "$(pk_file | grep -c .)" = 2 ] && grep -qF "probed in" "$tmp/pk_a.log" &&
+  "$py" -c "import json, sys; [json.load(open(f)) for f in sys.argv[1:]]" $(pk_file) && ! ls "$tmp"/peak/*.tmp.* 2>/dev/null; then
+  ok "GEMM peak: 1 rank on the node has its own file; two jobs writing it at once leave it whole"
+else bad "GEMM peak: another layout, concurrent writers" "$(ls -l "$tmp/peak")" "$(grep -F 'peak' "$tmp/pk_a.log" "$tmp/pk_b.log")"; fi
+# auto: $XDG_CACHE_HOME/meshtrain; off: nothing written.
+XDG_CACHE_HOME="$tmp/xdg" pk pk_auto 1 --set log.peak_cache=auto
+XDG_CACHE_HOME="$tmp/xdg2" pk pk_off 1 --set log.peak_cache=off
+if ls "$tmp"/xdg/meshtrain/cpu_peak-*.json >/dev/null 2>&1 && [ ! -e "$tmp/xdg2" ] && grep -qF "probed in" "$tmp/pk_off.log" &&
+  ! grep -qF "kept in" "$tmp/pk_off.log"; then ok "log.peak_cache: auto keeps it under \$XDG_CACHE_HOME/meshtrain, off keeps nothing"
+else bad "log.peak_cache: auto and off" "$(ls -R "$tmp/xdg" "$tmp/xdg2" 2>&1)" "$(grep -F 'peak' "$tmp/pk_auto.log" "$tmp/pk_off.log")"; fi
 train resumed2 2 --set checkpoint.resume="$tmp/base.ckpt/step_00000010" &&
   check "resume on 2 ranks from a 1-rank checkpoint" -- "$py" "$compare" "$tmp/resumed2.jsonl" "$tmp/base.jsonl" --from-step 10 --steps 10 ||
   bad "resume on another mesh" "$(tail -n 20 "$tmp/resumed2.log")"

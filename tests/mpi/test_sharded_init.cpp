@@ -2,7 +2,8 @@
 // (tp styles, fully_shard, HSDP, cp), then allocated in its final layout with each rank drawing only its own
 // elements, holds bit for bit the values of the same model made whole and then sharded, on every mesh that fits
 // the world; and creating it never allocates a whole parameter that its layout shards (the host allocator's
-// peak stays below the whole model).
+// peak stays below the whole model). With draw_later (a run about to resume) the draw waits for draw_init and
+// then gives the same bits, or is dropped by forget_init.
 #include <doctest/doctest.h>
 #include <mpi.h>
 
@@ -31,9 +32,10 @@ struct Built {
   int64_t peak = 0;  // host bytes allocated at the peak of creation, above the start
 };
 
-Built build(const ParallelDims& pd, const DeviceMesh& mesh, bool deferred, DType dtype) {
+Built build(const ParallelDims& pd, const DeviceMesh& mesh, bool deferred, DType dtype,
+            bool draw_later = false) {
   ParamFactory f;
-  f.mesh = mesh, f.dtype = dtype, f.seed = 11, f.init_std = 0.02, f.deferred = deferred;
+  f.mesh = mesh, f.dtype = dtype, f.seed = 11, f.init_std = 0.02, f.deferred = deferred, f.draw_later = draw_later;
   ParallelConfig p;
   p.fsdp.min_weight_size = 256;  // shard the small model's matrices
   const Device cpu = Device::cpu();
@@ -85,4 +87,34 @@ TEST_CASE("sharded creation: the same bits as whole-then-sharded, and no whole p
       CHECK(whole.peak >= model_bytes);
       CHECK(sharded.peak <= 2 * local_bytes + (dt == DType::bf16 ? local_bytes / 2 : 0) + (16 << 10));
     }
+}
+
+// The trainer on resume (make_train_run's init_later): allocated as zeros, drawn only if no checkpoint loads them.
+TEST_CASE("sharded creation drawn later: zeros until draw_init, then the same bits; forget_init drops the draw") {
+  const int n = world_size();
+  std::vector<std::pair<std::string, int>> sizes{{dim::dp_shard, n}};
+  if (n % 2 == 0 && n >= 4) sizes = {{dim::dp_shard, n / 2}, {dim::tp, 2}};
+  for (DType dt : {DType::f32, DType::bf16}) {
+    ParallelDims pd = ParallelDims::from_sizes(sizes);
+    INFO(pd.describe(), ", ", dtype_name(dt));
+    DeviceMesh mesh = pd.make_mesh();
+    Built now = build(pd, mesh, true, dt), later = build(pd, mesh, true, dt, true);
+    Built dropped = build(pd, mesh, true, dt, true);
+    auto a = now.model->parameters(), b = later.model->parameters(), c = dropped.model->parameters();
+    REQUIRE(a.size() == b.size());
+    int drawn_nonzero = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      INFO(b[i]->name);
+      const Tensor& v = b[i]->value.local;
+      CHECK(same_bits(v, zeros(v.shape(), v.dtype(), v.device())));  // nothing drawn yet
+      drawn_nonzero += !same_bits(a[i]->value.local, zeros(v.shape(), v.dtype(), v.device()));
+      CHECK(draw_init(*b[i]));
+      CHECK(same_bits(b[i]->value.local, a[i]->value.local));
+      CHECK(same_bits(b[i]->compute_local(), a[i]->compute_local()));
+      CHECK_FALSE(draw_init(*b[i]));  // drawn once
+      forget_init(*c[i]);
+      CHECK_FALSE(draw_init(*c[i]));
+    }
+    CHECK(drawn_nonzero > 0);
+  }
 }
