@@ -87,7 +87,7 @@ for _ in $(seq 600); do grep -q "\] failure 1 " "$tmp/drill.log" && break; sleep
 took=$(echo "$(date +%s.%N) - $killed" | bc)
 if grep -q "the launcher reports a failed rank and aborts the job: its ranks ended now" "$tmp/drill.log" &&
   [ "$(echo "$took < 1.5" | bc)" = 1 ]; then
-  ok "drill: the killed rank's launch torn down and the failure recorded ${took}s after the SIGKILL (bound 1.5 s)"
+  ok "drill: the killed rank's launch torn down and the failure recorded $(printf %.2f "$took") s after the SIGKILL (bound 1.5 s)"
 else
   bad "drill: the launch torn down within 1.5 s of the SIGKILL" "the failure line after ${took}s" \
     "$(grep '^\[supervise' "$tmp/drill.log" | tail -n 3)"
