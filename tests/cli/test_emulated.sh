@@ -10,6 +10,7 @@
 #    host) and with a device each (MT_EMU_DEVICES, comm.backend nccl: the NCCL stand-in over MPI);
 #  - bf16 within 2% of fp32 at step 5;
 #  - one host synchronisation per step, as on a GPU;
+#  - a rank stopped before a tp collective on NCCL: its peer's watchdog names it and ends the job (no hang);
 #  - a checkpoint written from the emulated device resumes on the CPU backend bit for bit in the losses' 1e-4,
 #    and a CPU checkpoint resumes on the emulated device;
 #  - the emulator's own reports (a host pointer where a device one belongs, a run past an allocation, a missing
