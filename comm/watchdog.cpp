@@ -62,7 +62,8 @@ thread_local std::vector<std::string> t_phases;
   // The culprit first: a rank that is itself waiting is never the one named.
   std::string why;
   bool found = false;
-  if (mpi_usable()) why = find_culprit(p, &found);
+  if (!p.silent_why.empty()) why = p.silent_why, found = true;  // search_early's: a rank that did not answer
+  else if (mpi_usable()) why = find_culprit(p, &found);
   if (!found && p.detail) why = p.detail();
   if (why.empty()) why = "a peer is missing, dead or stuck";
   {
@@ -76,10 +77,12 @@ thread_local std::vector<std::string> t_phases;
   if (p.suspended_s > 0)
     why += fmt::format(" (this rank was itself suspended for {:.1f} s while it waited; that time is not counted)",
                        p.suspended_s);
+  // How long it waited by now, culprit search included: what the detection took (tests/cli/test_hang.sh bounds it).
+  const double waited_s = std::chrono::duration<double>(Clock::now() - p.start).count();
   std::string msg = fmt::format(
       "[comm] timeout: {} on {}{} did not finish within {:g} s (comm.timeout_s) on {}; {}; "
-      "aborting the job",
-      p.op, p.group, p.phase.empty() ? "" : " while " + p.phase, limit, rank_str(), why);
+      "aborting the job after {:.1f} s",
+      p.op, p.group, p.phase.empty() ? "" : " while " + p.phase, limit, rank_str(), why, waited_s);
   std::fprintf(stderr, "%s\n", msg.c_str());
   std::fflush(stderr);
   std::vector<std::function<void()>> hooks;
@@ -98,6 +101,24 @@ thread_local std::vector<std::string> t_phases;
   send_abort_notice();
   MPI_Abort(MPI_COMM_WORLD, 124);
   std::_Exit(124);
+}
+
+// The culprit search for an operation about to time out, begun kQueryWait_s (at most half the limit) before it: a
+// stopped rank's silence holds the search kQueryWait_s, which then ends with the timeout instead of after it. Only a
+// rank that did not answer is kept for fire(); any other finding may change meanwhile and is searched again then.
+// Called with the lock held, returns with it held; the registry may have changed meanwhile.
+void search_early(std::unique_lock<std::mutex>& lock, uint64_t id) {
+  auto& s = state();
+  s.pending.at(id).searched = true;
+  const Pending p = s.pending.at(id);
+  s.in_mpi = true;
+  lock.unlock();
+  bool found = false, silent = false;
+  std::string why = find_culprit(p, &found, &silent);
+  lock.lock();
+  s.in_mpi = false;
+  s.cv.notify_all();
+  if (auto it = s.pending.find(id); it != s.pending.end() && silent) it->second.silent_why = std::move(why);
 }
 
 void loop() {
@@ -139,11 +160,18 @@ void loop() {
         continue;
       }
       double waited = std::chrono::duration<double>(now - it->second.start).count();
-      if (s.timeout_s > 0 && it->second.waited && waited > s.timeout_s + it->second.grace_s) {
+      const double limit = s.timeout_s + it->second.grace_s;
+      if (s.timeout_s > 0 && it->second.waited && waited > limit) {
         Pending p = it->second;
-        double limit = s.timeout_s;
+        double timeout = s.timeout_s;
         lock.unlock();
-        fire(p, limit);
+        fire(p, timeout);
+      }
+      if (s.timeout_s > 0 && it->second.waited && !it->second.searched && s.mpi_up && !s.finalizing &&
+          waited > limit - std::min(kQueryWait_s, limit / 2)) {
+        search_early(lock, it->first);
+        last = Clock::now();  // the search's time is not a suspension of this process
+        break;                // the registry may have changed: the next tick goes on
       }
       ++it;
     }

@@ -127,12 +127,13 @@ std::string all_waiting(const std::map<int, Answer>& known, const std::string& s
 }
 }  // namespace
 
-std::string find_culprit(const Pending& p, bool* found) {
+std::string find_culprit(const Pending& p, bool* found, bool* silent_found) {
   int me = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   const std::vector<int> direct = waited_on(p, me, n);
   *found = false;
+  if (silent_found) *silent_found = false;
   if (direct.empty()) return "a peer is missing, dead or stuck";
   Chain c;
   c.follow(direct, me, n);
@@ -147,6 +148,7 @@ std::string find_culprit(const Pending& p, bool* found) {
   std::string tail = direct.size() > 1 ? fmt::format(" ({} of {} peers wait in it too)", same, direct.size()) : "";
   if (!silent.empty()) {
     *found = true;
+    if (silent_found) *silent_found = true;
     return c.name(silent, fmt::format("did not answer within {:g} s (stopped or dead)", kQueryWait_s)) + tail;
   }
   if (!idle.empty()) {

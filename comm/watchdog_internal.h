@@ -38,6 +38,10 @@ struct Pending {
   // An async operation issued and not yet waited for does not block this rank (MPI may well have completed it):
   // it neither times out nor counts as where this rank is until wait() starts (watchdog_async/watchdog_waiting).
   bool waited = true;
+  // The culprit search runs before the timeout (kQueryWait_s ahead), so that its wait for ranks that do not answer
+  // ends when the timeout does: searched once begun; silent_why what it found when a rank did not answer.
+  bool searched = false;
+  std::string silent_why;
 };
 
 struct State {
@@ -81,7 +85,8 @@ void send_abort_notice();
 // After a suspension: leaves, saying so, if a peer aborted the job meanwhile.
 void check_abort_notice(double suspended_s);
 
-// At a timeout: the ranks that hold this operation up, named (watchdog_culprit.cpp). found: a culprit was found.
-std::string find_culprit(const Pending& p, bool* found);
+// At a timeout: the ranks that hold this operation up, named (watchdog_culprit.cpp). found: a culprit was found;
+// silent (if given): one that did not answer, which stays true of a stopped rank until the timeout.
+std::string find_culprit(const Pending& p, bool* found, bool* silent = nullptr);
 
 }  // namespace mt::watchdog_detail

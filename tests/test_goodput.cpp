@@ -1,5 +1,6 @@
 // The job's goodput accounting (runtime/supervise/goodput.h) on synthetic metrics records in the trainer's schema: a
-// launch that fails after a committed checkpoint, a relaunch that redoes the lost steps, evaluations, stalls.
+// launch that fails after a committed checkpoint, a relaunch that redoes the lost steps, evaluations, stalls; and
+// the output scanner's word that the launcher aborts the job (runtime/supervise/evidence.h).
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "runtime/supervise/evidence.h"
 #include "runtime/supervise/goodput.h"
 
 using namespace mt;
@@ -119,4 +121,25 @@ TEST_CASE("FileTail: whole lines only, from where it stopped; a shrunk file from
   REQUIRE(l.size() == 1);
   CHECK(l[0] == "x");
   std::filesystem::remove(path);
+}
+
+// Open MPI's lines after a rank is killed, in the order mpirun prints them: the first says at once that it aborts the
+// job (the supervisor ends the ranks then, launch.cpp); the rank and the signal come later and still win.
+TEST_CASE("OutputScanner: Open MPI aborting the job after a failed rank, and an MPI_Abort that does not say so") {
+  GoodputAccount g;
+  supervisor::OutputScanner scan(g);
+  scan.line("step 12/100 | loss 4.1");
+  CHECK_FALSE(scan.launcher_aborting);
+  scan.line("Primary job  terminated normally, but 1 process returned");
+  CHECK_FALSE(scan.launcher_aborting);
+  scan.line("a non-zero exit code. Per user-direction, the job has been aborted.");
+  CHECK(scan.launcher_aborting);
+  scan.line("mpirun noticed that process rank 2 with PID 0 on node vm exited on signal 9 (Killed).");
+  CHECK(scan.ev.rank == 2);
+  CHECK(scan.ev.signal == 9);
+
+  supervisor::OutputScanner abort_scan(g);
+  abort_scan.line("MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD with errorcode 124.");
+  CHECK_FALSE(abort_scan.launcher_aborting);  // mpirun ends its ranks itself then; the late rank's line may follow
+  CHECK(abort_scan.ev.rank == 0);
 }

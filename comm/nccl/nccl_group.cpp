@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "comm/mpi/mpi_group.h"
@@ -31,9 +32,11 @@ bool nccl_built() { return true; }
 
 namespace {
 
-// A CUDA event shared by a Work and the watchdog's completion check.
+// A CUDA event shared by a Work and the watchdog's completion check; recorded: the collective was issued and the
+// event recorded after it (until then the operation is not done, whatever an unrecorded event's query says).
 struct DoneEvent {
   cudaEvent_t e = nullptr;
+  std::atomic<bool> recorded{false};
   DoneEvent() { MT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
   ~DoneEvent() {
     if (e) (void)cudaEventDestroy(e);
@@ -343,8 +346,8 @@ class NcclGroup final : public Group, public HasMpiComm {
     return {ncclUint8, dtype_size(d)};
   }
 
-  // Orders the NCCL stream after the compute stream, issues the work, records
-  // the done-event, registers it with the watchdog, and (blocking form) makes
+  // Orders the NCCL stream after the compute stream, registers the work with
+  // the watchdog, issues it, records the done-event, and (blocking form) makes
   // the compute stream wait for it.
   template <typename F> Work run(const char* op, std::vector<Tensor> keep, bool async, F&& issue) {
     DeviceGuard g(device_);
@@ -352,17 +355,27 @@ class NcclGroup final : public Group, public HasMpiComm {
     cudaStream_t ns = nstream();
     MT_CUDA_CHECK(cudaEventRecord(ready_, cs));
     MT_CUDA_CHECK(cudaStreamWaitEvent(ns, ready_, 0));
-    {
-      // Nsight's range, and with MT_PROFILE_KERNELS=1 the collective's time on the group's stream, counting the
-      // bytes of its buffers.
-      NvtxRange range(op);
-      kprof::Scope prof(op, Device::cuda(device_), 0, kprof::enabled() ? kprof::bytes_of_all(keep) : 0, &stream_,
-                        "nccl");
-      issue(ns);
-    }
+    // Watched from before the issue: the host may block in it (NCCL connects a communicator to its peers at its
+    // first operation; the emulated device's stand-in runs the collective at once over MPI), and a peer that never
+    // joins must end the job there too, not hang it.
     auto done = std::make_shared<DoneEvent>();
-    MT_CUDA_CHECK(cudaEventRecord(done->e, ns));
-    watchdog_begin(op, *this, [done, dev = device_] { return done_on_device(*done, dev); });
+    const uint64_t id =
+        watchdog_begin(op, *this, [done, dev = device_] { return done->recorded && done_on_device(*done, dev); });
+    try {
+      {
+        // Nsight's range, and with MT_PROFILE_KERNELS=1 the collective's time on the group's stream, counting the
+        // bytes of its buffers.
+        NvtxRange range(op);
+        kprof::Scope prof(op, Device::cuda(device_), 0, kprof::enabled() ? kprof::bytes_of_all(keep) : 0, &stream_,
+                          "nccl");
+        issue(ns);
+      }
+      MT_CUDA_CHECK(cudaEventRecord(done->e, ns));
+    } catch (...) {
+      watchdog_end(id);  // never issued: nothing to wait for
+      throw;
+    }
+    done->recorded = true;
     if (!async) {
       MT_CUDA_CHECK(cudaStreamWaitEvent(cs, done->e, 0));
       return {};

@@ -42,6 +42,7 @@ int signal_from_words(const std::string& w) {
 void OutputScanner::line(const std::string& l) {
   const Patterns& re = patterns();
   std::smatch m;
+  if (l.find("Per user-direction, the job has been aborted") != std::string::npos) launcher_aborting = true;
   if (std::regex_search(l, m, re.ckpt)) {
     acct_.add_output_checkpoint(std::stoll(m[1]), std::stod(m[2]));
   } else if (std::regex_search(l, m, re.suspended)) {

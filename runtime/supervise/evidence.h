@@ -31,6 +31,9 @@ class OutputScanner {
   void line(const std::string& l);
 
   FailureEvidence ev;
+  // Open MPI's mpirun said that a rank failed and that it aborts the job ("Per user-direction, the job has been
+  // aborted"): the supervisor may end the other ranks at once (launch.cpp).
+  bool launcher_aborting = false;
 
  private:
   void set(int level, int rank, const std::string& node, int sig, int code, const std::string& how);

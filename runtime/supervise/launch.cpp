@@ -66,6 +66,18 @@ std::vector<pid_t> descendants(pid_t root) {
   return out;
 }
 
+// Whether the process is an MPI rank: Open MPI gives each OMPI_COMM_WORLD_RANK (mpirun and its helpers have none).
+bool is_mpi_rank(pid_t pid) {
+  FILE* f = std::fopen(fmt::format("/proc/{}/environ", pid).c_str(), "r");
+  if (!f) return false;
+  std::string env;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) env.append(buf, n);
+  std::fclose(f);
+  const std::string key = "OMPI_COMM_WORLD_RANK=";
+  return env.rfind(key, 0) == 0 || env.find('\0' + key) != std::string::npos;
+}
+
 // Waits up to 100 ms for the launch's stdout and stderr (fds), passes what arrives through to ours and hands each
 // whole line to the scanner (partial: the unfinished line of each); a pipe at its end is marked closed in open_fd.
 void pump_output(const int fds[2], bool open_fd[2], std::string partial[2], OutputScanner& scan) {
@@ -153,6 +165,8 @@ class Launch {
   LaunchResult run() {
     while (true) {
       pump_output(fds_, open_fd_, partial_, scan_);
+      if (!exited_ && !ranks_ended_ && scan_.launcher_aborting && forwarded_.empty() && !scan_.ev.stopped_by_signal)
+        end_ranks();
       const double t = now_unix();
       if (int sig = take_stop_signal(); sig != 0 && !exited_) forward(sig);
       if (t - last_metrics_read_ >= 0.1) read_metrics();
@@ -212,6 +226,21 @@ class Launch {
     res_.forwarded = sig;
   }
 
+  // Open MPI's mpirun says at once that a rank failed ("... returned a non-zero exit code. Per user-direction, the
+  // job has been aborted") but gives the others SIGTERM and SIGKILL only after a grace (odls_base_sigkill_timeout:
+  // 2 s here), which meshtrain's ranks sit out: they catch SIGTERM (to checkpoint at a step boundary) while blocked
+  // in a collective on the dead rank. So the ranks are killed at that line; mpirun still reports the failed rank
+  // (the first to end) and exits at once. Not after a stop signal passed on: the ranks exit 128 + N by themselves.
+  void end_ranks() {
+    ranks_ended_ = true;
+    int n = 0;
+    for (pid_t d : descendants(pid_))
+      if (is_mpi_rank(d) && ::kill(d, SIGKILL) == 0) ++n;
+    say("the launcher reports a failed rank and aborts the job: its ranks ended now ({} process{}), not after its "
+        "grace",
+        n, n == 1 ? "" : "es");
+  }
+
   void kill_hung(double t) {
     say("no new step in the metrics for {:.0f} s (--hang-timeout): the launch hangs; killing it", t - last_step_t_);
     res_.hang_killed = true;
@@ -228,7 +257,7 @@ class Launch {
   int fds_[2] = {-1, -1};
   std::string partial_[2];
   bool open_fd_[2] = {true, true};
-  bool exited_ = false;
+  bool exited_ = false, ranks_ended_ = false;
   int status_ = 0;
   double exit_seen_ = 0, last_step_t_ = -1, last_metrics_read_ = 0;
   int64_t steps_seen_ = 0;

@@ -10,6 +10,7 @@
 #    host) and with a device each (MT_EMU_DEVICES, comm.backend nccl: the NCCL stand-in over MPI);
 #  - bf16 within 2% of fp32 at step 5;
 #  - one host synchronisation per step, as on a GPU;
+#  - a rank stopped before a tp collective on NCCL: its peer's watchdog names it and ends the job (no hang);
 #  - a checkpoint written from the emulated device resumes on the CPU backend bit for bit in the losses' 1e-4,
 #    and a CPU checkpoint resumes on the emulated device;
 #  - the emulator's own reports (a host pointer where a device one belongs, a run past an allocation, a missing
@@ -124,6 +125,28 @@ pair "dp_shard 2 x tp 2, a device each (nccl)" 4 nccl --set parallel.dp_shard=2 
 moe=(--set model.type=mixtral --set model.moe.n_experts=4 --set model.moe.ffn_dim=48 --set model.moe.output_router_logits=true)
 pair "mixtral 4 experts top-2, balance loss (mpi)" 1 mpi "${moe[@]}"
 pair "mixtral ep 2, a device each (nccl)" 2 nccl "${moe[@]}" --set parallel.ep=2 --set parallel.dp_replicate=1
+# A peer that never joins an NCCL collective ends the job instead of hanging it: rank 1 of tp 2 stops itself before
+# sampling, so rank 0 waits in the sampling forward's tp all-reduce, which the stand-in runs at once on the host, as
+# NCCL's host side may block too (a communicator connects to its peers at its first operation). The watchdog
+# watches a collective from before its issue, aborts the communicators (ncclCommAbort) and the job, naming rank 1
+# (comm/nccl/nccl_group.cpp); a hang would run into the 120-s limit.
+if [ "$(devices)" -lt 2 ]; then
+  skip "a stopped peer of an NCCL collective" "NCCL needs a device per rank: 2 ranks, $(devices) device(s)"
+else
+  start=$(date +%s.%N)
+  MT_FAULT_STOP_AT="sampling:1" timeout -k 5 120 "$mpirun" -np 2 "$emt" --config "$tmp/t.yaml" --set comm.device=cuda \
+    --set comm.backend=nccl --set parallel.tp=2 --set sample.interval=1 --set sample.tokens=4 --set comm.timeout_s=5 \
+    train >"$tmp/emu_stop.log" 2>&1
+  rc=$?
+  took=$(printf %.1f "$(echo "$(date +%s.%N) - $start" | bc)")
+  if [ $rc -ne 0 ] && [ "$(echo "$took < 100" | bc)" = 1 ] &&
+    grep -aq "\[comm\] timeout: .* on group 'tp' .* on rank 0 .*world rank 1 did not arrive" "$tmp/emu_stop.log"; then
+    ok "a stopped peer of an NCCL collective: rank 0 names rank 1 and the job ends (exit $rc after $took s, start-up included)"
+  else
+    bad "a stopped peer of an NCCL collective ends the job naming it" "exit $rc after $took s" \
+      "$(grep -av '^step \|emulated CUDA device, test-only' "$tmp/emu_stop.log" | tail -n 8)"
+  fi
+fi
 unset MT_EMU_DEVICES
 
 # bf16 (the tensor-core path where the kernels have one) against the emulated fp32 run.

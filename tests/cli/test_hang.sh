@@ -132,6 +132,16 @@ else
   else
     bad "external stop mid-run" "exit $rc after ${took}s" "$(grep '\[comm\]' "$tmp/ext")"
   fi
+  # The detection bound: the culprit search runs during the timeout's last second (comm/watchdog.cpp,
+  # search_early), so the stopped rank is named within comm.timeout_s + 1 s of waiting (the watchdog's own figure),
+  # and the job is over within comm.timeout_s + 3 s of the stop (the rest of a step, the abort; a loaded machine).
+  found=$(grep -m1 "\[comm\] timeout: .*world rank 1 did not arrive" "$tmp/ext" | sed -n 's/.*aborting the job after \([0-9.]*\) s$/\1/p')
+  if [ -n "$found" ] && [ "$(echo "$found <= $limit + 1" | bc)" = 1 ] && [ "$(echo "$took <= $limit + 3" | bc)" = 1 ]; then
+    ok "external stop: named after ${found}s of waiting (bound $limit + 1 s), the job over ${took}s after the stop (bound $limit + 3 s)"
+  else
+    bad "external stop: named within $limit + 1 s, over within $limit + 3 s" "named after ${found:-?} s, over after ${took}s" \
+      "$(grep '\[comm\] timeout' "$tmp/ext" | head -n 1)"
+  fi
   if grep -q "\[comm\] timeout: .* on rank 1 " "$tmp/ext"; then
     bad "resumed rank does not blame its peers" "$(grep '\[comm\]' "$tmp/ext")"
   else
@@ -175,7 +185,7 @@ mesh_drill() {
     grep -oE "world ranks? [0-9,]+ did not" <<<"$first" | grep -vq "world rank $s did not"; then
     bad "$name: the first timeout line names rank $s" "$first"
   else
-    ok "$name: the first line names rank $s (${took}s)"
+    ok "$name: the first line names rank $s (${took}s; $(sed -n 's/.*aborting the job after \([0-9.]*\) s$/named after \1 s of waiting/p' <<<"$first"))"
   fi
 }
 moe=(--set model.type=mixtral --set model.moe.n_experts=4 --set model.moe.ffn_dim=48)

@@ -78,7 +78,20 @@ wait_steps "$tmp/drill.jsonl" $((100 + RANDOM % 400)) 120
 sleep "0.$((RANDOM % 10))"
 pid=$(rank_pid drill $kill_rank)
 echo "drill: SIGKILL to rank $kill_rank (pid ${pid:-none}) after $(steps_in "$tmp/drill.jsonl") step records"
+killed=$(date +%s.%N)
 [ -n "$pid" ] && kill -KILL "$pid"
+# The launch is torn down at once: mpirun says at once that a rank failed, and the supervisor ends the other ranks
+# then rather than after mpirun's grace (2 s here; runtime/supervise/launch.cpp, end_ranks). The bound is generous
+# for a loaded machine (0.2 s typical) yet below the grace.
+for _ in $(seq 600); do grep -q "\] failure 1 " "$tmp/drill.log" && break; sleep 0.02; done
+took=$(echo "$(date +%s.%N) - $killed" | bc)
+if grep -q "the launcher reports a failed rank and aborts the job: its ranks ended now" "$tmp/drill.log" &&
+  [ "$(echo "$took < 1.5" | bc)" = 1 ]; then
+  ok "drill: the killed rank's launch torn down and the failure recorded $(printf %.2f "$took") s after the SIGKILL (bound 1.5 s)"
+else
+  bad "drill: the launch torn down within 1.5 s of the SIGKILL" "the failure line after ${took}s" \
+    "$(grep '^\[supervise' "$tmp/drill.log" | tail -n 3)"
+fi
 # Launch 2: its own steps begin after the "launch 2" line.
 for _ in $(seq 600); do grep -q "launch 2 of" "$tmp/drill.log" && break; sleep 0.1; done
 wait_steps "$tmp/drill.jsonl" $((100 + RANDOM % 300)) 120
