@@ -16,12 +16,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1
 
-/usr/bin/python3 - "$tmp" <<'PY'
-import struct, sys, random
-random.seed(0)
-toks = [random.randrange(256) for _ in range(400000)]
-open(sys.argv[1] + "/bench_000.bin", "wb").write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)) + struct.pack(f"<{len(toks)}H", *toks))
-PY
+/usr/bin/python3 "$root/scripts/bench/bench_data.py" "$tmp" 400000
 modes=(none sync_auto async_auto sync_10 async_10)
 args_of() {
   case $1 in

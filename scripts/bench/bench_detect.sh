@@ -19,12 +19,7 @@ if [ "${KEEP:-0}" = 1 ]; then echo "work directory: $tmp (kept)"; else trap 'rm 
 export OMP_NUM_THREADS=1
 echo "machine: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1), $(getconf _NPROCESSORS_ONLN) cores," \
   "load average $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%F %H:%M UTC'); comm.timeout_s $timeout_s"
-/usr/bin/python3 - "$tmp" <<'PY'
-import struct, sys, random
-random.seed(0)
-toks = [random.randrange(256) for _ in range(200000)]
-open(sys.argv[1] + "/bench_000.bin", "wb").write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)) + struct.pack(f"<{len(toks)}H", *toks))
-PY
+/usr/bin/python3 "$root/scripts/bench/bench_data.py" "$tmp"
 /usr/bin/python3 - "$root" "$mt" "$tmp" "$rounds" "$timeout_s" <<'PY'
 import os, signal, statistics, subprocess, sys, time
 root, mt, tmp, rounds, timeout_s = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]

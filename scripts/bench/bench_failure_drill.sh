@@ -35,12 +35,7 @@ export OMP_NUM_THREADS=1
 
 echo "machine    : $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1), $(getconf _NPROCESSORS_ONLN) cores," \
   "load average $(cut -d' ' -f1-3 /proc/loadavg); $(date -u '+%F %H:%M UTC'); SEED=$seed"
-"$py" - "$tmp" <<'PY'
-import struct, sys, random
-random.seed(0)
-toks = [random.randrange(256) for _ in range(200000)]
-open(sys.argv[1] + "/bench_000.bin", "wb").write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)) + struct.pack(f"<{len(toks)}H", *toks))
-PY
+"$py" "$root/scripts/bench/bench_data.py" "$tmp"
 common=(--config "$root/configs/bench_cpu.yaml" --set data.train="$tmp/bench_*.bin" --set data.val=""
   --set training.threads=1 --set log.interval=1 --set comm.timeout_s="$timeout_s" --set checkpoint.keep=2)
 async=()

@@ -21,12 +21,7 @@ ref="$root/scripts/reference/llama_ref.py"
 "$py" "$ref" init --out "$tmp/mixtral" --model-type mixtral --dim 256 --n-layers 4 --n-heads 8 --n-kv-heads 4 \
   --ffn-dim 768 --moe-ffn-dim 768 --n-experts 8 --experts-per-token 2 --vocab-size 256 --max-seq-len 256 --seed 1 \
   --output-router-logits >/dev/null
-"$py" - "$tmp" <<'PY'
-import struct, sys, random
-random.seed(0)
-toks = [random.randrange(256) for _ in range(200000)]
-open(sys.argv[1] + "/bench_000.bin", "wb").write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)) + struct.pack(f"<{len(toks)}H", *toks))
-PY
+"$py" "$root/scripts/bench/bench_data.py" "$tmp"
 cat >"$tmp/b.yaml" <<YAML
 training: {steps: $steps, batch_size: 8, seq_len: 256, lr: 3.0e-4, threads: 2, dtype: fp32}
 data: {train: "$tmp/bench_*.bin", val: ""}

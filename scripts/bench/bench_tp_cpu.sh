@@ -32,12 +32,7 @@ done
 
 echo
 echo "== tokens/s on 2 ranks x 1 thread, $steps steps (median of steps 4..)"
-/usr/bin/python3 - "$tmp" <<'PY'
-import struct, sys, random
-random.seed(0)
-toks = [random.randrange(256) for _ in range(200000)]
-open(sys.argv[1] + "/bench_000.bin", "wb").write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)) + struct.pack(f"<{len(toks)}H", *toks))
-PY
+/usr/bin/python3 "$root/scripts/bench/bench_data.py" "$tmp"
 for mode in dp tp; do
   if [ $mode = dp ]; then sets=(--set parallel.dp_replicate=2); else sets=(--set parallel.dp_replicate=1 --set parallel.tp=2); fi
   "$mpirun" -np 2 "$mt" --config "$cfg" "${sets[@]}" --set data.train="$tmp/bench_*.bin" --set data.val="" \

@@ -15,12 +15,7 @@ steps=${3:-12}
 base=${4:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-/usr/bin/python3 - "$tmp" <<'PY'
-import struct, sys, random
-random.seed(0)
-toks = [random.randrange(256) for _ in range(200000)]
-open(sys.argv[1] + "/bench_000.bin", "wb").write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)) + struct.pack(f"<{len(toks)}H", *toks))
-PY
+/usr/bin/python3 "$root/scripts/bench/bench_data.py" "$tmp"
 threads=${THREADS:-2}
 export OMP_NUM_THREADS=$threads
 run() {  # run NAME BIN [--set ...]: the process's CPU seconds (user + sys) in NAME.time

@@ -36,12 +36,7 @@ except (OSError, AttributeError):
     print('not OpenBLAS')" 2>/dev/null)
 
 # Random tokens: speed does not depend on the text.
-/usr/bin/python3 - "$tmp" <<'PY'
-import struct, sys, random
-random.seed(0)
-toks = [random.randrange(256) for _ in range(200000)]
-open(sys.argv[1] + "/bench_000.bin", "wb").write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)) + struct.pack(f"<{len(toks)}H", *toks))
-PY
+/usr/bin/python3 "$root/scripts/bench/bench_data.py" "$tmp"
 "$root/scripts/mpirun.sh" -np 1 "$build/meshtrain" --config "$root/configs/bench_cpu.yaml" \
   --set data.train="$tmp/bench_*.bin" --set data.val="" --set training.steps=$steps --set training.threads=$threads \
   --set log.interval=1 --set log.peak_cache=off --set log.metrics_file="$tmp/m.jsonl" train >"$tmp/mt.log" 2>&1 || { cat "$tmp/mt.log"; exit 1; }

@@ -75,6 +75,17 @@ summary() {
     echo "$1: $passed passed, $failed failed"; fi
 }
 
+# steps_in FILE: the training-step records in a metrics file so far (0 while it does not exist).
+steps_in() { local n; n=$(grep -c '"loss"' "$1" 2>/dev/null); echo "${n:-0}"; }
+# wait_for_steps FILE N TRIES PAUSE: returns once FILE holds N step records, or after TRIES pauses of PAUSE s.
+wait_for_steps() {
+  local i
+  for ((i = 0; i < $3; ++i)); do
+    [ "$(steps_in "$1")" -ge "$2" ] && return 0
+    sleep "$4"
+  done
+  return 1
+}
 # train NAME NP [--set ...]: the script's $tmp/t.yaml on NP ranks; metrics in $tmp/NAME.jsonl, output in
 # $tmp/NAME.log. (A script with other needs defines its own train after sourcing this file.)
 train() {

@@ -142,10 +142,7 @@ stop_run() {
   timeout 300 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set training.steps=100000 --set eval.interval=0 \
     --set log.metrics_file="$tmp/$name.jsonl" --set checkpoint.dir="$tmp/$name.ckpt" train >"$tmp/$name.log" 2>&1 &
   local job=$!
-  for _ in $(seq 1 300); do
-    [ -f "$tmp/$name.jsonl" ] && [ "$(grep -c '"loss"' "$tmp/$name.jsonl")" -ge 2 ] && break
-    sleep 0.2
-  done
+  wait_for_steps "$tmp/$name.jsonl" 2 300 0.2
   pkill "-$sig" -f -- "^$mt .*checkpoint.dir=$tmp/$name.ckpt" 2>/dev/null
   wait $job
   echo $?

@@ -156,8 +156,6 @@ sb=(--gpus-per-node=0 --ntasks-per-node=2 --cpus-per-task=1)
 export MESHTRAIN="$mt"
 # job_field ID FIELD: a field of `scontrol show job` (JobState, ExitCode, Restarts).
 job_field() { scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1; }
-# steps_in FILE: the number of training-step records in a metrics file.
-steps_in() { local n; n=$(grep -c '"loss"' "$1" 2>/dev/null); echo "${n:-0}"; }
 # distinct_steps FILE: the number of different steps in a metrics file (a step run twice counts once).
 distinct_steps() { grep -o '"step": *[0-9]*' "$1" 2>/dev/null | sort -u | wc -l; }
 
@@ -188,7 +186,7 @@ fi
 out="$tmp/run/sig.out"
 jid=$(sbatch --parsable "${sb[@]}" --output="$out" "$root/scripts/slurm/train.sbatch" "$tmp/t.yaml" \
   --set log.metrics_file="$tmp/run/sig.jsonl" --set checkpoint.dir="$tmp/run/sig_ckpt")
-for _ in $(seq 600); do [ "$(steps_in "$tmp/run/sig.jsonl")" -ge 3 ] && break; sleep 0.1; done
+wait_for_steps "$tmp/run/sig.jsonl" 3 600 0.1
 scancel --batch --signal=USR1 "$jid"
 state=""
 for _ in $(seq 120); do
@@ -218,7 +216,7 @@ fi
 out="$tmp/run/mpirun.out"
 jid=$(MT_LAUNCHER=mpirun sbatch --parsable "${sb[@]}" --no-requeue --output="$out" "$root/scripts/slurm/train.sbatch" \
   "$tmp/t.yaml" --set log.metrics_file="$tmp/run/mpirun.jsonl" --set checkpoint.dir="$tmp/run/mpirun_ckpt")
-for _ in $(seq 600); do [ "$(steps_in "$tmp/run/mpirun.jsonl")" -ge 3 ] && break; sleep 0.1; done
+wait_for_steps "$tmp/run/mpirun.jsonl" 3 600 0.1
 scancel --batch --signal=USR1 "$jid"
 for _ in $(seq 120); do
   state=$(job_field "$jid" JobState)
@@ -269,7 +267,7 @@ out="$tmp/run/kill.out"
 jid=$(MT_BACKOFF=1 sbatch --parsable "${sb[@]}" --output="$out" "$root/scripts/slurm/train.sbatch" "$tmp/t.yaml" \
   --set log.metrics_file="$tmp/run/kill.jsonl" --set checkpoint.dir="$tmp/run/kill_ckpt" --set checkpoint.interval=10 \
   --set comm.timeout_s=10)
-for _ in $(seq 1200); do [ "$(steps_in "$tmp/run/kill.jsonl")" -ge 25 ] && break; sleep 0.05; done
+wait_for_steps "$tmp/run/kill.jsonl" 25 1200 0.05
 victim=""
 for p in $(pgrep -f -- "^$mt .*checkpoint.dir=$tmp/run/kill_ckpt"); do
   tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_PROCID=1" && victim=$p

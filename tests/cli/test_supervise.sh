@@ -41,8 +41,6 @@ launch() {
   echo "$mpirun" -np 4 "$mt" --config "$tmp/s.yaml" --set log.metrics_file="$tmp/$1.jsonl" \
     --set checkpoint.dir="$tmp/$1.ckpt" --set checkpoint.resume=auto train
 }
-# steps_in FILE: the step records in a metrics file so far.
-steps_in() { local n; n=$(grep -c '"loss"' "$1" 2>/dev/null); echo "${n:-0}"; }
 # rank_pid NAME RANK: the process of rank RANK of run NAME (Open MPI gives each rank OMPI_COMM_WORLD_RANK).
 rank_pid() {
   local p

@@ -145,10 +145,7 @@ MT_FAULT_SLOW_TRACE=0:45 timeout 300 "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml
   --set 'profile.steps=[1, 100000]' --set comm.timeout_s=1.5 --set profile.dir="$tmp/r4" \
   --set log.metrics_file="$tmp/usr1.jsonl" train >"$tmp/usr1.log" 2>&1 &
 usr1_job=$!
-for _ in $(seq 1 600); do
-  [ -f "$tmp/usr1.jsonl" ] && [ "$(grep -c '"loss"' "$tmp/usr1.jsonl")" -ge 100 ] && break
-  sleep 0.1
-done
+wait_for_steps "$tmp/usr1.jsonl" 100 600 0.1
 pkill -USR1 -f -- "^$mt .*log.metrics_file=$tmp/usr1.jsonl" 2>/dev/null
 wait $usr1_job
 usr1_rc=$?

@@ -209,10 +209,7 @@ rm -rf "$tmp/sig.jsonl" "$tmp/sig.ckpt"
 timeout 300 "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set training.steps=100000 --set checkpoint.interval=0 \
   --set log.metrics_file="$tmp/sig.jsonl" --set checkpoint.dir="$tmp/sig.ckpt" train >"$tmp/sig.log" 2>&1 &
 sig_job=$!
-for _ in $(seq 1 300); do
-  [ -f "$tmp/sig.jsonl" ] && [ "$(grep -c '"loss"' "$tmp/sig.jsonl")" -ge 3 ] && break
-  sleep 0.2
-done
+wait_for_steps "$tmp/sig.jsonl" 3 300 0.2
 # The ranks only (their command lines start with the binary; timeout's and mpirun's do not).
 pkill -USR1 -f -- "^$mt .*checkpoint.dir=$tmp/sig.ckpt" 2>/dev/null
 wait $sig_job
