@@ -55,21 +55,32 @@ TEST_CASE("goodput: a failure after a committed checkpoint, the lost steps redon
   CHECK(p.failures == 1);
   // The last record of each step: 1..4 at 1 s, 5..8 at 0.5 s.
   CHECK(p.productive_s == doctest::Approx(6.0));
-  CHECK(p.checkpoint_s == doctest::Approx(0.5));
+  CHECK(p.disk_save_s == doctest::Approx(0.5));
+  CHECK(p.memory_save_s == 0);
   CHECK(p.eval_s == doctest::Approx(0.25));
-  // Steps 5 and 6 of launch 1 (2 s), and launch 1's 3 s after its last record (117 .. 120).
-  CHECK(p.lost_s == doctest::Approx(5.0));
-  // Launch 1's 10 s before its first step, the 2 s back-off, launch 2's 5 s.
+  // Steps 5 and 6 of launch 1 (2 s), and of launch 1's 3 s after its last record (117 .. 120) the step in flight
+  // (one typical step: the supervisor never said when it saw the failure, so at the exit at the latest).
+  CHECK(p.lost_s == doctest::Approx(3.0));
+  CHECK(p.detection_s == doctest::Approx(2.0));  // 118 .. 120
+  // Launch 1's 10 s before its first step, the 2 s back-off, launch 2's 5 s: no setup records, so not timed.
   CHECK(p.restart_s == doctest::Approx(17.0));
-  CHECK(p.other_s == doctest::Approx(31 - 6 - 0.5 - 0.25 - 5 - 17));
+  auto phase = [&](const std::string& name) {
+    for (const auto& [n, s] : p.restart_parts)
+      if (n == name) return s;
+    return -1.0;
+  };
+  CHECK(phase("backoff") == doctest::Approx(2.0));
+  CHECK(phase("not_timed") == doctest::Approx(15.0));
+  CHECK(p.other_s == doctest::Approx(31 - 6 - 0.5 - 0.25 - 3 - 17 - 2));
   CHECK(p.goodput == doctest::Approx(6.0 / 31));
   json r = goodput_record(p);
   CHECK(r["event"] == "goodput");
   CHECK(r["scope"] == "job");
-  CHECK(r["lost_s"].get<double>() == doctest::Approx(5.0));
+  CHECK(r["lost_s"].get<double>() == doctest::Approx(3.0));
   const std::string line = goodput_line(p);
   CHECK(line.find("productive 6.0 s (19.4%)") != std::string::npos);
-  CHECK(line.find("lost 5.0 s") != std::string::npos);
+  CHECK(line.find("lost 3.0 s") != std::string::npos);
+  CHECK(line.find("detection 2.0 s") != std::string::npos);
 }
 
 TEST_CASE("goodput: records without the start event or times, checkpoints seen only in the output") {
@@ -85,8 +96,11 @@ TEST_CASE("goodput: records without the start event or times, checkpoints seen o
   CHECK(g.steps_lost() == 1);
   GoodputParts p = g.parts(20);
   CHECK(p.restart_s == doctest::Approx(8.0));  // 50 .. 58
-  CHECK(p.checkpoint_s == doctest::Approx(0.75));
-  CHECK(p.lost_s == doctest::Approx(5.5));  // 64.5 .. 70: the last step is redone by no one (yet)
+  CHECK(p.disk_save_s == doctest::Approx(0.75));
+  // 64.5 .. 70 after the last record (the last step is redone by no one yet): one typical step (2 s) in flight,
+  // then detection.
+  CHECK(p.lost_s == doctest::Approx(2.0));
+  CHECK(p.detection_s == doctest::Approx(3.5));
   CHECK(p.productive_s == doctest::Approx(6.0));
 }
 
@@ -101,6 +115,76 @@ TEST_CASE("goodput: a launch that never reached a step is all restart time") {
   CHECK(p.restart_s == doctest::Approx(15 + 5 + 5));
   CHECK(p.lost_s == doctest::Approx(0));
   CHECK(p.productive_s == doctest::Approx(1));
+}
+
+// Issue 54 part 5: every cause, the restart split by the ranks' set-up record, in-memory saves apart from disk ones,
+// the failure seen by the supervisor ending the lost step in flight, and all of it adding up to the wall time.
+TEST_CASE("goodput by cause: memory and disk saves, the restart's phases, detection; they add up to the wall") {
+  GoodputAccount g;
+  // Launch 1 at t=100; its ranks' processes start at 101 (1 s of launcher); set-up parts from there: exec 0.5,
+  // mpi 1, config 0.25, mesh 0.25, model 1, load 0.5, peak 0.5, report 0 (to 105), then the first step (3 s,
+  // against 1 s typical) recorded at 108 with the setup record.
+  g.begin_attempt(100, 0);
+  g.add_record({{"event", "start"}, {"time", 105}, {"start_step", 0}, {"setup_s", 4}}, 105);
+  g.add_record(step(1, 3000, 108), 0);
+  json parts = json::array();
+  for (auto [n, sec] : std::vector<std::pair<const char*, double>>{{"exec", 0.5}, {"mpi", 1}, {"config", 0.25},
+                                                                    {"mesh", 0.25}, {"model", 1}, {"load", 0.5},
+                                                                    {"peak", 0.5}, {"report", 0},
+                                                                    {"first_step", 3}})
+    parts.push_back({{"part", n}, {"s", sec}});
+  g.add_record({{"event", "setup"}, {"time", 108}, {"start_step", 0}, {"total_s", 7}, {"parts", parts}}, 108);
+  for (int s = 2; s <= 4; ++s) g.add_record(step(s, 1000, 107 + s), 0);  // 109, 110, 111
+  g.add_record({{"event", "checkpoint"}, {"step", 4}, {"mode", "memory"}, {"stall_s", 0.25}}, 0);
+  g.add_record({{"event", "checkpoint"}, {"step", 4}, {"mode", "async"}, {"stall_s", 0.5}}, 0);
+  g.add_record({{"event", "checkpoint_committed"}, {"step", 4}, {"time", 111.75}}, 0);
+  g.add_record(step(5, 1000, 112.75), 0);
+  // A rank dies at 113.25; the supervisor sees it at 113.5; the launch is gone at 114.
+  g.failure_seen(113.5);
+  g.failure_seen(113.9);  // the first sight counts
+  g.end_attempt(114, true);
+  // Launch 2 after a 1 s back-off, at 115, without a setup record (an older binary): starts at 117, steps 5..6.
+  g.begin_attempt(115, 1);
+  g.add_record({{"event", "start"}, {"time", 117}, {"start_step", 4}}, 117);
+  g.add_record(step(5, 1000, 118), 0);
+  g.add_record(step(6, 1000, 119), 0);
+  g.end_attempt(119.5, false);
+
+  const GoodputParts p = g.parts(19.5);  // 100 .. 119.5
+  auto phase = [&](const std::string& name) {
+    for (const auto& [n, s] : p.restart_parts)
+      if (n == name) return s;
+    return -1.0;
+  };
+  CHECK(phase("launcher") == doctest::Approx(1.0));
+  CHECK(phase("mpi") == doctest::Approx(1.5));   // exec and MPI start-up
+  CHECK(phase("mesh") == doctest::Approx(0.5));  // config and mesh
+  CHECK(phase("model") == doctest::Approx(1.0));
+  CHECK(phase("load") == doctest::Approx(0.5));
+  CHECK(phase("peak") == doctest::Approx(0.5));
+  CHECK(phase("first_step") == doctest::Approx(2.0));  // 3 s against a typical 1 s
+  CHECK(phase("backoff") == doctest::Approx(1.0));
+  CHECK(phase("not_timed") == doctest::Approx(2.0));  // launch 2: 115 .. 117
+  double phases = 0;
+  for (const auto& [n, s] : p.restart_parts) phases += s;
+  CHECK(p.restart_s == doctest::Approx(phases));
+  CHECK(p.restart_s == doctest::Approx(5 + 2 + 1 + 2));
+  // Steps 1..4 and 5, 6 of launch 2, less the first step's warm-up.
+  CHECK(p.productive_s == doctest::Approx(3 + 3 + 2 - 2));
+  CHECK(p.memory_save_s == doctest::Approx(0.25));
+  CHECK(p.disk_save_s == doctest::Approx(0.5));
+  // Step 5 of launch 1 (redone), then from its record (112.75) to the failure seen (113.5), then detection.
+  CHECK(p.lost_s == doctest::Approx(1 + 0.75));
+  CHECK(p.detection_s == doctest::Approx(0.5));
+  const double sum = p.productive_s + p.memory_save_s + p.disk_save_s + p.eval_s + p.lost_s + p.restart_s +
+                     p.detection_s + p.other_s;
+  CHECK(sum == doctest::Approx(19.5));
+  const json r = goodput_record(p);
+  for (const char* k : {"productive_s", "memory_save_s", "disk_save_s", "eval_s", "lost_s", "restart_s",
+                        "detection_s", "other_s"})
+    CHECK(r.contains(k));
+  CHECK(r["restart_parts"].size() == p.restart_parts.size());
+  CHECK(restart_line(p).find("MPI start-up 1.5 s") != std::string::npos);
 }
 
 TEST_CASE("FileTail: whole lines only, from where it stopped; a shrunk file from its start") {

@@ -29,7 +29,16 @@ void GoodputAccount::add_record(const nlohmann::json& r, double read_t) {
     const std::string e = ev->get<std::string>();
     if (e == "goodput" || e == "failure") return;  // the job's own records (and a run's summary)
     a.last_record_t = std::max(a.last_record_t, t);
-    if (e == "start") {
+    if (e == "setup") {
+      a.setup_t = t;
+      a.setup_total_s = num("total_s", -1);
+      a.setup_parts.clear();
+      if (auto it = r.find("parts"); it != r.end() && it->is_array())
+        for (const auto& part : *it)
+          if (part.is_object() && part.value("part", nlohmann::json()).is_string() &&
+              part.value("s", nlohmann::json()).is_number())
+            a.setup_parts.emplace_back(part["part"].get<std::string>(), part["s"].get<double>());
+    } else if (e == "start") {
       a.first_step_t = t;
       a.start_step = int64_t(num("start_step", -1));
       a.setup_s = num("setup_s", -1);
@@ -37,7 +46,8 @@ void GoodputAccount::add_record(const nlohmann::json& r, double read_t) {
       if (auto it = r.find("resumed_from"); it != r.end() && it->is_string()) a.resumed_from = it->get<std::string>();
     } else if (e == "checkpoint") {
       const double stall = std::max(0.0, num("stall_s", 0));
-      checkpoint_s_ += stall;
+      const auto mode = r.find("mode");
+      (mode != r.end() && *mode == "memory" ? memory_save_s_ : disk_save_s_) += stall;
       attempt_checkpoint_s_ += stall;
       attempt_events_ = true;
     } else if (e == "checkpoint_committed") {
@@ -59,9 +69,11 @@ void GoodputAccount::add_record(const nlohmann::json& r, double read_t) {
   const double s = std::max(0.0, num("step_ms", 0) / 1e3);
   all_steps_s_ += s;
   ++step_records_;
-  last_step_s_[step] = s;
+  last_step_s_[step] = {s, attempts_.size() - 1};
   a.last_step = std::max(a.last_step, step);
   ++a.steps_recorded;
+  if (a.first_step < 0) a.first_step = step, a.first_step_s = s;
+  else if (a.early_steps_s.size() < 32) a.early_steps_s.push_back(s);
   if (a.first_step_t < 0) a.first_step_t = t - s;
 }
 
@@ -79,7 +91,7 @@ void GoodputAccount::end_attempt(double exit_t, bool failed) {
   // A binary that writes no checkpoint events: its output's "checkpoint step N -> DIR in X s" lines (printed once
   // the save is complete and renamed) stand for them.
   if (!attempt_events_ && attempt_output_committed_ >= 0) {
-    checkpoint_s_ += attempt_output_ckpt_s_;
+    disk_save_s_ += attempt_output_ckpt_s_;
     a.last_committed = attempt_output_committed_;
     last_committed_ = std::max(last_committed_, attempt_output_committed_);
   }
@@ -93,51 +105,147 @@ int64_t GoodputAccount::steps_lost() const {
   return std::max<int64_t>(0, a.last_step - std::max<int64_t>(from, 0));
 }
 
+void GoodputAccount::failure_seen(double t) {
+  if (!attempts_.empty() && attempts_.back().failure_seen_t < 0) attempts_.back().failure_seen_t = t;
+}
+
+double AttemptRecords::typical_step_s() const {
+  if (early_steps_s.empty()) return first_step_s;
+  std::vector<double> v = early_steps_s;
+  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+namespace {
+// The restart phase of a set-up part (runtime/core/startup.h's marks).
+std::string setup_phase(const std::string& part) {
+  if (part == "exec" || part == "mpi") return "mpi";
+  if (part == "config" || part == "mesh") return "mesh";
+  return part;
+}
+
+void add_phase(std::vector<std::pair<std::string, double>>& parts, const std::string& name, double s) {
+  for (auto& [n, v] : parts)
+    if (n == name) {
+      v += s;
+      return;
+    }
+  parts.emplace_back(name, s);
+}
+}  // namespace
+
+void GoodputAccount::restart_phases(GoodputParts& p) const {
+  for (const char* name : {"backoff", "launcher", "mpi", "mesh", "model", "load", "peak", "report", "first_step",
+                           "not_started", "not_timed"})
+    p.restart_parts.emplace_back(name, 0.0);
+  add_phase(p.restart_parts, "backoff", extra_wait_s_);
+  for (size_t i = 0; i < attempts_.size(); ++i) {
+    const AttemptRecords& a = attempts_[i];
+    add_phase(p.restart_parts, "backoff", a.backoff_s);
+    if (a.first_step_t < 0) {  // never reached a step
+      add_phase(p.restart_parts, "not_started", std::max(0.0, (a.exit_t > 0 ? a.exit_t : a.launch_t) - a.launch_t));
+      continue;
+    }
+    // The launch to its first step, cut at the set-up's marks (on the ranks' clock from the process's start, placed
+    // by the setup record's time, the end of the first step): each phase clipped into what is left of the window.
+    const double until = std::max(a.launch_t, a.first_step_t);
+    double at = a.launch_t;
+    auto cut = [&](const std::string& phase, double end) {
+      const double e = std::clamp(end, at, until);
+      add_phase(p.restart_parts, phase, e - at);
+      at = e;
+    };
+    if (a.setup_t > 0 && a.setup_total_s > 0) {
+      double mark = a.setup_t - a.setup_total_s;  // the process's start
+      cut("launcher", mark);
+      for (const auto& [part, s] : a.setup_parts)
+        if (part != "first_step") cut(setup_phase(part), mark += s);
+    }
+    cut("not_timed", until);
+    // A relaunch's first step runs cold (caches, pages, the allocator): its time above the launch's typical step
+    // is the restart's, when its record is the one that counts.
+    const auto it = last_step_s_.find(a.first_step);
+    if (!a.early_steps_s.empty() && it != last_step_s_.end() && it->second.second == i) {
+      const double warm_up = std::max(0.0, a.first_step_s - a.typical_step_s());
+      add_phase(p.restart_parts, "first_step", warm_up);
+      p.productive_s -= warm_up;
+    }
+  }
+  for (const auto& [name, s] : p.restart_parts) p.restart_s += s;
+}
+
 GoodputParts GoodputAccount::parts(double wall_s) const {
   GoodputParts p;
   p.wall_s = wall_s;
-  for (const auto& [step, s] : last_step_s_) p.productive_s += s;
+  for (const auto& [step, s] : last_step_s_) p.productive_s += s.first;
   p.steps = int64_t(last_step_s_.size());
   p.redone_steps = step_records_ - p.steps;
   p.lost_s = std::max(0.0, all_steps_s_ - p.productive_s);
-  p.checkpoint_s = checkpoint_s_;
+  p.memory_save_s = memory_save_s_;
+  p.disk_save_s = disk_save_s_;
   p.eval_s = eval_s_;
-  p.restart_s = extra_wait_s_;
+  restart_phases(p);
   for (const AttemptRecords& a : attempts_) {
     ++p.attempts;
-    p.restart_s += a.backoff_s;
+    if (!a.failed) continue;
+    ++p.failures;
+    if (a.first_step_t < 0) continue;  // all restart time
+    // After its last record: the step in flight until the failure (lost; at most one typical step, and no later
+    // than the supervisor saw it), then the detection and the tear-down.
     const double end = a.exit_t > 0 ? a.exit_t : a.launch_t;
-    if (a.first_step_t < 0) {
-      p.restart_s += std::max(0.0, end - a.launch_t);  // never reached a step
-    } else {
-      p.restart_s += std::max(0.0, a.first_step_t - a.launch_t);
-      if (a.failed) p.lost_s += std::max(0.0, end - std::max(a.last_record_t, a.first_step_t));
-    }
-    if (a.failed) ++p.failures;
+    const double last = std::max(a.last_record_t, a.first_step_t);
+    const double tail = std::max(0.0, end - last);
+    const double seen = a.failure_seen_t > 0 ? a.failure_seen_t : end;
+    const double in_flight = std::clamp(std::min(seen, last + a.typical_step_s()) - last, 0.0, tail);
+    p.lost_s += in_flight;
+    p.detection_s += tail - in_flight;
   }
-  p.other_s = std::max(0.0, wall_s - p.productive_s - p.checkpoint_s - p.eval_s - p.lost_s - p.restart_s);
+  p.other_s = std::max(0.0, wall_s - p.productive_s - p.memory_save_s - p.disk_save_s - p.eval_s - p.lost_s -
+                                p.restart_s - p.detection_s);
   p.goodput = wall_s > 0 ? p.productive_s / wall_s : 0;
   return p;
 }
 
 nlohmann::json goodput_record(const GoodputParts& p) {
-  return {{"event", "goodput"},       {"scope", "job"},         {"wall_s", p.wall_s},
-          {"productive_s", p.productive_s}, {"checkpoint_s", p.checkpoint_s}, {"eval_s", p.eval_s},
-          {"lost_s", p.lost_s},       {"restart_s", p.restart_s}, {"other_s", p.other_s},
-          {"goodput", p.goodput},     {"steps", p.steps},       {"redone_steps", p.redone_steps},
-          {"attempts", p.attempts},   {"failures", p.failures}};
+  nlohmann::json restart = nlohmann::json::array();
+  for (const auto& [name, sec] : p.restart_parts) restart.push_back({{"part", name}, {"s", sec}});
+  return {{"event", "goodput"},         {"scope", "job"},
+          {"wall_s", p.wall_s},         {"productive_s", p.productive_s},
+          {"memory_save_s", p.memory_save_s}, {"disk_save_s", p.disk_save_s},
+          {"eval_s", p.eval_s},         {"lost_s", p.lost_s},
+          {"restart_s", p.restart_s},   {"detection_s", p.detection_s},
+          {"other_s", p.other_s},       {"restart_parts", restart},
+          {"goodput", p.goodput},       {"steps", p.steps},
+          {"redone_steps", p.redone_steps}, {"attempts", p.attempts},
+          {"failures", p.failures}};
 }
 
 std::string goodput_line(const GoodputParts& p) {
   auto part = [&](const char* name, double s) {
     return fmt::format("{} {:.1f} s ({:.1f}%)", name, s, p.wall_s > 0 ? 100 * s / p.wall_s : 0.0);
   };
-  return fmt::format("goodput {:.1f}% of {:.1f} s wall: {}, {}, {}, {}, {}, {}; {} steps ({} redone), {} launch{}, "
-                     "{} failure{}",
+  return fmt::format("goodput {:.1f}% of {:.1f} s wall: {}, {}, {}, {}, {}, {}, {}, {}; {} steps ({} redone), {} "
+                     "launch{}, {} failure{}",
                      100 * p.goodput, p.wall_s, part("productive", p.productive_s),
-                     part("checkpoint", p.checkpoint_s), part("eval", p.eval_s), part("lost", p.lost_s),
-                     part("restart", p.restart_s), part("other", p.other_s), p.steps, p.redone_steps, p.attempts,
-                     p.attempts == 1 ? "" : "es", p.failures, p.failures == 1 ? "" : "s");
+                     part("memory saves", p.memory_save_s), part("disk saves", p.disk_save_s),
+                     part("eval", p.eval_s), part("lost", p.lost_s), part("restart", p.restart_s),
+                     part("detection", p.detection_s), part("other", p.other_s), p.steps, p.redone_steps,
+                     p.attempts, p.attempts == 1 ? "" : "es", p.failures, p.failures == 1 ? "" : "s");
+}
+
+std::string restart_line(const GoodputParts& p) {
+  static const std::map<std::string, std::string> labels = {
+      {"backoff", "back-off"},  {"launcher", "launcher"}, {"mpi", "MPI start-up"},   {"mesh", "config and mesh"},
+      {"model", "model"},       {"load", "load or init"}, {"peak", "GEMM peak"},     {"report", "set-up report"},
+      {"first_step", "first step's warm-up"}, {"not_started", "launches that never stepped"},
+      {"not_timed", "not timed"}};
+  std::string parts;
+  for (const auto& [name, s] : p.restart_parts) {
+    if (s < 0.05) continue;
+    const auto l = labels.find(name);
+    parts += fmt::format("{}{} {:.1f} s", parts.empty() ? "" : ", ", l == labels.end() ? name : l->second, s);
+  }
+  return fmt::format("restart {:.1f} s by phase: {}", p.restart_s, parts.empty() ? "none" : parts);
 }
 
 FileTail::FileTail(std::string path, bool from_end) : path_(std::move(path)) {

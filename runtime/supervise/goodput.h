@@ -1,20 +1,28 @@
-// Goodput of a job made of several launches (`meshtrain supervise`): where its wall time went, read from the
-// run's metrics file (log.metrics_file), which every launch appends to. The parts:
-//   productive  the steps that count: step_ms of the last record of each step number (a step redone after a
-//               failure counts once, its last time)
-//   checkpoint  the training loop held by saves ("checkpoint" events' stall_s)
-//   eval        evaluations (eval records' eval_s)
-//   lost        work thrown away by failures: every earlier record of a redone step, and each failed launch's
-//               time after its last record (the step it died in, the detection, the tear-down)
-//   restart     the back-off waits, and each launch's time before its first step (the launcher starting the
-//               ranks, set-up, the checkpoint load); a launch that failed before its first step, all of it
-//   other       the rest of the wall time (logging, the step boundaries, the exit)
+// Goodput of a job made of several launches (`meshtrain supervise`): where its wall time went, by cause, read
+// from the run's metrics file (log.metrics_file), which every launch appends to. The causes (they add up to the wall
+// time):
+//   productive   the steps that count: step_ms of the last record of each step number (a step redone after a
+//                failure counts once, its last time), less a relaunch's first-step warm-up (under restart)
+//   memory_save  the training loop held by in-memory checkpoints ("checkpoint" events with "mode": "memory")
+//   disk_save    the training loop held by disk checkpoints (the other "checkpoint" events' stall_s)
+//   eval         evaluations (eval records' eval_s)
+//   lost         work thrown away by failures: every earlier record of a redone step, and the step in flight when
+//                a launch failed (from its last record to the failure, at most one step's time)
+//   restart      the back-off waits and each launch's time before its first step, split by phase (restart_parts:
+//                the launcher starting the processes, MPI start-up, mesh, model, load, GEMM peak, the set-up
+//                report, the first step's time above the launch's typical step; from the ranks' "setup" record);
+//                a launch that failed before its first step, all of it
+//   detection    from the failure to the end of the failed launch: noticing it (the launcher's or the watchdog's
+//                word, the hang timeout) and the tear-down
+//   other        the rest of the wall time (logging, the step boundaries, the exit)
 // goodput = productive / wall. Records the trainer may not write (an older binary) fall back: the start of the
-// first step from the first step record (its time minus its step_ms), else when the supervisor read it.
+// first step from the first step record (its time minus its step_ms), else when the supervisor read it; a launch
+// without a "setup" record has its restart time as one phase ("not timed").
 #pragma once
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -22,7 +30,11 @@
 namespace mt {
 
 struct GoodputParts {
-  double wall_s = 0, productive_s = 0, checkpoint_s = 0, eval_s = 0, lost_s = 0, restart_s = 0, other_s = 0;
+  double wall_s = 0, productive_s = 0, memory_save_s = 0, disk_save_s = 0, eval_s = 0, lost_s = 0, restart_s = 0,
+         detection_s = 0, other_s = 0;
+  // restart_s by phase, in launch order (they add up to restart_s): backoff, launcher, mpi, mesh, model, load,
+  // peak, report, first_step, not_started (launches that failed before their first step), not_timed.
+  std::vector<std::pair<std::string, double>> restart_parts;
   double goodput = 0;        // productive_s / wall_s
   int64_t steps = 0;         // distinct steps recorded
   int64_t redone_steps = 0;  // step records beyond the first of their step number
@@ -42,6 +54,14 @@ struct AttemptRecords {
   int64_t steps_recorded = 0;
   double setup_s = -1, load_s = -1;
   std::string resumed_from;
+  double failure_seen_t = -1;  // when the supervisor first saw that it failed (its output, a hang)
+  // The ranks' "setup" record: its time (the end of the first step) and parts (name, seconds), in order.
+  double setup_t = -1, setup_total_s = -1;
+  std::vector<std::pair<std::string, double>> setup_parts;
+  int64_t first_step = -1;
+  double first_step_s = 0;
+  std::vector<double> early_steps_s;  // the step times after the first (at most 32): the launch's typical step
+  double typical_step_s() const;
 };
 
 class GoodputAccount {
@@ -54,6 +74,9 @@ class GoodputAccount {
   // metrics carry no checkpoint events (the stall is then the whole save).
   void add_output_checkpoint(int64_t step, double seconds);
   void end_attempt(double exit_t, bool failed);
+  // The supervisor saw at t that the current launch failed (the first time counts): where detection begins at
+  // the latest.
+  void failure_seen(double t);
   // A back-off wait that no launch followed (the job was stopped during it): restart time.
   void add_wait(double seconds) { extra_wait_s_ += seconds; }
 
@@ -67,11 +90,14 @@ class GoodputAccount {
   GoodputParts parts(double wall_s) const;
 
  private:
+  // restart_s's phases over the launches (and the first steps' warm-up, taken out of productive).
+  void restart_phases(GoodputParts& p) const;
+
   std::vector<AttemptRecords> attempts_;
-  std::map<int64_t, double> last_step_s_;  // step -> seconds of its last record
+  std::map<int64_t, std::pair<double, size_t>> last_step_s_;  // step -> seconds of its last record, its launch
   double all_steps_s_ = 0;
   int64_t step_records_ = 0;
-  double checkpoint_s_ = 0, eval_s_ = 0;
+  double memory_save_s_ = 0, disk_save_s_ = 0, eval_s_ = 0;
   double attempt_checkpoint_s_ = 0;   // the current launch's stalls from "checkpoint" events
   double attempt_output_ckpt_s_ = 0;  // the current launch's saves seen in its output
   int64_t attempt_output_committed_ = -1;
@@ -82,8 +108,11 @@ class GoodputAccount {
 
 // {"event":"goodput","scope":"job","wall_s":...,"productive_s":...,...,"goodput":...}
 nlohmann::json goodput_record(const GoodputParts& p);
-// "goodput 87.1% of 600.0 s: productive 522.6 s (87.1%), checkpoint ..., eval ..., lost ..., restart ..., other ..."
+// "goodput 87.1% of 600.0 s: productive 522.6 s (87.1%), memory saves ..., disk saves ..., eval ..., lost ...,
+// restart ..., detection ..., other ..."
 std::string goodput_line(const GoodputParts& p);
+// "restart 41.2 s by phase: back-off 6.0 s, launcher 3.1 s, MPI start-up 8.2 s, ..." (phases with time only)
+std::string restart_line(const GoodputParts& p);
 
 // New whole lines of a file that another process appends to, from where the last call stopped (a line still
 // being written waits for its newline; a file that shrank is read again from its start).

@@ -165,6 +165,7 @@ class Launch {
   LaunchResult run() {
     while (true) {
       pump_output(fds_, open_fd_, partial_, scan_);
+      if (scan_.ev.level > 0 || scan_.launcher_aborting) acct_.failure_seen(now_unix());  // detection's end
       if (!exited_ && !ranks_ended_ && scan_.launcher_aborting && forwarded_.empty() && !scan_.ev.stopped_by_signal)
         end_ranks();
       const double t = now_unix();
@@ -244,6 +245,7 @@ class Launch {
   void kill_hung(double t) {
     say("no new step in the metrics for {:.0f} s (--hang-timeout): the launch hangs; killing it", t - last_step_t_);
     res_.hang_killed = true;
+    acct_.failure_seen(t);
     std::vector<pid_t> all = descendants(pid_);
     ::kill(-pid_, SIGKILL);
     for (pid_t d : all) ::kill(d, SIGKILL);

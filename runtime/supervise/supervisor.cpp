@@ -162,6 +162,7 @@ class Supervisor {
     if (metrics_) {
       GoodputParts p = acct_.parts(now_unix() - t0_);
       say("{}", goodput_line(p));
+      say("{}", restart_line(p));
       append_record(metrics_path_, goodput_record(p));
     }
     return code_;
