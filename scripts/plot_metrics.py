@@ -22,8 +22,11 @@ step redone after a failure has several records, and the last one is drawn
 panel (a dotted line at the last step each failed launch recorded), and its
 {"event": "goodput"} record (the job's, else the last run's) becomes a third
 PNG (OUT with "_goodput" before the extension): the wall time as one stacked
-bar of productive steps, checkpoint stalls, evaluation, lost work, restarts
-and the rest, each with its seconds and share. Its path is printed too.
+bar by cause (productive steps, in-memory and disk saves, evaluation, lost
+work, restarts, detection and the rest; a run's own record: checkpoint stalls
+and set-up), each with its seconds and share, and for a job a second bar: the
+restart time by phase (back-off, launcher, MPI start-up, mesh, model, load,
+GEMM peak, first step's warm-up). Its path is printed too.
 """
 import argparse
 import json
@@ -121,31 +124,56 @@ def read_job_events(path):
     return job or run, failures
 
 
-GOODPUT_PARTS = [("productive_s", "productive", "tab:green"), ("checkpoint_s", "checkpoint", "tab:blue"),
+# The causes of a goodput record, in the order drawn: the job's (meshtrain supervise: memory and disk saves apart,
+# detection), or a run's own (checkpoint stalls, set-up). Only those the record carries are drawn.
+GOODPUT_PARTS = [("productive_s", "productive", "tab:green"), ("memory_save_s", "in-memory saves", "tab:cyan"),
+                 ("disk_save_s", "disk saves", "tab:blue"), ("checkpoint_s", "checkpoint", "tab:blue"),
                  ("eval_s", "eval", "tab:purple"), ("lost_s", "lost", "tab:red"),
                  ("restart_s", "restart", "tab:orange"), ("setup_s", "set-up", "tab:orange"),
-                 ("other_s", "other", "tab:gray")]
+                 ("detection_s", "detection", "tab:brown"), ("other_s", "other", "tab:gray")]
+RESTART_PHASES = {"backoff": "back-off", "launcher": "launcher", "mpi": "MPI start-up", "mesh": "config and mesh",
+                  "model": "model", "load": "load or init", "peak": "GEMM peak", "report": "set-up report",
+                  "first_step": "first step's warm-up", "not_started": "never stepped", "not_timed": "not timed"}
+
+
+def stacked_bar(ax, y, parts, wall):
+    """Draws parts [(seconds, label, color)] as one horizontal bar at y; returns the bar's length."""
+    left = 0.0
+    for v, name, color in parts:
+        if not v or v <= 0:
+            continue
+        ax.barh([y], [v], left=left, color=color, edgecolor="white", label=f"{name} {v:.1f} s ({100 * v / wall:.1f}%)")
+        if v / wall > 0.06:
+            ax.text(left + v / 2, y, f"{100 * v / wall:.0f}%", ha="center", va="center", color="white", fontsize=8)
+        left += v
+    return left
 
 
 def plot_goodput(g, out, title):
-    """One horizontal bar: the wall time split into its parts, each labelled with seconds and share."""
+    """The wall time by cause as one stacked bar, each part labelled with seconds and share; with a job's record
+    (restart_parts), a second bar below: the restart time by phase of the launches' set-up."""
     wall = g.get("wall_s") or sum(g.get(k, 0) for k, _, _ in GOODPUT_PARTS) or 1.0
-    fig, ax = plt.subplots(figsize=(9, 2.6))
-    left = 0.0
-    for key, name, color in GOODPUT_PARTS:
-        v = g.get(key)
-        if not v:
-            continue
-        ax.barh([0], [v], left=left, color=color, edgecolor="white", label=f"{name} {v:.0f} s ({100 * v / wall:.1f}%)")
-        if v / wall > 0.06:
-            ax.text(left + v / 2, 0, f"{100 * v / wall:.0f}%", ha="center", va="center", color="white")
-        left += v
-    ax.set_xlim(0, max(wall, left))
-    ax.set_yticks([])
+    phases = [p for p in g.get("restart_parts", []) if p.get("s", 0) > 0]
+    fig, axes = plt.subplots(2 if phases else 1, 1, figsize=(10, 5.2 if phases else 2.8), squeeze=False)
+    ax = axes[0][0]
+    length = stacked_bar(ax, 0, [(g.get(k), name, color) for k, name, color in GOODPUT_PARTS], wall)
+    ax.set_xlim(0, max(wall, length))
+    ax.set_yticks([0], ["by cause"])
     ax.set_xlabel("wall time (s)")
     extra = f", {g['failures']} failures, {g['attempts']} launches" if "failures" in g else ""
     ax.set_title(f"{title}: goodput {100 * g.get('goodput', 0):.1f}% ({g.get('scope', 'run')}{extra})")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=3, fontsize=8, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, fontsize=8, frameon=False)
+    if phases:
+        ax = axes[1][0]
+        cmap = plt.get_cmap("tab20")
+        restart = sum(p["s"] for p in phases) or 1.0
+        stacked_bar(ax, 0, [(p["s"], RESTART_PHASES.get(p["part"], p["part"]), cmap(i % 20))
+                            for i, p in enumerate(phases)], restart)
+        ax.set_xlim(0, restart)
+        ax.set_yticks([0], ["restart"])
+        ax.set_xlabel("restart time (s), by phase (share of the restart time)")
+        ax.set_title(f"restart {g.get('restart_s', restart):.1f} s over {g.get('attempts', 1)} launches, by phase")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
 

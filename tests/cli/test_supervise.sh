@@ -7,7 +7,9 @@
 #   - the final checkpoint's weights and optimizer state equal an uninterrupted run's, byte for byte;
 #   - after deduplication (the last record of a step wins) the metrics hold every step once, none missing, with the
 #     uninterrupted run's losses bit for bit;
-#   - the goodput is printed with its parts and recorded in the metrics file, with one record per failure.
+#   - the goodput is printed with its parts and recorded in the metrics file, with one record per failure; by
+#     cause (productive, memory and disk saves, eval, lost, restart by set-up phase, detection, other) adding up to
+#     the wall time, and plot_metrics.py draws it.
 # Then what is not relaunched: a config error (one launch), SIGTERM to the supervisor (passed on: checkpoint,
 # exit 143), a launch that exits 138 by itself (a preemption), --max-restarts used up (non-zero, "giving up", the
 # back-off doubling), and --hang-timeout ending a launch whose steps stopped. SIGKILL to the supervisor ends its
@@ -124,13 +126,48 @@ else bad "drill: the final weights equal the uninterrupted run's" "$out"; fi
 if out=$("$py" "$dedup" "$tmp/drill.jsonl" $steps --base "$tmp/base.jsonl" 2>&1); then ok "drill: metrics: $out"
 else bad "drill: metrics after deduplication" "$out"; fi
 g=$(grep -m 1 '\] goodput [0-9.]*% of' "$tmp/drill.log")
-if [[ "$g" == *productive*checkpoint*eval*lost*restart*other* ]] && grep -q '"event": *"goodput".*"scope": *"job"' "$tmp/drill.jsonl" &&
+if [[ "$g" == *productive*"memory saves"*"disk saves"*eval*lost*restart*detection*other* ]] &&
+  grep -q '"event": *"goodput".*"scope": *"job"' "$tmp/drill.jsonl" &&
   [ "$(grep -c '"event": *"failure"' "$tmp/drill.jsonl")" -eq 2 ]; then
   ok "drill: ${g#*] }"
 else
   bad "drill: the goodput with its parts, and the failure records" "${g:-no goodput line}" \
     "$(grep -c '"event": *"failure"' "$tmp/drill.jsonl") failure records"
 fi
+# Goodput by cause (issue 54 part 5): the job's record carries every cause, adding up to the wall time; the restart
+# split by the launches' set-up phases (read from the ranks' setup records), adding up to it; the detection of the
+# two failures (the stopped rank's watchdog, comm.timeout_s 3) counted apart from the work lost.
+if out=$("$py" - "$tmp/drill.jsonl" 2>&1 <<'PY'
+import json, sys
+g = [r for r in map(json.loads, open(sys.argv[1])) if r.get("event") == "goodput" and r.get("scope") == "job"][-1]
+causes = ["productive_s", "memory_save_s", "disk_save_s", "eval_s", "lost_s", "restart_s", "detection_s", "other_s"]
+missing = [c for c in causes if not isinstance(g.get(c), (int, float)) or g[c] < 0]
+assert not missing, f"causes missing or negative: {missing}"
+total = sum(g[c] for c in causes)
+assert abs(total - g["wall_s"]) <= 0.01 * g["wall_s"] + 0.05, f"causes add up to {total:.2f} s, wall {g['wall_s']:.2f} s"
+phases = {p["part"]: p["s"] for p in g["restart_parts"]}
+assert abs(sum(phases.values()) - g["restart_s"]) < 1e-6 + 1e-6 * g["restart_s"], (phases, g["restart_s"])
+for p in ("launcher", "mpi", "mesh", "model", "load", "peak", "report", "first_step"):
+    assert p in phases, f"no restart phase {p}: {phases}"
+for p in ("launcher", "mpi", "load"):  # each launch pays these (the others can be a few ms on a tiny model)
+    assert phases[p] > 0, f"no time in the restart phase {p} (the ranks' setup records not read?): {phases}"
+assert phases.get("not_timed", 0) < 0.1 * g["restart_s"], f"restart time outside the set-up's phases: {phases}"
+assert phases.get("backoff", 0) >= 2 - 0.05, f"two back-offs of 1 s: {phases}"
+assert g["detection_s"] >= 2, f"the stopped rank's detection (comm.timeout_s 3) not counted: {g['detection_s']:.2f} s"
+assert g["disk_save_s"] > 0 and g["memory_save_s"] == 0, (g["disk_save_s"], g["memory_save_s"])
+print(", ".join(f"{c[:-2]} {g[c]:.1f}" for c in causes), f"= {total:.1f} of {g['wall_s']:.1f} s; restart:",
+      ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v))
+PY
+); then ok "drill: goodput by cause: $out"
+else bad "drill: goodput by cause adding up to the wall time, restart by phase" "$out"; fi
+if grep -q '\] restart [0-9.]* s by phase: .*MPI start-up' "$tmp/drill.log"; then
+  ok "drill: $(grep -m 1 '\] restart [0-9.]* s by phase' "$tmp/drill.log" | sed 's/^.*\] //')"
+else bad "drill: the restart line by phase" "$(grep '^\[supervise' "$tmp/drill.log" | tail -n 3)"; fi
+if out=$("$py" "$root/scripts/plot_metrics.py" "$tmp/drill.jsonl" --out "$tmp/drill.png" 2>&1) &&
+  [ -s "$tmp/drill_goodput.png" ] && "$py" -c "
+import sys; sys.exit(open('$tmp/drill_goodput.png', 'rb').read(8) != b'\x89PNG\r\n\x1a\n')"; then
+  ok "drill: plot_metrics.py draws the goodput by cause and the restart by phase ($(basename "$tmp/drill_goodput.png"))"
+else bad "drill: plot_metrics.py on the drill's metrics" "$out"; fi
 
 # What is not relaunched.
 # A config error: every rank fails before the first step; a relaunch would fail the same way.
