@@ -136,8 +136,9 @@ mtbf = float(sys.argv[2])
 saves = [r for r in recs if r.get("event") == "checkpoint"]
 starts = [r for r in recs if r.get("event") == "start"]
 w = g["wall_s"]
-parts = ", ".join(f"{k} {g[k + '_s']:.0f} s ({100 * g[k + '_s'] / w:.1f}%)"
-                  for k in ("productive", "checkpoint", "eval", "lost", "restart", "other"))
+g["checkpoint_s"] = g.get("checkpoint_s", g.get("memory_save_s", 0) + g.get("disk_save_s", 0))
+causes = ("productive", "memory_save", "disk_save", "eval", "lost", "restart", "detection", "other")
+parts = ", ".join(f"{k} {g.get(k + '_s', 0):.1f} s ({100 * g.get(k + '_s', 0) / w:.1f}%)" for k in causes)
 print(f"goodput    : {100 * g['goodput']:.1f}% (goal 85%) of {w:.0f} s: {parts}")
 f = max(g["failures"], 1)
 launches = g["attempts"]
@@ -146,12 +147,14 @@ period = g["productive_s"] / n
 setup = sum(r.get("setup_s", 0) for r in starts) / max(len(starts), 1)
 load = sum(r.get("load_s", 0) for r in starts) / max(len(starts), 1)
 modes = sorted({r.get("mode", "?") for r in saves})
+phases = ", ".join(f"{p['part']} {p['s'] / launches:.2f}" for p in g.get("restart_parts", []) if p["s"] > 0)
+print(f"restart    : per launch by phase (s): {phases}")
 print(f"per failure: {g['failures']} failures, one every {w / f:.0f} s; restart {g['restart_s'] / launches:.1f} s per "
       f"launch (of which the trainer's set-up {setup:.1f} s, its checkpoint load {load:.2f} s; the rest mpirun "
-      f"starting 4 ranks); lost {g['lost_s'] / f:.1f} s per failure ({g['redone_steps'] / f:.1f} steps redone, the "
-      f"step it died in, the detection); checkpoint stall {g['checkpoint_s'] / n:.2f} s per save ({len(saves)} "
+      f"starting 4 ranks); lost {g['lost_s'] / f:.1f} s per failure ({g['redone_steps'] / f:.1f} steps redone and the "
+      f"step it died in), detection {g.get('detection_s', 0) / f:.1f} s per failure; checkpoint stall {g['checkpoint_s'] / n:.2f} s per save ({len(saves)} "
       f"{'/'.join(modes)} saves, one every {period:.1f} s of steps)")
-bound = 1 - (g["restart_s"] / launches + g["lost_s"] / f) / mtbf - (g["checkpoint_s"] / n) / period
-print(f"bound      : at one failure per {mtbf:.0f} s, 1 - (restart + lost) / MTBF - save / interval = {100 * bound:.1f}%")
+bound = 1 - (g["restart_s"] / launches + (g["lost_s"] + g.get("detection_s", 0)) / f) / mtbf - (g["checkpoint_s"] / n) / period
+print(f"bound      : at one failure per {mtbf:.0f} s, 1 - (restart + lost + detection) / MTBF - save / interval = {100 * bound:.1f}%")
 PY
 exit $status
