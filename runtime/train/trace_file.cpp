@@ -317,6 +317,7 @@ void RunTrace::finish(MetricsLogger& log) {
   if (!recording_) return;
   trace::stop();
   recording_ = false, done_ = true;
+  const int64_t t0 = trace::now_ns();
   // Every rank's size first (all arrive here from the same step), so that each knows how long the largest file
   // and the merge may take.
   const std::vector<int64_t> sizes = world::all_gather(int64_t(trace::event_count()), "trace sizes");
@@ -326,14 +327,25 @@ void RunTrace::finish(MetricsLogger& log) {
   const bool ok = write_file();
   trace::clear();
   world::barrier("trace files written", trace_write_budget_s(largest));
+  const int64_t written = trace::now_ns();
   const std::vector<int> oks = world::all_gather(int(ok), "trace files agreed");
   std::vector<int> failed;
   for (int r = 0; r < int(oks.size()); ++r)
     if (!oks[size_t(r)]) failed.push_back(r);
   if (env_.rank() == 0) merge(log, sizes[0], all, failed);
+  const int64_t merged = trace::now_ns();
   if (after_range) after_range();
+  const int64_t compared = trace::now_ns();
   // Rank 0 merged every file meanwhile (and compared its memory with `meshtrain estimate`).
   world::barrier("trace merged", trace_write_budget_s(all));
+  // What the range's end cost the run (every rank waits for it): said once, and recorded.
+  const double s = 1e-9 * double(trace::now_ns() - t0), write_s = 1e-9 * double(written - t0),
+               merge_s = 1e-9 * double(merged - written), compare_s = 1e-9 * double(compared - merged);
+  log.note(fmt::format("trace: the range's end held the run {:.2f} s: the files written {:.2f} s (the slowest rank), "
+                       "merged {:.2f} s, memory beside estimate {:.2f} s",
+                       s, write_s, merge_s, compare_s));
+  log.record({{"event", "trace_end"}, {"s", s}, {"write_s", write_s}, {"merge_s", merge_s},
+              {"compare_s", compare_s}, {"events", all}});
 }
 
 void RunTrace::merge(MetricsLogger& log, int64_t events, int64_t all_events, const std::vector<int>& failed) {

@@ -30,6 +30,21 @@ if train traced 8 "${mesh[@]}" --set 'profile.steps=[3, 4]' --set profile.dir="$
 else
   bad "traced run" "$(tail -n 20 "$tmp/traced.log")"
 fi
+# What the range's end held the run (every rank waits for the files and the merge): said once, and recorded with
+# its parts (issue 54: where a traced run's time goes).
+if out=$("$py" - "$tmp/traced.jsonl" 2>&1 <<'PY'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if '"trace_end"' in l]
+assert len(r) == 1, f"{len(r)} trace_end records"
+r = r[0]
+parts = r["write_s"] + r["merge_s"] + r["compare_s"]
+assert min(r["write_s"], r["merge_s"], r["compare_s"]) >= 0 and parts <= r["s"] + 1e-3, r
+assert r["events"] > 0, r
+print(f"{r['s']:.2f} s: written {r['write_s']:.2f}, merged {r['merge_s']:.2f}, compared {r['compare_s']:.2f}; {r['events']} events")
+PY
+) && [ "$(grep -ac "the range's end held the run" "$tmp/traced.log")" -eq 1 ]; then
+  ok "the range's end said once and recorded: $out"
+else bad "the range's end said and recorded (trace_end)" "$out" "$(grep -a "range's end" "$tmp/traced.log")"; fi
 # Rank 0's memory track at its peak, by part, beside `meshtrain estimate`'s (stage 0): within 5% each.
 if "$py" - "$tmp/traced.jsonl" <<'PY'; then ok "memory at the traced peak by part within 5% of estimate's"; else bad "memory by part against estimate" "$(grep -a 'memory at the traced peak' "$tmp/traced.log")"; fi
 import json, sys
