@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <vector>
 
@@ -48,8 +49,20 @@ std::vector<std::pair<int, fs::path>> rank_files(const std::string& dir) {
   return files;
 }
 
-// One rank's file, with the run id and world size its metadata must carry.
-nlohmann::json read_rank_file(const fs::path& path, int rank) {
+// A rank file's metadata: the run id and world size it must carry, and the rank its name gives.
+nlohmann::json checked_metadata(const nlohmann::json& m, const fs::path& path, int rank) {
+  const nlohmann::json run = m.is_object() ? m.value("run", nlohmann::json::object()) : nlohmann::json::object();
+  MT_CHECK(run.is_object() && run.value("run_id", nlohmann::json()).is_string() &&
+               run.value("world_size", nlohmann::json()).is_number_integer(),
+           "trace", "{}: no run id and world size in its metadata (written by an older meshtrain?): cannot tell which "
+           "run it belongs to", path.string());
+  MT_CHECK(m.value("rank", -1) == rank, "trace", "{}: its metadata says rank {}, its name rank {}", path.string(),
+           m.value("rank", -1), rank);
+  return m;
+}
+
+// One rank's file, any layout: parsed whole. Each event's text goes to emit; returns its metadata.
+template <typename Emit> nlohmann::json read_rank_file(const fs::path& path, int rank, Emit&& emit) {
   std::ifstream in(path);
   nlohmann::json j;
   try {
@@ -59,15 +72,33 @@ nlohmann::json read_rank_file(const fs::path& path, int rank) {
   }
   MT_CHECK(j.is_object() && j.contains("traceEvents") && j["traceEvents"].is_array(), "trace",
            "{}: not a Chrome trace (no traceEvents array)", path.string());
-  const nlohmann::json m = j.value("metadata", nlohmann::json::object());
-  const nlohmann::json run = m.is_object() ? m.value("run", nlohmann::json::object()) : nlohmann::json::object();
-  MT_CHECK(run.is_object() && run.value("run_id", nlohmann::json()).is_string() &&
-               run.value("world_size", nlohmann::json()).is_number_integer(),
-           "trace", "{}: no run id and world size in its metadata (written by an older meshtrain?): cannot tell which "
-           "run it belongs to", path.string());
-  MT_CHECK(m.value("rank", -1) == rank, "trace", "{}: its metadata says rank {}, its name rank {}", path.string(),
-           m.value("rank", -1), rank);
-  return j;
+  for (const auto& e : j["traceEvents"]) emit(e.dump());
+  return checked_metadata(j.value("metadata", nlohmann::json::object()), path, rank);
+}
+
+// One rank's file as trace::write lays it out (a line `{"traceEvents":[`, one event a line, each but the last
+// ending in a comma, then `],"displayTimeUnit":...,"metadata":{...}}`): each event line checked as JSON and passed
+// on as it is, no document built (rank 0's merge holds every rank waiting: about twice as fast as parsing it
+// whole). nullopt: not that layout (nothing emitted), for read_rank_file.
+template <typename Emit>
+std::optional<nlohmann::json> read_written_rank_file(const fs::path& path, int rank, Emit&& emit) {
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line) || line != "{\"traceEvents\":[") return std::nullopt;
+  const std::string tail = "],\"displayTimeUnit\"";
+  for (int64_t n = 2; std::getline(in, line); ++n) {
+    if (line.compare(0, tail.size(), tail) == 0) {
+      const nlohmann::json rest = nlohmann::json::parse("{" + line.substr(2), nullptr, false);
+      MT_CHECK(rest.is_object() && !std::getline(in, line), "trace", "{}: damaged (line {}: the end of a trace file "
+               "that does not parse, or text after it)", path.string(), n);
+      return checked_metadata(rest.value("metadata", nlohmann::json::object()), path, rank);
+    }
+    if (!line.empty() && line.back() == ',') line.pop_back();
+    MT_CHECK(!line.empty() && line.front() == '{' && nlohmann::json::accept(line), "trace",
+             "{}: damaged (line {} is not a JSON event)", path.string(), n);
+    emit(line);
+  }
+  fail("trace", "{}: damaged (truncated: no end of the traceEvents array)", path.string());
 }
 
 // The ranks merged came from one run and hold every rank of it.
@@ -109,17 +140,18 @@ MergedTraces merge_traces(const std::string& dir, const std::string& run_id, int
   try {
     o << "{\"traceEvents\":[";
     bool first = true;
+    auto emit = [&](const std::string& e) { o << (first ? "\n" : ",\n") << e, first = false; };
     for (const auto& [rank, path] : files) {
-      nlohmann::json j = read_rank_file(path, rank);
-      nlohmann::json& run = j["metadata"]["run"];
+      std::optional<nlohmann::json> m = read_written_rank_file(path, rank, emit);
+      if (!m) m = read_rank_file(path, rank, emit);
+      nlohmann::json& run = (*m)["run"];
       const std::string id = run["run_id"];
       MT_CHECK(run_id.empty() || id == run_id, "trace", "{}: from run {}, not this run's {}", path.string(), id,
                run_id);
       runs[id].first = run["world_size"].get<int>();
       runs[id].second.push_back(rank);
       out.dropped += run.value("dropped_events", int64_t(0));
-      for (const auto& e : j["traceEvents"]) o << (first ? "\n" : ",\n") << e.dump(), first = false;
-      ranks.push_back(std::move(j["metadata"]));
+      ranks.push_back(std::move(*m));
     }
     check_one_run(dir, runs);
     out.run_id = runs.begin()->first, out.ranks = int(files.size());

@@ -202,6 +202,27 @@ else bad "a run merges its own rank files only" "$(grep -a 'trace of' "$tmp/mix2
 expect "trace merge of two runs' files: an error naming them" nonzero "trace files of 2 runs" -- "$mt" trace merge "$tmp/mix"
 expect "trace merge of ranks 0 and 3 of 4: an error naming the missing ones" nonzero "ranks 1, 2 missing" -- \
   "$mt" trace merge "$tmp/gap"
+# The merge reads a rank file as the ranks write it line by line, checking each event line as JSON without building
+# the document (rank 0's merge holds every rank); a file laid out otherwise (pretty-printed) is read whole, to the
+# same events; a damaged event line or a truncated file is an error naming the file.
+for d in pretty bad cut; do mkdir -p "$tmp/$d" && cp "$tmp/tr"/trace_rank*.json "$tmp/$d/"; done
+"$py" -c 'import json, sys; p = sys.argv[1]; j = json.load(open(p)); json.dump(j, open(p, "w"), indent=1)' \
+  "$tmp/pretty/trace_rank3.json"
+sed -i '10s/"ts":/"ts"/' "$tmp/bad/trace_rank5.json"
+head -n -1 "$tmp/tr/trace_rank2.json" >"$tmp/cut/trace_rank2.json"
+if "$mt" trace merge "$tmp/pretty" >"$tmp/pretty.log" 2>&1 && "$py" - "$tmp/tr/trace.json" "$tmp/pretty/trace.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+key = lambda e: json.dumps(e, sort_keys=True)
+assert sorted(map(key, a["traceEvents"])) == sorted(map(key, b["traceEvents"])), "other events"
+assert a["metadata"] == b["metadata"]
+PY
+then ok "trace merge: a pretty-printed rank file read whole, the same events and metadata as the run's merge"
+else bad "trace merge of a pretty-printed rank file" "$(tail -n 3 "$tmp/pretty.log")"; fi
+expect "trace merge: a damaged event line names the file and line" nonzero "trace_rank5.json: damaged (line 10 is not a JSON event)" -- \
+  "$mt" trace merge "$tmp/bad"
+expect "trace merge: a truncated rank file names it" nonzero "trace_rank2.json: damaged (truncated" -- \
+  "$mt" trace merge "$tmp/cut"
 # 5. An unwritable profile.dir: one error line, before the model is set up.
 touch "$tmp/afile"
 "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set 'profile.steps=[1, 2]' --set profile.dir="$tmp/afile/tr" train \
