@@ -165,7 +165,8 @@ class Launch {
   LaunchResult run() {
     while (true) {
       pump_output(fds_, open_fd_, partial_, scan_);
-      if (scan_.ev.level > 0 || scan_.launcher_aborting) acct_.failure_seen(now_unix());  // the step in flight lost until then at most
+      // The failure's first sight: the step in flight is lost until then at most, the rest is detection.
+      if (scan_.ev.level > 0 || scan_.launcher_aborting) acct_.failure_seen(now_unix());
       if (!exited_ && !ranks_ended_ && scan_.launcher_aborting && forwarded_.empty() && !scan_.ev.stopped_by_signal)
         end_ranks();
       const double t = now_unix();
