@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <span>
@@ -16,6 +17,7 @@
 #include "runtime/core/log.h"
 #include "runtime/train/agree.h"
 #include "runtime/train/checkpoint.h"
+#include "runtime/train/memory_checkpoint.h"
 
 namespace mt {
 
@@ -47,6 +49,8 @@ std::vector<std::string> config_changes(const Config& was, const Config& now) {
   cmp("training.lr_min", was.training.lr_min, now.training.lr_min);
   return d;
 }
+
+std::string fs_name(const std::string& path) { return std::filesystem::path(path).filename().string(); }
 
 }  // namespace
 
@@ -106,6 +110,11 @@ double resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
     }
   });
   std::string resume_from;
+  // In-memory checkpoints first (checkpoint.memory), when every rank has one no older than the newest disk one.
+  int64_t disk_step = -1;
+  if (resume_auto && !candidates.empty())
+    disk_step = std::atoll(fs_name(candidates.front()).c_str() + 5);  // step_XXXXXXXX
+  if (resume_from_memory(cfg, env, run, disk_step)) resume_from = fmt::format("memory (step {})", run.start_step);
   for (size_t i = 0; i < candidates.size() && resume_from.empty(); ++i) {
     const std::string& c = candidates[i];
     // Every rank reads the same files and fails the same way: they fall back together.
