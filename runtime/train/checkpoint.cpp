@@ -29,6 +29,7 @@
 #include "runtime/io/safetensors.h"
 #include "runtime/train/checkpoint_plan.h"
 #include "runtime/train/hf_config.h"
+#include "runtime/train/metrics.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -268,9 +269,14 @@ struct PendingCheckpoint::State {
   json sums = json::array();
   std::exception_ptr err;
   std::thread thread;
-  std::atomic<bool> written{false};
+  std::atomic<bool> written{false}, cancel{false};
   double write_s = 0;
   bool committed = false;
+  bool async = false;
+  // async, rank 0: the directory was completed by its thread as soon as every rank's writer was done
+  // (finish_when_written), at renamed_time, last_done_time being the last writer's end (unix seconds).
+  bool finished = false;
+  double last_done_time = 0, renamed_time = 0;
 
   State(const Config& c, const DeviceMesh& m, const MpiEnv& e) : config(c), mesh(m), env(e) {}
   std::string label() const { return fmt::format("the checkpoint of step {}", progress.step); }
@@ -281,19 +287,89 @@ struct PendingCheckpoint::State {
     err = writer->close(sums);
     snapshot.clear();  // the snapshot's memory goes back as soon as it is on disk
     write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    written = true;
   }
+  fs::path done_file(int rank) const { return tmp / fmt::format(".writer-{}.done", rank); }
+  void report_done();
+  void finish_when_written();
+  void finish(const json& sums_by_rank);
 };
+
+// Async: this rank's writer is done; it says so, with its checksums or its error, in a file of the temporary
+// directory (written under another name and renamed: rank 0 reads it whole or not at all). No communication.
+void PendingCheckpoint::State::report_done() {
+  json d = {{"sums", sums}, {"time", unix_time_s()}};
+  if (err) {
+    try {
+      std::rethrow_exception(err);
+    } catch (const std::exception& e) {
+      d["error"] = e.what();
+    }
+  }
+  const fs::path part = done_file(env.rank()).string() + ".part";
+  try {
+    write_text(part, d.dump());
+    fsync_path(part);
+    fs::rename(part, done_file(env.rank()));
+  } catch (...) {
+    if (!err) err = std::current_exception();
+  }
+}
+
+// Async, rank 0's thread: once every rank's writer is done (their files, polled), the directory is completed and
+// renamed at once, not at the next step boundary; a writer's error is left for commit() to agree on.
+void PendingCheckpoint::State::finish_when_written() {
+  const int n = env.size();
+  json all = json::array();
+  for (int r = 0; r < n && !cancel; ++r) {
+    std::error_code ec;
+    while (!cancel && !fs::exists(done_file(r), ec)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (cancel) return;
+    json d;
+    try {
+      std::ifstream f(done_file(r));
+      d = json::parse(f);
+    } catch (const std::exception& e) {
+      if (!err) err = std::make_exception_ptr(Error(fmt::format("[checkpoint] {}: {}", done_file(r).string(), e.what())));
+      return;
+    }
+    if (d.contains("error")) return;  // that rank reports it at commit()
+    last_done_time = std::max(last_done_time, d.value("time", 0.0));
+    for (auto& e : d["sums"]) all.push_back(e);
+  }
+  if (err) return;
+  try {
+    for (int r = 0; r < n; ++r) fs::remove(done_file(r));
+    finish(all);
+    finished = true;
+    renamed_time = unix_time_s();
+  } catch (...) {
+    err = std::current_exception();
+  }
+}
+
+// Step 3 on rank 0: meta.json with every file's checksum, then the directory finished and renamed.
+void PendingCheckpoint::State::finish(const json& all_sums) {
+  json meta = checkpoint_meta(progress, optimizer_steps, config, mesh, stages ? stages->size() : 0, files);
+  if (!model_state.is_null()) meta["model_state"] = model_state;
+  json by_file = json::object();
+  for (const json& e : all_sums) by_file[e[0].get<std::string>()] = e[1];
+  meta["checksums"] = by_file;
+  finish_directory(entries, files, meta, dtype, config, dir, tmp, final_dir);
+}
 
 PendingCheckpoint::PendingCheckpoint(std::unique_ptr<State> s) : s_(std::move(s)) {}
 PendingCheckpoint::~PendingCheckpoint() {
-  // A save never committed (the run failed) keeps its .tmp, which the next run removes.
+  // A save never committed (the run failed) keeps its .tmp, which the next run removes; rank 0's thread stops
+  // waiting for writers that will not report.
+  if (s_) s_->cancel = true;
   if (s_ && s_->thread.joinable()) s_->thread.join();
 }
 int64_t PendingCheckpoint::step() const { return s_->progress.step; }
 uint64_t PendingCheckpoint::snapshot_bytes() const { return s_->snapshot_bytes; }
 bool PendingCheckpoint::written() const { return s_->written.load(); }
 double PendingCheckpoint::write_s() const { return s_->write_s; }
+double PendingCheckpoint::renamed_time() const { return s_->finished ? s_->renamed_time : 0; }
+double PendingCheckpoint::last_done_time() const { return s_->last_done_time; }
 
 std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, const TrainProgress& progress,
                                                     CausalLM& model, AdamW& opt, const Config& config,
@@ -360,16 +436,26 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
                           (s->ts[i].model ? s->files.model_k : s->files.opt_k).at(s->files.writer[i]),
                           tensor_bytes(s->ts[i])});
   if (stages && world.rank() == 0) s->entries = gather_json_array(*stages, s->entries, mesh.device());
+  s->async = async;
   if (async) {
     PendingCheckpoint::State* raw = s.get();
     s->thread = std::thread([raw] {
       if (trace::on()) trace::name_thread("checkpoint writer");
-      trace::Span span("checkpoint: write files", "checkpoint");
-      raw->write_files();
+      {
+        trace::Span span("checkpoint: write files", "checkpoint");
+        raw->write_files();
+        raw->report_done();
+      }
+      if (raw->root) {
+        trace::Span span("checkpoint: commit when written", "checkpoint");
+        raw->finish_when_written();
+      }
+      raw->written = true;  // rank 0: and the directory completed (or failed)
     });
   } else {
     trace_phase.emplace("checkpoint: write files", "checkpoint");
     s->write_files();
+    s->written = true;
   }
   return std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint(std::move(s)));
 }
@@ -392,19 +478,16 @@ std::string PendingCheckpoint::commit() {
   // 3. Every writer's checksums reach rank 0 (over the stage's ranks, then from each stage's first rank), which
   // finishes the directory and renames it. Agreed again, so that no rank goes on (or reads) before the rename and
   // every rank fails when it fails.
+  // Asynchronous: rank 0's thread completed the directory when the last writer was done (its errors were agreed
+  // above); every rank knows the save was asynchronous, so all take this branch together.
+  if (s.async) return s.final_dir.string();
   trace::Span span("checkpoint: checksums, indexes, rename", "checkpoint");
   json sums = gather_json_array(world, s.sums, s.mesh.device());
   if (s.stages && world.rank() == 0) sums = gather_json_array(*s.stages, sums, s.mesh.device());
   std::exception_ptr err;
   if (s.root) {
     try {
-      json meta = checkpoint_meta(s.progress, s.optimizer_steps, s.config, s.mesh, s.stages ? s.stages->size() : 0,
-                                  s.files);
-      if (!s.model_state.is_null()) meta["model_state"] = s.model_state;
-      json by_file = json::object();
-      for (const json& e : sums) by_file[e[0].get<std::string>()] = e[1];
-      meta["checksums"] = by_file;
-      finish_directory(s.entries, s.files, meta, s.dtype, s.config, s.dir, s.tmp, s.final_dir);
+      s.finish(sums);
     } catch (...) {
       err = std::current_exception();
       std::error_code ec;
