@@ -54,6 +54,7 @@ std::string layout_hash(const std::vector<std::pair<std::string, Tensor>>& ts, c
 
 Tensor as_words(SegmentBytes& b) { return from_blob(b.data(), {int64_t(b.size())}, DType::i64); }
 
+
 std::string list(const std::vector<int>& ranks) { return fmt::format("{}", fmt::join(ranks, ", ")); }
 
 }  // namespace
@@ -113,18 +114,22 @@ void exchange(TrainRun& run, SegmentBytes& send, int to, SegmentBytes& recv, int
 
 MemoryCheckpointer::MemoryCheckpointer(const Config& cfg, const MpiEnv& env, TrainRun& run)
     : cfg_(cfg), env_(env), run_(run) {
-  if (!enabled() || !cfg.checkpoint.memory.peer || env.size() < 2) return;
+  if (!enabled()) return;
+  const std::string& dir = cfg.checkpoint.dir;
+  own_ = std::make_unique<SegmentFile>(memory_segment_path(dir, env.rank(), env.rank()));
+  if (!cfg.checkpoint.memory.peer || env.size() < 2) return;
   to_ = peers_of_job(env);
   for (int r = 0; r < env.size(); ++r)
     if (to_[size_t(r)] == env.rank()) from_ = r;
+  held_ = std::make_unique<SegmentFile>(memory_segment_path(dir, from_, env.rank()));
 }
 
 double MemoryCheckpointer::save(int64_t next_step) {
   const auto t0 = std::chrono::steady_clock::now();
   trace::Span span("memory checkpoint", "checkpoint");
   WatchdogPhase phase(fmt::format("saving the in-memory checkpoint of step {}", next_step));
+  poll(true);  // the previous exchange's buffers are about to be reused
   const int me = env_.rank();
-  const std::string dir = cfg_.checkpoint.dir, own = memory_segment_path(dir, me, me);
   try {
     const auto ts = rank_tensors(run_);
     std::vector<Tensor> host;  // on a GPU: the device's shards copied to the host first
@@ -138,36 +143,65 @@ double MemoryCheckpointer::save(int64_t next_step) {
                  {"layout", layout_hash(ts, cfg_)},
                  {"optimizer_steps", run_.opt ? run_.opt->steps_taken() : next_step},
                  {"model_state", run_.model->extra_state()}};
-    build_segment(mine_, pieces, std::move(meta));
-    write_segment_file(own, mine_, next_step);
+    write_segment(*own_, pieces, std::move(meta), next_step);
   } catch (const std::exception& e) {
     if (!warned_) spdlog::warn("rank {}: in-memory checkpoint of step {} not kept: {}", me, next_step, e.what());
     warned_ = true;
   }
-  if (!to_.empty()) {  // every rank takes part, whatever its own write did: no rank is left waiting
-    const std::vector<int64_t> sizes = world::all_gather(int64_t(mine_.size()), "memory checkpoint: sizes");
-    exchange(run_, mine_, to_[size_t(me)], held_, sizes[size_t(from_)], from_);
-    try {
-      write_segment_file(memory_segment_path(dir, from_, me), held_);
-    } catch (const std::exception& e) {
-      if (!warned_) spdlog::warn("rank {}: the peer's in-memory checkpoint not kept: {}", me, e.what());
-      warned_ = true;
-    }
-  }
+  if (held_) post_exchange();
   const double s = seconds_since(t0);
   if (!noted_ && me == 0)
     spdlog::info("in-memory checkpoint of step {}: {:.1f} MiB a rank in {} (rank 0){}, in {:.3f} s; every {} steps",
-                 next_step, double(mine_.size() * 8) / (1 << 20), own,
+                 next_step, double(own_->published_bytes()) / (1 << 20), own_->path(),
                  to_.empty() ? "" : fmt::format(", a copy on rank {}", to_[0]), s, cfg_.checkpoint.memory.interval);
   noted_ = true;
   return s;
 }
 
-void MemoryCheckpointer::remove() {
+// Every rank takes part whatever its own write did (it sends what it last published): no rank is left waiting.
+void MemoryCheckpointer::post_exchange() {
+  const int me = env_.rank();
+  const std::vector<int64_t> sizes =
+      world::all_gather(int64_t(own_->published_bytes()), "memory checkpoint: sizes");
+  held_bytes_ = uint64_t(sizes[size_t(from_)]);
+  Group& g = run_.world_mesh.group("world");
+  const Device dev = run_.mesh.device();
+  auto* src = const_cast<unsigned char*>(own_->published());
+  Tensor out = from_blob(src, {sizes[size_t(me)] / 8}, DType::i64);
+  Tensor in = from_blob(held_->reserve(held_bytes_), {int64_t(held_bytes_ / 8)}, DType::i64);
+  if (dev.is_cuda()) {
+    send_dev_ = out.to(dev), out = send_dev_;
+    recv_dev_ = empty(in.shape(), DType::i64, dev), in = recv_dev_;
+  }
+  g.batch_begin();
+  if (src) pending_.push_back(g.send(out, to_[size_t(me)], true, kTag, "an in-memory checkpoint to its peer"));
+  if (held_bytes_ > 0) pending_.push_back(g.recv(in, from_, true, kTag, "an in-memory checkpoint from its peer"));
+  g.batch_end();
+}
+
+void MemoryCheckpointer::poll(bool wait) {
+  if (pending_.empty()) return;
+  for (Work& w : pending_)
+    if (!wait && !w.test()) return;
+  for (Work& w : pending_) w.wait();
+  pending_.clear();
+  try {
+    if (recv_dev_.defined()) {
+      copy_(from_blob(held_->reserve(held_bytes_), recv_dev_.shape(), DType::i64), recv_dev_.to(Device::cpu()));
+      recv_dev_ = Tensor(), send_dev_ = Tensor();
+    }
+    held_->publish(held_bytes_);
+  } catch (const std::exception& e) {
+    if (!warned_) spdlog::warn("rank {}: the peer's in-memory checkpoint not kept: {}", env_.rank(), e.what());
+    warned_ = true;
+  }
+}
+
+void MemoryCheckpointer::finish() {
   if (!enabled()) return;
-  std::error_code ec;
-  fs::remove(memory_segment_path(cfg_.checkpoint.dir, env_.rank(), env_.rank()), ec);
-  if (from_ >= 0) fs::remove(memory_segment_path(cfg_.checkpoint.dir, from_, env_.rank()), ec);
+  poll(true);
+  own_->remove();
+  if (held_) held_->remove();
 }
 
 namespace {
@@ -184,7 +218,7 @@ struct Found {
 void check_found(Found& f, const std::string& what, int owner, int world, const std::string& layout,
                  uint64_t state_bytes) {
   try {
-    const SegmentView v = check_segment(f.bytes, f.size, what);
+    const SegmentView v = check_segment(f.bytes.data(), f.size, what);
     const json& m = v.meta;
     MT_CHECK(m.value("owner", -1) == owner && m.value("world", -1) == world, "checkpoint",
              "{}: written by rank {} of {}, not rank {} of {}", what, m.value("owner", -1), m.value("world", -1),
@@ -227,7 +261,7 @@ int64_t common_step(const std::vector<Avail>& a, const std::vector<int>& to) {
 
 // The checked segment's state into this rank's tensors.
 void load_state(const Found& f, TrainRun& run) {
-  const SegmentView v = check_segment(f.bytes, f.size, "the in-memory checkpoint");
+  const SegmentView v = check_segment(f.bytes.data(), f.size, "the in-memory checkpoint");
   const unsigned char* at = v.data;
   for (auto& [name, t] : rank_tensors(run)) {
     Tensor src = from_blob(const_cast<unsigned char*>(at), t.shape(), t.dtype());
@@ -248,8 +282,8 @@ void remove_partial_segments(const std::string& dir, int me, int from) {
     const std::string prefix = fs::path(p).filename().string() + ".tmp.";
     for (auto& e : fs::directory_iterator(memory_segment_dir(), ec))
       if (e.path().filename().string().rfind(prefix, 0) == 0 && fs::remove(e.path(), ec))
-        spdlog::warn("rank {}: removed {}, an in-memory checkpoint left half written by a run that stopped while "
-                     "writing it",
+        spdlog::warn("rank {}: removed {}, an in-memory checkpoint left by a run that stopped (its spare: the "
+                     "previous segment, or one half written)",
                      me, e.path().string());
   }
 }

@@ -7,6 +7,7 @@
 // (sent back over the world group), else every rank goes to the disk. All ranks resume one step or none does.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,20 +29,29 @@ class MemoryCheckpointer {
   bool due(int64_t steps_done) const {
     return enabled() && steps_done % cfg_.checkpoint.memory.interval == 0;
   }
-  // Collective with memory.peer (one all-gather of sizes, one exchange with the peers): the state after next_step
-  // steps into this rank's segment, and the copy this rank holds for its peer. Returns the seconds it took. A
-  // segment that cannot be written is a warning naming the file (the disk's checkpoints go on).
+  // Collective with memory.peer (one all-gather of sizes): the state after next_step steps into this rank's
+  // segment, and its send to the peer posted (the peer's receive too) without waiting: the copy travels while
+  // training goes on and is published by poll() or the next save. Returns the seconds it held the loop. A segment
+  // that cannot be written is a warning naming the file (the disk's checkpoints go on).
   double save(int64_t next_step);
-  // This rank's segment and the copy it holds (a run that ended: nothing is left in shared memory).
-  void remove();
+  // The peer exchange in flight: completed when it is (wait: waits for it, under the watchdog), and the copy this
+  // rank holds published. No collective.
+  void poll(bool wait);
+  // The exchange completed, then this rank's segment and the copy it holds removed (a run that ended: nothing is
+  // left in shared memory).
+  void finish();
 
  private:
+  void post_exchange();
   const Config& cfg_;
   const MpiEnv& env_;
   TrainRun& run_;
-  std::vector<int> to_;        // to_[r]: the rank holding r's copy
-  int from_ = -1;              // the rank whose copy this rank holds
-  SegmentBytes mine_, held_;   // reused every save: no new pages touched
+  std::vector<int> to_;  // to_[r]: the rank holding r's copy
+  int from_ = -1;        // the rank whose copy this rank holds
+  std::unique_ptr<SegmentFile> own_, held_;  // mapped once, reused every save: no new pages touched
+  std::vector<Work> pending_;                // the exchange in flight
+  Tensor send_dev_, recv_dev_;               // on a GPU: the device buffers the exchange reads and writes
+  uint64_t held_bytes_ = 0;
   bool warned_ = false, noted_ = false;
 };
 

@@ -1,6 +1,8 @@
 #include "runtime/train/memory_segment.h"
 
 #include <fcntl.h>
+#include <stdio.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -32,15 +34,6 @@ std::string segment_sum(json meta, const void* data, uint64_t n) {
   s.update(text.data(), text.size());
   s.update(data, n);
   return s.hex();
-}
-
-void write_all(int fd, const char* p, size_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    MT_CHECK(w > 0, "checkpoint", "{}: cannot write the in-memory checkpoint: {}", path, std::strerror(errno));
-    p += w, n -= size_t(w);
-  }
 }
 
 }  // namespace
@@ -76,32 +69,91 @@ int remove_memory_segments(const std::string& checkpoint_dir) {
   return n;
 }
 
-void build_segment(SegmentBytes& out, const std::vector<std::pair<const void*, size_t>>& pieces, json meta) {
+SegmentFile::SegmentFile(std::string path)
+    : path_(std::move(path)), spare_(path_ + ".tmp." + std::to_string(::getpid())) {}
+
+SegmentFile::~SegmentFile() {
+  unmap(cur_);
+  unmap(spare_map_);
+}
+
+void SegmentFile::unmap(Map& m) {
+  if (m.p) ::munmap(m.p, m.len);
+  if (m.fd >= 0) ::close(m.fd);
+  m = Map{};
+}
+
+unsigned char* SegmentFile::reserve(uint64_t bytes) {
+  Map& m = spare_map_;
+  if (m.fd < 0) m.fd = ::open(spare_.c_str(), O_RDWR | O_CREAT, 0600);
+  MT_CHECK(m.fd >= 0, "checkpoint", "{}: cannot create the in-memory checkpoint: {}", spare_, std::strerror(errno));
+  MT_CHECK(::ftruncate(m.fd, off_t(bytes)) == 0, "checkpoint", "{}: cannot size the in-memory checkpoint to {} bytes: {}",
+           spare_, bytes, std::strerror(errno));
+  if (bytes > m.len) {  // a file mapping: growing keeps what was written
+    if (m.p) ::munmap(m.p, m.len);
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd, 0);
+    MT_CHECK(p != MAP_FAILED, "checkpoint", "{}: cannot map {} bytes: {}", spare_, bytes, std::strerror(errno));
+    m.p = static_cast<unsigned char*>(p), m.len = bytes;
+  }
+  return m.p;
+}
+
+void SegmentFile::publish(uint64_t bytes) {
+  MT_CHECK(spare_map_.fd >= 0 && ::ftruncate(spare_map_.fd, off_t(bytes)) == 0, "checkpoint",
+           "{}: cannot size the in-memory checkpoint: {}", spare_, std::strerror(errno));
+  if (::renameat2(AT_FDCWD, spare_.c_str(), AT_FDCWD, path_.c_str(), RENAME_EXCHANGE) != 0) {
+    // No segment at path yet (or a file system without the exchange): a plain rename.
+    MT_CHECK(::rename(spare_.c_str(), path_.c_str()) == 0, "checkpoint", "cannot rename {} to {}: {}", spare_, path_,
+             std::strerror(errno));
+  }
+  // The inode written is the published one; the spare's name now holds the previous segment (mapped, or opened by
+  // name at the next reserve), or nothing.
+  std::swap(cur_, spare_map_);
+  cur_bytes_ = bytes;
+  if (spare_map_.fd >= 0 && ::access(spare_.c_str(), F_OK) != 0) unmap(spare_map_);
+}
+
+void SegmentFile::remove() {
+  unmap(cur_);
+  unmap(spare_map_);
+  ::unlink(spare_.c_str());
+  ::unlink(path_.c_str());
+}
+
+uint64_t write_segment(SegmentFile& f, const std::vector<std::pair<const void*, size_t>>& pieces, json meta,
+                       int64_t fault_step) {
   uint64_t data = 0;
   for (auto& [p, n] : pieces) data += n;
-  const uint64_t data_words = words_for(data);
-  out.resize(words_for(kHead) + data_words);
-  auto* bytes = reinterpret_cast<unsigned char*>(out.data());
-  unsigned char* at = bytes + kHead;
-  for (auto& [p, n] : pieces) {
-    std::memcpy(at, p, n);
-    at += n;
-  }
+  const uint64_t meta_at = kHead + words_for(data) * 8;
+  unsigned char* bytes = f.reserve(meta_at + 4096);
+  StreamChecksum sum;
   meta["data_bytes"] = data;
-  meta["sum"] = segment_sum(meta, bytes + kHead, data);
-  const std::string text = meta.dump();
-  const uint64_t meta_at = kHead + data_words * 8;
-  out.resize(words_for(meta_at + text.size()), 0);
-  bytes = reinterpret_cast<unsigned char*>(out.data());
+  // The checksum covers the meta without "sum" as parsing gives it back (check_segment's view), then the data.
+  std::string text = json::parse(meta.dump()).dump();
+  sum.update(text.data(), text.size());
+  unsigned char* at = bytes + kHead;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    std::memcpy(at, pieces[i].first, pieces[i].second);
+    sum.update(at, pieces[i].second);
+    at += pieces[i].second;
+    if (fault_step >= 0 && i == pieces.size() / 2) fault_memory_checkpoint(fault_step);
+  }
+  meta["sum"] = sum.hex();
+  text = meta.dump();
+  const uint64_t total = words_for(meta_at + text.size()) * 8;
+  bytes = f.reserve(total);
   std::memcpy(bytes, kMagic, 8);
   std::memcpy(bytes + 8, &data, 8);
   const uint64_t meta_len = text.size();
   std::memcpy(bytes + 16, &meta_len, 8);
   std::memcpy(bytes + meta_at, text.data(), text.size());
+  std::memset(bytes + meta_at + text.size(), 0, total - meta_at - text.size());
+  f.publish(total);
+  return total;
 }
 
-SegmentView check_segment(const SegmentBytes& words, uint64_t size, const std::string& what) {
-  const auto* bytes = reinterpret_cast<const unsigned char*>(words.data());
+SegmentView check_segment(const void* raw, uint64_t size, const std::string& what) {
+  const auto* bytes = static_cast<const unsigned char*>(raw);
   MT_CHECK(size >= kHead && std::memcmp(bytes, kMagic, 8) == 0, "checkpoint",
            "{}: not a meshtrain memory segment ({} bytes)", what, size);
   uint64_t data = 0, meta_len = 0;
@@ -126,29 +178,6 @@ SegmentView check_segment(const SegmentBytes& words, uint64_t size, const std::s
   v.data = bytes + kHead;
   v.data_bytes = data;
   return v;
-}
-
-void write_segment_file(const std::string& path, const SegmentBytes& words, int64_t fault_step) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  MT_CHECK(fd >= 0, "checkpoint", "{}: cannot create the in-memory checkpoint: {}", tmp, std::strerror(errno));
-  const char* p = reinterpret_cast<const char*>(words.data());
-  const size_t n = words.size() * 8, half = n / 2;
-  try {
-    write_all(fd, p, half, tmp);
-    if (fault_step >= 0) fault_memory_checkpoint(fault_step);
-    write_all(fd, p + half, n - half, tmp);
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    fail("checkpoint", "cannot rename {} to {}: {}", tmp, path, std::strerror(e));
-  }
 }
 
 std::optional<SegmentBytes> read_segment_file(const std::string& path, uint64_t* size) {

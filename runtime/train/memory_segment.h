@@ -25,12 +25,44 @@ std::string memory_segment_path(const std::string& checkpoint_dir, int owner, in
 // Removes every segment of the job in memory_segment_dir() (temporary ones too); returns the files removed.
 int remove_memory_segments(const std::string& checkpoint_dir);
 
-// A segment in memory: 8-byte words, the file's bytes.
+// A segment read from a file: 8-byte words, the file's bytes.
 using SegmentBytes = std::vector<uint64_t>;
 
-// Fills `out` with a segment: data from `pieces` (pointer, bytes) in order, then meta with its checksum. The buffer
-// is reused (its capacity kept), so a save every step does not touch new pages.
-void build_segment(SegmentBytes& out, const std::vector<std::pair<const void*, size_t>>& pieces, nlohmann::json meta);
+// A segment written in place: two files mapped once and reused (no new pages touched by a save after the first two),
+// the published one at `path` and a spare at path.tmp.<pid> (the previous segment, whole, until it is rewritten).
+// publish() swaps the two names atomically (renameat2 RENAME_EXCHANGE), so `path` is always a whole segment; a
+// process killed while it writes leaves `path` and a spare that nobody loads (the next run removes it).
+class SegmentFile {
+ public:
+  explicit SegmentFile(std::string path);
+  ~SegmentFile();  // unmaps; the files stay (remove() removes them)
+  SegmentFile(const SegmentFile&) = delete;
+  SegmentFile& operator=(const SegmentFile&) = delete;
+  // The spare's mapping, `bytes` long (a multiple of 8), its content kept when it grows. Throws naming the file.
+  unsigned char* reserve(uint64_t bytes);
+  // The spare, `bytes` long, becomes the segment at path. Throws naming the file.
+  void publish(uint64_t bytes);
+  const unsigned char* published() const { return cur_.p; }  // null before the first publish
+  uint64_t published_bytes() const { return cur_bytes_; }
+  void remove();  // both files
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Map {
+    int fd = -1;
+    unsigned char* p = nullptr;
+    uint64_t len = 0;
+  };
+  static void unmap(Map& m);
+  std::string path_, spare_;
+  Map cur_, spare_map_;
+  uint64_t cur_bytes_ = 0;
+};
+
+// Writes a segment into f's spare (data from `pieces` (pointer, bytes) in order, then meta with its checksum;
+// fault_step: MT_FAULT_MEMORY's hook half way through the data, -1: none) and publishes it. Returns its bytes.
+uint64_t write_segment(SegmentFile& f, const std::vector<std::pair<const void*, size_t>>& pieces,
+                       nlohmann::json meta, int64_t fault_step = -1);
 
 // A segment checked: its meta (without "sum") and where its data is. Throws Error naming `what` and what is wrong
 // ("truncated: N of M bytes", "checksum mismatch", "not a meshtrain memory segment").
@@ -39,11 +71,8 @@ struct SegmentView {
   const unsigned char* data = nullptr;
   uint64_t data_bytes = 0;
 };
-SegmentView check_segment(const SegmentBytes& bytes, uint64_t size_bytes, const std::string& what);
+SegmentView check_segment(const void* bytes, uint64_t size_bytes, const std::string& what);
 
-// Writes path atomically (path.tmp.<pid>, then rename); fault_step: MT_FAULT_MEMORY's hook runs half way through
-// (-1: none). Throws naming the file.
-void write_segment_file(const std::string& path, const SegmentBytes& bytes, int64_t fault_step = -1);
 // The file's bytes (size in *size_bytes), or nullopt when there is none.
 std::optional<SegmentBytes> read_segment_file(const std::string& path, uint64_t* size_bytes);
 

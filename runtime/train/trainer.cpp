@@ -143,7 +143,7 @@ int Trainer::train() {
     loop_->profile.report();
   }
   // The run ended with its checkpoint on disk: nothing is left in shared memory.
-  mem_->remove();
+  mem_->finish();
   log_->record(gp_.record());
   log_->note(gp_.line());
   return stop ? 128 + stop : 0;
@@ -239,6 +239,7 @@ void Trainer::evaluate_and_sample(int64_t step, bool last) {
 // Step 4: what every rank decides alike (step_control.h), then the checkpoint it calls for. Returns the stop
 // signal (0: go on).
 int Trainer::agree_and_checkpoint(int64_t step, const Timed& t, bool last) {
+  mem_->poll(false);  // the peer's in-memory copy, published once it has arrived
   StepControl mine;
   mine.stop_signal = stop_signal_received();
   mine.checkpoint_due = ckpt_->due_by_time(step + 1);

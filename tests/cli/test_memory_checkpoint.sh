@@ -58,7 +58,7 @@ cp -a "$ckpt" "$tmp/snap.ckpt"
 cp -a "$MT_SHM_DIR" "$tmp/snap.shm"
 
 if train resumed; then
-  expect "the half-written segment is removed, saying so" zero "an in-memory checkpoint left half written" -- cat "$tmp/resumed.log"
+  expect "the half-written segment is removed, saying so" zero "an in-memory checkpoint left by a run that stopped" -- cat "$tmp/resumed.log"
   expect "rank 0 loads its previous segment (step 6), not the disk's step 4" zero "resuming step 6 from memory: rank" -- cat "$tmp/resumed.log"
   same_losses "killed while writing a segment" resumed 6
   if [ "$(segs)" = 0 ]; then ok "the resumed run removes its segments at its end"; else bad "segments removed at the end" "$(ls "$MT_SHM_DIR")"; fi
