@@ -289,10 +289,36 @@ struct PendingCheckpoint::State {
     write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   fs::path done_file(int rank) const { return tmp / fmt::format(".writer-{}.done", rank); }
+  void start_writing(bool async);
   void report_done();
   void finish_when_written();
   void finish(const json& sums_by_rank);
 };
+
+// Step 2's writing: at once (synchronous), or by a thread that then reports done, and on rank 0 completes the
+// directory once every rank has (asynchronous).
+void PendingCheckpoint::State::start_writing(bool asynchronous) {
+  async = asynchronous;
+  if (!async) {
+    trace::Span span("checkpoint: write files", "checkpoint");
+    write_files();
+    written = true;
+    return;
+  }
+  thread = std::thread([this] {
+    if (trace::on()) trace::name_thread("checkpoint writer");
+    {
+      trace::Span span("checkpoint: write files", "checkpoint");
+      write_files();
+      report_done();
+    }
+    if (root) {
+      trace::Span span("checkpoint: commit when written", "checkpoint");
+      finish_when_written();
+    }
+    written = true;  // rank 0: and the directory completed (or failed)
+  });
+}
 
 // Async: this rank's writer is done; it says so, with its checksums or its error, in a file of the temporary
 // directory (written under another name and renamed: rank 0 reads it whole or not at all). No communication.
@@ -436,27 +462,8 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
                           (s->ts[i].model ? s->files.model_k : s->files.opt_k).at(s->files.writer[i]),
                           tensor_bytes(s->ts[i])});
   if (stages && world.rank() == 0) s->entries = gather_json_array(*stages, s->entries, mesh.device());
-  s->async = async;
-  if (async) {
-    PendingCheckpoint::State* raw = s.get();
-    s->thread = std::thread([raw] {
-      if (trace::on()) trace::name_thread("checkpoint writer");
-      {
-        trace::Span span("checkpoint: write files", "checkpoint");
-        raw->write_files();
-        raw->report_done();
-      }
-      if (raw->root) {
-        trace::Span span("checkpoint: commit when written", "checkpoint");
-        raw->finish_when_written();
-      }
-      raw->written = true;  // rank 0: and the directory completed (or failed)
-    });
-  } else {
-    trace_phase.emplace("checkpoint: write files", "checkpoint");
-    s->write_files();
-    s->written = true;
-  }
+  trace_phase.reset();
+  s->start_writing(async);
   return std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint(std::move(s)));
 }
 
