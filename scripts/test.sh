@@ -182,6 +182,8 @@ run_script_suite cmdline tests/cli/test_cmdline.sh
 # Training: invariance over dp, the PyTorch reference, resume, checkpoint faults, bad input.
 run_script_suite train tests/cli/test_train.sh
 run_script_suite checkpoint tests/cli/test_checkpoint.sh
+# In-memory checkpoints (issue 54): own segment, peer's copy, disk fallback, killed mid-write, removal.
+run_script_suite memory_checkpoint tests/cli/test_memory_checkpoint.sh
 # Loss masks (issue 41): the reference's masked losses, the global normalisation on every mesh, bad masks.
 run_script_suite chat_train tests/cli/test_chat_train.sh
 run_script_suite families tests/cli/test_families.sh

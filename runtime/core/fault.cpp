@@ -82,4 +82,16 @@ bool fault_checkpoint_at(int64_t step, bool error) {
   return error == (std::string(f).find(":error") != std::string::npos);
 }
 
+void fault_memory_checkpoint(int64_t step) {
+  const char* f = std::getenv("MT_FAULT_MEMORY");
+  if (!f) return;
+  long long s = -1;
+  int rank = -1;
+  if (std::sscanf(f, "%lld:%d", &s, &rank) != 2 || s != step || rank != fault_rank()) return;
+  std::fprintf(stderr, "[fault] MT_FAULT_MEMORY=%s: rank %d (pid %d) is killed (SIGKILL) half way through writing "
+               "its in-memory checkpoint of step %lld\n", f, rank, int(::getpid()), s);
+  std::fflush(stderr);
+  ::raise(SIGKILL);
+}
+
 }  // namespace mt

@@ -10,6 +10,8 @@
 //                                                 file (and, on rank 0, the merged trace.json): the slow-disk drill
 //   MT_FAULT_CHECKPOINT=<step>                    rank 0 dies half way through writing that step's checkpoint
 //   MT_FAULT_CHECKPOINT=<step>:error              that write fails with an error instead (a full disk)
+//   MT_FAULT_MEMORY=<step>:<world rank>           that rank is killed (SIGKILL) half way through writing its own
+//                                                 in-memory checkpoint segment of that step (memory_segment.h)
 // The ground knows no MPI: before MPI_Init a rank is known from its launcher's variables.
 #pragma once
 #include <cstdint>
@@ -31,5 +33,8 @@ void fault_slow_trace(int64_t events);
 // Whether MT_FAULT_CHECKPOINT asks the checkpoint of this step to fail: with an error (error true, ":error") or by
 // killing the writer (error false).
 bool fault_checkpoint_at(int64_t step, bool error);
+
+// MT_FAULT_MEMORY's hook, called half way through writing this rank's segment of `step`; returns unless it kills.
+void fault_memory_checkpoint(int64_t step);
 
 }  // namespace mt

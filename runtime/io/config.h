@@ -394,6 +394,22 @@ struct SampleConfig {
   }
 };
 
+// In-memory checkpoints (runtime/train/memory_checkpoint.h): every `interval` steps each rank's state in a
+// shared-memory segment of its machine, and a copy on a peer rank's. Default off.
+struct MemoryCheckpointConfig {
+  int64_t interval = 0;
+  bool peer = true;
+  template <class V> void visit(V& v) {
+    v("interval", interval,
+      "steps between in-memory checkpoints (0 = off): each rank copies its shards, optimizer state and step into "
+      "a checksummed segment in /dev/shm, kept until the next one is whole; a resume loads them before the disk",
+      at_least(0, "a step count (0 = off)"));
+    v("peer", peer,
+      "also keep each rank's segment on a peer rank (the next node's rank of the same local index; on one machine "
+      "the next rank), sent over the world group: a rank whose segment is lost loads its peer's copy");
+  }
+};
+
 struct CheckpointConfig {
   std::string dir;
   StepsOrAuto interval;
@@ -404,6 +420,7 @@ struct CheckpointConfig {
   std::string resume = "auto";
   bool allow_config_change = false;
   int64_t writers = 0;
+  MemoryCheckpointConfig memory;
   template <class V> void visit(V& v) {
     v("dir", dir, "checkpoint directory ('' = no checkpoints)");
     v("interval", interval,
@@ -426,8 +443,11 @@ struct CheckpointConfig {
       "ranks that write a checkpoint's files, one file each for the model and the optimizer (0 = every rank; "
       "1 = one model.safetensors and one optimizer.safetensors)",
       at_least(0, "a count of ranks (0 = every rank)"));
+    v("memory", memory, "in-memory checkpoints in /dev/shm and on a peer rank, beside the disk's (default off)");
   }
-  void check() const;  // interval auto needs mtbf_s and no interval_s; a resumed run needs a dir
+  // interval auto needs mtbf_s and no interval_s; a resumed run needs a dir; memory needs a dir (its name and its
+  // fallback) and resume: auto
+  void check() const;
 };
 
 namespace config_io {

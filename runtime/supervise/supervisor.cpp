@@ -22,6 +22,7 @@
 #include "runtime/supervise/evidence.h"
 #include "runtime/supervise/goodput.h"
 #include "runtime/supervise/launch.h"
+#include "runtime/train/memory_segment.h"
 #include "runtime/train/run_config.h"
 
 namespace mt {
@@ -101,7 +102,7 @@ std::vector<std::string> attempt_argv(const std::vector<std::string>& launch, co
 // Where the launch's metrics go (--metrics, else the launch's config as its ranks will read it: --config and every
 // --set, when it can be read here; its errors are the launch's to report), with a warning when a relaunch would not
 // resume or there is no metrics file.
-std::string launch_metrics_path(const SuperviseOptions& a) {
+std::string launch_metrics_path(const SuperviseOptions& a, std::string* checkpoint_dir) {
   std::optional<Config> cfg;
   std::string config_path;
   std::vector<std::string> overrides;
@@ -119,6 +120,7 @@ std::string launch_metrics_path(const SuperviseOptions& a) {
   const std::string metrics_path = !a.metrics.empty() ? a.metrics
                                    : cfg              ? cfg->log.metrics_file
                                                       : launch_setting(a.launch, "log.metrics_file");
+  *checkpoint_dir = cfg ? cfg->checkpoint.dir : launch_setting(a.launch, "checkpoint.dir");
   const bool resumes = cfg ? cfg->checkpoint.resume == "auto" && !cfg->checkpoint.dir.empty()
                            : launch_setting(a.launch, "checkpoint.resume") == "auto";
   if (!resumes)
@@ -138,8 +140,8 @@ bool stop_exit(int code) { return code == 128 + SIGTERM || code == 128 + SIGUSR1
 // The job's launches, one after another, and what is kept between them.
 class Supervisor {
  public:
-  Supervisor(const SuperviseOptions& o, double t0, std::string metrics_path)
-      : o_(o), t0_(t0), metrics_path_(std::move(metrics_path)),
+  Supervisor(const SuperviseOptions& o, double t0, std::string metrics_path, std::string checkpoint_dir)
+      : o_(o), t0_(t0), metrics_path_(std::move(metrics_path)), checkpoint_dir_(std::move(checkpoint_dir)),
         launcher_(std::filesystem::path(o.launch[0]).filename()) {
     if (!metrics_path_.empty()) metrics_.emplace(metrics_path_, /*from_end=*/true);
   }
@@ -159,6 +161,7 @@ class Supervisor {
       }
       if (!back_off()) break;
     }
+    remove_segments();
     if (metrics_) {
       GoodputParts p = acct_.parts(now_unix() - t0_);
       say("{}", goodput_line(p));
@@ -282,9 +285,20 @@ class Supervisor {
     return false;
   }
 
+  // The job's in-memory checkpoints (checkpoint.memory) on this machine, once it ends: a finished run removed its
+  // own; a job given up on, or failed for good, leaves nobody else to (memory_segment.h names them).
+  void remove_segments() {
+    if (checkpoint_dir_.empty()) return;
+    const int n = remove_memory_segments(checkpoint_dir_);
+    if (n > 0)
+      say("removed {} in-memory checkpoint segment{} of the job ({}/{}-r*)", n, n == 1 ? "" : "s",
+          memory_segment_dir(), memory_job_key(checkpoint_dir_));
+  }
+
   const SuperviseOptions& o_;
   const double t0_;
   const std::string metrics_path_;
+  const std::string checkpoint_dir_;  // the launch's checkpoint.dir: the job's segments' names
   const std::string launcher_;  // the launch command's program: srun's launches get srun's options
   GoodputAccount acct_;
   std::optional<FileTail> metrics_;
@@ -309,9 +323,10 @@ int supervise(const SuperviseOptions& o) {
                  o.metrics.c_str(), why.c_str());
     return 2;
   }
-  const std::string metrics_path = launch_metrics_path(o);
+  std::string checkpoint_dir;
+  const std::string metrics_path = launch_metrics_path(o, &checkpoint_dir);
   catch_stop_signals();
-  return Supervisor(o, t0, metrics_path).run();
+  return Supervisor(o, t0, metrics_path, checkpoint_dir).run();
 }
 
 }  // namespace mt

@@ -1,6 +1,7 @@
 // Saving: every rank takes part, writers write whole tensors (a stacked parameter one tensor per slice, by a rank
-// that holds it), the directory appears complete or not at all (checkpoint.h). Loading, verifying the checksums and
-// finding partial saves are in checkpoint_load.cpp.
+// that holds it), the directory appears complete or not at all (checkpoint.h). Which rank writes which tensor into
+// which file, and the gathers to the writers, are checkpoint_plan.cpp's; loading, verifying the checksums and
+// finding partial saves are checkpoint_load.cpp's.
 #include "runtime/train/checkpoint.h"
 
 #include <fcntl.h>
@@ -20,14 +21,15 @@
 #include <atomic>
 #include <chrono>
 
-#include "parallel/copy_block.h"
 #include "runtime/train/agree.h"
 #include "runtime/core/fault.h"
 #include "runtime/core/log.h"
 #include "runtime/core/trace.h"
 #include "runtime/io/checksum.h"
 #include "runtime/io/safetensors.h"
+#include "runtime/train/checkpoint_plan.h"
 #include "runtime/train/hf_config.h"
+#include "runtime/train/metrics.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -45,8 +47,6 @@ void fsync_path(const fs::path& p) {
     ::close(fd);
   }
 }
-
-Tensor host_f(const Tensor& t) { return t.device().is_cuda() ? t.to(Device::cpu()) : t; }
 
 // The complete checkpoints in dir (step_XXXXXXXX directories with a meta.json), oldest first; with_damaged: every
 // step_XXXXXXXX directory, those whose meta.json has gone too (renamed into place only once it was written).
@@ -95,220 +95,6 @@ void write_text(const fs::path& p, const std::string& text) {
 }  // namespace
 
 namespace {
-
-// One tensor of a checkpoint: its name and the DTensor whose local part this rank holds (a parameter's f32
-// master value, or an AdamW moment laid out like it).
-struct CkptTensor {
-  std::string name;
-  DTensor t;
-  bool model = true;  // model file (else optimizer file)
-  // A stacked parameter's (an MoE layer's experts) slice along dim 0, written as its own tensor by a rank that
-  // holds it: -1, the whole of t.
-  int64_t slice = -1;
-  Shape shape() const { return slice < 0 ? t.shape() : Shape(t.shape().begin() + 1, t.shape().end()); }
-};
-
-// The run's tokenizer files (data.tokenizer, else model.init_from's directory's): the tokenizer itself and the
-// Hugging Face files describing it beside it.
-std::vector<fs::path> tokenizer_files(const Config& config) {
-  std::error_code ec;
-  fs::path dir;
-  std::vector<fs::path> out;
-  if (!config.data.tokenizer.empty()) {
-    fs::path t(config.data.tokenizer);
-    if (fs::is_regular_file(t, ec)) out.push_back(t);
-    dir = fs::is_directory(t, ec) ? t : t.parent_path();
-  } else if (!config.model.init_from.empty()) {
-    fs::path i(config.model.init_from);
-    dir = fs::is_directory(i, ec) ? i : i.parent_path();
-  }
-  if (dir.empty()) return out;
-  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                           "generation_config.json"}) {
-    fs::path f = dir / name;
-    if (fs::is_regular_file(f, ec) && std::find(out.begin(), out.end(), f) == out.end() &&
-        (out.empty() || out[0].filename() != name))
-      out.push_back(f);
-  }
-  return out;
-}
-
-std::vector<CkptTensor> checkpoint_tensors(CausalLM& model, AdamW* opt) {
-  std::vector<CkptTensor> out;
-  // A stacked parameter is one tensor per slice, each named as the files name it.
-  auto add = [&](const std::string& name, const DTensor& t, bool model_file) {
-    if (!is_stacked_param(name)) {
-      out.push_back({name, t, model_file});
-      return;
-    }
-    for (int64_t j = 0; j < t.shape().at(0); ++j) out.push_back({stacked_param_name(name, j), t, model_file, j});
-  };
-  for (Parameter* p : model.parameters()) add(p->name, p->value, true);
-  if (opt)
-    for (Parameter* p : model.parameters()) {
-      auto& s = opt->state().at(p->name);
-      DTensor m = p->value, v = p->value;
-      m.local = s.exp_avg, v.local = s.exp_avg_sq;
-      add(p->name + ".exp_avg", m, false);
-      add(p->name + ".exp_avg_sq", v, false);
-    }
-  return out;
-}
-
-uint64_t tensor_bytes(const CkptTensor& c) { return uint64_t(shape_numel(c.shape())) * dtype_size(c.t.local.dtype()); }
-
-// The lowest rank of `world` whose block of t holds row `row` of dim 0 (a stacked parameter's slice).
-int slice_holder(const DTensor& t, int64_t row, int world) {
-  for (int r = 0; r < world; ++r) {
-    const std::vector<int> c = t.mesh.coordinate_of(r);
-    const Shape off = t.spec.local_offset(c), shape = t.spec.local_shape(c);
-    if (shape_numel(shape) > 0 && row >= off[0] && row < off[0] + shape[0]) return r;
-  }
-  fail("checkpoint", "no rank holds row {} of a stacked parameter", row);
-}
-
-// Which rank writes each tensor: the largest tensors first, each to the writer with the fewest bytes so far (the
-// same answer on every rank). Writers are spread evenly over the world ranks.
-std::vector<int> assign_writers(const std::vector<CkptTensor>& ts, int world, int64_t writers_cfg) {
-  int w = writers_cfg > 0 ? int(std::min<int64_t>(writers_cfg, world)) : world;
-  w = std::max(1, std::min<int>(w, int(ts.size())));
-  std::vector<size_t> order(ts.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensor_bytes(ts[a]) > tensor_bytes(ts[b]); });
-  std::vector<uint64_t> load(size_t(w), 0);
-  std::vector<int> writer(ts.size());
-  for (size_t i : order) {
-    if (ts[i].slice >= 0) {  // an expert's slice: written where it lives, nothing gathered
-      writer[i] = slice_holder(ts[i].t, ts[i].slice, world);
-      continue;
-    }
-    size_t best = size_t(std::min_element(load.begin(), load.end()) - load.begin());
-    load[best] += tensor_bytes(ts[i]);
-    writer[i] = int(int64_t(best) * world / w);
-  }
-  return writer;
-}
-
-// Tensor i whole on its writer, one shard at a time: each distinct block is sent by the lowest world rank holding
-// it (point to point over the world group, watched); the writer copies its own. Returns the whole tensor on the
-// writer (host), undefined elsewhere. Every rank calls this for every tensor in the same order; no rank holds more
-// than one whole tensor (the writer) plus one block.
-Tensor gather_to_writer(const DTensor& t, int writer, Group& world, int64_t slice = -1) {
-  const DeviceMesh& mesh = t.mesh;
-  const int me = world.rank();
-  struct Block {
-    Shape off, shape;
-    int sender;
-  };
-  // A slice (dim-0 row `slice`) gathers the blocks' parts in that row only: each block's row there.
-  auto local_part = [&](const Tensor& local, const Shape& off) {
-    if (slice < 0) return local;
-    Shape row(local.shape().begin() + 1, local.shape().end());
-    return local.view((slice - off[0]) * shape_numel(row), row);
-  };
-  std::vector<Block> blocks;
-  std::set<std::pair<Shape, Shape>> seen;  // O(ranks log ranks) per tensor
-  for (int r = 0; r < world.size(); ++r) {
-    std::vector<int> c = mesh.coordinate_of(r);
-    Shape off = t.spec.local_offset(c), shape = t.spec.local_shape(c);
-    if (shape_numel(shape) == 0) continue;
-    if (slice >= 0) {
-      if (slice < off[0] || slice >= off[0] + shape[0]) continue;
-      off.at(0) = slice, shape.at(0) = 1;
-    }
-    if (seen.insert({off, shape}).second) blocks.push_back({off, shape, r});
-  }
-  const Shape whole = slice < 0 ? t.shape() : Shape(t.shape().begin() + 1, t.shape().end());
-  Tensor full;
-  if (me == writer) full = empty(whole, t.local.dtype());
-  const Shape my_off = t.spec.local_offset(mesh.coordinate());
-  for (const Block& b : blocks) {
-    const Shape at = slice < 0 ? b.off : Shape(b.off.begin() + 1, b.off.end());
-    const Shape size = slice < 0 ? b.shape : Shape(b.shape.begin() + 1, b.shape.end());
-    if (b.sender == me && me == writer) {
-      copy_block(full, at, host_f(local_part(t.local, my_off)), Shape(at.size(), 0), size);
-    } else if (b.sender == me) {
-      world.send(local_part(t.local, my_off), writer);  // on the tensor's device: NCCL groups move device buffers
-    } else if (me == writer) {
-      Tensor in = empty(size, t.local.dtype(), t.local.device());
-      world.recv(in, b.sender);
-      copy_block(full, at, host_f(in), Shape(at.size(), 0), size);
-    }
-  }
-  return full;
-}
-
-// The concatenation of every member's JSON array, in rank order (collective over g).
-json gather_json_array(Group& g, const json& mine, Device device) {
-  const std::string text = mine.dump();
-  Tensor len = empty({1}, DType::i64);
-  len.at<int64_t>(0) = int64_t(text.size());
-  Tensor lens = empty({int64_t(g.size())}, DType::i64, device);
-  g.all_gather(lens, len.to(device));
-  const Tensor lens_h = lens.to(Device::cpu());
-  std::vector<int64_t> counts;
-  int64_t total = 0;
-  for (int r = 0; r < g.size(); ++r) total += counts.emplace_back(lens_h.at<int64_t>(r));
-  Tensor chars = empty({int64_t(text.size())}, DType::i32);  // one character per element: no byte dtype
-  for (size_t i = 0; i < text.size(); ++i) chars.at<int32_t>(int64_t(i)) = int32_t((unsigned char)text[i]);
-  Tensor all = empty({total}, DType::i32, device);
-  g.all_gather_v(all, chars.to(device), counts);
-  const Tensor all_h = all.to(Device::cpu());
-  json out = json::array();
-  int64_t at = 0;
-  for (int64_t c : counts) {
-    std::string part(size_t(c), '\0');
-    for (int64_t i = 0; i < c; ++i) part[size_t(i)] = char(all_h.at<int32_t>(at + i));
-    at += c;
-    for (auto& e : json::parse(part)) out.push_back(e);
-  }
-  return out;
-}
-
-std::string shard_file(const std::string& prefix, int k, int n) {
-  return n == 1 ? prefix + ".safetensors" : fmt::format("{}-{:05d}-of-{:05d}.safetensors", prefix, k + 1, n);
-}
-
-}  // namespace
-
-namespace {
-
-// Which rank writes each tensor and into which file: one model and one optimizer file per writer that has such
-// tensors, numbered in rank order (under pipeline parallel stage by stage: each stage's numbers follow the previous
-// stages', which one all-gather over the stages tells).
-struct FilePlan {
-  std::vector<int> writer;             // per tensor: its writer's rank in the model's ranks
-  std::map<int, int> model_k, opt_k;   // writer -> file index
-  int n_model = 0, n_opt = 0;          // files of the whole checkpoint
-};
-
-FilePlan plan_files(const std::vector<CkptTensor>& ts, int n_world, const Config& config, const DeviceMesh& mesh,
-                    Group* stages) {
-  FilePlan f;
-  const int n_stages = stages ? stages->size() : 1;
-  const int64_t writers_cfg =
-      config.checkpoint.writers > 0 ? std::max<int64_t>(1, config.checkpoint.writers / n_stages) : 0;
-  f.writer = assign_writers(ts, n_world, writers_cfg);
-  for (size_t i = 0; i < ts.size(); ++i) (ts[i].model ? f.model_k : f.opt_k)[f.writer[i]] = 0;
-  for (auto& [w, k] : f.model_k) k = f.n_model++;
-  for (auto& [w, k] : f.opt_k) k = f.n_opt++;
-  if (!stages) return f;
-  Tensor mine = empty({2}, DType::i64), all = empty({2 * int64_t(n_stages)}, DType::i64);
-  mine.at<int64_t>(0) = f.n_model, mine.at<int64_t>(1) = f.n_opt;
-  Tensor all_d = all.to(mesh.device());
-  stages->all_gather(all_d, mine.to(mesh.device()));
-  all = all_d.to(Device::cpu());
-  int off_model = 0, off_opt = 0, tot_model = 0, tot_opt = 0;
-  for (int s = 0; s < n_stages; ++s) {
-    const int a = int(all.at<int64_t>(2 * s)), b = int(all.at<int64_t>(2 * s + 1));
-    if (s < stages->rank()) off_model += a, off_opt += b;
-    tot_model += a, tot_opt += b;
-  }
-  for (auto& [w, k] : f.model_k) k += off_model;
-  for (auto& [w, k] : f.opt_k) k += off_opt;
-  f.n_model = tot_model, f.n_opt = tot_opt;
-  return f;
-}
 
 // Step 2 of a save: a writer's files, one whole tensor at a time, each hashed as it is written. Errors are kept, not
 // thrown: a writer that fails keeps taking part in the gathers (no rank is left waiting) and reports at the
@@ -483,9 +269,14 @@ struct PendingCheckpoint::State {
   json sums = json::array();
   std::exception_ptr err;
   std::thread thread;
-  std::atomic<bool> written{false};
+  std::atomic<bool> written{false}, cancel{false};
   double write_s = 0;
   bool committed = false;
+  bool async = false;
+  // async, rank 0: the directory was completed by its thread as soon as every rank's writer was done
+  // (finish_when_written), at renamed_time, last_done_time being the last writer's end (unix seconds).
+  bool finished = false;
+  double last_done_time = 0, renamed_time = 0;
 
   State(const Config& c, const DeviceMesh& m, const MpiEnv& e) : config(c), mesh(m), env(e) {}
   std::string label() const { return fmt::format("the checkpoint of step {}", progress.step); }
@@ -496,19 +287,115 @@ struct PendingCheckpoint::State {
     err = writer->close(sums);
     snapshot.clear();  // the snapshot's memory goes back as soon as it is on disk
     write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    written = true;
   }
+  fs::path done_file(int rank) const { return tmp / fmt::format(".writer-{}.done", rank); }
+  void start_writing(bool async);
+  void report_done();
+  void finish_when_written();
+  void finish(const json& sums_by_rank);
 };
+
+// Step 2's writing: at once (synchronous), or by a thread that then reports done, and on rank 0 completes the
+// directory once every rank has (asynchronous).
+void PendingCheckpoint::State::start_writing(bool asynchronous) {
+  async = asynchronous;
+  if (!async) {
+    trace::Span span("checkpoint: write files", "checkpoint");
+    write_files();
+    written = true;
+    return;
+  }
+  thread = std::thread([this] {
+    if (trace::on()) trace::name_thread("checkpoint writer");
+    {
+      trace::Span span("checkpoint: write files", "checkpoint");
+      write_files();
+      report_done();
+    }
+    if (root) {
+      trace::Span span("checkpoint: commit when written", "checkpoint");
+      finish_when_written();
+    }
+    written = true;  // rank 0: and the directory completed (or failed)
+  });
+}
+
+// Async: this rank's writer is done; it says so, with its checksums or its error, in a file of the temporary
+// directory (written under another name and renamed: rank 0 reads it whole or not at all). No communication.
+void PendingCheckpoint::State::report_done() {
+  json d = {{"sums", sums}, {"time", unix_time_s()}};
+  if (err) {
+    try {
+      std::rethrow_exception(err);
+    } catch (const std::exception& e) {
+      d["error"] = e.what();
+    }
+  }
+  const fs::path part = done_file(env.rank()).string() + ".part";
+  try {
+    write_text(part, d.dump());
+    fsync_path(part);
+    fs::rename(part, done_file(env.rank()));
+  } catch (...) {
+    if (!err) err = std::current_exception();
+  }
+}
+
+// Async, rank 0's thread: once every rank's writer is done (their files, polled), the directory is completed and
+// renamed at once, not at the next step boundary; a writer's error is left for commit() to agree on.
+void PendingCheckpoint::State::finish_when_written() {
+  const int n = env.size();
+  json all = json::array();
+  for (int r = 0; r < n && !cancel; ++r) {
+    std::error_code ec;
+    while (!cancel && !fs::exists(done_file(r), ec)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (cancel) return;
+    json d;
+    try {
+      std::ifstream f(done_file(r));
+      d = json::parse(f);
+    } catch (const std::exception& e) {
+      if (!err) err = std::make_exception_ptr(Error(fmt::format("[checkpoint] {}: {}", done_file(r).string(), e.what())));
+      return;
+    }
+    if (d.contains("error")) return;  // that rank reports it at commit()
+    last_done_time = std::max(last_done_time, d.value("time", 0.0));
+    for (auto& e : d["sums"]) all.push_back(e);
+  }
+  if (err) return;
+  try {
+    for (int r = 0; r < n; ++r) fs::remove(done_file(r));
+    finish(all);
+    finished = true;
+    renamed_time = unix_time_s();
+  } catch (...) {
+    err = std::current_exception();
+  }
+}
+
+// Step 3 on rank 0: meta.json with every file's checksum, then the directory finished and renamed.
+void PendingCheckpoint::State::finish(const json& all_sums) {
+  json meta = checkpoint_meta(progress, optimizer_steps, config, mesh, stages ? stages->size() : 0, files);
+  if (!model_state.is_null()) meta["model_state"] = model_state;
+  json by_file = json::object();
+  for (const json& e : all_sums) by_file[e[0].get<std::string>()] = e[1];
+  meta["checksums"] = by_file;
+  finish_directory(entries, files, meta, dtype, config, dir, tmp, final_dir);
+}
 
 PendingCheckpoint::PendingCheckpoint(std::unique_ptr<State> s) : s_(std::move(s)) {}
 PendingCheckpoint::~PendingCheckpoint() {
-  // A save never committed (the run failed) keeps its .tmp, which the next run removes.
+  // A save never committed (the run failed) keeps its .tmp, which the next run removes; rank 0's thread stops
+  // waiting for writers that will not report.
+  if (s_) s_->cancel = true;
   if (s_ && s_->thread.joinable()) s_->thread.join();
 }
 int64_t PendingCheckpoint::step() const { return s_->progress.step; }
 uint64_t PendingCheckpoint::snapshot_bytes() const { return s_->snapshot_bytes; }
 bool PendingCheckpoint::written() const { return s_->written.load(); }
 double PendingCheckpoint::write_s() const { return s_->write_s; }
+double PendingCheckpoint::renamed_time() const { return s_->finished ? s_->renamed_time : 0; }
+double PendingCheckpoint::last_done_time() const { return s_->last_done_time; }
 
 std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, const TrainProgress& progress,
                                                     CausalLM& model, AdamW& opt, const Config& config,
@@ -575,17 +462,8 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
                           (s->ts[i].model ? s->files.model_k : s->files.opt_k).at(s->files.writer[i]),
                           tensor_bytes(s->ts[i])});
   if (stages && world.rank() == 0) s->entries = gather_json_array(*stages, s->entries, mesh.device());
-  if (async) {
-    PendingCheckpoint::State* raw = s.get();
-    s->thread = std::thread([raw] {
-      if (trace::on()) trace::name_thread("checkpoint writer");
-      trace::Span span("checkpoint: write files", "checkpoint");
-      raw->write_files();
-    });
-  } else {
-    trace_phase.emplace("checkpoint: write files", "checkpoint");
-    s->write_files();
-  }
+  trace_phase.reset();
+  s->start_writing(async);
   return std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint(std::move(s)));
 }
 
@@ -607,19 +485,16 @@ std::string PendingCheckpoint::commit() {
   // 3. Every writer's checksums reach rank 0 (over the stage's ranks, then from each stage's first rank), which
   // finishes the directory and renames it. Agreed again, so that no rank goes on (or reads) before the rename and
   // every rank fails when it fails.
+  // Asynchronous: rank 0's thread completed the directory when the last writer was done (its errors were agreed
+  // above); every rank knows the save was asynchronous, so all take this branch together.
+  if (s.async) return s.final_dir.string();
   trace::Span span("checkpoint: checksums, indexes, rename", "checkpoint");
   json sums = gather_json_array(world, s.sums, s.mesh.device());
   if (s.stages && world.rank() == 0) sums = gather_json_array(*s.stages, sums, s.mesh.device());
   std::exception_ptr err;
   if (s.root) {
     try {
-      json meta = checkpoint_meta(s.progress, s.optimizer_steps, s.config, s.mesh, s.stages ? s.stages->size() : 0,
-                                  s.files);
-      if (!s.model_state.is_null()) meta["model_state"] = s.model_state;
-      json by_file = json::object();
-      for (const json& e : sums) by_file[e[0].get<std::string>()] = e[1];
-      meta["checksums"] = by_file;
-      finish_directory(s.entries, s.files, meta, s.dtype, s.config, s.dir, s.tmp, s.final_dir);
+      s.finish(sums);
     } catch (...) {
       err = std::current_exception();
       std::error_code ec;

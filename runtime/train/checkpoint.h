@@ -17,7 +17,8 @@
 // checksum.h) and its own (meta_checksum); verify_checkpoint checks them before a resume trusts the files, and every
 // read of meta.json checks its own.
 // Asynchronous saves (checkpoint.async): begin_checkpoint gathers each writer's tensors into host memory (the only
-// stall), a thread writes and syncs them, and commit() completes the directory at a later step; at most one in flight. Tensors are stored whole, so a run may resume on another mesh; a rank reads only its block of each
+// stall), a thread writes and syncs them, rank 0's thread completes the directory once every writer reported done,
+// and commit() agrees on the outcome at a later step boundary; at most one in flight. Tensors are stored whole, so a run may resume on another mesh; a rank reads only its block of each
 // (the files mapped). A tied lm_head is not stored (it is
 // model.embed_tokens.weight), as transformers saves tied models and expects to find them.
 #pragma once
@@ -59,8 +60,14 @@ class PendingCheckpoint {
   uint64_t snapshot_bytes() const;  // host memory the snapshot holds on this rank (0 for a synchronous save)
   bool written() const;             // this rank's files are written and synced, or failed (commit() will say)
   double write_s() const;           // this rank's time writing and syncing its files
-  // Collective: waits for this rank's writer, agrees on errors, writes the indexes, config.json, the tokenizer and
-  // meta.json with every file's checksum, renames, rotates. Returns the directory.
+  // Asynchronous saves, rank 0: the unix time its thread renamed the directory into place, as soon as every rank's
+  // writer was done (0: not completed in the background), and the last writer's end.
+  double renamed_time() const;
+  double last_done_time() const;
+  // Collective: waits for this rank's writer, agrees on errors; synchronous: writes the indexes, config.json, the
+  // tokenizer and meta.json with every file's checksum, renames, rotates. Asynchronous: rank 0's thread did that as
+  // soon as every rank's writer reported done (a file per rank in the temporary directory), so the save is on disk
+  // before this step boundary; this only agrees on the outcome. Returns the directory.
   std::string commit();
 
  private:

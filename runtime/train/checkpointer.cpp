@@ -69,12 +69,19 @@ void Checkpointer::commit(bool counted) {
   std::unique_ptr<PendingCheckpoint> p = std::move(pending_);
   const std::string dir = p->commit();
   last_write_s_ = p->write_s();
-  log_.record({{"event", "checkpoint_committed"}, {"step", step}, {"write_s", p->write_s()},
-               {"time", unix_time_s()}});
+  const double now = unix_time_s(), renamed = p->renamed_time();
+  nlohmann::json rec = {{"event", "checkpoint_committed"}, {"step", step}, {"write_s", p->write_s()}, {"time", now}};
+  std::string when;
+  if (renamed > 0) {  // rank 0 completed it in the background: when, against the last writer and this boundary
+    rec["renamed_time"] = renamed, rec["commit_lag_s"] = renamed - p->last_done_time();
+    rec["before_boundary_s"] = now - renamed;
+    when = fmt::format("; on disk {:.3f} s after the last writer finished, {:.2f} s before this step boundary",
+                       renamed - p->last_done_time(), now - renamed);
+  }
+  log_.record(rec);
   log_.note(fmt::format("checkpoint step {} -> {} (files written and synced in {:.2f} s{}; host memory during the "
-                        "save: {:.3f} MiB above the state on this rank)",
-                        step, dir, p->write_s(), async ? " behind training" : "",
-                        extra_mib_));
+                        "save: {:.3f} MiB above the state on this rank{})",
+                        step, dir, p->write_s(), async ? " behind training" : "", extra_mib_, when));
   if (counted) gp_.checkpoint_s += seconds_since(t0);  // waiting on a slow writer holds the loop too
 }
 

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <span>
@@ -16,6 +17,7 @@
 #include "runtime/core/log.h"
 #include "runtime/train/agree.h"
 #include "runtime/train/checkpoint.h"
+#include "runtime/train/memory_checkpoint.h"
 
 namespace mt {
 
@@ -47,6 +49,8 @@ std::vector<std::string> config_changes(const Config& was, const Config& now) {
   cmp("training.lr_min", was.training.lr_min, now.training.lr_min);
   return d;
 }
+
+std::string fs_name(const std::string& path) { return std::filesystem::path(path).filename().string(); }
 
 }  // namespace
 
@@ -88,14 +92,15 @@ void check_checkpoint_dir_writable(const std::string& dir, const MpiEnv& env) {
 // Step 1, where to start: a checkpoint to resume, else Hugging Face weights, else the random init (already
 // there). resume: auto tries the newest complete checkpoint first and falls back to older ones when it cannot be read.
 // Returns the seconds spent verifying and loading.
-double resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
-  const auto load_t0 = std::chrono::steady_clock::now();
+namespace {
+
+// The checkpoint directories resume may load, newest first (resume: auto), or the one named. Collective (agreed).
+std::vector<std::string> resume_candidates(const Config& cfg, const MpiEnv& env) {
   std::vector<std::string> candidates;
-  const bool resume_auto = cfg.checkpoint.resume == "auto";
   // Every rank looks at the same directory: an error is printed once.
   run_agreed(env, "checkpoint.resume", [&] {
     if (cfg.checkpoint.dir.empty() || cfg.checkpoint.resume == "never") return;
-    if (resume_auto) {
+    if (cfg.checkpoint.resume == "auto") {
       // Every committed directory, one whose meta.json has gone too: verify_checkpoint names it and it is skipped.
       candidates = checkpoints_in(cfg.checkpoint.dir);
       std::reverse(candidates.begin(), candidates.end());  // newest first
@@ -105,7 +110,21 @@ double resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
                "checkpoint.resume = {}: not a complete checkpoint (no meta.json)", cfg.checkpoint.resume);
     }
   });
+  return candidates;
+}
+
+}  // namespace
+
+double resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
+  const auto load_t0 = std::chrono::steady_clock::now();
+  const bool resume_auto = cfg.checkpoint.resume == "auto";
+  const std::vector<std::string> candidates = resume_candidates(cfg, env);
   std::string resume_from;
+  // In-memory checkpoints first (checkpoint.memory), when every rank has one no older than the newest disk one.
+  int64_t disk_step = -1;
+  if (resume_auto && !candidates.empty())
+    disk_step = std::atoll(fs_name(candidates.front()).c_str() + 5);  // step_XXXXXXXX
+  if (resume_from_memory(cfg, env, run, disk_step)) resume_from = fmt::format("memory (step {})", run.start_step);
   for (size_t i = 0; i < candidates.size() && resume_from.empty(); ++i) {
     const std::string& c = candidates[i];
     // Every rank reads the same files and fails the same way: they fall back together.

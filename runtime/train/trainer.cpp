@@ -18,6 +18,7 @@
 #include "runtime/train/agree.h"
 #include "runtime/train/checkpointer.h"
 #include "runtime/train/generate.h"
+#include "runtime/train/memory_checkpoint.h"
 #include "runtime/train/peak_cache.h"
 #include "runtime/train/resume.h"
 #include "runtime/train/step.h"
@@ -102,6 +103,7 @@ Trainer::~Trainer() = default;
 
 int Trainer::train() {
   ckpt_ = std::make_unique<Checkpointer>(cfg_, env_, run_, *log_, gp_);
+  mem_ = std::make_unique<MemoryCheckpointer>(cfg_, env_, run_);
   TextCodec codec;
   if (cfg_.sample.interval > 0 && cfg_.sample.tokens > 0)
     run_agreed(env_, "the tokenizer (for samples)", [&] { codec = text_codec(cfg_); });
@@ -140,6 +142,8 @@ int Trainer::train() {
     loop_->trace.finish(*log_);
     loop_->profile.report();
   }
+  // The run ended with its checkpoint on disk: nothing is left in shared memory.
+  mem_->finish();
   log_->record(gp_.record());
   log_->note(gp_.line());
   return stop ? 128 + stop : 0;
@@ -235,6 +239,7 @@ void Trainer::evaluate_and_sample(int64_t step, bool last) {
 // Step 4: what every rank decides alike (step_control.h), then the checkpoint it calls for. Returns the stop
 // signal (0: go on).
 int Trainer::agree_and_checkpoint(int64_t step, const Timed& t, bool last) {
+  mem_->poll(false);  // the peer's in-memory copy, published once it has arrived
   StepControl mine;
   mine.stop_signal = stop_signal_received();
   mine.checkpoint_due = ckpt_->due_by_time(step + 1);
@@ -254,6 +259,7 @@ int Trainer::agree_and_checkpoint(int64_t step, const Timed& t, bool last) {
   loop_->trace_full_rank = agreed.trace_full_rank;
   if (ckpt_->in_flight() && !agreed.writing) ckpt_->commit();
   if (ckpt_->due_by_steps(step + 1) || agreed.checkpoint_due || last || stop) ckpt_->save(step + 1, last || stop);
+  else if (mem_->due(step + 1)) gp_.checkpoint_s += mem_->save(step + 1);  // not where the disk has this step
   return stop;
 }
 

@@ -2,7 +2,8 @@
 // constructor builds the run (make_train_run), resumes or initialises it, prints what it is and opens the metrics;
 // train() runs the steps (step.h's train_step) with, after each, the non-finite rule, metrics, evaluation and
 // samples, the per-step agreement of all ranks (step_control.h: stop signals, time-based checkpoints, the
-// asynchronous save's commit, the slow-rank check), checkpoints (checkpointer.h) and the trace range.
+// asynchronous save's commit, the slow-rank check), checkpoints (checkpointer.h, memory_checkpoint.h) and the trace
+// range.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -20,6 +21,7 @@
 namespace mt {
 
 class Checkpointer;
+class MemoryCheckpointer;
 struct StepResult;
 
 class Trainer {
@@ -49,6 +51,7 @@ class Trainer {
   RunGoodput gp_;
   std::unique_ptr<MetricsLogger> log_;
   std::unique_ptr<Checkpointer> ckpt_;
+  std::unique_ptr<MemoryCheckpointer> mem_;  // checkpoint.memory
   std::unique_ptr<StragglerCheck> stragglers_;
   std::unique_ptr<Loop> loop_;
   std::string peak_source_;  // where the MFU's peak came from: device, probed or cached (the set-up record)

@@ -8,6 +8,7 @@
 #    newest checkpoint that verifies (its save of the skipped step says that it replaces it); checkpoints of
 #    formats 3 and 2 load with a warning;
 #  - a partial save left by a dead run is removed by the next, saying so;
+#  - an asynchronous save is renamed into place as soon as every writer is done, not at the next step boundary;
 #  - checkpoint.interval_s and checkpoint.interval: auto (Young/Daly) choose when; the metrics say what each save
 #    cost and where the wall time went (goodput).
 #   tests/cli/test_checkpoint.sh BUILD_DIR
@@ -193,6 +194,23 @@ if train killed 2 --set checkpoint.async=true; then
   check "and the run goes on from step 4 bit-identically" -- "$py" "$compare" "$tmp/killed.jsonl" "$tmp/sync.jsonl" --exact --from-step 4 --steps 8
 else
   bad "the run after the kill" "$(tail -n 20 "$tmp/killed.log")"
+fi
+
+# --- An asynchronous save is on disk as soon as its writers finish (rank 0's thread completes it), not at the next
+# step boundary: with steps made slow (0.6 s), step 4's directory is renamed into place before step 5 ends ---
+rm -rf "$tmp/early.ckpt"
+if MT_FAULT_SLOW_RANK=0:600 train early 2 --set checkpoint.async=true --set training.steps=6 --set eval.interval=0; then
+  check "async: step 4's save is on disk before step 5 ends, not at the boundary after it" -- "$py" -c "
+import json
+r = [json.loads(l) for l in open('$tmp/early.jsonl')]
+c = [e for e in r if e.get('event') == 'checkpoint_committed' and e['step'] == 4][0]
+s5 = [e for e in r if e.get('step') == 5 and 'loss' in e][-1]
+assert 'renamed_time' in c, c
+assert c['renamed_time'] < s5['time'], (c['renamed_time'], s5['time'])
+print('on disk %.3f s after the last writer finished, %.2f s before the boundary that confirmed it' % (c['commit_lag_s'], c['before_boundary_s']))"
+  check "async: no writer's done file is left in the checkpoint" -- test -z "$(ls -A "$tmp/early.ckpt"/step_00000004 | grep writer)"
+else
+  bad "the slow async run" "$(tail -n 20 "$tmp/early.log")"
 fi
 
 # --- When: seconds, or Young/Daly from the measured cost ---

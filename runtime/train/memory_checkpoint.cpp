@@ -1,0 +1,368 @@
+#include "runtime/train/memory_checkpoint.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "comm/watchdog.h"
+#include "comm/world.h"
+#include "runtime/core/log.h"
+#include "runtime/core/trace.h"
+#include "runtime/io/checksum.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace mt {
+
+namespace {
+
+constexpr int kTag = 7301;  // the peer exchange's messages
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// This rank's state, in a fixed order: each parameter's f32 master, then each one's exp_avg and exp_avg_sq.
+std::vector<std::pair<std::string, Tensor>> rank_tensors(TrainRun& run) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (Parameter* p : run.model->parameters()) out.emplace_back(p->name, p->value.local);
+  if (run.opt)
+    for (Parameter* p : run.model->parameters()) {
+      auto& s = run.opt->state().at(p->name);
+      out.emplace_back(p->name + ".exp_avg", s.exp_avg);
+      out.emplace_back(p->name + ".exp_avg_sq", s.exp_avg_sq);
+    }
+  return out;
+}
+
+// What a segment must match to be loaded here: the tensors' names, local shapes and dtypes, and the config but for
+// what does not change the state (steps, logging, checkpoints, evaluation, samples, traces, comm).
+std::string layout_hash(const std::vector<std::pair<std::string, Tensor>>& ts, const Config& cfg) {
+  std::string text;
+  for (auto& [name, t] : ts) text += fmt::format("{}:{}:{};", name, shape_str(t.shape()), dtype_name(t.dtype()));
+  Config c = cfg;
+  c.comm = {}, c.log = {}, c.eval = {}, c.sample = {}, c.checkpoint = {}, c.profile = {};
+  c.training.steps = 0;
+  text += std::to_string(config_hash(c));
+  StreamChecksum s;
+  s.update(text.data(), text.size());
+  return s.hex();
+}
+
+Tensor as_words(SegmentBytes& b) { return from_blob(b.data(), {int64_t(b.size())}, DType::i64); }
+
+
+std::string list(const std::vector<int>& ranks) { return fmt::format("{}", fmt::join(ranks, ", ")); }
+
+}  // namespace
+
+std::vector<int> memory_peers(const std::vector<std::string>& hosts) {
+  const int n = int(hosts.size());
+  std::vector<std::string> nodes;           // in order of first appearance
+  std::map<std::string, std::vector<int>> ranks;
+  for (int r = 0; r < n; ++r) {
+    if (!ranks.count(hosts[size_t(r)])) nodes.push_back(hosts[size_t(r)]);
+    ranks[hosts[size_t(r)]].push_back(r);
+  }
+  std::vector<int> to(static_cast<size_t>(n), 0);
+  for (int r = 0; r < n; ++r) to[size_t(r)] = (r + 1) % n;
+  const size_t per = ranks[nodes[0]].size();
+  const bool even = std::all_of(nodes.begin(), nodes.end(), [&](auto& h) { return ranks[h].size() == per; });
+  if (nodes.size() < 2 || !even) return to;
+  for (size_t k = 0; k < nodes.size(); ++k)
+    for (size_t i = 0; i < per; ++i) to[size_t(ranks[nodes[k]][i])] = ranks[nodes[(k + 1) % nodes.size()]][i];
+  return to;
+}
+
+namespace {
+
+std::vector<int> peers_of_job(const MpiEnv& env) {
+  struct Host {
+    char name[64];
+  } mine = {};
+  std::snprintf(mine.name, sizeof mine.name, "%s", env.host().c_str());
+  std::vector<std::string> hosts;
+  for (const Host& h : world::all_gather(mine, "memory checkpoint: host names"))
+    hosts.emplace_back(h.name, strnlen(h.name, 63));
+  return memory_peers(hosts);
+}
+
+// Sends `send` to rank `to` and receives `recv` (resized to recv_words) from rank `from` over the world group,
+// either side skipped with -1.
+void exchange(TrainRun& run, SegmentBytes& send, int to, SegmentBytes& recv, int64_t recv_words, int from) {
+  Group& g = run.world_mesh.group("world");
+  const Device dev = run.mesh.device();
+  Tensor out, in;
+  if (to >= 0) out = dev.is_cuda() ? as_words(send).to(dev) : as_words(send);
+  if (from >= 0) {
+    recv.resize(size_t(recv_words));
+    in = dev.is_cuda() ? empty({recv_words}, DType::i64, dev) : as_words(recv);
+  }
+  std::vector<Work> w;
+  g.batch_begin();
+  if (to >= 0) w.push_back(g.send(out, to, true, kTag, "an in-memory checkpoint to its peer"));
+  if (from >= 0) w.push_back(g.recv(in, from, true, kTag, "an in-memory checkpoint from its peer"));
+  g.batch_end();
+  for (Work& x : w) x.wait();
+  if (from >= 0 && dev.is_cuda()) copy_(as_words(recv), in.to(Device::cpu()));
+}
+
+}  // namespace
+
+MemoryCheckpointer::MemoryCheckpointer(const Config& cfg, const MpiEnv& env, TrainRun& run)
+    : cfg_(cfg), env_(env), run_(run) {
+  if (!enabled()) return;
+  const std::string& dir = cfg.checkpoint.dir;
+  own_ = std::make_unique<SegmentFile>(memory_segment_path(dir, env.rank(), env.rank()));
+  if (!cfg.checkpoint.memory.peer || env.size() < 2) return;
+  to_ = peers_of_job(env);
+  for (int r = 0; r < env.size(); ++r)
+    if (to_[size_t(r)] == env.rank()) from_ = r;
+  held_ = std::make_unique<SegmentFile>(memory_segment_path(dir, from_, env.rank()));
+}
+
+double MemoryCheckpointer::save(int64_t next_step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  trace::Span span("memory checkpoint", "checkpoint");
+  WatchdogPhase phase(fmt::format("saving the in-memory checkpoint of step {}", next_step));
+  poll(true);  // the previous exchange's buffers are about to be reused
+  const int me = env_.rank();
+  try {
+    const auto ts = rank_tensors(run_);
+    std::vector<Tensor> host;  // on a GPU: the device's shards copied to the host first
+    std::vector<std::pair<const void*, size_t>> pieces;
+    for (auto& [name, t] : ts) {
+      host.push_back(t.device().is_cuda() ? t.to(Device::cpu()) : t);
+      pieces.emplace_back(host.back().data_ptr(), size_t(host.back().nbytes()));
+    }
+    json meta = {{"format", 1},           {"step", next_step},
+                 {"owner", me},           {"world", env_.size()},
+                 {"layout", layout_hash(ts, cfg_)},
+                 {"optimizer_steps", run_.opt ? run_.opt->steps_taken() : next_step},
+                 {"model_state", run_.model->extra_state()}};
+    write_segment(*own_, pieces, std::move(meta), next_step);
+  } catch (const std::exception& e) {
+    if (!warned_) spdlog::warn("rank {}: in-memory checkpoint of step {} not kept: {}", me, next_step, e.what());
+    warned_ = true;
+  }
+  if (held_) post_exchange();
+  const double s = seconds_since(t0);
+  if (!noted_ && me == 0)
+    spdlog::info("in-memory checkpoint of step {}: {:.1f} MiB a rank in {} (rank 0){}, in {:.3f} s; every {} steps",
+                 next_step, double(own_->published_bytes()) / (1 << 20), own_->path(),
+                 to_.empty() ? "" : fmt::format(", a copy on rank {}", to_[0]), s, cfg_.checkpoint.memory.interval);
+  noted_ = true;
+  return s;
+}
+
+// Every rank takes part whatever its own write did (it sends what it last published): no rank is left waiting.
+void MemoryCheckpointer::post_exchange() {
+  const int me = env_.rank();
+  const std::vector<int64_t> sizes =
+      world::all_gather(int64_t(own_->published_bytes()), "memory checkpoint: sizes");
+  held_bytes_ = uint64_t(sizes[size_t(from_)]);
+  Group& g = run_.world_mesh.group("world");
+  const Device dev = run_.mesh.device();
+  auto* src = const_cast<unsigned char*>(own_->published());
+  Tensor out = from_blob(src, {sizes[size_t(me)] / 8}, DType::i64);
+  Tensor in = from_blob(held_->reserve(held_bytes_), {int64_t(held_bytes_ / 8)}, DType::i64);
+  if (dev.is_cuda()) {
+    send_dev_ = out.to(dev), out = send_dev_;
+    recv_dev_ = empty(in.shape(), DType::i64, dev), in = recv_dev_;
+  }
+  g.batch_begin();
+  if (src) pending_.push_back(g.send(out, to_[size_t(me)], true, kTag, "an in-memory checkpoint to its peer"));
+  if (held_bytes_ > 0) pending_.push_back(g.recv(in, from_, true, kTag, "an in-memory checkpoint from its peer"));
+  g.batch_end();
+}
+
+void MemoryCheckpointer::poll(bool wait) {
+  if (pending_.empty()) return;
+  for (Work& w : pending_)
+    if (!wait && !w.test()) return;
+  for (Work& w : pending_) w.wait();
+  pending_.clear();
+  try {
+    if (recv_dev_.defined()) {
+      copy_(from_blob(held_->reserve(held_bytes_), recv_dev_.shape(), DType::i64), recv_dev_.to(Device::cpu()));
+      recv_dev_ = Tensor(), send_dev_ = Tensor();
+    }
+    held_->publish(held_bytes_);
+  } catch (const std::exception& e) {
+    if (!warned_) spdlog::warn("rank {}: the peer's in-memory checkpoint not kept: {}", env_.rank(), e.what());
+    warned_ = true;
+  }
+}
+
+void MemoryCheckpointer::finish() {
+  if (!enabled()) return;
+  poll(true);
+  own_->remove();
+  if (held_) held_->remove();
+}
+
+namespace {
+
+// A segment read and checked: step -1 when there is none or it cannot be used (why says what).
+struct Found {
+  SegmentBytes bytes;
+  uint64_t size = 0;
+  int64_t step = -1;
+  std::string why;
+};
+
+// Checks a segment's bytes for `owner` (the checksum; with `layout`, that it is this rank's state in this layout).
+void check_found(Found& f, const std::string& what, int owner, int world, const std::string& layout,
+                 uint64_t state_bytes) {
+  try {
+    const SegmentView v = check_segment(f.bytes.data(), f.size, what);
+    const json& m = v.meta;
+    MT_CHECK(m.value("owner", -1) == owner && m.value("world", -1) == world, "checkpoint",
+             "{}: written by rank {} of {}, not rank {} of {}", what, m.value("owner", -1), m.value("world", -1),
+             owner, world);
+    MT_CHECK(layout.empty() || (m.value("layout", "") == layout && v.data_bytes == state_bytes), "checkpoint",
+             "{}: written by another model, mesh or config ({} of state, {} here)", what, v.data_bytes, state_bytes);
+    f.step = m.at("step").get<int64_t>();
+  } catch (const std::exception& e) {
+    f.why = e.what(), f.step = -1;
+  }
+}
+
+Found read_found(const std::string& path, int owner, int world, const std::string& layout, uint64_t state_bytes) {
+  Found f;
+  std::optional<SegmentBytes> b = read_segment_file(path, &f.size);
+  if (!b) return f;
+  f.bytes = std::move(*b);
+  check_found(f, path, owner, world, layout, state_bytes);
+  return f;
+}
+
+struct Avail {
+  int64_t own = -1, held = -1, held_words = 0;
+};
+
+// The newest step every rank has: its own segment's, or its peer's copy (held by to[r]); -1: none.
+int64_t common_step(const std::vector<Avail>& a, const std::vector<int>& to) {
+  std::vector<int64_t> steps;
+  for (const Avail& x : a) steps.insert(steps.end(), {x.own, x.held});
+  std::sort(steps.rbegin(), steps.rend());
+  for (int64_t s : steps) {
+    if (s < 0) break;
+    bool all = true;
+    for (size_t r = 0; r < a.size() && all; ++r)
+      all = a[r].own == s || (!to.empty() && a[size_t(to[r])].held == s);
+    if (all) return s;
+  }
+  return -1;
+}
+
+// The checked segment's state into this rank's tensors.
+void load_state(const Found& f, TrainRun& run) {
+  const SegmentView v = check_segment(f.bytes.data(), f.size, "the in-memory checkpoint");
+  const unsigned char* at = v.data;
+  for (auto& [name, t] : rank_tensors(run)) {
+    Tensor src = from_blob(const_cast<unsigned char*>(at), t.shape(), t.dtype());
+    copy_(t, t.device().is_cuda() ? src.to(t.device()) : src);
+    at += t.nbytes();
+  }
+  for (Parameter* p : run.model->parameters()) refresh_compute_copy(*p);
+  if (run.opt) run.opt->set_steps_taken(v.meta.at("optimizer_steps").get<int64_t>());
+  run.model->load_extra_state(v.meta.contains("model_state") ? v.meta["model_state"] : json(),
+                              "the in-memory checkpoint");
+  run.start_step = v.meta.at("step").get<int64_t>();
+}
+
+// A write a killed run left half done (NAME.tmp.<pid>): never loaded, removed saying so.
+void remove_partial_segments(const std::string& dir, int me, int from) {
+  std::error_code ec;
+  for (const std::string& p : {memory_segment_path(dir, me, me), memory_segment_path(dir, from, me)}) {
+    const std::string prefix = fs::path(p).filename().string() + ".tmp.";
+    for (auto& e : fs::directory_iterator(memory_segment_dir(), ec))
+      if (e.path().filename().string().rfind(prefix, 0) == 0 && fs::remove(e.path(), ec))
+        spdlog::warn("rank {}: removed {}, an in-memory checkpoint left by a run that stopped (its spare: the "
+                     "previous segment, or one half written)",
+                     me, e.path().string());
+  }
+}
+
+// Rank 0's lines: one per source used.
+void say_sources(const std::vector<Avail>& a, const std::vector<int>& to, int64_t s, const std::string& dir) {
+  std::vector<int> own, peer;
+  for (size_t r = 0; r < a.size(); ++r) (a[r].own == s ? own : peer).push_back(int(r));
+  if (!own.empty())
+    spdlog::info("resuming step {} from memory: rank{} {} from {} own segment{} ({})", s, own.size() > 1 ? "s" : "",
+                 list(own), own.size() > 1 ? "their" : "its", own.size() > 1 ? "s" : "",
+                 memory_segment_path(dir, own[0], own[0]));
+  for (int r : peer)
+    spdlog::info("resuming step {} from memory: rank {} from its peer's copy, held by rank {} ({})", s, r,
+                 to[size_t(r)], memory_segment_path(dir, r, to[size_t(r)]));
+}
+
+}  // namespace
+
+bool resume_from_memory(const Config& cfg, const MpiEnv& env, TrainRun& run, int64_t disk_step) {
+  if (cfg.checkpoint.memory.interval <= 0 || cfg.checkpoint.resume != "auto") return false;
+  WatchdogPhase phase("looking for in-memory checkpoints");
+  const int me = env.rank(), world = env.size();
+  const std::string& dir = cfg.checkpoint.dir;
+  const std::vector<int> to = cfg.checkpoint.memory.peer && world > 1 ? peers_of_job(env) : std::vector<int>{};
+  int from = -1;
+  for (int r = 0; r < int(to.size()); ++r)
+    if (to[size_t(r)] == me) from = r;
+  const auto ts = rank_tensors(run);
+  uint64_t state_bytes = 0;
+  for (auto& [n, t] : ts) state_bytes += uint64_t(t.nbytes());
+  const std::string layout = layout_hash(ts, cfg);
+  remove_partial_segments(dir, me, from);
+  Found own = read_found(memory_segment_path(dir, me, me), me, world, layout, state_bytes);
+  Found held = from >= 0 ? read_found(memory_segment_path(dir, from, me), from, world, "", 0) : Found{};
+  if (!own.why.empty()) spdlog::warn("rank {}: {}: not loaded", me, own.why);
+  const Avail mine{own.step, held.step, int64_t(held.bytes.size())};
+  const std::vector<Avail> all = world::all_gather(mine, "memory checkpoint: what each rank has");
+  const int64_t s = common_step(all, to);
+  auto steps = [&](bool o) {
+    std::vector<std::string> v;
+    for (const Avail& x : all) v.push_back((o ? x.own : x.held) < 0 ? "-" : std::to_string(o ? x.own : x.held));
+    return fmt::format("[{}]", fmt::join(v, ", "));
+  };
+  const bool any = std::any_of(all.begin(), all.end(), [](const Avail& x) { return x.own >= 0 || x.held >= 0; });
+  if (s < 0 || s < disk_step) {
+    if (me == 0 && any)
+      spdlog::warn("in-memory checkpoints not used: {} (own segments' steps by rank {}, peers' copies' {}): "
+                   "resuming from the disk",
+                   s < 0 ? "no step that every rank has" : fmt::format("the disk's step {} is newer than {}", disk_step, s),
+                   steps(true), steps(false));
+    return false;
+  }
+  if (own.step >= 0 && own.step != s)
+    spdlog::warn("rank {}: its own segment {} holds step {}, not step {} that every rank has: not loaded", me,
+                 memory_segment_path(dir, me, me), own.step, s);
+  // The peers' copies go back to the ranks that lack step s.
+  const bool need = all[size_t(me)].own != s;
+  const bool give = from >= 0 && all[size_t(from)].own != s;
+  if (!to.empty() && (need || give)) {
+    Found got;
+    exchange(run, held.bytes, give ? from : -1, got.bytes, need ? all[size_t(to[size_t(me)])].held_words : 0,
+             need ? to[size_t(me)] : -1);
+    if (need) {
+      got.size = got.bytes.size() * 8;
+      check_found(got, memory_segment_path(dir, me, to[size_t(me)]) + " (sent back)", me, world, layout, state_bytes);
+      if (got.step != s && got.why.empty()) got.why = fmt::format("holds step {}, not {}", got.step, s);
+      own = std::move(got);
+    }
+  }
+  const int ok = world::all_reduce(int(own.step == s), ReduceOp::min, "memory checkpoint: every rank has it");
+  if (!ok) {
+    if (own.step != s) spdlog::warn("rank {}: the peer's copy cannot be used: {}", me, own.why);
+    if (me == 0) spdlog::warn("in-memory checkpoints not used (a rank's copy failed its checks): resuming from the disk");
+    return false;
+  }
+  if (me == 0) say_sources(all, to, s, dir);
+  load_state(own, run);
+  return true;
+}
+
+}  // namespace mt

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# In-memory checkpoints (checkpoint.memory, issue 54 part 1): each rank's state every step in a shared-memory
+# segment ($MT_SHM_DIR here, /dev/shm by default) and a copy on its peer rank:
+#  - a rank killed (SIGKILL) while writing its segment leaves the previous one, which the relaunch loads (and the
+#    half-written file is removed, saying so); the resumed losses equal the uninterrupted run's bit for bit;
+#  - a truncated segment, one of another step and a deleted one are not loaded: the peer's copy is, saying so;
+#  - with neither a rank's own segment nor its peer's copy, every rank resumes from the disk;
+#  - a run that ends removes its segments; `meshtrain supervise` removes those of a job it gives up on.
+#   tests/cli/test_memory_checkpoint.sh BUILD_DIR
+set -uo pipefail
+build=${1:?usage: test_memory_checkpoint.sh BUILD_DIR}
+source "$(dirname "$0")/common.sh"
+
+docs_data --val-fraction 0.1
+export MT_SHM_DIR="$tmp/shm"
+mkdir -p "$MT_SHM_DIR"
+cat >"$tmp/t.yaml" <<YAML
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 64, vocab_size: 256, max_seq_len: 32}
+training: {steps: 12, batch_size: 8, seq_len: 32, lr: 3.0e-3, warmup_steps: 3, lr_min: 3.0e-4, grad_clip: 1.0,
+           weight_decay: 0.1, threads: 1, schedule: cosine}
+data: {train: "$tmp/data/docs_train_*.bin"}
+eval: {interval: 0}
+sample: {interval: 0}
+log: {interval: 1, peak_cache: "off"}
+checkpoint: {interval: 4, keep: 0, memory: {interval: 1, peer: true}}
+YAML
+ckpt="$tmp/mem.ckpt"
+train() {  # train NAME [--set ...]: 2 ranks, metrics in $tmp/NAME.jsonl, the job's checkpoints in $ckpt
+  local name=$1
+  shift
+  rm -f "$tmp/$name.jsonl"
+  timeout 120 "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set log.metrics_file="$tmp/$name.jsonl" \
+    --set checkpoint.dir="$ckpt" "$@" train >"$tmp/$name.log" 2>&1
+}
+segs() { ls "$MT_SHM_DIR" | grep -c '^meshtrain-'; }
+own() { ls "$MT_SHM_DIR"/meshtrain-*-r"$1" 2>/dev/null; }
+restore() {  # the state the killed run left: its checkpoints and its segments
+  rm -rf "$ckpt" "$MT_SHM_DIR"
+  cp -a "$tmp/snap.ckpt" "$ckpt"
+  cp -a "$tmp/snap.shm" "$MT_SHM_DIR"
+}
+same_losses() {  # same_losses WHAT NAME FROM [STEPS]
+  check "$1: the losses equal the uninterrupted run's bit for bit" -- "$py" "$compare" "$tmp/$2.jsonl" "$tmp/ref.jsonl" \
+    --exact --from-step "$3" --steps "${4:-$((12 - $3))}"
+}
+
+# The uninterrupted run (in-memory saves every step do not change a bit), its segments removed at its end.
+train ref || bad "the uninterrupted run" "$(tail -n 20 "$tmp/ref.log")"
+expect "the first in-memory save is reported" zero "in-memory checkpoint of step 1:" -- cat "$tmp/ref.log"
+if [ "$(segs)" = 0 ]; then ok "a run that ends removes its segments"; else bad "a run that ends removes its segments" "$(ls "$MT_SHM_DIR")"; fi
+rm -rf "$ckpt"
+
+# Rank 0 killed (SIGKILL) half way through writing its segment of step 7: its step-6 segment stays whole.
+MT_FAULT_MEMORY=7:0 train killed && bad "killed: exits non-zero" "exit 0"
+expect "the fault fired while writing" zero "is killed (SIGKILL) half way through writing its in-memory checkpoint of step 7" -- cat "$tmp/killed.log"
+if ls "$MT_SHM_DIR" | grep -q '\-r0\.tmp\.'; then ok "the half-written segment is a .tmp file"; else bad "the half-written segment is a .tmp file" "$(ls "$MT_SHM_DIR")"; fi
+cp -a "$ckpt" "$tmp/snap.ckpt"
+cp -a "$MT_SHM_DIR" "$tmp/snap.shm"
+
+if train resumed; then
+  expect "the half-written segment is removed, saying so" zero "an in-memory checkpoint left by a run that stopped" -- cat "$tmp/resumed.log"
+  expect "rank 0 loads its previous segment (step 6), not the disk's step 4" zero "resuming step 6 from memory: rank" -- cat "$tmp/resumed.log"
+  same_losses "killed while writing a segment" resumed 6
+  if [ "$(segs)" = 0 ]; then ok "the resumed run removes its segments at its end"; else bad "segments removed at the end" "$(ls "$MT_SHM_DIR")"; fi
+else
+  bad "the relaunch after a kill while writing" "$(tail -n 20 "$tmp/resumed.log")"
+fi
+
+# Rank 1's segment truncated: not loaded, its peer's copy (held by rank 0) is.
+restore
+f=$(own 1)
+truncate -s $(($(stat -c %s "$f") / 2)) "$f"
+if train truncated; then
+  expect "a truncated segment is named and not loaded" zero "truncated" -- grep -a "rank 1: .*-r1: truncated .*not loaded" "$tmp/truncated.log"
+  expect "rank 1 loads its peer's copy, saying so" zero "resuming step 6 from memory: rank 1 from its peer's copy, held by rank 0" -- cat "$tmp/truncated.log"
+  same_losses "a truncated segment" truncated 6
+else
+  bad "the relaunch with a truncated segment" "$(tail -n 20 "$tmp/truncated.log")"
+fi
+
+# Rank 1's segments deleted (its machine lost its memory): the peer's copy. Killed again at step 9 for the next case.
+restore
+rm -f "$(own 1)"
+MT_FAULT_MEMORY=9:1 train deleted
+expect "a rank whose segment is deleted loads its peer's copy" zero "resuming step 6 from memory: rank 1 from its peer's copy" -- cat "$tmp/deleted.log"
+expect "the other rank loads its own" zero "resuming step 6 from memory: rank 0 from its own segment" -- cat "$tmp/deleted.log"
+same_losses "a deleted segment" deleted 6 2
+later=$(own 0)
+cp "$later" "$tmp/later-r0"
+
+# Rank 0's segment from another step (8 or 9): not loaded, the peer's copy of step 6 is.
+restore
+cp "$tmp/later-r0" "$(own 0)"
+if train other_step; then
+  expect "a segment of another step is named and not loaded" zero "not step 6 that every rank has: not loaded" -- cat "$tmp/other_step.log"
+  expect "rank 0 loads its peer's copy" zero "resuming step 6 from memory: rank 0 from its peer's copy, held by rank 1" -- cat "$tmp/other_step.log"
+  same_losses "a segment of another step" other_step 6
+else
+  bad "the relaunch with a segment of another step" "$(tail -n 20 "$tmp/other_step.log")"
+fi
+
+# Rank 1 has neither its segment nor its peer's copy: every rank resumes from the disk's step 4.
+restore
+rm -f "$(own 1)" "$MT_SHM_DIR"/meshtrain-*-r1-peer0
+if train disk; then
+  expect "no common in-memory step: the disk, saying so" zero "in-memory checkpoints not used: no step that every rank has" -- cat "$tmp/disk.log"
+  expect "every rank resumes the disk's step 4" zero "step_00000004 at step 4" -- cat "$tmp/disk.log"
+  same_losses "the disk fallback" disk 4
+else
+  bad "the relaunch from the disk" "$(tail -n 20 "$tmp/disk.log")"
+fi
+
+# The supervisor gives up (no relaunch allowed) on a job killed mid-run: it removes the job's segments.
+rm -rf "$ckpt" "$MT_SHM_DIR"/*
+MT_FAULT_MEMORY=5:1 timeout 120 "$mt" supervise --max-restarts 0 --backoff 0 -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" \
+  --set checkpoint.dir="$ckpt" --set log.metrics_file="$tmp/sup.jsonl" train >"$tmp/sup.log" 2>&1
+expect "supervise gives up" zero "giving up" -- cat "$tmp/sup.log"
+expect "supervise says it removed the job's segments" zero "in-memory checkpoint segment" -- grep -a "removed" "$tmp/sup.log"
+if [ "$(segs)" = 0 ]; then ok "supervise removes the segments of a job it gives up on"; else bad "supervise removes the segments" "$(ls "$MT_SHM_DIR")"; fi
+
+summary memory_checkpoint
+[ $failed -eq 0 ]
