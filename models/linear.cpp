@@ -1,5 +1,5 @@
-// Linear: y = x W^T (+ b). Backward: dx = dy W, dW += dy^T x, db += column sums of dy (both accumulate over
-// micro-batches).
+// Linear: y = x W^T (+ b) (+ the LoRA adapter's scale (x A^T) B^T). Backward: dx = dy W, dW += dy^T x, db += column
+// sums of dy (both accumulate over micro-batches; skipped for a frozen weight or bias).
 #include "models/layers.h"
 #include "runtime/kernels/ops.h"
 
@@ -35,7 +35,40 @@ Tensor Linear::forward(const Tensor& x) {
   Tensor y = empty(out_shape, x.dtype(), x.device());  // (B, T, out_local)
   matmul_forward(as_rows(y), as_rows(x), w);
   if (bias) bias_add_forward(as_rows(y), as_rows(y), bias->compute_local());  // (out_local)
+  if (lora_A) lora_forward(as_rows(y), as_rows(x));
   return y;
+}
+
+void Linear::add_lora(int64_t rank, double scale, double dropout, const ParamFactory& f) {
+  MT_CHECK(!lora_A, "model", "{}: already has a LoRA adapter", name());
+  MT_CHECK(dropout == 0, "config",
+           "lora.dropout = {}: dropout on the adapters' input is not supported yet (set lora.dropout: 0)", dropout);
+  lora_A = add_parameter(f.make(child_name(name(), "lora_A.weight"), {rank, in_features}, "kaiming_uniform"));
+  lora_B = add_parameter(f.make(child_name(name(), "lora_B.weight"), {out_features, rank}, "zeros"));
+  lora_scale = scale;
+}
+
+void Linear::lora_forward(const Tensor& y_rows, const Tensor& x_rows) {
+  const Tensor& a = lora_A->compute_local();  // (rank, in_local)
+  const Tensor& b = lora_B->compute_local();  // (out_local, rank)
+  MT_CHECK(a.size(1) == x_rows.size(1) && b.size(0) == y_rows.size(1), "model",
+           "{}: the adapter's local shapes A {} and B {} do not fit the input {} and output {}", name(),
+           shape_str(a.shape()), shape_str(b.shape()), shape_str(x_rows.shape()), shape_str(y_rows.shape()));
+  Tensor h = empty({x_rows.size(0), a.size(0)}, x_rows.dtype(), x_rows.device());  // (B*T, rank)
+  matmul_forward(h, x_rows, a);
+  scale_(h, lora_scale);
+  matmul_forward(y_rows, h, b, /*accumulate=*/true);
+  saved_h_ = h;
+}
+
+void Linear::lora_backward(const Tensor& dx_rows, const Tensor& dy_rows) {
+  const Tensor& h = *saved_h_;  // (B*T, rank)
+  Tensor dh = empty(h.shape(), dy_rows.dtype(), dy_rows.device());  // (B*T, rank) dy B, then scaled
+  matmul_backward(dh, lora_B->grad_or_none(), dy_rows, h, lora_B->compute_local());
+  scale_(dh, lora_scale);
+  matmul_backward(dx_rows, lora_A->grad_or_none(), dh, as_rows(saved_x_), lora_A->compute_local(),
+                  /*accumulate_dinp=*/true);
+  saved_h_ = Tensor();
 }
 
 Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
@@ -46,9 +79,10 @@ Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
   MT_CHECK(dx_sum.shape() == saved_x_->shape(), "model", "{}: the gradient sum has shape {}, the input {}", name(),
            shape_str(dx_sum.shape()), shape_str(saved_x_->shape()));
   return call_backward_around(dy, [&](const Tensor& g) {
-    if (bias) bias_add_backward(bias->grad_local(), as_rows(g));
+    if (bias && !bias->frozen) bias_add_backward(bias->grad_local(), as_rows(g));
     matmul_backward(as_rows(dx_sum), weight_grad_now(g), as_rows(g), as_rows(saved_x_), weight->compute_local(),
                     /*accumulate_dinp=*/true);
+    if (lora_A) lora_backward(as_rows(dx_sum), as_rows(g));
     saved_x_ = Tensor();
     return dx_sum;
   });
@@ -56,13 +90,15 @@ Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
 
 Tensor Linear::backward(const Tensor& dy) {
   Tensor dx = empty(saved_x_->shape(), dy.dtype(), dy.device());  // (B, T, in_local)
-  if (bias) bias_add_backward(bias->grad_local(), as_rows(dy));
+  if (bias && !bias->frozen) bias_add_backward(bias->grad_local(), as_rows(dy));
   matmul_backward(as_rows(dx), weight_grad_now(dy), as_rows(dy), as_rows(saved_x_), weight->compute_local());
+  if (lora_A) lora_backward(as_rows(dx), as_rows(dy));
   saved_x_ = Tensor();
   return dx;
 }
 
 Tensor Linear::weight_grad_now(const Tensor& dy) {
+  if (weight->frozen) return Tensor();  // the input gradient only
   WeightGradQueue* q = weight_grad_queue();
   if (!q) return weight->grad_local();
   // Deferred (zero-bubble W): dW += dy^T x later, on the same input and gradient, into the same buffer.

@@ -143,9 +143,12 @@ std::vector<CkptTensor> checkpoint_tensors(CausalLM& model, AdamW* opt) {
     }
     for (int64_t j = 0; j < t.shape().at(0); ++j) out.push_back({stacked_param_name(name, j), t, model_file, j});
   };
-  for (Parameter* p : model.parameters()) add(p->name, p->value, true);
+  // With LoRA the frozen base is not saved (it comes from model.init_from or the seed): the adapters, under PEFT's
+  // names, and their optimizer state.
+  const std::vector<Parameter*> params = trainable(model.parameters());
+  for (Parameter* p : params) add(file_param_name(*p), p->value, true);
   if (opt)
-    for (Parameter* p : model.parameters()) {
+    for (Parameter* p : params) {
       auto& s = opt->state().at(p->name);
       DTensor m = p->value, v = p->value;
       m.local = s.exp_avg, v.local = s.exp_avg_sq;
@@ -280,6 +283,7 @@ struct FilePlan {
   std::vector<int> writer;             // per tensor: its writer's rank in the model's ranks
   std::map<int, int> model_k, opt_k;   // writer -> file index
   int n_model = 0, n_opt = 0;          // files of the whole checkpoint
+  std::string model_prefix = "model";  // "adapter_model" with LoRA (PEFT's file)
 };
 
 FilePlan plan_files(const std::vector<CkptTensor>& ts, int n_world, const Config& config, const DeviceMesh& mesh,
@@ -289,6 +293,13 @@ FilePlan plan_files(const std::vector<CkptTensor>& ts, int n_world, const Config
   const int64_t writers_cfg =
       config.checkpoint.writers > 0 ? std::max<int64_t>(1, config.checkpoint.writers / n_stages) : 0;
   f.writer = assign_writers(ts, n_world, writers_cfg);
+  // LoRA: a stage's adapters go to one writer, one adapter_model file (PEFT reads one file).
+  if (config.lora.enabled()) {
+    f.model_prefix = "adapter_model";
+    int first = -1;
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (ts[i].model) f.writer[i] = first < 0 ? (first = f.writer[i]) : first;
+  }
   for (size_t i = 0; i < ts.size(); ++i) (ts[i].model ? f.model_k : f.opt_k)[f.writer[i]] = 0;
   for (auto& [w, k] : f.model_k) k = f.n_model++;
   for (auto& [w, k] : f.opt_k) k = f.n_opt++;
@@ -328,7 +339,7 @@ class ShardWriter {
     try {
       if (f.model_k.count(me))
         model_ = std::make_unique<SafetensorsWriter>(
-            (tmp / shard_file("model", f.model_k.at(me), f.n_model)).string(), layout(true),
+            (tmp / shard_file(f.model_prefix, f.model_k.at(me), f.n_model)).string(), layout(true),
             std::map<std::string, std::string>{{"format", "pt"}});
       if (f.opt_k.count(me))
         opt_ = std::make_unique<SafetensorsWriter>(
@@ -362,7 +373,7 @@ class ShardWriter {
       for (auto* w : {model_.get(), opt_.get()})
         if (!err_ && w) {
           w->close();
-          sums.push_back({fs::path(w == model_.get() ? shard_file("model", f_.model_k.at(me_), f_.n_model)
+          sums.push_back({fs::path(w == model_.get() ? shard_file(f_.model_prefix, f_.model_k.at(me_), f_.n_model)
                                                      : shard_file("optimizer", f_.opt_k.at(me_), f_.n_opt))
                               .string(),
                           w->checksum()});
@@ -428,11 +439,14 @@ void finish_directory(const json& entries, const FilePlan& f, json meta, DType d
     fsync_path(tmp / (prefix + ".safetensors.index.json"));
     sum(prefix + ".safetensors.index.json");
   };
-  write_index("model", true, f.n_model, json::object());
+  write_index(f.model_prefix, true, f.n_model, json::object());
   write_index("optimizer", false, f.n_opt, json{{"step", std::to_string(meta["optimizer_steps"].get<int64_t>())}});
-  write_text(tmp / "config.json", hf_config_json(config, dtype).dump(2) + "\n");
-  fsync_path(tmp / "config.json");
-  sum("config.json");
+  // A model's Hugging Face config.json; with LoRA, PEFT's adapter_config.json instead (the base is model.init_from's).
+  const char* config_file = config.lora.enabled() ? "adapter_config.json" : "config.json";
+  write_text(tmp / config_file,
+             (config.lora.enabled() ? adapter_config_json(config) : hf_config_json(config, dtype)).dump(2) + "\n");
+  fsync_path(tmp / config_file);
+  sum(config_file);
   // The tokenizer travels with the weights, so that the directory is a whole Hugging Face model.
   for (const fs::path& t : tokenizer_files(config)) {
     fs::copy_file(t, tmp / t.filename(), fs::copy_options::overwrite_existing);

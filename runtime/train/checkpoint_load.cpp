@@ -2,6 +2,7 @@
 // its layout, each rank reading only its blocks (checkpoint.h); the checksums verified before a resume trusts the
 // files; partial saves found. Saving is in checkpoint.cpp.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <set>
 
 #include "comm/world.h"
+#include "models/lora.h"
 #include "runtime/core/log.h"
 #include "runtime/io/checksum.h"
 #include "runtime/io/safetensors.h"
@@ -33,9 +35,20 @@ std::vector<std::string> file_names(const std::string& name, int64_t dim0) {
   return out;
 }
 
-// Every name the model's parameters have in the files (and those of the pipeline's other stages).
+// Every name the model's parameters have in the files (and those of the pipeline's other stages). With LoRA, the
+// adapters' (PEFT's names): those of this stage's targets and of any linear weight of the other stages.
 std::set<std::string> known_names(CausalLM& model) {
-  std::set<std::string> known(model.elsewhere().begin(), model.elsewhere().end());
+  std::set<std::string> known;
+  if (has_lora(model)) {
+    for (Parameter* q : trainable(model.parameters())) known.insert(file_param_name(*q));
+    const std::string suffix = ".weight";
+    for (const std::string& n : model.elsewhere())
+      if (n.size() > suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
+        for (const char* f : {".lora_A.weight", ".lora_B.weight"})
+          known.insert(peft_name(n.substr(0, n.size() - suffix.size()) + f));
+    return known;
+  }
+  known.insert(model.elsewhere().begin(), model.elsewhere().end());
   for (Parameter* q : model.parameters())
     for (const std::string& n : file_names(q->name, q->value.shape().empty() ? 1 : q->value.shape()[0]))
       known.insert(n);
@@ -247,10 +260,11 @@ TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* o
   } catch (const json::exception& e) {
     fail("checkpoint", "{}/meta.json: {}", path, e.what());
   }
-  auto params = model.parameters();
+  // With LoRA the checkpoint holds the adapters (adapter_model, PEFT's names) and the base is not in it.
+  auto params = trainable(model.parameters());
   std::vector<LoadItem> items;
-  for (Parameter* q : params) items.push_back({q->name, q->value, q});
-  TensorSource weights(path, "model", false);
+  for (Parameter* q : params) items.push_back({file_param_name(*q), q->value, q});
+  TensorSource weights(path, model_files_prefix(model), false);
   const std::set<std::string> names = known_names(model);  // with the other stages'
   for (auto& [name, k] : weights.tensors()) {
     MT_CHECK(names.count(name) > 0, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model",
@@ -275,6 +289,71 @@ TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* o
     opt->set_steps_taken(meta.value("optimizer_steps", p.step));
   }
   return p;
+}
+
+json adapter_config_json(const Config& config) {
+  const LoraConfig& l = config.lora;
+  json j;
+  j["peft_type"] = "LORA";
+  j["task_type"] = "CAUSAL_LM";
+  j["r"] = l.rank;
+  if (l.alpha == std::floor(l.alpha)) j["lora_alpha"] = int64_t(l.alpha);  // PEFT writes an int
+  else j["lora_alpha"] = l.alpha;
+  j["target_modules"] = l.targets;
+  j["lora_dropout"] = l.dropout;
+  j["use_rslora"] = l.rslora;
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = false;
+  j["init_lora_weights"] = true;
+  j["modules_to_save"] = nullptr;
+  j["inference_mode"] = true;
+  j["base_model_name_or_path"] = config.model.init_from;
+  return j;
+}
+
+void load_lora_adapter(const std::string& dir, CausalLM& model, const LoraConfig& lora) {
+  std::error_code ec;
+  MT_CHECK(fs::is_directory(dir, ec), "config", "lora.init_from = {}: not a directory (a PEFT adapter directory holds "
+           "adapter_config.json and adapter_model.safetensors)", dir);
+  const fs::path cfg = fs::path(dir) / "adapter_config.json";
+  MT_CHECK(fs::is_regular_file(cfg, ec), "config", "lora.init_from = {}: no adapter_config.json in it (not a PEFT "
+           "adapter directory)", dir);
+  json j;
+  try {
+    std::ifstream in(cfg);
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    fail("checkpoint", "{}: not JSON: {}", cfg.string(), e.what());
+  }
+  auto field = [&](const char* k) -> const json& {
+    MT_CHECK(j.contains(k), "checkpoint", "{}: no '{}'", cfg.string(), k);
+    return j.at(k);
+  };
+  MT_CHECK(field("peft_type") == "LORA", "checkpoint", "{}: peft_type = {}: only LORA adapters are read", cfg.string(),
+           field("peft_type").dump());
+  MT_CHECK(field("r").is_number_integer() && field("r").get<int64_t>() == lora.rank, "checkpoint",
+           "{}: r = {} but lora.rank = {}", cfg.string(), field("r").dump(), lora.rank);
+  MT_CHECK(field("lora_alpha").is_number() && field("lora_alpha").get<double>() == lora.alpha, "checkpoint",
+           "{}: lora_alpha = {} but lora.alpha = {}", cfg.string(), field("lora_alpha").dump(), lora.alpha);
+  MT_CHECK(j.value("use_rslora", false) == lora.rslora, "checkpoint", "{}: use_rslora = {} but lora.rslora = {}",
+           cfg.string(), j.value("use_rslora", false), lora.rslora);
+  MT_CHECK(!j.value("fan_in_fan_out", false), "checkpoint", "{}: fan_in_fan_out = true (GPT-2's Conv1D layout) is not "
+           "a Llama adapter", cfg.string());
+  const json& tm = field("target_modules");
+  MT_CHECK(tm.is_array(), "checkpoint", "{}: target_modules = {}: expected a list of module names", cfg.string(),
+           tm.dump());
+  std::set<std::string> theirs, ours(lora.targets.begin(), lora.targets.end());
+  for (const json& t : tm) theirs.insert(t.get<std::string>());
+  MT_CHECK(theirs == ours, "checkpoint", "{}: target_modules = {} but lora.targets = [{}]", cfg.string(), tm.dump(),
+           fmt::format("{}", fmt::join(lora.targets, ", ")));
+  TensorSource src(dir, "adapter_model", true);
+  std::set<std::string> names = known_names(model);
+  for (auto& [name, k] : src.tensors())
+    MT_CHECK(names.count(name) > 0, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not an adapter of this model",
+             src.reader(name).path(), name, shape_str(src.reader(name).entries().at(name).shape));
+  std::vector<LoadItem> items;
+  for (Parameter* q : trainable(model.parameters())) items.push_back({file_param_name(*q), q->value, q});
+  load_items(src, items);
 }
 
 Config checkpoint_config(const std::string& path) {
@@ -310,8 +389,13 @@ void load_hf_weights(const std::string& path, CausalLM& model) {
   // model.safetensors.index.json, else model.safetensors (a meshtrain checkpoint also holds optimizer files), else
   // every .safetensors file of the directory; or the one file named.
   TensorSource src(path, "model", true);
-  auto params = model.parameters();
-  const std::set<std::string> names = known_names(model);  // with the other stages'
+  std::vector<Parameter*> params;  // the base's: with LoRA the adapters come from lora.init_from or their init
+  for (Parameter* q : model.parameters())
+    if (!is_lora_param(*q)) params.push_back(q);
+  std::set<std::string> names(model.elsewhere().begin(), model.elsewhere().end());  // with the other stages'
+  for (Parameter* q : params)
+    for (const std::string& n : file_names(q->name, q->value.shape().empty() ? 1 : q->value.shape()[0]))
+      names.insert(n);
   for (auto& [name, k] : src.tensors()) {
     bool known = names.count(name) > 0;
     // Hugging Face files of tied models may still carry lm_head.weight; rotary caches are buffers, not parameters.

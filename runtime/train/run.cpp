@@ -163,10 +163,11 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data, bo
   run.model->pool_router_stats(run.world_mesh, run.pd);  // under pp: over the stages too (collective)
   run.model->set_positions(shard_positions(run.shard));
   run.params = run.model->parameters();
+  run.trainable = trainable(run.params);
   // How the step runs, chosen once: the local loop, or this rank's stages of the pipeline.
   run.executor = make_step_executor(run, run.pipeline);
   run.executor->install(*run.model);
-  run.opt = std::make_unique<AdamW>(run.params, cfg.training);
+  run.opt = std::make_unique<AdamW>(run.trainable, cfg.training);
   run.create_peak_bytes = allocator_stats(Device::cpu()).peak_allocated_bytes - before_model;
   // Creation made nothing whole (sharded creation); hand any temporaries' cached blocks back.
   empty_cache(Device::cpu());
