@@ -554,6 +554,15 @@ def global_norm(params):
     return math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in params))
 
 
+def clip_grads(params, norm, max_norm):
+    """clip_grad_norm_'s rule: when max_norm > 0 and max_norm / (norm + 1e-6) < 1, every gradient times it."""
+    if max_norm > 0:
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1:
+            for p in params:
+                p.grad.mul_(coef)
+
+
 def train(model, tokens, weights, a, log=None):
     """Trains model's adapters for a.steps steps; returns {"losses", "grad_norms", "lrs"[, "trained_tokens"]}."""
     params = model.adapter_params()
@@ -572,11 +581,7 @@ def train(model, tokens, weights, a, log=None):
             p.grad = None
         loss = step_loss_and_grads(model, x, y, w, M)
         norm = global_norm(params)
-        if a.grad_clip > 0:
-            coef = a.grad_clip / (norm + 1e-6)
-            if coef < 1:
-                for p in params:
-                    p.grad.mul_(coef)
+        clip_grads(params, norm, a.grad_clip)
         lr = lr_at(s, a)
         opt.step(lr)
         out["losses"].append(loss)
