@@ -266,6 +266,11 @@ fi
 out="$log_dir/reference.log"
 /usr/bin/python3 tests/reference/test_reference.py >"$out" 2>&1
 report reference "$out" ""
+# The independent LoRA reference (tests/reference/lora_ref.py, issue 52) against finite differences, llama_ref.py's
+# forward and full gradient, torch's AdamW, PEFT's file layout; skipped without python3-torch.
+out="$log_dir/lora_reference.log"
+/usr/bin/python3 tests/reference/test_lora_ref.py >"$out" 2>&1
+report lora_reference "$out" ""
 # Hugging Face interoperability: meshtrain's checkpoints in llama_ref.py and transformers (skipped where it does not
 # import), their saved models in meshtrain (logits, init_from); skipped as a whole without python3-torch.
 out="$log_dir/hf_interop.log"
