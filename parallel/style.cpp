@@ -69,8 +69,17 @@ std::string opt_str(const std::vector<std::optional<Placement>>& v) {
 }
 
 // A Linear's weight and its bias (null without one): the bias is the parameter named "<module>.bias".
+bool is_lora_factor(const Parameter& p) {
+  auto ends = [&](const std::string& x) {
+    return p.name.size() >= x.size() && p.name.compare(p.name.size() - x.size(), x.size(), x) == 0;
+  };
+  return ends(".lora_A.weight") || ends(".lora_B.weight");
+}
+
+// The weight and bias of a Linear or Embedding (LoRA's factors beside them are laid out apart: lora_factors).
 std::pair<Parameter*, Parameter*> weight_and_bias(Module& m, const std::string& style) {
-  const std::vector<Parameter*> ps = m.used_parameters();
+  std::vector<Parameter*> ps = m.used_parameters();
+  std::erase_if(ps, [](Parameter* p) { return is_lora_factor(*p); });
   Parameter* bias = nullptr;
   if (ps.size() == 2 && ps[1]->name == child_name(m.name(), "bias")) bias = ps[1];
   MT_CHECK(ps.size() == 1 || bias, "parallel", "{} on {} ({}): expected a weight and at most a bias, the module has {}",

@@ -439,7 +439,23 @@ void finish_directory(const json& entries, const FilePlan& f, json meta, DType d
     fsync_path(tmp / (prefix + ".safetensors.index.json"));
     sum(prefix + ".safetensors.index.json");
   };
-  write_index(f.model_prefix, true, f.n_model, json::object());
+  int n_model = f.n_model;
+  if (f.model_prefix == "adapter_model" && n_model > 1) {
+    // LoRA under pipeline parallel: the stages' adapter files joined into one, the file PEFT reads (adapters are
+    // small: a few MiB through rank 0).
+    std::vector<NamedTensor> all;
+    for (int k = 0; k < n_model; ++k) {
+      const std::string part = shard_file(f.model_prefix, k, n_model);
+      for (auto& [name, t] : read_safetensors((tmp / part).string()).tensors) all.push_back({name, t});
+      fs::remove(tmp / part);
+      meta["checksums"].erase(part);
+    }
+    write_safetensors((tmp / "adapter_model.safetensors").string(), all, {{"format", "pt"}});
+    fsync_path(tmp / "adapter_model.safetensors");
+    sum("adapter_model.safetensors");
+    meta["files"]["model"] = n_model = 1;
+  }
+  write_index(f.model_prefix, true, n_model, json::object());
   write_index("optimizer", false, f.n_opt, json{{"step", std::to_string(meta["optimizer_steps"].get<int64_t>())}});
   // A model's Hugging Face config.json; with LoRA, PEFT's adapter_config.json instead (the base is model.init_from's).
   const char* config_file = config.lora.enabled() ? "adapter_config.json" : "config.json";

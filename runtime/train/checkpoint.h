@@ -105,6 +105,11 @@ nlohmann::json adapter_config_json(const Config& config);
 // its shape; each a clear error naming the file and the key or tensor. Each rank reads its blocks.
 void load_lora_adapter(const std::string& dir, CausalLM& model, const LoraConfig& lora);
 
+// A checkpoint's weights for inference (generate, logits), no optimizer: with LoRA (cfg.lora, the checkpoint's
+// config) the frozen base first (model.init_from; without one the seed's init the model was built with) and then
+// the checkpoint's adapters.
+void load_checkpoint_weights(const std::string& path, const Config& cfg, CausalLM& model);
+
 // Loads a Hugging Face safetensors file or directory (model.safetensors.index.json, else model.safetensors,
 // else every .safetensors file of the directory; each rank reads its blocks; optionally config.json, read by the
 // family of its model_type, whose model must be this one). Every parameter must be present with its shape; a missing, extra or mis-shaped tensor is an error

@@ -356,6 +356,11 @@ void load_lora_adapter(const std::string& dir, CausalLM& model, const LoraConfig
   load_items(src, items);
 }
 
+void load_checkpoint_weights(const std::string& path, const Config& cfg, CausalLM& model) {
+  if (cfg.lora.enabled() && !cfg.model.init_from.empty()) load_hf_weights(cfg.model.init_from, model);
+  load_checkpoint(path, model, nullptr);
+}
+
 Config checkpoint_config(const std::string& path) {
   json meta = read_meta(path);
   MT_CHECK(meta.contains("config") && meta["config"].is_string(), "checkpoint", "{}/meta.json: no config", path);

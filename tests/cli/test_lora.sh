@@ -1,7 +1,5 @@
 #!/usr/bin/env bash
-# DRAFT for issue 52 (LoRA); NOT wired into scripts/test.sh. The lead finishes it once meshtrain has `lora:`,
-# `export --merge` and adapters in checkpoints; the meshtrain side (its keys, file names, the export command, the
-# `logits --adapter` option) is written as the issue describes it and may need adjusting.
+# Issue 52 (LoRA): meshtrain's adapters against an independent PyTorch LoRA.
 # meshtrain's LoRA against the independent PyTorch LoRA reference (tests/reference/lora_ref.py, which shares no
 # code with scripts/reference/llama_ref.py): llama_ref writes the base (a Hugging Face directory), lora_ref the
 # adapter (PEFT's directory, B drawn non-zero so that A trains from step 1); then
@@ -99,7 +97,7 @@ fi
 
 # --- Every mesh gives the 1-rank losses (f64) ---
 for m in "4|dp_shard 2 x tp 2|--set parallel.dp_shard=2 --set parallel.tp=2 --set parallel.fsdp.min_weight_size=0" \
-         "2|pp 2|--set parallel.pp=2" "2|cp 2|--set parallel.cp=2"; do
+         "2|pp 2|--set parallel.pp=2 --set training.micro_batch_size=2" "2|cp 2|--set parallel.cp=2"; do
   IFS='|' read -r np what args <<<"$m"
   name=mesh_${what// /}
   # shellcheck disable=SC2086
