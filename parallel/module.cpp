@@ -197,13 +197,21 @@ void materialize(Parameter& p) {
   if (!d) return;
   const DeferredInit init = *d;
   erase_state<DeferredInit>(p);
+  // A frozen parameter (LoRA's base) is held in the compute dtype alone: no optimizer updates it, so it needs no
+  // f32 master (bf16: 2 bytes an element instead of 6).
+  const DType held = p.frozen ? init.compute : init.master;
   if (init.draw_later) {
-    p.value.local = zeros(p.value.spec.local_shape(p.value.mesh.coordinate()), init.master, init.device);
+    p.value.local = zeros(p.value.spec.local_shape(p.value.mesh.coordinate()), held, init.device);
     auto u = std::make_shared<UndrawnInit>();
     u->init = init;
     p.states.push_back(u);
   } else {
-    const Tensor local = draw_local(p, init);
+    Tensor local = draw_local(p, init);  // drawn in the master dtype, rounded once: the bits of the copy it replaces
+    if (held != local.dtype()) {
+      Tensor c = empty(local.shape(), held);
+      convert(c, local);
+      local = c;
+    }
     p.value.local = init.device.is_cuda() ? local.to(init.device) : local;
   }
   finish_param(p, init.compute);
@@ -214,7 +222,9 @@ bool draw_init(Parameter& p) {
   if (!u) return false;
   const Tensor local = draw_local(p, u->init);
   erase_state<UndrawnInit>(p);
-  copy_(p.value.local, p.value.local.device().is_cuda() ? local.to(p.value.local.device()) : local);
+  const Tensor src = p.value.local.device().is_cuda() ? local.to(p.value.local.device()) : local;
+  if (src.dtype() == p.value.local.dtype()) copy_(p.value.local, src);
+  else convert(p.value.local, src);  // a frozen parameter held in the compute dtype
   refresh_compute_copy(p);
   return true;
 }

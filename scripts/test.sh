@@ -184,6 +184,9 @@ run_script_suite train tests/cli/test_train.sh
 run_script_suite checkpoint tests/cli/test_checkpoint.sh
 # Loss masks (issue 41): the reference's masked losses, the global normalisation on every mesh, bad masks.
 run_script_suite chat_train tests/cli/test_chat_train.sh
+# LoRA (issue 52): the independent PyTorch LoRA's losses and adapters on 1 rank and on dp_shard x tp, pp and cp; resume
+# on another mesh, recompute, bf16, loss masks, PEFT files, export --merge, bad adapters.
+run_script_suite lora tests/cli/test_lora.sh
 run_script_suite families tests/cli/test_families.sh
 # Mixture of experts: the reference's losses on 1 rank and on every mesh with expert parallel, checkpoints as
 # per-expert tensors resumed on other ep, router metrics, capacity, the selection bias, bad input, a stuck rank.

@@ -14,6 +14,7 @@
 
 #include "comm/world.h"
 #include "models/lora.h"
+#include "runtime/train/lora_export.h"
 #include "runtime/core/log.h"
 #include "runtime/io/checksum.h"
 #include "runtime/io/safetensors.h"
@@ -312,40 +313,7 @@ json adapter_config_json(const Config& config) {
 }
 
 void load_lora_adapter(const std::string& dir, CausalLM& model, const LoraConfig& lora) {
-  std::error_code ec;
-  MT_CHECK(fs::is_directory(dir, ec), "config", "lora.init_from = {}: not a directory (a PEFT adapter directory holds "
-           "adapter_config.json and adapter_model.safetensors)", dir);
-  const fs::path cfg = fs::path(dir) / "adapter_config.json";
-  MT_CHECK(fs::is_regular_file(cfg, ec), "config", "lora.init_from = {}: no adapter_config.json in it (not a PEFT "
-           "adapter directory)", dir);
-  json j;
-  try {
-    std::ifstream in(cfg);
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    fail("checkpoint", "{}: not JSON: {}", cfg.string(), e.what());
-  }
-  auto field = [&](const char* k) -> const json& {
-    MT_CHECK(j.contains(k), "checkpoint", "{}: no '{}'", cfg.string(), k);
-    return j.at(k);
-  };
-  MT_CHECK(field("peft_type") == "LORA", "checkpoint", "{}: peft_type = {}: only LORA adapters are read", cfg.string(),
-           field("peft_type").dump());
-  MT_CHECK(field("r").is_number_integer() && field("r").get<int64_t>() == lora.rank, "checkpoint",
-           "{}: r = {} but lora.rank = {}", cfg.string(), field("r").dump(), lora.rank);
-  MT_CHECK(field("lora_alpha").is_number() && field("lora_alpha").get<double>() == lora.alpha, "checkpoint",
-           "{}: lora_alpha = {} but lora.alpha = {}", cfg.string(), field("lora_alpha").dump(), lora.alpha);
-  MT_CHECK(j.value("use_rslora", false) == lora.rslora, "checkpoint", "{}: use_rslora = {} but lora.rslora = {}",
-           cfg.string(), j.value("use_rslora", false), lora.rslora);
-  MT_CHECK(!j.value("fan_in_fan_out", false), "checkpoint", "{}: fan_in_fan_out = true (GPT-2's Conv1D layout) is not "
-           "a Llama adapter", cfg.string());
-  const json& tm = field("target_modules");
-  MT_CHECK(tm.is_array(), "checkpoint", "{}: target_modules = {}: expected a list of module names", cfg.string(),
-           tm.dump());
-  std::set<std::string> theirs, ours(lora.targets.begin(), lora.targets.end());
-  for (const json& t : tm) theirs.insert(t.get<std::string>());
-  MT_CHECK(theirs == ours, "checkpoint", "{}: target_modules = {} but lora.targets = [{}]", cfg.string(), tm.dump(),
-           fmt::format("{}", fmt::join(lora.targets, ", ")));
+  check_adapter_config(dir, lora);
   TensorSource src(dir, "adapter_model", true);
   std::set<std::string> names = known_names(model);
   for (auto& [name, k] : src.tensors())

@@ -12,6 +12,11 @@ namespace mt {
 // lora_dropout, use_rslora); errors name the file and the key. *base gets base_model_name_or_path if given.
 LoraConfig lora_config_from_adapter(const std::string& dir, std::string* base = nullptr);
 
+// lora.init_from's adapter_config.json agrees with `lora` (peft_type LORA, r, lora_alpha, use_rslora,
+// target_modules as a set): each difference an error naming the file and both values. A config check (Config::check):
+// every rank alone, before any collective.
+void check_adapter_config(const std::string& dir, const LoraConfig& lora);
+
 struct ExportReport {
   int64_t tensors = 0, merged = 0;  // tensors written; of them, weights with an adapter folded in
   std::string base;                 // the base directory used (merge)

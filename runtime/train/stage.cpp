@@ -68,4 +68,6 @@ ParamStateBytes param_state_bytes(DType dtype) {
           AdamW::state_element_bytes(accum_dtype(dtype))};
 }
 
+double frozen_param_bytes(DType dtype) { return double(dtype_size(dtype)); }
+
 }  // namespace mt

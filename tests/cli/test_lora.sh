@@ -41,14 +41,14 @@ done
 # The options both sides train with (lora_ref train takes llama_ref train's options and defaults).
 ref_opts=(--data "$data" --steps 10 --batch-size 8 --seq-len 32 --lr 3e-3 --schedule cosine --warmup-steps 3
   --lr-min 3e-4 --weight-decay 0.1 --grad-clip 1.0 --threads 1)
-# lora_yaml BASE ADAPTER TARGETS RSLORA DTYPE: $tmp/t.yaml.
+# lora_yaml BASE ADAPTER TARGETS RSLORA DTYPE [DATA]: $tmp/t.yaml.
 lora_yaml() {
   cat >"$tmp/t.yaml" <<YAML
 model: {init_from: "$1"}
 lora: {rank: 4, alpha: 8, dropout: 0.0, targets: [$3], rslora: $4, init_from: "$2"}
 training: {steps: 10, batch_size: 8, seq_len: 32, lr: 3.0e-3, warmup_steps: 3, lr_min: 3.0e-4, grad_clip: 1.0,
            weight_decay: 0.1, threads: 1, schedule: cosine, dtype: $5}
-data: {train: "$data", val: ""}
+data: {train: "${6:-$data}", val: ""}
 eval: {interval: 0}
 sample: {interval: 0}
 log: {interval: 1}
@@ -117,6 +117,82 @@ lora_yaml "$tmp/base" "$tmp/ad_rs" "q_proj, v_proj, down_proj" true fp64
 if ref_run rs "$tmp/base" "$tmp/ad_rs" f64; then
   if mt_run rs 1; then against rs "rsLoRA on q, v, down" 1e-5; else bad "rslora run" "$(tail -n 20 "$tmp/rs.log")"; fi
 fi
+
+# --- Resume mid-run on another mesh: from a 1-rank run's step-5 checkpoint on dp_shard 2 x tp 2 (f64) ---
+lora_yaml "$tmp/base" "$tmp/ad" "$all7" false fp64
+if mt_run half 1 --set checkpoint.interval=5 && [ -d "$tmp/half.ckpt/step_00000005" ]; then
+  ls "$tmp/half.ckpt/step_00000005" >"$tmp/half.files"
+  expect "a LoRA checkpoint holds PEFT's files and not the frozen base" zero "adapter_model.safetensors" -- \
+    bash -c "cat '$tmp/half.files'; ! grep -qx 'model.safetensors' '$tmp/half.files' && grep -qx adapter_config.json '$tmp/half.files'"
+  rm -rf "$tmp/resumed.jsonl"
+  if mpi_logged "$tmp/resumed.log" "$mpirun" -np 4 "$mt" --config "$tmp/t.yaml" --set parallel.dp_shard=2 \
+      --set parallel.tp=2 --set log.metrics_file="$tmp/resumed.jsonl" --set checkpoint.dir="$tmp/resumed.ckpt" \
+      --set checkpoint.resume="$tmp/half.ckpt/step_00000005" train; then
+    check "resumed at step 5 on dp_shard 2 x tp 2: steps 6-10 equal the uninterrupted 1-rank run" -- \
+      "$py" "$compare" "$tmp/resumed.jsonl" "$tmp/f64.jsonl" --from-step 6 --rel0 1e-9 --abs 1e-9
+  else bad "the resumed run" "$(tail -n 20 "$tmp/resumed.log")"; fi
+else bad "the run to step 5" "$(tail -n 20 "$tmp/half.log")"; fi
+
+# --- Recompute gives the same bits; bf16 (the base held in bf16 alone) on dp_shard 2 stays near f32 ---
+lora_yaml "$tmp/base" "$tmp/ad" "$all7" false fp64
+if mt_run rc 1 --set 'parallel.recompute.patterns=[model.layers.*]'; then
+  check "activation recompute gives the LoRA losses bit for bit" -- "$py" "$compare" "$tmp/rc.jsonl" "$tmp/f64.jsonl" --exact
+else bad "recompute run" "$(tail -n 20 "$tmp/rc.log")"; fi
+lora_yaml "$tmp/base" "$tmp/ad" "$all7" false bf16
+if mt_run bf16 2 --set parallel.dp_shard=2 --set parallel.fsdp.min_weight_size=0; then
+  check "bf16 on dp_shard 2 stays within 3e-2 of the f32 run" -- "$py" "$compare" "$tmp/bf16.jsonl" "$tmp/f32.jsonl" --rel0 1e-2 --abs 3e-2
+  expect "bf16: the frozen base is held in bf16 alone (2 B an element)" zero "2 B x" -- cat "$tmp/bf16.log"
+else bad "bf16 run" "$(tail -n 20 "$tmp/bf16.log")"; fi
+
+# --- Loss masks (chat data's): LoRA keeps the global normalisation; lora_ref --masks; and on dp 2 ---
+mkdir -p "$tmp/mdata"
+cp "$tmp"/data/docs_train_*.bin "$tmp/mdata/"
+"$py" - "$tmp/mdata" <<'PY'
+import glob, numpy as np, sys
+for b in glob.glob(sys.argv[1] + "/*.bin"):
+    # the shard's token count from its header (prepare_data's: 256 int32, the third is the count)
+    count = int(np.fromfile(b, np.int32, count=256)[2])
+    rng = np.random.default_rng(7)
+    header = np.zeros(256, np.int32)
+    header[0], header[1], header[2], header[3] = 20241127, 1, count, 0
+    with open(b[:-4] + ".mask", "wb") as f:
+        f.write(header.tobytes())
+        f.write((rng.random(count) < 0.4).astype(np.uint8).tobytes())
+PY
+lora_yaml "$tmp/base" "$tmp/ad" "$all7" false fp64 "$tmp/mdata/docs_train_*.bin"
+if "$py" "$lora" train --model "$tmp/base" --adapter "$tmp/ad" --data "$tmp/mdata/docs_train_*.bin" "${ref_opts[@]:2}" \
+    --dtype f64 --masks --out "$tmp/masked.ref.json" >"$tmp/masked.ref.log" 2>&1; then
+  if mt_run masked 2; then
+    against masked "loss masks on 2 ranks" 1e-5
+  else bad "masked run" "$(tail -n 20 "$tmp/masked.log")"; fi
+else bad "lora_ref train --masks" "$(tail -n 10 "$tmp/masked.ref.log")"; fi
+
+# --- Bad input: each a clear error naming the key or file, before training ---
+lora_yaml "$tmp/base" "$tmp/ad" "$all7" false fp32
+expect "lora.alpha = 0 is refused, naming the key" nonzero "lora.alpha" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set lora.alpha=0 train
+expect "lora.init_from with lora.rank 0 is refused" nonzero "lora.init_from" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set lora.rank=0 train
+mkdir -p "$tmp/no_cfg" && cp "$tmp/ad/adapter_model.safetensors" "$tmp/no_cfg/"
+expect "an adapter directory without adapter_config.json is refused, naming it" nonzero "no adapter_config.json" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set lora.init_from="$tmp/no_cfg" train
+expect "an adapter of another rank is refused, naming r" nonzero "r = 4 but lora.rank = 8" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set lora.rank=8 train
+expect "an adapter of other targets is refused, naming target_modules" nonzero "target_modules" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set 'lora.targets=[q_proj]' train
+"$py" "$ref" init --out "$tmp/other" --dim 48 --n-layers 2 --n-heads 4 --n-kv-heads 2 --ffn-dim 64 --vocab-size 256 \
+  --max-seq-len 64 --seed 5 >/dev/null 2>&1
+lora_yaml "$tmp/other" "$tmp/ad" "$all7" false fp32
+expect "an adapter made for another base is refused, naming the tensor and its shape" nonzero "lora_A.weight' has shape" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" train
+"$py" "$ref" init --out "$tmp/moe" --model-type mixtral --dim 32 --n-layers 2 --n-heads 4 --n-kv-heads 2 --ffn-dim 64 \
+  --vocab-size 256 --max-seq-len 64 --seed 5 >/dev/null 2>&1
+lora_yaml "$tmp/moe" "" "gate_proj" false fp32
+expect "a target the model lacks (Mixtral's experts are not Linears) is refused, naming lora.targets" nonzero \
+  "lora.targets names gate_proj" -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" train
+lora_yaml "$tmp/moe" "" "$all7" false fp32
+expect "Mixtral with the default targets adapts its attention, the experts frozen (3 steps)" zero "trainable parameters" -- \
+  "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set parallel.ep=2 --set training.steps=3 --set checkpoint.dir= train
 
 # --- The merged export ---
 ck="$tmp/f64.ckpt/step_00000010"
