@@ -24,6 +24,7 @@ class Linear : public Module {
   Parameter* lora_A = nullptr;
   Parameter* lora_B = nullptr;
   double lora_scale = 0;
+  double lora_dropout = 0;  // on the adapter's input, in training steps only (lora_dropout_keys)
   void add_lora(int64_t rank, double scale, double dropout, const ParamFactory& f);
 
   // call_backward(dy) added into dx_sum (returned): linears that share an input (q/k/v, gate/up) sum their
@@ -37,6 +38,7 @@ class Linear : public Module {
   void drop_saved() override {
     saved_x_ = Tensor();
     saved_h_ = Tensor();
+    saved_drop_ = Dropped();
   }
 
  private:
@@ -48,6 +50,13 @@ class Linear : public Module {
   void lora_backward(const Tensor& dx_rows, const Tensor& dy_rows);
   Saved<Tensor> saved_x_;  // (B, T, in_local), per micro-batch (module.h)
   Saved<Tensor> saved_h_;  // (B*T, rank) h = scale * x A^T (LoRA), B's gradient's input
+  // With lora_dropout in a training step: the adapter's input after dropout and the mask's keys, for backward.
+  struct Dropped {
+    Tensor xd;       // (B*T, in_local)
+    Tensor row_ids;  // (B*T) i64
+    uint64_t seed = 0, stream = 0;
+  };
+  Saved<Dropped> saved_drop_;
 };
 
 class Embedding : public Module {

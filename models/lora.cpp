@@ -25,6 +25,26 @@ bool is_lora_param(const Parameter& p) {
   return ends(".lora_A.weight") || ends(".lora_B.weight");
 }
 
+namespace {
+thread_local LoraDropoutKeys g_keys;
+thread_local bool g_in_step = false;
+}  // namespace
+
+const LoraDropoutKeys* lora_dropout_keys() {
+  return g_in_step && g_keys.row_ids.defined() ? &g_keys : nullptr;
+}
+LoraDropoutStep::LoraDropoutStep(uint64_t seed, int64_t step) {
+  g_keys = LoraDropoutKeys{seed, step, Tensor()};
+  g_in_step = true;
+}
+LoraDropoutStep::~LoraDropoutStep() {
+  g_in_step = false;
+  g_keys = LoraDropoutKeys{};
+}
+void set_lora_dropout_rows(const Tensor& row_ids) {
+  if (g_in_step) g_keys.row_ids = row_ids;
+}
+
 bool has_lora(Module& model) {
   for (Parameter* p : model.parameters())
     if (is_lora_param(*p)) return true;

@@ -55,6 +55,26 @@ std::string model_files_prefix(Module& model);
 // The adapter names (PEFT's) of the targets among other stages' parameter names (CausalLM::elsewhere).
 std::vector<std::string> lora_names_of(const std::vector<std::string>& param_names, const LoraConfig& lora);
 
+// lora_dropout's mask keys: each element of an adapter's input is kept by a draw keyed by (training.seed, the
+// module's name and the step, the token's global index (batch row x seq_len + position) x in_features + the feature),
+// so a mesh that splits rows, the sequence or the features draws the same mask as one rank. Set by the trainer for a
+// training step (LoraDropoutStep) and each micro-batch's rows (set_lora_dropout_rows); without them (evaluation,
+// sampling, generate) there is no dropout.
+struct LoraDropoutKeys {
+  uint64_t seed = 0;
+  int64_t step = 0;
+  Tensor row_ids;  // (micro x T_local) i64 on the device: the micro-batch's tokens' global indices, (b, t) order
+};
+const LoraDropoutKeys* lora_dropout_keys();  // null outside a training step or before a micro-batch's rows
+class LoraDropoutStep {
+ public:
+  LoraDropoutStep(uint64_t seed, int64_t step);
+  ~LoraDropoutStep();
+  LoraDropoutStep(const LoraDropoutStep&) = delete;
+  LoraDropoutStep& operator=(const LoraDropoutStep&) = delete;
+};
+void set_lora_dropout_rows(const Tensor& row_ids);  // within a LoraDropoutStep; ignored outside one
+
 // Adds an adapter to every Linear whose last name component is a target and freezes every other parameter of
 // model (before materialize: the frozen ones never get a gradient buffer). A target the model has no Linear for
 // is an error naming lora.targets. Returns the adapted modules' count.

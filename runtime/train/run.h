@@ -46,6 +46,7 @@ TrainRun make_train_run(const Config& config, const MpiEnv& env, bool with_data 
 struct MicroBatch {
   Tensor inputs, targets;  // (micro, T_local) i32
   Tensor doc_start;        // (micro, T) i64: whole sequences
+  Tensor row_ids;          // (micro * T_local) i64 on the device: each token's global index (lora.dropout > 0)
 };
 MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r);
 

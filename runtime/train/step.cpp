@@ -42,6 +42,7 @@ StepResult train_step(TrainRun& run, int64_t step) {
   //    target, or the ones the loss mask keeps: each rank counts the whole batch's alone), so every mesh and every
   //    micro-batch size gives the same number.
   zero_grads(run.trainable);
+  LoraDropoutStep dropout_keys(uint64_t(t.seed), step);  // LoRA dropout's masks in this step's forwards
   const int64_t trained = trained_targets(run.train_data, step, B, T);
   const double inv_tokens = trained > 0 ? 1.0 / double(trained) : 0.0;
   // (micro * T_local) each, read after backward: no host sync inside the micro-batch loop

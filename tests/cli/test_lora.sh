@@ -118,6 +118,22 @@ if ref_run rs "$tmp/base" "$tmp/ad_rs" f64; then
   if mt_run rs 1; then against rs "rsLoRA on q, v, down" 1e-5; else bad "rslora run" "$(tail -n 20 "$tmp/rs.log")"; fi
 fi
 
+# --- lora.dropout: masks keyed by each element's global index, so every mesh draws the 1-rank masks (f64) ---
+lora_yaml "$tmp/base" "$tmp/ad" "$all7" false fp64
+if mt_run drop1 1 --set lora.dropout=0.1; then
+  check "lora.dropout 0.1 changes the losses" -- "$py" "$compare" "$tmp/drop1.jsonl" "$tmp/f64.jsonl" --exact --expect-differ
+  for m in "4|dp_shard 2 x tp 2|--set parallel.dp_shard=2 --set parallel.tp=2 --set parallel.fsdp.min_weight_size=0" \
+           "2|pp 2 (micro-batches of 2)|--set parallel.pp=2 --set training.micro_batch_size=2" "2|cp 2|--set parallel.cp=2"; do
+    IFS='|' read -r np what args <<<"$m"
+    name=drop_${what//[^a-z0-9]/}
+    # shellcheck disable=SC2086
+    if mt_run "$name" "$np" --set lora.dropout=0.1 $args; then
+      check "lora.dropout 0.1 on $what gives the 1-rank losses (1e-9)" -- \
+        "$py" "$compare" "$tmp/$name.jsonl" "$tmp/drop1.jsonl" --rel0 1e-12 --abs 1e-9
+    else bad "dropout on $what" "$(tail -n 20 "$tmp/$name.log")"; fi
+  done
+else bad "dropout run" "$(tail -n 20 "$tmp/drop1.log")"; fi
+
 # --- Resume mid-run on another mesh: from a 1-rank run's step-5 checkpoint on dp_shard 2 x tp 2 (f64) ---
 lora_yaml "$tmp/base" "$tmp/ad" "$all7" false fp64
 if mt_run half 1 --set checkpoint.interval=5 && [ -d "$tmp/half.ckpt/step_00000005" ]; then
