@@ -21,7 +21,8 @@ Tensor Embedding::forward(const Tensor& tokens) {
 }
 
 Tensor Embedding::backward(const Tensor& dy) {
-  embedding_backward(weight->grad_local(), as_rows(dy), saved_tokens_->reshape({-1}), weight->compute_offset()[0]);
+  if (!weight->frozen)
+    embedding_backward(weight->grad_local(), as_rows(dy), saved_tokens_->reshape({-1}), weight->compute_offset()[0]);
   saved_tokens_ = Tensor();
   return Tensor();
 }

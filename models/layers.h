@@ -18,6 +18,15 @@ class Linear : public Module {
   Parameter* bias = nullptr;
   int64_t in_features, out_features;
 
+  // LoRA (models/lora.h): y = x W^T + scale * (x A^T) B^T; A (rank, in_features) Kaiming-uniform, B
+  // (out_features, rank) zeros, PEFT's shapes and initialisation. Under ColwiseParallel B is split by rows and A
+  // replicated; under RowwiseParallel A by columns and B replicated (parallel/style.cpp). Null without.
+  Parameter* lora_A = nullptr;
+  Parameter* lora_B = nullptr;
+  double lora_scale = 0;
+  double lora_dropout = 0;  // on the adapter's input, in training steps only (lora_dropout_keys)
+  void add_lora(int64_t rank, double scale, double dropout, const ParamFactory& f);
+
   // call_backward(dy) added into dx_sum (returned): linears that share an input (q/k/v, gate/up) sum their
   // input gradients in the GEMM (beta = 1) instead of a separate add. With input layout hooks on the
   // linear (tensor parallel) the gradient goes through them first and is added apart.
@@ -26,13 +35,28 @@ class Linear : public Module {
  protected:
   Tensor forward(const Tensor& x) override;  // (B, T, in) -> (B, T, out)
   Tensor backward(const Tensor& dy) override;
-  void drop_saved() override { saved_x_ = Tensor(); }
+  void drop_saved() override {
+    saved_x_ = Tensor();
+    saved_h_ = Tensor();
+    saved_drop_ = Dropped();
+  }
 
  private:
   // The weight gradient buffer backward's GEMM writes, or undefined when a zero-bubble schedule defers it
-  // (weight_grad_queue(): the GEMM is queued on dy and the saved input).
+  // (weight_grad_queue(): the GEMM is queued on dy and the saved input) or the weight is frozen.
   Tensor weight_grad_now(const Tensor& dy);
+  // The adapter's part: y += scale (x A^T) B^T; backward: dx += (scale dy B) A, dB += dy^T h, dA += (scale dy B)^T x.
+  void lora_forward(const Tensor& y_rows, const Tensor& x_rows);
+  void lora_backward(const Tensor& dx_rows, const Tensor& dy_rows);
   Saved<Tensor> saved_x_;  // (B, T, in_local), per micro-batch (module.h)
+  Saved<Tensor> saved_h_;  // (B*T, rank) h = scale * x A^T (LoRA), B's gradient's input
+  // With lora_dropout in a training step: the adapter's input after dropout and the mask's keys, for backward.
+  struct Dropped {
+    Tensor xd;       // (B*T, in_local)
+    Tensor row_ids;  // (B*T) i64
+    uint64_t seed = 0, stream = 0;
+  };
+  Saved<Dropped> saved_drop_;
 };
 
 class Embedding : public Module {
@@ -72,6 +96,7 @@ class RMSNorm : public Module {
   }
 
  private:
+  Tensor weight_grad() const;  // the gradient buffer, or a scratch one for a frozen weight
   Saved<Tensor> saved_x_, saved_rstd_;  // (B, T, dim), (B*T)
 };
 

@@ -1,6 +1,8 @@
-// Linear: y = x W^T (+ b). Backward: dx = dy W, dW += dy^T x, db += column sums of dy (both accumulate over
-// micro-batches).
+// Linear: y = x W^T (+ b) (+ the LoRA adapter's scale (x A^T) B^T). Backward: dx = dy W, dW += dy^T x, db += column
+// sums of dy (both accumulate over micro-batches; skipped for a frozen weight or bias).
 #include "models/layers.h"
+#include "models/lora.h"
+#include "runtime/core/philox.h"
 #include "runtime/kernels/ops.h"
 
 namespace mt {
@@ -35,7 +37,59 @@ Tensor Linear::forward(const Tensor& x) {
   Tensor y = empty(out_shape, x.dtype(), x.device());  // (B, T, out_local)
   matmul_forward(as_rows(y), as_rows(x), w);
   if (bias) bias_add_forward(as_rows(y), as_rows(y), bias->compute_local());  // (out_local)
+  if (lora_A) lora_forward(as_rows(y), as_rows(x));
   return y;
+}
+
+void Linear::add_lora(int64_t rank, double scale, double dropout, const ParamFactory& f) {
+  MT_CHECK(!lora_A, "model", "{}: already has a LoRA adapter", name());
+  lora_dropout = dropout;
+  lora_A = add_parameter(f.make(child_name(name(), "lora_A.weight"), {rank, in_features}, "kaiming_uniform"));
+  lora_B = add_parameter(f.make(child_name(name(), "lora_B.weight"), {out_features, rank}, "zeros"));
+  lora_scale = scale;
+}
+
+void Linear::lora_forward(const Tensor& y_rows, const Tensor& x_rows) {
+  const Tensor& a = lora_A->compute_local();  // (rank, in_local)
+  const Tensor& b = lora_B->compute_local();  // (out_local, rank)
+  MT_CHECK(a.size(1) == x_rows.size(1) && b.size(0) == y_rows.size(1), "model",
+           "{}: the adapter's local shapes A {} and B {} do not fit the input {} and output {}", name(),
+           shape_str(a.shape()), shape_str(b.shape()), shape_str(x_rows.shape()), shape_str(y_rows.shape()));
+  Tensor xa = x_rows;  // the adapter's input: x, or x after dropout in a training step
+  saved_drop_ = Dropped();
+  if (const LoraDropoutKeys* k = lora_dropout ? lora_dropout_keys() : nullptr) {
+    MT_CHECK(k->row_ids.numel() == x_rows.size(0), "model", "{}: lora_dropout's keys name {} rows, the input has {}",
+             name(), k->row_ids.numel(), x_rows.size(0));
+    Dropped d{empty(x_rows.shape(), x_rows.dtype(), x_rows.device()), k->row_ids, k->seed,
+              philox::stream_id(fmt::format("{}#{}", name(), k->step).c_str())};
+    dropout_rows(d.xd, x_rows, d.row_ids, d.seed, d.stream, lora_A->compute_offset()[1], in_features, lora_dropout);
+    xa = d.xd;
+    saved_drop_ = d;
+  }
+  Tensor h = empty({x_rows.size(0), a.size(0)}, x_rows.dtype(), x_rows.device());  // (B*T, rank)
+  matmul_forward(h, xa, a);
+  scale_(h, lora_scale);
+  matmul_forward(y_rows, h, b, /*accumulate=*/true);
+  saved_h_ = h;
+}
+
+void Linear::lora_backward(const Tensor& dx_rows, const Tensor& dy_rows) {
+  const Tensor& h = *saved_h_;  // (B*T, rank)
+  Tensor dh = empty(h.shape(), dy_rows.dtype(), dy_rows.device());  // (B*T, rank) dy B, then scaled
+  matmul_backward(dh, lora_B->grad_or_none(), dy_rows, h, lora_B->compute_local());
+  scale_(dh, lora_scale);
+  const Dropped& d = *saved_drop_;
+  if (!d.xd.defined()) {
+    matmul_backward(dx_rows, lora_A->grad_or_none(), dh, as_rows(saved_x_), lora_A->compute_local(),
+                    /*accumulate_dinp=*/true);
+  } else {  // dx += dropout(dh A) with the forward's mask; dA += dh^T xd
+    Tensor g = empty(dx_rows.shape(), dh.dtype(), dh.device());  // (B*T, in_local)
+    matmul_backward(g, lora_A->grad_or_none(), dh, d.xd, lora_A->compute_local());
+    dropout_rows(g, g, d.row_ids, d.seed, d.stream, lora_A->compute_offset()[1], in_features, lora_dropout);
+    add_(dx_rows, g);
+  }
+  saved_h_ = Tensor();
+  saved_drop_ = Dropped();
 }
 
 Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
@@ -46,9 +100,10 @@ Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
   MT_CHECK(dx_sum.shape() == saved_x_->shape(), "model", "{}: the gradient sum has shape {}, the input {}", name(),
            shape_str(dx_sum.shape()), shape_str(saved_x_->shape()));
   return call_backward_around(dy, [&](const Tensor& g) {
-    if (bias) bias_add_backward(bias->grad_local(), as_rows(g));
+    if (bias && !bias->frozen) bias_add_backward(bias->grad_local(), as_rows(g));
     matmul_backward(as_rows(dx_sum), weight_grad_now(g), as_rows(g), as_rows(saved_x_), weight->compute_local(),
                     /*accumulate_dinp=*/true);
+    if (lora_A) lora_backward(as_rows(dx_sum), as_rows(g));
     saved_x_ = Tensor();
     return dx_sum;
   });
@@ -56,13 +111,15 @@ Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
 
 Tensor Linear::backward(const Tensor& dy) {
   Tensor dx = empty(saved_x_->shape(), dy.dtype(), dy.device());  // (B, T, in_local)
-  if (bias) bias_add_backward(bias->grad_local(), as_rows(dy));
+  if (bias && !bias->frozen) bias_add_backward(bias->grad_local(), as_rows(dy));
   matmul_backward(as_rows(dx), weight_grad_now(dy), as_rows(dy), as_rows(saved_x_), weight->compute_local());
+  if (lora_A) lora_backward(as_rows(dx), as_rows(dy));
   saved_x_ = Tensor();
   return dx;
 }
 
 Tensor Linear::weight_grad_now(const Tensor& dy) {
+  if (weight->frozen) return Tensor();  // the input gradient only
   WeightGradQueue* q = weight_grad_queue();
   if (!q) return weight->grad_local();
   // Deferred (zero-bubble W): dW += dy^T x later, on the same input and gradient, into the same buffer.

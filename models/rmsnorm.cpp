@@ -35,6 +35,13 @@ std::pair<Tensor, Tensor> RMSNorm::call_add(const Tensor& x, const Tensor& resid
   return {x, y};
 }
 
+Tensor RMSNorm::weight_grad() const {
+  if (!weight->frozen) return weight->grad_local();
+  // Frozen (LoRA's base): the op writes its weight gradient somewhere; a scratch (C) it then drops.
+  const Tensor& w = weight->compute_local();
+  return zeros(w.shape(), accum_dtype(w.dtype()), w.device());
+}
+
 Tensor RMSNorm::call_backward_add(const Tensor& dy, const Tensor& dresidual) {
   if (!input_hooks.empty()) {
     Tensor dx = call_backward(dy);
@@ -43,7 +50,7 @@ Tensor RMSNorm::call_backward_add(const Tensor& dy, const Tensor& dresidual) {
   }
   return call_backward_around(dy, [&](const Tensor& g) {
     Tensor dx = empty(saved_x_->shape(), g.dtype(), g.device());  // (B, T, C)
-    rmsnorm_backward(as_rows(dx), weight->grad_local(), as_rows(g), as_rows(saved_x_), weight->compute_local(),
+    rmsnorm_backward(as_rows(dx), weight_grad(), as_rows(g), as_rows(saved_x_), weight->compute_local(),
                      saved_rstd_, as_rows(dresidual));
     saved_x_ = Tensor();
     saved_rstd_ = Tensor();
@@ -53,7 +60,7 @@ Tensor RMSNorm::call_backward_add(const Tensor& dy, const Tensor& dresidual) {
 
 Tensor RMSNorm::backward(const Tensor& dy) {
   Tensor dx = empty(saved_x_->shape(), dy.dtype(), dy.device());  // (B, T, C)
-  rmsnorm_backward(as_rows(dx), weight->grad_local(), as_rows(dy), as_rows(saved_x_), weight->compute_local(),
+  rmsnorm_backward(as_rows(dx), weight_grad(), as_rows(dy), as_rows(saved_x_), weight->compute_local(),
                    saved_rstd_);
   saved_x_ = Tensor();
   saved_rstd_ = Tensor();

@@ -40,6 +40,7 @@ struct FsdpParam {
   std::vector<int64_t> start;  // per fsdp rank: first index along dim of its piece, in full
   std::vector<int64_t> len;    // per fsdp rank: the piece's length along dim (torch.chunk: the last may be short)
   int64_t offset = 0;          // of the slot in a rank's flat buffer (elements)
+  int64_t grad_offset = -1;    // of the slot in a rank's gradient buffer (elements); -1: frozen, no gradient
 };
 
 struct FsdpUnit {
@@ -47,6 +48,7 @@ struct FsdpUnit {
   std::vector<Module*> modules;  // forward order
   std::vector<FsdpParam> params;
   int64_t slot = 0;  // elements of one rank's flat buffer
+  int64_t grad_slot = 0;  // elements of one rank's gradient buffer: the trainable parameters' slots only (LoRA)
   Group* group = nullptr;
   int n = 1, rank = 0;
   FullyShardOptions opt;
@@ -105,16 +107,18 @@ struct FsdpUnit {
   void give_grads() {
     trace::UnitScope unit_memory;  // the trace's "fully_shard units" part
     for (FsdpParam& f : params)
-      if (!f.state->unsharded_grad.defined())
+      if (f.grad_offset >= 0 && !f.state->unsharded_grad.defined())
         f.state->unsharded_grad = zeros(f.full, f.p->grad.local.dtype(), f.p->grad.local.device());
   }
   // Reduce-scatters the full-size gradients and adds each rank's piece to its sharded gradient.
+  // Frozen parameters (LoRA's base) have no gradient and no slot in it: a unit of only frozen ones reduces nothing.
   void reduce_grads() {
-    if (params.empty()) return;
+    if (grad_slot == 0) return;
     trace::UnitScope unit_memory;  // the trace's "fully_shard units" part
     const DType rdt = opt.reduce_dtype;
-    Tensor all = zeros({int64_t(n) * slot}, rdt, device());  // padding summed as zeros, never read
+    Tensor all = zeros({int64_t(n) * grad_slot}, rdt, device());  // padding summed as zeros, never read
     for (FsdpParam& f : params) {
+      if (f.grad_offset < 0) continue;
       Tensor g = f.state->unsharded_grad;
       if (g.dtype() != rdt) {
         Tensor c = empty(g.shape(), rdt, g.device());
@@ -122,18 +126,20 @@ struct FsdpUnit {
         g = c;
       }
       for (int r = 0; r < n; ++r)
-        copy_slice(all.view(int64_t(r) * slot + f.offset, f.padded), 0, g, f.start[size_t(r)], f.len[size_t(r)], f.dim);
+        copy_slice(all.view(int64_t(r) * grad_slot + f.grad_offset, f.padded), 0, g, f.start[size_t(r)],
+                   f.len[size_t(r)], f.dim);
       // Packed: the full-size gradient is not needed any more, and the unit's peak is its reduce (flat buffer +
       // the gradients not yet packed), not the sum of both.
       f.state->unsharded_grad = Tensor();
     }
-    Tensor own = empty({slot}, rdt, device());
+    Tensor own = empty({grad_slot}, rdt, device());
     CommTag tag(kFsdpReduceTag);
     group->reduce_scatter(own, all, ReduceOp::sum);
     for (FsdpParam& f : params) {
+      if (f.grad_offset < 0) continue;
       const Tensor& dst = f.p->grad.local;  // (the shard) accumulates over micro-batches
       Tensor piece = empty(dst.shape(), rdt, dst.device());
-      copy_slice(piece, 0, own.view(f.offset, f.padded), 0, f.len[size_t(rank)], f.dim);
+      copy_slice(piece, 0, own.view(f.grad_offset, f.padded), 0, f.len[size_t(rank)], f.dim);
       if (rdt != dst.dtype()) {
         Tensor c = empty(dst.shape(), dst.dtype(), dst.device());
         convert(c, piece);
@@ -284,6 +290,10 @@ std::unique_ptr<FsdpUnit> shard_unit(const UnitSpec& s, const DeviceMesh& mesh, 
                opts.mesh_dim);
       unit->params.push_back(place_param(p, d, mesh, mdim, s.modules.front(), unit->slot));
       unit->slot += shape_numel(unit->params.back().padded);
+      if (!p->frozen) {
+        unit->params.back().grad_offset = unit->grad_slot;
+        unit->grad_slot += shape_numel(unit->params.back().padded);
+      }
     }
   return unit;
 }
@@ -397,7 +407,7 @@ FsdpStepBytes fsdp_step_bytes(const FullyShard& fs, int n) {
   FsdpStepBytes b;
   b.forward = gather;
   b.backward = (fs.options().reshard_after_forward ? gather : 0.0) +
-               double(n - 1) * slot * double(dtype_size(fs.options().reduce_dtype));
+               double(n - 1) * double(fs.grad_slot_elements()) * double(dtype_size(fs.options().reduce_dtype));
   return b;
 }
 
@@ -405,12 +415,14 @@ std::vector<CommBytes> fsdp_step_collectives(const FullyShard& fs, int n, int64_
   const FsdpStepBytes b = fsdp_step_bytes(fs, n);
   const bool reshard = fs.options().reshard_after_forward;
   const double times = pipelined && !reshard ? 1.0 : double(micro_batches);
-  const double rs = double(n - 1) * double(fs.slot_elements()) * double(dtype_size(fs.options().reduce_dtype));
+  const double rs = double(n - 1) * double(fs.grad_slot_elements()) * double(dtype_size(fs.options().reduce_dtype));
   const int64_t units = int64_t(fs.unit_slots().size());
+  int64_t reducing = 0;  // units with a trainable parameter (all of them without LoRA)
+  for (int64_t e : fs.unit_grad_slots()) reducing += e > 0;
   const std::string& group = fs.options().mesh_dim;
   return {{kFsdpGatherTag, group, "all_gather", times * (b.forward + b.backward - rs),
            int64_t(times) * units * (reshard ? 2 : 1), true},
-          {kFsdpReduceTag, group, "reduce_scatter", times * rs, int64_t(times) * units, true}};
+          {kFsdpReduceTag, group, "reduce_scatter", times * rs, int64_t(times) * reducing, true}};
 }
 
 std::vector<int64_t> FullyShard::unit_slots() const {
@@ -432,6 +444,18 @@ int64_t FullyShard::slot_elements() const {
   int64_t n = 0;
   for (auto& u : units_) n += u->slot;
   return n;
+}
+
+int64_t FullyShard::grad_slot_elements() const {
+  int64_t n = 0;
+  for (auto& u : units_) n += u->grad_slot;
+  return n;
+}
+
+std::vector<int64_t> FullyShard::unit_grad_slots() const {
+  std::vector<int64_t> out;
+  for (auto& u : units_) out.push_back(u->grad_slot);
+  return out;
 }
 
 std::vector<std::string> FullyShard::unit_names() const {

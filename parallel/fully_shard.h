@@ -74,6 +74,10 @@ class FullyShard {
   int64_t slot_elements() const;
   // Each unit's flat buffer in elements (one rank's slot), in forward order: gathered, a unit is n x that.
   std::vector<int64_t> unit_slots() const;
+  // The same for the gradients' buffers, which hold only the trainable parameters (frozen ones, LoRA's base, have
+  // no gradient): equal to the above without LoRA, 0 for a unit of only frozen parameters (it reduces nothing).
+  int64_t grad_slot_elements() const;
+  std::vector<int64_t> unit_grad_slots() const;
   // Each unit's sharded parameters, their gathered elements (this rank's tp part, whole on the fsdp dim), in
   // forward order: each is its own allocation while the unit is unpacked, and so is its full-size gradient.
   std::vector<std::vector<int64_t>> unit_param_elements() const;

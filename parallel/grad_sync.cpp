@@ -12,7 +12,8 @@ GradSync::GradSync(Module& model, const DeviceMesh& mesh, GradSyncOptions opt) :
   // Owners in forward order; their parameters reversed give (about) the order backward finishes them.
   std::vector<Parameter*> order;
   for (Module* m : model.modules())
-    for (Parameter* p : m->own_parameters()) order.push_back(p);
+    for (Parameter* p : m->own_parameters())
+      if (!p->frozen) order.push_back(p);  // a frozen parameter has no gradient to sync
   std::reverse(order.begin(), order.end());
 
   std::map<std::string, size_t> filling;  // group name -> index of the bucket still filling
@@ -63,6 +64,7 @@ GradSync::GradSync(Module& model, const DeviceMesh& mesh, GradSyncOptions opt) :
   std::vector<Module*> hooked;
   for (Module* m : model.modules())
     for (Parameter* p : m->own_parameters()) {
+      if (p->frozen) continue;
       Module* at = p->grad_ready_at();
       if (!at) at = m;
       if (ready_at[at].empty()) hooked.push_back(at);

@@ -1,6 +1,7 @@
 #include "parallel/module.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "parallel/random.h"
@@ -31,7 +32,16 @@ struct UndrawnInit : ParamState {
 };
 
 // Only this rank's elements of p, drawn by their global index: the bits of the whole parameter's part.
+// kaiming_uniform (LoRA's A, as PEFT draws it: kaiming_uniform_ with a = sqrt(5)): uniform in [-b, b), b =
+// 1 / sqrt(fan_in), fan_in = the global shape's last dim.
 Tensor draw_local(const Parameter& p, const DeferredInit& init) {
+  if (init.init == "kaiming_uniform") {
+    const double b = 1.0 / std::sqrt(double(p.value.spec.global_shape.back()));
+    Tensor t = make_local(p.value.spec, p.value.mesh.coordinate(), "rand", init.master, RandomKey{init.seed, p.name});
+    scale_(t, 2 * b);
+    add_(t, make_local(p.value.spec, p.value.mesh.coordinate(), "full", init.master, {}, -b));
+    return t;
+  }
   return make_local(p.value.spec, p.value.mesh.coordinate(), init.init == "normal" ? "randn" : init.init, init.master,
                     RandomKey{init.seed, p.name}, 0, 0.0, init.std);
 }
@@ -46,7 +56,7 @@ template <class S> void erase_state(Parameter& p) {
 void finish_param(Parameter& p, DType compute) {
   const DType master = p.value.local.dtype();
   p.grad = p.value;
-  p.grad.local = zeros(p.value.local.shape(), master, p.value.local.device());
+  p.grad.local = p.frozen ? Tensor() : zeros(p.value.local.shape(), master, p.value.local.device());
   if (master != compute) {
     auto copy = std::make_shared<ComputeCopy>();
     copy->copy = empty(p.value.local.shape(), compute, p.value.local.device());
@@ -148,7 +158,8 @@ std::unique_ptr<Parameter> ParamFactory::make(const std::string& name, const Sha
   p->name = name;
   p->init = init;
   p->weight_decay = shape.size() >= 2;
-  MT_CHECK(init == "ones" || init == "zeros" || init == "normal", "model", "{}: unknown init '{}'", name, init);
+  MT_CHECK(init == "ones" || init == "zeros" || init == "normal" || init == "kaiming_uniform", "model",
+           "{}: unknown init '{}'", name, init);
   Placements rep(size_t(mesh.ndim()), Placement::Replicate());
   const DType master = accum_dtype(dtype);  // initialised in f32 and rounded: the same draw as an f32 model
   if (deferred) {
@@ -163,7 +174,12 @@ std::unique_ptr<Parameter> ParamFactory::make(const std::string& name, const Sha
   }
   if (init == "ones") p->value = ones(mesh, shape, rep, master);
   else if (init == "zeros") p->value = zeros(mesh, shape, rep, master);
-  else p->value = randn(mesh, shape, rep, RandomKey{seed, name}, master, 0.0, init_std);
+  else if (init == "kaiming_uniform") {
+    p->value = zeros(mesh, shape, rep, master);
+    DeferredInit d;
+    d.init = init, d.seed = seed, d.master = master;
+    p->value.local = draw_local(*p, d);
+  } else p->value = randn(mesh, shape, rep, RandomKey{seed, name}, master, 0.0, init_std);
   if (device.is_cuda()) p->value.local = p->value.local.to(device);
   finish_param(*p, dtype);
   return p;
@@ -181,13 +197,21 @@ void materialize(Parameter& p) {
   if (!d) return;
   const DeferredInit init = *d;
   erase_state<DeferredInit>(p);
+  // A frozen parameter (LoRA's base) is held in the compute dtype alone: no optimizer updates it, so it needs no
+  // f32 master (bf16: 2 bytes an element instead of 6).
+  const DType held = p.frozen ? init.compute : init.master;
   if (init.draw_later) {
-    p.value.local = zeros(p.value.spec.local_shape(p.value.mesh.coordinate()), init.master, init.device);
+    p.value.local = zeros(p.value.spec.local_shape(p.value.mesh.coordinate()), held, init.device);
     auto u = std::make_shared<UndrawnInit>();
     u->init = init;
     p.states.push_back(u);
   } else {
-    const Tensor local = draw_local(p, init);
+    Tensor local = draw_local(p, init);  // drawn in the master dtype, rounded once: the bits of the copy it replaces
+    if (held != local.dtype()) {
+      Tensor c = empty(local.shape(), held);
+      convert(c, local);
+      local = c;
+    }
     p.value.local = init.device.is_cuda() ? local.to(init.device) : local;
   }
   finish_param(p, init.compute);
@@ -198,7 +222,9 @@ bool draw_init(Parameter& p) {
   if (!u) return false;
   const Tensor local = draw_local(p, u->init);
   erase_state<UndrawnInit>(p);
-  copy_(p.value.local, p.value.local.device().is_cuda() ? local.to(p.value.local.device()) : local);
+  const Tensor src = p.value.local.device().is_cuda() ? local.to(p.value.local.device()) : local;
+  if (src.dtype() == p.value.local.dtype()) copy_(p.value.local, src);
+  else convert(p.value.local, src);  // a frozen parameter held in the compute dtype
   refresh_compute_copy(p);
   return true;
 }
@@ -212,6 +238,7 @@ const Tensor& Parameter::compute_local() const {
 }
 
 const Tensor& Parameter::grad_local() const {
+  MT_CHECK(!frozen, "model", "{} is frozen: it has no gradient", name);
   for (auto it = states.rbegin(); it != states.rend(); ++it)
     if (const Tensor* t = (*it)->grad()) return *t;
   return grad.local;
@@ -252,7 +279,7 @@ void relayout_param(Parameter& p, const Placements& placements, const ShardOrder
   }
   p.value = redistribute(p.value, placements, {}, order);
   p.grad = p.value;
-  p.grad.local = zeros(p.value.local.shape(), p.value.local.dtype(), p.value.local.device());
+  p.grad.local = p.frozen ? Tensor() : zeros(p.value.local.shape(), p.value.local.dtype(), p.value.local.device());
   refresh_compute_copy(p);
 }
 
@@ -269,8 +296,21 @@ void refresh_compute_copy(Parameter& p) {
   convert(c->copy, p.value.local);
 }
 
+void freeze(Parameter& p) {
+  p.frozen = true;
+  p.grad.local = Tensor();
+}
+
+std::vector<Parameter*> trainable(const std::vector<Parameter*>& params) {
+  std::vector<Parameter*> out;
+  for (Parameter* p : params)
+    if (!p->frozen) out.push_back(p);
+  return out;
+}
+
 void zero_grads(const std::vector<Parameter*>& params) {
   for (Parameter* p : params) {
+    if (p->frozen) continue;
     fill_zero_(p->grad.local);
     p->grad.spec = p->value.spec;
   }

@@ -96,6 +96,10 @@ struct Parameter {
   DTensor value;                // the parameter as laid out on the mesh (the f32 master copy under mixed precision)
   DTensor grad;                 // same local shape; after backward its spec says how it is partial
   bool weight_decay = true;     // AdamW decays 2-D weights only
+  // Frozen (PyTorch's requires_grad = False; LoRA's base): no gradient buffer (grad.local undefined), no optimizer
+  // state, no gradient sync; layers compute their input gradient through it and skip its own. Set before
+  // materialize (freeze()), so that no buffer is ever made.
+  bool frozen = false;
   std::string init = "normal";  // normal | ones
   // The states of the code that rewrote it, in the order applied: a later one's compute() and grad() take
   // precedence (fully_shard's gathered weight over the bf16 copy it was gathered from).
@@ -103,8 +107,10 @@ struct Parameter {
 
   // The local tensor layers compute with: value.local unless a state substitutes it.
   const Tensor& compute_local() const;
-  // The gradient buffer layers accumulate into (same shape as compute_local()).
+  // The gradient buffer layers accumulate into (same shape as compute_local()); an error on a frozen parameter.
   const Tensor& grad_local() const;
+  // grad_local(), or an undefined tensor for a frozen parameter (the ops skip an undefined dweight).
+  Tensor grad_or_none() const { return frozen ? Tensor() : grad_local(); }
   // Global offset of what layers compute with inside its unit: this rank's part, or with a state whole on a mesh
   // dim (fully_shard's) the part at coordinate 0 there, gathered or not (a vocab-sharded embedding needs its
   // first row, the vocab-parallel loss lm_head's first row after the unit is freed).
@@ -269,7 +275,12 @@ bool draw_init(Parameter& p);
 // Forgets the draw materialize() left: every element of p was loaded.
 void forget_init(Parameter& p);
 
-// Zeroes every gradient and marks it as produced by this rank alone (Replicate spec
+// Freezes p (Parameter::frozen) and releases its gradient buffer.
+void freeze(Parameter& p);
+// The parameters that train (not frozen), in order.
+std::vector<Parameter*> trainable(const std::vector<Parameter*>& params);
+
+// Zeroes every gradient (frozen parameters have none) and marks it as produced by this rank alone (Replicate spec
 // with the local layout of the parameter); the trainer marks the dp dims Partial.
 void zero_grads(const std::vector<Parameter*>& params);
 

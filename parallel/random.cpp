@@ -1,6 +1,6 @@
 #include "parallel/random.h"
 
-#include "parallel/philox.h"
+#include "runtime/core/philox.h"
 
 namespace mt {
 

@@ -69,8 +69,17 @@ std::string opt_str(const std::vector<std::optional<Placement>>& v) {
 }
 
 // A Linear's weight and its bias (null without one): the bias is the parameter named "<module>.bias".
+bool is_lora_factor(const Parameter& p) {
+  auto ends = [&](const std::string& x) {
+    return p.name.size() >= x.size() && p.name.compare(p.name.size() - x.size(), x.size(), x) == 0;
+  };
+  return ends(".lora_A.weight") || ends(".lora_B.weight");
+}
+
+// The weight and bias of a Linear or Embedding (LoRA's factors beside them are laid out apart: lora_factors).
 std::pair<Parameter*, Parameter*> weight_and_bias(Module& m, const std::string& style) {
-  const std::vector<Parameter*> ps = m.used_parameters();
+  std::vector<Parameter*> ps = m.used_parameters();
+  std::erase_if(ps, [](Parameter* p) { return is_lora_factor(*p); });
   Parameter* bias = nullptr;
   if (ps.size() == 2 && ps[1]->name == child_name(m.name(), "bias")) bias = ps[1];
   MT_CHECK(ps.size() == 1 || bias, "parallel", "{} on {} ({}): expected a weight and at most a bias, the module has {}",
@@ -126,6 +135,35 @@ void StyleArgs::only(const char* style, const std::vector<std::string>& takes) c
 // ---- ColwiseParallel
 
 namespace {
+// The state of a replicated parameter whose gradient each rank computes from its part only (ParamState): a
+// sequence-parallel norm's weight (each rank normalises its own tokens), a LoRA factor beside a split one (each
+// rank's gradient comes through its part of the other). The gradient is a partial sum over these mesh dims.
+struct PartialGrad : ParamState {
+  std::vector<int> dims;
+  void add_partial_dims(std::vector<int>& out) const override { out.insert(out.end(), dims.begin(), dims.end()); }
+};
+void grad_partial_on(Parameter& p, int mesh_dim) {
+  auto* sp = p.state<PartialGrad>();
+  if (!sp) {
+    auto made = std::make_shared<PartialGrad>();
+    sp = made.get();
+    p.states.push_back(made);
+  }
+  if (std::find(sp->dims.begin(), sp->dims.end(), mesh_dim) == sp->dims.end()) sp->dims.push_back(mesh_dim);
+}
+// A Linear's LoRA factors (models/lora.h), found by name: null when it has none.
+std::pair<Parameter*, Parameter*> lora_factors(Module& m) {
+  Parameter *a = nullptr, *b = nullptr;
+  auto ends = [](const std::string& n, const std::string& s) {
+    return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
+  };
+  for (Parameter* p : m.own_parameters()) {
+    if (ends(p->name, ".lora_A.weight")) a = p;
+    if (ends(p->name, ".lora_B.weight")) b = p;
+  }
+  return {a, b};
+}
+
 // Colwise and Rowwise shard a Linear's or an Embedding's weight; any other module is a plan mistake.
 void check_linear_or_embedding(const char* style, const Module& m, const std::string& pattern) {
   MT_CHECK(m.type() == "Linear" || m.type() == "Embedding", "parallel",
@@ -156,6 +194,11 @@ void ColwiseParallel::apply(Module& m, const StyleContext& c) const {
     // The bias follows the output features: each rank adds its slice, and the slice's gradient (the column sums of
     // its dy over every row the rank holds) is whole on this dim.
     if (bias) shard_param(*bias, c.dim, Placement::Shard(0));
+    // LoRA: B follows the output features; A stays whole, its gradient (scale dy_local B_local)^T x partial.
+    if (auto [a, b] = lora_factors(m); a && b) {
+      shard_param(*b, c.dim, Placement::Shard(0));
+      grad_partial_on(*a, c.dim);
+    }
     // x (R) @ W (S(0))^T gives S(-1); the input gradient dy W comes out Partial.
     if (!(c.input_is_dtensor && in.is_replicate()))
       add_hook(m.input_hooks, c.mesh, c.dim, in, Placement::Replicate(), Placement::Partial(), -1);
@@ -196,6 +239,12 @@ void RowwiseParallel::apply(Module& m, const StyleContext& c) const {
   if (m.type() == "Linear") {
     Placement in = input_layouts.value_or(Placement::Shard(-1));
     shard_param(w, c.dim, Placement::Shard(1));
+    // LoRA: A follows the input features, so x A^T is partial and (x A^T) B^T joins the base's partial sum; B stays
+    // whole, its gradient dy^T (x_local A_local^T) partial.
+    if (auto [a, b] = lora_factors(m); a && b) {
+      shard_param(*a, c.dim, Placement::Shard(1));
+      grad_partial_on(*b, c.dim);
+    }
     // x (S(-1)) @ W (S(1))^T is Partial; the input gradient dy W comes out S(-1).
     add_hook(m.input_hooks, c.mesh, c.dim, in, Placement::Shard(-1), Placement::Shard(-1), w.value.shape()[1]);
     add_hook(m.output_hooks, c.mesh, c.dim, Placement::Partial(), out, out, -1);
@@ -225,26 +274,9 @@ void SequenceParallel::check(const Module& m, const std::string& pattern) const 
            m.name(), m.type(), pattern);
 }
 
-namespace {
-// Sequence parallel's state on a norm's weight (ParamState): each rank normalises its own tokens, so the
-// weight's gradient is a partial sum over these mesh dims.
-struct SequenceParallelGrad : ParamState {
-  std::vector<int> dims;
-  void add_partial_dims(std::vector<int>& out) const override { out.insert(out.end(), dims.begin(), dims.end()); }
-};
-}  // namespace
-
 void SequenceParallel::apply(Module& m, const StyleContext& c) const {
   // Input and output stay Shard(1); the weight's gradient is partial over the mesh dim.
-  for (Parameter* p : m.own_parameters()) {
-    auto* sp = p->state<SequenceParallelGrad>();
-    if (!sp) {
-      auto made = std::make_shared<SequenceParallelGrad>();
-      sp = made.get();
-      p->states.push_back(made);
-    }
-    if (std::find(sp->dims.begin(), sp->dims.end(), c.dim) == sp->dims.end()) sp->dims.push_back(c.dim);
-  }
+  for (Parameter* p : m.own_parameters()) grad_partial_on(*p, c.dim);
 }
 
 SequenceParallel SequenceParallel::from_args(const StyleArgs& a) {

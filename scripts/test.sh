@@ -186,6 +186,9 @@ run_script_suite checkpoint tests/cli/test_checkpoint.sh
 run_script_suite memory_checkpoint tests/cli/test_memory_checkpoint.sh
 # Loss masks (issue 41): the reference's masked losses, the global normalisation on every mesh, bad masks.
 run_script_suite chat_train tests/cli/test_chat_train.sh
+# LoRA (issue 52): the independent PyTorch LoRA's losses and adapters on 1 rank and on dp_shard x tp, pp and cp; resume
+# on another mesh, recompute, bf16, loss masks, PEFT files, export --merge, bad adapters.
+run_script_suite lora tests/cli/test_lora.sh
 run_script_suite families tests/cli/test_families.sh
 # Mixture of experts: the reference's losses on 1 rank and on every mesh with expert parallel, checkpoints as
 # per-expert tensors resumed on other ep, router metrics, capacity, the selection bias, bad input, a stuck rank.
@@ -268,6 +271,11 @@ fi
 out="$log_dir/reference.log"
 /usr/bin/python3 tests/reference/test_reference.py >"$out" 2>&1
 report reference "$out" ""
+# The independent LoRA reference (tests/reference/lora_ref.py, issue 52) against finite differences, llama_ref.py's
+# forward and full gradient, torch's AdamW, PEFT's file layout; skipped without python3-torch.
+out="$log_dir/lora_reference.log"
+/usr/bin/python3 tests/reference/test_lora_ref.py >"$out" 2>&1
+report lora_reference "$out" ""
 # Hugging Face interoperability: meshtrain's checkpoints in llama_ref.py and transformers (skipped where it does not
 # import), their saved models in meshtrain (logits, init_from); skipped as a whole without python3-torch.
 out="$log_dir/hf_interop.log"

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include "attention/local_attention.h"
+#include "runtime/core/philox.h"
 #include "runtime/kernels/ops.h"
 #include "test_util.h"
 
@@ -652,6 +653,49 @@ std::vector<OpCase> op_cases() {
       V s(a.size()), t(a.size());
       for (size_t i = 0; i < a.size(); ++i) s[i] = a[i] + b[i], t[i] = (c2[i] + b[i]) * -0.25;
       return Results{{"a + b", s}, {"c (in place)", t}};
+    };
+    cases.push_back(c);
+  }
+  {  // dropout keyed by (row id, column): LoRA's lora_dropout, the same mask on every layout; also in place
+    OpCase c;
+    c.name = "dropout_rows";
+    static const double p = 0.3;
+    auto ids = [](const Dims& d) {  // rows' global indices: not contiguous (a cp shard's head and tail)
+      std::vector<int64_t> v;
+      for (int64_t n = 0; n < d.N; ++n) v.push_back(n % 2 ? 1000 + n : 7 * n);
+      return v;
+    };
+    c.forward = [ids](OpRun& r, const Dims& d) {
+      Tensor x = r.in("x", {d.N, d.C});
+      Tensor rows = r.ints(ids(d), {d.N}, DType::i64);
+      dropout_rows(r.out("y", {d.N, d.C}), x, rows, 42, 9, 0, d.C, p);
+      // The columns in two parts, each with its offset, give the whole's mask (a Rowwise layer's shards).
+      const int64_t h = d.C / 2;
+      Tensor xl = r.in("xl", {d.N, h}), xr = r.in("xr", {d.N, d.C - h});
+      dropout_rows(r.out("yl", {d.N, h}), xl, rows, 42, 9, 0, d.C, p);
+      Tensor yr = r.inout("xr", {d.N, d.C - h});
+      dropout_rows(yr, yr, rows, 42, 9, h, d.C, p);
+      (void)xr;
+    };
+    c.reference = [ids](OpRun& r, const Dims& d) {
+      const V& x = r.values_of("x", d.N * d.C);
+      const int64_t h = d.C / 2;
+      const V &xl = r.values_of("xl", d.N * h), &xr = r.values_of("xr", d.N * (d.C - h));
+      const std::vector<int64_t> rows = ids(d);
+      auto keep = [&](int64_t n, int64_t col) {
+        return philox::uniform(42, 9, uint64_t(rows[size_t(n)]) * uint64_t(d.C) + uint64_t(col)) >= float(p);
+      };
+      const double k = 1.0 / (1.0 - p);
+      V y(x.size()), yl(xl.size()), yr(xr.size());
+      for (int64_t n = 0; n < d.N; ++n) {
+        for (int64_t col = 0; col < d.C; ++col) y[size_t(n * d.C + col)] = keep(n, col) ? x[size_t(n * d.C + col)] * k : 0;
+        for (int64_t col = 0; col < h; ++col) yl[size_t(n * h + col)] = keep(n, col) ? xl[size_t(n * h + col)] * k : 0;
+        for (int64_t col = h; col < d.C; ++col) {
+          const size_t i = size_t(n * (d.C - h) + col - h);
+          yr[i] = keep(n, col) ? xr[i] * k : 0;
+        }
+      }
+      return Results{{"y", y}, {"yl", yl}, {"xr (in place)", yr}};
     };
     cases.push_back(c);
   }

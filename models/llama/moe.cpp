@@ -174,12 +174,12 @@ Tensor MoeExperts::backward(const Tensor& dy) {
   Tensor a = empty({M, F}, x.dtype(), x.device());  // recomputed: cheaper to keep g and u only
   swiglu_forward(a, g, u);
   Tensor da = empty({M, F}, dy.dtype(), dy.device());
-  grouped_matmul_backward(da, down_proj->grad_local(), dy, a, down_proj->compute_local(), cnt);
+  grouped_matmul_backward(da, down_proj->grad_or_none(), dy, a, down_proj->compute_local(), cnt);
   Tensor dg = empty({M, F}, dy.dtype(), dy.device()), du = empty({M, F}, dy.dtype(), dy.device());
   swiglu_backward(dg, du, da, g, u);
-  grouped_matmul_backward(dx, gate_proj->grad_local(), dg, x, gate_proj->compute_local(), cnt);
+  grouped_matmul_backward(dx, gate_proj->grad_or_none(), dg, x, gate_proj->compute_local(), cnt);
   Tensor dx_up = empty({M, dim}, dy.dtype(), dy.device());
-  grouped_matmul_backward(dx_up, up_proj->grad_local(), du, x, up_proj->compute_local(), cnt);
+  grouped_matmul_backward(dx_up, up_proj->grad_or_none(), du, x, up_proj->compute_local(), cnt);
   add_(dx, dx_up);
   return dx;
 }

@@ -108,7 +108,7 @@ int run_generate_command(RunContext& ctx, const GenerateArgs& a) {
   TextCodec codec;
   run_agreed(*ctx.env, "the tokenizer", [&] { codec = text_codec(cfg, a.tokenizer, path); });
   TrainRun run = make_train_run(cfg, *ctx.env, false);
-  run_agreed(*ctx.env, "loading the checkpoint", [&] { load_checkpoint(path, *run.model, nullptr); });
+  run_agreed(*ctx.env, "loading the checkpoint", [&] { load_checkpoint_weights(path, cfg, *run.model); });
   const bool chat = a.chat || !a.chat_file.empty();
   std::vector<int32_t> prompt;
   if (chat) {

@@ -15,6 +15,7 @@
 #include "runtime/train/agree.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/generate.h"
+#include "runtime/train/lora_export.h"
 #include "runtime/train/run.h"
 
 namespace fs = std::filesystem;
@@ -22,7 +23,7 @@ namespace fs = std::filesystem;
 namespace mt {
 
 struct LogitsArgs {
-  std::string checkpoint, tokens, prompt, tokenizer, out;
+  std::string checkpoint, tokens, prompt, tokenizer, out, adapter;
 };
 
 
@@ -38,6 +39,9 @@ void add_logits_options(CLI::App* app, LogitsArgs& a) {
                   "with --prompt: tokenizer.json, tokenizer.model or a directory holding one (default: the "
                   "model directory's or the run's)");
   app->add_option("--out", a.out, "the .npy file written: float32, shape (tokens, vocab_size)")->required();
+  app->add_option("--adapter", a.adapter,
+                  "a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) on the Hugging Face "
+                  "model --checkpoint names");
 }
 
 namespace {
@@ -86,9 +90,14 @@ int run_logits_command(RunContext& ctx, const LogitsArgs& a) {
         hf = true;
       }
     }
+    MT_CHECK(a.adapter.empty() || hf, "logits",
+             "--adapter {}: a LoRA adapter goes on a Hugging Face base directory; {} is a meshtrain checkpoint (a LoRA "
+             "run's holds its adapter already)",
+             a.adapter, path);
     if (hf) {
       cfg = ctx.config;  // the command line's comm and threads; the model from config.json
       cfg.model = model_config_from_hf((fs::path(path) / "config.json").string());
+      if (!a.adapter.empty()) cfg.lora = lora_config_from_adapter(a.adapter);
     } else {
       cfg = checkpoint_config(path);
       cfg.comm = ctx.config.comm;
@@ -117,12 +126,14 @@ int run_logits_command(RunContext& ctx, const LogitsArgs& a) {
     cfg.training.batch_size = ctx.env->size();  // dp = every rank
     cfg.training.micro_batch_size = 0;
     cfg.data.document_separator = -1;
-    cfg.model.init_from.clear();
+    if (!cfg.lora.enabled()) cfg.model.init_from.clear();  // a LoRA checkpoint's base is there
+    cfg.lora.dropout = 0;
   });
   TrainRun run = make_train_run(cfg, *ctx.env, false);
   run_agreed(*ctx.env, "loading the weights", [&] {
     if (hf) load_hf_weights(path, *run.model);
-    else load_checkpoint(path, *run.model, nullptr);
+    else load_checkpoint_weights(path, cfg, *run.model);
+    if (!a.adapter.empty()) load_lora_adapter(a.adapter, *run.model, cfg.lora);
   });
   const int64_t T = int64_t(tokens.size());
   Tensor ids = empty({1, T}, DType::i32);

@@ -58,6 +58,7 @@ Command plan_command();
 Command estimate_command();
 Command generate_command();
 Command logits_command();
+Command export_command();
 Command tokenize_command();
 Command supervise_command();
 Command trace_command();

@@ -26,7 +26,7 @@ namespace mt {
 class Stream;
 class Event;
 
-constexpr uint32_t kCudaBackendAbi = 3;
+constexpr uint32_t kCudaBackendAbi = 4;
 constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
 
 // The launchers of runtime/kernels/cuda taking T = float or mt::bf16 (declared again beside their ops,
@@ -82,6 +82,10 @@ constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
     (losses, dlogits, logits, targets, row_max, sumexp, target_logit, N, V, vocab_begin, grad_scale, stream))         \
   X(int, add, (T * out, const T* a, const T* b, int64_t n, void* stream), (out, a, b, n, stream))                     \
   X(int, scale, (T * t, double s, int64_t n, void* stream), (t, s, n, stream))                                        \
+  X(int, dropout_rows,                                                                                                \
+    (T * out, const T* inp, const int64_t* row_ids, int64_t N, int64_t C, uint64_t seed, uint64_t stream,             \
+     int64_t col_offset, int64_t cols_global, double p, void* cuda_stream),                                           \
+    (out, inp, row_ids, N, C, seed, stream, col_offset, cols_global, p, cuda_stream))                                 \
   X(int, reduce_sum, (double* partials, const T* t, int64_t n, bool squares, void* stream),                           \
     (partials, t, n, squares, stream))                                                                                \
   X(int, bias_add_forward, (T * out, const T* inp, const T* bias, int64_t N, int64_t C, void* stream),                \

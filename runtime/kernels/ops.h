@@ -96,6 +96,13 @@ void vocab_shard_loss(const Tensor& losses, const Tensor& dlogits, const Tensor&
 void add_(const Tensor& dst, const Tensor& src);                // dst += src
 void add(const Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b (out may alias a or b)
 void scale_(const Tensor& t, double s);                         // t *= s
+// Dropout whose mask depends on each element's global index alone (LoRA's lora_dropout: the same on every mesh):
+// out (N, C) = inp (N, C) * keep / (1 - p), keep = philox::uniform(seed, stream, row_ids[n] * cols_global +
+// col_offset + c) >= p (runtime/core/philox.h). row_ids (N) i64 on inp's device: each row's global index; col_offset:
+// column 0's index among cols_global columns. out may alias inp. The same arguments give the same mask, so the
+// backward is this op on the gradient.
+void dropout_rows(const Tensor& out, const Tensor& inp, const Tensor& row_ids, uint64_t seed, uint64_t stream,
+                  int64_t col_offset, int64_t cols_global, double p);
 // dst <- src element-wise between float dtypes (f32, bf16, f64 on the CPU), same element count, same
 // device; rounding to bf16 is to nearest even (as CUDA's __float2bfloat16_rn).
 void convert(const Tensor& dst, const Tensor& src);

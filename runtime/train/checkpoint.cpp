@@ -114,7 +114,7 @@ class ShardWriter {
     try {
       if (f.model_k.count(me))
         model_ = std::make_unique<SafetensorsWriter>(
-            (tmp / shard_file("model", f.model_k.at(me), f.n_model)).string(), layout(true),
+            (tmp / shard_file(f.model_prefix, f.model_k.at(me), f.n_model)).string(), layout(true),
             std::map<std::string, std::string>{{"format", "pt"}});
       if (f.opt_k.count(me))
         opt_ = std::make_unique<SafetensorsWriter>(
@@ -148,7 +148,7 @@ class ShardWriter {
       for (auto* w : {model_.get(), opt_.get()})
         if (!err_ && w) {
           w->close();
-          sums.push_back({fs::path(w == model_.get() ? shard_file("model", f_.model_k.at(me_), f_.n_model)
+          sums.push_back({fs::path(w == model_.get() ? shard_file(f_.model_prefix, f_.model_k.at(me_), f_.n_model)
                                                      : shard_file("optimizer", f_.opt_k.at(me_), f_.n_opt))
                               .string(),
                           w->checksum()});
@@ -214,11 +214,30 @@ void finish_directory(const json& entries, const FilePlan& f, json meta, DType d
     fsync_path(tmp / (prefix + ".safetensors.index.json"));
     sum(prefix + ".safetensors.index.json");
   };
-  write_index("model", true, f.n_model, json::object());
+  int n_model = f.n_model;
+  if (f.model_prefix == "adapter_model" && n_model > 1) {
+    // LoRA under pipeline parallel: the stages' adapter files joined into one, the file PEFT reads (adapters are
+    // small: a few MiB through rank 0).
+    std::vector<NamedTensor> all;
+    for (int k = 0; k < n_model; ++k) {
+      const std::string part = shard_file(f.model_prefix, k, n_model);
+      for (auto& [name, t] : read_safetensors((tmp / part).string()).tensors) all.push_back({name, t});
+      fs::remove(tmp / part);
+      meta["checksums"].erase(part);
+    }
+    write_safetensors((tmp / "adapter_model.safetensors").string(), all, {{"format", "pt"}});
+    fsync_path(tmp / "adapter_model.safetensors");
+    sum("adapter_model.safetensors");
+    meta["files"]["model"] = n_model = 1;
+  }
+  write_index(f.model_prefix, true, n_model, json::object());
   write_index("optimizer", false, f.n_opt, json{{"step", std::to_string(meta["optimizer_steps"].get<int64_t>())}});
-  write_text(tmp / "config.json", hf_config_json(config, dtype).dump(2) + "\n");
-  fsync_path(tmp / "config.json");
-  sum("config.json");
+  // A model's Hugging Face config.json; with LoRA, PEFT's adapter_config.json instead (the base is model.init_from's).
+  const char* config_file = config.lora.enabled() ? "adapter_config.json" : "config.json";
+  write_text(tmp / config_file,
+             (config.lora.enabled() ? adapter_config_json(config) : hf_config_json(config, dtype)).dump(2) + "\n");
+  fsync_path(tmp / config_file);
+  sum(config_file);
   // The tokenizer travels with the weights, so that the directory is a whole Hugging Face model.
   for (const fs::path& t : tokenizer_files(config)) {
     fs::copy_file(t, tmp / t.filename(), fs::copy_options::overwrite_existing);

@@ -104,10 +104,23 @@ TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* o
 // checksum.
 Config checkpoint_config(const std::string& path);
 
+// LoRA (models/lora.h): PEFT's adapter_config.json for the run's lora section (r, lora_alpha, target_modules,
+// lora_dropout, use_rslora, base_model_name_or_path = model.init_from).
+nlohmann::json adapter_config_json(const Config& config);
+// Loads a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) into model's adapters: the
+// config must agree with `lora` (r, lora_alpha, use_rslora, target_modules) and every adapter tensor be present with
+// its shape; each a clear error naming the file and the key or tensor. Each rank reads its blocks.
+void load_lora_adapter(const std::string& dir, CausalLM& model, const LoraConfig& lora);
+
+// A checkpoint's weights for inference (generate, logits), no optimizer: with LoRA (cfg.lora, the checkpoint's
+// config) the frozen base first (model.init_from; without one the seed's init the model was built with) and then
+// the checkpoint's adapters.
+void load_checkpoint_weights(const std::string& path, const Config& cfg, CausalLM& model);
+
 // Loads a Hugging Face safetensors file or directory (model.safetensors.index.json, else model.safetensors,
 // else every .safetensors file of the directory; each rank reads its blocks; optionally config.json, read by the
 // family of its model_type, whose model must be this one). Every parameter must be present with its shape; a missing, extra or mis-shaped tensor is an error
-// naming it. f32, bf16 and f16.
+// naming it. f32, bf16 and f16. With LoRA the adapters are not in the file (load_lora_adapter).
 void load_hf_weights(const std::string& path, CausalLM& model);
 
 }  // namespace mt

@@ -2,6 +2,7 @@
 // its layout, each rank reading only its blocks (checkpoint.h); the checksums verified before a resume trusts the
 // files; partial saves found. Saving is in checkpoint.cpp.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,8 @@
 #include <set>
 
 #include "comm/world.h"
+#include "models/lora.h"
+#include "runtime/train/lora_export.h"
 #include "runtime/core/log.h"
 #include "runtime/io/checksum.h"
 #include "runtime/io/safetensors.h"
@@ -33,9 +36,20 @@ std::vector<std::string> file_names(const std::string& name, int64_t dim0) {
   return out;
 }
 
-// Every name the model's parameters have in the files (and those of the pipeline's other stages).
+// Every name the model's parameters have in the files (and those of the pipeline's other stages). With LoRA, the
+// adapters' (PEFT's names): those of this stage's targets and of any linear weight of the other stages.
 std::set<std::string> known_names(CausalLM& model) {
-  std::set<std::string> known(model.elsewhere().begin(), model.elsewhere().end());
+  std::set<std::string> known;
+  if (has_lora(model)) {
+    for (Parameter* q : trainable(model.parameters())) known.insert(file_param_name(*q));
+    const std::string suffix = ".weight";
+    for (const std::string& n : model.elsewhere())
+      if (n.size() > suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
+        for (const char* f : {".lora_A.weight", ".lora_B.weight"})
+          known.insert(peft_name(n.substr(0, n.size() - suffix.size()) + f));
+    return known;
+  }
+  known.insert(model.elsewhere().begin(), model.elsewhere().end());
   for (Parameter* q : model.parameters())
     for (const std::string& n : file_names(q->name, q->value.shape().empty() ? 1 : q->value.shape()[0]))
       known.insert(n);
@@ -247,10 +261,11 @@ TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* o
   } catch (const json::exception& e) {
     fail("checkpoint", "{}/meta.json: {}", path, e.what());
   }
-  auto params = model.parameters();
+  // With LoRA the checkpoint holds the adapters (adapter_model, PEFT's names) and the base is not in it.
+  auto params = trainable(model.parameters());
   std::vector<LoadItem> items;
-  for (Parameter* q : params) items.push_back({q->name, q->value, q});
-  TensorSource weights(path, "model", false);
+  for (Parameter* q : params) items.push_back({file_param_name(*q), q->value, q});
+  TensorSource weights(path, model_files_prefix(model), false);
   const std::set<std::string> names = known_names(model);  // with the other stages'
   for (auto& [name, k] : weights.tensors()) {
     MT_CHECK(names.count(name) > 0, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model",
@@ -275,6 +290,43 @@ TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* o
     opt->set_steps_taken(meta.value("optimizer_steps", p.step));
   }
   return p;
+}
+
+json adapter_config_json(const Config& config) {
+  const LoraConfig& l = config.lora;
+  json j;
+  j["peft_type"] = "LORA";
+  j["task_type"] = "CAUSAL_LM";
+  j["r"] = l.rank;
+  if (l.alpha == std::floor(l.alpha)) j["lora_alpha"] = int64_t(l.alpha);  // PEFT writes an int
+  else j["lora_alpha"] = l.alpha;
+  j["target_modules"] = l.targets;
+  j["lora_dropout"] = l.dropout;
+  j["use_rslora"] = l.rslora;
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = false;
+  j["init_lora_weights"] = true;
+  j["modules_to_save"] = nullptr;
+  j["inference_mode"] = true;
+  j["base_model_name_or_path"] = config.model.init_from;
+  return j;
+}
+
+void load_lora_adapter(const std::string& dir, CausalLM& model, const LoraConfig& lora) {
+  check_adapter_config(dir, lora);
+  TensorSource src(dir, "adapter_model", true);
+  std::set<std::string> names = known_names(model);
+  for (auto& [name, k] : src.tensors())
+    MT_CHECK(names.count(name) > 0, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not an adapter of this model",
+             src.reader(name).path(), name, shape_str(src.reader(name).entries().at(name).shape));
+  std::vector<LoadItem> items;
+  for (Parameter* q : trainable(model.parameters())) items.push_back({file_param_name(*q), q->value, q});
+  load_items(src, items);
+}
+
+void load_checkpoint_weights(const std::string& path, const Config& cfg, CausalLM& model) {
+  if (cfg.lora.enabled() && !cfg.model.init_from.empty()) load_hf_weights(cfg.model.init_from, model);
+  load_checkpoint(path, model, nullptr);
 }
 
 Config checkpoint_config(const std::string& path) {
@@ -310,8 +362,13 @@ void load_hf_weights(const std::string& path, CausalLM& model) {
   // model.safetensors.index.json, else model.safetensors (a meshtrain checkpoint also holds optimizer files), else
   // every .safetensors file of the directory; or the one file named.
   TensorSource src(path, "model", true);
-  auto params = model.parameters();
-  const std::set<std::string> names = known_names(model);  // with the other stages'
+  std::vector<Parameter*> params;  // the base's: with LoRA the adapters come from lora.init_from or their init
+  for (Parameter* q : model.parameters())
+    if (!is_lora_param(*q)) params.push_back(q);
+  std::set<std::string> names(model.elsewhere().begin(), model.elsewhere().end());  // with the other stages'
+  for (Parameter* q : params)
+    for (const std::string& n : file_names(q->name, q->value.shape().empty() ? 1 : q->value.shape()[0]))
+      names.insert(n);
   for (auto& [name, k] : src.tensors()) {
     bool known = names.count(name) > 0;
     // Hugging Face files of tied models may still carry lm_head.weight; rotary caches are buffers, not parameters.

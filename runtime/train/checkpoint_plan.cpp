@@ -47,9 +47,12 @@ std::vector<CkptTensor> checkpoint_tensors(CausalLM& model, AdamW* opt) {
     }
     for (int64_t j = 0; j < t.shape().at(0); ++j) out.push_back({stacked_param_name(name, j), t, model_file, j});
   };
-  for (Parameter* p : model.parameters()) add(p->name, p->value, true);
+  // With LoRA the frozen base is not saved (it comes from model.init_from or the seed): the adapters, under PEFT's
+  // names, and their optimizer state.
+  const std::vector<Parameter*> params = trainable(model.parameters());
+  for (Parameter* p : params) add(file_param_name(*p), p->value, true);
   if (opt)
-    for (Parameter* p : model.parameters()) {
+    for (Parameter* p : params) {
       auto& s = opt->state().at(p->name);
       DTensor m = p->value, v = p->value;
       m.local = s.exp_avg, v.local = s.exp_avg_sq;
@@ -184,6 +187,13 @@ FilePlan plan_files(const std::vector<CkptTensor>& ts, int n_world, const Config
   const int64_t writers_cfg =
       config.checkpoint.writers > 0 ? std::max<int64_t>(1, config.checkpoint.writers / n_stages) : 0;
   f.writer = assign_writers(ts, n_world, writers_cfg);
+  // LoRA: a stage's adapters go to one writer, one adapter_model file (PEFT reads one file).
+  if (config.lora.enabled()) {
+    f.model_prefix = "adapter_model";
+    int first = -1;
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (ts[i].model) f.writer[i] = first < 0 ? (first = f.writer[i]) : first;
+  }
   for (size_t i = 0; i < ts.size(); ++i) (ts[i].model ? f.model_k : f.opt_k)[f.writer[i]] = 0;
   for (auto& [w, k] : f.model_k) k = f.n_model++;
   for (auto& [w, k] : f.opt_k) k = f.n_opt++;

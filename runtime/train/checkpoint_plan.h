@@ -35,13 +35,15 @@ struct FilePlan {
   std::vector<int> writer;             // per tensor: its writer's rank in the model's ranks
   std::map<int, int> model_k, opt_k;   // writer -> file index
   int n_model = 0, n_opt = 0;          // files of the whole checkpoint
+  std::string model_prefix = "model";  // "adapter_model" with LoRA (PEFT's file)
 };
 
 inline Tensor host_f(const Tensor& t) { return t.device().is_cuda() ? t.to(Device::cpu()) : t; }
 
 // The run's tokenizer files (data.tokenizer, else model.init_from's directory's).
 std::vector<std::filesystem::path> tokenizer_files(const Config& config);
-// Every parameter, then (opt) its exp_avg and exp_avg_sq; a stacked parameter one entry per slice.
+// Every trainable parameter (with LoRA the adapters, under PEFT's names: the frozen base is not saved), then (opt)
+// its exp_avg and exp_avg_sq; a stacked parameter one entry per slice.
 std::vector<CkptTensor> checkpoint_tensors(CausalLM& model, AdamW* opt);
 uint64_t tensor_bytes(const CkptTensor& c);
 // Collective over the stages when `stages` (one all-gather); the same answer on every rank.

@@ -6,7 +6,7 @@
 
 #include "attention/attention.h"
 #include "models/model.h"
-#include "parallel/philox.h"
+#include "runtime/core/philox.h"
 #include "runtime/kernels/ops.h"
 
 namespace mt {

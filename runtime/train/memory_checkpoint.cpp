@@ -25,12 +25,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// This rank's state, in a fixed order: each parameter's f32 master, then each one's exp_avg and exp_avg_sq.
+// This rank's state, in a fixed order: each trainable parameter's f32 master, then each one's exp_avg and
+// exp_avg_sq (with LoRA the adapters: the frozen base is drawn or loaded again, as from a disk checkpoint).
 std::vector<std::pair<std::string, Tensor>> rank_tensors(TrainRun& run) {
   std::vector<std::pair<std::string, Tensor>> out;
-  for (Parameter* p : run.model->parameters()) out.emplace_back(p->name, p->value.local);
+  const std::vector<Parameter*> params = trainable(run.model->parameters());
+  for (Parameter* p : params) out.emplace_back(p->name, p->value.local);
   if (run.opt)
-    for (Parameter* p : run.model->parameters()) {
+    for (Parameter* p : params) {
       auto& s = run.opt->state().at(p->name);
       out.emplace_back(p->name + ".exp_avg", s.exp_avg);
       out.emplace_back(p->name + ".exp_avg_sq", s.exp_avg_sq);

@@ -10,6 +10,7 @@ namespace mt {
 AdamW::AdamW(std::vector<Parameter*> params, const TrainingConfig& t)
     : params_(std::move(params)), beta1_(t.beta1), beta2_(t.beta2), eps_(t.eps), weight_decay_(t.weight_decay) {
   for (Parameter* p : params_) {
+    MT_CHECK(!p->frozen, "optim", "AdamW: {} is frozen (it has no gradient): pass the trainable parameters", p->name);
     const Tensor& w = p->value.local;
     DType sd = w.dtype() == DType::f64 ? DType::f64 : DType::f32;  // optimizer state is never below f32
     state_[p->name] = State{zeros(w.shape(), sd, w.device()), zeros(w.shape(), sd, w.device())};

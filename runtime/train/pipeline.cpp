@@ -209,7 +209,10 @@ class PipelineStep {
     std::erase_if(sends_, [](Transfer& tr) { return tr.work.test(); });
   }
 
-  void set_micro(int micro) { run_.model->set_documents(mbs_[size_t(micro)].doc_start); }
+  void set_micro(int micro) {
+    run_.model->set_documents(mbs_[size_t(micro)].doc_start);
+    set_lora_dropout_rows(mbs_[size_t(micro)].row_ids);
+  }
 
   void forward(const PpAction& a, PpStepTimes& t) {
     const ModelChunk& c = chunk(a.stage);

@@ -180,17 +180,24 @@ double resume_or_init(const Config& cfg, const MpiEnv& env, TrainRun& run) {
   run.resumed_from = resume_from;
   // make_train_run's init_later: the checkpoint loaded every parameter (load_checkpoint refuses one it lacks), or
   // the random init is drawn now, the same bits as at creation.
+  // With LoRA a checkpoint holds the adapters only: the frozen base is drawn (the same bits as at creation) or
+  // loaded from model.init_from again.
+  const bool lora = cfg.lora.enabled();
   for (Parameter* p : run.params) {
-    if (resume_from.empty()) draw_init(*p);
+    if (resume_from.empty() || (lora && p->frozen)) draw_init(*p);
     else forget_init(*p);
   }
-  if (!resume_from.empty()) {
-    if (env.rank() == 0)
-      spdlog::info("resumed from {} at step {}{}", resume_from, run.start_step,
-                   run.init_later ? " (no random init drawn: the checkpoint loaded every parameter)" : "");
-  } else if (!cfg.model.init_from.empty()) {
+  if (!resume_from.empty() && env.rank() == 0)
+    spdlog::info("resumed from {} at step {}{}", resume_from, run.start_step,
+                 lora ? " (the adapters; the frozen base from its init)"
+                 : run.init_later ? " (no random init drawn: the checkpoint loaded every parameter)" : "");
+  if (!cfg.model.init_from.empty() && (resume_from.empty() || lora)) {
     run_agreed(env, "loading model.init_from", [&] { load_hf_weights(cfg.model.init_from, *run.model); });
-    if (env.rank() == 0) spdlog::info("initialised from {}", cfg.model.init_from);
+    if (env.rank() == 0) spdlog::info("{} from {}", lora ? "the frozen base loaded" : "initialised", cfg.model.init_from);
+  }
+  if (lora && resume_from.empty() && !cfg.lora.init_from.empty()) {
+    run_agreed(env, "loading lora.init_from", [&] { load_lora_adapter(cfg.lora.init_from, *run.model, cfg.lora); });
+    if (env.rank() == 0) spdlog::info("adapters loaded from {}", cfg.lora.init_from);
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - load_t0).count();
 }

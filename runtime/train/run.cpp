@@ -163,10 +163,11 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data, bo
   run.model->pool_router_stats(run.world_mesh, run.pd);  // under pp: over the stages too (collective)
   run.model->set_positions(shard_positions(run.shard));
   run.params = run.model->parameters();
+  run.trainable = trainable(run.params);
   // How the step runs, chosen once: the local loop, or this rank's stages of the pipeline.
   run.executor = make_step_executor(run, run.pipeline);
   run.executor->install(*run.model);
-  run.opt = std::make_unique<AdamW>(run.params, cfg.training);
+  run.opt = std::make_unique<AdamW>(run.trainable, cfg.training);
   run.create_peak_bytes = allocator_stats(Device::cpu()).peak_allocated_bytes - before_model;
   // Creation made nothing whole (sharded creation); hand any temporaries' cached blocks back.
   empty_cache(Device::cpu());
@@ -187,6 +188,14 @@ MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r)
   mb.inputs = inputs.to(run.device);    // (mb, T_local)
   mb.targets = targets.to(run.device);  // (mb, T_local)
   mb.doc_start = docs;                  // (mb, T) host, whole sequences, or undefined
+  if (run.config.lora.enabled() && run.config.lora.dropout > 0) {
+    // LoRA dropout's keys: global batch row x seq_len + global position, whatever the mesh (models/lora.h).
+    const int64_t T_local = run.shard.size(), T = run.config.training.seq_len, row0 = run.dp_rank * run.rows + r;
+    Tensor ids = empty({run.micro * T_local}, DType::i64);  // (mb * T_local)
+    for (int64_t b = 0; b < run.micro; ++b)
+      for (int64_t t = 0; t < T_local; ++t) ids.at<int64_t>(b * T_local + t) = (row0 + b) * T + run.shard.position(t);
+    mb.row_ids = ids.to(run.device);
+  }
   return mb;
 }
 

@@ -22,7 +22,8 @@ struct TrainRun : RunShape, Stage {
   DeviceMesh mesh;        // the model's: the stage's ranks under pipeline parallel, else the world
   DeviceMesh world_mesh;  // every rank (pp outermost); the same as mesh without pipeline parallel
   Device device;
-  std::vector<Parameter*> params;
+  std::vector<Parameter*> params;     // every parameter of the stage
+  std::vector<Parameter*> trainable;  // those not frozen (all of them, without LoRA): gradients, norm, AdamW
   std::unique_ptr<AdamW> opt;
   size_t create_peak_bytes = 0;  // host bytes held at the peak of creating and laying out the model
   TokenStream train_data, val_data;
@@ -45,6 +46,7 @@ TrainRun make_train_run(const Config& config, const MpiEnv& env, bool with_data 
 struct MicroBatch {
   Tensor inputs, targets;  // (micro, T_local) i32
   Tensor doc_start;        // (micro, T) i64: whole sequences
+  Tensor row_ids;          // (micro * T_local) i64 on the device: each token's global index (lora.dropout > 0)
 };
 MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r);
 

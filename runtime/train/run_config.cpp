@@ -1,4 +1,5 @@
 #include "runtime/train/run_config.h"
+#include "runtime/train/lora_export.h"
 
 #include <filesystem>
 #include <functional>
@@ -93,6 +94,10 @@ void Config::check() const {
          "profile.steps = [{}, {}] starts after training.steps = {}, the last step of this run (and of any resumed "
          "from it): nothing would be traced",
          ps[0], ps[1], t.steps);
+  if (lora.enabled() && !lora.init_from.empty()) check_adapter_config(lora.init_from, lora);
+  if (!lora.enabled() && !lora.init_from.empty())
+    fail("config", "lora.init_from = {} with lora.rank = 0: set lora.rank (it must match the adapter's r) to train it",
+         lora.init_from);
   if (data.document_separator != -1 && (data.document_separator < 0 || data.document_separator >= m.vocab_size))
     fail("config", "data.document_separator = {}: expected a token id in [0, model.vocab_size = {}), or -1 (off)",
          data.document_separator, m.vocab_size);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "models/lora.h"
 #include "models/model_config.h"
 #include "runtime/io/config.h"
 
@@ -22,6 +23,7 @@ struct Config {
   SampleConfig sample;
   CheckpointConfig checkpoint;
   ProfileConfig profile;
+  LoraConfig lora;
   template <class V> void visit(V& v) {
     v("parallel", parallel, "mesh sizes");
     v("comm", comm, "communication");
@@ -33,6 +35,7 @@ struct Config {
     v("sample", sample, "generated samples during training");
     v("checkpoint", checkpoint, "checkpoints and resume");
     v("profile", profile, "traces and the slow-rank check");
+    v("lora", lora, "LoRA adapters on a frozen base (rank 0: off, full training)");
   }
   // The rules across sections (each section's own are its keys' constraints and its check()): the model's
   // family's, and the training, data and parallel keys that depend on the model. Those that need the mesh are

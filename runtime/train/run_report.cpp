@@ -76,23 +76,27 @@ void log_model_state(const MpiEnv& env, const TrainRun& run) {
   size_t state = 0;
   for (Parameter* p : run.params) {
     const Tensor copy = compute_copy(*p);  // mixed precision's bf16 copy, if any
-    state += p->value.local.nbytes() + p->grad.local.nbytes() + (copy.defined() ? copy.nbytes() : 0);
+    state += p->value.local.nbytes() + (copy.defined() ? copy.nbytes() : 0);
+    if (p->frozen) continue;  // LoRA's base: no gradient, no optimizer state
     const AdamW::State& s = run.opt->state().at(p->name);
-    state += s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
+    state += p->grad.local.nbytes() + s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
   }
   // The expected count from the layouts alone: the local shape each parameter's spec gives rank 0 (the first,
   // largest chunk of every sharded dim; with fully_shard 1/dp_shard of each sharded parameter's tp part).
-  const double per_element = param_state_bytes(run.dtype).total();
+  const ParamStateBytes bytes = param_state_bytes(run.dtype);
+  const double per_element = bytes.total(), per_frozen = frozen_param_bytes(run.dtype);
   const std::vector<int> rank0(size_t(run.mesh.ndim()), 0);
-  double elements = 0;
-  for (Parameter* p : run.params) elements += double(shape_numel(p->value.spec.local_shape(rank0)));
-  const double expected = elements * per_element;
+  double elements = 0, frozen = 0;
+  for (Parameter* p : run.params)
+    (p->frozen ? frozen : elements) += double(shape_numel(p->value.spec.local_shape(rank0)));
+  const double expected = elements * per_element + frozen * per_frozen;
   if (env.rank() == 0) {
     spdlog::info(
         "model state on rank 0: {:.3f} MiB ({} B per parameter element: {}weights, gradient, AdamW m and v); "
-        "expected {:.3f} MiB = {} B x {:.0f} elements{}: {}",
+        "expected {:.3f} MiB = {} B x {:.0f} elements{}{}: {}",
         double(state) / (1 << 20), per_element, run.dtype == DType::bf16 ? "bf16 copy, f32 master " : "",
         expected / (1 << 20), per_element, elements,
+        frozen > 0 ? fmt::format(" + {} B x {:.0f} frozen elements (weights only)", per_frozen, frozen) : "",
         run.fsdp ? " (the rank's shards and the replicated small parameters)" : "",
         double(state) == expected ? "equal" : "DIFFERENT");
     if (run.fsdp) spdlog::info("fully_shard over dp_shard = {}: {}", run.pd.dp_shard(), run.fsdp->describe());
@@ -125,6 +129,20 @@ void log_setup(const Config& cfg, const MpiEnv& env, const TrainRun& run, double
           d.masked_shards(), d.shards().size(), kept, d.size() - 1, 100.0 * double(kept) / double(std::max<int64_t>(1, d.size() - 1)),
           d.packed_len() > 0 ? fmt::format(", packed in rows of {} tokens", d.packed_len()) : std::string());
     }
+  }
+  if (cfg.lora.enabled()) {
+    // Whole-model counts (the stages' summed under pipeline parallel: a collective over them).
+    double counts[2] = {0, 0};  // trainable, all
+    for (Parameter* p : run.params) {
+      const double n = double(shape_numel(p->value.spec.global_shape));
+      counts[0] += p->frozen ? 0 : n;
+      counts[1] += n;
+    }
+    const std::vector<double> sum = run.executor->sum_over_stages({counts[0], counts[1]});
+    if (env.rank() == 0)
+      spdlog::info("LoRA rank {} (scale {:g}) on {}: {:.0f} trainable parameters of {:.0f} ({:.3f}%), the base frozen",
+                   cfg.lora.rank, cfg.lora.scale(), fmt::join(cfg.lora.targets, ","), sum[0], sum[1],
+                   100.0 * sum[0] / std::max(1.0, sum[1]));
   }
   if (env.rank() == 0 && run.grad_sync) spdlog::info("gradient sync: {}", run.grad_sync->describe());
   if (const std::string how = run.executor->describe(); env.rank() == 0 && !how.empty()) spdlog::info("{}", how);

@@ -51,6 +51,9 @@ Stage assemble_stage(const Config& cfg, const RunShape& shape, const DeviceMesh&
   if (shape.pd.pp_size() > 1)
     st.model->keep_chunks(
         pp_rank_chunks(shape.pipeline.split, shape.pd.pp_size(), cfg.parallel.pp_virtual, pp_rank));
+  // LoRA: the adapters added to the stage's targets, the rest frozen, before any layout (styles split adapters
+  // with their Linear, fully_shard gives the frozen base no gradient slot).
+  apply_lora(*st.model, cfg.lora, f);
   // The family's parallelisms composed: tensor (and sequence) parallel shards the parameters (no communication)
   // and installs the layout hooks; context parallel swaps the attention; recompute; fully_shard.
   st.fsdp = family.parallelize(*st.model, mesh, shape.pd, cfg.parallel, t.seq_len, shape.reduce_dtype);
@@ -64,5 +67,7 @@ ParamStateBytes param_state_bytes(DType dtype) {
   return {master, master, dtype == DType::bf16 ? double(dtype_size(DType::bf16)) : 0.0,
           AdamW::state_element_bytes(accum_dtype(dtype))};
 }
+
+double frozen_param_bytes(DType dtype) { return double(dtype_size(dtype)); }
 
 }  // namespace mt

@@ -65,5 +65,8 @@ struct ParamStateBytes {
   }
 };
 ParamStateBytes param_state_bytes(DType dtype);
+// A frozen parameter's bytes per element (LoRA's base): its weights alone, in the compute dtype (materialize keeps
+// no f32 master for it): 4 in fp32, 2 in bf16.
+double frozen_param_bytes(DType dtype);
 
 }  // namespace mt

@@ -41,7 +41,8 @@ StepResult train_step(TrainRun& run, int64_t step) {
   //    the gradient sync. The loss is the sum of token losses over the global count of trained targets (every
   //    target, or the ones the loss mask keeps: each rank counts the whole batch's alone), so every mesh and every
   //    micro-batch size gives the same number.
-  zero_grads(run.params);
+  zero_grads(run.trainable);
+  LoraDropoutStep dropout_keys(uint64_t(t.seed), step);  // LoRA dropout's masks in this step's forwards
   const int64_t trained = trained_targets(run.train_data, step, B, T);
   const double inv_tokens = trained > 0 ? 1.0 / double(trained) : 0.0;
   // (micro * T_local) each, read after backward: no host sync inside the micro-batch loop
@@ -57,11 +58,11 @@ StepResult train_step(TrainRun& run, int64_t step) {
   // 4. The step's loss over the whole batch (every token's loss is on exactly one rank of dp x cp) and the
   //    gradient norm's squares, summed and all-reduced on the device: stats (1 + k) f64 holds the loss sum,
   //    then one entry per group of gradients sharded alike.
-  const int64_t norm_groups = grad_norm_slots(run.params);
+  const int64_t norm_groups = grad_norm_slots(run.trainable);
   Tensor stats = zeros({1 + norm_groups}, DType::f64, run.device);
   for (const Tensor& l : micro_losses) sum_into(stats, 0, l);
   run.mesh.group(run.pd.loss_group()).all_reduce(stats.view(0, {1}), ReduceOp::sum);
-  grad_norm_squares(stats, 1, run.params);
+  grad_norm_squares(stats, 1, run.trainable);
   // 5. Clip by the global norm and update. The host reads loss and norm here, the step's one host sync: the
   //    non-finite rule and the clip scale decide on the host. A non-finite loss or norm skips the update: both
   //    are all-reduced, so every rank decides the same with no extra communication, and a NaN never reaches
@@ -80,7 +81,7 @@ StepResult train_step(TrainRun& run, int64_t step) {
   if (trained == 0) return res;  // every target masked: nothing to learn from, no update (weight decay included)
   phase.reset();
   phase.emplace("optimizer", "phase");
-  clip_grads(run.params, res.grad_norm, t.grad_clip);
+  clip_grads(run.trainable, res.grad_norm, t.grad_clip);
   run.opt->step(res.lr);
   run.model->after_step();
   return res;

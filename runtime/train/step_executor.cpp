@@ -22,6 +22,7 @@ class LocalLoop final : public StepExecutor {
       run.grad_sync->arm(r + run.micro >= run.rows);     // the last backward launches the sync
       MicroBatch mb = local_micro_batch(run, batch, r);  // (mb, T_local) x2, this rank's tokens
       run.model->set_documents(mb.doc_start);
+      set_lora_dropout_rows(mb.row_ids);
       Tensor logits = [&] {
         trace::Span span("forward", "phase");  // the trace's phases
         NvtxRange range("forward");         // Nsight Systems' view of the step (kernel_profile.h)

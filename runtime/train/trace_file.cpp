@@ -271,6 +271,7 @@ RunTrace::RunTrace(const Config& cfg, const MpiEnv& env, const TrainRun& run, Me
     params += int64_t(allocation_bytes(d, q->value.local.nbytes()));
     const Tensor copy = compute_copy(*q);
     if (copy.defined()) params += int64_t(allocation_bytes(d, copy.nbytes()));
+    if (q->frozen) continue;  // LoRA's base: no gradient, no optimizer state
     grads += int64_t(allocation_bytes(d, q->grad.local.nbytes()));
     const auto& s = run.opt->state().at(q->name);
     opt += int64_t(allocation_bytes(d, s.exp_avg.nbytes()) + allocation_bytes(d, s.exp_avg_sq.nbytes()));

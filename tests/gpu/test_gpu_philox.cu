@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "parallel/philox.h"
+#include "runtime/core/philox.h"
 #include "runtime/core/device.h"
 #include "runtime/kernels/cuda/launch.cuh"
 #include "../skip.h"

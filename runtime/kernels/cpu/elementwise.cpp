@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <memory>
+#include <type_traits>
+
+#include "runtime/core/philox.h"
 
 namespace mt::cpu::MT_CPU_ISA {
 
@@ -15,6 +18,22 @@ constexpr int64_t kReduceChunk = 4096;
 template <typename T> void add(T* out, const T* a, const T* b, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+template <typename T>
+void dropout_rows(T* out, const T* inp, const int64_t* row_ids, int64_t N, int64_t C, uint64_t seed, uint64_t stream,
+                  int64_t col_offset, int64_t cols_global, double p) {
+  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;  // f64 runs stay f64 (gradient checks)
+  const A keep_scale = A(1.0 / (1.0 - p));
+  const float pf = float(p);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const uint64_t base = uint64_t(row_ids[n]) * uint64_t(cols_global) + uint64_t(col_offset);
+    for (int64_t c = 0; c < C; ++c) {
+      const bool keep = philox::uniform(seed, stream, base + uint64_t(c)) >= pf;
+      out[n * C + c] = keep ? T(A(inp[n * C + c]) * keep_scale) : T(0);
+    }
+  }
 }
 
 template <typename T> void scale(T* t, double s, int64_t n) {
@@ -73,6 +92,7 @@ template <typename T> void bias_add_backward(T* dbias, const T* dout, int64_t N,
 
 MT_CPU_EXPORT(add)
 MT_CPU_EXPORT(scale)
+MT_CPU_EXPORT(dropout_rows)
 MT_CPU_EXPORT(sum_squares)
 MT_CPU_EXPORT(sum)
 MT_CPU_EXPORT(bias_add_forward)
@@ -90,6 +110,9 @@ MT_CPU_EXPORT(bias_add_backward)
 namespace mt::cuda {  // cuda/elementwise.cu
 template <typename T> int add(T* out, const T* a, const T* b, int64_t n, void* stream);
 template <typename T> int scale(T* t, double s, int64_t n, void* stream);
+template <typename T>
+int dropout_rows(T* out, const T* inp, const int64_t* row_ids, int64_t N, int64_t C, uint64_t seed, uint64_t stream,
+                 int64_t col_offset, int64_t cols_global, double p, void* cuda_stream);
 // partials: reduce_partials_count(n) doubles; the caller sums them in sum_partials_in_order's order.
 int64_t reduce_partials_count(int64_t n);
 template <typename T> int reduce_sum(double* partials, const T* t, int64_t n, bool squares, void* stream);
@@ -133,6 +156,31 @@ void scale_(const Tensor& t, double s) {
         MT_CPU_KERNEL(scale, T)(ptr<T>(t), s, n);
       },
       rw(t));
+}
+
+void dropout_rows(const Tensor& out, const Tensor& inp, const Tensor& row_ids, uint64_t seed, uint64_t stream,
+                  int64_t col_offset, int64_t cols_global, double p) {
+  const char* op = "dropout_rows";
+  check_float(op, inp, "inp");
+  MT_CHECK(inp.dim() == 2, op, "inp must be (N, C), got {}", shape_str(inp.shape()));
+  expect_shape(op, out, inp.shape(), "out");
+  same_dtype(op, inp, out, "out");
+  const int64_t N = inp.size(0), C = inp.size(1);
+  MT_CHECK(row_ids.dtype() == DType::i64 && row_ids.shape() == (Shape{N}), op, "row_ids must be ({}) i64, got {} {}", N,
+           shape_str(row_ids.shape()), dtype_name(row_ids.dtype()));
+  MT_CHECK(p >= 0 && p < 1, op, "p = {}: expected a probability in [0, 1)", p);
+  MT_CHECK(col_offset >= 0 && col_offset + C <= cols_global, op, "columns [{}, {}) outside the {} global ones",
+           col_offset, col_offset + C, cols_global);
+  dispatch(
+      op, inp,
+      MT_CUDA_FN(return cuda::dropout_rows<T>(ptr<T>(out), ptr<T>(inp), row_ids.data<int64_t>(), N, C, seed, stream,
+                                              col_offset, cols_global, p, stream_of(inp));),
+      [&](auto z, const Tensor& out, const Tensor& inp, const Tensor& row_ids) {
+        using T = decltype(z);
+        MT_CPU_KERNEL(dropout_rows, T)(ptr<T>(out), ptr<T>(inp), row_ids.data<int64_t>(), N, C, seed, stream,
+                                       col_offset, cols_global, p);
+      },
+      wr(out), rd(inp), rd(row_ids));
 }
 
 #if MT_CUDA

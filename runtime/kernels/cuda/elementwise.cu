@@ -1,6 +1,7 @@
 // Element-wise ops, conversion and deterministic reductions (ops.h add, scale_, convert, sum, sum_squares and
 // their batched and on-device forms, bias_add_forward / _backward; declared in runtime/kernels/cpu/elementwise.cpp and ops.cpp).
 
+#include "runtime/core/philox.h"
 #include "runtime/kernels/cuda/common.cuh"
 
 namespace mt::cuda {
@@ -29,6 +30,29 @@ template <typename T> int add(T* out, const T* a, const T* b, int64_t n, void* s
   if (n == 0) return 0;
   return map2(out, a, b, n, AddF{}, stream);
 }
+namespace {
+template <typename T>
+__global__ void dropout_rows_k(T* out, const T* inp, const int64_t* row_ids, int64_t N, int64_t C, uint64_t seed,
+                               uint64_t stream, int64_t col_offset, int64_t cols_global, float p, float keep_scale) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N * C) return;
+  const int64_t n = i / C, c = i % C;
+  const uint64_t idx = uint64_t(row_ids[n]) * uint64_t(cols_global) + uint64_t(col_offset + c);
+  const bool keep = philox::uniform(seed, stream, idx) >= p;
+  out[i] = keep ? to<T>(ld(inp[i]) * keep_scale) : to<T>(0.0f);
+}
+}  // namespace
+
+template <typename T>
+int dropout_rows(T* out, const T* inp, const int64_t* row_ids, int64_t N, int64_t C, uint64_t seed, uint64_t stream,
+                 int64_t col_offset, int64_t cols_global, double p, void* cuda_stream) {
+  Range r("dropout_rows");
+  if (N * C == 0) return 0;
+  MT_LAUNCH(dropout_rows_k<Dev<T>>, blocks_for(N * C), kThreads, 0, st(cuda_stream), dp(out), dp(inp), row_ids, N, C,
+            seed, stream, col_offset, cols_global, float(p), float(1.0 / (1.0 - p)));
+  return last_error();
+}
+
 template <typename T> int scale(T* t, double s, int64_t n, void* stream) {
   Range r("scale");
   if (n == 0) return 0;
@@ -156,6 +180,8 @@ template <typename T> int bias_add_backward(float* dbias, const T* dout, int64_t
 #define MT_INSTANTIATE(T)                                                            \
   template int add<T>(T*, const T*, const T*, int64_t, void*);                       \
   template int scale<T>(T*, double, int64_t, void*);                                 \
+  template int dropout_rows<T>(T*, const T*, const int64_t*, int64_t, int64_t, uint64_t, uint64_t, int64_t, int64_t, \
+                               double, void*);                                                                     \
   template int reduce_sum<T>(double*, const T*, int64_t, bool, void*);               \
   template int bias_add_forward<T>(T*, const T*, const T*, int64_t, int64_t, void*); \
   template int bias_add_backward<T>(float*, const T*, int64_t, int64_t, void*);
