@@ -22,6 +22,7 @@
 
 #include "parallel/copy_block.h"
 #include "runtime/train/agree.h"
+#include "runtime/train/fused_tensors.h"
 #include "runtime/core/fault.h"
 #include "runtime/core/log.h"
 #include "runtime/core/trace.h"
@@ -105,7 +106,12 @@ struct CkptTensor {
   // A stacked parameter's (an MoE layer's experts) slice along dim 0, written as its own tensor by a rank that
   // holds it: -1, the whole of t.
   int64_t slice = -1;
-  Shape shape() const { return slice < 0 ? t.shape() : Shape(t.shape().begin() + 1, t.shape().end()); }
+  // A tensor the family's files hold fused (fused_tensors.h): its parameters, joined along dim 0 (t: the first).
+  std::vector<DTensor> parts;
+  Shape shape() const {
+    if (!parts.empty()) return joined_shape(parts);
+    return slice < 0 ? t.shape() : Shape(t.shape().begin() + 1, t.shape().end());
+  }
 };
 
 // The run's tokenizer files (data.tokenizer, else model.init_from's directory's): the tokenizer itself and the
@@ -143,7 +149,12 @@ std::vector<CkptTensor> checkpoint_tensors(CausalLM& model, AdamW* opt) {
     }
     for (int64_t j = 0; j < t.shape().at(0); ++j) out.push_back({stacked_param_name(name, j), t, model_file, j});
   };
-  for (Parameter* p : model.parameters()) add(p->name, p->value, true);
+  const FileLayout layout(model);
+  for (Parameter* p : model.parameters()) {
+    if (!layout.part(p->name)) add(p->name, p->value, true);
+    else if (auto parts = layout.parts_led_by(p->name); !parts.empty())  // a fused tensor, once
+      out.push_back({layout.file_name(p->name), p->value, true, -1, parts});
+  }
   if (opt)
     for (Parameter* p : model.parameters()) {
       auto& s = opt->state().at(p->name);
@@ -236,6 +247,13 @@ Tensor gather_to_writer(const DTensor& t, int writer, Group& world, int64_t slic
     }
   }
   return full;
+}
+
+// A fused tensor whole on its writer: its parts gathered one by one and joined (undefined elsewhere).
+Tensor gather_joined(const std::vector<DTensor>& parts, int writer, Group& world) {
+  std::vector<Tensor> whole;
+  for (const DTensor& p : parts) whole.push_back(gather_to_writer(p, writer, world));
+  return world.rank() == writer ? join_rows(whole) : Tensor();
 }
 
 // The concatenation of every member's JSON array, in rank order (collective over g).
@@ -533,14 +551,15 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
   std::optional<trace::Span> trace_phase(std::in_place, "checkpoint: check shards", "checkpoint");
   std::exception_ptr err;
   try {
-    for (const CkptTensor& c : s->ts) {
-      Tensor h = host_f(c.t.local);
-      int64_t i = first_nonfinite(h);
-      MT_CHECK(i < 0, "checkpoint",
-               "step {}: {} tensor '{}' holds a non-finite value ({} at element {} of this rank's part): the "
-               "checkpoint is not written, the previous ones are kept",
-               step, c.model ? "parameter" : "optimizer", c.name, to_f64(h.reshape({-1}).slice0(i, i + 1))[0], i);
-    }
+    for (const CkptTensor& c : s->ts)
+      for (const DTensor& t : c.parts.empty() ? std::vector<DTensor>{c.t} : c.parts) {
+        Tensor h = host_f(t.local);
+        int64_t i = first_nonfinite(h);
+        MT_CHECK(i < 0, "checkpoint",
+                 "step {}: {} tensor '{}' holds a non-finite value ({} at element {} of this rank's part): the "
+                 "checkpoint is not written, the previous ones are kept",
+                 step, c.model ? "parameter" : "optimizer", c.name, to_f64(h.reshape({-1}).slice0(i, i + 1))[0], i);
+      }
     if (s->root) {
       std::error_code ec;
       fs::remove_all(s->tmp, ec);
@@ -559,7 +578,8 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
   s->writer = std::make_unique<ShardWriter>(s->ts, s->files, world.rank(), s->tmp, s->optimizer_steps, step, s->root);
   for (size_t i = 0; i < s->ts.size(); ++i) {
     trace::SnapshotScope snapshot_memory;  // the trace's "checkpoint snapshot" part, followed until written
-    Tensor full = gather_to_writer(s->ts[i].t, s->files.writer[i], world, s->ts[i].slice);
+    Tensor full = s->ts[i].parts.empty() ? gather_to_writer(s->ts[i].t, s->files.writer[i], world, s->ts[i].slice)
+                                         : gather_joined(s->ts[i].parts, s->files.writer[i], world);
     if (s->files.writer[i] != world.rank()) continue;
     if (async) {
       s->snapshot_bytes += full.nbytes();

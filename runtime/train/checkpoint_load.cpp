@@ -17,6 +17,7 @@
 #include "runtime/io/safetensors.h"
 #include "runtime/train/agree.h"
 #include "runtime/train/checkpoint.h"
+#include "runtime/train/fused_tensors.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -33,12 +34,15 @@ std::vector<std::string> file_names(const std::string& name, int64_t dim0) {
   return out;
 }
 
-// Every name the model's parameters have in the files (and those of the pipeline's other stages).
+// Every name the model's parameters have in the files (and those of the pipeline's other stages; a fused
+// parameter's is its fused tensor's, fused_tensors.h).
 std::set<std::string> known_names(CausalLM& model) {
-  std::set<std::string> known(model.elsewhere().begin(), model.elsewhere().end());
+  const FileLayout layout(model);
+  std::set<std::string> known;
+  for (const std::string& n : model.elsewhere()) known.insert(layout.file_name(n));
   for (Parameter* q : model.parameters())
     for (const std::string& n : file_names(q->name, q->value.shape().empty() ? 1 : q->value.shape()[0]))
-      known.insert(n);
+      known.insert(layout.file_name(n));
   return known;
 }
 
@@ -177,6 +181,7 @@ struct LoadItem {
   std::string name;
   DTensor dst;
   Parameter* param = nullptr;  // its compute copy is refreshed after
+  std::optional<FusedPart> fused = std::nullopt;  // rows of a fused tensor of the files (fused_tensors.h)
 };
 
 // Reads each item's local block (this rank's part in its layout) from src. Everything is checked first — presence,
@@ -192,6 +197,11 @@ struct LoadPart {
 std::vector<LoadPart> load_parts(const LoadItem& it) {
   const std::vector<int>& c = it.dst.mesh.coordinate();
   const Shape off = it.dst.spec.local_offset(c), local = it.dst.spec.local_shape(c);
+  if (it.fused) {  // the block's rows of the fused tensor: shifted by the part's first row
+    Shape at = off;
+    at.at(0) += it.fused->row;
+    return {{it.fused->file, it.fused->file_shape, at, local, 0}};
+  }
   if (!is_stacked_param(it.name)) return {{it.name, it.dst.shape(), off, local, 0}};
   std::vector<LoadPart> parts;
   const Shape slice(it.dst.shape().begin() + 1, it.dst.shape().end());
@@ -249,7 +259,8 @@ TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* o
   }
   auto params = model.parameters();
   std::vector<LoadItem> items;
-  for (Parameter* q : params) items.push_back({q->name, q->value, q});
+  const FileLayout layout(model);
+  for (Parameter* q : params) items.push_back({q->name, q->value, q, layout.part(q->name)});
   TensorSource weights(path, "model", false);
   const std::set<std::string> names = known_names(model);  // with the other stages'
   for (auto& [name, k] : weights.tensors()) {
@@ -321,7 +332,8 @@ void load_hf_weights(const std::string& path, CausalLM& model) {
              src.reader(name).path(), name, shape_str(src.reader(name).entries().at(name).shape));
   }
   std::vector<LoadItem> items;
-  for (Parameter* q : params) items.push_back({q->name, q->value, q});
+  const FileLayout layout(model);
+  for (Parameter* q : params) items.push_back({q->name, q->value, q, layout.part(q->name)});
   load_items(src, items);
 }
 
