@@ -9,7 +9,9 @@
 # YAML gives no model keys: the architecture comes from config.json. The checkpoint written keeps the original's
 # model_type, architectures and keys, and loads back. Mixtral with and without the balance loss (the YAML's
 # output_router_logits over config.json's) against the reference, and the metrics' aux_loss against its aux.
-# Bad family input gives its message.
+# Phi-3 (fused qkv_proj and gate_up_proj in its files, LongRoPE with long and with short factors) the same way, and
+# its checkpoint's files hold the fused tensors (names and shapes) that the reference reads to the same logits;
+# `meshtrain estimate` and `plan --search` take it. Bad family input gives its message.
 # Prints "families: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_families.sh BUILD_DIR
 set -uo pipefail
@@ -18,7 +20,7 @@ source "$(dirname "$0")/common.sh"
 ref="$root/scripts/reference/llama_ref.py"
 
 if ! "$py" -c "import torch" 2>/dev/null; then
-  for f in llama3 mistral qwen2 qwen2_tied qwen3 mixtral qwen2_moe qwen3_moe; do skip "$f against the PyTorch reference" "python3-torch is not installed"; done
+  for f in llama3 mistral qwen2 qwen2_tied qwen3 mixtral qwen2_moe qwen3_moe phi3 phi3_v5; do skip "$f against the PyTorch reference" "python3-torch is not installed"; done
   summary families
   exit 0
 fi
@@ -92,6 +94,56 @@ family mixtral --model-type mixtral --n-experts 4 --experts-per-token 2 --moe-ff
 family qwen2_moe --model-type qwen2_moe --n-layers 3 --n-experts 4 --experts-per-token 2 --moe-ffn-dim 16 \
   --shared-expert-ffn-dim 24 --decoder-sparse-step 2 --output-router-logits
 family qwen3_moe --model-type qwen3_moe --n-experts 4 --experts-per-token 2 --moe-ffn-dim 24 --norm-topk-prob
+# Phi-3: LongRoPE's long factors (training.seq_len 32 > original_max_position_embeddings 16) and its attention
+# factor sqrt(1 + ln 4 / ln 16) (max_position_embeddings 64 = 4 x 16), Phi-3's own spelling (rope_scaling's three
+# keys, the context at the top level); then the short factors (original 32) in transformers 5's spelling, tied.
+family phi3 --model-type phi3 --rope-scaling longrope:16
+family phi3_v5 --model-type phi3 --rope-scaling longrope:32 --rope-spelling v5 --tie-embeddings
+
+# A phi3 checkpoint is a Phi-3 directory: its files hold self_attn.qkv_proj.weight ((H + 2 KV) hd, C) and
+# mlp.gate_up_proj.weight (2F, C) joined from the parameters, no q/k/v or gate/up of their own (saved on 4 ranks:
+# sharded by tp and dp_shard, several files and an index); the reference, which computes with the fused tensors
+# as Phi-3's modules do, reads them to the logits meshtrain computes from the same checkpoint.
+phi3_files() {
+  local ck="$tmp/phi3.np4.ckpt/step_00000010"
+  if out=$("$py" - "$root/scripts/reference" "$ck" "$tmp/phi3.logits.npy" <<'PY' 2>&1
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np, torch
+import llama_ref as r
+ck, npy = sys.argv[2:4]
+w = r.read_model_weights(ck)
+c = r.LlamaConfig.load(ck)
+hd, H, KV, F = c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size
+for i in range(c.num_hidden_layers):
+    p = f"model.layers.{i}."
+    assert w[p + "self_attn.qkv_proj.weight"].shape == ((H + 2 * KV) * hd, c.hidden_size), w[p + "self_attn.qkv_proj.weight"].shape
+    assert w[p + "mlp.gate_up_proj.weight"].shape == (2 * F, c.hidden_size), w[p + "mlp.gate_up_proj.weight"].shape
+split = [n for n in w if n.endswith(tuple(f".{s}.weight" for s in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")))]
+assert not split, split
+model = r.load_model(ck, torch.float64)
+with torch.no_grad():
+    ref = model(torch.tensor([[1, 2, 3, 4]]))[0].numpy()
+ours = np.load(npy)
+d = float(np.abs(ours - ref).max())
+assert d < 1e-4, d
+print(f"{len(w)} tensors, qkv_proj {w['model.layers.0.self_attn.qkv_proj.weight'].shape}, gate_up_proj "
+      f"{w['model.layers.0.mlp.gate_up_proj.weight'].shape}; logits within {d:.1e} of the reference's")
+PY
+  ); then ok "phi3: the checkpoint's files hold the fused tensors, which the reference reads to meshtrain's logits: $out"
+  else bad "phi3: the checkpoint's fused tensors" "$out"; fi
+  # estimate (issue 53 part 4): the reference's parameter count, the fused tensors counted as their parts.
+  local params
+  params=$("$py" -c "import json, sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])['params'])" \
+    "$tmp/phi3.init.log" 2>/dev/null)
+  expect "phi3: meshtrain estimate takes a Phi-3 directory (the reference's $params parameters)" zero \
+    "estimate: phi3 ($params parameters) on 4 ranks" -- \
+    "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3" --set parallel.tp=2 estimate --world 4
+  expect "phi3: plan --search takes a Phi-3 directory" zero "plans tried on h100_ib" -- \
+    "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3" plan --search --world 4 \
+    --cluster "$root/configs/clusters/h100_ib.yaml"
+}
+phi3_files
 
 # With and without the balance loss, one directory (mixtral's, output_router_logits true): the YAML's
 # model.moe.output_router_logits = false wins over config.json's (how a run trains, not what the model is) and
@@ -177,5 +229,35 @@ json.dump(c, open(os.path.join(dst, "config.json"), "w"))
 PY
 expect "mistral: config.json's sliding window shorter than training.seq_len is refused" nonzero "model.sliding_window = 16 is shorter than training.seq_len = 32" -- \
   "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/mistral_short" train
+
+# Phi-3's bad input: LongRoPE's factor lists must have one value per frequency, from config.json and from the YAML;
+# a partial rotary factor is refused; its window follows Mistral's rule.
+"$py" - "$tmp/phi3" "$tmp/phi3_bad" <<'PY'
+import json, os, shutil, sys
+src, dst = sys.argv[1:3]
+shutil.copytree(src, dst, dirs_exist_ok=True)
+c = json.load(open(os.path.join(dst, "config.json")))
+c["rope_scaling"]["short_factor"] = c["rope_scaling"]["short_factor"][:3]
+json.dump(c, open(os.path.join(dst, "config.json"), "w"))
+PY
+expect "phi3: a LongRoPE factor list of the wrong length is refused, naming the key" nonzero "rope_scaling.short_factor has 3 values: LongRoPE needs one per frequency, head_dim / 2 = 4" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3_bad" train
+expect "phi3: the YAML's LongRoPE factor lists must have head_dim / 2 values" nonzero "model.rope_scaling.long_factor has 2 values: longrope needs head_dim / 2 = 16" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.type=phi3 --set model.rope_scaling.type=longrope \
+  --set "model.rope_scaling.short_factor=[$(printf '1,%.0s' $(seq 15))1]" --set "model.rope_scaling.long_factor=[1,2]" train
+expect "phi3: longrope without its factor lists is refused" nonzero "model.rope_scaling.short_factor: longrope needs short_factor and long_factor" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.type=phi3 --set model.rope_scaling.type=longrope train
+"$py" - "$tmp/phi3" "$tmp/phi3_partial" <<'PY'
+import json, os, shutil, sys
+src, dst = sys.argv[1:3]
+shutil.copytree(src, dst, dirs_exist_ok=True)
+c = json.load(open(os.path.join(dst, "config.json")))
+c["partial_rotary_factor"] = 0.5
+json.dump(c, open(os.path.join(dst, "config.json"), "w"))
+PY
+expect "phi3: a partial rotary factor is refused, naming the key" nonzero "partial_rotary_factor = 0.5: meshtrain rotates the whole head (1 only)" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3_partial" train
+expect "phi3: a sliding window shorter than the sequence is refused" nonzero "model.sliding_window = 16 is shorter than training.seq_len = 32" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.type=phi3 --set model.sliding_window=16 train
 
 summary families
