@@ -10,7 +10,8 @@
 # model_type, architectures and keys, and loads back. Mixtral with and without the balance loss (the YAML's
 # output_router_logits over config.json's) against the reference, and the metrics' aux_loss against its aux.
 # Phi-3 (fused qkv_proj and gate_up_proj in its files, LongRoPE with long and with short factors) the same way, and
-# its checkpoint's files hold the fused tensors (names and shapes) that the reference reads to the same logits;
+# on pp 2, and its checkpoints' files hold the fused tensors (names and shapes) that the reference reads to the
+# same logits;
 # `meshtrain estimate` and `plan --search` take it. Bad family input gives its message.
 # Prints "families: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_families.sh BUILD_DIR
@@ -102,11 +103,14 @@ family phi3_v5 --model-type phi3 --rope-scaling longrope:32 --rope-spelling v5 -
 
 # A phi3 checkpoint is a Phi-3 directory: its files hold self_attn.qkv_proj.weight ((H + 2 KV) hd, C) and
 # mlp.gate_up_proj.weight (2F, C) joined from the parameters, no q/k/v or gate/up of their own (saved on 4 ranks:
-# sharded by tp and dp_shard, several files and an index); the reference, which computes with the fused tensors
-# as Phi-3's modules do, reads them to the logits meshtrain computes from the same checkpoint.
-phi3_files() {
-  local ck="$tmp/phi3.np4.ckpt/step_00000010"
-  if out=$("$py" - "$root/scripts/reference" "$ck" "$tmp/phi3.logits.npy" <<'PY' 2>&1
+# sharded by tp and dp_shard, several files and an index; and under pp 2, each stage its own layer's); the
+# reference, which computes with the fused tensors as Phi-3's modules do, reads them to the logits meshtrain
+# computes from the same checkpoint. phi3 under pp 2 also equals the reference.
+# phi3_fused CK LOGITS: the files of $tmp/phi3.CK.ckpt's last checkpoint hold the fused tensors, whose logits in the
+# reference equal meshtrain's from the same checkpoint (LOGITS).
+phi3_fused() {
+  local ck=$1
+  if out=$("$py" - "$root/scripts/reference" "$tmp/phi3.$ck.ckpt/step_00000010" "$2" <<'PY' 2>&1
 import sys
 sys.path.insert(0, sys.argv[1])
 import numpy as np, torch
@@ -130,8 +134,26 @@ assert d < 1e-4, d
 print(f"{len(w)} tensors, qkv_proj {w['model.layers.0.self_attn.qkv_proj.weight'].shape}, gate_up_proj "
       f"{w['model.layers.0.mlp.gate_up_proj.weight'].shape}; logits within {d:.1e} of the reference's")
 PY
-  ); then ok "phi3: the checkpoint's files hold the fused tensors, which the reference reads to meshtrain's logits: $out"
-  else bad "phi3: the checkpoint's fused tensors" "$out"; fi
+  ); then ok "phi3 ($ck): the checkpoint's files hold the fused tensors, which the reference reads to meshtrain's logits: $out"
+  else bad "phi3 ($ck): the checkpoint's fused tensors" "$out"; fi
+}
+
+phi3_files() {
+  # pp 2: each stage saves its layer's fused tensors (the other stage's parameters named as the files name them).
+  rm -rf "$tmp/phi3.pp2.ckpt"
+  if ! timeout 300 "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3" --set parallel.pp=2 \
+    --set training.micro_batch_size=4 --set log.metrics_file="$tmp/phi3.pp2.jsonl" \
+    --set checkpoint.dir="$tmp/phi3.pp2.ckpt" train >"$tmp/phi3.pp2.log" 2>&1; then
+    bad "phi3 under pp 2" "$(tail -n 20 "$tmp/phi3.pp2.log")"
+  elif out=$("$py" "$compare" "$tmp/phi3.pp2.jsonl" "$tmp/phi3.ref.json" --rel0 1e-5 --abs 1e-5 --steps 10 2>&1); then
+    ok "phi3 under pp 2: 10 f64 steps within 1e-5 of the reference: $out"
+  else
+    bad "phi3 under pp 2: losses against the reference" "$out"
+  fi
+  "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/phi3.pp2.ckpt/step_00000010" --tokens 1,2,3,4 \
+    --out "$tmp/phi3.pp2.logits.npy" >"$tmp/phi3.pp2.logits.log" 2>&1
+  phi3_fused np4 "$tmp/phi3.logits.npy"
+  phi3_fused pp2 "$tmp/phi3.pp2.logits.npy"
   # estimate (issue 53 part 4): the reference's parameter count, the fused tensors counted as their parts.
   local params
   params=$("$py" -c "import json, sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])['params'])" \
