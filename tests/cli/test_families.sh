@@ -11,7 +11,7 @@
 # output_router_logits over config.json's) against the reference, and the metrics' aux_loss against its aux.
 # Phi-3 (fused qkv_proj and gate_up_proj in its files, LongRoPE with long and with short factors) the same way, and
 # on pp 2, and its checkpoints' files hold the fused tensors (names and shapes) that the reference reads to the
-# same logits;
+# same logits, and a resume from them on another mesh continues the reference's losses;
 # `meshtrain estimate` and `plan --search` take it. Bad family input gives its message.
 # Prints "families: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_families.sh BUILD_DIR
@@ -105,7 +105,8 @@ family phi3_v5 --model-type phi3 --rope-scaling longrope:32 --rope-spelling v5 -
 # mlp.gate_up_proj.weight (2F, C) joined from the parameters, no q/k/v or gate/up of their own (saved on 4 ranks:
 # sharded by tp and dp_shard, several files and an index; and under pp 2, each stage its own layer's); the
 # reference, which computes with the fused tensors as Phi-3's modules do, reads them to the logits meshtrain
-# computes from the same checkpoint. phi3 under pp 2 also equals the reference.
+# computes from the same checkpoint (the rows' order in a fused tensor is checked by the resume below: both would
+# read a wrong join alike). phi3 under pp 2 also equals the reference.
 # phi3_fused CK LOGITS: the files of $tmp/phi3.CK.ckpt's last checkpoint hold the fused tensors, whose logits in the
 # reference equal meshtrain's from the same checkpoint (LOGITS).
 phi3_fused() {
@@ -154,6 +155,25 @@ phi3_files() {
     --out "$tmp/phi3.pp2.logits.npy" >"$tmp/phi3.pp2.logits.log" 2>&1
   phi3_fused np4 "$tmp/phi3.logits.npy"
   phi3_fused pp2 "$tmp/phi3.pp2.logits.npy"
+  # Save and load are each other's inverse: tp 2 x dp_shard 2 saves step 5's fused tensors, 1 rank resumes from
+  # them for steps 6-10, which are the reference's (a join or a split of the wrong rows would change them).
+  rm -rf "$tmp/phi3.at5.ckpt" "$tmp/phi3.resumed.ckpt" && mkdir -p "$tmp/phi3.resumed.ckpt"
+  if timeout 300 "$mpirun" -np 4 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3" --set parallel.tp=2 \
+    --set parallel.dp_shard=2 --set parallel.fsdp.min_weight_size=0 --set checkpoint.dir="$tmp/phi3.at5.ckpt" \
+    --set checkpoint.interval=5 train >"$tmp/phi3.at5.log" 2>&1 &&
+    cp -r "$tmp/phi3.at5.ckpt/step_00000005" "$tmp/phi3.resumed.ckpt/" &&
+    timeout 300 "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3" \
+      --set checkpoint.dir="$tmp/phi3.resumed.ckpt" --set log.metrics_file="$tmp/phi3.resumed.jsonl" train \
+      >"$tmp/phi3.resumed.log" 2>&1; then
+    if out=$("$py" "$compare" "$tmp/phi3.resumed.jsonl" "$tmp/phi3.ref.json" --rel0 1e-5 --abs 1e-5 --from-step 6 \
+      --steps 5 2>&1); then
+      ok "phi3: saved on tp 2 x dp_shard 2 at step 5, resumed on 1 rank: steps 6-10 within 1e-5 of the reference: $out"
+    else
+      bad "phi3: resumed from its fused checkpoint: losses against the reference" "$out"
+    fi
+  else
+    bad "phi3: save at step 5 and resume" "$(tail -n 20 "$tmp/phi3.at5.log" "$tmp/phi3.resumed.log" 2>/dev/null)"
+  fi
   # estimate (issue 53 part 4): the reference's parameter count, the fused tensors counted as their parts.
   local params
   params=$("$py" -c "import json, sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])['params'])" \
