@@ -9,9 +9,9 @@
 # YAML gives no model keys: the architecture comes from config.json. The checkpoint written keeps the original's
 # model_type, architectures and keys, and loads back. Mixtral with and without the balance loss (the YAML's
 # output_router_logits over config.json's) against the reference, and the metrics' aux_loss against its aux.
-# Phi-3 (fused qkv_proj and gate_up_proj in its files, LongRoPE with long and with short factors) the same way, and
-# on pp 2, and its checkpoints' files hold the fused tensors (names and shapes) that the reference reads to the
-# same logits, and a resume from them on another mesh continues the reference's losses;
+# Phi-3 (fused qkv_proj and gate_up_proj in its files, LongRoPE with long and with short factors) the same way and
+# on pp 2 and cp 2; its checkpoints' files hold the fused tensors (names and shapes) that the reference reads to
+# the same logits, and a resume from them on another mesh continues the reference's losses;
 # `meshtrain estimate` and `plan --search` take it. Bad family input gives its message.
 # Prints "families: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_families.sh BUILD_DIR
@@ -106,7 +106,7 @@ family phi3_v5 --model-type phi3 --rope-scaling longrope:32 --rope-spelling v5 -
 # sharded by tp and dp_shard, several files and an index; and under pp 2, each stage its own layer's); the
 # reference, which computes with the fused tensors as Phi-3's modules do, reads them to the logits meshtrain
 # computes from the same checkpoint (the rows' order in a fused tensor is checked by the resume below: both would
-# read a wrong join alike). phi3 under pp 2 also equals the reference.
+# read a wrong join alike). phi3 under pp 2 and cp 2 also equals the reference.
 # phi3_fused CK LOGITS: the files of $tmp/phi3.CK.ckpt's last checkpoint hold the fused tensors, whose logits in the
 # reference equal meshtrain's from the same checkpoint (LOGITS).
 phi3_fused() {
@@ -150,6 +150,14 @@ phi3_files() {
     ok "phi3 under pp 2: 10 f64 steps within 1e-5 of the reference: $out"
   else
     bad "phi3 under pp 2: losses against the reference" "$out"
+  fi
+  # cp 2: each rank's tokens at their global positions in LongRoPE's tables (picked by the whole sequence's length).
+  if timeout 300 "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3" --set parallel.cp=2 \
+    --set log.metrics_file="$tmp/phi3.cp2.jsonl" train >"$tmp/phi3.cp2.log" 2>&1 &&
+    out=$("$py" "$compare" "$tmp/phi3.cp2.jsonl" "$tmp/phi3.ref.json" --rel0 1e-5 --abs 1e-5 --steps 10 2>&1); then
+    ok "phi3 under cp 2: 10 f64 steps within 1e-5 of the reference: $out"
+  else
+    bad "phi3 under cp 2" "${out:-$(tail -n 20 "$tmp/phi3.cp2.log")}"
   fi
   "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/phi3.pp2.ckpt/step_00000010" --tokens 1,2,3,4 \
     --out "$tmp/phi3.pp2.logits.npy" >"$tmp/phi3.pp2.logits.log" 2>&1
