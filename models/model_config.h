@@ -27,7 +27,7 @@ struct RopeScalingConfig {
   double high_freq_factor = 4;
   int64_t original_max_position_embeddings = 8192;
   std::vector<double> short_factor, long_factor;  // longrope: head_dim / 2 each
-  double attention_factor = 0;                    // longrope: 0 = derived from factor
+  double attention_factor = 0;                    // longrope: 0 = derived (longrope_attention_factor)
   template <class V> void visit(V& v) {
     v("type", type, "none | linear | llama3 | longrope (Hugging Face's rope_type; default: none)",
       one_of({"none", "linear", "llama3", "longrope"}));

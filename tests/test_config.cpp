@@ -470,6 +470,12 @@ TEST_CASE("config.json: Phi-3's LongRoPE (the context at the top level, \"su\" i
         "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 256,
         "rope_scaling": {"rope_type": "longrope", "short_factor": [1, 1, 1, 1], "long_factor": [1, 1, 1, 1]}})")),
       "rope_scaling.rope_type = \"longrope\"");
+  const std::string lists = "short_factor: [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], long_factor: [1, 1, 1, 1, "
+                            "1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]";
+  CHECK(config_from_yaml_string("model: {type: phi3, rope_scaling: {type: longrope, " + lists + "}}").model.type ==
+        "phi3");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {rope_scaling: {type: longrope, " + lists + "}}"),
+                       "model.rope_scaling.type = longrope: model.type = llama has no LongRoPE (phi3 has)");
 }
 
 TEST_CASE("model.init_from's config.json gives the model keys; a key the YAML gives must agree") {

@@ -56,6 +56,8 @@ void check(const ModelConfig& c, int64_t seq_len) {
          c.sliding_window, seq_len);
   if (c.sliding_window > 0 && c.type != "mistral" && c.type != "qwen2" && c.type != "mixtral" && c.type != "phi3")
     fail("config", "model.sliding_window = {}: model.type = {} has no sliding window", c.sliding_window, c.type);
+  if (c.rope_scaling.type == "longrope" && c.type != "phi3")
+    fail("config", "model.rope_scaling.type = longrope: model.type = {} has no LongRoPE (phi3 has)", c.type);
   if (c.moe.enabled() && c.moe.shared_expert_ffn_dim > 0 && c.type != "qwen2_moe")
     fail("config", "model.moe.shared_expert_ffn_dim = {}: model.type = {} has no shared expert (qwen2_moe has)",
          c.moe.shared_expert_ffn_dim, c.type);
