@@ -69,7 +69,30 @@ void ExpertsOfFamily::operator()(const std::string& key, const MoeConfig& moe) c
        joined(moe_families));
 }
 
+double RopeScalingConfig::longrope_attention_factor(int64_t max_positions) const {
+  if (attention_factor > 0) return attention_factor;
+  const double f = double(max_positions) / double(original_max_position_embeddings);
+  if (f <= 1) return 1;
+  return std::sqrt(1 + std::log(f) / std::log(double(original_max_position_embeddings)));
+}
+
 void RopeScalingConfig::check() const {
+  if (type == "longrope") {
+    require_at_least("model.rope_scaling.original_max_position_embeddings", double(original_max_position_embeddings),
+                     2, "a length");
+    if (factor != 1)
+      fail("config", "model.rope_scaling.factor = {}: longrope's factor is model.max_seq_len / "
+           "original_max_position_embeddings (set model.rope_scaling.attention_factor to scale cos and sin otherwise)",
+           factor);
+    if (short_factor.empty() || long_factor.empty())
+      fail("config", "model.rope_scaling.{}: longrope needs short_factor and long_factor (head_dim / 2 each)",
+           short_factor.empty() ? "short_factor" : "long_factor");
+    for (const auto* list : {&short_factor, &long_factor})
+      for (double f : *list)
+        if (!(f > 0) || !std::isfinite(f))
+          fail("config", "model.rope_scaling.{} holds {}: expected factors > 0",
+               list == &short_factor ? "short_factor" : "long_factor", f);
+  }
   if (type != "llama3") return;
   require_at_least("model.rope_scaling.low_freq_factor", low_freq_factor, 1e-9, "a factor");
   require_at_least("model.rope_scaling.original_max_position_embeddings", double(original_max_position_embeddings), 1,
@@ -100,6 +123,11 @@ void ModelConfig::check() const {
   require_product_fits({{"model.n_layers", n_layers}, {"model.dim", dim}, {"model.n_heads x head_dim", qd}});
   require_product_fits({{"model.n_layers", n_layers}, {"model.dim", dim}, {"model.ffn_dim", ffn_dim}});
   require_product_fits({{"model.max_seq_len", max_seq_len}, {"model.dim", dim}});
+  if (rope_scaling.type == "longrope")
+    for (const auto* list : {&rope_scaling.short_factor, &rope_scaling.long_factor})
+      if (int64_t(list->size()) != head_size() / 2)
+        fail("config", "model.rope_scaling.{} has {} values: longrope needs head_dim / 2 = {}",
+             list == &rope_scaling.short_factor ? "short_factor" : "long_factor", list->size(), head_size() / 2);
   if (!moe.enabled()) return;
   for (int l : moe.mlp_only_layers)
     if (l < 0 || l >= n_layers)

@@ -181,6 +181,14 @@ struct HfName {
   nlohmann::json (*value)(const ModelConfig& c) = nullptr;
 };
 
+// A tensor of a family's Hugging Face files that is several of its parameters concatenated along dim 0 (Phi-3's
+// self_attn.qkv_proj.weight: q_proj, k_proj, v_proj): names relative to the module holding them. Split on load,
+// joined on save (runtime/train/fused_tensors.h), so the parameters stay separate and tp splits each.
+struct FusedWeight {
+  const char* file;
+  std::vector<const char*> parts;
+};
+
 // One family, registered once: a designated initialiser in its architecture's file (models/llama/families.cpp:
 // {.type = "llama", .architecture = ...}), whose list of families the registry (models/model.cpp) asks for once.
 // Every function is required.
@@ -217,6 +225,8 @@ struct ModelFamily {
   std::vector<HfName> hf_names;
   nlohmann::json (*write_hf)(const ModelFamily& f, const ModelConfig& c);
   ModelConfig (*read_hf)(const ModelFamily& f, const nlohmann::json& j, const std::string& file);
+  // The tensors its files hold fused (empty: every parameter is a tensor of its own name).
+  std::vector<FusedWeight> fused_weights;
 
   nlohmann::json to_hf(const ModelConfig& c) const { return write_hf(*this, c); }
   ModelConfig from_hf(const nlohmann::json& j, const std::string& file) const { return read_hf(*this, j, file); }

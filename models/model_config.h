@@ -16,24 +16,38 @@ namespace mt {
 // RoPE frequency scaling (Hugging Face's rope_scaling / rope_parameters). none: plain RoPE; linear: every
 // frequency divided by factor (positions / factor); llama3: Llama 3.1's rule, frequencies whose wavelength is
 // below original_max_position_embeddings / high_freq_factor unchanged, above .../low_freq_factor divided by
-// factor, and interpolated between.
+// factor, and interpolated between; longrope (Phi-3's LongRoPE): frequency i divided by long_factor[i] when the
+// run's sequence (training.seq_len) exceeds original_max_position_embeddings, else by short_factor[i], and cos and
+// sin multiplied by attention_factor (0: sqrt(1 + ln(f) / ln(original)) with f = max_seq_len / original, 1 when
+// f <= 1: transformers' rule for Phi-3, whose factor is that ratio).
 struct RopeScalingConfig {
   std::string type = "none";
   double factor = 1;
   double low_freq_factor = 1;
   double high_freq_factor = 4;
   int64_t original_max_position_embeddings = 8192;
+  std::vector<double> short_factor, long_factor;  // longrope: head_dim / 2 each
+  double attention_factor = 0;                    // longrope: 0 = derived (longrope_attention_factor)
   template <class V> void visit(V& v) {
-    v("type", type, "none | linear | llama3 (Hugging Face's rope_type; default: none)",
-      one_of({"none", "linear", "llama3"}));
-    v("factor", factor, "linear and llama3: the context extension factor", at_least(1, "a factor"));
+    v("type", type, "none | linear | llama3 | longrope (Hugging Face's rope_type; default: none)",
+      one_of({"none", "linear", "llama3", "longrope"}));
+    v("factor", factor, "linear and llama3: the context extension factor (longrope: max_seq_len / original)",
+      at_least(1, "a factor"));
     v("low_freq_factor", low_freq_factor, "llama3: wavelengths above original / low_freq_factor are scaled");
     v("high_freq_factor", high_freq_factor, "llama3: wavelengths below original / high_freq_factor are kept");
     v("original_max_position_embeddings", original_max_position_embeddings,
-      "llama3: the context the model was pre-trained with");
+      "llama3 and longrope: the context the model was pre-trained with");
+    v("short_factor", short_factor,
+      "longrope: head_dim / 2 divisors of the frequencies, used when training.seq_len <= original");
+    v("long_factor", long_factor, "longrope: head_dim / 2 divisors of the frequencies, used above original");
+    v("attention_factor", attention_factor,
+      "longrope: cos and sin are multiplied by it (0: sqrt(1 + ln(f) / ln(original)), f = max_seq_len / original)",
+      at_least(0, "a factor (0: derived)"));
   }
+  // longrope: the factor cos and sin are multiplied by, for a model of max_positions (model.max_seq_len).
+  double longrope_attention_factor(int64_t max_positions) const;
   bool enabled() const { return type != "none"; }
-  void check() const;  // llama3's keys
+  void check() const;  // llama3's and longrope's keys (the factor lists' length: ModelConfig::check)
   bool operator==(const RopeScalingConfig&) const = default;
 };
 
@@ -119,8 +133,8 @@ struct ModelConfig {
   MoeConfig moe;
   template <class V> void visit(V& v) {
     v("type", type,
-      "the model family: llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe (Hugging Face's "
-      "model_type)",
+      "the model family: llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe | phi3 (Hugging "
+      "Face's model_type)",
       KnownFamily{});
     v("dim", dim, "model width d", at_least(1, "a width"));
     v("n_layers", n_layers, "decoder layers", at_least(1, "a layer count"));
@@ -133,11 +147,11 @@ struct ModelConfig {
              fmt::format("expected 1 ... {} (token ids are int32)", INT32_MAX)));
     v("norm_eps", norm_eps, "RMSNorm epsilon", positive());
     v("rope_theta", rope_theta, "RoPE base", positive());
-    v("rope_scaling", rope_scaling, "RoPE frequency scaling (Llama 3.1+: llama3)");
+    v("rope_scaling", rope_scaling, "RoPE frequency scaling (Llama 3.1+: llama3; Phi-3: longrope)");
     v("max_seq_len", max_seq_len, "longest sequence (positions) the model is used with", at_least(1, "a length"));
     v("tie_embeddings", tie_embeddings, "lm_head shares model.embed_tokens.weight");
     v("sliding_window", sliding_window,
-      "mistral: the attention window (0: none); meshtrain attends to the whole sequence, so it must be at "
+      "mistral, phi3: the attention window (0: none); meshtrain attends to the whole sequence, so it must be at "
       "least training.seq_len",
       at_least(0, "a window (0: none)"));
     v("init_std", init_std, "std of the normal init of matrices (norm weights start at 1, biases at 0)",

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -437,6 +438,44 @@ TEST_CASE("config.json: Mistral's and Qwen2's windows, Qwen2's biases counted, r
         "rope_scaling": {"rope_type": "linear", "factor": 4.0},
         "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}})")),
       "rope_scaling and rope_parameters describe different RoPE scaling");
+}
+
+TEST_CASE("config.json: Phi-3's LongRoPE (the context at the top level, \"su\" its old name), written back the same") {
+  // Phi-3-mini-128k's keys, smaller: head_dim 8, so four factors each.
+  const std::string phi3 = R"({"model_type": "phi3", "hidden_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 96, "vocab_size": 32064,
+    "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "sliding_window": 262144,
+    "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0, "pad_token_id": 32000,
+    "rope_scaling": {"type": "su", "short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [1.0, 2.0, 4.0, 8.0]}})";
+  const ModelConfig c = model_config_from_hf(write_hf_config("phi3", phi3));
+  CHECK(c.type == "phi3");
+  CHECK(c.norm_eps == 1e-5);  // Phi3Config's default
+  CHECK(c.sliding_window == 262144);
+  CHECK(c.rope_scaling.type == "longrope");
+  CHECK(c.rope_scaling.original_max_position_embeddings == 4096);
+  CHECK(c.rope_scaling.long_factor == std::vector<double>{1.0, 2.0, 4.0, 8.0});
+  CHECK(c.rope_scaling.longrope_attention_factor(c.max_seq_len) ==
+        doctest::Approx(std::sqrt(1 + std::log(32.0) / std::log(4096.0))).epsilon(1e-15));
+  const nlohmann::json j = family_of(c).to_hf(c);
+  CHECK(j["rope_scaling"].size() == 3);  // type, short_factor, long_factor: what Phi3Config (transformers 4) accepts
+  CHECK(j["original_max_position_embeddings"] == 4096);
+  CHECK(j["rope_parameters"]["rope_type"] == "longrope");
+  CHECK(model_config_from_hf(write_hf_config("phi3_back", j.dump())).rope_scaling == c.rope_scaling);
+  std::string bad = phi3;
+  bad.replace(bad.find("[1.0, 1.1, 1.2, 1.3]"), 20, "[1.0, 1.1]");
+  CHECK_ERROR_CONTAINS(model_config_from_hf(write_hf_config("phi3_bad", bad)),
+                       "rope_scaling.short_factor has 2 values: LongRoPE needs one per frequency, head_dim / 2 = 4");
+  CHECK_ERROR_CONTAINS(
+      model_config_from_hf(write_hf_config("llama_longrope", R"({"model_type": "llama", "hidden_size": 32,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 256,
+        "rope_scaling": {"rope_type": "longrope", "short_factor": [1, 1, 1, 1], "long_factor": [1, 1, 1, 1]}})")),
+      "rope_scaling.rope_type = \"longrope\"");
+  const std::string lists = "short_factor: [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], long_factor: [1, 1, 1, 1, "
+                            "1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]";
+  CHECK(config_from_yaml_string("model: {type: phi3, rope_scaling: {type: longrope, " + lists + "}}").model.type ==
+        "phi3");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {rope_scaling: {type: longrope, " + lists + "}}"),
+                       "model.rope_scaling.type = longrope: model.type = llama has no LongRoPE (phi3 has)");
 }
 
 TEST_CASE("model.init_from's config.json gives the model keys; a key the YAML gives must agree") {

@@ -13,13 +13,17 @@ namespace {
 // The scaled frequencies in f64: inv_freq_i = theta^(-2i/hd); linear divides each by factor; llama3 (Llama 3.1's
 // rule) keeps those whose wavelength 2 pi / f is below original / high_freq_factor, divides those above
 // original / low_freq_factor by factor, and interpolates between by smooth = (original / wavelength - low) /
-// (high - low).
-std::vector<double> scaled_inv_freq(const RopeScalingConfig& r, double theta, int64_t hd) {
+// (high - low); longrope (Phi-3) divides frequency i by long_factor[i] when the run's sequence (seq_len:
+// training.seq_len) exceeds original_max_position_embeddings, else by short_factor[i].
+std::vector<double> scaled_inv_freq(const RopeScalingConfig& r, double theta, int64_t hd, int64_t seq_len) {
   std::vector<double> f(size_t(hd / 2));
+  const bool longer = seq_len > r.original_max_position_embeddings;
   for (int64_t i = 0; i < hd / 2; ++i) {
     const double base = 1.0 / std::pow(theta, double(2 * i) / double(hd));
     double v = base;
-    if (r.type == "linear") {
+    if (r.type == "longrope") {
+      v = base / (longer ? r.long_factor : r.short_factor).at(size_t(i));
+    } else if (r.type == "linear") {
       v = base / r.factor;
     } else if (r.type == "llama3") {
       const double old_ctx = double(r.original_max_position_embeddings);
@@ -37,15 +41,18 @@ std::vector<double> scaled_inv_freq(const RopeScalingConfig& r, double theta, in
 }
 
 // cos, sin (P, hd) f64 of the scaled frequencies, every step in f64 (the reference's precision: one rounding, to
-// the model's dtype, by the caller), laid out as rope_tables lays them out ([f0..f_{hd/2-1}] twice).
-void scaled_tables(const Tensor& c, const Tensor& s, const Tensor& pos, const RopeScalingConfig& r, double theta) {
+// the model's dtype, by the caller), laid out as rope_tables lays them out ([f0..f_{hd/2-1}] twice); longrope's
+// multiplied by its attention factor.
+void scaled_tables(const Tensor& c, const Tensor& s, const Tensor& pos, const RopeScalingConfig& r, double theta,
+                   int64_t seq_len, int64_t max_positions) {
   const int64_t P = pos.numel(), hd = c.size(1), half = hd / 2;
-  const std::vector<double> f = scaled_inv_freq(r, theta, hd);
+  const std::vector<double> f = scaled_inv_freq(r, theta, hd, seq_len);
+  const double m = r.type == "longrope" ? r.longrope_attention_factor(max_positions) : 1.0;
   for (int64_t p = 0; p < P; ++p)
     for (int64_t i = 0; i < half; ++i) {
       const double angle = double(pos.at<int64_t>(p)) * f[size_t(i)];
-      c.at<double>(p * hd + i) = c.at<double>(p * hd + i + half) = std::cos(angle);
-      s.at<double>(p * hd + i) = s.at<double>(p * hd + i + half) = std::sin(angle);
+      c.at<double>(p * hd + i) = c.at<double>(p * hd + i + half) = m * std::cos(angle);
+      s.at<double>(p * hd + i) = s.at<double>(p * hd + i + half) = m * std::sin(angle);
     }
 }
 
@@ -61,7 +68,7 @@ void SequenceContext::set_positions(const Tensor& pos, int64_t head_dim, DType d
     rope_tables(c, s, positions, theta);
   } else {
     Tensor c64 = empty(c.shape(), DType::f64), s64 = empty(s.shape(), DType::f64);
-    scaled_tables(c64, s64, positions, rope_scaling, theta);
+    scaled_tables(c64, s64, positions, rope_scaling, theta, seq_len, max_positions);
     convert(c, c64);
     convert(s, s64);
   }

@@ -2,7 +2,8 @@
 // (models/model.h) by llama_architecture_families: llama (Llama 1/2/3.x), mistral (Llama's architecture under
 // model_type "mistral"), qwen2 (Qwen2 and Qwen2.5: biases on q, k and v), qwen3 (q and k norms), and the mixtures
 // of experts mixtral, qwen2_moe and qwen3_moe. Their Hugging Face config.json keys both ways, transformers 4 and 5
-// spellings, each model key's name there once in the family's hf_names.
+// spellings, each model key's name there once in the family's hf_names. phi3 (Phi-3) is Llama's tree with fused
+// qkv_proj and gate_up_proj in its files (fused_weights) and LongRoPE.
 #include <cmath>
 #include <map>
 
@@ -34,6 +35,7 @@ LlamaForCausalLM& as_llama(CausalLM& m) {
 
 std::unique_ptr<FullyShard> parallelize(CausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd,
                                         const ParallelConfig& p, int64_t seq_len, DType reduce_dtype) {
+  as_llama(model).seq->seq_len = seq_len;  // LongRoPE picks its factors by the run's sequence
   return parallelize_llama(as_llama(model), mesh, pd, p, seq_len, reduce_dtype);
 }
 
@@ -52,8 +54,10 @@ void check(const ModelConfig& c, int64_t seq_len) {
          "model.sliding_window = {} is shorter than training.seq_len = {}: meshtrain attends to the whole sequence, "
          "so the window must cover it (or be 0: none)",
          c.sliding_window, seq_len);
-  if (c.sliding_window > 0 && c.type != "mistral" && c.type != "qwen2" && c.type != "mixtral")
+  if (c.sliding_window > 0 && c.type != "mistral" && c.type != "qwen2" && c.type != "mixtral" && c.type != "phi3")
     fail("config", "model.sliding_window = {}: model.type = {} has no sliding window", c.sliding_window, c.type);
+  if (c.rope_scaling.type == "longrope" && c.type != "phi3")
+    fail("config", "model.rope_scaling.type = longrope: model.type = {} has no LongRoPE (phi3 has)", c.type);
   if (c.moe.enabled() && c.moe.shared_expert_ffn_dim > 0 && c.type != "qwen2_moe")
     fail("config", "model.moe.shared_expert_ffn_dim = {}: model.type = {} has no shared expert (qwen2_moe has)",
          c.moe.shared_expert_ffn_dim, c.type);
@@ -80,6 +84,14 @@ json window_to_hf(const ModelConfig& m) { return m.sliding_window > 0 ? json(m.s
 json rope_scaling_to_hf(const ModelConfig& m) {
   const RopeScalingConfig& r = m.rope_scaling;
   if (r.type == "none") return nullptr;
+  if (r.type == "longrope") {
+    json s = {{"rope_type", r.type},
+              {"short_factor", r.short_factor},
+              {"long_factor", r.long_factor},
+              {"original_max_position_embeddings", r.original_max_position_embeddings}};
+    if (r.attention_factor > 0) s["attention_factor"] = r.attention_factor;
+    return s;
+  }
   json s = {{"rope_type", r.type}, {"factor", r.factor}};
   if (r.type == "llama3") {
     s["low_freq_factor"] = r.low_freq_factor;
@@ -171,6 +183,23 @@ json mixtral_to_hf(const ModelFamily& f, const ModelConfig& m) {
   return j;
 }
 
+// Phi-3's config.json: rope_scaling as Phi-3's own files write it (type, short_factor, long_factor: the three keys
+// transformers 4's Phi3Config accepts) with the pre-trained context at the top level; no dropout, no biases.
+json phi3_to_hf(const ModelFamily& f, const ModelConfig& m) {
+  json j = common_to_hf(f, m);
+  const RopeScalingConfig& r = m.rope_scaling;
+  j["original_max_position_embeddings"] = r.type == "longrope" ? r.original_max_position_embeddings : m.max_seq_len;
+  if (r.type == "longrope") {
+    json s = {{"type", "longrope"}, {"short_factor", r.short_factor}, {"long_factor", r.long_factor}};
+    if (r.attention_factor > 0) s["attention_factor"] = r.attention_factor;
+    j["rope_scaling"] = s;
+  }
+  j["resid_pdrop"] = 0.0;
+  j["embd_pdrop"] = 0.0;
+  j["partial_rotary_factor"] = 1.0;
+  return j;
+}
+
 // A reader of one config.json: typed getters whose errors name the file and the key. A model key ("model.dim") is
 // read under the family's name for it (ModelFamily::hf_names); any other key is the file's own name.
 struct HfReader {
@@ -211,6 +240,28 @@ struct HfReader {
   }
 };
 
+// LongRoPE's keys (phi3): the factor lists, the pre-trained context, the attention factor, or a factor it is
+// derived from (transformers' rule). Returns false for a key that is not one of them.
+bool read_longrope_key(const HfReader& r, const std::string& k, const json& v, const std::string& at,
+                       RopeScalingConfig& s, std::optional<double>& factor) {
+  if (k == "short_factor" || k == "long_factor") {
+    MT_CHECK(v.is_array(), "checkpoint", "{}: {} = {}: expected a list of numbers", r.file, at, v.dump());
+    std::vector<double>& out = k == "short_factor" ? s.short_factor : s.long_factor;
+    for (const json& x : v) out.push_back(r.number(x, at));
+  } else if (k == "original_max_position_embeddings") {
+    MT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 2, "checkpoint", "{}: {} = {}: expected an integer >= 2",
+             r.file, at, v.dump());
+    s.original_max_position_embeddings = v.get<int64_t>();
+  } else if (k == "attention_factor") {
+    s.attention_factor = r.number(v, at);
+  } else if (k == "factor") {
+    factor = r.number(v, at);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // RoPE in either spelling: transformers 4 writes top-level rope_theta and rope_scaling (null without scaling;
 // "type" before 4.45, then "rope_type"); transformers 5 writes rope_parameters {"rope_type", "rope_theta", and
 // the scaling keys}. Both may be present and must then agree.
@@ -230,14 +281,18 @@ void read_rope(const HfReader& r, ModelConfig& c) {
           r.unsupported(fmt::format("{}.{}", key, type_key), d[type_key], "expected a string");
         type = d[type_key].get<std::string>();
       }
-    if (type != "default" && type != "linear" && type != "llama3")
+    const bool longrope = type == "longrope" && r.family.type == "phi3";
+    if (type != "default" && type != "linear" && type != "llama3" && !longrope)
       r.unsupported(fmt::format("{}.rope_type", key), json(type),
-                    "meshtrain implements RoPE scaling \"default\", \"linear\" and \"llama3\"");
+                    "meshtrain implements RoPE scaling \"default\", \"linear\" and \"llama3\" (and \"longrope\" "
+                    "for model_type \"phi3\")");
     RopeScalingConfig s;
     s.type = type == "default" ? "none" : type;
+    std::optional<double> longrope_factor;
     for (auto& [k, v] : d.items()) {
       const std::string at = fmt::format("{}.{}", key, k);
       if (k == "rope_type" || k == "type") continue;
+      if (longrope && read_longrope_key(r, k, v, at, s, longrope_factor)) continue;
       if (k == "rope_theta") {
         double t = r.number(v, at);
         if (theta && std::abs(*theta - t) > 1e-12 * std::abs(t))
@@ -259,6 +314,11 @@ void read_rope(const HfReader& r, ModelConfig& c) {
         r.unsupported(at, v, fmt::format("not a key of rope_type \"{}\" that meshtrain implements", type));
       }
     }
+    // An explicit longrope factor gives the attention factor by transformers' rule (else max_seq_len / original).
+    if (longrope && longrope_factor && s.attention_factor == 0)
+      s.attention_factor = *longrope_factor <= 1 ? 1.0
+                                                 : std::sqrt(1 + std::log(*longrope_factor) /
+                                                                     std::log(double(s.original_max_position_embeddings)));
     if (scaling && !(*scaling == s))
       fail("checkpoint", "{}: {} and {} describe different RoPE scaling: which one?", r.file, scaling_from, key);
     scaling = s;
@@ -411,6 +471,56 @@ ModelConfig qwen3_moe_from_hf(const ModelFamily& f, const json& j, const std::st
   return qwen_moe_from_hf(r, common_from_hf(r));
 }
 
+// Phi-3's files keep LongRoPE's pre-trained context at the top level (Phi3Config's default 4096) and older ones
+// name the type "su" or "yarn" (transformers reads both as longrope): a copy with each longrope object complete, so
+// that rope_scaling and rope_parameters read alike.
+json phi3_rope_completed(const json& file_json, const std::string& file) {
+  json j = file_json;
+  int64_t original = 4096;
+  if (j.contains("original_max_position_embeddings") && !j["original_max_position_embeddings"].is_null()) {
+    const json& v = j["original_max_position_embeddings"];
+    MT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 2, "checkpoint",
+             "{}: original_max_position_embeddings = {}: expected an integer >= 2", file, v.dump());
+    original = v.get<int64_t>();
+  }
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!j.contains(key) || !j[key].is_object()) continue;
+    json& d = j[key];
+    bool longrope = false;
+    for (const char* type_key : {"rope_type", "type"})
+      if (d.contains(type_key) && d[type_key].is_string()) {
+        const std::string t = d[type_key].get<std::string>();
+        if (t == "su" || t == "yarn") d[type_key] = "longrope";
+        longrope = longrope || d[type_key] == "longrope";
+      }
+    if (longrope && !d.contains("original_max_position_embeddings")) d["original_max_position_embeddings"] = original;
+  }
+  return j;
+}
+
+ModelConfig phi3_from_hf(const ModelFamily& f, const json& file_json, const std::string& file) {
+  const json j = phi3_rope_completed(file_json, file);
+  HfReader r{f, j, file};
+  refuse_attention_bias(r, "Phi-3");
+  for (const char* key : {"resid_pdrop", "embd_pdrop", "attention_dropout"})
+    if (r.has(key) && !(j[key].is_number() && j[key].get<double>() == 0))
+      r.unsupported(key, j[key], "meshtrain has no dropout (0 only)");
+  if (r.has("partial_rotary_factor") && !(j["partial_rotary_factor"].is_number() && j["partial_rotary_factor"] == 1.0))
+    r.unsupported("partial_rotary_factor", j["partial_rotary_factor"], "meshtrain rotates the whole head (1 only)");
+  ModelConfig c = common_from_hf(r);
+  if (!r.has("model.norm_eps")) c.norm_eps = 1e-5;  // Phi3Config's default
+  c.sliding_window = window_from_hf(r, 0);          // Phi3Config's default: none
+  const RopeScalingConfig& s = c.rope_scaling;
+  if (s.type == "longrope") {
+    const std::string key = r.has("model.rope_scaling") ? r.name("model.rope_scaling") : "rope_parameters";
+    for (const auto* list : {&s.short_factor, &s.long_factor})
+      MT_CHECK(int64_t(list->size()) == c.head_size() / 2, "checkpoint",
+               "{}: {}.{} has {} values: LongRoPE needs one per frequency, head_dim / 2 = {}", file, key,
+               list == &s.short_factor ? "short_factor" : "long_factor", list->size(), c.head_size() / 2);
+  }
+  return c;
+}
+
 ParallelPlan tp_plan(bool sp, bool lp) { return llama_tp_plan(sp, lp); }
 
 // What tells one family of the architecture from another (ModelFamily's members of the same names).
@@ -421,6 +531,7 @@ struct LlamaFamily {
   std::vector<HfName> hf_names;
   json (*write_hf)(const ModelFamily& f, const ModelConfig& c);
   ModelConfig (*read_hf)(const ModelFamily& f, const json& j, const std::string& file);
+  std::vector<FusedWeight> fused_weights = {};
 };
 
 // A family: the architecture's code with the family's own entries.
@@ -440,7 +551,8 @@ ModelFamily on_llama(LlamaFamily own) {
           .check_training = check_training,
           .hf_names = std::move(own.hf_names),
           .write_hf = own.write_hf,
-          .read_hf = own.read_hf};
+          .read_hf = own.read_hf,
+          .fused_weights = std::move(own.fused_weights)};
 }
 
 }  // namespace
@@ -485,6 +597,14 @@ std::vector<ModelFamily> llama_architecture_families() {
                 .hf_names = names({kWindow, kQwenMoe, kRouter}),
                 .write_hf = qwen3_to_hf,
                 .read_hf = qwen3_moe_from_hf}),
+      on_llama({.type = "phi3",
+                .architecture = "Phi3ForCausalLM",
+                .hf_names = names({kWindow}),
+                .write_hf = phi3_to_hf,
+                .read_hf = phi3_from_hf,
+                .fused_weights = {{"self_attn.qkv_proj.weight",
+                                   {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}},
+                                  {"mlp.gate_up_proj.weight", {"mlp.gate_proj.weight", "mlp.up_proj.weight"}}}}),
   };
 }
 

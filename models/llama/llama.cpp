@@ -71,6 +71,7 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, 
       seq(std::make_shared<SequenceContext>()) {
   seq->theta = c.rope_theta;
   seq->rope_scaling = c.rope_scaling;
+  seq->max_positions = c.max_seq_len;
   if (c.moe.enabled()) {
     int64_t sparse = 0;
     for (int64_t i = 0; i < c.n_layers; ++i) sparse += c.moe.sparse_layer(i);

@@ -20,6 +20,8 @@ namespace mt {
 struct SequenceContext {
   double theta = 10000;
   RopeScalingConfig rope_scaling;  // type "none": plain RoPE
+  int64_t seq_len = 0;        // the run's sequence (training.seq_len, set by parallelize): longrope's factors
+  int64_t max_positions = 0;  // model.max_seq_len: longrope's attention factor
   Tensor positions;  // (T_local) i64, host: global positions of this rank's tokens
   Tensor cos, sin;   // (T_local, hd) RoPE tables for them
   // (B, T) i64, host: where each token of the whole sequences starts its document; undefined: one causal

@@ -22,6 +22,7 @@
 #include <chrono>
 
 #include "runtime/train/agree.h"
+#include "runtime/train/fused_tensors.h"
 #include "runtime/core/fault.h"
 #include "runtime/core/log.h"
 #include "runtime/core/trace.h"
@@ -439,14 +440,15 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
   std::optional<trace::Span> trace_phase(std::in_place, "checkpoint: check shards", "checkpoint");
   std::exception_ptr err;
   try {
-    for (const CkptTensor& c : s->ts) {
-      Tensor h = host_f(c.t.local);
-      int64_t i = first_nonfinite(h);
-      MT_CHECK(i < 0, "checkpoint",
-               "step {}: {} tensor '{}' holds a non-finite value ({} at element {} of this rank's part): the "
-               "checkpoint is not written, the previous ones are kept",
-               step, c.model ? "parameter" : "optimizer", c.name, to_f64(h.reshape({-1}).slice0(i, i + 1))[0], i);
-    }
+    for (const CkptTensor& c : s->ts)
+      for (const DTensor& t : c.parts.empty() ? std::vector<DTensor>{c.t} : c.parts) {
+        Tensor h = host_f(t.local);
+        int64_t i = first_nonfinite(h);
+        MT_CHECK(i < 0, "checkpoint",
+                 "step {}: {} tensor '{}' holds a non-finite value ({} at element {} of this rank's part): the "
+                 "checkpoint is not written, the previous ones are kept",
+                 step, c.model ? "parameter" : "optimizer", c.name, to_f64(h.reshape({-1}).slice0(i, i + 1))[0], i);
+      }
     if (s->root) {
       std::error_code ec;
       fs::remove_all(s->tmp, ec);
@@ -465,7 +467,8 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& dir, cons
   s->writer = std::make_unique<ShardWriter>(s->ts, s->files, world.rank(), s->tmp, s->optimizer_steps, step, s->root);
   for (size_t i = 0; i < s->ts.size(); ++i) {
     trace::SnapshotScope snapshot_memory;  // the trace's "checkpoint snapshot" part, followed until written
-    Tensor full = gather_to_writer(s->ts[i].t, s->files.writer[i], world, s->ts[i].slice);
+    Tensor full = s->ts[i].parts.empty() ? gather_to_writer(s->ts[i].t, s->files.writer[i], world, s->ts[i].slice)
+                                         : gather_joined(s->ts[i].parts, s->files.writer[i], world);
     if (s->files.writer[i] != world.rank()) continue;
     if (async) {
       s->snapshot_bytes += full.nbytes();

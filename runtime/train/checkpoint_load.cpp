@@ -20,6 +20,7 @@
 #include "runtime/io/safetensors.h"
 #include "runtime/train/agree.h"
 #include "runtime/train/checkpoint.h"
+#include "runtime/train/fused_tensors.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -36,8 +37,9 @@ std::vector<std::string> file_names(const std::string& name, int64_t dim0) {
   return out;
 }
 
-// Every name the model's parameters have in the files (and those of the pipeline's other stages). With LoRA, the
-// adapters' (PEFT's names): those of this stage's targets and of any linear weight of the other stages.
+// Every name the model's parameters have in the files (and those of the pipeline's other stages; a fused
+// parameter's is its fused tensor's, fused_tensors.h). With LoRA, the adapters' (PEFT's names): those of this
+// stage's targets and of any linear weight of the other stages.
 std::set<std::string> known_names(CausalLM& model) {
   std::set<std::string> known;
   if (has_lora(model)) {
@@ -49,10 +51,11 @@ std::set<std::string> known_names(CausalLM& model) {
           known.insert(peft_name(n.substr(0, n.size() - suffix.size()) + f));
     return known;
   }
-  known.insert(model.elsewhere().begin(), model.elsewhere().end());
+  const FileLayout layout(model);
+  for (const std::string& n : model.elsewhere()) known.insert(layout.file_name(n));
   for (Parameter* q : model.parameters())
     for (const std::string& n : file_names(q->name, q->value.shape().empty() ? 1 : q->value.shape()[0]))
-      known.insert(n);
+      known.insert(layout.file_name(n));
   return known;
 }
 
@@ -191,6 +194,7 @@ struct LoadItem {
   std::string name;
   DTensor dst;
   Parameter* param = nullptr;  // its compute copy is refreshed after
+  std::optional<FusedPart> fused = std::nullopt;  // rows of a fused tensor of the files (fused_tensors.h)
 };
 
 // Reads each item's local block (this rank's part in its layout) from src. Everything is checked first — presence,
@@ -206,6 +210,11 @@ struct LoadPart {
 std::vector<LoadPart> load_parts(const LoadItem& it) {
   const std::vector<int>& c = it.dst.mesh.coordinate();
   const Shape off = it.dst.spec.local_offset(c), local = it.dst.spec.local_shape(c);
+  if (it.fused) {  // the block's rows of the fused tensor: shifted by the part's first row
+    Shape at = off;
+    at.at(0) += it.fused->row;
+    return {{it.fused->file, it.fused->file_shape, at, local, 0}};
+  }
   if (!is_stacked_param(it.name)) return {{it.name, it.dst.shape(), off, local, 0}};
   std::vector<LoadPart> parts;
   const Shape slice(it.dst.shape().begin() + 1, it.dst.shape().end());
@@ -264,7 +273,9 @@ TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* o
   // With LoRA the checkpoint holds the adapters (adapter_model, PEFT's names) and the base is not in it.
   auto params = trainable(model.parameters());
   std::vector<LoadItem> items;
-  for (Parameter* q : params) items.push_back({file_param_name(*q), q->value, q});
+  const FileLayout layout(model);  // fused tensors (Phi-3's); adapters are never fused
+  for (Parameter* q : params)
+    items.push_back({file_param_name(*q), q->value, q, is_lora_param(*q) ? std::optional<FusedPart>() : layout.part(q->name)});
   TensorSource weights(path, model_files_prefix(model), false);
   const std::set<std::string> names = known_names(model);  // with the other stages'
   for (auto& [name, k] : weights.tensors()) {
@@ -365,10 +376,12 @@ void load_hf_weights(const std::string& path, CausalLM& model) {
   std::vector<Parameter*> params;  // the base's: with LoRA the adapters come from lora.init_from or their init
   for (Parameter* q : model.parameters())
     if (!is_lora_param(*q)) params.push_back(q);
-  std::set<std::string> names(model.elsewhere().begin(), model.elsewhere().end());  // with the other stages'
+  const FileLayout layout(model);  // a fused parameter's name is its fused tensor's (fused_tensors.h)
+  std::set<std::string> names;     // with the other stages'
+  for (const std::string& n : model.elsewhere()) names.insert(layout.file_name(n));
   for (Parameter* q : params)
     for (const std::string& n : file_names(q->name, q->value.shape().empty() ? 1 : q->value.shape()[0]))
-      names.insert(n);
+      names.insert(layout.file_name(n));
   for (auto& [name, k] : src.tensors()) {
     bool known = names.count(name) > 0;
     // Hugging Face files of tied models may still carry lm_head.weight; rotary caches are buffers, not parameters.
@@ -378,7 +391,7 @@ void load_hf_weights(const std::string& path, CausalLM& model) {
              src.reader(name).path(), name, shape_str(src.reader(name).entries().at(name).shape));
   }
   std::vector<LoadItem> items;
-  for (Parameter* q : params) items.push_back({q->name, q->value, q});
+  for (Parameter* q : params) items.push_back({q->name, q->value, q, layout.part(q->name)});
   load_items(src, items);
 }
 

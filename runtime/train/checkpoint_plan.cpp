@@ -49,8 +49,14 @@ std::vector<CkptTensor> checkpoint_tensors(CausalLM& model, AdamW* opt) {
   };
   // With LoRA the frozen base is not saved (it comes from model.init_from or the seed): the adapters, under PEFT's
   // names, and their optimizer state.
+  // A family's fused tensors (Phi-3's qkv_proj, gate_up_proj) are written joined, once (adapters never are).
   const std::vector<Parameter*> params = trainable(model.parameters());
-  for (Parameter* p : params) add(file_param_name(*p), p->value, true);
+  const FileLayout layout(model);
+  for (Parameter* p : params) {
+    if (is_lora_param(*p) || !layout.part(p->name)) add(file_param_name(*p), p->value, true);
+    else if (auto parts = layout.parts_led_by(p->name); !parts.empty())  // a fused tensor, once
+      out.push_back({layout.file_name(p->name), p->value, true, -1, parts});
+  }
   if (opt)
     for (Parameter* p : params) {
       auto& s = opt->state().at(p->name);
@@ -104,6 +110,12 @@ std::vector<int> assign_writers(const std::vector<CkptTensor>& ts, int world, in
 // it (point to point over the world group, watched); the writer copies its own. Returns the whole tensor on the
 // writer (host), undefined elsewhere. Every rank calls this for every tensor in the same order; no rank holds more
 // than one whole tensor (the writer) plus one block.
+Tensor gather_joined(const std::vector<DTensor>& parts, int writer, Group& world) {
+  std::vector<Tensor> whole;
+  for (const DTensor& p : parts) whole.push_back(gather_to_writer(p, writer, world));
+  return world.rank() == writer ? join_rows(whole) : Tensor();
+}
+
 Tensor gather_to_writer(const DTensor& t, int writer, Group& world, int64_t slice) {
   const DeviceMesh& mesh = t.mesh;
   const int me = world.rank();

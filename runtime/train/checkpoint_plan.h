@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "runtime/train/fused_tensors.h"
 #include "runtime/train/optimizer.h"
 #include "runtime/train/run_config.h"
 
@@ -25,7 +26,12 @@ struct CkptTensor {
   // A stacked parameter's (an MoE layer's experts) slice along dim 0, written as its own tensor by a rank that
   // holds it: -1, the whole of t.
   int64_t slice = -1;
-  Shape shape() const { return slice < 0 ? t.shape() : Shape(t.shape().begin() + 1, t.shape().end()); }
+  // A tensor the family's files hold fused (fused_tensors.h): its parameters, joined along dim 0 (t: the first).
+  std::vector<DTensor> parts;
+  Shape shape() const {
+    if (!parts.empty()) return joined_shape(parts);
+    return slice < 0 ? t.shape() : Shape(t.shape().begin() + 1, t.shape().end());
+  }
 };
 
 // Which rank writes each tensor and into which file: one model and one optimizer file per writer that has such
@@ -51,6 +57,8 @@ FilePlan plan_files(const std::vector<CkptTensor>& ts, int n_world, const Config
                     Group* stages);
 // Collective over world: t whole on `writer` (host), undefined elsewhere; slice: a stacked parameter's dim-0 row.
 Tensor gather_to_writer(const DTensor& t, int writer, Group& world, int64_t slice = -1);
+// A fused tensor whole on its writer: its parts gathered one by one and joined (undefined elsewhere).
+Tensor gather_joined(const std::vector<DTensor>& parts, int writer, Group& world);
 // The concatenation of every member's JSON array, in rank order (collective over g).
 nlohmann::json gather_json_array(Group& g, const nlohmann::json& mine, Device device);
 // "prefix.safetensors" for one file, else "prefix-0000k-of-0000n.safetensors".

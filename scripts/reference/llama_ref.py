@@ -28,6 +28,12 @@ Families (config.json's model_type; absent = llama), all the Llama architecture 
            renormalised iff norm_topk_prob (default false). E num_experts.
   qwen3_moe  Qwen3's attention (q_norm, k_norm; head_dim absent: hidden_size / heads); qwen2_moe's sparse layers
            without the shared expert.
+  phi3     Phi-3: Llama's computation with fused projections, as Phi-3's modules are: self_attn.qkv_proj
+           ((H + 2 KV) hd, C), whose output splits into q (H hd), k (KV hd) and v (KV hd) in that order, and
+           mlp.gate_up_proj (2F, C), whose output's first F values are the gate and the last F the up projection:
+           down_proj(silu(gate) * up). No biases; sliding_window (absent or null: none) is refused below the
+           sequence length; rms_norm_eps absent: 1e-5; partial_rotary_factor other than 1 and non-zero dropouts
+           (resid_pdrop, embd_pdrop, attention_dropout) are refused. RoPE may be longrope (below).
   Any other model_type is refused (naming the supported ones), as is a hidden_act other than silu.
 MoE router, as transformers computes it: logits = gate(x) in the model's dtype; softmax in f32 (f64 in an f64 run);
   torch.topk; renormalised as above; rounded to the hidden dtype; out[t] = sum_k w[t,k] expert_e[t,k](x[t]),
@@ -41,13 +47,19 @@ Balance loss (transformers' load_balancing_loss_func, no attention mask): the ro
 RoPE: rope_theta and the scaling in either config.json spelling:
   transformers 4: top-level rope_theta; rope_scaling null or {rope_type (or the older "type"), factor, ...}
   transformers 5: rope_parameters {rope_type, rope_theta, factor, ...} (rope_type "default": no scaling)
-  Both may be present; a key given twice with different values is an error. rope_type is default, linear or
-  llama3; any other (dynamic, yarn, longrope, ...) is refused.
+  Both may be present; a key given twice with different values is an error. rope_type is default, linear,
+  llama3 or (phi3 only) longrope; any other (dynamic, yarn, ...) is refused.
   linear: inv_freq / factor (positions / factor).
   llama3 (Meta's Llama 3.1): with wavelen = 2 pi / inv_freq, old = original_max_position_embeddings:
   wavelen < old / high_freq_factor: unchanged; wavelen > old / low_freq_factor: inv_freq / factor; between:
   s = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor),
   inv_freq = (1 - s) inv_freq / factor + s inv_freq.
+  longrope (Phi-3's LongRoPE; keys short_factor and long_factor, head_dim / 2 numbers each, and
+  original_max_position_embeddings, which phi3 files may give at the top level instead, default 4096):
+  inv_freq[i] / ext[i] with ext = long_factor when the forward's sequence length T exceeds
+  original_max_position_embeddings (transformers picks by the largest position + 1, T here), else short_factor;
+  cos and sin are multiplied by attention_factor when given, else with f = factor when given, else
+  max_position_embeddings / original: 1 if f <= 1, else sqrt(1 + ln f / ln original).
   Precision: inv_freq (theta^(-2i/hd), then the scaling), the angles position * inv_freq and their cos and sin
   are all computed in f64 and rounded once to the model's dtype (f32, or f64 for --dtype f64 and generate).
   head_dim: config.json's, else hidden_size / num_attention_heads.
@@ -66,9 +78,9 @@ run and meshtrain route every token alike.
   llama_ref.py init  --out DIR [--dim 64 --n-layers 2 --n-heads 4 --n-kv-heads 2 --ffn-dim 160
                      --vocab-size 256 --norm-eps 1e-5 --rope-theta 10000 --max-seq-len 256]
                      [--tie-embeddings] [--seed 0] [--dtype f32|bf16]
-                     [--model-type llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe] [--head-dim HD]
+                     [--model-type llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe|phi3] [--head-dim HD]
                      [--attention-bias (llama)] [--sliding-window N (mistral)] [--rope-spelling v4|v5]
-                     [--rope-scaling none|linear:FACTOR|llama3:FACTOR,LOW,HIGH,ORIG]
+                     [--rope-scaling none|linear:FACTOR|llama3:FACTOR,LOW,HIGH,ORIG|longrope:ORIG]
                      MoE: [--n-experts 4 --experts-per-token 2 --moe-ffn-dim F (default --ffn-dim)
                      --router-aux-loss-coef C (default 0.02 mixtral, 0.001 qwen) --output-router-logits]
                      qwen MoEs: [--norm-topk-prob --decoder-sparse-step 1 --mlp-only-layers 0,3]
@@ -199,14 +211,14 @@ def read_model_weights(model_dir, prefix="model"):
 
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-               "qwen3_moe": "Qwen3MoeForCausalLM"}
+               "qwen3_moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM"}
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 # transformers' defaults for a key absent from config.json, per family.
 _DEFAULTS = {
     "max_position_embeddings": {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768, "qwen3": 32768,
-                                "mixtral": 4096 * 32, "qwen2_moe": 32768, "qwen3_moe": 32768},
-    "rms_norm_eps": {"mixtral": 1e-5},  # every other family: 1e-6
+                                "mixtral": 4096 * 32, "qwen2_moe": 32768, "qwen3_moe": 32768, "phi3": 4096},
+    "rms_norm_eps": {"mixtral": 1e-5, "phi3": 1e-5},  # every other family: 1e-6
     "rope_theta": {"mixtral": 1e6},  # every other family: 10000
     "num_experts": {"mixtral": 8, "qwen2_moe": 60, "qwen3_moe": 128},
     "num_experts_per_tok": {"mixtral": 2, "qwen2_moe": 4, "qwen3_moe": 8},
@@ -214,7 +226,9 @@ _DEFAULTS = {
 }
 # The keys each RoPE type takes besides rope_type/type and rope_theta (transformers' rope_config_validation).
 ROPE_KEYS = {"default": (), "linear": ("factor",),
-             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+             "longrope": ("short_factor", "long_factor", "original_max_position_embeddings")}
+LONGROPE_OPTIONAL = ("factor", "attention_factor")
 
 
 class ConfigError(ValueError):
@@ -259,7 +273,7 @@ def read_rope(d, default_theta=10000.0):
     if rope_type not in ROPE_KEYS:
         raise ConfigError(f"{found['rope_type'][0]} = {json.dumps(rope_type)}: supported RoPE types are "
                           f"{', '.join(ROPE_KEYS)}")
-    allowed = ("rope_type", "rope_theta") + ROPE_KEYS[rope_type]
+    allowed = ("rope_type", "rope_theta") + ROPE_KEYS[rope_type] + (LONGROPE_OPTIONAL if rope_type == "longrope" else ())
     for key, (where, v) in found.items():
         if key not in allowed:
             raise ConfigError(f"{where} = {json.dumps(v)}: not a parameter of rope_type {json.dumps(rope_type)}")
@@ -270,11 +284,33 @@ def read_rope(d, default_theta=10000.0):
     for key in ROPE_KEYS[rope_type]:
         if key not in found:
             raise ConfigError(f"rope_type {json.dumps(rope_type)} needs {key} (in rope_scaling or rope_parameters)")
-        scaling[key] = _number(found[key][1], found[key][0])
+        v, where = found[key][1], found[key][0]
+        if key in ("short_factor", "long_factor"):
+            if not isinstance(v, list):
+                raise ConfigError(f"{where} = {json.dumps(v)}: expected a list of numbers")
+            scaling[key] = [_number(x, where) for x in v]
+        else:
+            scaling[key] = _number(v, where)
+    for key in LONGROPE_OPTIONAL if rope_type == "longrope" else ():
+        if key in found:
+            scaling[key] = _number(found[key][1], found[key][0])
     if rope_type == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
         raise ConfigError(f"llama3 RoPE: high_freq_factor = {scaling['high_freq_factor']} must exceed "
                           f"low_freq_factor = {scaling['low_freq_factor']}")
     return float(theta), scaling
+
+
+def phi3_rope(d):
+    """A copy of a phi3 config dict whose longrope objects have original_max_position_embeddings: Phi-3's files
+    keep it at the top level (Phi3Config's default 4096)."""
+    d = dict(d)
+    original = d.get("original_max_position_embeddings")
+    original = 4096 if original is None else original
+    for where in ("rope_scaling", "rope_parameters"):
+        r = d.get(where)
+        if isinstance(r, dict) and r.get("rope_type", r.get("type")) == "longrope":
+            d[where] = dict({"original_max_position_embeddings": original}, **r)
+    return d
 
 
 def _int(v, key, minimum):
@@ -311,14 +347,17 @@ class LlamaConfig:
         self.vocab_size = d["vocab_size"]
         mt = self.model_type
         self.rms_norm_eps = get("rms_norm_eps", _DEFAULTS["rms_norm_eps"].get(mt, 1e-6))
-        self.rope_theta, self.rope_scaling = read_rope(d, _DEFAULTS["rope_theta"].get(mt, 10000.0))
+        self.rope_theta, self.rope_scaling = read_rope(phi3_rope(d) if mt == "phi3" else d,
+                                                       _DEFAULTS["rope_theta"].get(mt, 10000.0))
         self.max_position_embeddings = get("max_position_embeddings", _DEFAULTS["max_position_embeddings"][mt])
+        self.fused = mt == "phi3"  # Phi-3's qkv_proj and gate_up_proj
         self.tie_word_embeddings = get("tie_word_embeddings", False)
         # Qwen3Config's head_dim defaults to 128; every other family's to hidden_size / num_attention_heads.
         self.head_dim = get("head_dim", 128 if mt == "qwen3" else self.hidden_size // self.num_attention_heads)
         assert self.num_attention_heads % self.num_key_value_heads == 0, "heads must be a multiple of kv heads"
         if self.head_dim % 2:
             raise ConfigError(f"head_dim = {self.head_dim}: RoPE needs an even head dim")
+        self.check_longrope(d, get)
         # Biases, as each family's attention declares them (Mistral's has none, whatever the file says).
         # Qwen3's q_norm and k_norm: an RMSNorm over each head's head_dim values of q and k, before RoPE.
         self.qk_norm = mt in QK_NORM_TYPES
@@ -328,13 +367,17 @@ class LlamaConfig:
             self.qkv_bias = self.o_bias = bool(get("attention_bias", False))
         elif mt in QK_NORM_TYPES:  # Qwen3: attention_bias puts a bias on all four projections, as Llama's
             self.qkv_bias = self.o_bias = _bool(get("attention_bias", False), "attention_bias")
+        elif mt == "phi3":
+            if get("attention_bias", False):
+                raise ConfigError("attention_bias = true: Phi-3's attention has no biases")
+            self.qkv_bias = self.o_bias = False
         else:
             self.qkv_bias, self.o_bias = mt in ("qwen2", "qwen2_moe"), False
         # Sliding-window attention: the window in tokens (a query sees itself and the window - 1 before it), or None.
         if mt == "mistral":
             self.sliding_window = d.get("sliding_window", 4096)  # absent: MistralConfig's default; null: none
-        elif mt == "mixtral":
-            self.sliding_window = d.get("sliding_window")  # MixtralConfig's default: none
+        elif mt in ("mixtral", "phi3"):
+            self.sliding_window = d.get("sliding_window")  # MixtralConfig's and Phi3Config's default: none
         elif mt in ("qwen2", "qwen2_moe") and get("use_sliding_window", False):
             self.sliding_window = d.get("sliding_window", 4096)
         elif mt in QK_NORM_TYPES and get("use_sliding_window", False):
@@ -347,6 +390,27 @@ class LlamaConfig:
                                                 or not isinstance(self.sliding_window, int)
                                                 or self.sliding_window < 1):
             raise ConfigError(f"sliding_window = {json.dumps(self.sliding_window)}: expected an integer >= 1 or null")
+
+    def check_longrope(self, d, get):
+        """longrope is Phi-3's (its factor lists one number per frequency); Phi-3's other keys this reference does
+        not compute are refused. The model's max_position_embeddings joins the scaling (its attention factor)."""
+        r = self.rope_scaling
+        if r is not None and r["rope_type"] == "longrope":
+            if self.model_type != "phi3":
+                raise ConfigError(f"rope_type \"longrope\" is Phi-3's, not {self.model_type}'s")
+            for key in ("short_factor", "long_factor"):
+                if len(r[key]) != self.head_dim // 2:
+                    raise ConfigError(f"rope_scaling.{key} has {len(r[key])} values: longrope needs head_dim / 2 "
+                                      f"= {self.head_dim // 2}")
+            r["max_position_embeddings"] = self.max_position_embeddings
+        if self.model_type != "phi3":
+            return
+        if get("partial_rotary_factor", 1.0) != 1.0:
+            raise ConfigError(f"partial_rotary_factor = {d['partial_rotary_factor']}: only 1 (the whole head "
+                              "rotates) is implemented")
+        for key in ("resid_pdrop", "embd_pdrop", "attention_dropout"):
+            if get(key, 0.0) != 0:
+                raise ConfigError(f"{key} = {json.dumps(d[key])}: dropout is not implemented (0 only)")
 
     def read_moe(self, d, get):
         """The mixture-of-experts keys (transformers' names). Mixtral: every layer sparse, experts of width
@@ -433,10 +497,26 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def rope_inv_freq(head_dim, theta, scaling=None):
-    """The hd/2 RoPE frequencies theta^(-2i/hd), scaled as `scaling` says (None: plain), in f64."""
+def rope_inv_freq(head_dim, theta, scaling=None, seq_len=0):
+    """The hd/2 RoPE frequencies theta^(-2i/hd), scaled as `scaling` says (None: plain), in f64. seq_len: the
+    forward's sequence length (longrope's choice of factors)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        longer = seq_len > scaling["original_max_position_embeddings"]
+        ext = torch.tensor(scaling["long_factor" if longer else "short_factor"], dtype=torch.float64)
+        return inv_freq / ext
     return inv_freq if scaling is None else scale_inv_freq(inv_freq, scaling)
+
+
+def rope_attention_factor(scaling):
+    """longrope's multiplier of cos and sin (1 for any other RoPE)."""
+    if scaling is None or scaling["rope_type"] != "longrope":
+        return 1.0
+    if "attention_factor" in scaling:
+        return scaling["attention_factor"]
+    original = scaling["original_max_position_embeddings"]
+    f = scaling.get("factor", scaling["max_position_embeddings"] / original)
+    return 1.0 if f <= 1 else math.sqrt(1 + math.log(f) / math.log(original))
 
 
 def scale_inv_freq(inv_freq, scaling):
@@ -459,10 +539,11 @@ def rope_cos_sin(seq_len, head_dim, theta, dtype=None, scaling=None):
     """cos, sin of shape (seq_len, head_dim) in HF's layout: the hd/2 frequencies, then the same again.
     Computed in f64 (frequencies, angles, cos and sin) and rounded once to `dtype` (default: torch's)."""
     dtype = dtype or torch.get_default_dtype()
-    inv_freq = rope_inv_freq(head_dim, theta, scaling)
+    inv_freq = rope_inv_freq(head_dim, theta, scaling, seq_len)
     angle = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
     angle = torch.cat([angle, angle], dim=-1)
-    return angle.cos().to(dtype), angle.sin().to(dtype)
+    m = rope_attention_factor(scaling)
+    return (m * angle.cos()).to(dtype), (m * angle.sin()).to(dtype)
 
 
 def rotate_half(x):
@@ -496,9 +577,13 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         # Biases (Qwen2's q, k, v; Llama's attention_bias on all four) are added after the projections.
-        self.q_proj = nn.Linear(c.hidden_size, self.n_heads * self.head_dim, bias=c.qkv_bias)
-        self.k_proj = nn.Linear(c.hidden_size, self.n_kv_heads * self.head_dim, bias=c.qkv_bias)
-        self.v_proj = nn.Linear(c.hidden_size, self.n_kv_heads * self.head_dim, bias=c.qkv_bias)
+        self.widths = [n * self.head_dim for n in (self.n_heads, self.n_kv_heads, self.n_kv_heads)]
+        if c.fused:  # Phi-3: one projection whose output is q, k, v in that order
+            self.qkv_proj = nn.Linear(c.hidden_size, sum(self.widths), bias=False)
+        else:
+            self.q_proj = nn.Linear(c.hidden_size, self.widths[0], bias=c.qkv_bias)
+            self.k_proj = nn.Linear(c.hidden_size, self.widths[1], bias=c.qkv_bias)
+            self.v_proj = nn.Linear(c.hidden_size, self.widths[2], bias=c.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, c.hidden_size, bias=c.o_bias)
         # Qwen3: RMSNorm (gain of head_dim values, shared by the heads) on each head of q and of k, before RoPE.
         self.q_norm = RMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
@@ -511,9 +596,13 @@ class LlamaAttention(nn.Module):
             t = t.view(B, T, n, self.head_dim)
             return (t if norm is None else norm(t)).transpose(1, 2)
 
-        q = apply_rope(heads(self.q_proj(x), self.n_heads, self.q_norm), cos, sin)
-        k = apply_rope(heads(self.k_proj(x), self.n_kv_heads, self.k_norm), cos, sin)
-        v = heads(self.v_proj(x), self.n_kv_heads)
+        if hasattr(self, "qkv_proj"):
+            xq, xk, xv = self.qkv_proj(x).split(self.widths, dim=-1)
+        else:
+            xq, xk, xv = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = apply_rope(heads(xq, self.n_heads, self.q_norm), cos, sin)
+        k = apply_rope(heads(xk, self.n_kv_heads, self.k_norm), cos, sin)
+        v = heads(xv, self.n_kv_heads)
         o = gqa_attention(q, k, v)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
@@ -521,11 +610,17 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, c):
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        if c.fused:  # Phi-3: one projection whose output is the gate, then the up projection
+            self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
+        else:
+            self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+            self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x):
+        if hasattr(self, "gate_up_proj"):
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -933,8 +1028,9 @@ def evaluate(model, tokens, masks, B, T, steps):
 # ================================================================== commands
 
 
-def parse_rope_scaling(text):
-    """--rope-scaling: none | linear:FACTOR | llama3:FACTOR,LOW,HIGH,ORIG -> None or the scaling dict."""
+def parse_rope_scaling(text, head_dim=0):
+    """--rope-scaling: none | linear:FACTOR | llama3:FACTOR,LOW,HIGH,ORIG | longrope:ORIG -> None or the scaling
+    dict. longrope's factor lists are made up, head_dim / 2 each: short 1 + 0.1 i, long 1 + 0.75 i."""
     kind, _, args = text.partition(":")
     try:
         if kind == "none" and not args:
@@ -945,9 +1041,14 @@ def parse_rope_scaling(text):
         if kind == "llama3" and len(values) == 4 and values[3] == int(values[3]):
             return {"rope_type": "llama3", "factor": values[0], "low_freq_factor": values[1],
                     "high_freq_factor": values[2], "original_max_position_embeddings": int(values[3])}
+        if kind == "longrope" and len(values) == 1 and values[0] == int(values[0]):
+            half = range(head_dim // 2)
+            return {"rope_type": "longrope", "short_factor": [1 + 0.1 * i for i in half],
+                    "long_factor": [1 + 0.75 * i for i in half], "original_max_position_embeddings": int(values[0])}
     except ValueError:
         pass
-    raise ConfigError(f"--rope-scaling {text}: expected none, linear:FACTOR or llama3:FACTOR,LOW,HIGH,ORIG")
+    raise ConfigError(f"--rope-scaling {text}: expected none, linear:FACTOR, llama3:FACTOR,LOW,HIGH,ORIG or "
+                      "longrope:ORIG")
 
 
 def init_config(a):
@@ -968,12 +1069,14 @@ def init_config(a):
     if a.attention_bias and mt != "llama":
         raise ConfigError(f"--attention-bias is Llama's (model_type {mt}: "
                           + ("biases on q, k and v always)" if mt == "qwen2" else "no biases)"))
-    if a.sliding_window is not None and mt != "mistral":
-        raise ConfigError(f"--sliding-window is Mistral's, not {mt}'s")
+    if a.sliding_window is not None and mt not in ("mistral", "phi3"):
+        raise ConfigError(f"--sliding-window is Mistral's and Phi-3's, not {mt}'s")
     if a.n_heads % a.n_kv_heads or (hd or a.dim // a.n_heads) % 2 or (not hd and a.dim % a.n_heads):
         sys.exit("llama_ref: dim must divide into n_heads heads of even size (or --head-dim be even), n_heads into "
                  "n_kv_heads groups")
-    scaling = parse_rope_scaling(a.rope_scaling)
+    scaling = parse_rope_scaling(a.rope_scaling, hd or a.dim // a.n_heads)
+    if scaling is not None and scaling["rope_type"] == "longrope" and mt != "phi3":
+        raise ConfigError(f"--rope-scaling longrope is Phi-3's, not {mt}'s")
     dtype = "bfloat16" if a.dtype == "bf16" else "float32"
     cfg = {"architectures": [MODEL_TYPES[mt]], "model_type": mt, "hidden_act": "silu",
            "hidden_size": a.dim, "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads,
@@ -985,6 +1088,11 @@ def init_config(a):
         cfg["attention_bias"] = False
     if a.rope_spelling == "v5":  # transformers 5: one rope_parameters object, rope_theta inside
         cfg["rope_parameters"] = dict({"rope_type": "default"} if scaling is None else scaling, rope_theta=a.rope_theta)
+    elif scaling is not None and mt == "phi3":  # Phi-3's own files: three keys, the context at the top level
+        cfg["rope_theta"] = a.rope_theta
+        cfg["rope_scaling"] = {"type": "longrope", "short_factor": scaling["short_factor"],
+                               "long_factor": scaling["long_factor"]}
+        cfg["original_max_position_embeddings"] = scaling["original_max_position_embeddings"]
     else:  # transformers 4: top-level rope_theta, rope_scaling only with scaling
         cfg["rope_theta"] = a.rope_theta
         if scaling is not None:
@@ -994,6 +1102,9 @@ def init_config(a):
         cfg["attention_bias"] = True
     if mt == "mistral":
         cfg["sliding_window"] = a.sliding_window  # None: no window (an absent key means 4096)
+    if mt == "phi3":  # Phi3Config's keys; pad_token_id is kept by meshtrain's checkpoints, used by neither
+        cfg.update({"sliding_window": a.sliding_window, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                    "attention_dropout": 0.0, "pad_token_id": a.vocab_size - 1})
     if mt in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         cfg.update({"use_sliding_window": False, "sliding_window": None, "max_window_layers": a.n_layers})
     if mt in MOE_TYPES:
@@ -1187,11 +1298,12 @@ def main():
     p.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     p.add_argument("--model-type", choices=list(MODEL_TYPES), default="llama")
     p.add_argument("--head-dim", type=int, default=0, help="default: dim / n_heads (and head_dim not written)")
-    p.add_argument("--rope-scaling", default="none", help="none | linear:FACTOR | llama3:FACTOR,LOW,HIGH,ORIG")
+    p.add_argument("--rope-scaling", default="none",
+                   help="none | linear:FACTOR | llama3:FACTOR,LOW,HIGH,ORIG | longrope:ORIG (phi3)")
     p.add_argument("--rope-spelling", choices=["v4", "v5"], default="v4",
                    help="config.json's RoPE keys: v4 rope_theta + rope_scaling, v5 rope_parameters")
     p.add_argument("--attention-bias", action="store_true", help="llama: biases on q, k, v and o_proj")
-    p.add_argument("--sliding-window", type=int, default=None, help="mistral: sliding_window (default null)")
+    p.add_argument("--sliding-window", type=int, default=None, help="mistral, phi3: sliding_window (default null)")
     p.add_argument("--n-experts", type=int, default=None, help="MoE: num_local_experts / num_experts (default 4)")
     p.add_argument("--experts-per-token", type=int, default=None, help="MoE: num_experts_per_tok (default 2)")
     p.add_argument("--moe-ffn-dim", type=int, default=None,

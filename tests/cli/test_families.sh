@@ -9,7 +9,10 @@
 # YAML gives no model keys: the architecture comes from config.json. The checkpoint written keeps the original's
 # model_type, architectures and keys, and loads back. Mixtral with and without the balance loss (the YAML's
 # output_router_logits over config.json's) against the reference, and the metrics' aux_loss against its aux.
-# Bad family input gives its message.
+# Phi-3 (fused qkv_proj and gate_up_proj in its files, LongRoPE with long and with short factors) the same way and
+# on pp 2 and cp 2; its checkpoints' files hold the fused tensors (names and shapes) that the reference reads to
+# the same logits, and a resume from them on another mesh continues the reference's losses;
+# `meshtrain estimate` and `plan --search` take it. Bad family input gives its message.
 # Prints "families: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_families.sh BUILD_DIR
 set -uo pipefail
@@ -18,7 +21,7 @@ source "$(dirname "$0")/common.sh"
 ref="$root/scripts/reference/llama_ref.py"
 
 if ! "$py" -c "import torch" 2>/dev/null; then
-  for f in llama3 mistral qwen2 qwen2_tied qwen3 mixtral qwen2_moe qwen3_moe; do skip "$f against the PyTorch reference" "python3-torch is not installed"; done
+  for f in llama3 mistral qwen2 qwen2_tied qwen3 mixtral qwen2_moe qwen3_moe phi3 phi3_v5; do skip "$f against the PyTorch reference" "python3-torch is not installed"; done
   summary families
   exit 0
 fi
@@ -92,6 +95,105 @@ family mixtral --model-type mixtral --n-experts 4 --experts-per-token 2 --moe-ff
 family qwen2_moe --model-type qwen2_moe --n-layers 3 --n-experts 4 --experts-per-token 2 --moe-ffn-dim 16 \
   --shared-expert-ffn-dim 24 --decoder-sparse-step 2 --output-router-logits
 family qwen3_moe --model-type qwen3_moe --n-experts 4 --experts-per-token 2 --moe-ffn-dim 24 --norm-topk-prob
+# Phi-3: LongRoPE's long factors (training.seq_len 32 > original_max_position_embeddings 16) and its attention
+# factor sqrt(1 + ln 4 / ln 16) (max_position_embeddings 64 = 4 x 16), Phi-3's own spelling (rope_scaling's three
+# keys, the context at the top level); then the short factors (original 32) in transformers 5's spelling, tied.
+family phi3 --model-type phi3 --rope-scaling longrope:16
+family phi3_v5 --model-type phi3 --rope-scaling longrope:32 --rope-spelling v5 --tie-embeddings
+
+# A phi3 checkpoint is a Phi-3 directory: its files hold self_attn.qkv_proj.weight ((H + 2 KV) hd, C) and
+# mlp.gate_up_proj.weight (2F, C) joined from the parameters, no q/k/v or gate/up of their own (saved on 4 ranks:
+# sharded by tp and dp_shard, several files and an index; and under pp 2, each stage its own layer's); the
+# reference, which computes with the fused tensors as Phi-3's modules do, reads them to the logits meshtrain
+# computes from the same checkpoint (the rows' order in a fused tensor is checked by the resume below: both would
+# read a wrong join alike). phi3 under pp 2 and cp 2 also equals the reference.
+# phi3_fused CK LOGITS: the files of $tmp/phi3.CK.ckpt's last checkpoint hold the fused tensors, whose logits in the
+# reference equal meshtrain's from the same checkpoint (LOGITS).
+phi3_fused() {
+  local ck=$1
+  if out=$("$py" - "$root/scripts/reference" "$tmp/phi3.$ck.ckpt/step_00000010" "$2" <<'PY' 2>&1
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np, torch
+import llama_ref as r
+ck, npy = sys.argv[2:4]
+w = r.read_model_weights(ck)
+c = r.LlamaConfig.load(ck)
+hd, H, KV, F = c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size
+for i in range(c.num_hidden_layers):
+    p = f"model.layers.{i}."
+    assert w[p + "self_attn.qkv_proj.weight"].shape == ((H + 2 * KV) * hd, c.hidden_size), w[p + "self_attn.qkv_proj.weight"].shape
+    assert w[p + "mlp.gate_up_proj.weight"].shape == (2 * F, c.hidden_size), w[p + "mlp.gate_up_proj.weight"].shape
+split = [n for n in w if n.endswith(tuple(f".{s}.weight" for s in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")))]
+assert not split, split
+model = r.load_model(ck, torch.float64)
+with torch.no_grad():
+    ref = model(torch.tensor([[1, 2, 3, 4]]))[0].numpy()
+ours = np.load(npy)
+d = float(np.abs(ours - ref).max())
+assert d < 1e-4, d
+print(f"{len(w)} tensors, qkv_proj {w['model.layers.0.self_attn.qkv_proj.weight'].shape}, gate_up_proj "
+      f"{w['model.layers.0.mlp.gate_up_proj.weight'].shape}; logits within {d:.1e} of the reference's")
+PY
+  ); then ok "phi3 ($ck): the checkpoint's files hold the fused tensors, which the reference reads to meshtrain's logits: $out"
+  else bad "phi3 ($ck): the checkpoint's fused tensors" "$out"; fi
+}
+
+phi3_files() {
+  # pp 2: each stage saves its layer's fused tensors (the other stage's parameters named as the files name them).
+  rm -rf "$tmp/phi3.pp2.ckpt"
+  if ! timeout 300 "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3" --set parallel.pp=2 \
+    --set training.micro_batch_size=4 --set log.metrics_file="$tmp/phi3.pp2.jsonl" \
+    --set checkpoint.dir="$tmp/phi3.pp2.ckpt" train >"$tmp/phi3.pp2.log" 2>&1; then
+    bad "phi3 under pp 2" "$(tail -n 20 "$tmp/phi3.pp2.log")"
+  elif out=$("$py" "$compare" "$tmp/phi3.pp2.jsonl" "$tmp/phi3.ref.json" --rel0 1e-5 --abs 1e-5 --steps 10 2>&1); then
+    ok "phi3 under pp 2: 10 f64 steps within 1e-5 of the reference: $out"
+  else
+    bad "phi3 under pp 2: losses against the reference" "$out"
+  fi
+  # cp 2: each rank's tokens at their global positions in LongRoPE's tables (picked by the whole sequence's length).
+  if timeout 300 "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3" --set parallel.cp=2 \
+    --set log.metrics_file="$tmp/phi3.cp2.jsonl" train >"$tmp/phi3.cp2.log" 2>&1 &&
+    out=$("$py" "$compare" "$tmp/phi3.cp2.jsonl" "$tmp/phi3.ref.json" --rel0 1e-5 --abs 1e-5 --steps 10 2>&1); then
+    ok "phi3 under cp 2: 10 f64 steps within 1e-5 of the reference: $out"
+  else
+    bad "phi3 under cp 2" "${out:-$(tail -n 20 "$tmp/phi3.cp2.log")}"
+  fi
+  "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/phi3.pp2.ckpt/step_00000010" --tokens 1,2,3,4 \
+    --out "$tmp/phi3.pp2.logits.npy" >"$tmp/phi3.pp2.logits.log" 2>&1
+  phi3_fused np4 "$tmp/phi3.logits.npy"
+  phi3_fused pp2 "$tmp/phi3.pp2.logits.npy"
+  # Save and load are each other's inverse: tp 2 x dp_shard 2 saves step 5's fused tensors, 1 rank resumes from
+  # them for steps 6-10, which are the reference's (a join or a split of the wrong rows would change them).
+  rm -rf "$tmp/phi3.at5.ckpt" "$tmp/phi3.resumed.ckpt" && mkdir -p "$tmp/phi3.resumed.ckpt"
+  if timeout 300 "$mpirun" -np 4 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3" --set parallel.tp=2 \
+    --set parallel.dp_shard=2 --set parallel.fsdp.min_weight_size=0 --set checkpoint.dir="$tmp/phi3.at5.ckpt" \
+    --set checkpoint.interval=5 train >"$tmp/phi3.at5.log" 2>&1 &&
+    cp -r "$tmp/phi3.at5.ckpt/step_00000005" "$tmp/phi3.resumed.ckpt/" &&
+    timeout 300 "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3" \
+      --set checkpoint.dir="$tmp/phi3.resumed.ckpt" --set log.metrics_file="$tmp/phi3.resumed.jsonl" train \
+      >"$tmp/phi3.resumed.log" 2>&1; then
+    if out=$("$py" "$compare" "$tmp/phi3.resumed.jsonl" "$tmp/phi3.ref.json" --rel0 1e-5 --abs 1e-5 --from-step 6 \
+      --steps 5 2>&1); then
+      ok "phi3: saved on tp 2 x dp_shard 2 at step 5, resumed on 1 rank: steps 6-10 within 1e-5 of the reference: $out"
+    else
+      bad "phi3: resumed from its fused checkpoint: losses against the reference" "$out"
+    fi
+  else
+    bad "phi3: save at step 5 and resume" "$(tail -n 20 "$tmp/phi3.at5.log" "$tmp/phi3.resumed.log" 2>/dev/null)"
+  fi
+  # estimate (issue 53 part 4): the reference's parameter count, the fused tensors counted as their parts.
+  local params
+  params=$("$py" -c "import json, sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])['params'])" \
+    "$tmp/phi3.init.log" 2>/dev/null)
+  expect "phi3: meshtrain estimate takes a Phi-3 directory (the reference's $params parameters)" zero \
+    "estimate: phi3 ($params parameters) on 4 ranks" -- \
+    "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3" --set parallel.tp=2 estimate --world 4
+  expect "phi3: plan --search takes a Phi-3 directory" zero "plans tried on h100_ib" -- \
+    "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3" plan --search --world 4 \
+    --cluster "$root/configs/clusters/h100_ib.yaml"
+}
+phi3_files
 
 # With and without the balance loss, one directory (mixtral's, output_router_logits true): the YAML's
 # model.moe.output_router_logits = false wins over config.json's (how a run trains, not what the model is) and
@@ -177,5 +279,35 @@ json.dump(c, open(os.path.join(dst, "config.json"), "w"))
 PY
 expect "mistral: config.json's sliding window shorter than training.seq_len is refused" nonzero "model.sliding_window = 16 is shorter than training.seq_len = 32" -- \
   "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/mistral_short" train
+
+# Phi-3's bad input: LongRoPE's factor lists must have one value per frequency, from config.json and from the YAML;
+# a partial rotary factor is refused; its window follows Mistral's rule.
+"$py" - "$tmp/phi3" "$tmp/phi3_bad" <<'PY'
+import json, os, shutil, sys
+src, dst = sys.argv[1:3]
+shutil.copytree(src, dst, dirs_exist_ok=True)
+c = json.load(open(os.path.join(dst, "config.json")))
+c["rope_scaling"]["short_factor"] = c["rope_scaling"]["short_factor"][:3]
+json.dump(c, open(os.path.join(dst, "config.json"), "w"))
+PY
+expect "phi3: a LongRoPE factor list of the wrong length is refused, naming the key" nonzero "rope_scaling.short_factor has 3 values: LongRoPE needs one per frequency, head_dim / 2 = 4" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3_bad" train
+expect "phi3: the YAML's LongRoPE factor lists must have head_dim / 2 values" nonzero "model.rope_scaling.long_factor has 2 values: longrope needs head_dim / 2 = 16" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.type=phi3 --set model.rope_scaling.type=longrope \
+  --set "model.rope_scaling.short_factor=[$(printf '1,%.0s' $(seq 15))1]" --set "model.rope_scaling.long_factor=[1,2]" train
+expect "phi3: longrope without its factor lists is refused" nonzero "model.rope_scaling.short_factor: longrope needs short_factor and long_factor" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.type=phi3 --set model.rope_scaling.type=longrope train
+"$py" - "$tmp/phi3" "$tmp/phi3_partial" <<'PY'
+import json, os, shutil, sys
+src, dst = sys.argv[1:3]
+shutil.copytree(src, dst, dirs_exist_ok=True)
+c = json.load(open(os.path.join(dst, "config.json")))
+c["partial_rotary_factor"] = 0.5
+json.dump(c, open(os.path.join(dst, "config.json"), "w"))
+PY
+expect "phi3: a partial rotary factor is refused, naming the key" nonzero "partial_rotary_factor = 0.5: meshtrain rotates the whole head (1 only)" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/phi3_partial" train
+expect "phi3: a sliding window shorter than the sequence is refused" nonzero "model.sliding_window = 16 is shorter than training.seq_len = 32" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.type=phi3 --set model.sliding_window=16 train
 
 summary families

@@ -11,8 +11,10 @@ vocabulary 96, norm eps 1e-6 and RoPE base 500, not meshtrain's defaults, so a c
                    its bands: kept, blended, divided by 8) and head_dim 16, not dim / n_heads = 8; untied
   mistral          RoPE scaling linear:2, sliding_window 32 (at least every sequence here: plain causal), tied
   qwen2            q/k/v biases (non-zero in every model compared), untied; and tied
+  phi3             fused qkv_proj and gate_up_proj in the files, LongRoPE from 16 positions (the 24 tokens of the
+                   logits take the long factors, the training batches of 16 the short ones), untied
 against two implementations: scripts/reference/llama_ref.py (whenever torch imports) and transformers
-(AutoModelForCausalLM: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM; counted as skipped, never as
+(AutoModelForCausalLM: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Phi3ForCausalLM; counted as skipped, never as
 passed, where transformers does not import; its RoPE keys are written as its major version spells them,
 transformers 4's rope_theta + rope_scaling, transformers 5's rope_parameters).
   a. meshtrain trains the case's model 3 steps (from a YAML with the model keys) and checkpoints it; the checkpoint
@@ -79,7 +81,7 @@ class Case:
 
     @property
     def scaling(self):  # None or {"rope_type", and that type's keys}
-        return L.parse_rope_scaling(self.rope)
+        return L.parse_rope_scaling(self.rope, self.hd)
 
     @property
     def hd(self):
@@ -98,6 +100,7 @@ CASES = [
     Case("mistral linear-rope tied", "mistral", tied=True, rope="linear:2", window=32),
     Case("qwen2", "qwen2", tied=False),
     Case("qwen2 tied", "qwen2", tied=True, spelling="v5"),
+    Case("phi3 longrope", "phi3", tied=False, rope="longrope:16"),
 ]
 assert all(c.window is None or c.window >= max(SEQ, len(TOKENS)) for c in CASES)  # meshtrain's rule
 
@@ -125,6 +128,12 @@ def case_config(case):
            "max_position_embeddings": s["max_seq_len"], "tie_word_embeddings": case.tied, "hidden_act": "silu"}
     if case.model_type == "llama":
         cfg.update(attention_bias=False, mlp_bias=False)
+    elif case.model_type == "phi3":  # Phi-3's own rope_scaling (three keys), the context at the top level
+        if scaling:
+            cfg["rope_scaling"] = {"type": "longrope", "short_factor": scaling["short_factor"],
+                                   "long_factor": scaling["long_factor"]}
+            cfg["original_max_position_embeddings"] = scaling["original_max_position_embeddings"]
+        cfg.update(sliding_window=None, resid_pdrop=0.0, embd_pdrop=0.0, partial_rotary_factor=1.0)
     elif case.model_type == "mistral":
         cfg.update(sliding_window=case.window)
     else:
@@ -251,7 +260,9 @@ class LlamaRef:
         c = model.config
         assert (c.model_type, c.head_dim, c.tie_word_embeddings) == (case.model_type, case.hd, case.tied), \
             (c.model_type, c.head_dim, c.tie_word_embeddings)
-        assert c.rope_scaling == case.scaling, (c.rope_scaling, case.scaling)
+        # (longrope's scaling also carries the model's max_position_embeddings, for its attention factor)
+        got = c.rope_scaling and {k: v for k, v in c.rope_scaling.items() if k != "max_position_embeddings"}
+        assert got == case.scaling, (got, case.scaling)
         return model
 
     def logits(self, model, tokens):
@@ -322,6 +333,12 @@ class Transformers:
             kw["head_dim"] = case.head_dim
         if self.major() >= 5:  # one rope_parameters object, rope_theta inside
             kw["rope_parameters"] = dict(scaling or {"rope_type": "default"}, rope_theta=s["rope_theta"])
+        elif case.model_type == "phi3":  # Phi3Config: rope_scaling's three keys, the context at the top level
+            kw["rope_theta"] = s["rope_theta"]
+            kw["rope_scaling"] = scaling and {"type": "longrope", "short_factor": scaling["short_factor"],
+                                              "long_factor": scaling["long_factor"]}
+            if scaling:
+                kw["original_max_position_embeddings"] = scaling["original_max_position_embeddings"]
         else:  # top-level rope_theta; rope_scaling None or {"rope_type", ...}
             kw["rope_theta"] = s["rope_theta"]
             kw["rope_scaling"] = dict(scaling) if scaling else None
@@ -330,6 +347,8 @@ class Transformers:
             return transformers.LlamaConfig(**kw)
         if case.model_type == "mistral":
             return transformers.MistralConfig(sliding_window=case.window, **kw)
+        if case.model_type == "phi3":
+            return transformers.Phi3Config(sliding_window=None, **kw)
         return transformers.Qwen2Config(use_sliding_window=False, sliding_window=None,
                                         max_window_layers=s["n_layers"], **kw)
 

@@ -14,7 +14,7 @@ Qwen3-MoE checks compare the experts' loop with a dense all-experts formulation 
 a per-token NumPy loop, the balance loss with a count-based formula and finite
 differences, and the dense/sparse layer pattern, init and refusals. The loss masks
 (issue 41) against the counted targets picked out by index, in micro-batches, and
-the mask files' checks.
+the mask files' checks. Phi-3's (issue 53): tests/reference/phi3_checks.py.
 """
 import contextlib
 import io
@@ -1163,6 +1163,8 @@ def masked_evaluate_sums_over_all_batches():
 
 
 def main():
+    from phi3_checks import PHI3_TESTS  # model_type phi3: fused projections, LongRoPE
+    TESTS.extend(PHI3_TESTS)
     torch.set_default_dtype(torch.float64)
     torch.set_num_threads(2)
     counts = {"passed": 0, "failed": 0, "skipped": 0}
