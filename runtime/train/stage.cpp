@@ -68,4 +68,11 @@ ParamStateBytes param_state_bytes(DType dtype) {
           AdamW::state_element_bytes(accum_dtype(dtype))};
 }
 
+ParamStateBytes frozen_param_bytes(DType dtype) {
+  ParamStateBytes b = param_state_bytes(dtype);
+  b.grad = 0;
+  b.optimizer.clear();
+  return b;
+}
+
 }  // namespace mt

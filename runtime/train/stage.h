@@ -65,5 +65,9 @@ struct ParamStateBytes {
   }
 };
 ParamStateBytes param_state_bytes(DType dtype);
+// The bytes per local element of a frozen parameter (LoRA's base): no gradient, no optimizer state; the master value
+// and the compute copy under mixed precision, each its own allocation. The one count `train` logs (log_model_state)
+// and `estimate` and `plan --search` use: a change to how the frozen base is held is made here.
+ParamStateBytes frozen_param_bytes(DType dtype);
 
 }  // namespace mt
