@@ -8,7 +8,7 @@
 #    1 MiB, which the allocator takes in 2 MiB granules), and
 #  - every (tag, group, kind) of the bytes a step sends equal to what the runtime counts (`meshtrain plan`), calls
 #    included;
-# with LoRA (rank 8, on 1 rank and dp_shard 2 x tp 2) the model state train logs, the peak and the bytes as above,
+# with LoRA (rank 8: 1 rank, dp_shard 2 x tp 2, recompute full, pp 2 zb1p x tp 2) the model state train logs, the peak and the bytes as above,
 # the state smaller than without LoRA (on 1 rank the peak too), and plan --search picks a LoRA plan where no full
 # fine-tuning plan fits;
 # a plan `train` refuses is refused with the same message; bad input (a world the mesh does not divide, a cluster
@@ -98,11 +98,14 @@ done
 
 # LoRA (issue 52): a frozen base keeps its weights alone (no gradient, no AdamW state, nothing reduced). With
 # lora.rank 8 the estimate's model state of rank 0 is what train logs it allocated ("model state on rank 0: X MiB")
-# within 5% (the peaks' tolerance above), on 1 rank and on dp_shard 2 x tp 2, and so is the peak (the adapters'
+# within 5% (the peaks' tolerance above), on 1 rank, dp_shard 2 x tp 2, recompute full and pp 2 zb1p x tp 2, and so
+# is the peak (the adapters'
 # saved activations counted); the bytes per step are the runtime's counters; the state (and on 1 rank the peak) is
 # smaller than the same estimate without LoRA.
 loras=("1|LoRA rank 8, 1 rank|--set lora.rank=8"
-       "4|LoRA rank 8, dp_shard=2 x tp=2|--set lora.rank=8 --set parallel.dp_shard=2 --set parallel.tp=2 ${fsdp[*]}")
+       "4|LoRA rank 8, dp_shard=2 x tp=2|--set lora.rank=8 --set parallel.dp_shard=2 --set parallel.tp=2 ${fsdp[*]}"
+       "1|LoRA rank 8, recompute full|--set lora.rank=8 --set parallel.recompute.patterns=[\"model.layers.*\"]"
+       "4|LoRA rank 8, pp=2 zb1p x tp=2|--set lora.rank=8 --set parallel.pp=2 --set parallel.tp=2 --set parallel.pp_schedule=zb1p")
 for c in "${loras[@]}"; do
   IFS='|' read -r np what args <<<"$c"
   i=$((i + 1))
