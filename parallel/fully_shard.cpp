@@ -440,6 +440,16 @@ std::vector<std::vector<int64_t>> FullyShard::unit_param_elements() const {
   return out;
 }
 
+std::vector<std::vector<int64_t>> FullyShard::unit_grad_param_elements() const {
+  std::vector<std::vector<int64_t>> out;
+  for (auto& u : units_) {
+    out.emplace_back();
+    for (const FsdpParam& f : u->params)
+      if (f.grad_offset >= 0) out.back().push_back(shape_numel(f.full));
+  }
+  return out;
+}
+
 int64_t FullyShard::slot_elements() const {
   int64_t n = 0;
   for (auto& u : units_) n += u->slot;

@@ -81,6 +81,8 @@ class FullyShard {
   // Each unit's sharded parameters, their gathered elements (this rank's tp part, whole on the fsdp dim), in
   // forward order: each is its own allocation while the unit is unpacked, and so is its full-size gradient.
   std::vector<std::vector<int64_t>> unit_param_elements() const;
+  // The same for the trainable ones only, those given a full-size gradient in backward (all without LoRA).
+  std::vector<std::vector<int64_t>> unit_grad_param_elements() const;
   const FullyShardOptions& options() const { return opts_; }
   // Pipeline parallel with reshard_after_forward false: between hold() and release() a unit gathered once stays
   // gathered and its gradients accumulate whole; release() reduce-scatters each unit's once and frees it. So a

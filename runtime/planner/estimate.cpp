@@ -10,6 +10,7 @@
 #include "parallel/grad_sync.h"
 #include "runtime/core/bytes_format.h"
 #include "runtime/core/log.h"
+#include "runtime/planner/estimate_lora.h"
 #include "runtime/train/pipeline.h"
 #include "runtime/train/stage.h"
 
@@ -62,35 +63,56 @@ struct StageLayout {
   StageLayout(const StageLayout&) = delete;
 };
 
+// The parameters' local elements on a rank: all of them, and those that train (LoRA freezes the base).
+struct StateElements {
+  double all = 0, trainable = 0;
+};
+
 // The model state: the bytes `train` allocates for each parameter's local shape (log_model_state's count): master
-// value, gradient and AdamW's two moments in the master dtype, and the bf16 copy, each its own allocation; and the
-// gradient buckets' flat buffers. Returns the parameters' local elements.
-double add_state_memory(StageEstimate& st, const EstimateShape& rs, const StageLayout& lay) {
+// value, gradient and AdamW's two moments in the master dtype, and the bf16 copy, each its own allocation; a frozen
+// parameter (LoRA's base) its weights alone (frozen_param_bytes); and the gradient buckets' flat buffers.
+StateElements add_state_memory(StageEstimate& st, const EstimateShape& rs, const StageLayout& lay) {
   const DType dtype = rs.run.dtype;
-  const ParamStateBytes b = param_state_bytes(dtype);
+  const ParamStateBytes b = param_state_bytes(dtype), fb = frozen_param_bytes(dtype);
   const std::vector<int> coord0(size_t(lay.meshes.stage.ndim()), 0);
-  double elements = 0;
-  double master = 0, grads = 0, moments = 0, copies = 0;  // each tensor its own allocation
+  StateElements n;
+  double master = 0, grads = 0, moments = 0, copies = 0, frozen = 0;  // each tensor its own allocation
+  auto add = [&](const ParamStateBytes& per, double e, double& weights, double& copy) {
+    weights += rs.rank.alloc(e * per.master);
+    grads += rs.rank.alloc(e * per.grad);
+    for (double m : per.optimizer) moments += rs.rank.alloc(e * m);
+    copy += rs.rank.alloc(e * per.copy);
+  };
   for (Parameter* p : lay.stage.model->parameters()) {
-    const double n = double(shape_numel(p->value.spec.local_shape(coord0)));
-    elements += n;
-    master += rs.rank.alloc(n * b.master);
-    grads += rs.rank.alloc(n * b.grad);
-    for (double e : b.optimizer) moments += rs.rank.alloc(n * e);
-    copies += b.copy > 0 ? rs.rank.alloc(n * b.copy) : 0;
+    const double e = double(shape_numel(p->value.spec.local_shape(coord0)));
+    n.all += e;
+    if (p->frozen) {
+      add(fb, e, frozen, frozen);
+      continue;
+    }
+    n.trainable += e;
+    add(b, e, master, copies);
   }
-  st.state_bytes = master + grads + moments + copies;
+  st.state_bytes = master + grads + moments + copies + frozen;
   const std::string master_name(dtype_name(accum_dtype(dtype)));
-  st.memory.push_back({"parameters (master " + master_name + ")", master,
-                       fmt::format("{:.0f} elements of this rank's layouts ({:.0f} B each for weights, gradient, "
+  const bool lora = n.trainable < n.all;
+  st.memory.push_back({std::string(lora ? "trainable " : "") + "parameters (master " + master_name + ")", master,
+                       fmt::format("{:.0f} {}elements of this rank's layouts ({:.0f} B each for weights, gradient, "
                                    "AdamW m and v{} in all)",
-                                   elements, b.total(), dtype == DType::bf16 ? " and the bf16 copy" : "")});
+                                   n.trainable, lora ? "trainable " : "", b.total(),
+                                   dtype == DType::bf16 ? " and the bf16 copy" : "")});
   if (copies > 0) st.memory.push_back({"compute copies (bf16)", copies, "rounded from the masters after each update"});
-  st.memory.push_back({"gradients", grads, "the parameters' layouts, " + master_name});
+  if (lora)
+    st.memory.push_back({"frozen base (LoRA: weights only)", frozen,
+                         fmt::format("{:.0f} frozen elements ({:.0f} B each: {}; no gradient, no optimizer state)",
+                                     n.all - n.trainable, fb.total(),
+                                     fb.copy > 0 ? "master and compute copy" : "the weights")});
+  st.memory.push_back({"gradients", grads, "the " + std::string(lora ? "trainable " : "") + "parameters' layouts, " +
+                                               master_name});
   st.memory.push_back({"optimizer moments (AdamW m and v)", moments, master_name});
   const double buckets = rs.rank.alloc(double(lay.stage.grad_sync->bucket_buffer_bytes()));  // a flat buffer each
   if (buckets > 0) st.memory.push_back({"gradient buckets", buckets, lay.stage.grad_sync->describe()});
-  return elements;
+  return n;
 }
 
 // What the activations leave beside a stage's first module (the embedding) in the two phases it runs.
@@ -147,21 +169,24 @@ HeldAtInput add_activation_memory(StageEstimate& st, const Config& cfg, const Es
 // its weights unpacked beside the flat gather they came from, then beside the next unit's gather (its slot and
 // flat buffer); in backward the same, then the weights beside their full-size gradients with the unit before it
 // being gathered; in its reduce (the weights freed first) the gradients not yet packed, each with its
-// reduce-dtype copy when that differs, and the flat buffer `all`, then `own`.
+// reduce-dtype copy when that differs, and the flat buffer `all`, then `own`. Only the trainable parameters have
+// gradients (the gradient slot: LoRA's frozen base has none, and a unit of only frozen ones reduces nothing).
 struct UnitBytes {
   double forward = 0, backward = 0, reduce = 0;
 };
 UnitBytes unit_bytes(const EstimateShape& rs, const FullyShard& fsdp, size_t i) {
   const double n = rs.run.pd.dp_shard();
   const std::vector<int64_t> slots = fsdp.unit_slots();
-  const std::vector<int64_t> params = fsdp.unit_param_elements()[i];
+  const double gslot = double(fsdp.unit_grad_slots()[i]);
+  const std::vector<int64_t> params = fsdp.unit_param_elements()[i], trained = fsdp.unit_grad_param_elements()[i];
   const double pb = double(dtype_size(fsdp.options().param_dtype)), a = rs.rank.accum;
   const double rb = double(dtype_size(fsdp.options().reduce_dtype));
   auto A = [&](double b) { return rs.rank.alloc(b); };
   auto gather = [&](size_t j) { return A(double(slots[j]) * pb) + A(n * double(slots[j]) * pb); };
   double weights = 0, grads = 0, copy = 0;
-  for (int64_t e : params) {
-    weights += A(double(e) * pb), grads += A(double(e) * a);
+  for (int64_t e : params) weights += A(double(e) * pb);
+  for (int64_t e : trained) {
+    grads += A(double(e) * a);
     if (rb != a) copy = std::max(copy, A(double(e) * rb));
   }
   double prev = 0, next = 0;  // the nearest units with parameters: the prefetches
@@ -177,7 +202,7 @@ UnitBytes unit_bytes(const EstimateShape& rs, const FullyShard& fsdp, size_t i) 
     }
   const double slot = double(slots[i]), unpack = A(n * slot * pb) + weights;
   return {std::max(unpack, weights + next), std::max(unpack, weights + grads + prev),
-          prev + A(n * slot * rb) + std::max(grads + copy, A(slot * rb))};
+          gslot > 0 ? prev + A(n * gslot * rb) + std::max(grads + copy, A(gslot * rb)) : 0.0};
 }
 
 // A moment of the step that may be its peak: the bytes beside the model state, and where.
@@ -207,8 +232,9 @@ std::vector<Candidate> peak_candidates(const StageEstimate& st, const EstimateSh
   const size_t k = fsdp.unit_slots().size();
   if (!fsdp.options().reshard_after_forward) {
     const double pb = double(dtype_size(fsdp.options().param_dtype)), n = rs.run.pd.dp_shard();
-    double units = 0, most = 0;
-    for (int64_t slot : fsdp.unit_slots()) units += double(slot) * n * pb, most = std::max(most, double(slot) * n);
+    double units = 0, most = 0;  // most: the largest unit's gradients (trainable parameters only)
+    for (int64_t slot : fsdp.unit_slots()) units += double(slot) * n * pb;
+    for (int64_t slot : fsdp.unit_grad_slots()) most = std::max(most, double(slot) * n);
     c.push_back({act + temps + units + most * rs.rank.accum,
                  "the first backward, every fully_shard unit gathered, the largest unit's gradients"});
     return c;
@@ -272,21 +298,24 @@ void add_comm(StageEstimate& st, std::vector<std::string>& notes, const Config& 
 }
 
 // FLOPs per step on this rank (the model's per-token count over the rank's tokens; recompute adds the forwards it
-// repeats) and the bytes the memory-bound ops move (the model's, and AdamW over the local parameters: master,
-// gradient, m and v read, three written, and the copy: about 30 B per element).
-// Returns the GEMM FLOPs (the rest is attention's).
-double add_work(StageEstimate& st, const EstimateShape& rs, const StageFlops& f, int64_t layers, bool last,
-                double elements) {
+// repeats) and the bytes the memory-bound ops move (the model's, and AdamW over the local trainable parameters:
+// master, gradient, m and v read, three written, and the copy: about 30 B per element). Under LoRA the frozen
+// base's weight gradients are not computed (4 of the 6 FLOPs a weight and token: forward and input gradient) and
+// the adapters add 6 a weight. Returns the GEMM FLOPs (the rest is attention's).
+double add_work(StageEstimate& st, const EstimateShape& rs, const StageLayout& lay, const StageFlops& f,
+                int64_t layers, const StateElements& elements) {
+  const bool last = lay.last;
   const double tokens = double(rs.rank.micro) * double(rs.rank.tokens) * double(rs.m);  // over the step
   double gemm = f.layer_gemm * double(layers) * tokens + (last ? f.head * tokens : 0);
+  if (elements.trainable < elements.all) gemm = gemm * 4.0 / 6.0 + 6.0 * adapter_tp_elements(*lay.stage.model, lay.meshes.stage) * tokens;
   double attn = f.layer_attention * double(layers) * tokens;
   // A recomputed attention kernel repeats its forward: a third of its work.
   gemm += f.recomputed_gemm * tokens;
   attn += f.layer_attention / 3.0 * double(f.recomputed_attention) * tokens;
   st.flops = gemm + attn;
   // Forward, and twice that in backward.
-  st.memory_traffic =
-      3.0 * f.traffic_layer * double(layers) * tokens + (last ? 3.0 * f.traffic_head * tokens : 0) + 30.0 * elements;
+  st.memory_traffic = 3.0 * f.traffic_layer * double(layers) * tokens + (last ? 3.0 * f.traffic_head * tokens : 0) +
+                      30.0 * elements.trainable;
   return gemm;
 }
 
@@ -372,11 +401,19 @@ void add_run_time(Estimate& e, const ClusterSpec& cluster) {
         t.threads, on_node, cluster.cores_per_node, std::max(1, cluster.cores_per_node / on_node)));
 }
 
+// One micro-batch's activations on the stage: the model's count, and LoRA's adapters' (estimate_lora.h).
+ActivationBytes stage_activations(const EstimateShape& rs, const StageLayout& lay) {
+  ActivationBytes a = lay.stage.model->activation_bytes(rs.rank);
+  a.layers += lora_saved_bytes(*lay.stage.model, rs.rank);
+  return a;
+}
+
 // A stage's memory by part and its peak (the sum of the parts), in rs.rank's bytes per tensor. Returns the
 // parameters' local elements.
-double add_memory(StageEstimate& st, const Config& cfg, const EstimateShape& rs, const StageLayout& lay, int stage) {
-  const double elements = add_state_memory(st, rs, lay);
-  const ActivationBytes a = lay.stage.model->activation_bytes(rs.rank);
+StateElements add_memory(StageEstimate& st, const Config& cfg, const EstimateShape& rs, const StageLayout& lay,
+                          int stage) {
+  const StateElements elements = add_state_memory(st, rs, lay);
+  const ActivationBytes a = stage_activations(rs, lay);
   const HeldAtInput held = add_activation_memory(st, cfg, rs, lay, a, stage);
   Candidate peak;
   for (Candidate& c : peak_candidates(st, rs, lay, a, held))
@@ -420,12 +457,16 @@ StageEstimate estimate_stage(const Config& cfg, EstimateShape& rs, int stage, co
   st.pp_rank = stage;
   st.world_rank = stage * rs.S;
   const StageLayout lay(cfg, rs, stage);
-  const double elements = add_memory(st, cfg, rs, lay, stage);
+  const StateElements elements = add_memory(st, cfg, rs, lay, stage);
+  for (Parameter* p : lay.stage.model->parameters()) {
+    const double n = double(shape_numel(p->value.spec.global_shape));
+    st.params += n, st.trainable_params += p->frozen ? 0 : n;
+  }
   add_process_memory(st, cfg, rs, lay, stage, cluster);
-  const ActivationBytes a = lay.stage.model->activation_bytes(rs.rank);
+  const ActivationBytes a = stage_activations(rs, lay);
   add_comm(st, notes, cfg, rs, lay, a, stage);
   const StageFlops f = lay.stage.model->stage_flops(rs.rank);
-  const double gemm = add_work(st, rs, f, a.layers_here, lay.last, elements);
+  const double gemm = add_work(st, rs, lay, f, a.layers_here, elements);
   if (cluster) add_time(st, cfg, rs, lay, f, a.layers_here, gemm, *cluster);
   return st;
 }
@@ -471,6 +512,7 @@ std::string estimate_table(const Estimate& e) {
       "data-parallel rank, {}\n",
       c.model.type, params, e.world, e.pd.describe(), c.training.batch_size, c.training.seq_len, e.micro_batches,
       e.micro, c.training.dtype);
+  if (c.lora.enabled()) out += lora_line(e);
   for (const StageEstimate& s : e.stages) {
     out += fmt::format("\n{}rank {} (memory by part, per rank):\n",
                        e.pd.pp_size() > 1 ? fmt::format("pp stage {}: ", s.pp_rank) : "", s.world_rank);
@@ -519,6 +561,10 @@ nlohmann::json estimate_json(const Estimate& e) {
   j["mesh"] = e.pd.describe();
   j["micro_batches"] = e.micro_batches;
   j["micro_batch_size"] = e.micro;
+  double all = 0, trainable = 0;
+  for (const StageEstimate& s : e.stages) all += s.params, trainable += s.trainable_params;
+  j["params"] = all;  // the stages' parameters (summed under pp), and those that train (fewer under LoRA)
+  j["params_trainable"] = trainable;
   if (e.config.model.moe.enabled()) {
     const ModelFamily& family = family_of(e.config.model);
     j["params_total"] = family.num_params(e.config.model, true);

@@ -50,6 +50,7 @@ struct StageEstimate {
   // peak (CPU ranks; a granule's unwritten tail is not resident).
   double floor_bytes = 0, setup_bytes = 0, resident_bytes = 0, process_bytes = 0;
   std::vector<CommPart> comm;
+  double params = 0, trainable_params = 0;  // the stage's parameters' global elements: all, those that train (LoRA)
   double flops = 0;             // per step on this rank (model FLOPs; recompute adds its forward again)
   double memory_traffic = 0;    // bytes the memory-bound ops move per step (norms, RoPE, SwiGLU, loss, AdamW)
   double compute_s = 0, exposed_comm_s = 0, bubble_s = 0, step_s = 0;
@@ -80,6 +81,8 @@ struct Estimate {
 // Refuses (the same errors as `train`) a config that does not split over `world` ranks.
 Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterSpec>& cluster);
 std::string estimate_table(const Estimate& e);
+// LoRA (lora.rank > 0): "  LoRA rank 8 (scale 2) on q_proj,...: N trainable parameters of M (x%); the base frozen..."
+std::string lora_line(const Estimate& e);
 nlohmann::json estimate_json(const Estimate& e);
 
 }  // namespace mt

@@ -333,6 +333,7 @@ void print_moe_bytes(const TrainRun& run, const MeasuredStep& c) {
 void print_fsdp_bytes(const TrainRun& run, const MeasuredStep& c) {
   const int N = run.pd.dp_shard();
   const double slot = double(run.fsdp->slot_elements());
+  const double grad_slot = double(run.fsdp->grad_slot_elements());  // the trainable parameters' (LoRA: adapters)
   const double pb = double(dtype_size(run.fsdp->options().param_dtype)),
                rb = double(dtype_size(run.fsdp->options().reduce_dtype));
   const bool reshard = run.fsdp->options().reshard_after_forward;
@@ -343,7 +344,7 @@ void print_fsdp_bytes(const TrainRun& run, const MeasuredStep& c) {
               f == an.forward ? "equal" : "DIFFERENT");
   std::printf("fsdp bytes per rank: backward measured %s, analytic %s(%d-1) x %.0f x %.0f B reduce-scatter = %s (%s)\n",
               format_mib(b, 3).c_str(),
-              reshard ? fmt::format("({}-1) x {:.0f} x {:.0f} B gather + ", N, slot, pb).c_str() : "", N, slot, rb,
+              reshard ? fmt::format("({}-1) x {:.0f} x {:.0f} B gather + ", N, slot, pb).c_str() : "", N, grad_slot, rb,
               format_mib(an.backward, 3).c_str(), b == an.backward ? "equal" : "DIFFERENT");
 }
 

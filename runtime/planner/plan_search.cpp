@@ -308,6 +308,8 @@ PlanSearch search_plans(const Config& cfg, int world, const ClusterSpec& cluster
                                        std::ceil(need / capacity)));
       out.advice.push_back("a shorter training.seq_len or a smaller training.micro_batch_size (activations scale with "
                            "both); recompute is already among the plans tried");
+      if (!cfg.lora.enabled())
+        out.advice.push_back("fine-tuning: lora.rank > 0 (LoRA) freezes the base: no gradients or optimizer state for it");
     }
   }
   return out;
@@ -324,6 +326,7 @@ std::string plan_search_table(const PlanSearch& s, const ClusterSpec& cluster, i
                                   return n;
                                 }());
   for (auto& [why, n] : s.refused) out += fmt::format("  refused ({} plans): {}...\n", n, why);
+  if (!s.ranked.empty() && s.ranked.front().estimate.config.lora.enabled()) out += lora_line(s.ranked.front().estimate);
   if (s.ranked.empty()) {
     out += "no plan fits:\n";
     for (const std::string& a : s.advice) out += "  " + a + "\n";

@@ -84,7 +84,7 @@ void log_model_state(const MpiEnv& env, const TrainRun& run) {
   // The expected count from the layouts alone: the local shape each parameter's spec gives rank 0 (the first,
   // largest chunk of every sharded dim; with fully_shard 1/dp_shard of each sharded parameter's tp part).
   const ParamStateBytes bytes = param_state_bytes(run.dtype);
-  const double per_element = bytes.total(), per_frozen = frozen_param_bytes(run.dtype);
+  const double per_element = bytes.total(), per_frozen = frozen_param_bytes(run.dtype).total();
   const std::vector<int> rank0(size_t(run.mesh.ndim()), 0);
   double elements = 0, frozen = 0;
   for (Parameter* p : run.params)

@@ -68,6 +68,13 @@ ParamStateBytes param_state_bytes(DType dtype) {
           AdamW::state_element_bytes(accum_dtype(dtype))};
 }
 
-double frozen_param_bytes(DType dtype) { return double(dtype_size(dtype)); }
+ParamStateBytes frozen_param_bytes(DType dtype) {
+  // Held in the compute dtype alone (materialize): no f32 master, no copy, no gradient, no optimizer state.
+  ParamStateBytes b;
+  b.master = double(dtype_size(dtype));
+  b.grad = 0;
+  b.copy = 0;
+  return b;
+}
 
 }  // namespace mt

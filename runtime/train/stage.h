@@ -65,8 +65,9 @@ struct ParamStateBytes {
   }
 };
 ParamStateBytes param_state_bytes(DType dtype);
-// A frozen parameter's bytes per element (LoRA's base): its weights alone, in the compute dtype (materialize keeps
-// no f32 master for it): 4 in fp32, 2 in bf16.
-double frozen_param_bytes(DType dtype);
+// The bytes per local element of a frozen parameter (LoRA's base): no gradient, no optimizer state, and no f32 master
+// either: materialize holds it in the compute dtype alone (4 B in fp32, 2 B in bf16). The one count `train` logs
+// (log_model_state) and `estimate` and `plan --search` use: a change to how the frozen base is held is made here.
+ParamStateBytes frozen_param_bytes(DType dtype);
 
 }  // namespace mt

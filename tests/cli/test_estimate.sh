@@ -8,6 +8,9 @@
 #    1 MiB, which the allocator takes in 2 MiB granules), and
 #  - every (tag, group, kind) of the bytes a step sends equal to what the runtime counts (`meshtrain plan`), calls
 #    included;
+# with LoRA (rank 8: 1 rank, dp_shard 2 x tp 2, recompute full, pp 2 zb1p x tp 2) the model state train logs, the peak and the bytes as above,
+# the state smaller than without LoRA (on 1 rank the peak too), and plan --search picks a LoRA plan where no full
+# fine-tuning plan fits;
 # a plan `train` refuses is refused with the same message; bad input (a world the mesh does not divide, a cluster
 # file missing a field or with a non-positive bandwidth, an unwritable --json) is a clear error naming the key or
 # the file; pp's receives are shown timed with the sends. Prints "estimate: N passed, N failed" last.
@@ -23,6 +26,29 @@ write_yaml "dim: 64, n_layers: 4, n_heads: 8, n_kv_heads: 4, ffn_dim: 96, vocab_
 sed -i 's/^eval: .*/eval: {interval: 0}/; s/^sample: .*/sample: {interval: 0}/' "$tmp/t.yaml"
 
 fsdp=(--set parallel.fsdp.min_weight_size=1000)
+
+# bytes_match I: every (tag, group, kind) of run I's estimated bytes and calls per step equals what `meshtrain plan`
+# counted ($tmp/p$I.out against $tmp/e$I.json); prints the entries, or those that differ (status 1).
+bytes_match() {
+  "$py" - "$tmp/p$1.out" "$tmp/e$1.json" <<'PY'
+import collections, json, re, sys
+e = json.load(open(sys.argv[2]))
+m, st = e["micro_batches"], e["stages"][0]
+text = open(sys.argv[1]).read()
+whole_step = "pipeline:" in text  # plan counts a whole pipeline step, else one micro-batch and the sync
+counted, calls = collections.Counter(), collections.Counter()
+for ph, tag, g, k, c, b in re.findall(r"bytes\[(\w+)\] tag=(\S+) group=(\S+) kind=(\S+) calls=(\d+) bytes=(\d+)", text):
+    f = 1 if ph == "sync" or whole_step else m
+    counted[(tag, g, k)] += int(b) * f
+    calls[(tag, g, k)] += int(c) * f
+est = {(c["tag"], c["group"], c["kind"]): (c["bytes"], c["calls"]) for c in st.get("comm", [])}
+bad = [f"{k}: counted {counted[k]} B in {calls[k]} calls, estimated {est.get(k, (0, 0))}" for k in set(counted) | set(est)
+       if est.get(k, (0, 0)) != (counted[k], calls[k])]
+print("; ".join(bad) if bad else f"{len(est)} (tag, group, kind) entries, {sum(v[0] for v in est.values()):.0f} B per step")
+sys.exit(1 if bad else 0)
+PY
+}
+
 configs=("1|1 rank|"
          "2|dp_replicate=2|--set parallel.dp_replicate=2"
          "2|dp_shard=2|--set parallel.dp_shard=2 ${fsdp[*]}"
@@ -48,24 +74,7 @@ for c in "${configs[@]}"; do
   estimate_run $i "$np" "$what" $args || continue
   if out=$(peak_within_5pct "$tmp/m$i.jsonl" "$tmp/e$i.json" 3 2>&1); then ok "$what: memory: $out"
   else bad "$what: memory within 5%" "$out"; fi
-  if out=$("$py" - "$tmp/p$i.out" "$tmp/e$i.json" <<'PY' 2>&1
-import collections, json, re, sys
-e = json.load(open(sys.argv[2]))
-m, st = e["micro_batches"], e["stages"][0]
-text = open(sys.argv[1]).read()
-whole_step = "pipeline:" in text  # plan counts a whole pipeline step, else one micro-batch and the sync
-counted, calls = collections.Counter(), collections.Counter()
-for ph, tag, g, k, c, b in re.findall(r"bytes\[(\w+)\] tag=(\S+) group=(\S+) kind=(\S+) calls=(\d+) bytes=(\d+)", text):
-    f = 1 if ph == "sync" or whole_step else m
-    counted[(tag, g, k)] += int(b) * f
-    calls[(tag, g, k)] += int(c) * f
-est = {(c["tag"], c["group"], c["kind"]): (c["bytes"], c["calls"]) for c in st.get("comm", [])}
-bad = [f"{k}: counted {counted[k]} B in {calls[k]} calls, estimated {est.get(k, (0, 0))}" for k in set(counted) | set(est)
-       if est.get(k, (0, 0)) != (counted[k], calls[k])]
-print("; ".join(bad) if bad else f"{len(est)} (tag, group, kind) entries, {sum(v[0] for v in est.values()):.0f} B per step")
-sys.exit(1 if bad else 0)
-PY
-  ); then ok "$what: bytes per step = the runtime's counters: $out"; else bad "$what: bytes" "$out"; fi
+  if out=$(bytes_match $i 2>&1); then ok "$what: bytes per step = the runtime's counters: $out"; else bad "$what: bytes" "$out"; fi
 done
 
 # A model whose tensors pass 1 MiB (dim 256, seq 256, 4 sequences per rank): the allocator takes those in 2 MiB
@@ -86,6 +95,58 @@ for c in "${bigs[@]}"; do
   if out=$(peak_within_5pct "$tmp/m$i.jsonl" "$tmp/e$i.json" 2 2>&1); then ok "$what: memory: $out"
   else bad "$what: memory within 5%" "$out"; fi
 done
+
+# LoRA (issue 52): a frozen base keeps its weights alone (no gradient, no AdamW state, nothing reduced). With
+# lora.rank 8 the estimate's model state of rank 0 is what train logs it allocated ("model state on rank 0: X MiB")
+# within 5% (the peaks' tolerance above), on 1 rank, dp_shard 2 x tp 2, recompute full and pp 2 zb1p x tp 2, and so
+# is the peak (the adapters'
+# saved activations counted); the bytes per step are the runtime's counters; the state (and on 1 rank the peak) is
+# smaller than the same estimate without LoRA.
+loras=("1|LoRA rank 8, 1 rank|--set lora.rank=8"
+       "4|LoRA rank 8, dp_shard=2 x tp=2|--set lora.rank=8 --set parallel.dp_shard=2 --set parallel.tp=2 ${fsdp[*]}"
+       "1|LoRA rank 8, recompute full|--set lora.rank=8 --set parallel.recompute.patterns=[\"model.layers.*\"]"
+       "4|LoRA rank 8, pp=2 zb1p x tp=2|--set lora.rank=8 --set parallel.pp=2 --set parallel.tp=2 --set parallel.pp_schedule=zb1p")
+for c in "${loras[@]}"; do
+  IFS='|' read -r np what args <<<"$c"
+  i=$((i + 1))
+  # shellcheck disable=SC2086
+  estimate_run $i "$np" "$what" $args || continue
+  if out=$("$py" - "$tmp/m$i.log" "$tmp/e$i.json" <<'PY' 2>&1
+import json, re, sys
+logged = float(re.search(r"model state on rank 0: ([0-9.]+) MiB", open(sys.argv[1], errors="replace").read()).group(1))
+e = json.load(open(sys.argv[2]))
+est = e["stages"][0]["state_bytes"] / 2**20
+assert 0 < e["params_trainable"] < e["params"], (e["params_trainable"], e["params"])
+print(f"model state {est:.3f} MiB estimated, {logged:.3f} MiB logged by train (ratio {est / logged:.3f}); "
+      f"{e['params_trainable']:.0f} of {e['params']:.0f} parameters trainable")
+sys.exit(0 if abs(est / logged - 1) <= 0.05 else 1)
+PY
+  ); then ok "$what: $out"; else bad "$what: model state within 5% of train's" "$out"; fi
+  if out=$(peak_within_5pct "$tmp/m$i.jsonl" "$tmp/e$i.json" 3 2>&1); then ok "$what: memory: $out"
+  else bad "$what: memory within 5%" "$out"; fi
+  if out=$(bytes_match $i 2>&1); then ok "$what: bytes per step = the runtime's counters: $out"; else bad "$what: bytes" "$out"; fi
+  # shellcheck disable=SC2086
+  "$mt" --config "$tmp/t.yaml" $args --set lora.rank=0 estimate --world "$np" --json "$tmp/full$i.json" >"$tmp/full$i.out" 2>&1
+  if out=$("$py" - "$tmp/e$i.json" "$tmp/full$i.json" "$np" <<'PY' 2>&1
+import json, sys
+lora, full = (json.load(open(f))["stages"][0] for f in sys.argv[1:3])
+print(f"state {lora['state_bytes'] / 2**20:.3f} against {full['state_bytes'] / 2**20:.3f} MiB, "
+      f"peak {lora['peak_bytes'] / 2**20:.3f} against {full['peak_bytes'] / 2**20:.3f} MiB")
+# The peak too on 1 rank; on dp_shard 2 x tp 2 this model's shards are so small that the adapters' saved
+# activations (rank 8 beside dim 64, on every rank's whole sequence) outweigh the state saved: measured so too.
+sys.exit(0 if lora["state_bytes"] < full["state_bytes"] and (sys.argv[3] != "1" or lora["peak_bytes"] < full["peak_bytes"]) else 1)
+PY
+  ); then ok "$what: smaller than without LoRA: $out"; else bad "$what: smaller than without LoRA" "$out"; fi
+done
+expect "estimate with LoRA says trainable against total parameters" zero "29696 trainable parameters of 185920" -- \
+  "$mt" --config "$tmp/t.yaml" --set lora.rank=8 estimate --world 1
+# plan --search with LoRA on a device of 3 MiB: full fine-tuning fits in no plan of 1 rank (3.14 MiB at the least,
+# recompute full), LoRA without recompute (2.80 MiB) is the fastest that does.
+sed 's/^device_memory_gib: .*/device_memory_gib: 0.0029296875/' "$root/configs/clusters/h100_ib.yaml" >"$tmp/gpu3m.yaml"
+expect "plan --search: full fine-tuning fits no plan in 3 MiB" nonzero "fine-tuning: lora.rank > 0 (LoRA)" -- \
+  "$mt" --config "$tmp/t.yaml" plan --search --world 1 --cluster "$tmp/gpu3m.yaml"
+expect "plan --search with LoRA picks a plan in 3 MiB and prints it" zero "1. 1 rank: step" -- \
+  "$mt" --config "$tmp/t.yaml" --set lora.rank=8 plan --search --world 1 --cluster "$tmp/gpu3m.yaml" --top 1
 
 # A plan train refuses, estimate refuses with the same message.
 "$mpirun" -np 3 "$mt" --config "$tmp/t.yaml" --set parallel.tp=3 train >"$tmp/r_train.log" 2>&1
