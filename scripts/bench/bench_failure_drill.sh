@@ -15,7 +15,12 @@
 # saves); CKPT_INTERVAL=N for a fixed interval of N steps.
 #   scripts/bench/bench_failure_drill.sh [BUILD_DIR] [MINUTES]
 #   env: MTBF (s, default 60), STOP_EVERY (default 3), SAVE_EVERY (default 4), SEED, TIMEOUT_S (comm.timeout_s,
-#        default 5), BACKOFF (s, default 0), CKPT_INTERVAL, KEEP=1 (keep the work directory, printed)
+#        default 5), BACKOFF (s, default 0), CKPT_INTERVAL, KEEP=1 (keep the work directory, printed);
+#        MEMORY=N: in-memory checkpoints every N steps with a peer's copy (checkpoint.memory); then also
+#        LOSS_EVERY=k: every k-th round the killed rank's machine "loses its memory" (its own segment and the copy it
+#        holds for its peer deleted: the restart loads that rank from its peer's copy), TWO_EVERY=k: every k-th round
+#        two neighbouring ranks are killed and lose their memory (the peer's copy gone too: every rank back to disk);
+#        RESTART_EVERY=k: every k-th round a second SIGKILL strikes during the relaunch (0.5 s after its ranks exist)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
@@ -41,9 +46,14 @@ common=(--config "$root/configs/bench_cpu.yaml" --set data.train="$tmp/bench_*.b
 async=()
 if [ "${ASYNC:-1}" = 1 ]; then async=(--set checkpoint.async=true); fi
 interval=${CKPT_INTERVAL:-auto}
+memory=()
+if [ -n "${MEMORY:-}" ]; then memory=(--set checkpoint.memory.interval="$MEMORY" --set checkpoint.memory.peer=true); fi
+loss_every=${LOSS_EVERY:-0} two_every=${TWO_EVERY:-0} restart_every=${RESTART_EVERY:-0}
+# forget RANK: the memory of RANK's machine lost: its own segment and the peer copy it holds, in /dev/shm.
+forget() { rm -f /dev/shm/meshtrain-*-r"$1" /dev/shm/meshtrain-*-r"$1".* /dev/shm/meshtrain-*-peer"$1" /dev/shm/meshtrain-*-peer"$1".* 2>/dev/null; }
 # launch NAME STEPS INTERVAL: the 4-rank launch of run NAME.
 launch() {
-  echo "$root/scripts/mpirun.sh" -np 4 "$mt" "${common[@]}" "${async[@]}" --set training.steps="$2" \
+  echo "$root/scripts/mpirun.sh" -np 4 "$mt" "${common[@]}" "${async[@]}" "${memory[@]}" --set training.steps="$2" \
     --set checkpoint.interval="$3" --set checkpoint.mtbf_s="$mtbf" --set log.metrics_file="$tmp/$1.jsonl" \
     --set checkpoint.dir="$tmp/$1.ckpt" --set checkpoint.resume=auto train
 }
@@ -96,11 +106,39 @@ while kill -0 $sup 2>/dev/null; do
   fi
   pid=$(rank_pid $rank)
   if [ -z "$pid" ]; then echo "round $round: rank $rank not running (between launches): skipped"; continue; fi
+  extra=""
+  if [ "$two_every" -gt 0 ] && [ $((round % two_every)) -eq 0 ]; then
+    what=KILL
+    other=$(((rank + 1) % 4))
+    opid=$(rank_pid $other)
+    [ -n "$opid" ] && kill -KILL "$opid" 2>/dev/null && kills=$((kills + 1))
+    forget "$rank"; forget "$other"
+    extra=" and rank $other (pid $opid), both machines' memory lost"
+  elif [ "$loss_every" -gt 0 ] && [ $((round % loss_every)) -eq 0 ]; then
+    what=KILL
+    forget "$rank"
+    extra=", its machine's memory lost"
+  fi
   kill -$what "$pid" 2>/dev/null && {
     [ $what = KILL ] && kills=$((kills + 1)) || stops=$((stops + 1))
     [ -n "$during" ] && in_save=$((in_save + 1))
-    echo "round $round at $(($(date +%s) - start)) s: SIG$what to rank $rank (pid $pid)$during"
+    echo "round $round at $(($(date +%s) - start)) s: SIG$what to rank $rank (pid $pid)$during$extra"
   }
+  if [ "$restart_every" -gt 0 ] && [ $((round % restart_every)) -eq 0 ] && [ "$what" = KILL ]; then
+    # The relaunch: wait (up to 60 s) for a new process of some rank, then strike it 0.5 s later.
+    for _ in $(seq 600); do
+      npid=$(rank_pid $(((rank + 2) % 4)))
+      age=$( [ -n "$npid" ] && ps -o etimes= -p "$npid" 2>/dev/null | tr -d ' ')
+      [ -n "$age" ] && [ "$age" -le 2 ] && break  # a new process: the relaunch's
+      npid=""
+      sleep 0.1
+    done
+    if [ -n "$npid" ]; then
+      sleep 0.5
+      kill -KILL "$npid" 2>/dev/null && kills=$((kills + 1)) &&
+        echo "round $round at $(($(date +%s) - start)) s: SIGKILL to rank $(((rank + 2) % 4)) (pid $npid) during the restart"
+    fi
+  fi
 done
 wait $sup
 rc=$?
