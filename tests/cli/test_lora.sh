@@ -222,6 +222,19 @@ if [ -d "$ck" ] && timeout 300 "$mt" export --checkpoint "$ck" --merge --out "$t
     "$py" "$lora" compare-models "$tmp/merged" "$tmp/merged_ref" --tol 1e-5
   expect "the merged directory loads in meshtrain (logits)" zero "logits (4, 256)" -- \
     "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/merged" --tokens 1,2,3,4 --out "$tmp/merged.npy"
+  # The base with the adapter on top (logits --adapter), and the LoRA checkpoint itself (its base from
+  # model.init_from), give the merged model's logits.
+  "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/base" --adapter "$ck" --tokens 1,2,3,4 --out "$tmp/adapter.npy" \
+    >"$tmp/logits_adapter.log" 2>&1 || bad "logits --adapter" "$(tail -n 10 "$tmp/logits_adapter.log")"
+  "$mpirun" -np 1 "$mt" logits --checkpoint "$ck" --tokens 1,2,3,4 --out "$tmp/ckpt.npy" \
+    >"$tmp/logits_ckpt.log" 2>&1 || bad "logits of a LoRA checkpoint" "$(tail -n 10 "$tmp/logits_ckpt.log")"
+  check "logits of base + adapter (--adapter) and of the LoRA checkpoint equal the merged model's (1e-5)" -- \
+    "$py" -c "import numpy as n, sys; m = n.load('$tmp/merged.npy'); d = max(abs(n.load(f) - m).max() for f in ('$tmp/adapter.npy', '$tmp/ckpt.npy')); print('max |diff|', d); sys.exit(int(d > 1e-5))"
+  # The adapter alone: PEFT's two files, the same tensors as the checkpoint's.
+  if timeout 300 "$mt" export --checkpoint "$ck" --out "$tmp/adapter_only" >"$tmp/export1.log" 2>&1; then
+    check "export without --merge writes the adapter alone (adapter_config.json + adapter_model.safetensors)" -- \
+      bash -c "[ \"\$(ls '$tmp/adapter_only' | tr '\n' ' ')\" = 'adapter_config.json adapter_model.safetensors ' ] && '$py' '$lora' compare-adapters '$tmp/adapter_only' '$ck' --tol 0"
+  else bad "export (the adapter alone)" "$(tail -n 10 "$tmp/export1.log")"; fi
 else
   bad "export --merge" "$(tail -n 20 "$tmp/export.log" 2>/dev/null)"
 fi
