@@ -342,7 +342,10 @@ bool resume_from_memory(const Config& cfg, const MpiEnv& env, TrainRun& run, int
   if (own.step >= 0 && own.step != s)
     spdlog::warn("rank {}: its own segment {} holds step {}, not step {} that every rank has: not loaded", me,
                  memory_segment_path(dir, me, me), own.step, s);
-  // The peers' copies go back to the ranks that lack step s.
+  // The peers' copies go back to the ranks that lack step s. The world group is made here by every rank (making a
+  // group is collective): only the ranks that send or receive a copy call exchange(), and a group made there alone
+  // left the others waiting in the next collective (a 4-rank drill's relaunches timed out until none needed a copy).
+  run.world_mesh.group("world");
   const bool need = all[size_t(me)].own != s;
   const bool give = from >= 0 && all[size_t(from)].own != s;
   if (!to.empty() && (need || give)) {
