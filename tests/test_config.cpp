@@ -53,7 +53,7 @@ TEST_CASE("unknown keys are named, with the known ones and a suggestion") {
   CHECK_ERROR_CONTAINS(config_from_yaml_string("parralel: {tp: 2}"), "did you mean 'parallel'?");
   CHECK_ERROR_CONTAINS(
       config_from_yaml_string("zzzzzzzz: 1"),
-      "known keys in 'the top level': parallel, comm, log, model, training, data, eval, sample, checkpoint, profile)");
+      "known keys in 'the top level': parallel, comm, log, model, training, data, eval, sample, checkpoint, profile, lora)");
 }
 
 TEST_CASE("wrong types name the key, the value and what was expected") {
