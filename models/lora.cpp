@@ -55,21 +55,6 @@ std::string file_param_name(const Parameter& p) { return is_lora_param(p) ? peft
 
 std::string model_files_prefix(Module& model) { return has_lora(model) ? "adapter_model" : "model"; }
 
-std::vector<std::string> lora_names_of(const std::vector<std::string>& param_names, const LoraConfig& lora) {
-  std::vector<std::string> out;
-  if (!lora.enabled()) return out;
-  const std::set<std::string> wanted(lora.targets.begin(), lora.targets.end());
-  for (const std::string& n : param_names) {
-    const std::string suffix = ".weight";
-    if (n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
-    const std::string module = n.substr(0, n.size() - suffix.size());
-    if (!wanted.count(module.substr(module.rfind('.') + 1))) continue;
-    out.push_back(peft_name(module + ".lora_A.weight"));
-    out.push_back(peft_name(module + ".lora_B.weight"));
-  }
-  return out;
-}
-
 int64_t apply_lora(Module& model, const LoraConfig& lora, const ParamFactory& f) {
   if (!lora.enabled()) return 0;
   std::set<std::string> wanted(lora.targets.begin(), lora.targets.end()), found;

@@ -52,8 +52,6 @@ bool has_lora(Module& model);
 std::string file_param_name(const Parameter& p);
 // The prefix of a checkpoint's model files: "adapter_model" (PEFT's) for a model with adapters, else "model".
 std::string model_files_prefix(Module& model);
-// The adapter names (PEFT's) of the targets among other stages' parameter names (CausalLM::elsewhere).
-std::vector<std::string> lora_names_of(const std::vector<std::string>& param_names, const LoraConfig& lora);
 
 // lora_dropout's mask keys: each element of an adapter's input is kept by a draw keyed by (training.seed, the
 // module's name and the step, the token's global index (batch row x seq_len + position) x in_features + the feature),
