@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <unistd.h>
 
 #include "comm/watchdog.h"
 #include "comm/world.h"
@@ -56,6 +57,29 @@ std::string layout_hash(const std::vector<std::pair<std::string, Tensor>>& ts, c
 
 Tensor as_words(SegmentBytes& b) { return from_blob(b.data(), {int64_t(b.size())}, DType::i64); }
 
+
+// The spares a stopped run left beside a segment (NAME.tmp.<pid> of another process): the previous segment, whole,
+// or one half written when the process was killed while writing.
+std::vector<std::string> stale_spares(const std::string& path) {
+  const std::string prefix = fs::path(path).filename().string() + ".tmp.";
+  const std::string mine = prefix + std::to_string(::getpid());
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(memory_segment_dir(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && name != mine) out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Those spares removed once this run has published its own segment at that name (they are older than it).
+void remove_stale_spares(const std::string& path, int me) {
+  int n = 0;
+  std::error_code ec;
+  for (const std::string& p : stale_spares(path)) n += fs::remove(p, ec) ? 1 : 0;
+  if (n > 0) spdlog::info("rank {}: removed {} spare{} of {} a stopped run left", me, n, n > 1 ? "s" : "", path);
+}
 
 std::string list(const std::vector<int>& ranks) { return fmt::format("{}", fmt::join(ranks, ", ")); }
 
@@ -146,6 +170,8 @@ double MemoryCheckpointer::save(int64_t next_step) {
                  {"optimizer_steps", run_.opt ? run_.opt->steps_taken() : next_step},
                  {"model_state", run_.model->extra_state()}};
     write_segment(*own_, pieces, std::move(meta), next_step);
+    if (!own_published_) remove_stale_spares(own_->path(), me);
+    own_published_ = true;
   } catch (const std::exception& e) {
     if (!warned_) spdlog::warn("rank {}: in-memory checkpoint of step {} not kept: {}", me, next_step, e.what());
     warned_ = true;
@@ -193,6 +219,8 @@ void MemoryCheckpointer::poll(bool wait) {
       recv_dev_ = Tensor(), send_dev_ = Tensor();
     }
     held_->publish(held_bytes_);
+    if (!held_published_) remove_stale_spares(held_->path(), env_.rank());
+    held_published_ = true;
   } catch (const std::exception& e) {
     if (!warned_) spdlog::warn("rank {}: the peer's in-memory checkpoint not kept: {}", env_.rank(), e.what());
     warned_ = true;
@@ -203,7 +231,8 @@ void MemoryCheckpointer::finish() {
   if (!enabled()) return;
   poll(true);
   own_->remove();
-  if (held_) held_->remove();
+  remove_stale_spares(own_->path(), env_.rank());
+  if (held_) held_->remove(), remove_stale_spares(held_->path(), env_.rank());
 }
 
 namespace {
@@ -242,20 +271,55 @@ Found read_found(const std::string& path, int owner, int world, const std::strin
   return f;
 }
 
+// The whole segments one name offers, newest step first, at most two distinct steps (a segment and its spare): the
+// published one and the spares stopped runs left. Why the published one is unusable is said (warn); a spare that is
+// not whole was being written when its run stopped, and is said at the info level.
+std::vector<Found> read_candidates(const std::string& path, int owner, int world, const std::string& layout,
+                                   uint64_t state_bytes, int me, bool say) {
+  std::vector<Found> out;
+  Found f = read_found(path, owner, world, layout, state_bytes);
+  if (!f.why.empty() && say) spdlog::warn("rank {}: {}: not loaded", me, f.why);
+  if (f.step >= 0) out.push_back(std::move(f));
+  for (const std::string& spare : stale_spares(path)) {
+    Found g = read_found(spare, owner, world, layout, state_bytes);
+    if (g.step < 0) {
+      if (say && !g.why.empty())
+        spdlog::info("rank {}: {} not loaded: half written by a run that stopped, or damaged", me, g.why);
+      continue;
+    }
+    if (std::none_of(out.begin(), out.end(), [&](const Found& x) { return x.step == g.step; }))
+      out.push_back(std::move(g));
+  }
+  std::sort(out.begin(), out.end(), [](const Found& a, const Found& b) { return a.step > b.step; });
+  if (out.size() > 2) out.resize(2);
+  return out;
+}
+
+// What a rank can offer: the steps of its own segments and of the copies it holds (newest first, -1: none) and
+// each held copy's size in words.
 struct Avail {
-  int64_t own = -1, held = -1, held_words = 0;
+  int64_t own[2] = {-1, -1}, held[2] = {-1, -1}, held_words[2] = {0, 0};
+  bool has_own(int64_t s) const { return s >= 0 && (own[0] == s || own[1] == s); }
+  int held_index(int64_t s) const { return s < 0 ? -1 : held[0] == s ? 0 : held[1] == s ? 1 : -1; }
 };
 
-// The newest step every rank has: its own segment's, or its peer's copy (held by to[r]); -1: none.
+Avail avail_of(const std::vector<Found>& own, const std::vector<Found>& held) {
+  Avail a;
+  for (size_t i = 0; i < own.size(); ++i) a.own[i] = own[i].step;
+  for (size_t i = 0; i < held.size(); ++i) a.held[i] = held[i].step, a.held_words[i] = int64_t(held[i].bytes.size());
+  return a;
+}
+
+// The newest step every rank has: its own segment's (or spare's), or its peer's copy (held by to[r]); -1: none.
 int64_t common_step(const std::vector<Avail>& a, const std::vector<int>& to) {
   std::vector<int64_t> steps;
-  for (const Avail& x : a) steps.insert(steps.end(), {x.own, x.held});
+  for (const Avail& x : a) steps.insert(steps.end(), {x.own[0], x.own[1], x.held[0], x.held[1]});
   std::sort(steps.rbegin(), steps.rend());
   for (int64_t s : steps) {
     if (s < 0) break;
     bool all = true;
     for (size_t r = 0; r < a.size() && all; ++r)
-      all = a[r].own == s || (!to.empty() && a[size_t(to[r])].held == s);
+      all = a[r].has_own(s) || (!to.empty() && a[size_t(to[r])].held_index(s) >= 0);
     if (all) return s;
   }
   return -1;
@@ -277,27 +341,19 @@ void load_state(const Found& f, TrainRun& run) {
   run.start_step = v.meta.at("step").get<int64_t>();
 }
 
-// A write a killed run left half done (NAME.tmp.<pid>): never loaded, removed saying so.
-void remove_partial_segments(const std::string& dir, int me, int from) {
-  std::error_code ec;
-  for (const std::string& p : {memory_segment_path(dir, me, me), memory_segment_path(dir, from, me)}) {
-    const std::string prefix = fs::path(p).filename().string() + ".tmp.";
-    for (auto& e : fs::directory_iterator(memory_segment_dir(), ec))
-      if (e.path().filename().string().rfind(prefix, 0) == 0 && fs::remove(e.path(), ec))
-        spdlog::warn("rank {}: removed {}, an in-memory checkpoint left by a run that stopped (its spare: the "
-                     "previous segment, or one half written)",
-                     me, e.path().string());
-  }
-}
-
 // Rank 0's lines: one per source used.
 void say_sources(const std::vector<Avail>& a, const std::vector<int>& to, int64_t s, const std::string& dir) {
-  std::vector<int> own, peer;
-  for (size_t r = 0; r < a.size(); ++r) (a[r].own == s ? own : peer).push_back(int(r));
-  if (!own.empty())
-    spdlog::info("resuming step {} from memory: rank{} {} from {} own segment{} ({})", s, own.size() > 1 ? "s" : "",
-                 list(own), own.size() > 1 ? "their" : "its", own.size() > 1 ? "s" : "",
-                 memory_segment_path(dir, own[0], own[0]));
+  std::vector<int> own, spare, peer;
+  for (size_t r = 0; r < a.size(); ++r)
+    (a[r].own[0] == s ? own : a[r].has_own(s) ? spare : peer).push_back(int(r));
+  auto say = [&](const std::vector<int>& ranks, const char* what) {
+    if (ranks.empty()) return;
+    const bool many = ranks.size() > 1;
+    spdlog::info("resuming step {} from memory: rank{} {} from {} {}{} ({})", s, many ? "s" : "", list(ranks),
+                 many ? "their" : "its", what, many ? "s" : "", memory_segment_path(dir, ranks[0], ranks[0]));
+  };
+  say(own, "own segment");
+  say(spare, "previous segment");
   for (int r : peer)
     spdlog::info("resuming step {} from memory: rank {} from its peer's copy, held by rank {} ({})", s, r,
                  to[size_t(r)], memory_segment_path(dir, r, to[size_t(r)]));
@@ -318,19 +374,21 @@ bool resume_from_memory(const Config& cfg, const MpiEnv& env, TrainRun& run, int
   uint64_t state_bytes = 0;
   for (auto& [n, t] : ts) state_bytes += uint64_t(t.nbytes());
   const std::string layout = layout_hash(ts, cfg);
-  remove_partial_segments(dir, me, from);
-  Found own = read_found(memory_segment_path(dir, me, me), me, world, layout, state_bytes);
-  Found held = from >= 0 ? read_found(memory_segment_path(dir, from, me), from, world, "", 0) : Found{};
-  if (!own.why.empty()) spdlog::warn("rank {}: {}: not loaded", me, own.why);
-  const Avail mine{own.step, held.step, int64_t(held.bytes.size())};
-  const std::vector<Avail> all = world::all_gather(mine, "memory checkpoint: what each rank has");
+  std::vector<Found> own = read_candidates(memory_segment_path(dir, me, me), me, world, layout, state_bytes, me, true);
+  std::vector<Found> held = from >= 0 ? read_candidates(memory_segment_path(dir, from, me), from, world, "", 0, me, false)
+                                      : std::vector<Found>{};
+  const std::vector<Avail> all = world::all_gather(avail_of(own, held), "memory checkpoint: what each rank has");
   const int64_t s = common_step(all, to);
   auto steps = [&](bool o) {
     std::vector<std::string> v;
-    for (const Avail& x : all) v.push_back((o ? x.own : x.held) < 0 ? "-" : std::to_string(o ? x.own : x.held));
+    for (const Avail& x : all) {
+      const int64_t* st = o ? x.own : x.held;
+      v.push_back(st[0] < 0 ? "-" : st[1] < 0 ? std::to_string(st[0]) : fmt::format("{}/{}", st[0], st[1]));
+    }
     return fmt::format("[{}]", fmt::join(v, ", "));
   };
-  const bool any = std::any_of(all.begin(), all.end(), [](const Avail& x) { return x.own >= 0 || x.held >= 0; });
+  const bool any =
+      std::any_of(all.begin(), all.end(), [](const Avail& x) { return x.own[0] >= 0 || x.held[0] >= 0; });
   if (s < 0 || s < disk_step) {
     if (me == 0 && any)
       spdlog::warn("in-memory checkpoints not used: {} (own segments' steps by rank {}, peers' copies' {}): "
@@ -339,34 +397,40 @@ bool resume_from_memory(const Config& cfg, const MpiEnv& env, TrainRun& run, int
                    steps(true), steps(false));
     return false;
   }
-  if (own.step >= 0 && own.step != s)
+  if (!own.empty() && !all[size_t(me)].has_own(s))
     spdlog::warn("rank {}: its own segment {} holds step {}, not step {} that every rank has: not loaded", me,
-                 memory_segment_path(dir, me, me), own.step, s);
+                 memory_segment_path(dir, me, me), own[0].step, s);
   // The peers' copies go back to the ranks that lack step s. The world group is made here by every rank (making a
   // group is collective): only the ranks that send or receive a copy call exchange(), and a group made there alone
   // left the others waiting in the next collective (a 4-rank drill's relaunches timed out until none needed a copy).
   run.world_mesh.group("world");
-  const bool need = all[size_t(me)].own != s;
-  const bool give = from >= 0 && all[size_t(from)].own != s;
+  const bool need = !all[size_t(me)].has_own(s);
+  const bool give = from >= 0 && !all[size_t(from)].has_own(s);
+  Found use;
+  for (Found& f : own)
+    if (f.step == s) use = std::move(f);
   if (!to.empty() && (need || give)) {
+    SegmentBytes none;
+    const int gi = give ? all[size_t(me)].held_index(s) : -1;
+    const int ni = need ? all[size_t(to[size_t(me)])].held_index(s) : -1;
     Found got;
-    exchange(run, held.bytes, give ? from : -1, got.bytes, need ? all[size_t(to[size_t(me)])].held_words : 0,
-             need ? to[size_t(me)] : -1);
+    exchange(run, gi >= 0 ? held[size_t(gi)].bytes : none, gi >= 0 ? from : -1, got.bytes,
+             ni >= 0 ? all[size_t(to[size_t(me)])].held_words[ni] : 0, ni >= 0 ? to[size_t(me)] : -1);
     if (need) {
       got.size = got.bytes.size() * 8;
       check_found(got, memory_segment_path(dir, me, to[size_t(me)]) + " (sent back)", me, world, layout, state_bytes);
       if (got.step != s && got.why.empty()) got.why = fmt::format("holds step {}, not {}", got.step, s);
-      own = std::move(got);
+      use = std::move(got);
     }
   }
-  const int ok = world::all_reduce(int(own.step == s), ReduceOp::min, "memory checkpoint: every rank has it");
+  const int ok = world::all_reduce(int(use.step == s), ReduceOp::min, "memory checkpoint: every rank has it");
   if (!ok) {
-    if (own.step != s) spdlog::warn("rank {}: the peer's copy cannot be used: {}", me, own.why);
+    if (use.step != s) spdlog::warn("rank {}: the peer's copy cannot be used: {}", me, use.why);
     if (me == 0) spdlog::warn("in-memory checkpoints not used (a rank's copy failed its checks): resuming from the disk");
     return false;
   }
   if (me == 0) say_sources(all, to, s, dir);
-  load_state(own, run);
+  load_state(use, run);
   return true;
 }
 

@@ -53,6 +53,7 @@ class MemoryCheckpointer {
   Tensor send_dev_, recv_dev_;               // on a GPU: the device buffers the exchange reads and writes
   uint64_t held_bytes_ = 0;
   bool warned_ = false, noted_ = false;
+  bool own_published_ = false, held_published_ = false;  // the stopped runs' spares are removed at the first
 };
 
 // Collective. Loads the newest step every rank has in memory (its own segment, else its peer's copy) when it is no

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # In-memory checkpoints (checkpoint.memory, issue 54 part 1): each rank's state every step in a shared-memory
 # segment ($MT_SHM_DIR here, /dev/shm by default) and a copy on its peer rank:
-#  - a rank killed (SIGKILL) while writing its segment leaves the previous one, which the relaunch loads (and the
-#    half-written file is removed, saying so); the resumed losses equal the uninterrupted run's bit for bit;
+#  - a rank killed (SIGKILL) while writing its segment leaves the previous one, which the relaunch loads (the
+#    half-written spare is named, not loaded, and removed); the other ranks, a save ahead, load their previous
+#    segment (the spare their stopped run left), even without the peer's copies; the resumed losses equal the
+#    uninterrupted run's bit for bit;
 #  - a truncated segment, one of another step and a deleted one are not loaded: the peer's copy is, saying so;
 #  - with neither a rank's own segment nor its peer's copy, every rank resumes from the disk;
+#  - on 4 ranks, a rank whose machine lost its memory loads its peer's copy while two ranks take no part in the
+#    exchange (the relaunch used to hang there);
 #  - a run that ends removes its segments; `meshtrain supervise` removes those of a job it gives up on.
 #   tests/cli/test_memory_checkpoint.sh BUILD_DIR
 set -uo pipefail
@@ -34,6 +38,9 @@ train() {  # train NAME [--set ...]: 2 ranks, metrics in $tmp/NAME.jsonl, the jo
 }
 segs() { ls "$MT_SHM_DIR" | grep -c '^meshtrain-'; }
 own() { ls "$MT_SHM_DIR"/meshtrain-*-r"$1" 2>/dev/null; }
+lose() {  # lose RANK: its machine's memory lost: its segment, its spares and the copies it holds
+  rm -f "$MT_SHM_DIR"/meshtrain-*-r"$1" "$MT_SHM_DIR"/meshtrain-*-r"$1".tmp.* "$MT_SHM_DIR"/meshtrain-*-peer"$1"*
+}
 restore() {  # the state the killed run left: its checkpoints and its segments
   rm -rf "$ckpt" "$MT_SHM_DIR"
   cp -a "$tmp/snap.ckpt" "$ckpt"
@@ -58,17 +65,30 @@ cp -a "$ckpt" "$tmp/snap.ckpt"
 cp -a "$MT_SHM_DIR" "$tmp/snap.shm"
 
 if train resumed; then
-  expect "the half-written segment is removed, saying so" zero "an in-memory checkpoint left by a run that stopped" -- cat "$tmp/resumed.log"
-  expect "rank 0 loads its previous segment (step 6), not the disk's step 4" zero "resuming step 6 from memory: rank" -- cat "$tmp/resumed.log"
+  expect "the half-written spare is named and not loaded" zero "not loaded: half written" -- grep -a "r0.tmp.[0-9]*: .*not loaded: half written" "$tmp/resumed.log"
+  expect "the stopped run's spares are removed, saying so" zero "a stopped run left" -- grep -a "rank 0: removed 1 spare of .*-r0 a stopped run left" "$tmp/resumed.log"
+  expect "rank 0 loads its segment of step 6, not the disk's step 4" zero "resuming step 6 from memory: rank 0 from its own segment" -- cat "$tmp/resumed.log"
+  expect "rank 1, a save ahead, loads its previous segment" zero "resuming step 6 from memory: rank 1 from its previous segment" -- cat "$tmp/resumed.log"
   same_losses "killed while writing a segment" resumed 6
   if [ "$(segs)" = 0 ]; then ok "the resumed run removes its segments at its end"; else bad "segments removed at the end" "$(ls "$MT_SHM_DIR")"; fi
 else
   bad "the relaunch after a kill while writing" "$(tail -n 20 "$tmp/resumed.log")"
 fi
 
-# Rank 1's segment truncated: not loaded, its peer's copy (held by rank 0) is.
+# Without the peers' copies the previous segments still give every rank step 6 (they used to be removed as left by
+# a stopped run, and every rank went to the disk's step 4).
+restore
+if train no_peer --set checkpoint.memory.peer=false; then
+  expect "no peer: rank 1 loads its previous segment, not the disk" zero "resuming step 6 from memory: rank 1 from its previous segment" -- cat "$tmp/no_peer.log"
+  same_losses "no peer, the previous segments" no_peer 6
+else
+  bad "the relaunch without the peers' copies" "$(tail -n 20 "$tmp/no_peer.log")"
+fi
+
+# Rank 1's segment truncated and its spare gone: not loaded, its peer's copy (held by rank 0) is.
 restore
 f=$(own 1)
+rm -f "$f".tmp.*
 truncate -s $(($(stat -c %s "$f") / 2)) "$f"
 if train truncated; then
   expect "a truncated segment is named and not loaded" zero "truncated" -- grep -a "rank 1: .*-r1: truncated .*not loaded" "$tmp/truncated.log"
@@ -80,7 +100,7 @@ fi
 
 # Rank 1's segments deleted (its machine lost its memory): the peer's copy. Killed again at step 9 for the next case.
 restore
-rm -f "$(own 1)"
+lose 1
 MT_FAULT_MEMORY=9:1 train deleted
 expect "a rank whose segment is deleted loads its peer's copy" zero "resuming step 6 from memory: rank 1 from its peer's copy" -- cat "$tmp/deleted.log"
 expect "the other rank loads its own" zero "resuming step 6 from memory: rank 0 from its own segment" -- cat "$tmp/deleted.log"
@@ -101,13 +121,36 @@ fi
 
 # Rank 1 has neither its segment nor its peer's copy: every rank resumes from the disk's step 4.
 restore
-rm -f "$(own 1)" "$MT_SHM_DIR"/meshtrain-*-r1-peer0
+rm -f "$(own 1)" "$(own 1)".tmp.* "$MT_SHM_DIR"/meshtrain-*-r1-peer0*
 if train disk; then
   expect "no common in-memory step: the disk, saying so" zero "in-memory checkpoints not used: no step that every rank has" -- cat "$tmp/disk.log"
   expect "every rank resumes the disk's step 4" zero "step_00000004 at step 4" -- cat "$tmp/disk.log"
   same_losses "the disk fallback" disk 4
 else
   bad "the relaunch from the disk" "$(tail -n 20 "$tmp/disk.log")"
+fi
+
+# 4 ranks: rank 0 killed while writing step 7 (ranks 1-3 a save ahead), then rank 2's machine loses its memory.
+# Step 6 is rank 0's own, ranks 1 and 3's previous, and rank 2's copy held by rank 3: only ranks 2 and 3 exchange.
+rm -rf "$ckpt" "$MT_SHM_DIR"/*
+train4_run() {  # train4_run NAME [--set ...]: 4 ranks
+  local name=$1
+  shift
+  rm -f "$tmp/$name.jsonl"
+  timeout 120 "$mpirun" -np 4 "$mt" --config "$tmp/t.yaml" --set log.metrics_file="$tmp/$name.jsonl" \
+    --set checkpoint.dir="$ckpt" "$@" train >"$tmp/$name.log" 2>&1
+}
+train4_run ref4 || bad "the uninterrupted 4-rank run" "$(tail -n 20 "$tmp/ref4.log")"
+rm -rf "$ckpt"
+MT_FAULT_MEMORY=7:0 train4_run killed4 && bad "4 ranks killed: exits non-zero" "exit 0"
+lose 2
+if train4_run lost4; then
+  expect "4 ranks: rank 2 loads its copy held by rank 3" zero "resuming step 6 from memory: rank 2 from its peer's copy, held by rank 3" -- cat "$tmp/lost4.log"
+  expect "4 ranks: ranks 1 and 3 load their previous segments" zero "resuming step 6 from memory: ranks 1, 3 from their previous segments" -- cat "$tmp/lost4.log"
+  check "4 ranks, a machine's memory lost: the losses equal the uninterrupted run's bit for bit" -- "$py" "$compare" \
+    "$tmp/lost4.jsonl" "$tmp/ref4.jsonl" --exact --from-step 6 --steps 6
+else
+  bad "4 ranks: the relaunch after a machine lost its memory (it used to hang)" "$(tail -n 20 "$tmp/lost4.log")"
 fi
 
 # The supervisor gives up (no relaunch allowed) on a job killed mid-run: it removes the job's segments.
