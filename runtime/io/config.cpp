@@ -179,16 +179,17 @@ void CheckpointConfig::check() const {
          "checkpoint.resume = {} but checkpoint.dir is empty: a resumed run needs a checkpoint.dir to "
          "write its own checkpoints into",
          resume);
-  if (memory.interval > 0 && dir.empty())
+  const std::string mem = memory.interval.automatic ? "auto" : std::to_string(memory.interval.steps);
+  if (memory.on() && dir.empty())
     fail("config",
          "checkpoint.memory.interval = {} but checkpoint.dir is empty: the in-memory checkpoints are named after "
          "checkpoint.dir, and the disk's checkpoint is their fallback",
-         memory.interval);
-  if (memory.interval > 0 && resume != "auto")
+         mem);
+  if (memory.on() && resume != "auto")
     fail("config",
          "checkpoint.memory.interval = {} needs checkpoint.resume = auto (it is {}): only resume: auto loads an "
          "in-memory checkpoint",
-         memory.interval, resume);
+         mem, resume);
 }
 
 void ProfileConfig::check() const {

@@ -397,13 +397,16 @@ struct SampleConfig {
 // In-memory checkpoints (runtime/train/memory_checkpoint.h): every `interval` steps each rank's state in a
 // shared-memory segment of its machine, and a copy on a peer rank's. Default off.
 struct MemoryCheckpointConfig {
-  int64_t interval = 0;
+  StepsOrAuto interval;
   bool peer = true;
+  bool on() const { return interval.automatic || interval.steps > 0; }
   template <class V> void visit(V& v) {
     v("interval", interval,
-      "steps between in-memory checkpoints (0 = off): each rank copies its shards, optimizer state and step into "
-      "a checksummed segment in /dev/shm, kept until the next one is whole; a resume loads them before the disk",
-      at_least(0, "a step count (0 = off)"));
+      "steps between in-memory checkpoints (0 = off), or auto: every step when a save costs under 2% of the step, "
+      "else the fewest steps that keep it under 2% (measured over the first saves). Each rank copies its shards, "
+      "optimizer state and step into a checksummed segment in /dev/shm, kept until the next one is whole; a resume "
+      "loads them before the disk",
+      at_least(0, "a step count (0 = off) or auto"));
     v("peer", peer,
       "also keep each rank's segment on a peer rank (the next node's rank of the same local index; on one machine "
       "the next rank), sent over the world group: a rank whose segment is lost loads its peer's copy");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -141,6 +142,7 @@ void exchange(TrainRun& run, SegmentBytes& send, int to, SegmentBytes& recv, int
 MemoryCheckpointer::MemoryCheckpointer(const Config& cfg, const MpiEnv& env, TrainRun& run)
     : cfg_(cfg), env_(env), run_(run) {
   if (!enabled()) return;
+  if (!cfg.checkpoint.memory.interval.automatic) every_ = cfg.checkpoint.memory.interval.steps;
   const std::string& dir = cfg.checkpoint.dir;
   own_ = std::make_unique<SegmentFile>(memory_segment_path(dir, env.rank(), env.rank()));
   if (!cfg.checkpoint.memory.peer || env.size() < 2) return;
@@ -150,7 +152,7 @@ MemoryCheckpointer::MemoryCheckpointer(const Config& cfg, const MpiEnv& env, Tra
   held_ = std::make_unique<SegmentFile>(memory_segment_path(dir, from_, env.rank()));
 }
 
-double MemoryCheckpointer::save(int64_t next_step) {
+double MemoryCheckpointer::save(int64_t next_step, double step_s) {
   const auto t0 = std::chrono::steady_clock::now();
   trace::Span span("memory checkpoint", "checkpoint");
   WatchdogPhase phase(fmt::format("saving the in-memory checkpoint of step {}", next_step));
@@ -178,12 +180,40 @@ double MemoryCheckpointer::save(int64_t next_step) {
   }
   if (held_) post_exchange();
   const double s = seconds_since(t0);
+  const bool automatic = cfg_.checkpoint.memory.interval.automatic;
   if (!noted_ && me == 0)
-    spdlog::info("in-memory checkpoint of step {}: {:.1f} MiB a rank in {} (rank 0){}, in {:.3f} s; every {} steps",
+    spdlog::info("in-memory checkpoint of step {}: {:.1f} MiB a rank in {} (rank 0){}, in {:.3f} s; {}",
                  next_step, double(own_->published_bytes()) / (1 << 20), own_->path(),
-                 to_.empty() ? "" : fmt::format(", a copy on rank {}", to_[0]), s, cfg_.checkpoint.memory.interval);
+                 to_.empty() ? "" : fmt::format(", a copy on rank {}", to_[0]), s,
+                 automatic ? fmt::format("interval auto: weighing {} saves", kAutoSaves)
+                           : fmt::format("every {} steps", every_));
   noted_ = true;
+  if (automatic && int(auto_stall_.size()) < kAutoSaves) {
+    auto_stall_.push_back(s), auto_step_.push_back(step_s);
+    if (int(auto_stall_.size()) == kAutoSaves) choose_interval();
+  }
   return s;
+}
+
+// interval: auto. A save's cost is what it holds the loop (its copy, and the wait for the previous peer exchange,
+// which moves only inside MPI calls on a single-copy-less transport); the median of saves 2..kAutoSaves on the
+// slowest rank against the median step. Every step when that is under 2% of a step, else the fewest steps that
+// keep it under 2%. Every rank chooses alike (the figures are all-reduced).
+void MemoryCheckpointer::choose_interval() {
+  auto median = [](std::vector<double> v) {
+    v.erase(v.begin());  // the first save touches new pages
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  double cost[2] = {median(auto_stall_), median(auto_step_)};
+  for (double& c : cost) c = world::all_reduce(c, ReduceOp::max, "memory checkpoint: interval auto");
+  const double share = cost[1] > 0 ? cost[0] / cost[1] : 0;
+  every_ = std::max<int64_t>(1, int64_t(std::ceil(share / 0.02 - 1e-9)));
+  if (env_.rank() == 0)
+    spdlog::info("in-memory checkpoints every {} step{} (checkpoint.memory.interval auto: a save holds the loop "
+                 "{:.3f} s, {:.1f}% of a {:.3f}-s step; {})",
+                 every_, every_ > 1 ? "s" : "", cost[0], 100 * share, cost[1],
+                 every_ == 1 ? "under 2%" : fmt::format("every {} keeps it under 2%", every_));
 }
 
 // Every rank takes part whatever its own write did (it sends what it last published): no rank is left waiting.
@@ -362,7 +392,7 @@ void say_sources(const std::vector<Avail>& a, const std::vector<int>& to, int64_
 }  // namespace
 
 bool resume_from_memory(const Config& cfg, const MpiEnv& env, TrainRun& run, int64_t disk_step) {
-  if (cfg.checkpoint.memory.interval <= 0 || cfg.checkpoint.resume != "auto") return false;
+  if (!cfg.checkpoint.memory.on() || cfg.checkpoint.resume != "auto") return false;
   WatchdogPhase phase("looking for in-memory checkpoints");
   const int me = env.rank(), world = env.size();
   const std::string& dir = cfg.checkpoint.dir;

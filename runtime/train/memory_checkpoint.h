@@ -25,15 +25,16 @@ class MemoryCheckpointer {
  public:
   // Collective when enabled (the host names).
   MemoryCheckpointer(const Config& cfg, const MpiEnv& env, TrainRun& run);
-  bool enabled() const { return cfg_.checkpoint.memory.interval > 0; }
-  bool due(int64_t steps_done) const {
-    return enabled() && steps_done % cfg_.checkpoint.memory.interval == 0;
-  }
+  bool enabled() const { return cfg_.checkpoint.memory.on(); }
+  // interval: auto saves every step until it has measured kAutoSaves saves, then every every_ steps.
+  bool due(int64_t steps_done) const { return enabled() && steps_done % every_ == 0; }
   // Collective with memory.peer (one all-gather of sizes): the state after next_step steps into this rank's
   // segment, and its send to the peer posted (the peer's receive too) without waiting: the copy travels while
   // training goes on and is published by poll() or the next save. Returns the seconds it held the loop. A segment
   // that cannot be written is a warning naming the file (the disk's checkpoints go on).
-  double save(int64_t next_step);
+  // step_s: the step just done (interval: auto weighs the saves against it). Collective with interval: auto
+  // until the interval is chosen (one all-reduce, at the last measured save).
+  double save(int64_t next_step, double step_s);
   // The peer exchange in flight: completed when it is (wait: waits for it, under the watchdog), and the copy this
   // rank holds published. No collective.
   void poll(bool wait);
@@ -43,6 +44,8 @@ class MemoryCheckpointer {
 
  private:
   void post_exchange();
+  void choose_interval();
+  static constexpr int kAutoSaves = 4;  // the first touches new pages: the 2nd-4th are weighed
   const Config& cfg_;
   const MpiEnv& env_;
   TrainRun& run_;
@@ -52,6 +55,8 @@ class MemoryCheckpointer {
   std::vector<Work> pending_;                // the exchange in flight
   Tensor send_dev_, recv_dev_;               // on a GPU: the device buffers the exchange reads and writes
   uint64_t held_bytes_ = 0;
+  int64_t every_ = 1;                      // the interval in steps (auto: 1 until chosen)
+  std::vector<double> auto_stall_, auto_step_;  // interval: auto's measurements
   bool warned_ = false, noted_ = false;
   bool own_published_ = false, held_published_ = false;  // the stopped runs' spares are removed at the first
 };

@@ -260,7 +260,7 @@ int Trainer::agree_and_checkpoint(int64_t step, const Timed& t, bool last) {
   if (ckpt_->in_flight() && !agreed.writing) ckpt_->commit();
   if (ckpt_->due_by_steps(step + 1) || agreed.checkpoint_due || last || stop) ckpt_->save(step + 1, last || stop);
   else if (mem_->due(step + 1)) {  // not where the disk has this step
-    const double stall = mem_->save(step + 1);
+    const double stall = mem_->save(step + 1, t.step_s);
     gp_.checkpoint_s += stall;
     // The supervisor's goodput counts it as an in-memory save (memory_save_s), not a disk one.
     log_->record({{"event", "checkpoint"}, {"step", step + 1}, {"mode", "memory"}, {"stall_s", stall}});

@@ -153,6 +153,31 @@ else
   bad "4 ranks: the relaunch after a machine lost its memory (it used to hang)" "$(tail -n 20 "$tmp/lost4.log")"
 fi
 
+# interval: auto weighs saves 2-4 against the step: every step when under 2% (steps slowed to 0.3 s), else the fewest
+# steps that keep it under 2% (this tiny model's 10-ms steps); the saves that follow keep to the interval chosen.
+rm -rf "$ckpt" "$MT_SHM_DIR"/*
+auto_saves() {  # auto_saves NAME: "N S1 S2 ...": the interval chosen, then the steps of the in-memory saves after the 4 weighed
+  "$py" - "$tmp/$1.log" "$tmp/$1.jsonl" <<'PY'
+import json, re, sys
+m = re.search(r"in-memory checkpoints every (\d+) steps? \(checkpoint.memory.interval auto", open(sys.argv[1], errors="replace").read())
+steps = [r["step"] for r in map(json.loads, open(sys.argv[2])) if r.get("event") == "checkpoint" and r.get("mode") == "memory"]
+print(m.group(1) if m else "none", *steps[4:])
+PY
+}
+MT_FAULT_SLOW_RANK=0:300 train auto_slow --set checkpoint.memory.interval=auto || bad "interval auto, slow steps" "$(tail -n 20 "$tmp/auto_slow.log")"
+got=$(auto_saves auto_slow)
+if [ "$got" = "1 6 7 9 10 11" ]; then ok "interval auto: saves under 2% of a 0.3-s step are kept every step ($got)"
+else bad "interval auto: every step when the saves cost under 2%" "got: $got (interval, then the saved steps after 1, 2, 3, 5; 4, 8 and 12 are the disk's)" "$(grep -a "interval auto" "$tmp/auto_slow.log")"; fi
+rm -rf "$ckpt"
+train auto_fast --set checkpoint.memory.interval=auto --set training.steps=40 || bad "interval auto, fast steps" "$(tail -n 20 "$tmp/auto_fast.log")"
+read -r n rest <<<"$(auto_saves auto_fast)"
+wrong=$(for st in $rest; do [ $((st % n)) -eq 0 ] || echo "$st"; done)
+if [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -gt 1 ] && [ -z "$wrong" ]; then ok "interval auto: saves dearer than 2% of a short step kept every $n steps (saved: $rest)"
+else bad "interval auto: a longer interval when the saves cost over 2%" "interval $n, saved at $rest" "$(grep -a "interval auto" "$tmp/auto_fast.log")"; fi
+rm -rf "$ckpt"
+expect "interval -1 is refused naming the key" nonzero "checkpoint.memory.interval" -- "$mt" --config "$tmp/t.yaml" --set checkpoint.dir="$ckpt" --set checkpoint.memory.interval=-1 check
+expect "interval soon is refused: a step count or auto" nonzero "a step count or auto" -- "$mt" --config "$tmp/t.yaml" --set checkpoint.dir="$ckpt" --set checkpoint.memory.interval=soon check
+
 # The supervisor gives up (no relaunch allowed) on a job killed mid-run: it removes the job's segments.
 rm -rf "$ckpt" "$MT_SHM_DIR"/*
 MT_FAULT_MEMORY=5:1 timeout 120 "$mt" supervise --max-restarts 0 --backoff 0 -- "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" \
