@@ -176,6 +176,10 @@ TEST_CASE("goodput by cause: memory and disk saves, the restart's phases, detect
   // Step 5 of launch 1 (redone), then from its record (112.75) to the failure seen (113.5), then detection.
   CHECK(p.lost_s == doctest::Approx(1 + 0.75));
   CHECK(p.detection_s == doctest::Approx(0.5));
+  // The failed launch's own split (its failure record): the step in flight 0.75 s, then 0.5 s to the exit.
+  const AttemptRecords::Tail tail = g.attempts().at(0).failure_tail();
+  CHECK(tail.in_flight_s == doctest::Approx(0.75));
+  CHECK(tail.detection_s == doctest::Approx(0.5));
   const double sum = p.productive_s + p.memory_save_s + p.disk_save_s + p.eval_s + p.lost_s + p.restart_s +
                      p.detection_s + p.other_s;
   CHECK(sum == doctest::Approx(19.5));

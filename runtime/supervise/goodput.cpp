@@ -189,21 +189,25 @@ GoodputParts GoodputAccount::parts(double wall_s) const {
     ++p.attempts;
     if (!a.failed) continue;
     ++p.failures;
-    if (a.first_step_t < 0) continue;  // all restart time
-    // After its last record: the step in flight until the failure (lost; at most one typical step, and no later
-    // than the supervisor saw it), then the detection and the tear-down.
-    const double end = a.exit_t > 0 ? a.exit_t : a.launch_t;
-    const double last = std::max(a.last_record_t, a.first_step_t);
-    const double tail = std::max(0.0, end - last);
-    const double seen = a.failure_seen_t > 0 ? a.failure_seen_t : end;
-    const double in_flight = std::clamp(std::min(seen, last + a.typical_step_s()) - last, 0.0, tail);
-    p.lost_s += in_flight;
-    p.detection_s += tail - in_flight;
+    const AttemptRecords::Tail t = a.failure_tail();
+    p.lost_s += t.in_flight_s;
+    p.detection_s += t.detection_s;
   }
   p.other_s = std::max(0.0, wall_s - p.productive_s - p.memory_save_s - p.disk_save_s - p.eval_s - p.lost_s -
                                 p.restart_s - p.detection_s);
   p.goodput = wall_s > 0 ? p.productive_s / wall_s : 0;
   return p;
+}
+
+AttemptRecords::Tail AttemptRecords::failure_tail() const {
+  if (first_step_t < 0) return {};
+  // After its last record: the step in flight until the failure (no later than the supervisor saw it).
+  const double end = exit_t > 0 ? exit_t : launch_t;
+  const double last = std::max(last_record_t, first_step_t);
+  const double tail = std::max(0.0, end - last);
+  const double seen = failure_seen_t > 0 ? failure_seen_t : end;
+  const double in_flight = std::clamp(std::min(seen, last + typical_step_s()) - last, 0.0, tail);
+  return {in_flight, tail - in_flight};
 }
 
 nlohmann::json goodput_record(const GoodputParts& p) {

@@ -62,6 +62,12 @@ struct AttemptRecords {
   double first_step_s = 0;
   std::vector<double> early_steps_s;  // the step times after the first (at most 32): the launch's typical step
   double typical_step_s() const;
+  // A failed launch's end after its last record: the step in flight until the failure was seen (lost; at most one
+  // typical step), then the detection and the tear-down. Both 0 before its first step (all restart time).
+  struct Tail {
+    double in_flight_s = 0, detection_s = 0;
+  };
+  Tail failure_tail() const;
 };
 
 class GoodputAccount {

@@ -1,5 +1,8 @@
 #include "runtime/supervise/launch.h"
 
+#include <sys/stat.h>
+#include <fstream>
+#include <cctype>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -289,6 +292,50 @@ int take_stop_signal() { return g_signal.exchange(0); }
 LaunchResult run_launch(const std::vector<std::string>& argv, FileTail* metrics, GoodputAccount& acct,
                         OutputScanner& scan, double hang_timeout_s) {
   return Launch(argv, metrics, acct, scan, hang_timeout_s).run();
+}
+
+std::string mpi_shm_dir() {
+  for (const char* var : {"OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_btl_sm_backing_directory"})
+    if (const char* d = std::getenv(var); d && *d) return d;
+  return "/dev/shm";
+}
+
+int remove_mpi_shm_leftovers(double since_unix, const std::string& where) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string dir = fs::weakly_canonical(where, ec).string();
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("vader_segment.", 0) != 0 && name.rfind("sm_segment.", 0) != 0) continue;
+    struct stat st {};
+    if (::stat(e.path().c_str(), &st) != 0 || st.st_uid != ::getuid()) continue;
+    if (double(st.st_mtim.tv_sec) + 1e-9 * double(st.st_mtim.tv_nsec) < since_unix - 1) continue;
+    found.push_back(e.path());
+  }
+  if (found.empty()) return 0;
+  // What live processes map (the maps of processes of other users cannot be read: their files are not ours).
+  auto mapped_now = [&] {
+    std::set<std::string> mapped;
+    for (const auto& p : fs::directory_iterator("/proc", ec)) {
+      const std::string pid = p.path().filename().string();
+      if (pid.empty() || !std::isdigit(static_cast<unsigned char>(pid[0]))) continue;
+      std::ifstream maps(p.path() / "maps");
+      std::string line;
+      while (std::getline(maps, line)) {
+        const size_t at = line.find(dir + "/");
+        if (at != std::string::npos) mapped.insert(line.substr(at, line.find(" (deleted)", at) - at));
+      }
+    }
+    return mapped;
+  };
+  // Called once the launch's output pipes closed (its ranks, which hold them, are gone) or 3 s after the
+  // launcher's exit: a rank still mapping its file then stays, as another job's does.
+  const std::set<std::string> mapped = mapped_now();
+  int n = 0;
+  for (const fs::path& f : found)
+    if (!mapped.count(f.string()) && fs::remove(f, ec)) ++n;
+  return n;
 }
 
 }  // namespace mt::supervisor

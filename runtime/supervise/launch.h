@@ -50,4 +50,12 @@ struct LaunchResult {
 LaunchResult run_launch(const std::vector<std::string>& argv, FileTail* metrics, GoodputAccount& acct,
                         OutputScanner& scan, double hang_timeout_s);
 
+// Open MPI's shared-memory transport files that a launch's killed ranks left in `dir` (Open MPI's backing directory:
+// $OMPI_MCA_btl_vader_backing_directory or $OMPI_MCA_btl_sm_backing_directory when set, else /dev/shm):
+// vader_segment.* (Open MPI 4) and sm_segment.* (5). A rank removes its own at MPI_Finalize; one killed cannot, and each such file holds
+// pages of shared memory until the machine restarts. Removes this user's files of those names modified at or after
+// since_unix that no live process maps (another job's, or the next launch's, stay); returns how many.
+int remove_mpi_shm_leftovers(double since_unix, const std::string& dir);
+std::string mpi_shm_dir();
+
 }  // namespace mt::supervisor

@@ -153,6 +153,7 @@ class Supervisor {
       if (ends_job(attempt, r, scan.ev)) break;
       const bool give_up = restarts_ >= o_.max_restarts;
       report_failure(attempt, r, scan.ev, give_up);
+      remove_mpi_leftovers(acct_.current().launch_t);
       count_node_failure(scan.ev);
       if (give_up) {
         say("giving up: {} relaunch{} (--max-restarts {}) used; the last launch exited {}", restarts_,
@@ -221,6 +222,7 @@ class Supervisor {
   // One line per failure (who, where, how, and what it cost) and its record in the metrics file.
   void report_failure(int attempt, const LaunchResult& r, const FailureEvidence& ev, bool give_up) {
     const AttemptRecords& at = acct_.current();
+    const AttemptRecords::Tail tail = at.failure_tail();
     const int64_t lost = acct_.steps_lost();
     std::string who = ev.rank >= 0 ? fmt::format("rank {}", ev.rank) : "a rank";
     if (!ev.node.empty()) who += " on " + ev.node;
@@ -234,7 +236,9 @@ class Supervisor {
         restarts_ + 1, attempt, who, how, code_, at.last_step >= 0 ? std::to_string(at.last_step) : "none",
         acct_.last_committed() >= 0 ? std::to_string(acct_.last_committed()) : "none", lost, lost == 1 ? "" : "s",
         at.last_record_t > 0 && at.exit_t > at.last_record_t
-            ? fmt::format(" ({:.1f} s since the last record)", at.exit_t - at.last_record_t)
+            ? fmt::format(" ({:.1f} s since the last record: {:.1f} s the step in flight, {:.1f} s detection and "
+                          "tear-down)",
+                          at.exit_t - at.last_record_t, tail.in_flight_s, tail.detection_s)
             : "");
     nlohmann::json rec = {{"event", "failure"},
                           {"attempt", attempt},
@@ -248,6 +252,8 @@ class Supervisor {
                           {"last_step", at.last_step},
                           {"last_committed", acct_.last_committed()},
                           {"steps_lost", lost},
+                          {"in_flight_s", tail.in_flight_s},
+                          {"detection_s", tail.detection_s},
                           {"time", now_unix()},
                           {"action", give_up ? "give up" : "relaunch"}};
     append_record(metrics_path_, rec);
@@ -287,6 +293,15 @@ class Supervisor {
 
   // The job's in-memory checkpoints (checkpoint.memory) on this machine, once it ends: a finished run removed its
   // own; a job given up on, or failed for good, leaves nobody else to (memory_segment.h names them).
+  // Open MPI's shared-memory files the failed launch's killed ranks left on this machine (launch.h).
+  void remove_mpi_leftovers(double launch_t) {
+    const std::string dir = mpi_shm_dir();
+    const int n = remove_mpi_shm_leftovers(launch_t, dir);
+    if (n > 0)
+      say("removed {} Open MPI shared-memory file{} (vader_segment.*) the failed launch's ranks left in {}", n,
+          n == 1 ? "" : "s", dir);
+  }
+
   void remove_segments() {
     if (checkpoint_dir_.empty()) return;
     const int n = remove_memory_segments(checkpoint_dir_);

@@ -153,8 +153,15 @@ for p in ("launcher", "mpi", "load"):  # each launch pays these (the others can 
     assert phases[p] > 0, f"no time in the restart phase {p} (the ranks' setup records not read?): {phases}"
 assert phases.get("not_timed", 0) < 0.1 * g["restart_s"], f"restart time outside the set-up's phases: {phases}"
 assert phases.get("backoff", 0) >= 2 - 0.05, f"two back-offs of 1 s: {phases}"
-assert g["detection_s"] >= 2, f"the stopped rank's detection (comm.timeout_s 3) not counted: {g['detection_s']:.2f} s"
+fails = [r for r in map(json.loads, open(sys.argv[1])) if r.get("event") == "failure"]
+assert g["detection_s"] >= 2, f"the stopped rank's detection (comm.timeout_s 3) not counted: {g['detection_s']:.2f} s; {fails}"
 assert g["disk_save_s"] > 0 and g["memory_save_s"] == 0, (g["disk_save_s"], g["memory_save_s"])
+# Each failure's record says its own detection and step in flight; they add up to the job's detection.
+assert all(isinstance(f.get("detection_s"), (int, float)) and f["detection_s"] >= 0 and f.get("in_flight_s", -1) >= 0
+           for f in fails), f"failure records without detection_s / in_flight_s: {fails}"
+det = sum(f["detection_s"] for f in fails)
+assert abs(det - g["detection_s"]) < 1e-6 + 1e-6 * g["detection_s"], f"failures' detection {det:.3f} s, job's {g['detection_s']:.3f} s"
+assert max(f["detection_s"] for f in fails) >= 2, f"the stopped rank's detection (comm.timeout_s 3) not in its record: {fails}"
 print(", ".join(f"{c[:-2]} {g[c]:.1f}" for c in causes), f"= {total:.1f} of {g['wall_s']:.1f} s; restart:",
       ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v))
 PY
@@ -216,6 +223,21 @@ if [ $rc -eq 137 ] && [ "$(grep -c '\] launch [0-9]* of' "$tmp/max.log")" -eq 3 
   ok "--max-restarts 2 used up: 3 launches, exit 137, a clear message, the back-off doubled"
 else
   bad "--max-restarts used up" "exit $rc" "$(tail -n 8 "$tmp/max.log")"
+fi
+# A real launch that hangs (rank 1 stopped, the watchdog's timeout far away) is killed whole, mpirun with its ranks:
+# nobody is left to remove Open MPI's shared-memory files (vader_segment.*, here in a folder of the test's own) but
+# the supervisor, which does.
+mkdir -p "$tmp/mpishm"
+# shellcheck disable=SC2046
+OMPI_MCA_btl_vader_backing_directory="$tmp/mpishm" MT_FAULT_STOP_AT="evaluation:1" timeout 120 "$mt" supervise \
+  --max-restarts 0 --hang-timeout 3 -- $(launch hungmpi) --set comm.timeout_s=60 --set eval.interval=5 >"$tmp/hungmpi.log" 2>&1
+left=$(ls "$tmp/mpishm" | grep -c 'segment\.')
+if grep -q "the launch hangs; killing it" "$tmp/hungmpi.log" && [ "$left" -eq 0 ] &&
+  grep -q "removed [0-9]* Open MPI shared-memory file" "$tmp/hungmpi.log"; then
+  ok "a hung launch killed whole: $(grep -m 1 -o "removed [0-9]* Open MPI shared-memory files*" "$tmp/hungmpi.log") its ranks left, none left"
+else
+  bad "a hung launch killed whole: Open MPI's shared-memory files removed" "$left left: $(ls "$tmp/mpishm")" \
+    "$(grep '^\[supervise' "$tmp/hungmpi.log" | tail -n 4)"
 fi
 # --hang-timeout: a launch that recorded a step and then went silent is ended.
 timeout 60 "$mt" supervise --max-restarts 0 --hang-timeout 2 --metrics "$tmp/hang.jsonl" -- bash -c \
