@@ -402,8 +402,9 @@ struct MemoryCheckpointConfig {
   bool on() const { return interval.automatic || interval.steps > 0; }
   template <class V> void visit(V& v) {
     v("interval", interval,
-      "steps between in-memory checkpoints (0 = off), or auto: every step when a save costs under 2% of the step, "
-      "else the fewest steps that keep it under 2% (measured over the first saves). Each rank copies its shards, "
+      "steps between in-memory checkpoints (0 = off), or auto: with checkpoint.mtbf_s every sqrt(2 x save cost x "
+      "mtbf_s) seconds (Young/Daly), else every step when a save costs under 2% of the step, else the fewest steps "
+      "that keep it under 2% (the cost measured over the first saves). Each rank copies its shards, "
       "optimizer state and step into a checksummed segment in /dev/shm, kept until the next one is whole; a resume "
       "loads them before the disk",
       at_least(0, "a step count (0 = off) or auto"));
@@ -432,7 +433,7 @@ struct CheckpointConfig {
       at_least(0, "a step count (0 = at the end only)"));
     v("interval_s", interval_s, "seconds between checkpoints, by rank 0's clock (0 = by steps only)",
       at_least(0, "seconds (0 = by steps only)"));
-    v("mtbf_s", mtbf_s, "the job's mean time between failures in seconds, for interval: auto", at_least(0, "seconds"));
+    v("mtbf_s", mtbf_s, "the job's mean time between failures in seconds, for interval: auto and memory.interval: auto", at_least(0, "seconds"));
     v("async", async,
       "write checkpoints while training goes on: each writer's tensors are copied to host memory at the save step "
       "(the only stall), a thread writes and syncs them, and the directory is completed at a later step");

@@ -197,8 +197,10 @@ double MemoryCheckpointer::save(int64_t next_step, double step_s) {
 
 // interval: auto. A save's cost is what it holds the loop (its copy, and the wait for the previous peer exchange,
 // which moves only inside MPI calls on a single-copy-less transport); the median of saves 2..kAutoSaves on the
-// slowest rank against the median step. Every step when that is under 2% of a step, else the fewest steps that
-// keep it under 2%. Every rank chooses alike (the figures are all-reduced).
+// slowest rank against the median step. With checkpoint.mtbf_s, Young/Daly's interval for that cost, as the disk's
+// auto interval does (a failure loses half an interval on average: more frequent saves cost more than they save);
+// without it, every step when a save is under 2% of a step, else the fewest steps that keep it under 2%. Every rank
+// chooses alike (the figures are all-reduced).
 void MemoryCheckpointer::choose_interval() {
   auto median = [](std::vector<double> v) {
     v.erase(v.begin());  // the first save touches new pages
@@ -208,12 +210,20 @@ void MemoryCheckpointer::choose_interval() {
   double cost[2] = {median(auto_stall_), median(auto_step_)};
   for (double& c : cost) c = world::all_reduce(c, ReduceOp::max, "memory checkpoint: interval auto");
   const double share = cost[1] > 0 ? cost[0] / cost[1] : 0;
-  every_ = std::max<int64_t>(1, int64_t(std::ceil(share / 0.02 - 1e-9)));
+  const double mtbf = cfg_.checkpoint.mtbf_s;
+  std::string why;
+  if (mtbf > 0 && cost[1] > 0) {
+    const double yd_s = std::sqrt(2 * cost[0] * mtbf);
+    every_ = std::max<int64_t>(1, std::llround(yd_s / cost[1]));
+    why = fmt::format("sqrt(2 x {:.3f} x mtbf_s {:g}) = {:.1f} s, Young/Daly", cost[0], mtbf, yd_s);
+  } else {
+    every_ = std::max<int64_t>(1, int64_t(std::ceil(share / 0.02 - 1e-9)));
+    why = every_ == 1 ? "under 2%" : fmt::format("every {} keeps it under 2%", every_);
+  }
   if (env_.rank() == 0)
     spdlog::info("in-memory checkpoints every {} step{} (checkpoint.memory.interval auto: a save holds the loop "
                  "{:.3f} s, {:.1f}% of a {:.3f}-s step; {})",
-                 every_, every_ > 1 ? "s" : "", cost[0], 100 * share, cost[1],
-                 every_ == 1 ? "under 2%" : fmt::format("every {} keeps it under 2%", every_));
+                 every_, every_ > 1 ? "s" : "", cost[0], 100 * share, cost[1], why);
 }
 
 // Every rank takes part whatever its own write did (it sends what it last published): no rank is left waiting.
