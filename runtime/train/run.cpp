@@ -108,6 +108,11 @@ void set_up_run(TrainRun& run, const MpiEnv& env, bool with_data, double memory)
     set_host_memory_limit(size_t(t.memory_limit_mb * double(1 << 20)), "training.memory_limit_mb");
     static_cast<RunShape&>(run) = plan_run_shape(cfg, env.size());
     run.device = rank_device(env, cfg.comm.device);
+    // The attention kernel (cuDNN loaded here when it may be used): an impossible attention.kernel = cudnn is an
+    // error now, before any collective.
+    set_attention_kernel({parse_attention_kernel(cfg.attention.kernel), cfg.attention.deterministic});
+    check_attention_kernel(run.device, cfg.model.head_size(),
+                           cfg.data.document_separator >= 0 && run.pd.cp() > 1);
     if (const std::string slow = slow_attention_warning(run.device, run.dtype, cfg.model.head_size());
         !slow.empty() && env.rank() == 0)
       spdlog::warn("{}", slow);
