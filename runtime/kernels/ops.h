@@ -146,11 +146,11 @@ void local_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
                               const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
                               bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start, bool accumulate);
 
-// The kernel of bf16 attention on CUDA: attention.kernel and attention.deterministic (set once at start-up, before
-// any step; the default, auto and not deterministic, until then).
+// The kernel of bf16 attention on CUDA: attention.kernel and attention.deterministic (set once at a training run's
+// start-up, before any step; until then, and in commands that do not train, the flash kernel).
 enum class AttentionKernel { automatic, cudnn, flash };
 struct AttentionKernelChoice {
-  AttentionKernel kernel = AttentionKernel::automatic;
+  AttentionKernel kernel = AttentionKernel::automatic;  // the config's default
   bool deterministic = false;  // cuDNN's backward only from engines without its NONDETERMINISTIC note
 };
 void set_attention_kernel(AttentionKernelChoice choice);

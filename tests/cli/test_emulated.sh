@@ -10,7 +10,8 @@
 #    host) and with a device each (MT_EMU_DEVICES, comm.backend nccl: the NCCL stand-in over MPI);
 #  - bf16 within 2% of fp32 at step 5;
 #  - attention.kernel cudnn (cuDNN's stand-in, tests/emu/cudnn_emu.cpp) against flash: bf16, GQA, cp 2 ring, and
-#    packed documents on 1 rank, within 1% over 3 steps; documents with cp 2 are refused at start-up naming the key;
+#    packed documents on 1 rank and (auto: cuDNN on the diagonal, flash off it) on cp 2, within 1% over 3 steps;
+#    cudnn with documents and cp 2 is refused at start-up naming the key;
 #  - one host synchronisation per step, as on a GPU;
 #  - a rank stopped before a tp collective on NCCL: its peer's watchdog names it and ends the job (no hang);
 #  - a checkpoint written from the emulated device resumes on the CPU backend bit for bit in the losses' 1e-4,
@@ -196,6 +197,19 @@ if run emu_doc_flash "$emt" 1 "${doc_run[@]}" --set attention.kernel=flash &&
   fi
 else
   bad "documents, bf16, attention.kernel cudnn and flash" "$(tail -n 15 "$tmp/emu_doc_cudnn.log")"
+fi
+# auto with documents and cp 2: cuDNN on the ring's diagonal blocks, the flash kernel off it (said once), merged.
+if run emu_cpdoc_auto "$emt" 2 "${doc_run[@]}" --set parallel.cp=2 --set parallel.dp_replicate=1 &&
+  run emu_cpdoc_flash "$emt" 2 "${doc_run[@]}" --set parallel.cp=2 --set parallel.dp_replicate=1 \
+    --set attention.kernel=flash; then
+  if out=$("$py" "$compare" "$tmp/emu_cpdoc_auto.jsonl" "$tmp/emu_cpdoc_flash.jsonl" --rel0 1e-2 --abs 1e-2 --steps 3 2>&1) &&
+    grep -aq "the flash kernel for this call (packed documents in a block off the diagonal" "$tmp/emu_cpdoc_auto.log"; then
+    ok "documents, cp 2, attention.kernel auto (cuDNN on the diagonal, flash off it) = flash within 1%: $out"
+  else
+    bad "documents, cp 2, attention.kernel auto against flash" "$out"
+  fi
+else
+  bad "documents, cp 2, attention.kernel auto and flash" "$(tail -n 15 "$tmp/emu_cpdoc_auto.log")"
 fi
 expect "attention.kernel cudnn with documents and cp 2 is refused naming the key" nonzero "attention.kernel = cudnn" -- \
   "$mpirun" -np 2 "$emt" --config "$tmp/t.yaml" --set comm.device=cuda --set training.dtype=bf16 \

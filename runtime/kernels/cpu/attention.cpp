@@ -262,7 +262,9 @@ cpu::AttentionDims attention_dims(const char* op, const Tensor& q, const Tensor&
 }
 
 // ---- The bf16 CUDA kernel choice: cuDNN or the flash kernel (ops.h, set_attention_kernel) ----
-std::atomic<int> g_kernel{int(AttentionKernel::automatic)};
+// The flash kernel until a run sets the configured choice (set_up_run): tests and commands that do not train keep
+// the own kernel unless they ask.
+std::atomic<int> g_kernel{int(AttentionKernel::flash)};
 std::atomic<bool> g_deterministic{false};
 
 // Says once per distinct reason why a call ran the flash kernel under attention.kernel: auto.
