@@ -158,7 +158,8 @@ AttentionKernelChoice attention_kernel();
 // "auto" | "cudnn" | "flash" (the config's words), or throws naming attention.kernel.
 AttentionKernel parse_attention_kernel(const std::string& word);
 // At start-up, for a run on `device` (before any collective): loads cuDNN when the choice may use it and logs once
-// which kernel bf16 attention runs (cuDNN's version and path, or why the flash kernel). Throws "[config]
+// which kernel bf16 attention runs (cuDNN's version and path, or why the flash kernel; auto without a loadable
+// cuDNN becomes flash, so attention_kernel() says afterwards whether cuDNN may run). Throws "[config]
 // attention.kernel = cudnn: ..." when cudnn is asked for and cannot be: not a CUDA device, cuDNN not loadable, or
 // cp_documents (packed documents with parallel.cp > 1: blocks off the diagonal, whose queries may see no key).
 void check_attention_kernel(const Device& device, int64_t head_dim, bool cp_documents);

@@ -198,8 +198,11 @@ if run emu_doc_flash "$emt" 1 "${doc_run[@]}" --set attention.kernel=flash &&
 else
   bad "documents, bf16, attention.kernel cudnn and flash" "$(tail -n 15 "$tmp/emu_doc_cudnn.log")"
 fi
-# auto with documents and cp 2: cuDNN on the ring's diagonal blocks, the flash kernel off it (said once), merged.
-if run emu_cpdoc_auto "$emt" 2 "${doc_run[@]}" --set parallel.cp=2 --set parallel.dp_replicate=1 &&
+# auto with documents and cp 2: cuDNN on the ring's diagonal blocks, the flash kernel off it (said once), merged
+# (--full only: 44 s here, and test_gpu_cudnn.cpp checks the fallback itself at the op level).
+if [ "${MT_TEST_FULL:-0}" != 1 ]; then
+  skip "documents, cp 2, attention.kernel auto against flash" "with --full (MT_TEST_FULL=1) only"
+elif run emu_cpdoc_auto "$emt" 2 "${doc_run[@]}" --set parallel.cp=2 --set parallel.dp_replicate=1 &&
   run emu_cpdoc_flash "$emt" 2 "${doc_run[@]}" --set parallel.cp=2 --set parallel.dp_replicate=1 \
     --set attention.kernel=flash; then
   if out=$("$py" "$compare" "$tmp/emu_cpdoc_auto.jsonl" "$tmp/emu_cpdoc_flash.jsonl" --rel0 1e-2 --abs 1e-2 --steps 3 2>&1) &&
@@ -211,6 +214,8 @@ if run emu_cpdoc_auto "$emt" 2 "${doc_run[@]}" --set parallel.cp=2 --set paralle
 else
   bad "documents, cp 2, attention.kernel auto and flash" "$(tail -n 15 "$tmp/emu_cpdoc_auto.log")"
 fi
+expect "attention.kernel cudnn with fp32 activations is refused naming the key" nonzero "attention.kernel = cudnn takes bf16" -- \
+  "$emt" --config "$tmp/t.yaml" --set comm.device=cuda --set attention.kernel=cudnn train
 expect "attention.kernel cudnn with documents and cp 2 is refused naming the key" nonzero "attention.kernel = cudnn" -- \
   "$mpirun" -np 2 "$emt" --config "$tmp/t.yaml" --set comm.device=cuda --set training.dtype=bf16 \
   --set attention.kernel=cudnn --set data.document_separator=10 --set parallel.cp=2 --set parallel.dp_replicate=1 train

@@ -361,6 +361,8 @@ void check_attention_kernel(const Device& device, int64_t head_dim, bool cp_docu
              "(parallel.cp > 1): the blocks off the diagonal have queries that see no key, which cuDNN's mask cannot "
              "express; use attention.kernel: auto (the flash kernel for those blocks) or flash");
   }
+  // auto without a loadable cuDNN is the flash kernel from here on: attention_kernel() then says what runs.
+  if (!ok) g_kernel.store(int(AttentionKernel::flash));
   static std::once_flag said;
   std::call_once(said, [&] {
     if (ok)
