@@ -267,12 +267,13 @@ cpu::AttentionDims attention_dims(const char* op, const Tensor& q, const Tensor&
 std::atomic<int> g_kernel{int(AttentionKernel::flash)};
 std::atomic<bool> g_deterministic{false};
 
-// Says once per distinct reason why a call ran the flash kernel under attention.kernel: auto.
+// Says once per distinct reason why a call ran the own kernel under attention.kernel: auto.
 [[maybe_unused]] void fallback_once(const std::string& why) {
   static std::mutex mu;
   static std::set<std::string> said;
   std::lock_guard lock(mu);
-  if (said.insert(why).second) MT_LOG_INFO("attention: the flash kernel for this call ({})", why);
+  if (said.insert(why).second)
+    MT_LOG_INFO("attention: the own kernel (flash; other head dims the fp32 one) for this call ({})", why);
 }
 
 // Why cuDNN cannot take a call ("" when it may): what the graph in cuda/cudnn_attention.cpp cannot express.
