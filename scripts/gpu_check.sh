@@ -9,6 +9,8 @@
 #    meshes dp = 2, tp = 2, dp_shard = 2, cp = 2 (ring) and pp = 2 (2 ranks sharing the GPU); bf16 against fp32 within 2% at step 20 (1 rank, tp = 2, and dp = 2
 #    with gradients reduced in bf16);
 #  - one host synchronisation per training step on the GPU, 1 rank (log.level: debug counts them);
+#  - attention through cuDNN (attention.kernel: cudnn) against the flash kernel: op level, bf16 training on 1 rank,
+#    cp = 2 and with packed documents (SKIP where no cuDNN loads);
 #  - Hugging Face interoperability (tests/reference/test_hf_interop.py, run on the GPU), where present;
 #  - with --bench, then the benchmarks (scripts/bench/bench_gpu.sh).
 # --quick (scripts/gpu_run.sh's part 1): the list above less the emulated device's list and the Hugging Face
@@ -185,6 +187,33 @@ if [ -f "$logs/gpu.jsonl" ] && train bf16 1 "${gpu[@]}" "${bf16[@]}"; then
     row FAIL "bf16, dp=2, gradients reduced in bf16, vs fp32" "$(first_error bf16_dp)"
 else
   row FAIL "bf16 20 steps, 1 GPU vs fp32 GPU" "$( [ -f "$logs/bf16.log" ] && first_error bf16 || echo "no fp32 GPU run to compare with")"
+fi
+
+# 2a. Attention through cuDNN against the flash kernel (issue 50; docs/design/cudnn-attention.md): the op-level
+# comparison (values, log-sum-exp and gradients; causal, GQA, ring offsets, dk/dv accumulated; the fallbacks), bf16
+# training with attention.kernel cudnn against flash on 1 rank, cp=2 (the ring's blocks and merge) and packed
+# documents (1 rank: the document starts as a per-query bound in cuDNN's mask). All SKIP where no cuDNN loads.
+MT_SUITE_NAME=test_gpu timeout $lim $mpirun -np 1 "$build/tests/test_gpu" -tc='cudnn*' >"$logs/test_gpu_cudnn.log" 2>&1
+code=$?
+if grep -aq "cuDNN not loadable" "$logs/test_gpu_cudnn.log"; then
+  row SKIP "cuDNN attention vs the flash kernel" "$(grep -a -m 1 -o 'cuDNN not loadable.*' "$logs/test_gpu_cudnn.log" | cut -c1-80)"
+else
+  suite "cuDNN attention vs the flash kernel (op level)" 0 "$logs/test_gpu_cudnn.log" $code
+  cudnn_vs_flash() {  # cudnn_vs_flash TAG NP TITLE [--set ...]
+    local tag=$1 np=$2 title=$3
+    shift 3
+    if train "${tag}_flash" "$np" "${gpu[@]}" "${bf16[@]}" --set attention.kernel=flash "$@" &&
+      train "${tag}_cudnn" "$np" "${gpu[@]}" "${bf16[@]}" --set attention.kernel=cudnn "$@"; then
+      within_2pct "${tag}_cudnn" "${tag}_flash" "$title"
+    else
+      row FAIL "$title" "$(first_error "${tag}_cudnn")"
+    fi
+  }
+  cudnn_vs_flash cudnn1 1 "bf16 20 steps, attention.kernel cudnn vs flash"
+  cudnn_vs_flash cudnn_cp 2 "bf16, cp=2 ring, attention.kernel cudnn vs flash" \
+    --set parallel.dp_replicate=1 --set parallel.cp=2
+  cudnn_vs_flash cudnn_docs 1 "bf16, packed documents, attention.kernel cudnn vs flash" \
+    --set data.document_separator=10
 fi
 
 # 2b. The emulated device's list (tests/cli/test_emulated.sh) on this GPU: the same cases CI runs on the emulated

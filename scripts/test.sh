@@ -95,6 +95,7 @@ if [ -f /usr/local/cuda/include/cuda_runtime_api.h ]; then
   if { [ -f "$emu_build/build.ninja" ] ||
        meson setup "$emu_build" -Demulate_cuda=true -Dcpu_dispatch=false >"$log_dir/emu-setup.log" 2>&1; } &&
      ninja -C "$emu_build" tests/test_ops tests/test_cuda_emulated tests/test_cublaslt_emu tests/test_nccl_emu meshtrain \
+       tests/libcudnn.so.9 tests/test_cudnn_emu \
        >"$log_dir/emu-build.log" 2>&1; then
     lap "(build-emu: the emulated CUDA build)"
     run_doctest_suite "$emu_build/tests/test_ops" ops-emulated 900 -tc="ops value: cuda*,ops gradient: cuda*"
@@ -106,6 +107,8 @@ if [ -f /usr/local/cuda/include/cuda_runtime_api.h ]; then
     # The cuBLASLt stand-in against a triple loop; the NCCL stand-in over MPI on 4 ranks (rank 0 prints the
     # summary, the others only their failures; the exit status is the worst rank's).
     run_doctest_suite "$emu_build/tests/test_cublaslt_emu" cublaslt-emulated 300
+    # cuDNN's stand-in (build-emu/tests/libcudnn.so.9, which the emulated build's attention loads): its refusals.
+    run_doctest_suite "$emu_build/tests/test_cudnn_emu" cudnn-emulated 300
     out="$log_dir/nccl-emulated.log"
     if timeout 300 scripts/mpirun.sh -np 4 "$emu_build/tests/test_nccl_emu" --no-colors=true >"$out" 2>&1; then
       report "nccl-emulated np=4" "$out" ""

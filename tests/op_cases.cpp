@@ -219,9 +219,17 @@ std::vector<int64_t> doc_starts(const AttnGeom& g, int64_t B) {
   return ds;
 }
 
-OpCase attention_case(const std::string& name, std::function<AttnGeom(const Dims&)> geom) {
+// kernel: the bf16 CUDA kernel choice for the case (ops.h set_attention_kernel; the process's default, flash, is
+// restored after): automatic runs cuDNN where it loads and takes the call (its stand-in on the emulated device).
+OpCase attention_case(const std::string& name, std::function<AttnGeom(const Dims&)> geom,
+                      AttentionKernel kernel = AttentionKernel::flash) {
   OpCase c;
   c.name = name;
+  struct Scope {  // the kernel choice around one run of the case
+    AttentionKernelChoice saved = attention_kernel();
+    explicit Scope(AttentionKernel k) { set_attention_kernel({k, false}); }
+    ~Scope() { set_attention_kernel(saved); }
+  };
   auto options = [geom](OpRun& r, const Dims& d) {
     AttnGeom g = geom(d);
     AttentionOptions o;
@@ -229,14 +237,16 @@ OpCase attention_case(const std::string& name, std::function<AttnGeom(const Dims
     if (g.docs) o.doc_start = r.ints(doc_starts(g, d.B), {d.B, g.T}, DType::i64);
     return std::pair{g, o};
   };
-  c.forward = [options](OpRun& r, const Dims& d) {
+  c.forward = [options, kernel](OpRun& r, const Dims& d) {
+    Scope scope(kernel);
     auto [g, o] = options(r, d);
     Tensor q = r.in("q", {d.B, g.T, d.H, g.hd}), k = r.in("k", {d.B, g.S, d.KV, g.hd}),
            v = r.in("v", {d.B, g.S, d.KV, g.hd});
     Tensor out = r.out("out", q.shape()), lse = r.out("lse", {d.B, d.H, g.T}, Kind::acc);
     attention_forward(out, lse, q, k, v, o);
   };
-  c.backward = [options](OpRun& r, const Dims& d) {
+  c.backward = [options, kernel](OpRun& r, const Dims& d) {
+    Scope scope(kernel);
     auto [g, o] = options(r, d);
     Tensor q = r.in("q", {d.B, g.T, d.H, g.hd}), k = r.in("k", {d.B, g.S, d.KV, g.hd}),
            v = r.in("v", {d.B, g.S, d.KV, g.hd});
@@ -1020,6 +1030,17 @@ std::vector<OpCase> op_cases() {
                                  [](const Dims& d) { return AttnGeom{d.T, d.S, d.hd, false, 0, 0, true}; }));
   cases.push_back(attention_case(
       "attention hd 64", [](const Dims& d) { return AttnGeom{d.T, d.S, d.hd < 16 ? d.hd : 64, true, 0, 0, false}; }));
+  // The same through attention.kernel auto: bf16 on CUDA through cuDNN where it loads (the emulated device's
+  // stand-in interprets its graph): causal GQA, a ring block's offsets (queries after their keys), documents.
+  const auto cudnn = AttentionKernel::automatic;
+  cases.push_back(attention_case(
+      "attention cudnn causal", [](const Dims& d) { return AttnGeom{d.T, d.S, d.hd, true, 0, 0, false}; }, cudnn));
+  cases.push_back(attention_case(
+      "attention cudnn offsets",
+      [](const Dims& d) { return AttnGeom{std::max<int64_t>(d.T / 2, 2), d.S, d.hd, true, d.S - d.T / 2, 0, false}; },
+      cudnn));
+  cases.push_back(attention_case(
+      "attention cudnn doc_start", [](const Dims& d) { return AttnGeom{d.T, d.S, d.hd, true, 0, 0, true}; }, cudnn));
   return cases;
 }
 

@@ -53,7 +53,7 @@ TEST_CASE("unknown keys are named, with the known ones and a suggestion") {
   CHECK_ERROR_CONTAINS(config_from_yaml_string("parralel: {tp: 2}"), "did you mean 'parallel'?");
   CHECK_ERROR_CONTAINS(
       config_from_yaml_string("zzzzzzzz: 1"),
-      "known keys in 'the top level': parallel, comm, log, model, training, data, eval, sample, checkpoint, profile, lora)");
+      "known keys in 'the top level': parallel, comm, log, model, training, data, eval, sample, checkpoint, profile, lora, attention)");
 }
 
 TEST_CASE("wrong types name the key, the value and what was expected") {
@@ -504,3 +504,13 @@ TEST_CASE("profile.steps against training.steps, the last step of any run of the
   CHECK(config_from_yaml_string("training: {steps: 5}\nprofile: {steps: [5, 5], dir: tr}\n").profile.steps[0] == 5);
   CHECK_ERROR_CONTAINS(config_from_yaml_string("profile: {max_events: 0}"), "profile.max_events = 0");
 }
+
+TEST_CASE("attention: kernel and deterministic, the kernel one of auto, cudnn, flash") {
+  const Config c = config_from_yaml_string("attention: {kernel: cudnn, deterministic: true}");
+  CHECK(c.attention.kernel == "cudnn");
+  CHECK(c.attention.deterministic);
+  CHECK(config_from_yaml_string("").attention.kernel == "auto");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("attention: {kernel: cudnnn}"),
+                       "attention.kernel = 'cudnnn': expected one of 'auto', 'cudnn', 'flash'");
+}
+

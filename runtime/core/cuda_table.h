@@ -26,7 +26,7 @@ namespace mt {
 class Stream;
 class Event;
 
-constexpr uint32_t kCudaBackendAbi = 4;
+constexpr uint32_t kCudaBackendAbi = 5;
 constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
 
 // The launchers of runtime/kernels/cuda taking T = float or mt::bf16 (declared again beside their ops,
@@ -151,6 +151,20 @@ constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
      void* stream),                                                                                                   \
     (dq, dk, dv, scratch, dout, q, k, v, out, lse, B, T, S, H, KV, hd, scale, causal, q_pos0, k_pos0, doc_start,      \
      accumulate, stream))                                                                                             \
+  X(std::string, cudnn_load, (bool* ok), (ok))                                                                        \
+  X(int, cudnn_attention_forward,                                                                                     \
+    (void* out, float* lse, const void* q, const void* k, const void* v, int64_t B, int64_t T, int64_t S, int64_t H,  \
+     int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0, int64_t k_pos0, const int64_t* doc_start,     \
+     void* stream),                                                                                                   \
+    (out, lse, q, k, v, B, T, S, H, KV, hd, scale, causal, q_pos0, k_pos0, doc_start, stream))                        \
+  X(int, cudnn_attention_backward,                                                                                    \
+    (void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k, const void* v, const void* out,    \
+     const float* lse, int64_t B, int64_t T, int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, \
+     int64_t q_pos0, int64_t k_pos0, const int64_t* doc_start, bool accumulate, bool deterministic, void* stream),     \
+    (dq, dk, dv, dout, q, k, v, out, lse, B, T, S, H, KV, hd, scale, causal, q_pos0, k_pos0, doc_start, accumulate,   \
+     deterministic, stream))                                                                                          \
+  X(std::string, cudnn_error_string, (int status), (status))                                                          \
+  X(int64_t, cudnn_cached_plans, (), ())                                                                              \
   X(int64_t, reduce_partials_count, (int64_t n), (n))                                                                 \
   X(int, sum_partials_into, (double* out, const double* partials, int64_t n, void* stream),                           \
     (out, partials, n, stream))                                                                                       \

@@ -233,6 +233,21 @@ struct CommConfig {
   }
 };
 
+// The kernel of bf16 attention on CUDA (docs/design/cudnn-attention.md); ignored on CPU ranks.
+struct AttentionConfig {
+  std::string kernel = "auto";
+  bool deterministic = false;
+  template <class V> void visit(V& v) {
+    v("kernel", kernel,
+      "auto | cudnn | flash: bf16 attention on CUDA through cuDNN's fused attention (loaded at run time: "
+      "$CUDNN_PATH, the toolkit's lib folder or an installed PyTorch's) or the own flash kernel (auto: cuDNN where it "
+      "loads and takes the call, else flash, said once; cudnn: an error where it cannot)",
+      one_of({"auto", "cudnn", "flash"}));
+    v("deterministic", deterministic,
+      "cuDNN's backward only from engines without its nondeterministic note (the flash kernel is deterministic)");
+  }
+};
+
 struct LogConfig {
   std::string level;  // empty: info on rank 0, warn elsewhere
   int interval = 10;

@@ -131,13 +131,38 @@ void sum_squares_into(const Tensor& out, const std::vector<int64_t>& slots, cons
 // >= doc_start[b, t]. A query that sees no key gets out = 0, lse = -inf. Kernels: the CPU's blockwise one (f32,
 // f64; bf16 on widened copies); on CUDA the tensor-core kernel for bf16 with hd 64 or 128 (unless
 // MT_REFERENCE_ATTENTION=1), else the fp32 reference kernel (bf16 on widened copies).
+//
+// bf16 on CUDA picks its kernel by set_attention_kernel (config attention.kernel, docs/design/cudnn-attention.md):
+// cuDNN's fused attention (loaded at run time) or the own flash kernel. auto: cuDNN where it loads and takes the
+// call, else flash, the reason said once; cudnn: a call cuDNN cannot take is an error naming attention.kernel
+// (a query block before its key block, documents off the diagonal; check_attention_kernel finds what it can at
+// start-up).
 void local_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              double scale, bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start);
-// The probabilities recomputed from q, k and lse. dq (B, T, H, hd) overwritten; dk, dv (B, S, KV, hd) overwritten,
+// The probabilities recomputed from q, k and lse (and the same kernel choice as the forward: cuDNN's backward
+// takes the stats cuDNN's forward wrote, and both write the natural-log log-sum-exp). dq (B, T, H, hd) overwritten; dk, dv (B, S, KV, hd) overwritten,
 // or with accumulate added to. dout, out (B, T, H, hd) and lse (B, H, T) from the forward.
 void local_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                               const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
                               bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start, bool accumulate);
+
+// The kernel of bf16 attention on CUDA: attention.kernel and attention.deterministic (set once at a training run's
+// start-up, before any step; until then, and in commands that do not train, the flash kernel).
+enum class AttentionKernel { automatic, cudnn, flash };
+struct AttentionKernelChoice {
+  AttentionKernel kernel = AttentionKernel::automatic;  // the config's default
+  bool deterministic = false;  // cuDNN's backward only from engines without its NONDETERMINISTIC note
+};
+void set_attention_kernel(AttentionKernelChoice choice);
+AttentionKernelChoice attention_kernel();
+// "auto" | "cudnn" | "flash" (the config's words), or throws naming attention.kernel.
+AttentionKernel parse_attention_kernel(const std::string& word);
+// At start-up, for a run on `device` (before any collective): loads cuDNN when the choice may use it and logs once
+// which kernel bf16 attention runs (cuDNN's version and path, or why the flash kernel; auto without a loadable
+// cuDNN becomes flash, so attention_kernel() says afterwards whether cuDNN may run). Throws "[config]
+// attention.kernel = cudnn: ..." when cudnn is asked for and cannot be: not a CUDA device, cuDNN not loadable, or
+// cp_documents (packed documents with parallel.cp > 1: blocks off the diagonal, whose queries may see no key).
+void check_attention_kernel(const Device& device, int64_t head_dim, bool cp_documents);
 
 // ---- Copies along one dim and the attention merge (context parallel) ----
 // dst[..., dst_begin + i, ...] = src[..., src_begin + i, ...] for i < n along tensor dim `dim`; the other dims

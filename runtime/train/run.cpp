@@ -108,8 +108,17 @@ void set_up_run(TrainRun& run, const MpiEnv& env, bool with_data, double memory)
     set_host_memory_limit(size_t(t.memory_limit_mb * double(1 << 20)), "training.memory_limit_mb");
     static_cast<RunShape&>(run) = plan_run_shape(cfg, env.size());
     run.device = rank_device(env, cfg.comm.device);
+    // The attention kernel (cuDNN loaded here when it may be used): an impossible attention.kernel = cudnn is an
+    // error now, before any collective.
+    set_attention_kernel({parse_attention_kernel(cfg.attention.kernel), cfg.attention.deterministic});
+    MT_CHECK(cfg.attention.kernel != "cudnn" || !run.device.is_cuda() || run.dtype == DType::bf16, "config",
+             "attention.kernel = cudnn takes bf16 activations: training.dtype is {} on {}", dtype_name(run.dtype),
+             run.device.str());
+    check_attention_kernel(run.device, cfg.model.head_size(),
+                           cfg.data.document_separator >= 0 && run.pd.cp() > 1);
+    // Not when cuDNN's attention is loaded: it runs first (any head dim it takes), and a call it declines says so.
     if (const std::string slow = slow_attention_warning(run.device, run.dtype, cfg.model.head_size());
-        !slow.empty() && env.rank() == 0)
+        !slow.empty() && env.rank() == 0 && attention_kernel().kernel == AttentionKernel::flash)
       spdlog::warn("{}", slow);
     // Data (every rank reads and validates the files itself: errors before any collective).
     if (with_data) {

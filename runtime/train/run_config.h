@@ -24,6 +24,7 @@ struct Config {
   CheckpointConfig checkpoint;
   ProfileConfig profile;
   LoraConfig lora;
+  AttentionConfig attention;
   template <class V> void visit(V& v) {
     v("parallel", parallel, "mesh sizes");
     v("comm", comm, "communication");
@@ -36,6 +37,7 @@ struct Config {
     v("checkpoint", checkpoint, "checkpoints and resume");
     v("profile", profile, "traces and the slow-rank check");
     v("lora", lora, "LoRA adapters on a frozen base (rank 0: off, full training)");
+    v("attention", attention, "the attention kernel on CUDA (cuDNN or the own flash kernel)");
   }
   // The rules across sections (each section's own are its keys' constraints and its check()): the model's
   // family's, and the training, data and parallel keys that depend on the model. Those that need the mesh are

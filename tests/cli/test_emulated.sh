@@ -9,6 +9,9 @@
 #    buffers staged through the
 #    host) and with a device each (MT_EMU_DEVICES, comm.backend nccl: the NCCL stand-in over MPI);
 #  - bf16 within 2% of fp32 at step 5;
+#  - attention.kernel cudnn (cuDNN's stand-in, tests/emu/cudnn_emu.cpp) against flash: bf16, GQA, cp 2 ring, and
+#    packed documents on 1 rank and (auto: cuDNN on the diagonal, flash off it) on cp 2, within 1% over 3 steps;
+#    cudnn with documents and cp 2 is refused at start-up naming the key;
 #  - one host synchronisation per step, as on a GPU;
 #  - a rank stopped before a tp collective on NCCL: its peer's watchdog names it and ends the job (no hang);
 #  - a checkpoint written from the emulated device resumes on the CPU backend bit for bit in the losses' 1e-4,
@@ -162,6 +165,60 @@ PY
 else
   bad "bf16 on the emulated device" "$(tail -n 15 "$tmp/emu_bf16.log")"
 fi
+
+# Attention through cuDNN (here its stand-in, tests/emu/cudnn_emu.cpp; on a GPU the real library) against the flash
+# kernel: bf16, head dim 64 (the flash kernel's), GQA, cp 2 ring (the blocks' row offsets, dk/dv accumulated, the
+# log-sum-exp merge), 3 steps within 1% (bf16 roundings differ: the stand-in rounds once per output).
+cudnn_run=(--set comm.device=cuda --set training.dtype=bf16 --set model.dim=128 --set model.n_heads=2
+  --set model.n_kv_heads=1 --set parallel.cp=2 --set parallel.dp_replicate=1 --set training.steps=3)
+if run emu_cp_flash "$emt" 2 "${cudnn_run[@]}" --set attention.kernel=flash &&
+  run emu_cp_cudnn "$emt" 2 "${cudnn_run[@]}" --set attention.kernel=cudnn; then
+  if out=$("$py" "$compare" "$tmp/emu_cp_cudnn.jsonl" "$tmp/emu_cp_flash.jsonl" --rel0 1e-2 --abs 1e-2 --steps 3 2>&1); then
+    ok "cp 2 ring, bf16: attention.kernel cudnn = flash within 1% over 3 steps: $out"
+  else
+    bad "cp 2 ring, bf16: attention.kernel cudnn against flash" "$out"
+  fi
+  expect "attention.kernel cudnn says it runs cuDNN, its version and path" zero "runs cuDNN's fused attention, cuDNN 9" \
+    -- cat "$tmp/emu_cp_cudnn.log"
+else
+  bad "cp 2 ring, bf16, attention.kernel cudnn and flash" \
+    "$(grep -av '^step \|emulated CUDA device, test-only' "$tmp/emu_cp_cudnn.log" "$tmp/emu_cp_flash.log" | tail -n 15)"
+fi
+# Packed documents (a per-query lower bound in cuDNN's mask) on 1 rank, cudnn against flash; with cp 2 (blocks off
+# the diagonal, whose queries may see no key) attention.kernel cudnn is refused at start-up, naming the key.
+doc_run=(--set comm.device=cuda --set training.dtype=bf16 --set model.dim=128 --set model.n_heads=2
+  --set model.n_kv_heads=1 --set data.document_separator=10 --set training.steps=3)
+if run emu_doc_flash "$emt" 1 "${doc_run[@]}" --set attention.kernel=flash &&
+  run emu_doc_cudnn "$emt" 1 "${doc_run[@]}" --set attention.kernel=cudnn; then
+  if out=$("$py" "$compare" "$tmp/emu_doc_cudnn.jsonl" "$tmp/emu_doc_flash.jsonl" --rel0 1e-2 --abs 1e-2 --steps 3 2>&1); then
+    ok "documents, bf16: attention.kernel cudnn = flash within 1% over 3 steps: $out"
+  else
+    bad "documents, bf16: attention.kernel cudnn against flash" "$out"
+  fi
+else
+  bad "documents, bf16, attention.kernel cudnn and flash" "$(tail -n 15 "$tmp/emu_doc_cudnn.log")"
+fi
+# auto with documents and cp 2: cuDNN on the ring's diagonal blocks, the flash kernel off it (said once), merged
+# (--full only: 44 s here, and test_gpu_cudnn.cpp checks the fallback itself at the op level).
+if [ "${MT_TEST_FULL:-0}" != 1 ]; then
+  skip "documents, cp 2, attention.kernel auto against flash" "with --full (MT_TEST_FULL=1) only"
+elif run emu_cpdoc_auto "$emt" 2 "${doc_run[@]}" --set parallel.cp=2 --set parallel.dp_replicate=1 &&
+  run emu_cpdoc_flash "$emt" 2 "${doc_run[@]}" --set parallel.cp=2 --set parallel.dp_replicate=1 \
+    --set attention.kernel=flash; then
+  if out=$("$py" "$compare" "$tmp/emu_cpdoc_auto.jsonl" "$tmp/emu_cpdoc_flash.jsonl" --rel0 1e-2 --abs 1e-2 --steps 3 2>&1) &&
+    grep -aq "for this call (packed documents in a block off the diagonal" "$tmp/emu_cpdoc_auto.log"; then
+    ok "documents, cp 2, attention.kernel auto (cuDNN on the diagonal, flash off it) = flash within 1%: $out"
+  else
+    bad "documents, cp 2, attention.kernel auto against flash" "$out"
+  fi
+else
+  bad "documents, cp 2, attention.kernel auto and flash" "$(tail -n 15 "$tmp/emu_cpdoc_auto.log")"
+fi
+expect "attention.kernel cudnn with fp32 activations is refused naming the key" nonzero "attention.kernel = cudnn takes bf16" -- \
+  "$emt" --config "$tmp/t.yaml" --set comm.device=cuda --set attention.kernel=cudnn train
+expect "attention.kernel cudnn with documents and cp 2 is refused naming the key" nonzero "attention.kernel = cudnn" -- \
+  "$mpirun" -np 2 "$emt" --config "$tmp/t.yaml" --set comm.device=cuda --set training.dtype=bf16 \
+  --set attention.kernel=cudnn --set data.document_separator=10 --set parallel.cp=2 --set parallel.dp_replicate=1 train
 
 # One host synchronisation per step (the loss and the grad norm read together), as on a GPU.
 if run emu_sync "$emt" 2 --set comm.device=cuda --set parallel.tp=2 --set training.micro_batch_size=2 --set log.level=debug; then

@@ -182,8 +182,10 @@ MT_CPU_EXPORT(attention_forward)
 MT_CPU_EXPORT(attention_backward)
 
 #if MT_CPU_OPS  // the ops, compiled once (the baseline pass)
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "runtime/core/log.h"
@@ -192,6 +194,7 @@ MT_CPU_EXPORT(attention_backward)
 
 #if MT_CUDA
 #include "runtime/kernels/cuda/cuda_ops.h"
+#include "runtime/kernels/cuda/cudnn_attention.h"
 #include "runtime/kernels/cuda/flash_attention.h"
 
 namespace mt::cuda {  // cuda/attention.cu: fp32, one thread per row (the correctness reference for fp32 runs)
@@ -258,6 +261,55 @@ cpu::AttentionDims attention_dims(const char* op, const Tensor& q, const Tensor&
   return bf16_cuda && (hd == 64 || hd == 128);
 }
 
+// ---- The bf16 CUDA kernel choice: cuDNN or the flash kernel (ops.h, set_attention_kernel) ----
+// The flash kernel until a run sets the configured choice (set_up_run): tests and commands that do not train keep
+// the own kernel unless they ask.
+std::atomic<int> g_kernel{int(AttentionKernel::flash)};
+std::atomic<bool> g_deterministic{false};
+
+// Says once per distinct reason why a call ran the own kernel under attention.kernel: auto.
+[[maybe_unused]] void fallback_once(const std::string& why) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  std::lock_guard lock(mu);
+  if (said.insert(why).second)
+    MT_LOG_INFO("attention: the own kernel (flash; other head dims the fp32 one) for this call ({})", why);
+}
+
+// Why cuDNN cannot take a call ("" when it may): what the graph in cuda/cudnn_attention.cpp cannot express.
+[[maybe_unused]] std::string cudnn_cannot(const cpu::AttentionDims& d, const Tensor& q) {
+  if (q.dtype() != DType::bf16) return "cuDNN's attention here takes bf16 activations";
+  if (d.doc_start && (!d.causal || d.q_pos0 != d.k_pos0))
+    return "packed documents in a block off the diagonal (a ring's, or all-gathered keys): queries whose document "
+           "starts after the block's keys see no key there";
+  if (d.causal && d.q_pos0 < d.k_pos0)
+    return "a query block placed before its key block (queries that see no key): cuDNN's causal mask needs "
+           "q_pos0 >= k_pos0";
+  return "";
+}
+
+// Whether this bf16 CUDA call goes to cuDNN. attention.kernel = cudnn and impossible: an error naming the key.
+[[maybe_unused]] bool use_cudnn(const cpu::AttentionDims& d, const Tensor& q, const char* op) {
+  const auto k = AttentionKernel(g_kernel.load());
+  if (k == AttentionKernel::flash || !q.device().is_cuda()) return false;
+  const std::string why = cudnn_cannot(d, q);
+  if (why.empty()) return true;
+  MT_CHECK(k != AttentionKernel::cudnn, "config", "attention.kernel = cudnn: {} cannot run on cuDNN: {}", op, why);
+  fallback_once(why);
+  return false;
+}
+
+// cuDNN's return: 0 done; declined (auto: the flash kernel, said once; cudnn: an error); else an error.
+[[maybe_unused]] bool cudnn_done(int rc, const char* op) {
+  if (rc == 0) return true;
+  const std::string why = cuda::cudnn_error_string(rc);
+  MT_CHECK(rc == cuda::kCudnnDeclined && AttentionKernel(g_kernel.load()) != AttentionKernel::cudnn,
+           rc == cuda::kCudnnDeclined ? "config" : "attention", "{}{}: cuDNN: {}",
+           rc == cuda::kCudnnDeclined ? "attention.kernel = cudnn: " : "", op, why);
+  fallback_once("cuDNN: " + why);
+  return false;
+}
+
 // An f32 copy of a device bf16 tensor (the CUDA fallback above); others as they are.
 [[maybe_unused]] Tensor widen_on_device(const Tensor& t) {
   if (t.dtype() != DType::bf16) return t;
@@ -280,6 +332,53 @@ double forward_flops(const cpu::AttentionDims& d) {
 
 }  // namespace
 
+void set_attention_kernel(AttentionKernelChoice choice) {
+  g_kernel.store(int(choice.kernel));
+  g_deterministic.store(choice.deterministic);
+}
+
+AttentionKernelChoice attention_kernel() { return {AttentionKernel(g_kernel.load()), g_deterministic.load()}; }
+
+AttentionKernel parse_attention_kernel(const std::string& word) {
+  if (word == "auto") return AttentionKernel::automatic;
+  if (word == "cudnn") return AttentionKernel::cudnn;
+  MT_CHECK(word == "flash", "config", "attention.kernel = '{}': expected one of 'auto', 'cudnn', 'flash'", word);
+  return AttentionKernel::flash;
+}
+
+void check_attention_kernel(const Device& device, int64_t head_dim, bool cp_documents) {
+  const auto k = AttentionKernel(g_kernel.load());
+  if (k == AttentionKernel::flash || (!device.is_cuda() && k == AttentionKernel::automatic)) return;
+  MT_CHECK(device.is_cuda(), "config", "attention.kernel = cudnn: the run's device is {} (cuDNN runs on CUDA devices)",
+           device.str());
+#if MT_CUDA
+  bool ok = false;
+  const std::string what = cuda::cudnn_load(&ok);
+  if (k == AttentionKernel::cudnn) {
+    MT_CHECK(ok, "config", "attention.kernel = cudnn: cuDNN cannot be loaded: {} (set $CUDNN_PATH to its folder, or "
+             "attention.kernel: auto to run the flash kernel)", what);
+    MT_CHECK(!cp_documents, "config",
+             "attention.kernel = cudnn: packed documents (data.document_separator) with context parallel "
+             "(parallel.cp > 1): the blocks off the diagonal have queries that see no key, which cuDNN's mask cannot "
+             "express; use attention.kernel: auto (the flash kernel for those blocks) or flash");
+  }
+  // auto without a loadable cuDNN is the flash kernel from here on: attention_kernel() then says what runs.
+  if (!ok) g_kernel.store(int(AttentionKernel::flash));
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    if (ok)
+      MT_LOG_INFO("attention: bf16 attention runs cuDNN's fused attention, {} (head dim {}; attention.kernel = {}{})",
+                  what, head_dim, k == AttentionKernel::cudnn ? "cudnn" : "auto",
+                  g_deterministic.load() ? ", deterministic" : "");
+    else
+      MT_LOG_INFO("attention: bf16 attention runs the flash kernel: {}", what);
+  });
+#else
+  (void)head_dim, (void)cp_documents;
+  MT_CHECK(false, "config", "attention.kernel = cudnn: a build without CUDA");
+#endif
+}
+
 void local_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              double scale, bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start) {
   const char* op = "attention_forward";
@@ -289,6 +388,12 @@ void local_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
   if (on_cuda(op, {&out, &lse, &q, &k, &v, &doc_start})) {
 #if MT_CUDA
     void* stream = stream_of(q);
+    if (use_cudnn(d, q, op) &&
+        cudnn_done(cuda::cudnn_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(),
+                                                 v.data_ptr(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal,
+                                                 d.q_pos0, d.k_pos0, d.doc_start, stream),
+                   op))
+      return;
     if (use_flash(q, d.hd)) {
       int rc = cuda::flash_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(),
                                              v.data_ptr(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal, d.q_pos0,
@@ -334,6 +439,14 @@ void local_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
   if (on_cuda(op, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &doc_start})) {
 #if MT_CUDA
     void* stream = stream_of(q);
+    if (use_cudnn(d, q, op) &&
+        cudnn_done(cuda::cudnn_attention_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(),
+                                                  q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                                  lse.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale,
+                                                  d.causal, d.q_pos0, d.k_pos0, d.doc_start, accumulate,
+                                                  g_deterministic.load(), stream),
+                   op))
+      return;
     if (use_flash(q, d.hd)) {
       Tensor scratch =
           empty({int64_t(cuda::flash_attention_backward_scratch_bytes(d.B, d.T, d.S, d.H, d.KV, d.hd) + 1) / 2},
