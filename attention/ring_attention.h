@@ -35,6 +35,8 @@ namespace mt {
 struct RingAttentionOptions {
   bool causal = true;
   double scale = 0;        // 0: 1/sqrt(hd)
+  int64_t window = 0;      // sliding window (local_attention.h); 0: none
+  double softcap = 0;      // attention-logit soft-capping (local_attention.h); 0: none
   Group* group = nullptr;  // the cp group; null (or size 1): this rank holds the whole sequence
   CpMethod method = CpMethod::ring;
   CpLoadBalance load_balance = CpLoadBalance::head_tail;
