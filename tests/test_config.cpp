@@ -14,6 +14,7 @@
 #include "attention/attention.h"
 #include "parallel/parallel_dims.h"
 #include "models/model.h"
+#include "models/llama/llama.h"
 #include "runtime/train/run_config.h"
 
 using namespace mt;
@@ -311,6 +312,13 @@ TEST_CASE("gemma2 and gemma3_text: config.json's keys, transformers' defaults, a
                        "model.attn_softcap = 50: model.type = llama has no such key");
   config_from_yaml_string("model: {type: gemma2, sliding_window: 8, sliding_window_pattern: 2}\n"
                           "training: {seq_len: 64}");  // a window shorter than the sequence: Gemma's own
+  // estimate's FLOPs: a sliding layer's keys per query are T times its causal pairs' share of a causal layer's.
+  ModelConfig m;
+  m.type = "gemma2", m.n_layers = 2, m.sliding_window = 8, m.sliding_window_pattern = 2;
+  CHECK(llama_attention_keys(m, 64, 1) == 64);                                      // global
+  CHECK(llama_attention_keys(m, 64, 0) == doctest::Approx(64.0 * (8 * 64 - 28) / (64 * 65 / 2.0)));  // sliding
+  m.sliding_window = 100;
+  CHECK(llama_attention_keys(m, 64, 0) == 64);  // a window over the sequence is causal
 }
 
 TEST_CASE("the rules a training run adds, and attention's slow kernel, are the model's and attention's to say") {

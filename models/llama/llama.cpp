@@ -269,7 +269,7 @@ int64_t llama_params(const ModelConfig& c, bool with_embeddings, const LlamaVari
   int64_t attn = d * c.n_heads * hd * 2 + d * c.n_kv_heads * hd * 2;
   if (v.qkv_bias) attn += (c.n_heads + 2 * c.n_kv_heads) * hd;
   if (v.qk_norm) attn += 2 * hd;
-  int64_t n = c.n_layers * (attn + 2 * d) + d;
+  int64_t n = c.n_layers * (attn + (v.gemma ? 4 : 2) * d) + d;  // Gemma: four norms a layer
   for (int64_t l = 0; l < c.n_layers; ++l) n += llama_mlp_params(c, l, active);
   if (with_embeddings) n += c.vocab_size * d * (c.tie_embeddings ? 1 : 2);
   else n += c.vocab_size * d;  // the lm_head matmul counts even when tied (torchtitan's convention)
@@ -285,11 +285,19 @@ int64_t llama_active_params(const ModelConfig& c, bool with_embeddings, const Ll
   return llama_params(c, with_embeddings, v, /*active=*/true);
 }
 
+double llama_attention_keys(const ModelConfig& c, int64_t seq_len, int64_t layer) {
+  const double T = double(seq_len), W = double(c.sliding_window);
+  if (!c.sliding_layer(layer) || c.sliding_window <= 0 || W >= T) return T;
+  // Causal pairs within the window over causal pairs: (W T - W (W - 1) / 2) / (T (T + 1) / 2), times T.
+  return T * (W * T - W * (W - 1) / 2) / (T * (T + 1) / 2);
+}
+
 double llama_flops_per_token(const ModelConfig& c, int64_t seq_len, const LlamaVariant& v) {
   // The parameters a token runs through (the k experts of an MoE layer, not all); QK^T and PV are n_heads x
-  // head_dim wide (dim unless head_dim says otherwise).
-  return 6.0 * double(llama_active_params(c, false, v)) +
-         12.0 * double(c.n_layers) * double(c.n_heads * c.head_size()) * double(seq_len);
+  // head_dim wide (dim unless head_dim says otherwise), over the keys each layer's queries see.
+  double keys = 0;
+  for (int64_t i = 0; i < c.n_layers; ++i) keys += llama_attention_keys(c, seq_len, i);
+  return 6.0 * double(llama_active_params(c, false, v)) + 12.0 * double(c.n_heads * c.head_size()) * keys;
 }
 
 }  // namespace mt

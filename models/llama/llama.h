@@ -192,6 +192,9 @@ class LlamaForCausalLM : public CausalLM {
 // 6*N + 12*L*d*T FLOPs per token (N = active parameters without embeddings): the
 // forward and backward GEMMs, and QK^T and PV at full (not causal-halved) cost.
 double llama_flops_per_token(const ModelConfig& c, int64_t seq_len, const LlamaVariant& v = {});
+// The keys per query layer `layer`'s attention FLOPs count: seq_len (the PaLM count: not causal-halved), or for a
+// sliding-window layer (Gemma) seq_len times its causal pairs' share of a causal layer's.
+double llama_attention_keys(const ModelConfig& c, int64_t seq_len, int64_t layer);
 int64_t llama_num_params(const ModelConfig& c, bool with_embeddings = true, const LlamaVariant& v = {});
 // What one token runs through: an MoE layer's k experts instead of all (the dense count for a dense model).
 int64_t llama_active_params(const ModelConfig& c, bool with_embeddings = true, const LlamaVariant& v = {});

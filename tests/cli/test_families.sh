@@ -239,6 +239,16 @@ print(f"logits {ours.shape} within {d:.1e}")
 PY
   ); then ok "$name: meshtrain logits of the directory equal the reference's: $out"
   else bad "$name: logits against the reference" "$out"; fi
+  # estimate and plan --search: the reference's parameter count (four norms a layer, Gemma 3's q/k norms).
+  local params
+  params=$("$py" -c "import json, sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])['params'])" \
+    "$tmp/$name.init.log" 2>/dev/null)
+  expect "$name: meshtrain estimate takes the directory (the reference's $params parameters)" zero \
+    "estimate: $name ($params parameters) on 4 ranks" -- \
+    "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/$name" --set parallel.tp=2 estimate --world 4
+  expect "$name: plan --search takes the directory" zero "plans tried on h100_ib" -- \
+    "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/$name" plan --search --world 4 \
+    --cluster "$root/configs/clusters/h100_ib.yaml"
 }
 gemma_meshes gemma2
 gemma_meshes gemma3_text
