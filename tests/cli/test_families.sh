@@ -252,6 +252,30 @@ PY
 }
 gemma_meshes gemma2
 gemma_meshes gemma3_text
+# The window on the ring (ring_attention.h: each rank's K/V sent straight to the distances the window reaches, dK/dV
+# straight back): gemma2 at 64 tokens, its sliding layer 0's window of 8 inside chunks of 8 (cp 4, head_tail: rank
+# r holds chunks r and 7 - r), so distances 1 and 3 are needed and 2 is not. cp 2 and cp 4 equal 1 rank, and
+# `meshtrain plan` counts per rank, with K/V = 2 x 8 rows x T/cp tokens x 2 kv heads x 16 x 8 B (f64) and dK/dV the
+# same: cp 4 forward 2 (window) + 3 (global layer 1) K/V, backward 2 x 2 + 3 + 4 (a causal ring: 6 and 14);
+# cp 2 forward 1 + 1, backward 2 + 1 + 2 (a causal ring: 2 and 6).
+for np in 1 2 4; do
+  timeout 300 "$mpirun" -np $np "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/gemma2" \
+    --set training.seq_len=64 --set parallel.cp=$np --set log.metrics_file="$tmp/gemma2.w64.cp$np.jsonl" train \
+    >"$tmp/gemma2.w64.cp$np.log" 2>&1 || bad "gemma2 at 64 tokens under cp $np" "$(tail -n 20 "$tmp/gemma2.w64.cp$np.log")"
+done
+for np in 2 4; do
+  if out=$("$py" "$compare" "$tmp/gemma2.w64.cp$np.jsonl" "$tmp/gemma2.w64.cp1.jsonl" --rel0 1e-9 --abs 1e-9 --steps 10 2>&1); then
+    ok "gemma2 (a window of 8 in 64 tokens) under cp $np equals 1 rank: $out"
+  else bad "gemma2 (a window of 8 in 64 tokens) under cp $np against 1 rank" "$out"; fi
+  "$mpirun" -np $np "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/gemma2" --set training.seq_len=64 \
+    --set parallel.cp=$np plan >"$tmp/gemma2.plan$np.out" 2>&1
+  kv=$((2 * 8 * 64 / np * 2 * 16 * 8))
+  if [ $np -eq 4 ]; then fwd=$((5 * kv)) bwd=$((11 * kv)); else fwd=$((2 * kv)) bwd=$((5 * kv)); fi
+  same_count "gemma2 under cp $np: the ring's forward bytes = the window's formula (a causal ring: $(((np - 1) * 2 * kv)) B)" \
+    "$(counted "$tmp/gemma2.plan$np.out" forward cp.)" $fwd
+  same_count "gemma2 under cp $np: the ring's backward bytes = the window's formula (a causal ring: $((2 * (2 * np - 1) * kv)) B)" \
+    "$(counted "$tmp/gemma2.plan$np.out" backward cp.)" $bwd
+done
 "$py" - "$tmp/gemma2" "$tmp/gemma2_w0" <<'PY'
 import json, os, shutil, sys
 src, dst = sys.argv[1:3]
