@@ -205,12 +205,13 @@ family gemma2 --model-type gemma2 --head-dim 16 --tie-embeddings --sliding-windo
 family gemma3_text --model-type gemma3_text --n-layers 3 --head-dim 16 --sliding-window 8 --query-pre-attn-scalar 8 \
   --sliding-window-pattern 3 --rope-local-theta 1000 --rope-theta 1000000 --rope-scaling linear:2 --final-softcap 0.2
 
-# gemma_meshes NAME: pp 2 (gemma3_text: untied), cp 2 and cp 4 on the ring (the window crosses the ranks' chunks)
-# equal the reference's losses; `meshtrain logits` of the directory equals the reference's forward.
+# gemma_meshes NAME: pp 2 (gemma3_text: untied), cp 2 and cp 4 on the ring (the window crosses the ranks' chunks),
+# cp 2 all-gathered and Ulysses equal the reference's losses; `meshtrain logits` of the directory equals the reference's forward.
 gemma_meshes() {
   local name=$1 mesh m np
   for mesh in "pp2:2:--set parallel.pp=2 --set training.micro_batch_size=4" "cp2:2:--set parallel.cp=2" \
-    "cp4:4:--set parallel.cp=4"; do
+    "cp4:4:--set parallel.cp=4" "cp2_all_gather:2:--set parallel.cp=2 --set parallel.cp_method=all_gather" \
+    "cp2_ulysses:2:--set parallel.cp=2 --set parallel.cp_method=alltoall"; do
     m=${mesh%%:*} np=$(echo "$mesh" | cut -d: -f2)
     [ "$m" = pp2 ] && [ "$name" = gemma2 ] && continue  # tied: pp refuses a weight shared across stages
     # shellcheck disable=SC2046
