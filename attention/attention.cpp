@@ -45,7 +45,7 @@ class LocalAttention final : public Attention {
       MT_CHECK(c.doc_start.shape() == (Shape{q.size(0), q.size(1)}), "attention",
                "local attention: doc_start {} does not match q {} (B, T, H, hd)", shape_str(c.doc_start.shape()),
                shape_str(q.shape()));
-    return AttentionOptions{c.causal, c.scale, 0, 0, c.doc_start.defined() ? c.doc_start.to(q.device()) : Tensor(),
+    return AttentionOptions{c.causal, c.scale,  0, 0, c.doc_start.defined() ? c.doc_start.to(q.device()) : Tensor(),
                             c.window, c.softcap};
   }
 };

@@ -109,7 +109,7 @@ std::vector<Tensor> doc_chunks(const RingAttentionOptions& opt, const Ring& r, s
 // Whether any query of the chunk at q0 sees any key of the chunk at k0 (both c long).
 bool pair_visible(int64_t q0, int64_t k0, int64_t c, bool causal, int64_t window,
                   const Tensor& docs /* (B, c) host or undefined */) {
-  if (causal && k0 > q0 + c - 1) return false;                   // every key after every query
+  if (causal && k0 > q0 + c - 1) return false;                  // every key after every query
   if (window > 0 && q0 - (k0 + c - 1) >= window) return false;  // every key before every query's window
   if (!docs.defined()) return true;
   // Document starts grow along the sequence, so the first query that may see the chunk has the smallest start.
@@ -137,7 +137,8 @@ void for_visible_pairs(const Ring& r, const RingAttentionOptions& opt, int src, 
   for (int64_t i = 0; i < r.m; ++i)
     for (int64_t j = 0; j < r.m; ++j) {
       const int64_t q0 = r.mine.chunk_pos[size_t(i)], k0 = theirs.chunk_pos[size_t(j)];
-      if (!pair_visible(q0, k0, r.c, opt.causal, opt.window, docs_host.empty() ? Tensor() : docs_host[size_t(i)])) continue;
+      if (!pair_visible(q0, k0, r.c, opt.causal, opt.window, docs_host.empty() ? Tensor() : docs_host[size_t(i)]))
+        continue;
       Tensor kj = chunk(block, j, r.KV, r), vj = chunk(block, r.m + j, r.KV, r);
       f(i, j, kj, vj, pair_options(opt, q0, k0, docs, i));
     }
@@ -155,7 +156,7 @@ bool local_only(const RingAttentionOptions& opt) { return !opt.group || opt.grou
 
 // The local kernel's options when this rank holds whole sequences.
 AttentionOptions whole_sequence_options(const RingAttentionOptions& opt, const Ring& r) {
-  return AttentionOptions{opt.causal, opt.scale, 0, 0, opt.doc_start.defined() ? opt.doc_start.to(r.dev) : Tensor(),
+  return AttentionOptions{opt.causal, opt.scale,  0, 0, opt.doc_start.defined() ? opt.doc_start.to(r.dev) : Tensor(),
                           opt.window, opt.softcap};
 }
 
@@ -353,8 +354,8 @@ void ring_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& 
       for_visible_pairs(r, opt, src, a == 0 ? kv : bufs[a % 2], docs, docs_host,
                         [&](int64_t i, int64_t, const Tensor& kj, const Tensor& vj, const AttentionOptions& o) {
                           attention_forward(part_out, part_lse, chunk(qc, i, r.H, r), kj, vj, o);
-                          attention_merge(chunk(out_acc, i, r.H, r),
-                                          lse_acc.view(i * r.B * r.H * r.c, {r.B, r.H, r.c}), part_out, part_lse);
+                          attention_merge(chunk(out_acc, i, r.H, r), lse_acc.view(i * r.B * r.H * r.c, {r.B, r.H, r.c}),
+                                          part_out, part_lse);
                         });
       if (a + 1 < steps.size()) shift.wait();
     }

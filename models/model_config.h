@@ -192,9 +192,7 @@ struct ModelConfig {
   void check() const;
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / n_heads; }
   // Gemma: whether layer i attends within sliding_window (Hugging Face's layer_types "sliding_attention").
-  bool sliding_layer(int64_t i) const {
-    return sliding_window_pattern > 0 && (i + 1) % sliding_window_pattern != 0;
-  }
+  bool sliding_layer(int64_t i) const { return sliding_window_pattern > 0 && (i + 1) % sliding_window_pattern != 0; }
 };
 
 }  // namespace mt

@@ -264,9 +264,9 @@ TEST_CASE("a family names its model keys' config.json keys once: hf_key, to_hf a
 }
 
 TEST_CASE("gemma2 and gemma3_text: config.json's keys, transformers' defaults, and bad input naming the key") {
-  const nlohmann::json g2 = {{"model_type", "gemma2"},      {"hidden_size", 32},     {"intermediate_size", 64},
-                             {"num_hidden_layers", 4},       {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-                             {"head_dim", 16},               {"vocab_size", 256000}};
+  const nlohmann::json g2 = {{"model_type", "gemma2"}, {"hidden_size", 32},        {"intermediate_size", 64},
+                             {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                             {"head_dim", 16},         {"vocab_size", 256000}};
   ModelConfig c = model_family("gemma2").from_hf(g2, "config.json");
   // Gemma2Config's defaults: window 4096, caps 50 and 30, query_pre_attn_scalar 256, tied, layers 0 and 2 slide.
   CHECK(c.sliding_window == 4096);
@@ -296,8 +296,8 @@ TEST_CASE("gemma2 and gemma3_text: config.json's keys, transformers' defaults, a
   CHECK_ERROR_CONTAINS(model_family("gemma2").from_hf(bad, "g/config.json"),
                        "g/config.json: sliding_window = null: gemma2 needs the window of its sliding layers");
   bad = g3;
-  bad["layer_types"] = {"full_attention", "full_attention", "full_attention", "full_attention", "full_attention",
-                        "full_attention", "full_attention"};
+  bad["layer_types"] = {"full_attention", "full_attention", "full_attention", "full_attention",
+                        "full_attention", "full_attention", "full_attention"};
   CHECK_ERROR_CONTAINS(model_family("gemma3_text").from_hf(bad, "config.json"),
                        "layer 0 is \"full_attention\" where sliding_window_pattern (6) gives \"sliding_attention\"");
   bad = g2;
@@ -310,12 +310,13 @@ TEST_CASE("gemma2 and gemma3_text: config.json's keys, transformers' defaults, a
                        "model.sliding_window_pattern = 0: gemma2 alternates sliding and global layers");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {type: llama, attn_softcap: 50}"),
                        "model.attn_softcap = 50: model.type = llama has no such key");
-  config_from_yaml_string("model: {type: gemma2, sliding_window: 8, sliding_window_pattern: 2}\n"
-                          "training: {seq_len: 64}");  // a window shorter than the sequence: Gemma's own
+  config_from_yaml_string(
+      "model: {type: gemma2, sliding_window: 8, sliding_window_pattern: 2}\n"
+      "training: {seq_len: 64}");  // a window shorter than the sequence: Gemma's own
   // estimate's FLOPs: a sliding layer's keys per query are T times its causal pairs' share of a causal layer's.
   ModelConfig m;
   m.type = "gemma2", m.n_layers = 2, m.sliding_window = 8, m.sliding_window_pattern = 2;
-  CHECK(llama_attention_keys(m, 64, 1) == 64);                                      // global
+  CHECK(llama_attention_keys(m, 64, 1) == 64);                                                       // global
   CHECK(llama_attention_keys(m, 64, 0) == doctest::Approx(64.0 * (8 * 64 - 28) / (64 * 65 / 2.0)));  // sliding
   m.sliding_window = 100;
   CHECK(llama_attention_keys(m, 64, 0) == 64);  // a window over the sequence is causal

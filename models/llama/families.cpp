@@ -62,8 +62,8 @@ void check_gemma(const ModelConfig& c) {
                                                    {"sliding_window_pattern", double(c.sliding_window_pattern)},
                                                    {"rope_local_theta", c.rope_local_theta}};
     for (const auto& [key, v] : keys)
-      if (v != 0) fail("config", "model.{} = {}: model.type = {} has no such key (gemma2 and gemma3_text have)", key, v,
-                       c.type);
+      if (v != 0)
+        fail("config", "model.{} = {}: model.type = {} has no such key (gemma2 and gemma3_text have)", key, v, c.type);
     return;
   }
   if (c.sliding_window < 1)
@@ -603,11 +603,12 @@ ModelConfig gemma_from_hf(const ModelFamily& f, const json& j, const std::string
   if (!j.contains("max_position_embeddings")) c.max_seq_len = g3 ? 131072 : 8192;
   if (!j.contains("tie_word_embeddings")) c.tie_embeddings = true;
   if (g3 && !r.has("model.rope_theta") &&
-      !(j.contains("rope_parameters") && j["rope_parameters"].is_object() && j["rope_parameters"].contains("rope_theta")))
+      !(j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+        j["rope_parameters"].contains("rope_theta")))
     c.rope_theta = 1e6;
-  c.query_pre_attn_scalar =
-      r.has("model.query_pre_attn_scalar") ? r.number(r.at("model.query_pre_attn_scalar"), "model.query_pre_attn_scalar")
-                                           : 256;
+  c.query_pre_attn_scalar = r.has("model.query_pre_attn_scalar")
+                                ? r.number(r.at("model.query_pre_attn_scalar"), "model.query_pre_attn_scalar")
+                                : 256;
   c.attn_softcap = cap_from_hf(r, "model.attn_softcap", g3 ? 0 : 50.0);
   c.final_softcap = cap_from_hf(r, "model.final_softcap", g3 ? 0 : 30.0);
   c.sliding_window = window_from_hf(r, 4096);

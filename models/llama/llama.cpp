@@ -41,7 +41,7 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x) {
   if (pre_feedforward_layernorm) {  // Gemma: each branch's output normed before its residual add
     Tensor attn = post_attention_layernorm->call(self_attn->call(input_layernorm->call(x)));  // (B, T, C)
     auto [h, h_normed] = pre_feedforward_layernorm->call_add(attn, x);  // h = x + attn, in attn's storage
-    Tensor y = post_feedforward_layernorm->call(mlp->call(h_normed));  // (B, T, C)
+    Tensor y = post_feedforward_layernorm->call(mlp->call(h_normed));   // (B, T, C)
     add_(y, h);
     return y;
   }

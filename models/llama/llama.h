@@ -19,7 +19,7 @@ namespace mt {
 // How attention is split over ranks is not here: apply_cp swaps each layer's `attention`.
 struct SequenceContext {
   double theta = 10000;
-  double local_theta = 0;  // > 0: the sliding layers' RoPE base, plain RoPE (Gemma 3: cos_local, sin_local)
+  double local_theta = 0;          // > 0: the sliding layers' RoPE base, plain RoPE (Gemma 3: cos_local, sin_local)
   RopeScalingConfig rope_scaling;  // type "none": plain RoPE
   int64_t seq_len = 0;        // the run's sequence (training.seq_len, set by parallelize): longrope's factors
   int64_t max_positions = 0;  // model.max_seq_len: longrope's attention factor
@@ -105,7 +105,7 @@ class LlamaDecoderLayer : public Module {
                     int64_t index = 0);
   RMSNorm* input_layernorm;
   LlamaAttention* self_attn;
-  RMSNorm* post_attention_layernorm;     // Llama: before the MLP; Gemma: on the attention's output
+  RMSNorm* post_attention_layernorm;              // Llama: before the MLP; Gemma: on the attention's output
   RMSNorm* pre_feedforward_layernorm = nullptr;   // Gemma: before the MLP
   RMSNorm* post_feedforward_layernorm = nullptr;  // Gemma: on the MLP's output
   Module* mlp;                          // LlamaMLP, or the sparse block of an MoE layer
@@ -186,7 +186,7 @@ class LlamaForCausalLM : public CausalLM {
  private:
   Tensor soft_cap(const Tensor& logits);  // final_softcap on the logits (B, T, V) in place (none: as they are)
   Tensor soft_cap_backward(const Tensor& dlogits);
-  Saved<Tensor> capped_;                     // (B, T, V) the soft-capped logits (the loss overwrites its own)
+  Saved<Tensor> capped_;  // (B, T, V) the soft-capped logits (the loss overwrites its own)
 };
 
 // 6*N + 12*L*d*T FLOPs per token (N = active parameters without embeddings): the

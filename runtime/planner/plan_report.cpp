@@ -288,9 +288,10 @@ void print_cp_bytes(const TrainRun& run, const MeasuredStep& c) {
       f_an += lb.forward, b_an += lb.backward;
     }
     if (windowed > 0)
-      std::printf("\ncp_ring: %lld sliding-window layer(s) send K/V straight to %d of the %d-1 ring distances: "
-                  "forward %d x K/V, backward %d x (K/V + dK/dV) each\n",
-                  (long long)windowed, distances, R, distances, distances);
+      std::printf(
+          "\ncp_ring: %lld sliding-window layer(s) send K/V straight to %d of the %d-1 ring distances: "
+          "forward %d x K/V, backward %d x (K/V + dK/dV) each\n",
+          (long long)windowed, distances, R, distances, distances);
     const double f = double(c.forward.bytes(kCpKvTag) + c.forward.bytes(kCpDkvTag)),
                  b = double(c.backward.bytes(kCpKvTag) + c.backward.bytes(kCpDkvTag));
     std::printf(

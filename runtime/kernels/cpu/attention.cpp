@@ -237,8 +237,8 @@ cpu::AttentionDims attention_dims(const char* op, const Tensor& q, const Tensor&
   MT_CHECK(q.dim() == 4 && k.dim() == 4 && k.size(0) == q.size(0) && k.size(3) == q.size(3), "kernels",
            "{}: q {} and k {} must be (B, T, H, hd) and (B, S, KV, hd)", op, shape_str(q.shape()),
            shape_str(k.shape()));
-  cpu::AttentionDims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3),
-                       scale,     causal,    q_pos0,    k_pos0,    nullptr,   window, softcap};
+  cpu::AttentionDims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), scale,
+                       causal,    q_pos0,    k_pos0,    nullptr,   window,    softcap};
   MT_CHECK(window >= 0 && softcap >= 0 && std::isfinite(softcap), "kernels",
            "{}: window {} and softcap {} must be >= 0 (0: none)", op, window, softcap);
   MT_CHECK(d.KV > 0 && d.H % d.KV == 0, "kernels", "{}: {} query heads are not a multiple of {} kv heads", op, d.H,
@@ -350,7 +350,7 @@ void local_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 
 void local_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                               const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
-                               bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start, bool accumulate,
+                              bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start, bool accumulate,
                               int64_t window, double softcap) {
   const char* op = "attention_backward";
   const cpu::AttentionDims d =
