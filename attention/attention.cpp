@@ -45,7 +45,8 @@ class LocalAttention final : public Attention {
       MT_CHECK(c.doc_start.shape() == (Shape{q.size(0), q.size(1)}), "attention",
                "local attention: doc_start {} does not match q {} (B, T, H, hd)", shape_str(c.doc_start.shape()),
                shape_str(q.shape()));
-    return AttentionOptions{c.causal, c.scale, 0, 0, c.doc_start.defined() ? c.doc_start.to(q.device()) : Tensor()};
+    return AttentionOptions{c.causal, c.scale,  0, 0, c.doc_start.defined() ? c.doc_start.to(q.device()) : Tensor(),
+                            c.window, c.softcap};
   }
 };
 
@@ -78,6 +79,7 @@ class RingAttention final : public Attention {
   RingAttentionOptions options(const AttentionCall& c) const {
     RingAttentionOptions o;
     o.causal = c.causal, o.scale = c.scale, o.group = cp_.ring, o.method = cp_.method;
+    o.window = c.window, o.softcap = c.softcap;
     o.load_balance = cp_.load_balance, o.seq_len = cp_.seq_len;
     if (c.doc_start.defined()) {
       // This rank's columns of the whole sequences' document starts, kept for the batch.

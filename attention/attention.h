@@ -34,6 +34,8 @@ namespace mt {
 struct AttentionCall {
   bool causal = true;
   double scale = 0;  // 0: 1/sqrt(hd)
+  int64_t window = 0;  // sliding window (local_attention.h): keys at positions > p - window; 0: none
+  double softcap = 0;  // attention-logit soft-capping (local_attention.h); 0: none
   // (B, T) i64 on the host: for every token of the whole sequences the global position where its document
   // starts (document_starts); the same on every rank of a cp group. Undefined: no document mask.
   Tensor doc_start;

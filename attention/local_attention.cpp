@@ -68,7 +68,8 @@ Dims check(const char* op, const Tensor& out, const Tensor& lse, const Tensor& q
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionOptions& opt) {
   Dims d = check("attention_forward", out, lse, q, k, v, opt);
-  local_attention_forward(out, lse, q, k, v, d.scale, opt.causal, opt.q_pos0, opt.k_pos0, opt.doc_start);
+  local_attention_forward(out, lse, q, k, v, d.scale, opt.causal, opt.q_pos0, opt.k_pos0, opt.doc_start, opt.window,
+                          opt.softcap);
 }
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
@@ -84,7 +85,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
     MT_CHECK(t->dtype() == q.dtype() && t->device() == q.device(), "attention", "{}: gradients must be {} on {}", op,
              dtype_name(q.dtype()), q.device().str());
   local_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, d.scale, opt.causal, opt.q_pos0, opt.k_pos0,
-                           opt.doc_start, accumulate);
+                           opt.doc_start, accumulate, opt.window, opt.softcap);
 }
 
 }  // namespace mt

@@ -18,6 +18,12 @@ struct AttentionOptions {
   // with causal masking that is exactly the earlier tokens of its own document. (Without causal masking keys
   // of later documents stay visible: this is a lower bound only.) Undefined: no document mask.
   Tensor doc_start;
+  // Sliding window: a query at global position p sees keys at positions > p - window only (transformers'
+  // q_idx - kv_idx < sliding_window); 0: none.
+  int64_t window = 0;
+  // Attention-logit soft-capping (Gemma 2): each scaled score s becomes softcap * tanh(s / softcap) before the
+  // softmax; 0: none. The CUDA kernels implement neither yet (refused there, naming them).
+  double softcap = 0;
 };
 
 // q (B, T, H, hd), k and v (B, S, KV, hd), H divisible by KV. out (B, T, H, hd), lse (B, H, T) in

@@ -107,8 +107,10 @@ std::vector<Tensor> doc_chunks(const RingAttentionOptions& opt, const Ring& r, s
 }
 
 // Whether any query of the chunk at q0 sees any key of the chunk at k0 (both c long).
-bool pair_visible(int64_t q0, int64_t k0, int64_t c, bool causal, const Tensor& docs /* (B, c) host or undefined */) {
-  if (causal && k0 > q0 + c - 1) return false;  // every key after every query
+bool pair_visible(int64_t q0, int64_t k0, int64_t c, bool causal, int64_t window,
+                  const Tensor& docs /* (B, c) host or undefined */) {
+  if (causal && k0 > q0 + c - 1) return false;                  // every key after every query
+  if (window > 0 && q0 - (k0 + c - 1) >= window) return false;  // every key before every query's window
   if (!docs.defined()) return true;
   // Document starts grow along the sequence, so the first query that may see the chunk has the smallest start.
   const int64_t t = causal ? std::max<int64_t>(0, k0 - q0) : 0, B = docs.size(0);
@@ -121,6 +123,7 @@ AttentionOptions pair_options(const RingAttentionOptions& opt, int64_t q0, int64
                               int64_t i) {
   AttentionOptions a;
   a.causal = opt.causal, a.scale = opt.scale, a.q_pos0 = q0, a.k_pos0 = k0;
+  a.window = opt.window, a.softcap = opt.softcap;
   if (!docs.empty()) a.doc_start = docs[size_t(i)];
   return a;
 }
@@ -134,7 +137,8 @@ void for_visible_pairs(const Ring& r, const RingAttentionOptions& opt, int src, 
   for (int64_t i = 0; i < r.m; ++i)
     for (int64_t j = 0; j < r.m; ++j) {
       const int64_t q0 = r.mine.chunk_pos[size_t(i)], k0 = theirs.chunk_pos[size_t(j)];
-      if (!pair_visible(q0, k0, r.c, opt.causal, docs_host.empty() ? Tensor() : docs_host[size_t(i)])) continue;
+      if (!pair_visible(q0, k0, r.c, opt.causal, opt.window, docs_host.empty() ? Tensor() : docs_host[size_t(i)]))
+        continue;
       Tensor kj = chunk(block, j, r.KV, r), vj = chunk(block, r.m + j, r.KV, r);
       f(i, j, kj, vj, pair_options(opt, q0, k0, docs, i));
     }
@@ -152,7 +156,8 @@ bool local_only(const RingAttentionOptions& opt) { return !opt.group || opt.grou
 
 // The local kernel's options when this rank holds whole sequences.
 AttentionOptions whole_sequence_options(const RingAttentionOptions& opt, const Ring& r) {
-  return AttentionOptions{opt.causal, opt.scale, 0, 0, opt.doc_start.defined() ? opt.doc_start.to(r.dev) : Tensor()};
+  return AttentionOptions{opt.causal, opt.scale,  0, 0, opt.doc_start.defined() ? opt.doc_start.to(r.dev) : Tensor(),
+                          opt.window, opt.softcap};
 }
 
 // ---- the backward's steps
@@ -269,6 +274,46 @@ void finish_backward(const RingAttentionOptions& opt, const Ring& r, BackwardBuf
   from_chunk_major(dv, mine_dkv.view(r.m * r.kv_numel(), {r.m * r.kv_numel()}), r.KV, r);
 }
 
+// A window's backward (window_direct): this rank's block, then each needed distance s: the block of rank - s
+// arrives straight (ring_shift by s), its dK/dV part goes straight back (by n - s) while the part this rank's block
+// got from rank + s arrives and is added.
+void window_backward(const RingAttentionOptions& opt, const Ring& r, const BackwardInputs& in, const Tensor& kv,
+                     const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  std::vector<int> steps = {0};
+  for (int s : ring_window_distances(opt.load_balance, opt.seq_len, r.n, opt.window)) steps.push_back(s);
+  Tensor bufs[2] = {empty({r.kv_block()}, r.dt, r.dev), empty({r.kv_block()}, r.dt, r.dev)};
+  Tensor mine = zeros({r.kv_block()}, r.acc, r.dev);  // (2, m, B, c, KV, hd) this block's dK/dV, summed
+  Tensor contrib = empty({r.kv_block()}, r.acc, r.dev), arriving = empty({r.kv_block()}, r.acc, r.dev);
+  Tensor dq_acc = zeros({r.m * r.q_numel()}, r.acc, r.dev);
+  Tensor dq_part = empty({r.B, r.c, r.H, r.hd}, r.dt, r.dev);
+  Tensor dk_part = empty({r.B, r.c, r.KV, r.hd}, r.dt, r.dev), dv_part = empty(dk_part.shape(), r.dt, r.dev);
+  for (size_t a = 0; a < steps.size(); ++a) {
+    const int s = steps[a], src = ((r.rank - s) % r.n + r.n) % r.n;
+    Work shift;
+    if (a + 1 < steps.size()) shift = opt.group->ring_shift(bufs[(a + 1) % 2], kv, steps[a + 1], /*async=*/true);
+    const Tensor& dblock = a == 0 ? mine : contrib;
+    if (a > 0) fill_zero_(contrib);
+    for_visible_pairs(r, opt, src, a == 0 ? kv : bufs[a % 2], in.docs, in.docs_host,
+                      [&](int64_t i, int64_t j, const Tensor& kj, const Tensor& vj, const AttentionOptions& o) {
+                        attention_backward(dq_part, dk_part, dv_part, chunk(in.doc_, i, r.H, r),
+                                           chunk(in.qc, i, r.H, r), kj, vj, chunk(in.oc, i, r.H, r),
+                                           in.lse_c[size_t(i)], o);
+                        accumulate(chunk(dq_acc, i, r.H, r), dq_part);
+                        accumulate(chunk(dblock, j, r.KV, r), dk_part);
+                        accumulate(chunk(dblock, r.m + j, r.KV, r), dv_part);
+                      });
+    if (a + 1 < steps.size()) shift.wait();  // before the dK/dV part leaves: one message at a time per peer
+    if (a > 0) {
+      CommTag dkv_tag(kCpDkvTag);
+      opt.group->ring_shift(arriving, contrib, r.n - s);
+      add_(mine, arriving);
+    }
+  }
+  from_chunk_major(dq, dq_acc, r.H, r);
+  from_chunk_major(dk, mine.view(0, {r.m * r.kv_numel()}), r.KV, r);
+  from_chunk_major(dv, mine.view(r.m * r.kv_numel(), {r.m * r.kv_numel()}), r.KV, r);
+}
+
 }  // namespace
 
 void ring_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -296,8 +341,27 @@ void ring_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& 
           .to(r.dev);
   Tensor part_out = empty({r.B, r.c, r.H, r.hd}, r.dt, r.dev), part_lse = empty({r.B, r.H, r.c}, r.acc, r.dev);
 
+  if (window_direct(opt.method, opt.load_balance, opt.seq_len, r.n, opt.window)) {
+    // A window: this rank's block, then the blocks of the ranks at the needed distances, each sent straight here
+    // (the next one in flight while this one computes; two receive buffers take turns).
+    std::vector<int> steps = {0};
+    for (int s : ring_window_distances(opt.load_balance, opt.seq_len, r.n, opt.window)) steps.push_back(s);
+    Tensor bufs[2] = {next, empty({r.kv_block()}, r.dt, r.dev)};
+    for (size_t a = 0; a < steps.size(); ++a) {
+      const int src = ((r.rank - steps[a]) % r.n + r.n) % r.n;
+      Work shift;
+      if (a + 1 < steps.size()) shift = opt.group->ring_shift(bufs[(a + 1) % 2], kv, steps[a + 1], /*async=*/true);
+      for_visible_pairs(r, opt, src, a == 0 ? kv : bufs[a % 2], docs, docs_host,
+                        [&](int64_t i, int64_t, const Tensor& kj, const Tensor& vj, const AttentionOptions& o) {
+                          attention_forward(part_out, part_lse, chunk(qc, i, r.H, r), kj, vj, o);
+                          attention_merge(chunk(out_acc, i, r.H, r), lse_acc.view(i * r.B * r.H * r.c, {r.B, r.H, r.c}),
+                                          part_out, part_lse);
+                        });
+      if (a + 1 < steps.size()) shift.wait();
+    }
+  }
   Tensor cur = kv;
-  for (int s = 0; s < r.n; ++s) {
+  for (int s = 0; s < r.n && !window_direct(opt.method, opt.load_balance, opt.seq_len, r.n, opt.window); ++s) {
     const int src = ((r.rank - s) % r.n + r.n) % r.n;  // whose K/V this step sees
     Tensor block =
         opt.method == CpMethod::all_gather ? gathered.view(int64_t(src) * r.kv_block(), {r.kv_block()}) : cur;
@@ -330,9 +394,39 @@ void ring_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
   const BackwardInputs in = backward_inputs(opt, r, dout, q, out, lse);
   Tensor kv = pack_kv(k, v, r);  // (2, m, B, c, KV, hd)
   CommTag tag(kCpKvTag);
+  if (window_direct(opt.method, opt.load_balance, opt.seq_len, r.n, opt.window))
+    return window_backward(opt, r, in, kv, dq, dk, dv);
   BackwardBuffers b = backward_buffers(opt, r, kv);
   for (int s = 0; s < r.n; ++s) backward_step(opt, r, in, b, s);
   finish_backward(opt, r, b, dq, dk, dv);
+}
+
+std::vector<int> ring_window_distances(CpLoadBalance load_balance, int64_t seq_len, int n, int64_t window) {
+  std::vector<int> out;
+  for (int s = 1; s < n; ++s) {
+    bool needed = window <= 0;
+    for (int dst = 0; dst < n && !needed; ++dst) {
+      const SequenceShard q = sequence_shard(load_balance, seq_len, n, dst);
+      const SequenceShard k = sequence_shard(load_balance, seq_len, n, ((dst - s) % n + n) % n);
+      for (int64_t q0 : q.chunk_pos)
+        for (int64_t k0 : k.chunk_pos) needed = needed || pair_visible(q0, k0, q.chunk_len, true, window, Tensor());
+    }
+    if (needed) out.push_back(s);
+  }
+  return out;
+}
+
+bool window_direct(CpMethod method, CpLoadBalance, int64_t, int n, int64_t window) {
+  // Even with every distance needed the direct sends move less: dK/dV's n-th hop home is not made.
+  return method == CpMethod::ring && window > 0 && n > 1;
+}
+
+CpLayerBytes cp_window_layer_bytes(int distances, double kv_bytes, double dkv_bytes) {
+  CpLayerBytes b;
+  b.dkv_moves = distances;
+  b.forward = double(distances) * kv_bytes;
+  b.backward = double(distances) * (kv_bytes + dkv_bytes);
+  return b;
 }
 
 CpLayerBytes cp_layer_bytes(CpMethod method, int n, double kv_bytes, double dkv_bytes) {

@@ -35,6 +35,8 @@ namespace mt {
 struct RingAttentionOptions {
   bool causal = true;
   double scale = 0;        // 0: 1/sqrt(hd)
+  int64_t window = 0;      // sliding window (local_attention.h); 0: none
+  double softcap = 0;      // attention-logit soft-capping (local_attention.h); 0: none
   Group* group = nullptr;  // the cp group; null (or size 1): this rank holds the whole sequence
   CpMethod method = CpMethod::ring;
   CpLoadBalance load_balance = CpLoadBalance::head_tail;
@@ -68,5 +70,15 @@ struct CpLayerBytes {
   int dkv_moves = 0;  // how many times a rank's dK/dV block is sent in backward (N for ring, N-1 for all_gather)
 };
 CpLayerBytes cp_layer_bytes(CpMethod method, int n, double kv_bytes, double dkv_bytes);
+
+// Sliding windows (window > 0) on the ring: the distances s in 1 .. n-1 at which some rank's queries see a key of
+// the rank s before it (sequence_shard's chunks under load_balance, the causal rule and the window); every distance
+// without a window. With a window on the ring (window_direct) ring attention sends each rank's own K/V block
+// straight to the ranks at the needed distances (ring_shift by s) instead of around the ring, and each dK/dV part
+// straight back (by n - s): per layer forward D x K/V, backward D x (K/V + dK/dV), D = the distances' count, against
+// a causal ring's (n-1) x K/V and (n-1) x K/V + n x dK/dV. all_gather and Ulysses move what they move without one.
+std::vector<int> ring_window_distances(CpLoadBalance load_balance, int64_t seq_len, int n, int64_t window);
+bool window_direct(CpMethod method, CpLoadBalance load_balance, int64_t seq_len, int n, int64_t window);
+CpLayerBytes cp_window_layer_bytes(int distances, double kv_bytes, double dkv_bytes);
 
 }  // namespace mt

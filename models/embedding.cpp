@@ -17,12 +17,16 @@ Tensor Embedding::forward(const Tensor& tokens) {
   saved_tokens_ = tokens;
   Tensor out = empty({tokens.size(0), tokens.size(1), table.size(1)}, table.dtype(), table.device());  // (B, T, C)
   embedding_forward(as_rows(out), tokens.reshape({-1}), table, weight->compute_offset()[0], num_embeddings);
+  if (scale != 1) scale_(out, scale);  // a partial sum under a vocab split: scaling commutes with its reduction
   return out;
 }
 
 Tensor Embedding::backward(const Tensor& dy) {
-  if (!weight->frozen)
-    embedding_backward(weight->grad_local(), as_rows(dy), saved_tokens_->reshape({-1}), weight->compute_offset()[0]);
+  if (!weight->frozen) {
+    Tensor g = dy;
+    if (scale != 1) g = dy.clone(), scale_(g, scale);  // (B, T, C) dy * scale; dy is the caller's
+    embedding_backward(weight->grad_local(), as_rows(g), saved_tokens_->reshape({-1}), weight->compute_offset()[0]);
+  }
   saved_tokens_ = Tensor();
   return Tensor();
 }

@@ -64,6 +64,7 @@ class Embedding : public Module {
   Embedding(const std::string& name, int64_t num_embeddings, int64_t dim, const ParamFactory& f);
   Parameter* weight;
   int64_t num_embeddings, dim;
+  double scale = 1;  // the output multiplied by it (Gemma: sqrt(hidden_size)); the gradient too
 
  protected:
   Tensor forward(const Tensor& tokens) override;  // (B, T) i32 -> (B, T, dim)
@@ -76,9 +77,11 @@ class Embedding : public Module {
 
 class RMSNorm : public Module {
  public:
-  RMSNorm(const std::string& name, int64_t dim, double eps, const ParamFactory& f);
+  // unit_offset (Gemma): the scale is 1 + weight, the weight initialised to 0.
+  RMSNorm(const std::string& name, int64_t dim, double eps, const ParamFactory& f, bool unit_offset = false);
   Parameter* weight;
   double eps;
+  bool unit_offset;
 
   // The decoder's residual add fused into the norm, one pass fewer over the residual stream each way.
   // call_add: sum = x + residual written into x's storage, returns {sum, call(sum)}.
@@ -97,6 +100,8 @@ class RMSNorm : public Module {
 
  private:
   Tensor weight_grad() const;  // the gradient buffer, or a scratch one for a frozen weight
+  Tensor scale() const;        // (dim) the weight, or 1 + weight with unit_offset (its gradient is the weight's)
+  mutable Tensor ones_;        // (dim) 1s in the weight's dtype and device (unit_offset)
   Saved<Tensor> saved_x_, saved_rstd_;  // (B, T, dim), (B*T)
 };
 

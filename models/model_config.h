@@ -127,14 +127,21 @@ struct ModelConfig {
   RopeScalingConfig rope_scaling;
   int64_t max_seq_len = 256;
   bool tie_embeddings = false;
-  int64_t sliding_window = 0;  // mistral: 0 = none; otherwise it must cover training.seq_len
+  int64_t sliding_window = 0;  // mistral: 0 = none; otherwise it must cover training.seq_len. gemma: the local layers'
+  // Gemma 2 and 3 (gemma2, gemma3_text): the attention's scale is query_pre_attn_scalar^-1/2 (0: head_dim), logits
+  // soft-capped (0: none), and layer i is a sliding-window layer unless (i + 1) % sliding_window_pattern == 0, with
+  // RoPE base rope_local_theta (0: rope_theta).
+  double query_pre_attn_scalar = 0;
+  double attn_softcap = 0, final_softcap = 0;
+  int64_t sliding_window_pattern = 0;
+  double rope_local_theta = 0;
   double init_std = 0.02;
   std::string init_from;
   MoeConfig moe;
   template <class V> void visit(V& v) {
     v("type", type,
-      "the model family: llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe | phi3 (Hugging "
-      "Face's model_type)",
+      "the model family: llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe | phi3 | gemma2 | "
+      "gemma3_text (Hugging Face's model_type)",
       KnownFamily{});
     v("dim", dim, "model width d", at_least(1, "a width"));
     v("n_layers", n_layers, "decoder layers", at_least(1, "a layer count"));
@@ -151,9 +158,28 @@ struct ModelConfig {
     v("max_seq_len", max_seq_len, "longest sequence (positions) the model is used with", at_least(1, "a length"));
     v("tie_embeddings", tie_embeddings, "lm_head shares model.embed_tokens.weight");
     v("sliding_window", sliding_window,
-      "mistral, phi3: the attention window (0: none); meshtrain attends to the whole sequence, so it must be at "
-      "least training.seq_len",
+      "mistral, qwen2, mixtral, phi3: the attention window (0: none), which must be at least training.seq_len "
+      "(meshtrain attends to the whole sequence there); gemma2, gemma3_text: the sliding layers' window (>= 1), "
+      "any length",
       at_least(0, "a window (0: none)"));
+    v("query_pre_attn_scalar", query_pre_attn_scalar,
+      "gemma2, gemma3_text: attention scores are scaled by query_pre_attn_scalar^-1/2 (0: head_dim's)",
+      at_least(0, "a scalar (0: head_dim)"));
+    v("attn_softcap", attn_softcap,
+      "gemma2: attention scores s become attn_softcap * tanh(s / attn_softcap) before the softmax "
+      "(attn_logit_softcapping; 0: none)",
+      at_least(0, "a cap (0: none)"));
+    v("final_softcap", final_softcap,
+      "gemma2: logits z become final_softcap * tanh(z / final_softcap) (final_logit_softcapping; 0: none)",
+      at_least(0, "a cap (0: none)"));
+    v("sliding_window_pattern", sliding_window_pattern,
+      "gemma2 (2), gemma3_text (6): layer i attends within model.sliding_window unless (i + 1) % pattern == 0 "
+      "(0: every layer global)",
+      at_least(0, "a period (0: none)"));
+    v("rope_local_theta", rope_local_theta,
+      "gemma3_text: the RoPE base of the sliding layers (rope_local_base_freq; 0: model.rope_theta), which have no "
+      "rope_scaling",
+      at_least(0, "a base (0: model.rope_theta)"));
     v("init_std", init_std, "std of the normal init of matrices (norm weights start at 1, biases at 0)",
       at_least(0, "a standard deviation"));
     v("init_from", init_from,
@@ -165,6 +191,8 @@ struct ModelConfig {
   // 64 bits, the MoE layers. The family's own are ModelFamily::check (models/model.h).
   void check() const;
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / n_heads; }
+  // Gemma: whether layer i attends within sliding_window (Hugging Face's layer_types "sliding_attention").
+  bool sliding_layer(int64_t i) const { return sliding_window_pattern > 0 && (i + 1) % sliding_window_pattern != 0; }
 };
 
 }  // namespace mt

@@ -206,6 +206,8 @@ struct AttnGeom {
   bool causal;
   int64_t q_pos0, k_pos0;
   bool docs;
+  int64_t window = 0;  // a sliding window (0: none)
+  double softcap = 0;  // the scores' soft-cap (0: none)
 };
 
 // doc_start (B, T): documents start at q_pos0 + T/3 + b and q_pos0 + 2T/3 in row b; 0 before the first.
@@ -233,7 +235,7 @@ OpCase attention_case(const std::string& name, std::function<AttnGeom(const Dims
   auto options = [geom](OpRun& r, const Dims& d) {
     AttnGeom g = geom(d);
     AttentionOptions o;
-    o.causal = g.causal, o.q_pos0 = g.q_pos0, o.k_pos0 = g.k_pos0;
+    o.causal = g.causal, o.q_pos0 = g.q_pos0, o.k_pos0 = g.k_pos0, o.window = g.window, o.softcap = g.softcap;
     if (g.docs) o.doc_start = r.ints(doc_starts(g, d.B), {d.B, g.T}, DType::i64);
     return std::pair{g, o};
   };
@@ -494,6 +496,50 @@ std::vector<OpCase> op_cases() {
     };
     c.seeds = {{"y", "dy"}};
     c.grads = {{"gate", "dgate"}, {"up", "dup"}};
+    cases.push_back(c);
+  }
+  {  // GeGLU (Gemma): gelu with the tanh approximation times up
+    OpCase c;
+    c.name = "geglu";
+    c.forward = [](OpRun& r, const Dims& d) {
+      geglu_forward(r.out("y", {d.N, d.F}), r.in("gate", {d.N, d.F}, Kind::act, 2.0), r.in("up", {d.N, d.F}));
+    };
+    c.reference = [](OpRun& r, const Dims& d) {
+      const V &g = r.values_of("gate", d.N * d.F), &u = r.values_of("up", d.N * d.F);
+      V y(g.size());
+      for (size_t i = 0; i < g.size(); ++i)
+        y[i] = 0.5 * g[i] * (1 + std::tanh(std::sqrt(2 / M_PI) * (g[i] + 0.044715 * g[i] * g[i] * g[i]))) * u[i];
+      return Results{{"y", y}};
+    };
+    c.backward = [](OpRun& r, const Dims& d) {
+      Tensor g = r.in("gate", {d.N, d.F}, Kind::act, 2.0), u = r.in("up", {d.N, d.F}), dy = r.in("dy", {d.N, d.F});
+      geglu_backward(r.out("dgate", g.shape()), r.out("dup", g.shape()), dy, g, u);
+    };
+    c.seeds = {{"y", "dy"}};
+    c.grads = {{"gate", "dgate"}, {"up", "dup"}};
+    cases.push_back(c);
+  }
+  {  // Soft-capping (Gemma 2's final logits): cap tanh(x / cap), the backward from the output
+    OpCase c;
+    c.name = "softcap";
+    constexpr double cap = 1.5;
+    c.forward = [](OpRun& r, const Dims& d) {
+      softcap_forward(r.out("y", {d.N, d.F}), r.in("x", {d.N, d.F}, Kind::act, 3.0), cap);
+    };
+    c.reference = [](OpRun& r, const Dims& d) {
+      const V& x = r.values_of("x", d.N * d.F);
+      V y(x.size());
+      for (size_t i = 0; i < x.size(); ++i) y[i] = cap * std::tanh(x[i] / cap);
+      return Results{{"y", y}};
+    };
+    c.backward = [](OpRun& r, const Dims& d) {
+      Tensor x = r.in("x", {d.N, d.F}, Kind::act, 3.0), dy = r.in("dy", {d.N, d.F});
+      Tensor y = empty(x.shape(), r.act, r.dev);
+      softcap_forward(y, x, cap);
+      softcap_backward(r.out("dx", x.shape()), dy, y, cap);
+    };
+    c.seeds = {{"y", "dy"}};
+    c.grads = {{"x", "dx"}};
     cases.push_back(c);
   }
   {  // Embedding on a vocab shard of rows [V/4, V/4 + V/2): other tokens give zeros; the backward scatters
@@ -1041,6 +1087,23 @@ std::vector<OpCase> op_cases() {
       cudnn));
   cases.push_back(attention_case(
       "attention cudnn doc_start", [](const Dims& d) { return AttnGeom{d.T, d.S, d.hd, true, 0, 0, true}; }, cudnn));
+  // Gemma's sliding window and soft-capped scores (the CPU kernel's; the CUDA kernels refuse them): a window of a
+  // quarter of the sequence, then with chunk offsets, documents and the soft-cap at a scale tanh bends.
+  OpCase w = attention_case("attention window", [](const Dims& d) {
+    return AttnGeom{d.T, d.S, d.hd, true, 0, 0, false, std::max<int64_t>(2, d.T / 4)};
+  });
+  w.cpu_only = true;
+  cases.push_back(w);
+  OpCase ws = attention_case("attention window softcap offsets doc_start", [](const Dims& d) {
+    return AttnGeom{std::max<int64_t>(d.T / 2, 2), d.S, d.hd, true, d.S - d.T / 2, 0, true,
+                    std::max<int64_t>(3, d.T / 3), 0.5};
+  });
+  ws.cpu_only = true;
+  cases.push_back(ws);
+  OpCase sc = attention_case("attention softcap full",
+                             [](const Dims& d) { return AttnGeom{d.T, d.S, d.hd, false, 0, 0, false, 0, 0.3}; });
+  sc.cpu_only = true;
+  cases.push_back(sc);
   return cases;
 }
 

@@ -14,6 +14,7 @@
 #include "attention/attention.h"
 #include "parallel/parallel_dims.h"
 #include "models/model.h"
+#include "models/llama/llama.h"
 #include "runtime/train/run_config.h"
 
 using namespace mt;
@@ -248,6 +249,11 @@ TEST_CASE("a family names its model keys' config.json keys once: hf_key, to_hf a
     m.type = type;
     if (f.experts) m.moe.n_experts = 4, m.moe.ffn_dim = 96;
     if (type == "qwen2_moe") m.moe.shared_expert_ffn_dim = 64;
+    if (type == "gemma2" || type == "gemma3_text") {
+      m.sliding_window = 16, m.query_pre_attn_scalar = 64, m.attn_softcap = 50, m.final_softcap = 30;
+      m.sliding_window_pattern = type == "gemma2" ? 2 : 6;
+      if (type == "gemma3_text") m.rope_local_theta = 10000;
+    }
     const nlohmann::json j = f.to_hf(m);
     CHECK(j["architectures"][0] == f.architecture);
     for (const HfName& n : f.hf_names) CHECK_MESSAGE(j.contains(n.hf), type << ": " << n.hf);
@@ -255,6 +261,65 @@ TEST_CASE("a family names its model keys' config.json keys once: hf_key, to_hf a
     back.type = type;
     CHECK_MESSAGE(f.to_hf(back) == j, type);
   }
+}
+
+TEST_CASE("gemma2 and gemma3_text: config.json's keys, transformers' defaults, and bad input naming the key") {
+  const nlohmann::json g2 = {{"model_type", "gemma2"}, {"hidden_size", 32},        {"intermediate_size", 64},
+                             {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                             {"head_dim", 16},         {"vocab_size", 256000}};
+  ModelConfig c = model_family("gemma2").from_hf(g2, "config.json");
+  // Gemma2Config's defaults: window 4096, caps 50 and 30, query_pre_attn_scalar 256, tied, layers 0 and 2 slide.
+  CHECK(c.sliding_window == 4096);
+  CHECK(c.attn_softcap == 50);
+  CHECK(c.final_softcap == 30);
+  CHECK(c.query_pre_attn_scalar == 256);
+  CHECK(c.tie_embeddings);
+  CHECK((c.sliding_layer(0) && !c.sliding_layer(1) && c.sliding_layer(2) && !c.sliding_layer(3)));
+  CHECK(model_family("gemma2").to_hf(c)["layer_types"] ==
+        nlohmann::json({"sliding_attention", "full_attention", "sliding_attention", "full_attention"}));
+  nlohmann::json g3 = g2;
+  g3["model_type"] = "gemma3_text";
+  g3["vocab_size"] = 262208;  // Gemma 3's vocabulary
+  g3["num_hidden_layers"] = 7;
+  c = model_family("gemma3_text").from_hf(g3, "config.json");
+  CHECK(c.vocab_size == 262208);
+  CHECK(c.sliding_window_pattern == 6);
+  CHECK(c.rope_theta == 1e6);
+  CHECK(c.rope_local_theta == 10000);
+  CHECK(c.attn_softcap == 0);
+  CHECK((c.sliding_layer(4) && !c.sliding_layer(5) && c.sliding_layer(6)));
+  nlohmann::json bad = g2;
+  bad["sliding_window"] = 0;
+  CHECK_ERROR_CONTAINS(model_family("gemma2").from_hf(bad, "g/config.json"),
+                       "g/config.json: sliding_window = 0: expected an integer >= 1");
+  bad["sliding_window"] = nullptr;
+  CHECK_ERROR_CONTAINS(model_family("gemma2").from_hf(bad, "g/config.json"),
+                       "g/config.json: sliding_window = null: gemma2 needs the window of its sliding layers");
+  bad = g3;
+  bad["layer_types"] = {"full_attention", "full_attention", "full_attention", "full_attention",
+                        "full_attention", "full_attention", "full_attention"};
+  CHECK_ERROR_CONTAINS(model_family("gemma3_text").from_hf(bad, "config.json"),
+                       "layer 0 is \"full_attention\" where sliding_window_pattern (6) gives \"sliding_attention\"");
+  bad = g2;
+  bad["hidden_activation"] = "gelu";
+  CHECK_ERROR_CONTAINS(model_family("gemma2").from_hf(bad, "config.json"), "hidden_activation = \"gelu\"");
+  // The YAML: a window of 0 names the key; Gemma's keys are Gemma's.
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {type: gemma2, sliding_window_pattern: 2}"),
+                       "model.sliding_window = 0: model.type = gemma2 needs the window of its sliding layers");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {type: gemma2, sliding_window: 8}"),
+                       "model.sliding_window_pattern = 0: gemma2 alternates sliding and global layers");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {type: llama, attn_softcap: 50}"),
+                       "model.attn_softcap = 50: model.type = llama has no such key");
+  config_from_yaml_string(
+      "model: {type: gemma2, sliding_window: 8, sliding_window_pattern: 2}\n"
+      "training: {seq_len: 64}");  // a window shorter than the sequence: Gemma's own
+  // estimate's FLOPs: a sliding layer's keys per query are T times its causal pairs' share of a causal layer's.
+  ModelConfig m;
+  m.type = "gemma2", m.n_layers = 2, m.sliding_window = 8, m.sliding_window_pattern = 2;
+  CHECK(llama_attention_keys(m, 64, 1) == 64);                                                       // global
+  CHECK(llama_attention_keys(m, 64, 0) == doctest::Approx(64.0 * (8 * 64 - 28) / (64 * 65 / 2.0)));  // sliding
+  m.sliding_window = 100;
+  CHECK(llama_attention_keys(m, 64, 0) == 64);  // a window over the sequence is causal
 }
 
 TEST_CASE("the rules a training run adds, and attention's slow kernel, are the model's and attention's to say") {

@@ -64,6 +64,12 @@ void SequenceContext::set_positions(const Tensor& pos, int64_t head_dim, DType d
     return;  // same positions as the last forward: keep the tables
   positions = pos.clone();
   Tensor c = empty({pos.numel(), head_dim}, dtype), s = empty({pos.numel(), head_dim}, dtype);  // (T, hd)
+  if (local_theta > 0) {  // Gemma 3's sliding layers: plain RoPE of their own base
+    Tensor cl = empty({pos.numel(), head_dim}, dtype), sl = empty({pos.numel(), head_dim}, dtype);  // (T, hd)
+    rope_tables(cl, sl, positions, local_theta);
+    cos_local = cl.to(device);
+    sin_local = sl.to(device);
+  }
   if (rope_scaling.type == "none") {
     rope_tables(c, s, positions, theta);
   } else {
@@ -90,8 +96,14 @@ AttentionCall SequenceContext::attention_call() const {
 }
 
 LlamaAttention::LlamaAttention(const std::string& name, const ModelConfig& c, const LlamaVariant& variant,
-                               const ParamFactory& f, std::shared_ptr<SequenceContext> seq)
+                               const ParamFactory& f, std::shared_ptr<SequenceContext> seq, int64_t index)
     : Module(name, "LlamaAttention"), head_dim(c.head_size()), seq_(std::move(seq)) {
+  if (variant.gemma) {
+    sliding = c.sliding_layer(index);
+    window = sliding ? c.sliding_window : 0;
+    scale = 1.0 / std::sqrt(c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(head_dim));
+    softcap = c.attn_softcap;
+  }
   const bool b = variant.qkv_bias;
   q_proj = add_child(std::make_unique<Linear>(child_name(name, "q_proj"), c.dim, c.n_heads * head_dim, f, nullptr, b));
   k_proj =
@@ -100,9 +112,15 @@ LlamaAttention::LlamaAttention(const std::string& name, const ModelConfig& c, co
       add_child(std::make_unique<Linear>(child_name(name, "v_proj"), c.dim, c.n_kv_heads * head_dim, f, nullptr, b));
   o_proj = add_child(std::make_unique<Linear>(child_name(name, "o_proj"), c.n_heads * head_dim, c.dim, f));
   if (variant.qk_norm) {
-    q_norm = add_child(std::make_unique<RMSNorm>(child_name(name, "q_norm"), head_dim, c.norm_eps, f));
-    k_norm = add_child(std::make_unique<RMSNorm>(child_name(name, "k_norm"), head_dim, c.norm_eps, f));
+    q_norm = add_child(std::make_unique<RMSNorm>(child_name(name, "q_norm"), head_dim, c.norm_eps, f, variant.gemma));
+    k_norm = add_child(std::make_unique<RMSNorm>(child_name(name, "k_norm"), head_dim, c.norm_eps, f, variant.gemma));
   }
+}
+
+AttentionCall LlamaAttention::attention_call() const {
+  AttentionCall c = seq_->attention_call();
+  c.scale = scale, c.window = window, c.softcap = softcap;
+  return c;
 }
 
 Tensor LlamaAttention::forward(const Tensor& x) {
@@ -114,11 +132,13 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   MT_CHECK(seq_->cos.defined() && seq_->cos.size(0) == T, "model", "{}: RoPE tables for {} positions, input has T = {}",
            name(), seq_->cos.defined() ? seq_->cos.size(0) : 0, T);
   if (q_norm) q = q_norm->call(q), k = k_norm->call(k);  // over each head's hd
-  rope_forward(q, q, seq_->cos, seq_->sin);
-  rope_forward(k, k, seq_->cos, seq_->sin);
+  const Tensor& cos = local_rope() ? seq_->cos_local : seq_->cos;
+  const Tensor& sin = local_rope() ? seq_->sin_local : seq_->sin;
+  rope_forward(q, q, cos, sin);
+  rope_forward(k, k, cos, sin);
   int64_t H = q.size(2);
   kv_heads_ = k.size(2);
-  const AttentionCall call = seq_->attention_call();
+  const AttentionCall call = attention_call();
   if (recomputing() && keep_attention_output) {
     // Selective recompute: the first forward's attention output and log-sum-exp were kept; the kernel's
     // result would be the same bits, so it (and its cp communication over the sequence) is not run again.
@@ -146,9 +166,11 @@ Tensor LlamaAttention::backward(const Tensor& dy) {
   Tensor dq = empty(out_->shape(), dy.dtype(), dy.device());        // (B, T, H, hd)
   Tensor dk = empty({B, T, KV, head_dim}, dy.dtype(), dy.device());  // (B, T, KV, hd)
   Tensor dv = empty(dk.shape(), dy.dtype(), dy.device());
-  attention->backward(dq, dk, dv, dout, *saved_, seq_->attention_call());
-  rope_backward(dq, dq, seq_->cos, seq_->sin);
-  rope_backward(dk, dk, seq_->cos, seq_->sin);
+  attention->backward(dq, dk, dv, dout, *saved_, attention_call());
+  const Tensor& cos = local_rope() ? seq_->cos_local : seq_->cos;
+  const Tensor& sin = local_rope() ? seq_->sin_local : seq_->sin;
+  rope_backward(dq, dq, cos, sin);
+  rope_backward(dk, dk, cos, sin);
   if (q_norm) dq = q_norm->call_backward(dq), dk = k_norm->call_backward(dk);
   saved_->clear();
   out_ = Tensor();

@@ -53,7 +53,9 @@ LayerSaved layer_saved(const Dims& d, const RankShape& s, const LlamaDecoderLaye
   auto A = [&](double b) { return s.alloc(b); };
   // input_layernorm and post_attention_layernorm each keep their input (the residual stream, sequence-sharded
   // under sequence parallel) and rstd (B*T_sp, accumulation dtype).
-  const double norms = 2 * A(d.e * d.B * d.Tsp * d.C) + 2 * A(d.a * d.B * d.Tsp);
+  // Gemma's four (after attention, before and after the MLP) keep theirs alike.
+  const double n_norms = l->pre_feedforward_layernorm ? 4 : 2;
+  const double norms = n_norms * A(d.e * d.B * d.Tsp * d.C) + n_norms * A(d.a * d.B * d.Tsp);
   // The attention: its input after the hooks (whole sequence per tp rank: q/k/v_proj's saved input), q, k, v
   // (AttentionSaved, RoPE applied in place), the output (o_proj's input; Ulysses keeps it in both layouts) and
   // the log-sum-exp (B, H, T).
@@ -113,6 +115,7 @@ ActivationBytes LlamaForCausalLM::activation_bytes(const RankShape& s) const {
     // through the whole backward.
     r.head = A(d.e * d.B * d.Tsp * d.C) + A(d.a * d.B * d.Tsp) + A(d.e * d.B * d.T * d.C);
     r.logits = A(d.e * d.B * d.T * d.Vl) + A(d.a * d.B * d.T);
+    if (final_softcap > 0) r.logits += A(d.e * d.B * d.T * d.Vl);  // the soft-capped logits' copy (its backward)
   }
   // zb1p's DeferWeightGrads, between a micro-batch's B and its W: each linear's input and output gradient (per
   // layer 4 C + (2 H + 2 KV) hd + 3 F of the (B, T) tokens), and lm_head's input and dlogits.
@@ -177,8 +180,20 @@ StageFlops LlamaForCausalLM::stage_flops(const RankShape& s) const {
   // The PaLM count (llama_flops_per_token) split into a layer's GEMMs and attention kernels, and lm_head.
   f.head = 6.0 * double(mc.vocab_size) * d.C / (tp > 1 ? tp : 1);
   const double total = llama_flops_per_token(mc, s.seq_len, variant);
-  f.layer_attention = 12.0 * double(mc.n_heads * mc.head_size()) * double(s.seq_len) / tp;
-  f.layer_gemm = (total - 6.0 * double(mc.vocab_size) * d.C) / double(mc.n_layers) / tp - f.layer_attention;
+  // Sliding-window layers see fewer keys (llama_attention_keys): the stage's layers averaged.
+  double keys = 0;
+  int64_t here = 0;
+  for (size_t i = 0; i < model->layers.size(); ++i)
+    if (model->layers[i]) keys += llama_attention_keys(mc, s.seq_len, int64_t(i)), ++here;
+  keys = here > 0 ? keys / double(here) : double(s.seq_len);
+  f.layer_attention = 12.0 * double(mc.n_heads * mc.head_size()) * keys / tp;
+  const double all_keys = [&] {
+    double k = 0;
+    for (int64_t i = 0; i < mc.n_layers; ++i) k += llama_attention_keys(mc, s.seq_len, i);
+    return k;
+  }();
+  f.layer_gemm = (total - 6.0 * double(mc.vocab_size) * d.C - 12.0 * double(mc.n_heads * mc.head_size()) * all_keys) /
+                 double(mc.n_layers) / tp;
   // Recompute runs forwards again (2 FLOPs a weight and token): a recomputed layer or attention repeats q, k, v
   // and o and, unless keep: [attention] kept the output, the attention kernel; a recomputed MLP gate, up and down.
   const double proj_fwd =

@@ -3,7 +3,10 @@
 // model_type "mistral"), qwen2 (Qwen2 and Qwen2.5: biases on q, k and v), qwen3 (q and k norms), and the mixtures
 // of experts mixtral, qwen2_moe and qwen3_moe. Their Hugging Face config.json keys both ways, transformers 4 and 5
 // spellings, each model key's name there once in the family's hf_names. phi3 (Phi-3) is Llama's tree with fused
-// qkv_proj and gate_up_proj in its files (fused_weights) and LongRoPE.
+// qkv_proj and gate_up_proj in its files (fused_weights) and LongRoPE. gemma2 and gemma3_text (Gemma 2 and 3's text
+// models) are the tree with Gemma's changes (LlamaVariant::gemma): (1 + w) norms, four per layer, the embedding
+// scaled by sqrt(d), GeGLU, sliding-window layers beside global ones, soft-capping, Gemma 3's q/k norms and local
+// RoPE base.
 #include <cmath>
 #include <map>
 
@@ -18,7 +21,8 @@ namespace {
 LlamaVariant variant_of(const ModelConfig& c) {
   LlamaVariant v;
   v.qkv_bias = c.type == "qwen2" || c.type == "qwen2_moe";
-  v.qk_norm = c.type == "qwen3" || c.type == "qwen3_moe";
+  v.qk_norm = c.type == "qwen3" || c.type == "qwen3_moe" || c.type == "gemma3_text";
+  v.gemma = c.type == "gemma2" || c.type == "gemma3_text";
   if (c.type == "mixtral") v.moe_block = "block_sparse_moe", v.moe_names = {"w1", "w3", "w2"};
   return v;
 }
@@ -47,14 +51,51 @@ int64_t active_params(const ModelConfig& c, bool with_embeddings) {
   return llama_active_params(c, with_embeddings, variant_of(c));
 }
 
+bool is_gemma(const ModelConfig& c) { return c.type == "gemma2" || c.type == "gemma3_text"; }
+
+// Gemma's keys: a window for the sliding layers, Gemma 2's fixed alternation; another family has none of them.
+void check_gemma(const ModelConfig& c) {
+  if (!is_gemma(c)) {
+    const std::pair<const char*, double> keys[] = {{"query_pre_attn_scalar", c.query_pre_attn_scalar},
+                                                   {"attn_softcap", c.attn_softcap},
+                                                   {"final_softcap", c.final_softcap},
+                                                   {"sliding_window_pattern", double(c.sliding_window_pattern)},
+                                                   {"rope_local_theta", c.rope_local_theta}};
+    for (const auto& [key, v] : keys)
+      if (v != 0)
+        fail("config", "model.{} = {}: model.type = {} has no such key (gemma2 and gemma3_text have)", key, v, c.type);
+    return;
+  }
+  if (c.sliding_window < 1)
+    fail("config",
+         "model.sliding_window = {}: model.type = {} needs the window of its sliding layers (>= 1; Hugging Face's "
+         "sliding_window)",
+         c.sliding_window, c.type);
+  if (c.type == "gemma2" && c.sliding_window_pattern != 2)
+    fail("config",
+         "model.sliding_window_pattern = {}: gemma2 alternates sliding and global layers (layer i slides when i is "
+         "even): set it to 2",
+         c.sliding_window_pattern);
+  if (c.type == "gemma3_text" && c.sliding_window_pattern < 1)
+    fail("config", "model.sliding_window_pattern = {}: gemma3_text needs its period (>= 1; Gemma 3's 6)",
+         c.sliding_window_pattern);
+  if (c.rope_local_theta > 0 && c.type != "gemma3_text")
+    fail("config", "model.rope_local_theta = {}: model.type = {} has one RoPE base (gemma3_text has two)",
+         c.rope_local_theta, c.type);
+  if (c.moe.enabled()) fail("config", "model.moe.n_experts = {}: model.type = {} is dense", c.moe.n_experts, c.type);
+}
+
 void check(const ModelConfig& c, int64_t seq_len) {
-  // meshtrain attends to the whole (causal) sequence: a window shorter than it would be a different model.
-  if (c.sliding_window > 0 && c.sliding_window < seq_len)
+  check_gemma(c);
+  // Outside Gemma meshtrain attends to the whole (causal) sequence: a window shorter than it would be a different
+  // model.
+  if (!is_gemma(c) && c.sliding_window > 0 && c.sliding_window < seq_len)
     fail("config",
          "model.sliding_window = {} is shorter than training.seq_len = {}: meshtrain attends to the whole sequence, "
          "so the window must cover it (or be 0: none)",
          c.sliding_window, seq_len);
-  if (c.sliding_window > 0 && c.type != "mistral" && c.type != "qwen2" && c.type != "mixtral" && c.type != "phi3")
+  if (c.sliding_window > 0 && c.type != "mistral" && c.type != "qwen2" && c.type != "mixtral" && c.type != "phi3" &&
+      !is_gemma(c))
     fail("config", "model.sliding_window = {}: model.type = {} has no sliding window", c.sliding_window, c.type);
   if (c.rope_scaling.type == "longrope" && c.type != "phi3")
     fail("config", "model.rope_scaling.type = longrope: model.type = {} has no LongRoPE (phi3 has)", c.type);
@@ -150,6 +191,25 @@ json common_to_hf(const ModelFamily& f, const ModelConfig& m) {
   j["hidden_act"] = "silu";
   j["attention_dropout"] = 0.0;
   j["use_cache"] = true;
+  return j;
+}
+
+json cap_to_hf(double cap) { return cap > 0 ? json(cap) : json(nullptr); }
+json attn_softcap_to_hf(const ModelConfig& m) { return cap_to_hf(m.attn_softcap); }
+json final_softcap_to_hf(const ModelConfig& m) { return cap_to_hf(m.final_softcap); }
+
+// Gemma 2 and 3: GeGLU's activation under both names, no biases or dropout, each layer's kind (layer_types,
+// transformers >= 4.53) beside the keys older versions read. Gemma 3's RoPE in transformers 4's spelling (two
+// bases: rope_theta and rope_local_base_freq), without the flat rope_parameters (transformers 5 keys it by layer
+// kind).
+json gemma_to_hf(const ModelFamily& f, const ModelConfig& m) {
+  json j = common_to_hf(f, m);
+  j["hidden_act"] = j["hidden_activation"] = "gelu_pytorch_tanh";
+  j["attention_bias"] = false;
+  json kinds = json::array();
+  for (int64_t i = 0; i < m.n_layers; ++i) kinds.push_back(m.sliding_layer(i) ? "sliding_attention" : "full_attention");
+  j["layer_types"] = kinds;
+  if (m.type == "gemma3_text") j.erase("rope_parameters");
   return j;
 }
 
@@ -328,9 +388,9 @@ void read_rope(const HfReader& r, ModelConfig& c) {
   if (scaling) c.rope_scaling = *scaling;
 }
 
-ModelConfig common_from_hf(const HfReader& r) {
+ModelConfig common_from_hf(const HfReader& r, bool swiglu = true) {
   // What the Llama architecture is not: refused rather than silently trained or evaluated as something else.
-  if (r.has("hidden_act") && r.j["hidden_act"] != "silu")
+  if (swiglu && r.has("hidden_act") && r.j["hidden_act"] != "silu")
     r.unsupported("hidden_act", r.j["hidden_act"], "meshtrain's MLP is SwiGLU (hidden_act \"silu\")");
   if (r.boolean("mlp_bias", false)) r.unsupported("mlp_bias", r.j["mlp_bias"], "meshtrain's MLP has no biases");
   ModelConfig c;
@@ -521,6 +581,69 @@ ModelConfig phi3_from_hf(const ModelFamily& f, const json& file_json, const std:
   return c;
 }
 
+// A soft-cap: null is none.
+double cap_from_hf(const HfReader& r, const std::string& key, double missing) {
+  if (!r.j.contains(r.name(key))) return missing;
+  if (r.at(key).is_null()) return 0;
+  return r.number(r.at(key), key);
+}
+
+// Gemma 2 (gemma2) and Gemma 3's text model (gemma3_text): transformers' defaults where a key is absent.
+ModelConfig gemma_from_hf(const ModelFamily& f, const json& j, const std::string& file) {
+  HfReader r{f, j, file};
+  const bool g3 = f.type == "gemma3_text";
+  for (const char* key : {"hidden_activation", "hidden_act"})
+    if (r.has(key) && j[key] != "gelu_pytorch_tanh")
+      r.unsupported(key, j[key], "meshtrain's Gemma MLP is GeGLU with the tanh GELU (\"gelu_pytorch_tanh\")");
+  refuse_attention_bias(r, g3 ? "Gemma 3" : "Gemma 2");
+  if (r.has("attention_dropout") && !(j["attention_dropout"].is_number() && j["attention_dropout"] == 0))
+    r.unsupported("attention_dropout", j["attention_dropout"], "meshtrain has no dropout (0 only)");
+  ModelConfig c = common_from_hf(r, /*swiglu=*/false);
+  c.type = f.type;
+  if (!j.contains("max_position_embeddings")) c.max_seq_len = g3 ? 131072 : 8192;
+  if (!j.contains("tie_word_embeddings")) c.tie_embeddings = true;
+  if (g3 && !r.has("model.rope_theta") &&
+      !(j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+        j["rope_parameters"].contains("rope_theta")))
+    c.rope_theta = 1e6;
+  c.query_pre_attn_scalar = r.has("model.query_pre_attn_scalar")
+                                ? r.number(r.at("model.query_pre_attn_scalar"), "model.query_pre_attn_scalar")
+                                : 256;
+  c.attn_softcap = cap_from_hf(r, "model.attn_softcap", g3 ? 0 : 50.0);
+  c.final_softcap = cap_from_hf(r, "model.final_softcap", g3 ? 0 : 30.0);
+  c.sliding_window = window_from_hf(r, 4096);
+  if (c.sliding_window == 0)
+    fail("checkpoint", "{}: sliding_window = null: {} needs the window of its sliding layers (an integer >= 1)", file,
+         f.type);
+  c.sliding_window_pattern = g3 ? r.integer("model.sliding_window_pattern", 6) : 2;
+  if (g3)
+    c.rope_local_theta =
+        r.has("model.rope_local_theta") ? r.number(r.at("model.rope_local_theta"), "model.rope_local_theta") : 10000;
+  // layer_types (transformers >= 4.53) must say what the pattern says: meshtrain's layers follow the pattern.
+  if (r.has("layer_types")) {
+    const json& t = j["layer_types"];
+    MT_CHECK(t.is_array() && int64_t(t.size()) == c.n_layers, "checkpoint",
+             "{}: layer_types = {}: expected one entry per layer ({} = {})", file, t.dump(), r.name("model.n_layers"),
+             c.n_layers);
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+      const char* want = c.sliding_layer(i) ? "sliding_attention" : "full_attention";
+      if (t[size_t(i)] != want)
+        r.unsupported("layer_types", t,
+                      fmt::format("layer {} is {} where {} ({}) gives \"{}\": meshtrain implements only that "
+                                  "pattern",
+                                  i, t[size_t(i)].dump(), g3 ? "sliding_window_pattern" : "Gemma 2's alternation",
+                                  c.sliding_window_pattern, want));
+    }
+  }
+  return c;
+}
+
+const std::vector<HfName> kGemma = {{"model.query_pre_attn_scalar", "query_pre_attn_scalar"},
+                                    {"model.attn_softcap", "attn_logit_softcapping", attn_softcap_to_hf},
+                                    {"model.final_softcap", "final_logit_softcapping", final_softcap_to_hf}};
+const std::vector<HfName> kGemma3 = {{"model.sliding_window_pattern", "sliding_window_pattern"},
+                                     {"model.rope_local_theta", "rope_local_base_freq"}};
+
 ParallelPlan tp_plan(bool sp, bool lp) { return llama_tp_plan(sp, lp); }
 
 // What tells one family of the architecture from another (ModelFamily's members of the same names).
@@ -605,6 +728,16 @@ std::vector<ModelFamily> llama_architecture_families() {
                 .fused_weights = {{"self_attn.qkv_proj.weight",
                                    {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}},
                                   {"mlp.gate_up_proj.weight", {"mlp.gate_proj.weight", "mlp.up_proj.weight"}}}}),
+      on_llama({.type = "gemma2",
+                .architecture = "Gemma2ForCausalLM",
+                .hf_names = names({kWindow, kGemma}),
+                .write_hf = gemma_to_hf,
+                .read_hf = gemma_from_hf}),
+      on_llama({.type = "gemma3_text",
+                .architecture = "Gemma3ForCausalLM",
+                .hf_names = names({kWindow, kGemma, kGemma3}),
+                .write_hf = gemma_to_hf,
+                .read_hf = gemma_from_hf}),
   };
 }
 

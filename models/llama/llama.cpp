@@ -14,10 +14,18 @@ LlamaDecoderLayer::LlamaDecoderLayer(const std::string& name, const ModelConfig&
                                      const ParamFactory& f, std::shared_ptr<SequenceContext> seq,
                                      std::shared_ptr<MoeContext> moe, int64_t index)
     : Module(name, "LlamaDecoderLayer") {
-  input_layernorm = add_child(std::make_unique<RMSNorm>(child_name(name, "input_layernorm"), c.dim, c.norm_eps, f));
-  self_attn = add_child(std::make_unique<LlamaAttention>(child_name(name, "self_attn"), c, v, f, std::move(seq)));
-  post_attention_layernorm =
-      add_child(std::make_unique<RMSNorm>(child_name(name, "post_attention_layernorm"), c.dim, c.norm_eps, f));
+  const bool g = v.gemma;
+  auto norm = [&](const char* n) {
+    return add_child(std::make_unique<RMSNorm>(child_name(name, n), c.dim, c.norm_eps, f, g));
+  };
+  input_layernorm = norm("input_layernorm");
+  self_attn =
+      add_child(std::make_unique<LlamaAttention>(child_name(name, "self_attn"), c, v, f, std::move(seq), index));
+  post_attention_layernorm = norm("post_attention_layernorm");
+  if (g) {
+    pre_feedforward_layernorm = norm("pre_feedforward_layernorm");
+    post_feedforward_layernorm = norm("post_feedforward_layernorm");
+  }
   if (c.moe.sparse_layer(index)) {
     int64_t sparse_index = 0;  // among the model's sparse layers
     for (int64_t i = 0; i < index; ++i) sparse_index += c.moe.sparse_layer(i);
@@ -25,11 +33,18 @@ LlamaDecoderLayer::LlamaDecoderLayer(const std::string& name, const ModelConfig&
         std::make_unique<SparseMoeBlock>(child_name(name, v.moe_block), c, v.moe_names, sparse_index, f, moe));
     mlp = moe_block;
   } else {
-    mlp = add_child(std::make_unique<LlamaMLP>(child_name(name, "mlp"), c, f));
+    mlp = add_child(std::make_unique<LlamaMLP>(child_name(name, "mlp"), c, f, g));
   }
 }
 
 Tensor LlamaDecoderLayer::forward(const Tensor& x) {
+  if (pre_feedforward_layernorm) {  // Gemma: each branch's output normed before its residual add
+    Tensor attn = post_attention_layernorm->call(self_attn->call(input_layernorm->call(x)));  // (B, T, C)
+    auto [h, h_normed] = pre_feedforward_layernorm->call_add(attn, x);  // h = x + attn, in attn's storage
+    Tensor y = post_feedforward_layernorm->call(mlp->call(h_normed));   // (B, T, C)
+    add_(y, h);
+    return y;
+  }
   Tensor attn = self_attn->call(input_layernorm->call(x));           // (B, T, C) the attention branch
   auto [h, h_normed] = post_attention_layernorm->call_add(attn, x);  // h = x + attn, in attn's storage
   Tensor y = mlp->call(h_normed);                                    // (B, T, C)
@@ -38,6 +53,12 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x) {
 }
 
 Tensor LlamaDecoderLayer::backward(const Tensor& dy) {
+  if (pre_feedforward_layernorm) {
+    Tensor dm = mlp->call_backward(post_feedforward_layernorm->call_backward(dy));
+    Tensor dh = pre_feedforward_layernorm->call_backward_add(dm, dy);
+    return input_layernorm->call_backward_add(self_attn->call_backward(post_attention_layernorm->call_backward(dh)),
+                                              dh);
+  }
   // dh = dy + d(mlp branch); dx = dh + d(attention branch): each residual add fused into a norm's backward.
   Tensor dh = post_attention_layernorm->call_backward_add(mlp->call_backward(dy), dy);
   return input_layernorm->call_backward_add(self_attn->call_backward(dh), dh);
@@ -47,10 +68,11 @@ LlamaModel::LlamaModel(const std::string& name, const ModelConfig& c, const Llam
                        std::shared_ptr<SequenceContext> seq, std::shared_ptr<MoeContext> moe)
     : Module(name, "LlamaModel") {
   embed_tokens = add_child(std::make_unique<Embedding>(child_name(name, "embed_tokens"), c.vocab_size, c.dim, f));
+  if (v.gemma) embed_tokens->scale = std::sqrt(double(c.dim));  // Gemma's normalizer
   for (int64_t i = 0; i < c.n_layers; ++i)
     layers.push_back(
         add_child(std::make_unique<LlamaDecoderLayer>(child_name(name, "layers." + std::to_string(i)), c, v, f, seq, moe, i)));
-  norm = add_child(std::make_unique<RMSNorm>(child_name(name, "norm"), c.dim, c.norm_eps, f));
+  norm = add_child(std::make_unique<RMSNorm>(child_name(name, "norm"), c.dim, c.norm_eps, f, v.gemma));
 }
 
 Tensor LlamaModel::forward(const Tensor& tokens) {
@@ -70,6 +92,8 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, 
     : CausalLM("LlamaForCausalLM", c), variant(v), dtype(f.dtype), device(f.device),
       seq(std::make_shared<SequenceContext>()) {
   seq->theta = c.rope_theta;
+  if (v.gemma && c.rope_local_theta > 0) seq->local_theta = c.rope_local_theta;
+  if (v.gemma) final_softcap = c.final_softcap;
   seq->rope_scaling = c.rope_scaling;
   seq->max_positions = c.max_seq_len;
   if (c.moe.enabled()) {
@@ -171,13 +195,13 @@ Tensor LlamaForCausalLM::chunk_forward(size_t k, const Tensor& x) {
   const ModelChunk& c = chunks_.at(k);
   Tensor h = c.first ? model->embed_tokens->call(x) : x;  // (B, T, C)
   for (int64_t i = c.layer_begin; i < c.layer_end; ++i) h = model->layers[size_t(i)]->call(h);
-  if (c.last) h = lm_head->call(model->norm->call(h));  // (B, T, V)
+  if (c.last) h = soft_cap(lm_head->call(model->norm->call(h)));  // (B, T, V)
   return h;
 }
 
 Tensor LlamaForCausalLM::chunk_backward(size_t k, const Tensor& dy) {
   const ModelChunk& c = chunks_.at(k);
-  Tensor dh = c.last ? model->norm->call_backward(lm_head->call_backward(dy)) : dy;
+  Tensor dh = c.last ? model->norm->call_backward(lm_head->call_backward(soft_cap_backward(dy))) : dy;
   for (int64_t i = c.layer_end; i-- > c.layer_begin;) dh = model->layers[size_t(i)]->call_backward(dh);
   if (c.first) {
     model->embed_tokens->call_backward(dh);
@@ -205,11 +229,27 @@ Tensor LlamaForCausalLM::forward(const Tensor& tokens) {
     for (int64_t t = 0; t < T; ++t) pos.at<int64_t>(t) = t;
     set_positions(pos);
   }
-  return lm_head->call(model->call(tokens));  // (B, T, V)
+  return soft_cap(lm_head->call(model->call(tokens)));  // (B, T, V)
 }
 
 Tensor LlamaForCausalLM::backward(const Tensor& dlogits) {
-  return model->call_backward(lm_head->call_backward(dlogits));
+  return model->call_backward(lm_head->call_backward(soft_cap_backward(dlogits)));
+}
+
+Tensor LlamaForCausalLM::soft_cap(const Tensor& logits) {
+  if (final_softcap > 0) {  // (B, T, V), V/tp under loss parallel: element-wise, so any vocab split
+    softcap_forward(logits, logits, final_softcap);
+    capped_ = logits.clone();  // the loss writes its gradient over the logits it is given
+  }
+  return logits;
+}
+
+Tensor LlamaForCausalLM::soft_cap_backward(const Tensor& dlogits) {
+  if (final_softcap > 0) {
+    softcap_backward(dlogits, dlogits, capped_, final_softcap);
+    capped_ = Tensor();
+  }
+  return dlogits;
 }
 
 // One layer's MLP parameters: dense, or the sparse block's (the router, every expert or, with `active`, the k a
@@ -229,7 +269,7 @@ int64_t llama_params(const ModelConfig& c, bool with_embeddings, const LlamaVari
   int64_t attn = d * c.n_heads * hd * 2 + d * c.n_kv_heads * hd * 2;
   if (v.qkv_bias) attn += (c.n_heads + 2 * c.n_kv_heads) * hd;
   if (v.qk_norm) attn += 2 * hd;
-  int64_t n = c.n_layers * (attn + 2 * d) + d;
+  int64_t n = c.n_layers * (attn + (v.gemma ? 4 : 2) * d) + d;  // Gemma: four norms a layer
   for (int64_t l = 0; l < c.n_layers; ++l) n += llama_mlp_params(c, l, active);
   if (with_embeddings) n += c.vocab_size * d * (c.tie_embeddings ? 1 : 2);
   else n += c.vocab_size * d;  // the lm_head matmul counts even when tied (torchtitan's convention)
@@ -245,11 +285,19 @@ int64_t llama_active_params(const ModelConfig& c, bool with_embeddings, const Ll
   return llama_params(c, with_embeddings, v, /*active=*/true);
 }
 
+double llama_attention_keys(const ModelConfig& c, int64_t seq_len, int64_t layer) {
+  const double T = double(seq_len), W = double(c.sliding_window);
+  if (!c.sliding_layer(layer) || c.sliding_window <= 0 || W >= T) return T;
+  // Causal pairs within the window over causal pairs: (W T - W (W - 1) / 2) / (T (T + 1) / 2), times T.
+  return T * (W * T - W * (W - 1) / 2) / (T * (T + 1) / 2);
+}
+
 double llama_flops_per_token(const ModelConfig& c, int64_t seq_len, const LlamaVariant& v) {
   // The parameters a token runs through (the k experts of an MoE layer, not all); QK^T and PV are n_heads x
-  // head_dim wide (dim unless head_dim says otherwise).
-  return 6.0 * double(llama_active_params(c, false, v)) +
-         12.0 * double(c.n_layers) * double(c.n_heads * c.head_size()) * double(seq_len);
+  // head_dim wide (dim unless head_dim says otherwise), over the keys each layer's queries see.
+  double keys = 0;
+  for (int64_t i = 0; i < c.n_layers; ++i) keys += llama_attention_keys(c, seq_len, i);
+  return 6.0 * double(llama_active_params(c, false, v)) + 12.0 * double(c.n_heads * c.head_size()) * keys;
 }
 
 }  // namespace mt

@@ -19,11 +19,13 @@ namespace mt {
 // How attention is split over ranks is not here: apply_cp swaps each layer's `attention`.
 struct SequenceContext {
   double theta = 10000;
+  double local_theta = 0;          // > 0: the sliding layers' RoPE base, plain RoPE (Gemma 3: cos_local, sin_local)
   RopeScalingConfig rope_scaling;  // type "none": plain RoPE
   int64_t seq_len = 0;        // the run's sequence (training.seq_len, set by parallelize): longrope's factors
   int64_t max_positions = 0;  // model.max_seq_len: longrope's attention factor
   Tensor positions;  // (T_local) i64, host: global positions of this rank's tokens
   Tensor cos, sin;   // (T_local, hd) RoPE tables for them
+  Tensor cos_local, sin_local;  // (T_local, hd) the sliding layers' (local_theta > 0), else undefined
   // (B, T) i64, host: where each token of the whole sequences starts its document; undefined: one causal
   // sequence. batch counts its changes (the attention implementations cache their shard of it).
   Tensor doc_start;
@@ -37,6 +39,9 @@ struct SequenceContext {
 struct LlamaVariant {
   bool qkv_bias = false;  // Qwen2: q_proj, k_proj and v_proj have biases
   bool qk_norm = false;   // Qwen3: an RMSNorm over each head of q and k (q_norm, k_norm) before RoPE
+  // Gemma 2 and 3: norms scale by 1 + w, the embedding's output by sqrt(dim), GeGLU (tanh GELU) MLPs, a norm after
+  // attention and around the MLP (pre_/post_feedforward_layernorm), the final logits soft-capped.
+  bool gemma = false;
   std::string moe_block = "mlp";  // the sparse block's name in a layer (Mixtral: "block_sparse_moe")
   MoeNames moe_names{"gate_proj", "up_proj", "down_proj"};  // an expert's projections (Mixtral: w1, w3, w2)
 };
@@ -44,10 +49,14 @@ struct LlamaVariant {
 class LlamaAttention : public Module {
  public:
   LlamaAttention(const std::string& name, const ModelConfig& c, const LlamaVariant& v, const ParamFactory& f,
-                 std::shared_ptr<SequenceContext> seq);
+                 std::shared_ptr<SequenceContext> seq, int64_t index = 0);
   Linear *q_proj, *k_proj, *v_proj, *o_proj;
   RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // (hd) each: Qwen3
   int64_t head_dim;
+  bool sliding = false;  // Gemma: a sliding-window layer (window, and the local RoPE tables when there are)
+  int64_t window = 0;    // keys at positions > p - window; 0: the whole causal prefix
+  double scale = 0;      // of q . k (0: 1/sqrt(hd)); Gemma: query_pre_attn_scalar^-1/2
+  double softcap = 0;    // attention-logit soft-capping; 0: none
   // The attention boundary (attention/attention.h): local by default, swapped by apply_cp.
   std::shared_ptr<const Attention> attention = make_attention();
   // Selective recompute (parallel.recompute.keep: [attention]): in a recomputed subtree this layer keeps the
@@ -62,6 +71,8 @@ class LlamaAttention : public Module {
   void drop_saved() override;
 
  private:
+  AttentionCall attention_call() const;  // the batch's, with this layer's scale, window and soft-cap
+  bool local_rope() const { return sliding && seq_->cos_local.defined(); }
   std::shared_ptr<SequenceContext> seq_;
   // Per micro-batch (module.h):
   Saved<AttentionSaved> saved_;  // what the attention's backward needs, in its layout
@@ -71,8 +82,9 @@ class LlamaAttention : public Module {
 
 class LlamaMLP : public Module {
  public:
-  LlamaMLP(const std::string& name, const ModelConfig& c, const ParamFactory& f);
+  LlamaMLP(const std::string& name, const ModelConfig& c, const ParamFactory& f, bool gelu = false);
   Linear *gate_proj, *up_proj, *down_proj;
+  bool gelu;  // GeGLU with the tanh GELU (Gemma) instead of SwiGLU
 
  protected:
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
@@ -93,12 +105,15 @@ class LlamaDecoderLayer : public Module {
                     int64_t index = 0);
   RMSNorm* input_layernorm;
   LlamaAttention* self_attn;
-  RMSNorm* post_attention_layernorm;
+  RMSNorm* post_attention_layernorm;              // Llama: before the MLP; Gemma: on the attention's output
+  RMSNorm* pre_feedforward_layernorm = nullptr;   // Gemma: before the MLP
+  RMSNorm* post_feedforward_layernorm = nullptr;  // Gemma: on the MLP's output
   Module* mlp;                          // LlamaMLP, or the sparse block of an MoE layer
   SparseMoeBlock* moe_block = nullptr;  // the sparse block, or null
 
  protected:
-  Tensor forward(const Tensor& x) override;  // h = x + attn(norm(x)); y = h + mlp(norm(h))
+  // h = x + attn(norm(x)); y = h + mlp(norm(h)). Gemma: h = x + norm(attn(norm(x))); y = h + norm(mlp(norm(h))).
+  Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;
 };
 
@@ -129,6 +144,7 @@ class LlamaForCausalLM : public CausalLM {
   Device device;
   std::shared_ptr<SequenceContext> seq;
   std::shared_ptr<MoeContext> moe;  // null: a dense model
+  double final_softcap = 0;         // Gemma 2: logits z -> cap tanh(z / cap); 0: none
   void set_positions(const Tensor& positions) override;
   void set_loss_scale(double inv_tokens) override {
     if (moe) moe->loss_scale = inv_tokens;
@@ -166,11 +182,19 @@ class LlamaForCausalLM : public CausalLM {
  protected:
   Tensor forward(const Tensor& tokens) override;
   Tensor backward(const Tensor& dlogits) override;
+
+ private:
+  Tensor soft_cap(const Tensor& logits);  // final_softcap on the logits (B, T, V) in place (none: as they are)
+  Tensor soft_cap_backward(const Tensor& dlogits);
+  Saved<Tensor> capped_;  // (B, T, V) the soft-capped logits (the loss overwrites its own)
 };
 
 // 6*N + 12*L*d*T FLOPs per token (N = active parameters without embeddings): the
 // forward and backward GEMMs, and QK^T and PV at full (not causal-halved) cost.
 double llama_flops_per_token(const ModelConfig& c, int64_t seq_len, const LlamaVariant& v = {});
+// The keys per query layer `layer`'s attention FLOPs count: seq_len (the PaLM count: not causal-halved), or for a
+// sliding-window layer (Gemma) seq_len times its causal pairs' share of a causal layer's.
+double llama_attention_keys(const ModelConfig& c, int64_t seq_len, int64_t layer);
 int64_t llama_num_params(const ModelConfig& c, bool with_embeddings = true, const LlamaVariant& v = {});
 // What one token runs through: an MoE layer's k experts instead of all (the dense count for a dense model).
 int64_t llama_active_params(const ModelConfig& c, bool with_embeddings = true, const LlamaVariant& v = {});

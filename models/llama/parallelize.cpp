@@ -61,6 +61,10 @@ ParallelPlan llama_variant_tp_plan(const LlamaForCausalLM& model, bool sp, bool 
   if (model.variant.qk_norm)
     for (const char* n : {"q_norm", "k_norm"})
       plan.push_back({std::string("model.layers.*.self_attn.") + n, SequenceParallel{}});
+  // Gemma's norms around the MLP see the sequence-sharded residual stream, as post_attention_layernorm does.
+  if (model.variant.gemma && sp)
+    for (const char* n : {"pre_feedforward_layernorm", "post_feedforward_layernorm"})
+      plan.push_back({std::string("model.layers.*.") + n, SequenceParallel{}});
   if (!model.moe) return plan;
   // An MoE model: the dense MLP's entries name its dense layers one by one (the sparse blocks are replicated
   // over tp by apply_moe, not split).

@@ -26,7 +26,7 @@ namespace mt {
 class Stream;
 class Event;
 
-constexpr uint32_t kCudaBackendAbi = 5;
+constexpr uint32_t kCudaBackendAbi = 6;
 constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
 
 // The launchers of runtime/kernels/cuda taking T = float or mt::bf16 (declared again beside their ops,
@@ -58,6 +58,12 @@ constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
   X(int, swiglu_forward, (T * out, const T* gate, const T* up, int64_t n, void* stream), (out, gate, up, n, stream))  \
   X(int, swiglu_backward, (T * dgate, T * dup, const T* dout, const T* gate, const T* up, int64_t n, void* stream),  \
     (dgate, dup, dout, gate, up, n, stream))                                                                          \
+  X(int, geglu_forward, (T * out, const T* gate, const T* up, int64_t n, void* stream), (out, gate, up, n, stream))   \
+  X(int, geglu_backward, (T * dgate, T * dup, const T* dout, const T* gate, const T* up, int64_t n, void* stream),    \
+    (dgate, dup, dout, gate, up, n, stream))                                                                          \
+  X(int, softcap_forward, (T * out, const T* inp, double cap, int64_t n, void* stream), (out, inp, cap, n, stream))   \
+  X(int, softcap_backward, (T * dinp, const T* dout, const T* out, double cap, int64_t n, void* stream),              \
+    (dinp, dout, out, cap, n, stream))                                                                                \
   X(int, embedding_forward,                                                                                           \
     (T * out, const int32_t* tokens, const T* table, int64_t N, int64_t V_local, int64_t C, int64_t row_begin,        \
      void* stream),                                                                                                   \

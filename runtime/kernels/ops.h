@@ -59,6 +59,14 @@ void rope_backward(const Tensor& dinp, const Tensor& dout, const Tensor& cos, co
 void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up);
 // dgate, dup (N, F) overwritten.
 void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
+// GeGLU (Gemma's MLP): out = gelu_tanh(gate) * up, gelu_tanh(g) = g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+// (PyTorch's gelu(approximate="tanh")). Shapes and aliasing as swiglu's.
+void geglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up);
+void geglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
+// Soft-capping (Gemma 2's final logits): out = cap * tanh(inp / cap), any shape, out may alias inp; cap > 0.
+// Backward from the output: dinp = dout * (1 - (out / cap)^2) (dinp may alias dout).
+void softcap_forward(const Tensor& out, const Tensor& inp, double cap);
+void softcap_backward(const Tensor& dinp, const Tensor& dout, const Tensor& out, double cap);
 
 // ---- Embedding (table rows [row_begin, row_begin + V_local) live here: vocab-sharded tables) ----
 // out (N, C) = table[tokens[n] - row_begin], zero for tokens outside this shard; tokens (N) i32.
@@ -128,7 +136,9 @@ void sum_squares_into(const Tensor& out, const std::vector<int64_t>& slots, cons
 // j*H/KV .. (j+1)*H/KV - 1). out (B, T, H, hd); lse (B, H, T) in accum dtype (f32 for bf16 q), natural log.
 // scale multiplies q . k. causal: query t sees key s iff k_pos0 + s <= q_pos0 + t (global positions);
 // doc_start (B, T) i64 on q's device, or undefined: query t of row b also sees only keys at positions
-// >= doc_start[b, t]. A query that sees no key gets out = 0, lse = -inf. Kernels: the CPU's blockwise one (f32,
+// >= doc_start[b, t]. window > 0: query t sees only keys at positions > q_pos0 + t - window (a sliding window;
+// 0: none). softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) before the softmax (Gemma 2's
+// attention-logit soft-capping; 0: none). A query that sees no key gets out = 0, lse = -inf. Kernels: the CPU's blockwise one (f32,
 // f64; bf16 on widened copies); on CUDA the tensor-core kernel for bf16 with hd 64 or 128 (unless
 // MT_REFERENCE_ATTENTION=1), else the fp32 reference kernel (bf16 on widened copies).
 //
@@ -138,13 +148,16 @@ void sum_squares_into(const Tensor& out, const std::vector<int64_t>& slots, cons
 // (a query block before its key block, documents off the diagonal; check_attention_kernel finds what it can at
 // start-up).
 void local_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                             double scale, bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start);
+                             double scale, bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start,
+                             int64_t window = 0, double softcap = 0);
 // The probabilities recomputed from q, k and lse (and the same kernel choice as the forward: cuDNN's backward
-// takes the stats cuDNN's forward wrote, and both write the natural-log log-sum-exp). dq (B, T, H, hd) overwritten; dk, dv (B, S, KV, hd) overwritten,
+// takes the stats cuDNN's forward wrote, and both write the natural-log log-sum-exp). dq (B, T, H, hd) overwritten;
+// dk, dv (B, S, KV, hd) overwritten,
 // or with accumulate added to. dout, out (B, T, H, hd) and lse (B, H, T) from the forward.
 void local_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                               const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
-                              bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start, bool accumulate);
+                              bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start, bool accumulate,
+                              int64_t window = 0, double softcap = 0);
 
 // The kernel of bf16 attention on CUDA: attention.kernel and attention.deterministic (set once at a training run's
 // start-up, before any step; until then, and in commands that do not train, the flash kernel).

@@ -272,7 +272,26 @@ void print_cp_bytes(const TrainRun& run, const MeasuredStep& c) {
   if (R > 1) {
     const CpLayerBytes& per_layer = cb.ring;
     const double kv = cb.kv, dkv = cb.dkv;
-    const double f_an = L * per_layer.forward, b_an = L * per_layer.backward;
+    // Sliding-window layers (Gemma) whose window leaves ring distances out send their block straight to the
+    // distances needed (ring_attention.h: cp_window_layer_bytes); the other layers go around the ring.
+    double f_an = 0, b_an = 0;
+    int64_t windowed = 0;
+    int distances = 0;
+    for (int64_t i = 0; i < cfg.model.n_layers; ++i) {
+      const int64_t w = cfg.model.sliding_layer(i) ? cfg.model.sliding_window : 0;
+      CpLayerBytes lb = per_layer;
+      if (window_direct(pd.cp_method, pd.cp_load_balance, cfg.training.seq_len, R, w)) {
+        distances = int(ring_window_distances(pd.cp_load_balance, cfg.training.seq_len, R, w).size());
+        lb = cp_window_layer_bytes(distances, kv, dkv);
+        ++windowed;
+      }
+      f_an += lb.forward, b_an += lb.backward;
+    }
+    if (windowed > 0)
+      std::printf(
+          "\ncp_ring: %lld sliding-window layer(s) send K/V straight to %d of the %d-1 ring distances: "
+          "forward %d x K/V, backward %d x (K/V + dK/dV) each\n",
+          (long long)windowed, distances, R, distances, distances);
     const double f = double(c.forward.bytes(kCpKvTag) + c.forward.bytes(kCpDkvTag)),
                  b = double(c.backward.bytes(kCpKvTag) + c.backward.bytes(kCpDkvTag));
     std::printf(

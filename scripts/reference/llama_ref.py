@@ -34,7 +34,18 @@ Families (config.json's model_type; absent = llama), all the Llama architecture 
            down_proj(silu(gate) * up). No biases; sliding_window (absent or null: none) is refused below the
            sequence length; rms_norm_eps absent: 1e-5; partial_rotary_factor other than 1 and non-zero dropouts
            (resid_pdrop, embd_pdrop, attention_dropout) are refused. RoPE may be longrope (below).
-  Any other model_type is refused (naming the supported ones), as is a hidden_act other than silu.
+  gemma2, gemma3_text  Gemma 2 and Gemma 3's text model (GemmaForCausalLM below, from Gemma's formulas): RMSNorm
+           x * rsqrt(mean x^2 + eps) * (1 + w); the embedding's output times sqrt(hidden_size) (rounded to the
+           model's dtype); GeGLU down(gelu_tanh(gate x) * up x); per layer h = x + post_attention_layernorm(attn(
+           input_layernorm(x))), y = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))); scores
+           q.k * query_pre_attn_scalar^-1/2, then attn_logit_softcapping c: c tanh(s / c); layer i a sliding layer
+           (a query at p sees keys at p - sliding_window < s <= p) when gemma2 and i even, or gemma3_text and
+           (i + 1) % sliding_window_pattern != 0 (layer_types, when given, must agree); gemma3_text: q_norm and
+           k_norm (the (1 + w) RMSNorm over each head), the sliding layers' RoPE base rope_local_base_freq without
+           rope_scaling; the final logits z -> f tanh(z / f), f = final_logit_softcapping (null: none). Tied by
+           default (transformers' default).
+  Any other model_type is refused (naming the supported ones), as is a hidden_act other than silu (Gemma:
+  gelu_pytorch_tanh).
 MoE router, as transformers computes it: logits = gate(x) in the model's dtype; softmax in f32 (f64 in an f64 run);
   torch.topk; renormalised as above; rounded to the hidden dtype; out[t] = sum_k w[t,k] expert_e[t,k](x[t]),
   computed expert by expert with index_add_ (an expert no token chose still runs on no rows: zero gradients).
@@ -211,15 +222,18 @@ def read_model_weights(model_dir, prefix="model"):
 
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-               "qwen3_moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM"}
+               "qwen3_moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+               "gemma3_text": "Gemma3ForCausalLM"}
+GEMMA_TYPES = ("gemma2", "gemma3_text")
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 # transformers' defaults for a key absent from config.json, per family.
 _DEFAULTS = {
     "max_position_embeddings": {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768, "qwen3": 32768,
-                                "mixtral": 4096 * 32, "qwen2_moe": 32768, "qwen3_moe": 32768, "phi3": 4096},
+                                "mixtral": 4096 * 32, "qwen2_moe": 32768, "qwen3_moe": 32768, "phi3": 4096,
+                                "gemma2": 8192, "gemma3_text": 131072},
     "rms_norm_eps": {"mixtral": 1e-5, "phi3": 1e-5},  # every other family: 1e-6
-    "rope_theta": {"mixtral": 1e6},  # every other family: 10000
+    "rope_theta": {"mixtral": 1e6, "gemma3_text": 1e6},  # every other family: 10000
     "num_experts": {"mixtral": 8, "qwen2_moe": 60, "qwen3_moe": 128},
     "num_experts_per_tok": {"mixtral": 2, "qwen2_moe": 4, "qwen3_moe": 8},
     "moe_intermediate_size": {"qwen2_moe": 1408, "qwen3_moe": 768},
@@ -337,7 +351,11 @@ class LlamaConfig:
         if self.model_type not in MODEL_TYPES:
             raise ConfigError(f"model_type = {json.dumps(self.model_type)}: supported model types are "
                               f"{', '.join(MODEL_TYPES)}")
-        if get("hidden_act", "silu") != "silu":
+        if self.model_type in GEMMA_TYPES:
+            for key in ("hidden_activation", "hidden_act"):
+                if get(key, "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+                    raise ConfigError(f"{key} = {json.dumps(d[key])}: Gemma's MLP is GeGLU (gelu_pytorch_tanh)")
+        elif get("hidden_act", "silu") != "silu":
             raise ConfigError(f"hidden_act = {json.dumps(d['hidden_act'])}: the MLP is SwiGLU (hidden_act \"silu\")")
         self.hidden_size = d["hidden_size"]
         self.num_hidden_layers = d["num_hidden_layers"]
@@ -351,7 +369,7 @@ class LlamaConfig:
                                                        _DEFAULTS["rope_theta"].get(mt, 10000.0))
         self.max_position_embeddings = get("max_position_embeddings", _DEFAULTS["max_position_embeddings"][mt])
         self.fused = mt == "phi3"  # Phi-3's qkv_proj and gate_up_proj
-        self.tie_word_embeddings = get("tie_word_embeddings", False)
+        self.tie_word_embeddings = get("tie_word_embeddings", mt in GEMMA_TYPES)
         # Qwen3Config's head_dim defaults to 128; every other family's to hidden_size / num_attention_heads.
         self.head_dim = get("head_dim", 128 if mt == "qwen3" else self.hidden_size // self.num_attention_heads)
         assert self.num_attention_heads % self.num_key_value_heads == 0, "heads must be a multiple of kv heads"
@@ -360,16 +378,19 @@ class LlamaConfig:
         self.check_longrope(d, get)
         # Biases, as each family's attention declares them (Mistral's has none, whatever the file says).
         # Qwen3's q_norm and k_norm: an RMSNorm over each head's head_dim values of q and k, before RoPE.
-        self.qk_norm = mt in QK_NORM_TYPES
+        self.qk_norm = mt in QK_NORM_TYPES or mt == "gemma3_text"
+        self.gemma = mt in GEMMA_TYPES
+        if self.gemma:
+            self.read_gemma(d, get)
         if mt == "llama":
             if get("mlp_bias", False):
                 raise ConfigError("mlp_bias = true: the reference's MLP has no biases")
             self.qkv_bias = self.o_bias = bool(get("attention_bias", False))
         elif mt in QK_NORM_TYPES:  # Qwen3: attention_bias puts a bias on all four projections, as Llama's
             self.qkv_bias = self.o_bias = _bool(get("attention_bias", False), "attention_bias")
-        elif mt == "phi3":
+        elif mt == "phi3" or self.gemma:
             if get("attention_bias", False):
-                raise ConfigError("attention_bias = true: Phi-3's attention has no biases")
+                raise ConfigError(f"attention_bias = true: {mt}'s attention has no biases here")
             self.qkv_bias = self.o_bias = False
         else:
             self.qkv_bias, self.o_bias = mt in ("qwen2", "qwen2_moe"), False
@@ -380,6 +401,8 @@ class LlamaConfig:
             self.sliding_window = d.get("sliding_window")  # MixtralConfig's and Phi3Config's default: none
         elif mt in ("qwen2", "qwen2_moe") and get("use_sliding_window", False):
             self.sliding_window = d.get("sliding_window", 4096)
+        elif self.gemma:
+            pass  # read_gemma's
         elif mt in QK_NORM_TYPES and get("use_sliding_window", False):
             raise ConfigError("use_sliding_window = true: Qwen3's per-layer sliding-window attention is not "
                               "implemented")
@@ -390,6 +413,25 @@ class LlamaConfig:
                                                 or not isinstance(self.sliding_window, int)
                                                 or self.sliding_window < 1):
             raise ConfigError(f"sliding_window = {json.dumps(self.sliding_window)}: expected an integer >= 1 or null")
+
+    def read_gemma(self, d, get):
+        """Gemma 2 / 3's keys with transformers' defaults; which layers slide (layer_types must agree)."""
+        g3 = self.model_type == "gemma3_text"
+        self.query_pre_attn_scalar = get("query_pre_attn_scalar", 256)
+        # null is no soft-capping; an absent key is the family's default.
+        self.attn_logit_softcapping = d.get("attn_logit_softcapping", None if g3 else 50.0)
+        self.final_logit_softcapping = d.get("final_logit_softcapping", None if g3 else 30.0)
+        self.sliding_window = d.get("sliding_window", 4096)
+        if isinstance(self.sliding_window, bool) or not isinstance(self.sliding_window, int) or self.sliding_window < 1:
+            raise ConfigError(f"sliding_window = {json.dumps(self.sliding_window)}: Gemma needs an integer >= 1")
+        pattern = get("sliding_window_pattern", 6) if g3 else 2
+        self.sliding = [(i + 1) % pattern != 0 for i in range(self.num_hidden_layers)]
+        kinds = d.get("layer_types")
+        if kinds is not None and kinds != ["sliding_attention" if s else "full_attention" for s in self.sliding]:
+            raise ConfigError(f"layer_types = {json.dumps(kinds)}: not the pattern this reference computes")
+        self.rope_local_base_freq = get("rope_local_base_freq", 10000.0) if g3 else None
+        if get("attention_dropout", 0.0) != 0:
+            raise ConfigError("attention_dropout: dropout is not implemented (0 only)")
 
     def check_longrope(self, d, get):
         """longrope is Phi-3's (its factor lists one number per frequency); Phi-3's other keys this reference does
@@ -467,7 +509,9 @@ class LlamaConfig:
         return any(self.sparse_layer(i) for i in range(self.num_hidden_layers))
 
     def check_seq_len(self, seq_len):
-        """Sliding-window attention is not implemented: refuse a window that would mask something."""
+        """Sliding-window attention is not implemented outside Gemma: refuse a window that would mask something."""
+        if self.gemma:
+            return
         if self.sliding_window is not None and self.sliding_window < seq_len:
             raise ConfigError(f"sliding_window = {self.sliding_window} is below the sequence length {seq_len}: "
                               "sliding-window attention is not implemented (a window at least the sequence length "
@@ -775,11 +819,144 @@ class LlamaForCausalLM(nn.Module):
         return self.total_loss(ce, aux, targets.numel() if reduction == "sum" else 1)
 
 
+# ----------------------------------------------------------------- Gemma 2 and 3
+
+
+class GemmaRMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) * (1 + w), in at least f32, then the input's dtype."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.to(xf.dtype))
+        return y.to(x.dtype)
+
+
+def soft_cap(x, cap):
+    return x if cap is None else cap * torch.tanh(x / cap)
+
+
+def gemma_attention(q, k, v, scale, softcap, window):
+    """q (B, H, T, hd), k, v (B, KV, T, hd): causal grouped-query attention with the scores q.k * scale soft-capped,
+    and with a window a query at p seeing keys at p - window < s <= p only."""
+    B, H, T, hd = q.shape
+    KV = k.shape[1]
+    qg = q.view(B, KV, H // KV, T, hd)
+    scores = soft_cap(qg @ k.unsqueeze(2).transpose(-1, -2) * scale, softcap)  # (B, KV, G, T, T)
+    p = torch.arange(T, device=q.device)
+    hidden = p[None, :] > p[:, None]  # (T, T) a key after its query
+    if window is not None:
+        hidden = hidden | (p[:, None] - p[None, :] >= window)
+    out = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1) @ v.unsqueeze(2)
+    return out.view(B, H, T, hd)
+
+
+class GemmaAttention(nn.Module):
+    def __init__(self, c, index):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, c.hidden_size, bias=False)
+        self.q_norm = GemmaRMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.k_norm = GemmaRMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.sliding = c.sliding[index]
+        self.scale = c.query_pre_attn_scalar ** -0.5
+        self.softcap, self.window = c.attn_logit_softcapping, c.sliding_window if self.sliding else None
+
+    def forward(self, x, rope):
+        B, T, _ = x.shape
+        cos, sin = rope[self.sliding]
+
+        def heads(t, n, norm=None):
+            t = t.view(B, T, n, self.head_dim)
+            return (t if norm is None else norm(t)).transpose(1, 2)
+
+        q = apply_rope(heads(self.q_proj(x), self.n_heads, self.q_norm), cos, sin)
+        k = apply_rope(heads(self.k_proj(x), self.n_kv_heads, self.k_norm), cos, sin)
+        o = gemma_attention(q, k, heads(self.v_proj(x), self.n_kv_heads), self.scale, self.softcap, self.window)
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class GemmaMLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+class GemmaDecoderLayer(nn.Module):
+    def __init__(self, c, index):
+        super().__init__()
+        norm = lambda: GemmaRMSNorm(c.hidden_size, c.rms_norm_eps)  # noqa: E731
+        self.input_layernorm, self.post_attention_layernorm = norm(), norm()
+        self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
+        self.self_attn = GemmaAttention(c, index)
+        self.mlp = GemmaMLP(c)
+
+    def forward(self, x, rope):
+        h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope))
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
+
+class GemmaModel(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(GemmaDecoderLayer(c, i) for i in range(c.num_hidden_layers))
+        self.norm = GemmaRMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class GemmaForCausalLM(nn.Module):
+    """Gemma 2 / Gemma 3 text: Hugging Face's parameter names."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        self.model = GemmaModel(c)
+        self.lm_head = None if c.tie_word_embeddings else nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    def forward(self, tokens, router_logits=None):
+        c = self.config
+        T = tokens.shape[1]
+        w = self.model.embed_tokens.weight
+        glob = rope_cos_sin(T, c.head_dim, c.rope_theta, w.dtype, c.rope_scaling)
+        local = glob if c.rope_local_base_freq is None else rope_cos_sin(T, c.head_dim, c.rope_local_base_freq,
+                                                                         w.dtype)
+        rope = {False: glob, True: local}
+        h = self.model.embed_tokens(tokens) * torch.tensor(c.hidden_size ** 0.5, dtype=w.dtype)
+        for layer in self.model.layers:
+            h = layer(h, rope)
+        h = self.model.norm(h)
+        logits = F.linear(h, w) if self.lm_head is None else self.lm_head(h)
+        return soft_cap(logits, c.final_logit_softcapping)
+
+    loss_terms = None  # set below: LlamaForCausalLM's (cross-entropy; no router)
+
+
 ROUTER_INIT_STD = 0.5
 
 
 def is_router(name):
     return name.endswith(("block_sparse_moe.gate.weight", ".mlp.gate.weight"))
+
+
+GemmaForCausalLM.loss_terms = LlamaForCausalLM.loss_terms
+GemmaForCausalLM.total_loss = LlamaForCausalLM.total_loss
+GemmaForCausalLM.loss = LlamaForCausalLM.loss
+
+
+def build_model(c):
+    return GemmaForCausalLM(c) if c.gemma else LlamaForCausalLM(c)
 
 
 def init_weights(model, seed):
@@ -792,7 +969,10 @@ def init_weights(model, seed):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1 and not name.endswith(".bias"):
-                p.fill_(1.0)
+                if isinstance(model, GemmaForCausalLM):  # (1 + w): small random w, so that a wrong offset shows
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.1)
+                else:
+                    p.fill_(1.0)
             else:
                 std = ROUTER_INIT_STD if is_router(name) else 0.02
                 p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * std)
@@ -802,7 +982,7 @@ def load_model(model_dir, dtype=None, config=None):
     """Builds the model from DIR/config.json (or `config`) and loads DIR/model.safetensors or its sharded files
     (strict: names and shapes)."""
     c = config or LlamaConfig.load(model_dir)
-    model = LlamaForCausalLM(c)
+    model = build_model(c)
     weights = read_model_weights(model_dir)
     expected = dict(model.state_dict())
     missing = sorted(set(expected) - set(weights))
@@ -1069,8 +1249,8 @@ def init_config(a):
     if a.attention_bias and mt != "llama":
         raise ConfigError(f"--attention-bias is Llama's (model_type {mt}: "
                           + ("biases on q, k and v always)" if mt == "qwen2" else "no biases)"))
-    if a.sliding_window is not None and mt not in ("mistral", "phi3"):
-        raise ConfigError(f"--sliding-window is Mistral's and Phi-3's, not {mt}'s")
+    if a.sliding_window is not None and mt not in ("mistral", "phi3") + GEMMA_TYPES:
+        raise ConfigError(f"--sliding-window is Mistral's, Phi-3's and Gemma's, not {mt}'s")
     if a.n_heads % a.n_kv_heads or (hd or a.dim // a.n_heads) % 2 or (not hd and a.dim % a.n_heads):
         sys.exit("llama_ref: dim must divide into n_heads heads of even size (or --head-dim be even), n_heads into "
                  "n_kv_heads groups")
@@ -1078,11 +1258,12 @@ def init_config(a):
     if scaling is not None and scaling["rope_type"] == "longrope" and mt != "phi3":
         raise ConfigError(f"--rope-scaling longrope is Phi-3's, not {mt}'s")
     dtype = "bfloat16" if a.dtype == "bf16" else "float32"
-    cfg = {"architectures": [MODEL_TYPES[mt]], "model_type": mt, "hidden_act": "silu",
+    cfg = {"architectures": [MODEL_TYPES[mt]], "model_type": mt,
+           "hidden_act": "gelu_pytorch_tanh" if mt in GEMMA_TYPES else "silu",
            "hidden_size": a.dim, "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads,
            "num_key_value_heads": a.n_kv_heads, "intermediate_size": a.ffn_dim, "vocab_size": a.vocab_size,
            "rms_norm_eps": a.norm_eps}
-    if hd or mt in ("mistral",) + QK_NORM_TYPES:  # MistralConfig and Qwen3's always write head_dim; the others
+    if hd or mt in ("mistral",) + QK_NORM_TYPES + GEMMA_TYPES:  # MistralConfig and Qwen3's always write head_dim; the others
         cfg["head_dim"] = hd or a.dim // a.n_heads  # only when it is given
     if mt in QK_NORM_TYPES:
         cfg["attention_bias"] = False
@@ -1105,6 +1286,17 @@ def init_config(a):
     if mt == "phi3":  # Phi3Config's keys; pad_token_id is kept by meshtrain's checkpoints, used by neither
         cfg.update({"sliding_window": a.sliding_window, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
                     "attention_dropout": 0.0, "pad_token_id": a.vocab_size - 1})
+    if mt in GEMMA_TYPES:  # Gemma2Config's / Gemma3TextConfig's keys
+        cfg.update({"hidden_activation": "gelu_pytorch_tanh", "attention_bias": False, "attention_dropout": 0.0,
+                    "query_pre_attn_scalar": a.query_pre_attn_scalar,
+                    "sliding_window": 4096 if a.sliding_window is None else a.sliding_window,
+                    "attn_logit_softcapping": a.attn_softcap, "final_logit_softcapping": a.final_softcap})
+        if mt == "gemma3_text":
+            cfg.update({"sliding_window_pattern": a.sliding_window_pattern,
+                        "rope_local_base_freq": a.rope_local_theta})
+        pattern = 2 if mt == "gemma2" else a.sliding_window_pattern
+        cfg["layer_types"] = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                              for i in range(a.n_layers)]
     if mt in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         cfg.update({"use_sliding_window": False, "sliding_window": None, "max_window_layers": a.n_layers})
     if mt in MOE_TYPES:
@@ -1134,7 +1326,7 @@ def init_config(a):
 
 def cmd_init(a):
     cfg = init_config(a)
-    model = LlamaForCausalLM(LlamaConfig(cfg))
+    model = build_model(LlamaConfig(cfg))
     init_weights(model, a.seed)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "config.json"), "w") as f:
@@ -1303,7 +1495,13 @@ def main():
     p.add_argument("--rope-spelling", choices=["v4", "v5"], default="v4",
                    help="config.json's RoPE keys: v4 rope_theta + rope_scaling, v5 rope_parameters")
     p.add_argument("--attention-bias", action="store_true", help="llama: biases on q, k, v and o_proj")
-    p.add_argument("--sliding-window", type=int, default=None, help="mistral, phi3: sliding_window (default null)")
+    p.add_argument("--sliding-window", type=int, default=None,
+                   help="mistral, phi3: sliding_window (default null); gemma: (default 4096)")
+    p.add_argument("--query-pre-attn-scalar", type=float, default=256.0, help="gemma: query_pre_attn_scalar")
+    p.add_argument("--attn-softcap", type=float, default=None, help="gemma: attn_logit_softcapping (default null)")
+    p.add_argument("--final-softcap", type=float, default=None, help="gemma: final_logit_softcapping (default null)")
+    p.add_argument("--sliding-window-pattern", type=int, default=6, help="gemma3_text: sliding_window_pattern")
+    p.add_argument("--rope-local-theta", type=float, default=10000.0, help="gemma3_text: rope_local_base_freq")
     p.add_argument("--n-experts", type=int, default=None, help="MoE: num_local_experts / num_experts (default 4)")
     p.add_argument("--experts-per-token", type=int, default=None, help="MoE: num_experts_per_tok (default 2)")
     p.add_argument("--moe-ffn-dim", type=int, default=None,

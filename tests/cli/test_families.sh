@@ -12,7 +12,10 @@
 # Phi-3 (fused qkv_proj and gate_up_proj in its files, LongRoPE with long and with short factors) the same way and
 # on pp 2 and cp 2; its checkpoints' files hold the fused tensors (names and shapes) that the reference reads to
 # the same logits, and a resume from them on another mesh continues the reference's losses;
-# `meshtrain estimate` and `plan --search` take it. Bad family input gives its message.
+# `meshtrain estimate` and `plan --search` take it. Gemma 2 (tied, a window of 8 below the sequence's 32, both
+# soft-caps, query_pre_attn_scalar) and Gemma 3's text model (q/k norms, sliding_window_pattern 3, its sliding layers'
+# RoPE base beside the global layers' linear-scaled one) the same way, then on pp 2, cp 2 and cp 4 (ring), their
+# logits against the reference's, and a window of 0 refused naming the key. Bad family input gives its message.
 # Prints "families: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_families.sh BUILD_DIR
 set -uo pipefail
@@ -21,7 +24,7 @@ source "$(dirname "$0")/common.sh"
 ref="$root/scripts/reference/llama_ref.py"
 
 if ! "$py" -c "import torch" 2>/dev/null; then
-  for f in llama3 mistral qwen2 qwen2_tied qwen3 mixtral qwen2_moe qwen3_moe phi3 phi3_v5; do skip "$f against the PyTorch reference" "python3-torch is not installed"; done
+  for f in llama3 mistral qwen2 qwen2_tied qwen3 mixtral qwen2_moe qwen3_moe phi3 phi3_v5 gemma2 gemma3_text; do skip "$f against the PyTorch reference" "python3-torch is not installed"; done
   summary families
   exit 0
 fi
@@ -194,6 +197,98 @@ phi3_files() {
     --cluster "$root/configs/clusters/h100_ib.yaml"
 }
 phi3_files
+
+# Gemma 2 and 3 (models/llama/families.cpp): the scores' soft-cap and scale chosen so that tanh bends them (the small
+# init's scores are ~0.05), the final soft-cap likewise; windows of 8 tokens in a 32-token sequence.
+family gemma2 --model-type gemma2 --head-dim 16 --tie-embeddings --sliding-window 8 --query-pre-attn-scalar 4 \
+  --attn-softcap 0.05 --final-softcap 0.2
+family gemma3_text --model-type gemma3_text --n-layers 3 --head-dim 16 --sliding-window 8 --query-pre-attn-scalar 8 \
+  --sliding-window-pattern 3 --rope-local-theta 1000 --rope-theta 1000000 --rope-scaling linear:2 --final-softcap 0.2
+
+# gemma_meshes NAME: pp 2 (gemma3_text: untied), cp 2 and cp 4 on the ring (the window crosses the ranks' chunks),
+# cp 2 all-gathered and Ulysses equal the reference's losses; `meshtrain logits` of the directory equals the reference's forward.
+gemma_meshes() {
+  local name=$1 mesh m np
+  for mesh in "pp2:2:--set parallel.pp=2 --set training.micro_batch_size=4" "cp2:2:--set parallel.cp=2" \
+    "cp4:4:--set parallel.cp=4" "cp2_all_gather:2:--set parallel.cp=2 --set parallel.cp_method=all_gather" \
+    "cp2_ulysses:2:--set parallel.cp=2 --set parallel.cp_method=alltoall"; do
+    m=${mesh%%:*} np=$(echo "$mesh" | cut -d: -f2)
+    [ "$m" = pp2 ] && [ "$name" = gemma2 ] && continue  # tied: pp refuses a weight shared across stages
+    # shellcheck disable=SC2046
+    if timeout 300 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/$name" \
+      --set log.metrics_file="$tmp/$name.$m.jsonl" $(echo "$mesh" | cut -d: -f3-) train >"$tmp/$name.$m.log" 2>&1 &&
+      out=$("$py" "$compare" "$tmp/$name.$m.jsonl" "$tmp/$name.ref.json" --rel0 1e-5 --abs 1e-5 --steps 10 2>&1); then
+      ok "$name under $m: 10 f64 steps within 1e-5 of the reference: $out"
+    else
+      bad "$name under $m" "${out:-$(tail -n 20 "$tmp/$name.$m.log")}"
+    fi
+  done
+  "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/$name" --tokens 5,17,99,3,250,8,8,41,77,120,1,2,3,4,5,6,7,8,9,10 \
+    --out "$tmp/$name.dir.logits.npy" >"$tmp/$name.dir.logits.log" 2>&1
+  if out=$("$py" - "$root/scripts/reference" "$tmp/$name" "$tmp/$name.dir.logits.npy" <<'PY' 2>&1
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np, torch
+import llama_ref as r
+model = r.load_model(sys.argv[2], torch.float64)
+with torch.no_grad():
+    ref = model(torch.tensor([[5, 17, 99, 3, 250, 8, 8, 41, 77, 120, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]))[0].numpy()
+ours = np.load(sys.argv[3])
+d = float(np.abs(ours - ref).max())
+assert ours.shape == ref.shape and d < 1e-5, (ours.shape, d)
+print(f"logits {ours.shape} within {d:.1e}")
+PY
+  ); then ok "$name: meshtrain logits of the directory equal the reference's: $out"
+  else bad "$name: logits against the reference" "$out"; fi
+  # estimate and plan --search: the reference's parameter count (four norms a layer, Gemma 3's q/k norms).
+  local params
+  params=$("$py" -c "import json, sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])['params'])" \
+    "$tmp/$name.init.log" 2>/dev/null)
+  expect "$name: meshtrain estimate takes the directory (the reference's $params parameters)" zero \
+    "estimate: $name ($params parameters) on 4 ranks" -- \
+    "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/$name" --set parallel.tp=2 estimate --world 4
+  expect "$name: plan --search takes the directory" zero "plans tried on h100_ib" -- \
+    "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/$name" plan --search --world 4 \
+    --cluster "$root/configs/clusters/h100_ib.yaml"
+}
+gemma_meshes gemma2
+gemma_meshes gemma3_text
+# The window on the ring (ring_attention.h: each rank's K/V sent straight to the distances the window reaches, dK/dV
+# straight back): gemma2 at 64 tokens, its sliding layer 0's window of 8 inside chunks of 8 (cp 4, head_tail: rank
+# r holds chunks r and 7 - r), so distances 1 and 3 are needed and 2 is not. cp 2 and cp 4 equal 1 rank, and
+# `meshtrain plan` counts per rank, with K/V = 2 x 8 rows x T/cp tokens x 2 kv heads x 16 x 8 B (f64) and dK/dV the
+# same: cp 4 forward 2 (window) + 3 (global layer 1) K/V, backward 2 x 2 + 3 + 4 (a causal ring: 6 and 14);
+# cp 2 forward 1 + 1, backward 2 + 1 + 2 (a causal ring: 2 and 6).
+for np in 1 2 4; do
+  timeout 300 "$mpirun" -np $np "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/gemma2" \
+    --set training.seq_len=64 --set parallel.cp=$np --set log.metrics_file="$tmp/gemma2.w64.cp$np.jsonl" train \
+    >"$tmp/gemma2.w64.cp$np.log" 2>&1 || bad "gemma2 at 64 tokens under cp $np" "$(tail -n 20 "$tmp/gemma2.w64.cp$np.log")"
+done
+for np in 2 4; do
+  if out=$("$py" "$compare" "$tmp/gemma2.w64.cp$np.jsonl" "$tmp/gemma2.w64.cp1.jsonl" --rel0 1e-9 --abs 1e-9 --steps 10 2>&1); then
+    ok "gemma2 (a window of 8 in 64 tokens) under cp $np equals 1 rank: $out"
+  else bad "gemma2 (a window of 8 in 64 tokens) under cp $np against 1 rank" "$out"; fi
+  "$mpirun" -np $np "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/gemma2" --set training.seq_len=64 \
+    --set parallel.cp=$np plan >"$tmp/gemma2.plan$np.out" 2>&1
+  kv=$((2 * 8 * 64 / np * 2 * 16 * 8))
+  if [ $np -eq 4 ]; then fwd=$((5 * kv)) bwd=$((11 * kv)); else fwd=$((2 * kv)) bwd=$((5 * kv)); fi
+  same_count "gemma2 under cp $np: the ring's forward bytes = the window's formula (a causal ring: $(((np - 1) * 2 * kv)) B)" \
+    "$(counted "$tmp/gemma2.plan$np.out" forward cp.)" $fwd
+  same_count "gemma2 under cp $np: the ring's backward bytes = the window's formula (a causal ring: $((2 * (2 * np - 1) * kv)) B)" \
+    "$(counted "$tmp/gemma2.plan$np.out" backward cp.)" $bwd
+done
+"$py" - "$tmp/gemma2" "$tmp/gemma2_w0" <<'PY'
+import json, os, shutil, sys
+src, dst = sys.argv[1:3]
+shutil.copytree(src, dst, dirs_exist_ok=True)
+c = json.load(open(os.path.join(dst, "config.json")))
+c["sliding_window"] = 0
+json.dump(c, open(os.path.join(dst, "config.json"), "w"))
+PY
+expect "gemma2: a window of 0 in config.json is refused, naming the key" nonzero "sliding_window = 0: expected an integer >= 1" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/gemma2_w0" train
+expect "gemma2: a window of 0 in the YAML is refused, naming the key" nonzero "model.sliding_window = 0: model.type = gemma2 needs the window of its sliding layers" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.type=gemma2 --set model.sliding_window_pattern=2 train
 
 # With and without the balance loss, one directory (mixtral's, output_router_logits true): the YAML's
 # model.moe.output_router_logits = false wins over config.json's (how a run trains, not what the model is) and

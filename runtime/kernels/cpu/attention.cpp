@@ -29,22 +29,26 @@ template <typename T> using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dyn
 template <typename T> using Strided = Eigen::Map<RowMat<T>, 0, Eigen::OuterStride<>>;
 template <typename T> using CStrided = Eigen::Map<const RowMat<T>, 0, Eigen::OuterStride<>>;
 
-// Query t of row b sees keys [first(b, t), visible(t)): keys at or after its document's start, and with
-// causal masking none after it. The range is empty when first >= visible.
+// Query t of row b sees keys [first(b, t), visible(t)): keys at or after its document's start and inside its
+// window, and with causal masking none after it. The range is empty when first >= visible.
 int64_t visible(const AttentionDims& d, int64_t t) {
   if (!d.causal) return d.S;
   return std::clamp<int64_t>(d.q_pos0 + t - d.k_pos0 + 1, 0, d.S);
 }
 int64_t first(const AttentionDims& d, int64_t b, int64_t t) {
-  return d.doc_start ? std::clamp<int64_t>(d.doc_start[b * d.T + t] - d.k_pos0, 0, d.S) : 0;
+  int64_t lo = d.doc_start ? std::clamp<int64_t>(d.doc_start[b * d.T + t] - d.k_pos0, 0, d.S) : 0;
+  // The window: keys at positions > p - window (transformers' q_idx - kv_idx < sliding_window).
+  if (d.window > 0) lo = std::max(lo, std::clamp<int64_t>(d.q_pos0 + t - d.window + 1 - d.k_pos0, 0, d.S));
+  return lo;
 }
 // The keys some query of rows [t0, t0 + nq) of row b sees: [lo, hi). Blocks outside are skipped.
 struct KeyRange {
   int64_t lo, hi;
 };
 KeyRange block_range(const AttentionDims& d, int64_t b, int64_t t0, int64_t nq) {
-  int64_t lo = d.doc_start ? d.S : 0;
-  for (int64_t i = 0; i < nq && d.doc_start; ++i) lo = std::min(lo, first(d, b, t0 + i));
+  const bool bounded = d.doc_start || d.window > 0;
+  int64_t lo = bounded ? d.S : 0;
+  for (int64_t i = 0; i < nq && bounded; ++i) lo = std::min(lo, first(d, b, t0 + i));
   const int64_t hi = visible(d, t0 + nq - 1);  // the last query sees the most keys
   return {std::min(lo, hi), hi};
 }
@@ -85,6 +89,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
             if (vis == lo) continue;  // acc, l and m of this row are unchanged
             auto p = row.segment(lo, vis - lo).array();
             p *= scale;
+            if (d.softcap > 0) p = T(d.softcap) * (p / T(d.softcap)).tanh();  // Gemma 2's soft-capping
             const T mx = std::max(m[i], p.maxCoeff());
             p = (p - mx).exp();
             const T corr = mx == m[i] ? T(1) : std::exp(m[i] - mx);  // 0 while m is -inf
@@ -123,6 +128,7 @@ template <typename T> void attention_backward(T* dq, T* dk, T* dv, const T* dout
         dV.setZero();
       }
       RowMat<T> P(kBlockQ, kBlockK), dP(kBlockQ, kBlockK), dQacc(kBlockQ, d.hd);
+      RowMat<T> Th(d.softcap > 0 ? kBlockQ : 0, d.softcap > 0 ? kBlockK : 0);  // (nq, nk) tanh(s / softcap)
       Eigen::Array<T, Eigen::Dynamic, 1> rowdot(kBlockQ);        // (nq) D_i
       Eigen::Array<int64_t, Eigen::Dynamic, 1> vis_of(kBlockQ);  // (nq) end of the keys of the block each row sees
       Eigen::Array<int64_t, Eigen::Dynamic, 1> lo_of(kBlockQ);   // (nq) and their start (its document's)
@@ -154,7 +160,13 @@ template <typename T> void attention_backward(T* dq, T* dk, T* dv, const T* dout
               vis_of[i] = vis;
               lo_of[i] = lo;
               auto row = Pb.row(i);
-              row.segment(lo, vis - lo).array() = (row.segment(lo, vis - lo).array() * scale - L[i]).exp();
+              if (d.softcap > 0) {  // c = softcap tanh(s / softcap), dc/ds = 1 - tanh^2 (kept for dS)
+                auto th = Th.row(i).segment(lo, vis - lo).array();
+                th = (row.segment(lo, vis - lo).array() * (scale / T(d.softcap))).tanh();
+                row.segment(lo, vis - lo).array() = (th * T(d.softcap) - L[i]).exp();
+              } else {
+                row.segment(lo, vis - lo).array() = (row.segment(lo, vis - lo).array() * scale - L[i]).exp();
+              }
               row.head(lo).setZero();
               row.tail(nk - vis).setZero();
             }
@@ -165,6 +177,8 @@ template <typename T> void attention_backward(T* dq, T* dk, T* dv, const T* dout
               auto row = dPb.row(i);
               row.segment(lo, vis - lo).array() =
                   Pb.row(i).segment(lo, vis - lo).array() * (row.segment(lo, vis - lo).array() - rowdot[i]) * scale;
+              if (d.softcap > 0)
+                row.segment(lo, vis - lo).array() *= T(1) - Th.row(i).segment(lo, vis - lo).array().square();
               row.head(lo).setZero();
               row.tail(nk - vis).setZero();
             }
@@ -221,13 +235,15 @@ namespace {
 // The sizes and masks of a call; doc_start on the operands' device (the CPU kernel reads host ones).
 cpu::AttentionDims attention_dims(const char* op, const Tensor& q, const Tensor& k, const Tensor& out,
                                   const Tensor& lse, double scale, bool causal, int64_t q_pos0, int64_t k_pos0,
-                                  const Tensor& doc_start) {
+                                  const Tensor& doc_start, int64_t window, double softcap) {
   check_float(op, q, "q");
   MT_CHECK(q.dim() == 4 && k.dim() == 4 && k.size(0) == q.size(0) && k.size(3) == q.size(3), "kernels",
            "{}: q {} and k {} must be (B, T, H, hd) and (B, S, KV, hd)", op, shape_str(q.shape()),
            shape_str(k.shape()));
-  cpu::AttentionDims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3),
-                       scale,     causal,    q_pos0,    k_pos0,    nullptr};
+  cpu::AttentionDims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), scale,
+                       causal,    q_pos0,    k_pos0,    nullptr,   window,    softcap};
+  MT_CHECK(window >= 0 && softcap >= 0 && std::isfinite(softcap), "kernels",
+           "{}: window {} and softcap {} must be >= 0 (0: none)", op, window, softcap);
   MT_CHECK(d.KV > 0 && d.H % d.KV == 0, "kernels", "{}: {} query heads are not a multiple of {} kv heads", op, d.H,
            d.KV);
   expect_shape(op, out, q.shape(), "out");
@@ -318,14 +334,25 @@ std::atomic<bool> g_deterministic{false};
   return r;
 }
 
+// The CUDA kernels have neither the sliding window nor the soft-capping yet: refused, naming them, rather than
+// computing another model.
+[[maybe_unused]] void cuda_masks_supported(const char* op, const cpu::AttentionDims& d) {
+  MT_CHECK(d.window == 0 && d.softcap == 0, "attention",
+           "{}: a sliding window ({}) or attention-logit soft-capping ({}) on CUDA: the CUDA attention kernels do not "
+           "implement them yet (the CPU kernel does)",
+           op, d.window, d.softcap);
+}
+
 // The forward's FLOPs for the profiler: 4 hd per visible (query, key) pair and head (QK^T and PV), the pairs
-// counted by the causal rule with the position offsets (document masks not counted: an upper bound then).
+// counted by the causal rule and the window with the position offsets (document masks not counted: an upper
+// bound then).
 double forward_flops(const cpu::AttentionDims& d) {
   double pairs = double(d.T) * double(d.S);
   if (d.causal) {
     pairs = 0;
     for (int64_t t = 0; t < d.T; ++t)
-      pairs += double(std::clamp<int64_t>(d.q_pos0 + t - d.k_pos0 + 1, 0, d.S));  // keys at positions <= the query's
+      pairs += double(std::clamp<int64_t>(d.q_pos0 + t - d.k_pos0 + 1, 0, d.S) -  // keys at positions <= the query's
+                      (d.window > 0 ? std::clamp<int64_t>(d.q_pos0 + t - d.window + 1 - d.k_pos0, 0, d.S) : 0));
   }
   return 4.0 * double(d.B) * double(d.H) * double(d.hd) * pairs;
 }
@@ -380,13 +407,16 @@ void check_attention_kernel(const Device& device, int64_t head_dim, bool cp_docu
 }
 
 void local_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                             double scale, bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start) {
+                             double scale, bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start,
+                             int64_t window, double softcap) {
   const char* op = "attention_forward";
-  const cpu::AttentionDims d = attention_dims(op, q, k, out, lse, scale, causal, q_pos0, k_pos0, doc_start);
+  const cpu::AttentionDims d =
+      attention_dims(op, q, k, out, lse, scale, causal, q_pos0, k_pos0, doc_start, window, softcap);
   kprof::Scope prof(op, q.device(), kprof::enabled() ? forward_flops(d) : 0,
                     kprof::enabled() ? kprof::bytes_of({&out, &lse, &q, &k, &v}) : 0);
   if (on_cuda(op, {&out, &lse, &q, &k, &v, &doc_start})) {
 #if MT_CUDA
+    cuda_masks_supported(op, d);
     void* stream = stream_of(q);
     if (use_cudnn(d, q, op) &&
         cudnn_done(cuda::cudnn_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(),
@@ -425,9 +455,11 @@ void local_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 
 void local_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                               const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
-                              bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start, bool accumulate) {
+                              bool causal, int64_t q_pos0, int64_t k_pos0, const Tensor& doc_start, bool accumulate,
+                              int64_t window, double softcap) {
   const char* op = "attention_backward";
-  const cpu::AttentionDims d = attention_dims(op, q, k, out, lse, scale, causal, q_pos0, k_pos0, doc_start);
+  const cpu::AttentionDims d =
+      attention_dims(op, q, k, out, lse, scale, causal, q_pos0, k_pos0, doc_start, window, softcap);
   for (auto [t, like, name] :
        {std::tuple{&dq, &q, "dq"}, {&dout, &q, "dout"}, {&dk, &k, "dk"}, {&dv, &k, "dv"}, {&v, &k, "v"}}) {
     expect_shape(op, *t, like->shape(), name);
@@ -438,6 +470,7 @@ void local_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
                     kprof::enabled() ? kprof::bytes_of({&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse}) : 0);
   if (on_cuda(op, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &doc_start})) {
 #if MT_CUDA
+    cuda_masks_supported(op, d);
     void* stream = stream_of(q);
     if (use_cudnn(d, q, op) &&
         cudnn_done(cuda::cudnn_attention_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(),

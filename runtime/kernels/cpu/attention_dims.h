@@ -12,6 +12,8 @@ struct AttentionDims {
   bool causal;                 // query at global position q_pos0 + t sees keys at positions <= its own
   int64_t q_pos0, k_pos0;      // global positions of the first query and the first key
   const int64_t* doc_start;    // (B, T) first key position of each query's document, or null: no document mask
+  int64_t window;              // > 0: a query at position p sees keys at positions > p - window only (0: none)
+  double softcap;              // > 0: scores s -> softcap * tanh(s / softcap) before the softmax (0: none)
 };
 
 }  // namespace mt::cpu

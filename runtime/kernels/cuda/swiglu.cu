@@ -56,10 +56,79 @@ int swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up,
   return last_error();
 }
 
+// GeGLU (gelu with PyTorch's tanh approximation) and the tanh soft-cap, one element a thread, fp32 math.
+namespace {
+
+__device__ inline float gelu_tanh_inner(float x) { return tanhf(0.7978845608f * (x + 0.044715f * x * x * x)); }
+
+template <typename T> __global__ void geglu_fwd_k(T* o, const T* g, const T* u, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float x = ld(g[i]);
+  o[i] = to<T>(0.5f * x * (1.0f + gelu_tanh_inner(x)) * ld(u[i]));
+}
+
+template <typename T> __global__ void geglu_bwd_k(T* dg, T* du, const T* dy, const T* g, const T* u, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float x = ld(g[i]), t = gelu_tanh_inner(x), d = ld(dy[i]), uv = ld(u[i]);
+  const float dgelu = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
+  du[i] = to<T>(d * 0.5f * x * (1.0f + t));  // u read above: du may alias u
+  dg[i] = to<T>(d * uv * dgelu);
+}
+
+template <typename T> __global__ void softcap_fwd_k(T* o, const T* x, float cap, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) o[i] = to<T>(cap * tanhf(ld(x[i]) / cap));
+}
+
+template <typename T> __global__ void softcap_bwd_k(T* dx, const T* dy, const T* y, float cap, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float r = ld(y[i]) / cap;
+  dx[i] = to<T>(ld(dy[i]) * (1.0f - r * r));
+}
+
+}  // namespace
+
+template <typename T> int geglu_forward(T* out, const T* gate, const T* up, int64_t n, void* stream) {
+  Range r("geglu_forward");
+  if (n == 0) return 0;
+  MT_LAUNCH(geglu_fwd_k<Dev<T>>, blocks_for(n), kThreads, 0, st(stream), dp(out), dp(gate), dp(up), n);
+  return last_error();
+}
+
+template <typename T>
+int geglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n, void* stream) {
+  Range r("geglu_backward");
+  if (n == 0) return 0;
+  MT_LAUNCH(geglu_bwd_k<Dev<T>>, blocks_for(n), kThreads, 0, st(stream), dp(dgate), dp(dup), dp(dout), dp(gate), dp(up),
+            n);
+  return last_error();
+}
+
+template <typename T> int softcap_forward(T* out, const T* inp, double cap, int64_t n, void* stream) {
+  Range r("softcap_forward");
+  if (n == 0) return 0;
+  MT_LAUNCH(softcap_fwd_k<Dev<T>>, blocks_for(n), kThreads, 0, st(stream), dp(out), dp(inp), float(cap), n);
+  return last_error();
+}
+
+template <typename T> int softcap_backward(T* dinp, const T* dout, const T* out, double cap, int64_t n, void* stream) {
+  Range r("softcap_backward");
+  if (n == 0) return 0;
+  MT_LAUNCH(softcap_bwd_k<Dev<T>>, blocks_for(n), kThreads, 0, st(stream), dp(dinp), dp(dout), dp(out), float(cap), n);
+  return last_error();
+}
+
 // The launchers' instances for the two activation types.
-#define MT_INSTANTIATE(T)                                                 \
-  template int swiglu_forward<T>(T*, const T*, const T*, int64_t, void*); \
-  template int swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, void*);
+#define MT_INSTANTIATE(T)                                                                 \
+  template int swiglu_forward<T>(T*, const T*, const T*, int64_t, void*);                 \
+  template int swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, void*);  \
+  template int geglu_forward<T>(T*, const T*, const T*, int64_t, void*);                  \
+  template int geglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, void*);   \
+  template int softcap_forward<T>(T*, const T*, double, int64_t, void*);                  \
+  template int softcap_backward<T>(T*, const T*, const T*, double, int64_t, void*);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(bf16)
 #undef MT_INSTANTIATE
