@@ -430,11 +430,13 @@ bool resume_from_memory(const Config& cfg, const MpiEnv& env, TrainRun& run, int
   const bool any =
       std::any_of(all.begin(), all.end(), [](const Avail& x) { return x.own[0] >= 0 || x.held[0] >= 0; });
   if (s < 0 || s < disk_step) {
+    // A newer disk checkpoint is the normal case of a save that coincided with the failure: said, not warned.
     if (me == 0 && any)
-      spdlog::warn("in-memory checkpoints not used: {} (own segments' steps by rank {}, peers' copies' {}): "
-                   "resuming from the disk",
-                   s < 0 ? "no step that every rank has" : fmt::format("the disk's step {} is newer than {}", disk_step, s),
-                   steps(true), steps(false));
+      spdlog::log(s < 0 ? spdlog::level::warn : spdlog::level::info,
+                  "in-memory checkpoints not used: {} (own segments' steps by rank {}, peers' copies' {}): resuming "
+                  "from the disk",
+                  s < 0 ? "no step that every rank has" : fmt::format("the disk's step {} is newer than {}", disk_step, s),
+                  steps(true), steps(false));
     return false;
   }
   if (!own.empty() && !all[size_t(me)].has_own(s))
