@@ -136,6 +136,7 @@ TEST_CASE("goodput by cause: memory and disk saves, the restart's phases, detect
   g.add_record({{"event", "setup"}, {"time", 108}, {"start_step", 0}, {"total_s", 7}, {"parts", parts}}, 108);
   for (int s = 2; s <= 4; ++s) g.add_record(step(s, 1000, 107 + s), 0);  // 109, 110, 111
   g.add_record({{"event", "checkpoint"}, {"step", 4}, {"mode", "memory"}, {"stall_s", 0.25}}, 0);
+  CHECK(g.current().last_memory == 4);
   g.add_record({{"event", "checkpoint"}, {"step", 4}, {"mode", "async"}, {"stall_s", 0.5}}, 0);
   g.add_record({{"event", "checkpoint_committed"}, {"step", 4}, {"time", 111.75}}, 0);
   g.add_record(step(5, 1000, 112.75), 0);
@@ -189,6 +190,18 @@ TEST_CASE("goodput by cause: memory and disk saves, the restart's phases, detect
     CHECK(r.contains(k));
   CHECK(r["restart_parts"].size() == p.restart_parts.size());
   CHECK(restart_line(p).find("MPI start-up 1.5 s") != std::string::npos);
+}
+
+TEST_CASE("goodput: the steps a failure loses count from the newest of the disk's and the memory's checkpoints") {
+  GoodputAccount g;
+  g.begin_attempt(100, 0);
+  g.add_record({{"event", "start"}, {"time", 101}, {"start_step", 0}}, 101);
+  for (int s = 1; s <= 7; ++s) g.add_record(step(s, 100, 101 + 0.1 * s), 0);
+  g.add_record({{"event", "checkpoint_committed"}, {"step", 4}, {"time", 101.5}}, 0);
+  CHECK(g.steps_lost() == 3);  // the disk's step 4 alone
+  g.add_record({{"event", "checkpoint"}, {"step", 6}, {"mode", "memory"}, {"stall_s", 0.01}}, 0);
+  CHECK(g.current().last_memory == 6);
+  CHECK(g.steps_lost() == 1);  // the relaunch resumes the memory's step 6
 }
 
 TEST_CASE("FileTail: whole lines only, from where it stopped; a shrunk file from its start") {

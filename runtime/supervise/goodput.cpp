@@ -48,6 +48,7 @@ void GoodputAccount::add_record(const nlohmann::json& r, double read_t) {
       const double stall = std::max(0.0, num("stall_s", 0));
       const auto mode = r.find("mode");
       (mode != r.end() && *mode == "memory" ? memory_save_s_ : disk_save_s_) += stall;
+      if (mode != r.end() && *mode == "memory") a.last_memory = std::max(a.last_memory, int64_t(num("step", -1)));
       attempt_checkpoint_s_ += stall;
       attempt_events_ = true;
     } else if (e == "checkpoint_committed") {
@@ -101,7 +102,9 @@ int64_t GoodputAccount::steps_lost() const {
   if (attempts_.empty()) return 0;
   const AttemptRecords& a = attempts_.back();
   if (a.last_step < 0) return 0;
-  const int64_t from = std::max<int64_t>(last_committed_, a.start_step);
+  // A relaunch resumes from the newest of the disk's checkpoint and this launch's in-memory one (when the memory
+  // survived: a machine that lost it falls back, and its redone steps show in the goodput's lost time).
+  const int64_t from = std::max({last_committed_, a.start_step, a.last_memory});
   return std::max<int64_t>(0, a.last_step - std::max<int64_t>(from, 0));
 }
 

@@ -51,6 +51,7 @@ struct AttemptRecords {
   int64_t start_step = -1;    // the "start" record's start_step
   int64_t last_step = -1;     // the highest step it recorded
   int64_t last_committed = -1;  // the last checkpoint it committed ("checkpoint_committed"; else "checkpoint")
+  int64_t last_memory = -1;     // the last in-memory checkpoint it saved ("checkpoint" with mode "memory")
   int64_t steps_recorded = 0;
   double setup_s = -1, load_s = -1;
   std::string resumed_from;

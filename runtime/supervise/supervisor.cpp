@@ -231,10 +231,11 @@ class Supervisor {
                       : r.launcher_signal != 0 ? fmt::format("(unknown: the launcher was killed by signal {}, {})",
                                                              r.launcher_signal, signal_name(r.launcher_signal))
                                                : "(unknown: no rank named in the launch's output)";
-    say("failure {} (launch {}): {} {}; exit code {}; last step recorded {}, last committed checkpoint {}, {} "
+    say("failure {} (launch {}): {} {}; exit code {}; last step recorded {}, last committed checkpoint {}{}, {} "
         "step{} lost{}",
         restarts_ + 1, attempt, who, how, code_, at.last_step >= 0 ? std::to_string(at.last_step) : "none",
-        acct_.last_committed() >= 0 ? std::to_string(acct_.last_committed()) : "none", lost, lost == 1 ? "" : "s",
+        acct_.last_committed() >= 0 ? std::to_string(acct_.last_committed()) : "none",
+        at.last_memory >= 0 ? fmt::format(" (in memory: {})", at.last_memory) : "", lost, lost == 1 ? "" : "s",
         at.last_record_t > 0 && at.exit_t > at.last_record_t
             ? fmt::format(" ({:.1f} s since the last record: {:.1f} s the step in flight, {:.1f} s detection and "
                           "tear-down)",
@@ -251,6 +252,7 @@ class Supervisor {
                           {"hang", r.hang_killed},
                           {"last_step", at.last_step},
                           {"last_committed", acct_.last_committed()},
+                          {"last_memory", at.last_memory},
                           {"steps_lost", lost},
                           {"in_flight_s", tail.in_flight_s},
                           {"detection_s", tail.detection_s},
