@@ -104,6 +104,28 @@ TEST_CASE("goodput: records without the start event or times, checkpoints seen o
   CHECK(p.productive_s == doctest::Approx(6.0));
 }
 
+TEST_CASE("goodput: side records and events without their own time, written or read late, do not shorten the detection") {
+  GoodputAccount g;
+  g.begin_attempt(0, 0);
+  g.add_record({{"event", "start"}, {"time", 1.0}, {"start_step", 0}}, 1);
+  g.add_record(step(1, 1000, 2), 2);
+  g.add_record(step(2, 1000, 3), 3);
+  g.failure_seen(3.5);
+  // A loaded machine reads a checkpoint event (no "time") only at the exit: it is not dated 9.99.
+  g.add_record({{"event", "checkpoint"}, {"step", 2}, {"mode", "sync"}, {"stall_s", 0.1}}, 9.99);
+  // The step's "ranks" record, written once the stopped rank was woken by the launcher's abort: dated 9.98.
+  g.add_record({{"event", "ranks"}, {"step", 2}, {"slowest_rank", 1}, {"time", 9.98}}, 9.99);
+  g.add_record({{"step", 2}, {"pp_step_s", {1.0}}, {"time", 9.98}}, 9.99);
+  // A step finished by a rank woken at the abort, after the failure was seen: lost, and no progress.
+  g.add_record(step(3, 6000, 9.97), 9.99);
+  g.end_attempt(10, true);
+  const AttemptRecords::Tail tail = g.attempts().at(0).failure_tail();
+  CHECK(tail.in_flight_s == doctest::Approx(0.5));  // 3 .. 3.5 (seen)
+  CHECK(tail.detection_s == doctest::Approx(6.5));  // 3.5 .. 10
+  CHECK(g.parts(10).disk_save_s == doctest::Approx(0.1));
+  CHECK(g.parts(10).productive_s == doctest::Approx(2.0));  // steps 1 and 2
+}
+
 TEST_CASE("goodput: a launch that never reached a step is all restart time") {
   GoodputAccount g;
   g.begin_attempt(10, 0);

@@ -25,10 +25,19 @@ void GoodputAccount::add_record(const nlohmann::json& r, double read_t) {
     return it != r.end() && it->is_number() ? it->get<double>() : fallback;
   };
   const double t = num("time", read_t);
+  // A record dated after the supervisor saw the failure is no progress of the launch (a rank stopped mid-step and
+  // woken by the launcher's abort finishes its step): the detection counts from the last one before.
+  auto advance = [&](double when) {
+    if (a.failure_seen_t < 0 || when <= a.failure_seen_t) a.last_record_t = std::max(a.last_record_t, when);
+  };
   if (auto ev = r.find("event"); ev != r.end() && ev->is_string()) {
     const std::string e = ev->get<std::string>();
     if (e == "goodput" || e == "failure") return;  // the job's own records (and a run's summary)
-    a.last_record_t = std::max(a.last_record_t, t);
+    // The launch's last record (the detection counts from it) moves with its progress only: the set-up, the start and
+    // the checkpoints, each with its own time. A side record ("ranks", written after the step's agreement) can be
+    // written once a stopped rank is woken by the launcher's abort; one without a time is dated when it was read.
+    const bool progress = e == "setup" || e == "start" || e == "checkpoint" || e == "checkpoint_committed";
+    if (progress && r.contains("time")) advance(t);
     if (e == "setup") {
       a.setup_t = t;
       a.setup_total_s = num("total_s", -1);
@@ -60,12 +69,14 @@ void GoodputAccount::add_record(const nlohmann::json& r, double read_t) {
     return;
   }
   if (!r.contains("step")) return;
-  a.last_record_t = std::max(a.last_record_t, t);
   if (r.contains("val_loss")) {
+    advance(t);
     eval_s_ += std::max(0.0, num("eval_s", 0));
     return;
   }
-  if (!r.contains("loss") || !r.contains("step_ms")) return;
+  if (!r.contains("loss") || !r.contains("step_ms")) return;  // a step's side record (the pipeline's times)
+  if (a.failure_seen_t >= 0 && t > a.failure_seen_t) return;  // its time overlaps the detection's
+  advance(t);
   const auto step = int64_t(num("step", -1));
   const double s = std::max(0.0, num("step_ms", 0) / 1e3);
   all_steps_s_ += s;

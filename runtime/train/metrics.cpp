@@ -105,6 +105,8 @@ void MetricsLogger::clear_bar() {
 
 void MetricsLogger::record(nlohmann::json j) {
   if (!file_) return;
+  // Every record carries its own time: a reader (the supervisor's goodput) that read it late must not date it late.
+  if (j.is_object() && !j.contains("time")) j["time"] = unix_time_s();
   // Samples may hold bytes that are not UTF-8: replaced rather than refused.
   std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::fprintf(file_, "%s\n", s.c_str());
