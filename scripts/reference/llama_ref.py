@@ -223,15 +223,17 @@ def read_model_weights(model_dir, prefix="model"):
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
-               "gemma3_text": "Gemma3ForCausalLM"}
+               "gemma3_text": "Gemma3ForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM",
+               "deepseek_v3": "DeepseekV3ForCausalLM"}
 GEMMA_TYPES = ("gemma2", "gemma3_text")
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 # transformers' defaults for a key absent from config.json, per family.
 _DEFAULTS = {
     "max_position_embeddings": {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768, "qwen3": 32768,
                                 "mixtral": 4096 * 32, "qwen2_moe": 32768, "qwen3_moe": 32768, "phi3": 4096,
-                                "gemma2": 8192, "gemma3_text": 131072},
+                                "gemma2": 8192, "gemma3_text": 131072, "deepseek_v2": 2048, "deepseek_v3": 4096},
     "rms_norm_eps": {"mixtral": 1e-5, "phi3": 1e-5},  # every other family: 1e-6
     "rope_theta": {"mixtral": 1e6, "gemma3_text": 1e6},  # every other family: 10000
     "num_experts": {"mixtral": 8, "qwen2_moe": 60, "qwen3_moe": 128},
@@ -241,8 +243,11 @@ _DEFAULTS = {
 # The keys each RoPE type takes besides rope_type/type and rope_theta (transformers' rope_config_validation).
 ROPE_KEYS = {"default": (), "linear": ("factor",),
              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-             "longrope": ("short_factor", "long_factor", "original_max_position_embeddings")}
+             "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+             "yarn": ("factor", "original_max_position_embeddings")}
 LONGROPE_OPTIONAL = ("factor", "attention_factor")
+# YaRN's optional keys and transformers' defaults (mscale, mscale_all_dim absent: the plain yarn_mscale(factor)).
+YARN_OPTIONAL = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": None, "mscale_all_dim": None}
 
 
 class ConfigError(ValueError):
@@ -255,11 +260,11 @@ def _number(v, key, positive=True):
     return v
 
 
-def read_rope(d, default_theta=10000.0):
+def read_rope(d, default_theta=10000.0, yarn=False):
     """(rope_theta, scaling) from a config dict, scaling None (plain RoPE) or {"rope_type": "linear" | "llama3",
     and that type's ROPE_KEYS}. Reads transformers 4's top-level rope_theta and rope_scaling (whose type key was
     "type" before 4.45) and transformers 5's rope_parameters (rope_theta and the scaling keys together); every
-    place a key is given must agree."""
+    place a key is given must agree. yarn: whether YaRN is computed (DeepSeek's)."""
     found = {}  # key -> (where, value)
 
     def put(key, where, v):
@@ -284,10 +289,11 @@ def read_rope(d, default_theta=10000.0):
                 v = _number(v, f"{where}.rope_theta")
             put(key, f"{where}.{k}", v)
     rope_type = found.get("rope_type", (None, "default"))[1]
-    if rope_type not in ROPE_KEYS:
+    if rope_type not in ROPE_KEYS or (rope_type == "yarn" and not yarn):
         raise ConfigError(f"{found['rope_type'][0]} = {json.dumps(rope_type)}: supported RoPE types are "
-                          f"{', '.join(ROPE_KEYS)}")
-    allowed = ("rope_type", "rope_theta") + ROPE_KEYS[rope_type] + (LONGROPE_OPTIONAL if rope_type == "longrope" else ())
+                          f"{', '.join(t for t in ROPE_KEYS if t != 'yarn')} (yarn: DeepSeek-V2 / V3 only)")
+    optional = {"longrope": LONGROPE_OPTIONAL, "yarn": tuple(YARN_OPTIONAL)}.get(rope_type, ())
+    allowed = ("rope_type", "rope_theta") + ROPE_KEYS[rope_type] + optional
     for key, (where, v) in found.items():
         if key not in allowed:
             raise ConfigError(f"{where} = {json.dumps(v)}: not a parameter of rope_type {json.dumps(rope_type)}")
@@ -308,6 +314,14 @@ def read_rope(d, default_theta=10000.0):
     for key in LONGROPE_OPTIONAL if rope_type == "longrope" else ():
         if key in found:
             scaling[key] = _number(found[key][1], found[key][0])
+    if rope_type == "yarn":  # mscale and mscale_all_dim may be 0 (= not given); null is the default
+        for key, default in YARN_OPTIONAL.items():
+            v = found[key][1] if key in found else None
+            scaling[key] = default if v is None else _number(v, found[key][0], positive=key.startswith("beta"))
+            if key.startswith("mscale") and scaling[key] is not None and scaling[key] < 0:
+                raise ConfigError(f"{found[key][0]} = {json.dumps(v)}: expected a number >= 0")
+        if scaling["original_max_position_embeddings"] != int(scaling["original_max_position_embeddings"]):
+            raise ConfigError("yarn's original_max_position_embeddings must be an integer")
     if rope_type == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
         raise ConfigError(f"llama3 RoPE: high_freq_factor = {scaling['high_freq_factor']} must exceed "
                           f"low_freq_factor = {scaling['low_freq_factor']}")
@@ -366,12 +380,15 @@ class LlamaConfig:
         mt = self.model_type
         self.rms_norm_eps = get("rms_norm_eps", _DEFAULTS["rms_norm_eps"].get(mt, 1e-6))
         self.rope_theta, self.rope_scaling = read_rope(phi3_rope(d) if mt == "phi3" else d,
-                                                       _DEFAULTS["rope_theta"].get(mt, 10000.0))
+                                                       _DEFAULTS["rope_theta"].get(mt, 10000.0),
+                                                       yarn=mt in DEEPSEEK_TYPES)
         self.max_position_embeddings = get("max_position_embeddings", _DEFAULTS["max_position_embeddings"][mt])
         self.fused = mt == "phi3"  # Phi-3's qkv_proj and gate_up_proj
         self.tie_word_embeddings = get("tie_word_embeddings", mt in GEMMA_TYPES)
         # Qwen3Config's head_dim defaults to 128; every other family's to hidden_size / num_attention_heads.
-        self.head_dim = get("head_dim", 128 if mt == "qwen3" else self.hidden_size // self.num_attention_heads)
+        # DeepSeek: head_dim is qk_rope_head_dim (DeepseekV3Config writes it so; read_deepseek checks it).
+        self.head_dim = get("head_dim", 128 if mt == "qwen3" else get("qk_rope_head_dim", 64) if mt in DEEPSEEK_TYPES
+                            else self.hidden_size // self.num_attention_heads)
         assert self.num_attention_heads % self.num_key_value_heads == 0, "heads must be a multiple of kv heads"
         if self.head_dim % 2:
             raise ConfigError(f"head_dim = {self.head_dim}: RoPE needs an even head dim")
@@ -388,7 +405,7 @@ class LlamaConfig:
             self.qkv_bias = self.o_bias = bool(get("attention_bias", False))
         elif mt in QK_NORM_TYPES:  # Qwen3: attention_bias puts a bias on all four projections, as Llama's
             self.qkv_bias = self.o_bias = _bool(get("attention_bias", False), "attention_bias")
-        elif mt == "phi3" or self.gemma:
+        elif mt == "phi3" or self.gemma or mt in DEEPSEEK_TYPES:
             if get("attention_bias", False):
                 raise ConfigError(f"attention_bias = true: {mt}'s attention has no biases here")
             self.qkv_bias = self.o_bias = False
@@ -409,6 +426,9 @@ class LlamaConfig:
         else:
             self.sliding_window = None
         self.read_moe(d, get)
+        self.deepseek = mt in DEEPSEEK_TYPES
+        if self.deepseek:
+            self.read_deepseek(d, get)
         if self.sliding_window is not None and (isinstance(self.sliding_window, bool)
                                                 or not isinstance(self.sliding_window, int)
                                                 or self.sliding_window < 1):
@@ -499,6 +519,93 @@ class LlamaConfig:
         if coef < 0:
             raise ConfigError(f"router_aux_loss_coef = {json.dumps(coef)}: expected a number >= 0")
 
+    def read_deepseek(self, d, get):
+        """DeepSeek-V2 / V3's keys (transformers' DeepseekV2Config / DeepseekV3Config names and defaults): the
+        multi-head latent attention's ranks and head dims, the routed and shared experts, the router (V3: sigmoid,
+        the correction bias, noaux_tc; V2: softmax, greedy or group_limited_greedy). What is not computed here is
+        refused naming its key."""
+        v3 = self.model_type == "deepseek_v3"
+
+        def need(key, default, check):
+            v = get(key, default)
+            if v is None:
+                raise ConfigError(f"{key} is needed (absent or null)")
+            return check(v, key)
+
+        def integer(minimum):
+            return lambda v, key: _int(v, key, minimum)
+
+        if self.num_key_value_heads != self.num_attention_heads:
+            raise ConfigError(f"num_key_value_heads = {self.num_key_value_heads}: DeepSeek's attention has one key "
+                              f"and value per head (num_attention_heads = {self.num_attention_heads})")
+        self.q_lora_rank = d.get("q_lora_rank", 1536)  # null: a plain q_proj (V2-Lite)
+        if self.q_lora_rank is not None:
+            _int(self.q_lora_rank, "q_lora_rank", 1)
+        self.kv_lora_rank = need("kv_lora_rank", 512, integer(1))
+        self.qk_nope_head_dim = need("qk_nope_head_dim", 128, integer(0))
+        self.qk_rope_head_dim = need("qk_rope_head_dim", 64, integer(2))
+        self.v_head_dim = need("v_head_dim", 128, integer(1))
+        if self.qk_rope_head_dim % 2:
+            raise ConfigError(f"qk_rope_head_dim = {self.qk_rope_head_dim}: RoPE needs an even dimension")
+        if self.head_dim != self.qk_rope_head_dim:
+            raise ConfigError(f"head_dim = {self.head_dim}: DeepSeek's is qk_rope_head_dim = {self.qk_rope_head_dim}")
+        if v3 and not _bool(get("rope_interleave", True), "rope_interleave"):
+            raise ConfigError("rope_interleave = false: only DeepSeek's interleaved RoPE pairs are implemented")
+        if v3 and get("num_nextn_predict_layers", 0) != 0:
+            raise ConfigError(f"num_nextn_predict_layers = {json.dumps(d['num_nextn_predict_layers'])}: multi-token "
+                              "prediction layers are not implemented (0 only)")
+        if get("attention_dropout", 0.0) != 0:
+            raise ConfigError("attention_dropout: dropout is not implemented (0 only)")
+        if get("moe_layer_freq", 1) != 1:
+            raise ConfigError(f"moe_layer_freq = {json.dumps(d['moe_layer_freq'])}: only 1 is implemented")
+        if _bool(get("output_router_logits", False), "output_router_logits"):
+            raise ConfigError("output_router_logits = true: DeepSeek's auxiliary balance losses are not implemented")
+        scoring, methods = ("sigmoid", ("noaux_tc",)) if v3 else ("softmax", ("greedy", "group_limited_greedy"))
+        if get("scoring_func", scoring) != scoring:
+            raise ConfigError(f"scoring_func = {json.dumps(d['scoring_func'])}: {self.model_type}'s is {scoring}")
+        self.topk_method = get("topk_method", methods[0])
+        if self.topk_method not in methods:
+            raise ConfigError(f"topk_method = {json.dumps(self.topk_method)}: {self.model_type} computes "
+                              f"{' or '.join(methods)}")
+        self.moe_intermediate_size = need("moe_intermediate_size", 2048 if v3 else 1407, integer(1))
+        self.n_routed_experts = get("n_routed_experts", 256 if v3 else None)  # V2's null: every layer dense
+        self.n_shared_experts = get("n_shared_experts", 1 if v3 else None) or 0
+        _int(self.n_shared_experts, "n_shared_experts", 0)
+        self.first_k_dense_replace = need("first_k_dense_replace", 3 if v3 else 0, integer(0))
+        self.norm_topk_prob = _bool(get("norm_topk_prob", v3), "norm_topk_prob")
+        self.routed_scaling_factor = need("routed_scaling_factor", 2.5 if v3 else 1.0, _number)
+        self.num_experts_per_tok, self.n_group, self.topk_group = 0, 1, 1
+        if self.n_routed_experts is not None:
+            E = _int(self.n_routed_experts, "n_routed_experts", 1)
+            self.num_experts_per_tok = need("num_experts_per_tok", 8 if v3 else None, integer(1))
+            if self.num_experts_per_tok > E:
+                raise ConfigError(f"num_experts_per_tok = {self.num_experts_per_tok} exceeds the {E} experts")
+            grouped = v3 or self.topk_method == "group_limited_greedy"
+            self.n_group = need("n_group", 8 if v3 else None, integer(1)) if grouped else 1
+            self.topk_group = need("topk_group", 4 if v3 else None, integer(1)) if grouped else 1
+            if E % self.n_group:
+                raise ConfigError(f"n_group = {self.n_group} does not divide n_routed_experts = {E}")
+            if self.topk_group > self.n_group:
+                raise ConfigError(f"topk_group = {self.topk_group} exceeds n_group = {self.n_group}")
+            if v3 and E // self.n_group < 2:
+                raise ConfigError(f"n_group = {self.n_group}: V3's group score sums each group's 2 best experts, "
+                                  f"so a group needs at least 2 of the {E} experts")
+        r = self.rope_scaling
+        if r is not None and r["rope_type"] != "yarn":
+            raise ConfigError(f"rope_type {json.dumps(r['rope_type'])}: DeepSeek's RoPE here is plain or yarn")
+        if r is not None and r["rope_type"] == "yarn":
+            ratio = self.max_position_embeddings / r["original_max_position_embeddings"]
+            if ratio != r["factor"]:
+                # transformers takes the factor as this ratio when original_max_position_embeddings is given,
+                # older versions the factor itself: refuse a file on which they disagree.
+                raise ConfigError(f"rope_scaling.factor = {r['factor']} but max_position_embeddings / "
+                                  f"original_max_position_embeddings = {ratio}: transformers versions differ on "
+                                  "which one YaRN uses")
+
+    def deepseek_sparse(self, i):
+        """Whether DeepSeek layer i's MLP is the mixture of experts (moe_layer_freq 1)."""
+        return self.deepseek and self.n_routed_experts is not None and i >= self.first_k_dense_replace
+
     def sparse_layer(self, i):
         """Whether layer i's MLP is the mixture of experts."""
         return (self.moe and self.num_experts > 0 and i not in self.mlp_only_layers
@@ -549,11 +656,43 @@ def rope_inv_freq(head_dim, theta, scaling=None, seq_len=0):
         longer = seq_len > scaling["original_max_position_embeddings"]
         ext = torch.tensor(scaling["long_factor" if longer else "short_factor"], dtype=torch.float64)
         return inv_freq / ext
+    if scaling is not None and scaling["rope_type"] == "yarn":
+        return yarn_inv_freq(head_dim, theta, scaling)
     return inv_freq if scaling is None else scale_inv_freq(inv_freq, scaling)
 
 
+def yarn_mscale(scale, m=1.0):
+    """YaRN's magnitude correction 0.1 m ln(scale) + 1 (1 for scale <= 1)."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
+def yarn_inv_freq(d, base, scaling):
+    """YaRN's d/2 frequencies in f64: with f = factor, L = original_max_position_embeddings, the frequency index
+    j ramps from the original's (extrapolation, j <= low) to the original's / f (interpolation, j >= high), where
+    low and high are the indices (floored / ceiled, clamped to [0, d-1]) at which beta_fast and beta_slow
+    rotations fit in L positions: corr(n) = d ln(L / (2 pi n)) / (2 ln base)."""
+    f, L = scaling["factor"], scaling["original_max_position_embeddings"]
+
+    def corr(n):
+        return d * math.log(L / (n * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(corr(scaling["beta_fast"])), 0)
+    high = min(math.ceil(corr(scaling["beta_slow"])), d - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    pos_freq = base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    return (1 / (f * pos_freq)) * (1 - extrapolation) + (1 / pos_freq) * extrapolation
+
+
 def rope_attention_factor(scaling):
-    """longrope's multiplier of cos and sin (1 for any other RoPE)."""
+    """longrope's and yarn's multiplier of cos and sin (1 for any other RoPE)."""
+    if scaling is not None and scaling["rope_type"] == "yarn":
+        m, m_all = scaling["mscale"], scaling["mscale_all_dim"]
+        if m and m_all:
+            return yarn_mscale(scaling["factor"], m) / yarn_mscale(scaling["factor"], m_all)
+        return yarn_mscale(scaling["factor"])
     if scaling is None or scaling["rope_type"] != "longrope":
         return 1.0
     if "attention_factor" in scaling:
@@ -943,7 +1082,192 @@ class GemmaForCausalLM(nn.Module):
     loss_terms = None  # set below: LlamaForCausalLM's (cross-entropy; no router)
 
 
+# ------------------------------------------------------------ DeepSeek-V2 and V3
+
+
+def deinterleave(x):
+    """(..., d) -> (..., d) as [x0, x2, x4, ..., x1, x3, ...]: DeepSeek's RoPE pairs (2j, 2j+1) become HF's
+    (j, j + d/2), so that apply_rope rotates them. q and k are permuted alike, so q.k is that of the pairs."""
+    d = x.shape[-1]
+    return x.reshape(*x.shape[:-1], d // 2, 2).transpose(-1, -2).reshape(x.shape)
+
+
+class DeepseekAttention(nn.Module):
+    """Multi-head latent attention. q from a low-rank path (q_a_proj, q_a_layernorm, q_b_proj) or q_proj; keys
+    and values from the compressed c = kv_a_proj_with_mqa(x)[:kv_lora] through kv_a_layernorm and kv_b_proj, plus
+    one RoPE key k_pe = kv_a_proj_with_mqa(x)[kv_lora:] shared by every head. Each head's q and k are (nope,
+    rope) of dn + dr values; RoPE (interleaved pairs) on the dr part only; scores scaled by dqk^-1/2 m^2."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.H, self.dn, self.dr, self.dv = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        self.kv_lora = c.kv_lora_rank
+        dqk, C = self.dn + self.dr, c.hidden_size
+        if c.q_lora_rank is None:
+            self.q_proj = nn.Linear(C, self.H * dqk, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(C, c.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
+            self.q_b_proj = nn.Linear(c.q_lora_rank, self.H * dqk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(C, self.kv_lora + self.dr, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora, c.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(self.kv_lora, self.H * (self.dn + self.dv), bias=False)
+        self.o_proj = nn.Linear(self.H * self.dv, C, bias=False)
+        self.scale = dqk ** -0.5 * deepseek_softmax_mscale(c.rope_scaling) ** 2
+
+    def forward(self, x, cos, sin):
+        """x (B, T, C); cos, sin (T, dr) in apply_rope's layout -> (B, T, C)."""
+        B, T, _ = x.shape
+        H, dn, dr, dv = self.H, self.dn, self.dr, self.dv
+        if hasattr(self, "q_proj"):
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(B, T, H, dn + dr).transpose(1, 2)  # (B, H, T, dqk)
+        q_nope, q_pe = q.split([dn, dr], dim=-1)
+        ckv = self.kv_a_proj_with_mqa(x)  # (B, T, kv_lora + dr)
+        c_kv, k_pe = ckv.split([self.kv_lora, dr], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(c_kv)).view(B, T, H, dn + dv).transpose(1, 2)  # (B, H, T, dn+dv)
+        k_nope, v = kv.split([dn, dv], dim=-1)
+        q_pe = apply_rope(deinterleave(q_pe), cos, sin)  # (B, H, T, dr)
+        k_pe = apply_rope(deinterleave(k_pe.view(B, 1, T, dr)), cos, sin)  # (B, 1, T, dr): one for every head
+        q = torch.cat([q_nope, q_pe], dim=-1)
+        k = torch.cat([k_nope, k_pe.expand(B, H, T, dr)], dim=-1)  # (B, H, T, dqk)
+        scores = q @ k.transpose(-1, -2) * self.scale  # (B, H, T, T)
+        causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+        o = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1) @ v  # (B, H, T, dv)
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, H * dv))
+
+
+def deepseek_softmax_mscale(scaling):
+    """m of the attention scale dqk^-1/2 m^2: yarn_mscale(factor, mscale_all_dim) under YaRN with a non-zero
+    mscale_all_dim, else 1."""
+    if scaling is None or scaling["rope_type"] != "yarn" or not scaling["mscale_all_dim"]:
+        return 1.0
+    return yarn_mscale(scaling["factor"], scaling["mscale_all_dim"])
+
+
+def deepseek_route(logits, c, bias=None):
+    """DeepSeek's router from its logits (N, E) in at least f32: (weights (N, k), experts (N, k)).
+    V3 (noaux_tc): s = sigmoid(logits); sel = s + bias; a group's score is the sum of its 2 largest sel; the
+    topk_group best groups kept, sel of the others' experts set to 0; top-k by sel; weights s there.
+    V2: s = softmax(logits); greedy: top-k by s; group_limited_greedy: a group's score is its max s, the
+    topk_group best kept, the others' s set to 0, then top-k; weights s there.
+    Both: renormalised (sum + 1e-20) when norm_topk_prob (V2: and k > 1), then times routed_scaling_factor."""
+    N, E = logits.shape
+    k, G = c.num_experts_per_tok, c.n_group
+    if c.model_type == "deepseek_v3":
+        s = torch.sigmoid(logits)
+        sel = s + bias[None, :]
+        group_score = sel.view(N, G, E // G).topk(2, dim=-1).values.sum(dim=-1)  # (N, G)
+    else:
+        s = torch.softmax(logits, dim=-1)
+        sel = s
+        group_score = sel.view(N, G, E // G).max(dim=-1).values
+    if c.model_type == "deepseek_v3" or c.topk_method == "group_limited_greedy":
+        kept = torch.zeros(N, G, dtype=torch.bool)
+        kept.scatter_(1, group_score.topk(c.topk_group, dim=-1).indices, True)
+        sel = sel.masked_fill(~kept.repeat_interleave(E // G, dim=1), 0.0)
+    experts = sel.topk(k, dim=-1).indices
+    weights = s.gather(1, experts)
+    if c.norm_topk_prob and (c.model_type == "deepseek_v3" or k > 1):
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * c.routed_scaling_factor, experts
+
+
+class DeepseekGate(nn.Module):
+    """mlp.gate: the router's weight (E, C) and, for V3, e_score_correction_bias (E), a buffer (saved, not trained:
+    transformers updates it outside the optimizer, which a training step here never does)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(c.n_routed_experts, c.hidden_size))
+        if c.model_type == "deepseek_v3":
+            self.register_buffer("e_score_correction_bias", torch.zeros(c.n_routed_experts))
+        else:
+            self.e_score_correction_bias = None
+
+
+class DeepseekMoE(nn.Module):
+    """out = sum_k w_k expert_{e_k}(x) + shared_experts(x); experts of width moe_intermediate_size, the shared
+    expert of moe_intermediate_size * n_shared_experts (none when 0), all SwiGLU."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.gate = DeepseekGate(c)
+        self.experts = nn.ModuleList(SwiGLU(c.hidden_size, c.moe_intermediate_size)
+                                     for _ in range(c.n_routed_experts))
+        self.shared_experts = (SwiGLU(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts)
+                               if c.n_shared_experts else None)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        x = x.reshape(B * T, C)
+        rt = torch.promote_types(x.dtype, torch.float32)  # the router in f32 (f64 in an f64 run)
+        bias = self.gate.e_score_correction_bias
+        weights, experts = deepseek_route(F.linear(x.to(rt), self.gate.weight.to(rt)), self.c,
+                                          None if bias is None else bias.to(rt))
+        weights = weights.to(x.dtype)
+        # Each expert on the tokens that chose it; one no token chose runs on no rows (zero gradients).
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            tok, slot = torch.where(experts == e)
+            out.index_add_(0, tok, expert(x[tok]) * weights[tok, slot, None])
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out.view(B, T, C)
+
+
+class DeepseekDecoderLayer(nn.Module):
+    def __init__(self, c, index):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = DeepseekAttention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = DeepseekMoE(c) if c.deepseek_sparse(index) else LlamaMLP(c)
+
+    def forward(self, x, cos, sin):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DeepseekModel(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(c, i) for i in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class DeepseekForCausalLM(nn.Module):
+    """DeepSeek-V2 / V3 with Hugging Face's parameter names; no balance loss (loss_terms' aux is None)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        self.model = DeepseekModel(c)
+        self.lm_head = None if c.tie_word_embeddings else nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+    def forward(self, tokens, router_logits=None):
+        c = self.config
+        T = tokens.shape[1]
+        w = self.model.embed_tokens.weight
+        cos, sin = rope_cos_sin(T, c.qk_rope_head_dim, c.rope_theta, w.dtype, c.rope_scaling)  # (T, dr)
+        h = self.model.embed_tokens(tokens)
+        for layer in self.model.layers:
+            h = layer(h, cos, sin)
+        h = self.model.norm(h)
+        return F.linear(h, w) if self.lm_head is None else self.lm_head(h)
+
+
+DeepseekForCausalLM.loss_terms = LlamaForCausalLM.loss_terms
+DeepseekForCausalLM.total_loss = LlamaForCausalLM.total_loss
+DeepseekForCausalLM.loss = LlamaForCausalLM.loss
+
+
 ROUTER_INIT_STD = 0.5
+E_SCORE_BIAS_INIT_STD = 0.1  # DeepSeek-V3's e_score_correction_bias: random so that it shows in the routing
 
 
 def is_router(name):
@@ -956,6 +1280,8 @@ GemmaForCausalLM.loss = LlamaForCausalLM.loss
 
 
 def build_model(c):
+    if c.deepseek:
+        return DeepseekForCausalLM(c)
     return GemmaForCausalLM(c) if c.gemma else LlamaForCausalLM(c)
 
 
@@ -976,6 +1302,9 @@ def init_weights(model, seed):
             else:
                 std = ROUTER_INIT_STD if is_router(name) else 0.02
                 p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * std)
+        for name, b in model.named_buffers():  # DeepSeek-V3's e_score_correction_bias, after the parameters
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=g, dtype=torch.float32) * E_SCORE_BIAS_INIT_STD)
 
 
 def load_model(model_dir, dtype=None, config=None):
@@ -1221,14 +1550,18 @@ def parse_rope_scaling(text, head_dim=0):
         if kind == "llama3" and len(values) == 4 and values[3] == int(values[3]):
             return {"rope_type": "llama3", "factor": values[0], "low_freq_factor": values[1],
                     "high_freq_factor": values[2], "original_max_position_embeddings": int(values[3])}
+        if kind == "yarn" and len(values) == 6 and values[1] == int(values[1]):
+            return {"type": "yarn", "rope_type": "yarn", "factor": values[0],
+                    "original_max_position_embeddings": int(values[1]), "beta_fast": values[2],
+                    "beta_slow": values[3], "mscale": values[4], "mscale_all_dim": values[5]}
         if kind == "longrope" and len(values) == 1 and values[0] == int(values[0]):
             half = range(head_dim // 2)
             return {"rope_type": "longrope", "short_factor": [1 + 0.1 * i for i in half],
                     "long_factor": [1 + 0.75 * i for i in half], "original_max_position_embeddings": int(values[0])}
     except ValueError:
         pass
-    raise ConfigError(f"--rope-scaling {text}: expected none, linear:FACTOR, llama3:FACTOR,LOW,HIGH,ORIG or "
-                      "longrope:ORIG")
+    raise ConfigError(f"--rope-scaling {text}: expected none, linear:FACTOR, llama3:FACTOR,LOW,HIGH,ORIG, "
+                      "longrope:ORIG or yarn:FACTOR,ORIG,BETA_FAST,BETA_SLOW,MSCALE,MSCALE_ALL_DIM")
 
 
 def init_config(a):
@@ -1236,27 +1569,40 @@ def init_config(a):
     default options gives exactly the file earlier versions of this script wrote."""
     mt, hd = a.model_type, a.head_dim
     moe_opts = {"--n-experts": a.n_experts, "--experts-per-token": a.experts_per_token,
-                "--moe-ffn-dim": a.moe_ffn_dim, "--router-aux-loss-coef": a.router_aux_loss_coef,
-                "--output-router-logits": a.output_router_logits or None}
-    qwen_moe_opts = {"--norm-topk-prob": a.norm_topk_prob or None, "--decoder-sparse-step": a.decoder_sparse_step,
-                     "--mlp-only-layers": a.mlp_only_layers}
-    for opt, v in list(moe_opts.items()) + list(qwen_moe_opts.items()) + [("--shared-expert-ffn-dim",
-                                                                            a.shared_expert_ffn_dim)]:
-        owners = (MOE_TYPES if opt in moe_opts else ("qwen2_moe", "qwen3_moe") if opt in qwen_moe_opts
-                  else ("qwen2_moe",))
-        if v is not None and mt not in owners:
-            raise ConfigError(f"{opt} is for model types {', '.join(owners)}, not {mt}")
+                "--moe-ffn-dim": a.moe_ffn_dim, "--norm-topk-prob": a.norm_topk_prob or None}
+    balance_opts = {"--router-aux-loss-coef": a.router_aux_loss_coef,
+                    "--output-router-logits": a.output_router_logits or None}
+    qwen_moe_opts = {"--decoder-sparse-step": a.decoder_sparse_step, "--mlp-only-layers": a.mlp_only_layers}
+    deepseek_opts = {"--q-lora-rank": a.q_lora_rank, "--kv-lora-rank": a.kv_lora_rank,
+                     "--qk-nope-head-dim": a.qk_nope_head_dim, "--qk-rope-head-dim": a.qk_rope_head_dim,
+                     "--v-head-dim": a.v_head_dim, "--n-shared-experts": a.n_shared_experts, "--n-group": a.n_group,
+                     "--topk-group": a.topk_group, "--routed-scaling-factor": a.routed_scaling_factor,
+                     "--first-k-dense-replace": a.first_k_dense_replace}
+    owned = [(moe_opts, MOE_TYPES + DEEPSEEK_TYPES), (balance_opts, MOE_TYPES),
+             (qwen_moe_opts, ("qwen2_moe", "qwen3_moe")), ({"--shared-expert-ffn-dim": a.shared_expert_ffn_dim},
+                                                          ("qwen2_moe",)),
+             (deepseek_opts, DEEPSEEK_TYPES), ({"--topk-method": a.topk_method}, ("deepseek_v2",))]
+    for opts, owners in owned:
+        for opt, v in opts.items():
+            if v is not None and mt not in owners:
+                raise ConfigError(f"{opt} is for model types {', '.join(owners)}, not {mt}")
+    if a.norm_topk_prob and mt == "mixtral":
+        raise ConfigError("--norm-topk-prob: Mixtral always renormalises the top-k weights")
     if a.attention_bias and mt != "llama":
         raise ConfigError(f"--attention-bias is Llama's (model_type {mt}: "
                           + ("biases on q, k and v always)" if mt == "qwen2" else "no biases)"))
     if a.sliding_window is not None and mt not in ("mistral", "phi3") + GEMMA_TYPES:
         raise ConfigError(f"--sliding-window is Mistral's, Phi-3's and Gemma's, not {mt}'s")
+    if mt in DEEPSEEK_TYPES:
+        return deepseek_init_config(a)
     if a.n_heads % a.n_kv_heads or (hd or a.dim // a.n_heads) % 2 or (not hd and a.dim % a.n_heads):
         sys.exit("llama_ref: dim must divide into n_heads heads of even size (or --head-dim be even), n_heads into "
                  "n_kv_heads groups")
     scaling = parse_rope_scaling(a.rope_scaling, hd or a.dim // a.n_heads)
     if scaling is not None and scaling["rope_type"] == "longrope" and mt != "phi3":
         raise ConfigError(f"--rope-scaling longrope is Phi-3's, not {mt}'s")
+    if scaling is not None and scaling["rope_type"] == "yarn":
+        raise ConfigError(f"--rope-scaling yarn is DeepSeek's, not {mt}'s")
     dtype = "bfloat16" if a.dtype == "bf16" else "float32"
     cfg = {"architectures": [MODEL_TYPES[mt]], "model_type": mt,
            "hidden_act": "gelu_pytorch_tanh" if mt in GEMMA_TYPES else "silu",
@@ -1321,6 +1667,48 @@ def init_config(a):
         cfg["output_router_logits"] = a.output_router_logits
     cfg["tie_word_embeddings"] = a.tie_embeddings
     cfg["dtype" if a.rope_spelling == "v5" else "torch_dtype"] = dtype
+    return cfg
+
+
+def deepseek_init_config(a):
+    """config.json of a DeepSeek-V2 / V3 model, with DeepseekV2Config's / DeepseekV3Config's key names. Every head
+    has its own key and value (num_key_value_heads = num_attention_heads; --n-kv-heads is not used); --ffn-dim is
+    the dense layers' intermediate_size, --moe-ffn-dim (default --ffn-dim) the experts' width."""
+    mt, v3 = a.model_type, a.model_type == "deepseek_v3"
+    if a.head_dim:
+        raise ConfigError("--head-dim: DeepSeek's head_dim is --qk-rope-head-dim")
+    if a.rope_spelling != "v4":
+        raise ConfigError("--rope-spelling v5: DeepSeek's files here use rope_theta + rope_scaling")
+    if a.sliding_window is not None or a.attention_bias:
+        raise ConfigError(f"--sliding-window and --attention-bias are not {mt}'s")
+    if a.topk_method is not None and v3:
+        raise ConfigError("--topk-method: deepseek_v3's is noaux_tc")
+    scaling = parse_rope_scaling(a.rope_scaling)
+    if scaling is not None and scaling["rope_type"] != "yarn":
+        raise ConfigError(f"--rope-scaling {a.rope_scaling}: DeepSeek's RoPE here is plain (none) or yarn")
+
+    def pick(v, default):
+        return default if v is None else v
+
+    dr = pick(a.qk_rope_head_dim, 4)
+    cfg = {"architectures": [MODEL_TYPES[mt]], "model_type": mt, "hidden_act": "silu", "hidden_size": a.dim,
+           "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_heads,
+           "intermediate_size": a.ffn_dim, "moe_intermediate_size": a.moe_ffn_dim or a.ffn_dim,
+           "n_routed_experts": pick(a.n_experts, 4), "n_shared_experts": pick(a.n_shared_experts, 1),
+           "num_experts_per_tok": pick(a.experts_per_token, 2), "n_group": pick(a.n_group, 1),
+           "topk_group": pick(a.topk_group, 1), "routed_scaling_factor": pick(a.routed_scaling_factor, 1.0),
+           "norm_topk_prob": a.norm_topk_prob, "first_k_dense_replace": pick(a.first_k_dense_replace, 1),
+           "moe_layer_freq": 1, "kv_lora_rank": pick(a.kv_lora_rank, 16), "q_lora_rank": a.q_lora_rank or None,
+           "qk_nope_head_dim": pick(a.qk_nope_head_dim, 8), "qk_rope_head_dim": dr,
+           "v_head_dim": pick(a.v_head_dim, 8), "rope_theta": a.rope_theta, "rope_scaling": scaling,
+           "max_position_embeddings": a.max_seq_len, "rms_norm_eps": a.norm_eps, "vocab_size": a.vocab_size,
+           "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": a.tie_embeddings}
+    if v3:
+        cfg.update({"head_dim": dr, "rope_interleave": True, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+                    "num_nextn_predict_layers": 0})
+    else:
+        cfg.update({"scoring_func": "softmax", "topk_method": a.topk_method or "greedy"})
+    cfg["torch_dtype"] = "bfloat16" if a.dtype == "bf16" else "float32"
     return cfg
 
 
@@ -1491,7 +1879,8 @@ def main():
     p.add_argument("--model-type", choices=list(MODEL_TYPES), default="llama")
     p.add_argument("--head-dim", type=int, default=0, help="default: dim / n_heads (and head_dim not written)")
     p.add_argument("--rope-scaling", default="none",
-                   help="none | linear:FACTOR | llama3:FACTOR,LOW,HIGH,ORIG | longrope:ORIG (phi3)")
+                   help="none | linear:FACTOR | llama3:FACTOR,LOW,HIGH,ORIG | longrope:ORIG (phi3) | "
+                        "yarn:FACTOR,ORIG,BETA_FAST,BETA_SLOW,MSCALE,MSCALE_ALL_DIM (deepseek)")
     p.add_argument("--rope-spelling", choices=["v4", "v5"], default="v4",
                    help="config.json's RoPE keys: v4 rope_theta + rope_scaling, v5 rope_parameters")
     p.add_argument("--attention-bias", action="store_true", help="llama: biases on q, k, v and o_proj")
@@ -1516,6 +1905,20 @@ def main():
                    help="MoE (default 0.02 mixtral, 0.001 qwen)")
     p.add_argument("--output-router-logits", action="store_true",
                    help="MoE: train on ce + router_aux_loss_coef * balance loss")
+    p.add_argument("--q-lora-rank", type=int, default=None, help="deepseek: q_lora_rank (0 or absent: null, q_proj)")
+    p.add_argument("--kv-lora-rank", type=int, default=None, help="deepseek: kv_lora_rank (default 16)")
+    p.add_argument("--qk-nope-head-dim", type=int, default=None, help="deepseek: qk_nope_head_dim (default 8)")
+    p.add_argument("--qk-rope-head-dim", type=int, default=None, help="deepseek: qk_rope_head_dim (default 4)")
+    p.add_argument("--v-head-dim", type=int, default=None, help="deepseek: v_head_dim (default 8)")
+    p.add_argument("--n-shared-experts", type=int, default=None, help="deepseek: n_shared_experts (default 1)")
+    p.add_argument("--n-group", type=int, default=None, help="deepseek: n_group (default 1)")
+    p.add_argument("--topk-group", type=int, default=None, help="deepseek: topk_group (default 1)")
+    p.add_argument("--routed-scaling-factor", type=float, default=None,
+                   help="deepseek: routed_scaling_factor (default 1)")
+    p.add_argument("--first-k-dense-replace", type=int, default=None,
+                   help="deepseek: the first K layers dense (default 1)")
+    p.add_argument("--topk-method", choices=["greedy", "group_limited_greedy"], default=None,
+                   help="deepseek_v2: topk_method (default greedy; V3's is noaux_tc)")
 
     p = sub.add_parser("train", help="train from DIR's weights; write per-step losses, grad norms, lrs as JSON")
     p.add_argument("--model", required=True)
