@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""An independent PyTorch reference for meshtrain's Llama (and the Qwen3 and mixture-of-experts families).
+"""An independent PyTorch reference for meshtrain's Llama (and the Qwen3, MoE, Phi-3, Gemma and DeepSeek families).
 
 The model follows Hugging Face Llama's parameter names and semantics so that
 the same config.json + model.safetensors directory can be trained by meshtrain
@@ -44,6 +44,34 @@ Families (config.json's model_type; absent = llama), all the Llama architecture 
            k_norm (the (1 + w) RMSNorm over each head), the sliding layers' RoPE base rope_local_base_freq without
            rope_scaling; the final logits z -> f tanh(z / f), f = final_logit_softcapping (null: none). Tied by
            default (transformers' default).
+  deepseek_v3, deepseek_v2  DeepSeek-V3 / V2 (DeepseekV3ForCausalLM / DeepseekV2ForCausalLM, below, from the
+           published formulas); Llama's layer (RMSNorm, h = x + attn(norm x), y = h + mlp(norm h)) with:
+           multi-head latent attention (dn qk_nope_head_dim, dr qk_rope_head_dim, dv v_head_dim, dqk = dn + dr,
+           H heads, num_key_value_heads = H): q = q_b_proj(q_a_layernorm(q_a_proj x)) (q_lora_rank null: q_proj x)
+           viewed (B, T, H, dqk) = (q_nope, q_pe); kv_a_proj_with_mqa x = (c (kv_lora_rank), k_pe (dr, ONE key
+           for every head)); kv_b_proj(kv_a_layernorm c) viewed (B, T, H, dn + dv) = (k_nope, v); RoPE on q_pe and
+           k_pe only, over dr, on INTERLEAVED pairs (2j, 2j+1) (DeepSeek's layout: V3's rope_interleave true,
+           V2's complex numbers; computed as [x0, x2, .., x1, x3, ..] then HF's rotate_half, the same q.k);
+           causal softmax of (q_nope, rope q_pe).(k_nope, rope k_pe) * dqk^-1/2 m^2, m = yarn_mscale(factor,
+           mscale_all_dim) under YaRN with mscale_all_dim != 0, else 1; o_proj of (B, T, H dv).
+           MLP: layer i < first_k_dense_replace (or n_routed_experts null, V2) a SwiGLU of intermediate_size;
+           the others mlp.gate (E n_routed_experts, C), mlp.experts.{j} SwiGLUs of moe_intermediate_size and
+           mlp.shared_experts of moe_intermediate_size * n_shared_experts (none for 0 / null; no gate on it):
+           out = sum_k w_k expert_{e_k}(x) + shared_experts(x). Router logits gate(x) in f32 (f64 in an f64 run):
+           V3 (scoring_func sigmoid, topk_method noaux_tc): s = sigmoid(logits), sel = s +
+           mlp.gate.e_score_correction_bias (E; a buffer: saved, never trained or decayed); a group score is the
+           sum of the 2 largest sel in each of n_group consecutive groups; the topk_group best groups kept, the
+           others' sel set to 0 (not -inf); top-k experts by sel; w = s there.
+           V2 (softmax): s = softmax(logits); greedy: top-k by s; group_limited_greedy: a group score is its max
+           s, the topk_group best kept, the others' s set to 0, then top-k; w = s there.
+           Both: w /= (sum w + 1e-20) when norm_topk_prob (V2: and k > 1), then w *= routed_scaling_factor.
+           (For V2 with norm_topk_prob true, this is issue 53's definition; DeepSeek's own V2 code does not scale
+           after renormalising, and transformers 5's DeepseekV2 ignores norm_topk_prob: the released V2 files
+           have it false, where all agree.) No balance loss: output_router_logits true is refused.
+           RoPE plain or yarn (below). Refused, naming the key: q_lora_rank 0, moe_layer_freq != 1, an odd
+           qk_rope_head_dim, head_dim != qk_rope_head_dim, n_group not dividing n_routed_experts (V3: groups of
+           fewer than 2), topk_group > n_group, num_nextn_predict_layers > 0, rope_interleave false,
+           attention_bias true, another scoring_func or topk_method.
   Any other model_type is refused (naming the supported ones), as is a hidden_act other than silu (Gemma:
   gelu_pytorch_tanh).
 MoE router, as transformers computes it: logits = gate(x) in the model's dtype; softmax in f32 (f64 in an f64 run);
@@ -59,7 +87,8 @@ RoPE: rope_theta and the scaling in either config.json spelling:
   transformers 4: top-level rope_theta; rope_scaling null or {rope_type (or the older "type"), factor, ...}
   transformers 5: rope_parameters {rope_type, rope_theta, factor, ...} (rope_type "default": no scaling)
   Both may be present; a key given twice with different values is an error. rope_type is default, linear,
-  llama3 or (phi3 only) longrope; any other (dynamic, yarn, ...) is refused.
+  llama3, (phi3 only) longrope or (deepseek only, and the only scaling there) yarn; any other (dynamic, ...) is
+  refused.
   linear: inv_freq / factor (positions / factor).
   llama3 (Meta's Llama 3.1): with wavelen = 2 pi / inv_freq, old = original_max_position_embeddings:
   wavelen < old / high_freq_factor: unchanged; wavelen > old / low_freq_factor: inv_freq / factor; between:
@@ -71,6 +100,13 @@ RoPE: rope_theta and the scaling in either config.json spelling:
   original_max_position_embeddings (transformers picks by the largest position + 1, T here), else short_factor;
   cos and sin are multiplied by attention_factor when given, else with f = factor when given, else
   max_position_embeddings / original: 1 if f <= 1, else sqrt(1 + ln f / ln original).
+  yarn (DeepSeek's; d = qk_rope_head_dim, base rope_theta, f factor, L original_max_position_embeddings,
+  beta_fast (default 32), beta_slow (1), mscale, mscale_all_dim; f must equal max_position_embeddings / L, as
+  transformers versions disagree on which they use): yarn_mscale(s, m) = 1 if s <= 1 else 0.1 m ln s + 1;
+  corr(n) = d ln(L / (2 pi n)) / (2 ln base); low = max(floor corr(beta_fast), 0), high = min(ceil
+  corr(beta_slow), d - 1) (+0.001 when equal); ramp_j = clamp((j - low) / (high - low), 0, 1), e_j = 1 - ramp_j;
+  inv_freq_j = base^(-2j/d) ((1 - e_j) / f + e_j); cos and sin times yarn_mscale(f, mscale) / yarn_mscale(f,
+  mscale_all_dim) when both are non-zero, else yarn_mscale(f).
   Precision: inv_freq (theta^(-2i/hd), then the scaling), the angles position * inv_freq and their cos and sin
   are all computed in f64 and rounded once to the model's dtype (f32, or f64 for --dtype f64 and generate).
   head_dim: config.json's, else hidden_size / num_attention_heads.
@@ -84,12 +120,16 @@ AdamW decays the parameters of dim >= 2 (embeddings, linear weights, lm_head, ro
 (q_norm, k_norm included) and biases are not decayed.
 Init: normal(0, 0.02) for matrices and biases, ones for norm gains, EXCEPT the MoE routers (block_sparse_moe.gate,
 mlp.gate), drawn with std 0.5 (ROUTER_INIT_STD) so that the top-k choices are far from ties and an f32 run, an f64
-run and meshtrain route every token alike.
+run and meshtrain route every token alike; DeepSeek-V3's e_score_correction_bias normal(0, 0.1), drawn after
+every parameter.
+DeepSeek self-checks (a second, naive computation of the attention, YaRN and the routers):
+  /usr/bin/python3 scripts/reference/deepseek_check.py
 
   llama_ref.py init  --out DIR [--dim 64 --n-layers 2 --n-heads 4 --n-kv-heads 2 --ffn-dim 160
                      --vocab-size 256 --norm-eps 1e-5 --rope-theta 10000 --max-seq-len 256]
                      [--tie-embeddings] [--seed 0] [--dtype f32|bf16]
-                     [--model-type llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe|phi3] [--head-dim HD]
+                     [--model-type llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe|phi3|gemma2|
+                     gemma3_text|deepseek_v3|deepseek_v2] [--head-dim HD]
                      [--attention-bias (llama)] [--sliding-window N (mistral)] [--rope-spelling v4|v5]
                      [--rope-scaling none|linear:FACTOR|llama3:FACTOR,LOW,HIGH,ORIG|longrope:ORIG]
                      MoE: [--n-experts 4 --experts-per-token 2 --moe-ffn-dim F (default --ffn-dim)
@@ -99,6 +139,13 @@ run and meshtrain route every token alike.
                      mixtral writes --moe-ffn-dim as intermediate_size; the qwen MoEs write it as
                      moe_intermediate_size and --ffn-dim as intermediate_size (their dense layers)
                      biases (qwen2, qwen2_moe; llama with --attention-bias) are drawn normal(0, 0.02), not zero
+                     deepseek: [--q-lora-rank R (0 or absent: null) --kv-lora-rank 16 --qk-nope-head-dim 8
+                     --qk-rope-head-dim 4 --v-head-dim 8 --n-shared-experts 1 --n-group 1 --topk-group 1
+                     --routed-scaling-factor 1 --first-k-dense-replace 1 --topk-method greedy|group_limited_greedy
+                     (v2) --rope-scaling yarn:FACTOR,ORIG,BETA_FAST,BETA_SLOW,MSCALE,MSCALE_ALL_DIM] and the MoE
+                     --n-experts 4 (n_routed_experts), --experts-per-token 2, --moe-ffn-dim (default --ffn-dim),
+                     --norm-topk-prob; --ffn-dim is the dense layers' intermediate_size; --n-kv-heads is not
+                     used (num_key_value_heads = --n-heads)
   llama_ref.py train --model DIR --data GLOB --steps N --batch-size B --seq-len T
                      [--micro-batch-size M] [--lr 3e-4 --schedule constant|cosine --warmup-steps 0
                      --lr-min 0 --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8 --grad-clip 1.0]
@@ -354,8 +401,8 @@ def _bool(v, key):
 
 
 class LlamaConfig:
-    """A Hugging Face config.json of the Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE or Qwen3-MoE family (see
-    the module docstring); raises ConfigError for what the reference does not compute."""
+    """A Hugging Face config.json of the Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE, Phi-3, Gemma
+    or DeepSeek family (see the module docstring); raises ConfigError for what the reference does not compute."""
 
     def __init__(self, d):
         def get(key, default):  # a null value is transformers' default, as an absent one
@@ -390,7 +437,7 @@ class LlamaConfig:
         self.head_dim = get("head_dim", 128 if mt == "qwen3" else get("qk_rope_head_dim", 64) if mt in DEEPSEEK_TYPES
                             else self.hidden_size // self.num_attention_heads)
         assert self.num_attention_heads % self.num_key_value_heads == 0, "heads must be a multiple of kv heads"
-        if self.head_dim % 2:
+        if self.head_dim % 2 and mt not in DEEPSEEK_TYPES:  # DeepSeek's: qk_rope_head_dim, read_deepseek's
             raise ConfigError(f"head_dim = {self.head_dim}: RoPE needs an even head dim")
         self.check_longrope(d, get)
         # Biases, as each family's attention declares them (Mistral's has none, whatever the file says).
@@ -1290,7 +1337,8 @@ def init_weights(model, seed):
     weights (q_norm and k_norm included); drawn in state_dict order from one generator so a seed always gives the
     same weights. The MoE routers (block_sparse_moe.gate, mlp.gate; not shared_expert_gate) are drawn with std
     ROUTER_INIT_STD = 0.5 instead, so that their logits spread widely and the top-k choices are far from ties
-    (an f32 and an f64 run, or meshtrain and this reference, then route every token alike)."""
+    (an f32 and an f64 run, or meshtrain and this reference, then route every token alike). DeepSeek-V3's
+    e_score_correction_bias buffers are drawn after the parameters, std E_SCORE_BIAS_INIT_STD."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
