@@ -278,6 +278,28 @@ def correction_bias_constant_in_training():
 
 
 @check
+def config_spellings_and_defaults():
+    # transformers 5's rope_parameters (rope_theta inside) reads as transformers 4's rope_scaling + rope_theta.
+    v4 = tiny()
+    yarn = {k: v for k, v in tiny().rope_scaling.items()}
+    v5 = tiny(rope_scaling=None, rope_theta=None, rope_parameters=dict(yarn, rope_theta=10000.0))
+    assert (v5.rope_theta, v5.rope_scaling) == (v4.rope_theta, v4.rope_scaling), v5.rope_scaling
+    # DeepSeek-V2-Lite's shape of file: q_lora_rank null, greedy, yarn with mscale = mscale_all_dim, no head_dim.
+    c = tiny("deepseek_v2", q_lora_rank=None, topk_method="greedy", n_group=1, topk_group=1, aux_loss_alpha=0.001,
+             seq_aux=True, rope_scaling=dict(yarn, mscale=0.707, mscale_all_dim=0.707))
+    assert c.q_lora_rank is None and c.head_dim == 4 and r.rope_attention_factor(c.rope_scaling) == 1.0
+    # V2 with n_routed_experts null: every layer dense.
+    model = r.build_model(tiny("deepseek_v2", n_routed_experts=None, n_shared_experts=None))
+    assert all(isinstance(layer.mlp, r.LlamaMLP) for layer in model.model.layers)
+    # V3's defaults where the file is silent: sigmoid / noaux_tc, renormalised, scaling 2.5 as DeepseekV3Config.
+    d = tiny(topk_method=None, scoring_func=None, norm_topk_prob=None, routed_scaling_factor=None)  # null: default
+    assert (d.topk_method, d.norm_topk_prob, d.routed_scaling_factor) == ("noaux_tc", True, 2.5)
+    d = tiny("deepseek_v2", topk_method=None, scoring_func=None, norm_topk_prob=None, routed_scaling_factor=None)
+    assert (d.topk_method, d.norm_topk_prob, d.routed_scaling_factor) == ("greedy", False, 1.0)
+    return "v5 rope_parameters = v4; V2-Lite-shaped file; V2 dense when n_routed_experts null"
+
+
+@check
 def refusals():
     cases = [(dict(q_lora_rank=0), "q_lora_rank"), (dict(moe_layer_freq=2), "moe_layer_freq"),
              (dict(qk_rope_head_dim=5, head_dim=5), "qk_rope_head_dim"), (dict(n_group=3), "n_group"),
