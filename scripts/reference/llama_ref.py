@@ -53,7 +53,8 @@ Families (config.json's model_type; absent = llama), all the Llama architecture 
            k_pe only, over dr, on INTERLEAVED pairs (2j, 2j+1) (DeepSeek's layout: V3's rope_interleave true,
            V2's complex numbers; computed as [x0, x2, .., x1, x3, ..] then HF's rotate_half, the same q.k);
            causal softmax of (q_nope, rope q_pe).(k_nope, rope k_pe) * dqk^-1/2 m^2, m = yarn_mscale(factor,
-           mscale_all_dim) under YaRN with mscale_all_dim != 0, else 1; o_proj of (B, T, H dv).
+           mscale_all_dim) under YaRN with mscale_all_dim != 0, else 1 (DeepSeek's code and transformers'
+           DeepseekV3 for both versions; transformers 5's DeepseekV2 leaves m^2 out); o_proj of (B, T, H dv).
            MLP: layer i < first_k_dense_replace (or n_routed_experts null, V2) a SwiGLU of intermediate_size;
            the others mlp.gate (E n_routed_experts, C), mlp.experts.{j} SwiGLUs of moe_intermediate_size and
            mlp.shared_experts of moe_intermediate_size * n_shared_experts (none for 0 / null; no gate on it):
