@@ -76,7 +76,30 @@ double RopeScalingConfig::longrope_attention_factor(int64_t max_positions) const
   return std::sqrt(1 + std::log(f) / std::log(double(original_max_position_embeddings)));
 }
 
+namespace {
+double yarn_mscale(double s, double m) { return s <= 1 ? 1.0 : 0.1 * m * std::log(s) + 1.0; }
+}  // namespace
+
+double RopeScalingConfig::yarn_attention_factor() const {
+  if (attention_factor > 0) return attention_factor;
+  if (mscale > 0 && mscale_all_dim > 0) return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim);
+  return yarn_mscale(factor, 1);
+}
+
+double RopeScalingConfig::yarn_softmax_factor() const {
+  if (type != "yarn" || mscale_all_dim <= 0) return 1;
+  const double m = yarn_mscale(factor, mscale_all_dim);
+  return m * m;
+}
+
 void RopeScalingConfig::check() const {
+  if (type == "yarn") {
+    require_at_least("model.rope_scaling.original_max_position_embeddings", double(original_max_position_embeddings),
+                     2, "a length");
+    if (!(beta_fast > beta_slow))
+      fail("config", "model.rope_scaling.beta_fast = {} must exceed model.rope_scaling.beta_slow = {}", beta_fast,
+           beta_slow);
+  }
   if (type == "longrope") {
     require_at_least("model.rope_scaling.original_max_position_embeddings", double(original_max_position_embeddings),
                      2, "a length");
@@ -106,6 +129,17 @@ void MoeConfig::check() const {
   if (experts_per_token > n_experts)
     fail("config", "model.moe.experts_per_token = {} exceeds model.moe.n_experts = {}: top-k needs k <= experts",
          experts_per_token, n_experts);
+  if (n_experts % n_group != 0)
+    fail("config", "model.moe.n_group = {} does not divide model.moe.n_experts = {} into equal groups", n_group,
+         n_experts);
+  if (topk_group > n_group)
+    fail("config", "model.moe.topk_group = {} exceeds model.moe.n_group = {}", topk_group, n_group);
+  if (n_group > 1 && experts_per_token > topk_group * (n_experts / n_group))
+    fail("config", "model.moe.experts_per_token = {} exceeds the {} experts of model.moe.topk_group = {} groups",
+         experts_per_token, topk_group * (n_experts / n_group), topk_group);
+  if (n_group > 1 && router_score == "sigmoid" && n_experts / n_group < 2)
+    fail("config", "model.moe.n_group = {}: sigmoid routing scores a group by its two best experts; groups of {} "
+         "expert", n_group, n_experts / n_group);
 }
 
 void ModelConfig::check() const {
@@ -128,6 +162,17 @@ void ModelConfig::check() const {
       if (int64_t(list->size()) != head_size() / 2)
         fail("config", "model.rope_scaling.{} has {} values: longrope needs head_dim / 2 = {}",
              list == &rope_scaling.short_factor ? "short_factor" : "long_factor", list->size(), head_size() / 2);
+  if (mla.enabled()) {
+    if (mla.qk_rope_head_dim < 2 || mla.qk_rope_head_dim % 2 != 0)
+      fail("config", "model.mla.qk_rope_head_dim = {}: RoPE needs an even width >= 2", mla.qk_rope_head_dim);
+    if (mla.v_head_dim < 1) fail("config", "model.mla.v_head_dim = {}: expected a width >= 1", mla.v_head_dim);
+    if (head_size() != mla.qk_rope_head_dim)
+      fail("config", "model.head_dim = {}: latent attention's RoPE width is model.mla.qk_rope_head_dim = {} (set "
+           "head_dim to it, as DeepSeek's config.json does)", head_size(), mla.qk_rope_head_dim);
+    if (n_kv_heads != n_heads)
+      fail("config", "model.n_kv_heads = {}: latent attention gives every head its keys and values (n_heads = {})",
+           n_kv_heads, n_heads);
+  }
   if (!moe.enabled()) return;
   for (int l : moe.mlp_only_layers)
     if (l < 0 || l >= n_layers)

@@ -27,10 +27,12 @@ struct RopeScalingConfig {
   double high_freq_factor = 4;
   int64_t original_max_position_embeddings = 8192;
   std::vector<double> short_factor, long_factor;  // longrope: head_dim / 2 each
-  double attention_factor = 0;                    // longrope: 0 = derived (longrope_attention_factor)
+  double attention_factor = 0;                    // longrope, yarn: 0 = derived (longrope_attention_factor, yarn_...)
+  double beta_fast = 32, beta_slow = 1;           // yarn: the rotation counts that bound the interpolation ramp
+  double mscale = 1, mscale_all_dim = 0;          // yarn (DeepSeek): cos/sin and the attention scale corrections
   template <class V> void visit(V& v) {
-    v("type", type, "none | linear | llama3 | longrope (Hugging Face's rope_type; default: none)",
-      one_of({"none", "linear", "llama3", "longrope"}));
+    v("type", type, "none | linear | llama3 | longrope | yarn (Hugging Face's rope_type; default: none)",
+      one_of({"none", "linear", "llama3", "longrope", "yarn"}));
     v("factor", factor, "linear and llama3: the context extension factor (longrope: max_seq_len / original)",
       at_least(1, "a factor"));
     v("low_freq_factor", low_freq_factor, "llama3: wavelengths above original / low_freq_factor are scaled");
@@ -41,9 +43,22 @@ struct RopeScalingConfig {
       "longrope: head_dim / 2 divisors of the frequencies, used when training.seq_len <= original");
     v("long_factor", long_factor, "longrope: head_dim / 2 divisors of the frequencies, used above original");
     v("attention_factor", attention_factor,
-      "longrope: cos and sin are multiplied by it (0: sqrt(1 + ln(f) / ln(original)), f = max_seq_len / original)",
+      "longrope: cos and sin are multiplied by it (0: sqrt(1 + ln(f) / ln(original)), f = max_seq_len / original); "
+      "yarn: likewise (0: yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim))",
       at_least(0, "a factor (0: derived)"));
+    v("beta_fast", beta_fast, "yarn: frequencies rotating more than beta_fast times over the original context keep "
+      "their value", at_least(1e-9, "a count"));
+    v("beta_slow", beta_slow, "yarn: frequencies rotating fewer than beta_slow times are divided by factor",
+      at_least(1e-9, "a count"));
+    v("mscale", mscale, "yarn (DeepSeek): cos and sin are multiplied by yarn_mscale(factor, mscale) / "
+      "yarn_mscale(factor, mscale_all_dim), yarn_mscale(s, m) = 0.1 m ln(s) + 1", at_least(0, "a scale"));
+    v("mscale_all_dim", mscale_all_dim,
+      "yarn (DeepSeek): the attention scale is multiplied by yarn_mscale(factor, mscale_all_dim)^2 (0: not)",
+      at_least(0, "a scale (0: none)"));
   }
+  // yarn: the factor cos and sin are multiplied by; the attention scale's factor (1 unless mscale_all_dim).
+  double yarn_attention_factor() const;
+  double yarn_softmax_factor() const;
   // longrope: the factor cos and sin are multiplied by, for a model of max_positions (model.max_seq_len).
   double longrope_attention_factor(int64_t max_positions) const;
   bool enabled() const { return type != "none"; }
@@ -67,6 +82,10 @@ struct MoeConfig {
   double routed_scaling_factor = 1.0;    // the routed experts' output scale (DeepSeek-V3: 2.5)
   double bias_update_rate = 0;  // aux-loss-free balancing: after each step bias += rate * sign(mean load - load); 0 off
   double capacity_factor = 0;   // 0: dropless; else each expert takes at most ceil(factor * N * K / E) rows a forward
+  // DeepSeek's group-limited routing: the experts in n_group consecutive groups, a token's top-k taken from the
+  // topk_group groups of the highest group score (sigmoid scores: the sum of a group's two highest score + bias,
+  // DeepSeek-V3; softmax: a group's highest score, DeepSeek-V2). 1 and 1: no groups.
+  int64_t n_group = 1, topk_group = 1;
   // n_experts: whether the family has experts decides it (ModelConfig's ExpertsOfFamily); the other keys are
   // checked only when it has (enabled()).
   template <class V> void visit(V& v) {
@@ -95,6 +114,10 @@ struct MoeConfig {
       "0: dropless; > 0: each expert takes at most ceil(factor x tokens x k / experts) tokens per forward, the "
       "rest dropped (counted in the metrics)",
       at_least(0, "a factor (0: dropless)"));
+    v("n_group", n_group, "deepseek: the experts fall in n_group groups of consecutive experts (1: no groups)",
+      at_least(1, "a group count"));
+    v("topk_group", topk_group, "deepseek: a token's experts come from its topk_group best groups",
+      at_least(1, "a group count"));
   }
   bool enabled() const { return n_experts > 0; }
   void check() const;  // top-k needs k <= experts
@@ -111,6 +134,32 @@ struct KnownFamily {
 struct ExpertsOfFamily {
   const std::string& type;
   void operator()(const std::string& key, const MoeConfig& moe) const;
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3; models/llama/mla.cpp): kv_lora_rank 0 is none. Queries
+// q_b_proj(norm(q_a_proj x)) (or q_proj x when q_lora_rank is 0), keys and values from the latent
+// kv_b_proj(norm(c)) with c and one RoPE key shared by the heads from kv_a_proj_with_mqa x; each head's query and
+// key are qk_nope_head_dim + qk_rope_head_dim wide (RoPE on the last qk_rope_head_dim, which is model.head_dim),
+// its value v_head_dim.
+struct MlaConfig {
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool rope_interleave = true;  // RoPE rotates the pairs (2j, 2j+1) of the RoPE part (DeepSeek's), else halves
+  template <class V> void visit(V& v) {
+    v("q_lora_rank", q_lora_rank, "the queries' latent width (0: a plain q_proj)", at_least(0, "a width (0: none)"));
+    v("kv_lora_rank", kv_lora_rank, "the keys' and values' latent width (0: no latent attention)",
+      at_least(0, "a width (0: none)"));
+    v("qk_nope_head_dim", qk_nope_head_dim, "each head's query and key width without RoPE",
+      at_least(0, "a width"));
+    v("qk_rope_head_dim", qk_rope_head_dim, "each head's query and key width with RoPE (even)",
+      at_least(0, "a width"));
+    v("v_head_dim", v_head_dim, "each head's value width", at_least(0, "a width"));
+    v("rope_interleave", rope_interleave, "RoPE rotates adjacent pairs (DeepSeek's files) rather than halves");
+  }
+  bool enabled() const { return kv_lora_rank > 0; }
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  bool operator==(const MlaConfig&) const = default;
 };
 
 struct ModelConfig {
@@ -138,10 +187,11 @@ struct ModelConfig {
   double init_std = 0.02;
   std::string init_from;
   MoeConfig moe;
+  MlaConfig mla;
   template <class V> void visit(V& v) {
     v("type", type,
       "the model family: llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe | phi3 | gemma2 | "
-      "gemma3_text (Hugging Face's model_type)",
+      "gemma3_text | deepseek_v2 | deepseek_v3 (Hugging Face's model_type)",
       KnownFamily{});
     v("dim", dim, "model width d", at_least(1, "a width"));
     v("n_layers", n_layers, "decoder layers", at_least(1, "a layer count"));
@@ -185,7 +235,9 @@ struct ModelConfig {
     v("init_from", init_from,
       "a Hugging Face model directory (config.json + safetensors) or safetensors file to start from: its "
       "config.json gives the model keys ('' = random init)");
-    v("moe", moe, "mixture of experts (mixtral, qwen2_moe, qwen3_moe)", ExpertsOfFamily{type});
+    v("moe", moe, "mixture of experts (mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3)",
+      ExpertsOfFamily{type});
+    v("mla", mla, "multi-head latent attention (deepseek_v2, deepseek_v3)");
   }
   // The rules across the model's keys every family shares: heads split the width, products that must fit in
   // 64 bits, the MoE layers. The family's own are ModelFamily::check (models/model.h).

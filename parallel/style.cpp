@@ -142,6 +142,8 @@ struct PartialGrad : ParamState {
   std::vector<int> dims;
   void add_partial_dims(std::vector<int>& out) const override { out.insert(out.end(), dims.begin(), dims.end()); }
 };
+}  // namespace
+
 void grad_partial_on(Parameter& p, int mesh_dim) {
   auto* sp = p.state<PartialGrad>();
   if (!sp) {
@@ -151,6 +153,8 @@ void grad_partial_on(Parameter& p, int mesh_dim) {
   }
   if (std::find(sp->dims.begin(), sp->dims.end(), mesh_dim) == sp->dims.end()) sp->dims.push_back(mesh_dim);
 }
+
+namespace {
 // A Linear's LoRA factors (models/lora.h), found by name: null when it has none.
 std::pair<Parameter*, Parameter*> lora_factors(Module& m) {
   Parameter *a = nullptr, *b = nullptr;

@@ -139,6 +139,10 @@ void parallelize(Module& root, const DeviceMesh& mesh, const std::string& mesh_d
 // Lays one parameter out with `placement` on mesh dim `mesh_dim` (other dims unchanged),
 // keeping this rank's part of the current value; its gradient buffer follows.
 void shard_param(Parameter& p, int mesh_dim, const Placement& placement);
+// A replicated parameter whose gradient each rank computes from its part only (a sequence-parallel norm's weight, a
+// LoRA factor beside a split one, latent attention's projections before the heads are split): the gradient is a
+// partial sum over mesh_dim, summed there by the gradient sync.
+void grad_partial_on(Parameter& p, int mesh_dim);
 
 // Layout hooks on any module, as PrepareModuleInput/Output do: forward
 // redistributes from `layout` to `desired`; backward brings the gradient back.

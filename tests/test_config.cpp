@@ -224,7 +224,7 @@ TEST_CASE("a key's constraints, in its visit() entry: named by path, per element
   config_from_yaml_string("model: {moe: {experts_per_token: 0}}");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {moe: {n_experts: 4}}"),
                        "model.moe.n_experts = 4: model.type = llama is dense (the MoE families are mixtral, "
-                       "qwen2_moe, qwen3_moe)");
+                       "qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3)");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {type: mixtral}"),
                        "model.moe.n_experts = 0: expected an expert count >= 1");
   CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {type: mixtral, moe: {n_experts: 4, ffn_dim: 8, "
@@ -249,6 +249,16 @@ TEST_CASE("a family names its model keys' config.json keys once: hf_key, to_hf a
     m.type = type;
     if (f.experts) m.moe.n_experts = 4, m.moe.ffn_dim = 96;
     if (type == "qwen2_moe") m.moe.shared_expert_ffn_dim = 64;
+    if (type == "deepseek_v2" || type == "deepseek_v3") {  // latent attention, its router, one dense layer first
+      m.mla = {.q_lora_rank = type == "deepseek_v3" ? 24 : 0, .kv_lora_rank = 16, .qk_nope_head_dim = 16,
+               .qk_rope_head_dim = 8, .v_head_dim = 12};
+      m.head_dim = 8, m.n_kv_heads = m.n_heads;
+      m.moe.shared_expert_ffn_dim = 96, m.moe.n_group = 2, m.moe.topk_group = 1, m.moe.mlp_only_layers = {0};
+      m.moe.router_score = type == "deepseek_v3" ? "sigmoid" : "softmax";
+      m.moe.routed_scaling_factor = 2.5, m.moe.router_aux_loss_coef = 0;
+      m.rope_scaling = {.type = "yarn", .factor = 4, .original_max_position_embeddings = 64};
+      m.rope_scaling.mscale_all_dim = 1;
+    }
     if (type == "gemma2" || type == "gemma3_text") {
       m.sliding_window = 16, m.query_pre_attn_scalar = 64, m.attn_softcap = 50, m.final_softcap = 30;
       m.sliding_window_pattern = type == "gemma2" ? 2 : 6;

@@ -3,6 +3,9 @@
 // projection. Head counts come from the local projection sizes, so the same code
 // runs with heads split across tensor-parallel ranks; the layer knows nothing of
 // context parallel.
+#include <algorithm>
+#include <cmath>
+
 #include "models/llama/llama.h"
 #include "runtime/kernels/ops.h"
 
@@ -14,14 +17,27 @@ namespace {
 // rule) keeps those whose wavelength 2 pi / f is below original / high_freq_factor, divides those above
 // original / low_freq_factor by factor, and interpolates between by smooth = (original / wavelength - low) /
 // (high - low); longrope (Phi-3) divides frequency i by long_factor[i] when the run's sequence (seq_len:
-// training.seq_len) exceeds original_max_position_embeddings, else by short_factor[i].
+// training.seq_len) exceeds original_max_position_embeddings, else by short_factor[i]; yarn interpolates between
+// base / factor and base along a ramp of the dims (DeepSeek's YaRN).
 std::vector<double> scaled_inv_freq(const RopeScalingConfig& r, double theta, int64_t hd, int64_t seq_len) {
   std::vector<double> f(size_t(hd / 2));
   const bool longer = seq_len > r.original_max_position_embeddings;
   for (int64_t i = 0; i < hd / 2; ++i) {
     const double base = 1.0 / std::pow(theta, double(2 * i) / double(hd));
     double v = base;
-    if (r.type == "longrope") {
+    if (r.type == "yarn") {
+      // YaRN: frequency i interpolated (divided by factor) below the ramp, kept above it; the ramp runs between
+      // the dims at which a frequency turns beta_fast and beta_slow times over the original context.
+      auto dim_of = [&](double turns) {
+        return double(hd) * std::log(double(r.original_max_position_embeddings) / (turns * 2 * M_PI)) /
+               (2 * std::log(theta));
+      };
+      const double low = std::max(std::floor(dim_of(r.beta_fast)), 0.0);
+      double high = std::min(std::ceil(dim_of(r.beta_slow)), double(hd - 1));
+      if (low == high) high += 0.001;
+      const double keep = 1 - std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+      v = base / r.factor * (1 - keep) + base * keep;
+    } else if (r.type == "longrope") {
       v = base / (longer ? r.long_factor : r.short_factor).at(size_t(i));
     } else if (r.type == "linear") {
       v = base / r.factor;
@@ -47,7 +63,9 @@ void scaled_tables(const Tensor& c, const Tensor& s, const Tensor& pos, const Ro
                    int64_t seq_len, int64_t max_positions) {
   const int64_t P = pos.numel(), hd = c.size(1), half = hd / 2;
   const std::vector<double> f = scaled_inv_freq(r, theta, hd, seq_len);
-  const double m = r.type == "longrope" ? r.longrope_attention_factor(max_positions) : 1.0;
+  const double m = r.type == "longrope" ? r.longrope_attention_factor(max_positions)
+                   : r.type == "yarn"   ? r.yarn_attention_factor()
+                                        : 1.0;
   for (int64_t p = 0; p < P; ++p)
     for (int64_t i = 0; i < half; ++i) {
       const double angle = double(pos.at<int64_t>(p)) * f[size_t(i)];
@@ -104,6 +122,29 @@ LlamaAttention::LlamaAttention(const std::string& name, const ModelConfig& c, co
     scale = 1.0 / std::sqrt(c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(head_dim));
     softcap = c.attn_softcap;
   }
+  if (c.mla.enabled()) {  // DeepSeek's latent attention: its own projections, in Hugging Face's order
+    mla = c.mla;
+    const int64_t H = c.n_heads, dqk = mla.qk_head_dim();
+    head_dim = dqk;
+    scale = 1.0 / std::sqrt(double(dqk)) * c.rope_scaling.yarn_softmax_factor();
+    q_proj = k_proj = v_proj = nullptr;
+    if (mla.q_lora_rank > 0) {
+      q_a_proj = add_child(std::make_unique<Linear>(child_name(name, "q_a_proj"), c.dim, mla.q_lora_rank, f));
+      q_a_layernorm =
+          add_child(std::make_unique<RMSNorm>(child_name(name, "q_a_layernorm"), mla.q_lora_rank, c.norm_eps, f));
+      q_b_proj = add_child(std::make_unique<Linear>(child_name(name, "q_b_proj"), mla.q_lora_rank, H * dqk, f));
+    } else {
+      q_proj = add_child(std::make_unique<Linear>(child_name(name, "q_proj"), c.dim, H * dqk, f));
+    }
+    kv_a_proj_with_mqa = add_child(std::make_unique<Linear>(child_name(name, "kv_a_proj_with_mqa"), c.dim,
+                                                            mla.kv_lora_rank + mla.qk_rope_head_dim, f));
+    kv_a_layernorm =
+        add_child(std::make_unique<RMSNorm>(child_name(name, "kv_a_layernorm"), mla.kv_lora_rank, c.norm_eps, f));
+    kv_b_proj = add_child(std::make_unique<Linear>(child_name(name, "kv_b_proj"), mla.kv_lora_rank,
+                                                   H * (mla.qk_nope_head_dim + mla.v_head_dim), f));
+    o_proj = add_child(std::make_unique<Linear>(child_name(name, "o_proj"), H * mla.v_head_dim, c.dim, f));
+    return;
+  }
   const bool b = variant.qkv_bias;
   q_proj = add_child(std::make_unique<Linear>(child_name(name, "q_proj"), c.dim, c.n_heads * head_dim, f, nullptr, b));
   k_proj =
@@ -124,6 +165,7 @@ AttentionCall LlamaAttention::attention_call() const {
 }
 
 Tensor LlamaAttention::forward(const Tensor& x) {
+  if (mla.enabled()) return mla_forward(x);
   int64_t B = x.size(0), T = x.size(1), hd = head_dim;
   Tensor q = q_proj->call(x), k = k_proj->call(x), v = v_proj->call(x);  // (B, T, H*hd), (B, T, KV*hd) x2
   q = q.reshape({B, T, -1, hd});                                         // (B, T, H, hd)
@@ -160,6 +202,7 @@ void LlamaAttention::drop_saved() {
 }
 
 Tensor LlamaAttention::backward(const Tensor& dy) {
+  if (mla.enabled()) return mla_backward(dy);
   // dy may be sequence-sharded (o_proj's output layout); out_ has the attention's (this rank's) sequence.
   int64_t B = out_->size(0), T = out_->size(1), KV = kv_heads_;
   Tensor dout = o_proj->call_backward(dy).reshape(out_->shape());  // (B, T, H, hd)

@@ -6,7 +6,8 @@
 // Llama's tree with fused qkv_proj and gate_up_proj in its files (fused_weights) and LongRoPE. gemma2 and
 // gemma3_text (Gemma 2 and 3's text models) are the tree with Gemma's changes (LlamaVariant::gemma): (1 + w) norms,
 // four per layer, the embedding scaled by sqrt(d), GeGLU, sliding-window layers beside global ones, soft-capping,
-// Gemma 3's q/k norms and local RoPE base.
+// Gemma 3's q/k norms and local RoPE base. deepseek_v2 and deepseek_v3 are the tree with multi-head latent
+// attention (models/llama/mla.cpp), shared experts without a gate, group-limited routing and dense first layers.
 #include <cmath>
 #include <map>
 
@@ -19,12 +20,19 @@ namespace mt {
 
 namespace {
 
+bool is_deepseek(const ModelConfig& c) { return c.type == "deepseek_v2" || c.type == "deepseek_v3"; }
+
 LlamaVariant variant_of(const ModelConfig& c) {
   LlamaVariant v;
   v.qkv_bias = c.type == "qwen2" || c.type == "qwen2_moe";
   v.qk_norm = c.type == "qwen3" || c.type == "qwen3_moe" || c.type == "gemma3_text";
   v.gemma = c.type == "gemma2" || c.type == "gemma3_text";
   if (c.type == "mixtral") v.moe_block = "block_sparse_moe", v.moe_names = {"w1", "w3", "w2"};
+  if (is_deepseek(c)) {  // shared_experts without a gate; V3's selection bias from its files
+    v.moe_names.shared = "shared_experts";
+    v.moe_names.shared_gate = false;
+    v.moe_names.score_bias = c.type == "deepseek_v3";
+  }
   return v;
 }
 
@@ -86,6 +94,28 @@ void check_gemma(const ModelConfig& c) {
   if (c.moe.enabled()) fail("config", "model.moe.n_experts = {}: model.type = {} is dense", c.moe.n_experts, c.type);
 }
 
+// DeepSeek's keys: latent attention in its families only, group-limited routing and YaRN likewise.
+void check_deepseek(const ModelConfig& c) {
+  if (!is_deepseek(c)) {
+    if (c.mla.enabled())
+      fail("config", "model.mla.kv_lora_rank = {}: model.type = {} has no latent attention (deepseek_v2 and "
+           "deepseek_v3 have)", c.mla.kv_lora_rank, c.type);
+    if (c.moe.enabled() && (c.moe.n_group > 1 || c.moe.topk_group > 1))
+      fail("config", "model.moe.n_group = {}: model.type = {} has no group-limited routing (deepseek has)",
+           c.moe.n_group, c.type);
+    if (c.rope_scaling.type == "yarn")
+      fail("config", "model.rope_scaling.type = yarn: model.type = {} has no YaRN here (deepseek_v2 and "
+           "deepseek_v3 have)", c.type);
+    return;
+  }
+  if (!c.mla.enabled())
+    fail("config", "model.mla.kv_lora_rank = 0: model.type = {} needs its latent attention (>= 1; Hugging Face's "
+         "kv_lora_rank)", c.type);
+  const std::string want = c.type == "deepseek_v3" ? "sigmoid" : "softmax";
+  if (c.moe.router_score != want)
+    fail("config", "model.moe.router_score = {}: {} scores by {}", c.moe.router_score, c.type, want);
+}
+
 void check(const ModelConfig& c, int64_t seq_len) {
   check_gemma(c);
   // Outside Gemma meshtrain attends to the whole (causal) sequence: a window shorter than it would be a different
@@ -100,9 +130,11 @@ void check(const ModelConfig& c, int64_t seq_len) {
     fail("config", "model.sliding_window = {}: model.type = {} has no sliding window", c.sliding_window, c.type);
   if (c.rope_scaling.type == "longrope" && c.type != "phi3")
     fail("config", "model.rope_scaling.type = longrope: model.type = {} has no LongRoPE (phi3 has)", c.type);
-  if (c.moe.enabled() && c.moe.shared_expert_ffn_dim > 0 && c.type != "qwen2_moe")
-    fail("config", "model.moe.shared_expert_ffn_dim = {}: model.type = {} has no shared expert (qwen2_moe has)",
+  if (c.moe.enabled() && c.moe.shared_expert_ffn_dim > 0 && c.type != "qwen2_moe" && !is_deepseek(c))
+    fail("config",
+         "model.moe.shared_expert_ffn_dim = {}: model.type = {} has no shared expert (qwen2_moe and deepseek have)",
          c.moe.shared_expert_ffn_dim, c.type);
+  check_deepseek(c);
 }
 
 void check_training(const ModelConfig& c, const ParallelConfig& p, const CommConfig& comm) {
@@ -212,6 +244,18 @@ std::vector<ModelFamily> llama_architecture_families() {
                 .hf_names = names({kWindow(), kGemma(), kGemma3()}),
                 .write_hf = gemma_to_hf,
                 .read_hf = gemma_from_hf}),
+      on_llama({.type = "deepseek_v2",
+                .architecture = "DeepseekV2ForCausalLM",
+                .experts = true,
+                .hf_names = names({kDeepseek(), kRouter()}),
+                .write_hf = deepseek_to_hf,
+                .read_hf = deepseek_from_hf}),
+      on_llama({.type = "deepseek_v3",
+                .architecture = "DeepseekV3ForCausalLM",
+                .experts = true,
+                .hf_names = names({kDeepseek(), kRouter()}),
+                .write_hf = deepseek_to_hf,
+                .read_hf = deepseek_from_hf}),
   };
 }
 

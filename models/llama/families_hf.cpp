@@ -31,6 +31,15 @@ json rope_scaling_to_hf(const ModelConfig& m) {
     return s;
   }
   json s = {{"rope_type", r.type}, {"factor", r.factor}};
+  if (r.type == "yarn") {  // DeepSeek's keys (and "type", which its own code reads)
+    s["type"] = "yarn";
+    s["original_max_position_embeddings"] = r.original_max_position_embeddings;
+    s["beta_fast"] = r.beta_fast;
+    s["beta_slow"] = r.beta_slow;
+    s["mscale"] = r.mscale;
+    s["mscale_all_dim"] = r.mscale_all_dim;
+    if (r.attention_factor > 0) s["attention_factor"] = r.attention_factor;
+  }
   if (r.type == "llama3") {
     s["low_freq_factor"] = r.low_freq_factor;
     s["high_freq_factor"] = r.high_freq_factor;
@@ -254,10 +263,11 @@ void read_rope(const HfReader& r, ModelConfig& c) {
         type = d[type_key].get<std::string>();
       }
     const bool longrope = type == "longrope" && r.family.type == "phi3";
-    if (type != "default" && type != "linear" && type != "llama3" && !longrope)
+    const bool yarn = type == "yarn" && r.family.type.rfind("deepseek", 0) == 0;
+    if (type != "default" && type != "linear" && type != "llama3" && !longrope && !yarn)
       r.unsupported(fmt::format("{}.rope_type", key), json(type),
                     "meshtrain implements RoPE scaling \"default\", \"linear\" and \"llama3\" (and \"longrope\" "
-                    "for model_type \"phi3\")");
+                    "for model_type \"phi3\", \"yarn\" for deepseek_v2 and deepseek_v3)");
     RopeScalingConfig s;
     s.type = type == "default" ? "none" : type;
     std::optional<double> longrope_factor;
@@ -276,7 +286,17 @@ void read_rope(const HfReader& r, ModelConfig& c) {
         s.low_freq_factor = r.number(v, at);
       } else if (k == "high_freq_factor" && s.type == "llama3") {
         s.high_freq_factor = r.number(v, at);
-      } else if (k == "original_max_position_embeddings" && s.type == "llama3") {
+      } else if (yarn && (k == "beta_fast" || k == "beta_slow" || k == "mscale" || k == "mscale_all_dim" ||
+                          k == "attention_factor")) {
+        if (v.is_null()) continue;  // transformers' default
+        MT_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0, "checkpoint",
+                 "{}: {} = {}: expected a number >= 0", r.file, at, v.dump());
+        (k == "beta_fast"  ? s.beta_fast
+         : k == "beta_slow" ? s.beta_slow
+         : k == "mscale"    ? s.mscale
+         : k == "mscale_all_dim" ? s.mscale_all_dim
+                                 : s.attention_factor) = v.get<double>();
+      } else if (k == "original_max_position_embeddings" && (s.type == "llama3" || yarn)) {
         MT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1, "checkpoint", "{}: {} = {}: expected an integer >= 1",
                  r.file, at, v.dump());
         s.original_max_position_embeddings = v.get<int64_t>();
@@ -547,6 +567,118 @@ ModelConfig gemma_from_hf(const ModelFamily& f, const json& j, const std::string
                                   c.sliding_window_pattern, want));
     }
   }
+  return c;
+}
+
+// DeepSeek-V2/V3: the experts' and the latent attention's keys. n_shared_experts counts shared experts of the
+// routed experts' width (meshtrain: one shared MLP of their total width); first_k_dense_replace the dense layers
+// at the start (meshtrain: model.moe.mlp_only_layers 0 .. k-1); q_lora_rank null is a plain q_proj.
+json n_shared_to_hf(const ModelConfig& m) {
+  return m.moe.ffn_dim > 0 ? m.moe.shared_expert_ffn_dim / m.moe.ffn_dim : 0;
+}
+json first_dense_to_hf(const ModelConfig& m) { return int64_t(m.moe.mlp_only_layers.size()); }
+json q_lora_to_hf(const ModelConfig& m) { return m.mla.q_lora_rank > 0 ? json(m.mla.q_lora_rank) : json(nullptr); }
+const std::vector<HfName>& kDeepseek() {
+  static const std::vector<HfName> v = {{"model.moe.n_experts", "n_routed_experts"},
+                                        {"model.moe.ffn_dim", "moe_intermediate_size"},
+                                        {"model.moe.norm_topk_prob", "norm_topk_prob"},
+                                        {"model.moe.routed_scaling_factor", "routed_scaling_factor"},
+                                        {"model.moe.n_group", "n_group"},
+                                        {"model.moe.topk_group", "topk_group"},
+                                        {"model.moe.shared_expert_ffn_dim", "n_shared_experts", n_shared_to_hf},
+                                        {"model.moe.mlp_only_layers", "first_k_dense_replace", first_dense_to_hf},
+                                        {"model.mla.q_lora_rank", "q_lora_rank", q_lora_to_hf},
+                                        {"model.mla.kv_lora_rank", "kv_lora_rank"},
+                                        {"model.mla.qk_nope_head_dim", "qk_nope_head_dim"},
+                                        {"model.mla.qk_rope_head_dim", "qk_rope_head_dim"},
+                                        {"model.mla.v_head_dim", "v_head_dim"}};
+  return v;
+}
+
+// DeepSeek's config.json: the router's method as DeepseekV3Config / DeepseekV2Config name it, the experts in every
+// layer after the dense ones, no multi-token prediction layer (not implemented).
+json deepseek_to_hf(const ModelFamily& f, const ModelConfig& m) {
+  json j = common_to_hf(f, m);
+  j["attention_bias"] = false;
+  j["moe_layer_freq"] = 1;
+  j.erase("rope_parameters");  // DeepSeek's files: transformers 4's spelling
+  if (m.type == "deepseek_v3") {
+    j["scoring_func"] = "sigmoid";
+    j["topk_method"] = "noaux_tc";
+    j["rope_interleave"] = m.mla.rope_interleave;
+    j["num_nextn_predict_layers"] = 0;
+  } else {
+    j["scoring_func"] = "softmax";
+    j["topk_method"] = m.moe.n_group > 1 ? "group_limited_greedy" : "greedy";
+  }
+  return j;
+}
+
+ModelConfig deepseek_from_hf(const ModelFamily& f, const json& j, const std::string& file) {
+  HfReader r{f, j, file};
+  const bool v3 = f.type == "deepseek_v3";
+  refuse_attention_bias(r, v3 ? "DeepSeek-V3" : "DeepSeek-V2");
+  if (r.has("moe_layer_freq") && j["moe_layer_freq"] != json(1))
+    r.unsupported("moe_layer_freq", j["moe_layer_freq"], "meshtrain puts the experts in every layer after the "
+                  "dense ones (1 only)");
+  if (r.has("num_nextn_predict_layers") && j["num_nextn_predict_layers"] != json(0))
+    r.unsupported("num_nextn_predict_layers", j["num_nextn_predict_layers"],
+                  "multi-token prediction is not implemented yet (0 only: the layers' weights would not be trained)");
+  const std::string scoring = j.value("scoring_func", std::string(v3 ? "sigmoid" : "softmax"));
+  if (scoring != (v3 ? "sigmoid" : "softmax"))
+    r.unsupported("scoring_func", j["scoring_func"], v3 ? "DeepSeek-V3 scores by sigmoid" : "DeepSeek-V2 by softmax");
+  const std::string method = j.value("topk_method", std::string(v3 ? "noaux_tc" : "greedy"));
+  if (v3 ? method != "noaux_tc" : method != "greedy" && method != "group_limited_greedy")
+    r.unsupported("topk_method", j["topk_method"],
+                  v3 ? "DeepSeek-V3's router is \"noaux_tc\"" : "\"greedy\" or \"group_limited_greedy\"");
+  if (r.boolean("model.moe.output_router_logits", false))
+    r.unsupported("output_router_logits", j["output_router_logits"],
+                  "DeepSeek's auxiliary losses are not implemented (the aux-loss-free bias is: model.moe.bias_update_rate)");
+  ModelConfig c = common_from_hf(r);
+  c.type = f.type;
+  MlaConfig& a = c.mla;
+  a.kv_lora_rank = r.integer("model.mla.kv_lora_rank", 512);
+  a.q_lora_rank = r.has("model.mla.q_lora_rank") ? r.integer("model.mla.q_lora_rank", std::nullopt) : 0;
+  a.qk_nope_head_dim = r.integer("model.mla.qk_nope_head_dim", 128);
+  a.qk_rope_head_dim = r.integer("model.mla.qk_rope_head_dim", 64);
+  a.v_head_dim = r.integer("model.mla.v_head_dim", 128);
+  a.rope_interleave = r.boolean("rope_interleave", true);
+  if (a.qk_rope_head_dim % 2 != 0)
+    r.unsupported("model.mla.qk_rope_head_dim", r.at("model.mla.qk_rope_head_dim"), "RoPE needs an even width");
+  // head_dim is the RoPE width (DeepseekV3Config writes qk_rope_head_dim there); the heads' keys and values are
+  // the model's own.
+  c.head_dim = a.qk_rope_head_dim;
+  c.n_kv_heads = c.n_heads;
+  MoeConfig& e = c.moe;
+  e.n_experts = r.integer("model.moe.n_experts", v3 ? 256 : 160);
+  e.ffn_dim = r.integer("model.moe.ffn_dim", v3 ? 2048 : 1536);
+  e.experts_per_token = r.integer("model.moe.experts_per_token", v3 ? 8 : 6);
+  e.norm_topk_prob = r.boolean("model.moe.norm_topk_prob", v3);
+  e.router_score = v3 ? "sigmoid" : "softmax";
+  e.routed_scaling_factor = r.has("model.moe.routed_scaling_factor")
+                                ? r.number(r.at("model.moe.routed_scaling_factor"), "model.moe.routed_scaling_factor")
+                                : (v3 ? 2.5 : 1.0);
+  e.n_group = r.integer("model.moe.n_group", v3 ? 8 : 1);
+  e.topk_group = r.integer("model.moe.topk_group", v3 ? 4 : 1);
+  if (!v3 && method == "greedy") e.n_group = e.topk_group = 1;  // V2's plain top-k ignores the groups
+  const std::string shared = r.name("model.moe.shared_expert_ffn_dim");
+  if (r.has(shared)) {
+    MT_CHECK(j[shared].is_number_integer() && j[shared].get<int64_t>() >= 0, "checkpoint",
+             "{}: {} = {}: expected an integer >= 0", file, shared, j[shared].dump());
+    e.shared_expert_ffn_dim = j[shared].get<int64_t>() * e.ffn_dim;
+  } else {
+    e.shared_expert_ffn_dim = e.ffn_dim * (v3 ? 1 : 2);
+  }
+  const std::string dense = r.name("model.moe.mlp_only_layers");
+  int64_t first_dense = v3 ? 3 : 0;
+  if (r.has(dense)) {
+    MT_CHECK(j[dense].is_number_integer() && j[dense].get<int64_t>() >= 0 && j[dense].get<int64_t>() <= c.n_layers,
+             "checkpoint", "{}: {} = {}: expected 0 ... {} = {}", file, dense, j[dense].dump(),
+             r.name("model.n_layers"), c.n_layers);
+    first_dense = j[dense].get<int64_t>();
+  }
+  for (int64_t i = 0; i < std::min(first_dense, c.n_layers); ++i) e.mlp_only_layers.push_back(int(i));
+  e.router_aux_loss_coef = 0;
   return c;
 }
 

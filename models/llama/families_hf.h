@@ -20,6 +20,7 @@ const std::vector<HfName>& kQwenMoe();
 const std::vector<HfName>& kSharedExpert();
 const std::vector<HfName>& kGemma();
 const std::vector<HfName>& kGemma3();
+const std::vector<HfName>& kDeepseek();
 
 nlohmann::json llama_to_hf(const ModelFamily& f, const ModelConfig& m);
 nlohmann::json mistral_to_hf(const ModelFamily& f, const ModelConfig& m);
@@ -28,6 +29,7 @@ nlohmann::json qwen3_to_hf(const ModelFamily& f, const ModelConfig& m);
 nlohmann::json mixtral_to_hf(const ModelFamily& f, const ModelConfig& m);
 nlohmann::json phi3_to_hf(const ModelFamily& f, const ModelConfig& m);
 nlohmann::json gemma_to_hf(const ModelFamily& f, const ModelConfig& m);
+nlohmann::json deepseek_to_hf(const ModelFamily& f, const ModelConfig& m);
 
 ModelConfig llama_from_hf(const ModelFamily& f, const nlohmann::json& j, const std::string& file);
 ModelConfig mistral_from_hf(const ModelFamily& f, const nlohmann::json& j, const std::string& file);
@@ -38,5 +40,6 @@ ModelConfig qwen2_moe_from_hf(const ModelFamily& f, const nlohmann::json& j, con
 ModelConfig qwen3_moe_from_hf(const ModelFamily& f, const nlohmann::json& j, const std::string& file);
 ModelConfig phi3_from_hf(const ModelFamily& f, const nlohmann::json& j, const std::string& file);
 ModelConfig gemma_from_hf(const ModelFamily& f, const nlohmann::json& j, const std::string& file);
+ModelConfig deepseek_from_hf(const ModelFamily& f, const nlohmann::json& j, const std::string& file);
 
 }  // namespace mt::llama_hf

@@ -50,9 +50,13 @@ class LlamaAttention : public Module {
  public:
   LlamaAttention(const std::string& name, const ModelConfig& c, const LlamaVariant& v, const ParamFactory& f,
                  std::shared_ptr<SequenceContext> seq, int64_t index = 0);
-  Linear *q_proj, *k_proj, *v_proj, *o_proj;
+  Linear *q_proj, *k_proj, *v_proj, *o_proj;  // latent attention: q_proj null when q_lora_rank > 0, k_, v_proj null
   RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // (hd) each: Qwen3
-  int64_t head_dim;
+  // DeepSeek's multi-head latent attention (model.mla, models/llama/mla.cpp): the latent projections and norms.
+  Linear *q_a_proj = nullptr, *q_b_proj = nullptr, *kv_a_proj_with_mqa = nullptr, *kv_b_proj = nullptr;
+  RMSNorm *q_a_layernorm = nullptr, *kv_a_layernorm = nullptr;
+  MlaConfig mla;     // kv_lora_rank 0: not latent attention
+  int64_t head_dim;  // the attention's head width (latent attention: qk_nope_head_dim + qk_rope_head_dim)
   bool sliding = false;  // Gemma: a sliding-window layer (window, and the local RoPE tables when there are)
   int64_t window = 0;    // keys at positions > p - window; 0: the whole causal prefix
   double scale = 0;      // of q . k (0: 1/sqrt(hd)); Gemma: query_pre_attn_scalar^-1/2
@@ -72,6 +76,8 @@ class LlamaAttention : public Module {
 
  private:
   AttentionCall attention_call() const;  // the batch's, with this layer's scale, window and soft-cap
+  Tensor mla_forward(const Tensor& x);   // models/llama/mla.cpp
+  Tensor mla_backward(const Tensor& dy);
   bool local_rope() const { return sliding && seq_->cos_local.defined(); }
   std::shared_ptr<SequenceContext> seq_;
   // Per micro-batch (module.h):

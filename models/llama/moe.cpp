@@ -201,8 +201,14 @@ SparseMoeBlock::SparseMoeBlock(const std::string& name, const ModelConfig& c, co
   if (m.shared_expert_ffn_dim > 0) {
     ModelConfig sc = c;
     sc.ffn_dim = m.shared_expert_ffn_dim;
-    shared_expert = add_child(std::make_unique<LlamaMLP>(child_name(name, "shared_expert"), sc, f));
-    shared_expert_gate = add_child(std::make_unique<Linear>(child_name(name, "shared_expert_gate"), c.dim, 1, f));
+    shared_expert = add_child(std::make_unique<LlamaMLP>(child_name(name, names.shared), sc, f));
+    if (names.shared_gate)
+      shared_expert_gate = add_child(std::make_unique<Linear>(child_name(name, "shared_expert_gate"), c.dim, 1, f));
+  }
+  if (names.score_bias) {  // a buffer in transformers: loaded and saved with the weights, never trained
+    score_bias = add_parameter(f.make(child_name(name, "gate.e_score_correction_bias"), {m.n_experts}, "zeros"));
+    score_bias->weight_decay = false;
+    freeze(*score_bias);
   }
 }
 
@@ -272,9 +278,17 @@ Tensor SparseMoeBlock::forward(const Tensor& x) {
   // 1. Router: probs (N, E) and the top-k weights (N, K) in f32 (f64 for f64 runs), as transformers computes them.
   Tensor logits = gate->call(xr);  // (N, E)
   Tensor probs = empty({N, E}, acc, dev), w = empty({N, K}, acc, dev), idx = empty({N, K}, DType::i32, dev);
-  const Tensor bias = ctx_->biases.empty() ? Tensor() : ctx_->biases[size_t(sparse_index)];
+  // The selection bias: DeepSeek-V3's e_score_correction_bias (in the router's dtype), plus the aux-loss-free
+  // balancing's when it is on.
+  Tensor bias = ctx_->biases.empty() ? Tensor() : ctx_->biases[size_t(sparse_index)];
+  if (score_bias) {
+    Tensor b = empty({E}, acc, dev);  // (E)
+    convert(b, score_bias->compute_local());
+    if (bias.defined()) add_(b, bias);
+    bias = b;
+  }
   router_topk_forward(w, idx, probs, logits, bias, mc.router_score == "sigmoid", mc.norm_topk_prob,
-                      mc.routed_scaling_factor);
+                      mc.routed_scaling_factor, mc.n_group, mc.topk_group);
   // 2. Rows grouped by expert (host: the counts size the GEMMs and the all-to-all anyway).
   Routing r = route(idx, E, mc.capacity_factor);
   if (!recomputing()) {
@@ -291,7 +305,9 @@ Tensor SparseMoeBlock::forward(const Tensor& x) {
   Tensor y = empty({N, C}, x.dtype(), dev);
   moe_combine_forward(y, h, w, slot);
   // 3. The shared expert, gated per token (qwen2_moe).
-  if (shared_expert) {
+  if (shared_expert && !shared_expert_gate) {  // DeepSeek: added as it is
+    add_(y, as_rows(shared_expert->call(x)));
+  } else if (shared_expert) {
     Tensor s = shared_expert->call(x);  // (B, T, C)
     Tensor sidx;
     Tensor sw = sigmoid_rows(shared_expert_gate->call(xr), sidx);  // (N, 1)
@@ -326,7 +342,9 @@ Tensor SparseMoeBlock::backward(const Tensor& dy) {
                        mc.router_score == "sigmoid", mc.norm_topk_prob, mc.routed_scaling_factor);
   add_(dx, gate->call_backward(dlogits));
   // 4. The shared expert and its gate.
-  if (shared_expert) {
+  if (shared_expert && !shared_expert_gate) {
+    add_(dx, as_rows(shared_expert->call_backward(dy)));
+  } else if (shared_expert) {
     const Tensor s = shared_out_, sw = shared_w_, ident = shared_slot_;
     Tensor ds = empty({N, C}, dy.dtype(), dev), dsw = empty({N, 1}, acc, dev);
     moe_combine_backward(ds, dsw, dyr, as_rows(s), sw, ident);

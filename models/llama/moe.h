@@ -26,6 +26,12 @@ namespace mt {
 // What a family calls an expert's projections ("w1", "w3", "w2" in Mixtral; "gate_proj", "up_proj", "down_proj").
 struct MoeNames {
   std::string gate, up, down;
+  // The shared expert: its name in the block, and whether a sigmoid gate scales it (qwen2_moe's shared_expert_gate;
+  // DeepSeek's shared_experts have none).
+  std::string shared = "shared_expert";
+  bool shared_gate = true;
+  // DeepSeek-V3: the router's selection bias is the file's gate.e_score_correction_bias (a frozen parameter).
+  bool score_bias = false;
 };
 
 
@@ -111,8 +117,9 @@ class SparseMoeBlock : public Module {
                  const ParamFactory& f, std::shared_ptr<MoeContext> ctx);
   Linear* gate;                  // the router (E, C)
   MoeExperts* experts;
-  Module* shared_expert = nullptr;       // LlamaMLP (qwen2_moe)
-  Linear* shared_expert_gate = nullptr;  // (1, C)
+  Module* shared_expert = nullptr;       // LlamaMLP (qwen2_moe's shared_expert, DeepSeek's shared_experts)
+  Linear* shared_expert_gate = nullptr;  // (1, C) qwen2_moe
+  Parameter* score_bias = nullptr;       // (E) DeepSeek-V3's gate.e_score_correction_bias, frozen
   int64_t sparse_index;                  // among the model's sparse layers
 
  protected:

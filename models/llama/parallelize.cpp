@@ -55,8 +55,25 @@ std::vector<CommBytes> llama_tp_step_bytes(const ModelConfig& c, const TpStage& 
   return out;
 }
 
+// Latent attention (DeepSeek): the heads split where they appear (q_b_proj or q_proj, kv_b_proj: Colwise; o_proj
+// Rowwise); the latent projections and norms before them run replicated on the whole sequence, their gradients
+// partial (each rank's heads' share, summed by the gradient sync: apply_tp), and the attention's input gradient,
+// the sum of its children's partial ones, reduced once by the attention's PrepareModuleInput.
+void mla_tp_plan(ParallelPlan& plan, const LlamaForCausalLM& model, bool sp) {
+  const Placement R = Placement::Replicate(), S1 = Placement::Shard(1);
+  std::erase_if(plan, [](const PlanEntry& e) { return e.pattern.rfind("model.layers.*.self_attn", 0) == 0; });
+  const std::string a = "model.layers.*.self_attn";
+  plan.push_back({a, PrepareModuleInput{{sp ? S1 : R}, {R}, false}});
+  plan.push_back({a + (model.config.mla.q_lora_rank > 0 ? ".q_b_proj" : ".q_proj"), ColwiseParallel{}});
+  plan.push_back({a + ".kv_b_proj", ColwiseParallel{}});
+  plan.push_back({a + ".o_proj", RowwiseParallel{std::nullopt, sp ? S1 : R}});
+  if (model.config.mla.q_lora_rank > 0) plan.push_back({a + ".q_a_layernorm", SequenceParallel{}});
+  plan.push_back({a + ".kv_a_layernorm", SequenceParallel{}});
+}
+
 ParallelPlan llama_variant_tp_plan(const LlamaForCausalLM& model, bool sp, bool loss_parallel) {
   ParallelPlan plan = llama_tp_plan(sp, loss_parallel);
+  if (model.config.mla.enabled()) mla_tp_plan(plan, model, sp);
   // Qwen3's per-head q/k norms see this rank's heads only: their weights' gradients are partial over tp.
   if (model.variant.qk_norm)
     for (const char* n : {"q_norm", "k_norm"})
@@ -89,6 +106,13 @@ void apply_tp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDim
                                         : plan_from_config(p.tp_plan);
   std::erase_if(plan, [&](const PlanEntry& e) { return !here_or_nowhere(model, e.pattern); });
   parallelize(model, mesh, dim::tp, plan);
+  // Latent attention's replicated projections before the heads split: their gradients are partial over tp.
+  if (model.config.mla.enabled() && p.tp_plan.empty())
+    for (LlamaDecoderLayer* l : model.model->layers)
+      if (l)
+        for (Linear* lin : {l->self_attn->q_a_proj, l->self_attn->kv_a_proj_with_mqa})
+          if (lin)
+            for (Parameter* q : lin->own_parameters()) grad_partial_on(*q, mesh.dim_index(dim::tp));
 }
 
 void apply_cp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDims& pd, int64_t seq_len) {

@@ -26,7 +26,7 @@ namespace mt {
 class Stream;
 class Event;
 
-constexpr uint32_t kCudaBackendAbi = 6;
+constexpr uint32_t kCudaBackendAbi = 7;
 constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
 
 // The launchers of runtime/kernels/cuda taking T = float or mt::bf16 (declared again beside their ops,
@@ -104,8 +104,8 @@ constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
     (out, lse, part_out, part_lse, B, T_, H, hd, stream))                                                            \
   X(int, router_topk_forward,                                                                                         \
     (float* weights, int32_t* experts, float* probs, const T* logits, const float* bias, int64_t N, int64_t E,        \
-     int64_t K, bool sigmoid, bool renormalize, double scale, void* stream),                                          \
-    (weights, experts, probs, logits, bias, N, E, K, sigmoid, renormalize, scale, stream))                            \
+     int64_t K, bool sigmoid, bool renormalize, double scale, int64_t n_group, int64_t topk_group, void* stream),     \
+    (weights, experts, probs, logits, bias, N, E, K, sigmoid, renormalize, scale, n_group, topk_group, stream))       \
   X(int, router_topk_backward,                                                                                        \
     (T * dlogits, const float* dweights, const float* dprob_row, const float* probs, const int32_t* experts,          \
      int64_t N, int64_t E, int64_t K, bool sigmoid, bool renormalize, double scale, void* stream),                    \

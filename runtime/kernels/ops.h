@@ -204,8 +204,13 @@ void unpack_blocks(const Tensor& dst, const Tensor& packed, int dim, const std::
 // (bias (E) accum dtype, or undefined: none; the aux-loss-free balancing bias only selects, it never weighs),
 // largest first, ties to the lower index: experts (N, K) i32. weights (N, K) accum dtype = their probs,
 // divided by the sum of the K when renormalize, then times scale (DeepSeek's routed_scaling_factor; 1).
+// n_group > 1 (DeepSeek's group-limited routing): the E experts in n_group groups of consecutive experts, each
+// scored by its largest probs + bias (sigmoid: the sum of its two largest); the topk_group best groups (ties to
+// the lower group) keep probs + bias as the selection score, the other experts' score is 0 (transformers'
+// masked_fill 0). Groups divide E, at most 64 of them and 1024 experts; k within the kept groups' experts.
 void router_topk_forward(const Tensor& weights, const Tensor& experts, const Tensor& probs, const Tensor& logits,
-                         const Tensor& bias, bool sigmoid, bool renormalize, double scale = 1.0);
+                         const Tensor& bias, bool sigmoid, bool renormalize, double scale = 1.0, int64_t n_group = 1,
+                         int64_t topk_group = 1);
 // dlogits (N, E) (logits' dtype) overwritten: the chain rule through the weights' normalisation and the
 // softmax (or sigmoid), from dweights (N, K) accum dtype and dprob_row (E) accum dtype or undefined: a gradient
 // on probs that is the same for every row (the balance loss's, E * coef * counts / R^2).

@@ -20,7 +20,38 @@ namespace mt::cpu::MT_CPU_ISA {
 namespace {
 // The K experts of one row with the largest p + bias, largest first, ties to the lower index: K passes of an
 // argmax (K <= E is small, and a sort would not keep this tie rule as simply).
-template <typename T> void topk_row(int32_t* ex, const T* p, const T* bias, int64_t E, int64_t K) {
+template <typename T> void topk_row(int32_t* ex, const T* p, const T* bias, int64_t E, int64_t K,
+                                    int64_t n_group = 1, int64_t topk_group = 1, bool top2 = false) {
+  // Group-limited routing (DeepSeek): the selection scores of the experts outside the topk_group best groups are 0
+  // (transformers' masked_fill 0, not -inf); a group scores its best (top2: its two best) p + bias.
+  T sel[1024];
+  const bool grouped = n_group > 1 && E <= 1024;
+  if (grouped) {
+    const int64_t per = E / n_group;
+    T gs[1024];
+    for (int64_t g = 0; g < n_group; ++g) {
+      T a = T(0), b = T(0);
+      bool first = true, second = false;
+      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+        const T v = p[e] + (bias ? bias[e] : T(0));
+        if (first || v > a) {
+          if (!first) b = a, second = true;
+          a = v, first = false;
+        } else if (!second || v > b) {
+          b = v, second = true;
+        }
+      }
+      gs[g] = top2 ? a + b : a;
+    }
+    bool keep[1024] = {};
+    for (int64_t k = 0; k < topk_group; ++k) {
+      int64_t best = -1;
+      for (int64_t g = 0; g < n_group; ++g)
+        if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
+      keep[best] = true;
+    }
+    for (int64_t e = 0; e < E; ++e) sel[e] = keep[e / per] ? p[e] + (bias ? bias[e] : T(0)) : T(0);
+  }
   for (int64_t k = 0; k < K; ++k) {
     int64_t best = -1;
     T best_s = T(0);
@@ -28,7 +59,7 @@ template <typename T> void topk_row(int32_t* ex, const T* p, const T* bias, int6
       bool taken = false;
       for (int64_t j = 0; j < k; ++j) taken = taken || ex[j] == e;
       if (taken) continue;
-      const T s = p[e] + (bias ? bias[e] : T(0));
+      const T s = grouped ? sel[e] : p[e] + (bias ? bias[e] : T(0));
       if (best < 0 || s > best_s) best = e, best_s = s;  // strict: the lower index keeps a tie
     }
     ex[k] = int32_t(best);
@@ -38,7 +69,7 @@ template <typename T> void topk_row(int32_t* ex, const T* p, const T* bias, int6
 
 template <typename T> void router_topk_forward(T* weights, int32_t* experts, T* probs, const T* logits, const T* bias,
                                                int64_t N, int64_t E, int64_t K, bool sigmoid, bool renormalize,
-                                               double scale) {
+                                               double scale, int64_t n_group, int64_t topk_group) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const T* x = logits + n * E;  // (E)
@@ -53,7 +84,7 @@ template <typename T> void router_topk_forward(T* weights, int32_t* experts, T* 
     }
     int32_t* ex = experts + n * K;  // (K)
     T* w = weights + n * K;         // (K)
-    topk_row(ex, p, bias, E, K);
+    topk_row(ex, p, bias, E, K, n_group, topk_group, /*top2=*/sigmoid);
     T S = 0;
     for (int64_t k = 0; k < K; ++k) S += p[ex[k]];
     const T f = renormalize ? T(scale) / S : T(scale);
@@ -166,7 +197,8 @@ namespace mt::cuda {  // cuda/moe.cu: one warp per row (router, gathers, scatter
 // weights (N, K) f32, experts (N, K), probs (N, E) f32 from logits (N, E) T; bias (E) f32 or null.
 template <typename T> int router_topk_forward(float* weights, int32_t* experts, float* probs, const T* logits,
                                               const float* bias, int64_t N, int64_t E, int64_t K, bool sigmoid,
-                                              bool renormalize, double scale, void* stream);
+                                              bool renormalize, double scale, int64_t n_group, int64_t topk_group,
+                                              void* stream);
 // dlogits (N, E) T overwritten from dweights (N, K) f32, dprob_row (E) f32 or null, probs (N, E) f32.
 template <typename T> int router_topk_backward(T* dlogits, const float* dweights, const float* dprob_row,
                                                const float* probs, const int32_t* experts, int64_t N, int64_t E,
@@ -254,11 +286,18 @@ Tensor group_slice(const Tensor& w, size_t g) {
 }  // namespace
 
 void router_topk_forward(const Tensor& weights, const Tensor& experts, const Tensor& probs, const Tensor& logits,
-                         const Tensor& bias, bool sigmoid, bool renormalize, double scale) {
+                         const Tensor& bias, bool sigmoid, bool renormalize, double scale, int64_t n_group,
+                         int64_t topk_group) {
   const char* op = "router_topk_forward";
   check_float(op, logits, "logits");
   check_router(op, logits, experts, weights, probs);
   const int64_t N = logits.size(0), E = logits.size(1), K = experts.size(1);
+  MT_CHECK(n_group >= 1 && E % n_group == 0 && topk_group >= 1 && topk_group <= n_group && E <= 1024 &&
+               (n_group == 1 || K <= topk_group * (E / n_group)) && (n_group == 1 || !sigmoid || E / n_group >= 2) &&
+               n_group <= 64,
+           "kernel", "{}: {} experts in {} groups, top {} groups, k {}: expected groups of at least {} experts "
+           "dividing them, at most 64 groups and 1024 experts, k within the kept groups",
+           op, E, n_group, topk_group, K, sigmoid ? 2 : 1);
   if (bias.defined()) {
     expect_shape(op, bias, {E}, "bias");
     expect_acc(op, bias, logits.dtype(), "bias");
@@ -267,13 +306,13 @@ void router_topk_forward(const Tensor& weights, const Tensor& experts, const Ten
       op, logits,
       MT_CUDA_FN(return cuda::router_topk_forward<T>(ptr<float>(weights), experts.data<int32_t>(), ptr<float>(probs),
                                                      ptr<T>(logits), ptr<float>(bias), N, E, K, sigmoid, renormalize,
-                                                     scale, stream_of(logits));),
+                                                     scale, n_group, topk_group, stream_of(logits));),
       [&](auto z, const Tensor& weights, const Tensor& experts, const Tensor& probs, const Tensor& logits,
           const Tensor& bias) {
         using T = decltype(z);
         MT_CPU_KERNEL(router_topk_forward, T)
         (ptr<T>(weights), experts.data<int32_t>(), ptr<T>(probs), ptr<T>(logits), ptr<T>(bias), N, E, K, sigmoid,
-         renormalize, scale);
+         renormalize, scale, n_group, topk_group);
       },
       wr(weights), wr(experts), wr(probs), rd(logits), rd(bias));
 }

@@ -30,9 +30,18 @@ __device__ inline void warp_argmax(float& s, int& i, float& pv) {
 
 // weights, experts (N, K), probs (N, E) f32 from logits (N, E); bias (E) or null. A warp per row; lane l holds
 // experts l, l + 32, ... in p[].
+// A warp's two largest values of (a, b) pairs (a >= b in each lane; -inf: none), in every lane.
+__device__ inline void warp_top2(float& a, float& b) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ao = __shfl_xor_sync(0xffffffffu, a, o), bo = __shfl_xor_sync(0xffffffffu, b, o);
+    const float hi = fmaxf(a, ao), lo = fmaxf(fminf(a, ao), fmaxf(b, bo));
+    a = hi, b = lo;
+  }
+}
+
 template <typename T> __global__ void router_fwd_k(float* weights, int32_t* experts, float* probs, const T* logits,
                                                    const float* bias, int64_t N, int E, int K, bool sigmoid,
-                                                   bool renorm, float scale) {
+                                                   bool renorm, float scale, int n_group, int topk_group) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -58,6 +67,33 @@ template <typename T> __global__ void router_fwd_k(float* weights, int32_t* expe
   }
   for (int j = 0; j < kPerLane; ++j)
     if (lane + 32 * j < E) probs[row * E + lane + 32 * j] = p[j];
+  // Group-limited routing: each group's score (its best p + bias; sigmoid: its two best), the topk_group best
+  // groups kept (every lane alike), the others' selection score 0.
+  unsigned long long kept = ~0ull;  // bit g: group g kept
+  if (n_group > 1) {
+    const int per = E / n_group;
+    float gs[64];
+    for (int g = 0; g < n_group; ++g) {
+      float a = -INFINITY, b = -INFINITY;
+      for (int j = 0; j < kPerLane; ++j) {
+        const int e = lane + 32 * j;
+        if (e >= E || e / per != g) continue;
+        const float v = p[j] + (bias ? bias[e] : 0.0f);
+        if (v > a) b = a, a = v;
+        else if (v > b) b = v;
+      }
+      warp_top2(a, b);
+      gs[g] = sigmoid ? a + b : a;
+    }
+    kept = 0;
+    for (int k = 0; k < topk_group; ++k) {
+      int best = -1;
+      for (int g = 0; g < n_group; ++g)
+        if (!(kept >> g & 1ull) && (best < 0 || gs[g] > gs[best])) best = g;
+      kept |= 1ull << best;
+    }
+  }
+  const int per_group = E / n_group;
   unsigned taken = 0;  // bit j: this lane's expert lane + 32 j is selected
   float S = 0;         // the selected probs' sum (the same in every lane)
   for (int k = 0; k < K; ++k) {
@@ -66,7 +102,7 @@ template <typename T> __global__ void router_fwd_k(float* weights, int32_t* expe
     for (int j = 0; j < kPerLane; ++j) {
       const int e = lane + 32 * j;
       if (e >= E || (taken >> j & 1u)) continue;
-      const float v = p[j] + (bias ? bias[e] : 0.0f);
+      const float v = (kept >> (e / per_group) & 1ull) ? p[j] + (bias ? bias[e] : 0.0f) : 0.0f;
       if (best < 0 || v > s) s = v, best = e, pb = p[j];
     }
     warp_argmax(s, best, pb);
@@ -115,12 +151,13 @@ template <typename T> __global__ void router_bwd_k(T* dlogits, const float* dwei
 
 template <typename T> int router_topk_forward(float* weights, int32_t* experts, float* probs, const T* logits,
                                               const float* bias, int64_t N, int64_t E, int64_t K, bool sigmoid,
-                                              bool renormalize, double scale, void* stream) {
+                                              bool renormalize, double scale, int64_t n_group, int64_t topk_group,
+                                              void* stream) {
   Range r("router_topk_forward");
   if (E > 32 * kPerLane) return int(cudaErrorInvalidValue);
   if (N == 0) return 0;
   MT_LAUNCH(router_fwd_k<Dev<T>>, blocks_for(N * 32), kThreads, 0, st(stream), weights, experts, probs, dp(logits),
-            bias, N, int(E), int(K), sigmoid, renormalize, float(scale));
+            bias, N, int(E), int(K), sigmoid, renormalize, float(scale), int(n_group), int(topk_group));
   return last_error();
 }
 
@@ -240,7 +277,7 @@ template <typename T> int moe_combine_backward(T* dinp, float* dweights, const T
 // The launchers' instances for the two activation types.
 #define MT_INSTANTIATE(T)                                                                                              \
   template int router_topk_forward<T>(float*, int32_t*, float*, const T*, const float*, int64_t, int64_t, int64_t,     \
-                                      bool, bool, double, void*);                                                      \
+                                      bool, bool, double, int64_t, int64_t, void*);                                    \
   template int router_topk_backward<T>(T*, const float*, const float*, const float*, const int32_t*, int64_t, int64_t, \
                                        int64_t, bool, bool, double, void*);                                            \
   template int moe_dispatch_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, void*);                \
