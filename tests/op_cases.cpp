@@ -297,8 +297,10 @@ MoeRouting moe_routing(const Dims& d) {
 }
 
 // Naive router: probs (N, E), the top K of probs + bias (ties to the lower index), their weights.
+// n_group > 1: the groups' scores (their best p + bias; sigmoid: the two best summed), the topk_group best kept
+// (ties to the lower group), the other experts' selection score 0.
 void ref_router(V& w, std::vector<int64_t>& ex, V& p, const V& x, const V* bias, int64_t N, int64_t E, int64_t K,
-                bool sigmoid, bool renorm, double scale) {
+                bool sigmoid, bool renorm, double scale, int64_t n_group = 1, int64_t topk_group = 1) {
   p.assign(size_t(N * E), 0), w.assign(size_t(N * K), 0), ex.assign(size_t(N * K), -1);
   for (int64_t n = 0; n < N; ++n) {
     const double* xr = &x[size_t(n * E)];
@@ -309,7 +311,23 @@ void ref_router(V& w, std::vector<int64_t>& ex, V& p, const V& x, const V* bias,
     for (int64_t e = 0; e < E; ++e) pr[e] = sigmoid ? 1 / (1 + std::exp(-xr[e])) : std::exp(xr[e] - mx) / se;
     std::vector<int64_t> order(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) order[size_t(e)] = e;
-    auto score = [&](int64_t e) { return pr[e] + (bias ? (*bias)[size_t(e)] : 0.0); };
+    auto sel = [&](int64_t e) { return pr[e] + (bias ? (*bias)[size_t(e)] : 0.0); };
+    std::vector<bool> kept(size_t(n_group), n_group == 1);
+    if (n_group > 1) {
+      const int64_t per = E / n_group;
+      std::vector<double> gs(static_cast<size_t>(n_group));
+      for (int64_t g = 0; g < n_group; ++g) {
+        std::vector<double> v;
+        for (int64_t e = g * per; e < (g + 1) * per; ++e) v.push_back(sel(e));
+        std::sort(v.rbegin(), v.rend());
+        gs[size_t(g)] = sigmoid ? v[0] + v[1] : v[0];
+      }
+      std::vector<int64_t> go(static_cast<size_t>(n_group));
+      for (int64_t g = 0; g < n_group; ++g) go[size_t(g)] = g;
+      std::stable_sort(go.begin(), go.end(), [&](int64_t a, int64_t b) { return gs[size_t(a)] > gs[size_t(b)]; });
+      for (int64_t k = 0; k < topk_group; ++k) kept[size_t(go[size_t(k)])] = true;
+    }
+    auto score = [&](int64_t e) { return kept[size_t(e / (E / n_group))] ? sel(e) : 0.0; };
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score(a) > score(b); });
     double S = 0;
     for (int64_t k = 0; k < K; ++k) S += pr[order[size_t(k)]];
@@ -322,9 +340,14 @@ void ref_router(V& w, std::vector<int64_t>& ex, V& p, const V& x, const V* bias,
 
 // Router top-k: softmax with a per-row probs gradient, or sigmoid with a selection bias, renormalised and scaled.
 OpCase router_case(const std::string& name, bool sigmoid, bool renorm, double scale, bool with_bias,
-                   bool with_dprob_row) {
+                   bool with_dprob_row, bool grouped = false) {
   OpCase c;
   c.name = name;
+  // Grouped (DeepSeek): groups of 2 experts, half of them kept.
+  auto groups = [=](int64_t E) {
+    const int64_t g = grouped && E % 2 == 0 && E >= 4 ? E / 2 : 1;
+    return std::pair<int64_t, int64_t>{g, std::max<int64_t>(1, g / 2)};
+  };
   auto fwd = [=](OpRun& r, const Dims& d, bool outputs) {
     const int64_t N = d.N, E = moe_experts(d), K = kMoeK;
     Tensor x = r.in("logits", {N, E}, Kind::act, 2.0);
@@ -332,7 +355,8 @@ OpCase router_case(const std::string& name, bool sigmoid, bool renorm, double sc
     Tensor w = outputs ? r.out("weights", {N, K}, Kind::acc) : empty({N, K}, accum_dtype(r.act), r.dev);
     Tensor p = outputs ? r.out("probs", {N, E}, Kind::acc) : empty({N, E}, accum_dtype(r.act), r.dev);
     Tensor ex = r.ints(std::vector<int64_t>(size_t(N * K), -7), {N, K}, DType::i32);
-    router_topk_forward(w, ex, p, x, bias, sigmoid, renorm, scale);
+    const auto [ng, tg] = groups(E);
+    router_topk_forward(w, ex, p, x, bias, sigmoid, renorm, scale, ng, tg);
     return std::tuple{w, ex, p, x};
   };
   c.forward = [=](OpRun& r, const Dims& d) {
@@ -349,7 +373,8 @@ OpCase router_case(const std::string& name, bool sigmoid, bool renorm, double sc
     V w, p;
     std::vector<int64_t> ex;
     const V* bias = with_bias ? &r.values_of("bias", E, 0.1) : nullptr;
-    ref_router(w, ex, p, r.values_of("logits", N * E, 2.0), bias, N, E, K, sigmoid, renorm, scale);
+    const auto [ng, tg] = groups(E);
+    ref_router(w, ex, p, r.values_of("logits", N * E, 2.0), bias, N, E, K, sigmoid, renorm, scale, ng, tg);
     return Results{{"weights", w}, {"probs", p}, {"experts", V(ex.begin(), ex.end())}};
   };
   c.backward = [=](OpRun& r, const Dims& d) {
@@ -972,6 +997,8 @@ std::vector<OpCase> op_cases() {
   // slots and padding rows, the grouped GEMM with an empty group.
   cases.push_back(router_case("router_topk softmax", false, false, 1.0, false, true));
   cases.push_back(router_case("router_topk sigmoid", true, true, 2.5, true, false));
+  cases.push_back(router_case("router_topk sigmoid grouped", true, true, 2.5, true, false, true));
+  cases.push_back(router_case("router_topk softmax grouped", false, true, 1.5, false, false, true));
   {  // dispatch: out rows slot[t,k] = x row t, the padding rows left as they are; backward sums the K rows
     OpCase c;
     c.name = "moe_dispatch";

@@ -634,6 +634,10 @@ ModelConfig deepseek_from_hf(const ModelFamily& f, const json& j, const std::str
   if (r.boolean("model.moe.output_router_logits", false))
     r.unsupported("output_router_logits", j["output_router_logits"],
                   "DeepSeek's auxiliary losses are not implemented (the aux-loss-free bias is: model.moe.bias_update_rate)");
+  // The RoPE width first: head_dim repeats it in DeepSeek-V3's files, and the error names the latent attention's key.
+  if (r.has("model.mla.qk_rope_head_dim") && r.at("model.mla.qk_rope_head_dim").is_number_integer() &&
+      r.at("model.mla.qk_rope_head_dim").get<int64_t>() % 2 != 0)
+    r.unsupported("model.mla.qk_rope_head_dim", r.at("model.mla.qk_rope_head_dim"), "RoPE needs an even width");
   ModelConfig c = common_from_hf(r);
   c.type = f.type;
   MlaConfig& a = c.mla;

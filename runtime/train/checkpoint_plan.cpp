@@ -50,9 +50,13 @@ std::vector<CkptTensor> checkpoint_tensors(CausalLM& model, AdamW* opt) {
   // With LoRA the frozen base is not saved (it comes from model.init_from or the seed): the adapters, under PEFT's
   // names, and their optimizer state.
   // A family's fused tensors (Phi-3's qkv_proj, gate_up_proj) are written joined, once (adapters never are).
-  const std::vector<Parameter*> params = trainable(model.parameters());
+  // Without LoRA a frozen parameter (DeepSeek-V3's e_score_correction_bias: a buffer in transformers) is part of the
+  // model's files all the same, without optimizer state.
+  const std::vector<Parameter*> all = model.parameters();
+  const bool lora = std::any_of(all.begin(), all.end(), [](const Parameter* p) { return is_lora_param(*p); });
+  const std::vector<Parameter*> params = trainable(all), files = lora ? params : all;
   const FileLayout layout(model);
-  for (Parameter* p : params) {
+  for (Parameter* p : files) {
     if (is_lora_param(*p) || !layout.part(p->name)) add(file_param_name(*p), p->value, true);
     else if (auto parts = layout.parts_led_by(p->name); !parts.empty())  // a fused tensor, once
       out.push_back({layout.file_name(p->name), p->value, true, -1, parts});

@@ -15,7 +15,9 @@
 # `meshtrain estimate` and `plan --search` take it. Gemma 2 (tied, a window of 8 below the sequence's 32, both
 # soft-caps, query_pre_attn_scalar) and Gemma 3's text model (q/k norms, sliding_window_pattern 3, its sliding layers'
 # RoPE base beside the global layers' linear-scaled one) the same way, then on pp 2, cp 2 and cp 4 (ring), their
-# logits against the reference's, and a window of 0 refused naming the key. Bad family input gives its message.
+# logits against the reference's, and a window of 0 refused naming the key. DeepSeek-V3 and V2 (latent attention,
+# YaRN, group-limited routing, shared experts, dense first layers) the same way, V3 also on cp 2, cp 4, pp 2, ep 2 and
+# tp 2 without sequence parallel, with bad config.json input named. Bad family input gives its message.
 # Prints "families: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_families.sh BUILD_DIR
 set -uo pipefail
@@ -24,7 +26,7 @@ source "$(dirname "$0")/common.sh"
 ref="$root/scripts/reference/llama_ref.py"
 
 if ! "$py" -c "import torch" 2>/dev/null; then
-  for f in llama3 mistral qwen2 qwen2_tied qwen3 mixtral qwen2_moe qwen3_moe phi3 phi3_v5 gemma2 gemma3_text; do skip "$f against the PyTorch reference" "python3-torch is not installed"; done
+  for f in llama3 mistral qwen2 qwen2_tied qwen3 mixtral qwen2_moe qwen3_moe phi3 phi3_v5 gemma2 gemma3_text deepseek_v3 deepseek_v2; do skip "$f against the PyTorch reference" "python3-torch is not installed"; done
   summary families
   exit 0
 fi
@@ -290,6 +292,79 @@ expect "gemma2: a window of 0 in config.json is refused, naming the key" nonzero
 expect "gemma2: a window of 0 in the YAML is refused, naming the key" nonzero "model.sliding_window = 0: model.type = gemma2 needs the window of its sliding layers" -- \
   "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.type=gemma2 --set model.sliding_window_pattern=2 train
 
+# DeepSeek-V3 and V2 (models/llama/mla.cpp; the reference's DeepSeek from the formulas): latent attention with a
+# query latent (V3) and a plain q_proj (V2), YaRN with both mscale corrections, 8 experts in 4 groups of which a
+# token's 2 come from its 2 best groups (V3: sigmoid + e_score_correction_bias, top-2 group scores; V2: softmax,
+# group_limited_greedy), the shared experts, a dense first layer; then V3 under cp 2, cp 4, pp 2 and ep 2, its logits,
+# and bad input naming the key.
+ds_common=(--n-layers 3 --ffn-dim 48 --kv-lora-rank 16 --qk-nope-head-dim 8 --qk-rope-head-dim 4 --v-head-dim 6
+  --n-experts 8 --experts-per-token 2 --moe-ffn-dim 12 --n-group 4 --topk-group 2 --first-k-dense-replace 1
+  --norm-topk-prob)
+family deepseek_v3 --model-type deepseek_v3 "${ds_common[@]}" --q-lora-rank 12 --n-shared-experts 1 \
+  --routed-scaling-factor 2.5 --rope-scaling yarn:4,16,32,1,1.0,0.8
+family deepseek_v2 --model-type deepseek_v2 "${ds_common[@]}" --n-shared-experts 2 --topk-method group_limited_greedy \
+  --routed-scaling-factor 1.5 --rope-scaling yarn:4,16,32,1,0.707,0.707
+deepseek_meshes() {
+  local name=deepseek_v3 mesh m np
+  for mesh in "cp2:2:--set parallel.cp=2" "cp4:4:--set parallel.cp=4" \
+    "pp2:2:--set parallel.pp=2 --set training.micro_batch_size=4" "ep2:2:--set parallel.ep=2" \
+    "tp2_nosp:2:--set parallel.tp=2 --set parallel.sequence_parallel=false"; do
+    m=${mesh%%:*} np=$(echo "$mesh" | cut -d: -f2)
+    # shellcheck disable=SC2046
+    if timeout 300 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/$name" \
+      --set log.metrics_file="$tmp/$name.$m.jsonl" $(echo "$mesh" | cut -d: -f3-) train >"$tmp/$name.$m.log" 2>&1 &&
+      out=$("$py" "$compare" "$tmp/$name.$m.jsonl" "$tmp/$name.ref.json" --rel0 1e-5 --abs 1e-5 --steps 10 2>&1); then
+      ok "$name under $m: 10 f64 steps within 1e-5 of the reference: $out"
+    else
+      bad "$name under $m" "${out:-$(tail -n 20 "$tmp/$name.$m.log")}"
+    fi
+  done
+  for name in deepseek_v3 deepseek_v2; do
+    "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/$name" --tokens 5,17,99,3,250,8,8,41,77,120,1,2,3,4,5,6,7,8,9,10 \
+      --out "$tmp/$name.dir.logits.npy" >"$tmp/$name.dir.logits.log" 2>&1
+    if out=$("$py" - "$root/scripts/reference" "$tmp/$name" "$tmp/$name.dir.logits.npy" <<'PY' 2>&1
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np, torch
+import llama_ref as r
+model = r.load_model(sys.argv[2], torch.float64)
+with torch.no_grad():
+    ref = model(torch.tensor([[5, 17, 99, 3, 250, 8, 8, 41, 77, 120, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]))[0].numpy()
+ours = np.load(sys.argv[3])
+d = float(np.abs(ours - ref).max())
+assert ours.shape == ref.shape and d < 1e-5, (ours.shape, d)
+print(f"logits {ours.shape} within {d:.1e}")
+PY
+    ); then ok "$name: meshtrain logits of the directory equal the reference's: $out"
+    else bad "$name: logits against the reference" "$out"; fi
+  done
+  # Bad input in config.json, each refused naming its key.
+  local edit key value want
+  for edit in "qk_rope_head_dim:5:qk_rope_head_dim = 5: RoPE needs an even width" \
+    "n_group:3:model.moe.n_group = 3 does not divide model.moe.n_experts = 8" \
+    "topk_group:6:model.moe.topk_group = 6 exceeds model.moe.n_group = 4" \
+    "num_nextn_predict_layers:1:num_nextn_predict_layers = 1: multi-token prediction is not implemented yet"; do
+    key=${edit%%:*} value=$(echo "$edit" | cut -d: -f2) want=$(echo "$edit" | cut -d: -f3-)
+    "$py" - "$tmp/deepseek_v3" "$tmp/deepseek_bad" "$key" "$value" <<'PY'
+import json, os, shutil, sys
+src, dst, key, value = sys.argv[1:5]
+shutil.copytree(src, dst, dirs_exist_ok=True)
+c = json.load(open(os.path.join(dst, "config.json")))
+c[key] = int(value)
+json.dump(c, open(os.path.join(dst, "config.json"), "w"))
+PY
+    expect "deepseek_v3: config.json's $key = $value is refused, naming the key" nonzero "$want" -- \
+      "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/deepseek_bad" train
+  done
+  expect "latent attention is DeepSeek's" nonzero "model.mla.kv_lora_rank = 16: model.type = llama has no latent attention" -- \
+    "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.mla.kv_lora_rank=16 --set model.mla.qk_rope_head_dim=32 \
+    --set model.mla.v_head_dim=8 --set model.n_kv_heads=8 train
+  expect "deepseek_v3 needs its latent attention" nonzero "model.mla.kv_lora_rank = 0: model.type = deepseek_v3 needs its latent attention" -- \
+    "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.type=deepseek_v3 --set model.moe.n_experts=4 \
+    --set model.moe.ffn_dim=16 --set model.moe.router_score=sigmoid train
+}
+deepseek_meshes
+
 # With and without the balance loss, one directory (mixtral's, output_router_logits true): the YAML's
 # model.moe.output_router_logits = false wins over config.json's (how a run trains, not what the model is) and
 # gives the reference's losses trained from a copy that says false; the two runs differ (the loss term is there),
@@ -358,7 +433,9 @@ expect "llama has no sliding window" nonzero "model.sliding_window = 64: model.t
   "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.sliding_window=64 train
 expect "the YAML's model.type must agree with config.json's model_type" nonzero "model.type = llama but model.init_from's $tmp/qwen2/config.json says model_type = qwen2" -- \
   "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.type=llama --set model.init_from="$tmp/qwen2" train
-expect "an unknown RoPE scaling type is refused" nonzero "model.rope_scaling.type = 'yarn': expected one of 'none', 'linear', 'llama3'" -- \
+expect "an unknown RoPE scaling type is refused" nonzero "model.rope_scaling.type = 'dynamic': expected one of 'none', 'linear', 'llama3'" -- \
+  "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.rope_scaling.type=dynamic train
+expect "YaRN is DeepSeek's here" nonzero "model.rope_scaling.type = yarn: model.type = llama has no YaRN here" -- \
   "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.rope_scaling.type=yarn train
 expect "llama3 scaling: high_freq_factor must exceed low_freq_factor" nonzero "model.rope_scaling.high_freq_factor = 1 must exceed model.rope_scaling.low_freq_factor = 2" -- \
   "$mpirun" -np 1 "$mt" --config "$tmp/t.yaml" --set model.rope_scaling.type=llama3 --set model.rope_scaling.low_freq_factor=2 --set model.rope_scaling.high_freq_factor=1 train
