@@ -3,6 +3,7 @@
 // the run's model.type (or a Hugging Face config.json's model_type) picks one here.
 #pragma once
 #include <cmath>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -140,6 +141,17 @@ class CausalLM : public Module {
   // take_router_stats: the step's router statistics (global), including the balance loss as it enters the loss,
   // cleared. after_step: state the optimizer does not update (the aux-loss-free selection bias).
   virtual void set_loss_scale(double /*inv_tokens*/) {}
+  // Multi-token prediction (DeepSeek-V3, model.mtp_layers): wants_mtp says the model has it; set_mtp_batch gives
+  // the next training forward its input tokens (the next tokens) and targets (the tokens after next; -1: none),
+  // (B, T) i32 on the model's device each; take_extra_losses: the weighted per-token losses of the training forwards
+  // since the last call (summed into the step's loss like the token losses), cleared.
+  virtual bool wants_mtp() const { return false; }
+  virtual void set_mtp_batch(const Tensor& /*inputs*/, const Tensor& /*targets*/) {}
+  virtual std::vector<Tensor> take_extra_losses() { return {}; }
+  // Tensors a family's files hold as copies of a shared parameter (DeepSeek-V3's MTP module keeps
+  // model.layers.{L}.embed_tokens.weight and shared_head.head.weight): file name -> the parameter's name. Written
+  // with the parameter's values, skipped when read.
+  virtual std::map<std::string, std::string> file_copies() const { return {}; }
   // After this rank's last forward of a training micro-batch (the executors call it in the micro-batch's slot):
   // the router statistics' sum starts. set_router_stats_group: the ranks it sums over (default: the loss group of
   // the model's mesh). pool_router_stats: under pipeline parallel, an MoE model's statistics pool every sparse

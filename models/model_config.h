@@ -188,6 +188,10 @@ struct ModelConfig {
   std::string init_from;
   MoeConfig moe;
   MlaConfig mla;
+  // DeepSeek-V3's multi-token prediction (models/llama/mtp.cpp): mtp_layers modules after the decoder layers, each
+  // predicting one token further; their loss enters the training objective times mtp_loss_weight.
+  int64_t mtp_layers = 0;
+  double mtp_loss_weight = 0.3;
   template <class V> void visit(V& v) {
     v("type", type,
       "the model family: llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe | phi3 | gemma2 | "
@@ -238,6 +242,14 @@ struct ModelConfig {
     v("moe", moe, "mixture of experts (mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3)",
       ExpertsOfFamily{type});
     v("mla", mla, "multi-head latent attention (deepseek_v2, deepseek_v3)");
+    v("mtp_layers", mtp_layers,
+      "deepseek_v3: multi-token prediction modules (num_nextn_predict_layers; 0 or 1): the module predicts the token "
+      "after next from the model's last hidden state and the next token's embedding, sharing the embedding and "
+      "lm_head",
+      expect([](int64_t n) { return n == 0 || n == 1; }, "expected 0 or 1 (one prediction depth is implemented)"));
+    v("mtp_loss_weight", mtp_loss_weight,
+      "the multi-token prediction loss's weight in the training objective (DeepSeek-V3: 0.3, later 0.1)",
+      at_least(0, "a weight"));
   }
   // The rules across the model's keys every family shares: heads split the width, products that must fit in
   // 64 bits, the MoE layers. The family's own are ModelFamily::check (models/model.h).

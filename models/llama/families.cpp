@@ -96,6 +96,9 @@ void check_gemma(const ModelConfig& c) {
 
 // DeepSeek's keys: latent attention in its families only, group-limited routing and YaRN likewise.
 void check_deepseek(const ModelConfig& c) {
+  if (c.mtp_layers > 0 && c.type != "deepseek_v3")
+    fail("config", "model.mtp_layers = {}: model.type = {} has no multi-token prediction (deepseek_v3 has)",
+         c.mtp_layers, c.type);
   if (!is_deepseek(c)) {
     if (c.mla.enabled())
       fail("config", "model.mla.kv_lora_rank = {}: model.type = {} has no latent attention (deepseek_v2 and "

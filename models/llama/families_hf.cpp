@@ -591,7 +591,9 @@ const std::vector<HfName>& kDeepseek() {
                                         {"model.mla.kv_lora_rank", "kv_lora_rank"},
                                         {"model.mla.qk_nope_head_dim", "qk_nope_head_dim"},
                                         {"model.mla.qk_rope_head_dim", "qk_rope_head_dim"},
-                                        {"model.mla.v_head_dim", "v_head_dim"}};
+                                        {"model.mla.v_head_dim", "v_head_dim"},
+                                        {"model.mtp_layers", "num_nextn_predict_layers"},
+                                        {"model.mtp_loss_weight", "mtp_loss_weight"}};
   return v;
 }
 
@@ -606,7 +608,6 @@ json deepseek_to_hf(const ModelFamily& f, const ModelConfig& m) {
     j["scoring_func"] = "sigmoid";
     j["topk_method"] = "noaux_tc";
     j["rope_interleave"] = m.mla.rope_interleave;
-    j["num_nextn_predict_layers"] = 0;
   } else {
     j["scoring_func"] = "softmax";
     j["topk_method"] = m.moe.n_group > 1 ? "group_limited_greedy" : "greedy";
@@ -621,9 +622,11 @@ ModelConfig deepseek_from_hf(const ModelFamily& f, const json& j, const std::str
   if (r.has("moe_layer_freq") && j["moe_layer_freq"] != json(1))
     r.unsupported("moe_layer_freq", j["moe_layer_freq"], "meshtrain puts the experts in every layer after the "
                   "dense ones (1 only)");
-  if (r.has("num_nextn_predict_layers") && j["num_nextn_predict_layers"] != json(0))
+  if (r.has("num_nextn_predict_layers") && j["num_nextn_predict_layers"] != json(0) &&
+      !(v3 && j["num_nextn_predict_layers"] == json(1)))
     r.unsupported("num_nextn_predict_layers", j["num_nextn_predict_layers"],
-                  "multi-token prediction is not implemented yet (0 only: the layers' weights would not be trained)");
+                  v3 ? "one multi-token prediction depth is implemented (0 or 1)"
+                     : "DeepSeek-V2 has no multi-token prediction (0 only)");
   const std::string scoring = j.value("scoring_func", std::string(v3 ? "sigmoid" : "softmax"));
   if (scoring != (v3 ? "sigmoid" : "softmax"))
     r.unsupported("scoring_func", j["scoring_func"], v3 ? "DeepSeek-V3 scores by sigmoid" : "DeepSeek-V2 by softmax");
@@ -683,6 +686,12 @@ ModelConfig deepseek_from_hf(const ModelFamily& f, const json& j, const std::str
   }
   for (int64_t i = 0; i < std::min(first_dense, c.n_layers); ++i) e.mlp_only_layers.push_back(int(i));
   e.router_aux_loss_coef = 0;
+  c.mtp_layers = r.has("num_nextn_predict_layers") ? j["num_nextn_predict_layers"].get<int64_t>() : 0;
+  if (r.has("mtp_loss_weight")) {  // meshtrain's own key (DeepSeek's files do not say the weight they trained with)
+    MT_CHECK(j["mtp_loss_weight"].is_number() && j["mtp_loss_weight"].get<double>() >= 0, "checkpoint",
+             "{}: mtp_loss_weight = {}: expected a number >= 0", file, j["mtp_loss_weight"].dump());
+    c.mtp_loss_weight = j["mtp_loss_weight"].get<double>();
+  }
   return c;
 }
 

@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
+#include "parallel/loss_parallel.h"
 #include "runtime/kernels/ops.h"
 
 namespace mt {
@@ -73,18 +75,72 @@ LlamaModel::LlamaModel(const std::string& name, const ModelConfig& c, const Llam
     layers.push_back(
         add_child(std::make_unique<LlamaDecoderLayer>(child_name(name, "layers." + std::to_string(i)), c, v, f, seq, moe, i)));
   norm = add_child(std::make_unique<RMSNorm>(child_name(name, "norm"), c.dim, c.norm_eps, f, v.gemma));
+  if (c.mtp_layers > 0)
+    mtp = add_child(std::make_unique<MtpLayer>(child_name(name, "layers." + std::to_string(c.n_layers)), c, v, f, seq,
+                                               moe, c.n_layers));
 }
 
+namespace {
+// Rows [begin, begin + n) of dim 0 of t, copied: (n, ...).
+Tensor rows_of(const Tensor& t, int64_t begin, int64_t n) {
+  Shape s = t.shape();
+  s[0] = n;
+  Tensor out = empty(s, t.dtype(), t.device());
+  copy_slice(out, 0, t, begin, n, 0);
+  return out;
+}
+// a and b stacked along dim 0 (their other dims equal).
+Tensor stack_rows(const Tensor& a, const Tensor& b) {
+  Shape s = a.shape();
+  s[0] = a.size(0) + b.size(0);
+  Tensor out = empty(s, a.dtype(), a.device());
+  copy_slice(out, 0, a, 0, a.size(0), 0);
+  copy_slice(out, a.size(0), b, 0, b.size(0), 0);
+  return out;
+}
+}  // namespace
+
+// With multi-token prediction the embedding runs once on the tokens and the next tokens (2B rows), the decoder
+// layers on the first B, the MTP module on [its embeddings, the final normed hidden state], and the model's output
+// stacks the final normed hidden state and the MTP module's (2B rows: lm_head runs once on both).
 Tensor LlamaModel::forward(const Tensor& tokens) {
-  Tensor h = embed_tokens->call(tokens);  // (B, T, C)
+  if (!recomputing()) mtp_rows_ = mtp && mtp_tokens.defined() ? tokens.size(0) : 0;
+  const int64_t B = mtp_rows_;
+  if (B == 0) {
+    Tensor h = embed_tokens->call(tokens);  // (B, T, C)
+    for (auto* layer : layers) h = layer->call(h);
+    return norm->call(h);
+  }
+  Tensor e = embed_tokens->call(stack_rows(tokens, mtp_tokens));  // (2B, T, C)
+  Tensor h = rows_of(e, 0, B), e_next = rows_of(e, B, B);          // (B, T, C) each
   for (auto* layer : layers) h = layer->call(h);
-  return norm->call(h);
+  h = norm->call(h);
+  const int64_t C = h.size(2);
+  Tensor eh = empty({B, h.size(1), 2 * C}, h.dtype(), h.device());  // (B, T, 2C) [e, h]
+  copy_slice(eh, 0, e_next, 0, C, 2);
+  copy_slice(eh, C, h, 0, C, 2);
+  return stack_rows(h, mtp->call(eh));  // (2B, T, C)
 }
 
 Tensor LlamaModel::backward(const Tensor& dy) {
-  Tensor dh = norm->call_backward(dy);
+  const int64_t B = mtp_rows_;
+  if (B == 0) {
+    Tensor dh = norm->call_backward(dy);
+    for (auto it = layers.rbegin(); it != layers.rend(); ++it) dh = (*it)->call_backward(dh);
+    embed_tokens->call_backward(dh);
+    return Tensor();
+  }
+  // dy (2B, T, C): the main rows' gradient, then the MTP module's; the final hidden state gets both.
+  Tensor dh = rows_of(dy, 0, B), deh = mtp->call_backward(rows_of(dy, B, B));  // (B, T, C), (B, T, 2C)
+  const int64_t C = dh.size(2);
+  Tensor de = empty(dh.shape(), dh.dtype(), dh.device()), dh_mtp = empty(dh.shape(), dh.dtype(), dh.device());
+  copy_slice(de, 0, deh, 0, C, 2);
+  copy_slice(dh_mtp, 0, deh, C, C, 2);
+  add_(dh, dh_mtp);
+  dh = norm->call_backward(dh);
   for (auto it = layers.rbegin(); it != layers.rend(); ++it) dh = (*it)->call_backward(dh);
-  embed_tokens->call_backward(dh);
+  embed_tokens->call_backward(stack_rows(dh, de));
+  mtp_rows_ = 0;
   return Tensor();
 }
 
@@ -97,8 +153,8 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, 
   seq->rope_scaling = c.rope_scaling;
   seq->max_positions = c.max_seq_len;
   if (c.moe.enabled()) {
-    int64_t sparse = 0;
-    for (int64_t i = 0; i < c.n_layers; ++i) sparse += c.moe.sparse_layer(i);
+    int64_t sparse = 0;  // the multi-token prediction module's layer counts as the layer after the last
+    for (int64_t i = 0; i < c.n_layers + c.mtp_layers; ++i) sparse += c.moe.sparse_layer(i);
     moe = std::make_shared<MoeContext>(c.moe, sparse, accum_dtype(f.dtype), f.device);
     if (c.moe.bias_update_rate > 0)  // the selection bias of each sparse layer, zero at the start
       for (int64_t l = 0; l < sparse; ++l) moe->biases.push_back(zeros({c.moe.n_experts}, accum_dtype(f.dtype), f.device));
@@ -167,6 +223,7 @@ void LlamaForCausalLM::keep_chunks(const std::vector<ModelChunk>& chunks) {
   for (size_t i = 0; i < keep.size(); ++i)
     if (!keep[i]) dropped.push_back(model->layers[i]);
   if (!last) dropped.push_back(model->norm), dropped.push_back(lm_head);
+  if (!last && model->mtp) dropped.push_back(model->mtp);  // the MTP module runs after the last layer
   const std::set<const Module*> drop(dropped.begin(), dropped.end());
   for (Module* m : dropped)
     for (Module* sub : m->modules()) {
@@ -184,6 +241,7 @@ void LlamaForCausalLM::keep_chunks(const std::vector<ModelChunk>& chunks) {
     if (!keep[i]) model->layers[i] = nullptr;
   if (!first) model->embed_tokens = nullptr;
   if (!last) model->norm = nullptr;
+  if (!last) model->mtp = nullptr;
   const bool drop_head = !last;
   model->remove_children([&](const Module* m) { return drop.count(m) > 0; });
   remove_children([&](const Module* m) { return drop.count(m) > 0; });
@@ -191,28 +249,110 @@ void LlamaForCausalLM::keep_chunks(const std::vector<ModelChunk>& chunks) {
   chunks_ = chunks;
 }
 
+// Multi-token prediction under pipeline parallel: stage 0 embeds the tokens and the next tokens (2B rows), every
+// stage runs its layers on the first B rows and passes the next tokens' embeddings on beside them (the messages
+// hold 2B rows), and the last stage runs the norm, the MTP module on [those embeddings, the normed hidden state]
+// and lm_head on both; the gradients travel back the same way.
 Tensor LlamaForCausalLM::chunk_forward(size_t k, const Tensor& x) {
   const ModelChunk& c = chunks_.at(k);
-  Tensor h = c.first ? model->embed_tokens->call(x) : x;  // (B, T, C)
+  const bool with_mtp = config.mtp_layers > 0 && mtp_targets_.defined() && loss_scale_ > 0;
+  if (!recomputing()) chunk_mtp_rows_ = with_mtp ? mtp_targets_.size(0) : 0;
+  const int64_t B = chunk_mtp_rows_;
+  Tensor h, e_next;  // (B, T, C) each
+  if (B == 0) {
+    h = c.first ? model->embed_tokens->call(x) : x;
+  } else {
+    Tensor both = c.first ? model->embed_tokens->call(stack_rows(x, model->mtp_tokens)) : x;  // (2B, T, C)
+    h = rows_of(both, 0, B), e_next = rows_of(both, B, B);
+  }
   for (int64_t i = c.layer_begin; i < c.layer_end; ++i) h = model->layers[size_t(i)]->call(h);
-  if (c.last) h = soft_cap(lm_head->call(model->norm->call(h)));  // (B, T, V)
-  return h;
+  if (!c.last) return B == 0 ? h : stack_rows(h, e_next);
+  h = model->norm->call(h);
+  if (B == 0) {
+    model->mtp_tokens = Tensor();
+    return soft_cap(lm_head->call(h));  // (B, T, V)
+  }
+  const int64_t C = h.size(2);
+  Tensor eh = empty({B, h.size(1), 2 * C}, h.dtype(), h.device());  // (B, T, 2C) [e, h]
+  copy_slice(eh, 0, e_next, 0, C, 2);
+  copy_slice(eh, C, h, 0, C, 2);
+  return mtp_loss(lm_head->call(stack_rows(h, model->mtp->call(eh))));  // the main rows (B, T, V)
 }
 
 Tensor LlamaForCausalLM::chunk_backward(size_t k, const Tensor& dy) {
   const ModelChunk& c = chunks_.at(k);
-  Tensor dh = c.last ? model->norm->call_backward(lm_head->call_backward(soft_cap_backward(dy))) : dy;
+  const int64_t B = chunk_mtp_rows_;
+  Tensor dh, de;  // (B, T, C) each
+  if (c.last && B > 0) {
+    Tensor all = *mtp_logits_;  // (2B, T, V): dy is its first half
+    mtp_logits_ = Tensor();
+    Tensor d = lm_head->call_backward(all);  // (2B, T, C)
+    dh = rows_of(d, 0, B);
+    Tensor deh = model->mtp->call_backward(rows_of(d, B, B));  // (B, T, 2C)
+    const int64_t C = dh.size(2);
+    Tensor dh_mtp = empty(dh.shape(), dh.dtype(), dh.device());
+    de = empty(dh.shape(), dh.dtype(), dh.device());
+    copy_slice(de, 0, deh, 0, C, 2);
+    copy_slice(dh_mtp, 0, deh, C, C, 2);
+    add_(dh, dh_mtp);
+    dh = model->norm->call_backward(dh);
+  } else if (c.last) {
+    dh = model->norm->call_backward(lm_head->call_backward(soft_cap_backward(dy)));
+  } else if (B > 0) {
+    dh = rows_of(dy, 0, B), de = rows_of(dy, B, B);
+  } else {
+    dh = dy;
+  }
   for (int64_t i = c.layer_end; i-- > c.layer_begin;) dh = model->layers[size_t(i)]->call_backward(dh);
   if (c.first) {
-    model->embed_tokens->call_backward(dh);
+    model->embed_tokens->call_backward(B > 0 ? stack_rows(dh, de) : dh);
     return Tensor();
   }
-  return dh;
+  return B > 0 ? stack_rows(dh, de) : dh;
 }
 
 void LlamaForCausalLM::set_attention(std::shared_ptr<const Attention> a) {
   for (LlamaDecoderLayer* l : model->layers)
     if (l) l->self_attn->attention = a;  // null: another pipeline stage's
+  if (model->mtp) model->mtp->self_attn->attention = a;
+}
+
+void LlamaForCausalLM::set_mtp_batch(const Tensor& inputs, const Tensor& targets) {
+  model->mtp_tokens = inputs;
+  mtp_targets_ = targets;
+}
+
+std::vector<Tensor> LlamaForCausalLM::take_extra_losses() { return std::exchange(extra_losses_, {}); }
+
+std::map<std::string, std::string> LlamaForCausalLM::file_copies() const {
+  if (config.mtp_layers == 0) return {};
+  const std::string mtp = "model.layers." + std::to_string(config.n_layers) + ".";
+  return {{mtp + "embed_tokens.weight", "model.embed_tokens.weight"},
+          {mtp + "shared_head.head.weight", config.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}};
+}
+
+// The MTP rows' cross-entropy against the tokens after next, weighted by model.mtp_loss_weight and the step's
+// token scale (the paper's 1/T: the main loss's count), its gradient left in those rows for backward.
+Tensor LlamaForCausalLM::mtp_loss(const Tensor& logits) {
+  const int64_t B = logits.size(0) / 2, T = logits.size(1), Vl = logits.size(2);
+  MT_CHECK(mtp_targets_.defined() && mtp_targets_.size(0) == B && mtp_targets_.size(1) == T, "model",
+           "multi-token prediction: targets for {} x {} tokens expected", B, T);
+  Tensor z = logits.view(B * T * Vl, {B * T, Vl});  // the MTP rows
+  Tensor losses = empty({B * T}, accum_dtype(logits.dtype()), logits.device());  // (B*T)
+  const double w = config.mtp_loss_weight * loss_scale_;
+  if (Vl == config.vocab_size) {
+    cross_entropy_forward_backward(losses, z, z, mtp_targets_.reshape({-1}), w);
+  } else {
+    MT_CHECK(vocab_group, "model", "multi-token prediction: vocab-sharded logits without their tp group");
+    vocab_parallel_cross_entropy(losses, z, z, mtp_targets_.reshape({-1}), lm_head->weight->compute_offset()[0], w,
+                                 *vocab_group);
+  }
+  scale_(losses, config.mtp_loss_weight);
+  extra_losses_.push_back(losses);
+  mtp_logits_ = logits;
+  model->mtp_tokens = Tensor();
+  mtp_targets_ = Tensor();
+  return logits.view(0, {B, T, Vl});
 }
 
 Tensor LlamaForCausalLM::forward(const Tensor& tokens) {
@@ -229,10 +369,19 @@ Tensor LlamaForCausalLM::forward(const Tensor& tokens) {
     for (int64_t t = 0; t < T; ++t) pos.at<int64_t>(t) = t;
     set_positions(pos);
   }
-  return soft_cap(lm_head->call(model->call(tokens)));  // (B, T, V)
+  const bool with_mtp = model->mtp && model->mtp_tokens.defined() && loss_scale_ > 0;
+  if (!with_mtp) model->mtp_tokens = Tensor();  // a forward without backward runs the main rows only
+  Tensor logits = lm_head->call(model->call(tokens));  // (B, T, V), with MTP (2B, T, V)
+  if (with_mtp) return mtp_loss(logits);
+  return soft_cap(logits);
 }
 
 Tensor LlamaForCausalLM::backward(const Tensor& dlogits) {
+  if (mtp_logits_->defined()) {  // dlogits is the first half of them: both halves hold their gradients now
+    Tensor all = *mtp_logits_;
+    mtp_logits_ = Tensor();
+    return model->call_backward(lm_head->call_backward(all));
+  }
   return model->call_backward(lm_head->call_backward(soft_cap_backward(dlogits)));
 }
 

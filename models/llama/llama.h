@@ -123,7 +123,23 @@ class LlamaDecoderLayer : public Module {
   Tensor backward(const Tensor& dy) override;
 };
 
-// "model": embeddings, layers, final norm.
+// DeepSeek-V3's multi-token prediction module ("model.layers.{L}", DeepSeek's names; models/llama/mtp.cpp): a decoder
+// layer of index L = n_layers with, before it, x = eh_proj([enorm(e), hnorm(h)]) of the next token's embedding e and
+// the model's final normed hidden state h, and after it shared_head.norm. The embedding and the lm_head are the
+// model's own modules, run once on both the main rows and these (LlamaModel's forward).
+class MtpLayer : public LlamaDecoderLayer {
+ public:
+  MtpLayer(const std::string& name, const ModelConfig& c, const LlamaVariant& v, const ParamFactory& f,
+           std::shared_ptr<SequenceContext> seq, std::shared_ptr<MoeContext> moe, int64_t index);
+  RMSNorm *enorm, *hnorm, *shared_head_norm;
+  Linear* eh_proj;  // (C, 2C)
+
+ protected:
+  Tensor forward(const Tensor& eh) override;  // (B, T, 2C) [e, h] -> (B, T, C) shared_head.norm's output
+  Tensor backward(const Tensor& dy) override;  // -> (B, T, 2C) [de, dh]
+};
+
+// "model": embeddings, layers, final norm (and the multi-token prediction module).
 class LlamaModel : public Module {
  public:
   LlamaModel(const std::string& name, const ModelConfig& c, const LlamaVariant& v, const ParamFactory& f,
@@ -132,11 +148,18 @@ class LlamaModel : public Module {
   Embedding* embed_tokens;
   std::vector<LlamaDecoderLayer*> layers;  // by global index
   RMSNorm* norm;
+  MtpLayer* mtp = nullptr;  // model.mtp_layers 1
+  // The next forward's multi-token prediction input tokens (B, T) i32 (the next tokens), or undefined: without it
+  // the model's output is the normed hidden state (B, T, C); with it that and, below, the MTP rows: (2B, T, C).
+  Tensor mtp_tokens;
   friend class LlamaForCausalLM;
 
  protected:
-  Tensor forward(const Tensor& tokens) override;  // (B, T) i32 -> (B, T, C)
+  Tensor forward(const Tensor& tokens) override;  // (B, T) i32 -> (B, T, C), with MTP (2B, T, C)
   Tensor backward(const Tensor& dy) override;
+
+ private:
+  Saved<int64_t> mtp_rows_;  // B of a forward with MTP rows, else 0
 };
 
 // The root (name ""): LlamaModel "model" and "lm_head". forward gives logits (B, T, V).
@@ -154,7 +177,13 @@ class LlamaForCausalLM : public CausalLM {
   void set_positions(const Tensor& positions) override;
   void set_loss_scale(double inv_tokens) override {
     if (moe) moe->loss_scale = inv_tokens;
+    loss_scale_ = inv_tokens;
   }
+  void set_mtp_batch(const Tensor& inputs, const Tensor& targets) override;
+  bool wants_mtp() const override { return config.mtp_layers > 0; }  // on every pipeline stage
+  std::vector<Tensor> take_extra_losses() override;
+  std::map<std::string, std::string> file_copies() const override;
+  Group* vocab_group = nullptr;  // tp under loss parallel: the MTP rows' vocab-parallel cross-entropy
   void forward_done() override {
     if (moe) moe->forward_done();
   }
@@ -193,6 +222,14 @@ class LlamaForCausalLM : public CausalLM {
   Tensor soft_cap(const Tensor& logits);  // final_softcap on the logits (B, T, V) in place (none: as they are)
   Tensor soft_cap_backward(const Tensor& dlogits);
   Saved<Tensor> capped_;  // (B, T, V) the soft-capped logits (the loss overwrites its own)
+  // Multi-token prediction: the targets of the next forward's MTP rows, the whole logits (2B, T, V) whose second
+  // half holds the MTP loss's gradient after forward, and the weighted token losses not yet taken.
+  double loss_scale_ = 0;
+  Tensor mtp_targets_;
+  Saved<Tensor> mtp_logits_;
+  Saved<int64_t> chunk_mtp_rows_;  // pipeline parallel: B of a chunk's forward with MTP rows, else 0
+  std::vector<Tensor> extra_losses_;
+  Tensor mtp_loss(const Tensor& logits);  // (2B, T, V') -> the main rows (B, T, V'); the MTP rows' loss taken
 };
 
 // 6*N + 12*L*d*T FLOPs per token (N = active parameters without embeddings): the

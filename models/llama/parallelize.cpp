@@ -106,9 +106,17 @@ void apply_tp(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDim
                                         : plan_from_config(p.tp_plan);
   std::erase_if(plan, [&](const PlanEntry& e) { return !here_or_nowhere(model, e.pattern); });
   parallelize(model, mesh, dim::tp, plan);
+  if (p.loss_parallel) model.vocab_group = &mesh.group(dim::tp);  // the MTP rows' vocab-parallel loss
+  // The multi-token prediction module's own parts around its decoder layer work on the residual stream's layout:
+  // under sequence parallel each rank's tokens, so the norms' and eh_proj's gradients are partial over tp.
+  if (MtpLayer* m = model.model->mtp; m && p.sequence_parallel && p.tp_plan.empty())
+    for (Module* part : std::initializer_list<Module*>{m->enorm, m->hnorm, m->eh_proj, m->shared_head_norm})
+      for (Parameter* q : part->own_parameters()) grad_partial_on(*q, mesh.dim_index(dim::tp));
   // Latent attention's replicated projections before the heads split: their gradients are partial over tp.
+  std::vector<LlamaDecoderLayer*> with_mtp = model.model->layers;
+  if (model.model->mtp) with_mtp.push_back(model.model->mtp);
   if (model.config.mla.enabled() && p.tp_plan.empty())
-    for (LlamaDecoderLayer* l : model.model->layers)
+    for (LlamaDecoderLayer* l : with_mtp)
       if (l)
         for (Linear* lin : {l->self_attn->q_a_proj, l->self_attn->kv_a_proj_with_mqa})
           if (lin)

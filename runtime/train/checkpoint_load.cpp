@@ -271,14 +271,18 @@ TrainProgress load_checkpoint(const std::string& path, CausalLM& model, AdamW* o
     fail("checkpoint", "{}/meta.json: {}", path, e.what());
   }
   // With LoRA the checkpoint holds the adapters (adapter_model, PEFT's names) and the base is not in it.
+  // Without LoRA a frozen parameter is in the model's files too (checkpoint_plan.cpp), without optimizer state.
   auto params = trainable(model.parameters());
+  const std::vector<Parameter*> in_files = has_lora(model) ? params : model.parameters();
   std::vector<LoadItem> items;
   const FileLayout layout(model);  // fused tensors (Phi-3's); adapters are never fused
-  for (Parameter* q : params)
+  for (Parameter* q : in_files)
     items.push_back({file_param_name(*q), q->value, q, is_lora_param(*q) ? std::optional<FusedPart>() : layout.part(q->name)});
   TensorSource weights(path, model_files_prefix(model), false);
   const std::set<std::string> names = known_names(model);  // with the other stages'
+  const auto copies = model.file_copies();
   for (auto& [name, k] : weights.tensors()) {
+    if (copies.count(name)) continue;  // a copy the files keep of a shared parameter (DeepSeek's MTP)
     MT_CHECK(names.count(name) > 0, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model",
              weights.reader(name).path(), name, shape_str(weights.reader(name).entries().at(name).shape));
   }
@@ -387,6 +391,7 @@ void load_hf_weights(const std::string& path, CausalLM& model) {
     // Hugging Face files of tied models may still carry lm_head.weight; rotary caches are buffers, not parameters.
     if (!known && name == "lm_head.weight" && model.config.tie_embeddings) continue;
     if (!known && name.find("rotary_emb.inv_freq") != std::string::npos) continue;
+    if (!known && model.file_copies().count(name)) continue;  // DeepSeek's copies of the shared embedding and head
     MT_CHECK(known, "checkpoint", "{}: unexpected tensor '{}' (shape {}): not a parameter of this model",
              src.reader(name).path(), name, shape_str(src.reader(name).entries().at(name).shape));
   }

@@ -61,6 +61,12 @@ std::vector<CkptTensor> checkpoint_tensors(CausalLM& model, AdamW* opt) {
     else if (auto parts = layout.parts_led_by(p->name); !parts.empty())  // a fused tensor, once
       out.push_back({layout.file_name(p->name), p->value, true, -1, parts});
   }
+  // The copies a family's files keep of a shared parameter, written with its values (not when it is another
+  // stage's, nor with LoRA).
+  if (!lora)
+    for (const auto& [copy, of] : model.file_copies())
+      for (Parameter* p : all)
+        if (p->name == of) out.push_back({copy, p->value, true});
   if (opt)
     for (Parameter* p : params) {
       auto& s = opt->state().at(p->name);

@@ -162,7 +162,7 @@ class PipelineStep {
     // An activation comes from stage - 1 into this stage; a gradient from stage + 1.
     const int from_stage = grad ? a.stage + 1 : a.stage - 1;
     Transfer tr;
-    tr.buf = empty(pp_.act_shape, pp_.act_dtype, run_.device);
+    tr.buf = empty(act_shape(), pp_.act_dtype, run_.device);
     tr.work = pp_.group->recv(tr.buf, a.peer, true, message_tag(s_, a.micro, grad ? from_stage : a.stage, grad),
                               what(grad ? "gradient" : "activation", a, from_stage));
     into[{a.stage, a.micro}] = std::move(tr);
@@ -186,9 +186,9 @@ class PipelineStep {
     MT_CHECK(it != from.end(), "pipeline", "stage {} micro-batch {}: nothing to send", a.stage, a.micro);
     Transfer tr;
     tr.buf = it->second;
-    MT_CHECK(tr.buf.shape() == pp_.act_shape, "pipeline",
+    MT_CHECK(tr.buf.shape() == act_shape(), "pipeline",
              "stage {} micro-batch {}: the {} has shape {} but the schedule's messages are {}", a.stage, a.micro,
-             grad ? "gradient" : "activation", shape_str(tr.buf.shape()), shape_str(pp_.act_shape));
+             grad ? "gradient" : "activation", shape_str(tr.buf.shape()), shape_str(act_shape()));
     tr.work = pp_.group->send(tr.buf, a.peer, true, message_tag(s_, a.micro, grad ? a.stage : a.stage + 1, grad),
                               what(grad ? "gradient" : "activation", a, a.stage));
     from.erase(it);
@@ -209,6 +209,14 @@ class PipelineStep {
     std::erase_if(sends_, [](Transfer& tr) { return tr.work.test(); });
   }
 
+  // The messages between stages: (mb, T_local, C); a training step of a model with multi-token prediction carries
+  // the next tokens' embeddings (from stage 0 to the MTP module on the last stage) as mb more rows.
+  Shape act_shape() const {
+    Shape s = pp_.act_shape;
+    if (!forward_only_ && run_.model->wants_mtp()) s[0] *= 2;
+    return s;
+  }
+
   void set_micro(int micro) {
     run_.model->set_documents(mbs_[size_t(micro)].doc_start);
     set_lora_dropout_rows(mbs_[size_t(micro)].row_ids);
@@ -219,6 +227,8 @@ class PipelineStep {
     Tensor x = c.first ? mbs_[size_t(a.micro)].inputs : take(acts_in_, a, t);  // (mb, T_local) or boundary
     SavedSlot slot(a.micro);
     set_micro(a.micro);
+    if (const MicroBatch& mb = mbs_[size_t(a.micro)]; !forward_only_ && mb.mtp_inputs.defined())
+      run_.model->set_mtp_batch(mb.mtp_inputs, mb.mtp_targets);
     Tensor y = [&] {
       NvtxRange range("forward");
       return run_.model->chunk_forward(chunk_of(a.stage), x);
@@ -237,6 +247,7 @@ class PipelineStep {
     token_losses(run_, losses, forward_only_ ? Tensor() : as_rows(y), as_rows(y), mb.targets.reshape({-1}),
                  inv_tokens_);
     losses_.push_back(losses);
+    for (Tensor& l : run_.model->take_extra_losses()) losses_.push_back(l);  // multi-token prediction's
     if (!forward_only_) dlogits_[{a.stage, a.micro}] = y;
   }
 

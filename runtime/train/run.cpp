@@ -1,5 +1,7 @@
 #include "runtime/train/run.h"
 
+#include <algorithm>
+
 #include <sched.h>
 
 #include <fstream>
@@ -190,10 +192,25 @@ MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r)
   Tensor docs;
   if (run.config.data.document_separator >= 0)
     docs = document_starts(inputs, int32_t(run.config.data.document_separator));  // (mb, T) from whole sequences
+  Tensor mtp_in, mtp_tgt;
+  if (run.model->wants_mtp()) {
+    // Position i: the next token t_{i+1} (its input) and t_{i+2} (its target); the last position's input is its
+    // target's token (any token would do: its loss is not taken and no earlier position sees it).
+    const int64_t n = inputs.size(0), T = inputs.size(1);
+    mtp_in = empty({n, T}, DType::i32), mtp_tgt = empty({n, T}, DType::i32);
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const int32_t last = targets.at<int32_t>(b * T + T - 1);
+        mtp_in.at<int32_t>(b * T + t) = t + 1 < T ? inputs.at<int32_t>(b * T + t + 1) : std::max(last, 0);
+        mtp_tgt.at<int32_t>(b * T + t) = t + 1 < T ? targets.at<int32_t>(b * T + t + 1) : -1;
+      }
+  }
   if (run.pd.cp() > 1) {  // this rank's part of each sequence; the attention shards doc_start itself
     inputs = shard_sequence(inputs, run.shard);
     targets = shard_sequence(targets, run.shard);
+    if (mtp_in.defined()) mtp_in = shard_sequence(mtp_in, run.shard), mtp_tgt = shard_sequence(mtp_tgt, run.shard);
   }
+  if (mtp_in.defined()) mb.mtp_inputs = mtp_in.to(run.device), mb.mtp_targets = mtp_tgt.to(run.device);
   mb.inputs = inputs.to(run.device);    // (mb, T_local)
   mb.targets = targets.to(run.device);  // (mb, T_local)
   mb.doc_start = docs;                  // (mb, T) host, whole sequences, or undefined

@@ -47,6 +47,9 @@ struct MicroBatch {
   Tensor inputs, targets;  // (micro, T_local) i32
   Tensor doc_start;        // (micro, T) i64: whole sequences
   Tensor row_ids;          // (micro * T_local) i64 on the device: each token's global index (lora.dropout > 0)
+  // Multi-token prediction (a model that wants_mtp): each position's next token and the token after next (-1: none:
+  // the sequence's last position, or masked), from the whole sequences, then this rank's part; (micro, T_local) i32.
+  Tensor mtp_inputs, mtp_targets;
 };
 MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r);
 

@@ -23,6 +23,7 @@ class LocalLoop final : public StepExecutor {
       MicroBatch mb = local_micro_batch(run, batch, r);  // (mb, T_local) x2, this rank's tokens
       run.model->set_documents(mb.doc_start);
       set_lora_dropout_rows(mb.row_ids);
+      if (mb.mtp_inputs.defined()) run.model->set_mtp_batch(mb.mtp_inputs, mb.mtp_targets);
       Tensor logits = [&] {
         trace::Span span("forward", "phase");  // the trace's phases
         NvtxRange range("forward");         // Nsight Systems' view of the step (kernel_profile.h)
@@ -36,6 +37,7 @@ class LocalLoop final : public StepExecutor {
         token_losses(run, losses, as_rows(logits), as_rows(logits), mb.targets.reshape({-1}), inv_tokens);
       }
       micro_losses.push_back(losses);
+      for (Tensor& l : run.model->take_extra_losses()) micro_losses.push_back(l);  // multi-token prediction's
       trace::Span span("backward", "phase");
       NvtxRange range("backward");
       run.model->call_backward(logits);  // logits now hold dloss/dlogits

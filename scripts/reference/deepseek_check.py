@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Self-checks of llama_ref.py's DeepSeek-V2 / V3 (issue 53), each computed a second, plainer way:
 
-  /usr/bin/python3 scripts/reference/deepseek_check.py      (about 5 s on one core; exit 0 when all pass)
+  /usr/bin/python3 scripts/reference/deepseek_check.py      (about 10 s on one core; exit 0 when all pass)
 
 - YaRN's frequencies from a scalar loop over the published formulas, and by hand for the tests' sizes;
 - the multi-head latent attention with explicit per-token, per-head loops and DeepSeek-V2's complex-number RoPE
@@ -9,7 +9,13 @@
 - the V3 router (sigmoid, correction bias, group-limited noaux_tc) and the V2 router (softmax, greedy and
   group_limited_greedy) on hand-made examples whose groups mask the overall best experts;
 - the sparse layer against a per-token loop over every expert; the correction bias constant in training;
-- config.json's refusals (each names its key).
+- config.json's refusals (each names its key);
+- DeepSeek-V3's multi-token prediction (depth 1): L_mtp by a per-position loop (the per-head attention loops, a
+  per-token loop over the experts, log-sum-exp by hand) to 1e-12, untied and tied; the shared embedding's and
+  lm_head's gradients against a model whose MTP module has its own copies (their gradients summed), each shared
+  parameter once in AdamW; weight 0 trains as the model without MTP; micro-batches; init's copies and
+  mtp_loss_weight, loading's check of the copies, config.json's weight over --mtp-loss-weight, train's and loss's
+  JSON (the command line, in subprocesses).
 Plain asserts; prints one line per check.
 """
 import cmath
@@ -303,7 +309,9 @@ def config_spellings_and_defaults():
 def refusals():
     cases = [(dict(q_lora_rank=0), "q_lora_rank"), (dict(moe_layer_freq=2), "moe_layer_freq"),
              (dict(qk_rope_head_dim=5, head_dim=5), "qk_rope_head_dim"), (dict(n_group=3), "n_group"),
-             (dict(topk_group=5), "topk_group"), (dict(num_nextn_predict_layers=1), "num_nextn_predict_layers"),
+             (dict(topk_group=5), "topk_group"), (dict(num_nextn_predict_layers=2), "num_nextn_predict_layers"),
+             (dict(num_nextn_predict_layers=1, mtp_loss_weight=-0.1), "mtp_loss_weight"),
+             (dict(num_nextn_predict_layers=-1), "num_nextn_predict_layers"),
              (dict(num_key_value_heads=2), "num_key_value_heads"), (dict(scoring_func="softmax"), "scoring_func"),
              (dict(topk_method="greedy"), "topk_method"), (dict(rope_interleave=False), "rope_interleave"),
              (dict(output_router_logits=True), "output_router_logits"), (dict(attention_bias=True), "attention_bias"),
@@ -317,7 +325,8 @@ def refusals():
             assert key in str(e), (over, str(e))
         else:
             raise AssertionError(f"{over} accepted")
-    for over, key in ((dict(topk_method="noaux_tc"), "topk_method"), (dict(scoring_func="sigmoid"), "scoring_func")):
+    for over, key in ((dict(topk_method="noaux_tc"), "topk_method"), (dict(scoring_func="sigmoid"), "scoring_func"),
+                      (dict(num_nextn_predict_layers=1), "num_nextn_predict_layers")):
         try:
             tiny("deepseek_v2", **over)
         except r.ConfigError as e:
@@ -331,7 +340,234 @@ def refusals():
         assert "yarn" in str(e)
     else:
         raise AssertionError("llama with yarn accepted")
-    return f"{len(cases) + 3} refused"
+    return f"{len(cases) + 4} refused"
+
+
+def mtp_model(seed=4, **over):
+    """A V3 model of the tests' sizes with an MTP module (layer 3, sparse), its weights from init_weights."""
+    c = tiny(num_nextn_predict_layers=1, **over)
+    model = r.build_model(c)
+    r.init_weights(model, seed)
+    return c, model
+
+
+def lse_ce(logits, target):
+    """-log softmax(logits)[target] of one row, by its log-sum-exp."""
+    top = max(logits)
+    return top + math.log(sum(math.exp(v - top) for v in logits)) - logits[target]
+
+
+def naive_mtp_sum(model, c, x, y):
+    """L_mtp's numerator one position at a time: e_i = embed(y_i), x_i = eh_proj [enorm e_i, hnorm h_i], the
+    decoder layer L by naive_attention and a per-token loop over its experts, then CE of lm_head(norm z_i) against
+    y_{i+1} for i < T-1. h from the main model (checked on its own by the other checks and meshtrain's tests)."""
+    L, eps = c.num_hidden_layers, c.rms_norm_eps
+    m = model.model.layers[L]
+    W = {n: p.tolist() for n, p in m.named_parameters()}
+    E = model.model.embed_tokens.weight.tolist()
+    head = E if model.lm_head is None else model.lm_head.weight.tolist()
+    with torch.no_grad():
+        h = model.hidden(x)[0]
+    B, T = x.shape
+    xs = torch.zeros(B, T, c.hidden_size)
+    for b in range(B):
+        for i in range(T):
+            cat = rms(E[y[b, i].item()], W["enorm.weight"], eps) + rms(h[b, i].tolist(), W["hnorm.weight"], eps)
+            xs[b, i] = torch.tensor(matvec(W["eh_proj.weight"], cat))
+    normed = torch.tensor([[rms(xs[b, i].tolist(), W["input_layernorm.weight"], eps) for i in range(T)]
+                           for b in range(B)])
+    hs = xs + naive_attention(m.self_attn, c, normed)
+    total, moe = 0.0, m.mlp
+    bias = moe.gate.e_score_correction_bias
+    for b in range(B):
+        for i in range(T - 1):  # position T-1 has no MTP target
+            v = torch.tensor(rms(hs[b, i].tolist(), W["post_attention_layernorm.weight"], eps))
+            w, e = r.deepseek_route((v @ moe.gate.weight.t())[None], c, bias)
+            z = hs[b, i] + moe.shared_experts(v)
+            for k in range(c.num_experts_per_tok):
+                ex = moe.experts[e[0, k].item()]
+                z = z + w[0, k] * ex.down_proj(torch.nn.functional.silu(ex.gate_proj(v)) * ex.up_proj(v))
+            logits = matvec(head, rms(z.tolist(), W["shared_head.norm.weight"], eps))
+            total += lse_ce(logits, y[b, i + 1].item())
+    return total
+
+
+def batch(seed, B=2, T=6):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (B, T), generator=g), torch.randint(0, 256, (B, T), generator=g)
+
+
+@check
+def mtp_loss_per_position_loop():
+    worst = 0.0
+    for tied in (False, True):
+        c, model = mtp_model(tie_word_embeddings=tied, mtp_loss_weight=0.3)
+        assert isinstance(model.model.layers[3].mlp, r.DeepseekMoE) and len(model.model.layers) == 4
+        x, y = batch(1)
+        with torch.no_grad():
+            ce, mtp = model.mtp_terms(x, y)
+            h = model.hidden(x)[0]
+        want = naive_mtp_sum(model, c, x, y)
+        err = abs(mtp.item() - want) / want
+        assert err < 1e-12, (tied, err)
+        worst = max(worst, err)
+        # The main term by hand too, and train_step's loss = (sum CE_main + w sum CE_mtp) / (B T), L_mtp alone too.
+        head = model.model.embed_tokens.weight if tied else model.lm_head.weight
+        main = sum(lse_ce(matvec(head.tolist(), h[b, i].tolist()), y[b, i].item()) for b in range(2) for i in range(6))
+        assert abs(ce.item() - main) / main < 1e-12
+        stats = {}
+        loss, _ = r.train_step(model, r.make_optimizer(model, 0.0, 0.0, (0.9, 0.95), 1e-8), x, y, 2, 0.0, 0.0, stats)
+        assert abs(loss - (main + 0.3 * want) / 12) < 1e-13 and abs(stats["mtp"] - want / 12) < 1e-13, (loss, stats)
+        # logits (generate, `logits`) are the main head's alone: the MTP module changes nothing in them.
+        with torch.no_grad():
+            assert torch.equal(model(x), model.head(h))
+    return f"2 x 5 targeted positions, untied and tied, relative error {worst:.1e}; loss = (main + 0.3 mtp) / B T"
+
+
+def separate_copies_objective(model, x, y, w):
+    """The objective with the MTP module on its OWN copies of the embedding and output head (new leaves): returns
+    (objective, embedding copy, head copy)."""
+    c = model.config
+    h, cos, sin = model.hidden(x)
+    B, T = x.shape
+    V = c.vocab_size
+    ce = torch.nn.functional.cross_entropy(model.head(h).reshape(-1, V), y.reshape(-1), reduction="sum")
+    E2 = model.model.embed_tokens.weight.detach().clone().requires_grad_()
+    H2 = (E2 if model.lm_head is None else model.lm_head.weight).detach().clone().requires_grad_()
+    m = model.model.layers[c.num_hidden_layers]
+    xm = m.eh_proj(torch.cat([m.enorm(torch.nn.functional.embedding(y, E2)), m.hnorm(h)], dim=-1))
+    lm = torch.nn.functional.linear(m.shared_head.norm(m(xm, cos, sin)), H2)[:, :-1]
+    mtp = torch.nn.functional.cross_entropy(lm.reshape(-1, V), y[:, 1:].reshape(-1), reduction="sum")
+    return (ce + w * mtp) / (B * T), E2, H2
+
+
+@check
+def mtp_shared_parameters_gradients():
+    import copy
+    for tied in (False, True):
+        c, model = mtp_model(tie_word_embeddings=tied, mtp_loss_weight=0.7)
+        other = copy.deepcopy(model)
+        x, y = batch(2)
+        ce, mtp = model.mtp_terms(x, y)
+        ((ce + 0.7 * mtp) / 12).backward()
+        obj, E2, H2 = separate_copies_objective(other, x, y, 0.7)
+        obj.backward()
+        emb = other.model.embed_tokens.weight.grad
+        want = {"model.embed_tokens.weight": emb + E2.grad + (H2.grad if tied else 0)}
+        if not tied:
+            want["lm_head.weight"] = other.lm_head.weight.grad + H2.grad
+        assert E2.grad.abs().max() > 0 and H2.grad.abs().max() > 0 and emb.abs().max() > 0  # both uses count
+        got = dict(model.named_parameters())
+        for n in ("enorm", "hnorm", "eh_proj", "shared_head.norm", "mlp.gate", "self_attn.kv_b_proj"):
+            assert got[f"model.layers.3.{n}.weight"].grad.abs().max() > 0, n  # the MTP module itself trains
+        for n, p in other.named_parameters():
+            ref = want.get(n, p.grad)
+            err = (got[n].grad - ref).abs().max().item() / max(ref.abs().max().item(), 1e-300)
+            assert err < 1e-12, (tied, n, err)
+        # One parameter each: the optimizer sees every parameter once (one AdamW state), no copy among them.
+        names = [n for n, _ in model.named_parameters()]
+        assert not any(n.endswith(("layers.3.embed_tokens.weight", "shared_head.head.weight")) for n in names)
+        opt = r.make_optimizer(model, 1e-3, 0.1, (0.9, 0.95), 1e-8)
+        in_opt = [id(p) for g in opt.param_groups for p in g["params"]]
+        assert len(in_opt) == len(set(in_opt)) == len(names)
+        decayed = {id(p) for p in opt.param_groups[0]["params"]}
+        assert id(model.model.embed_tokens.weight) in decayed and id(model.model.layers[3].eh_proj.weight) in decayed
+        assert id(model.model.layers[3].enorm.weight) not in decayed
+        r.train_step(model, opt, x, y, 2, 1e-3, 1.0)
+        assert len(opt.state) == len(names)
+    return "embedding and lm_head grads = the sum of both uses' (untied; tied: 4 uses), 1e-12; each once in AdamW"
+
+
+@check
+def mtp_weight_zero_equals_no_mtp():
+    _, with_mtp = mtp_model(seed=6, mtp_loss_weight=0.0)
+    plain = r.build_model(tiny())
+    r.init_weights(plain, 6)
+    mine = dict(with_mtp.named_parameters())
+    assert all(torch.equal(p, mine[n]) for n, p in plain.named_parameters())  # same seed: same main weights
+    opts = [r.make_optimizer(m, 1e-2, 0.1, (0.9, 0.95), 1e-8) for m in (with_mtp, plain)]
+    worst = 0.0
+    for step in range(3):
+        x, y = batch(10 + step, 2, 8)
+        stats = {}
+        a, na = r.train_step(with_mtp, opts[0], x, y, 1, 1e-2, 1.0, stats)
+        b, nb = r.train_step(plain, opts[1], x, y, 1, 1e-2, 1.0)
+        assert stats["mtp"] > 1.0 and abs(a - b) < 1e-14, (a, b)
+        worst = max(worst, abs(na - nb))
+    # The grad norm counts the MTP module's zero gradients: the same up to rounding.
+    assert worst < 1e-14, worst
+    for n, p in plain.named_parameters():
+        assert (p - mine[n]).abs().max().item() < 1e-13, n
+    return "3 AdamW steps (micro-batches of 1): losses and main weights equal the model without MTP"
+
+
+@check
+def mtp_micro_batches():
+    c, model = mtp_model(seed=8, mtp_loss_weight=0.3)
+    x, y = batch(3, 4, 8)
+    results = []
+    for M in (4, 1, 2):
+        stats = {}
+        loss, norm = r.train_step(model, r.make_optimizer(model, 0.0, 0.0, (0.9, 0.95), 1e-8), x, y, M, 0.0, 0.0,
+                                  stats)
+        results.append((loss, stats["mtp"], norm, [p.grad.clone() for p in model.parameters()]))
+    for loss, mtp, norm, grads in results[1:]:
+        assert abs(loss - results[0][0]) < 1e-13 and abs(mtp - results[0][1]) < 1e-13
+        assert all((g - g0).abs().max().item() < 1e-14 for g, g0 in zip(grads, results[0][3]))
+    return "micro-batches of 4, 1 and 2: the same loss, L_mtp and gradients (sums over the batch's B*T)"
+
+
+@check
+def mtp_files_and_cli():
+    import json
+    import subprocess
+    ref = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama_ref.py")
+    with tempfile.TemporaryDirectory() as d:
+        sizes = ["--model-type", "deepseek_v3", "--dim", "32", "--n-layers", "2", "--n-heads", "4", "--vocab-size",
+                 "256", "--max-seq-len", "64", "--q-lora-rank", "12", "--v-head-dim", "6", "--n-experts", "8",
+                 "--moe-ffn-dim", "12", "--n-group", "4", "--topk-group", "2", "--ffn-dim", "48", "--norm-topk-prob"]
+
+        def run(*args, ok=True):
+            p = subprocess.run([sys.executable, ref, *args], capture_output=True, text=True)
+            assert (p.returncode == 0) == ok, (args, p.stdout, p.stderr)
+            return p.stdout + p.stderr
+
+        out = os.path.join(d, "m")
+        run("init", "--out", out, *sizes, "--num-nextn-predict-layers", "1", "--mtp-loss-weight", "0.5")
+        cfg = json.load(open(os.path.join(out, "config.json")))
+        assert cfg["num_nextn_predict_layers"] == 1 and cfg["mtp_loss_weight"] == 0.5
+        w, _ = r.read_safetensors(os.path.join(out, "model.safetensors"))
+        assert (w["model.layers.2.embed_tokens.weight"] == w["model.embed_tokens.weight"]).all()
+        assert (w["model.layers.2.shared_head.head.weight"] == w["lm_head.weight"]).all()
+        model = r.load_model(out, torch.float64)  # the copies read, checked and dropped
+        assert "model.layers.2.embed_tokens.weight" not in model.state_dict()
+        data = os.path.join(d, "d.bin")
+        r.write_shard(data, [(7 * i * i + 3 * i) % 256 for i in range(400)])
+        common = ["--model", out, "--data", data, "--batch-size", "2", "--seq-len", "16"]
+        # config.json's mtp_loss_weight wins over the option; without the key, the option.
+        a = json.loads(run("loss", *common, "--mtp-loss-weight", "0.9"))
+        cfg.pop("mtp_loss_weight")
+        json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
+        b = json.loads(run("loss", *common, "--mtp-loss-weight", "0.9"))
+        assert a["mtp_loss"] == b["mtp_loss"] and abs(b["loss"] - a["loss"] - 0.4 * a["mtp_loss"]) < 1e-5, (a, b)
+        res = os.path.join(d, "t.json")
+        run("train", *common, "--steps", "2", "--dtype", "f64", "--mtp-loss-weight", "0.9", "--out", res)
+        t = json.load(open(res))
+        assert len(t["mtp_losses"]) == 2 and abs(t["losses"][0] - b["loss"]) < 1e-5, (t, b)
+        assert "masks" in run("train", *common, "--steps", "1", "--masks", "--out", res, ok=False)
+        # A copy that differs from the tensor it copies is refused naming it; absent copies are fine.
+        w["model.layers.2.shared_head.head.weight"][0, 0] += 1.0
+        r.write_safetensors(os.path.join(out, "model.safetensors"), w)
+        assert "model.layers.2.shared_head.head.weight differs" in run("loss", *common, ok=False)
+        del w["model.layers.2.shared_head.head.weight"], w["model.layers.2.embed_tokens.weight"]
+        r.write_safetensors(os.path.join(out, "model.safetensors"), w)
+        assert json.loads(run("loss", *common, "--mtp-loss-weight", "0.9")) == b
+        for bad, key in ((["--num-nextn-predict-layers", "2"], "num_nextn_predict_layers"),
+                         (["--mtp-loss-weight", "0.3"], "--num-nextn-predict-layers 1")):
+            assert key in run("init", "--out", os.path.join(d, "bad"), *sizes, *bad, ok=False)
+        v2 = ["--model-type", "deepseek_v2"] + sizes[2:] + ["--num-nextn-predict-layers", "1"]
+        assert "deepseek_v3" in run("init", "--out", os.path.join(d, "bad"), *v2, ok=False)
+    return "init writes the copies and mtp_loss_weight; load checks them; config's weight wins; train/loss JSON"
 
 
 def main():

@@ -71,8 +71,26 @@ Families (config.json's model_type; absent = llama), all the Llama architecture 
            have it false, where all agree.) No balance loss: output_router_logits true is refused.
            RoPE plain or yarn (below). Refused, naming the key: q_lora_rank 0, moe_layer_freq != 1, an odd
            qk_rope_head_dim, head_dim != qk_rope_head_dim, n_group not dividing n_routed_experts (V3: groups of
-           fewer than 2), topk_group > n_group, num_nextn_predict_layers > 0, rope_interleave false,
+           fewer than 2), topk_group > n_group, num_nextn_predict_layers > 1 (V2: > 0), rope_interleave false,
            attention_bias true, another scoring_func or topk_method.
+           Multi-token prediction (DeepSeek-V3's paper, section 2.2; depth D = num_nextn_predict_layers, 1 only):
+           the MTP module is model.layers.{L}, L = num_hidden_layers: enorm.weight (C), hnorm.weight (C),
+           eh_proj.weight (C, 2C), a whole decoder layer of index L (latent attention; its MLP dense iff L <
+           first_k_dense_replace, else sparse with its own router, correction bias and experts) and
+           shared_head.norm.weight (C). Its embedding and output head are the main model's embed_tokens and lm_head
+           (the paper's shared embedding and output head: one parameter each, whose gradient sums both uses, seen
+           once by AdamW); DeepSeek's files also hold copies, model.layers.{L}.embed_tokens.weight and
+           model.layers.{L}.shared_head.head.weight: `init` writes them (equal to the main ones), loading checks a
+           copy present equals its tensor (else exits naming it) and drops it (absent copies are fine).
+           With h the main model's final normed hidden states (the input of lm_head), targets y (y_i = t_{i+1}):
+           x_i = eh_proj([enorm(embed(y_i)), hnorm(h_i)]) (the embedding first), z = layer L over the whole
+           sequence (causal, RoPE positions 0..T-1), logits_mtp = lm_head(shared_head.norm(z)); position i < T-1
+           is trained on y_{i+1} (the token two ahead), T-1 on nothing. L_mtp = the summed cross-entropy of those
+           B*(T-1) targets over the batch's B*T main targets (the paper's 1/T); train minimises L_main + w L_mtp,
+           each micro-batch's sums over the whole batch's B*T as the main loss. w: config.json's "mtp_loss_weight"
+           (meshtrain's own key, not DeepSeek's) when present, else train's / loss's --mtp-loss-weight (default
+           0.3, the paper's first-phase value). Training only: forward, `generate` and the logits use the main
+           head; the validation loss is L_main; loss masks with MTP are refused (not defined).
   Any other model_type is refused (naming the supported ones), as is a hidden_act other than silu (Gemma:
   gelu_pytorch_tanh).
 MoE router, as transformers computes it: logits = gate(x) in the model's dtype; softmax in f32 (f64 in an f64 run);
@@ -122,7 +140,8 @@ AdamW decays the parameters of dim >= 2 (embeddings, linear weights, lm_head, ro
 Init: normal(0, 0.02) for matrices and biases, ones for norm gains, EXCEPT the MoE routers (block_sparse_moe.gate,
 mlp.gate), drawn with std 0.5 (ROUTER_INIT_STD) so that the top-k choices are far from ties and an f32 run, an f64
 run and meshtrain route every token alike; DeepSeek-V3's e_score_correction_bias normal(0, 0.1), drawn after
-every parameter.
+every parameter; DeepSeek-V3's MTP module (parameters, then its bias) after all of the main model's, so a seed gives
+the same main weights with and without it.
 DeepSeek self-checks (a second, naive computation of the attention, YaRN and the routers):
   /usr/bin/python3 scripts/reference/deepseek_check.py
 
@@ -147,15 +166,19 @@ DeepSeek self-checks (a second, naive computation of the attention, YaRN and the
                      --n-experts 4 (n_routed_experts), --experts-per-token 2, --moe-ffn-dim (default --ffn-dim),
                      --norm-topk-prob; --ffn-dim is the dense layers' intermediate_size; --n-kv-heads is not
                      used (num_key_value_heads = --n-heads)
+                     deepseek_v3: [--num-nextn-predict-layers 0|1 (default 0) --mtp-loss-weight W (written as
+                     config.json's mtp_loss_weight; needs --num-nextn-predict-layers 1)]
   llama_ref.py train --model DIR --data GLOB --steps N --batch-size B --seq-len T
                      [--micro-batch-size M] [--lr 3e-4 --schedule constant|cosine --warmup-steps 0
                      --lr-min 0 --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8 --grad-clip 1.0]
                      [--threads 2] [--dtype f32|f64] [--masks] [--val-data GLOB --eval-interval N
-                     --eval-steps K] --out losses.json
+                     --eval-steps K] [--mtp-loss-weight 0.3] --out losses.json
                      JSON {"losses", "grad_norms", "lrs"} and, for an MoE model, "aux_losses"; with --masks
-                     "trained_tokens" (each step's counted targets); with validation "val_losses" [{step, val_loss}]
-  llama_ref.py loss  --model DIR --data GLOB --batch-size B --seq-len T --step S
-                     JSON {"loss"} and, for an MoE model, "aux"
+                     "trained_tokens" (each step's counted targets); with validation "val_losses" [{step, val_loss}];
+                     with an MTP module "losses" are L_main + w L_mtp and "mtp_losses" each step's L_mtp
+  llama_ref.py loss  --model DIR --data GLOB --batch-size B --seq-len T --step S [--mtp-loss-weight 0.3]
+                     JSON {"loss"} and, for an MoE model, "aux"; with an MTP module "loss" = L_main + w L_mtp and
+                     "mtp_loss" = L_mtp
   llama_ref.py generate --model DIR --prompt TEXT --tokens N [--max-seq-len T --norm-eps 1e-5 --rope-theta 10000]
                      greedy continuation as JSON {"tokens", "margins"}; DIR is a Hugging Face directory or a
                      meshtrain checkpoint (step_XXXXXXXX: sizes from meta.json, the rest from the options)
@@ -474,6 +497,7 @@ class LlamaConfig:
         else:
             self.sliding_window = None
         self.read_moe(d, get)
+        self.num_nextn_predict_layers, self.mtp_loss_weight = 0, None  # DeepSeek-V3's MTP (read_deepseek)
         self.deepseek = mt in DEEPSEEK_TYPES
         if self.deepseek:
             self.read_deepseek(d, get)
@@ -599,9 +623,18 @@ class LlamaConfig:
             raise ConfigError(f"head_dim = {self.head_dim}: DeepSeek's is qk_rope_head_dim = {self.qk_rope_head_dim}")
         if v3 and not _bool(get("rope_interleave", True), "rope_interleave"):
             raise ConfigError("rope_interleave = false: only DeepSeek's interleaved RoPE pairs are implemented")
-        if v3 and get("num_nextn_predict_layers", 0) != 0:
-            raise ConfigError(f"num_nextn_predict_layers = {json.dumps(d['num_nextn_predict_layers'])}: multi-token "
-                              "prediction layers are not implemented (0 only)")
+        # Multi-token prediction (V3's paper, 2.2): depth 1 only. V2's files have no such key; one given is refused.
+        self.num_nextn_predict_layers = _int(get("num_nextn_predict_layers", 0), "num_nextn_predict_layers", 0)
+        if self.num_nextn_predict_layers > (1 if v3 else 0):
+            raise ConfigError(f"num_nextn_predict_layers = {json.dumps(d['num_nextn_predict_layers'])}: "
+                              + ("multi-token prediction of depth 1 only (0 or 1)" if v3 else
+                                 "multi-token prediction is DeepSeek-V3's (deepseek_v2: 0 only)"))
+        # meshtrain's own key (not DeepSeek's): the MTP loss's weight; absent, train's --mtp-loss-weight.
+        self.mtp_loss_weight = d.get("mtp_loss_weight")
+        if self.mtp_loss_weight is not None:
+            _number(self.mtp_loss_weight, "mtp_loss_weight", positive=False)
+            if self.mtp_loss_weight < 0:
+                raise ConfigError(f"mtp_loss_weight = {json.dumps(self.mtp_loss_weight)}: expected a number >= 0")
         if get("attention_dropout", 0.0) != 0:
             raise ConfigError("attention_dropout: dropout is not implemented (0 only)")
         if get("moe_layer_freq", 1) != 1:
@@ -1280,16 +1313,50 @@ class DeepseekDecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+class DeepseekSharedHead(nn.Module):
+    """The MTP module's shared_head: its own norm; its head is the main lm_head (the file's shared_head.head.weight
+    is a copy, not a parameter here)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class DeepseekMTPLayer(DeepseekDecoderLayer):
+    """DeepSeek-V3's multi-token prediction module (depth 1), model.layers.{L} for L = num_hidden_layers: a whole
+    decoder layer of index L (dense or sparse by first_k_dense_replace, its own router) plus enorm, hnorm, eh_proj
+    (C, 2C) and shared_head.norm. Its embedding and output head are the main model's
+    (DeepseekForCausalLM.mtp_logits)."""
+
+    def __init__(self, c, index):
+        super().__init__(c, index)
+        self.enorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hnorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=False)
+        self.shared_head = DeepseekSharedHead(c)
+
+
+def mtp_copy_names(c):
+    """The names of the copies DeepSeek's files hold of the tensors the MTP module shares with the main model:
+    {copy: main} (embed_tokens; shared_head.head = lm_head, or the embedding when tied)."""
+    p = f"model.layers.{c.num_hidden_layers}."
+    head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+    return {p + "embed_tokens.weight": "model.embed_tokens.weight", p + "shared_head.head.weight": head}
+
+
 class DeepseekModel(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(c, i) for i in range(c.num_hidden_layers))
+        L = c.num_hidden_layers  # the MTP module, when there is one, is layers[L]
+        self.layers = nn.ModuleList([DeepseekDecoderLayer(c, i) for i in range(L)]
+                                    + [DeepseekMTPLayer(c, L + d) for d in range(c.num_nextn_predict_layers)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
 
 class DeepseekForCausalLM(nn.Module):
-    """DeepSeek-V2 / V3 with Hugging Face's parameter names; no balance loss (loss_terms' aux is None)."""
+    """DeepSeek-V2 / V3 with Hugging Face's parameter names; no balance loss (loss_terms' aux is None). With
+    num_nextn_predict_layers 1, the MTP module (training only: forward and generate use the main head alone)."""
 
     def __init__(self, c):
         super().__init__()
@@ -1297,16 +1364,43 @@ class DeepseekForCausalLM(nn.Module):
         self.model = DeepseekModel(c)
         self.lm_head = None if c.tie_word_embeddings else nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 
-    def forward(self, tokens, router_logits=None):
+    def hidden(self, tokens):
+        """tokens (B, T) -> (the final normed hidden states h (B, T, C), the input of lm_head; cos, sin (T, dr))."""
         c = self.config
         T = tokens.shape[1]
         w = self.model.embed_tokens.weight
         cos, sin = rope_cos_sin(T, c.qk_rope_head_dim, c.rope_theta, w.dtype, c.rope_scaling)  # (T, dr)
         h = self.model.embed_tokens(tokens)
-        for layer in self.model.layers:
+        for layer in self.model.layers[:c.num_hidden_layers]:  # not the MTP module
             h = layer(h, cos, sin)
-        h = self.model.norm(h)
-        return F.linear(h, w) if self.lm_head is None else self.lm_head(h)
+        return self.model.norm(h), cos, sin
+
+    def head(self, h):
+        """lm_head (the embedding when tied): (B, T, C) -> (B, T, V); the MTP module's output head too."""
+        return F.linear(h, self.model.embed_tokens.weight) if self.lm_head is None else self.lm_head(h)
+
+    def forward(self, tokens, router_logits=None):
+        return self.head(self.hidden(tokens)[0])
+
+    def mtp_logits(self, h, next_tokens, cos, sin):
+        """The MTP module's logits (B, T, V): h (B, T, C) the main model's final normed hidden states, next_tokens
+        (B, T) the token after each position (u = the main targets). x = eh_proj([enorm(embed(u)), hnorm(h)]) (the
+        embedding first), z = layer L over the whole sequence (causal, positions 0..T-1), lm_head(shared_head.norm
+        z) with the main model's embedding and lm_head (one parameter each: their gradients sum both uses)."""
+        m = self.model.layers[self.config.num_hidden_layers]
+        x = m.eh_proj(torch.cat([m.enorm(self.model.embed_tokens(next_tokens)), m.hnorm(h)], dim=-1))  # (B, T, C)
+        return self.head(m.shared_head.norm(m(x, cos, sin)))
+
+    def mtp_terms(self, tokens, targets):
+        """One forward of the main model and the MTP module: (the main cross-entropy summed over the B*T targets,
+        the MTP cross-entropy summed over its B*(T-1) targets: position i < T-1 predicts targets[:, i+1], the
+        token two ahead; position T-1 has none)."""
+        h, cos, sin = self.hidden(tokens)
+        logits = self.head(h)  # (B, T, V)
+        V = logits.shape[-1]
+        ce = F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), reduction="sum")
+        mtp = self.mtp_logits(h, targets, cos, sin)[:, :-1]  # (B, T-1, V)
+        return ce, F.cross_entropy(mtp.reshape(-1, V), targets[:, 1:].reshape(-1), reduction="sum")
 
 
 DeepseekForCausalLM.loss_terms = LlamaForCausalLM.loss_terms
@@ -1339,21 +1433,39 @@ def init_weights(model, seed):
     same weights. The MoE routers (block_sparse_moe.gate, mlp.gate; not shared_expert_gate) are drawn with std
     ROUTER_INIT_STD = 0.5 instead, so that their logits spread widely and the top-k choices are far from ties
     (an f32 and an f64 run, or meshtrain and this reference, then route every token alike). DeepSeek-V3's
-    e_score_correction_bias buffers are drawn after the parameters, std E_SCORE_BIAS_INIT_STD."""
+    e_score_correction_bias buffers are drawn after the parameters, std E_SCORE_BIAS_INIT_STD. DeepSeek-V3's MTP
+    module (model.layers.{L}.*) is drawn last, parameters then buffer, so that the main model's weights of a seed
+    are the same with and without it."""
     g = torch.Generator().manual_seed(seed)
+    c = getattr(model, "config", None)
+    mtp = f"model.layers.{c.num_hidden_layers}." if getattr(c, "num_nextn_predict_layers", 0) else None
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1 and not name.endswith(".bias"):
-                if isinstance(model, GemmaForCausalLM):  # (1 + w): small random w, so that a wrong offset shows
-                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.1)
+        for in_mtp in (False, True):  # the main model, then the MTP module
+            for name, p in model.named_parameters():
+                if bool(mtp and name.startswith(mtp)) != in_mtp:
+                    continue
+                if p.dim() == 1 and not name.endswith(".bias"):
+                    if isinstance(model, GemmaForCausalLM):  # (1 + w): small random w, so that a wrong offset shows
+                        p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.1)
+                    else:
+                        p.fill_(1.0)
                 else:
-                    p.fill_(1.0)
-            else:
-                std = ROUTER_INIT_STD if is_router(name) else 0.02
-                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * std)
-        for name, b in model.named_buffers():  # DeepSeek-V3's e_score_correction_bias, after the parameters
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(torch.randn(b.shape, generator=g, dtype=torch.float32) * E_SCORE_BIAS_INIT_STD)
+                    std = ROUTER_INIT_STD if is_router(name) else 0.02
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * std)
+            for name, b in model.named_buffers():  # DeepSeek-V3's e_score_correction_bias, after the parameters
+                if name.endswith("e_score_correction_bias") and bool(mtp and name.startswith(mtp)) == in_mtp:
+                    b.copy_(torch.randn(b.shape, generator=g, dtype=torch.float32) * E_SCORE_BIAS_INIT_STD)
+
+
+def model_tensors(model):
+    """The tensors `init` writes: the state dict, plus for DeepSeek-V3's MTP module the copies DeepSeek's files
+    hold of the embedding and output head it shares (model.layers.{L}.embed_tokens.weight,
+    model.layers.{L}.shared_head.head.weight), equal to the main ones."""
+    sd = dict(model.state_dict())
+    if getattr(model.config, "num_nextn_predict_layers", 0):
+        for copy, main in mtp_copy_names(model.config).items():
+            sd[copy] = sd[main]
+    return sd
 
 
 def load_model(model_dir, dtype=None, config=None):
@@ -1362,6 +1474,11 @@ def load_model(model_dir, dtype=None, config=None):
     c = config or LlamaConfig.load(model_dir)
     model = build_model(c)
     weights = read_model_weights(model_dir)
+    if c.num_nextn_predict_layers:  # the MTP module's copies of the shared tensors: optional, equal if present
+        for copy, main in mtp_copy_names(c).items():
+            if copy in weights and main in weights and not np.array_equal(weights.pop(copy), weights[main]):
+                sys.exit(f"llama_ref: {model_dir}: {copy} differs from {main}, which the MTP module shares "
+                         "(the file's copy must equal it)")
     expected = dict(model.state_dict())
     missing = sorted(set(expected) - set(weights))
     extra = sorted(set(weights) - set(expected))
@@ -1515,6 +1632,7 @@ def masked_ce_sum(model, x, y, w):
     defined)."""
     if model.config.has_moe and model.config.output_router_logits:
         raise ConfigError("loss masks with output_router_logits true: the balance loss under a mask is not defined")
+    # (A model with an MTP module: the main cross-entropy only, validation's loss; train refuses masks with MTP.)
     ce, _ = model.loss_terms(x, y, reduction="none")
     return (ce * w.reshape(-1).to(ce.dtype)).sum()
 
@@ -1526,10 +1644,19 @@ def train_step(model, opt, x, y, micro_batch, lr, grad_clip, stats=None, weights
     loss averaged the same way (None for a model without MoE layers).
     weights (B, T) of 0 and 1 (a loss mask): the loss is the sum of the counted targets' cross-entropy over the
     number counted in the whole batch (every micro-batch's), so the gradients do not depend on the micro-batch
-    size; stats then also receives "trained_tokens". A batch with none counted is an error."""
+    size; stats then also receives "trained_tokens". A batch with none counted is an error.
+    DeepSeek-V3 with an MTP module: the loss is L_main + mtp_loss_weight * L_mtp, each the micro-batches' summed
+    cross-entropy over the whole batch's B*T main targets (L_mtp's B*(T-1) targets too: the paper's 1/T); stats
+    receives "mtp", L_mtp alone."""
     B, T = x.shape
     opt.zero_grad(set_to_none=True)
-    loss_sum, aux_sum = 0.0, None
+    loss_sum, aux_sum, mtp_sum = 0.0, None, None
+    mtp = getattr(model.config, "num_nextn_predict_layers", 0)
+    if mtp and weights is not None:
+        raise ConfigError("loss masks with num_nextn_predict_layers 1: the MTP loss under a mask is not defined")
+    if mtp and model.config.mtp_loss_weight is None:
+        raise ConfigError("num_nextn_predict_layers 1 needs the MTP loss weight (config.json's mtp_loss_weight or "
+                          "--mtp-loss-weight)")
     if weights is not None:
         n = int(weights.sum().item())
         if n == 0:
@@ -1546,14 +1673,21 @@ def train_step(model, opt, x, y, micro_batch, lr, grad_clip, stats=None, weights
         # Each micro-batch's summed token loss over the whole batch's token count, so the accumulated
         # gradients are exactly those of the full-batch mean.
         xb, yb = x[r:r + micro_batch], y[r:r + micro_batch]
-        ce, aux = model.loss_terms(xb, yb, reduction="sum")
-        loss = model.total_loss(ce, aux, yb.numel()) / (B * T)
+        if mtp:
+            ce, mtp_ce = model.mtp_terms(xb, yb)
+            loss = (ce + model.config.mtp_loss_weight * mtp_ce) / (B * T)
+            mtp_sum = (mtp_sum or 0.0) + mtp_ce.item() / (B * T)
+            aux = None
+        else:
+            ce, aux = model.loss_terms(xb, yb, reduction="sum")
+            loss = model.total_loss(ce, aux, yb.numel()) / (B * T)
         loss.backward()
         loss_sum += loss.item()
         if aux is not None:
             aux_sum = (aux_sum or 0.0) + aux.item() * yb.numel() / (B * T)
     if stats is not None:
         stats["aux"] = aux_sum
+        stats["mtp"] = mtp_sum
     return finish_step(model, opt, loss_sum, lr, grad_clip)
 
 
@@ -1630,7 +1764,9 @@ def init_config(a):
     owned = [(moe_opts, MOE_TYPES + DEEPSEEK_TYPES), (balance_opts, MOE_TYPES),
              (qwen_moe_opts, ("qwen2_moe", "qwen3_moe")), ({"--shared-expert-ffn-dim": a.shared_expert_ffn_dim},
                                                           ("qwen2_moe",)),
-             (deepseek_opts, DEEPSEEK_TYPES), ({"--topk-method": a.topk_method}, ("deepseek_v2",))]
+             (deepseek_opts, DEEPSEEK_TYPES), ({"--topk-method": a.topk_method}, ("deepseek_v2",)),
+             ({"--num-nextn-predict-layers": a.num_nextn_predict_layers, "--mtp-loss-weight": a.mtp_loss_weight},
+              ("deepseek_v3",))]
     for opts, owners in owned:
         for opt, v in opts.items():
             if v is not None and mt not in owners:
@@ -1754,7 +1890,11 @@ def deepseek_init_config(a):
            "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": a.tie_embeddings}
     if v3:
         cfg.update({"head_dim": dr, "rope_interleave": True, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
-                    "num_nextn_predict_layers": 0})
+                    "num_nextn_predict_layers": pick(a.num_nextn_predict_layers, 0)})
+        if a.mtp_loss_weight is not None:  # meshtrain's key: the weight train's loss gives the MTP loss
+            if not cfg["num_nextn_predict_layers"]:
+                raise ConfigError("--mtp-loss-weight: the model has no MTP module (--num-nextn-predict-layers 1)")
+            cfg["mtp_loss_weight"] = a.mtp_loss_weight
     else:
         cfg.update({"scoring_func": "softmax", "topk_method": a.topk_method or "greedy"})
     cfg["torch_dtype"] = "bfloat16" if a.dtype == "bf16" else "float32"
@@ -1768,7 +1908,7 @@ def cmd_init(a):
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
-    write_safetensors(os.path.join(a.out, "model.safetensors"), model.state_dict(),
+    write_safetensors(os.path.join(a.out, "model.safetensors"), model_tensors(model),
                       dtype="BF16" if a.dtype == "bf16" else "F32", metadata={"format": "pt"})
     print(json.dumps({"out": a.out, "params": sum(p.numel() for p in model.parameters())}))
 
@@ -1778,6 +1918,9 @@ def cmd_train(a):
     torch.set_default_dtype(torch.float64 if a.dtype == "f64" else torch.float32)
     model = load_model(a.model)
     model.config.check_seq_len(a.seq_len)
+    mtp = set_mtp_weight(model.config, a)
+    if mtp and a.masks:
+        raise ConfigError("--masks with num_nextn_predict_layers 1: the MTP loss under a mask is not defined")
     tokens = read_tokens(a.data)
     M = a.micro_batch_size or a.batch_size
     if a.batch_size % M:
@@ -1788,7 +1931,7 @@ def cmd_train(a):
         val_tokens = read_tokens(a.val_data)
         val_masks = read_masks(a.val_data, a.seq_len) if a.masks else None
     opt = make_optimizer(model, a.lr, a.weight_decay, (a.beta1, a.beta2), a.eps)
-    losses, norms, lrs, auxes, trained, vals = [], [], [], [], [], []
+    losses, norms, lrs, auxes, trained, vals, mtps = [], [], [], [], [], [], []
     moe = model.config.has_moe
     for s in range(a.steps):
         x, y = get_batch(tokens, s, a.batch_size, a.seq_len)
@@ -1800,9 +1943,11 @@ def cmd_train(a):
         norms.append(norm)
         lrs.append(lr)
         auxes.append(stats["aux"])
+        mtps.append(stats["mtp"])
         trained.append(stats.get("trained_tokens", a.batch_size * a.seq_len))
         print(f"step {s} loss {loss:.6f} grad_norm {norm:.6f} lr {lr:.4e}"
               + (f" aux {stats['aux']:.6f}" if moe else "")
+              + (f" mtp_loss {stats['mtp']:.6f}" if mtp else "")
               + (f" trained_tokens {trained[-1]}" if masks is not None else ""), flush=True)
         # meshtrain's evaluation: after step s + 1 when it is a multiple of the interval, and after the last.
         if val_tokens is not None and ((s + 1) % a.eval_interval == 0 or s + 1 == a.steps):
@@ -1812,6 +1957,8 @@ def cmd_train(a):
     out = {"losses": losses, "grad_norms": norms, "lrs": lrs}
     if moe:  # the balance loss of each step (in the loss only with output_router_logits)
         out["aux_losses"] = auxes
+    if mtp:  # L_mtp of each step ("losses" are L_main + mtp_loss_weight * L_mtp)
+        out["mtp_losses"] = mtps
     if masks is not None:  # the targets counted in each step's batch
         out["trained_tokens"] = trained
     if val_tokens is not None:
@@ -1820,12 +1967,32 @@ def cmd_train(a):
         json.dump(out, f)
 
 
+MTP_LOSS_WEIGHT = 0.3  # DeepSeek-V3's MTP loss weight in the paper's first phase: train's and loss's default
+
+
+def set_mtp_weight(c, a):
+    """The MTP loss weight: config.json's mtp_loss_weight (meshtrain's key) when present, else --mtp-loss-weight.
+    Returns whether the model has an MTP module."""
+    if a.mtp_loss_weight < 0 or not math.isfinite(a.mtp_loss_weight):
+        raise ConfigError(f"--mtp-loss-weight {a.mtp_loss_weight}: expected a number >= 0")
+    if c.num_nextn_predict_layers and c.mtp_loss_weight is None:
+        c.mtp_loss_weight = a.mtp_loss_weight
+    return c.num_nextn_predict_layers > 0
+
+
 def cmd_loss(a):
     torch.set_num_threads(a.threads)
     model = load_model(a.model)
     model.config.check_seq_len(a.seq_len)
+    mtp = set_mtp_weight(model.config, a)
     x, y = get_batch(read_tokens(a.data), a.step, a.batch_size, a.seq_len)
     with torch.no_grad():
+        if mtp:  # the training objective L_main + w * L_mtp and L_mtp, each over the batch's B*T main targets
+            ce, mtp_ce = model.mtp_terms(x, y)
+            n = y.numel()
+            print(json.dumps({"loss": (ce + model.config.mtp_loss_weight * mtp_ce).item() / n,
+                              "mtp_loss": mtp_ce.item() / n}))
+            return
         ce, aux = model.loss_terms(x, y)
         out = {"loss": model.total_loss(ce, aux).item()}
         if aux is not None:
@@ -1883,6 +2050,8 @@ def cmd_bench(a):
     if a.model:  # any family, from its directory (an MoE model runs transformers' per-expert loop)
         model = load_model(a.model)
         a.vocab_size = model.config.vocab_size
+        if model.config.num_nextn_predict_layers and model.config.mtp_loss_weight is None:
+            model.config.mtp_loss_weight = MTP_LOSS_WEIGHT  # times the MTP module's work too
     else:
         cfg = {"hidden_size": a.dim, "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads,
                "num_key_value_heads": a.n_kv_heads, "intermediate_size": a.ffn_dim, "vocab_size": a.vocab_size,
@@ -1968,6 +2137,10 @@ def main():
                    help="deepseek: the first K layers dense (default 1)")
     p.add_argument("--topk-method", choices=["greedy", "group_limited_greedy"], default=None,
                    help="deepseek_v2: topk_method (default greedy; V3's is noaux_tc)")
+    p.add_argument("--num-nextn-predict-layers", type=int, default=None,
+                   help="deepseek_v3: num_nextn_predict_layers, the MTP module (0 or 1; default 0)")
+    p.add_argument("--mtp-loss-weight", type=float, default=None,
+                   help="deepseek_v3 with MTP: written as config.json's mtp_loss_weight (meshtrain's key)")
 
     p = sub.add_parser("train", help="train from DIR's weights; write per-step losses, grad norms, lrs as JSON")
     p.add_argument("--model", required=True)
@@ -1992,6 +2165,8 @@ def main():
     p.add_argument("--val-data", default="", help="validation shards (with --eval-interval)")
     p.add_argument("--eval-interval", type=int, default=0, help="validation loss every N steps and after the last")
     p.add_argument("--eval-steps", type=int, default=1, help="validation batches (0..K-1 of the stream)")
+    p.add_argument("--mtp-loss-weight", type=float, default=MTP_LOSS_WEIGHT,
+                   help="DeepSeek-V3 MTP: the MTP loss's weight when config.json has no mtp_loss_weight")
     p.add_argument("--out", required=True)
 
     p = sub.add_parser("loss", help="print the mean loss of step S's batch")
@@ -2001,6 +2176,8 @@ def main():
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--step", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--mtp-loss-weight", type=float, default=MTP_LOSS_WEIGHT,
+                   help="DeepSeek-V3 MTP: the MTP loss's weight when config.json has no mtp_loss_weight")
 
     p = sub.add_parser("generate", help="greedy continuation of a prompt, as JSON tokens and logit margins")
     p.add_argument("--model", required=True, help="a Hugging Face directory or a meshtrain step_XXXXXXXX checkpoint")

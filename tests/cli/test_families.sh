@@ -26,7 +26,7 @@ source "$(dirname "$0")/common.sh"
 ref="$root/scripts/reference/llama_ref.py"
 
 if ! "$py" -c "import torch" 2>/dev/null; then
-  for f in llama3 mistral qwen2 qwen2_tied qwen3 mixtral qwen2_moe qwen3_moe phi3 phi3_v5 gemma2 gemma3_text deepseek_v3 deepseek_v2; do skip "$f against the PyTorch reference" "python3-torch is not installed"; done
+  for f in llama3 mistral qwen2 qwen2_tied qwen3 mixtral qwen2_moe qwen3_moe phi3 phi3_v5 gemma2 gemma3_text deepseek_v3 deepseek_v2 deepseek_v3_mtp; do skip "$f against the PyTorch reference" "python3-torch is not installed"; done
   summary families
   exit 0
 fi
@@ -304,12 +304,20 @@ family deepseek_v3 --model-type deepseek_v3 "${ds_common[@]}" --q-lora-rank 12 -
   --routed-scaling-factor 2.5 --rope-scaling yarn:4,16,32,1,1.0,0.8
 family deepseek_v2 --model-type deepseek_v2 "${ds_common[@]}" --n-shared-experts 2 --topk-method group_limited_greedy \
   --routed-scaling-factor 1.5 --rope-scaling yarn:4,16,32,1,0.707,0.707
+# DeepSeek-V3 with its multi-token prediction module (num_nextn_predict_layers 1, mtp_loss_weight 0.3): the
+# objective L_main + 0.3 L_mtp against the reference's on every mesh below too; its checkpoint's files keep
+# DeepSeek's copies of the shared embedding and head, which the reference checks equal to the main ones.
+family deepseek_v3_mtp --model-type deepseek_v3 "${ds_common[@]}" --q-lora-rank 12 --n-shared-experts 1 \
+  --routed-scaling-factor 2.5 --rope-scaling yarn:4,16,32,1,1.0,0.8 --num-nextn-predict-layers 1 --mtp-loss-weight 0.3
 deepseek_meshes() {
-  local name=deepseek_v3 mesh m np
+  local name mesh m np
+  for name in deepseek_v3 deepseek_v3_mtp; do
   for mesh in "cp2:2:--set parallel.cp=2" "cp4:4:--set parallel.cp=4" \
     "pp2:2:--set parallel.pp=2 --set training.micro_batch_size=4" "ep2:2:--set parallel.ep=2" \
-    "tp2_nosp:2:--set parallel.tp=2 --set parallel.sequence_parallel=false"; do
+    "tp2_nosp:2:--set parallel.tp=2 --set parallel.sequence_parallel=false" \
+    "tp2_loss_parallel:2:--set parallel.tp=2 --set parallel.loss_parallel=true"; do
     m=${mesh%%:*} np=$(echo "$mesh" | cut -d: -f2)
+    [ "$m" = tp2_loss_parallel ] && [ "$name" = deepseek_v3 ] && continue
     # shellcheck disable=SC2046
     if timeout 300 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/$name" \
       --set log.metrics_file="$tmp/$name.$m.jsonl" $(echo "$mesh" | cut -d: -f3-) train >"$tmp/$name.$m.log" 2>&1 &&
@@ -319,6 +327,17 @@ deepseek_meshes() {
       bad "$name under $m" "${out:-$(tail -n 20 "$tmp/$name.$m.log")}"
     fi
   done
+  done
+  if out=$("$py" - "$root/scripts/reference" "$tmp/deepseek_v3_mtp.np4.ckpt/step_00000010" <<'PY' 2>&1
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import llama_ref as r
+model = r.load_model(sys.argv[2], torch.float64)  # checks the copies equal the shared tensors, then drops them
+print("loaded with", sum(p.numel() for p in model.parameters()), "parameters")
+PY
+  ); then ok "deepseek_v3_mtp: the checkpoint's files hold DeepSeek's copies of the shared embedding and head, equal to them (the reference reads it): $out"
+  else bad "deepseek_v3_mtp: the checkpoint as the reference reads it" "$out"; fi
   for name in deepseek_v3 deepseek_v2; do
     "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/$name" --tokens 5,17,99,3,250,8,8,41,77,120,1,2,3,4,5,6,7,8,9,10 \
       --out "$tmp/$name.dir.logits.npy" >"$tmp/$name.dir.logits.log" 2>&1
@@ -343,7 +362,7 @@ PY
   for edit in "qk_rope_head_dim:5:qk_rope_head_dim = 5: RoPE needs an even width" \
     "n_group:3:model.moe.n_group = 3 does not divide model.moe.n_experts = 8" \
     "topk_group:6:model.moe.topk_group = 6 exceeds model.moe.n_group = 4" \
-    "num_nextn_predict_layers:1:num_nextn_predict_layers = 1: multi-token prediction is not implemented yet"; do
+    "num_nextn_predict_layers:2:num_nextn_predict_layers = 2: one multi-token prediction depth is implemented"; do
     key=${edit%%:*} value=$(echo "$edit" | cut -d: -f2) want=$(echo "$edit" | cut -d: -f3-)
     "$py" - "$tmp/deepseek_v3" "$tmp/deepseek_bad" "$key" "$value" <<'PY'
 import json, os, shutil, sys
