@@ -296,7 +296,7 @@ expect "gemma2: a window of 0 in the YAML is refused, naming the key" nonzero "m
 # query latent (V3) and a plain q_proj (V2), YaRN with both mscale corrections, 8 experts in 4 groups of which a
 # token's 2 come from its 2 best groups (V3: sigmoid + e_score_correction_bias, top-2 group scores; V2: softmax,
 # group_limited_greedy), the shared experts, a dense first layer; then V3 under cp 2, cp 4, pp 2 and ep 2, its logits,
-# and bad input naming the key.
+# Ulysses, recompute, and bad input naming the key.
 ds_common=(--n-layers 3 --ffn-dim 48 --kv-lora-rank 16 --qk-nope-head-dim 8 --qk-rope-head-dim 4 --v-head-dim 6
   --n-experts 8 --experts-per-token 2 --moe-ffn-dim 12 --n-group 4 --topk-group 2 --first-k-dense-replace 1
   --norm-topk-prob)
@@ -315,9 +315,11 @@ deepseek_meshes() {
   for mesh in "cp2:2:--set parallel.cp=2" "cp4:4:--set parallel.cp=4" \
     "pp2:2:--set parallel.pp=2 --set training.micro_batch_size=4" "ep2:2:--set parallel.ep=2" \
     "tp2_nosp:2:--set parallel.tp=2 --set parallel.sequence_parallel=false" \
-    "tp2_loss_parallel:2:--set parallel.tp=2 --set parallel.loss_parallel=true"; do
+    "tp2_loss_parallel:2:--set parallel.tp=2 --set parallel.loss_parallel=true" \
+    "cp2_ulysses:2:--set parallel.cp=2 --set parallel.cp_method=alltoall" \
+    "dp_shard2_recompute:2:--set parallel.dp_shard=2 --set parallel.recompute.patterns=[model.layers.*] --set parallel.recompute.keep=[attention]"; do
     m=${mesh%%:*} np=$(echo "$mesh" | cut -d: -f2)
-    [ "$m" = tp2_loss_parallel ] && [ "$name" = deepseek_v3 ] && continue
+    [ "$name" = deepseek_v3 ] && case $m in tp2_loss_parallel | dp_shard2_recompute) continue ;; esac
     # shellcheck disable=SC2046
     if timeout 300 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/$name" \
       --set log.metrics_file="$tmp/$name.$m.jsonl" $(echo "$mesh" | cut -d: -f3-) train >"$tmp/$name.$m.log" 2>&1 &&
