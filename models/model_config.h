@@ -255,6 +255,9 @@ struct ModelConfig {
   // 64 bits, the MoE layers. The family's own are ModelFamily::check (models/model.h).
   void check() const;
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / n_heads; }
+  // The width of a head as the attention kernels see it: head_size(), or latent attention's query-key width (its
+  // values padded to it: models/llama/mla.cpp).
+  int64_t attention_head_dim() const { return mla.enabled() ? mla.qk_head_dim() : head_size(); }
   // Gemma: whether layer i attends within sliding_window (Hugging Face's layer_types "sliding_attention").
   bool sliding_layer(int64_t i) const { return sliding_window_pattern > 0 && (i + 1) % sliding_window_pattern != 0; }
 };

@@ -116,10 +116,10 @@ void set_up_run(TrainRun& run, const MpiEnv& env, bool with_data, double memory)
     MT_CHECK(cfg.attention.kernel != "cudnn" || !run.device.is_cuda() || run.dtype == DType::bf16, "config",
              "attention.kernel = cudnn takes bf16 activations: training.dtype is {} on {}", dtype_name(run.dtype),
              run.device.str());
-    check_attention_kernel(run.device, cfg.model.head_size(),
+    check_attention_kernel(run.device, cfg.model.attention_head_dim(),
                            cfg.data.document_separator >= 0 && run.pd.cp() > 1);
     // Not when cuDNN's attention is loaded: it runs first (any head dim it takes), and a call it declines says so.
-    if (const std::string slow = slow_attention_warning(run.device, run.dtype, cfg.model.head_size());
+    if (const std::string slow = slow_attention_warning(run.device, run.dtype, cfg.model.attention_head_dim());
         !slow.empty() && env.rank() == 0 && attention_kernel().kernel == AttentionKernel::flash)
       spdlog::warn("{}", slow);
     // Data (every rank reads and validates the files itself: errors before any collective).
