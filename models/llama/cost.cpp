@@ -247,4 +247,78 @@ StageFlops LlamaForCausalLM::stage_flops(const RankShape& s) const {
   return f;
 }
 
+// ---- Parameters and the model's FLOPs per token
+
+LlamaAttentionParams llama_attention_params(const ModelConfig& c, const LlamaVariant& v) {
+  const int64_t d = c.dim, H = c.n_heads;
+  LlamaAttentionParams p;
+  if (c.mla.enabled()) {
+    // Latent attention (mla.cpp): q_a_proj (q_lora, C), q_a_layernorm, q_b_proj (H dqk, q_lora) or q_proj (H dqk, C);
+    // kv_a_proj_with_mqa (R + dr, C), kv_a_layernorm (R), kv_b_proj (H (dn + dv), R); o_proj (C, H dv). No biases.
+    const MlaConfig& m = c.mla;
+    const int64_t dqk = m.qk_head_dim(), ql = m.q_lora_rank, R = m.kv_lora_rank;
+    p.tp_replicated = d * (R + m.qk_rope_head_dim) + R + (ql > 0 ? d * ql + ql : 0);
+    p.all = p.tp_replicated + (ql > 0 ? ql : d) * H * dqk + R * H * (m.qk_nope_head_dim + m.v_head_dim) +
+            H * m.v_head_dim * d;
+    return p;
+  }
+  const int64_t hd = c.head_size();
+  p.all = d * H * hd * 2 + d * c.n_kv_heads * hd * 2;
+  if (v.qkv_bias) p.all += (H + 2 * c.n_kv_heads) * hd;
+  if (v.qk_norm) p.all += 2 * hd;
+  return p;
+}
+
+int64_t llama_mlp_params(const ModelConfig& c, int64_t layer, bool active, const LlamaVariant& v) {
+  const int64_t d = c.dim;
+  if (!c.moe.sparse_layer(layer)) return 3 * d * c.ffn_dim;
+  const MoeConfig& m = c.moe;
+  int64_t n = d * m.n_experts + (active ? m.experts_per_token : m.n_experts) * 3 * d * m.ffn_dim;
+  if (m.shared_expert_ffn_dim > 0) n += 3 * d * m.shared_expert_ffn_dim + (v.moe_names.shared_gate ? d : 0);
+  if (v.moe_names.score_bias) n += m.n_experts;  // gate.e_score_correction_bias: frozen, but the model's
+  return n;
+}
+
+namespace {
+int64_t llama_params(const ModelConfig& c, bool with_embeddings, const LlamaVariant& v, bool active) {
+  const int64_t d = c.dim;
+  int64_t n = c.n_layers * (llama_attention_params(c, v).all + (v.gemma ? 4 : 2) * d) + d;  // Gemma: four norms
+  for (int64_t l = 0; l < c.n_layers; ++l) n += llama_mlp_params(c, l, active, v);
+  if (with_embeddings) n += c.vocab_size * d * (c.tie_embeddings ? 1 : 2);
+  else n += c.vocab_size * d;  // the lm_head matmul counts even when tied (torchtitan's convention)
+  return n;
+}
+}  // namespace
+
+int64_t llama_num_params(const ModelConfig& c, bool with_embeddings, const LlamaVariant& v) {
+  return llama_params(c, with_embeddings, v, /*active=*/false);
+}
+
+int64_t llama_active_params(const ModelConfig& c, bool with_embeddings, const LlamaVariant& v) {
+  return llama_params(c, with_embeddings, v, /*active=*/true);
+}
+
+double llama_attention_keys(const ModelConfig& c, int64_t seq_len, int64_t layer) {
+  const double T = double(seq_len), W = double(c.sliding_window);
+  if (!c.sliding_layer(layer) || c.sliding_window <= 0 || W >= T) return T;
+  // Causal pairs within the window over causal pairs: (W T - W (W - 1) / 2) / (T (T + 1) / 2), times T.
+  return T * (W * T - W * (W - 1) / 2) / (T * (T + 1) / 2);
+}
+
+double llama_attention_flops_per_key(const ModelConfig& c, bool executed) {
+  if (!c.mla.enabled()) return 12.0 * double(c.n_heads * c.head_size());
+  // Latent attention's kernel takes v zero-padded to the query-key width: P V runs at dqk, the model's is dv.
+  const double dqk = double(c.mla.qk_head_dim());
+  return 6.0 * double(c.n_heads) * (dqk + (executed ? dqk : double(c.mla.v_head_dim)));
+}
+
+double llama_flops_per_token(const ModelConfig& c, int64_t seq_len, const LlamaVariant& v) {
+  // The parameters a token runs through (the k experts of an MoE layer, not all); QK^T and PV are n_heads x
+  // head_dim wide (dim unless head_dim says otherwise; latent attention's widths: llama_attention_flops_per_key),
+  // over the keys each layer's queries see.
+  double keys = 0;
+  for (int64_t i = 0; i < c.n_layers; ++i) keys += llama_attention_keys(c, seq_len, i);
+  return 6.0 * double(llama_active_params(c, false, v)) + llama_attention_flops_per_key(c, false) * keys;
+}
+
 }  // namespace mt
