@@ -71,7 +71,7 @@ struct StateElements {
 // The model state: the bytes `train` allocates for each parameter's local shape (log_model_state's count): master
 // value, gradient and AdamW's two moments in the master dtype, and the bf16 copy, each its own allocation; a frozen
 // parameter (LoRA's base) its weights alone (frozen_param_bytes); and the gradient buckets' flat buffers.
-StateElements add_state_memory(StageEstimate& st, const EstimateShape& rs, const StageLayout& lay) {
+StateElements add_state_memory(StageEstimate& st, const Config& cfg, const EstimateShape& rs, const StageLayout& lay) {
   const DType dtype = rs.run.dtype;
   const ParamStateBytes b = param_state_bytes(dtype), fb = frozen_param_bytes(dtype);
   const std::vector<int> coord0(size_t(lay.meshes.stage.ndim()), 0);
@@ -95,15 +95,16 @@ StateElements add_state_memory(StageEstimate& st, const EstimateShape& rs, const
   }
   st.state_bytes = master + grads + moments + copies + frozen;
   const std::string master_name(dtype_name(accum_dtype(dtype)));
-  const bool lora = n.trainable < n.all;
+  // LoRA freezes the base; without it a model may still hold a frozen parameter (DeepSeek-V3's router bias).
+  const bool lora = cfg.lora.enabled(), frozen_any = n.trainable < n.all;
   st.memory.push_back({std::string(lora ? "trainable " : "") + "parameters (master " + master_name + ")", master,
                        fmt::format("{:.0f} {}elements of this rank's layouts ({:.0f} B each for weights, gradient, "
                                    "AdamW m and v{} in all)",
                                    n.trainable, lora ? "trainable " : "", b.total(),
                                    dtype == DType::bf16 ? " and the bf16 copy" : "")});
   if (copies > 0) st.memory.push_back({"compute copies (bf16)", copies, "rounded from the masters after each update"});
-  if (lora)
-    st.memory.push_back({"frozen base (LoRA: weights only)", frozen,
+  if (frozen_any)
+    st.memory.push_back({lora ? "frozen base (LoRA: weights only)" : "frozen parameters (weights only)", frozen,
                          fmt::format("{:.0f} frozen elements ({:.0f} B each: {}; no gradient, no optimizer state)",
                                      n.all - n.trainable, fb.total(),
                                      fb.copy > 0 ? "master and compute copy" : "the weights")});
@@ -274,8 +275,10 @@ void add_comm(StageEstimate& st, std::vector<std::string>& notes, const Config& 
     notes.push_back("parallel.tp_plan (a custom tensor-parallel plan): its bytes are not modelled");
   }
   if (pd.cp() > 1) {
-    const AttentionShape as{rs.run.micro,   rs.rank.tokens, mc.n_heads / rs.tp, mc.n_kv_heads / rs.tp,
-                            mc.head_size(), rs.rank.elem,   rs.rank.accum};
+    // Latent attention's kernel takes q, k and the zero-padded v at dn + dr (mla.cpp): the ring's K/V are that wide.
+    const int64_t hd = mc.mla.enabled() ? mc.mla.qk_head_dim() : mc.head_size();
+    const AttentionShape as{rs.run.micro, rs.rank.tokens, mc.n_heads / rs.tp, mc.n_kv_heads / rs.tp,
+                            hd,           rs.rank.elem,   rs.rank.accum};
     append(cp_step_bytes(pd.cp_method, pd.cp_ring(), pd.cp_ulysses(), as, m * L));
   }
   if (lay.stage.fsdp) append(fsdp_step_collectives(*lay.stage.fsdp, pd.dp_shard(), m, rs.P > 1));
@@ -302,12 +305,12 @@ void add_comm(StageEstimate& st, std::vector<std::string>& notes, const Config& 
 // master, gradient, m and v read, three written, and the copy: about 30 B per element). Under LoRA the frozen
 // base's weight gradients are not computed (4 of the 6 FLOPs a weight and token: forward and input gradient) and
 // the adapters add 6 a weight. Returns the GEMM FLOPs (the rest is attention's).
-double add_work(StageEstimate& st, const EstimateShape& rs, const StageLayout& lay, const StageFlops& f,
-                int64_t layers, const StateElements& elements) {
+double add_work(StageEstimate& st, const Config& cfg, const EstimateShape& rs, const StageLayout& lay,
+                const StageFlops& f, int64_t layers, const StateElements& elements) {
   const bool last = lay.last;
   const double tokens = double(rs.rank.micro) * double(rs.rank.tokens) * double(rs.m);  // over the step
   double gemm = f.layer_gemm * double(layers) * tokens + (last ? f.head * tokens : 0);
-  if (elements.trainable < elements.all) gemm = gemm * 4.0 / 6.0 + 6.0 * adapter_tp_elements(*lay.stage.model, lay.meshes.stage) * tokens;
+  if (cfg.lora.enabled()) gemm = gemm * 4.0 / 6.0 + 6.0 * adapter_tp_elements(*lay.stage.model, lay.meshes.stage) * tokens;
   double attn = f.layer_attention * double(layers) * tokens;
   // A recomputed attention kernel repeats its forward: a third of its work.
   gemm += f.recomputed_gemm * tokens;
@@ -412,7 +415,7 @@ ActivationBytes stage_activations(const EstimateShape& rs, const StageLayout& la
 // parameters' local elements.
 StateElements add_memory(StageEstimate& st, const Config& cfg, const EstimateShape& rs, const StageLayout& lay,
                           int stage) {
-  const StateElements elements = add_state_memory(st, rs, lay);
+  const StateElements elements = add_state_memory(st, cfg, rs, lay);
   const ActivationBytes a = stage_activations(rs, lay);
   const HeldAtInput held = add_activation_memory(st, cfg, rs, lay, a, stage);
   Candidate peak;
@@ -466,7 +469,7 @@ StageEstimate estimate_stage(const Config& cfg, EstimateShape& rs, int stage, co
   const ActivationBytes a = stage_activations(rs, lay);
   add_comm(st, notes, cfg, rs, lay, a, stage);
   const StageFlops f = lay.stage.model->stage_flops(rs.rank);
-  const double gemm = add_work(st, rs, lay, f, a.layers_here, elements);
+  const double gemm = add_work(st, cfg, rs, lay, f, a.layers_here, elements);
   if (cluster) add_time(st, cfg, rs, lay, f, a.layers_here, gemm, *cluster);
   return st;
 }

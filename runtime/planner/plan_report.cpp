@@ -252,7 +252,9 @@ void print_cp_bytes(const TrainRun& run, const MeasuredStep& c) {
   // Per layer: Ulysses moves this rank's q, k, v (micro, T_u, heads after tp, hd) to head shards and the output
   // back (ulysses_layer_bytes); the ring then moves the K/V of the ring part (micro, T_u U, KV_u, hd).
   const int R = pd.cp_ring(), U = pd.cp_ulysses();
-  const int64_t hd = cfg.model.head_size(), H = cfg.model.n_heads / tp, KV = cfg.model.n_kv_heads / tp;
+  // Latent attention: q, k and the zero-padded v at dn + dr (models/llama/mla.cpp).
+  const int64_t hd = cfg.model.mla.enabled() ? cfg.model.mla.qk_head_dim() : cfg.model.head_size(),
+                H = cfg.model.n_heads / tp, KV = cfg.model.n_kv_heads / tp;
   const double L = double(cfg.model.n_layers), elem = double(dtype_size(run.dtype));
   const CpBytes cb = cp_bytes(
       pd.cp_method, R, U, {run.micro, run.shard.size(), H, KV, hd, elem, double(dtype_size(accum_dtype(run.dtype)))});
