@@ -268,7 +268,7 @@ void add_comm(StageEstimate& st, std::vector<std::string>& notes, const Config& 
   if (rs.tp > 1 && cfg.parallel.tp_plan.empty()) {
     TpStage s;
     s.tp = rs.tp, s.sequence_parallel = rs.rank.sequence_parallel, s.loss_parallel = rs.rank.loss_parallel;
-    s.micro_batches = m, s.layers = L, s.first = lay.first, s.last = lay.last;
+    s.micro_batches = m, s.layers = L, s.sparse_layers = a.sparse_layers, s.first = lay.first, s.last = lay.last;
     s.micro = rs.run.micro, s.tokens = rs.rank.tokens, s.elem = rs.rank.elem;
     append(family_of(mc).tp_step_bytes(mc, s));
   } else if (rs.tp > 1) {
