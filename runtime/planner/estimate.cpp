@@ -492,6 +492,19 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
            cfg.model.n_layers, kMaxLayers);
   EstimateShape rs(cfg, world);  // train's checks, with its errors
   e.pd = rs.run.pd;
+  if (const MlaConfig& m = cfg.model.mla; m.enabled() && m.v_head_dim != m.qk_head_dim()) {
+    // MFU's FLOPs are the model's (P V at v_head_dim); the kernel runs it on values zero-padded to dn + dr
+    // (models/llama/mla.cpp), which the time counts.
+    const ModelConfig& mc = cfg.model;
+    const double model = family_of(mc).flops_per_token(mc, cfg.training.seq_len);
+    const double padded = 6.0 * double(mc.n_heads) * double(m.qk_head_dim() - m.v_head_dim) *
+                          double(cfg.training.seq_len) * double(mc.n_layers);
+    e.notes.push_back(fmt::format(
+        "latent attention: the model's FLOPs (MFU's) count P V at v_head_dim = {}: {:.4g} a token; the attention "
+        "kernel runs it on values zero-padded to qk_nope_head_dim + qk_rope_head_dim = {}: {:.4g} a token ({:+.1f}%), "
+        "which the compute time counts",
+        m.v_head_dim, model, m.qk_head_dim(), model + padded, 100 * padded / model));
+  }
   e.micro = rs.run.micro;
   e.micro_batches = rs.m;
   for (int stage = 0; stage < rs.P; ++stage) e.stages.push_back(estimate_stage(cfg, rs, stage, cluster, e.notes));

@@ -9,7 +9,8 @@
 #  - the peak memory of rank 0 within 5% of what `train` measured (alloc_peak_bytes), and every (tag, group, kind)
 #    of the bytes a step sends equal to the runtime's counters (`meshtrain plan`), on 1 rank, tp 2 with and without
 #    sequence parallel, the cp ring and Ulysses (K/V of dn + dr a head), selective recompute;
-#  - `plan --search` over 4 ranks proposes plans with ep.
+#  - `estimate` notes the padded values' share of the attention FLOPs; `plan --search` over 4 ranks proposes plans
+#    with ep.
 # Prints "estimate-deepseek: N passed, N failed" last.
 #   tests/cli/test_estimate_deepseek.sh BUILD_DIR
 set -uo pipefail
@@ -111,6 +112,9 @@ run_configs "$v3" deepseek_v3 "1|1 rank|" "2|tp=2, sequence parallel|--set paral
 run_configs "$v2" deepseek_v2 "1|1 rank|" "2|tp=2, sequence parallel|--set parallel.tp=2"
 
 yaml "$v3"
+expect "estimate says the kernels run P V at the padded width (MFU's FLOPs at v_head_dim)" zero \
+  "values zero-padded to qk_nope_head_dim + qk_rope_head_dim = 24" -- \
+  "$mt" --config "$tmp/t.yaml" estimate --world 1 --cluster "$root/configs/clusters/h100_ib.yaml"
 expect "plan --search proposes ep plans for deepseek_v3" zero "ep=2 (2 experts a rank)" -- \
   "$mt" --config "$tmp/t.yaml" plan --search --world 4 --cluster "$root/configs/clusters/h100_ib.yaml" --top 1000
 summary estimate-deepseek
