@@ -286,16 +286,27 @@ void add_comm(StageEstimate& st, std::vector<std::string>& notes, const Config& 
   if (rs.P > 1) append(pp_step_bytes(rs.run.pipeline.schedule, stage, a.boundary, kPpTag));
   if (mc.moe.enabled()) {
     // The sparse layers' exchanges over ep (uniform routing) and the balance statistics over the loss group.
+    // Under pp the statistics are summed over the stages too (CausalLM::pool_router_stats: the world's group of pp
+    // and the data dims), by every stage, one without sparse layers adding zeros.
+    std::string pooled = dim::pp;
+    for (const DimSpec& d : pd.dims)
+      if (d.data) pooled += std::string(",") + d.name;
     MoeStage ms;
-    ms.ep = pd.ep(), ms.loss_ranks = lay.meshes.stage.group(dim::loss).size();
+    ms.ep = pd.ep();
+    ms.loss_ranks = rs.P > 1 ? lay.meshes.world.group(pooled).size() : lay.meshes.stage.group(dim::loss).size();
     ms.micro_batches = m, ms.sparse_layers = a.sparse_layers, ms.sparse_recomputed = a.sparse_recomputed;
     ms.micro = rs.run.micro, ms.tokens = rs.rank.tokens, ms.elem = rs.rank.elem;
-    append(moe_step_bytes(mc, ms));
+    std::vector<CommBytes> moe = moe_step_bytes(mc, ms);
+    for (CommBytes& c : moe)
+      if (rs.P > 1 && c.tag == std::string(kMoeStatsTag)) c.group = pooled;
+    append(std::move(moe));
   }
   for (const CommBytes& c : parts) {
     if (c.calls <= 0) continue;
     // The group under the name the counters use (a set of dims made first under another name keeps that one).
-    const std::string name = c.group == dim::pp ? c.group : lay.meshes.stage.group(c.group).name();
+    const std::string name = c.group == dim::pp                 ? c.group
+                             : c.group.rfind(dim::pp + std::string(","), 0) == 0 ? lay.meshes.world.group(c.group).name()
+                                                                                  : lay.meshes.stage.group(c.group).name();
     st.comm.push_back({c.tag, name, c.kind, c.bytes, c.calls, 0, c.overlapped, ""});
   }
 }
@@ -362,7 +373,9 @@ void add_time(StageEstimate& st, const Config& cfg, const EstimateShape& rs, con
   for (CommPart& c : st.comm) {
     if (c.group == dim::pp && c.kind == "recv") continue;  // its time is the sender's
     // pp's group is the world mesh's (the stage's mesh is below it); a send is one message step each call.
-    time_part(c, c.group == dim::pp ? lay.meshes.world : lay.meshes.stage, cluster, sync, segment_s);
+    // (and the router statistics' group of pp and the data dims).
+    const bool world = c.group == dim::pp || c.group.rfind(dim::pp + std::string(","), 0) == 0;
+    time_part(c, world ? lay.meshes.world : lay.meshes.stage, cluster, sync, segment_s);
     if (!c.overlapped) {
       st.exposed_comm_s += c.seconds;
     } else {

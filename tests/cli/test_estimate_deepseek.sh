@@ -8,7 +8,8 @@
 #    count P V at the padded dqk: both against the formula written here from the model's sizes;
 #  - the peak memory of rank 0 within 5% of what `train` measured (alloc_peak_bytes), and every (tag, group, kind)
 #    of the bytes a step sends equal to the runtime's counters (`meshtrain plan`), on 1 rank, tp 2 with and without
-#    sequence parallel, the cp ring and Ulysses (K/V of dn + dr a head), selective recompute;
+#    sequence parallel, the cp ring and Ulysses (K/V of dn + dr a head), selective recompute, pp 2 (zb1p: the
+#    router statistics' all-reduce over the stages too);
 #  - `estimate` notes the padded values' share of the attention FLOPs; `plan --search` over 4 ranks proposes plans
 #    with ep.
 # Prints "estimate-deepseek: N passed, N failed" last.
@@ -31,16 +32,17 @@ yaml() {  # yaml MODEL: $tmp/t.yaml for the model (3 steps of 4 micro-batches of
 }
 
 # bytes_match I: every (tag, group, kind) of run I's estimated bytes and calls per step equals what `meshtrain plan`
-# counted (test_estimate.sh's check, without pp).
+# counted (test_estimate.sh's check).
 bytes_match() {
   "$py" - "$tmp/p$1.out" "$tmp/e$1.json" <<'PY'
 import collections, json, re, sys
 e = json.load(open(sys.argv[2]))
 m, st = e["micro_batches"], e["stages"][0]
+text = open(sys.argv[1]).read()
+whole_step = "pipeline:" in text  # plan counts a whole pipeline step, else one micro-batch and the sync
 counted, calls = collections.Counter(), collections.Counter()
-for ph, tag, g, k, c, b in re.findall(r"bytes\[(\w+)\] tag=(\S+) group=(\S+) kind=(\S+) calls=(\d+) bytes=(\d+)",
-                                      open(sys.argv[1]).read()):
-    f = 1 if ph == "sync" else m
+for ph, tag, g, k, c, b in re.findall(r"bytes\[(\w+)\] tag=(\S+) group=(\S+) kind=(\S+) calls=(\d+) bytes=(\d+)", text):
+    f = 1 if ph == "sync" or whole_step else m
     counted[(tag, g, k)] += int(b) * f
     calls[(tag, g, k)] += int(c) * f
 est = {(c["tag"], c["group"], c["kind"]): (c["bytes"], c["calls"]) for c in st.get("comm", [])}
@@ -108,7 +110,8 @@ run_configs() {  # run_configs MODEL NAME CONFIG...: each "NP|WHAT|ARGS"
 run_configs "$v3" deepseek_v3 "1|1 rank|" "2|tp=2, sequence parallel|--set parallel.tp=2" \
   "2|tp=2, no sequence parallel|--set parallel.tp=2 --set parallel.sequence_parallel=false" \
   "2|cp=2 ring|--set parallel.cp=2" "2|cp=2 alltoall|--set parallel.cp=2 --set parallel.cp_method=alltoall" \
-  "1|recompute selective|--set parallel.recompute.patterns=[\"model.layers.*\"] --set parallel.recompute.keep=[\"attention\"]"
+  "1|recompute selective|--set parallel.recompute.patterns=[\"model.layers.*\"] --set parallel.recompute.keep=[\"attention\"]" \
+  "2|pp=2 zb1p (the router statistics summed over the stages)|--set parallel.pp=2 --set parallel.pp_schedule=zb1p"
 run_configs "$v2" deepseek_v2 "1|1 rank|" "2|tp=2, sequence parallel|--set parallel.tp=2"
 
 yaml "$v3"
