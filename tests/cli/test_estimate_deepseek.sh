@@ -9,7 +9,8 @@
 #  - the peak memory of rank 0 within 5% of what `train` measured (alloc_peak_bytes), and every (tag, group, kind)
 #    of the bytes a step sends equal to the runtime's counters (`meshtrain plan`), on 1 rank, tp 2 with and without
 #    sequence parallel, the cp ring and Ulysses (K/V of dn + dr a head), selective recompute, pp 2 (zb1p: the
-#    router statistics' all-reduce over the stages too);
+#    router statistics' all-reduce over the stages too), and pp 2 whose stage 0 has no sparse layer (it trains:
+#    the statistics' sum over the stages hung at the second step before; its losses equal one rank's);
 #  - `estimate` notes the padded values' share of the attention FLOPs; `plan --search` over 4 ranks proposes plans
 #    with ep.
 # Prints "estimate-deepseek: N passed, N failed" last.
@@ -114,7 +115,28 @@ run_configs "$v3" deepseek_v3 "1|1 rank|" "2|tp=2, sequence parallel|--set paral
   "2|pp=2 zb1p (the router statistics summed over the stages)|--set parallel.pp=2 --set parallel.pp_schedule=zb1p"
 run_configs "$v2" deepseek_v2 "1|1 rank|" "2|tp=2, sequence parallel|--set parallel.tp=2"
 
+# A pipeline stage without sparse layers (as DeepSeek-V3's first stage, its dense layers): the router statistics'
+# sum over the stages needs its zeros every micro-batch of every step (it hung at the second step before); the
+# balance loss on, which reads that sum, the losses equal one rank's; the estimate as above. comm.timeout_s 60: a
+# hang fails in a minute.
 yaml "$v3"
+dense0=(--set model.n_layers=4 --set "model.moe.mlp_only_layers=[0,1]" --set model.moe.output_router_logits=true
+        --set comm.timeout_s=60)
+if train d1 1 "${dense0[@]}"; then
+  i=$((i + 1))
+  what="deepseek_v3: pp=2 1f1b, stage 0 without sparse layers"
+  if estimate_run $i 2 "$what" --set parallel.pp=2 "${dense0[@]}"; then
+    if out=$("$py" "$compare" "$tmp/m$i.jsonl" "$tmp/d1.jsonl" --steps 3 2>&1); then ok "$what: 3 steps, 1 rank's losses: $out"
+    else bad "$what: 1 rank's losses" "$out"; fi
+    if out=$(peak_within_5pct "$tmp/m$i.jsonl" "$tmp/e$i.json" 3 2>&1); then ok "$what: memory: $out"
+    else bad "$what: memory within 5%" "$out"; fi
+    if out=$(bytes_match $i 2>&1); then ok "$what: bytes per step = the runtime's counters: $out"
+    else bad "$what: bytes" "$out"; fi
+  fi
+else
+  bad "deepseek_v3, 4 layers, 1 rank: train" "$(tail -n 10 "$tmp/d1.log")"
+fi
+
 expect "estimate says the kernels run P V at the padded width (MFU's FLOPs at v_head_dim)" zero \
   "values zero-padded to qk_nope_head_dim + qk_rope_head_dim = 24" -- \
   "$mt" --config "$tmp/t.yaml" estimate --world 1 --cluster "$root/configs/clusters/h100_ib.yaml"
