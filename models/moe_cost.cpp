@@ -50,7 +50,8 @@ std::vector<CommBytes> moe_step_bytes(const ModelConfig& c, const MoeStage& s) {
     // layers (pp) sums its zeros too.
     const double n = double(s.loss_ranks);
     const double buf = double(moe_sparse_layers(c) * c.moe.n_experts + c.moe.n_experts + 2) * 8;
-    out.push_back({kMoeStatsTag, dim::loss, "all_reduce", double(m) * 2 * buf * (n - 1) / n, m, false});
+    // Issued non-blocking after the forward (MoeContext::start_sum), waited for in the backward.
+    out.push_back({kMoeStatsTag, dim::loss, "all_reduce", double(m) * 2 * buf * (n - 1) / n, m, true});
   }
   return out;
 }

@@ -142,4 +142,12 @@ expect "estimate says the kernels run P V at the padded width (MFU's FLOPs at v_
   "$mt" --config "$tmp/t.yaml" estimate --world 1 --cluster "$root/configs/clusters/h100_ib.yaml"
 expect "plan --search proposes ep plans for deepseek_v3" zero "ep=2 (2 experts a rank)" -- \
   "$mt" --config "$tmp/t.yaml" plan --search --world 4 --cluster "$root/configs/clusters/h100_ib.yaml" --top 1000
+# The shipped configs: DeepSeek-V3's real shape (the report's 671B / 37B; no MTP) and Gemma 3 27B's.
+expect "configs/estimate/deepseek_v3.yaml: DeepSeek-V3's parameters" zero \
+  "671026419200 parameters total, 37552297472 active" -- \
+  "$mt" --config "$root/configs/estimate/deepseek_v3.yaml" estimate --world 2048 --cluster "$root/configs/clusters/h800_ib.yaml"
+expect "configs/estimate/gemma3_27b.yaml: Gemma 3 27B's parameters" zero "27009346304 parameters" -- \
+  "$mt" --config "$root/configs/estimate/gemma3_27b.yaml" estimate --world 8 --cluster "$root/configs/clusters/h100_ib.yaml"
+if grep -q "GiB: fits" "$tmp/out" && ! grep -q "DOES NOT FIT" "$tmp/out"; then ok "configs/estimate/gemma3_27b.yaml fits 80 GiB"
+else bad "configs/estimate/gemma3_27b.yaml fits 80 GiB" "$(grep -E '^  (peak|device)' "$tmp/out")"; fi
 summary estimate-deepseek
