@@ -179,6 +179,7 @@ struct TpStage {
   bool sequence_parallel = false, loss_parallel = false;  // in effect
   int64_t micro_batches = 1;                              // forwards and backwards in the step
   int64_t layers = 0;                                     // decoder layers on the stage
+  int64_t sparse_layers = 0;                              // of them, MoE layers (their sparse block replicated)
   bool first = true, last = true;                         // the stage holds the embedding; the output projection
   int64_t micro = 1, tokens = 1;                          // B, and this rank's tokens of each sequence
   double elem = 4;                                        // bytes of an activation element

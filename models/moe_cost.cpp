@@ -35,9 +35,9 @@ MoeLayerBytes moe_layer_bytes(const ModelConfig& c, int ep, int64_t micro, int64
 
 std::vector<CommBytes> moe_step_bytes(const ModelConfig& c, const MoeStage& s) {
   std::vector<CommBytes> out;
-  if (!c.moe.enabled() || s.sparse_layers <= 0) return out;
+  if (!c.moe.enabled()) return out;
   const int64_t m = s.micro_batches, L = s.sparse_layers, R = s.sparse_recomputed;
-  if (s.ep > 1) {
+  if (s.ep > 1 && L > 0) {
     const MoeLayerBytes b = moe_layer_bytes(c, s.ep, s.micro, s.tokens, s.elem);
     // Forward: rows there and outputs back; backward: gradients there and back, and a recomputed layer's
     // forward again.
@@ -46,10 +46,12 @@ std::vector<CommBytes> moe_step_bytes(const ModelConfig& c, const MoeStage& s) {
     out.push_back({kMoeDispatchTag, dim::ep, "all_to_all", double(exchanges) * b.exchange, exchanges, false});
   }
   if (s.loss_ranks > 1) {
-    // (n_sparse E counts, E prob sums, rows, dropped) f64, the whole model's sparse layers.
+    // (n_sparse E counts, E prob sums, rows, dropped) f64, the whole model's sparse layers; a stage without sparse
+    // layers (pp) sums its zeros too.
     const double n = double(s.loss_ranks);
     const double buf = double(moe_sparse_layers(c) * c.moe.n_experts + c.moe.n_experts + 2) * 8;
-    out.push_back({kMoeStatsTag, dim::loss, "all_reduce", double(m) * 2 * buf * (n - 1) / n, m, false});
+    // Issued non-blocking after the forward (MoeContext::start_sum), waited for in the backward.
+    out.push_back({kMoeStatsTag, dim::loss, "all_reduce", double(m) * 2 * buf * (n - 1) / n, m, true});
   }
   return out;
 }

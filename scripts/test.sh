@@ -212,9 +212,11 @@ run_script_suite pp tests/cli/test_pp.sh
 # schedule and the allocator; merge; the picture; a rank slowed on purpose named within 10 steps.
 run_script_suite trace tests/cli/test_trace.sh
 # meshtrain estimate against measured runs: the peak memory within 5% and every byte of a step, 17 configurations;
-# then on seeded random shapes and 4-rank meshes (6, or 20 with MT_TEST_FULL).
+# latent attention (deepseek_v3, deepseek_v2: parameters, FLOPs, memory, bytes, plan --search with ep); then on
+# seeded random shapes and 4-rank meshes (6, or 20 with MT_TEST_FULL).
 run_script_suite estimate tests/cli/test_estimate.sh
 run_script_suite estimate-moe tests/cli/test_estimate_moe.sh
+run_script_suite estimate-deepseek tests/cli/test_estimate_deepseek.sh
 run_script_suite estimate-sweep tests/cli/test_estimate_sweep.sh ${MT_TEST_FULL:+--full}
 # A model larger than any one rank: sharded creation, steps, sharded save and resume on another mesh under a cap per
 # rank below the model's f32 weights; the saved directory in the PyTorch reference.

@@ -20,6 +20,10 @@ struct Dims {
   // expert's width Fe and the shared expert's Fs.
   double N = 1, M = 0, R = 0, E = 0, K = 0, Fe = 0, Fs = 0;
   bool ep = false;
+  // Latent attention (mla.cpp): hd is the query-key width dn + dr, which the kernel also gives v (zero-padded from
+  // dv), and KV = H; the latents' widths ql (0: q_proj) and Rk, which every tp rank computes whole.
+  bool mla = false;
+  double dn = 0, dr = 0, dv = 0, ql = 0, Rk = 0;
 };
 Dims dims_of(const ModelConfig& c, const RankShape& s) {
   Dims d;
@@ -33,6 +37,12 @@ Dims dims_of(const ModelConfig& c, const RankShape& s) {
   d.hd = double(c.head_size());
   d.F = double(c.ffn_dim / s.tp);
   d.Vl = double(s.loss_parallel ? c.vocab_size / s.tp : c.vocab_size);
+  if (c.mla.enabled()) {
+    d.mla = true;
+    d.hd = double(c.mla.qk_head_dim());
+    d.dn = double(c.mla.qk_nope_head_dim), d.dr = double(c.mla.qk_rope_head_dim), d.dv = double(c.mla.v_head_dim);
+    d.ql = double(c.mla.q_lora_rank), d.Rk = double(c.mla.kv_lora_rank);
+  }
   if (c.moe.enabled()) {
     d.N = d.B * d.T;
     d.M = moe_layer_bytes(c, 1, s.micro, s.tokens, s.elem).rows;
@@ -62,6 +72,15 @@ LayerSaved layer_saved(const Dims& d, const RankShape& s, const LlamaDecoderLaye
   const double attn_in = A(d.e * d.B * d.T * d.C);
   const double qkv = A(d.e * d.B * d.T * d.H * d.hd) + 2 * A(d.e * d.B * d.T * d.KV * d.hd);
   const double out = A(d.e * d.B * d.T * d.H * d.hd) * (s.cp_ulysses > 1 ? 2 : 1), lse = A(d.a * d.B * d.H * d.T);
+  // Latent attention (mla.cpp) also keeps, on every tp rank whole: q_a_layernorm's input and rstd and q_b_proj's
+  // input (the q latent, normed), kv_a_layernorm's input (the kv latent, copied out of kv_a_proj_with_mqa's output)
+  // and rstd, kv_b_proj's input; and o_proj's input, the output's first dv of each head (B, T, H, dv), beside the
+  // padded output (out). q, k and the padded v are qkv's three (B, T, H, dn + dr).
+  double latents = 0;
+  if (d.mla) {
+    latents = A(d.e * d.B * d.T * d.Rk) * 2 + A(d.a * d.B * d.T) + A(d.e * d.B * d.T * d.H * d.dv);
+    if (d.ql > 0) latents += A(d.e * d.B * d.T * d.ql) * 2 + A(d.a * d.B * d.T);
+  }
   // The MLP: its input after the hooks, gate and up (B, T, F), and the SwiGLU output (down_proj's input).
   const double mlp_in = A(d.e * d.B * d.T * d.C);
   double mlp = 3 * A(d.e * d.B * d.T * d.F);
@@ -75,7 +94,7 @@ LayerSaved layer_saved(const Dims& d, const RankShape& s, const LlamaDecoderLaye
     if (d.Fs > 0) mlp += 3 * A(d.e * d.N * d.Fs) + A(d.e * d.N * d.C) + A(d.a * d.N);
   }
   LayerSaved r;
-  r.whole = norms + attn_in + qkv + out + lse + mlp_in + mlp;
+  r.whole = norms + attn_in + latents + qkv + out + lse + mlp_in + mlp;
   const bool keep = l->self_attn->keep_attention_output;
   if (l->recompute) {
     // Only the layer's input (the residual stream), and with keep: [attention] its output and lse.
@@ -83,7 +102,7 @@ LayerSaved layer_saved(const Dims& d, const RankShape& s, const LlamaDecoderLaye
     return r;
   }
   r.total = norms;
-  r.total += l->self_attn->recompute ? attn_in + (keep ? out + lse : 0) : attn_in + qkv + out + lse;
+  r.total += l->self_attn->recompute ? attn_in + (keep ? out + lse : 0) : attn_in + latents + qkv + out + lse;
   r.total += l->mlp->recompute ? mlp_in : mlp_in + mlp;
   return r;
 }
@@ -119,15 +138,20 @@ ActivationBytes LlamaForCausalLM::activation_bytes(const RankShape& s) const {
   }
   // zb1p's DeferWeightGrads, between a micro-batch's B and its W: each linear's input and output gradient (per
   // layer 4 C + (2 H + 2 KV) hd + 3 F of the (B, T) tokens), and lm_head's input and dlogits.
-  r.deferred = (4 * A(d.e * d.B * d.T * d.C) + 2 * A(d.e * d.B * d.T * d.H * d.hd) +
-                2 * A(d.e * d.B * d.T * d.KV * d.hd) + 3 * A(d.e * d.B * d.T * d.F)) *
-                   double(dense_here) +
+  // Latent attention's linears: x (shared by q_a_proj and kv_a_proj_with_mqa, or q_proj), q_a_proj's output
+  // gradient and q_b_proj's input (ql each), q_b_proj's or q_proj's output gradient (H dqk), kv_a_proj_with_mqa's
+  // (R + dr), kv_b_proj's input (R) and output gradient (H (dn + dv)), o_proj's input (H dv) and output gradient.
+  const double attn_deferred =
+      d.mla ? 2 * A(d.e * d.B * d.T * d.C) + (d.ql > 0 ? 2 * A(d.e * d.B * d.T * d.ql) : 0) +
+                  A(d.e * d.B * d.T * d.H * d.hd) + A(d.e * d.B * d.T * (d.Rk + d.dr)) + A(d.e * d.B * d.T * d.Rk) +
+                  A(d.e * d.B * d.T * d.H * (d.dn + d.dv)) + A(d.e * d.B * d.T * d.H * d.dv)
+            : 2 * A(d.e * d.B * d.T * d.C) + 2 * A(d.e * d.B * d.T * d.H * d.hd) +
+                  2 * A(d.e * d.B * d.T * d.KV * d.hd);
+  r.deferred = (attn_deferred + 2 * A(d.e * d.B * d.T * d.C) + 3 * A(d.e * d.B * d.T * d.F)) * double(dense_here) +
                // A sparse layer: the attention's as above, the router's input and dlogits (the experts' grouped
                // GEMMs compute their weight gradients at once).
                (r.sparse_layers > 0
-                    ? (4 * A(d.e * d.B * d.T * d.C) + 2 * A(d.e * d.B * d.T * d.H * d.hd) +
-                       2 * A(d.e * d.B * d.T * d.KV * d.hd) + A(d.e * d.N * d.E)) *
-                          double(r.sparse_layers)
+                    ? (attn_deferred + 2 * A(d.e * d.B * d.T * d.C) + A(d.e * d.N * d.E)) * double(r.sparse_layers)
                     : 0) +
                (last ? A(d.e * d.B * d.T * d.C) + A(d.e * d.B * d.T * d.Vl) : 0);
   // The largest gradients in flight: lm_head's backward (every saved tensor still held, its input gradient
@@ -147,8 +171,9 @@ ActivationBytes LlamaForCausalLM::activation_bytes(const RankShape& s) const {
   }
   const double widened = s.widened_bf16 ? 5 * A(4 * d.B * d.T * d.F) : 0;
   const double mlp_grads = 3 * A(d.e * d.B * d.T * d.F) + residual_grad - r.head + widened;
-  const double attn_grads =
-      2 * A(d.e * d.B * d.T * d.H * d.hd) + 2 * A(d.e * d.B * d.T * d.KV * d.hd) + residual_grad - r.head;
+  // Latent attention: o_proj's input gradient (B, T, H, dv) beside its padded copy and dq, dk, dv (dqk each).
+  const double attn_grads = 2 * A(d.e * d.B * d.T * d.H * d.hd) + 2 * A(d.e * d.B * d.T * d.KV * d.hd) +
+                            (d.mla ? A(d.e * d.B * d.T * d.H * d.dv) : 0) + residual_grad - r.head;
   r.backward_peak = std::max({head_grads, r.sparse_layers == 0 || dense_here > 0 ? mlp_grads : 0.0, attn_grads, 0.0});
   if (r.sparse_layers > 0) {
     // A sparse block's backward (moe.cpp): dh (M, C) and dw (N, K) held through it; under ep the gradients that
@@ -186,18 +211,26 @@ StageFlops LlamaForCausalLM::stage_flops(const RankShape& s) const {
   for (size_t i = 0; i < model->layers.size(); ++i)
     if (model->layers[i]) keys += llama_attention_keys(mc, s.seq_len, int64_t(i)), ++here;
   keys = here > 0 ? keys / double(here) : double(s.seq_len);
-  f.layer_attention = 12.0 * double(mc.n_heads * mc.head_size()) * keys / tp;
+  // The kernels' work: latent attention's P V at the padded width dqk (llama_attention_flops_per_key's executed
+  // count), which the model's FLOPs (llama_flops_per_token, MFU) count at dv.
+  f.layer_attention = llama_attention_flops_per_key(mc, true) * keys / tp;
   const double all_keys = [&] {
     double k = 0;
     for (int64_t i = 0; i < mc.n_layers; ++i) k += llama_attention_keys(mc, s.seq_len, i);
     return k;
   }();
-  f.layer_gemm = (total - 6.0 * double(mc.vocab_size) * d.C - 12.0 * double(mc.n_heads * mc.head_size()) * all_keys) /
-                 double(mc.n_layers) / tp;
+  // Latent attention's q_a_proj and kv_a_proj_with_mqa (and norms) run whole on every tp rank: not divided.
+  const LlamaAttentionParams ap = llama_attention_params(mc, variant);
+  const double replicated = 6.0 * double(ap.tp_replicated) * (1.0 - 1.0 / tp);
+  f.layer_gemm =
+      (total - 6.0 * double(mc.vocab_size) * d.C - llama_attention_flops_per_key(mc, false) * all_keys) /
+          double(mc.n_layers) / tp +
+      replicated;
   // Recompute runs forwards again (2 FLOPs a weight and token): a recomputed layer or attention repeats q, k, v
   // and o and, unless keep: [attention] kept the output, the attention kernel; a recomputed MLP gate, up and down.
   const double proj_fwd =
-      2.0 * double(mc.dim) * double(2 * mc.n_heads + 2 * mc.n_kv_heads) * double(mc.head_size()) / tp;
+      d.mla ? 2.0 * (double(ap.all - ap.tp_replicated) / tp + double(ap.tp_replicated))
+            : 2.0 * double(mc.dim) * double(2 * mc.n_heads + 2 * mc.n_kv_heads) * double(mc.head_size()) / tp;
   const double mlp_fwd = 2.0 * 3.0 * double(mc.dim) * double(mc.ffn_dim) / tp;
   for (const LlamaDecoderLayer* l : model->layers) {
     if (!l) continue;
@@ -208,8 +241,12 @@ StageFlops LlamaForCausalLM::stage_flops(const RankShape& s) const {
   // Causal attention's forward as the calibration counts it: 4 T S H hd / 2 for T tokens.
   f.attention_causal = 0.5 * 4.0 * double(s.seq_len) * d.H * d.hd;
   // Norms, residual adds, RoPE and SwiGLU: about 6 C + 2 (H + 2 KV) hd + 4 F elements read or written per token
-  // in forward; the loss reads, exponentiates and writes the local logits.
-  f.traffic_layer = d.e * (6 * d.C * (d.Tsp / d.T) + 2 * (d.H + 2 * d.KV) * d.hd + 4 * d.F);
+  // in forward; the loss reads, exponentiates and writes the local logits. Latent attention: the latents' norms
+  // and copies (2 ql + 4 R), RoPE on the copied-out q_pe and k_pe, k's assembly, v's zero fill and copy, the
+  // output's slice: about H (8 dr + 2 dn + dqk + 4 dv).
+  const double attn_traffic = d.mla ? 2 * d.ql + 4 * d.Rk + d.H * (8 * d.dr + 2 * d.dn + d.hd + 4 * d.dv)
+                                    : 2 * (d.H + 2 * d.KV) * d.hd;
+  f.traffic_layer = d.e * (6 * d.C * (d.Tsp / d.T) + attn_traffic + 4 * d.F);
   f.traffic_head = d.e * d.Vl;
   if (!mc.moe.enabled()) return f;
   // An MoE model: the stage's layers one by one, averaged. A sparse block runs whole on every tp rank (apply_moe:
@@ -217,7 +254,7 @@ StageFlops LlamaForCausalLM::stage_flops(const RankShape& s) const {
   // tp. What is not an MLP (attention's projections, norms, the final norm) splits as in the dense count.
   int64_t n = 0;
   double mlp_all = 0;
-  for (int64_t i = 0; i < mc.n_layers; ++i) mlp_all += double(llama_mlp_params(mc, i, true));
+  for (int64_t i = 0; i < mc.n_layers; ++i) mlp_all += double(llama_mlp_params(mc, i, true, variant));
   const double rest = (double(llama_active_params(mc, false, variant)) - double(mc.vocab_size) * d.C - mlp_all) /
                       double(mc.n_layers);
   double gemm = 0, recomputed = 0, traffic = 0;
@@ -225,9 +262,9 @@ StageFlops LlamaForCausalLM::stage_flops(const RankShape& s) const {
     const LlamaDecoderLayer* l = model->layers[i];
     if (!l) continue;
     ++n;
-    const double mlp = double(llama_mlp_params(mc, int64_t(i), true));
+    const double mlp = double(llama_mlp_params(mc, int64_t(i), true, variant));
     const bool sparse = l->moe_block != nullptr;
-    gemm += 6.0 * rest / tp + 6.0 * mlp / (sparse ? 1 : tp);
+    gemm += 6.0 * rest / tp + replicated + 6.0 * mlp / (sparse ? 1 : tp);
     const bool attn_again = l->recompute || l->self_attn->recompute, mlp_again = l->recompute || l->mlp->recompute;
     recomputed += (attn_again ? proj_fwd : 0) + (mlp_again ? 2.0 * mlp / (sparse ? 1 : tp) : 0);
     // A sparse layer's memory-bound ops per token: SwiGLU over k rows (4 k Fe), dispatch and combine (2 k C each:
@@ -237,7 +274,7 @@ StageFlops LlamaForCausalLM::stage_flops(const RankShape& s) const {
                                        (d.Fs > 0 ? 4 * d.Fs + 2 * d.C : 0)) +
                                     d.a * 2 * d.E
                               : d.e * 4 * d.F;
-    traffic += d.e * (6 * d.C * (d.Tsp / d.T) + 2 * (d.H + 2 * d.KV) * d.hd) + moe;
+    traffic += d.e * (6 * d.C * (d.Tsp / d.T) + attn_traffic) + moe;
   }
   if (n > 0) {
     f.layer_gemm = gemm / double(n);  // the attention kernels are layer_attention, as in the dense count
@@ -245,6 +282,80 @@ StageFlops LlamaForCausalLM::stage_flops(const RankShape& s) const {
   }
   f.recomputed_gemm = recomputed;
   return f;
+}
+
+// ---- Parameters and the model's FLOPs per token
+
+LlamaAttentionParams llama_attention_params(const ModelConfig& c, const LlamaVariant& v) {
+  const int64_t d = c.dim, H = c.n_heads;
+  LlamaAttentionParams p;
+  if (c.mla.enabled()) {
+    // Latent attention (mla.cpp): q_a_proj (q_lora, C), q_a_layernorm, q_b_proj (H dqk, q_lora) or q_proj (H dqk, C);
+    // kv_a_proj_with_mqa (R + dr, C), kv_a_layernorm (R), kv_b_proj (H (dn + dv), R); o_proj (C, H dv). No biases.
+    const MlaConfig& m = c.mla;
+    const int64_t dqk = m.qk_head_dim(), ql = m.q_lora_rank, R = m.kv_lora_rank;
+    p.tp_replicated = d * (R + m.qk_rope_head_dim) + R + (ql > 0 ? d * ql + ql : 0);
+    p.all = p.tp_replicated + (ql > 0 ? ql : d) * H * dqk + R * H * (m.qk_nope_head_dim + m.v_head_dim) +
+            H * m.v_head_dim * d;
+    return p;
+  }
+  const int64_t hd = c.head_size();
+  p.all = d * H * hd * 2 + d * c.n_kv_heads * hd * 2;
+  if (v.qkv_bias) p.all += (H + 2 * c.n_kv_heads) * hd;
+  if (v.qk_norm) p.all += 2 * hd;
+  return p;
+}
+
+int64_t llama_mlp_params(const ModelConfig& c, int64_t layer, bool active, const LlamaVariant& v) {
+  const int64_t d = c.dim;
+  if (!c.moe.sparse_layer(layer)) return 3 * d * c.ffn_dim;
+  const MoeConfig& m = c.moe;
+  int64_t n = d * m.n_experts + (active ? m.experts_per_token : m.n_experts) * 3 * d * m.ffn_dim;
+  if (m.shared_expert_ffn_dim > 0) n += 3 * d * m.shared_expert_ffn_dim + (v.moe_names.shared_gate ? d : 0);
+  if (v.moe_names.score_bias) n += m.n_experts;  // gate.e_score_correction_bias: frozen, but the model's
+  return n;
+}
+
+namespace {
+int64_t llama_params(const ModelConfig& c, bool with_embeddings, const LlamaVariant& v, bool active) {
+  const int64_t d = c.dim;
+  int64_t n = c.n_layers * (llama_attention_params(c, v).all + (v.gemma ? 4 : 2) * d) + d;  // Gemma: four norms
+  for (int64_t l = 0; l < c.n_layers; ++l) n += llama_mlp_params(c, l, active, v);
+  if (with_embeddings) n += c.vocab_size * d * (c.tie_embeddings ? 1 : 2);
+  else n += c.vocab_size * d;  // the lm_head matmul counts even when tied (torchtitan's convention)
+  return n;
+}
+}  // namespace
+
+int64_t llama_num_params(const ModelConfig& c, bool with_embeddings, const LlamaVariant& v) {
+  return llama_params(c, with_embeddings, v, /*active=*/false);
+}
+
+int64_t llama_active_params(const ModelConfig& c, bool with_embeddings, const LlamaVariant& v) {
+  return llama_params(c, with_embeddings, v, /*active=*/true);
+}
+
+double llama_attention_keys(const ModelConfig& c, int64_t seq_len, int64_t layer) {
+  const double T = double(seq_len), W = double(c.sliding_window);
+  if (!c.sliding_layer(layer) || c.sliding_window <= 0 || W >= T) return T;
+  // Causal pairs within the window over causal pairs: (W T - W (W - 1) / 2) / (T (T + 1) / 2), times T.
+  return T * (W * T - W * (W - 1) / 2) / (T * (T + 1) / 2);
+}
+
+double llama_attention_flops_per_key(const ModelConfig& c, bool executed) {
+  if (!c.mla.enabled()) return 12.0 * double(c.n_heads * c.head_size());
+  // Latent attention's kernel takes v zero-padded to the query-key width: P V runs at dqk, the model's is dv.
+  const double dqk = double(c.mla.qk_head_dim());
+  return 6.0 * double(c.n_heads) * (dqk + (executed ? dqk : double(c.mla.v_head_dim)));
+}
+
+double llama_flops_per_token(const ModelConfig& c, int64_t seq_len, const LlamaVariant& v) {
+  // The parameters a token runs through (the k experts of an MoE layer, not all); QK^T and PV are n_heads x
+  // head_dim wide (dim unless head_dim says otherwise; latent attention's widths: llama_attention_flops_per_key),
+  // over the keys each layer's queries see.
+  double keys = 0;
+  for (int64_t i = 0; i < c.n_layers; ++i) keys += llama_attention_keys(c, seq_len, i);
+  return 6.0 * double(llama_active_params(c, false, v)) + llama_attention_flops_per_key(c, false) * keys;
 }
 
 }  // namespace mt

@@ -232,15 +232,29 @@ class LlamaForCausalLM : public CausalLM {
   Tensor mtp_loss(const Tensor& logits);  // (2B, T, V') -> the main rows (B, T, V'); the MTP rows' loss taken
 };
 
+// The model's counts (models/llama/cost.cpp).
 // 6*N + 12*L*d*T FLOPs per token (N = active parameters without embeddings): the
-// forward and backward GEMMs, and QK^T and PV at full (not causal-halved) cost.
+// forward and backward GEMMs, and QK^T and PV at full (not causal-halved) cost. Latent attention (model.mla):
+// QK^T at qk_nope_head_dim + qk_rope_head_dim and PV at v_head_dim per head, the model's FLOPs (the padded values'
+// extra work, which runs, is llama_attention_flops_per_key's `executed` count, not the model's).
 double llama_flops_per_token(const ModelConfig& c, int64_t seq_len, const LlamaVariant& v = {});
+// QK^T's and PV's forward and backward FLOPs per token and key of every layer: 6 H (d_qk + d_v). `executed`: what
+// the kernels run, latent attention's values zero-padded to d_qk (models/llama/mla.cpp); else the model's d_v.
+double llama_attention_flops_per_key(const ModelConfig& c, bool executed);
 // The keys per query layer `layer`'s attention FLOPs count: seq_len (the PaLM count: not causal-halved), or for a
 // sliding-window layer (Gemma) seq_len times its causal pairs' share of a causal layer's.
 double llama_attention_keys(const ModelConfig& c, int64_t seq_len, int64_t layer);
 int64_t llama_num_params(const ModelConfig& c, bool with_embeddings = true, const LlamaVariant& v = {});
 // What one token runs through: an MoE layer's k experts instead of all (the dense count for a dense model).
 int64_t llama_active_params(const ModelConfig& c, bool with_embeddings = true, const LlamaVariant& v = {});
-int64_t llama_mlp_params(const ModelConfig& c, int64_t layer, bool active);
+// One layer's MLP: dense, or the sparse block's (router, experts: all or, `active`, the k a token runs; the shared
+// expert, its gate where the variant has one, DeepSeek-V3's selection bias).
+int64_t llama_mlp_params(const ModelConfig& c, int64_t layer, bool active, const LlamaVariant& v = {});
+// One layer's attention parameters (`all`), and of them those every tp rank holds whole and runs on the whole
+// sequence (`tp_replicated`: latent attention's q_a_proj, kv_a_proj_with_mqa and their norms; 0 otherwise).
+struct LlamaAttentionParams {
+  int64_t all = 0, tp_replicated = 0;
+};
+LlamaAttentionParams llama_attention_params(const ModelConfig& c, const LlamaVariant& v = {});
 
 }  // namespace mt

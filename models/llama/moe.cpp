@@ -62,6 +62,9 @@ void MoeContext::start_sum(Micro& m) {
 
 void MoeContext::forward_done() {
   Micro& m = *micro_;
+  // A pipeline stage without sparse layers records nothing, so no forward starts its slot over: the last step's
+  // sum (taken) would stand, and the other stages would wait for this rank's zeros in the step's sum.
+  if (m.sum && m.sum->taken) fresh_micro();
   if (!m.sum) start_sum(m);
 }
 

@@ -42,14 +42,21 @@ std::vector<CommBytes> llama_tp_step_bytes(const ModelConfig& c, const TpStage& 
   const double n = double(s.tp), per_gs = act * (n - 1) / n, per_ar = 2 * act * (n - 1) / n;
   const double logits_gather = s.elem * double(s.micro) * double(s.tokens) * double(c.vocab_size) * (n - 1) / n;
   const bool gather_logits = s.last && !s.loss_parallel;
-  const int64_t m = s.micro_batches, L = s.layers;
+  const int64_t m = s.micro_batches, L = s.layers, Ls = s.sparse_layers;
   if (s.sequence_parallel) {
-    const int64_t each = m * (4 * L + (s.first ? 1 : 0) + (s.last ? 1 : 0));
+    // Per layer the attention's and the dense MLP's input gathered (forward; its gradient reduce-scattered in
+    // backward) and their output reduce-scattered (its gradient gathered). A sparse block runs replicated
+    // (apply_moe): its input gathered and its output's slice's gradient gathered, nothing reduce-scattered.
+    const int64_t each = m * (4 * L + (s.first ? 1 : 0) + (s.last ? 1 : 0)), rs = each - 2 * m * Ls;
     return {{kLayoutTag, dim::tp, "all_gather", double(each) * per_gs + (gather_logits ? double(m) * logits_gather : 0),
              each + (gather_logits ? m : 0), false},
-            {kLayoutTag, dim::tp, "reduce_scatter", double(each) * per_gs, each, false}};
+            {kLayoutTag, dim::tp, "reduce_scatter", double(rs) * per_gs, rs, false}};
   }
-  const int64_t fwd = m * (2 * L + (s.first ? 1 : 0)), bwd = m * (5 * L + (s.last ? 1 : 0));
+  // Without sequence parallel: forward o_proj's and down_proj's all-reduce; backward q, k and v_proj's input
+  // gradients (latent attention: one, the attention's input, reduced once by its PrepareModuleInput), gate and
+  // up_proj's. A sparse block (replicated) reduces nothing.
+  const int64_t attn_bwd = c.mla.enabled() ? 1 : 3;
+  const int64_t fwd = m * (2 * L - Ls + (s.first ? 1 : 0)), bwd = m * ((attn_bwd + 2) * L - 2 * Ls + (s.last ? 1 : 0));
   std::vector<CommBytes> out{{kLayoutTag, dim::tp, "all_reduce", double(fwd + bwd) * per_ar, fwd + bwd, false}};
   if (gather_logits) out.push_back({kLayoutTag, dim::tp, "all_gather", double(m) * logits_gather, m, false});
   return out;

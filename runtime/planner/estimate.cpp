@@ -71,7 +71,7 @@ struct StateElements {
 // The model state: the bytes `train` allocates for each parameter's local shape (log_model_state's count): master
 // value, gradient and AdamW's two moments in the master dtype, and the bf16 copy, each its own allocation; a frozen
 // parameter (LoRA's base) its weights alone (frozen_param_bytes); and the gradient buckets' flat buffers.
-StateElements add_state_memory(StageEstimate& st, const EstimateShape& rs, const StageLayout& lay) {
+StateElements add_state_memory(StageEstimate& st, const Config& cfg, const EstimateShape& rs, const StageLayout& lay) {
   const DType dtype = rs.run.dtype;
   const ParamStateBytes b = param_state_bytes(dtype), fb = frozen_param_bytes(dtype);
   const std::vector<int> coord0(size_t(lay.meshes.stage.ndim()), 0);
@@ -95,15 +95,16 @@ StateElements add_state_memory(StageEstimate& st, const EstimateShape& rs, const
   }
   st.state_bytes = master + grads + moments + copies + frozen;
   const std::string master_name(dtype_name(accum_dtype(dtype)));
-  const bool lora = n.trainable < n.all;
+  // LoRA freezes the base; without it a model may still hold a frozen parameter (DeepSeek-V3's router bias).
+  const bool lora = cfg.lora.enabled(), frozen_any = n.trainable < n.all;
   st.memory.push_back({std::string(lora ? "trainable " : "") + "parameters (master " + master_name + ")", master,
                        fmt::format("{:.0f} {}elements of this rank's layouts ({:.0f} B each for weights, gradient, "
                                    "AdamW m and v{} in all)",
                                    n.trainable, lora ? "trainable " : "", b.total(),
                                    dtype == DType::bf16 ? " and the bf16 copy" : "")});
   if (copies > 0) st.memory.push_back({"compute copies (bf16)", copies, "rounded from the masters after each update"});
-  if (lora)
-    st.memory.push_back({"frozen base (LoRA: weights only)", frozen,
+  if (frozen_any)
+    st.memory.push_back({lora ? "frozen base (LoRA: weights only)" : "frozen parameters (weights only)", frozen,
                          fmt::format("{:.0f} frozen elements ({:.0f} B each: {}; no gradient, no optimizer state)",
                                      n.all - n.trainable, fb.total(),
                                      fb.copy > 0 ? "master and compute copy" : "the weights")});
@@ -267,15 +268,17 @@ void add_comm(StageEstimate& st, std::vector<std::string>& notes, const Config& 
   if (rs.tp > 1 && cfg.parallel.tp_plan.empty()) {
     TpStage s;
     s.tp = rs.tp, s.sequence_parallel = rs.rank.sequence_parallel, s.loss_parallel = rs.rank.loss_parallel;
-    s.micro_batches = m, s.layers = L, s.first = lay.first, s.last = lay.last;
+    s.micro_batches = m, s.layers = L, s.sparse_layers = a.sparse_layers, s.first = lay.first, s.last = lay.last;
     s.micro = rs.run.micro, s.tokens = rs.rank.tokens, s.elem = rs.rank.elem;
     append(family_of(mc).tp_step_bytes(mc, s));
   } else if (rs.tp > 1) {
     notes.push_back("parallel.tp_plan (a custom tensor-parallel plan): its bytes are not modelled");
   }
   if (pd.cp() > 1) {
-    const AttentionShape as{rs.run.micro,   rs.rank.tokens, mc.n_heads / rs.tp, mc.n_kv_heads / rs.tp,
-                            mc.head_size(), rs.rank.elem,   rs.rank.accum};
+    // Latent attention's kernel takes q, k and the zero-padded v at dn + dr (mla.cpp): the ring's K/V are that wide.
+    const int64_t hd = mc.mla.enabled() ? mc.mla.qk_head_dim() : mc.head_size();
+    const AttentionShape as{rs.run.micro, rs.rank.tokens, mc.n_heads / rs.tp, mc.n_kv_heads / rs.tp,
+                            hd,           rs.rank.elem,   rs.rank.accum};
     append(cp_step_bytes(pd.cp_method, pd.cp_ring(), pd.cp_ulysses(), as, m * L));
   }
   if (lay.stage.fsdp) append(fsdp_step_collectives(*lay.stage.fsdp, pd.dp_shard(), m, rs.P > 1));
@@ -283,16 +286,27 @@ void add_comm(StageEstimate& st, std::vector<std::string>& notes, const Config& 
   if (rs.P > 1) append(pp_step_bytes(rs.run.pipeline.schedule, stage, a.boundary, kPpTag));
   if (mc.moe.enabled()) {
     // The sparse layers' exchanges over ep (uniform routing) and the balance statistics over the loss group.
+    // Under pp the statistics are summed over the stages too (CausalLM::pool_router_stats: the world's group of pp
+    // and the data dims), by every stage, one without sparse layers adding zeros.
+    std::string pooled = dim::pp;
+    for (const DimSpec& d : pd.dims)
+      if (d.data) pooled += std::string(",") + d.name;
     MoeStage ms;
-    ms.ep = pd.ep(), ms.loss_ranks = lay.meshes.stage.group(dim::loss).size();
+    ms.ep = pd.ep();
+    ms.loss_ranks = rs.P > 1 ? lay.meshes.world.group(pooled).size() : lay.meshes.stage.group(dim::loss).size();
     ms.micro_batches = m, ms.sparse_layers = a.sparse_layers, ms.sparse_recomputed = a.sparse_recomputed;
     ms.micro = rs.run.micro, ms.tokens = rs.rank.tokens, ms.elem = rs.rank.elem;
-    append(moe_step_bytes(mc, ms));
+    std::vector<CommBytes> moe = moe_step_bytes(mc, ms);
+    for (CommBytes& c : moe)
+      if (rs.P > 1 && c.tag == std::string(kMoeStatsTag)) c.group = pooled;
+    append(std::move(moe));
   }
   for (const CommBytes& c : parts) {
     if (c.calls <= 0) continue;
     // The group under the name the counters use (a set of dims made first under another name keeps that one).
-    const std::string name = c.group == dim::pp ? c.group : lay.meshes.stage.group(c.group).name();
+    const std::string name = c.group == dim::pp                 ? c.group
+                             : c.group.rfind(dim::pp + std::string(","), 0) == 0 ? lay.meshes.world.group(c.group).name()
+                                                                                  : lay.meshes.stage.group(c.group).name();
     st.comm.push_back({c.tag, name, c.kind, c.bytes, c.calls, 0, c.overlapped, ""});
   }
 }
@@ -302,12 +316,12 @@ void add_comm(StageEstimate& st, std::vector<std::string>& notes, const Config& 
 // master, gradient, m and v read, three written, and the copy: about 30 B per element). Under LoRA the frozen
 // base's weight gradients are not computed (4 of the 6 FLOPs a weight and token: forward and input gradient) and
 // the adapters add 6 a weight. Returns the GEMM FLOPs (the rest is attention's).
-double add_work(StageEstimate& st, const EstimateShape& rs, const StageLayout& lay, const StageFlops& f,
-                int64_t layers, const StateElements& elements) {
+double add_work(StageEstimate& st, const Config& cfg, const EstimateShape& rs, const StageLayout& lay,
+                const StageFlops& f, int64_t layers, const StateElements& elements) {
   const bool last = lay.last;
   const double tokens = double(rs.rank.micro) * double(rs.rank.tokens) * double(rs.m);  // over the step
   double gemm = f.layer_gemm * double(layers) * tokens + (last ? f.head * tokens : 0);
-  if (elements.trainable < elements.all) gemm = gemm * 4.0 / 6.0 + 6.0 * adapter_tp_elements(*lay.stage.model, lay.meshes.stage) * tokens;
+  if (cfg.lora.enabled()) gemm = gemm * 4.0 / 6.0 + 6.0 * adapter_tp_elements(*lay.stage.model, lay.meshes.stage) * tokens;
   double attn = f.layer_attention * double(layers) * tokens;
   // A recomputed attention kernel repeats its forward: a third of its work.
   gemm += f.recomputed_gemm * tokens;
@@ -359,7 +373,9 @@ void add_time(StageEstimate& st, const Config& cfg, const EstimateShape& rs, con
   for (CommPart& c : st.comm) {
     if (c.group == dim::pp && c.kind == "recv") continue;  // its time is the sender's
     // pp's group is the world mesh's (the stage's mesh is below it); a send is one message step each call.
-    time_part(c, c.group == dim::pp ? lay.meshes.world : lay.meshes.stage, cluster, sync, segment_s);
+    // (and the router statistics' group of pp and the data dims).
+    const bool world = c.group == dim::pp || c.group.rfind(dim::pp + std::string(","), 0) == 0;
+    time_part(c, world ? lay.meshes.world : lay.meshes.stage, cluster, sync, segment_s);
     if (!c.overlapped) {
       st.exposed_comm_s += c.seconds;
     } else {
@@ -412,7 +428,7 @@ ActivationBytes stage_activations(const EstimateShape& rs, const StageLayout& la
 // parameters' local elements.
 StateElements add_memory(StageEstimate& st, const Config& cfg, const EstimateShape& rs, const StageLayout& lay,
                           int stage) {
-  const StateElements elements = add_state_memory(st, rs, lay);
+  const StateElements elements = add_state_memory(st, cfg, rs, lay);
   const ActivationBytes a = stage_activations(rs, lay);
   const HeldAtInput held = add_activation_memory(st, cfg, rs, lay, a, stage);
   Candidate peak;
@@ -466,7 +482,7 @@ StageEstimate estimate_stage(const Config& cfg, EstimateShape& rs, int stage, co
   const ActivationBytes a = stage_activations(rs, lay);
   add_comm(st, notes, cfg, rs, lay, a, stage);
   const StageFlops f = lay.stage.model->stage_flops(rs.rank);
-  const double gemm = add_work(st, rs, lay, f, a.layers_here, elements);
+  const double gemm = add_work(st, cfg, rs, lay, f, a.layers_here, elements);
   if (cluster) add_time(st, cfg, rs, lay, f, a.layers_here, gemm, *cluster);
   return st;
 }
@@ -489,6 +505,19 @@ Estimate estimate_run(const Config& cfg, int world, const std::optional<ClusterS
            cfg.model.n_layers, kMaxLayers);
   EstimateShape rs(cfg, world);  // train's checks, with its errors
   e.pd = rs.run.pd;
+  if (const MlaConfig& m = cfg.model.mla; m.enabled() && m.v_head_dim != m.qk_head_dim()) {
+    // MFU's FLOPs are the model's (P V at v_head_dim); the kernel runs it on values zero-padded to dn + dr
+    // (models/llama/mla.cpp), which the time counts.
+    const ModelConfig& mc = cfg.model;
+    const double model = family_of(mc).flops_per_token(mc, cfg.training.seq_len);
+    const double padded = 6.0 * double(mc.n_heads) * double(m.qk_head_dim() - m.v_head_dim) *
+                          double(cfg.training.seq_len) * double(mc.n_layers);
+    e.notes.push_back(fmt::format(
+        "latent attention: the model's FLOPs (MFU's) count P V at v_head_dim = {}: {:.4g} a token; the attention "
+        "kernel runs it on values zero-padded to qk_nope_head_dim + qk_rope_head_dim = {}: {:.4g} a token ({:+.1f}%), "
+        "which the compute time counts",
+        m.v_head_dim, model, m.qk_head_dim(), model + padded, 100 * padded / model));
+  }
   e.micro = rs.run.micro;
   e.micro_batches = rs.m;
   for (int stage = 0; stage < rs.P; ++stage) e.stages.push_back(estimate_stage(cfg, rs, stage, cluster, e.notes));

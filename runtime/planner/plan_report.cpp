@@ -226,19 +226,24 @@ void print_tp_bytes(const TrainRun& run, const MeasuredStep& c) {
   const Config& cfg = run.config;
   const int tp = run.pd.tp();
   const std::string tp_group = dim::tp;
-  // Per direction: the step's reduce-scatters (a forward all-gather's backward is one, and the other way round).
+  // Per direction: the step's reduce-scatters (a forward all-gather's backward is one, and the other way round),
+  // and a sparse layer's third all-gather each way (its replicated block: input gathered, its output's slice's
+  // gradient gathered, nothing reduce-scattered).
   TpStage st;
   st.tp = tp, st.sequence_parallel = true, st.loss_parallel = cfg.parallel.loss_parallel;
-  st.layers = cfg.model.n_layers, st.micro = run.micro, st.tokens = run.shard.size();
-  st.elem = double(dtype_size(run.dtype));
-  double analytic = 0;
+  st.layers = cfg.model.n_layers, st.sparse_layers = moe_sparse_layers(cfg.model), st.micro = run.micro;
+  st.tokens = run.shard.size(), st.elem = double(dtype_size(run.dtype));
+  const double one = double(tp - 1) / tp * double(run.micro) * double(run.shard.size()) * double(cfg.model.dim) *
+                     double(dtype_size(run.dtype));
+  double analytic = double(st.sparse_layers) * one;
   for (const CommBytes& x : family_of(cfg.model).tp_step_bytes(cfg.model, st))
     if (x.kind == "reduce_scatter") analytic += x.bytes;
   double f = double(c.forward.bytes(kLayoutTag, tp_group)), b = double(c.backward.bytes(kLayoutTag, tp_group));
   std::printf(
-      "\nanalytic tp bytes per direction: (4 x %lld layers + 2) x (%d-1)/%d x %lld x %lld x %lld x %zu B = %s\n",
-      (long long)cfg.model.n_layers, tp, tp, (long long)run.micro, (long long)run.shard.size(),
-      (long long)cfg.model.dim, dtype_size(run.dtype), format_mib(analytic, 3).c_str());
+      "\nanalytic tp bytes per direction: (4 x %lld layers - %lld sparse + 2) x (%d-1)/%d x %lld x %lld x %lld x %zu "
+      "B = %s\n",
+      (long long)cfg.model.n_layers, (long long)st.sparse_layers, tp, tp, (long long)run.micro,
+      (long long)run.shard.size(), (long long)cfg.model.dim, dtype_size(run.dtype), format_mib(analytic, 3).c_str());
   bool same = f == analytic && b == analytic;
   std::printf("tp activations: measured %s analytic (forward %s, backward %s)\n",
               same ? "=" : "!=", format_mib(f, 3).c_str(), format_mib(b, 3).c_str());
@@ -252,7 +257,9 @@ void print_cp_bytes(const TrainRun& run, const MeasuredStep& c) {
   // Per layer: Ulysses moves this rank's q, k, v (micro, T_u, heads after tp, hd) to head shards and the output
   // back (ulysses_layer_bytes); the ring then moves the K/V of the ring part (micro, T_u U, KV_u, hd).
   const int R = pd.cp_ring(), U = pd.cp_ulysses();
-  const int64_t hd = cfg.model.head_size(), H = cfg.model.n_heads / tp, KV = cfg.model.n_kv_heads / tp;
+  // Latent attention: q, k and the zero-padded v at dn + dr (models/llama/mla.cpp).
+  const int64_t hd = cfg.model.mla.enabled() ? cfg.model.mla.qk_head_dim() : cfg.model.head_size(),
+                H = cfg.model.n_heads / tp, KV = cfg.model.n_kv_heads / tp;
   const double L = double(cfg.model.n_layers), elem = double(dtype_size(run.dtype));
   const CpBytes cb = cp_bytes(
       pd.cp_method, R, U, {run.micro, run.shard.size(), H, KV, hd, elem, double(dtype_size(accum_dtype(run.dtype)))});
