@@ -113,7 +113,9 @@ ActivationBytes LlamaForCausalLM::activation_bytes(const RankShape& s) const {
   const Dims d = dims_of(config, s);
   auto A = [&](double b) { return s.alloc(b); };
   ActivationBytes r;
-  for (const LlamaDecoderLayer* l : model->layers) {
+  std::vector<const LlamaDecoderLayer*> layers(model->layers.begin(), model->layers.end());
+  if (model->mtp) layers.push_back(model->mtp);  // the MTP module's decoder layer saves what a layer saves
+  for (const LlamaDecoderLayer* l : layers) {
     if (!l) continue;
     const LayerSaved saved = layer_saved(d, s, l);
     r.layers += saved.total;
@@ -135,6 +137,13 @@ ActivationBytes LlamaForCausalLM::activation_bytes(const RankShape& s) const {
     r.head = A(d.e * d.B * d.Tsp * d.C) + A(d.a * d.B * d.Tsp) + A(d.e * d.B * d.T * d.C);
     r.logits = A(d.e * d.B * d.T * d.Vl) + A(d.a * d.B * d.T);
     if (final_softcap > 0) r.logits += A(d.e * d.B * d.T * d.Vl);  // the soft-capped logits' copy (its backward)
+    if (model->mtp) {
+      // Multi-token prediction: lm_head's input and the logits over 2B rows (main and MTP), and the module's own
+      // saved inputs: enorm's and hnorm's (C each), eh_proj's (2C) and shared_head.norm's (C), with three rstds.
+      // (Approximate: on the tiny test model the estimate's peak is above the measured one; not calibrated.)
+      r.head += A(d.e * d.B * d.T * d.C) + A(d.e * d.B * d.Tsp * 5 * d.C) + 3 * A(d.a * d.B * d.Tsp);
+      r.logits = 2 * r.logits;
+    }
   }
   // zb1p's DeferWeightGrads, between a micro-batch's B and its W: each linear's input and output gradient (per
   // layer 4 C + (2 H + 2 KV) hd + 3 F of the (B, T) tokens), and lm_head's input and dlogits.
@@ -199,11 +208,17 @@ ActivationBytes LlamaForCausalLM::activation_bytes(const RankShape& s) const {
 
 StageFlops LlamaForCausalLM::stage_flops(const RankShape& s) const {
   const Dims d = dims_of(config, s);
-  const ModelConfig& mc = config;
+  // The decoder layers' and lm_head's split below counts the model without multi-token prediction; the MTP
+  // module (its layer, norms, eh_proj and lm_head again) runs on the last stage beside the head.
+  ModelConfig mc = config;
+  mc.mtp_layers = 0;
   const int tp = s.tp;
   StageFlops f;
   // The PaLM count (llama_flops_per_token) split into a layer's GEMMs and attention kernels, and lm_head.
   f.head = 6.0 * double(mc.vocab_size) * d.C / (tp > 1 ? tp : 1);
+  if (config.mtp_layers > 0 && has_output())
+    f.head += (llama_flops_per_token(config, s.seq_len, variant) - llama_flops_per_token(mc, s.seq_len, variant)) /
+              (tp > 1 ? tp : 1);
   const double total = llama_flops_per_token(mc, s.seq_len, variant);
   // Sliding-window layers see fewer keys (llama_attention_keys): the stage's layers averaged.
   double keys = 0;
@@ -321,6 +336,10 @@ int64_t llama_params(const ModelConfig& c, bool with_embeddings, const LlamaVari
   const int64_t d = c.dim;
   int64_t n = c.n_layers * (llama_attention_params(c, v).all + (v.gemma ? 4 : 2) * d) + d;  // Gemma: four norms
   for (int64_t l = 0; l < c.n_layers; ++l) n += llama_mlp_params(c, l, active, v);
+  // Multi-token prediction (mtp.cpp): per module a decoder layer of the next index, enorm, hnorm, eh_proj (C, 2C)
+  // and shared_head.norm; the embedding and lm_head are the model's.
+  for (int64_t j = 0; j < c.mtp_layers; ++j)
+    n += llama_attention_params(c, v).all + 5 * d + 2 * d * d + llama_mlp_params(c, c.n_layers + j, active, v);
   if (with_embeddings) n += c.vocab_size * d * (c.tie_embeddings ? 1 : 2);
   else n += c.vocab_size * d;  // the lm_head matmul counts even when tied (torchtitan's convention)
   return n;
@@ -354,8 +373,10 @@ double llama_flops_per_token(const ModelConfig& c, int64_t seq_len, const LlamaV
   // head_dim wide (dim unless head_dim says otherwise; latent attention's widths: llama_attention_flops_per_key),
   // over the keys each layer's queries see.
   double keys = 0;
-  for (int64_t i = 0; i < c.n_layers; ++i) keys += llama_attention_keys(c, seq_len, i);
-  return 6.0 * double(llama_active_params(c, false, v)) + llama_attention_flops_per_key(c, false) * keys;
+  for (int64_t i = 0; i < c.n_layers + c.mtp_layers; ++i) keys += llama_attention_keys(c, seq_len, i);
+  // Multi-token prediction runs lm_head once more per token and module (its parameters are counted once).
+  const double mtp_head = 6.0 * double(c.mtp_layers) * double(c.vocab_size) * double(c.dim);
+  return 6.0 * double(llama_active_params(c, false, v)) + mtp_head + llama_attention_flops_per_key(c, false) * keys;
 }
 
 }  // namespace mt
