@@ -1,6 +1,7 @@
 // Tokenizers (runtime/io/tokenizer.h) on tiny tokenizer.json files built here: merges by rank, the byte-level
 // alphabet, added tokens (longest first, lstrip, single_word), ignore_merges, byte fallback, exact decoding of
-// a cut UTF-8 character, encode_parallel against encode, the errors; and a SentencePiece model trained here.
+// a cut UTF-8 character, encode_parallel against encode, Gemma's shape (no dummy prefix, added newline runs), the
+// errors; and a SentencePiece model trained here.
 #include <doctest/doctest.h>
 
 #include <sentencepiece_trainer.h>
@@ -357,6 +358,42 @@ TEST_CASE("tokenizer: SentencePiece-style BPE with byte fallback (Llama 2's toke
   for (int i = 0; text.size() < 2'500'000; ++i) text += i % 3 ? "ab ba.\nab\n" : " a \xc3\xa9\n\nb.\n";
   CHECK(encode_parallel(*t, text, 2) == t->encode(text));
   CHECK(t->decode(t->encode(text)) == text);
+}
+
+// Gemma's tokenizer.json shape (tests/cli/test_tokenizer.sh checks the real files against transformers.js's port):
+// the normalizer only replaces " " by "▁" (no dummy prefix), Gemma 3's pre-tokenizer splits on " " after it
+// (so never), newline runs and "▁▁" are added tokens matched as typed, and the decoder strips nothing.
+TEST_CASE("tokenizer: Gemma's shape: no dummy prefix, added newline and ▁ runs, eos from tokenizer_config.json") {
+  test::TempDir d("tok");
+  const std::string sp = "\xe2\x96\x81";
+  json j = llama2_json();
+  const int32_t s = 259, a = 260, b = 261, sp_ab = 263, nl = 264, nl2 = 265, sp2 = 266, eot = 267;
+  j["model"]["vocab"][sp + sp] = sp2;
+  j["model"]["merges"].push_back(sp + " " + sp);
+  for (auto [id, content] : {std::pair{nl, std::string("\n")}, {nl2, "\n\n"}, {sp2, sp + sp}, {eot, "<end_of_turn>"}})
+    j["added_tokens"].push_back({{"id", id}, {"content", content}, {"special", id == eot}, {"normalized", false}});
+  j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", sp}};
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "MergedWithPrevious"}, {"invert", false}};
+  j["decoder"]["decoders"].erase(3);  // no Strip: there is no dummy prefix to take off
+  write(d, "tokenizer_config.json", {{"bos_token", "<s>"}, {"eos_token", {{"content", "<end_of_turn>"}}}});
+  auto t = Tokenizer::load(write(d, "tokenizer.json", j));
+  CHECK(t->encode("ab") == ids({a, b}));  // no "▁" prepended
+  CHECK(t->encode(" ab") == ids({sp_ab}));
+  // Longest first at each position: "\n\n\n" is "\n\n" then "\n"; the text after gets no "▁" either.
+  CHECK(t->encode("ab\n\n\nab") == ids({a, b, nl2, nl, a, b}));
+  CHECK(t->encode("a  b") == ids({a, sp2, b}));  // two spaces: "▁▁" by the merge
+  CHECK(t->encode("x\xe2\x96\x81\xe2\x96\x81y") == ids({3 + 'x', sp2, 3 + 'y'}));  // typed "▁▁": the added token
+  CHECK(t->decode(t->encode("a  b\n\n x")) == "a  b\n\n x");
+  CHECK(t->decode(t->encode("x\xe2\x96\x81\xe2\x96\x81y")) == "x  y");  // a typed "▁" decodes to a space
+  CHECK(t->decode(ids({eot, s, a})) == "<end_of_turn> a");
+  CHECK(t->bos_id() == 1);
+  CHECK(t->eos_id() == eot);
+  CHECK(t->vocab_size() == 268);
+  CHECK_FALSE(t->splits_at_newlines());  // added tokens hold newlines: one thread, the same ids
+  std::string text;
+  for (int i = 0; text.size() < 300'000; ++i) text += i % 2 ? "ab ba.\nab\n" : " a\n\n\nb.\n";
+  CHECK(encode_parallel(*t, text, 2) == t->encode(text));
 }
 
 TEST_CASE("tokenizer: what is not supported is refused, naming the file and the key") {

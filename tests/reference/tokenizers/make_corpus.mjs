@@ -214,6 +214,14 @@ function specials() {
     'Llama 2 chat: <s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nWhat is 2+2? [/INST] 4 </s><s>[INST] and 3+3? [/INST] 6</s>',
     'Unknown <unk> token, nested <<s>> and </s></s>, the byte-token name <0x0A> and the piece mark ▁ typed as text.',
     'Adjacent: <s><s></s><|endoftext|><|endoftext|><|begin_of_text|><|end_of_text|> end.',
+    // Gemma's: its control tokens (Gemma 3's as added tokens; Gemma's tokenizer.json adds only <pad> <eos> <bos>
+    // <unk>, so the rest are pieces), near misses, literal "▁" runs (Gemma 3's added "▁▁" ... tokens match them as
+    // typed) and newline and tab runs longer than Gemma 3's longest added run (31).
+    'Gemma chat: <bos><start_of_turn>user\nWho are you?<end_of_turn>\n<start_of_turn>model\nA model.<end_of_turn>\n<eos>',
+    '<pad><mask>[multimodal]<unused0> <unused6241><start_of_image><image_soft_token><end_of_image><h1>T</h1>',
+    'Not Gemma tokens: <start_of_turn <end_of_turn > <unused6242> <bos <image_soft_token/> [multimodal ]',
+    'Literal runs: ▁▁ a▁▁▁b ▁▁▁▁▁▁\t▁▁ c ▁ d▁',
+    'Runs past 31:' + '\n'.repeat(40) + '\t'.repeat(40) + 'x' + ' \t\n'.repeat(3),
     // Words that are Llama 3 tokens whose merges would not build them (tokenizer.json's ignore_merges: true).
     'Tiếng Việt: Việc này hợp với nhiều điều ở Việt Nam, ngoài ra tự nhiên và đặc biệt, và việc học. Czech: a jeho dům.',
     'Persian: در ایران. Turkish after digits: 2mektedir 3ektedir 4ıldı 5lardan; характер: аракт.',
