@@ -311,7 +311,7 @@ family deepseek_v3_mtp --model-type deepseek_v3 "${ds_common[@]}" --q-lora-rank 
   --routed-scaling-factor 2.5 --rope-scaling yarn:4,16,32,1,1.0,0.8 --num-nextn-predict-layers 1 --mtp-loss-weight 0.3
 deepseek_meshes() {
   local name mesh m np
-  for name in deepseek_v3 deepseek_v3_mtp; do
+  for name in deepseek_v3 deepseek_v3_mtp deepseek_v2; do
   for mesh in "cp2:2:--set parallel.cp=2" "cp4:4:--set parallel.cp=4" \
     "pp2:2:--set parallel.pp=2 --set training.micro_batch_size=4" "ep2:2:--set parallel.ep=2" \
     "tp2_nosp:2:--set parallel.tp=2 --set parallel.sequence_parallel=false" \
@@ -320,6 +320,7 @@ deepseek_meshes() {
     "dp_shard2_recompute:2:--set parallel.dp_shard=2 --set parallel.recompute.patterns=[model.layers.*] --set parallel.recompute.keep=[attention]"; do
     m=${mesh%%:*} np=$(echo "$mesh" | cut -d: -f2)
     [ "$name" = deepseek_v3 ] && case $m in tp2_loss_parallel | dp_shard2_recompute) continue ;; esac
+    [ "$name" = deepseek_v2 ] && case $m in cp2 | pp2 | ep2) ;; *) continue ;; esac
     # shellcheck disable=SC2046
     if timeout 300 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/$name" \
       --set log.metrics_file="$tmp/$name.$m.jsonl" $(echo "$mesh" | cut -d: -f3-) train >"$tmp/$name.$m.log" 2>&1 &&
