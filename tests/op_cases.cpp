@@ -1114,22 +1114,20 @@ std::vector<OpCase> op_cases() {
       cudnn));
   cases.push_back(attention_case(
       "attention cudnn doc_start", [](const Dims& d) { return AttnGeom{d.T, d.S, d.hd, true, 0, 0, true}; }, cudnn));
-  // Gemma's sliding window and soft-capped scores (the CPU kernel's; the CUDA kernels refuse them): a window of a
-  // quarter of the sequence, then with chunk offsets, documents and the soft-cap at a scale tanh bends.
+  // Gemma's sliding window and soft-capped scores (the CPU kernel's; on CUDA the fp32 kernel's, bf16 on widened
+  // copies): a window of a quarter of the sequence, then with chunk offsets, documents and the soft-cap at a scale
+  // tanh bends.
   OpCase w = attention_case("attention window", [](const Dims& d) {
     return AttnGeom{d.T, d.S, d.hd, true, 0, 0, false, std::max<int64_t>(2, d.T / 4)};
   });
-  w.cpu_only = true;
   cases.push_back(w);
   OpCase ws = attention_case("attention window softcap offsets doc_start", [](const Dims& d) {
     return AttnGeom{std::max<int64_t>(d.T / 2, 2), d.S, d.hd, true, d.S - d.T / 2, 0, true,
                     std::max<int64_t>(3, d.T / 3), 0.5};
   });
-  ws.cpu_only = true;
   cases.push_back(ws);
   OpCase sc = attention_case("attention softcap full",
                              [](const Dims& d) { return AttnGeom{d.T, d.S, d.hd, false, 0, 0, false, 0, 0.3}; });
-  sc.cpu_only = true;
   cases.push_back(sc);
   return cases;
 }

@@ -26,7 +26,7 @@ namespace mt {
 class Stream;
 class Event;
 
-constexpr uint32_t kCudaBackendAbi = 7;
+constexpr uint32_t kCudaBackendAbi = 8;
 constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
 
 // The launchers of runtime/kernels/cuda taking T = float or mt::bf16 (declared again beside their ops,
@@ -133,15 +133,15 @@ constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
   X(int, attention_forward,                                                                                           \
     (float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T, int64_t S,         \
      int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0, int64_t k_pos0,                    \
-     const int64_t* doc_start, void* stream),                                                                         \
-    (out, lse, q, k, v, B, T, S, H, KV, hd, scale, causal, q_pos0, k_pos0, doc_start, stream))                        \
+     const int64_t* doc_start, int64_t window, double softcap, void* stream),                                         \
+    (out, lse, q, k, v, B, T, S, H, KV, hd, scale, causal, q_pos0, k_pos0, doc_start, window, softcap, stream))       \
   X(int, attention_backward,                                                                                          \
     (float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q, const float* k,              \
      const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t S, int64_t H, int64_t KV,      \
      int64_t hd, double scale, bool causal, int64_t q_pos0, int64_t k_pos0, const int64_t* doc_start,                 \
-     bool accumulate, void* stream),                                                                                  \
+     int64_t window, double softcap, bool accumulate, void* stream),                                                  \
     (dq, dk, dv, scratch, dout, q, k, v, out, lse, B, T, S, H, KV, hd, scale, causal, q_pos0, k_pos0, doc_start,      \
-     accumulate, stream))                                                                                             \
+     window, softcap, accumulate, stream))                                                                            \
   X(int, flash_attention_forward,                                                                                     \
     (void* out, float* lse, const void* q, const void* k, const void* v, int64_t B, int64_t T, int64_t S, int64_t H,  \
      int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0, int64_t k_pos0, const int64_t* doc_start,     \

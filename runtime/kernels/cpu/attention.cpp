@@ -215,12 +215,13 @@ namespace mt::cuda {  // cuda/attention.cu: fp32, one thread per row (the correc
 // doc_start: (B, T) i64 on the device, or null: no document mask.
 int attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
                       int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
-                      int64_t k_pos0, const int64_t* doc_start, void* stream);
+                      int64_t k_pos0, const int64_t* doc_start, int64_t window, double softcap, void* stream);
 // scratch: B*H*T floats (the row dots of dout and out).
 int attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q,
                        const float* k, const float* v, const float* out, const float* lse, int64_t B, int64_t T,
                        int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
-                       int64_t k_pos0, const int64_t* doc_start, bool accumulate, void* stream);
+                       int64_t k_pos0, const int64_t* doc_start, int64_t window, double softcap, bool accumulate,
+                       void* stream);
 }  // namespace mt::cuda
 #define MT_FLASH_ATTENTION 1
 #else
@@ -334,13 +335,17 @@ std::atomic<bool> g_deterministic{false};
   return r;
 }
 
-// The CUDA kernels have neither the sliding window nor the soft-capping yet: refused, naming them, rather than
-// computing another model.
-[[maybe_unused]] void cuda_masks_supported(const char* op, const cpu::AttentionDims& d) {
-  MT_CHECK(d.window == 0 && d.softcap == 0, "attention",
-           "{}: a sliding window ({}) or attention-logit soft-capping ({}) on CUDA: the CUDA attention kernels do not "
-           "implement them yet (the CPU kernel does)",
-           op, d.window, d.softcap);
+// The sliding window and the soft-capping on CUDA: the fp32 kernel has them (bf16 on widened copies); cuDNN's graph
+// and the flash kernel do not yet, so such a call skips them, said once.
+[[maybe_unused]] bool cuda_masks(const cpu::AttentionDims& d) {
+  if (d.window == 0 && d.softcap == 0) return false;
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    MT_LOG_INFO("attention: a sliding window ({}) or soft-capped scores ({}) run the fp32 CUDA kernel (bf16 on "
+                "widened copies): cuDNN's and the flash kernel do not implement them yet",
+                d.window, d.softcap);
+  });
+  return true;
 }
 
 // The forward's FLOPs for the profiler: 4 hd per visible (query, key) pair and head (QK^T and PV), the pairs
@@ -416,15 +421,15 @@ void local_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
                     kprof::enabled() ? kprof::bytes_of({&out, &lse, &q, &k, &v}) : 0);
   if (on_cuda(op, {&out, &lse, &q, &k, &v, &doc_start})) {
 #if MT_CUDA
-    cuda_masks_supported(op, d);
+    const bool masks = cuda_masks(d);
     void* stream = stream_of(q);
-    if (use_cudnn(d, q, op) &&
+    if (!masks && use_cudnn(d, q, op) &&
         cudnn_done(cuda::cudnn_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(),
                                                  v.data_ptr(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal,
                                                  d.q_pos0, d.k_pos0, d.doc_start, stream),
                    op))
       return;
-    if (use_flash(q, d.hd)) {
+    if (!masks && use_flash(q, d.hd)) {
       int rc = cuda::flash_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(),
                                              v.data_ptr(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal, d.q_pos0,
                                              d.k_pos0, d.doc_start, stream);
@@ -434,12 +439,12 @@ void local_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
     if (q.dtype() == DType::bf16) {  // through the fp32 kernel on widened copies, the output rounded once
       Tensor o = empty(out.shape(), DType::f32, q.device());
       local_attention_forward(o, lse, widen_on_device(q), widen_on_device(k), widen_on_device(v), scale, causal, q_pos0,
-                              k_pos0, doc_start);
+                              k_pos0, doc_start, window, softcap);
       return convert(out, o);
     }
     int rc = cuda::attention_forward(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
                                      v.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale, d.causal, d.q_pos0,
-                                     d.k_pos0, d.doc_start, stream);
+                                     d.k_pos0, d.doc_start, d.window, d.softcap, stream);
     MT_CHECK(rc == 0, "attention", "attention_forward: {}", cuda::error_string(rc));
 #endif
     return;
@@ -470,9 +475,9 @@ void local_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
                     kprof::enabled() ? kprof::bytes_of({&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse}) : 0);
   if (on_cuda(op, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &doc_start})) {
 #if MT_CUDA
-    cuda_masks_supported(op, d);
+    const bool masks = cuda_masks(d);
     void* stream = stream_of(q);
-    if (use_cudnn(d, q, op) &&
+    if (!masks && use_cudnn(d, q, op) &&
         cudnn_done(cuda::cudnn_attention_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(),
                                                   q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                                                   lse.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale,
@@ -480,7 +485,7 @@ void local_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
                                                   g_deterministic.load(), stream),
                    op))
       return;
-    if (use_flash(q, d.hd)) {
+    if (!masks && use_flash(q, d.hd)) {
       Tensor scratch =
           empty({int64_t(cuda::flash_attention_backward_scratch_bytes(d.B, d.T, d.S, d.H, d.KV, d.hd) + 1) / 2},
                 DType::u16, q.device());  // bytes, as u16 elements
@@ -495,7 +500,7 @@ void local_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
       Tensor dq32 = empty(dq.shape(), DType::f32, q.device()), dk32 = widen_on_device(dk), dv32 = widen_on_device(dv);
       local_attention_backward(dq32, dk32, dv32, widen_on_device(dout), widen_on_device(q), widen_on_device(k),
                                widen_on_device(v), widen_on_device(out), lse, scale, causal, q_pos0, k_pos0, doc_start,
-                               accumulate);
+                               accumulate, window, softcap);
       convert(dq, dq32);
       convert(dk, dk32);
       return convert(dv, dv32);
@@ -504,7 +509,8 @@ void local_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
     int rc = cuda::attention_backward(dq.data<float>(), dk.data<float>(), dv.data<float>(), rowdot.data<float>(),
                                       dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(),
                                       out.data<float>(), lse.data<float>(), d.B, d.T, d.S, d.H, d.KV, d.hd, d.scale,
-                                      d.causal, d.q_pos0, d.k_pos0, d.doc_start, accumulate, stream);
+                                      d.causal, d.q_pos0, d.k_pos0, d.doc_start, d.window, d.softcap, accumulate,
+                                      stream);
     MT_CHECK(rc == 0, "attention", "attention_backward: {}", cuda::error_string(rc));
 #endif
     return;

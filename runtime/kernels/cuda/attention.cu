@@ -1,6 +1,7 @@
 // Local attention in fp32 (ops.h local_attention_forward / _backward; declared in
 // runtime/kernels/cpu/attention.cpp): one thread per row, a correctness reference for fp32 runs; bf16 runs use
-// the tensor-core kernel of flash_attention.cu.
+// the tensor-core kernel of flash_attention.cu, or this one on widened copies for a sliding window or soft-capped
+// scores (Gemma), which only this one implements on CUDA yet.
 
 #include "runtime/kernels/cuda/common.cuh"
 
@@ -16,16 +17,30 @@ struct AttnDims {
   bool causal;
   int64_t q_pos0, k_pos0;
   const int64_t* doc_start;  // (B, T) global positions where each query's document starts, or null
-  // Query t of row b sees keys [first(b, t), visible(t)) (none when first >= visible).
+  int64_t window;            // > 0: a query at position p sees keys at positions > p - window only
+  float softcap;             // > 0: scores s -> softcap tanh(s / softcap) before the softmax
+  // Query t of row b sees keys [first(b, t), visible(t)) (none when first >= visible): the window's keys are
+  // skipped, not masked.
   __device__ int64_t visible(int64_t t) const {
     if (!causal) return S;
     int64_t v = q_pos0 + t - k_pos0 + 1;
     return v < 0 ? 0 : (v > S ? S : v);
   }
   __device__ int64_t first(int64_t b, int64_t t) const {
-    if (!doc_start) return 0;
-    int64_t v = doc_start[b * T + t] - k_pos0;
+    int64_t v = doc_start ? doc_start[b * T + t] - k_pos0 : 0;
+    if (window > 0 && q_pos0 + t - window + 1 - k_pos0 > v) v = q_pos0 + t - window + 1 - k_pos0;
     return v < 0 ? 0 : (v > S ? S : v);
+  }
+  // The scaled score, soft-capped.
+  __device__ float score(float dot) const {
+    const float s = dot * scale;
+    return softcap > 0 ? softcap * tanhf(s / softcap) : s;
+  }
+  // d(score) / d(dot) at a soft-capped score c: scale (1 - (c / softcap)^2), or scale.
+  __device__ float slope(float c) const {
+    if (softcap <= 0) return scale;
+    const float u = c / softcap;
+    return scale * (1.0f - u * u);
   }
 };
 
@@ -42,7 +57,7 @@ __global__ void attn_fwd_k(float* out, float* lse, const float* q, const float* 
     const float* kr = k + ((b * d.S + s) * d.KV + j) * d.hd;
     float sc = 0;
     for (int64_t c = 0; c < d.hd; ++c) sc += qr[c] * kr[c];
-    sc *= d.scale;
+    sc = d.score(sc);
     float mn = fmaxf(m, sc), corr = expf(m - mn), p = expf(sc - mn);
     l = l * corr + p;
     const float* vr = v + ((b * d.S + s) * d.KV + j) * d.hd;
@@ -58,10 +73,10 @@ __global__ void attn_fwd_k(float* out, float* lse, const float* q, const float* 
 
 int attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
                       int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
-                      int64_t k_pos0, const int64_t* doc_start, void* stream) {
+                      int64_t k_pos0, const int64_t* doc_start, int64_t window, double softcap, void* stream) {
   Range r("attention_forward_f32");
   if (hd > kMaxHeadDim) return int(cudaErrorInvalidValue);
-  AttnDims d{B, T, S, H, KV, hd, float(scale), causal, q_pos0, k_pos0, doc_start};
+  AttnDims d{B, T, S, H, KV, hd, float(scale), causal, q_pos0, k_pos0, doc_start, window, float(softcap)};
   if (B * H * T == 0) return 0;
   MT_LAUNCH(attn_fwd_k, blocks_for(B * H * T, 128), 128, 0, st(stream), out, lse, q, k, v, d);
   return last_error();
@@ -96,7 +111,8 @@ __global__ void attn_dq_k(float* dq, const float* D, const float* dout, const fl
       const float* vr = v + ((b * d.S + s) * d.KV + j) * d.hd;
       float sc = 0, dpv = 0;
       for (int64_t c = 0; c < d.hd; ++c) sc += qr[c] * kr[c], dpv += dor[c] * vr[c];
-      float p = expf(sc * d.scale - L), ds = p * (dpv - D[i]) * d.scale;
+      const float cs = d.score(sc);
+      float p = expf(cs - L), ds = p * (dpv - D[i]) * d.slope(cs);
       for (int64_t c = 0; c < d.hd; ++c) acc[c] += ds * kr[c];
     }
   float* o = dq + ((b * d.T + t) * d.H + h) * d.hd;
@@ -122,7 +138,8 @@ __global__ void attn_dkv_k(float* dk, float* dv, const float* D, const float* do
       const float* dor = dout + ((b * d.T + t) * d.H + h) * d.hd;
       float sc = 0, dpv = 0;
       for (int64_t c = 0; c < d.hd; ++c) sc += qr[c] * kr[c], dpv += dor[c] * vr[c];
-      float p = expf(sc * d.scale - L), ds = p * (dpv - D[(b * d.H + h) * d.T + t]) * d.scale;
+      const float cs = d.score(sc);
+      float p = expf(cs - L), ds = p * (dpv - D[(b * d.H + h) * d.T + t]) * d.slope(cs);
       for (int64_t c = 0; c < d.hd; ++c) av[c] += p * dor[c], ak[c] += ds * qr[c];
     }
   float* okr = dk + ((b * d.S + s) * d.KV + j) * d.hd;
@@ -138,10 +155,11 @@ __global__ void attn_dkv_k(float* dk, float* dv, const float* D, const float* do
 int attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout, const float* q,
                        const float* k, const float* v, const float* out, const float* lse, int64_t B, int64_t T,
                        int64_t S, int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0,
-                       int64_t k_pos0, const int64_t* doc_start, bool accumulate, void* stream) {
+                       int64_t k_pos0, const int64_t* doc_start, int64_t window, double softcap, bool accumulate,
+                       void* stream) {
   Range r("attention_backward_f32");
   if (hd > kMaxHeadDim) return int(cudaErrorInvalidValue);
-  AttnDims d{B, T, S, H, KV, hd, float(scale), causal, q_pos0, k_pos0, doc_start};
+  AttnDims d{B, T, S, H, KV, hd, float(scale), causal, q_pos0, k_pos0, doc_start, window, float(softcap)};
   if (B * H * T > 0) {
     MT_LAUNCH(attn_rowdot_k, blocks_for(B * H * T, 128), 128, 0, st(stream), scratch, dout, out, d);
     MT_LAUNCH(attn_dq_k, blocks_for(B * H * T, 128), 128, 0, st(stream), dq, scratch, dout, q, k, v, lse, d);
