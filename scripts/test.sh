@@ -281,6 +281,12 @@ report reference "$out" ""
 out="$log_dir/lora_reference.log"
 /usr/bin/python3 tests/reference/test_lora_ref.py >"$out" 2>&1
 report lora_reference "$out" ""
+# The DeepSeek-V2/V3 reference's own checks (scripts/reference/deepseek_check.py): latent attention against per-head
+# loops with complex-number RoPE, YaRN by hand, the routers on hand-made groups, multi-token prediction by a
+# per-position loop and its shared gradients against separate copies.
+out="$log_dir/deepseek_reference.log"
+/usr/bin/python3 scripts/reference/deepseek_check.py >"$out" 2>&1
+report deepseek_reference "$out" ""
 # Hugging Face interoperability: meshtrain's checkpoints in llama_ref.py and transformers (skipped where it does not
 # import), their saved models in meshtrain (logits, init_from); skipped as a whole without python3-torch.
 out="$log_dir/hf_interop.log"
