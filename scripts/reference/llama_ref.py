@@ -1667,6 +1667,7 @@ def train_step(model, opt, x, y, micro_batch, lr, grad_clip, stats=None, weights
             loss_sum += loss.item()
         if stats is not None:
             stats["aux"] = None
+            stats["mtp"] = None
             stats["trained_tokens"] = n
         return finish_step(model, opt, loss_sum, lr, grad_clip)
     for r in range(0, B, micro_batch):
@@ -1943,7 +1944,7 @@ def cmd_train(a):
         norms.append(norm)
         lrs.append(lr)
         auxes.append(stats["aux"])
-        mtps.append(stats["mtp"])
+        mtps.append(stats.get("mtp"))
         trained.append(stats.get("trained_tokens", a.batch_size * a.seq_len))
         print(f"step {s} loss {loss:.6f} grad_norm {norm:.6f} lr {lr:.4e}"
               + (f" aux {stats['aux']:.6f}" if moe else "")
