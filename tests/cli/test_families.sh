@@ -207,24 +207,22 @@ family gemma2 --model-type gemma2 --head-dim 16 --tie-embeddings --sliding-windo
 family gemma3_text --model-type gemma3_text --n-layers 3 --head-dim 16 --sliding-window 8 --query-pre-attn-scalar 8 \
   --sliding-window-pattern 3 --rope-local-theta 1000 --rope-theta 1000000 --rope-scaling linear:2 --final-softcap 0.2
 
-# gemma_meshes NAME: pp 2 (gemma3_text: untied), cp 2 and cp 4 on the ring (the window crosses the ranks' chunks),
-# cp 2 all-gathered and Ulysses equal the reference's losses; `meshtrain logits` of the directory equals the reference's forward.
-gemma_meshes() {
-  local name=$1 mesh m np
-  for mesh in "pp2:2:--set parallel.pp=2 --set training.micro_batch_size=4" "cp2:2:--set parallel.cp=2" \
-    "cp4:4:--set parallel.cp=4" "cp2_all_gather:2:--set parallel.cp=2 --set parallel.cp_method=all_gather" \
-    "cp2_ulysses:2:--set parallel.cp=2 --set parallel.cp_method=alltoall"; do
-    m=${mesh%%:*} np=$(echo "$mesh" | cut -d: -f2)
-    [ "$m" = pp2 ] && [ "$name" = gemma2 ] && continue  # tied: pp refuses a weight shared across stages
-    # shellcheck disable=SC2046
-    if timeout 300 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/$name" \
-      --set log.metrics_file="$tmp/$name.$m.jsonl" $(echo "$mesh" | cut -d: -f3-) train >"$tmp/$name.$m.log" 2>&1 &&
-      out=$("$py" "$compare" "$tmp/$name.$m.jsonl" "$tmp/$name.ref.json" --rel0 1e-5 --abs 1e-5 --steps 10 2>&1); then
-      ok "$name under $m: 10 f64 steps within 1e-5 of the reference: $out"
-    else
-      bad "$name under $m" "${out:-$(tail -n 20 "$tmp/$name.$m.log")}"
-    fi
-  done
+# on_mesh NAME "M:NP:ARGS": directory NAME trained on NP ranks with ARGS (mesh M) equals the reference's losses.
+on_mesh() {
+  local name=$1 mesh=$2 m np out
+  m=${mesh%%:*} np=$(echo "$mesh" | cut -d: -f2)
+  # shellcheck disable=SC2046
+  if timeout 300 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/$name" \
+    --set log.metrics_file="$tmp/$name.$m.jsonl" $(echo "$mesh" | cut -d: -f3-) train >"$tmp/$name.$m.log" 2>&1 &&
+    out=$("$py" "$compare" "$tmp/$name.$m.jsonl" "$tmp/$name.ref.json" --rel0 1e-5 --abs 1e-5 --steps 10 2>&1); then
+    ok "$name under $m: 10 f64 steps within 1e-5 of the reference: $out"
+  else
+    bad "$name under $m" "${out:-$(tail -n 20 "$tmp/$name.$m.log")}"
+  fi
+}
+# dir_logits NAME: `meshtrain logits` of directory NAME equals the reference's forward.
+dir_logits() {
+  local name=$1 out
   "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/$name" --tokens 5,17,99,3,250,8,8,41,77,120,1,2,3,4,5,6,7,8,9,10 \
     --out "$tmp/$name.dir.logits.npy" >"$tmp/$name.dir.logits.log" 2>&1
   if out=$("$py" - "$root/scripts/reference" "$tmp/$name" "$tmp/$name.dir.logits.npy" <<'PY' 2>&1
@@ -242,6 +240,20 @@ print(f"logits {ours.shape} within {d:.1e}")
 PY
   ); then ok "$name: meshtrain logits of the directory equal the reference's: $out"
   else bad "$name: logits against the reference" "$out"; fi
+}
+
+# gemma_meshes NAME: pp 2 (gemma3_text: untied), cp 2 and cp 4 on the ring (the window crosses the ranks' chunks),
+# cp 2 all-gathered and Ulysses equal the reference's losses; `meshtrain logits` of the directory equals the reference's forward.
+gemma_meshes() {
+  local name=$1 mesh m np
+  for mesh in "pp2:2:--set parallel.pp=2 --set training.micro_batch_size=4" "cp2:2:--set parallel.cp=2" \
+    "cp4:4:--set parallel.cp=4" "cp2_all_gather:2:--set parallel.cp=2 --set parallel.cp_method=all_gather" \
+    "cp2_ulysses:2:--set parallel.cp=2 --set parallel.cp_method=alltoall"; do
+    m=${mesh%%:*} np=$(echo "$mesh" | cut -d: -f2)
+    [ "$m" = pp2 ] && [ "$name" = gemma2 ] && continue  # tied: pp refuses a weight shared across stages
+    on_mesh "$name" "$mesh"
+  done
+  dir_logits "$name"
   # estimate and plan --search: the reference's parameter count (four norms a layer, Gemma 3's q/k norms).
   local params
   params=$("$py" -c "import json, sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])['params'])" \
@@ -321,14 +333,7 @@ deepseek_meshes() {
     m=${mesh%%:*} np=$(echo "$mesh" | cut -d: -f2)
     [ "$name" = deepseek_v3 ] && case $m in tp2_loss_parallel | dp_shard2_recompute) continue ;; esac
     [ "$name" = deepseek_v2 ] && case $m in cp2 | pp2 | ep2) ;; *) continue ;; esac
-    # shellcheck disable=SC2046
-    if timeout 300 "$mpirun" -np "$np" "$mt" --config "$tmp/t.yaml" --set model.init_from="$tmp/$name" \
-      --set log.metrics_file="$tmp/$name.$m.jsonl" $(echo "$mesh" | cut -d: -f3-) train >"$tmp/$name.$m.log" 2>&1 &&
-      out=$("$py" "$compare" "$tmp/$name.$m.jsonl" "$tmp/$name.ref.json" --rel0 1e-5 --abs 1e-5 --steps 10 2>&1); then
-      ok "$name under $m: 10 f64 steps within 1e-5 of the reference: $out"
-    else
-      bad "$name under $m" "${out:-$(tail -n 20 "$tmp/$name.$m.log")}"
-    fi
+    on_mesh "$name" "$mesh"
   done
   done
   if out=$("$py" - "$root/scripts/reference" "$tmp/deepseek_v3_mtp.np4.ckpt/step_00000010" <<'PY' 2>&1
@@ -342,23 +347,7 @@ PY
   ); then ok "deepseek_v3_mtp: the checkpoint's files hold DeepSeek's copies of the shared embedding and head, equal to them (the reference reads it): $out"
   else bad "deepseek_v3_mtp: the checkpoint as the reference reads it" "$out"; fi
   for name in deepseek_v3 deepseek_v2; do
-    "$mpirun" -np 1 "$mt" logits --checkpoint "$tmp/$name" --tokens 5,17,99,3,250,8,8,41,77,120,1,2,3,4,5,6,7,8,9,10 \
-      --out "$tmp/$name.dir.logits.npy" >"$tmp/$name.dir.logits.log" 2>&1
-    if out=$("$py" - "$root/scripts/reference" "$tmp/$name" "$tmp/$name.dir.logits.npy" <<'PY' 2>&1
-import sys
-sys.path.insert(0, sys.argv[1])
-import numpy as np, torch
-import llama_ref as r
-model = r.load_model(sys.argv[2], torch.float64)
-with torch.no_grad():
-    ref = model(torch.tensor([[5, 17, 99, 3, 250, 8, 8, 41, 77, 120, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]))[0].numpy()
-ours = np.load(sys.argv[3])
-d = float(np.abs(ours - ref).max())
-assert ours.shape == ref.shape and d < 1e-5, (ours.shape, d)
-print(f"logits {ours.shape} within {d:.1e}")
-PY
-    ); then ok "$name: meshtrain logits of the directory equal the reference's: $out"
-    else bad "$name: logits against the reference" "$out"; fi
+    dir_logits "$name"
   done
   # Bad input in config.json, each refused naming its key.
   local edit key value want
