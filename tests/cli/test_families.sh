@@ -245,11 +245,11 @@ PY
 # gemma_meshes NAME: pp 2 (gemma3_text: untied), cp 2 and cp 4 on the ring (the window crosses the ranks' chunks),
 # cp 2 all-gathered and Ulysses equal the reference's losses; `meshtrain logits` of the directory equals the reference's forward.
 gemma_meshes() {
-  local name=$1 mesh m np
+  local name=$1 mesh m
   for mesh in "pp2:2:--set parallel.pp=2 --set training.micro_batch_size=4" "cp2:2:--set parallel.cp=2" \
     "cp4:4:--set parallel.cp=4" "cp2_all_gather:2:--set parallel.cp=2 --set parallel.cp_method=all_gather" \
     "cp2_ulysses:2:--set parallel.cp=2 --set parallel.cp_method=alltoall"; do
-    m=${mesh%%:*} np=$(echo "$mesh" | cut -d: -f2)
+    m=${mesh%%:*}
     [ "$m" = pp2 ] && [ "$name" = gemma2 ] && continue  # tied: pp refuses a weight shared across stages
     on_mesh "$name" "$mesh"
   done
@@ -322,7 +322,7 @@ family deepseek_v2 --model-type deepseek_v2 "${ds_common[@]}" --n-shared-experts
 family deepseek_v3_mtp --model-type deepseek_v3 "${ds_common[@]}" --q-lora-rank 12 --n-shared-experts 1 \
   --routed-scaling-factor 2.5 --rope-scaling yarn:4,16,32,1,1.0,0.8 --num-nextn-predict-layers 1 --mtp-loss-weight 0.3
 deepseek_meshes() {
-  local name mesh m np
+  local name mesh m
   for name in deepseek_v3 deepseek_v3_mtp deepseek_v2; do
   for mesh in "cp2:2:--set parallel.cp=2" "cp4:4:--set parallel.cp=4" \
     "pp2:2:--set parallel.pp=2 --set training.micro_batch_size=4" "ep2:2:--set parallel.ep=2" \
@@ -330,7 +330,7 @@ deepseek_meshes() {
     "tp2_loss_parallel:2:--set parallel.tp=2 --set parallel.loss_parallel=true" \
     "cp2_ulysses:2:--set parallel.cp=2 --set parallel.cp_method=alltoall" \
     "dp_shard2_recompute:2:--set parallel.dp_shard=2 --set parallel.recompute.patterns=[model.layers.*] --set parallel.recompute.keep=[attention]"; do
-    m=${mesh%%:*} np=$(echo "$mesh" | cut -d: -f2)
+    m=${mesh%%:*}
     [ "$name" = deepseek_v3 ] && case $m in tp2_loss_parallel | dp_shard2_recompute) continue ;; esac
     [ "$name" = deepseek_v2 ] && case $m in cp2 | pp2 | ep2) ;; *) continue ;; esac
     on_mesh "$name" "$mesh"
