@@ -445,6 +445,35 @@ std::vector<OpCase> op_cases() {
     c.grads = {{"x", "dx"}, {"w", "dw"}};
     cases.push_back(c);
   }
+  {  // RMSNorm on rows wide enough for CUDA's fused backward (C a multiple of 32 packs: 512 = 2 bf16 or 4 f32 packs
+     // a lane), over a row count no block size divides; the backward with and without the residual gradient
+    OpCase c;
+    c.name = "rmsnorm wide";
+    auto wide = [](const Dims& d) { return std::pair<int64_t, int64_t>{2 * d.N + 17, 512}; };
+    c.forward = [eps, wide](OpRun& r, const Dims& d) {
+      const auto [N, C] = wide(d);
+      Tensor x = r.in("x", {N, C}), w = r.in("w", {C});
+      rmsnorm_forward(r.out("y", {N, C}), r.out("rstd", {N}, Kind::acc), x, w, eps);
+    };
+    c.reference = [eps, wide](OpRun& r, const Dims& d) {
+      const auto [N, C] = wide(d);
+      V y, rs;
+      ref_rmsnorm(y, rs, r.values_of("x", N * C), r.values_of("w", C), N, C, eps);
+      return Results{{"y", y}, {"rstd", rs}};
+    };
+    c.backward = [eps, wide](OpRun& r, const Dims& d) {
+      const auto [N, C] = wide(d);
+      Tensor x = r.in("x", {N, C}), w = r.in("w", {C}), dy = r.in("dy", {N, C});
+      Tensor y = empty({N, C}, r.act, r.dev), rstd = empty({N}, accum_dtype(r.act), r.dev);
+      rmsnorm_forward(y, rstd, x, w, eps);
+      rmsnorm_backward(r.out("dx", {N, C}), r.acc("dw", {C}), dy, x, w, rstd);
+      Tensor dres = r.inout("dresidual", {N, C});
+      rmsnorm_backward(dres, r.acc("dw with residual", {C}), dy, x, w, rstd, dres);
+    };
+    c.seeds = {{"y", "dy"}};
+    c.grads = {{"x", "dx"}, {"w", "dw"}};
+    cases.push_back(c);
+  }
   {  // the residual add fused in front of the norm, the sum written over a
     OpCase c;
     c.name = "add_rmsnorm";

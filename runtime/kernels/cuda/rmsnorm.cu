@@ -6,6 +6,10 @@
 
 #include "runtime/kernels/cuda/common.cuh"
 
+#ifndef MT_CUDA_EMULATOR
+#define MT_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 namespace mt::cuda {
 
 namespace {
@@ -125,7 +129,8 @@ template <typename T, int W> __global__ void rmsnorm_bwd_dx_k(T* dinp, const T* 
 constexpr int64_t kRowChunk = 256;
 // scratch[chunk][c] = sum over the chunk's rows of dy * x * rstd (each product in f32, the sum in f64), rows in
 // order, a thread per W columns (Pack, as above). The grid's y covers the chunks in strides of gridDim.y (at most
-// 65,535: the device's limit on a grid's y), each chunk summed the same way.
+// 65,535: the device's limit on a grid's y), each chunk summed the same way. The path for widths the fused kernel
+// below does not take.
 template <typename T, int W> __global__ void rmsnorm_bwd_partial_k(float* scratch, const T* dout, const T* inp,
                                                                    const float* rstd, int64_t N, int64_t C) {
   using P = Pack<T, W>;
@@ -153,9 +158,119 @@ __global__ void rmsnorm_bwd_sum_k(float* dweight, const float* scratch, int64_t 
   dweight[c] += float(acc);
 }
 
+// The fused backward: dinp and the weight gradient's partial sums in one pass over dout and inp (the two-kernel
+// path above reads both twice: 6 tensor passes where 4 are needed; issue 50 part 4). A block of kThreads (8 warps)
+// owns kFusedRows consecutive rows, each warp kFusedRows / 8 of them, one row at a time as rmsnorm_bwd_dx_k does;
+// lane l holds columns (l + 32 i) * W .. + W - 1 for i < NP (NP = C / (32 W), a template argument so that the sums
+// stay in registers: the launcher's kFusedPacks), and sums dy * x * rstd of its warp's rows in f32 registers. The warps then add their sums into shared
+// memory one after another (warp 0 first: a fixed order), and the block writes one row of scratch (blocks, C).
+constexpr int kFusedRows = 64;
+template <typename T, int W, int NP> __global__ void rmsnorm_bwd_fused_k(T* dinp, float* scratch, const T* dout, const T* inp,
+                                                                 const T* w, const float* rstd, int64_t N, int64_t C,
+                                                                 const T* dres) {
+  using P = Pack<T, W>;
+  MT_DYNAMIC_SMEM(smem);
+  float* block_sum = reinterpret_cast<float*>(smem);  // (C) the block's partial of the weight gradient
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), warps = int(blockDim.x / 32);
+  const int rows_per_warp = kFusedRows / warps;
+  const P* wp = reinterpret_cast<const P*>(w);
+  float acc[NP][W];
+#pragma unroll
+  for (int i = 0; i < NP; ++i)
+#pragma unroll
+    for (int e = 0; e < W; ++e) acc[i][e] = 0.f;
+  const int64_t first = int64_t(blockIdx.x) * kFusedRows + int64_t(warp) * rows_per_warp;
+  for (int64_t row = first; row < min(N, first + rows_per_warp); ++row) {
+    const P* x = reinterpret_cast<const P*>(inp + row * C);
+    const P* dy = reinterpret_cast<const P*>(dout + row * C);
+    const float rf = rstd[row];
+    double dot = 0;
+#pragma unroll
+    for (int i = 0; i < NP; ++i) {
+      const int64_t p = lane + 32 * i;
+      const P a = dy[p], b = wp[p], c = x[p];
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        dot += double(ld(a.v[e]) * ld(b.v[e]) * ld(c.v[e]));
+        acc[i][e] += ld(a.v[e]) * ld(c.v[e]) * rf;
+      }
+    }
+    dot = warp_sum_d(dot) * double(rf);
+    const float mean = float(dot / double(C));
+#pragma unroll
+    for (int i = 0; i < NP; ++i) {
+      const int64_t p = lane + 32 * i;
+      const P a = dy[p], b = wp[p], c = x[p];  // again: the row was just read, from the cache
+      P res, o;
+      if (dres) res = reinterpret_cast<const P*>(dres + row * C)[p];
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        float v = rf * (ld(a.v[e]) * ld(b.v[e]) - ld(c.v[e]) * rf * mean);
+        if (dres) v += ld(res.v[e]);  // the residual branch's gradient, fused: one rounding
+        o.v[e] = to<T>(v);
+      }
+      reinterpret_cast<P*>(dinp + row * C)[p] = o;
+    }
+  }
+  for (int turn = 0; turn < warps; ++turn) {  // the warps' sums into shared memory, warp 0 first
+    if (warp == turn) {
+#pragma unroll
+      for (int i = 0; i < NP; ++i) {
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+          float& s = block_sum[(lane + 32 * i) * W + e];
+          s = turn == 0 ? acc[i][e] : s + acc[i][e];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) scratch[int64_t(blockIdx.x) * C + c] = block_sum[c];
+}
+
+// dweight (C) += the sum of scratch's rows (rows, C) in order, in f64: a block per 32 columns, its 8 warps' lanes
+// each summing every 8th row (row group g: rows g, g + 8, ...), then the 8 groups in order.
+__global__ void rmsnorm_bwd_sum_rows_k(float* dweight, const float* scratch, int64_t rows, int64_t C) {
+  __shared__ double part[8][32];
+  const int lane = int(threadIdx.x % 32), g = int(threadIdx.x / 32);
+  const int64_t c = int64_t(blockIdx.x) * 32 + lane;
+  double acc = 0;
+  if (c < C)
+#pragma unroll 8
+    for (int64_t r = g; r < rows; r += 8) acc += scratch[r * C + c];
+  part[g][lane] = acc;
+  __syncthreads();
+  if (g == 0 && c < C) {
+    double total = 0;
+    for (int k = 0; k < 8; ++k) total += part[k][lane];
+    dweight[c] += float(total);
+  }
+}
+
+// The fused kernel's instances: lanes of NP packs (bf16: C 256, 512, 1,024, 1,536, 2,048, 3,072, 4,096; f32
+// half of those), the block's shared memory (C floats) within the default 48 KiB. Null: the two-kernel path.
+template <typename T> auto rmsnorm_fused_kernel(int64_t C) {
+  constexpr int W = kPack<T>;
+  using K = decltype(&rmsnorm_bwd_fused_k<Dev<T>, W, 1>);
+  if (C % (32 * W) != 0) return K(nullptr);
+  switch (C / (32 * W)) {
+    case 1: return &rmsnorm_bwd_fused_k<Dev<T>, W, 1>;
+    case 2: return &rmsnorm_bwd_fused_k<Dev<T>, W, 2>;
+    case 4: return &rmsnorm_bwd_fused_k<Dev<T>, W, 4>;
+    case 6: return &rmsnorm_bwd_fused_k<Dev<T>, W, 6>;
+    case 8: return &rmsnorm_bwd_fused_k<Dev<T>, W, 8>;
+    case 12: return &rmsnorm_bwd_fused_k<Dev<T>, W, 12>;
+    case 16: return &rmsnorm_bwd_fused_k<Dev<T>, W, 16>;
+    default: return K(nullptr);
+  }
+}
+
 }  // namespace
 
-int64_t rmsnorm_backward_scratch(int64_t N, int64_t C) { return ((N + kRowChunk - 1) / kRowChunk) * C; }
+int64_t rmsnorm_backward_scratch(int64_t N, int64_t C) {
+  // The larger of the two paths' needs: the launcher picks one by the pointers' alignment.
+  return std::max((N + kRowChunk - 1) / kRowChunk, (N + kFusedRows - 1) / kFusedRows) * C;
+}
 
 template <typename T> int rmsnorm_backward(T* dinp, float* dweight, float* scratch, const T* dout, const T* inp,
                                            const T* weight, const float* rstd, int64_t N, int64_t C, void* stream,
@@ -165,6 +280,12 @@ template <typename T> int rmsnorm_backward(T* dinp, float* dweight, float* scrat
   const bool packed =
       packable(C, kPack<T>, dinp, dout, inp, weight) && (!dresidual || packable(C, kPack<T>, dresidual));
   const int64_t w = packed ? kPack<T> : 1;
+  if (auto fused = packed ? rmsnorm_fused_kernel<T>(C) : nullptr) {
+    const int64_t blocks = (N + kFusedRows - 1) / kFusedRows;
+    MT_LAUNCH(fused, unsigned(blocks), kThreads, size_t(C) * sizeof(float), st(stream), dp(dinp), scratch, dp(dout), dp(inp), dp(weight), rstd, N, C, dp(dresidual));
+    MT_LAUNCH(rmsnorm_bwd_sum_rows_k, unsigned((C + 31) / 32), kThreads, 0, st(stream), dweight, scratch, blocks, C);
+    return last_error();
+  }
   auto dx = packed ? rmsnorm_bwd_dx_k<Dev<T>, kPack<T>> : rmsnorm_bwd_dx_k<Dev<T>, 1>;
   MT_LAUNCH(dx, blocks_for(N * 32), kThreads, 0, st(stream), dp(dinp), dp(dout), dp(inp), dp(weight), rstd, N, C,
             dp(dresidual));
