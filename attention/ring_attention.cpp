@@ -8,6 +8,9 @@
 #include "comm/comm_counters.h"
 
 #include <limits>
+#include <tuple>
+#include <mutex>
+#include <map>
 #include <utility>
 
 #include "parallel/dtensor.h"
@@ -91,6 +94,18 @@ Tensor pack_kv(const Tensor& k, const Tensor& v, const Ring& r) {
   copy_slice(kv.view(0, {half}), 0, chunk_major(k, r), 0, half, 0);
   copy_slice(kv.view(half, {half}), 0, chunk_major(v, r), 0, half, 0);
   return kv;
+}
+
+// n values of -inf in dtype on dev, made on first use and kept (per size, dtype and device): a device copy starts
+// each call's running log-sum-exp, so no call uploads from the host (a CUDA graph's capture cannot hold one).
+const Tensor& minus_infinity(int64_t n, DType dt, Device dev) {
+  static std::mutex mu;
+  static std::map<std::tuple<int64_t, int, std::string>, Tensor> made;
+  std::lock_guard lock(mu);
+  Tensor& t = made[{n, int(dt), dev.str()}];
+  if (!t.defined())
+    t = from_values(std::vector<double>(size_t(n), -std::numeric_limits<double>::infinity()), {n}, dt).to(dev);
+  return t;
 }
 
 // The document starts of each query chunk, (B, c) i64 on the device of the kernels.
@@ -335,10 +350,8 @@ void ring_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& 
   }
   // Running results per query chunk in the accum dtype: nothing seen yet (lse -inf).
   Tensor out_acc = zeros({r.m * r.q_numel()}, r.acc, r.dev);
-  Tensor lse_acc =
-      from_values(std::vector<double>(size_t(r.m * r.B * r.H * r.c), -std::numeric_limits<double>::infinity()),
-                  {r.m * r.B * r.H * r.c}, r.acc)
-          .to(r.dev);
+  Tensor lse_acc = empty({r.m * r.B * r.H * r.c}, r.acc, r.dev);
+  copy_(lse_acc, minus_infinity(lse_acc.numel(), r.acc, r.dev));
   Tensor part_out = empty({r.B, r.c, r.H, r.hd}, r.dt, r.dev), part_lse = empty({r.B, r.H, r.c}, r.acc, r.dev);
 
   if (window_direct(opt.method, opt.load_balance, opt.seq_len, r.n, opt.window)) {

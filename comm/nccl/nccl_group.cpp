@@ -359,8 +359,14 @@ class NcclGroup final : public Group, public HasMpiComm {
     // first operation; the emulated device's stand-in runs the collective at once over MPI), and a peer that never
     // joins must end the job there too, not hang it.
     auto done = std::make_shared<DoneEvent>();
+    // In a CUDA graph capture (training.cuda_graph) the collective is recorded, not issued: its event cannot be
+    // polled (a captured event), and the replay is watched as a whole by the step (runtime/train/cuda_graph.cpp).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MT_CUDA_CHECK(cudaStreamIsCapturing(cs, &capture));
     const uint64_t id =
-        watchdog_begin(op, *this, [done, dev = device_] { return done->recorded && done_on_device(*done, dev); });
+        capture != cudaStreamCaptureStatusNone
+            ? 0
+            : watchdog_begin(op, *this, [done, dev = device_] { return done->recorded && done_on_device(*done, dev); });
     try {
       {
         // Nsight's range, and with MT_PROFILE_KERNELS=1 the collective's time on the group's stream, counting the
@@ -372,7 +378,7 @@ class NcclGroup final : public Group, public HasMpiComm {
       }
       MT_CUDA_CHECK(cudaEventRecord(done->e, ns));
     } catch (...) {
-      watchdog_end(id);  // never issued: nothing to wait for
+      if (id) watchdog_end(id);  // never issued: nothing to wait for
       throw;
     }
     done->recorded = true;

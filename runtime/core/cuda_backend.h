@@ -25,6 +25,18 @@ std::string pci_bus_id(int device);
 size_t device_memory_bytes(int device);
 // The device's name (cudaGetDeviceProperties: "NVIDIA H100 80GB HBM3").
 std::string device_name(int device);
+// CUDA graphs (training.cuda_graph, runtime/train/cuda_graph.h). graph_begin: the calling thread's current stream
+// of `device` starts a capture (cudaStreamCaptureModeRelaxed: the caching allocator may still cudaMalloc); until
+// graph_end the device's work is recorded, not run, and the caching allocator serves it from the graph pool: blocks
+// that allocations and frees inside a capture touch belong to the device's graphs from then on and never serve
+// eager work, because every replay writes them again (PyTorch's private pool, one for all of a device's graphs:
+// they replay one after the other on one stream). graph_end: the executable graph, or null with *why set when the
+// capture failed (what broke it). graph_launch: one replay on the current stream.
+void graph_begin(int device);
+void* graph_end(int device, std::string* why);
+void graph_launch(void* exec, int device);
+void graph_destroy(void* exec);
+bool graph_capturing(int device);
 }  // namespace mt::cuda
 
 namespace mt::detail {

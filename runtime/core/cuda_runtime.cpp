@@ -199,6 +199,10 @@ void set_current_stream(int device, Stream s) {
 
 // ---------------------------------------------------------------- raw calls
 
+namespace detail {
+void cuda_graph_pool(int device, bool capturing);  // the caching allocator's graph pool on or off (below)
+}
+
 namespace cuda {
 
 void* raw_malloc(int device, size_t bytes) {
@@ -262,6 +266,56 @@ std::string device_name(int device) {
   return p.name;
 }
 
+void graph_begin(int device) {
+  DeviceGuard g(device);
+  auto s = static_cast<cudaStream_t>(current_stream(device).handle());
+  MT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  detail::cuda_graph_pool(device, true);
+}
+
+void* graph_end(int device, std::string* why) {
+  DeviceGuard g(device);
+  auto s = static_cast<cudaStream_t>(current_stream(device).handle());
+  detail::cuda_graph_pool(device, false);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t rc = cudaStreamEndCapture(s, &graph);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (why) *why = fmt::format("{}: {}", cudaGetErrorName(rc), cudaGetErrorString(rc));
+    if (graph) (void)cudaGraphDestroy(graph);
+    return nullptr;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t ri = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  if (ri != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (why) *why = fmt::format("cudaGraphInstantiate: {}: {}", cudaGetErrorName(ri), cudaGetErrorString(ri));
+    return nullptr;
+  }
+  return exec;
+}
+
+void graph_launch(void* exec, int device) {
+  DeviceGuard g(device);
+  MT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec),
+                                static_cast<cudaStream_t>(current_stream(device).handle())));
+}
+
+void graph_destroy(void* exec) {
+  if (exec) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
+}
+
+bool graph_capturing(int device) {
+  DeviceGuard g(device);
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(current_stream(device).handle()), &st) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
 }  // namespace cuda
 
 // ---------------------------------------------------------------- caching allocator
@@ -287,6 +341,10 @@ struct DeviceCache {
   std::multimap<size_t, void*> free_blocks;  // rounded size -> block
   std::unordered_map<void*, size_t> live;    // block -> its size
   AllocatorStats stats;
+  // The graph pool (cuda_backend.h, graph_begin): blocks a capture allocated or freed, and the free ones among them.
+  bool capturing = false;
+  std::unordered_map<void*, size_t> graph_blocks;
+  std::multimap<size_t, void*> graph_free;
 };
 
 struct Caches {
@@ -339,12 +397,17 @@ void* cuda_caching_alloc(int device, size_t bytes) {
   std::lock_guard lock(C.mu);
   DeviceCache& c = C.at(device);
   void* p = nullptr;
-  auto it = c.free_blocks.lower_bound(size);
-  if (it != c.free_blocks.end() && it->first < 2 * size) {
+  auto take = [&](std::multimap<size_t, void*>& bins) {  // a cached block at least as large, under twice the size
+    auto it = bins.lower_bound(size);
+    if (it == bins.end() || it->first >= 2 * size) return false;
     size = it->first;
     p = it->second;
-    c.free_blocks.erase(it);
-  } else {
+    bins.erase(it);
+    return true;
+  };
+  // In a capture the graph pool first: its blocks are free in every replay at the same point of the step.
+  const bool from_cache = (c.capturing && take(c.graph_free)) || take(c.free_blocks);
+  if (!from_cache) {
     DeviceGuard g(device);
     cudaError_t rc = cudaMalloc(&p, size);
     if (rc == cudaErrorMemoryAllocation) {
@@ -366,7 +429,11 @@ void* cuda_caching_alloc(int device, size_t bytes) {
     c.stats.driver_allocs++;
   }
   c.live.emplace(p, size);
-  if (g_block_hook) g_block_hook(p, bytes);  // a checking device sees the tensor's bytes, not the block's
+  const bool graph_block = c.capturing || c.graph_blocks.count(p);
+  if (c.capturing) c.graph_blocks.emplace(p, size);
+  // A checking device sees the tensor's bytes, not the block's; a graph's block keeps its whole size (the replays
+  // use it for every tensor the capture put there, whatever their sizes).
+  if (g_block_hook) g_block_hook(p, graph_block ? size : bytes);
   c.stats.allocated_bytes += size;
   c.stats.requested_bytes += size;  // device blocks are the request's rounded size
   c.stats.peak_requested_bytes = std::max(c.stats.peak_requested_bytes, c.stats.requested_bytes);
@@ -387,14 +454,29 @@ void cuda_caching_free(int device, void* p, size_t /*bytes*/) {
   if (it == c.live.end()) return;  // not ours (never happens for tensors); do not corrupt the bins
   size_t size = it->second;
   c.live.erase(it);
-  if (g_block_hook) g_block_hook(p, 0);  // a use after this free is an error
   c.stats.allocated_bytes -= size;
   c.stats.requested_bytes -= size;
-  c.free_blocks.emplace(size, p);
+  // A block freed in a capture may be used by the graph up to that point at every replay: the graph's from now on.
+  if (c.capturing && !c.graph_blocks.count(p)) {
+    c.graph_blocks.emplace(p, size);
+    if (g_block_hook) g_block_hook(p, size);
+  }
+  if (c.graph_blocks.count(p)) {
+    c.graph_free.emplace(size, p);  // the checking device keeps it in use: the replays use it
+  } else {
+    if (g_block_hook) g_block_hook(p, 0);  // a use after this free is an error
+    c.free_blocks.emplace(size, p);
+  }
   if (trace::g_on && trace::g_memory_device == device) {
     trace::memory_block(p, 0, false);
     trace::memory_sample(int64_t(c.stats.allocated_bytes));
   }
+}
+
+void cuda_graph_pool(int device, bool capturing) {
+  auto& C = caches();
+  std::lock_guard lock(C.mu);
+  C.at(device).capturing = capturing;
 }
 
 void set_cuda_block_hook(CudaBlockHook hook) { g_block_hook = hook; }

@@ -72,6 +72,11 @@ void memset_zero_async(void*, size_t bytes, int) {
   if (bytes) no_cuda();
 }
 void stream_sync_current(int) { no_cuda(); }
+void graph_begin(int) { no_cuda(); }
+void* graph_end(int, std::string*) { no_cuda(); }
+void graph_launch(void*, int) { no_cuda(); }
+void graph_destroy(void*) {}
+bool graph_capturing(int) { return false; }
 void* pinned_malloc(size_t bytes) {
   if (bytes == 0) return nullptr;
   no_cuda();

@@ -26,7 +26,7 @@ namespace mt {
 class Stream;
 class Event;
 
-constexpr uint32_t kCudaBackendAbi = 8;
+constexpr uint32_t kCudaBackendAbi = 9;
 constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
 
 // The launchers of runtime/kernels/cuda taking T = float or mt::bf16 (declared again beside their ops,
@@ -128,8 +128,8 @@ constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
 #define MT_CUDA_FUNCTIONS(X)                                                                                          \
   X(int, adamw,                                                                                                       \
     (float* param, bf16* param_lowp, const float* grad, float* m, float* v, int64_t n, double lr, double beta1,       \
-     double beta2, double eps, double weight_decay, int64_t step, void* stream),                                      \
-    (param, param_lowp, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, stream))                            \
+     double beta2, double eps, double weight_decay, int64_t step, void* stream, const float* hyper),                  \
+    (param, param_lowp, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, stream, hyper))                     \
   X(int, attention_forward,                                                                                           \
     (float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T, int64_t S,         \
      int64_t H, int64_t KV, int64_t hd, double scale, bool causal, int64_t q_pos0, int64_t k_pos0,                    \
@@ -196,7 +196,12 @@ constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
   X(void, pinned_free, (void* p), (p))                                                                                \
   X(std::string, pci_bus_id, (int device), (device))                                                                  \
   X(size_t, device_memory_bytes, (int device), (device))                                                              \
-  X(std::string, device_name, (int device), (device))
+  X(std::string, device_name, (int device), (device))                                                                \
+  X(void, graph_begin, (int device), (device))                                                                        \
+  X(void*, graph_end, (int device, std::string* why), (device, why))                                                  \
+  X(void, graph_launch, (void* exec, int device), (exec, device))                                                     \
+  X(void, graph_destroy, (void* exec), (exec))                                                                        \
+  X(bool, graph_capturing, (int device), (device))
 
 // The launcher templates, declared for the table (the same declarations as beside the ops).
 namespace cuda {

@@ -54,6 +54,32 @@ class Event {
   void* handle_ = nullptr;
 };
 
+// A CUDA graph (training.cuda_graph, runtime/train/cuda_graph.h): the device work this thread enqueues on a device's
+// current stream between begin_capture and end_capture, recorded instead of run (kernels, copies, NCCL calls, with
+// the values their arguments had), and replayed by replay() on the current stream. Every tensor the recorded work
+// touches must stay where it was: the caching allocator keeps the blocks a capture used for the device's graphs
+// (cuda_backend.h), and tensors made before the capture must outlive the graph. A host synchronisation inside a
+// capture is an error (forbid_host_sync).
+class CudaGraph {
+ public:
+  CudaGraph() = default;
+  static void begin_capture(int device);
+  // The capture's graph; throws "[cuda] ..." naming what broke the capture when it failed (nothing of it ran).
+  static CudaGraph end_capture(int device);
+  static bool capturing(int device);
+  ~CudaGraph();
+  CudaGraph(CudaGraph&& o) noexcept : exec_(o.exec_), device_(o.device_) { o.exec_ = nullptr; }
+  CudaGraph& operator=(CudaGraph&& o) noexcept;
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  bool defined() const { return exec_ != nullptr; }
+  void replay() const;
+
+ private:
+  void* exec_ = nullptr;  // cudaGraphExec_t
+  int device_ = 0;
+};
+
 // The stream device work of this thread is issued on (per device); by default
 // a stream created on first use, so nothing runs on the legacy default stream.
 const Stream& current_stream(int device);
@@ -67,5 +93,8 @@ void device_synchronize();
 // run counts what a GPU run would. The trainer logs the count per step at debug level.
 void note_host_sync();
 int64_t host_sync_count();  // since the process started; thread-safe
+// While set on this thread (a CUDA graph capture: runtime/train/cuda_graph.h), note_host_sync throws an error
+// naming `why` before the host waits: a capture records device work and cannot hold a host wait. nullptr: allowed.
+void forbid_host_sync(const char* why);
 
 }  // namespace mt

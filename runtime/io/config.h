@@ -323,6 +323,7 @@ struct TrainingConfig {
   double memory_limit_mb = 0;  // host memory this rank's tensors may hold; 0: no cap
   std::string nonfinite = "stop";
   int64_t max_nonfinite_steps = 5;
+  bool cuda_graph = false;
   template <class V> void visit(V& v) {
     const auto beta = expect([](double b) { return b >= 0 && b < 1; }, "expected 0 <= beta < 1");
     v("steps", steps, "optimizer steps", at_least(0, "a step count"));
@@ -365,6 +366,10 @@ struct TrainingConfig {
       one_of({"stop", "skip"}));
     v("max_nonfinite_steps", max_nonfinite_steps,
       "with nonfinite: skip, stop after this many non-finite steps in a row", at_least(1, "a step count"));
+    v("cuda_graph", cuda_graph,
+      "on CUDA ranks, each step replays two CUDA graphs captured after warm-up (forward, backward, gradient sync and "
+      "the loss; clipping and AdamW) around the step's one host sync; a run the graphs cannot hold runs as without, "
+      "saying why");
   }
   void check() const;  // the step's rows x seq_len fit in 64 bits
 };

@@ -244,9 +244,13 @@ void grouped_matmul_backward(const Tensor& dinp, const Tensor& dweight, const Te
 // param -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps). step is 1-based.
 // param, grad, m, v share shape; m and v are f32 (or f64 with f64 params). param is the master copy
 // (f32 or f64); if param_lowp (bf16, the compute copy) is defined it gets the updated values rounded,
-// in the same pass on CUDA.
+// in the same pass on CUDA. hyper (CUDA only, a CUDA graph's step: runtime/train/cuda_graph.h): 4 f32 values on the
+// device, read when the kernel runs instead of lr, weight_decay and step: {1 - lr weight_decay, lr / (1-b1^step),
+// sqrt(1-b2^step), c}, the gradient multiplied by c first (clip_grads' scale, 1 for none): the same bits as
+// clip_grads then adamw_step with those scalars.
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr, double beta1,
-                double beta2, double eps, double weight_decay, int64_t step, const Tensor& param_lowp = Tensor());
+                double beta2, double eps, double weight_decay, int64_t step, const Tensor& param_lowp = Tensor(),
+                const Tensor& hyper = Tensor());
 
 // Threads used by the CPU kernels (OpenMP and Eigen); 0 = all cores.
 void set_cpu_threads(int n);

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "comm/world.h"
+#include "runtime/train/cuda_graph.h"
 #include "models/layers.h"
 #include "parallel/loss_parallel.h"
 #include "runtime/core/allocator.h"
@@ -177,6 +178,7 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data, bo
   run.trainable = trainable(run.params);
   // How the step runs, chosen once: the local loop, or this rank's stages of the pipeline.
   run.executor = make_step_executor(run, run.pipeline);
+  if (with_data) run.graphs = make_step_graphs(run);
   run.executor->install(*run.model);
   run.opt = std::make_unique<AdamW>(run.trainable, cfg.training);
   run.create_peak_bytes = allocator_stats(Device::cpu()).peak_allocated_bytes - before_model;
@@ -187,6 +189,7 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data, bo
 }
 
 MicroBatch local_micro_batch(const TrainRun& run, const Batch& batch, int64_t r) {
+  if (run.capture_micro) return run.capture_micro->at(size_t(r / run.micro));  // a CUDA graph's inputs
   MicroBatch mb;
   Tensor inputs = batch.inputs.slice0(r, r + run.micro), targets = batch.targets.slice0(r, r + run.micro);  // (mb, T)
   Tensor docs;

@@ -17,6 +17,9 @@ namespace mt {
 
 // RunShape: pd, dp, rows, micro, dtype, reduce_dtype (and the pipeline plan the executor took). Stage: model,
 // fsdp, grad_sync, destroyed after the members below (the executor and the optimizer point into the model).
+struct MicroBatch;
+struct StepGraphs;  // cuda_graph.h
+
 struct TrainRun : RunShape, Stage {
   Config config;
   DeviceMesh mesh;        // the model's: the stage's ranks under pipeline parallel, else the world
@@ -34,6 +37,10 @@ struct TrainRun : RunShape, Stage {
   // How the step's micro-batches run (step_executor.h): the local loop, or pipeline parallel's schedule
   // (parallel.pp > 1). Chosen once, in make_train_run.
   std::unique_ptr<StepExecutor> executor;
+  // training.cuda_graph (cuda_graph.h): the step's graphs, when the run can step through them; null otherwise.
+  std::shared_ptr<StepGraphs> graphs;
+  // While a step's graph is captured: the graph's input tensors, which local_micro_batch returns (by index).
+  const std::vector<MicroBatch>* capture_micro = nullptr;
 };
 
 // Builds everything on every rank; config problems are errors before any collective other than agreeing on the

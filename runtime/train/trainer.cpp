@@ -17,6 +17,7 @@
 #include "runtime/core/trace.h"
 #include "runtime/train/agree.h"
 #include "runtime/train/checkpointer.h"
+#include "runtime/train/cuda_graph.h"
 #include "runtime/train/generate.h"
 #include "runtime/train/memory_checkpoint.h"
 #include "runtime/train/peak_cache.h"
@@ -161,7 +162,7 @@ Trainer::Timed Trainer::timed_step(int64_t step) {
   const StepResult r = [&] {
     std::optional<kprof::Mute> before_profiled;  // steps before the profiled ones are not timed
     if (kprof::enabled() && step < l.profile.first_profiled) before_profiled.emplace();
-    return train_step(run_, step);
+    return run_.graphs ? graph_train_step(run_, *run_.graphs, step) : train_step(run_, step);
   }();
   Timed t{seconds_since(t0), 1e-9 * double(trace::wait_ns() - wait0)};
   l.trace.step_done(step, trace_t0, int64_t(allocator_stats(run_.device).peak_allocated_bytes));

@@ -3,7 +3,9 @@
 // TFLOP/s counting the causal half (forward 4 B H T S hd, halved when causal; backward 2.5x the forward),
 // the figure FlashAttention-2 reports, in the format of attention_torch.py ("kernel":"torch_sdpa").
 //   bench_attention_gpu [--B 4] [--H 16] [--KV 16] [--T 8192] [--hd 128] [--causal 1] [--iters 10] [--warmup 3]
-// --T and --hd take comma-separated lists (--T 2048,8192 --hd 64,128): one line per pair. S = T.
+//                       [--kernel flash|cudnn]
+// --T and --hd take comma-separated lists (--T 2048,8192 --hd 64,128): one line per pair. S = T. --kernel cudnn:
+// meshtrain's attention through cuDNN (runtime/kernels/cuda/cudnn_attention.h, "kernel":"meshtrain_cudnn").
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include "runtime/core/device.h"
 #include "runtime/core/stream.h"
 #include "runtime/core/tensor.h"
+#include "runtime/kernels/cuda/cudnn_attention.h"
 #include "runtime/kernels/cuda/flash_attention.h"
 
 using namespace mt;
@@ -52,6 +55,7 @@ int main(int argc, char** argv) {
   int64_t B = 4, H = 16, KV = 16, iters = 10, warmup = 3;
   std::vector<int64_t> Ts{8192}, hds{128};
   bool causal = true;
+  std::string kernel = "flash";  // --kernel cudnn: attention through cuDNN (attention.kernel: cudnn)
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--B") B = std::stoll(v);
@@ -62,6 +66,7 @@ int main(int argc, char** argv) {
     else if (k == "--causal") causal = v != "0";
     else if (k == "--iters") iters = std::stoll(v);
     else if (k == "--warmup") warmup = std::stoll(v);
+    else if (k == "--kernel" && (v == "flash" || v == "cudnn")) kernel = v;
     else {
       std::fprintf(stderr, "bench_attention_gpu: unknown option %s\n", k.c_str());
       return 2;
@@ -70,6 +75,13 @@ int main(int argc, char** argv) {
   try {
     if (cuda_device_count() == 0) throw std::runtime_error("no CUDA device visible");
     set_device(0);
+    const bool use_cudnn = kernel == "cudnn";
+    if (use_cudnn) {
+      bool loaded = false;
+      const std::string what = cuda::cudnn_load(&loaded);
+      if (!loaded) throw std::runtime_error("cuDNN does not load: " + what);
+      std::fprintf(stderr, "bench_attention_gpu: %s\n", what.c_str());
+    }
     const Device d = Device::cuda(0);
     const Stream& st = current_stream(0);
     for (int64_t hd : hds)
@@ -84,12 +96,23 @@ int main(int argc, char** argv) {
         const size_t scratch_bytes = cuda::flash_attention_backward_scratch_bytes(B, T, S, H, KV, hd);
         Tensor scratch = empty({int64_t(scratch_bytes / sizeof(float)) + 1}, DType::f32, d);
         auto forward = [&] {
+          if (use_cudnn)
+            return check(cuda::cudnn_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(),
+                                                       v.data_ptr(), B, T, S, H, KV, hd, scale, causal, 0, 0, nullptr,
+                                                       st.handle()),
+                         "cudnn_attention_forward");
           check(
               cuda::flash_attention_forward(out.data_ptr(), lse.data<float>(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                             B, T, S, H, KV, hd, scale, causal, 0, 0, nullptr, st.handle()),
               "flash_attention_forward");
         };
         auto backward = [&] {
+          if (use_cudnn)
+            return check(cuda::cudnn_attention_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dout.data_ptr(),
+                                                        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                                        lse.data<float>(), B, T, S, H, KV, hd, scale, causal, 0, 0,
+                                                        nullptr, false, false, st.handle()),
+                         "cudnn_attention_backward");
           check(cuda::flash_attention_backward(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), scratch.data_ptr(),
                                                dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                                out.data_ptr(), lse.data<float>(), B, T, S, H, KV, hd, scale, causal, 0,
@@ -115,10 +138,11 @@ int main(int argc, char** argv) {
         const double fwd_ms = time_ms(false), all_ms = time_ms(true);
         const double fwd_flops = 4.0 * double(B * H) * double(T) * double(S) * double(hd) * (causal ? 0.5 : 1.0);
         std::printf(
-            "{\"kernel\":\"meshtrain\",\"timer\":\"cuda_events\",\"device\":\"cuda\",\"dtype\":\"bf16\","
+            "{\"kernel\":\"%s\",\"timer\":\"cuda_events\",\"device\":\"cuda\",\"dtype\":\"bf16\","
             "\"causal\":%s,\"B\":%lld,\"H\":%lld,\"KV\":%lld,\"T\":%lld,\"hd\":%lld,\"fwd_ms\":%.3f,"
             "\"fwdbwd_ms\":%.3f,\"fwd_tflops\":%.2f,\"fwdbwd_tflops\":%.2f}\n",
-            causal ? "true" : "false", (long long)B, (long long)H, (long long)KV, (long long)T, (long long)hd, fwd_ms,
+            use_cudnn ? "meshtrain_cudnn" : "meshtrain", causal ? "true" : "false", (long long)B, (long long)H,
+            (long long)KV, (long long)T, (long long)hd, fwd_ms,
             all_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, 3.5 * fwd_flops / (all_ms * 1e-3) / 1e12);
         std::fflush(stdout);
       }

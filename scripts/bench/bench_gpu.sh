@@ -21,6 +21,9 @@
 #   scripts/bench/bench_gpu.sh [BUILD_DIR] [--batch-size N] [--steps 20] [--limit 300] [--step-only] [--torch MODES] [--quick]
 # --step-only: parts 1 and 4 only (the step, its memory and profile); --torch MODES: PyTorch's modes in part 1
 # (default "eager compile"; "" for none), e.g. to time another build's step beside this one's in one call.
+# --mt-set KEY=VALUE (repeatable): meshtrain's step with this setting (training.cuda_graph=true, training.fp8=...,
+# attention.kernel=...); --no-profile: no profiled steps after the timed ones (MT_PROFILE_KERNELS times every op
+# with events the host reads, which CUDA graphs cannot hold).
 # --limit S: each run's time limit in seconds (meshtrain's, each PyTorch mode's; attention and redistribution runs
 # get the smaller of S and 120).
 # --quick: a tiny model, short sequences and small tensors, end to end in a minute or two; on a machine without a
@@ -34,6 +37,8 @@ quick=0
 limit=300
 step_only=0
 torch_modes="eager compile"
+mt_set=()     # --mt-set KEY=VALUE (repeatable): meshtrain's step with these settings (issue 50's options)
+profile=1     # --no-profile: no kernel profile after the timed steps (a profiled run cannot use CUDA graphs)
 command_line="$0 $*"
 while [ $# -gt 0 ]; do
   case $1 in
@@ -43,6 +48,8 @@ while [ $# -gt 0 ]; do
     --limit) limit=$2; shift 2 ;;
     --step-only) step_only=1; shift ;;
     --torch) torch_modes=$2; shift 2 ;;
+    --mt-set) mt_set+=(--set "$2"); shift 2 ;;
+    --no-profile) profile=0; shift ;;
     -*) echo "bench_gpu.sh: unknown option $1" >&2; exit 2 ;;
     *) build=$1; shift ;;
   esac
@@ -113,6 +120,7 @@ else
   att_shapes=("2 16 8192 128" "8 32 2048 64") iters=20
   torch_steps=6 torch_warmup=2
 fi
+[ $profile = 0 ] && prof_steps=0
 read -r dim layers heads kv ffn vocab <<<"${model[*]}"
 dtype=bf16
 [ $device = cpu ] && dtype=fp32
@@ -156,8 +164,10 @@ run_meshtrain() {  # run_meshtrain BATCH: the timed steps, then the profiled one
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 >"$tmp/smi.txt" 2>/dev/null &
     smi_pid=$!
   fi
-  MT_PROFILE_KERNELS=1 MT_PROFILE_STEPS=$prof_steps timeout "$limit" "$mpirun" -np 1 "$build/meshtrain" \
-    --config "$tmp/bench.yaml" train >"$logs/meshtrain.log" 2>&1
+  local prof=(env MT_PROFILE_KERNELS=1 MT_PROFILE_STEPS=$prof_steps)
+  [ $profile = 0 ] && prof=(env)
+  "${prof[@]}" timeout "$limit" "$mpirun" -np 1 "$build/meshtrain" \
+    --config "$tmp/bench.yaml" "${mt_set[@]}" train >"$logs/meshtrain.log" 2>&1
   local rc=$?
   [ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null && wait "$smi_pid" 2>/dev/null
   return $rc
@@ -218,6 +228,15 @@ for shape in "${att_shapes[@]}"; do
     $report tag attention <"$tmp/att.out" | tee -a "$results"
   else
     err part=attention kernel=meshtrain T=$aT hd=$ahd "$(cat "$tmp/att.out" "$tmp/att.err" | tail -n 1)"
+  fi
+  if [ $cuda_build = 1 ] && [ $device = cuda ]; then  # the same through cuDNN (attention.kernel: cudnn)
+    timeout $small_limit "$build/scripts/bench/bench_attention_gpu" --kernel cudnn --B "$aB" --H "$aH" --KV "$aH" \
+      --T "$aT" --hd "$ahd" --iters $iters >"$tmp/att.out" 2>"$tmp/att.err"
+    if grep -q '"fwdbwd_tflops"' "$tmp/att.out"; then
+      $report tag attention <"$tmp/att.out" | tee -a "$results"
+    else
+      err part=attention kernel=meshtrain_cudnn T=$aT hd=$ahd "$(cat "$tmp/att.out" "$tmp/att.err" | tail -n 1)"
+    fi
   fi
   for backend in flash cudnn; do
     timeout $small_limit "$py" "$root/scripts/bench/attention_torch.py" --device "$device" --dtype \

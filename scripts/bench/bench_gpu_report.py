@@ -185,6 +185,11 @@ def cmd_summary(argv):
         add(f"attention T {T} hd {hd} fwd+bwd (causal half)", tf(ours), "flash " + tf(fl),
             fmt(ours["fwdbwd_tflops"] / fl["fwdbwd_tflops"], "{:.2f}x") if ok(ours) and ok(fl) else "-",
             ">= 1.0x flash", "cuDNN " + tf(cu))
+        mc = at.get("meshtrain_cudnn")  # meshtrain's attention through cuDNN (attention.kernel: cudnn)
+        if mc is not None:
+            add(f"attention T {T} hd {hd} through cuDNN (attention.kernel cudnn)", tf(mc), "SDPA cuDNN " + tf(cu),
+                fmt(mc["fwdbwd_tflops"] / cu["fwdbwd_tflops"], "{:.2f}x") if ok(mc) and ok(cu) else "-",
+                ">= 0.9x SDPA cuDNN", "")
     for r in [r for r in att if not r.get("T") and "error" in r]:
         add(f"attention ({r.get('kernel')})", err(r), "", "", "")
     red = [r for r in rows if r.get("bench") == "redistribute"]

@@ -12,6 +12,8 @@
 #  - attention.kernel cudnn (cuDNN's stand-in, tests/emu/cudnn_emu.cpp) against flash: bf16, GQA, cp 2 ring, and
 #    packed documents on 1 rank and (auto: cuDNN on the diagonal, flash off it) on cp 2, within 1% over 3 steps;
 #    cudnn with documents and cp 2 is refused at start-up naming the key;
+#  - training.cuda_graph: the graphed steps give the eager steps' bits (1 rank, cp 2 ring through cuDNN; --full: tp 2,
+#    fully_shard 2), one host sync a step; pp 2 runs eagerly, saying why;
 #  - one host synchronisation per step, as on a GPU;
 #  - a rank stopped before a tp collective on NCCL: its peer's watchdog names it and ends the job (no hang);
 #  - a checkpoint written from the emulated device resumes on the CPU backend bit for bit in the losses' 1e-4,
@@ -219,6 +221,57 @@ expect "attention.kernel cudnn with fp32 activations is refused naming the key" 
 expect "attention.kernel cudnn with documents and cp 2 is refused naming the key" nonzero "attention.kernel = cudnn" -- \
   "$mpirun" -np 2 "$emt" --config "$tmp/t.yaml" --set comm.device=cuda --set training.dtype=bf16 \
   --set attention.kernel=cudnn --set data.document_separator=10 --set parallel.cp=2 --set parallel.dp_replicate=1 train
+
+# training.cuda_graph: after 2 eager steps each step replays the captured graphs (forward, backward, gradient sync,
+# loss; clipping and AdamW): the bits of the eager steps, on 1 rank (fp32) and with the collectives inside the graph
+# (cp 2 ring through cuDNN's stand-in; --full: tp 2 bf16, fully_shard 2), one host sync a step; a run the graphs
+# cannot hold (pp 2) says why and runs eagerly.
+same_bits() {  # same_bits A B: every step's loss and grad norm equal to the last bit
+  "$py" - "$tmp/$1.jsonl" "$tmp/$2.jsonl" <<'PY'
+import json, sys
+def rows(f):
+    return [(r["step"], r["loss"], r["grad_norm"]) for r in map(json.loads, open(f)) if r.get("kind", "step") == "step" and "loss" in r]
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+print(f"{len(a)} steps, last {a[-1] if a else None} / {b[-1] if b else None}")
+sys.exit(0 if a and a == b else 1)
+PY
+}
+graph_case() {  # graph_case NAME NP [--set ...]: eager and graphed runs of the same config, compared
+  local name=$1 np=$2
+  shift 2
+  if run "eager_$name" "$emt" "$np" "$@" && run "graph_$name" "$emt" "$np" "$@" --set training.cuda_graph=true \
+    --set log.level=debug; then
+    local counts out
+    counts=$(grep -a "host syncs this step:" "$tmp/graph_$name.log" | sed 's/.*host syncs this step: //' | sort -u | tr '\n' ' ')
+    if ! grep -aq "captured the step's forward, backward and gradient sync at step 3" "$tmp/graph_$name.log"; then
+      bad "cuda_graph, $name: no graph was captured" "$(grep -a "cuda_graph" "$tmp/graph_$name.log" | head -n 5)"
+    elif out=$(same_bits "graph_$name" "eager_$name" 2>&1) && [ "$counts" = "1 " ]; then
+      ok "cuda_graph, $name: the eager steps' bits (loss and grad norm), one host sync a step: $out"
+    else
+      bad "cuda_graph, $name: against the eager steps (host syncs a step: {$counts})" "$out"
+    fi
+  else
+    bad "cuda_graph, $name" "$(grep -av '^step ' "$tmp/graph_$name.log" "$tmp/eager_$name.log" | tail -n 15)"
+  fi
+}
+# 4 steps: 2 eager, the capture's step and one replay of both graphs.
+graph_case "1 rank fp32" 1 --set comm.device=cuda --set training.steps=4
+graph_case "cp 2 ring cudnn" 2 "${cudnn_run[@]}" --set training.steps=4 --set attention.kernel=cudnn
+if [ "${MT_TEST_FULL:-0}" = 1 ]; then  # NCCL inside the graph again, under other meshes (--full: 60 s here)
+  graph_case "tp 2 bf16" 2 --set comm.device=cuda --set training.dtype=bf16 --set parallel.tp=2 \
+    --set parallel.dp_replicate=1 --set training.steps=4
+  graph_case "fully_shard 2" 2 --set comm.device=cuda --set parallel.dp_shard=2 --set parallel.dp_replicate=1 \
+    --set training.micro_batch_size=1 --set training.steps=4
+else
+  skip "cuda_graph, tp 2 and fully_shard 2" "with --full (MT_TEST_FULL=1) only"
+fi
+if run graph_pp "$emt" 2 --set comm.device=cuda --set parallel.pp=2 --set parallel.dp_replicate=1 \
+  --set training.micro_batch_size=2 --set training.steps=2 --set training.cuda_graph=true; then
+  expect "cuda_graph with pp 2 runs eagerly, saying why" zero \
+    "training.cuda_graph: the steps run without CUDA graphs: pipeline parallel" -- cat "$tmp/graph_pp.log"
+else
+  bad "cuda_graph with pp 2" "$(tail -n 15 "$tmp/graph_pp.log")"
+fi
 
 # One host synchronisation per step (the loss and the grad norm read together), as on a GPU.
 if run emu_sync "$emt" 2 --set comm.device=cuda --set parallel.tp=2 --set training.micro_batch_size=2 --set log.level=debug; then

@@ -565,6 +565,19 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
   const char* call = "cublasLtMatmul";
   if (!live<LtContext>(g_handles, lightHandle))
     return refuse(call, strf("%p is not a live cublasLtHandle_t", (void*)lightHandle), CUBLAS_STATUS_NOT_INITIALIZED);
+  {  // In a stream capture: this call, made at each replay with alpha's and beta's values now (host pointer mode
+     // reads them when called) and the algorithm as it is now.
+    float a4 = 0, b4 = 0;
+    if (alpha && !emu::is_device_ptr(alpha, 4)) std::memcpy(&a4, alpha, 4);
+    if (beta && !emu::is_device_ptr(beta, 4)) std::memcpy(&b4, beta, 4);
+    const bool has_algo = algo != nullptr;
+    const cublasLtMatmulAlgo_t al = has_algo ? *algo : cublasLtMatmulAlgo_t{};
+    if (emu::record_if_capturing(stream, [=] {
+          cublasLtMatmul(lightHandle, computeDesc, alpha ? &a4 : nullptr, A, Adesc, B, Bdesc, beta ? &b4 : nullptr, C,
+                         Cdesc, D, Ddesc, has_algo ? &al : nullptr, workspace, workspaceSizeInBytes, stream);
+        }))
+      return CUBLAS_STATUS_SUCCESS;
+  }
   Problem pb{};
   if (auto s = check_problem(call, computeDesc, Adesc, Bdesc, Cdesc, Ddesc, &pb)) return s;
   const Layout &la = *reinterpret_cast<Layout*>(Adesc), &lb = *reinterpret_cast<Layout*>(Bdesc),

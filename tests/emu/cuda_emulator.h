@@ -334,6 +334,11 @@ void launch_checked(const char* name, void (*kernel)(P...), dim3 grid, dim3 bloc
                     cudaStream_t stream, A&&... a) {
   static_assert(sizeof...(P) == sizeof...(A), "MT_LAUNCH: the argument count differs from the kernel's parameters");
   std::tuple<std::decay_t<P>...> conv(std::forward<A>(a)...);
+  // In a stream capture: the launch with these argument values, made at each replay of the graph.
+  if (record_if_capturing(stream, [=] {
+        std::apply([&](const auto&... x) { launch_checked(name, kernel, grid, block_dim, smem, stream, x...); }, conv);
+      }))
+    return;
   KernelArg args[sizeof...(P) + 1];
   int n = 0;
   std::apply([&](const auto&... x) { ((args[n++] = kernel_arg(x)), ...); }, conv);

@@ -29,6 +29,18 @@
 // rewriting a pinned source before its HostToDevice copy ran); pointers inside struct arguments of kernels;
 // races between threads of one kernel; anything about timing. Kernel arguments are classified by the kernel's
 // parameter types: `const T*` is read, `T*` is written (and read: a write is checked as both).
+//
+// Stream capture (CUDA graphs). Between cudaStreamBeginCapture and cudaStreamEndCapture on a stream, every
+// enqueuing call on it (kernel launches, async copies and memsets, event records and waits; the stand-ins'
+// cublasLtMatmul, NCCL operations and cudnnBackendExecute through record_if_capturing) is recorded instead of run:
+// the same call, made again by each cudaGraphLaunch, so a replay is checked (buffers, hazards, canaries) as the
+// eager calls are. A stream that waits for an event recorded in a capture joins it (the fork); at the end every
+// joined stream must have been waited for by the origin (the join: else cudaErrorStreamCaptureUnjoined). As on a
+// device: host copies must be pinned memory (read or written at each replay); synchronising a capturing stream or
+// the device, or querying an event recorded in a capture, fails and invalidates the capture (the end then returns
+// cudaErrorStreamCaptureInvalidated); cudaMalloc is refused unless the mode is cudaStreamCaptureModeRelaxed. The
+// recorded calls keep the values of their scalar arguments at capture (kernel arguments, alpha and beta), as a
+// graph does. Graphs are a list of calls: replays run in the captured order.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -39,7 +51,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -61,6 +75,8 @@ void merge(Clock& into, const Clock& from) {
 }
 unsigned long long at(const Clock& c, int id) { return size_t(id) < c.size() ? c[size_t(id)] : 0; }
 
+struct Capture;
+
 struct StreamRec {
   int id = 0;
   int device = 0;
@@ -69,9 +85,26 @@ struct StreamRec {
   bool alive = true;
   std::string name;
   Clock vc;
+  std::shared_ptr<Capture> capture;  // the capture this stream is in, if any
+};
+
+// A stream capture in progress: the recorded calls in host order, the streams in it and whether each forked one
+// was joined back (the origin waited for an event recorded on it after its last call).
+struct Capture {
+  int origin = 0;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::vector<std::function<void()>> ops;
+  std::map<int, bool> forked;  // stream id -> joined since its last recorded call
+  bool invalid = false;
+  std::string why;  // the first call that invalidated it
 };
 
 struct EventRec {
+  std::shared_ptr<Capture> captured;  // last recorded in this capture (queries fail, waits join it)
+  int captured_stream = -1;
+  // In a graph a captured record and the waits on it are an edge, not the event (which may be gone by a replay):
+  // the clock the replayed record leaves for the replayed waits.
+  std::shared_ptr<Clock> edge;
   int device = 0;
   bool timing = true;
   bool recorded = false;
@@ -108,6 +141,7 @@ struct State {
   std::recursive_mutex mu;
   std::map<uintptr_t, Alloc> allocs;  // by start address
   std::set<void*> pinned;
+  std::map<uintptr_t, size_t> pinned_bytes;  // start -> size (capture: host copies must lie in pinned memory)
   std::vector<StreamRec> streams;  // by id
   std::unordered_map<cudaStream_t, int> stream_ids;
   std::unordered_map<cudaEvent_t, EventRec> events;
@@ -263,10 +297,21 @@ cudaError_t create_handle(Handle* p, const char* call, Add&& add) {
   return cudaSuccess;
 }
 
+std::string stream_text(int id);
+
 // The ordering an enqueue on stream id inherits (the host's clock, the legacy stream's rules), then its step.
 unsigned long long enqueue(int id) {
   auto& s = S();
   StreamRec& st = s.streams[size_t(id)];
+  // Work on a stream outside a capture of its device runs now, not at the replays: legal on a device, but never
+  // what a graph's maker meant (the graph would miss it): reported.
+  if (!st.capture)
+    for (auto& o : s.streams)
+      if (o.capture && o.device == st.device && !o.capture->invalid) {
+        report("enqueue", stream_text(id) + " runs work while " + stream_text(o.id) +
+                              " of its device captures a graph: the work runs now and is not in the graph");
+        break;
+      }
   merge(st.vc, s.host);
   if (st.legacy) {
     for (auto& o : s.streams)
@@ -338,6 +383,55 @@ void host_waits_for_all(int device /* -1: every device */) {
   ++s.stats.syncs;
   for (auto& st : s.streams)
     if (device < 0 || st.device == device) merge(s.host, st.vc);
+}
+
+// ---- stream capture (see the file's head)
+
+struct GraphRec {
+  std::vector<std::function<void()>> ops;
+  int origin = 0;
+};
+struct ExecRec {
+  std::shared_ptr<GraphRec> graph;
+};
+std::set<GraphRec*>& graphs() {
+  static auto* g = new std::set<GraphRec*>;
+  return *g;
+}
+std::map<ExecRec*, std::unique_ptr<ExecRec>>& execs() {
+  static auto* e = new std::map<ExecRec*, std::unique_ptr<ExecRec>>;
+  return *e;
+}
+
+// Records op on stream id's capture (a call on a forked stream leaves it unjoined); false when id is not capturing.
+bool record_on(int id, std::function<void()> op) {
+  auto& st = S().streams[size_t(id)];
+  if (!st.capture) return false;
+  st.capture->ops.push_back(std::move(op));
+  if (id != st.capture->origin) st.capture->forked[id] = false;
+  return true;
+}
+
+// A call a capture cannot hold, made while `cap` is active: the capture is invalidated and the call fails.
+cudaError_t break_capture(Capture& cap, cudaError_t e, const char* call, const std::string& what) {
+  if (!cap.invalid) cap.invalid = true, cap.why = std::string(call) + ": " + what;
+  return fail(e, call, what + " (during a stream capture of " + stream_text(cap.origin) + ": the capture is invalidated)");
+}
+
+// The first active capture of a stream of `device` (-1: any), or null.
+Capture* capture_on_device(int device) {
+  for (auto& st : S().streams)
+    if (st.capture && (device < 0 || st.device == device)) return st.capture.get();
+  return nullptr;
+}
+
+bool in_pinned(const void* p, size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto& m = S().pinned_bytes;
+  auto it = m.upper_bound(a);
+  if (it == m.begin()) return false;
+  --it;
+  return a + bytes <= it->first + it->second;
 }
 
 const char* error_name(cudaError_t e) {
@@ -552,6 +646,13 @@ void set_extent(void* block, size_t bytes) {
   std::memset(p + bytes, kCanary, a->block + kCanaryZone - bytes);
 }
 
+bool record_if_capturing(cudaStream_t stream, std::function<void()> op) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  const int id = stream_id(stream, "record_if_capturing");
+  return id >= 0 && record_on(id, std::move(op));
+}
+
 namespace {
 // The caching allocator's blocks (runtime/core/cuda_backend.h) get their tensors' extents: registered as the
 // library loads, before anything can allocate.
@@ -637,6 +738,8 @@ cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
 
 cudaError_t cudaDeviceSynchronize() {
   std::lock_guard lock(S().mu);
+  if (emu::Capture* c = emu::capture_on_device(emu::t_device))
+    return emu::break_capture(*c, cudaErrorStreamCaptureUnsupported, "cudaDeviceSynchronize", "the device synchronised");
   emu::host_waits_for_all(emu::t_device);
   return cudaSuccess;
 }
@@ -659,6 +762,9 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (!p) return emu::fail(cudaErrorInvalidValue, "cudaMalloc", "null result pointer");
   auto& s = S();
   std::lock_guard lock(s.mu);
+  if (emu::Capture* c = emu::capture_on_device(emu::t_device); c && c->mode != cudaStreamCaptureModeRelaxed)
+    return emu::break_capture(*c, cudaErrorStreamCaptureUnsupported, "cudaMalloc",
+                              "cudaMalloc outside cudaStreamCaptureModeRelaxed");
   if (bytes > s.device_bytes || s.live_bytes + bytes > s.device_bytes) {
     *p = nullptr;
     return emu::ret(cudaErrorMemoryAllocation);  // meshtrain retries after emptying its cache: no report
@@ -704,6 +810,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
   if (!m) return emu::ret(cudaErrorMemoryAllocation);
   std::lock_guard lock(S().mu);
   S().pinned.insert(m);
+  S().pinned_bytes[reinterpret_cast<uintptr_t>(m)] = bytes;
   *p = m;
   return cudaSuccess;
 }
@@ -713,6 +820,7 @@ cudaError_t cudaFreeHost(void* p) {
   std::lock_guard lock(S().mu);
   if (!S().pinned.erase(p))
     return emu::fail(cudaErrorInvalidValue, "cudaFreeHost", emu::ptr_text(p) + " is not from cudaMallocHost");
+  S().pinned_bytes.erase(reinterpret_cast<uintptr_t>(p));
   emu::host_waits_for_all(-1);
   std::free(p);
   return cudaSuccess;
@@ -767,6 +875,14 @@ cudaError_t copy(void* dst, size_t dpitch, const void* src, size_t spitch, size_
   if (!dst_dev && dst_dev_any)
     return emu::fail(cudaErrorInvalidMemcpyDirection, call,
                      k + "the destination " + emu::ptr_text(dst) + " is device memory");
+  if (emu::StreamRec& st = s.streams[size_t(id)]; st.capture) {
+    if (sync) return emu::break_capture(*st.capture, cudaErrorStreamCaptureUnsupported, call, "a synchronous copy");
+    if ((!src_dev && !emu::in_pinned(src, sbytes)) || (!dst_dev && !emu::in_pinned(dst, dbytes)))
+      return emu::break_capture(*st.capture, cudaErrorStreamCaptureUnsupported, call,
+                                k + "host memory that is not pinned (cudaMallocHost) cannot be captured");
+    emu::record_on(id, [=] { copy(dst, dpitch, src, spitch, width, rows, kind, stream, call, false); });
+    return cudaSuccess;
+  }
   ++s.stats.copies;
   const unsigned long long tick = emu::enqueue(id);
   uintptr_t sbase = 0, dbase = 0;
@@ -804,6 +920,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
   if (!a) return emu::fail(cudaErrorInvalidValue, "cudaMemsetAsync", emu::where_text(p, bytes));
   const int id = emu::stream_id(stream, "cudaMemsetAsync");
   if (id < 0) return cudaErrorInvalidResourceHandle;
+  if (emu::record_on(id, [=] { cudaMemsetAsync(p, value, bytes, stream); })) return cudaSuccess;
   ++s.stats.copies;
   if (!emu::access(*a, base, id, true, emu::enqueue(id), "cudaMemsetAsync")) return cudaErrorIllegalState;
   std::memset(p, value, bytes);
@@ -851,6 +968,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h) {
   std::lock_guard lock(S().mu);
   const int id = emu::stream_id(h, "cudaStreamSynchronize");
   if (id < 0) return cudaErrorInvalidResourceHandle;
+  if (auto& c = S().streams[size_t(id)].capture)
+    return emu::break_capture(*c, cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize", "the stream synchronised");
   emu::host_waits_for(S().streams[size_t(id)].vc);
   return cudaSuccess;
 }
@@ -864,6 +983,26 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t e, unsigned int /*fl
   if (id < 0) return cudaErrorInvalidResourceHandle;
   emu::EventRec* ev = emu::live_event(e, "cudaStreamWaitEvent");
   if (!ev) return cudaErrorInvalidResourceHandle;
+  emu::StreamRec& st = s.streams[size_t(id)];
+  if (ev->captured && !st.capture) st.capture = ev->captured, st.capture->forked[id] = true;  // the fork
+  if (const auto cap = st.capture) {
+    // The origin waiting for an event recorded on a forked stream joins that stream's calls so far.
+    if (ev->captured == cap && id == cap->origin && ev->captured_stream != id && cap->forked.count(ev->captured_stream))
+      cap->forked[ev->captured_stream] = true;
+    const bool joined = id == cap->origin || cap->forked[id];
+    if (ev->captured == cap) {
+      emu::record_on(id, [id, edge = ev->edge] {  // the edge: the stream waits for the replayed record
+        std::lock_guard lock(S().mu);
+        emu::enqueue(id);
+        ++S().stats.waits;
+        emu::merge(S().streams[size_t(id)].vc, *edge);
+      });
+    } else {
+      emu::record_on(id, [=] { cudaStreamWaitEvent(h, e, 0); });  // an event recorded before the capture
+    }
+    if (id != cap->origin) cap->forked[id] = joined;  // a wait is no work to join back
+    return cudaSuccess;
+  }
   emu::enqueue(id);
   ++s.stats.waits;
   if (ev->recorded) emu::merge(s.streams[size_t(id)].vc, ev->vc);
@@ -901,6 +1040,19 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t h) {
     return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventRecord",
                      "the event was created on cuda:" + std::to_string(ev->device) + ", the stream is on cuda:" +
                          std::to_string(s.streams[size_t(id)].device));
+  if (const auto cap = s.streams[size_t(id)].capture) {
+    ev->captured = cap, ev->captured_stream = id;
+    ev->edge = std::make_shared<emu::Clock>();
+    const bool joined = id == cap->origin || cap->forked[id];
+    emu::record_on(id, [id, edge = ev->edge] {
+      std::lock_guard lock(S().mu);
+      emu::enqueue(id);
+      *edge = S().streams[size_t(id)].vc;
+    });
+    if (id != cap->origin) cap->forked[id] = joined;  // a record is no work to join back
+    return cudaSuccess;
+  }
+  ev->captured = nullptr, ev->captured_stream = -1, ev->edge = nullptr;
   emu::enqueue(id);
   ev->vc = s.streams[size_t(id)].vc;
   ev->recorded = true;
@@ -914,6 +1066,9 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   std::lock_guard lock(s.mu);
   emu::EventRec* ev = emu::live_event(e, "cudaEventQuery");
   if (!ev) return cudaErrorInvalidResourceHandle;
+  if (ev->captured)
+    return emu::break_capture(*ev->captured, cudaErrorCapturedEvent, "cudaEventQuery",
+                              "the event was last recorded in a stream capture");
   // Work runs when enqueued, so every event is complete; MT_EMU_EVENT_POLLS makes the first queries say otherwise,
   // so that the callers' "not yet" paths run too (and, as on the device, "not ready" is the thread's last error
   // until read: a caller that does not clear it fails its next launch check).
@@ -929,6 +1084,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   std::lock_guard lock(S().mu);
   emu::EventRec* ev = emu::live_event(e, "cudaEventSynchronize");
   if (!ev) return cudaErrorInvalidResourceHandle;
+  if (ev->captured)
+    return emu::break_capture(*ev->captured, cudaErrorCapturedEvent, "cudaEventSynchronize",
+                              "the event was last recorded in a stream capture");
   emu::host_waits_for(ev->vc);
   return cudaSuccess;
 }
@@ -945,6 +1103,121 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
   if (!ia->second.recorded || !ib->second.recorded)
     return emu::fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime", "an event was never recorded");
   *ms = std::chrono::duration<float, std::milli>(ib->second.when - ia->second.when).count();
+  return cudaSuccess;
+}
+
+// ---- stream capture and graphs
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t h, cudaStreamCaptureMode mode) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  const int id = emu::stream_id(h, "cudaStreamBeginCapture");
+  if (id < 0) return cudaErrorInvalidResourceHandle;
+  emu::StreamRec& st = s.streams[size_t(id)];
+  if (st.legacy)
+    return emu::fail(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture", "the legacy default stream cannot be captured");
+  if (st.capture) return emu::fail(cudaErrorIllegalState, "cudaStreamBeginCapture", emu::stream_text(id) + " is already capturing");
+  st.capture = std::make_shared<emu::Capture>();
+  st.capture->origin = id;
+  st.capture->mode = mode;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t h, cudaStreamCaptureStatus* status) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  const int id = emu::stream_id(h, "cudaStreamIsCapturing");
+  if (id < 0) return cudaErrorInvalidResourceHandle;
+  if (!status) return emu::fail(cudaErrorInvalidValue, "cudaStreamIsCapturing", "null result pointer");
+  const auto& c = s.streams[size_t(id)].capture;
+  *status = !c ? cudaStreamCaptureStatusNone : c->invalid ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t* graph) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  const char* call = "cudaStreamEndCapture";
+  const int id = emu::stream_id(h, call);
+  if (id < 0) return cudaErrorInvalidResourceHandle;
+  if (!graph) return emu::fail(cudaErrorInvalidValue, call, "null result pointer");
+  *graph = nullptr;
+  std::shared_ptr<emu::Capture> cap = s.streams[size_t(id)].capture;
+  if (!cap) return emu::fail(cudaErrorIllegalState, call, emu::stream_text(id) + " is not capturing");
+  if (cap->origin != id)
+    return emu::fail(cudaErrorStreamCaptureUnmatched, call, emu::stream_text(id) + " joined a capture it did not begin");
+  for (auto& st : s.streams)
+    if (st.capture == cap) st.capture = nullptr;
+  for (auto& [e, ev] : s.events)
+    if (ev.captured == cap) ev.captured = nullptr, ev.captured_stream = -1;
+  if (cap->invalid) return emu::ret(cudaErrorStreamCaptureInvalidated);  // the invalidating call was reported
+  for (const auto& [sid, joined] : cap->forked)
+    if (!joined)
+      return emu::fail(cudaErrorStreamCaptureUnjoined, call,
+                       emu::stream_text(sid) + " forked from the capture and was never joined back into " +
+                           emu::stream_text(id) + " (an event recorded on it after its last call, waited for there)");
+  auto* g = new emu::GraphRec{std::move(cap->ops), id};
+  emu::graphs().insert(g);
+  *graph = reinterpret_cast<cudaGraph_t>(g);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long /*flags*/) {
+  auto& s = S();
+  std::lock_guard lock(s.mu);
+  auto* g = reinterpret_cast<emu::GraphRec*>(graph);
+  if (!exec) return emu::fail(cudaErrorInvalidValue, "cudaGraphInstantiate", "null result pointer");
+  if (!emu::graphs().count(g)) return emu::fail(cudaErrorInvalidValue, "cudaGraphInstantiate", "not a live graph");
+  auto x = std::make_unique<emu::ExecRec>();
+  x->graph = std::make_shared<emu::GraphRec>(*g);  // an executable graph is a copy: the graph may be destroyed
+  auto* raw = x.get();
+  emu::execs().emplace(raw, std::move(x));
+  *exec = reinterpret_cast<cudaGraphExec_t>(raw);
+  return cudaSuccess;
+}
+
+// Runs the recorded calls in their order, after the work enqueued on `h` before it and before the work after it;
+// the first error any of them set is the launch's.
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t h) {
+  auto& s = S();
+  std::shared_ptr<emu::GraphRec> g;
+  int id = -1;
+  {
+    std::lock_guard lock(s.mu);
+    auto it = emu::execs().find(reinterpret_cast<emu::ExecRec*>(exec));
+    if (it == emu::execs().end()) return emu::fail(cudaErrorInvalidValue, "cudaGraphLaunch", "not a live executable graph");
+    g = it->second->graph;
+    id = emu::stream_id(h, "cudaGraphLaunch");
+    if (id < 0) return cudaErrorInvalidResourceHandle;
+    if (s.streams[size_t(id)].capture)
+      return emu::fail(cudaErrorStreamCaptureUnsupported, "cudaGraphLaunch", "launching a graph into a capture is not emulated");
+    if (!s.streams[size_t(g->origin)].alive)
+      return emu::fail(cudaErrorInvalidResourceHandle, "cudaGraphLaunch", "the stream the graph was captured on is destroyed");
+    emu::enqueue(id);
+    emu::merge(s.streams[size_t(g->origin)].vc, s.streams[size_t(id)].vc);
+  }
+  const cudaError_t before = emu::t_last_error;
+  emu::t_last_error = cudaSuccess;
+  for (auto& op : g->ops) op();  // without the lock: NCCL's calls wait for the other ranks
+  const cudaError_t err = emu::t_last_error;
+  emu::t_last_error = err != cudaSuccess ? err : before;
+  std::lock_guard lock(s.mu);
+  emu::merge(s.streams[size_t(id)].vc, s.streams[size_t(g->origin)].vc);
+  return err;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  std::lock_guard lock(S().mu);
+  if (!emu::execs().erase(reinterpret_cast<emu::ExecRec*>(exec)))
+    return emu::fail(cudaErrorInvalidValue, "cudaGraphExecDestroy", "not a live executable graph");
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  std::lock_guard lock(S().mu);
+  auto* g = reinterpret_cast<emu::GraphRec*>(graph);
+  if (!emu::graphs().erase(g)) return emu::fail(cudaErrorInvalidValue, "cudaGraphDestroy", "not a live graph");
+  delete g;
   return cudaSuccess;
 }
 

@@ -825,6 +825,30 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
     return fail(CUDNN_STATUS_BAD_PARAM_DESCRIPTOR_TYPE, "execute: not a variant pack");
   if (!plan->finalized || !vp->finalized)
     return fail(CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED, "execute: the plan or the variant pack is not finalized");
+  if (Obj* cfg = plan->desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG); cfg && g_graphs.count(cfg->graph)) {
+    // In a stream capture: this execution at each replay, on the handle's stream now, with a copy of the variant
+    // pack whose by-value scalars (host memory, read when called) are the copy's own bytes, as they are now.
+    auto pack = std::make_shared<Obj>(*vp);
+    auto scalars = std::make_shared<std::vector<double>>();
+    const Attr* uids = vp->get(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS);
+    Attr& ptrs = pack->attrs[CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS];
+    const GraphInfo& g = g_graphs.at(cfg->graph);
+    scalars->reserve(size_t(uids->count));
+    for (int64_t i = 0; i < uids->count; ++i) {
+      auto t = g.external.find(uids->as<int64_t>()[i]);
+      if (t == g.external.end() || !info(t->second).by_value) continue;
+      void*& p = reinterpret_cast<void**>(ptrs.bytes.data())[i];
+      scalars->push_back(0.0);
+      std::memcpy(&scalars->back(), p, dt_size(info(t->second).dt));
+      p = &scalars->back();
+    }
+    Handle hc = *h;
+    if (emu::record_if_capturing(h->stream, [hc, plan, pack, scalars]() mutable {
+          std::lock_guard lock(g_mu);
+          execute(&hc, plan, pack.get());
+        }))
+      return CUDNN_STATUS_SUCCESS;
+  }
   return execute(h, plan, vp);
 }
 

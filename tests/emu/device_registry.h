@@ -21,6 +21,7 @@
 #include <cstdarg>
 #include <cstddef>
 #include <cstdio>
+#include <functional>
 #include <string>
 
 namespace emu {
@@ -70,6 +71,11 @@ int device_count();
 // past the tensor is an error naming the kernel and the argument). bytes 0: the block is back in the allocator's
 // free list, and any use of it is an error (use after free).
 void set_extent(void* block, size_t bytes);
+
+// Stream capture (cudaStreamBeginCapture): while `stream` is being captured, records `op` (the caller's same call,
+// made again at each cudaGraphLaunch, with the values its arguments have now) and returns true; false: the stream
+// is not capturing, run the call now. Every enqueuing entry point of a stand-in asks this first.
+bool record_if_capturing(cudaStream_t stream, std::function<void()> op);
 
 // Reports "CALL: WHAT" on stderr (and remembers it for cudaGetErrorString); aborts under MT_EMU_ABORT=1.
 void report(const char* call, const std::string& what);

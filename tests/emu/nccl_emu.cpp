@@ -517,14 +517,21 @@ ncclResult_t run_group(std::vector<Op>& ops) {
   return first;
 }
 
+// A group, or one operation, run now; in a stream capture (any of its streams capturing) recorded, and run at each
+// replay of the graph, when every rank replays its own.
+ncclResult_t run_or_record(std::vector<Op> ops) {
+  for (const Op& o : ops)
+    if (emu::record_if_capturing(o.stream, [ops]() mutable { run_group(ops); })) return ncclSuccess;
+  return run_group(ops);
+}
+
 ncclResult_t issue(Op o) {
   if (auto rc = check_op(o)) return rc;
   if (t_group.depth > 0) {
     t_group.ops.push_back(o);
     return ncclSuccess;
   }
-  std::vector<Op> one{o};
-  return run_group(one);
+  return run_or_record({o});
 }
 
 }  // namespace
@@ -709,7 +716,7 @@ ncclResult_t ncclGroupEnd() {
   ops.swap(t_group.ops);
   for (const Op& o : ops)
     if (auto rc = check_comm("ncclGroupEnd", o.comm)) return rc;
-  return run_group(ops);
+  return run_or_record(std::move(ops));
 }
 
 // ---------------------------------------------------------------- operations

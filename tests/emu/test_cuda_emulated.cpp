@@ -368,3 +368,100 @@ TEST_CASE("cub::DeviceRadixSort::SortPairs: the size query, then a stable sort b
     CHECK(cudaFree(p) == cudaSuccess);
   CHECK(cudaStreamDestroy(s) == cudaSuccess);
 }
+
+TEST_CASE("stream capture: recorded not run, replayed with the captured arguments; forks, joins and refusals") {
+  Streams st;
+  Buf d(256), e(256);
+  float* pin = nullptr;
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pin), 256 * sizeof(float)) == cudaSuccess);
+  std::vector<float> h(256);
+  cudaEvent_t fork, join;
+  REQUIRE(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&join, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(e.p, 0, e.bytes(), st.a) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(st.a) == cudaSuccess);
+
+  SUBCASE("a graph of a pinned upload, a fork onto a second stream and a join, replayed twice") {
+    for (int i = 0; i < 256; ++i) pin[i] = 1.f;
+    REQUIRE(cudaStreamBeginCapture(st.a, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    cudaStreamCaptureStatus status;
+    REQUIRE(cudaStreamIsCapturing(st.a, &status) == cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusActive);
+    REQUIRE(cudaMemcpyAsync(d.p, pin, d.bytes(), cudaMemcpyHostToDevice, st.a) == cudaSuccess);
+    REQUIRE(cudaEventRecord(fork, st.a) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(st.b, fork, 0) == cudaSuccess);  // b joins the capture
+    MT_LAUNCH(copy_k, 1, 256, 0, st.b, e.p, d.p, 256);           // e = d, on b
+    REQUIRE(cudaEventRecord(join, st.b) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(st.a, join, 0) == cudaSuccess);  // joined back
+    MT_LAUNCH(fill_k, 1, 256, 0, st.a, d.p, 7.f, 256);           // d = 7 after the copy
+    cudaGraph_t g = nullptr;
+    REQUIRE(cudaStreamEndCapture(st.a, &g) == cudaSuccess);
+    REQUIRE(g != nullptr);
+    // Nothing ran: e is still 0.
+    REQUIRE(cudaMemcpy(h.data(), e.p, e.bytes(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(h[0] == 0.f);
+    cudaGraphExec_t x = nullptr;
+    REQUIRE(cudaGraphInstantiate(&x, g, 0) == cudaSuccess);
+    REQUIRE(cudaGraphDestroy(g) == cudaSuccess);  // the executable graph keeps its own copy
+    for (float v : {2.f, 3.f}) {  // the pinned source is read at each replay
+      for (int i = 0; i < 256; ++i) pin[i] = v;
+      REQUIRE(cudaGraphLaunch(x, st.a) == cudaSuccess);
+      REQUIRE(cudaMemcpyAsync(h.data(), e.p, e.bytes(), cudaMemcpyDeviceToHost, st.a) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(st.a) == cudaSuccess);
+      CHECK(h[0] == v);
+      CHECK(h[255] == v);
+      REQUIRE(cudaMemcpyAsync(h.data(), d.p, d.bytes(), cudaMemcpyDeviceToHost, st.a) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(st.a) == cudaSuccess);
+      CHECK(h[17] == 7.f);
+    }
+    CHECK(cudaGraphExecDestroy(x) == cudaSuccess);
+    CHECK(cudaGetLastError() == cudaSuccess);
+  }
+  SUBCASE("a forked stream never joined back: the end of the capture fails naming it") {
+    const long long before = emu::reports();
+    REQUIRE(cudaStreamBeginCapture(st.a, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    REQUIRE(cudaEventRecord(fork, st.a) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(st.b, fork, 0) == cudaSuccess);
+    MT_LAUNCH(fill_k, 1, 256, 0, st.b, e.p, 1.f, 256);
+    cudaGraph_t g = nullptr;
+    CHECK(cudaStreamEndCapture(st.a, &g) == cudaErrorStreamCaptureUnjoined);
+    CHECK(g == nullptr);
+    CHECK(last_error_text().find("never joined back") != std::string::npos);
+    CHECK(emu::reports() == before + 1);
+  }
+  SUBCASE("a host synchronisation, a pageable copy or a captured event's query invalidates the capture") {
+    const long long before = emu::reports();
+    REQUIRE(cudaStreamBeginCapture(st.a, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    MT_LAUNCH(fill_k, 1, 256, 0, st.a, e.p, 1.f, 256);
+    std::string what;
+    SUBCASE("stream") {
+      CHECK(cudaStreamSynchronize(st.a) == cudaErrorStreamCaptureUnsupported);
+      what = "the stream synchronised";
+    }
+    SUBCASE("pageable") {
+      CHECK(cudaMemcpyAsync(h.data(), e.p, e.bytes(), cudaMemcpyDeviceToHost, st.a) == cudaErrorStreamCaptureUnsupported);
+      what = "not pinned";
+    }
+    SUBCASE("event") {
+      REQUIRE(cudaEventRecord(fork, st.a) == cudaSuccess);
+      CHECK(cudaEventQuery(fork) == cudaErrorCapturedEvent);
+      what = "last recorded in a stream capture";
+    }
+    CHECK(last_error_text().find(what) != std::string::npos);
+    cudaStreamCaptureStatus status;
+    REQUIRE(cudaStreamIsCapturing(st.a, &status) == cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusInvalidated);
+    cudaGraph_t g = nullptr;
+    CHECK(cudaStreamEndCapture(st.a, &g) == cudaErrorStreamCaptureInvalidated);
+    CHECK(g == nullptr);
+    (void)cudaGetLastError();
+    CHECK(emu::reports() == before + 1);
+    // Nothing of the capture ran, and the stream works eagerly again.
+    REQUIRE(cudaMemcpyAsync(h.data(), e.p, e.bytes(), cudaMemcpyDeviceToHost, st.a) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(st.a) == cudaSuccess);
+    CHECK(h[3] == 0.f);
+  }
+  CHECK(cudaEventDestroy(fork) == cudaSuccess);
+  CHECK(cudaEventDestroy(join) == cudaSuccess);
+  CHECK(cudaFreeHost(pin) == cudaSuccess);
+}

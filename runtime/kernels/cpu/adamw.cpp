@@ -39,7 +39,7 @@ MT_CPU_EXPORT(adamw)
 #if MT_CUDA
 namespace mt::cuda {  // cuda/adamw.cu: fp32 master weights; param_lowp (may be null) gets them rounded to bf16
 int adamw(float* param, bf16* param_lowp, const float* grad, float* m, float* v, int64_t n, double lr, double beta1,
-          double beta2, double eps, double weight_decay, int64_t step, void* stream);
+          double beta2, double eps, double weight_decay, int64_t step, void* stream, const float* hyper);
 }  // namespace mt::cuda
 #endif
 
@@ -47,7 +47,8 @@ namespace mt {
 using namespace kern;
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, double lr, double beta1,
-                double beta2, double eps, double weight_decay, int64_t step, const Tensor& param_lowp) {
+                double beta2, double eps, double weight_decay, int64_t step, const Tensor& param_lowp,
+                const Tensor& hyper) {
   const char* op = "adamw_step";
   check_float(op, param, "param");
   MT_CHECK(param.dtype() != DType::bf16, "kernels", "{}: the parameter updated is the f32 master copy, got bf16", op);
@@ -61,20 +62,25 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
     MT_CHECK(param_lowp.dtype() == DType::bf16 && param_lowp.numel() == param.numel(), "kernels",
              "{}: the compute copy must be bf16 of {} elements", op, param.numel());
   }
+  if (hyper.defined()) {
+    MT_CHECK(hyper.dtype() == DType::f32 && hyper.numel() == 4 && param.device().is_cuda(), "kernels",
+             "{}: hyper is 4 f32 values on the CUDA device of the parameter (a CUDA graph's step), got {} {} on {}", op,
+             hyper.numel(), dtype_name(hyper.dtype()), hyper.device().str());
+  }
   // Profiled with the bytes it moves: param, m and v read and written, grad read, the bf16 copy written.
   kprof::Scope prof(op, param.device(), 0,
                     kprof::enabled() ? kprof::bytes_of({&param, &grad, &m, &v, &param_lowp}) +
                                            double(param.nbytes() + m.nbytes() + v.nbytes())
                                      : 0);
 #if MT_CUDA
-  if (on_cuda(op, {&param, &grad, &m, &v, &param_lowp})) {
+  if (on_cuda(op, {&param, &grad, &m, &v, &param_lowp, &hyper})) {
     cuda_check(cuda::adamw(ptr<float>(param), ptr<bf16>(param_lowp), ptr<float>(grad), ptr<float>(m), ptr<float>(v),
-                           param.numel(), lr, beta1, beta2, eps, weight_decay, step, stream_of(param)),
+                           param.numel(), lr, beta1, beta2, eps, weight_decay, step, stream_of(param), ptr<float>(hyper)),
                op);
     return;
   }
 #else
-  (void)on_cuda(op, {&param, &grad, &m, &v, &param_lowp});
+  (void)on_cuda(op, {&param, &grad, &m, &v, &param_lowp, &hyper});
 #endif
   by_float(param, [&](auto z) {
     using T = decltype(z);

@@ -65,6 +65,13 @@ struct DeviceRadixSort {
       return cudaErrorInvalidValue;
     }
     if (n == 0) return cudaSuccess;
+    // In a stream capture: this sort, made at each replay of the graph.
+    if (emu::record_if_capturing(stream, [=]() mutable {
+          size_t bytes = temp_storage_bytes;
+          SortPairs(d_temp_storage, bytes, d_keys_in, d_keys_out, d_values_in, d_values_out, num_items, begin_bit,
+                    end_bit, stream);
+        }))
+      return cudaSuccess;
     if (!emu::note_read(d_keys_in, kb, stream, call) || !emu::note_read(d_values_in, vb, stream, call) ||
         !emu::note_write(d_temp_storage, temp_storage_bytes, stream, call) ||
         !emu::note_write(d_keys_out, kb, stream, call) || !emu::note_write(d_values_out, vb, stream, call))
