@@ -9,7 +9,7 @@
 #    buffers staged through the
 #    host) and with a device each (MT_EMU_DEVICES, comm.backend nccl: the NCCL stand-in over MPI);
 #  - bf16 within 2% of fp32 at step 5;
-#  - attention.kernel cudnn (cuDNN's stand-in, tests/emu/cudnn_emu.cpp) against flash: bf16, GQA, cp 2 ring, and
+#  - attention.kernel cudnn (cuDNN's stand-in, tests/emu/cudnn_emu.cpp) against flash: bf16, GQA, cp 2 ring, tp 2, and
 #    packed documents on 1 rank and (auto: cuDNN on the diagonal, flash off it) on cp 2, within 1% over 3 steps;
 #    cudnn with documents and cp 2 is refused at start-up naming the key;
 #  - training.cuda_graph: the graphed steps give the eager steps' bits (1 rank, cp 2 ring through cuDNN; --full: tp 2,
@@ -185,6 +185,19 @@ if run emu_cp_flash "$emt" 2 "${cudnn_run[@]}" --set attention.kernel=flash &&
 else
   bad "cp 2 ring, bf16, attention.kernel cudnn and flash" \
     "$(grep -av '^step \|emulated CUDA device, test-only' "$tmp/emu_cp_cudnn.log" "$tmp/emu_cp_flash.log" | tail -n 15)"
+fi
+# tp 2 (each rank its heads: 2 query heads and 1 key/value head of 4 and 2), cudnn against flash over 2 steps.
+tp_cudnn=(--set comm.device=cuda --set training.dtype=bf16 --set model.dim=256 --set model.n_heads=4
+  --set model.n_kv_heads=2 --set parallel.tp=2 --set parallel.dp_replicate=1 --set training.steps=2)
+if run emu_tp_flash "$emt" 2 "${tp_cudnn[@]}" --set attention.kernel=flash &&
+  run emu_tp_cudnn "$emt" 2 "${tp_cudnn[@]}" --set attention.kernel=cudnn; then
+  if out=$("$py" "$compare" "$tmp/emu_tp_cudnn.jsonl" "$tmp/emu_tp_flash.jsonl" --rel0 1e-2 --abs 1e-2 --steps 2 2>&1); then
+    ok "tp 2, bf16: attention.kernel cudnn = flash within 1% over 2 steps: $out"
+  else
+    bad "tp 2, bf16: attention.kernel cudnn against flash" "$out"
+  fi
+else
+  bad "tp 2, bf16, attention.kernel cudnn and flash" "$(tail -n 15 "$tmp/emu_tp_cudnn.log")"
 fi
 # Packed documents (a per-query lower bound in cuDNN's mask) on 1 rank, cudnn against flash; with cp 2 (blocks off
 # the diagonal, whose queries may see no key) attention.kernel cudnn is refused at start-up, naming the key.
