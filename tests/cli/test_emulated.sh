@@ -3,7 +3,7 @@
 # meshtrain (build-emu, -Demulate_cuda=true: the kernels, cuBLASLt and NCCL stand-ins run on the CPU) trains a
 # tiny model with comm.device=cuda and is compared with the CPU backend (BUILD_DIR/meshtrain):
 #  - fp32, 5 steps within 1e-4 of the CPU on 1 rank, dp_replicate 2, tp 2, cp 2 (ring and all_gather), a mixtral
-#    model on 1 rank and on ep 2,
+#    model on 1 rank and on ep 2 (dropless, and with a capacity that drops rows: fixed blocks),
 #    dp_shard 2 and pp 2 (1f1b; zb1p x tp 2: the pipeline's batched sends and receives on the NCCL stand-in,
 #    whose sends are synchronous as NCCL's), with the ranks sharing one emulated device (comm.backend mpi: device
 #    buffers staged through the
@@ -128,6 +128,9 @@ pair "dp_shard 2 x tp 2, a device each (nccl)" 4 nccl --set parallel.dp_shard=2 
 moe=(--set model.type=mixtral --set model.moe.n_experts=4 --set model.moe.ffn_dim=48 --set model.moe.output_router_logits=true)
 pair "mixtral 4 experts top-2, balance loss (mpi)" 1 mpi "${moe[@]}"
 pair "mixtral ep 2, a device each (nccl)" 2 nccl "${moe[@]}" --set parallel.ep=2 --set parallel.dp_replicate=1
+# With a capacity that drops rows: ep sends fixed blocks (counts on the device, the padding skipped by the grouped GEMM).
+pair "mixtral ep 2 capacity 1.0, a device each (nccl)" 2 nccl "${moe[@]}" --set parallel.ep=2 \
+  --set parallel.dp_replicate=1 --set model.moe.capacity_factor=1.0
 # A peer that never joins an NCCL collective ends the job instead of hanging it: rank 1 of tp 2 stops itself before
 # sampling, so rank 0 waits in the sampling forward's tp all-reduce, which the stand-in runs at once on the host, as
 # NCCL's host side may block too (a communicator connects to its peers at its first operation). The watchdog
