@@ -8,7 +8,7 @@
 #    whose sends are synchronous as NCCL's), with the ranks sharing one emulated device (comm.backend mpi: device
 #    buffers staged through the
 #    host) and with a device each (MT_EMU_DEVICES, comm.backend nccl: the NCCL stand-in over MPI);
-#  - bf16 within 2% of fp32 at step 5;
+#  - bf16 within 2% of fp32 at step 5; MoE bf16 (tensor-core grouped GEMMs) within 2% of the CPU's fp32;
 #  - attention.kernel cudnn (cuDNN's stand-in, tests/emu/cudnn_emu.cpp) against flash: bf16, GQA, cp 2 ring, and
 #    packed documents on 1 rank and (auto: cuDNN on the diagonal, flash off it) on cp 2, within 1% over 3 steps;
 #    cudnn with documents and cp 2 is refused at start-up naming the key;
@@ -167,6 +167,23 @@ PY
   ); then ok "bf16 on the emulated device within 2% of fp32 at step 5 (and really rounded): $out"; else bad "bf16 against fp32" "$out"; fi
 else
   bad "bf16 on the emulated device" "$(tail -n 15 "$tmp/emu_bf16.log")"
+fi
+
+# MoE in bf16: the grouped GEMMs on tensor cores (mma.sync, runtime/kernels/cuda/moe_grouped.cu) against the CPU's fp32
+# run of the same config (the mixtral pair above), within 2% at every step and really rounded.
+if run emu_moe_bf16 "$emt" 1 --set comm.device=cuda --set training.dtype=bf16 "${moe[@]}"; then
+  if out=$("$py" - "$tmp/emu_moe_bf16.jsonl" "$tmp/cpu_mixtral_4_experts_top_2__balance_loss__mpi_.jsonl" <<'PY' 2>&1
+import json, sys
+def rows(p): return [json.loads(l) for l in open(p) if '"loss"' in l]
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+d = max(abs(x["loss"] - y["loss"]) / y["loss"] for x, y in zip(a, b))
+print(len(a), "steps, largest relative difference %.5f" % d)
+sys.exit(0 if len(a) == len(b) == 5 and d < 0.02 and a[-1]["loss"] != b[-1]["loss"] else 1)
+PY
+  ); then ok "MoE bf16 (tensor-core grouped GEMMs) on the emulated device within 2% of the CPU's fp32: $out"
+  else bad "MoE bf16 against fp32" "$out"; fi
+else
+  bad "MoE bf16 on the emulated device" "$(tail -n 15 "$tmp/emu_moe_bf16.log")"
 fi
 
 # Attention through cuDNN (here its stand-in, tests/emu/cudnn_emu.cpp; on a GPU the real library) against the flash

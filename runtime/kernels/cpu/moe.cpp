@@ -6,8 +6,10 @@
 // w_k = scale * p_k (/ S = sum of the K selected p, with renormalize).
 // Backward: dp_j = dprob_row_j + scale * (dw_j / S - sum_k dw_k p_k / S^2) for selected j (scale * dw_j
 // without renormalize), then dlogit = p (dp - sum(p dp)) (softmax) or dp p (1 - p) (sigmoid).
-// The grouped GEMM has no kernel of its own: each group is one matmul_forward / matmul_backward on row views,
-// so it runs at the dense GEMM's speed on every backend.
+// The grouped GEMM with host counts has no kernel of its own: each group is one matmul_forward / matmul_backward on
+// row views, so it runs at the dense GEMM's speed on every backend. The one with device offsets (what the MoE block
+// runs: no host read) does the same on the CPU, reading the offsets there, and is one kernel on CUDA
+// (cuda/moe_grouped.cu, with the routing and the statistics' ops).
 #include "runtime/kernels/cpu/isa_level.h"
 
 #include <algorithm>

@@ -5,6 +5,9 @@
 
 #include "runtime/kernels/cuda/common.cuh"
 
+#include <cstring>
+#include <type_traits>
+
 namespace mt::cuda {
 
 namespace {
@@ -114,8 +117,9 @@ __global__ void aux_grad_row_k(float* row, const double* stats, int64_t L, int E
   }
 }
 
-// ---- The grouped GEMM: a 64 x 64 tile of outputs per block of 256 threads (4 x 4 each, strided by 16 so that a
-// warp reads consecutive shared words), K in steps of 16 through shared memory, f32 accumulation.
+// ---- The grouped GEMM in f32: a 64 x 64 tile of outputs per block of 256 threads (4 x 4 each, strided by 16 so
+// that a warp reads consecutive shared words), K in steps of 16 through shared memory, f32 accumulation. (bf16:
+// the tensor-core kernels below.)
 constexpr int kTM = 64, kTN = 64, kTK = 16, kGemmThreads = 256;
 
 // Block x of the rows' grid: group g's row tile (its tiles, group after group), or past them a tile of the rows
@@ -225,6 +229,124 @@ __global__ void gmm_dweight_k(float* dw, const T* dout, const T* inp, const int3
     }
 }
 
+// ---- bf16 on tensor cores: the same tiles (64 x 64 outputs a block), 4 warps of 16 rows each, K in steps of 32
+// through shared memory (rows padded by 8 bf16), mma.sync m16n8k16 with f32 accumulation. The fragments are read
+// from shared memory by the PTX layout directly (pairs of bf16 as one 32-bit word), so one loader serves the
+// operands that arrive transposed (dout W's W, the dweight GEMM's both).
+constexpr int kMK = 32, kMmaThreads = 128, kLdS = kMK + 8;
+using bh = __nv_bfloat16;
+
+#ifndef MT_CUDA_EMULATOR
+// c (16 x 8, f32) += a (16 x 16, bf16, row) . b (16 x 8, bf16, col); lane l (g = l / 4, t = l % 4) holds
+// a: {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}; b: {(k 2t..2t+1, n g), (k 2t+8.., n g)};
+// c: {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}. (The emulated build defines the same, tests/emu.)
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+// Two consecutive bf16 of shared memory (an even column) as one word, the lower column in the low half.
+__device__ __forceinline__ uint32_t pair_at(const bh* p) {
+  uint32_t u;
+  memcpy(&u, p, 4);
+  return u;
+}
+
+// acc (this warp's 16 rows x 64 columns, 8 n tiles) += sA (64 x kMK, row-major along k) sB^T (64 x kMK, n rows
+// along k).
+__device__ __forceinline__ void mma_tile(float (&acc)[8][4], const bh (*sA)[kLdS], const bh (*sB)[kLdS]) {
+  const int lane = int(threadIdx.x) % 32, w0 = 16 * (int(threadIdx.x) / 32), g = lane / 4, t = lane % 4;
+  for (int k0 = 0; k0 < kMK; k0 += 16) {
+    const uint32_t a[4] = {pair_at(&sA[w0 + g][k0 + 2 * t]), pair_at(&sA[w0 + g + 8][k0 + 2 * t]),
+                           pair_at(&sA[w0 + g][k0 + 2 * t + 8]), pair_at(&sA[w0 + g + 8][k0 + 2 * t + 8])};
+    for (int nt = 0; nt < 8; ++nt)
+      mma_bf16(acc[nt], a, pair_at(&sB[8 * nt + g][k0 + 2 * t]), pair_at(&sB[8 * nt + g][k0 + 2 * t + 8]));
+  }
+}
+
+// gmm_rows_k on tensor cores (bf16): out rows [r0, r1) of group g = a rows @ B_g (nt: w_g (N, Kd); else (Kd, N)).
+__global__ void gmm_rows_mma_k(bh* out, const bh* a, const bh* w, const int32_t* offsets, int G, int64_t M, int64_t Kd,
+                               int64_t N, bool nt) {
+  __shared__ __align__(16) bh sA[kTM][kLdS];
+  __shared__ __align__(16) bh sB[kTN][kLdS];
+  int64_t r0, r1;
+  int g;
+  if (!find_tile(offsets, G, M, r0, r1, g)) return;
+  const int tid = int(threadIdx.x);
+  const int64_t n0 = int64_t(blockIdx.y) * kTN;
+  const bh zero = __float2bfloat16_rn(0.0f);
+  if (g == G) {
+    for (int l = tid; l < kTM * kTN; l += kMmaThreads) {
+      const int64_t r = r0 + l / kTN, c = n0 + l % kTN;
+      if (r < r1 && c < N) out[r * N + c] = zero;
+    }
+    return;
+  }
+  const bh* wg = w + int64_t(g) * N * Kd;
+  float acc[8][4] = {};
+  for (int64_t k0 = 0; k0 < Kd; k0 += kMK) {
+    for (int l = tid; l < kTM * kMK; l += kMmaThreads) {
+      const int rr = l / kMK, kk = l % kMK;
+      const int64_t r = r0 + rr, k = k0 + kk;
+      sA[rr][kk] = r < r1 && k < Kd ? a[r * Kd + k] : zero;
+    }
+    for (int l = tid; l < kTN * kMK; l += kMmaThreads) {
+      const int cc = l / kMK, kk = l % kMK;
+      const int64_t c = n0 + cc, k = k0 + kk;
+      sB[cc][kk] = c < N && k < Kd ? (nt ? wg[c * Kd + k] : wg[k * N + c]) : zero;
+    }
+    __syncthreads();
+    mma_tile(acc, sA, sB);
+    __syncthreads();
+  }
+  const int lane = tid % 32, w0 = 16 * (tid / 32);
+  for (int ntile = 0; ntile < 8; ++ntile)
+    for (int i = 0; i < 4; ++i) {
+      const int64_t r = r0 + w0 + lane / 4 + 8 * (i / 2), c = n0 + 8 * ntile + 2 * (lane % 4) + i % 2;
+      if (r < r1 && c < N) out[r * N + c] = __float2bfloat16_rn(acc[ntile][i]);
+    }
+}
+
+// gmm_dweight_k on tensor cores (bf16 activations, f32 dweight): the group's rows are k, in steps of 32.
+__global__ void gmm_dweight_mma_k(float* dw, const bh* dout, const bh* inp, const int32_t* offsets, int64_t C,
+                                  int64_t OC) {
+  __shared__ __align__(16) bh sA[kTM][kLdS];
+  __shared__ __align__(16) bh sB[kTN][kLdS];
+  const int g = int(blockIdx.z);
+  const int64_t m0 = offsets[g], m1 = offsets[g + 1];
+  if (m1 <= m0) return;
+  const int tid = int(threadIdx.x);
+  const int64_t o0 = int64_t(blockIdx.y) * kTM, c0 = int64_t(blockIdx.x) * kTN;
+  const bh zero = __float2bfloat16_rn(0.0f);
+  float acc[8][4] = {};
+  for (int64_t k0 = m0; k0 < m1; k0 += kMK) {
+    for (int l = tid; l < kTM * kMK; l += kMmaThreads) {  // consecutive threads: consecutive o of one row m
+      const int oo = l % kTM, kk = l / kTM;
+      const int64_t o = o0 + oo, m = k0 + kk;
+      sA[oo][kk] = o < OC && m < m1 ? dout[m * OC + o] : zero;
+    }
+    for (int l = tid; l < kTN * kMK; l += kMmaThreads) {
+      const int cc = l % kTN, kk = l / kTN;
+      const int64_t c = c0 + cc, m = k0 + kk;
+      sB[cc][kk] = c < C && m < m1 ? inp[m * C + c] : zero;
+    }
+    __syncthreads();
+    mma_tile(acc, sA, sB);
+    __syncthreads();
+  }
+  float* d = dw + int64_t(g) * OC * C;
+  const int lane = tid % 32, w0 = 16 * (tid / 32);
+  for (int ntile = 0; ntile < 8; ++ntile)
+    for (int i = 0; i < 4; ++i) {
+      const int64_t o = o0 + w0 + lane / 4 + 8 * (i / 2), c = c0 + 8 * ntile + 2 * (lane % 4) + i % 2;
+      if (o < OC && c < C) d[o * C + c] += acc[ntile][i];
+    }
+}
+
 // The rows' grid: every group's tiles (at most M / 64 + G of them) and the tail's.
 dim3 rows_grid(int64_t M, int64_t G, int64_t N) {
   return dim3(unsigned((M + kTM - 1) / kTM + G + 1), unsigned((N + kTN - 1) / kTN));
@@ -269,6 +391,11 @@ int grouped_matmul_forward_dev(T* out, const T* inp, const T* weight, const int3
                                int64_t OC, int64_t G, void* stream) {
   Range r("grouped_matmul_forward");
   if (M * OC == 0) return 0;
+  if constexpr (std::is_same_v<T, bf16>) {
+    MT_LAUNCH(gmm_rows_mma_k, rows_grid(M, G, OC), kMmaThreads, 0, st(stream), dp(out), dp(inp), dp(weight), offsets,
+              int(G), M, C, OC, true);
+    return last_error();
+  }
   MT_LAUNCH(gmm_rows_k<Dev<T>>, rows_grid(M, G, OC), kGemmThreads, 0, st(stream), dp(out), dp(inp), dp(weight),
             offsets, int(G), M, C, OC, true);
   return last_error();
@@ -278,6 +405,16 @@ template <typename T>
 int grouped_matmul_backward_dev(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight,
                                 const int32_t* offsets, int64_t M, int64_t C, int64_t OC, int64_t G, void* stream) {
   Range r("grouped_matmul_backward");
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (dinp && M * C > 0)
+      MT_LAUNCH(gmm_rows_mma_k, rows_grid(M, G, C), kMmaThreads, 0, st(stream), dp(dinp), dp(dout), dp(weight),
+                offsets, int(G), M, OC, C, false);
+    if (dweight && G > 0 && OC * C > 0) {
+      const dim3 grid(unsigned((C + kTN - 1) / kTN), unsigned((OC + kTM - 1) / kTM), unsigned(G));
+      MT_LAUNCH(gmm_dweight_mma_k, grid, kMmaThreads, 0, st(stream), dweight, dp(dout), dp(inp), offsets, C, OC);
+    }
+    return last_error();
+  }
   if (dinp && M * C > 0)
     MT_LAUNCH(gmm_rows_k<Dev<T>>, rows_grid(M, G, C), kGemmThreads, 0, st(stream), dp(dinp), dp(dout), dp(weight),
               offsets, int(G), M, OC, C, false);
