@@ -78,6 +78,13 @@ check moe_ep1_dropless 1 "${moe[@]}"
 check moe_ep2_capacity 2 "${moe[@]}" "${cap[@]}" --set parallel.ep=2 --set parallel.dp_replicate=1
 # Dropless ep: 1 + 2 micro-batches (each rank's 4 rows of the 8) x 2 sparse layers.
 check_with 5 "$mt" moe_ep2_dropless 2 "${moe[@]}" --set parallel.ep=2 --set parallel.dp_replicate=1
+# ... which start-up says, naming the key that removes them; with a capacity it says nothing.
+if grep -aq "dropless expert parallel.*one host sync per sparse layer.*model.moe.capacity_factor > 0" \
+     "$tmp/moe_ep2_dropless.log" && ! grep -aq "dropless expert parallel" "$tmp/moe_ep2_capacity.log"; then
+  ok "dropless ep says at start-up that it syncs per sparse layer and that a capacity removes it"
+else
+  bad "the dropless ep start-up line" "$(grep -a "dropless" "$tmp/moe_ep2_dropless.log" "$tmp/moe_ep2_capacity.log" | head -n 3)"
+fi
 # On the emulated device (comm.device cuda): the routing, the grouped GEMMs and the statistics as CUDA kernels, ep 2
 # on the NCCL stand-in (a device each); 2 short steps (4 rows of 16 tokens), the emulator being slow.
 if [ -n "$emu" ] && [ -x "$emu/meshtrain" ]; then
