@@ -139,28 +139,41 @@ RouterStepStats MoeContext::take_step_stats(const std::vector<double>* values) {
   step_ = RouterStepStats{};
   s.dispatch_s = dispatch_s;
   dispatch_s = 0;
-  if (!biases.empty()) {  // aux-loss-free balancing: its biases read here (moe.md: syncs of their own)
+  if (!biases.empty()) {  // aux-loss-free balancing: its range from the host copy (no read)
     s.has_bias = true;
     s.bias_min = INFINITY, s.bias_max = -INFINITY;
-    for (const Tensor& b : biases)
-      for (double v : to_f64(b)) s.bias_min = std::min(s.bias_min, v), s.bias_max = std::max(s.bias_max, v);
+    for (const std::vector<double>& b : bias_values)
+      for (double v : b) s.bias_min = std::min(s.bias_min, v), s.bias_max = std::max(s.bias_max, v);
   }
   return s;
+}
+
+void MoeContext::add_bias(int64_t E) {
+  biases.push_back(zeros({E}, acc, device));
+  bias_values.emplace_back(size_t(E), 0.0);
+}
+
+void MoeContext::set_bias(size_t l, const std::vector<double>& v) {
+  const Tensor host = from_values(v, {int64_t(v.size())}, biases.at(l).dtype());  // rounded once, on the host
+  std::vector<double>& mirror = bias_values.at(l);
+  mirror.resize(v.size());
+  for (size_t e = 0; e < v.size(); ++e)  // the rounded values, read from host memory (no device read)
+    mirror[e] = host.dtype() == DType::f64 ? host.data<double>()[e] : double(host.data<float>()[e]);
+  copy_(biases[l], host.to(biases[l].device()));
 }
 
 void MoeContext::update_biases() {
   if (biases.empty() || config.bias_update_rate <= 0 || last_load_.empty()) return;
   const int64_t E = config.n_experts;
   for (size_t l = 0; l < biases.size(); ++l) {
-    std::vector<double> b = to_f64(biases[l]);
+    std::vector<double> b = bias_values[l];
     double mean = 0;
     for (int64_t e = 0; e < E; ++e) mean += last_load_[l * size_t(E) + size_t(e)] / double(E);
     for (int64_t e = 0; e < E; ++e) {
       const double load = last_load_[l * size_t(E) + size_t(e)];
       b[size_t(e)] += config.bias_update_rate * double((mean > load) - (mean < load));
     }
-    Tensor nb = from_values(b, {E}, biases[l].dtype()).to(biases[l].device());
-    copy_slice(biases[l], 0, nb, 0, E, 0);
+    set_bias(l, b);
   }
   last_load_.assign(last_load_.size(), 0.0);
 }

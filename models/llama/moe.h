@@ -71,6 +71,11 @@ class MoeContext {
   // And clears them. values: the host copy of pending_stats() (null: read here, one host sync).
   RouterStepStats take_step_stats(const std::vector<double>* values = nullptr);
   std::vector<Tensor> biases;         // per sparse layer (E) accum dtype: the selection bias (bias_update_rate)
+  // Their values on the host, kept beside them (every change goes through set_bias), so that neither the update
+  // nor the metrics read the device.
+  std::vector<std::vector<double>> bias_values;
+  void add_bias(int64_t n_experts);                          // a sparse layer's, zero
+  void set_bias(size_t layer, const std::vector<double>& v);  // rounded to the bias's dtype, both copies
   void update_biases();               // after the optimizer step: bias += rate * sign(mean load - load)
 
  private:

@@ -5,9 +5,10 @@
 # micro-batches and gradient clipping on, every step must make exactly the one documented host read (loss and
 # grad norm together, for the non-finite rule and the clip scale), logged step or not.
 # MoE (docs/design/moe.md, "Host synchronisations"): the router statistics ride on the same read and the routing stays
-# on the device, so ep 1 dropless and ep 2 with a capacity make the same one; dropless ep 2 reads each sparse layer's
-# counts once per forward: 1 + micro-batches x sparse layers. On the CPU counters, and with EMU_BUILD_DIR (the emulated
-# CUDA build, tests/cli/test_emulated.sh) on the emulated device: ep 1, and ep 2 with a capacity on the NCCL stand-in.
+# on the device, so ep 1 dropless (also with the selection bias's updates) and ep 2 with a capacity make the same one;
+# dropless ep 2 reads each sparse layer's counts once per forward: 1 + micro-batches x sparse layers. On the CPU
+# counters, and with EMU_BUILD_DIR (the emulated CUDA build, tests/cli/test_emulated.sh) on the emulated device: ep 1,
+# and ep 2 with a capacity on the NCCL stand-in.
 # Prints "host_sync: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_host_sync.sh BUILD_DIR [EMU_BUILD_DIR]
 set -uo pipefail
@@ -75,6 +76,8 @@ moe=(--set model.type=mixtral --set model.moe.n_experts=4 --set model.moe.ffn_di
      --set model.moe.output_router_logits=true)
 cap=(--set model.moe.capacity_factor=1.5)
 check moe_ep1_dropless 1 "${moe[@]}"
+# The aux-loss-free balancing's bias: updated and reported from its host copy, no read.
+check moe_ep1_bias 1 "${moe[@]}" --set model.moe.bias_update_rate=0.001
 check moe_ep2_capacity 2 "${moe[@]}" "${cap[@]}" --set parallel.ep=2 --set parallel.dp_replicate=1
 # Dropless ep: 1 + 2 micro-batches (each rank's 4 rows of the 8) x 2 sparse layers.
 check_with 5 "$mt" moe_ep2_dropless 2 "${moe[@]}" --set parallel.ep=2 --set parallel.dp_replicate=1
