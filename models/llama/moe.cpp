@@ -457,7 +457,8 @@ Tensor SparseMoeBlock::run_experts(const Tensor& xp, const Tensor& counts, const
   std::optional<Stopwatch> watch(std::in_place, ctx_->dispatch_s);
   if (cap > 0) {
     // A capacity: every rank sends each peer El blocks of cap rows (padding included), so the sizes are known
-    // without asking; the counts travel on the device and the receiver's order skips the padding.
+    // without asking; the counts travel on the device and the receiver's order skips the padding. (Every ep rank
+    // routes as many rows, the micro-batches being equal over the batch dims, so every rank's cap is the same.)
     Tensor theirs = empty({E}, DType::i32, dev);  // (P, E_local): source p's kept rows for my expert j
     {
       CommTag ctag(kMoeCountsTag);
