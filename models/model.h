@@ -160,7 +160,10 @@ class CausalLM : public Module {
   virtual void forward_done() {}
   virtual void set_router_stats_group(Group* /*g*/) {}
   void pool_router_stats(DeviceMesh& world, const ParallelDims& pd);
-  virtual RouterStepStats take_router_stats() { return {}; }
+  // pending_router_stats: the step's router statistics still on the device (f64, undefined: none), for the step's
+  // one host read; take_router_stats(values): their host copy (null: the model reads them itself, one host sync).
+  virtual Tensor pending_router_stats() { return Tensor(); }
+  virtual RouterStepStats take_router_stats(const std::vector<double>* /*values*/ = nullptr) { return {}; }
   virtual void after_step() {}
   // State beside the parameters that checkpoints keep (meta.json's model_state; null: none), the same on every
   // rank; load_extra_state takes it back (null: none saved) and names `file` in its errors.

@@ -223,7 +223,9 @@ run_script_suite estimate-sweep tests/cli/test_estimate_sweep.sh ${MT_TEST_FULL:
 run_script_suite scale tests/cli/test_scale.sh ${MT_TEST_FULL:+--full}
 # CPU kernels built per instruction-set level, chosen at run time: every level gives the same losses.
 run_script_suite cpu_isa tests/cli/test_cpu_isa.sh
-run_script_suite host_sync tests/cli/test_host_sync.sh
+# (With the emulated build: its MoE cases on the emulated device too.)
+if [ $emu_ready -eq 1 ]; then run_script_suite host_sync tests/cli/test_host_sync.sh "$emu_build"
+else run_script_suite host_sync tests/cli/test_host_sync.sh; fi
 run_script_suite supervise tests/cli/test_supervise.sh
 run_script_suite slurm tests/cli/test_slurm.sh ${MT_TEST_FULL:+--full}
 # The CUDA training step on the emulated device against the CPU backend (build-emu's meshtrain, built above).

@@ -390,6 +390,185 @@ OpCase router_case(const std::string& name, bool sigmoid, bool renorm, double sc
   return c;
 }
 
+
+// ---- mixture of experts with the routing on the device (moe_route, moe_unpad_order, the router statistics, the
+// grouped GEMM with device offsets) ----
+
+// An i32 output of the case: -7 to start, so an element the op skips shows.
+Tensor i32_out(OpRun& r, const std::string& name, const Shape& s) {
+  Tensor t = from_values(std::vector<double>(size_t(shape_numel(s)), -7.0), s, DType::i32);
+  if (r.dev.is_cuda()) t = t.to(r.dev);
+  r.outputs.push_back({name, t});
+  return t;
+}
+
+// experts (N, 2) of E = 8: skewed towards expert 1 (every third token's first choice), expert 6 never chosen
+// (an empty group), the rest spread.
+std::vector<int64_t> route_experts(const Dims& d) {
+  const int64_t E = 8;
+  std::vector<int64_t> ex(size_t(d.N * kMoeK));
+  for (int64_t t = 0; t < d.N; ++t)
+    for (int64_t k = 0; k < kMoeK; ++k) {
+      int64_t e = k == 0 && t % 3 == 0 ? 1 : (7 * t + 3 * k) % E;
+      ex[size_t(t * kMoeK + k)] = e == 6 ? 5 : e;
+    }
+  return ex;
+}
+
+// The naive routing: expert by expert, its (t, k) in order, the first `cap` kept.
+V ref_route(const std::vector<int64_t>& ex, int64_t E, int64_t cap, bool padded, V& counts, V& selected, V& offsets,
+            double& dropped) {
+  V slot(ex.size(), -1.0);
+  counts.assign(size_t(E), 0.0), selected.assign(size_t(E), 0.0), offsets.assign(size_t(E + 1), 0.0);
+  for (int64_t e = 0; e < E; ++e)
+    for (size_t i = 0; i < ex.size(); ++i)
+      if (ex[i] == e) selected[size_t(e)] += 1, counts[size_t(e)] += cap <= 0 || selected[size_t(e)] <= double(cap);
+  for (int64_t e = 0; e < E; ++e) offsets[size_t(e + 1)] = offsets[size_t(e)] + counts[size_t(e)];
+  dropped = 0;
+  for (int64_t e = 0; e < E; ++e) dropped += selected[size_t(e)] - counts[size_t(e)];
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t place = 0;
+    for (size_t i = 0; i < ex.size(); ++i) {
+      if (ex[i] != e) continue;
+      if (cap <= 0 || place < cap) slot[i] = double((padded ? e * cap : int64_t(offsets[size_t(e)])) + place);
+      ++place;
+    }
+  }
+  return slot;
+}
+
+// The grouped GEMM's device offsets over M = N + 5 rows: an empty group, one of more than a 64-row tile (at the
+// normal size), one of 1 row, one of 3, and 2 rows past the groups.
+std::vector<int64_t> gmm_offsets(const Dims& d) {
+  const int64_t M = d.N + 5;
+  return {0, 0, M - 6, M - 5, M - 2};
+}
+
+void add_moe_device_cases(std::vector<OpCase>& cases) {
+  {  // moe_route: dropless, with a capacity of 10 (expert 1 drops rows), and padded blocks of 10 (expert parallel)
+    OpCase c;
+    c.name = "moe_route";
+    c.tol_f32 = c.tol_bf16 = 0;  // integers: exact on every backend
+    const int64_t E = 8, cap = 10;
+    c.forward = [=](OpRun& r, const Dims& d) {
+      const Tensor ex = r.ints(route_experts(d), {d.N, kMoeK}, DType::i32);
+      for (auto [tag, capacity, padded] : {std::tuple{"dropless", int64_t(0), false},
+                                           std::tuple{"capacity", cap, false}, std::tuple{"padded", cap, true}}) {
+        const std::string t = std::string(" ") + tag;
+        Tensor slot = i32_out(r, "slot" + t, {d.N, kMoeK}), counts = i32_out(r, "counts" + t, {E}),
+               selected = i32_out(r, "selected" + t, {E}), offsets = i32_out(r, "offsets" + t, {E + 1}),
+               dropped = i32_out(r, "dropped" + t, {1});
+        moe_route(slot, counts, selected, offsets, dropped, ex, capacity, padded);
+      }
+    };
+    c.reference = [=](OpRun&, const Dims& d) {
+      Results res;
+      for (auto [tag, capacity, padded] : {std::tuple{"dropless", int64_t(0), false},
+                                           std::tuple{"capacity", cap, false}, std::tuple{"padded", cap, true}}) {
+        const std::string t = std::string(" ") + tag;
+        V counts, selected, offsets;
+        double dropped = 0;
+        V slot = ref_route(route_experts(d), E, capacity, padded, counts, selected, offsets, dropped);
+        res.push_back({"slot" + t, slot});
+        res.push_back({"counts" + t, counts});
+        res.push_back({"selected" + t, selected});
+        res.push_back({"offsets" + t, offsets});
+        res.push_back({"dropped" + t, {dropped}});
+      }
+      return res;
+    };
+    cases.push_back(c);
+  }
+  {  // moe_unpad_order: 3 sources x 4 local experts x blocks of 5 rows, some empty, some full
+    OpCase c;
+    c.name = "moe_unpad_order";
+    c.tol_f32 = c.tol_bf16 = 0;
+    const int64_t P = 3, El = 4, cap = 5;
+    const std::vector<int64_t> n = {2, 0, 5, 1, 5, 3, 0, 0, 1, 4, 2, 5};  // (P, El)
+    c.forward = [=](OpRun& r, const Dims&) {
+      moe_unpad_order(i32_out(r, "order", {P * El * cap, 1}), i32_out(r, "offsets", {El + 1}),
+                      r.ints(n, {P, El}, DType::i32), cap);
+    };
+    c.reference = [=](OpRun&, const Dims&) {
+      V order(size_t(P * El * cap), -1.0), offsets(size_t(El + 1), 0.0);
+      for (int64_t j = 0; j < El; ++j) {
+        offsets[size_t(j + 1)] = offsets[size_t(j)];
+        for (int64_t p = 0; p < P; ++p) {
+          for (int64_t i = 0; i < n[size_t(p * El + j)]; ++i)
+            order[size_t((p * El + j) * cap + i)] = offsets[size_t(j + 1)] + double(i);
+          offsets[size_t(j + 1)] += double(n[size_t(p * El + j)]);
+        }
+      }
+      return Results{{"order", order}, {"offsets", offsets}};
+    };
+    cases.push_back(c);
+  }
+  {  // the router statistics on the device: two layers recorded into a running buffer, then the gradient row
+    OpCase c;
+    c.name = "moe_stats";
+    const int64_t E = 8, L = 3;
+    c.forward = [=](OpRun& r, const Dims&) {
+      Tensor stats = r.inout("stats", {L * E + E + 2}, Kind::f64);
+      const std::vector<int64_t> sel0 = {3, 0, 7, 1, 1, 9, 2, 4}, sel2 = {0, 0, 1, 12, 5, 5, 2, 2};
+      moe_stats_record(stats, r.ints(sel0, {E}, DType::i32), r.in("prob sums", {E}, Kind::acc),
+                       r.ints({2}, {1}, DType::i32), 0, 100);
+      moe_stats_record(stats, r.ints(sel2, {E}, DType::i32), Tensor(), r.ints({5}, {1}, DType::i32), 2, 60);
+      moe_aux_grad_row(r.out("row", {E}, Kind::acc), stats, L, 0.02, 1.0 / 512);
+    };
+    c.reference = [=](OpRun& r, const Dims&) {
+      V st = r.values_of("stats", L * E + E + 2);
+      const V& ps = r.values_of("prob sums", E);
+      const std::vector<int64_t> sel0 = {3, 0, 7, 1, 1, 9, 2, 4}, sel2 = {0, 0, 1, 12, 5, 5, 2, 2};
+      for (int64_t e = 0; e < E; ++e)
+        st[size_t(e)] = double(sel0[size_t(e)]), st[size_t(2 * E + e)] = double(sel2[size_t(e)]),
+                  st[size_t(L * E + e)] = ps[size_t(e)];
+      st[size_t(L * E + E)] += 160, st[size_t(L * E + E + 1)] += 7;
+      const double R = st[size_t(L * E + E)];
+      V row(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) {
+        double C = 0;
+        for (int64_t l = 0; l < L; ++l) C += st[size_t(l * E + e)];
+        row[size_t(e)] = R / double(L) / 512 * 0.02 * double(E) * C / (R * R);
+      }
+      return Results{{"stats (in place)", st}, {"row", row}};
+    };
+    cases.push_back(c);
+  }
+  {  // grouped GEMM with device offsets: an empty group, a group over a tile, groups of 1 and 3 rows, a tail
+    OpCase c;
+    c.name = "grouped_matmul offsets";
+    const int64_t G = 4;
+    c.forward = [=](OpRun& r, const Dims& d) {
+      const int64_t M = d.N + 5;
+      grouped_matmul_forward(r.out("y", {M, d.OC}), r.in("x", {M, d.C}), r.in("w", {G, d.OC, d.C}, Kind::act, 0.2),
+                             r.ints(gmm_offsets(d), {G + 1}, DType::i32));
+    };
+    c.reference = [=](OpRun& r, const Dims& d) {
+      const int64_t M = d.N + 5;
+      const std::vector<int64_t> o = gmm_offsets(d);
+      const V &x = r.values_of("x", M * d.C), &w = r.values_of("w", G * d.OC * d.C, 0.2);
+      V y(size_t(M * d.OC), 0.0);
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t b = o[size_t(g)], n = o[size_t(g + 1)] - b;
+        V xg(x.begin() + b * d.C, x.begin() + (b + n) * d.C),
+            wg(w.begin() + g * d.OC * d.C, w.begin() + (g + 1) * d.OC * d.C), yg = ref_matmul(xg, wg, n, d.C, d.OC);
+        std::copy(yg.begin(), yg.end(), y.begin() + b * d.OC);
+      }
+      return Results{{"y", y}};
+    };
+    c.backward = [=](OpRun& r, const Dims& d) {
+      const int64_t M = d.N + 5;
+      Tensor x = r.in("x", {M, d.C}), w = r.in("w", {G, d.OC, d.C}, Kind::act, 0.2), dy = r.in("dy", {M, d.OC});
+      const Tensor o = r.ints(gmm_offsets(d), {G + 1}, DType::i32);
+      grouped_matmul_backward(r.out("dx", {M, d.C}), r.acc("dw", {G, d.OC, d.C}), dy, x, w, o);
+      grouped_matmul_backward(Tensor(), r.acc("dw only", {G, d.OC, d.C}), dy, x, w, o);
+    };
+    c.seeds = {{"y", "dy"}};
+    c.grads = {{"x", "dx"}, {"w", "dw"}};
+    cases.push_back(c);
+  }
+}
+
 }  // namespace
 
 std::vector<OpCase> op_cases() {
@@ -1113,6 +1292,8 @@ std::vector<OpCase> op_cases() {
     c.grads = {{"x", "dx"}, {"w", "dw"}};
     cases.push_back(c);
   }
+
+  add_moe_device_cases(cases);
 
   // Local attention: causal with grouped-query heads, full with more keys than queries, chunk offsets (rows
   // that see no key: out 0, lse -inf), document masks, and head dim 64 (the bf16 tensor-core kernel on CUDA).

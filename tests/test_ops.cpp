@@ -43,6 +43,20 @@ bool have_gpu() { return cuda_device_count() > 0; }
 
 enum class Mode { forward, backward };
 
+// MT_OP_CASES=a,b: the value and gradient modes run only the op cases whose name contains one of the words (a
+// developer's quick run of the cases they touch; the suite's counts are of what ran).
+bool selected(const OpCase& c) {
+  const char* env = std::getenv("MT_OP_CASES");
+  if (!env || !*env) return true;
+  std::string list = env;
+  for (size_t b = 0; b <= list.size();) {
+    const size_t e = std::min(list.find(',', b), list.size());
+    if (e > b && c.name.find(list.substr(b, e - b)) != std::string::npos) return true;
+    b = e + 1;
+  }
+  return false;
+}
+
 OpRun make_run(const OpCase& c, Values& vals, DType act, Device dev) {
   OpRun r;
   r.case_name = c.name;
@@ -101,7 +115,7 @@ void value_mode(const Backend& b) {
   const Dims d = dims_for(Size::normal);
   const Device dev = b.cuda ? Device::cuda(0) : Device::cpu();
   for (const OpCase& c : op_cases()) {
-    if (c.cpu_only && b.cuda) continue;
+    if ((c.cpu_only && b.cuda) || !selected(c)) continue;
     Values vals;
     Results want = run(c, vals, d, DType::f64, Device::cpu(), Mode::forward);
     Results got = run(c, vals, d, b.act, dev, Mode::forward, false, /*check=*/true);
@@ -114,7 +128,7 @@ void gradient_mode(const Backend& b) {
   const Dims d = dims_for(Size::normal);
   const Device dev = b.cuda ? Device::cuda(0) : Device::cpu();
   for (const OpCase& c : op_cases()) {
-    if (!c.backward || (c.cpu_only && b.cuda)) continue;
+    if (!c.backward || (c.cpu_only && b.cuda) || !selected(c)) continue;
     Values vals;
     Results want = run(c, vals, d, DType::f64, Device::cpu(), Mode::backward);
     Results got = run(c, vals, d, b.act, dev, Mode::backward, false, /*check=*/true);

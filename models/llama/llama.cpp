@@ -157,7 +157,7 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, 
     for (int64_t i = 0; i < c.n_layers + c.mtp_layers; ++i) sparse += c.moe.sparse_layer(i);
     moe = std::make_shared<MoeContext>(c.moe, sparse, accum_dtype(f.dtype), f.device);
     if (c.moe.bias_update_rate > 0)  // the selection bias of each sparse layer, zero at the start
-      for (int64_t l = 0; l < sparse; ++l) moe->biases.push_back(zeros({c.moe.n_experts}, accum_dtype(f.dtype), f.device));
+      for (int64_t l = 0; l < sparse; ++l) moe->add_bias(c.moe.n_experts);
   }
   model = add_child(std::make_unique<LlamaModel>("model", c, v, f, seq, moe));
   lm_head = add_child(std::make_unique<Linear>("lm_head", c.dim, c.vocab_size, f,
@@ -167,7 +167,7 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, 
 nlohmann::json LlamaForCausalLM::extra_state() const {
   if (!moe || moe->biases.empty()) return nullptr;
   nlohmann::json b = nlohmann::json::array();
-  for (const Tensor& t : moe->biases) b.push_back(to_f64(t));
+  for (const std::vector<double>& v : moe->bias_values) b.push_back(v);  // the host copy: the same values
   return {{"router_bias", b}};
 }
 
@@ -185,8 +185,7 @@ void LlamaForCausalLM::load_extra_state(const nlohmann::json& state, const std::
     MT_CHECK(b[l].is_array() && int64_t(b[l].size()) == config.moe.n_experts, "checkpoint",
              "{}: model_state.router_bias[{}] does not hold model.moe.n_experts = {} numbers", file, l,
              config.moe.n_experts);
-    Tensor t = from_values(b[l].get<std::vector<double>>(), {config.moe.n_experts}, moe->biases[l].dtype());
-    copy_(moe->biases[l], t.to(moe->biases[l].device()));
+    moe->set_bias(l, b[l].get<std::vector<double>>());
   }
 }
 

@@ -190,7 +190,10 @@ class LlamaForCausalLM : public CausalLM {
   void set_router_stats_group(Group* g) override {
     if (moe) moe->tokens = g;
   }
-  RouterStepStats take_router_stats() override { return moe ? moe->take_step_stats() : RouterStepStats{}; }
+  Tensor pending_router_stats() override { return moe ? moe->pending_stats() : Tensor(); }
+  RouterStepStats take_router_stats(const std::vector<double>* values = nullptr) override {
+    return moe ? moe->take_step_stats(values) : RouterStepStats{};
+  }
   void after_step() override {
     if (moe) moe->update_biases();
   }

@@ -25,34 +25,28 @@ bool MoeConfig::sparse_layer(int64_t i) const {
 MoeContext::Micro& MoeContext::fresh_micro() {
   Micro& m = *micro_;
   m = Micro{};
-  m.counts.assign(size_t(n_sparse * config.n_experts), 0.0);
+  const int64_t E = config.n_experts;
+  m.stats = zeros({n_sparse * E + E + 2}, DType::f64, device);  // (L E + E + 2)
   m.seen.assign(size_t(n_sparse), false);
-  m.prob_sums = zeros({config.n_experts}, acc, device);
+  m.prob_sums = zeros({E}, acc, device);
   return m;
 }
 
-void MoeContext::record(int64_t layer, int64_t tokens_here, const std::vector<double>& counts, const Tensor& prob_sums,
-                        int64_t dropped) {
+void MoeContext::record(int64_t layer, int64_t tokens_here, const Tensor& selected, const Tensor& prob_sums,
+                        const Tensor& dropped) {
   // A forward after this slot's sum started (or after a forward with none: evaluation) starts the statistics over.
   Micro* m = &*micro_;
-  if (m->sum || m->counts.empty() || m->seen.at(size_t(layer))) m = &fresh_micro();
-  const size_t E = size_t(config.n_experts);
+  if (m->sum || !m->stats.defined() || m->seen.at(size_t(layer))) m = &fresh_micro();
   m->seen[size_t(layer)] = true;
-  std::copy(counts.begin(), counts.end(), m->counts.begin() + std::ptrdiff_t(size_t(layer) * E));
   add_(m->prob_sums, prob_sums);
-  m->dropped += dropped;
-  m->rows += tokens_here;
+  moe_stats_record(m->stats, selected, m->prob_sums, dropped, layer, tokens_here);
 }
 
 void MoeContext::start_sum(Micro& m) {
-  if (m.counts.empty()) fresh_micro();  // a stage without sparse layers adds zeros
-  std::vector<double> buf = m.counts;
-  for (double s : to_f64(m.prob_sums)) buf.push_back(s);
-  buf.push_back(double(m.rows));
-  buf.push_back(double(m.dropped));
+  if (!m.stats.defined()) fresh_micro();  // a stage without sparse layers adds zeros
   m.sum = std::make_shared<Sum>();
   m.sum->loss_scale = loss_scale;
-  m.sum->buf = from_values(buf, {int64_t(buf.size())}, DType::f64).to(device);
+  m.sum->buf = m.stats;  // summed in place: the next forward's record starts a fresh buffer
   if (tokens && tokens->size() > 1) {
     CommTag tag("moe.stats");
     m.sum->work = tokens->all_reduce(m.sum->buf, ReduceOp::sum, /*async=*/true);
@@ -68,19 +62,28 @@ void MoeContext::forward_done() {
   if (!m.sum) start_sum(m);
 }
 
+void MoeContext::wait(Sum& s) {
+  if (s.waited) return;
+  s.waited = true;
+  s.work.wait();
+}
+
 Tensor MoeContext::aux_grad_row() {
   Micro& m = *micro_;
   if (!m.sum) start_sum(m);  // an executor that did not call forward_done: summed now
-  take(*m.sum);
-  return m.sum->grad_row;
+  Sum& s = *m.sum;
+  if (s.grad_done) return s.grad_row;
+  s.grad_done = true;
+  wait(s);
+  // On the device from the summed buffer: no host read in the backward.
+  if (!config.output_router_logits || s.loss_scale <= 0) return s.grad_row;
+  s.grad_row = empty({config.n_experts}, acc, device);  // (E)
+  moe_aux_grad_row(s.grad_row, s.buf, n_sparse, config.router_aux_loss_coef, s.loss_scale);
+  return s.grad_row;
 }
 
-void MoeContext::take(Sum& s) {
-  if (s.taken) return;
+void MoeContext::parse(Sum& s, const double* buf) {
   s.taken = true;
-  s.work.wait();
-  std::erase_if(pending_, [&](const std::shared_ptr<Sum>& p) { return p.get() == &s; });
-  const std::vector<double> buf = to_f64(s.buf);
   const int64_t E = config.n_experts, L = n_sparse;
   const double R = buf[size_t(L * E + E)];  // token rows: tokens x sparse layers, every rank's
   std::vector<double> C(size_t(E), 0.0);
@@ -93,50 +96,84 @@ void MoeContext::take(Sum& s) {
       step_.expert_load[size_t(l)][size_t(e)] += c;
       last_load_[size_t(l * E + e)] += c;
     }
-  step_.dropped += int64_t(buf.back());
+  step_.dropped += int64_t(buf[size_t(L * E + E + 1)]);
   step_.any = true;
   if (!config.output_router_logits || s.loss_scale <= 0 || R <= 0) return;
   // aux = coef E / R^2 sum_e C_e S_e, entering the loss weighted by the micro-batch's share of the step's tokens
-  // (R / n_sparse of them): the loss stays the mean over micro-batches, as the token losses are.
+  // (R / n_sparse of them): the loss stays the mean over micro-batches, as the token losses are. (Its gradient
+  // row, the same formula's derivative, was computed on the device: moe_aux_grad_row.)
   double aux = 0;
   for (int64_t e = 0; e < E; ++e) aux += C[size_t(e)] * buf[size_t(L * E + e)];
   const double coef = config.router_aux_loss_coef, weight = R / double(L) * s.loss_scale;
   aux *= coef * double(E) / (R * R);
   step_.aux_loss += weight * aux;
-  std::vector<double> row(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) row[size_t(e)] = weight * coef * double(E) * C[size_t(e)] / (R * R);
-  s.grad_row = from_values(row, {E}, acc).to(device);
 }
 
-RouterStepStats MoeContext::take_step_stats() {
-  // Sums no backward took (a stage without sparse layers): waited for, counted.
-  for (auto pending = pending_; auto& p : pending) take(*p);
+Tensor MoeContext::pending_stats() {
+  reading_ = pending_;
+  if (reading_.empty()) return Tensor();
+  const int64_t S = config.n_experts * (n_sparse + 1) + 2;
+  Tensor all = empty({S * int64_t(reading_.size())}, DType::f64, device);  // (sums x S)
+  for (size_t i = 0; i < reading_.size(); ++i) {
+    wait(*reading_[i]);  // stream-ordered on a device: no host wait
+    copy_slice(all, int64_t(i) * S, reading_[i]->buf, 0, S, 0);
+  }
+  return all;
+}
+
+RouterStepStats MoeContext::take_step_stats(const std::vector<double>* values) {
+  // Sums no backward took (a stage without sparse layers) are read too.
+  std::vector<double> own;
+  if (!values) {
+    Tensor all = pending_stats();
+    if (all.defined()) own = to_f64(all);
+    values = &own;
+  }
+  const size_t S = size_t(config.n_experts * (n_sparse + 1) + 2);
+  MT_CHECK(values->size() == S * reading_.size(), "model", "router statistics: {} values read for {} sums of {}",
+           values->size(), reading_.size(), S);
+  for (size_t i = 0; i < reading_.size(); ++i) parse(*reading_[i], values->data() + i * S);
+  std::erase_if(pending_, [](const std::shared_ptr<Sum>& p) { return p->taken; });
+  reading_.clear();
   RouterStepStats s = std::move(step_);
   step_ = RouterStepStats{};
   s.dispatch_s = dispatch_s;
   dispatch_s = 0;
-  if (!biases.empty()) {
+  if (!biases.empty()) {  // aux-loss-free balancing: its range from the host copy (no read)
     s.has_bias = true;
     s.bias_min = INFINITY, s.bias_max = -INFINITY;
-    for (const Tensor& b : biases)
-      for (double v : to_f64(b)) s.bias_min = std::min(s.bias_min, v), s.bias_max = std::max(s.bias_max, v);
+    for (const std::vector<double>& b : bias_values)
+      for (double v : b) s.bias_min = std::min(s.bias_min, v), s.bias_max = std::max(s.bias_max, v);
   }
   return s;
+}
+
+void MoeContext::add_bias(int64_t E) {
+  biases.push_back(zeros({E}, acc, device));
+  bias_values.emplace_back(size_t(E), 0.0);
+}
+
+void MoeContext::set_bias(size_t l, const std::vector<double>& v) {
+  const Tensor host = from_values(v, {int64_t(v.size())}, biases.at(l).dtype());  // rounded once, on the host
+  std::vector<double>& mirror = bias_values.at(l);
+  mirror.resize(v.size());
+  for (size_t e = 0; e < v.size(); ++e)  // the rounded values, read from host memory (no device read)
+    mirror[e] = host.dtype() == DType::f64 ? host.data<double>()[e] : double(host.data<float>()[e]);
+  copy_(biases[l], host.to(biases[l].device()));
 }
 
 void MoeContext::update_biases() {
   if (biases.empty() || config.bias_update_rate <= 0 || last_load_.empty()) return;
   const int64_t E = config.n_experts;
   for (size_t l = 0; l < biases.size(); ++l) {
-    std::vector<double> b = to_f64(biases[l]);
+    std::vector<double> b = bias_values[l];
     double mean = 0;
     for (int64_t e = 0; e < E; ++e) mean += last_load_[l * size_t(E) + size_t(e)] / double(E);
     for (int64_t e = 0; e < E; ++e) {
       const double load = last_load_[l * size_t(E) + size_t(e)];
       b[size_t(e)] += config.bias_update_rate * double((mean > load) - (mean < load));
     }
-    Tensor nb = from_values(b, {E}, biases[l].dtype()).to(biases[l].device());
-    copy_slice(biases[l], 0, nb, 0, E, 0);
+    set_bias(l, b);
   }
   last_load_.assign(last_load_.size(), 0.0);
 }
@@ -157,19 +194,18 @@ Tensor MoeExperts::forward(const Tensor& x) {
   Tensor g = empty({M, F}, x.dtype(), x.device()), u = empty({M, F}, x.dtype(), x.device());  // (M, F)
   Tensor y = empty({M, dim}, x.dtype(), x.device());                                           // (M, C)
   if (M > 0) {
-    grouped_matmul_forward(g, x, gate_proj->compute_local(), counts);
-    grouped_matmul_forward(u, x, up_proj->compute_local(), counts);
+    grouped_matmul_forward(g, x, gate_proj->compute_local(), offsets);  // rows past the groups: 0
+    grouped_matmul_forward(u, x, up_proj->compute_local(), offsets);
     Tensor a = empty({M, F}, x.dtype(), x.device());  // (M, F) silu(g) * u
     swiglu_forward(a, g, u);
-    grouped_matmul_forward(y, a, down_proj->compute_local(), counts);
+    grouped_matmul_forward(y, a, down_proj->compute_local(), offsets);
   }
-  x_ = x, gate_ = g, up_ = u, counts_ = counts;
+  x_ = x, gate_ = g, up_ = u, offsets_ = offsets;
   return y;
 }
 
 Tensor MoeExperts::backward(const Tensor& dy) {
-  const Tensor x = x_, g = gate_, u = up_;
-  const std::vector<int64_t> cnt = counts_;
+  const Tensor x = x_, g = gate_, u = up_, cnt = offsets_;
   drop_saved();
   const int64_t M = x.size(0), F = g.size(1);
   Tensor dx = empty({M, dim}, dy.dtype(), dy.device());  // (M, C)
@@ -191,6 +227,7 @@ void MoeExperts::drop_saved() {
   x_ = Tensor();
   gate_ = Tensor();
   up_ = Tensor();
+  offsets_ = Tensor();
 }
 
 // ---- SparseMoeBlock
@@ -217,35 +254,10 @@ SparseMoeBlock::SparseMoeBlock(const std::string& name, const ModelConfig& c, co
 
 namespace {
 
-// Rows grouped by expert, in token order within an expert; with a capacity, rows past it dropped (slot -1).
-struct Routing {
-  std::vector<int64_t> counts;  // (E) rows kept per expert
-  std::vector<double> selected;  // (E) rows selected per expert (before the capacity)
-  std::vector<int32_t> slot;     // (N, K)
-  int64_t dropped = 0;
-};
-
-Routing route(const Tensor& experts, int64_t E, double capacity_factor) {
-  const std::vector<double> idx = to_f64(experts);  // (N, K)
-  const int64_t K = experts.size(1), N = experts.size(0);
-  const int64_t cap = capacity_factor > 0
-                          ? std::max<int64_t>(1, int64_t(std::ceil(capacity_factor * double(N * K) / double(E))))
-                          : INT64_MAX;
-  Routing r{std::vector<int64_t>(size_t(E), 0), std::vector<double>(size_t(E), 0.0),
-            std::vector<int32_t>(size_t(N * K), -1)};
-  std::vector<int64_t> rank(size_t(N * K), -1);  // place of the row within its expert
-  for (int64_t i = 0; i < N * K; ++i) {
-    const int64_t e = int64_t(idx[size_t(i)]);
-    MT_CHECK(e >= 0 && e < E, "model", "router: expert {} out of {}", e, E);
-    r.selected[size_t(e)] += 1;
-    if (r.counts[size_t(e)] < cap) rank[size_t(i)] = r.counts[size_t(e)]++;
-    else ++r.dropped;
-  }
-  std::vector<int64_t> begin(size_t(E) + 1, 0);
-  for (int64_t e = 0; e < E; ++e) begin[size_t(e) + 1] = begin[size_t(e)] + r.counts[size_t(e)];
-  for (int64_t i = 0; i < N * K; ++i)
-    if (rank[size_t(i)] >= 0) r.slot[size_t(i)] = int32_t(begin[size_t(idx[size_t(i)])] + rank[size_t(i)]);
-  return r;
+// Rows kept per expert with a capacity (moe.capacity_factor > 0), from this rank's routed rows; 0: dropless.
+int64_t capacity_of(const MoeConfig& mc, int64_t routed, int64_t E) {
+  if (mc.capacity_factor <= 0) return 0;
+  return std::max<int64_t>(1, int64_t(std::ceil(mc.capacity_factor * double(routed) / double(E))));
 }
 
 Tensor i32_tensor(const std::vector<int32_t>& v, const Shape& shape, Device d) {
@@ -292,19 +304,24 @@ Tensor SparseMoeBlock::forward(const Tensor& x) {
   }
   router_topk_forward(w, idx, probs, logits, bias, mc.router_score == "sigmoid", mc.norm_topk_prob,
                       mc.routed_scaling_factor, mc.n_group, mc.topk_group);
-  // 2. Rows grouped by expert (host: the counts size the GEMMs and the all-to-all anyway).
-  Routing r = route(idx, E, mc.capacity_factor);
+  // 2. Rows grouped by expert on the device: the counts never reach the host, the buffers are sized by their upper
+  //    bound (dropless: N K rows exactly; a capacity: at most E x capacity) and the GEMMs read the groups' offsets.
+  //    Expert parallel with a capacity lays the rows out in fixed blocks of `capacity` per expert (padded).
+  const int64_t cap = capacity_of(mc, N * K, E);
+  const bool padded = cap > 0 && ctx_->ep && ctx_->ep->size() > 1;
+  Tensor slot = empty({N, K}, DType::i32, dev), counts = empty({E}, DType::i32, dev),        // (N, K), (E)
+      selected = empty({E}, DType::i32, dev), offsets = empty({E + 1}, DType::i32, dev),     // (E), (E + 1)
+      dropped = empty({1}, DType::i32, dev);                                                 // (1)
+  moe_route(slot, counts, selected, offsets, dropped, idx, cap, padded);
   if (!recomputing()) {
     Tensor prob_sums = zeros({E}, acc, dev);  // (E) column sums of probs
     bias_add_backward(prob_sums, probs);
-    ctx_->record(sparse_index, N, r.selected, prob_sums, r.dropped);
+    ctx_->record(sparse_index, N, selected, prob_sums, dropped);
   }
-  Tensor slot = i32_tensor(r.slot, {N, K}, dev);  // (N, K)
-  int64_t M = 0;
-  for (int64_t c : r.counts) M += c;
-  Tensor xp = empty({M, C}, x.dtype(), dev);  // (M, C) grouped by expert
+  const int64_t M = padded ? E * cap : cap > 0 ? std::min(N * K, E * cap) : N * K;
+  Tensor xp = empty({M, C}, x.dtype(), dev);  // (M, C) grouped by expert (padded: E blocks of cap rows)
   if (M > 0) moe_dispatch_forward(xp, xr, slot);
-  Tensor h = run_experts(xp, r.counts);  // (M, C)
+  Tensor h = run_experts(xp, counts, offsets, cap);  // (M, C)
   Tensor y = empty({N, C}, x.dtype(), dev);
   moe_combine_forward(y, h, w, slot);
   // 3. The shared expert, gated per token (qwen2_moe).
@@ -363,6 +380,7 @@ Tensor SparseMoeBlock::backward(const Tensor& dy) {
 void SparseMoeBlock::drop_saved() {
   probs_ = Tensor(), weights_ = Tensor(), experts_idx_ = Tensor(), slot_ = Tensor(), h_ = Tensor();
   shared_out_ = Tensor(), shared_w_ = Tensor(), shared_slot_ = Tensor(), order_ = Tensor();
+  local_offsets_ = Tensor();
 }
 
 // ---- The experts here, or over the ep group
@@ -377,34 +395,40 @@ struct Exchange {
   std::vector<int32_t> order;
 };
 
-Exchange plan_exchange(Group& ep, const std::vector<int64_t>& counts, Device dev) {
+// Dropless: the sizes depend on the routing, so the host reads them: this rank's counts (E) and, after the counts'
+// all-to-all on the device, every source's for the local experts, in one read (the layer's one host sync).
+Exchange plan_exchange(Group& ep, const Tensor& counts) {
   const int P = ep.size();
-  const int64_t E = int64_t(counts.size()), El = E / P;
-  // Each rank tells every other how many rows it sends to each of that rank's experts.
-  Tensor mine = empty({E}, DType::i64);
-  std::copy(counts.begin(), counts.end(), mine.data<int64_t>());
-  Tensor theirs = empty({E}, DType::i64);  // (P, E_local): source s's rows for my expert j
+  const int64_t E = counts.numel(), El = E / P;
+  Tensor both = empty({2 * E}, DType::i32, counts.device());  // (2 E): mine, then (P, E_local) source s's for my j
+  copy_slice(both, 0, counts, 0, E, 0);
   {
-    Tensor d_mine = mine.to(dev), d_theirs = theirs.to(dev);
     CommTag tag(kMoeCountsTag);
-    ep.all_to_all(d_theirs, d_mine);
-    theirs = d_theirs.to(Device::cpu());
+    ep.all_to_all(both.view(E, {E}), counts);
   }
+  const std::vector<double> host = to_f64(both);
+  const double *mine = host.data(), *n = host.data() + E;
   Exchange x{std::vector<int64_t>(size_t(P), 0), std::vector<int64_t>(size_t(P), 0),
              std::vector<int64_t>(size_t(El), 0), {}};
-  const int64_t* n = theirs.data<int64_t>();
   for (int p = 0; p < P; ++p)
     for (int64_t j = 0; j < El; ++j) {
-      x.send[size_t(p)] += counts[size_t(p * El + j)];
-      x.recv[size_t(p)] += n[p * El + j];
-      x.local[size_t(j)] += n[p * El + j];
+      x.send[size_t(p)] += int64_t(mine[p * El + j]);
+      x.recv[size_t(p)] += int64_t(n[p * El + j]);
+      x.local[size_t(j)] += int64_t(n[p * El + j]);
     }
   std::vector<int64_t> begin(size_t(El), 0);  // expert j's first row, then the next free one
   for (int64_t j = 1; j < El; ++j) begin[size_t(j)] = begin[size_t(j) - 1] + x.local[size_t(j) - 1];
   for (int p = 0; p < P; ++p)
     for (int64_t j = 0; j < El; ++j)
-      for (int64_t i = 0; i < n[p * El + j]; ++i) x.order.push_back(int32_t(begin[size_t(j)]++));
+      for (int64_t i = 0; i < int64_t(n[p * El + j]); ++i) x.order.push_back(int32_t(begin[size_t(j)]++));
   return x;
+}
+
+// The groups' first rows (G + 1) i32 on the device from host counts.
+Tensor offsets_of(const std::vector<int64_t>& counts, Device d) {
+  std::vector<int32_t> o(counts.size() + 1, 0);
+  for (size_t g = 0; g < counts.size(); ++g) o[g + 1] = o[g] + int32_t(counts[g]);
+  return i32_tensor(o, {int64_t(o.size())}, d);
 }
 
 std::vector<int64_t> times(std::vector<int64_t> v, int64_t k) {
@@ -421,17 +445,46 @@ struct Stopwatch {
 
 }  // namespace
 
-Tensor SparseMoeBlock::run_experts(const Tensor& xp, const std::vector<int64_t>& counts) {
+Tensor SparseMoeBlock::run_experts(const Tensor& xp, const Tensor& counts, const Tensor& offsets, int64_t cap) {
   Group* ep = ctx_->ep;
   if (!ep || ep->size() == 1) {
-    experts->counts = counts;
+    experts->offsets = offsets;
     return experts->call(xp);
   }
   CommTag tag(kMoeDispatchTag);
-  const int64_t C = xp.size(1);
+  const int64_t C = xp.size(1), E = counts.numel(), P = ep->size(), El = E / P;
   const Device dev = xp.device();
   std::optional<Stopwatch> watch(std::in_place, ctx_->dispatch_s);
-  Exchange x = plan_exchange(*ep, counts, dev);
+  if (cap > 0) {
+    // A capacity: every rank sends each peer El blocks of cap rows (padding included), so the sizes are known
+    // without asking; the counts travel on the device and the receiver's order skips the padding. (Every ep rank
+    // routes as many rows, the micro-batches being equal over the batch dims, so every rank's cap is the same.)
+    Tensor theirs = empty({E}, DType::i32, dev);  // (P, E_local): source p's kept rows for my expert j
+    {
+      CommTag ctag(kMoeCountsTag);
+      ep->all_to_all(theirs, counts);
+    }
+    const int64_t R = E * cap;  // (P, E_local, cap) arrived rows
+    Tensor order = empty({R, 1}, DType::i32, dev), local = empty({El + 1}, DType::i32, dev);
+    moe_unpad_order(order, local, theirs.reshape({P, El}), cap);
+    Tensor arrived = empty({R, C}, xp.dtype(), dev);  // (R, C) by source, padded
+    ep->all_to_all(arrived, xp);
+    watch.reset();
+    Tensor grouped = empty({R, C}, xp.dtype(), dev);  // (R, C) by local expert, then the unused rows
+    moe_dispatch_forward(grouped, arrived, order);
+    experts->offsets = local;
+    Tensor out = experts->call(grouped);
+    Tensor back = empty({R, C}, xp.dtype(), dev);  // (R, C) by source, padding rows 0
+    moe_dispatch_backward(back, out, order);
+    Tensor h = empty(xp.shape(), xp.dtype(), dev);  // (E cap, C) this rank's rows, padded by expert
+    watch.emplace(ctx_->dispatch_s);
+    ep->all_to_all(h, back);
+    watch.reset();
+    order_ = order, local_offsets_ = local;
+    return h;
+  }
+  // Dropless: the exact sizes, read on the host (one sync per sparse layer; moe.md).
+  Exchange x = plan_exchange(*ep, counts);
   const int64_t R = int64_t(x.order.size());
   // Rows to their experts' ranks, then by local expert; through the experts; back to source order and home.
   Tensor arrived = empty({R, C}, xp.dtype(), dev);  // (R, C) by source
@@ -440,7 +493,7 @@ Tensor SparseMoeBlock::run_experts(const Tensor& xp, const std::vector<int64_t>&
   Tensor order = i32_tensor(x.order, {R, 1}, dev);
   Tensor grouped = empty({R, C}, xp.dtype(), dev);  // (R, C) by local expert
   if (R > 0) moe_dispatch_forward(grouped, arrived, order);
-  experts->counts = x.local;
+  experts->offsets = offsets_of(x.local, dev);
   Tensor out = experts->call(grouped);              // (R, C) by local expert
   Tensor back = empty({R, C}, xp.dtype(), dev);     // (R, C) by source
   if (R > 0) moe_dispatch_backward(back, out, order);
@@ -448,7 +501,7 @@ Tensor SparseMoeBlock::run_experts(const Tensor& xp, const std::vector<int64_t>&
   watch.emplace(ctx_->dispatch_s);
   ep->all_to_all_v(h, back, times(x.recv, C), times(x.send, C));
   watch.reset();
-  send_ = x.send, recv_ = x.recv, order_ = order;
+  send_ = x.send, recv_ = x.recv, order_ = order, local_offsets_ = Tensor();
   return h;
 }
 
@@ -458,15 +511,17 @@ Tensor SparseMoeBlock::run_experts_backward(const Tensor& dh) {
   CommTag tag(kMoeDispatchTag);
   const int64_t C = dh.size(1);
   const Device dev = dh.device();
+  const bool padded = local_offsets_->defined();
   const std::vector<int64_t> send = send_, recv = recv_;
   const Tensor order = order_;  // (R, 1) the forward's, already on the device
-  order_ = Tensor();
+  order_ = Tensor(), local_offsets_ = Tensor();
   const int64_t R = order.size(0);
   // The same path as forward: gradients to the experts' ranks, through them, and home.
   Tensor arrived = empty({R, C}, dh.dtype(), dev);
   {
     Stopwatch w{ctx_->dispatch_s};
-    ep->all_to_all_v(arrived, dh, times(send, C), times(recv, C));
+    if (padded) ep->all_to_all(arrived, dh);
+    else ep->all_to_all_v(arrived, dh, times(send, C), times(recv, C));
   }
   Tensor grouped = empty({R, C}, dh.dtype(), dev);
   if (R > 0) moe_dispatch_forward(grouped, arrived, order);
@@ -475,7 +530,8 @@ Tensor SparseMoeBlock::run_experts_backward(const Tensor& dh) {
   if (R > 0) moe_dispatch_backward(back, dg, order);
   Tensor dxp = empty(dh.shape(), dh.dtype(), dev);
   Stopwatch w{ctx_->dispatch_s};
-  ep->all_to_all_v(dxp, back, times(recv, C), times(send, C));
+  if (padded) ep->all_to_all(dxp, back);
+  else ep->all_to_all_v(dxp, back, times(recv, C), times(send, C));
   return dxp;
 }
 

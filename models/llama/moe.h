@@ -12,7 +12,11 @@
 // rank holding its other tokens: coef * E / R^2 * sum_e C_e S_e (C_e rows routed to e, S_e the sum of e's probs,
 // R the rows routed: tokens x sparse layers). Its gradient on probs is the same row for every token,
 // coef * E * C / R^2, added in the router's backward once the first backward of the micro-batch has the
-// statistics summed (one all-reduce of (L E + E + 1) numbers).
+// statistics summed (one all-reduce of (L E + E + 2) numbers).
+// No host read per layer (docs/design/moe.md, "Host synchronisations"): the routing (moe_route), the groups' sizes
+// (device offsets read by the grouped GEMM), the statistics and the gradient row stay on the device; the host reads
+// the step's statistics once, with the trainer's read of loss and norm (pending_stats). Dropless expert parallel
+// alone reads each sparse layer's counts (the all-to-all's sizes) once per forward.
 #pragma once
 #include <memory>
 #include <vector>
@@ -51,40 +55,52 @@ class MoeContext {
   Group* ep = nullptr;         // expert parallel: the experts split over it; null: all here
   double loss_scale = 0;       // a training forward's loss per token (1 / the step's tokens); 0: no balance loss
   double dispatch_s = 0;       // the step's wall time in the ep all-to-alls so far
-  // Called by a sparse block (index among the sparse layers) in forward: its tokens here, their counts per expert
-  // (E) and prob sums.
-  void record(int64_t layer, int64_t tokens_here, const std::vector<double>& counts, const Tensor& prob_sums,
-              int64_t dropped);
+  // Called by a sparse block (index among the sparse layers) in forward: its tokens here, their rows selected per
+  // expert (E) i32, prob sums (E) and rows dropped (1) i32, all on the device.
+  void record(int64_t layer, int64_t tokens_here, const Tensor& selected, const Tensor& prob_sums,
+              const Tensor& dropped);
   // After this rank's last forward of a training micro-batch (its last pipeline chunk): the statistics' sum over
   // `tokens` starts, asynchronously (every rank of it reaches this point for every micro-batch in the same order,
   // whatever the schedule: no stage waits for another's backward).
   void forward_done();
   // In backward: the balance loss's gradient row for probs, (E) accum dtype, or undefined (the sum waited for).
   Tensor aux_grad_row();
-  RouterStepStats take_step_stats();  // and clears them (waits for sums no backward took)
+  // The step's statistics not read yet (every micro-batch's summed buffer, one after another) as one f64 tensor on
+  // the device, for the step's one host read (train_step appends it to loss and norm); undefined: none.
+  Tensor pending_stats();
+  // And clears them. values: the host copy of pending_stats() (null: read here, one host sync).
+  RouterStepStats take_step_stats(const std::vector<double>* values = nullptr);
   std::vector<Tensor> biases;         // per sparse layer (E) accum dtype: the selection bias (bias_update_rate)
+  // Their values on the host, kept beside them (every change goes through set_bias), so that neither the update
+  // nor the metrics read the device.
+  std::vector<std::vector<double>> bias_values;
+  void add_bias(int64_t n_experts);                          // a sparse layer's, zero
+  void set_bias(size_t layer, const std::vector<double>& v);  // rounded to the bias's dtype, both copies
   void update_biases();               // after the optimizer step: bias += rate * sign(mean load - load)
 
  private:
-  // One micro-batch's statistics on their way to the sum: (L E) counts, (E) prob sums, rows, dropped.
+  // One micro-batch's statistics on their way to the sum: buf (L E + E + 2) f64 = counts (L, E), prob sums (E),
+  // rows, dropped (ops.h moe_stats_record).
   struct Sum {
     Tensor buf;  // f64, on the device; summed in place
     Work work;   // the all-reduce (undefined: summed already, or nothing to sum over)
     double loss_scale = 0;  // the forward's (the balance loss's weight)
-    bool taken = false;
-    Tensor grad_row;
+    bool waited = false;    // work waited for (stream-ordered on a device)
+    bool grad_done = false;
+    bool taken = false;     // read at the step's end
+    Tensor grad_row;        // (E) accum dtype, on the device; undefined: no balance loss
   };
   struct Micro {
-    std::vector<double> counts;  // (L, E), this rank's
+    Tensor stats;                // (L E + E + 2) f64 on the device, this rank's
     std::vector<bool> seen;      // (L) layers recorded
     Tensor prob_sums;            // (E) accum dtype
-    int64_t rows = 0;            // token rows: tokens x sparse layers
-    int64_t dropped = 0;
     std::shared_ptr<Sum> sum;    // started by forward_done (or by the first backward)
   };
   void start_sum(Micro& m);
-  void take(Sum& s);  // waits, then the step's statistics, the balance loss and its gradient row
+  void wait(Sum& s);
+  void parse(Sum& s, const double* buf);  // the step's statistics and the balance loss from a summed buffer's values
   Micro& fresh_micro();
+  std::vector<std::shared_ptr<Sum>> reading_;  // pending_stats()'s, in its order
   Saved<Micro> micro_;
   std::vector<std::shared_ptr<Sum>> pending_;  // started, not yet taken
   RouterStepStats step_;
@@ -98,17 +114,17 @@ class MoeExperts : public Module {
              const ParamFactory& f);
   Parameter *gate_proj, *up_proj, *down_proj;  // (E, F, C), (E, F, C), (E, C, F); Shard(0) over ep
   int64_t n_experts, dim, ffn_dim;
-  // The rows of each local expert, for the next forward (set by the block).
-  std::vector<int64_t> counts;
+  // (E_local + 1) i32 on the device: the local experts' first rows in the next forward's input (set by the block).
+  Tensor offsets;
 
  protected:
-  Tensor forward(const Tensor& x) override;  // (M, C) grouped by local expert -> (M, C)
+  Tensor forward(const Tensor& x) override;  // (M, C) grouped by local expert (M an upper bound) -> (M, C)
   Tensor backward(const Tensor& dy) override;
   void drop_saved() override;
 
  private:
   Saved<Tensor> x_, gate_, up_;  // (M, C), (M, F), (M, F)
-  Saved<std::vector<int64_t>> counts_;
+  Saved<Tensor> offsets_;
 };
 
 class SparseMoeBlock : public Module {
@@ -129,13 +145,15 @@ class SparseMoeBlock : public Module {
 
  private:
   struct Route;
-  Tensor run_experts(const Tensor& xp, const std::vector<int64_t>& counts);  // (M, C): local or over ep
+  // (M, C): local or over ep. counts (E) i32 and offsets (E + 1) i32 on the device; capacity 0: dropless.
+  Tensor run_experts(const Tensor& xp, const Tensor& counts, const Tensor& offsets, int64_t capacity);
   Tensor run_experts_backward(const Tensor& dh);
   std::shared_ptr<MoeContext> ctx_;
   // Per micro-batch: the router's output, the routing, what combine and the shared expert need.
   Saved<Tensor> probs_, weights_, experts_idx_, slot_, h_, shared_out_, shared_w_, shared_slot_;
   Saved<std::vector<int64_t>> send_, recv_;  // expert parallel: rows per peer
   Saved<Tensor> order_;                      // expert parallel: (R, 1) each arrived row's expert-major row
+  Saved<Tensor> local_offsets_;              // expert parallel with a capacity: (E_local + 1) i32
   Saved<Shape> in_shape_;
 };
 

@@ -1,5 +1,7 @@
 #include "models/llama/parallelize.h"
 
+#include <spdlog/spdlog.h>
+
 #include "parallel/plan_yaml.h"
 
 namespace mt {
@@ -164,6 +166,11 @@ void apply_moe(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDi
     if (auto* b = dynamic_cast<SparseMoeBlock*>(m)) blocks.push_back(b);
   if (pd.ep() > 1) {
     ctx.ep = &mesh.group(dim::ep);
+    if (ctx.config.capacity_factor <= 0)
+      spdlog::info("moe: dropless expert parallel (parallel.ep = {}, model.moe.capacity_factor = 0) reads each sparse "
+                   "layer's row counts on the host once per forward (one host sync per sparse layer and micro-batch); "
+                   "a capacity (model.moe.capacity_factor > 0) sends fixed blocks and needs none",
+                   pd.ep());
     const int d = mesh.dim_index(dim::ep);
     for (SparseMoeBlock* b : blocks)
       for (Parameter* q : b->experts->own_parameters()) {

@@ -26,7 +26,7 @@ namespace mt {
 class Stream;
 class Event;
 
-constexpr uint32_t kCudaBackendAbi = 9;
+constexpr uint32_t kCudaBackendAbi = 10;
 constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
 
 // The launchers of runtime/kernels/cuda taking T = float or mt::bf16 (declared again beside their ops,
@@ -122,7 +122,15 @@ constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
   X(int, moe_combine_backward,                                                                                        \
     (T * dinp, float* dweights, const T* dout, const T* inp, const float* weights, const int32_t* slot, int64_t N,    \
      int64_t K, int64_t M, int64_t C, void* stream),                                                                  \
-    (dinp, dweights, dout, inp, weights, slot, N, K, M, C, stream))
+    (dinp, dweights, dout, inp, weights, slot, N, K, M, C, stream))                                                  \
+  X(int, grouped_matmul_forward_dev,                                                                                  \
+    (T * out, const T* inp, const T* weight, const int32_t* offsets, int64_t M, int64_t C, int64_t OC, int64_t G,     \
+     void* stream),                                                                                                   \
+    (out, inp, weight, offsets, M, C, OC, G, stream))                                                                 \
+  X(int, grouped_matmul_backward_dev,                                                                                 \
+    (T * dinp, float* dweight, const T* dout, const T* inp, const T* weight, const int32_t* offsets, int64_t M,       \
+     int64_t C, int64_t OC, int64_t G, void* stream),                                                                 \
+    (dinp, dweight, dout, inp, weight, offsets, M, C, OC, G, stream))
 
 // The other functions of mt::cuda that code outside the library calls (launchers and queries).
 #define MT_CUDA_FUNCTIONS(X)                                                                                          \
@@ -196,7 +204,22 @@ constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
   X(void, pinned_free, (void* p), (p))                                                                                \
   X(std::string, pci_bus_id, (int device), (device))                                                                  \
   X(size_t, device_memory_bytes, (int device), (device))                                                              \
-  X(std::string, device_name, (int device), (device))                                                                \
+  X(std::string, device_name, (int device), (device))                                                               \
+  X(int, moe_route,                                                                                                   \
+    (int32_t * slot, int32_t* counts, int32_t* selected, int32_t* offsets, int32_t* dropped, const int32_t* experts,  \
+     int64_t n, int64_t E, int64_t capacity, bool padded, void* stream),                                              \
+    (slot, counts, selected, offsets, dropped, experts, n, E, capacity, padded, stream))                              \
+  X(int, moe_unpad_order,                                                                                             \
+    (int32_t * order, int32_t* offsets, const int32_t* counts, int64_t P, int64_t El, int64_t capacity,              \
+     void* stream),                                                                                                   \
+    (order, offsets, counts, P, El, capacity, stream))                                                                \
+  X(int, moe_stats_record,                                                                                            \
+    (double* stats, const int32_t* selected, const float* prob_sums, const int32_t* dropped, int64_t L, int64_t E,   \
+     int64_t layer, int64_t rows, void* stream),                                                                      \
+    (stats, selected, prob_sums, dropped, L, E, layer, rows, stream))                                                 \
+  X(int, moe_aux_grad_row,                                                                                            \
+    (float* row, const double* stats, int64_t L, int64_t E, double coef, double loss_scale, void* stream),           \
+    (row, stats, L, E, coef, loss_scale, stream))                                                                     \
   X(void, graph_begin, (int device), (device))                                                                        \
   X(void*, graph_end, (int device, std::string* why), (device, why))                                                  \
   X(void, graph_launch, (void* exec, int device), (exec, device))                                                     \

@@ -238,6 +238,36 @@ void grouped_matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& 
 // matmul_backward's; f32 with bf16 activations when dweight is f32).
 void grouped_matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
                              const Tensor& weight, const std::vector<int64_t>& counts);
+// The same with the groups on the device: offsets (G + 1) i32 on inp's device, group g's rows [offsets[g],
+// offsets[g+1]), offsets[0] = 0, non-decreasing, offsets[G] <= M (M, the buffer's rows, an upper bound: the
+// host never reads the counts). One launch per call on CUDA. Rows past offsets[G]: out (forward) and dinp
+// (backward) rows 0, never read as input; dweight += per group as above.
+void grouped_matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& offsets);
+void grouped_matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                             const Tensor& weight, const Tensor& offsets);
+
+// Routing on the device (no host read): from experts (N, K) i32 (router_topk_forward's, each in [0, E)), the
+// routed rows grouped by expert in (t, k) order within an expert; an expert keeps its first `capacity` rows
+// (capacity <= 0: all of them), the others are dropped (slot -1). Outputs, all i32 on experts' device:
+// slot (N, K): each (t, k)'s row, offsets[e] + its place within e (padded: e * capacity + its place, the fixed
+// blocks of expert parallel with a capacity); counts (E) kept rows; selected (E) rows before the capacity;
+// offsets (E + 1) the groups' first rows (offsets[E] = the rows kept); dropped (1). Deterministic (no atomics).
+void moe_route(const Tensor& slot, const Tensor& counts, const Tensor& selected, const Tensor& offsets,
+               const Tensor& dropped, const Tensor& experts, int64_t capacity, bool padded = false);
+// Expert parallel with a capacity: rows arrive in P blocks (one per source), each El blocks (local experts) of
+// `capacity` rows of which counts (P, El) i32 [p, j] are real. order (P El capacity, 1) i32: each arrived row's
+// row grouped by local expert (expert j's rows by source, then place), -1 for padding; offsets (El + 1) i32:
+// the local experts' first rows. Deterministic.
+void moe_unpad_order(const Tensor& order, const Tensor& offsets, const Tensor& counts, int64_t capacity);
+// The router statistics of a micro-batch, stats (L E + E + 2) f64 on the device: counts (L, E), prob sums (E),
+// rows, dropped (models/llama/moe.h). One sparse layer's record: counts row `layer` = selected (E) i32; prob sums
+// = prob_sums (E) accum dtype widened (the micro-batch's running sum); rows += rows; dropped += dropped (1) i32.
+void moe_stats_record(const Tensor& stats, const Tensor& selected, const Tensor& prob_sums, const Tensor& dropped,
+                      int64_t layer, int64_t rows);
+// The balance loss's gradient row on probs from summed statistics (stats as above, L layers): with R = rows and
+// C_e = sum_l counts[l, e], row (E) accum dtype = w * coef * E * C_e / R^2 in f64, w = R / L * loss_scale
+// (the micro-batch's weight); 0 when R is 0.
+void moe_aux_grad_row(const Tensor& row, const Tensor& stats, int64_t L, double coef, double loss_scale);
 
 // ---- AdamW, PyTorch semantics (torch.optim.AdamW, amsgrad off) ----
 // param -= lr * weight_decay * param (decoupled, first); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

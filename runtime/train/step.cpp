@@ -58,11 +58,16 @@ StepResult train_step(TrainRun& run, int64_t step) {
   // 4. The step's loss over the whole batch (every token's loss is on exactly one rank of dp x cp) and the
   //    gradient norm's squares, summed and all-reduced on the device: stats (1 + k) f64 holds the loss sum,
   //    then one entry per group of gradients sharded alike.
+  //    An MoE model's router statistics (summed on the device over the ranks holding the other tokens) follow, so
+  //    that the same read brings them (no host sync of their own).
   const int64_t norm_groups = grad_norm_slots(run.trainable);
-  Tensor stats = zeros({1 + norm_groups}, DType::f64, run.device);
+  const Tensor router = run.model->pending_router_stats();  // (n) f64 or undefined
+  const int64_t n_router = router.defined() ? router.numel() : 0;
+  Tensor stats = zeros({1 + norm_groups + n_router}, DType::f64, run.device);
   for (const Tensor& l : micro_losses) sum_into(stats, 0, l);
   run.mesh.group(run.pd.loss_group()).all_reduce(stats.view(0, {1}), ReduceOp::sum);
   grad_norm_squares(stats, 1, run.trainable);
+  if (n_router > 0) copy_slice(stats, 1 + norm_groups, router, 0, n_router, 0);
   // 5. Clip by the global norm and update. The host reads loss and norm here, the step's one host sync: the
   //    non-finite rule and the clip scale decide on the host. A non-finite loss or norm skips the update: both
   //    are all-reduced, so every rank decides the same with no extra communication, and a NaN never reaches
@@ -72,7 +77,8 @@ StepResult train_step(TrainRun& run, int64_t step) {
   const std::vector<double> sums = run.executor->sum_over_stages({host[0], sum_of(host, 1, norm_groups)});
   StepResult res;
   res.trained_tokens = trained;
-  res.router = run.model->take_router_stats();  // the same on every rank: its statistics were summed
+  const std::vector<double> router_values(host.begin() + 1 + norm_groups, host.end());
+  res.router = run.model->take_router_stats(&router_values);  // the same on every rank: its statistics were summed
   res.loss = sums[0] * inv_tokens + res.router.aux_loss;
   res.grad_norm = std::sqrt(sums[1]);
   res.lr = lr_at(t, step);

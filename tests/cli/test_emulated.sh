@@ -3,12 +3,12 @@
 # meshtrain (build-emu, -Demulate_cuda=true: the kernels, cuBLASLt and NCCL stand-ins run on the CPU) trains a
 # tiny model with comm.device=cuda and is compared with the CPU backend (BUILD_DIR/meshtrain):
 #  - fp32, 5 steps within 1e-4 of the CPU on 1 rank, dp_replicate 2, tp 2, cp 2 (ring and all_gather), a mixtral
-#    model on 1 rank and on ep 2,
+#    model on 1 rank and on ep 2 (dropless, and with a capacity that drops rows: fixed blocks),
 #    dp_shard 2 and pp 2 (1f1b; zb1p x tp 2: the pipeline's batched sends and receives on the NCCL stand-in,
 #    whose sends are synchronous as NCCL's), with the ranks sharing one emulated device (comm.backend mpi: device
 #    buffers staged through the
 #    host) and with a device each (MT_EMU_DEVICES, comm.backend nccl: the NCCL stand-in over MPI);
-#  - bf16 within 2% of fp32 at step 5;
+#  - bf16 within 2% of fp32 at step 5; MoE bf16 (tensor-core grouped GEMMs) within 2% of the CPU's fp32;
 #  - attention.kernel cudnn (cuDNN's stand-in, tests/emu/cudnn_emu.cpp) against flash: bf16, GQA, cp 2 ring, tp 2, and
 #    packed documents on 1 rank and (auto: cuDNN on the diagonal, flash off it) on cp 2, within 1% over 3 steps;
 #    cudnn with documents and cp 2 is refused at start-up naming the key;
@@ -130,6 +130,9 @@ pair "dp_shard 2 x tp 2, a device each (nccl)" 4 nccl --set parallel.dp_shard=2 
 moe=(--set model.type=mixtral --set model.moe.n_experts=4 --set model.moe.ffn_dim=48 --set model.moe.output_router_logits=true)
 pair "mixtral 4 experts top-2, balance loss (mpi)" 1 mpi "${moe[@]}"
 pair "mixtral ep 2, a device each (nccl)" 2 nccl "${moe[@]}" --set parallel.ep=2 --set parallel.dp_replicate=1
+# With a capacity that drops rows: ep sends fixed blocks (counts on the device, the padding skipped by the grouped GEMM).
+pair "mixtral ep 2 capacity 1.0, a device each (nccl)" 2 nccl "${moe[@]}" --set parallel.ep=2 \
+  --set parallel.dp_replicate=1 --set model.moe.capacity_factor=1.0
 # A peer that never joins an NCCL collective ends the job instead of hanging it: rank 1 of tp 2 stops itself before
 # sampling, so rank 0 waits in the sampling forward's tp all-reduce, which the stand-in runs at once on the host, as
 # NCCL's host side may block too (a communicator connects to its peers at its first operation). The watchdog
@@ -166,6 +169,23 @@ PY
   ); then ok "bf16 on the emulated device within 2% of fp32 at step 5 (and really rounded): $out"; else bad "bf16 against fp32" "$out"; fi
 else
   bad "bf16 on the emulated device" "$(tail -n 15 "$tmp/emu_bf16.log")"
+fi
+
+# MoE in bf16: the grouped GEMMs on tensor cores (mma.sync, runtime/kernels/cuda/moe_grouped.cu) against the CPU's fp32
+# run of the same config (the mixtral pair above), within 2% at every step and really rounded.
+if run emu_moe_bf16 "$emt" 1 --set comm.device=cuda --set training.dtype=bf16 "${moe[@]}"; then
+  if out=$("$py" - "$tmp/emu_moe_bf16.jsonl" "$tmp/cpu_mixtral_4_experts_top_2__balance_loss__mpi_.jsonl" <<'PY' 2>&1
+import json, sys
+def rows(p): return [json.loads(l) for l in open(p) if '"loss"' in l]
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+d = max(abs(x["loss"] - y["loss"]) / y["loss"] for x, y in zip(a, b))
+print(len(a), "steps, largest relative difference %.5f" % d)
+sys.exit(0 if len(a) == len(b) == 5 and d < 0.02 and a[-1]["loss"] != b[-1]["loss"] else 1)
+PY
+  ); then ok "MoE bf16 (tensor-core grouped GEMMs) on the emulated device within 2% of the CPU's fp32: $out"
+  else bad "MoE bf16 against fp32" "$out"; fi
+else
+  bad "MoE bf16 on the emulated device" "$(tail -n 15 "$tmp/emu_moe_bf16.log")"
 fi
 
 # Attention through cuDNN (here its stand-in, tests/emu/cudnn_emu.cpp; on a GPU the real library) against the flash

@@ -38,14 +38,17 @@ ModelConfig moe_config(const std::string& type, int64_t n_experts, int64_t share
   return c;
 }
 
-void compare_ep(const std::string& type, int64_t shared) {
+// capacity_factor > 0: E / K, so that no expert drops a row (the capacity is every token) and the reference's
+// routing is the dropless one, while ep sends fixed blocks of the capacity per expert (mostly padding).
+void compare_ep(const std::string& type, int64_t shared, double capacity_factor = 0) {
   ThreadsPerRank threads;
   const int n = world_size(), r = world_rank();
   const int64_t E = 2 * n, B = 2 * n, T = 3, C = 8, rows = B / n;
   INFO(type << " on ep " << n << ", " << E << " experts");
   DeviceMesh mesh = DeviceMesh::create({{"ep", n}});
   ParamFactory f{mesh, DType::f64, Device::cpu(), 7, 0.5};
-  const ModelConfig c = moe_config(type, E, shared);
+  ModelConfig c = moe_config(type, E, shared);
+  c.moe.capacity_factor = capacity_factor;
   const MoeNames names{"gate_proj", "up_proj", "down_proj"};
   auto ref_ctx = std::make_shared<MoeContext>(c.moe, 1, DType::f64, Device::cpu()),
        par_ctx = std::make_shared<MoeContext>(c.moe, 1, DType::f64, Device::cpu());
@@ -82,4 +85,8 @@ TEST_CASE("moe: a sparse block on ep = every rank equals it on one rank (mixtral
 
 TEST_CASE("moe: a sparse block with a shared expert on ep = every rank equals it on one rank (qwen2_moe)") {
   compare_ep("qwen2_moe", 10);
+}
+
+TEST_CASE("moe: expert parallel with a capacity (fixed blocks, counts on the device) equals one rank") {
+  compare_ep("mixtral", 0, double(2 * world_size()) / 2);
 }

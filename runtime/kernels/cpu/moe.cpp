@@ -6,8 +6,10 @@
 // w_k = scale * p_k (/ S = sum of the K selected p, with renormalize).
 // Backward: dp_j = dprob_row_j + scale * (dw_j / S - sum_k dw_k p_k / S^2) for selected j (scale * dw_j
 // without renormalize), then dlogit = p (dp - sum(p dp)) (softmax) or dp p (1 - p) (sigmoid).
-// The grouped GEMM has no kernel of its own: each group is one matmul_forward / matmul_backward on row views,
-// so it runs at the dense GEMM's speed on every backend.
+// The grouped GEMM with host counts has no kernel of its own: each group is one matmul_forward / matmul_backward on
+// row views, so it runs at the dense GEMM's speed on every backend. The one with device offsets (what the MoE block
+// runs: no host read) does the same on the CPU, reading the offsets there, and is one kernel on CUDA
+// (cuda/moe_grouped.cu, with the routing and the statistics' ops).
 #include "runtime/kernels/cpu/isa_level.h"
 
 #include <algorithm>
@@ -216,6 +218,24 @@ template <typename T> int moe_combine_forward(T* out, const T* inp, const float*
 template <typename T> int moe_combine_backward(T* dinp, float* dweights, const T* dout, const T* inp,
                                                const float* weights, const int32_t* slot, int64_t N, int64_t K,
                                                int64_t M, int64_t C, void* stream);
+// moe_grouped.cu: the routing and the grouped GEMM with the groups' offsets (G + 1) i32 on the device.
+int moe_route(int32_t* slot, int32_t* counts, int32_t* selected, int32_t* offsets, int32_t* dropped,
+              const int32_t* experts, int64_t n, int64_t E, int64_t capacity, bool padded, void* stream);
+int moe_unpad_order(int32_t* order, int32_t* offsets, const int32_t* counts, int64_t P, int64_t El, int64_t capacity,
+                    void* stream);
+int moe_stats_record(double* stats, const int32_t* selected, const float* prob_sums, const int32_t* dropped, int64_t L,
+                     int64_t E, int64_t layer, int64_t rows, void* stream);
+int moe_aux_grad_row(float* row, const double* stats, int64_t L, int64_t E, double coef, double loss_scale,
+                     void* stream);
+// out (M, OC) rows of group g = inp rows @ weight[g]^T (rows past offsets[G]: 0).
+template <typename T>
+int grouped_matmul_forward_dev(T* out, const T* inp, const T* weight, const int32_t* offsets, int64_t M, int64_t C,
+                               int64_t OC, int64_t G, void* stream);
+// dinp (M, C) (or null) = dout @ weight[g] per group (rows past offsets[G]: 0); dweight (G, OC, C) f32 (or null)
+// += dout^T @ inp per group.
+template <typename T>
+int grouped_matmul_backward_dev(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight,
+                                const int32_t* offsets, int64_t M, int64_t C, int64_t OC, int64_t G, void* stream);
 }  // namespace mt::cuda
 #endif
 
@@ -476,6 +496,265 @@ void grouped_matmul_backward(const Tensor& dinp, const Tensor& dweight, const Te
                     dweight.defined() ? group_slice(dweight, g) : Tensor(), dout.slice0(b, e), inp.slice0(b, e),
                     group_slice(weight, g), false);
   }
+}
+
+
+// ---- The same with the groups on the device (moe_grouped.cu on CUDA)
+
+namespace {
+// offsets (G + 1) i32 of a grouped op: read on the CPU (host memory: no sync), checked; the CUDA kernels trust them.
+std::vector<int64_t> host_offsets(const char* op, const Tensor& offsets, int64_t M) {
+  const int32_t* o = offsets.data<int32_t>();
+  std::vector<int64_t> b(size_t(offsets.numel()));
+  for (size_t g = 0; g < b.size(); ++g) {
+    b[g] = o[g];
+    MT_CHECK(g == 0 ? b[g] == 0 : b[g] >= b[g - 1], "kernels", "{}: offsets[{}] = {} (must start at 0 and not decrease)",
+             op, g, b[g]);
+  }
+  MT_CHECK(b.back() <= M, "kernels", "{}: the groups end at row {}, past the buffer's {}", op, b.back(), M);
+  return b;
+}
+
+void check_offsets_shape(const char* op, const Tensor& offsets, const Tensor& weight, int64_t C) {
+  MT_CHECK(offsets.defined() && offsets.numel() >= 1, "kernels", "{}: offsets must be (G + 1) i32", op);
+  check_i32(op, offsets, offsets.numel(), "offsets");
+  check_float(op, weight, "weight");
+  const int64_t G = offsets.numel() - 1;
+  MT_CHECK(weight.dim() == 3 && weight.size(0) == G && weight.size(2) == C, "kernels",
+           "{}: weight must be ({}, OC, {}), got {}", op, G, C, shape_str(weight.shape()));
+}
+}  // namespace
+
+void grouped_matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& offsets) {
+  const char* op = "grouped_matmul_forward";
+  check_float(op, inp, "inp");
+  MT_CHECK(inp.dim() == 2, "kernels", "{}: inp must be (M, C), got {}", op, shape_str(inp.shape()));
+  const int64_t M = inp.size(0), C = inp.size(1);
+  check_offsets_shape(op, offsets, weight, C);
+  const int64_t G = weight.size(0), OC = weight.size(1);
+  expect_shape(op, out, {M, OC}, "out");
+  if (on_cuda(op, {&out, &inp, &weight, &offsets})) {
+#if MT_CUDA
+    same_dtype(op, inp, weight, "weight");
+    same_dtype(op, inp, out, "out");
+    kprof::Scope prof(op, inp.device(), 0, kprof::enabled() ? kprof::bytes_of({&out, &inp, &weight}) : 0);
+    cuda_check(by_cuda_float(inp, [&](auto z) {
+                 using T = decltype(z);
+                 return cuda::grouped_matmul_forward_dev<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(weight),
+                                                            offsets.data<int32_t>(), M, C, OC, G, stream_of(inp));
+               }),
+               op);
+#endif
+    return;
+  }
+  // The CPU: one matmul per group on row views, as the host-counts op.
+  const std::vector<int64_t> b = host_offsets(op, offsets, M);
+  for (int64_t g = 0; g < G; ++g)
+    if (b[size_t(g) + 1] > b[size_t(g)])
+      matmul_forward(out.slice0(b[size_t(g)], b[size_t(g) + 1]), inp.slice0(b[size_t(g)], b[size_t(g) + 1]),
+                     group_slice(weight, size_t(g)), false);
+  if (b.back() < M) fill_zero_(out.slice0(b.back(), M));
+}
+
+void grouped_matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                             const Tensor& weight, const Tensor& offsets) {
+  const char* op = "grouped_matmul_backward";
+  check_float(op, dout, "dout");
+  check_float(op, inp, "inp");
+  MT_CHECK(dout.dim() == 2 && inp.dim() == 2 && inp.size(0) == dout.size(0), "kernels",
+           "{}: dout (M, OC) and inp (M, C), got {} and {}", op, shape_str(dout.shape()), shape_str(inp.shape()));
+  const int64_t M = inp.size(0), C = inp.size(1);
+  check_offsets_shape(op, offsets, weight, C);
+  const int64_t G = weight.size(0), OC = weight.size(1);
+  expect_shape(op, dout, {M, OC}, "dout");
+  if (dinp.defined()) expect_shape(op, dinp, inp.shape(), "dinp");
+  if (dweight.defined()) expect_shape(op, dweight, weight.shape(), "dweight");
+  if (on_cuda(op, {&dinp, &dweight, &dout, &inp, &weight, &offsets})) {
+#if MT_CUDA
+    same_dtype(op, dout, inp, "inp");
+    same_dtype(op, dout, weight, "weight");
+    if (dinp.defined()) same_dtype(op, dout, dinp, "dinp");
+    if (dweight.defined())
+      MT_CHECK(dweight.dtype() == DType::f32, "kernels", "{}: dweight must be f32 on CUDA, got {}", op,
+               dtype_name(dweight.dtype()));
+    kprof::Scope prof(op, dout.device(), 0, kprof::enabled() ? kprof::bytes_of({&dinp, &dweight, &dout, &inp}) : 0);
+    cuda_check(by_cuda_float(dout, [&](auto z) {
+                 using T = decltype(z);
+                 return cuda::grouped_matmul_backward_dev<T>(ptr<T>(dinp), ptr<float>(dweight), ptr<T>(dout),
+                                                             ptr<T>(inp), ptr<T>(weight), offsets.data<int32_t>(), M,
+                                                             C, OC, G, stream_of(dout));
+               }),
+               op);
+#endif
+    return;
+  }
+  const std::vector<int64_t> b = host_offsets(op, offsets, M);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t r0 = b[size_t(g)], r1 = b[size_t(g) + 1];
+    if (r1 == r0) continue;
+    matmul_backward(dinp.defined() ? dinp.slice0(r0, r1) : Tensor(),
+                    dweight.defined() ? group_slice(dweight, size_t(g)) : Tensor(), dout.slice0(r0, r1),
+                    inp.slice0(r0, r1), group_slice(weight, size_t(g)), false);
+  }
+  if (dinp.defined() && b.back() < M) fill_zero_(dinp.slice0(b.back(), M));
+}
+
+void moe_route(const Tensor& slot, const Tensor& counts, const Tensor& selected, const Tensor& offsets,
+               const Tensor& dropped, const Tensor& experts, int64_t capacity, bool padded) {
+  const char* op = "moe_route";
+  MT_CHECK(experts.defined() && experts.dim() == 2, "kernels", "{}: experts must be (N, K) i32", op);
+  const int64_t N = experts.size(0), K = experts.size(1), n = N * K;
+  MT_CHECK(counts.defined() && counts.numel() >= 1, "kernels", "{}: counts must be (E) i32", op);
+  const int64_t E = counts.numel();
+  check_i32(op, experts, n, "experts");
+  check_i32(op, slot, n, "slot");
+  expect_shape(op, slot, experts.shape(), "slot");
+  check_i32(op, counts, E, "counts");
+  check_i32(op, selected, E, "selected");
+  check_i32(op, offsets, E + 1, "offsets");
+  check_i32(op, dropped, 1, "dropped");
+  MT_CHECK(!padded || capacity > 0, "kernels", "{}: padded blocks need a capacity", op);
+  MT_CHECK(n <= INT32_MAX && (capacity <= 0 || E * capacity <= INT32_MAX), "kernels",
+           "{}: {} routed rows do not fit i32 slots", op, padded ? E * capacity : n);
+  if (on_cuda(op, {&slot, &counts, &selected, &offsets, &dropped, &experts})) {
+#if MT_CUDA
+    kprof::Scope prof(op, experts.device(), 0, 0);
+    cuda_check(cuda::moe_route(slot.data<int32_t>(), counts.data<int32_t>(), selected.data<int32_t>(),
+                               offsets.data<int32_t>(), dropped.data<int32_t>(), experts.data<int32_t>(), n, E,
+                               capacity, padded, stream_of(experts)),
+               op);
+#endif
+    return;
+  }
+  // The host loop models/llama/moe.cpp ran before (the reference of the CUDA kernels' order).
+  const int32_t* ex = experts.data<int32_t>();
+  int32_t *s = slot.data<int32_t>(), *c = counts.data<int32_t>(), *sel = selected.data<int32_t>(),
+          *o = offsets.data<int32_t>();
+  const int64_t cap = capacity > 0 ? capacity : INT64_MAX;
+  std::fill(c, c + E, 0);
+  std::fill(sel, sel + E, 0);
+  int32_t drop = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t e = ex[i];
+    MT_CHECK(e >= 0 && e < E, "model", "router: expert {} out of {}", e, E);
+    ++sel[e];
+    if (c[e] < cap) s[i] = c[e]++;
+    else s[i] = -1, ++drop;
+  }
+  o[0] = 0;
+  for (int64_t e = 0; e < E; ++e) o[e + 1] = o[e] + c[e];
+  for (int64_t i = 0; i < n; ++i)
+    if (s[i] >= 0) s[i] = int32_t((padded ? int64_t(ex[i]) * capacity : int64_t(o[ex[i]])) + s[i]);
+  dropped.data<int32_t>()[0] = drop;
+}
+
+void moe_unpad_order(const Tensor& order, const Tensor& offsets, const Tensor& counts, int64_t capacity) {
+  const char* op = "moe_unpad_order";
+  MT_CHECK(counts.defined() && counts.dim() == 2 && capacity > 0, "kernels",
+           "{}: counts must be (P, El) i32 and the capacity positive", op);
+  const int64_t P = counts.size(0), El = counts.size(1);
+  check_i32(op, counts, P * El, "counts");
+  check_i32(op, order, P * El * capacity, "order");
+  check_i32(op, offsets, El + 1, "offsets");
+  if (on_cuda(op, {&order, &offsets, &counts})) {
+#if MT_CUDA
+    kprof::Scope prof(op, counts.device(), 0, 0);
+    cuda_check(cuda::moe_unpad_order(order.data<int32_t>(), offsets.data<int32_t>(), counts.data<int32_t>(), P, El,
+                                     capacity, stream_of(counts)),
+               op);
+#endif
+    return;
+  }
+  const int32_t* n = counts.data<int32_t>();
+  int32_t *ord = order.data<int32_t>(), *o = offsets.data<int32_t>();
+  std::vector<int32_t> next(size_t(El), 0);  // expert j's next grouped row
+  int32_t run = 0;
+  for (int64_t j = 0; j < El; ++j) {
+    o[j] = next[size_t(j)] = run;
+    for (int64_t p = 0; p < P; ++p) {
+      MT_CHECK(n[p * El + j] >= 0 && n[p * El + j] <= capacity, "kernels", "{}: counts[{}, {}] = {} outside [0, {}]",
+               op, p, j, n[p * El + j], capacity);
+      run += n[p * El + j];
+    }
+  }
+  o[El] = run;
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t j = 0; j < El; ++j)
+      for (int64_t i = 0; i < capacity; ++i) ord[(p * El + j) * capacity + i] = i < n[p * El + j] ? next[size_t(j)]++ : -1;
+}
+
+void moe_stats_record(const Tensor& stats, const Tensor& selected, const Tensor& prob_sums, const Tensor& dropped,
+                      int64_t layer, int64_t rows) {
+  const char* op = "moe_stats_record";
+  MT_CHECK(selected.defined(), "kernels", "{}: selected must be (E) i32", op);
+  const int64_t E = selected.numel();
+  check_i32(op, selected, E, "selected");
+  MT_CHECK(stats.defined() && stats.dtype() == DType::f64 && stats.numel() >= E + 2 && (stats.numel() - 2) % E == 0,
+           "kernels", "{}: stats must be (L E + E + 2) f64 with E = {}", op, E);
+  const int64_t L = (stats.numel() - 2) / E - 1;
+  MT_CHECK(layer >= 0 && layer < L, "kernels", "{}: layer {} of {}", op, layer, L);
+  if (dropped.defined()) check_i32(op, dropped, 1, "dropped");
+  if (prob_sums.defined()) {
+    check_float(op, prob_sums, "prob_sums");
+    MT_CHECK(prob_sums.numel() == E, "kernels", "{}: prob_sums must be ({})", op, E);
+  }
+  if (on_cuda(op, {&stats, &selected, &prob_sums, &dropped})) {
+#if MT_CUDA
+    MT_CHECK(!prob_sums.defined() || prob_sums.dtype() == DType::f32, "kernels", "{}: prob_sums must be f32 on CUDA",
+             op);
+    kprof::Scope prof(op, stats.device(), 0, 0);
+    cuda_check(cuda::moe_stats_record(stats.data<double>(), selected.data<int32_t>(), ptr<float>(prob_sums),
+                                      ptr<int32_t>(dropped), L, E, layer, rows, stream_of(stats)),
+               op);
+#endif
+    return;
+  }
+  double* st = stats.data<double>();
+  const int32_t* sel = selected.data<int32_t>();
+  for (int64_t e = 0; e < E; ++e) st[layer * E + e] = double(sel[e]);
+  if (prob_sums.defined()) {
+    const std::vector<double> ps = [&] {  // widened as to_f64 does, without counting a host read: this is host memory
+      std::vector<double> v(static_cast<size_t>(E));
+      if (prob_sums.dtype() == DType::f64) std::copy_n(prob_sums.data<double>(), E, v.begin());
+      else if (prob_sums.dtype() == DType::f32) std::copy_n(prob_sums.data<float>(), E, v.begin());
+      else for (int64_t e = 0; e < E; ++e) v[size_t(e)] = double(bf16::to_float(prob_sums.data<bf16>()[e].bits));
+      return v;
+    }();
+    std::copy(ps.begin(), ps.end(), st + L * E);
+  }
+  st[L * E + E] += double(rows);
+  if (dropped.defined()) st[L * E + E + 1] += double(dropped.data<int32_t>()[0]);
+}
+
+void moe_aux_grad_row(const Tensor& row, const Tensor& stats, int64_t L, double coef, double loss_scale) {
+  const char* op = "moe_aux_grad_row";
+  check_float(op, row, "row");
+  const int64_t E = row.numel();
+  MT_CHECK(stats.defined() && stats.dtype() == DType::f64 && L >= 1 && stats.numel() == L * E + E + 2, "kernels",
+           "{}: stats must be ({} x {} + {} + 2) f64", op, L, E, E);
+  if (on_cuda(op, {&row, &stats})) {
+#if MT_CUDA
+    MT_CHECK(row.dtype() == DType::f32, "kernels", "{}: row must be f32 on CUDA", op);
+    kprof::Scope prof(op, stats.device(), 0, 0);
+    cuda_check(cuda::moe_aux_grad_row(row.data<float>(), stats.data<double>(), L, E, coef, loss_scale,
+                                      stream_of(stats)),
+               op);
+#endif
+    return;
+  }
+  // The same operations in the same order as the kernel (and as the host formula this replaced).
+  const double* st = stats.data<double>();
+  const double R = st[L * E + E];
+  std::vector<double> v(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    double C = 0;
+    for (int64_t l = 0; l < L; ++l) C += st[l * E + e];
+    const double w = R / double(L) * loss_scale;
+    v[size_t(e)] = R > 0 ? w * coef * double(E) * C / (R * R) : 0.0;
+  }
+  if (row.dtype() == DType::f64) std::copy(v.begin(), v.end(), row.data<double>());
+  else if (row.dtype() == DType::f32) for (int64_t e = 0; e < E; ++e) row.data<float>()[e] = float(v[size_t(e)]);
+  else for (int64_t e = 0; e < E; ++e) row.data<bf16>()[e] = bf16(float(v[size_t(e)]));
 }
 
 }  // namespace mt

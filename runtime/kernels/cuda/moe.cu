@@ -2,8 +2,8 @@
 // the router a warp per row (each lane holds up to kPerLane experts in registers, the top K by K warp argmaxes);
 // dispatch and combine one thread per element (row gathers and scatters; the sums over k in f32, in k order);
 // the combine's dweights a warp per (token, k) dot product. No atomics: the scatters write each routed row once
-// (slots are distinct) and every sum has a fixed order. The grouped GEMM has no kernel here: the op runs one
-// matmul (cuBLASLt) per group on row views (cpu/moe.cpp).
+// (slots are distinct) and every sum has a fixed order. The grouped GEMM with host counts has no kernel here: the op
+// runs one matmul (cuBLASLt) per group on row views (cpu/moe.cpp); the one with device offsets is moe_grouped.cu.
 
 #include "runtime/kernels/cuda/common.cuh"
 
