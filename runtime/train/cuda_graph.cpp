@@ -51,7 +51,9 @@ std::string cuda_graph_refusal(const TrainRun& run) {
   if (run.pd.pp_size() > 1)
     return "pipeline parallel (parallel.pp > 1) moves activations between stages by the schedule's point-to-point "
            "transfers, posted and tested from the host";
-  if (c.model.moe.n_experts > 0) return "MoE layers (model.moe) read their routing on the host in every sparse layer";
+  if (c.model.moe.n_experts > 0)
+    return "MoE layers (model.moe) keep their routing statistics' per-micro-batch bookkeeping on the host (and "
+           "dropless expert parallel reads each layer's counts)";
   if (c.lora.enabled() && c.lora.dropout > 0)
     return "LoRA dropout's masks (lora.dropout > 0) are keyed by the step number on the host";
   if (c.data.document_separator >= 0)
