@@ -224,6 +224,8 @@ run_script_suite scale tests/cli/test_scale.sh ${MT_TEST_FULL:+--full}
 # CPU kernels built per instruction-set level, chosen at run time: every level gives the same losses.
 run_script_suite cpu_isa tests/cli/test_cpu_isa.sh
 run_script_suite host_sync tests/cli/test_host_sync.sh
+# training.fp8 on the CPU (its bit-exact FP8 emulation): against bf16, 2 ranks, the start-up refusal, the bf16 fallback.
+run_script_suite fp8 tests/cli/test_fp8.sh
 run_script_suite supervise tests/cli/test_supervise.sh
 run_script_suite slurm tests/cli/test_slurm.sh ${MT_TEST_FULL:+--full}
 # The CUDA training step on the emulated device against the CPU backend (build-emu's meshtrain, built above).

@@ -128,6 +128,14 @@ pair "dp_shard 2 x tp 2, a device each (nccl)" 4 nccl --set parallel.dp_shard=2 
 moe=(--set model.type=mixtral --set model.moe.n_experts=4 --set model.moe.ffn_dim=48 --set model.moe.output_router_logits=true)
 pair "mixtral 4 experts top-2, balance loss (mpi)" 1 mpi "${moe[@]}"
 pair "mixtral ep 2, a device each (nccl)" 2 nccl "${moe[@]}" --set parallel.ep=2 --set parallel.dp_replicate=1
+# training.fp8 (docs/design/fp8.md): the cast kernels and cuBLASLt's FP8 GEMMs (the stand-in: E4M3/E5M2 operands,
+# scale pointers, TN only) against the CPU's bit-exact FP8 emulation; tensorwise on 1 rank and fully_shard 2 (the
+# gathered weight cast), rowwise (outer-vector scales) on tp 2 (local shards).
+fp8=(--set training.dtype=bf16 --set model.dim=64 --set model.ffn_dim=128)
+pair "fp8 tensorwise, 1 rank (mpi)" 1 mpi "${fp8[@]}" --set training.fp8=tensorwise
+pair "fp8 tensorwise, dp_shard 2 (mpi)" 2 mpi "${fp8[@]}" --set training.fp8=tensorwise --set parallel.dp_shard=2 \
+  --set parallel.dp_replicate=1 --set parallel.fsdp.min_weight_size=0
+pair "fp8 rowwise, tp 2 (mpi)" 2 mpi "${fp8[@]}" --set training.fp8=rowwise --set parallel.tp=2 --set parallel.dp_replicate=1
 # A peer that never joins an NCCL collective ends the job instead of hanging it: rank 1 of tp 2 stops itself before
 # sampling, so rank 0 waits in the sampling forward's tp all-reduce, which the stand-in runs at once on the host, as
 # NCCL's host side may block too (a communicator connects to its peers at its first operation). The watchdog
@@ -228,6 +236,17 @@ if run emu_sync "$emt" 2 --set comm.device=cuda --set parallel.tp=2 --set traini
   else bad "host syncs per step on the emulated device" "counts {$counts} on $lines lines"; fi
 else
   bad "host sync run" "$(tail -n 15 "$tmp/emu_sync.log")"
+fi
+
+# The same with training.fp8: the amax, the scales and the casts stay on the device (no host read).
+if run emu_sync_fp8 "$emt" 1 --set comm.device=cuda "${fp8[@]}" --set training.fp8=tensorwise --set training.micro_batch_size=2 \
+    --set log.level=debug; then
+  counts=$(grep -a "host syncs this step:" "$tmp/emu_sync_fp8.log" | sed 's/.*host syncs this step: //' | sort -u | tr '\n' ' ')
+  lines=$(grep -a -c "host syncs this step:" "$tmp/emu_sync_fp8.log")
+  if [ "$counts" = "1 " ] && [ "$lines" -eq 5 ]; then ok "fp8 tensorwise: one host sync in each of 5 steps (2 micro-batches)"
+  else bad "host syncs per step with training.fp8 on the emulated device" "counts {$counts} on $lines lines"; fi
+else
+  bad "fp8 host sync run" "$(tail -n 15 "$tmp/emu_sync_fp8.log")"
 fi
 
 # A traced step on the device: each device op's run on its stream (a pair of events) on a "GPU kernels" lane, in
