@@ -33,7 +33,8 @@ class Linear : public Module {
 
   // training.fp8: forward y = fp8(x) fp8(W)^T, backward dx = fp8(dy) fp8(W), dW += fp8(dy)^T fp8(x) (bf16 outputs,
   // the f32 weight gradient accumulated by the GEMM); set by apply_fp8 on every Linear the model has not exempted.
-  // A call whose local shapes are not all multiples of kFp8Align (ops.h) runs bf16, said once per Linear.
+  // A call whose local shapes are not all multiples of kFp8Align (ops.h) runs bf16: a weight that does not fit is
+  // said once per Linear, a row count that does not (sampling's short steps) once per process.
   Fp8Recipe fp8 = Fp8Recipe::none;
   bool fp8_exempt = false;  // set by the model where FP8 must not go: lm_head, routers (they stay bf16)
 

@@ -2,6 +2,8 @@
 // sums of dy (both accumulate over micro-batches; skipped for a frozen weight or bias).
 #include <spdlog/spdlog.h>
 
+#include <atomic>
+
 #include "models/layers.h"
 #include "models/lora.h"
 #include "runtime/core/philox.h"
@@ -151,14 +153,25 @@ int64_t apply_fp8(Module& model, Fp8Recipe recipe) {
 
 bool Linear::fp8_fits(int64_t rows, const Tensor& w) const {
   if (fp8 == Fp8Recipe::none || w.dtype() != DType::bf16) return false;
-  const bool fits = rows % kFp8Align == 0 && w.size(0) % kFp8Align == 0 && w.size(1) % kFp8Align == 0;
-  if (!fits && !fp8_said_) {
+  // The weight's local shape is fixed: a misfit is said once per Linear. The row count varies by call (sampling's
+  // one-token steps): a misfit there is said once per process, not once per Linear.
+  if (w.size(0) % kFp8Align != 0 || w.size(1) % kFp8Align != 0) {
+    if (!fp8_said_)
+      spdlog::info("training.fp8: {} runs in bf16: its local weight {} has a dim that is not a multiple of {} "
+                   "(cuBLASLt's FP8 GEMMs)",
+                   name(), shape_str(w.shape()), kFp8Align);
     fp8_said_ = true;
-    spdlog::info("training.fp8: {} runs in bf16: its local GEMM ({} rows, weight {}) has a dim that is not a multiple "
-                 "of {} (cuBLASLt's FP8 GEMMs)",
-                 name(), rows, shape_str(w.shape()), kFp8Align);
+    return false;
   }
-  return fits;
+  if (rows % kFp8Align != 0) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      spdlog::info("training.fp8: {} rows (not a multiple of {}) at {}: such calls run in bf16 (said once for all "
+                   "Linears; sampling's short steps are such calls)",
+                   rows, kFp8Align, name());
+    return false;
+  }
+  return true;
 }
 
 // FP8 forward: y (N, OC) = fp8(x) (N, C) . fp8(W) (OC, C)^T, both E4M3, scaled along C (rowwise: per row of x and of

@@ -6,7 +6,8 @@
 #  - the same FP8 run twice gives the same losses (the casts are deterministic);
 #  - fp8 on 2 ranks (tp 2, dp_shard 2) within 3% of bf16 on 1 rank at step 20;
 #  - training.fp8 without training.dtype bf16 is refused at start-up naming both keys, before any step;
-#  - a Linear whose local shapes are not multiples of 16 runs bf16 and says so once.
+#  - a Linear whose local weight is not made of multiples of 16 runs bf16 and says so once; a row count that is not
+#    runs bf16, said once for all Linears.
 # Prints "fp8: N passed, N failed" last.
 #   tests/cli/test_fp8.sh BUILD_DIR
 set -uo pipefail
@@ -94,6 +95,18 @@ if run misfit 1 --set training.fp8=tensorwise --set model.ffn_dim=72 --set train
   fi
 else
   bad "fp8 with a misfit ffn_dim" "$(tail -n 15 "$tmp/misfit.log")"
+fi
+
+# seq_len 30: 4 x 30 = 120 rows, not a multiple of 16: every call runs bf16, said once for all Linears.
+if run rows 1 --set training.fp8=tensorwise --set training.seq_len=30 --set training.steps=2; then
+  n=$(grep -a -c "such calls run in bf16" "$tmp/rows.log")
+  if [ "$n" -eq 1 ] && grep -aq "training.fp8: 120 rows (not a multiple of 16)" "$tmp/rows.log"; then
+    ok "a row count that does not fit runs bf16, said once for all Linears"
+  else
+    bad "the row-count fallback said once" "$n lines" "$(grep -a "bf16" "$tmp/rows.log" | head -n 4)"
+  fi
+else
+  bad "fp8 with 120 rows" "$(tail -n 15 "$tmp/rows.log")"
 fi
 
 summary fp8
