@@ -12,7 +12,9 @@
 #  - attention.kernel cudnn (cuDNN's stand-in, tests/emu/cudnn_emu.cpp) against flash: bf16, GQA, cp 2 ring, and
 #    packed documents on 1 rank and (auto: cuDNN on the diagonal, flash off it) on cp 2, within 1% over 3 steps;
 #    cudnn with documents and cp 2 is refused at start-up naming the key;
-#  - one host synchronisation per step, as on a GPU;
+#  - training.fp8 (bf16 with FP8 linears) within 1e-4 of the CPU's FP8 emulation: tensorwise on 1 rank, rowwise on
+#    tp 2 (tensorwise on dp_shard 2 with --full);
+#  - one host synchronisation per step, as on a GPU (with training.fp8 too);
 #  - a rank stopped before a tp collective on NCCL: its peer's watchdog names it and ends the job (no hang);
 #  - a checkpoint written from the emulated device resumes on the CPU backend bit for bit in the losses' 1e-4,
 #    and a CPU checkpoint resumes on the emulated device;
