@@ -6,6 +6,7 @@
 #  - the same FP8 run twice gives the same losses (the casts are deterministic);
 #  - fp8 on 2 ranks (tp 2, dp_shard 2) within 3% of bf16 on 1 rank at step 20;
 #  - training.fp8 without training.dtype bf16 is refused at start-up naming both keys, before any step;
+#  - lm_head and MoE routers stay bf16 (exempt: no fallback line names them);
 #  - a Linear whose local weight is not made of multiples of 16 runs bf16 and says so once; a row count that is not
 #    runs bf16, said once for all Linears.
 # Prints "fp8: N passed, N failed" last.
@@ -95,6 +96,19 @@ if run misfit 1 --set training.fp8=tensorwise --set model.ffn_dim=72 --set train
   fi
 else
   bad "fp8 with a misfit ffn_dim" "$(tail -n 15 "$tmp/misfit.log")"
+fi
+
+# lm_head (vocab 250) and a mixtral router (4 experts) would not fit FP8: they are exempt (bf16 by the model's
+# choice), so no fallback line names them; the experts' grouped GEMMs are not Linears (bf16 too).
+if run exempt 1 --set training.fp8=tensorwise --set model.vocab_size=250 --set model.type=mixtral \
+    --set model.moe.n_experts=4 --set model.moe.ffn_dim=64 --set training.steps=3; then
+  if grep -aE "runs in bf16|such calls" "$tmp/exempt.log" | grep -q .; then
+    bad "lm_head and the router are exempt from FP8" "$(grep -aE "runs in bf16|such calls" "$tmp/exempt.log" | head -n 4)"
+  else
+    ok "lm_head (vocab 250) and the router (4 experts) are exempt: no FP8 fallback names them"
+  fi
+else
+  bad "fp8 with mixtral and vocab 250" "$(tail -n 15 "$tmp/exempt.log")"
 fi
 
 # seq_len 30: 4 x 30 = 120 rows, not a multiple of 16: every call runs bf16, said once for all Linears.
