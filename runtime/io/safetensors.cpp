@@ -146,7 +146,6 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   else if (en.dt == "I32") en.dtype = DType::i32, esize = 4;
   else if (en.dt == "I64") en.dtype = DType::i64, esize = 8;
   else if (en.dt == "U16") en.dtype = DType::u16, esize = 2;
-  else if (en.dt == "U8") en.dtype = DType::u8, esize = 1;
   else
     fail("checkpoint", "{}: tensor '{}' has unknown dtype '{}' (expected F32, BF16, F16, F64, I32 or I64)", path, name,
          en.dt);
