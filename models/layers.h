@@ -7,6 +7,10 @@
 
 namespace mt {
 
+// training.fp8 (docs/design/fp8.md): a Linear's three GEMMs in FP8, torchao's float8 recipes.
+enum class Fp8Recipe : uint8_t { none, tensorwise, rowwise };
+Fp8Recipe parse_fp8_recipe(const std::string& word);  // "none" | "tensorwise" | "rowwise", else names training.fp8
+
 class Linear : public Module {
  public:
   // weight (out_features, in_features); `tied` shares another module's weight (lm_head); with_bias adds
@@ -27,6 +31,13 @@ class Linear : public Module {
   double lora_dropout = 0;  // on the adapter's input, in training steps only (lora_dropout_keys)
   void add_lora(int64_t rank, double scale, double dropout, const ParamFactory& f);
 
+  // training.fp8: forward y = fp8(x) fp8(W)^T, backward dx = fp8(dy) fp8(W), dW += fp8(dy)^T fp8(x) (bf16 outputs,
+  // the f32 weight gradient accumulated by the GEMM); set by apply_fp8 on every Linear the model has not exempted.
+  // A call whose local shapes are not all multiples of kFp8Align (ops.h) runs bf16: a weight that does not fit is
+  // said once per Linear, a row count that does not (sampling's short steps) once per process.
+  Fp8Recipe fp8 = Fp8Recipe::none;
+  bool fp8_exempt = false;  // set by the model where FP8 must not go: lm_head, routers (they stay bf16)
+
   // call_backward(dy) added into dx_sum (returned): linears that share an input (q/k/v, gate/up) sum their
   // input gradients in the GEMM (beta = 1) instead of a separate add. With input layout hooks on the
   // linear (tensor parallel) the gradient goes through them first and is added apart.
@@ -45,6 +56,12 @@ class Linear : public Module {
   // The weight gradient buffer backward's GEMM writes, or undefined when a zero-bubble schedule defers it
   // (weight_grad_queue(): the GEMM is queued on dy and the saved input) or the weight is frozen.
   Tensor weight_grad_now(const Tensor& dy);
+  // The base GEMMs (no bias, no adapter): bf16 (or f32/f64) through matmul_*, or FP8 when fp8_fits.
+  bool fp8_fits(int64_t rows, const Tensor& w) const;
+  void base_forward(const Tensor& y_rows, const Tensor& x_rows, const Tensor& w);
+  void base_backward(const Tensor& dx_rows, const Tensor& dw, const Tensor& dy_rows, const Tensor& x_rows,
+                     const Tensor& w, bool accumulate_dx);
+  mutable bool fp8_said_ = false;  // the bf16 fallback has been logged
   // The adapter's part: y += scale (x A^T) B^T; backward: dx += (scale dy B) A, dB += dy^T h, dA += (scale dy B)^T x.
   void lora_forward(const Tensor& y_rows, const Tensor& x_rows);
   void lora_backward(const Tensor& dx_rows, const Tensor& dy_rows);
@@ -104,6 +121,9 @@ class RMSNorm : public Module {
   mutable Tensor ones_;        // (dim) 1s in the weight's dtype and device (unit_offset)
   Saved<Tensor> saved_x_, saved_rstd_;  // (B, T, dim), (B*T)
 };
+
+// Sets `recipe` on every Linear of the model that is not fp8_exempt; returns how many.
+int64_t apply_fp8(Module& model, Fp8Recipe recipe);
 
 // Leading dims times the last: (B, T, C) -> (B*T, C) view.
 Tensor as_rows(const Tensor& t);

@@ -1,5 +1,9 @@
 // Linear: y = x W^T (+ b) (+ the LoRA adapter's scale (x A^T) B^T). Backward: dx = dy W, dW += dy^T x, db += column
 // sums of dy (both accumulate over micro-batches; skipped for a frozen weight or bias).
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+
 #include "models/layers.h"
 #include "models/lora.h"
 #include "runtime/core/philox.h"
@@ -35,7 +39,7 @@ Tensor Linear::forward(const Tensor& x) {
   Shape out_shape = x.shape();
   out_shape.back() = w.size(0);
   Tensor y = empty(out_shape, x.dtype(), x.device());  // (B, T, out_local)
-  matmul_forward(as_rows(y), as_rows(x), w);
+  base_forward(as_rows(y), as_rows(x), w);
   if (bias) bias_add_forward(as_rows(y), as_rows(y), bias->compute_local());  // (out_local)
   if (lora_A) lora_forward(as_rows(y), as_rows(x));
   return y;
@@ -101,8 +105,8 @@ Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
            shape_str(dx_sum.shape()), shape_str(saved_x_->shape()));
   return call_backward_around(dy, [&](const Tensor& g) {
     if (bias && !bias->frozen) bias_add_backward(bias->grad_local(), as_rows(g));
-    matmul_backward(as_rows(dx_sum), weight_grad_now(g), as_rows(g), as_rows(saved_x_), weight->compute_local(),
-                    /*accumulate_dinp=*/true);
+    base_backward(as_rows(dx_sum), weight_grad_now(g), as_rows(g), as_rows(saved_x_), weight->compute_local(),
+                  /*accumulate_dx=*/true);
     if (lora_A) lora_backward(as_rows(dx_sum), as_rows(g));
     saved_x_ = Tensor();
     return dx_sum;
@@ -112,7 +116,7 @@ Tensor Linear::call_backward_into(const Tensor& dy, const Tensor& dx_sum) {
 Tensor Linear::backward(const Tensor& dy) {
   Tensor dx = empty(saved_x_->shape(), dy.dtype(), dy.device());  // (B, T, in_local)
   if (bias && !bias->frozen) bias_add_backward(bias->grad_local(), as_rows(dy));
-  matmul_backward(as_rows(dx), weight_grad_now(dy), as_rows(dy), as_rows(saved_x_), weight->compute_local());
+  base_backward(as_rows(dx), weight_grad_now(dy), as_rows(dy), as_rows(saved_x_), weight->compute_local(), false);
   if (lora_A) lora_backward(as_rows(dx), as_rows(dy));
   saved_x_ = Tensor();
   return dx;
@@ -124,9 +128,92 @@ Tensor Linear::weight_grad_now(const Tensor& dy) {
   if (!q) return weight->grad_local();
   // Deferred (zero-bubble W): dW += dy^T x later, on the same input and gradient, into the same buffer.
   q->push_back([this, dy, x = *saved_x_] {
-    matmul_backward(Tensor(), weight->grad_local(), as_rows(dy), as_rows(x), weight->compute_local());
+    base_backward(Tensor(), weight->grad_local(), as_rows(dy), as_rows(x), weight->compute_local(), false);
   });
   return Tensor();
+}
+
+Fp8Recipe parse_fp8_recipe(const std::string& word) {
+  if (word == "none") return Fp8Recipe::none;
+  if (word == "tensorwise") return Fp8Recipe::tensorwise;
+  if (word == "rowwise") return Fp8Recipe::rowwise;
+  fail("config", "training.fp8 = {}: expected none, tensorwise or rowwise", word);
+}
+
+int64_t apply_fp8(Module& model, Fp8Recipe recipe) {
+  int64_t n = 0;
+  for (Module* m : model.modules()) {
+    if (m->type() != "Linear") continue;
+    auto* l = static_cast<Linear*>(m);
+    l->fp8 = l->fp8_exempt ? Fp8Recipe::none : recipe;
+    n += l->fp8 != Fp8Recipe::none;
+  }
+  return n;
+}
+
+bool Linear::fp8_fits(int64_t rows, const Tensor& w) const {
+  if (fp8 == Fp8Recipe::none || w.dtype() != DType::bf16) return false;
+  // The weight's local shape is fixed: a misfit is said once per Linear. The row count varies by call (sampling's
+  // one-token steps): a misfit there is said once per process, not once per Linear.
+  if (w.size(0) % kFp8Align != 0 || w.size(1) % kFp8Align != 0) {
+    if (!fp8_said_)
+      spdlog::info("training.fp8: {} runs in bf16: its local weight {} has a dim that is not a multiple of {} "
+                   "(cuBLASLt's FP8 GEMMs)",
+                   name(), shape_str(w.shape()), kFp8Align);
+    fp8_said_ = true;
+    return false;
+  }
+  if (rows % kFp8Align != 0) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      spdlog::info("training.fp8: {} rows (not a multiple of {}) at {}: such calls run in bf16 (said once for all "
+                   "Linears; sampling's short steps are such calls)",
+                   rows, kFp8Align, name());
+    return false;
+  }
+  return true;
+}
+
+// FP8 forward: y (N, OC) = fp8(x) (N, C) . fp8(W) (OC, C)^T, both E4M3, scaled along C (rowwise: per row of x and of
+// W). The casts are recomputed in backward from the saved bf16 input (torchao saves the high-precision tensors too):
+// the same amax, so the same codes.
+void Linear::base_forward(const Tensor& y_rows, const Tensor& x_rows, const Tensor& w) {
+  const int64_t N = x_rows.size(0), C = w.size(1), OC = w.size(0);
+  if (!fp8_fits(N, w)) return matmul_forward(y_rows, x_rows, w);
+  const bool rowwise = fp8 == Fp8Recipe::rowwise;
+  const Device d = x_rows.device();
+  Tensor xq = empty({N, C}, DType::u8, d), xi = empty({rowwise ? N : 1}, DType::f32, d);
+  Tensor wq = empty({OC, C}, DType::u8, d), wi = empty({rowwise ? OC : 1}, DType::f32, d);
+  fp8_cast(xq, xi, Tensor(), Tensor(), x_rows, Fp8Format::e4m3, rowwise, rowwise);
+  fp8_cast(wq, wi, Tensor(), Tensor(), w, Fp8Format::e4m3, rowwise, rowwise);
+  fp8_matmul(y_rows, xq, xi, wq, wi, Fp8Format::e4m3, Fp8Format::e4m3);
+}
+
+// FP8 backward: the gradient cast to E5M2 (tensorwise) or E4M3 (rowwise, torchao's recipe), each operand with K
+// contiguous (the TN layout): dx (N, C) = dy (N, OC) . (W^T) (C, OC)^T, dW (OC, C) += (dy^T) (OC, N) . (x^T) (C, N)^T,
+// the transposed copies written by the casts (rowwise: scaled along their own contraction dim).
+void Linear::base_backward(const Tensor& dx_rows, const Tensor& dw, const Tensor& dy_rows, const Tensor& x_rows,
+                           const Tensor& w, bool accumulate_dx) {
+  const int64_t N = dy_rows.size(0), C = w.size(1), OC = w.size(0);
+  if (!fp8_fits(N, w)) return matmul_backward(dx_rows, dw, dy_rows, x_rows, w, accumulate_dx);
+  const bool rowwise = fp8 == Fp8Recipe::rowwise;
+  const Fp8Format gf = rowwise ? Fp8Format::e4m3 : Fp8Format::e5m2;
+  const Device d = dy_rows.device();
+  const bool want_dx = dx_rows.defined(), want_dw = dw.defined();
+  Tensor dyq, dyi, dyt, dyti;  // (N, OC), (N | 1); (OC, N), (OC | 1)
+  if (want_dx) dyq = empty({N, OC}, DType::u8, d), dyi = empty({rowwise ? N : 1}, DType::f32, d);
+  if (want_dw) dyt = empty({OC, N}, DType::u8, d), dyti = empty({rowwise ? OC : 1}, DType::f32, d);
+  if (want_dx || want_dw) fp8_cast(dyq, dyi, dyt, dyti, dy_rows, gf, rowwise, rowwise);
+  if (want_dx) {
+    Tensor wt = empty({C, OC}, DType::u8, d), wti = empty({rowwise ? C : 1}, DType::f32, d);
+    fp8_cast(Tensor(), Tensor(), wt, wti, w, Fp8Format::e4m3, rowwise, rowwise);
+    fp8_matmul(dx_rows, dyq, dyi, wt, wti, gf, Fp8Format::e4m3, accumulate_dx);
+  }
+  if (want_dw) {
+    Tensor xt = empty({C, N}, DType::u8, d), xti = empty({rowwise ? C : 1}, DType::f32, d);
+    fp8_cast(Tensor(), Tensor(), xt, xti, x_rows, Fp8Format::e4m3, rowwise, rowwise);
+    fp8_matmul(dw, dyt, dyti, xt, xti, gf, Fp8Format::e4m3, /*accumulate=*/true);
+  }
 }
 
 }  // namespace mt

@@ -226,6 +226,8 @@ run_script_suite cpu_isa tests/cli/test_cpu_isa.sh
 # (With the emulated build: its MoE cases on the emulated device too.)
 if [ $emu_ready -eq 1 ]; then run_script_suite host_sync tests/cli/test_host_sync.sh "$emu_build"
 else run_script_suite host_sync tests/cli/test_host_sync.sh; fi
+# training.fp8 on the CPU (its bit-exact FP8 emulation): against bf16, 2 ranks, the start-up refusal, the bf16 fallback.
+run_script_suite fp8 tests/cli/test_fp8.sh
 run_script_suite supervise tests/cli/test_supervise.sh
 run_script_suite slurm tests/cli/test_slurm.sh ${MT_TEST_FULL:+--full}
 # The CUDA training step on the emulated device against the CPU backend (build-emu's meshtrain, built above).

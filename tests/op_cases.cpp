@@ -569,6 +569,125 @@ void add_moe_device_cases(std::vector<OpCase>& cases) {
   }
 }
 
+// ---- FP8 (ops.h fp8_cast / fp8_matmul): the CPU is the bit-exact reference, so every backend reads bf16 inputs
+// (f32 and f64 runs too) and the results are decoded codes, inverse scales and GEMM outputs, compared at ~0. ----
+V decoded(const Tensor& codes, Fp8Format f) {
+  Tensor h = codes.to(Device::cpu());
+  V v(size_t(h.numel()));
+  for (int64_t i = 0; i < h.numel(); ++i) v[size_t(i)] = double(fp8::decode(h.data<uint8_t>()[i], f));
+  return v;
+}
+// Rows scaled by 2^(r % 7 - 3) (rowwise scales differ), and a few values pushed to bf16's large end (amax).
+V fp8_inputs(OpRun& r, const std::string& name, int64_t R, int64_t K) {
+  V v = r.values_of(name, R * K);
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t c = 0; c < K; ++c) v[size_t(i * K + c)] = round_bf16(v[size_t(i * K + c)] * std::ldexp(1.0, int(i % 7) - 3));
+  v[5] = round_bf16(v[5] * 300.0);
+  return v;
+}
+OpCase fp8_cast_case(const std::string& name, Fp8Format fmt, bool rowwise) {
+  OpCase c;
+  c.name = name;
+  c.tol_f32 = c.tol_bf16 = 1e-12;  // the codes and scales are the CPU's to the bit
+  constexpr int64_t R = 48, K = 80;
+  c.forward = [=](OpRun& r, const Dims&) {
+    const DType xt = r.act == DType::bf16 ? DType::bf16 : DType::f32;  // bf16-exact values either way
+    Tensor x = from_values(fp8_inputs(r, "x", R, K), {R, K}, xt).to(r.dev);
+    Tensor q = empty({R, K}, DType::u8, r.dev), qt = empty({K, R}, DType::u8, r.dev);
+    Tensor qi = empty({rowwise ? R : 1}, DType::f32, r.dev), qti = empty({rowwise ? K : 1}, DType::f32, r.dev);
+    fp8_cast(q, qi, qt, qti, x, fmt, rowwise, rowwise);
+    r.scalars.push_back({"q", decoded(q, fmt)});
+    r.scalars.push_back({"qt", decoded(qt, fmt)});
+    r.scalars.push_back({"q_inv", to_f64(qi)});
+    r.scalars.push_back({"qt_inv", to_f64(qti)});
+    if (r.check) {  // q only: the same codes and scale as with the pair
+      Tensor q1 = empty({R, K}, DType::u8, r.dev), qi1 = empty({rowwise ? R : 1}, DType::f32, r.dev);
+      fp8_cast(q1, qi1, Tensor(), Tensor(), x, fmt, rowwise, rowwise);
+      CHECK(decoded(q1, fmt) == decoded(q, fmt));
+      CHECK(to_f64(qi1) == to_f64(qi));
+    }
+  };
+  c.reference = [=](OpRun& r, const Dims&) {  // the recipe written out: amax, scale, quantize, per row or column
+    const V x = fp8_inputs(r, "x", R, K);
+    auto amax = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+      double m = 0;
+      for (int64_t i = r0; i < r1; ++i)
+        for (int64_t j = c0; j < c1; ++j) m = std::max(m, std::fabs(x[size_t(i * K + j)]));
+      return float(m);
+    };
+    V q(size_t(R * K)), qt(size_t(R * K)), qi, qti;
+    for (int64_t i = 0; i < R; ++i) {
+      const float s = fp8::scale_from_amax(rowwise ? amax(i, i + 1, 0, K) : amax(0, R, 0, K), fmt, rowwise);
+      if (rowwise || i == 0) qi.push_back(double(1.0f / s));
+      for (int64_t j = 0; j < K; ++j) q[size_t(i * K + j)] = fp8::decode(fp8::quantize(float(x[size_t(i * K + j)]), s, fmt), fmt);
+    }
+    for (int64_t j = 0; j < K; ++j) {
+      const float s = fp8::scale_from_amax(rowwise ? amax(0, R, j, j + 1) : amax(0, R, 0, K), fmt, rowwise);
+      if (rowwise || j == 0) qti.push_back(double(1.0f / s));
+      for (int64_t i = 0; i < R; ++i) qt[size_t(j * R + i)] = fp8::decode(fp8::quantize(float(x[size_t(i * K + j)]), s, fmt), fmt);
+    }
+    return Results{{"q", q}, {"qt", qt}, {"q_inv", qi}, {"qt_inv", qti}};
+  };
+  return c;
+}
+// Codes drawn at random (no NaN), scales random positive; a (M, K) . b (N, K)^T.
+std::vector<uint8_t> fp8_codes(OpRun& r, const std::string& name, int64_t n, Fp8Format f) {
+  const V& v = r.values_of(name, n);
+  std::vector<uint8_t> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    uint8_t code = uint8_t(int64_t(std::fabs(v[size_t(i)]) * 1e4) % 256);
+    const float d = fp8::decode(code, f);
+    if (!std::isfinite(d) || std::fabs(d) > 64) code &= 0x9f;  // NaN, inf or huge: a smaller exponent
+    out[size_t(i)] = code;
+  }
+  return out;
+}
+Tensor u8_tensor(const std::vector<uint8_t>& codes, const Shape& s, Device dev) {
+  Tensor h = empty(s, DType::u8);
+  std::copy(codes.begin(), codes.end(), h.data<uint8_t>());
+  return h.to(dev);
+}
+V fp8_scales(OpRun& r, const std::string& name, int64_t n) {
+  V v = r.values_of(name, n);
+  for (double& x : v) x = double(float(std::ldexp(1.0 + 0.25 * std::fabs(x), -6)));
+  return v;
+}
+OpCase fp8_matmul_case(const std::string& name, Fp8Format af, Fp8Format bf, bool vec) {
+  OpCase c;
+  c.name = name;
+  c.tol_f32 = 1e-12;  // the CPU's sum order is the emulated cuBLASLt's: the same bits; a GPU's f32 accumulation
+  c.tol_bf16 = 1e-12;  // differs (docs/design/fp8.md), only a GPU run can say by how much
+  constexpr int64_t M = 48, N = 32, K = 64;
+  c.forward = [=](OpRun& r, const Dims&) {
+    Tensor a = u8_tensor(fp8_codes(r, "a", M * K, af), {M, K}, r.dev);
+    Tensor b = u8_tensor(fp8_codes(r, "b", N * K, bf), {N, K}, r.dev);
+    Tensor ai = from_values(fp8_scales(r, "ai", vec ? M : 1), {vec ? M : 1}, DType::f32).to(r.dev);
+    Tensor bi = from_values(fp8_scales(r, "bi", vec ? N : 1), {vec ? N : 1}, DType::f32).to(r.dev);
+    Tensor y = empty({M, N}, DType::bf16, r.dev);
+    fp8_matmul(y, a, ai, b, bi, af, bf);
+    r.scalars.push_back({"y", to_f64(y)});
+    Tensor acc = from_values(fp8_scales(r, "acc", M * N), {M, N}, DType::f32).to(r.dev);
+    fp8_matmul(acc, a, ai, b, bi, af, bf, /*accumulate=*/true);
+    r.scalars.push_back({"y f32 accumulated", to_f64(acc)});
+  };
+  c.reference = [=](OpRun& r, const Dims&) {
+    const auto a = fp8_codes(r, "a", M * K, af), b = fp8_codes(r, "b", N * K, bf);
+    const V ai = fp8_scales(r, "ai", vec ? M : 1), bi = fp8_scales(r, "bi", vec ? N : 1),
+            start = fp8_scales(r, "acc", M * N);
+    V y(size_t(M * N)), ya(size_t(M * N));
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double s = 0;  // exact: products of FP8 values, few enough to sum without rounding in f64
+        for (int64_t l = 0; l < K; ++l)
+          s += double(fp8::decode(a[size_t(i * K + l)], af)) * double(fp8::decode(b[size_t(j * K + l)], bf));
+        const float v = float(s) * float(bi[vec ? size_t(j) : 0]) * float(ai[vec ? size_t(i) : 0]);
+        y[size_t(i * N + j)] = double(float(bf16(v)));
+        ya[size_t(i * N + j)] = double(v + float(start[size_t(i * N + j)]));
+      }
+    return Results{{"y", y}, {"y f32 accumulated", ya}};
+  };
+  return c;
+}
 }  // namespace
 
 std::vector<OpCase> op_cases() {
@@ -1339,6 +1458,12 @@ std::vector<OpCase> op_cases() {
   OpCase sc = attention_case("attention softcap full",
                              [](const Dims& d) { return AttnGeom{d.T, d.S, d.hd, false, 0, 0, false, 0, 0.3}; });
   cases.push_back(sc);
+  cases.push_back(fp8_cast_case("fp8_cast tensorwise e4m3", Fp8Format::e4m3, false));
+  cases.push_back(fp8_cast_case("fp8_cast tensorwise e5m2", Fp8Format::e5m2, false));
+  cases.push_back(fp8_cast_case("fp8_cast rowwise e4m3", Fp8Format::e4m3, true));
+  cases.push_back(fp8_matmul_case("fp8_matmul e4m3 x e4m3", Fp8Format::e4m3, Fp8Format::e4m3, false));
+  cases.push_back(fp8_matmul_case("fp8_matmul e5m2 x e4m3", Fp8Format::e5m2, Fp8Format::e4m3, false));
+  cases.push_back(fp8_matmul_case("fp8_matmul rowwise", Fp8Format::e4m3, Fp8Format::e4m3, true));
   return cases;
 }
 

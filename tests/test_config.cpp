@@ -414,6 +414,17 @@ TEST_CASE("sizes that would overflow when multiplied are refused before any code
       "n_kv_heads: 8, max_seq_len: 8192}\ntraining: {batch_size: 1024, seq_len: 8192}");
 }
 
+TEST_CASE("training.fp8: the recipes, and bf16 required") {
+  CHECK(config_from_yaml_string("").training.fp8 == "none");
+  CHECK(config_from_yaml_string("training: {dtype: bf16, fp8: tensorwise}").training.fp8 == "tensorwise");
+  CHECK(config_from_yaml_string("training: {dtype: bf16, fp8: rowwise}").training.fp8 == "rowwise");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("training: {fp8: tensorwise}"),
+                       "training.fp8 = tensorwise needs training.dtype = bf16");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("training: {dtype: fp64, fp8: rowwise}"),
+                       "got training.dtype = fp64");
+  CHECK_ERROR_CONTAINS(config_from_yaml_string("training: {dtype: bf16, fp8: blockwise}"), "training.fp8 = 'blockwise'");
+}
+
 TEST_CASE("threads, non-finite steps, resume without a dir") {
   CHECK_ERROR_CONTAINS(config_from_yaml_string("training: {threads: 100000}"),
                        "training.threads = 100000: expected at most 1024 threads per rank");

@@ -29,8 +29,9 @@ TEST_CASE("bf16 rounds to nearest even and keeps NaN") {
 }
 
 TEST_CASE("dtype names and sizes") {
-  for (DType d : {DType::f32, DType::bf16, DType::f64, DType::i32, DType::i64, DType::u16})
+  for (DType d : {DType::f32, DType::bf16, DType::f64, DType::i32, DType::i64, DType::u16, DType::u8})
     CHECK(dtype_from_name(dtype_name(d)) == d);
+  CHECK(dtype_size(DType::u8) == 1);
   CHECK(dtype_size(DType::bf16) == 2);
   CHECK(dtype_size(DType::i64) == 8);
   CHECK_ERROR_CONTAINS(dtype_from_name("f16"), "[core] unknown dtype 'f16'");

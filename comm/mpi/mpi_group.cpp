@@ -484,6 +484,8 @@ MPI_Datatype mpi_datatype(DType d) {
       return MPI_INT64_T;
     case DType::u16:
       return MPI_UINT16_T;
+    case DType::u8:
+      return MPI_UINT8_T;
     case DType::bf16:
       init_bf16_types();
       return g_bf16_type;

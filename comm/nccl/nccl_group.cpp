@@ -322,9 +322,11 @@ class NcclGroup final : public Group, public HasMpiComm {
       case DType::i64:
         return ncclInt64;
       case DType::u16:
+      case DType::u8:
         break;
     }
-    fail("nccl", "{} on group '{}': u16 tensors cannot be reduced (NCCL has no 16-bit integer type)", op, name());
+    fail("nccl", "{} on group '{}': {} tensors cannot be reduced (raw integers, no reduction meshtrain uses)", op,
+         name(), dtype_name(d));
   }
 
   // The NCCL type that moves d's elements, and the element count multiplier.
@@ -342,6 +344,8 @@ class NcclGroup final : public Group, public HasMpiComm {
         return {ncclInt64, 1};
       case DType::u16:
         return {ncclUint8, 2};
+      case DType::u8:
+        return {ncclUint8, 1};
     }
     return {ncclUint8, dtype_size(d)};
   }

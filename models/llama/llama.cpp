@@ -162,6 +162,7 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, 
   model = add_child(std::make_unique<LlamaModel>("model", c, v, f, seq, moe));
   lm_head = add_child(std::make_unique<Linear>("lm_head", c.dim, c.vocab_size, f,
                                                c.tie_embeddings ? model->embed_tokens->weight : nullptr));
+  lm_head->fp8_exempt = true;  // training.fp8: the logits' GEMM stays bf16 (torchao's convention, docs/design/fp8.md)
 }
 
 nlohmann::json LlamaForCausalLM::extra_state() const {

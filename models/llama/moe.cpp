@@ -237,6 +237,7 @@ SparseMoeBlock::SparseMoeBlock(const std::string& name, const ModelConfig& c, co
     : Module(name, "SparseMoeBlock"), sparse_index(index), ctx_(std::move(ctx)) {
   const MoeConfig& m = c.moe;
   gate = add_child(std::make_unique<Linear>(child_name(name, "gate"), c.dim, m.n_experts, f));
+  gate->fp8_exempt = true;  // training.fp8: the router stays bf16 (its scores pick experts)
   experts = add_child(std::make_unique<MoeExperts>(child_name(name, "experts"), m.n_experts, c.dim, m.ffn_dim, names, f));
   if (m.shared_expert_ffn_dim > 0) {
     ModelConfig sc = c;
@@ -244,6 +245,7 @@ SparseMoeBlock::SparseMoeBlock(const std::string& name, const ModelConfig& c, co
     shared_expert = add_child(std::make_unique<LlamaMLP>(child_name(name, names.shared), sc, f));
     if (names.shared_gate)
       shared_expert_gate = add_child(std::make_unique<Linear>(child_name(name, "shared_expert_gate"), c.dim, 1, f));
+    if (shared_expert_gate) shared_expert_gate->fp8_exempt = true;  // a router-like gate: bf16
   }
   if (names.score_bias) {  // a buffer in transformers: loaded and saved with the weights, never trained
     score_bias = add_parameter(f.make(child_name(name, "gate.e_score_correction_bias"), {m.n_experts}, "zeros"));

@@ -26,7 +26,7 @@ namespace mt {
 class Stream;
 class Event;
 
-constexpr uint32_t kCudaBackendAbi = 10;
+constexpr uint32_t kCudaBackendAbi = 11;
 constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
 
 // The launchers of runtime/kernels/cuda taking T = float or mt::bf16 (declared again beside their ops,
@@ -40,6 +40,10 @@ constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
     (T * dinp, float* dweight, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC,        \
      void* stream, int device, bool accumulate_dinp),                                                                 \
     (dinp, dweight, dout, inp, weight, N, C, OC, stream, device, accumulate_dinp))                                    \
+  X(int, fp8_cast,                                                                                                    \
+    (uint8_t * q, float* q_inv, uint8_t* qt, float* qt_inv, float* scratch, const T* x, int64_t R, int64_t K, int fmt, \
+     bool rowwise, bool pow2, void* stream),                                                                          \
+    (q, q_inv, qt, qt_inv, scratch, x, R, K, fmt, rowwise, pow2, stream))                                             \
   X(int, rmsnorm_forward,                                                                                             \
     (T * out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C, double eps, void* stream),            \
     (out, rstd, inp, weight, N, C, eps, stream))                                                                      \
@@ -184,6 +188,11 @@ constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
     (out, partials, n, stream))                                                                                       \
   X(int64_t, embedding_backward_scratch_bytes, (int64_t N), (N))                                                      \
   X(int64_t, rmsnorm_backward_scratch, (int64_t N, int64_t C), (N, C))                                                \
+  X(int64_t, fp8_cast_scratch, (int64_t R, int64_t K, bool rowwise), (R, K, rowwise))                                 \
+  X(int, fp8_matmul,                                                                                                  \
+    (void* out, bool out_f32, const uint8_t* a, const float* a_inv, const uint8_t* b, const float* b_inv, int64_t M,  \
+     int64_t N, int64_t K, int a_fmt, int b_fmt, bool vec_scales, bool accumulate, void* stream, int device),         \
+    (out, out_f32, a, a_inv, b, b_inv, M, N, K, a_fmt, b_fmt, vec_scales, accumulate, stream, device))                \
   X(int, convert, (void* dst, DType dst_type, const void* src, DType src_type, int64_t n, void* stream),              \
     (dst, dst_type, src, src_type, n, stream))                                                                        \
   X(int, copy_2d, (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, void* stream), \

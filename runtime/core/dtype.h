@@ -8,7 +8,8 @@
 
 namespace mt {
 
-enum class DType : uint8_t { f32, bf16, f64, i32, i64, u16 };
+// u8: raw bytes, the FP8 codes of training.fp8 (runtime/core/fp8.h; the format travels with the op, not the tensor).
+enum class DType : uint8_t { f32, bf16, f64, i32, i64, u16, u8 };
 
 size_t dtype_size(DType d);
 std::string_view dtype_name(DType d);
@@ -47,6 +48,7 @@ template <> constexpr DType dtype_of<double>() { return DType::f64; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
 template <> constexpr DType dtype_of<uint16_t>() { return DType::u16; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
 
 // Calls f(T{}) with T the C++ type of d.
 template <typename F> decltype(auto) dispatch_dtype(DType d, F&& f) {
@@ -63,6 +65,8 @@ template <typename F> decltype(auto) dispatch_dtype(DType d, F&& f) {
       return f(int64_t{});
     case DType::u16:
       return f(uint16_t{});
+    case DType::u8:
+      return f(uint8_t{});
   }
   return f(float{});
 }

@@ -164,6 +164,11 @@ void RecomputeConfig::check() const {
 
 void TrainingConfig::check() const {
   require_product_fits({{"training.batch_size", batch_size}, {"training.seq_len", seq_len}});
+  if (fp8 != "none" && dtype != "bf16")
+    fail("config",
+         "training.fp8 = {} needs training.dtype = bf16 (FP8 GEMMs take bf16 activations and give bf16 outputs), "
+         "got training.dtype = {}",
+         fp8, dtype);
 }
 
 void CheckpointConfig::check() const {

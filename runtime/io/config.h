@@ -318,6 +318,7 @@ struct TrainingConfig {
   int64_t seed = 0;
   std::string dtype = "fp32";
   std::string grad_reduce_dtype = "fp32";
+  std::string fp8 = "none";
   double grad_bucket_mb = 25;
   int threads = 0;
   double memory_limit_mb = 0;  // host memory this rank's tensors may hold; 0: no cap
@@ -349,6 +350,12 @@ struct TrainingConfig {
     v("grad_reduce_dtype", grad_reduce_dtype,
       "fp32 | bf16: the dtype gradients are all-reduced in across data-parallel ranks (bf16 halves the bytes)",
       one_of({"fp32", "bf16"}));
+    v("fp8", fp8,
+      "none | tensorwise | rowwise: the Linears' GEMMs in FP8 (docs/design/fp8.md; needs dtype bf16): "
+      "tensorwise: one amax-based scale per tensor, E4M3 activations and weights, E5M2 gradients; rowwise: a scale "
+      "per row along the contraction dim, powers of two, E4M3 throughout (torchao's recipes). Embedding, lm_head, "
+      "routers, MoE experts and LoRA adapters stay bf16; on the CPU FP8 is emulated bit-exactly, for checks",
+      one_of({"none", "tensorwise", "rowwise"}));
     v("grad_bucket_mb", grad_bucket_mb,
       "gradients are synced in buckets of about this many MiB, each launched as soon as backward has produced it "
       "(0: one collective per parameter)",

@@ -21,6 +21,8 @@ const char* descr(DType d) {
     case DType::u16:
     case DType::bf16:
       return "<u2";
+    case DType::u8:
+      return "|u1";
   }
   return "?";
 }
@@ -59,7 +61,7 @@ Tensor read_npy(const std::string& path) {
   f.read(header.data(), std::streamsize(len));
   DType dt = DType::f32;
   bool found = false;
-  for (DType d : {DType::f32, DType::f64, DType::i32, DType::i64, DType::u16})
+  for (DType d : {DType::f32, DType::f64, DType::i32, DType::i64, DType::u16, DType::u8})
     if (header.find(std::string("'descr': '") + descr(d) + "'") != std::string::npos) dt = d, found = true;
   if (!found || header.find("'fortran_order': False") == std::string::npos)
     fail("npy", "'{}': unsupported header {}", path, header);

@@ -34,6 +34,8 @@ std::string st_dtype(DType d) {
       return "I64";
     case DType::u16:
       return "U16";
+    case DType::u8:
+      return "U8";
   }
   return "?";
 }

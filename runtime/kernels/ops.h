@@ -14,6 +14,7 @@
 #pragma once
 #include <vector>
 
+#include "runtime/core/fp8.h"
 #include "runtime/core/tensor.h"
 
 namespace mt {
@@ -29,6 +30,27 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
 //                                                    so micro-batches add up; zero it per step)
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
                      const Tensor& weight, bool accumulate_dinp = false);
+
+// ---- FP8 linears (training.fp8, docs/design/fp8.md; formats and scales in runtime/core/fp8.h) ----
+// Every dim of an FP8 GEMM is a multiple of kFp8Align (cuBLASLt's FP8 kernels; the CPU refuses the same shapes).
+constexpr int64_t kFp8Align = 16;
+// Casts x (R, K) (bf16 or f32) to FP8 codes (u8) with scales from its current amax, all on x's device (no host read):
+// scale = fp8::scale_from_amax(amax, fmt, pow2), code = fp8::quantize(x, scale, fmt), and the inverse 1 / scale (f32)
+// is stored for the GEMM to undo it.
+//   q (R, K) u8 and q_inv: x cast as it lies; qt (K, R) u8 and qt_inv: x^T cast (the transposed copy a GEMM whose
+//   contraction runs along R needs). Either pair may be undefined (skipped).
+//   rowwise false (tensorwise): one amax over all of x; q_inv and qt_inv (1), the same value.
+//   rowwise true: q_inv (R) from each row's amax, qt_inv (K) from each column's amax (each copy scaled along its own
+//   contraction dim, as torchao's axiswise casts of a transposed operand).
+void fp8_cast(const Tensor& q, const Tensor& q_inv, const Tensor& qt, const Tensor& qt_inv, const Tensor& x,
+              Fp8Format fmt, bool rowwise, bool pow2);
+// out (M, N) (bf16, or f32 for weight gradients) = (a (M, K) . b (N, K)^T) * b_inv[j] * a_inv[i], or += with
+// accumulate: a and b FP8 codes (u8) of formats a_fmt and b_fmt (not both e5m2), both with K contiguous (cuBLASLt's
+// TN, the only FP8 layout Hopper takes); a_inv (1) or (M), b_inv (1) or (N) f32 (fp8_cast's inverses; both (1) or
+// both vectors). The products are summed exactly enough (f64 on the CPU, f32 accumulation on a GPU), the sum rounded
+// to f32, then scaled in that order and rounded to out's dtype (+ out when accumulating, in f32 first).
+void fp8_matmul(const Tensor& out, const Tensor& a, const Tensor& a_inv, const Tensor& b, const Tensor& b_inv,
+                Fp8Format a_fmt, Fp8Format b_fmt, bool accumulate = false);
 
 // ---- RMSNorm: out = x * rsqrt(mean(x^2) + eps) * w ----
 // out (N, C), rstd (N) saved for backward; inp (N, C), weight (C).

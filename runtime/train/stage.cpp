@@ -1,5 +1,6 @@
 #include "runtime/train/stage.h"
 
+#include "models/layers.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/train/optimizer.h"
 
@@ -54,6 +55,9 @@ Stage assemble_stage(const Config& cfg, const RunShape& shape, const DeviceMesh&
   // LoRA: the adapters added to the stage's targets, the rest frozen, before any layout (styles split adapters
   // with their Linear, fully_shard gives the frozen base no gradient slot).
   apply_lora(*st.model, cfg.lora, f);
+  // training.fp8: every Linear the model has not exempted (lm_head, routers) runs its GEMMs in FP8; the experts'
+  // grouped GEMMs and the adapters stay bf16 (docs/design/fp8.md).
+  apply_fp8(*st.model, parse_fp8_recipe(t.fp8));
   // The family's parallelisms composed: tensor (and sequence) parallel shards the parameters (no communication)
   // and installs the layout hooks; context parallel swaps the attention; recompute; fully_shard.
   st.fsdp = family.parallelize(*st.model, mesh, shape.pd, cfg.parallel, t.seq_len, shape.reduce_dtype);

@@ -12,9 +12,11 @@
 #  - attention.kernel cudnn (cuDNN's stand-in, tests/emu/cudnn_emu.cpp) against flash: bf16, GQA, cp 2 ring, tp 2, and
 #    packed documents on 1 rank and (auto: cuDNN on the diagonal, flash off it) on cp 2, within 1% over 3 steps;
 #    cudnn with documents and cp 2 is refused at start-up naming the key;
+#  - training.fp8 (bf16 with FP8 linears) within 1e-4 of the CPU's FP8 emulation: tensorwise on 1 rank, rowwise on
+#    tp 2 (tensorwise on dp_shard 2 with --full);
 #  - training.cuda_graph: the graphed steps give the eager steps' bits (1 rank, cp 2 ring through cuDNN; --full: tp 2,
 #    fully_shard 2), one host sync a step; pp 2 runs eagerly, saying why;
-#  - one host synchronisation per step, as on a GPU;
+#  - one host synchronisation per step, as on a GPU (with training.fp8 too);
 #  - a rank stopped before a tp collective on NCCL: its peer's watchdog names it and ends the job (no hang);
 #  - a checkpoint written from the emulated device resumes on the CPU backend bit for bit in the losses' 1e-4,
 #    and a CPU checkpoint resumes on the emulated device;
@@ -133,6 +135,18 @@ pair "mixtral ep 2, a device each (nccl)" 2 nccl "${moe[@]}" --set parallel.ep=2
 # With a capacity that drops rows: ep sends fixed blocks (counts on the device, the padding skipped by the grouped GEMM).
 pair "mixtral ep 2 capacity 1.0, a device each (nccl)" 2 nccl "${moe[@]}" --set parallel.ep=2 \
   --set parallel.dp_replicate=1 --set model.moe.capacity_factor=1.0
+# training.fp8 (docs/design/fp8.md): the cast kernels and cuBLASLt's FP8 GEMMs (the stand-in: E4M3/E5M2 operands,
+# scale pointers, TN only) against the CPU's bit-exact FP8 emulation; tensorwise on 1 rank, rowwise (outer-vector
+# scales) on tp 2 (local shards), and with --full tensorwise on dp_shard 2 (the gathered weight cast). 1 layer, lr
+# 1e-4: the bf16 ops around the GEMMs (attention's sums, bf16 roundings) are not bit-equal between the CPU and the
+# device (bf16 alone differs by 2e-4 at step 5 with lr 3e-3), and a value that lands on the other side of an FP8
+# rounding boundary moves a whole FP8 step, which Adam's first steps amplify with the learning rate: at lr 5e-4 the
+# FP8 runs agree to 1e-7 with 2 layers but differ by 1-2e-4 with 1; at 1e-4 they agree to ~1e-7 on every mesh here.
+fp8=(--set training.dtype=bf16 --set model.dim=64 --set model.ffn_dim=128 --set model.n_layers=1 --set training.lr=1.0e-4)
+pair "fp8 tensorwise, 1 rank (mpi)" 1 mpi "${fp8[@]}" --set training.fp8=tensorwise
+pair "fp8 rowwise, tp 2 (mpi)" 2 mpi "${fp8[@]}" --set training.fp8=rowwise --set parallel.tp=2 --set parallel.dp_replicate=1
+full_pair "fp8 tensorwise, dp_shard 2 (mpi)" 2 mpi "${fp8[@]}" --set training.fp8=tensorwise --set parallel.dp_shard=2 \
+  --set parallel.dp_replicate=1 --set parallel.fsdp.min_weight_size=0
 # A peer that never joins an NCCL collective ends the job instead of hanging it: rank 1 of tp 2 stops itself before
 # sampling, so rank 0 waits in the sampling forward's tp all-reduce, which the stand-in runs at once on the host, as
 # NCCL's host side may block too (a communicator connects to its peers at its first operation). The watchdog
@@ -314,6 +328,17 @@ if run emu_sync "$emt" 2 --set comm.device=cuda --set parallel.tp=2 --set traini
   else bad "host syncs per step on the emulated device" "counts {$counts} on $lines lines"; fi
 else
   bad "host sync run" "$(tail -n 15 "$tmp/emu_sync.log")"
+fi
+
+# The same with training.fp8: the amax, the scales and the casts stay on the device (no host read); 2 steps.
+if run emu_sync_fp8 "$emt" 1 --set comm.device=cuda "${fp8[@]}" --set training.fp8=tensorwise --set training.steps=2 \
+    --set training.micro_batch_size=2 --set log.level=debug; then
+  counts=$(grep -a "host syncs this step:" "$tmp/emu_sync_fp8.log" | sed 's/.*host syncs this step: //' | sort -u | tr '\n' ' ')
+  lines=$(grep -a -c "host syncs this step:" "$tmp/emu_sync_fp8.log")
+  if [ "$counts" = "1 " ] && [ "$lines" -eq 2 ]; then ok "fp8 tensorwise: one host sync in each of 2 steps (2 micro-batches)"
+  else bad "host syncs per step with training.fp8 on the emulated device" "counts {$counts} on $lines lines"; fi
+else
+  bad "fp8 host sync run" "$(tail -n 15 "$tmp/emu_sync_fp8.log")"
 fi
 
 # A traced step on the device: each device op's run on its stream (a pair of events) on a "GPU kernels" lane, in

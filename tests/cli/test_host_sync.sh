@@ -63,6 +63,7 @@ check tp2_no_sp 2 --set parallel.tp=2 --set parallel.dp_replicate=1 --set parall
 check fsdp2 2 --set parallel.dp_shard=2 --set parallel.dp_replicate=1
 check cp2 2 --set parallel.cp=2 --set parallel.dp_replicate=1
 check dp2_tp2 4 --set parallel.tp=2 --set parallel.dp_replicate=2
+check fp8_tensorwise 1 --set training.dtype=bf16 --set training.fp8=tensorwise
 
 # check_with WANT BIN NAME NP [--set ...]: check with another count or binary.
 check_with() {

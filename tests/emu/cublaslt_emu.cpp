@@ -17,7 +17,11 @@
 //                                   cublasLtMatrixLayoutSetAttribute is refused)
 //   cublasLtMatmulPreferenceSetAttribute  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES (uint64_t),
 //                                   CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES (uint32_t, power of 2 <= 256)
-//   type combinations (A = B, C = D): bf16 x bf16 -> bf16 or f32, f32 x f32 -> f32
+//   type combinations (C = D): bf16 x bf16 -> bf16 or f32, f32 x f32 -> f32; FP8 (CUDA_R_8F_E4M3 / _E5M2, not both
+//   E5M2) -> bf16 or f32, only TN (transa T, transb N: what Hopper takes), m, n, k and the lds multiples of 16
+//   CUBLASLT_MATMUL_DESC_A_SCALE_POINTER / _B_SCALE_POINTER (device f32, FP8 only; default 1) and
+//   CUBLASLT_MATMUL_DESC_A_SCALE_MODE / _B_SCALE_MODE (SCALAR_32F, or OUTER_VEC_32F: A's m and B's n scales, both
+//   the same mode): D = alpha (acc scale_A[i] scale_B[j]) + beta C, acc rounded to f32 first
 // Checks beyond the types: every descriptor handle is live; the layouts agree with op(A) (m x k), op(B) (k x n),
 // C = D (m x n) and ld >= rows; A, B, C (when beta != 0), D and the workspace lie inside live device
 // allocations (emu::check_device_range), alpha and beta are host memory (the default host pointer mode), D
@@ -42,6 +46,7 @@
 #include <vector>
 
 #include "runtime/core/dtype.h"
+#include "runtime/core/fp8.h"
 #include "tests/emu/device_registry.h"
 
 namespace {
@@ -55,6 +60,9 @@ struct MatmulDesc {
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   cudaDataType_t scale = CUDA_R_32F;
   int32_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_N;
+  const float* a_scale = nullptr;  // device pointers (FP8): null = 1
+  const float* b_scale = nullptr;
+  int32_t a_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, b_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
 };
 struct Layout {
   cudaDataType_t type = CUDA_R_32F;
@@ -96,11 +104,16 @@ const char* type_name(cudaDataType_t t) {
       return "CUDA_R_8I";
     case CUDA_R_32I:
       return "CUDA_R_32I";
+    case CUDA_R_8F_E4M3:
+      return "CUDA_R_8F_E4M3";
+    case CUDA_R_8F_E5M2:
+      return "CUDA_R_8F_E5M2";
     default:
       return "another cudaDataType_t";
   }
 }
-size_t type_size(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
+bool is_fp8(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
+size_t type_size(cudaDataType_t t) { return is_fp8(t) ? 1 : t == CUDA_R_16BF ? 2 : 4; }
 
 #define MT_NAME(x) \
   case x:          \
@@ -176,6 +189,8 @@ struct Problem {
   int32_t transa, transb;
   cudaDataType_t a_type, d_type;
   uint64_t m, n, k;
+  cudaDataType_t b_type;
+  int32_t scale_mode;
 };
 
 uint64_t problem_key(const Problem& p) {
@@ -187,7 +202,7 @@ uint64_t problem_key(const Problem& p) {
     }
   };
   mix(uint64_t(p.transa)), mix(uint64_t(p.transb)), mix(uint64_t(p.a_type)), mix(uint64_t(p.d_type));
-  mix(p.m), mix(p.n), mix(p.k);
+  mix(p.m), mix(p.n), mix(p.k), mix(uint64_t(p.b_type)), mix(uint64_t(p.scale_mode));
   return h;
 }
 
@@ -213,12 +228,37 @@ cublasStatus_t check_problem(const char* call, cublasLtMatmulDesc_t op_h, cublas
                     CUBLAS_STATUS_INVALID_VALUE);
   }
   const Layout &A = *l[0], &B = *l[1], &C = *l[2], &D = *l[3];
-  if (A.type != B.type)
+  const bool fp8 = is_fp8(A.type) || is_fp8(B.type);
+  if (fp8) {
+    // What Hopper's FP8 GEMMs take (cuBLASLt's documentation, cublasLtMatmul, FP8 type combinations): A and B FP8,
+    // not both E5M2; TN; bf16 or f32 C = D; dims and leading dims multiples of 16.
+    if (!is_fp8(A.type) || !is_fp8(B.type))
+      return refuse(call, strf("A is %s but B is %s: FP8 needs both FP8", type_name(A.type), type_name(B.type)));
+    if (A.type == CUDA_R_8F_E5M2 && B.type == CUDA_R_8F_E5M2)
+      return refuse(call, "A and B both CUDA_R_8F_E5M2: no FP8 kernel takes E5M2 x E5M2");
+    if (op->transa != CUBLAS_OP_T || op->transb != CUBLAS_OP_N)
+      return refuse(call, strf("FP8 with transa %d transb %d: Hopper takes only TN (transa CUBLAS_OP_T, transb "
+                               "CUBLAS_OP_N)", int(op->transa), int(op->transb)));
+    if (C.type != D.type || (D.type != CUDA_R_16BF && D.type != CUDA_R_32F))
+      return refuse(call, strf("FP8 with C %s, D %s: the stand-in takes C = D, bf16 or f32", type_name(C.type),
+                               type_name(D.type)));
+    if (A.rows % 16 || A.cols % 16 || B.rows % 16 || B.cols % 16 || A.ld % 16 || B.ld % 16 || D.ld % 16)
+      return refuse(call, strf("FP8 with A %" PRIu64 " x %" PRIu64 " (ld %" PRId64 "), B %" PRIu64 " x %" PRIu64
+                               " (ld %" PRId64 "), ldd %" PRId64 ": every dim and leading dim must be a multiple of 16",
+                               A.rows, A.cols, A.ld, B.rows, B.cols, B.ld, D.ld));
+    if (op->a_scale_mode != op->b_scale_mode)
+      return refuse(call, strf("A's scale mode %d differs from B's %d (the stand-in takes both scalar or both "
+                               "outer vectors)", int(op->a_scale_mode), int(op->b_scale_mode)));
+  } else if (op->a_scale || op->b_scale || op->a_scale_mode || op->b_scale_mode) {
+    return refuse(call, strf("scale pointers or modes with A %s: the stand-in scales FP8 operands only",
+                             type_name(A.type)));
+  }
+  if (!fp8 && A.type != B.type)
     return refuse(call, strf("A is %s but B is %s (the stand-in takes A and B of one type)", type_name(A.type),
                             type_name(B.type)));
   if (C.type != D.type)
     return refuse(call, strf("C is %s but D is %s (C and D must have one type)", type_name(C.type), type_name(D.type)));
-  const bool ok = (A.type == CUDA_R_16BF && (D.type == CUDA_R_16BF || D.type == CUDA_R_32F)) ||
+  const bool ok = fp8 || (A.type == CUDA_R_16BF && (D.type == CUDA_R_16BF || D.type == CUDA_R_32F)) ||
                   (A.type == CUDA_R_32F && D.type == CUDA_R_32F);
   if (!ok)
     return refuse(call, strf("A/B %s with C/D %s under CUBLAS_COMPUTE_32F is not a combination meshtrain uses "
@@ -237,7 +277,7 @@ cublasStatus_t check_problem(const char* call, cublasLtMatmulDesc_t op_h, cublas
     return refuse(call,
                   strf("C is %" PRIu64 " x %" PRIu64 " but D is %" PRIu64 " x %" PRIu64, C.rows, C.cols, D.rows, D.cols),
                   CUBLAS_STATUS_INVALID_VALUE);
-  *out = Problem{op->transa, op->transb, A.type, D.type, m, n, k};
+  *out = Problem{op->transa, op->transb, A.type, D.type, m, n, k, B.type, op->a_scale_mode};
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -257,6 +297,9 @@ float bf16_to_f32(uint16_t u) { return mt::bf16::to_float(u); }
 uint16_t f32_to_bf16(float f) { return mt::bf16::from_float(f); }
 
 float load(const void* base, cudaDataType_t t, size_t i) {
+  if (is_fp8(t))
+    return mt::fp8::decode(static_cast<const unsigned char*>(base)[i],
+                           t == CUDA_R_8F_E4M3 ? mt::Fp8Format::e4m3 : mt::Fp8Format::e5m2);
   if (t == CUDA_R_16BF) {
     uint16_t u;
     std::memcpy(&u, static_cast<const unsigned char*>(base) + 2 * i, 2);
@@ -393,9 +436,33 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t 
   auto* d = live<MatmulDesc>(g_descs, matmulDesc);
   if (!d)
     return refuse(call, strf("%p is not a live cublasLtMatmulDesc_t", (void*)matmulDesc), CUBLAS_STATUS_INVALID_VALUE);
+  if (attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER || attr == CUBLASLT_MATMUL_DESC_B_SCALE_POINTER) {
+    const char* name = attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER ? "CUBLASLT_MATMUL_DESC_A_SCALE_POINTER"
+                                                                     : "CUBLASLT_MATMUL_DESC_B_SCALE_POINTER";
+    if (!buf || sizeInBytes != sizeof(void*))
+      return refuse(call, strf("%s takes a const void*: buf %p, sizeInBytes %zu", name, buf, sizeInBytes),
+                    CUBLAS_STATUS_INVALID_VALUE);
+    const float* p;
+    std::memcpy(&p, buf, sizeof p);
+    (attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER ? d->a_scale : d->b_scale) = p;
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (attr == CUBLASLT_MATMUL_DESC_A_SCALE_MODE || attr == CUBLASLT_MATMUL_DESC_B_SCALE_MODE) {
+    const char* name =
+        attr == CUBLASLT_MATMUL_DESC_A_SCALE_MODE ? "CUBLASLT_MATMUL_DESC_A_SCALE_MODE" : "CUBLASLT_MATMUL_DESC_B_SCALE_MODE";
+    if (!buf || sizeInBytes != sizeof(int32_t))
+      return refuse(call, strf("%s takes an int32_t: buf %p, sizeInBytes %zu", name, buf, sizeInBytes),
+                    CUBLAS_STATUS_INVALID_VALUE);
+    int32_t v;
+    std::memcpy(&v, buf, sizeof v);
+    if (v != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F && v != CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F)
+      return refuse(call, strf("%s = %d: only SCALAR_32F (0) and OUTER_VEC_32F (3) are emulated", name, int(v)));
+    (attr == CUBLASLT_MATMUL_DESC_A_SCALE_MODE ? d->a_scale_mode : d->b_scale_mode) = v;
+    return CUBLAS_STATUS_SUCCESS;
+  }
   if (attr != CUBLASLT_MATMUL_DESC_TRANSA && attr != CUBLASLT_MATMUL_DESC_TRANSB)
-    return refuse(call, strf("%s (%d) is not emulated (only CUBLASLT_MATMUL_DESC_TRANSA and _TRANSB are: no "
-                             "epilogue, bias, pointer mode, scale or fill mode)",
+    return refuse(call, strf("%s (%d) is not emulated (only CUBLASLT_MATMUL_DESC_TRANSA, _TRANSB, _A/_B_SCALE_POINTER "
+                             "and _A/_B_SCALE_MODE are: no epilogue, bias, pointer mode or fill mode)",
                              desc_attr_name(attr), int(attr)));
   const char* name = attr == CUBLASLT_MATMUL_DESC_TRANSA ? "CUBLASLT_MATMUL_DESC_TRANSA" : "CUBLASLT_MATMUL_DESC_TRANSB";
   if (!buf || sizeInBytes != sizeof(int32_t))
@@ -415,8 +482,9 @@ cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* m
                                                        uint64_t rows, uint64_t cols, int64_t ld) {
   const char* call = "cublasLtMatrixLayoutCreate";
   if (!matLayout) return refuse(call, "matLayout is null", CUBLAS_STATUS_INVALID_VALUE);
-  if (type != CUDA_R_32F && type != CUDA_R_16BF)
-    return refuse(call, strf("type %s (%d): only CUDA_R_32F and CUDA_R_16BF are emulated", type_name(type), int(type)));
+  if (type != CUDA_R_32F && type != CUDA_R_16BF && !is_fp8(type))
+    return refuse(call, strf("type %s (%d): only CUDA_R_32F, CUDA_R_16BF and CUDA_R_8F_E4M3 / _E5M2 are emulated",
+                             type_name(type), int(type)));
   auto* l = new Layout{type, rows, cols, ld};
   std::lock_guard<std::mutex> lock(g_mu);
   g_layouts.insert(l);
@@ -572,11 +640,22 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
     if (beta && !emu::is_device_ptr(beta, 4)) std::memcpy(&b4, beta, 4);
     const bool has_algo = algo != nullptr;
     const cublasLtMatmulAlgo_t al = has_algo ? *algo : cublasLtMatmulAlgo_t{};
-    if (emu::record_if_capturing(stream, [=] {
-          cublasLtMatmul(lightHandle, computeDesc, alpha ? &a4 : nullptr, A, Adesc, B, Bdesc, beta ? &b4 : nullptr, C,
-                         Cdesc, D, Ddesc, has_algo ? &al : nullptr, workspace, workspaceSizeInBytes, stream);
-        }))
+    // The descriptor as it is now (its attributes, the FP8 scale pointers among them, may be set again before a
+    // replay): a copy, registered and kept for the graph's life (never freed: a few bytes a captured call).
+    cublasLtMatmulDesc_t desc = computeDesc;
+    if (emu::record_if_capturing(stream, [] {})) {  // capturing: the no-op recorded first is harmless
+      if (auto* d = live<MatmulDesc>(g_descs, computeDesc)) {
+        std::lock_guard<std::mutex> lock(g_mu);
+        auto* copy = new MatmulDesc(*d);
+        g_descs.insert(copy);
+        desc = reinterpret_cast<cublasLtMatmulDesc_t>(copy);
+      }
+      emu::record_if_capturing(stream, [=] {
+        cublasLtMatmul(lightHandle, desc, alpha ? &a4 : nullptr, A, Adesc, B, Bdesc, beta ? &b4 : nullptr, C, Cdesc,
+                       D, Ddesc, has_algo ? &al : nullptr, workspace, workspaceSizeInBytes, stream);
+      });
       return CUBLAS_STATUS_SUCCESS;
+    }
   }
   Problem pb{};
   if (auto s = check_problem(call, computeDesc, Adesc, Bdesc, Cdesc, Ddesc, &pb)) return s;
@@ -611,6 +690,15 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
   if (!emu::check_device_range(B, b_bytes, call, "B")) return CUBLAS_STATUS_INVALID_VALUE;
   if (read_c && !emu::check_device_range(C, c_bytes, call, "C")) return CUBLAS_STATUS_INVALID_VALUE;
   if (!emu::check_device_range(D, d_bytes, call, "D")) return CUBLAS_STATUS_INVALID_VALUE;
+  const auto* desc = reinterpret_cast<const MatmulDesc*>(computeDesc);
+  const bool vec = desc->a_scale_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  const size_t sa_n = vec ? size_t(pb.m) : 1, sb_n = vec ? size_t(pb.n) : 1;
+  if (vec && (!desc->a_scale || !desc->b_scale))
+    return refuse(call, "OUTER_VEC_32F scale mode without a scale pointer", CUBLAS_STATUS_INVALID_VALUE);
+  if (desc->a_scale && !emu::check_device_range(desc->a_scale, 4 * sa_n, call, "A's scale"))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (desc->b_scale && !emu::check_device_range(desc->b_scale, 4 * sb_n, call, "B's scale"))
+    return CUBLAS_STATUS_INVALID_VALUE;
   if (pb.m > 0 && pb.n > 0 && pb.k > 0 && (!A || !B))
     return refuse(call, "A or B is null", CUBLAS_STATUS_INVALID_VALUE);
   if (pb.m > 0 && pb.n > 0 && (!D || (read_c && !C)))
@@ -656,6 +744,8 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
   if (pb.m == 0 || pb.n == 0) return CUBLAS_STATUS_SUCCESS;
   bool ok = true;
   if (pb.k > 0) ok = emu::note_read(A, a_bytes, stream, call) && emu::note_read(B, b_bytes, stream, call) && ok;
+  if (desc->a_scale) ok = emu::note_read(desc->a_scale, 4 * sa_n, stream, call) && ok;
+  if (desc->b_scale) ok = emu::note_read(desc->b_scale, 4 * sb_n, stream, call) && ok;
   if (read_c) ok = emu::note_read(C, c_bytes, stream, call) && ok;
   if (ws > 0) ok = emu::note_write(workspace, ws, stream, call) && ok;
   ok = emu::note_write(D, d_bytes, stream, call) && ok;
@@ -680,7 +770,10 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
         for (size_t u = 0; u < 4; ++u) acc4[u] += double(ai[l + u]) * double(bj[l + u]);
       for (; l < k; ++l) acc4[0] += double(ai[l]) * double(bj[l]);
       const double acc = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3]);
-      float v = alpha_f * float(acc);
+      float v = float(acc);
+      if (desc->a_scale) v = v * desc->a_scale[vec ? i : 0];  // FP8: the dequantizing scales, A's then B's
+      if (desc->b_scale) v = v * desc->b_scale[vec ? j : 0];
+      v = alpha_f * v;
       if (read_c) v += beta_f * load(C, lc.type, i + j * size_t(lc.ld));
       store(D, ld.type, i + j * size_t(ld.ld), v);
     }

@@ -4,7 +4,7 @@
 // descriptor sequence runtime/kernels/cuda/matmul.cu makes (forward, dinp, dweight accumulating in f32); and the
 // refusals: attributes and values meshtrain does not use, host pointers, operands past their allocation,
 // pointers less aligned than the preference promised, an algorithm of another problem, a short workspace,
-// destroyed descriptors. Each refusal must name the call and the operand on stderr ([cuda-emu] ...).
+// destroyed descriptors; FP8 (E4M3 / E5M2 with scale pointers, scalar and outer-vector, TN only). Each refusal must name the call and the operand on stderr ([cuda-emu] ...).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/fp8.h"
 #include "tests/emu/stand_in_test.h"
 
 namespace {
@@ -428,6 +430,101 @@ TEST_CASE("type combinations and shapes the layouts do not support are refused b
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatmulDescDestroy(op);
   cublasLtDestroy(h);
+}
+
+// FP8 as matmul.cu's fp8_matmul makes it: A (k x m) transposed, B (k x n), both K contiguous; D (m x n).
+struct Fp8Plan {
+  cublasLtHandle_t h = nullptr;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  Fp8Plan(bool transa, bool transb, int m, int n, int k, cudaDataType_t at, cudaDataType_t bt, cudaDataType_t dt,
+          int32_t mode, const float* sa, const float* sb) {
+    REQUIRE(cublasLtCreate(&h) == 0);
+    REQUIRE(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == 0);
+    cublasOperation_t ta = transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    REQUIRE(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == 0);
+    REQUIRE(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == 0);
+    REQUIRE(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode) == 0);
+    REQUIRE(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode) == 0);
+    REQUIRE(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa) == 0);
+    REQUIRE(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb) == 0);
+    REQUIRE(cublasLtMatrixLayoutCreate(&a, at, transa ? k : m, transa ? m : k, transa ? k : m) == 0);
+    REQUIRE(cublasLtMatrixLayoutCreate(&b, bt, transb ? n : k, transb ? k : n, transb ? n : k) == 0);
+    REQUIRE(cublasLtMatrixLayoutCreate(&d, dt, m, n, m) == 0);
+    REQUIRE(cublasLtMatmulPreferenceCreate(&pref) == 0);
+    uint64_t ws = 0;
+    REQUIRE(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) == 0);
+  }
+  cublasStatus_t heuristic(cublasLtMatmulAlgo_t* algo) {
+    cublasLtMatmulHeuristicResult_t r{};
+    int found = 0;
+    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h, op, a, b, d, d, pref, 1, &r, &found);
+    *algo = r.algo;
+    return s;
+  }
+  ~Fp8Plan() {
+    cublasLtMatmulPreferenceDestroy(pref);
+    for (auto l : {a, b, d}) cublasLtMatrixLayoutDestroy(l);
+    cublasLtMatmulDescDestroy(op);
+    cublasLtDestroy(h);
+  }
+};
+
+TEST_CASE("FP8: E4M3 x E5M2 TN with scalar and outer-vector scales, bf16 and f32 out; what Hopper refuses") {
+  const int m = 32, n = 16, k = 48;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> code(0, 255);
+  Dev A(size_t(m * k)), B(size_t(n * k)), sa(4 * m), sb(4 * n), D(size_t(m * n) * 4);
+  for (int i = 0; i < m * k; ++i) A.as<uint8_t>()[i] = uint8_t(code(rng) & 0xb7);  // no NaN, no inf, moderate
+  for (int i = 0; i < n * k; ++i) B.as<uint8_t>()[i] = uint8_t(code(rng) & 0x9b);
+  for (int i = 0; i < m; ++i) sa.as<float>()[i] = 0.5f + 0.125f * float(i % 5);
+  for (int j = 0; j < n; ++j) sb.as<float>()[j] = 2.0f - 0.25f * float(j % 3);
+  for (int32_t mode : {int32_t(CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F), int32_t(CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F)})
+    for (cudaDataType_t dt : {CUDA_R_16BF, CUDA_R_32F}) {
+      CAPTURE(mode);
+      const bool vec = mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      Fp8Plan p(true, false, m, n, k, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, dt, mode, sa.as<float>(), sb.as<float>());
+      cublasLtMatmulAlgo_t algo{};
+      REQUIRE(p.heuristic(&algo) == 0);
+      const float alpha = 1, beta = 0;
+      REQUIRE(cublasLtMatmul(p.h, p.op, &alpha, A.p, p.a, B.p, p.b, &beta, D.p, p.d, D.p, p.d, &algo, nullptr, 0,
+                             nullptr) == 0);
+      double worst = 0;
+      for (int j = 0; j < n; ++j)
+        for (int i = 0; i < m; ++i) {
+          double acc = 0;  // A transposed: element (i, l) at l + i k; B (l, j) at l + j k
+          for (int l = 0; l < k; ++l)
+            acc += double(mt::fp8::decode(A.as<uint8_t>()[l + i * k], mt::Fp8Format::e4m3)) *
+                   double(mt::fp8::decode(B.as<uint8_t>()[l + j * k], mt::Fp8Format::e5m2));
+          const double want = acc * sa.as<float>()[vec ? i : 0] * sb.as<float>()[vec ? j : 0];
+          const double got = dt == CUDA_R_16BF ? from_bf16(D.as<uint16_t>()[i + j * m]) : D.as<float>()[i + j * m];
+          worst = std::max(worst, std::fabs(got - want) / std::max(1.0, std::fabs(want)));
+        }
+      CHECK(worst < (dt == CUDA_R_16BF ? 4e-3 : 1e-6));
+    }
+  const int32_t scalar = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  cublasLtMatmulAlgo_t algo{};
+  {  // NN: not TN
+    Fp8Plan p(false, false, m, n, k, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, scalar, sa.as<float>(), sb.as<float>());
+    EXPECT_REFUSED(p.heuristic(&algo), CUBLAS_STATUS_NOT_SUPPORTED, "only TN");
+  }
+  {  // E5M2 x E5M2
+    Fp8Plan p(true, false, m, n, k, CUDA_R_8F_E5M2, CUDA_R_8F_E5M2, CUDA_R_16BF, scalar, sa.as<float>(), sb.as<float>());
+    EXPECT_REFUSED(p.heuristic(&algo), CUBLAS_STATUS_NOT_SUPPORTED, "E5M2 x E5M2");
+  }
+  {  // k = 40: not a multiple of 16
+    Fp8Plan p(true, false, m, n, 40, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, scalar, sa.as<float>(), sb.as<float>());
+    EXPECT_REFUSED(p.heuristic(&algo), CUBLAS_STATUS_NOT_SUPPORTED, "multiple of 16");
+  }
+  {  // FP8 A with a bf16 B
+    Fp8Plan p(true, false, m, n, k, CUDA_R_8F_E4M3, CUDA_R_16BF, CUDA_R_16BF, scalar, sa.as<float>(), sb.as<float>());
+    EXPECT_REFUSED(p.heuristic(&algo), CUBLAS_STATUS_NOT_SUPPORTED, "FP8 needs both FP8");
+  }
+  {  // scales on a bf16 GEMM
+    Fp8Plan p(true, false, m, n, k, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF, scalar, sa.as<float>(), sb.as<float>());
+    EXPECT_REFUSED(p.heuristic(&algo), CUBLAS_STATUS_NOT_SUPPORTED, "FP8 operands only");
+  }
 }
 
 TEST_CASE("operands outside device memory, misaligned, aliasing, or with a foreign algorithm are refused") {

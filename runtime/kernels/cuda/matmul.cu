@@ -153,9 +153,94 @@ template <typename T> int matmul_backward(T* dinp, float* dweight, const T* dout
   return 0;
 }
 
+// FP8 (ops.h fp8_matmul): row-major out (M, N) = a (M, K) . b (N, K)^T is column-major out^T (N, M) = b . a^T, i.e.
+// cuBLASLt's A = b transposed, B = a not: TN, the only FP8 layout Hopper takes, both with K contiguous. The
+// inverse scales go in as A's and B's scale pointers (device memory: no host read), one f32 each, or vectors
+// (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: A's N, B's M). D is bf16 (C = D) or f32 (weight gradients, beta = 1).
+// The plan is cached per shape like lt_gemm's; the scale pointers are set on the cached descriptor each call.
+namespace {
+struct Fp8Key {
+  int device, m, n, k, a_type, b_type, d_type, vec, accumulate, align;
+  auto tie() const { return std::tie(device, m, n, k, a_type, b_type, d_type, vec, accumulate, align); }
+  bool operator<(const Fp8Key& o) const { return tie() < o.tie(); }
+};
+std::map<Fp8Key, GemmPlan> g_fp8_plans;
+cudaDataType_t fp8_type(int fmt) { return fmt == 0 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+}  // namespace
+
+int fp8_matmul(void* out, bool out_f32, const uint8_t* a, const float* a_inv, const uint8_t* b, const float* b_inv,
+               int64_t M, int64_t N, int64_t K, int a_fmt, int b_fmt, bool vec_scales, bool accumulate, void* stream,
+               int device) {
+  Range r("fp8_matmul");
+  if (M == 0 || N == 0) return 0;
+  if (K == 0)
+    return accumulate ? 0 : int(cudaMemsetAsync(out, 0, size_t(M * N) * (out_f32 ? 4 : 2), st(stream)));
+  std::lock_guard<std::mutex> lock(g_gemm_mu);
+  LtDevice* dev = nullptr;
+  if (int err = lt_device(device, &dev)) return err;
+  const int m = int(N), n = int(M), k = int(K);
+  const cudaDataType_t at = fp8_type(b_fmt), bt = fp8_type(a_fmt), dt = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
+  const int align = std::min(alignment_of(a), std::min(alignment_of(b), alignment_of(out)));
+  Fp8Key key{device, m, n, k, int(at), int(bt), int(dt), vec_scales, accumulate, align};
+  auto it = g_fp8_plans.find(key);
+  if (it == g_fp8_plans.end()) {
+    GemmPlan p;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int err = lt_status(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    if (!err) err = lt_status(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    if (!err) err = lt_status(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (vec_scales) {
+      int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      for (auto attr : {CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_DESC_B_SCALE_MODE})
+        if (!err) err = lt_status(cublasLtMatmulDescSetAttribute(p.op, attr, &mode, sizeof(mode)));
+    }
+    // The heuristic sees the scale pointers set (values are read only at the launch).
+    if (!err) err = lt_status(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_inv,
+                                                             sizeof(b_inv)));
+    if (!err) err = lt_status(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_inv,
+                                                             sizeof(a_inv)));
+    if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.a, at, k, m, k));  // b (N, K) row-major: (K, N) col-major
+    if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.b, bt, k, n, k));  // a (M, K) row-major: (K, M)
+    if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.d, dt, m, n, m));
+    cublasLtMatmulPreference_t pref = nullptr;
+    if (!err) err = lt_status(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = kWorkspaceBytes;
+    uint32_t al = uint32_t(align);
+    if (!err)
+      err = lt_status(
+          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      if (!err) err = lt_status(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (!err)
+      err = lt_status(cublasLtMatmulAlgoGetHeuristic(dev->handle, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (!err && found == 0) err = lt_status(CUBLAS_STATUS_NOT_SUPPORTED);
+    if (err) {
+      if (p.op) cublasLtMatmulDescDestroy(p.op);
+      for (auto l : {p.a, p.b, p.d})
+        if (l) cublasLtMatrixLayoutDestroy(l);
+      return err;
+    }
+    p.algo = result.algo;
+    it = g_fp8_plans.emplace(key, p).first;
+  }
+  const GemmPlan& p = it->second;
+  int err = lt_status(
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_inv, sizeof(b_inv)));
+  if (!err)
+    err = lt_status(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_inv, sizeof(a_inv)));
+  if (err) return err;
+  float alpha = 1, beta = accumulate ? 1 : 0;
+  return lt_status(cublasLtMatmul(dev->handle, p.op, &alpha, b, p.a, a, p.b, &beta, out, p.d, out, p.d, &p.algo,
+                                  dev->workspace, kWorkspaceBytes, st(stream)));
+}
+
 int64_t gemm_cached_algos() {
   std::lock_guard<std::mutex> lock(g_gemm_mu);
-  return int64_t(g_plans.size());
+  return int64_t(g_plans.size() + g_fp8_plans.size());
 }
 
 // The launchers' instances for the two activation types.
