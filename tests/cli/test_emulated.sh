@@ -14,7 +14,7 @@
 #    cudnn with documents and cp 2 is refused at start-up naming the key;
 #  - training.fp8 (bf16 with FP8 linears) within 1e-4 of the CPU's FP8 emulation: tensorwise on 1 rank, rowwise on
 #    tp 2 (tensorwise on dp_shard 2 with --full);
-#  - training.cuda_graph: the graphed steps give the eager steps' bits (1 rank, cp 2 ring through cuDNN; --full: tp 2,
+#  - training.cuda_graph: the graphed steps give the eager steps' bits (1 rank fp32 and FP8, cp 2 ring through cuDNN; --full: tp 2,
 #    fully_shard 2), one host sync a step; pp 2 runs eagerly, saying why;
 #  - one host synchronisation per step, as on a GPU (with training.fp8 too);
 #  - a rank stopped before a tp collective on NCCL: its peer's watchdog names it and ends the job (no hang);
@@ -304,6 +304,8 @@ graph_case() {  # graph_case NAME NP [--set ...]: eager and graphed runs of the 
 # 4 steps: 2 eager, the capture's step and one replay of both graphs.
 graph_case "1 rank fp32" 1 --set comm.device=cuda --set training.steps=4
 graph_case "cp 2 ring cudnn" 2 "${cudnn_run[@]}" --set training.steps=4 --set attention.kernel=cudnn
+graph_case "fp8 tensorwise" 1 --set comm.device=cuda --set training.dtype=bf16 --set training.fp8=tensorwise \
+  --set training.steps=4
 if [ "${MT_TEST_FULL:-0}" = 1 ]; then  # NCCL inside the graph again, under other meshes (--full: 60 s here)
   graph_case "tp 2 bf16" 2 --set comm.device=cuda --set training.dtype=bf16 --set parallel.tp=2 \
     --set parallel.dp_replicate=1 --set training.steps=4
