@@ -1,7 +1,7 @@
 // The collectives of a mixture-of-experts model's sparse layers (moe_cost.h: moe_step_bytes), next to the counters'
 // convention (comm/comm_counters.h): an all-to-all-v counts the bytes a rank sends to the other ranks, an
 // all-to-all (n-1)/n of its input, an all-reduce 2 (n-1)/n of its buffer. models/llama/moe.cpp issues them:
-// per sparse layer and micro-batch, in forward the counts (E i64) and the rows there and back, in backward the
+// per sparse layer and micro-batch, in forward the counts (E i32) and the rows there and back, in backward the
 // gradients there and back; once a micro-batch the balance loss's statistics over the loss group.
 #include <algorithm>
 #include <cmath>
@@ -29,7 +29,7 @@ MoeLayerBytes moe_layer_bytes(const ModelConfig& c, int ep, int64_t micro, int64
   const double f = double(ep - 1) / double(ep);
   b.rows_out = b.rows * f;
   b.exchange = b.rows_out * double(c.dim) * elem;
-  b.counts = E * 8 * f;
+  b.counts = E * 4 * f;  // i32 counts (moe_route's)
   return b;
 }
 
