@@ -90,6 +90,25 @@ template <typename T> int add_rmsnorm_forward(T* sum, T* out, float* rstd, const
 
 namespace {
 
+// One pack p (W columns) of row's input gradient: rstd * (dy w - x rstd mean), plus the residual branch's gradient
+// (fused: one rounding). Both backward paths below write dinp through it.
+template <typename T, int W>
+__device__ inline void rmsnorm_dx_pack(T* dinp, const T* dout, const T* inp, const T* w, const T* dres, int64_t row,
+                                       int64_t C, int64_t p, float rf, float mean) {
+  using P = Pack<T, W>;
+  const P a = reinterpret_cast<const P*>(dout + row * C)[p], b = reinterpret_cast<const P*>(w)[p],
+          c = reinterpret_cast<const P*>(inp + row * C)[p];
+  P res, o;
+  if (dres) res = reinterpret_cast<const P*>(dres + row * C)[p];
+#pragma unroll
+  for (int e = 0; e < W; ++e) {
+    float v = rf * (ld(a.v[e]) * ld(b.v[e]) - ld(c.v[e]) * rf * mean);
+    if (dres) v += ld(res.v[e]);
+    o.v[e] = to<T>(v);
+  }
+  reinterpret_cast<P*>(dinp + row * C)[p] = o;
+}
+
 // dinp (N, C) from dout (N, C), a warp per row, each lane W columns at a time (Pack: one 16-byte load per operand
 // where the launcher found C a multiple of W and the rows aligned; W = 1 otherwise). Products in f32, their sum in
 // f64: one conversion to f64 an element (f64 arithmetic and conversions run at a small fraction of f32's rate on a
@@ -112,18 +131,7 @@ template <typename T, int W> __global__ void rmsnorm_bwd_dx_k(T* dinp, const T* 
   }
   dot = warp_sum_d(dot) * r;
   const float mean = float(dot / double(C)), rf = float(r);
-  for (int64_t p = lane; p < np; p += 32) {
-    const P a = dy[p], b = wp[p], c = x[p];
-    P res, o;
-    if (dres) res = reinterpret_cast<const P*>(dres + row * C)[p];
-#pragma unroll
-    for (int e = 0; e < W; ++e) {
-      float v = rf * (ld(a.v[e]) * ld(b.v[e]) - ld(c.v[e]) * rf * mean);
-      if (dres) v += ld(res.v[e]);  // the residual branch's gradient, fused: one rounding
-      o.v[e] = to<T>(v);
-    }
-    reinterpret_cast<P*>(dinp + row * C)[p] = o;
-  }
+  for (int64_t p = lane; p < np; p += 32) rmsnorm_dx_pack<T, W>(dinp, dout, inp, w, dres, row, C, p, rf, mean);
 }
 
 constexpr int64_t kRowChunk = 256;
@@ -198,19 +206,8 @@ template <typename T, int W, int NP> __global__ void rmsnorm_bwd_fused_k(T* dinp
     dot = warp_sum_d(dot) * double(rf);
     const float mean = float(dot / double(C));
 #pragma unroll
-    for (int i = 0; i < NP; ++i) {
-      const int64_t p = lane + 32 * i;
-      const P a = dy[p], b = wp[p], c = x[p];  // again: the row was just read, from the cache
-      P res, o;
-      if (dres) res = reinterpret_cast<const P*>(dres + row * C)[p];
-#pragma unroll
-      for (int e = 0; e < W; ++e) {
-        float v = rf * (ld(a.v[e]) * ld(b.v[e]) - ld(c.v[e]) * rf * mean);
-        if (dres) v += ld(res.v[e]);  // the residual branch's gradient, fused: one rounding
-        o.v[e] = to<T>(v);
-      }
-      reinterpret_cast<P*>(dinp + row * C)[p] = o;
-    }
+    for (int i = 0; i < NP; ++i)  // the row again: just read, from the cache
+      rmsnorm_dx_pack<T, W>(dinp, dout, inp, w, dres, row, C, lane + 32 * i, rf, mean);
   }
   for (int turn = 0; turn < warps; ++turn) {  // the warps' sums into shared memory, warp 0 first
     if (warp == turn) {
