@@ -64,6 +64,36 @@ int lt_device(int device, LtDevice** out) {
   return 0;
 }
 
+// A plan's algorithm: the heuristic's first for its descriptors, the workspace and the operands' alignment; err (a
+// failure while the caller made the descriptors) or a failure here destroys the descriptors and is returned.
+int choose_algo(LtDevice* dev, GemmPlan& p, int align, int err) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (!err) err = lt_status(cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t ws = kWorkspaceBytes;
+  uint32_t al = uint32_t(align);
+  if (!err)
+    err = lt_status(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    if (!err) err = lt_status(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  if (!err)
+    err = lt_status(cublasLtMatmulAlgoGetHeuristic(dev->handle, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (!err && found == 0) err = lt_status(CUBLAS_STATUS_NOT_SUPPORTED);
+  if (err) {
+    if (p.op) cublasLtMatmulDescDestroy(p.op);
+    for (auto l : {p.a, p.b, p.d})
+      if (l) cublasLtMatrixLayoutDestroy(l);
+    return err;
+  }
+  p.algo = result.algo;
+  return 0;
+}
+
+
 int alignment_of(const void* p) {
   uintptr_t u = reinterpret_cast<uintptr_t>(p);
   int a = 256;
@@ -92,29 +122,7 @@ template <typename AT, typename DT> int lt_gemm(int device, cudaStream_t stream,
     if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.a, cuda_type<AT>(), transa ? k : m, transa ? m : k, lda));
     if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.b, cuda_type<AT>(), transb ? n : k, transb ? k : n, ldb));
     if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.d, cuda_type<DT>(), m, n, ldd));
-    cublasLtMatmulPreference_t pref = nullptr;
-    if (!err) err = lt_status(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = kWorkspaceBytes;
-    uint32_t al = uint32_t(align);
-    if (!err)
-      err = lt_status(
-          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      if (!err) err = lt_status(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al)));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    if (!err)
-      err = lt_status(cublasLtMatmulAlgoGetHeuristic(dev->handle, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (!err && found == 0) err = lt_status(CUBLAS_STATUS_NOT_SUPPORTED);
-    if (err) {
-      if (p.op) cublasLtMatmulDescDestroy(p.op);
-      for (auto l : {p.a, p.b, p.d})
-        if (l) cublasLtMatrixLayoutDestroy(l);
-      return err;
-    }
-    p.algo = result.algo;
+    if ((err = choose_algo(dev, p, align, err))) return err;
     it = g_plans.emplace(key, p).first;
   }
   const GemmPlan& p = it->second;
@@ -202,29 +210,7 @@ int fp8_matmul(void* out, bool out_f32, const uint8_t* a, const float* a_inv, co
     if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.a, at, k, m, k));  // b (N, K) row-major: (K, N) col-major
     if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.b, bt, k, n, k));  // a (M, K) row-major: (K, M)
     if (!err) err = lt_status(cublasLtMatrixLayoutCreate(&p.d, dt, m, n, m));
-    cublasLtMatmulPreference_t pref = nullptr;
-    if (!err) err = lt_status(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = kWorkspaceBytes;
-    uint32_t al = uint32_t(align);
-    if (!err)
-      err = lt_status(
-          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      if (!err) err = lt_status(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al)));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    if (!err)
-      err = lt_status(cublasLtMatmulAlgoGetHeuristic(dev->handle, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (!err && found == 0) err = lt_status(CUBLAS_STATUS_NOT_SUPPORTED);
-    if (err) {
-      if (p.op) cublasLtMatmulDescDestroy(p.op);
-      for (auto l : {p.a, p.b, p.d})
-        if (l) cublasLtMatrixLayoutDestroy(l);
-      return err;
-    }
-    p.algo = result.algo;
+    if ((err = choose_algo(dev, p, align, err))) return err;
     it = g_fp8_plans.emplace(key, p).first;
   }
   const GemmPlan& p = it->second;
