@@ -224,14 +224,6 @@ std::string stacked_param_name(const std::string& name, int64_t j) {
   return name.substr(0, at + 1) + std::to_string(j) + name.substr(at + 2);
 }
 
-void CausalLM::pool_router_stats(DeviceMesh& world, const ParallelDims& pd) {
-  if (!config.moe.enabled() || pd.pp_size() == 1) return;
-  std::string dims = dim::pp;
-  for (const DimSpec& d : pd.dims)
-    if (d.data) dims += std::string(",") + d.name;
-  set_router_stats_group(&world.group(dims));
-}
-
 bool CausalLM::matches_elsewhere(const std::string& pattern) const {
   // A pattern without glob characters names one module: a lookup (the names are kept sorted).
   if (!has_glob(pattern))

@@ -152,14 +152,18 @@ class CausalLM : public Module {
   // model.layers.{L}.embed_tokens.weight and shared_head.head.weight): file name -> the parameter's name. Written
   // with the parameter's values, skipped when read.
   virtual std::map<std::string, std::string> file_copies() const { return {}; }
-  // After this rank's last forward of a training micro-batch (the executors call it in the micro-batch's slot):
-  // the router statistics' sum starts. set_router_stats_group: the ranks it sums over (default: the loss group of
-  // the model's mesh). pool_router_stats: under pipeline parallel, an MoE model's statistics pool every sparse
-  // layer, so over the stages too: the pp and data dims of the world mesh, a group made here (collective: every
-  // rank calls it); nothing for a dense model or without pp.
+  // After this rank's forward of a training micro-batch (the local executor calls it in the micro-batch's slot):
+  // the router statistics' sum over the loss group starts.
   virtual void forward_done() {}
-  virtual void set_router_stats_group(Group* /*g*/) {}
-  void pool_router_stats(DeviceMesh& world, const ParallelDims& pd);
+  // Under pipeline parallel an MoE model's statistics pool the sparse layers of every stage, so they travel with
+  // the micro-batch in the pipeline's messages (runtime/train/pipeline.cpp; MoeContext::chunk_flow and chunk_total
+  // say how), called in the micro-batch's slot: router_stats_numel, one message's f64 numbers (0: none, a dense
+  // model); router_stats_forward after a chunk's forward: what its activation's message carries on (undefined on
+  // the last stage, which starts the sum); router_stats_backward before a chunk's backward: the micro-batch's sum
+  // (`in` arrived with the gradient; undefined on the last stage), for the gradient's message.
+  virtual int64_t router_stats_numel() const { return 0; }
+  virtual Tensor router_stats_forward(const Tensor& /*in*/, bool /*last*/) { return Tensor(); }
+  virtual Tensor router_stats_backward(const Tensor& /*in*/) { return Tensor(); }
   // pending_router_stats: the step's router statistics still on the device (f64, undefined: none), for the step's
   // one host read; take_router_stats(values): their host copy (null: the model reads them itself, one host sync).
   virtual Tensor pending_router_stats() { return Tensor(); }
@@ -231,9 +235,6 @@ struct ModelFamily {
   // The family's own rules beyond the model section's (model_config.h), as config errors naming the key.
   // seq_len: training.seq_len.
   void (*check)(const ModelConfig& c, int64_t seq_len);
-  // The rules only a training run adds (estimate and plan may plan what it refuses), as config errors naming
-  // the keys: the run's parallel and comm sections.
-  void (*check_training)(const ModelConfig& c, const ParallelConfig& p, const CommConfig& comm);
   // Hugging Face's config.json: the model keys the architecture stores there, each named once (write_hf writes
   // them, read_hf reads them by these names, hf_key names them in messages); write_hf gives the whole file's
   // keys of this architecture (the caller adds dtype and token ids), read_hf the model of such a file (file: for

@@ -404,6 +404,68 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& c) {
   return out;
 }
 
+std::string pp_batches_deadlock(const PpSchedule& s, bool forward_only) {
+  auto kept = [&](const PpAction& a) {
+    return !forward_only || a.op == PpOp::forward || a.op == PpOp::send_act || a.op == PpOp::recv_act;
+  };
+  auto transfer = [](const PpAction& a) { return !is_compute(a.op); };
+  // Each rank's batches, in order, and each ordered pair's messages in issue order on both sides.
+  std::vector<std::vector<std::vector<PpAction>>> batches(size_t(s.p));
+  std::map<std::pair<int, int>, std::vector<MsgKey>> sent, received;  // (from rank, to rank)
+  for (int r = 0; r < s.p; ++r) {
+    bool open = false;
+    for (const PpAction& a : s.ranks[size_t(r)]) {
+      if (!kept(a)) continue;
+      if (!transfer(a)) {
+        open = false;
+        continue;
+      }
+      if (!open) batches[size_t(r)].emplace_back(), open = true;
+      batches[size_t(r)].back().push_back(a);
+      const bool send = a.op == PpOp::send_act || a.op == PpOp::send_grad;
+      if (send) sent[{r, a.peer}].push_back(sent_key(a));
+      else received[{a.peer, r}].push_back(wanted_key(a));
+    }
+  }
+  for (const auto& [pair, keys] : sent)
+    if (received[pair] != keys)
+      return fmt::format("rank {} sends rank {} its messages in another order than rank {} receives them (NCCL pairs "
+                         "them by order)",
+                         pair.first, pair.second, pair.second);
+  // Rendezvous: a rank enters its next batch (posting its messages) and leaves it once every message's other half
+  // is posted.
+  std::set<std::pair<bool, MsgKey>> posted;  // (a send?, the message)
+  std::vector<size_t> next(size_t(s.p), 0);
+  std::vector<bool> inside(size_t(s.p), false);
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (int r = 0; r < s.p; ++r) {
+      if (next[size_t(r)] == batches[size_t(r)].size()) continue;
+      const std::vector<PpAction>& b = batches[size_t(r)][next[size_t(r)]];
+      if (!inside[size_t(r)]) {
+        for (const PpAction& a : b) {
+          const bool send = a.op == PpOp::send_act || a.op == PpOp::send_grad;
+          posted.insert({send, send ? sent_key(a) : wanted_key(a)});
+        }
+        inside[size_t(r)] = progressed = true;
+      }
+      const bool done = std::all_of(b.begin(), b.end(), [&](const PpAction& a) {
+        const bool send = a.op == PpOp::send_act || a.op == PpOp::send_grad;
+        return posted.count({!send, send ? sent_key(a) : wanted_key(a)}) > 0;
+      });
+      if (done) ++next[size_t(r)], inside[size_t(r)] = false, progressed = true;
+    }
+  }
+  std::string waits;
+  for (int r = 0; r < s.p; ++r) {
+    if (next[size_t(r)] == batches[size_t(r)].size()) continue;
+    std::string b;
+    for (const PpAction& a : batches[size_t(r)][next[size_t(r)]]) b += (b.empty() ? "" : ", ") + action_str(a);
+    waits += fmt::format("{}rank {} waits in the batch [{}]", waits.empty() ? "" : "; ", r, b);
+  }
+  return waits;
+}
+
 double PpSimulation::bubble() const {
   double sum = 0;
   for (size_t r = 0; r < busy.size(); ++r) sum += busy[r] > 0 ? idle[r] / busy[r] : 0;

@@ -68,6 +68,13 @@ struct PpSimulation {
 };
 // Runs the lists: an action starts when its rank is free and its input has arrived (sends do not block).
 PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& c = {});
+// The lists under NCCL's rules, as the executor issues them (runtime/train/pipeline.cpp): consecutive transfers form
+// one batch (one ncclGroupStart/End), which completes only once every peer has posted the other half of each of its
+// messages, and nothing after it on the rank runs before (the stream's order); a peer pairs a rank's messages in
+// issue order. forward_only: the forwards and activations alone (evaluation). Returns why the lists would hang
+// ("rank 0 waits in the batch [send_grad(stage 2, micro 0, peer rank 1)]; ..." or a pair's messages in another
+// order), or "" when they run to the end. MPI's non-blocking transfers need only simulate_pp_schedule's rule.
+std::string pp_batches_deadlock(const PpSchedule& s, bool forward_only);
 // The textbook bubble of a schedule, idle time over compute time per rank: (p-1)/m for gpipe and 1f1b, (p-1)/(v m)
 // for interleaved_1f1b, and about (p-1)/(3m) for zb1p with equal F, B and W times.
 double pp_bubble_formula(const std::string& kind, int p, int v, int m);

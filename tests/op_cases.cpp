@@ -503,7 +503,8 @@ void add_moe_device_cases(std::vector<OpCase>& cases) {
     };
     cases.push_back(c);
   }
-  {  // the router statistics on the device: two layers recorded into a running buffer, then the gradient row
+  {  // the router statistics on the device: two layers recorded into a running buffer, another stage's added (pp),
+     // then the gradient row
     OpCase c;
     c.name = "moe_stats";
     const int64_t E = 8, L = 3;
@@ -513,6 +514,7 @@ void add_moe_device_cases(std::vector<OpCase>& cases) {
       moe_stats_record(stats, r.ints(sel0, {E}, DType::i32), r.in("prob sums", {E}, Kind::acc),
                        r.ints({2}, {1}, DType::i32), 0, 100);
       moe_stats_record(stats, r.ints(sel2, {E}, DType::i32), Tensor(), r.ints({5}, {1}, DType::i32), 2, 60);
+      moe_stats_add(stats, r.in("arrived", {L * E + E + 2}, Kind::f64));
       moe_aux_grad_row(r.out("row", {E}, Kind::acc), stats, L, 0.02, 1.0 / 512);
     };
     c.reference = [=](OpRun& r, const Dims&) {
@@ -523,6 +525,8 @@ void add_moe_device_cases(std::vector<OpCase>& cases) {
         st[size_t(e)] = double(sel0[size_t(e)]), st[size_t(2 * E + e)] = double(sel2[size_t(e)]),
                   st[size_t(L * E + e)] = ps[size_t(e)];
       st[size_t(L * E + E)] += 160, st[size_t(L * E + E + 1)] += 7;
+      const V& arrived = r.values_of("arrived", L * E + E + 2);
+      for (size_t i = 0; i < st.size(); ++i) st[i] += arrived[i];
       const double R = st[size_t(L * E + E)];
       V row(static_cast<size_t>(E));
       for (int64_t e = 0; e < E; ++e) {

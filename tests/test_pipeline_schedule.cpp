@@ -134,3 +134,31 @@ TEST_CASE("pipeline schedules: pp_step_bytes counts the sends each rank's action
         }
       }
 }
+
+TEST_CASE("pipeline schedules under NCCL's batches: which lists would hang (pp_batches_deadlock)") {
+  // 1F1B, GPipe and zb1p pair their batches on every (p, m) here, training and evaluation alike.
+  for (const char* kind : {"gpipe", "1f1b", "zb1p"})
+    for (int p : {2, 3, 4, 8})
+      for (int m : {p, 2 * p, 2 * p + 1}) {
+        CAPTURE(kind);
+        CAPTURE(p);
+        CAPTURE(m);
+        const PpSchedule s = build_pp_schedule(kind, p, 1, m);
+        CHECK(pp_batches_deadlock(s, false).empty());
+        CHECK(pp_batches_deadlock(s, true).empty());
+      }
+  // Interleaved 1F1B's lists (seen hanging on the NCCL stand-in, 2026-11-29): rank 0 sends a gradient alone while
+  // rank 1 waits for a gradient rank 0 receives only in its next batch. MPI's non-blocking transfers run them.
+  const PpSchedule s = build_pp_schedule("interleaved_1f1b", 2, 2, 4);
+  CHECK(simulate_pp_schedule(s).makespan > 0);
+  const std::string why = pp_batches_deadlock(s, false);
+  CHECK(why.find("rank 0 waits in the batch [send_grad(stage 2, micro 0, peer rank 1)]") != std::string::npos);
+  CHECK(why.find("rank 1 waits in the batch") != std::string::npos);
+  // A list whose messages reach a peer in another order than it receives them: NCCL would pair them wrongly.
+  PpSchedule swapped = build_pp_schedule("gpipe", 2, 1, 2);
+  std::vector<PpAction>& r1 = swapped.ranks[1];
+  auto first = std::find_if(r1.begin(), r1.end(), [](const PpAction& a) { return a.op == PpOp::recv_act; });
+  auto second = std::find_if(first + 1, r1.end(), [](const PpAction& a) { return a.op == PpOp::recv_act; });
+  std::swap(first->micro, second->micro);
+  CHECK(pp_batches_deadlock(swapped, true).find("in another order") != std::string::npos);
+}

@@ -140,19 +140,6 @@ void check(const ModelConfig& c, int64_t seq_len) {
   check_deepseek(c);
 }
 
-void check_training(const ModelConfig& c, const ParallelConfig& p, const CommConfig& comm) {
-  // Under pp the router statistics' sum is issued when a stage's forward of a micro-batch ends (forward_done), before
-  // the stage sends that micro-batch's activation; NCCL runs both in issue order, so the next stage waits for the
-  // activation while this one waits in the sum for it: a hang, seen on the NCCL stand-in (2026-11-29, pp 2 1f1b). MPI's
-  // non-blocking calls do not order them. Lifting this needs the sum issued after the send (or apart from it).
-  if (c.moe.enabled() && p.pp > 1 && comm.device == "cuda" && comm.backend != "mpi")
-    fail("config",
-         "model.type = {} with parallel.pp = {} on comm.device = cuda and comm.backend = {}: an MoE model's router "
-         "statistics are summed before a stage sends its activation, which NCCL's in-order streams turn into a hang; "
-         "use parallel.pp = 1 (ep, dp, tp, cp all work) or comm.backend = mpi",
-         c.type, p.pp, comm.backend);
-}
-
 ParallelPlan tp_plan(bool sp, bool lp) { return llama_tp_plan(sp, lp); }
 
 // What tells one family of the architecture from another (ModelFamily's members of the same names).
@@ -180,7 +167,6 @@ ModelFamily on_llama(LlamaFamily own) {
           .num_params = num_params,
           .active_params = active_params,
           .check = check,
-          .check_training = check_training,
           .hf_names = std::move(own.hf_names),
           .write_hf = own.write_hf,
           .read_hf = own.read_hf,

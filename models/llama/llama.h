@@ -187,9 +187,11 @@ class LlamaForCausalLM : public CausalLM {
   void forward_done() override {
     if (moe) moe->forward_done();
   }
-  void set_router_stats_group(Group* g) override {
-    if (moe) moe->tokens = g;
+  int64_t router_stats_numel() const override { return moe ? moe->stats_numel() : 0; }
+  Tensor router_stats_forward(const Tensor& in, bool last) override {
+    return moe ? moe->chunk_flow(in, last) : Tensor();
   }
+  Tensor router_stats_backward(const Tensor& in) override { return moe ? moe->chunk_total(in) : Tensor(); }
   Tensor pending_router_stats() override { return moe ? moe->pending_stats() : Tensor(); }
   RouterStepStats take_router_stats(const std::vector<double>* values = nullptr) override {
     return moe ? moe->take_step_stats(values) : RouterStepStats{};

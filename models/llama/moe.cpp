@@ -62,6 +62,40 @@ void MoeContext::forward_done() {
   if (!m.sum) start_sum(m);
 }
 
+Tensor MoeContext::chunk_flow(const Tensor& in, bool last) {
+  Micro& m = *micro_;
+  // This chunk's records (a record after a finished sum started a fresh buffer; none: zeros), then restarted, so
+  // that this rank's next chunk of the micro-batch (interleaved schedules) adds only its own.
+  Tensor flow = m.stats.defined() && !m.sum ? m.stats : zeros({stats_numel()}, DType::f64, device);  // (S) f64
+  m = Micro{};
+  if (in.defined()) moe_stats_add(flow, in);
+  if (!last) return flow;
+  m.stats = flow;
+  start_sum(m);
+  return Tensor();
+}
+
+Tensor MoeContext::chunk_total(const Tensor& in) {
+  Micro& m = *micro_;
+  if (!in.defined()) {  // the last stage: its own sum
+    MT_CHECK(m.sum && !m.sum->taken, "model", "router statistics: a last stage's backward before its forward's sum");
+    wait(*m.sum);
+    return m.sum->buf;
+  }
+  // Every chunk of this rank gets the same total; the first to arrive is the micro-batch's sum.
+  if (m.sum && !m.sum->taken) {
+    wait(*m.sum);
+    return m.sum->buf;
+  }
+  m = Micro{};
+  m.sum = std::make_shared<Sum>();
+  m.sum->loss_scale = loss_scale;
+  m.sum->buf = in;
+  m.sum->waited = true;  // arrived summed
+  pending_.push_back(m.sum);
+  return in;
+}
+
 void MoeContext::wait(Sum& s) {
   if (s.waited) return;
   s.waited = true;

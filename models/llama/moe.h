@@ -49,8 +49,8 @@ class MoeContext {
   int64_t n_sparse;            // sparse layers of the whole model
   DType acc;                   // the router's dtype (probs, weights): accum_dtype of the model's
   Device device;
-  // The ranks holding the micro-batch's other tokens and, under pipeline parallel, its other layers: the router
-  // statistics are summed over it (the loss group; with pp the pp and data dims of the world). null: this rank.
+  // The ranks holding the micro-batch's other tokens: the router statistics are summed over it (the loss group of
+  // the model's mesh; under pp the last stage's, the other stages' arriving with the activations). null: this rank.
   Group* tokens = nullptr;
   Group* ep = nullptr;         // expert parallel: the experts split over it; null: all here
   double loss_scale = 0;       // a training forward's loss per token (1 / the step's tokens); 0: no balance loss
@@ -63,6 +63,17 @@ class MoeContext {
   // `tokens` starts, asynchronously (every rank of it reaches this point for every micro-batch in the same order,
   // whatever the schedule: no stage waits for another's backward).
   void forward_done();
+  // Under pipeline parallel the statistics travel with the micro-batch instead of a sum over the stages (whose
+  // all-reduce, ordered among the stages' sends on NCCL, hung): the executor's messages carry them (pipeline.cpp).
+  // stats_numel: one message's f64 numbers (L E + E + 2). chunk_flow, after a chunk's forward: this chunk's
+  // statistics plus `in` (what arrived with the activation; undefined on the first stage), restarted; on the last
+  // stage (last) that flow, summed over `tokens` (the stage's ranks holding the micro-batch's other tokens), becomes
+  // the micro-batch's sum and nothing is returned. chunk_total, before a chunk's backward: `in` (the sum that arrived
+  // with the gradient) becomes the micro-batch's sum, or on the last stage (in undefined) its own sum is waited for;
+  // returns it, for the gradient's message.
+  int64_t stats_numel() const { return config.n_experts * (n_sparse + 1) + 2; }
+  Tensor chunk_flow(const Tensor& in, bool last);
+  Tensor chunk_total(const Tensor& in);
   // In backward: the balance loss's gradient row for probs, (E) accum dtype, or undefined (the sum waited for).
   Tensor aux_grad_row();
   // The step's statistics not read yet (every micro-batch's summed buffer, one after another) as one f64 tensor on

@@ -26,7 +26,7 @@ namespace mt {
 class Stream;
 class Event;
 
-constexpr uint32_t kCudaBackendAbi = 11;
+constexpr uint32_t kCudaBackendAbi = 12;
 constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
 
 // The launchers of runtime/kernels/cuda taking T = float or mt::bf16 (declared again beside their ops,
@@ -226,6 +226,7 @@ constexpr const char* kCudaBackendLibrary = "libmeshtrain_cuda.so";
     (double* stats, const int32_t* selected, const float* prob_sums, const int32_t* dropped, int64_t L, int64_t E,   \
      int64_t layer, int64_t rows, void* stream),                                                                      \
     (stats, selected, prob_sums, dropped, L, E, layer, rows, stream))                                                 \
+  X(int, moe_stats_add, (double* stats, const double* in, int64_t n, void* stream), (stats, in, n, stream))             \
   X(int, moe_aux_grad_row,                                                                                            \
     (float* row, const double* stats, int64_t L, int64_t E, double coef, double loss_scale, void* stream),           \
     (row, stats, L, E, coef, loss_scale, stream))                                                                     \

@@ -286,6 +286,9 @@ void moe_unpad_order(const Tensor& order, const Tensor& offsets, const Tensor& c
 // = prob_sums (E) accum dtype widened (the micro-batch's running sum); rows += rows; dropped += dropped (1) i32.
 void moe_stats_record(const Tensor& stats, const Tensor& selected, const Tensor& prob_sums, const Tensor& dropped,
                       int64_t layer, int64_t rows);
+// Two micro-batch statistics buffers (as above) added, stats += in, both (n) f64 (under pipeline parallel a stage
+// adds its chunk's to what arrived with the activation: runtime/train/pipeline.cpp).
+void moe_stats_add(const Tensor& stats, const Tensor& in);
 // The balance loss's gradient row on probs from summed statistics (stats as above, L layers): with R = rows and
 // C_e = sum_l counts[l, e], row (E) accum dtype = w * coef * E * C_e / R^2 in f64, w = R / L * loss_scale
 // (the micro-batch's weight); 0 when R is 0.

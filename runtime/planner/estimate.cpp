@@ -283,23 +283,27 @@ void add_comm(StageEstimate& st, std::vector<std::string>& notes, const Config& 
   }
   if (lay.stage.fsdp) append(fsdp_step_collectives(*lay.stage.fsdp, pd.dp_shard(), m, rs.P > 1));
   append(lay.stage.grad_sync->step_bytes());
-  if (rs.P > 1) append(pp_step_bytes(rs.run.pipeline.schedule, stage, a.boundary, kPpTag));
+  // Under pp an MoE model's router statistics ride beside every boundary tensor, a message of their own
+  // (pipeline.cpp), and only the last stage sums them over its loss group.
+  if (rs.P > 1) {
+    std::vector<CommBytes> pp = pp_step_bytes(rs.run.pipeline.schedule, stage, a.boundary, kPpTag);
+    if (mc.moe.enabled()) {
+      const double stats = double(moe_sparse_layers(mc) * mc.moe.n_experts + mc.moe.n_experts + 2) * 8;  // (S) f64
+      for (CommBytes& c : pp) {
+        if (c.kind == std::string("send")) c.bytes += double(c.calls) * stats;  // the counters count sent bytes
+        c.calls *= 2;
+      }
+    }
+    append(std::move(pp));
+  }
   if (mc.moe.enabled()) {
     // The sparse layers' exchanges over ep (uniform routing) and the balance statistics over the loss group.
-    // Under pp the statistics are summed over the stages too (CausalLM::pool_router_stats: the world's group of pp
-    // and the data dims), by every stage, one without sparse layers adding zeros.
-    std::string pooled = dim::pp;
-    for (const DimSpec& d : pd.dims)
-      if (d.data) pooled += std::string(",") + d.name;
     MoeStage ms;
     ms.ep = pd.ep();
-    ms.loss_ranks = rs.P > 1 ? lay.meshes.world.group(pooled).size() : lay.meshes.stage.group(dim::loss).size();
+    ms.loss_ranks = rs.P > 1 && stage != rs.P - 1 ? 1 : lay.meshes.stage.group(dim::loss).size();
     ms.micro_batches = m, ms.sparse_layers = a.sparse_layers, ms.sparse_recomputed = a.sparse_recomputed;
     ms.micro = rs.run.micro, ms.tokens = rs.rank.tokens, ms.elem = rs.rank.elem;
-    std::vector<CommBytes> moe = moe_step_bytes(mc, ms);
-    for (CommBytes& c : moe)
-      if (rs.P > 1 && c.tag == std::string(kMoeStatsTag)) c.group = pooled;
-    append(std::move(moe));
+    append(moe_step_bytes(mc, ms));
   }
   for (const CommBytes& c : parts) {
     if (c.calls <= 0) continue;

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <map>
+#include <tuple>
 
 #include "comm/comm_counters.h"
 #include "runtime/core/fault.h"
@@ -27,9 +28,18 @@ int message_tag(const PpSchedule& s, int micro, int stage, bool grad) {
   return (micro * s.stages() + stage) * 2 + (grad ? 1 : 0);
 }
 
+// An MoE model's router statistics ride beside each activation and gradient (CausalLM::router_stats_forward): a
+// message of their own, issued right after the boundary tensor's on both sides (NCCL pairs a peer's messages in
+// issue order), tagged past every boundary tensor's tag.
+int stats_tag(const PpSchedule& s, int micro, int stage, bool grad) {
+  return message_tag(s, micro, stage, grad) + 2 * s.m * s.stages();
+}
+
 struct Transfer {
   Tensor buf;
   Work work;
+  Tensor stats;  // (S) f64: the router statistics' message (undefined: none)
+  Work stats_work;
 };
 
 // One step's actions on this rank, run in order. forward_only: the schedule's forwards and activation transfers
@@ -37,7 +47,8 @@ struct Transfer {
 class PipelineStep {
  public:
   PipelineStep(TrainRun& run, PipelineState& pp, const Batch& batch, double inv_tokens, bool forward_only)
-      : run_(run), pp_(pp), s_(pp_.schedule), forward_only_(forward_only), inv_tokens_(inv_tokens) {
+      : run_(run), pp_(pp), s_(pp_.schedule), forward_only_(forward_only), inv_tokens_(inv_tokens),
+        stats_numel_(forward_only ? 0 : run.model->router_stats_numel()) {
     const int64_t m = s_.m;
     for (int64_t i = 0; i < m; ++i) mbs_.push_back(local_micro_batch(run, batch, i * run.micro));
   }
@@ -142,11 +153,11 @@ class PipelineStep {
   void drain_sends(PpStepTimes& t) {
     const auto w0 = Clock::now();
     trace::Span drain("drain sends", "pipeline");
-    for (Transfer& tr : sends_) tr.work.wait();
+    for (Transfer& tr : sends_) tr.work.wait(), tr.stats_work.wait();
     t.wait_s += since(w0);
     sends_.clear();
     MT_CHECK(acts_in_.empty() && grads_in_.empty() && outs_.empty() && gouts_.empty() && wgrads_.empty() &&
-                 dlogits_.empty(),
+                 dlogits_.empty() && out_stats_.empty(),
              "pipeline", "the step ended with messages or gradients left over (a schedule bug)");
   }
 
@@ -165,18 +176,27 @@ class PipelineStep {
     tr.buf = empty(act_shape(), pp_.act_dtype, run_.device);
     tr.work = pp_.group->recv(tr.buf, a.peer, true, message_tag(s_, a.micro, grad ? from_stage : a.stage, grad),
                               what(grad ? "gradient" : "activation", a, from_stage));
+    if (stats_numel_ > 0) {
+      tr.stats = empty({stats_numel_}, DType::f64, run_.device);
+      tr.stats_work =
+          pp_.group->recv(tr.stats, a.peer, true, stats_tag(s_, a.micro, grad ? from_stage : a.stage, grad),
+                          what(grad ? "router statistics' sum" : "router statistics", a, from_stage));
+    }
     into[{a.stage, a.micro}] = std::move(tr);
   }
 
-  Tensor take(std::map<Key, Transfer>& from, const PpAction& a, PpStepTimes& t) {
+  // The received boundary tensor (and, with router statistics, stats: theirs).
+  Tensor take(std::map<Key, Transfer>& from, const PpAction& a, PpStepTimes& t, Tensor* stats = nullptr) {
     auto it = from.find({a.stage, a.micro});
     MT_CHECK(it != from.end(), "pipeline", "stage {} micro-batch {}: no receive was posted for its input", a.stage,
              a.micro);
     const auto w0 = Clock::now();
     it->second.work.wait();
+    it->second.stats_work.wait();
     t.wait_s += since(w0);
     t.compute_s -= since(w0);  // the caller counts the whole action as compute
     Tensor b = it->second.buf;
+    if (stats) *stats = it->second.stats;
     from.erase(it);
     return b;
   }
@@ -192,6 +212,16 @@ class PipelineStep {
     tr.work = pp_.group->send(tr.buf, a.peer, true, message_tag(s_, a.micro, grad ? a.stage : a.stage + 1, grad),
                               what(grad ? "gradient" : "activation", a, a.stage));
     from.erase(it);
+    if (stats_numel_ > 0) {
+      auto st = out_stats_.find({a.stage, a.micro, grad});
+      MT_CHECK(st != out_stats_.end(), "pipeline", "stage {} micro-batch {}: no router statistics to send", a.stage,
+               a.micro);
+      tr.stats = st->second;
+      tr.stats_work =
+          pp_.group->send(tr.stats, a.peer, true, stats_tag(s_, a.micro, grad ? a.stage : a.stage + 1, grad),
+                          what(grad ? "router statistics' sum" : "router statistics", a, a.stage));
+      out_stats_.erase(st);
+    }
     sends_.push_back(std::move(tr));
   }
 
@@ -199,14 +229,14 @@ class PipelineStep {
   // this keeps the neighbours' messages moving while this rank computes.
   void poll() {
     CommTag tag(kPpTag);
-    for (auto& [k, tr] : acts_in_) tr.work.test();
-    for (auto& [k, tr] : grads_in_) tr.work.test();
-    for (Transfer& tr : sends_) tr.work.test();
+    for (auto& [k, tr] : acts_in_) tr.work.test(), tr.stats_work.test();
+    for (auto& [k, tr] : grads_in_) tr.work.test(), tr.stats_work.test();
+    for (Transfer& tr : sends_) tr.work.test(), tr.stats_work.test();
   }
 
   // Completed sends release their buffers (and testing lets MPI progress the others).
   void reap_sends() {
-    std::erase_if(sends_, [](Transfer& tr) { return tr.work.test(); });
+    std::erase_if(sends_, [](Transfer& tr) { return tr.work.test() && tr.stats_work.test(); });
   }
 
   // The messages between stages: (mb, T_local, C); a training step of a model with multi-token prediction carries
@@ -224,7 +254,8 @@ class PipelineStep {
 
   void forward(const PpAction& a, PpStepTimes& t) {
     const ModelChunk& c = chunk(a.stage);
-    Tensor x = c.first ? mbs_[size_t(a.micro)].inputs : take(acts_in_, a, t);  // (mb, T_local) or boundary
+    Tensor stats_in;                                                                        // (S) f64 or undefined
+    Tensor x = c.first ? mbs_[size_t(a.micro)].inputs : take(acts_in_, a, t, &stats_in);  // (mb, T_local) or boundary
     SavedSlot slot(a.micro);
     set_micro(a.micro);
     if (const MicroBatch& mb = mbs_[size_t(a.micro)]; !forward_only_ && mb.mtp_inputs.defined())
@@ -234,8 +265,11 @@ class PipelineStep {
       return run_.model->chunk_forward(chunk_of(a.stage), x);
     }();
     if (forward_only_) run_.model->release_saved();  // no backward follows
-    // This rank's last forward of the micro-batch: the router statistics' sum over every stage starts (MoE).
-    if (!forward_only_ && chunk_of(a.stage) + 1 == run_.model->chunks().size()) run_.model->forward_done();
+    // The router statistics so far travel on with the activation; the last stage starts their sum (MoE).
+    if (stats_numel_ > 0) {
+      Tensor flow = run_.model->router_stats_forward(stats_in, c.last);
+      if (!c.last) out_stats_[{a.stage, a.micro, false}] = flow;
+    }
     if (!c.last) {
       outs_[{a.stage, a.micro}] = y;
       return;
@@ -254,16 +288,22 @@ class PipelineStep {
   void backward(const PpAction& a, PpStepTimes& t) {
     const ModelChunk& c = chunk(a.stage);
     Tensor dy;
+    Tensor total;  // (S) f64: the router statistics' sum, arrived with the gradient (undefined: the last stage's own)
     if (c.last) {
       auto it = dlogits_.find({a.stage, a.micro});
       MT_CHECK(it != dlogits_.end(), "pipeline", "stage {} micro-batch {}: backward before forward", a.stage, a.micro);
       dy = it->second;
       dlogits_.erase(it);
     } else {
-      dy = take(grads_in_, a, t);
+      dy = take(grads_in_, a, t, &total);
     }
     SavedSlot slot(a.micro);
     set_micro(a.micro);
+    // Before the backward, whose first sparse layer needs the micro-batch's summed statistics (MoE).
+    if (stats_numel_ > 0) {
+      total = run_.model->router_stats_backward(total);
+      if (!c.first) out_stats_[{a.stage, a.micro, true}] = total;
+    }
     NvtxRange range("backward");
     Tensor dx;
     if (a.op == PpOp::backward_input) {
@@ -286,6 +326,8 @@ class PipelineStep {
   std::map<Key, Tensor> dlogits_;               // last stage: dloss/dlogits until the backward
   std::map<Key, WeightGradQueue> wgrads_;       // zb1p: deferred weight gradients until W
   std::vector<Transfer> sends_;                 // in flight
+  int64_t stats_numel_;                         // an MoE model's router statistics per message (0: none)
+  std::map<std::tuple<int, int, bool>, Tensor> out_stats_;  // (stage, micro, gradient): statistics to send
   std::vector<Tensor> losses_;
 };
 
@@ -372,6 +414,17 @@ class PipelineExecutor final : public StepExecutor {
     pp_.act_shape = {run.micro, run.shard.size() / seq_split, run.config.model.dim};  // (mb, T_local, C)
     pp_.act_dtype = run.dtype;
     pp_.act_device = run.device;
+    // NCCL's batches block until the peers post their halves (pp_batches_deadlock): a schedule whose lists would
+    // wait on each other there is refused here, on every rank alike, rather than hang in the first step.
+    if (pp_.group->backend() == "nccl")
+      for (bool forward_only : {false, true}) {
+        const std::string why = pp_batches_deadlock(pp_.schedule, forward_only);
+        const PpSchedule& s = pp_.schedule;
+        MT_CHECK(why.empty(), "config",
+                 "parallel.pp_schedule = {} (pp {}, pp_virtual {}, {} micro-batches) would hang on NCCL{}: {}; use "
+                 "1f1b, gpipe or zb1p there, or comm.backend = mpi",
+                 s.kind, s.p, s.v, s.m, forward_only ? " in evaluation" : "", why);
+      }
   }
 
   void install(CausalLM& model) override { install_pp_progress(model, pp_); }

@@ -106,7 +106,6 @@ void set_up_run(TrainRun& run, const MpiEnv& env, bool with_data, double memory)
   const auto& t = cfg.training;
   run_agreed(env, "the run's setup", [&] {
     check_model_fits(cfg, memory);
-    family_of(cfg.model).check_training(cfg.model, cfg.parallel, cfg.comm);
     set_cpu_threads(t.threads > 0 ? t.threads : auto_threads(env));
     set_host_memory_limit(size_t(t.memory_limit_mb * double(1 << 20)), "training.memory_limit_mb");
     static_cast<RunShape&>(run) = plan_run_shape(cfg, env.size());
@@ -172,7 +171,6 @@ TrainRun make_train_run(const Config& cfg, const MpiEnv& env, bool with_data, bo
   const size_t before_model = allocator_stats(Device::cpu()).allocated_bytes;
   reset_peak_allocated(Device::cpu());
   static_cast<Stage&>(run) = assemble_stage(cfg, run, run.mesh, run.device, run.pd.pp_rank(run.world_mesh));
-  run.model->pool_router_stats(run.world_mesh, run.pd);  // under pp: over the stages too (collective)
   run.model->set_positions(shard_positions(run.shard));
   run.params = run.model->parameters();
   run.trainable = trainable(run.params);

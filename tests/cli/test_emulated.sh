@@ -135,6 +135,22 @@ pair "mixtral ep 2, a device each (nccl)" 2 nccl "${moe[@]}" --set parallel.ep=2
 # With a capacity that drops rows: ep sends fixed blocks (counts on the device, the padding skipped by the grouped GEMM).
 pair "mixtral ep 2 capacity 1.0, a device each (nccl)" 2 nccl "${moe[@]}" --set parallel.ep=2 \
   --set parallel.dp_replicate=1 --set model.moe.capacity_factor=1.0
+# MoE with pp on NCCL: the router statistics ride beside each activation and gradient (runtime/train/pipeline.cpp),
+# so no collective over the stages sits among the pipeline's sends; the stand-in runs every operation at issue, so
+# a misordered one hangs here (comm.timeout_s names it). Every schedule, pp 4, and ep 2 x pp 2.
+moe_pp=("${moe[@]}" --set model.n_layers=4 --set parallel.dp_replicate=1 --set training.micro_batch_size=1)
+pair "mixtral pp 2 1f1b, a device each (nccl)" 2 nccl "${moe_pp[@]}" --set parallel.pp=2
+pair "mixtral pp 2 gpipe, a device each (nccl)" 2 nccl "${moe_pp[@]}" --set parallel.pp=2 --set parallel.pp_schedule=gpipe
+# Interleaved 1F1B's lists wait on each other under NCCL's batches (dense models too; pp_batches_deadlock): refused
+# at start-up naming the key, where the stand-in (like a GPU's streams) hung in the first step.
+if [ "$(devices)" -ge 2 ]; then
+  expect "interleaved_1f1b on NCCL is refused, naming the key and the batch a rank would wait in" nonzero \
+    "parallel.pp_schedule = interleaved_1f1b (pp 2, pp_virtual 2, 4 micro-batches) would hang on NCCL: rank 0 waits in the batch" -- \
+    "$mpirun" -np 2 "$emt" --config "$tmp/t.yaml" "${moe_pp[@]}" --set parallel.pp=2 --set parallel.pp_schedule=interleaved_1f1b \
+    --set parallel.pp_virtual=2 --set comm.device=cuda --set comm.backend=nccl train
+else skip "interleaved_1f1b on NCCL is refused" "NCCL needs a device per rank"; fi
+pair "mixtral pp 4 zb1p, a device each (nccl)" 4 nccl "${moe_pp[@]}" --set parallel.pp=4 --set parallel.pp_schedule=zb1p
+pair "mixtral ep 2 x pp 2 1f1b, a device each (nccl)" 4 nccl "${moe_pp[@]}" --set parallel.pp=2 --set parallel.ep=2
 # training.fp8 (docs/design/fp8.md): the cast kernels and cuBLASLt's FP8 GEMMs (the stand-in: E4M3/E5M2 operands,
 # scale pointers, TN only) against the CPU's bit-exact FP8 emulation; tensorwise on 1 rank, rowwise (outer-vector
 # scales) on tp 2 (local shards), and with --full tensorwise on dp_shard 2 (the gathered weight cast). 1 layer, lr

@@ -225,6 +225,7 @@ int moe_unpad_order(int32_t* order, int32_t* offsets, const int32_t* counts, int
                     void* stream);
 int moe_stats_record(double* stats, const int32_t* selected, const float* prob_sums, const int32_t* dropped, int64_t L,
                      int64_t E, int64_t layer, int64_t rows, void* stream);
+int moe_stats_add(double* stats, const double* in, int64_t n, void* stream);
 int moe_aux_grad_row(float* row, const double* stats, int64_t L, int64_t E, double coef, double loss_scale,
                      void* stream);
 // out (M, OC) rows of group g = inp rows @ weight[g]^T (rows past offsets[G]: 0).
@@ -724,6 +725,24 @@ void moe_stats_record(const Tensor& stats, const Tensor& selected, const Tensor&
   }
   st[L * E + E] += double(rows);
   if (dropped.defined()) st[L * E + E + 1] += double(dropped.data<int32_t>()[0]);
+}
+
+void moe_stats_add(const Tensor& stats, const Tensor& in) {
+  const char* op = "moe_stats_add";
+  for (const Tensor* t : {&stats, &in})
+    MT_CHECK(t->defined() && t->dtype() == DType::f64, "kernels", "{}: {} must be f64", op, t == &stats ? "stats" : "in");
+  MT_CHECK(in.numel() == stats.numel(), "kernels", "{}: in has {} numbers, stats {}", op, in.numel(), stats.numel());
+  const int64_t n = stats.numel();
+  if (on_cuda(op, {&stats, &in})) {
+#if MT_CUDA
+    kprof::Scope prof(op, stats.device(), 0, 0);
+    cuda_check(cuda::moe_stats_add(stats.data<double>(), in.data<double>(), n, stream_of(stats)), op);
+#endif
+    return;
+  }
+  double* st = stats.data<double>();
+  const double* a = in.data<double>();
+  for (int64_t i = 0; i < n; ++i) st[i] += a[i];
 }
 
 void moe_aux_grad_row(const Tensor& row, const Tensor& stats, int64_t L, double coef, double loss_scale) {

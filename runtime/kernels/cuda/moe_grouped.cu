@@ -106,6 +106,11 @@ __global__ void stats_record_k(double* stats, const int32_t* selected, const flo
   }
 }
 
+__global__ void stats_add_k(double* stats, const double* in, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    stats[i] += in[i];
+}
+
 // The host formula's operations in its order, in f64 (moe.h: the balance loss's gradient row).
 __global__ void aux_grad_row_k(float* row, const double* stats, int64_t L, int E, double coef, double loss_scale) {
   const double R = stats[L * E + E];
@@ -376,6 +381,14 @@ int moe_stats_record(double* stats, const int32_t* selected, const float* prob_s
                      int64_t E, int64_t layer, int64_t rows, void* stream) {
   Range r("moe_stats_record");
   MT_LAUNCH(stats_record_k, 1, kThreads, 0, st(stream), stats, selected, prob_sums, dropped, L, int(E), layer, rows);
+  return last_error();
+}
+
+int moe_stats_add(double* stats, const double* in, int64_t n, void* stream) {
+  Range r("moe_stats_add");
+  if (n == 0) return 0;
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  MT_LAUNCH(stats_add_k, int(blocks < 1024 ? blocks : 1024), kThreads, 0, st(stream), stats, in, n);
   return last_error();
 }
 
