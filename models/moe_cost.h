@@ -24,7 +24,8 @@ struct MoeStage {
   double elem = 4;                // bytes of an activation element
 };
 // One sparse layer's exchange in one micro-batch on one rank under uniform routing: M = B T k rows leave for the
-// experts (capacity_factor caps them), (ep-1)/ep of them to other ranks, C elements each; each all-to-all-v
+// experts (capacity_factor caps them; under ep with a capacity or model.moe.dropless_bound, E blocks of cap rows
+// whatever the routing, padding included), (ep-1)/ep of them to other ranks, C elements each; each all-to-all-v
 // (rows there, outputs back; the same two in backward) sends rows_out x C x elem bytes; the counts: E i64.
 struct MoeLayerBytes {
   double rows = 0;      // M: rows routed from this rank's tokens (kept after the capacity)

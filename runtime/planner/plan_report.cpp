@@ -178,6 +178,8 @@ void measure_micro_batch(TrainRun& run, const Batch& batch, MeasuredStep& c) {
   run.model->set_documents(mb.doc_start);
   zero_grads(run.params);
   reset_comm_counters();
+  // A training forward (an MoE model's balance loss on, and bounded dropless ep's fixed blocks), as train_step's.
+  run.model->set_loss_scale(1.0);
   Tensor logits = run.model->call(mb.inputs);
   c.forward = comm_counters();
   Tensor losses = empty({mb.targets.numel()}, accum_dtype(logits.dtype()), run.device);
@@ -186,6 +188,7 @@ void measure_micro_batch(TrainRun& run, const Batch& batch, MeasuredStep& c) {
   reset_comm_counters();
   run.model->call_backward(logits);
   c.backward = comm_counters();
+  run.model->set_loss_scale(0);
 }
 
 // "forward 1.234 MiB  (tp all_gather: 0.5 MiB x4, ...)": a phase's total and its collectives.
