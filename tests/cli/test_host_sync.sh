@@ -134,8 +134,9 @@ if [ -n "$emu" ] && [ -x "$emu/meshtrain" ]; then
   check_with 1 "$emu/meshtrain" emu_moe_ep1_dropless 1 "${moe[@]}" "${emu_set[@]}"
   MT_EMU_DEVICES=2 check_with 1 "$emu/meshtrain" emu_moe_ep2_capacity_nccl 2 "${moe[@]}" "${cap[@]}" "${emu_set[@]}" \
     --set comm.backend=nccl --set parallel.ep=2 --set parallel.dp_replicate=1
-  MT_EMU_DEVICES=2 check_bounded emu_moe_ep2_bounded_nccl "$emu/meshtrain" 2 "${moe[@]}" "${emu_set[@]}" \
-    --set comm.backend=nccl --set parallel.ep=2 --set parallel.dp_replicate=1
+  # 3 steps: the bound may be raised at both of the first two (to E / k, which cannot overflow).
+  MT_EMU_DEVICES=2 steps=3 check_bounded emu_moe_ep2_bounded_nccl "$emu/meshtrain" 2 "${moe[@]}" "${emu_set[@]}" \
+    --set training.steps=3 --set comm.backend=nccl --set parallel.ep=2 --set parallel.dp_replicate=1
 else
   skip "MoE host syncs on the emulated device" "no emulated build given (EMU_BUILD_DIR: build-emu's meshtrain)"
 fi
