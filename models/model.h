@@ -90,6 +90,10 @@ struct RouterStepStats {
   bool has_bias = false;                          // aux-loss-free balancing is on: bias_min, bias_max hold its range
   double bias_min = 0, bias_max = 0;
   bool any = false;
+  // Bounded dropless expert parallel (models/llama/moe.h): the bound factor the step ran with (0: not bounded) and
+  // how many times the step was recomputed because rows overflowed it (train_step).
+  double dropless_bound = 0;
+  int64_t bound_recomputed = 0;
 };
 
 // The root module (name "") of a causal language model: call(tokens (B, T) i32) gives logits (B, T, V) (V/tp
@@ -169,6 +173,11 @@ class CausalLM : public Module {
   virtual Tensor pending_router_stats() { return Tensor(); }
   virtual RouterStepStats take_router_stats(const std::vector<double>* /*values*/ = nullptr) { return {}; }
   virtual void after_step() {}
+  // Bounded dropless expert parallel (models/llama/moe.h): after the step's read, whether the step must run again on
+  // the same batch because rows overflowed the fixed blocks (r.dropped > 0 where the model promised dropless); when
+  // true the bound was raised (and logged) and the step's gradients and statistics are not to be applied. r is
+  // summed over the ranks, so every rank answers alike. step: the step's index (0-based).
+  virtual bool redo_overflowed_step(int64_t /*step*/, const RouterStepStats& /*r*/) { return false; }
   // State beside the parameters that checkpoints keep (meta.json's model_state; null: none), the same on every
   // rank; load_extra_state takes it back (null: none saved) and names `file` in its errors.
   virtual nlohmann::json extra_state() const { return nullptr; }

@@ -82,6 +82,10 @@ struct MoeConfig {
   double routed_scaling_factor = 1.0;    // the routed experts' output scale (DeepSeek-V3: 2.5)
   double bias_update_rate = 0;  // aux-loss-free balancing: after each step bias += rate * sign(mean load - load); 0 off
   double capacity_factor = 0;   // 0: dropless; else each expert takes at most ceil(factor * N * K / E) rows a forward
+  // Dropless expert parallel without a host read per layer: a training forward sends fixed blocks of
+  // ceil(f N K / E) rows per expert (f starts here), and a step whose rows overflow them runs again with f x 1.5.
+  // 0: the exact sizes, read on the host once per sparse layer. 0 or >= 1 (below 1 a balanced routing overflows).
+  double dropless_bound = 1.25;
   // DeepSeek's group-limited routing: the experts in n_group consecutive groups, a token's top-k taken from the
   // topk_group groups of the highest group score (sigmoid scores: the sum of a group's two highest score + bias,
   // DeepSeek-V3; softmax: a group's highest score, DeepSeek-V2). 1 and 1: no groups.
@@ -114,6 +118,13 @@ struct MoeConfig {
       "0: dropless; > 0: each expert takes at most ceil(factor x tokens x k / experts) tokens per forward, the "
       "rest dropped (counted in the metrics)",
       at_least(0, "a factor (0: dropless)"));
+    v("dropless_bound", dropless_bound,
+      "dropless expert parallel (ep > 1, capacity_factor 0): a training forward sends each peer fixed blocks of "
+      "ceil(bound x tokens x k / experts) rows per expert, no host read per layer; a step whose rows exceed them "
+      "is recomputed with the bound x 1.5. 0: the exact sizes, read on the host once per sparse layer",
+      expect([](double x) { return x == 0 || (x >= 1 && std::isfinite(x)); },
+             "expected 0 (the exact sizes, read per sparse layer) or a factor >= 1 (below 1 a balanced routing "
+             "already overflows the bound)"));
     v("n_group", n_group, "deepseek: the experts fall in n_group groups of consecutive experts (1: no groups)",
       at_least(1, "a group count"));
     v("topk_group", topk_group, "deepseek: a token's experts come from its topk_group best groups",

@@ -1,7 +1,7 @@
 // The collectives of a mixture-of-experts model's sparse layers (moe_cost.h: moe_step_bytes), next to the counters'
-// convention (comm/comm_counters.h): an all-to-all-v counts the bytes a rank sends to the other ranks, an
-// all-to-all (n-1)/n of its input, an all-reduce 2 (n-1)/n of its buffer. models/llama/moe.cpp issues them:
-// per sparse layer and micro-batch, in forward the counts (E i32) and the rows there and back, in backward the
+// convention (comm/comm_counters.h): an all-to-all-v counts the bytes a rank sends to the other ranks (exact
+// dropless: uniform routing's share here), an all-to-all (n-1)/n of its input (fixed blocks: exact), an all-reduce
+// 2 (n-1)/n of its buffer. models/llama/moe.cpp issues them: per sparse layer and micro-batch, in forward the counts (E i32) and the rows there and back, in backward the
 // gradients there and back; once a micro-batch the balance loss's statistics over the loss group.
 #include <algorithm>
 #include <cmath>
@@ -26,6 +26,12 @@ MoeLayerBytes moe_layer_bytes(const ModelConfig& c, int ep, int64_t micro, int64
   // A capacity keeps at most ceil(factor N K / E) rows an expert (of this rank's tokens, models/llama/moe.cpp).
   if (m.capacity_factor > 0) b.rows = std::min(b.rows, E * std::max(1.0, std::ceil(m.capacity_factor * N * K / E)));
   if (ep <= 1) return b;
+  // Expert parallel in fixed blocks, E of cap rows whatever the routing (padding included: the all-to-all's input):
+  // with a capacity, and dropless with a bound (model.moe.dropless_bound > 0: cap from its starting factor, at
+  // most N; a step that overflows it runs again, which the estimate does not count).
+  if (m.capacity_factor > 0) b.rows = E * std::max(1.0, std::ceil(m.capacity_factor * N * K / E));
+  else if (m.dropless_bound > 0)
+    b.rows = E * std::min(std::max(N, 1.0), std::max(1.0, std::ceil(m.dropless_bound * N * K / E)));
   const double f = double(ep - 1) / double(ep);
   b.rows_out = b.rows * f;
   b.exchange = b.rows_out * double(c.dim) * elem;

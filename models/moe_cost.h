@@ -24,13 +24,14 @@ struct MoeStage {
   double elem = 4;                // bytes of an activation element
 };
 // One sparse layer's exchange in one micro-batch on one rank under uniform routing: M = B T k rows leave for the
-// experts (capacity_factor caps them), (ep-1)/ep of them to other ranks, C elements each; each all-to-all-v
-// (rows there, outputs back; the same two in backward) sends rows_out x C x elem bytes; the counts: E i64.
+// experts (capacity_factor caps them; under ep with a capacity or model.moe.dropless_bound, E blocks of cap rows
+// whatever the routing, padding included), (ep-1)/ep of them to other ranks, C elements each; each all-to-all-v
+// (rows there, outputs back; the same two in backward) sends rows_out x C x elem bytes; the counts: E i32.
 struct MoeLayerBytes {
   double rows = 0;      // M: rows routed from this rank's tokens (kept after the capacity)
   double rows_out = 0;  // M (ep-1)/ep: of them, to other ranks
   double exchange = 0;  // bytes of one all-to-all-v: rows_out x C x elem
-  double counts = 0;    // bytes of the counts' all-to-all: E x 8 x (ep-1)/ep
+  double counts = 0;    // bytes of the counts' all-to-all: E x 4 x (ep-1)/ep
 };
 MoeLayerBytes moe_layer_bytes(const ModelConfig& c, int ep, int64_t micro, int64_t tokens, double elem);
 // Per step: forward 2 exchanges + the counts, backward 2 exchanges (+ the forward's again when recomputed), per

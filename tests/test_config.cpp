@@ -230,6 +230,17 @@ TEST_CASE("a key's constraints, in its visit() entry: named by path, per element
   CHECK_ERROR_CONTAINS(config_from_yaml_string("model: {type: mixtral, moe: {n_experts: 4, ffn_dim: 8, "
                                                "experts_per_token: 5}}"),
                        "model.moe.experts_per_token = 5 exceeds model.moe.n_experts = 4");
+  // Bounded dropless expert parallel: 0 (exact) or a factor >= 1; below 1 a balanced routing already overflows.
+  for (const char* v : {"0", "1", "1.25", "4"})
+    CHECK(config_from_yaml_string(fmt::format("model: {{type: mixtral, moe: {{n_experts: 4, ffn_dim: 8, "
+                                              "dropless_bound: {}}}}}", v)).model.moe.dropless_bound ==
+          std::stod(v));
+  for (auto [v, shown] : {std::pair{"0.5", "0.5"}, {"-1", "-1"}, {".nan", "nan"}})
+    CHECK_ERROR_CONTAINS(config_from_yaml_string(fmt::format("model: {{type: mixtral, moe: {{n_experts: 4, ffn_dim: "
+                                                             "8, dropless_bound: {}}}}}", v)),
+                         fmt::format("[config] model.moe.dropless_bound = {}: expected 0 (the exact sizes, read per "
+                                     "sparse layer) or a factor >= 1", shown));
+  CHECK(MoeConfig{}.dropless_bound == 1.25);
   // A rule across sections: Config::check.
   CHECK_ERROR_CONTAINS(config_from_yaml_string("training: {seq_len: 512}"),
                        "training.seq_len = 512 exceeds model.max_seq_len = 256");

@@ -45,7 +45,7 @@ Dims dims_of(const ModelConfig& c, const RankShape& s) {
   }
   if (c.moe.enabled()) {
     d.N = d.B * d.T;
-    d.M = moe_layer_bytes(c, 1, s.micro, s.tokens, s.elem).rows;
+    d.M = moe_layer_bytes(c, s.ep, s.micro, s.tokens, s.elem).rows;  // ep in fixed blocks: E x cap, padding included
     d.R = d.M;
     d.E = double(c.moe.n_experts), d.K = double(c.moe.experts_per_token);
     d.Fe = double(c.moe.ffn_dim), d.Fs = double(c.moe.shared_expert_ffn_dim);

@@ -194,7 +194,15 @@ class LlamaForCausalLM : public CausalLM {
   Tensor router_stats_backward(const Tensor& in) override { return moe ? moe->chunk_total(in) : Tensor(); }
   Tensor pending_router_stats() override { return moe ? moe->pending_stats() : Tensor(); }
   RouterStepStats take_router_stats(const std::vector<double>* values = nullptr) override {
-    return moe ? moe->take_step_stats(values) : RouterStepStats{};
+    if (!moe) return RouterStepStats{};
+    RouterStepStats r = moe->take_step_stats(values);
+    if (moe->bounded()) r.dropless_bound = moe->bound;
+    return r;
+  }
+  bool redo_overflowed_step(int64_t step, const RouterStepStats& r) override {
+    if (!moe || !moe->bounded() || r.dropped <= 0) return false;
+    moe->raise_bound(step + 1);
+    return true;
   }
   void after_step() override {
     if (moe) moe->update_biases();

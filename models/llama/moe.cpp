@@ -7,6 +7,8 @@
 #include <chrono>
 #include <optional>
 
+#include <spdlog/spdlog.h>
+
 #include "comm/comm_counters.h"
 #include "models/llama/llama.h"
 #include "models/moe_cost.h"
@@ -288,6 +290,31 @@ SparseMoeBlock::SparseMoeBlock(const std::string& name, const ModelConfig& c, co
   }
 }
 
+// ---- Bounded dropless expert parallel (moe.h's header)
+
+bool MoeContext::bounded() const {
+  return ep && ep->size() > 1 && config.capacity_factor <= 0 && config.dropless_bound > 0;
+}
+
+bool MoeContext::bounded_forward() const { return bounded() && loss_scale > 0; }
+
+int64_t MoeContext::bound_cap(int64_t n_tokens) const {
+  const double mean = double(n_tokens * config.experts_per_token) / double(config.n_experts);  // rows per expert
+  const int64_t cap = std::max<int64_t>(1, int64_t(std::ceil(bound * mean)));
+  return std::min(cap, std::max<int64_t>(n_tokens, 1));
+}
+
+void MoeContext::raise_bound(int64_t step) {
+  // E / K: ceil(f N K / E) = N, the most one rank's tokens can send an expert (top-k picks k distinct experts).
+  const double most = double(config.n_experts) / double(config.experts_per_token);
+  MT_CHECK(bound < most, "model", "moe: step {} had rows past the dropless bound f = {}, which already gives an "
+           "expert every token's row", step, bound);
+  const double was = bound;
+  bound = std::min(bound * 1.5, most);
+  spdlog::info("moe: dropless expert parallel: step {} had rows past the bound (f = {:g}); recomputed with f = {:g} "
+               "(up to {} rows per expert per rank)", step, was, bound, bound_cap(bound_tokens));
+}
+
 namespace {
 
 // Rows kept per expert with a capacity (moe.capacity_factor > 0), from this rank's routed rows; 0: dropless.
@@ -343,7 +370,10 @@ Tensor SparseMoeBlock::forward(const Tensor& x) {
   // 2. Rows grouped by expert on the device: the counts never reach the host, the buffers are sized by their upper
   //    bound (dropless: N K rows exactly; a capacity: at most E x capacity) and the GEMMs read the groups' offsets.
   //    Expert parallel with a capacity lays the rows out in fixed blocks of `capacity` per expert (padded).
-  const int64_t cap = capacity_of(mc, N * K, E);
+  //    Bounded dropless expert parallel (a training forward) sends such blocks too, of the bound's rows.
+  const bool bounded = ctx_->bounded_forward();
+  if (bounded) ctx_->bound_tokens = N;
+  const int64_t cap = bounded ? ctx_->bound_cap(N) : capacity_of(mc, N * K, E);
   const bool padded = cap > 0 && ctx_->ep && ctx_->ep->size() > 1;
   Tensor slot = empty({N, K}, DType::i32, dev), counts = empty({E}, DType::i32, dev),        // (N, K), (E)
       selected = empty({E}, DType::i32, dev), offsets = empty({E + 1}, DType::i32, dev),     // (E), (E + 1)
@@ -492,9 +522,10 @@ Tensor SparseMoeBlock::run_experts(const Tensor& xp, const Tensor& counts, const
   const Device dev = xp.device();
   std::optional<Stopwatch> watch(std::in_place, ctx_->dispatch_s);
   if (cap > 0) {
-    // A capacity: every rank sends each peer El blocks of cap rows (padding included), so the sizes are known
-    // without asking; the counts travel on the device and the receiver's order skips the padding. (Every ep rank
-    // routes as many rows, the micro-batches being equal over the batch dims, so every rank's cap is the same.)
+    // A capacity (or the dropless bound): every rank sends each peer El blocks of cap rows (padding included), so
+    // the sizes are known without asking; the counts travel on the device and the receiver's order skips the
+    // padding. (Every ep rank routes as many rows, the micro-batches being equal over the batch dims, so every
+    // rank's cap is the same.)
     Tensor theirs = empty({E}, DType::i32, dev);  // (P, E_local): source p's kept rows for my expert j
     {
       CommTag ctag(kMoeCountsTag);
@@ -519,7 +550,8 @@ Tensor SparseMoeBlock::run_experts(const Tensor& xp, const Tensor& counts, const
     order_ = order, local_offsets_ = local;
     return h;
   }
-  // Dropless: the exact sizes, read on the host (one sync per sparse layer; moe.md).
+  // Dropless, exact (dropless_bound 0, or an evaluation): the sizes read on the host (one sync per sparse layer;
+  // moe.md).
   Exchange x = plan_exchange(*ep, counts);
   const int64_t R = int64_t(x.order.size());
   // Rows to their experts' ranks, then by local expert; through the experts; back to source order and home.

@@ -15,8 +15,14 @@
 // statistics summed (one all-reduce of (L E + E + 2) numbers).
 // No host read per layer (docs/design/moe.md, "Host synchronisations"): the routing (moe_route), the groups' sizes
 // (device offsets read by the grouped GEMM), the statistics and the gradient row stay on the device; the host reads
-// the step's statistics once, with the trainer's read of loss and norm (pending_stats). Dropless expert parallel
-// alone reads each sparse layer's counts (the all-to-all's sizes) once per forward.
+// the step's statistics once, with the trainer's read of loss and norm (pending_stats).
+// Dropless expert parallel: NCCL's all-to-all takes its sizes on the host, so a training forward sends fixed blocks
+// of cap = ceil(f N K / E) rows per expert (N tokens here, f the bound: model.moe.dropless_bound, then raised),
+// padded, like a capacity; rows past cap count as dropped, which the step's one read brings, and such a step is
+// not applied but run again with f x 1.5 (MoeContext::raise_bound, called by the trainer through
+// CausalLM::redo_overflowed_step), up to cap = N, which no routing overflows. So every applied step is dropless.
+// An evaluation forward, and dropless_bound 0, take the exact sizes: the host reads each sparse layer's counts once
+// per forward.
 #pragma once
 #include <memory>
 #include <vector>
@@ -44,7 +50,7 @@ struct MoeNames {
 class MoeContext {
  public:
   MoeContext(const MoeConfig& c, int64_t n_sparse_layers, DType acc_dtype, Device dev)
-      : config(c), n_sparse(n_sparse_layers), acc(acc_dtype), device(dev) {}
+      : config(c), n_sparse(n_sparse_layers), acc(acc_dtype), device(dev), bound(c.dropless_bound) {}
   MoeConfig config;
   int64_t n_sparse;            // sparse layers of the whole model
   DType acc;                   // the router's dtype (probs, weights): accum_dtype of the model's
@@ -55,6 +61,21 @@ class MoeContext {
   Group* ep = nullptr;         // expert parallel: the experts split over it; null: all here
   double loss_scale = 0;       // a training forward's loss per token (1 / the step's tokens); 0: no balance loss
   double dispatch_s = 0;       // the step's wall time in the ep all-to-alls so far
+  // Bounded dropless expert parallel (moe.h's header): the bound factor now (model.moe.dropless_bound, only raised,
+  // between steps: every forward of a step, recomputed ones included, uses the same), and the tokens of the last
+  // training forward here (the log's rows per expert).
+  double bound;
+  int64_t bound_tokens = 0;
+  // Whether a forward runs bounded: ep > 1, dropless, dropless_bound > 0, and a training forward (loss_scale > 0:
+  // an evaluation takes the exact sizes and never drops a row). The same on every ep rank.
+  bool bounded_forward() const;
+  bool bounded() const;  // the run trains bounded (the three config conditions)
+  // Rows per expert per rank of a bounded forward of N tokens: max(1, ceil(bound N K / E)), at most N (a rank's
+  // tokens can send an expert no more: cap N never overflows).
+  int64_t bound_cap(int64_t n_tokens) const;
+  // After a step whose summed statistics had rows past the bound (1-based step for the log): bound x 1.5, clamped
+  // to E / K (cap = N); logs it (rank 0). Fails if the bound was already that (an overflow cannot happen there).
+  void raise_bound(int64_t step);
   // Called by a sparse block (index among the sparse layers) in forward: its tokens here, their rows selected per
   // expert (E) i32, prob sums (E) and rows dropped (1) i32, all on the device.
   void record(int64_t layer, int64_t tokens_here, const Tensor& selected, const Tensor& prob_sums,

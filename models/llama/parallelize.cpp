@@ -166,7 +166,13 @@ void apply_moe(LlamaForCausalLM& model, const DeviceMesh& mesh, const ParallelDi
     if (auto* b = dynamic_cast<SparseMoeBlock*>(m)) blocks.push_back(b);
   if (pd.ep() > 1) {
     ctx.ep = &mesh.group(dim::ep);
-    if (ctx.config.capacity_factor <= 0)
+    if (ctx.bounded())
+      spdlog::info("moe: dropless expert parallel (parallel.ep = {}, model.moe.capacity_factor = 0) sends each peer "
+                   "fixed blocks of f x the mean rows per expert in a training forward (f = model.moe.dropless_bound "
+                   "= {:g}), no host sync per sparse layer; a step whose rows overflow them is recomputed with a "
+                   "larger f (model.moe.dropless_bound = 0: the exact sizes, read per sparse layer)",
+                   pd.ep(), ctx.config.dropless_bound);
+    else if (ctx.config.capacity_factor <= 0)
       spdlog::info("moe: dropless expert parallel (parallel.ep = {}, model.moe.capacity_factor = 0) reads each sparse "
                    "layer's row counts on the host once per forward (one host sync per sparse layer and micro-batch); "
                    "a capacity (model.moe.capacity_factor > 0) sends fixed blocks and needs none",

@@ -178,6 +178,8 @@ void measure_micro_batch(TrainRun& run, const Batch& batch, MeasuredStep& c) {
   run.model->set_documents(mb.doc_start);
   zero_grads(run.params);
   reset_comm_counters();
+  // A training forward (an MoE model's balance loss on, and bounded dropless ep's fixed blocks), as train_step's.
+  run.model->set_loss_scale(1.0);
   Tensor logits = run.model->call(mb.inputs);
   c.forward = comm_counters();
   Tensor losses = empty({mb.targets.numel()}, accum_dtype(logits.dtype()), run.device);
@@ -186,6 +188,7 @@ void measure_micro_batch(TrainRun& run, const Batch& batch, MeasuredStep& c) {
   reset_comm_counters();
   run.model->call_backward(logits);
   c.backward = comm_counters();
+  run.model->set_loss_scale(0);
 }
 
 // "forward 1.234 MiB  (tp all_gather: 0.5 MiB x4, ...)": a phase's total and its collectives.
@@ -326,12 +329,17 @@ void print_moe_bytes(const TrainRun& run, const MeasuredStep& c) {
   const double elem = double(dtype_size(run.dtype));
   const int64_t S = moe_sparse_layers(cfg.model), T = run.shard.size();
   const MoeLayerBytes lb = moe_layer_bytes(cfg.model, ep, run.micro, T, elem);
+  // Fixed blocks (a capacity, or bounded dropless: model.moe.dropless_bound): M = E x cap rows, padding included,
+  // whatever the routing; exact dropless: the routed rows, uniform routing's share leaving.
+  const bool blocks = ep > 1 && (moe.capacity_factor > 0 || moe.dropless_bound > 0);
   std::printf(
-      "\nmoe dispatch over ep = %d, per sparse layer and micro-batch: M = %lld x %lld x %lld = %.0f rows, "
-      "each all-to-all-v (uniform routing) M x (%d-1)/%d x %lld x %.0f B = %s; counts %lld x 8 B x (%d-1)/%d "
-      "= %.0f B\n",
-      ep, (long long)run.micro, (long long)T, (long long)moe.experts_per_token, lb.rows, ep, ep,
-      (long long)cfg.model.dim, elem, format_mib(lb.exchange, 3).c_str(), (long long)moe.n_experts, ep, ep, lb.counts);
+      "\nmoe dispatch over ep = %d, per sparse layer and micro-batch: M = %s = %.0f rows, "
+      "each all-to-all%s M x (%d-1)/%d x %lld x %.0f B = %s; counts %lld x 4 B (i32) x (%d-1)/%d = %.0f B\n",
+      ep,
+      blocks ? fmt::format("{} experts x cap", moe.n_experts).c_str()
+             : fmt::format("{} x {} x {}", run.micro, T, moe.experts_per_token).c_str(),
+      lb.rows, blocks ? " (fixed blocks)" : "-v (uniform routing)", ep, ep, (long long)cfg.model.dim, elem,
+      format_mib(lb.exchange, 3).c_str(), (long long)moe.n_experts, ep, ep, lb.counts);
   for (const char* phase : {"forward", "backward"}) {
     const CommCounters& cc = phase[0] == 'f' ? c.forward : c.backward;
     const double got = double(cc.bytes(kMoeDispatchTag, "", "all_to_all"));

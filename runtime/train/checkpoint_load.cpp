@@ -368,6 +368,7 @@ void load_hf_weights(const std::string& path, CausalLM& model) {
       theirs.moe.router_aux_loss_coef = c.moe.router_aux_loss_coef;
       theirs.moe.bias_update_rate = c.moe.bias_update_rate;
       theirs.moe.capacity_factor = c.moe.capacity_factor;
+      theirs.moe.dropless_bound = c.moe.dropless_bound;
       const nlohmann::json t = family_of(c).to_hf(theirs), o = family_of(c).to_hf(c);
       for (auto& [k, v] : o.items())
         MT_CHECK(t.contains(k) && t[k] == v, "checkpoint", "{}: {} = {} but this model has {}", cfg.string(), k,

@@ -136,6 +136,11 @@ void add_router_stats(nlohmann::json& j, const RouterStepStats& r) {
   j["dropped_tokens"] = r.dropped;
   j["moe_dispatch_ms"] = 1e3 * r.dispatch_s;
   if (r.has_bias) j["router_bias_range"] = {r.bias_min, r.bias_max};
+  // Bounded dropless expert parallel: the bound the step ran with, and how often it was recomputed past it.
+  if (r.dropless_bound > 0) {
+    j["moe_dropless_bound"] = r.dropless_bound;
+    j["moe_bound_recomputed"] = r.bound_recomputed;
+  }
 }
 }  // namespace
 

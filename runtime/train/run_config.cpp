@@ -32,7 +32,8 @@ void model_from_init(Config& c, const std::set<std::string>& given) {
            {"model.moe.output_router_logits", [&] { tm.output_router_logits = om.output_router_logits; }},
            {"model.moe.router_aux_loss_coef", [&] { tm.router_aux_loss_coef = om.router_aux_loss_coef; }},
            {"model.moe.bias_update_rate", [&] { tm.bias_update_rate = om.bias_update_rate; }},
-           {"model.moe.capacity_factor", [&] { tm.capacity_factor = om.capacity_factor; }}})
+           {"model.moe.capacity_factor", [&] { tm.capacity_factor = om.capacity_factor; }},
+           {"model.moe.dropless_bound", [&] { tm.dropless_bound = om.dropless_bound; }}})
     if (given.count(key)) set();
   // Every model key as text, the YAML's and the file's, compared where the YAML gave it.
   auto as_text = [](const ModelConfig& m) {

@@ -1,7 +1,6 @@
 #include "runtime/train/step.h"
 
 #include <cmath>
-#include <optional>
 
 #include "runtime/core/fault.h"
 #include "runtime/core/kernel_profile.h"
@@ -41,52 +40,61 @@ StepResult train_step(TrainRun& run, int64_t step) {
   //    the gradient sync. The loss is the sum of token losses over the global count of trained targets (every
   //    target, or the ones the loss mask keeps: each rank counts the whole batch's alone), so every mesh and every
   //    micro-batch size gives the same number.
-  zero_grads(run.trainable);
   LoraDropoutStep dropout_keys(uint64_t(t.seed), step);  // LoRA dropout's masks in this step's forwards
   const int64_t trained = trained_targets(run.train_data, step, B, T);
   const double inv_tokens = trained > 0 ? 1.0 / double(trained) : 0.0;
-  // (micro * T_local) each, read after backward: no host sync inside the micro-batch loop
-  const std::vector<Tensor> micro_losses = [&] {
-    trace::Span span("forward and backward", "phase");
-    return run.executor->forward_backward(run, batch, inv_tokens);
-  }();
-  std::optional<trace::Span> phase;  // the step's phases in the trace
-  phase.emplace("grad sync, loss and norm", "phase");
-  // 3. Gradient sync, the one rule (see sync_gradients): waits for the buckets backward launched.
-  NvtxRange range("grad sync, loss and norm, optimizer");
-  sync_gradients(run);
-  // 4. The step's loss over the whole batch (every token's loss is on exactly one rank of dp x cp) and the
-  //    gradient norm's squares, summed and all-reduced on the device: stats (1 + k) f64 holds the loss sum,
-  //    then one entry per group of gradients sharded alike.
-  //    An MoE model's router statistics (summed on the device over the ranks holding the other tokens) follow, so
-  //    that the same read brings them (no host sync of their own).
   const int64_t norm_groups = grad_norm_slots(run.trainable);
-  const Tensor router = run.model->pending_router_stats();  // (n) f64 or undefined
-  const int64_t n_router = router.defined() ? router.numel() : 0;
-  Tensor stats = zeros({1 + norm_groups + n_router}, DType::f64, run.device);
-  for (const Tensor& l : micro_losses) sum_into(stats, 0, l);
-  run.mesh.group(run.pd.loss_group()).all_reduce(stats.view(0, {1}), ReduceOp::sum);
-  grad_norm_squares(stats, 1, run.trainable);
-  if (n_router > 0) copy_slice(stats, 1 + norm_groups, router, 0, n_router, 0);
-  // 5. Clip by the global norm and update. The host reads loss and norm here, the step's one host sync: the
-  //    non-finite rule and the clip scale decide on the host. A non-finite loss or norm skips the update: both
-  //    are all-reduced, so every rank decides the same with no extra communication, and a NaN never reaches
-  //    the weights.
-  //    Under pipeline parallel each stage holds its part of both: the executor sums them over the stages.
-  const std::vector<double> host = to_f64(stats);
-  const std::vector<double> sums = run.executor->sum_over_stages({host[0], sum_of(host, 1, norm_groups)});
   StepResult res;
   res.trained_tokens = trained;
-  const std::vector<double> router_values(host.begin() + 1 + norm_groups, host.end());
-  res.router = run.model->take_router_stats(&router_values);  // the same on every rank: its statistics were summed
+  std::vector<double> sums;
+  // Bounded dropless expert parallel (MoE, models/llama/moe.h): an attempt whose rows overflowed the bound is not
+  // applied; the model raises the bound and the step runs again on the same batch (every rank decides alike: the
+  // statistics are summed). Any other model makes one attempt.
+  for (int64_t redone = 0;; ++redone) {
+    zero_grads(run.trainable);
+    // (micro * T_local) each, read after backward: no host sync inside the micro-batch loop
+    const std::vector<Tensor> micro_losses = [&] {
+      trace::Span span("forward and backward", "phase");
+      return run.executor->forward_backward(run, batch, inv_tokens);
+    }();
+    trace::Span phase("grad sync, loss and norm", "phase");  // the step's phases in the trace
+    // 3. Gradient sync, the one rule (see sync_gradients): waits for the buckets backward launched.
+    NvtxRange range("grad sync, loss and norm");
+    sync_gradients(run);
+    // 4. The step's loss over the whole batch (every token's loss is on exactly one rank of dp x cp) and the
+    //    gradient norm's squares, summed and all-reduced on the device: stats (1 + k) f64 holds the loss sum,
+    //    then one entry per group of gradients sharded alike.
+    //    An MoE model's router statistics (summed on the device over the ranks holding the other tokens) follow,
+    //    so that the same read brings them (no host sync of their own).
+    const Tensor router = run.model->pending_router_stats();  // (n) f64 or undefined
+    const int64_t n_router = router.defined() ? router.numel() : 0;
+    Tensor stats = zeros({1 + norm_groups + n_router}, DType::f64, run.device);
+    for (const Tensor& l : micro_losses) sum_into(stats, 0, l);
+    run.mesh.group(run.pd.loss_group()).all_reduce(stats.view(0, {1}), ReduceOp::sum);
+    grad_norm_squares(stats, 1, run.trainable);
+    if (n_router > 0) copy_slice(stats, 1 + norm_groups, router, 0, n_router, 0);
+    // 5. Clip by the global norm and update. The host reads loss and norm here, the step's one host sync: the
+    //    non-finite rule and the clip scale decide on the host. A non-finite loss or norm skips the update: both
+    //    are all-reduced, so every rank decides the same with no extra communication, and a NaN never reaches
+    //    the weights.
+    //    Under pipeline parallel each stage holds its part of both: the executor sums them over the stages.
+    const std::vector<double> host = to_f64(stats);
+    sums = run.executor->sum_over_stages({host[0], sum_of(host, 1, norm_groups)});
+    const std::vector<double> router_values(host.begin() + 1 + norm_groups, host.end());
+    res.router = run.model->take_router_stats(&router_values);  // the same on every rank: its statistics were summed
+    if (!run.model->redo_overflowed_step(step, res.router)) {
+      res.router.bound_recomputed = redone;
+      break;
+    }
+  }
   res.loss = sums[0] * inv_tokens + res.router.aux_loss;
   res.grad_norm = std::sqrt(sums[1]);
   res.lr = lr_at(t, step);
   res.skipped = !std::isfinite(res.loss) || !std::isfinite(res.grad_norm);
   if (res.skipped) return res;
   if (trained == 0) return res;  // every target masked: nothing to learn from, no update (weight decay included)
-  phase.reset();
-  phase.emplace("optimizer", "phase");
+  trace::Span phase("optimizer", "phase");
+  NvtxRange range("optimizer");
   clip_grads(run.trainable, res.grad_norm, t.grad_clip);
   run.opt->step(res.lr);
   run.model->after_step();

@@ -5,10 +5,12 @@
 # micro-batches and gradient clipping on, every step must make exactly the one documented host read (loss and
 # grad norm together, for the non-finite rule and the clip scale), logged step or not.
 # MoE (docs/design/moe.md, "Host synchronisations"): the router statistics ride on the same read and the routing stays
-# on the device, so ep 1 dropless (also with the selection bias's updates) and ep 2 with a capacity make the same one;
-# dropless ep 2 reads each sparse layer's counts once per forward: 1 + micro-batches x sparse layers. On the CPU
-# counters, and with EMU_BUILD_DIR (the emulated CUDA build, tests/cli/test_emulated.sh) on the emulated device: ep 1,
-# and ep 2 with a capacity on the NCCL stand-in.
+# on the device, so ep 1 dropless (also with the selection bias's updates), ep 2 with a capacity and dropless ep 2
+# (bounded: model.moe.dropless_bound's fixed blocks) make the same one, but for a step recomputed because its rows
+# overflowed the bound: one read per attempt. Exact dropless ep 2 (dropless_bound 0) reads each sparse layer's counts
+# once per forward: 1 + micro-batches x sparse layers. On the CPU counters, and with EMU_BUILD_DIR (the emulated CUDA
+# build, tests/cli/test_emulated.sh) on the emulated device: ep 1, and ep 2 with a capacity and bounded dropless on
+# the NCCL stand-in.
 # Prints "host_sync: N passed, N failed[, N skipped]" last.
 #   tests/cli/test_host_sync.sh BUILD_DIR [EMU_BUILD_DIR]
 set -uo pipefail
@@ -80,14 +82,48 @@ check moe_ep1_dropless 1 "${moe[@]}"
 # The aux-loss-free balancing's bias: updated and reported from its host copy, no read.
 check moe_ep1_bias 1 "${moe[@]}" --set model.moe.bias_update_rate=0.001
 check moe_ep2_capacity 2 "${moe[@]}" "${cap[@]}" --set parallel.ep=2 --set parallel.dp_replicate=1
-# Dropless ep: 1 + 2 micro-batches (each rank's 4 rows of the 8) x 2 sparse layers.
-check_with 5 "$mt" moe_ep2_dropless 2 "${moe[@]}" --set parallel.ep=2 --set parallel.dp_replicate=1
-# ... which start-up says, naming the key that removes them; with a capacity it says nothing.
+# Exact dropless ep: 1 + 2 micro-batches (each rank's 4 rows of the 8) x 2 sparse layers.
+check_with 5 "$mt" moe_ep2_exact 2 "${moe[@]}" --set model.moe.dropless_bound=0 --set parallel.ep=2 \
+  --set parallel.dp_replicate=1
+# check_bounded NAME BIN NP [--set ...]: bounded dropless ep: every rank's step makes 1 + the times rank 0's log
+# says it was recomputed ("step N had rows past the bound"; log.level debug: every rank logs it), and some step
+# makes exactly 1.
+check_bounded() {
+  local name=$1 b=$2 np=$3
+  shift 3
+  if ! timeout 600 "$mpirun" -np "$np" "$b" --config "$tmp/t.yaml" "$@" train >"$tmp/$name.log" 2>&1; then
+    bad "$name: training failed" "$(tail -n 15 "$tmp/$name.log")"
+    return
+  fi
+  local out
+  if out=$("$py" - "$tmp/$name.log" "$np" "$steps" <<'PY' 2>&1
+import collections, re, sys
+text = open(sys.argv[1], errors="replace").read()
+np_, steps = int(sys.argv[2]), int(sys.argv[3])
+counts = collections.defaultdict(list)
+for step, n in re.findall(r"step (\d+): host syncs this step: (\d+)", text):
+    counts[int(step)].append(int(n))
+redone = collections.Counter(int(s) for s in re.findall(r"\[r0\].*step (\d+) had rows past the bound", text))
+assert sorted(counts) == list(range(1, steps + 1)) and all(len(v) == np_ for v in counts.values()), dict(counts)
+bad = {s: v for s, v in counts.items() if v != [1 + redone[s]] * np_}
+assert not bad, f"per step (ranks' counts): {bad}; recomputed: {dict(redone)}"
+assert any(redone[s] == 0 for s in counts), f"every step was recomputed: {dict(redone)}"
+print(f"1 host sync in each of {sum(redone[s] == 0 for s in counts)} steps, 1 + r in the {len(redone)} recomputed "
+      f"({dict(redone)}), on each of {np_} ranks")
+PY
+  ); then ok "$name: $out"; else bad "$name" "$out"; fi
+}
+check_bounded moe_ep2_bounded "$mt" 2 "${moe[@]}" --set parallel.ep=2 --set parallel.dp_replicate=1
+# ... which start-up says: exact, that it syncs per sparse layer and that a capacity removes it; bounded, its fixed
+# blocks and the recompute; with a capacity nothing.
 if grep -aq "dropless expert parallel.*one host sync per sparse layer.*model.moe.capacity_factor > 0" \
-     "$tmp/moe_ep2_dropless.log" && ! grep -aq "dropless expert parallel" "$tmp/moe_ep2_capacity.log"; then
-  ok "dropless ep says at start-up that it syncs per sparse layer and that a capacity removes it"
+     "$tmp/moe_ep2_exact.log" &&
+   grep -aq "dropless expert parallel.*fixed blocks of f x the mean rows.*no host sync per sparse layer.*recomputed" \
+     "$tmp/moe_ep2_bounded.log" && ! grep -aq "dropless expert parallel" "$tmp/moe_ep2_capacity.log"; then
+  ok "dropless ep says at start-up how it sizes the exchange (exact: a sync per sparse layer; bounded: fixed blocks)"
 else
-  bad "the dropless ep start-up line" "$(grep -a "dropless" "$tmp/moe_ep2_dropless.log" "$tmp/moe_ep2_capacity.log" | head -n 3)"
+  bad "the dropless ep start-up line" "$(grep -a "dropless" "$tmp/moe_ep2_exact.log" "$tmp/moe_ep2_bounded.log" \
+    "$tmp/moe_ep2_capacity.log" | head -n 3)"
 fi
 # On the emulated device (comm.device cuda): the routing, the grouped GEMMs and the statistics as CUDA kernels, ep 2
 # on the NCCL stand-in (a device each); 2 short steps (4 rows of 16 tokens), the emulator being slow.
@@ -98,6 +134,9 @@ if [ -n "$emu" ] && [ -x "$emu/meshtrain" ]; then
   check_with 1 "$emu/meshtrain" emu_moe_ep1_dropless 1 "${moe[@]}" "${emu_set[@]}"
   MT_EMU_DEVICES=2 check_with 1 "$emu/meshtrain" emu_moe_ep2_capacity_nccl 2 "${moe[@]}" "${cap[@]}" "${emu_set[@]}" \
     --set comm.backend=nccl --set parallel.ep=2 --set parallel.dp_replicate=1
+  # 3 steps: the bound may be raised at both of the first two (to E / k, which cannot overflow).
+  MT_EMU_DEVICES=2 steps=3 check_bounded emu_moe_ep2_bounded_nccl "$emu/meshtrain" 2 "${moe[@]}" "${emu_set[@]}" \
+    --set training.steps=3 --set comm.backend=nccl --set parallel.ep=2 --set parallel.dp_replicate=1
 else
   skip "MoE host syncs on the emulated device" "no emulated build given (EMU_BUILD_DIR: build-emu's meshtrain)"
 fi

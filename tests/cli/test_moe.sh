@@ -2,7 +2,9 @@
 # Mixture of experts end to end (models/llama/moe.h, parallel.ep): a Mixtral directory written by the PyTorch
 # reference (scripts/reference/llama_ref.py; 8 experts, top-2, the balance loss on) trains 20 f64 AdamW steps
 #  - on 1 rank equal to the reference (within 1e-5), and on ep 2, 4, 8 (1 expert per rank), ep 2 x dp_shard 2,
-#    ep 2 x tp 2, ep 2 x cp 2, HSDP x ep (dp_replicate 2 x dp_shard 2 x ep 2) equal to the 1-rank run within 1e-4;
+#    ep 2 x tp 2, ep 2 x cp 2, HSDP x ep (dp_replicate 2 x dp_shard 2 x ep 2) equal to the 1-rank run within 1e-4
+#    (dropless ep in fixed blocks: model.moe.dropless_bound 1.25), also ep 2 with a bound of 1 whose overflowing
+#    steps are recomputed (logged, moe_bound_recomputed, no row dropped) and ep 2 with the exact sizes (bound 0);
 #    pp 2 and ep 2 x pp 2 (1f1b and zb1p) with the balance loss pooled over the stages equal to 1 rank (ep 2) in
 #    the same micro-batches; ep 2 x pp 2 without the balance loss equal to the reference trained without it;
 #  - checkpoints: saved on ep 2 as Hugging Face's per-expert tensors (experts.{j}.w1.weight, no stacked '*' name),
@@ -91,6 +93,29 @@ same ep2_tp2 4 "$base" "ep 2 x tp 2 equals 1 rank" "${mix[@]}" --set parallel.ep
 same ep2_cp2 4 "$base" "ep 2 x cp 2 equals 1 rank" "${mix[@]}" --set parallel.ep=2 --set parallel.cp=2
 same hsdp_ep 8 "$base" "HSDP x ep (dp_replicate 2 x dp_shard 2 x ep 2) equals 1 rank" "${mix[@]}" \
   --set parallel.dp_replicate=2 --set parallel.dp_shard=2 --set parallel.ep=2
+# Dropless ep's exchange: the runs above send fixed blocks of model.moe.dropless_bound (1.25) x the mean rows per
+# expert; a bound of 1 (this router is far from balanced) overflows in the first steps: those steps run again with a
+# larger bound, and the run still equals 1 rank, with no row dropped. dropless_bound 0: the exact sizes.
+same bound1 2 "$base" "ep 2 with model.moe.dropless_bound 1 (steps recomputed past the bound) equals 1 rank" "${mix[@]}" \
+  --set parallel.ep=2 --set model.moe.dropless_bound=1
+if [ -f "$tmp/bound1.jsonl" ]; then
+  check "dropless_bound 1: the log names the recomputed steps and the metrics' moe_bound_recomputed agree, 0 dropped" -- \
+    "$py" - "$tmp/bound1.jsonl" "$tmp/bound1.log" <<'PY'
+import collections, json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+log = collections.Counter(int(s) for s in re.findall(r"step (\d+) had rows past the bound \(f = [0-9.]+\); recomputed "
+                                                     r"with f = [0-9.]+ \(up to \d+ rows per expert per rank\)",
+                                                     open(sys.argv[2], errors="replace").read()))
+assert len(rows) == 20 and all(r["dropped_tokens"] == 0 for r in rows), [r["dropped_tokens"] for r in rows]
+got = {r["step"]: r["moe_bound_recomputed"] for r in rows if r["moe_bound_recomputed"] > 0}
+assert got and got == dict(log), (got, dict(log))
+f = [r["moe_dropless_bound"] for r in rows]
+assert f == sorted(f) and f[-1] > 1 and f[-1] <= 8 / 2, f  # raised, never past E / k (cap = the rank's tokens)
+print(f"recomputed {got}, bound {f[0]} -> {f[-1]}")
+PY
+fi
+same exact 2 "$base" "ep 2 with model.moe.dropless_bound 0 (the exact sizes, read per sparse layer) equals 1 rank" \
+  "${mix[@]}" --set parallel.ep=2 --set model.moe.dropless_bound=0
 # The balance loss per micro-batch (pooled over the micro-batch's rows, averaged over micro-batches as the reference
 # does): 1 rank in 2 micro-batches of 4 against the reference's --micro-batch-size 4.
 "$py" "$ref" train --model "$tmp/mix" --data "$tmp/data/docs_train_*.bin" --steps 20 --batch-size $B --seq-len $T \
@@ -156,7 +181,7 @@ if [ $full -eq 1 ]; then
 fi
 
 # --- Metrics: every step of every run has the router's statistics; each layer's load sums to tokens x k ---
-runs=(base ep2 ep4 ep8 ep2_ds2 ep2_tp2 ep2_cp2 hsdp_ep mb4 micro)
+runs=(base ep2 ep4 ep8 ep2_ds2 ep2_tp2 ep2_cp2 hsdp_ep bound1 exact mb4 micro)
 files=()
 for r in "${runs[@]}"; do [ -f "$tmp/$r.jsonl" ] && files+=("$tmp/$r.jsonl"); done
 check "aux_loss, expert_load ($L x $E, each row $B x $T x $K = $((B * T * K))), its max over mean and dropped_tokens (0) on every step of ${#files[@]} runs" -- \
@@ -349,6 +374,8 @@ refused "n_experts not divisible by ep" "model.moe.n_experts = 6 is not divisibl
   "${moe_yaml[@]}" --set model.moe.n_experts=6 --set parallel.ep=4
 refused "experts_per_token above n_experts" "model.moe.experts_per_token = 5 exceeds model.moe.n_experts = 4" 4 \
   "${moe_yaml[@]}" --set model.moe.experts_per_token=5 --set parallel.ep=2
+refused "a dropless_bound between 0 and 1" "model.moe.dropless_bound = 0.5: expected 0 (the exact sizes" 4 \
+  "${moe_yaml[@]}" --set model.moe.dropless_bound=0.5 --set parallel.ep=2
 refused "an unknown router_score" "model.moe.router_score = 'softplus': expected one of 'softmax', 'sigmoid'" 4 \
   "${moe_yaml[@]}" --set model.moe.router_score=softplus --set parallel.ep=2
 refused "ep > 1 with a dense model" "parallel.ep = 4: model.type = llama has no experts (model.moe.n_experts = 0)" 4 \

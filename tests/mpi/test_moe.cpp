@@ -1,13 +1,17 @@
 // The sparse MoE block (models/llama/moe.h) under expert parallel against the same block unparallelised, in f64:
 // on a 1-D ep mesh of every test rank count (2 experts per rank), each rank feeds its own rows of the batch; the
 // outputs and input gradients are the reference's rows, the experts' weight gradients (Shard(0) over ep) its
-// slices, the router's and the shared expert's (replicated, each rank's rows) sum to its.
+// slices, the router's and the shared expert's (replicated, each rank's rows) sum to its. Dropless with exact sizes
+// (no loss scale: an evaluation's forward), with a capacity, and bounded dropless in a training forward.
 #include <doctest/doctest.h>
 #include <mpi.h>
 
 #include <cmath>
 
+#include "comm/comm_counters.h"
 #include "models/llama/moe.h"
+#include "models/moe_cost.h"
+#include "runtime/core/stream.h"
 #include "parallel/dtensor.h"
 #include "parallel/module.h"
 #include "mpi_world.h"
@@ -40,7 +44,9 @@ ModelConfig moe_config(const std::string& type, int64_t n_experts, int64_t share
 
 // capacity_factor > 0: E / K, so that no expert drops a row (the capacity is every token) and the reference's
 // routing is the dropless one, while ep sends fixed blocks of the capacity per expert (mostly padding).
-void compare_ep(const std::string& type, int64_t shared, double capacity_factor = 0) {
+// bound > 0: bounded dropless (model.moe.dropless_bound) in a training forward (loss_scale set): fixed blocks of
+// ceil(bound N K / E) rows, no host read; the forward's all-to-alls are checked to be the equal-size kind.
+void compare_ep(const std::string& type, int64_t shared, double capacity_factor = 0, double bound = 0) {
   ThreadsPerRank threads;
   const int n = world_size(), r = world_rank();
   const int64_t E = 2 * n, B = 2 * n, T = 3, C = 8, rows = B / n;
@@ -49,6 +55,7 @@ void compare_ep(const std::string& type, int64_t shared, double capacity_factor 
   ParamFactory f{mesh, DType::f64, Device::cpu(), 7, 0.5};
   ModelConfig c = moe_config(type, E, shared);
   c.moe.capacity_factor = capacity_factor;
+  c.moe.dropless_bound = bound;
   const MoeNames names{"gate_proj", "up_proj", "down_proj"};
   auto ref_ctx = std::make_shared<MoeContext>(c.moe, 1, DType::f64, Device::cpu()),
        par_ctx = std::make_shared<MoeContext>(c.moe, 1, DType::f64, Device::cpu());
@@ -60,7 +67,15 @@ void compare_ep(const std::string& type, int64_t shared, double capacity_factor 
 
   const Tensor x = test::randn({B, T, C}, 5), dy = test::randn({B, T, C}, 6);
   Tensor y_ref = ref.call(x);
+  if (bound > 0) par_ctx->loss_scale = 1.0 / double(B * T);  // a training forward
+  reset_comm_counters();
+  const int64_t syncs = host_sync_count();
   Tensor y = par.call(x.slice0(r * rows, (r + 1) * rows).clone());
+  if (bound > 0 && n > 1) {
+    CHECK(host_sync_count() == syncs);  // no host read of the counts
+    CHECK(comm_counters().calls(kMoeDispatchTag, "", "all_to_all") == 2);
+    CHECK(comm_counters().calls(kMoeDispatchTag, "", "all_to_all_v") == 0);
+  }
   check_close(y, y_ref.slice0(r * rows, (r + 1) * rows).clone(), "output (this rank's rows)");
   zero_grads(ref.parameters());
   zero_grads(par.parameters());
@@ -89,4 +104,10 @@ TEST_CASE("moe: a sparse block with a shared expert on ep = every rank equals it
 
 TEST_CASE("moe: expert parallel with a capacity (fixed blocks, counts on the device) equals one rank") {
   compare_ep("mixtral", 0, double(2 * world_size()) / 2);
+}
+
+TEST_CASE("moe: bounded dropless expert parallel (fixed blocks of the bound, no host read) equals one rank") {
+  // The bound E / K: cap = every token of the rank, so no routing overflows it.
+  compare_ep("mixtral", 0, 0, double(2 * world_size()) / 2);
+  compare_ep("qwen2_moe", 10, 0, double(2 * world_size()) / 2);
 }
