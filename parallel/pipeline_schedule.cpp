@@ -466,6 +466,97 @@ std::string pp_batches_deadlock(const PpSchedule& s, bool forward_only) {
   return waits;
 }
 
+PpSchedule pp_lockstep_lists(const PpSchedule& s, bool forward_only) {
+  auto kept = [&](const PpAction& a) {
+    return !forward_only || a.op == PpOp::forward || a.op == PpOp::send_act || a.op == PpOp::recv_act;
+  };
+  auto is_send = [](const PpAction& a) { return a.op == PpOp::send_act || a.op == PpOp::send_grad; };
+  // Each rank's computes in order, with the messages each consumes (the receives before it) and produces (the sends
+  // after it).
+  struct Compute {
+    PpAction a;
+    std::vector<MsgKey> in;
+    std::vector<PpAction> out;  // the sends
+  };
+  std::vector<std::vector<Compute>> comps(size_t(s.p));
+  std::map<MsgKey, int> receiver;  // the message's receiving rank
+  std::map<MsgKey, PpAction> recv_of;
+  for (int r = 0; r < s.p; ++r) {
+    std::vector<MsgKey> pending_in;
+    for (const PpAction& a : s.ranks[size_t(r)]) {
+      if (!kept(a)) continue;
+      if (is_compute(a.op)) {
+        comps[size_t(r)].push_back({a, std::move(pending_in), {}});
+        pending_in.clear();
+      } else if (is_send(a)) {
+        MT_CHECK(!comps[size_t(r)].empty(), "pipeline", "{} schedule: rank {} sends before any compute", s.kind, r);
+        comps[size_t(r)].back().out.push_back(a);
+      } else {
+        pending_in.push_back(wanted_key(a));
+        receiver[wanted_key(a)] = r, recv_of[wanted_key(a)] = a;
+      }
+    }
+  }
+  // Unit times: a compute starts once its rank is free and its inputs have arrived; its messages arrive at its end.
+  std::map<MsgKey, int64_t> arrival;
+  std::vector<std::vector<int64_t>> start(size_t(s.p));
+  std::vector<size_t> next(size_t(s.p), 0);
+  std::vector<int64_t> t(size_t(s.p), 0);
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (int r = 0; r < s.p; ++r)
+      while (next[size_t(r)] < comps[size_t(r)].size()) {
+        const Compute& c = comps[size_t(r)][next[size_t(r)]];
+        int64_t at = t[size_t(r)];
+        bool ready = true;
+        for (const MsgKey& k : c.in) {
+          auto it = arrival.find(k);
+          if (it == arrival.end()) ready = false;
+          else at = std::max(at, it->second);
+        }
+        if (!ready) break;
+        start[size_t(r)].push_back(at);
+        t[size_t(r)] = at + 1;
+        for (const PpAction& a : c.out) arrival[sent_key(a)] = at + 1;
+        ++next[size_t(r)];
+        progressed = true;
+      }
+  }
+  for (int r = 0; r < s.p; ++r)
+    MT_CHECK(next[size_t(r)] == comps[size_t(r)].size(), "pipeline", "{} schedule (p {}, v {}, m {}) deadlocks", s.kind,
+             s.p, s.v, s.m);
+  // Each rank's list by time: at a time, its messages (sent and received, by key) before the compute starting then.
+  struct Event {
+    int64_t time;
+    int order;     // 0 a transfer, 1 a compute
+    MsgKey key;    // a transfer's
+    size_t index;  // a compute's
+    PpAction a;
+  };
+  PpSchedule out = s;
+  for (int r = 0; r < s.p; ++r) {
+    std::vector<Event> ev;
+    for (size_t i = 0; i < comps[size_t(r)].size(); ++i) {
+      const Compute& c = comps[size_t(r)][i];
+      ev.push_back({start[size_t(r)][i], 1, {}, i, c.a});
+      for (const PpAction& a : c.out) {
+        ev.push_back({arrival.at(sent_key(a)), 0, sent_key(a), 0, a});
+        const int to = receiver.at(sent_key(a));
+        MT_CHECK(to == a.peer, "pipeline", "{} schedule: a message for rank {} is received by rank {}", s.kind, a.peer, to);
+      }
+    }
+    for (const auto& [k, to] : receiver)
+      if (to == r) ev.push_back({arrival.at(k), 0, k, 0, recv_of.at(k)});
+    std::sort(ev.begin(), ev.end(), [](const Event& x, const Event& y) {
+      return std::tie(x.time, x.order, x.key, x.index) < std::tie(y.time, y.order, y.key, y.index);
+    });
+    std::vector<PpAction>& list = out.ranks[size_t(r)];
+    list.clear();
+    for (const Event& e : ev) list.push_back(e.a);
+  }
+  return out;
+}
+
 double PpSimulation::bubble() const {
   double sum = 0;
   for (size_t r = 0; r < busy.size(); ++r) sum += busy[r] > 0 ? idle[r] / busy[r] : 0;

@@ -75,6 +75,12 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& c = {});
 // ("rank 0 waits in the batch [send_grad(stage 2, micro 0, peer rank 1)]; ..." or a pair's messages in another
 // order), or "" when they run to the end. MPI's non-blocking transfers need only simulate_pp_schedule's rule.
 std::string pp_batches_deadlock(const PpSchedule& s, bool forward_only);
+// The same step's lists re-placed for NCCL in lockstep (forward_only: the forwards and activations alone): the lists
+// run with every action taking one unit of time, each message sent when its producer ends and received at that same
+// time by its consumer (at most one unit later, posted ahead), a time's messages in one order on both sides. Every
+// batch then meets its peers' halves at the same time, so the lists pass pp_batches_deadlock (each rank's computes
+// keep their order). For schedules whose own lists would hang there (interleaved_1f1b).
+PpSchedule pp_lockstep_lists(const PpSchedule& s, bool forward_only);
 // The textbook bubble of a schedule, idle time over compute time per rank: (p-1)/m for gpipe and 1f1b, (p-1)/(v m)
 // for interleaved_1f1b, and about (p-1)/(3m) for zb1p with equal F, B and W times.
 double pp_bubble_formula(const std::string& kind, int p, int v, int m);

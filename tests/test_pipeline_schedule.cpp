@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <set>
+#include <tuple>
 
 #include "check_error.h"
 #include "parallel/pipeline_schedule.h"
@@ -154,6 +156,38 @@ TEST_CASE("pipeline schedules under NCCL's batches: which lists would hang (pp_b
   const std::string why = pp_batches_deadlock(s, false);
   CHECK(why.find("rank 0 waits in the batch [send_grad(stage 2, micro 0, peer rank 1)]") != std::string::npos);
   CHECK(why.find("rank 1 waits in the batch") != std::string::npos);
+  // Their lockstep re-placement passes on a table of (p, v, m), training and evaluation, with each rank's computes in
+  // the schedule's order and the same messages, and runs under MPI's rule too.
+  for (auto [p, v, m] : {std::tuple{2, 2, 4}, {2, 2, 8}, {3, 2, 6}, {4, 2, 8}, {2, 3, 4}, {4, 4, 8}, {8, 2, 16}}) {
+    CAPTURE(p);
+    CAPTURE(v);
+    CAPTURE(m);
+    const PpSchedule il = build_pp_schedule("interleaved_1f1b", p, v, m);
+    for (bool forward_only : {false, true}) {
+      const PpSchedule ls = pp_lockstep_lists(il, forward_only);
+      CHECK(pp_batches_deadlock(ls, forward_only).empty());
+      if (!forward_only) CHECK_NOTHROW(check_pp_schedule(ls));
+      for (int r = 0; r < p; ++r) {
+        auto computes = [&](const std::vector<PpAction>& l) {
+          std::vector<std::tuple<int, int, int>> c;
+          for (const PpAction& a : l)
+            if (a.op == PpOp::forward || (!forward_only && a.op == PpOp::backward))
+              c.emplace_back(int(a.op), a.stage, a.micro);
+          return c;
+        };
+        auto transfers = [&](const std::vector<PpAction>& l) {
+          std::multiset<std::tuple<int, int, int, int>> t;
+          for (const PpAction& a : l)
+            if ((a.op == PpOp::send_act || a.op == PpOp::recv_act) ||
+                (!forward_only && (a.op == PpOp::send_grad || a.op == PpOp::recv_grad)))
+              t.emplace(int(a.op), a.stage, a.micro, a.peer);
+          return t;
+        };
+        CHECK(computes(ls.ranks[size_t(r)]) == computes(il.ranks[size_t(r)]));
+        CHECK(transfers(ls.ranks[size_t(r)]) == transfers(il.ranks[size_t(r)]));
+      }
+    }
+  }
   // A list whose messages reach a peer in another order than it receives them: NCCL would pair them wrongly.
   PpSchedule swapped = build_pp_schedule("gpipe", 2, 1, 2);
   std::vector<PpAction>& r1 = swapped.ranks[1];

@@ -65,7 +65,7 @@ class PipelineStep {
     const auto t0 = Clock::now();
     PpStepTimes t;
     int in_flight = 0;
-    const std::vector<PpAction>& actions = s_.ranks[size_t(pp_.rank)];
+    const std::vector<PpAction>& actions = pp_.issue[forward_only_ ? 1 : 0];
     const size_t last_backward = grad_sync_start(actions);
     // Consecutive transfers form one batch (Group::batch_begin): on NCCL, a send does not complete before its peer
     // receives, and 1F1B's steady state has neighbours that each send before receiving from the other.
@@ -414,17 +414,27 @@ class PipelineExecutor final : public StepExecutor {
     pp_.act_shape = {run.micro, run.shard.size() / seq_split, run.config.model.dim};  // (mb, T_local, C)
     pp_.act_dtype = run.dtype;
     pp_.act_device = run.device;
-    // NCCL's batches block until the peers post their halves (pp_batches_deadlock): a schedule whose lists would
-    // wait on each other there is refused here, on every rank alike, rather than hang in the first step.
-    if (pp_.group->backend() == "nccl")
-      for (bool forward_only : {false, true}) {
-        const std::string why = pp_batches_deadlock(pp_.schedule, forward_only);
-        const PpSchedule& s = pp_.schedule;
-        MT_CHECK(why.empty(), "config",
-                 "parallel.pp_schedule = {} (pp {}, pp_virtual {}, {} micro-batches) would hang on NCCL{}: {}; use "
-                 "1f1b, gpipe or zb1p there, or comm.backend = mpi",
-                 s.kind, s.p, s.v, s.m, forward_only ? " in evaluation" : "", why);
-      }
+    // NCCL's batches block until the peers post their halves (pp_batches_deadlock): where the schedule's own lists
+    // would wait on each other there (interleaved_1f1b), the transfers are re-placed in lockstep, every rank alike;
+    // lists that would still hang are refused here rather than in the first step.
+    const PpSchedule& s = pp_.schedule;
+    for (int forward_only : {0, 1}) {
+      pp_.issue[forward_only] = s.ranks[size_t(pp_.rank)];
+      if (pp_.group->backend() != "nccl") continue;
+      const std::string why = pp_batches_deadlock(s, forward_only);
+      if (why.empty()) continue;
+      const PpSchedule lockstep = pp_lockstep_lists(s, forward_only);
+      const std::string still = pp_batches_deadlock(lockstep, forward_only);
+      MT_CHECK(still.empty(), "config",
+               "parallel.pp_schedule = {} (pp {}, pp_virtual {}, {} micro-batches) would hang on NCCL{}: {}; use "
+               "1f1b, gpipe or zb1p there, or comm.backend = mpi",
+               s.kind, s.p, s.v, s.m, forward_only ? " in evaluation" : "", still);
+      pp_.issue[forward_only] = lockstep.ranks[size_t(pp_.rank)];
+      if (!forward_only)
+        MT_LOG_INFO("pipeline: {}'s transfers placed in lockstep for NCCL (its own lists would wait on each other "
+                 "there: {})",
+                 s.kind, why);
+    }
   }
 
   void install(CausalLM& model) override { install_pp_progress(model, pp_); }

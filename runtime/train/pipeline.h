@@ -41,6 +41,10 @@ struct PpStepTimes {
 
 struct PipelineState {
   PpSchedule schedule;
+  // This rank's actions as the executor issues them, [0] a training step's, [1] an evaluation's: the schedule's
+  // list, or on NCCL, where that list's batches would wait on each other (pp_batches_deadlock), its lockstep
+  // re-placement (pp_lockstep_lists: the same computes in the same order, the transfers moved).
+  std::vector<PpAction> issue[2];
   std::vector<int> split;  // decoder layers of each stage
   int rank = 0;            // this rank's pp coordinate
   Group* group = nullptr;  // the pp group: the same place in every stage's mesh

@@ -8,6 +8,9 @@
 #    whose sends are synchronous as NCCL's), with the ranks sharing one emulated device (comm.backend mpi: device
 #    buffers staged through the
 #    host) and with a device each (MT_EMU_DEVICES, comm.backend nccl: the NCCL stand-in over MPI);
+#  - MoE with pp on NCCL (the router statistics beside the pipeline's messages): pp 2 1f1b and gpipe, pp 4 zb1p,
+#    ep 2 x pp 2, and interleaved_1f1b (whose transfers NCCL takes in lockstep: its own lists hang there, dense too)
+#    equal the CPU;
 #  - bf16 within 2% of fp32 at step 5; MoE bf16 (tensor-core grouped GEMMs) within 2% of the CPU's fp32;
 #  - attention.kernel cudnn (cuDNN's stand-in, tests/emu/cudnn_emu.cpp) against flash: bf16, GQA, cp 2 ring, tp 2, and
 #    packed documents on 1 rank and (auto: cuDNN on the diagonal, flash off it) on cp 2, within 1% over 3 steps;
@@ -140,15 +143,16 @@ pair "mixtral ep 2 capacity 1.0, a device each (nccl)" 2 nccl "${moe[@]}" --set 
 # a misordered one hangs here (comm.timeout_s names it). Every schedule, pp 4, and ep 2 x pp 2.
 moe_pp=("${moe[@]}" --set model.n_layers=4 --set parallel.dp_replicate=1 --set training.micro_batch_size=1)
 pair "mixtral pp 2 1f1b, a device each (nccl)" 2 nccl "${moe_pp[@]}" --set parallel.pp=2
-pair "mixtral pp 2 gpipe, a device each (nccl)" 2 nccl "${moe_pp[@]}" --set parallel.pp=2 --set parallel.pp_schedule=gpipe
-# Interleaved 1F1B's lists wait on each other under NCCL's batches (dense models too; pp_batches_deadlock): refused
-# at start-up naming the key, where the stand-in (like a GPU's streams) hung in the first step.
-if [ "$(devices)" -ge 2 ]; then
-  expect "interleaved_1f1b on NCCL is refused, naming the key and the batch a rank would wait in" nonzero \
-    "parallel.pp_schedule = interleaved_1f1b (pp 2, pp_virtual 2, 4 micro-batches) would hang on NCCL: rank 0 waits in the batch" -- \
-    "$mpirun" -np 2 "$emt" --config "$tmp/t.yaml" "${moe_pp[@]}" --set parallel.pp=2 --set parallel.pp_schedule=interleaved_1f1b \
-    --set parallel.pp_virtual=2 --set comm.device=cuda --set comm.backend=nccl train
-else skip "interleaved_1f1b on NCCL is refused" "NCCL needs a device per rank"; fi
+full_pair "mixtral pp 2 gpipe, a device each (nccl)" 2 nccl "${moe_pp[@]}" --set parallel.pp=2 --set parallel.pp_schedule=gpipe
+# Interleaved 1F1B's own lists wait on each other under NCCL's batches (dense models too: the stand-in, like a GPU's
+# streams, hung in the first step), so on NCCL its transfers are placed in lockstep (pp_lockstep_lists), saying so;
+# evaluation (the forwards' own lockstep lists) every 2 steps.
+pair "mixtral pp 2 interleaved_1f1b (2 chunks a rank, transfers in lockstep), a device each (nccl)" 2 nccl \
+  "${moe_pp[@]}" --set parallel.pp=2 --set parallel.pp_schedule=interleaved_1f1b --set parallel.pp_virtual=2 \
+  --set data.val="$tmp/data/docs_val_*.bin" --set eval.interval=2 --set eval.steps=1
+expect "interleaved_1f1b on NCCL says its transfers are placed in lockstep, and why" zero \
+  "pipeline: interleaved_1f1b's transfers placed in lockstep for NCCL (its own lists would wait on each other there: rank 0 waits in the batch" -- \
+  cat "$tmp/emu_mixtral_pp_2_interleaved_1f1b__2_chunks_a_rank__transfers_in_lockstep___a_device_each__nccl_.log"
 pair "mixtral pp 4 zb1p, a device each (nccl)" 4 nccl "${moe_pp[@]}" --set parallel.pp=4 --set parallel.pp_schedule=zb1p
 pair "mixtral ep 2 x pp 2 1f1b, a device each (nccl)" 4 nccl "${moe_pp[@]}" --set parallel.pp=2 --set parallel.ep=2
 # training.fp8 (docs/design/fp8.md): the cast kernels and cuBLASLt's FP8 GEMMs (the stand-in: E4M3/E5M2 operands,

@@ -126,10 +126,9 @@ expect "plan prints the experts per rank" zero "2 experts per rank (E/ep = 4/2)"
   "$mpirun" -np 2 "$mt" --config "$tmp/t.yaml" --set parallel.ep=2 --set training.batch_size=4 plan
 expect "plan --search tries ep for an MoE model" zero "ep=2 (2 experts a rank)" -- \
   "$mt" --config "$tmp/t.yaml" plan --search --world 4 --cluster "$root/configs/clusters/h100_ib.yaml" --top 1000
-# The shipped configs plan GPU runs with pp and NCCL, which training refuses for MoE models for now (a hang not yet
-# ruled out on a GPU): estimate must still answer for them.
+# The shipped configs: GPU runs with ep, pp and NCCL.
 for c in mixtral_8x7b qwen3_30b_a3b; do
-  expect "estimate answers for configs/estimate/$c.yaml (pp on NCCL: refused by train only)" zero "MFU" -- \
+  expect "estimate answers for configs/estimate/$c.yaml" zero "MFU" -- \
     "$mt" --config "$root/configs/estimate/$c.yaml" estimate --world 64 --cluster "$root/configs/clusters/h100_ib.yaml"
 done
 summary estimate-moe
