@@ -2,6 +2,7 @@
 #include "models/llama/llama.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <utility>
 
@@ -166,13 +167,28 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c, const ParamFactory& f, 
 }
 
 nlohmann::json LlamaForCausalLM::extra_state() const {
-  if (!moe || moe->biases.empty()) return nullptr;
-  nlohmann::json b = nlohmann::json::array();
-  for (const std::vector<double>& v : moe->bias_values) b.push_back(v);  // the host copy: the same values
-  return {{"router_bias", b}};
+  if (!moe) return nullptr;
+  nlohmann::json s = nlohmann::json::object();
+  if (!moe->biases.empty()) {
+    nlohmann::json b = nlohmann::json::array();
+    for (const std::vector<double>& v : moe->bias_values) b.push_back(v);  // the host copy: the same values
+    s["router_bias"] = b;
+  }
+  // Bounded dropless ep's factor now, so that a resumed run does not climb to it again through recomputed steps.
+  if (moe->bounded()) s["dropless_bound"] = moe->bound, s["dropless_bound_clean_steps"] = moe->clean_steps;
+  return s.empty() ? nlohmann::json(nullptr) : s;
 }
 
 void LlamaForCausalLM::load_extra_state(const nlohmann::json& state, const std::string& file) {
+  if (moe && moe->bounded() && state.is_object() && state.contains("dropless_bound")) {
+    const auto& f = state["dropless_bound"];
+    MT_CHECK(f.is_number() && std::isfinite(f.get<double>()) && f.get<double>() > 0, "checkpoint",
+             "{}: model_state.dropless_bound must be a positive number", file);
+    // Within this run's range: not below its model.moe.dropless_bound, not above E / K (cap = N).
+    const double most = double(config.moe.n_experts) / double(config.moe.experts_per_token);
+    moe->bound = std::clamp(f.get<double>(), config.moe.dropless_bound, std::max(most, config.moe.dropless_bound));
+    moe->clean_steps = state.value("dropless_bound_clean_steps", int64_t(0));
+  }
   if (!moe || moe->biases.empty()) return;  // nothing to restore (a bias saved without the rate on is dropped)
   if (state.is_null() || !state.contains("router_bias")) {
     spdlog::warn("{}: no router_bias saved: model.moe.bias_update_rate's selection bias starts again from 0", file);

@@ -200,7 +200,11 @@ class LlamaForCausalLM : public CausalLM {
     return r;
   }
   bool redo_overflowed_step(int64_t step, const RouterStepStats& r) override {
-    if (!moe || !moe->bounded() || r.dropped <= 0) return false;
+    if (!moe || !moe->bounded()) return false;
+    if (r.dropped <= 0) {
+      moe->settle_bound(step + 1);
+      return false;
+    }
     moe->raise_bound(step + 1);
     return true;
   }

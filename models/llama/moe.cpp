@@ -310,9 +310,20 @@ void MoeContext::raise_bound(int64_t step) {
   MT_CHECK(bound < most, "model", "moe: step {} had rows past the dropless bound f = {}, which already gives an "
            "expert every token's row", step, bound);
   const double was = bound;
+  clean_steps = 0;
   bound = std::min(bound * 1.5, most);
   spdlog::info("moe: dropless expert parallel: step {} had rows past the bound (f = {:g}); recomputed with f = {:g} "
                "(up to {} rows per expert per rank)", step, was, bound, bound_cap(bound_tokens));
+}
+
+void MoeContext::settle_bound(int64_t step) {
+  if (bound <= config.dropless_bound || ++clean_steps < kBoundSettleSteps) return;
+  clean_steps = 0;
+  const double was = bound;
+  bound = std::max(config.dropless_bound, bound / 1.5);
+  spdlog::info("moe: dropless expert parallel: no rows past the bound for {} steps (to step {}): lowered from f = "
+               "{:g} to {:g} (up to {} rows per expert per rank)",
+               kBoundSettleSteps, step, was, bound, bound_cap(bound_tokens));
 }
 
 namespace {

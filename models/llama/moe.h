@@ -76,6 +76,13 @@ class MoeContext {
   // After a step whose summed statistics had rows past the bound (1-based step for the log): bound x 1.5, clamped
   // to E / K (cap = N); logs it (rank 0). Fails if the bound was already that (an overflow cannot happen there).
   void raise_bound(int64_t step);
+  // After a step with no row past the bound: once kBoundSettleSteps such steps in a row have passed, bound / 1.5
+  // (not below model.moe.dropless_bound), logged, so that an early imbalance (a fresh router) does not keep the
+  // blocks at their worst case; a step that then overflows is recomputed and raises it again (at most one step in
+  // kBoundSettleSteps recomputed where the need sits between two bounds).
+  static constexpr int64_t kBoundSettleSteps = 100;
+  void settle_bound(int64_t step);
+  int64_t clean_steps = 0;  // steps since the bound last moved or overflowed
   // Called by a sparse block (index among the sparse layers) in forward: its tokens here, their rows selected per
   // expert (E) i32, prob sums (E) and rows dropped (1) i32, all on the device.
   void record(int64_t layer, int64_t tokens_here, const Tensor& selected, const Tensor& prob_sums,

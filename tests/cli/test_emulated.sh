@@ -142,7 +142,7 @@ pair "mixtral ep 2 capacity 1.0, a device each (nccl)" 2 nccl "${moe[@]}" --set 
 # so no collective over the stages sits among the pipeline's sends; the stand-in runs every operation at issue, so
 # a misordered one hangs here (comm.timeout_s names it). Every schedule, pp 4, and ep 2 x pp 2.
 moe_pp=("${moe[@]}" --set model.n_layers=4 --set parallel.dp_replicate=1 --set training.micro_batch_size=1)
-pair "mixtral pp 2 1f1b, a device each (nccl)" 2 nccl "${moe_pp[@]}" --set parallel.pp=2
+full_pair "mixtral pp 2 1f1b, a device each (nccl)" 2 nccl "${moe_pp[@]}" --set parallel.pp=2
 full_pair "mixtral pp 2 gpipe, a device each (nccl)" 2 nccl "${moe_pp[@]}" --set parallel.pp=2 --set parallel.pp_schedule=gpipe
 # Interleaved 1F1B's own lists wait on each other under NCCL's batches (dense models too: the stand-in, like a GPU's
 # streams, hung in the first step), so on NCCL its transfers are placed in lockstep (pp_lockstep_lists), saying so;

@@ -97,7 +97,20 @@ same hsdp_ep 8 "$base" "HSDP x ep (dp_replicate 2 x dp_shard 2 x ep 2) equals 1 
 # expert; a bound of 1 (this router is far from balanced) overflows in the first steps: those steps run again with a
 # larger bound, and the run still equals 1 rank, with no row dropped. dropless_bound 0: the exact sizes.
 same bound1 2 "$base" "ep 2 with model.moe.dropless_bound 1 (steps recomputed past the bound) equals 1 rank" "${mix[@]}" \
-  --set parallel.ep=2 --set model.moe.dropless_bound=1
+  --set parallel.ep=2 --set model.moe.dropless_bound=1 --set checkpoint.dir="$tmp/b1.ckpt" --set checkpoint.interval=10
+# The bound is kept in the checkpoint (meta.json's model_state): resumed at step 10, the run goes on with it.
+if run bound1_resume 2 "${mix[@]}" --set parallel.ep=2 --set model.moe.dropless_bound=1 \
+  --set checkpoint.resume="$tmp/b1.ckpt/step_00000010" --set checkpoint.dir="$tmp/b1_resume.ckpt"; then
+  check "dropless_bound 1: resumed at step 10 with the checkpoint's bound, steps 11-20 as uninterrupted" -- \
+    "$py" - "$tmp/bound1.jsonl" "$tmp/bound1_resume.jsonl" <<'PY'
+import json, sys
+a, b = ({r["step"]: r for r in map(json.loads, open(p)) if "loss" in r} for p in sys.argv[1:])
+for s in range(11, 21):
+    assert b[s]["moe_dropless_bound"] == a[s]["moe_dropless_bound"], (s, a[s]["moe_dropless_bound"], b[s]["moe_dropless_bound"])
+    assert abs(b[s]["loss"] - a[s]["loss"]) <= 1e-9 * abs(a[s]["loss"]), (s, a[s]["loss"], b[s]["loss"])
+print(f"bound {b[11]['moe_dropless_bound']} at step 11, losses equal")
+PY
+else bad "dropless_bound 1 resumed at step 10" "$(tail -n 15 "$tmp/bound1_resume.log")"; fi
 if [ -f "$tmp/bound1.jsonl" ]; then
   check "dropless_bound 1: the log names the recomputed steps and the metrics' moe_bound_recomputed agree, 0 dropped" -- \
     "$py" - "$tmp/bound1.jsonl" "$tmp/bound1.log" <<'PY'

@@ -111,3 +111,23 @@ TEST_CASE("moe: bounded dropless expert parallel (fixed blocks of the bound, no 
   compare_ep("mixtral", 0, 0, double(2 * world_size()) / 2);
   compare_ep("qwen2_moe", 10, 0, double(2 * world_size()) / 2);
 }
+
+TEST_CASE("moe: the dropless bound rises by 1.5 on an overflow and settles back after 100 clean steps") {
+  ModelConfig c = moe_config("mixtral", 8, 0);  // E 8, K 2: the bound's most is E / K = 4
+  c.moe.dropless_bound = 1.25;
+  MoeContext ctx(c.moe, 1, DType::f64, Device::cpu());
+  ctx.bound_tokens = 64;
+  ctx.raise_bound(1);
+  CHECK(ctx.bound == doctest::Approx(1.875));
+  for (int64_t s = 0; s < MoeContext::kBoundSettleSteps - 1; ++s) ctx.settle_bound(2 + s);
+  CHECK(ctx.bound == doctest::Approx(1.875));  // 99 clean steps: not yet
+  ctx.raise_bound(101);                        // an overflow starts the count again
+  CHECK(ctx.bound == doctest::Approx(2.8125));
+  for (int64_t s = 0; s < MoeContext::kBoundSettleSteps; ++s) ctx.settle_bound(102 + s);
+  CHECK(ctx.bound == doctest::Approx(1.875));
+  for (int64_t s = 0; s < 3 * MoeContext::kBoundSettleSteps; ++s) ctx.settle_bound(202 + s);
+  CHECK(ctx.bound == doctest::Approx(1.25));  // never below model.moe.dropless_bound
+  for (int i = 0; i < 3; ++i) ctx.raise_bound(600 + i);
+  CHECK(ctx.bound == doctest::Approx(4.0));  // clamped at E / K: cap = N
+  CHECK_THROWS(ctx.raise_bound(700));        // no overflow is possible there
+}
