@@ -39,6 +39,7 @@ namespace {
 bool is_compute(PpOp op) {
   return op == PpOp::forward || op == PpOp::backward || op == PpOp::backward_input || op == PpOp::backward_weight;
 }
+bool is_send(const PpAction& a) { return a.op == PpOp::send_act || a.op == PpOp::send_grad; }
 
 std::string action_str(const PpAction& a) {
   if (is_compute(a.op)) return fmt::format("{}(stage {}, micro {})", pp_op_name(a.op), a.stage, a.micro);
@@ -376,7 +377,7 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& c) {
           auto it = arrived.find(wanted_key(a));
           if (it == arrived.end()) break;  // not sent yet: this rank waits
           t[size_t(r)] = std::max(t[size_t(r)], it->second);
-        } else if (a.op == PpOp::send_act || a.op == PpOp::send_grad) {
+        } else if (is_send(a)) {
           arrived[sent_key(a)] = t[size_t(r)] + c.transfer;
         } else {
           t[size_t(r)] += cost(a.op);
@@ -404,26 +405,25 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& c) {
   return out;
 }
 
+bool pp_runs(const PpAction& a, bool forward_only) {
+  return !forward_only || a.op == PpOp::forward || a.op == PpOp::send_act || a.op == PpOp::recv_act;
+}
+
 std::string pp_batches_deadlock(const PpSchedule& s, bool forward_only) {
-  auto kept = [&](const PpAction& a) {
-    return !forward_only || a.op == PpOp::forward || a.op == PpOp::send_act || a.op == PpOp::recv_act;
-  };
-  auto transfer = [](const PpAction& a) { return !is_compute(a.op); };
   // Each rank's batches, in order, and each ordered pair's messages in issue order on both sides.
   std::vector<std::vector<std::vector<PpAction>>> batches(size_t(s.p));
   std::map<std::pair<int, int>, std::vector<MsgKey>> sent, received;  // (from rank, to rank)
   for (int r = 0; r < s.p; ++r) {
     bool open = false;
     for (const PpAction& a : s.ranks[size_t(r)]) {
-      if (!kept(a)) continue;
-      if (!transfer(a)) {
+      if (!pp_runs(a, forward_only)) continue;
+      if (is_compute(a.op)) {
         open = false;
         continue;
       }
       if (!open) batches[size_t(r)].emplace_back(), open = true;
       batches[size_t(r)].back().push_back(a);
-      const bool send = a.op == PpOp::send_act || a.op == PpOp::send_grad;
-      if (send) sent[{r, a.peer}].push_back(sent_key(a));
+      if (is_send(a)) sent[{r, a.peer}].push_back(sent_key(a));
       else received[{a.peer, r}].push_back(wanted_key(a));
     }
   }
@@ -443,15 +443,11 @@ std::string pp_batches_deadlock(const PpSchedule& s, bool forward_only) {
       if (next[size_t(r)] == batches[size_t(r)].size()) continue;
       const std::vector<PpAction>& b = batches[size_t(r)][next[size_t(r)]];
       if (!inside[size_t(r)]) {
-        for (const PpAction& a : b) {
-          const bool send = a.op == PpOp::send_act || a.op == PpOp::send_grad;
-          posted.insert({send, send ? sent_key(a) : wanted_key(a)});
-        }
+        for (const PpAction& a : b) posted.insert({is_send(a), is_send(a) ? sent_key(a) : wanted_key(a)});
         inside[size_t(r)] = progressed = true;
       }
       const bool done = std::all_of(b.begin(), b.end(), [&](const PpAction& a) {
-        const bool send = a.op == PpOp::send_act || a.op == PpOp::send_grad;
-        return posted.count({!send, send ? sent_key(a) : wanted_key(a)}) > 0;
+        return posted.count({!is_send(a), is_send(a) ? sent_key(a) : wanted_key(a)}) > 0;
       });
       if (done) ++next[size_t(r)], inside[size_t(r)] = false, progressed = true;
     }
@@ -467,10 +463,6 @@ std::string pp_batches_deadlock(const PpSchedule& s, bool forward_only) {
 }
 
 PpSchedule pp_lockstep_lists(const PpSchedule& s, bool forward_only) {
-  auto kept = [&](const PpAction& a) {
-    return !forward_only || a.op == PpOp::forward || a.op == PpOp::send_act || a.op == PpOp::recv_act;
-  };
-  auto is_send = [](const PpAction& a) { return a.op == PpOp::send_act || a.op == PpOp::send_grad; };
   // Each rank's computes in order, with the messages each consumes (the receives before it) and produces (the sends
   // after it).
   struct Compute {
@@ -484,7 +476,7 @@ PpSchedule pp_lockstep_lists(const PpSchedule& s, bool forward_only) {
   for (int r = 0; r < s.p; ++r) {
     std::vector<MsgKey> pending_in;
     for (const PpAction& a : s.ranks[size_t(r)]) {
-      if (!kept(a)) continue;
+      if (!pp_runs(a, forward_only)) continue;
       if (is_compute(a.op)) {
         comps[size_t(r)].push_back({a, std::move(pending_in), {}});
         pending_in.clear();

@@ -68,6 +68,9 @@ struct PpSimulation {
 };
 // Runs the lists: an action starts when its rank is free and its input has arrived (sends do not block).
 PpSimulation simulate_pp_schedule(const PpSchedule& s, const PpCosts& c = {});
+// Whether a step runs the action: every action in training; in evaluation (forward_only) the forwards and the
+// activations' transfers alone. The executor and the simulations below share this rule.
+bool pp_runs(const PpAction& a, bool forward_only);
 // The lists under NCCL's rules, as the executor issues them (runtime/train/pipeline.cpp): consecutive transfers form
 // one batch (one ncclGroupStart/End), which completes only once every peer has posted the other half of each of its
 // messages, and nothing after it on the rank runs before (the stream's order); a peer pairs a rank's messages in

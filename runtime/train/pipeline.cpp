@@ -76,7 +76,7 @@ class PipelineStep {
     };
     for (size_t ai = 0; ai < actions.size(); ++ai) {
       const PpAction& a = actions[ai];
-      if (forward_only_ && a.op != PpOp::forward && a.op != PpOp::send_act && a.op != PpOp::recv_act) continue;
+      if (!pp_runs(a, forward_only_)) continue;
       const bool transfer = a.op == PpOp::send_act || a.op == PpOp::send_grad || a.op == PpOp::recv_act ||
                             a.op == PpOp::recv_grad;
       if (transfer && !in_batch) pp_.group->batch_begin(), in_batch = true;

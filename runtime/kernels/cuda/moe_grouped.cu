@@ -127,6 +127,19 @@ __global__ void aux_grad_row_k(float* row, const double* stats, int64_t L, int E
 // the tensor-core kernels below.)
 constexpr int kTM = 64, kTN = 64, kTK = 16, kGemmThreads = 256;
 
+// One k-tile of the f32 tiled GEMMs: thread (tx, ty) accumulates its 4 x 4 outputs (rows ty + 16 i, columns
+// tx + 16 j of the 64 x 64 tile) from the shared tiles, in k order.
+__device__ __forceinline__ void fma_tiles(float (&acc)[4][4], const float (&As)[kTK][kTM + 1],
+                                          const float (&Bs)[kTK][kTN + 1], int tx, int ty) {
+  for (int kk = 0; kk < kTK; ++kk) {
+    float av[4], bv[4];
+    for (int i = 0; i < 4; ++i) av[i] = As[kk][ty + 16 * i];
+    for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][tx + 16 * j];
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
+  }
+}
+
 // Block x of the rows' grid: group g's row tile (its tiles, group after group), or past them a tile of the rows
 // past offsets[G] (to be zeroed); false: nothing for this block.
 __device__ inline bool find_tile(const int32_t* offsets, int G, int64_t M, int64_t& r0, int64_t& r1, int& g) {
@@ -178,13 +191,7 @@ __global__ void gmm_rows_k(T* out, const T* a, const T* w, const int32_t* offset
       Bs[kk][cc] = c < N && k < Kd ? ld(nt ? wg[c * Kd + k] : wg[k * N + c]) : 0.0f;
     }
     __syncthreads();
-    for (int kk = 0; kk < kTK; ++kk) {
-      float av[4], bv[4];
-      for (int i = 0; i < 4; ++i) av[i] = As[kk][ty + 16 * i];
-      for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][tx + 16 * j];
-      for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
-    }
+    fma_tiles(acc, As, Bs, tx, ty);
     __syncthreads();
   }
   for (int i = 0; i < 4; ++i)
@@ -217,13 +224,7 @@ __global__ void gmm_dweight_k(float* dw, const T* dout, const T* inp, const int3
       Bs[kk][cc] = m < m1 && c < C ? ld(inp[m * C + c]) : 0.0f;
     }
     __syncthreads();
-    for (int kk = 0; kk < kTK; ++kk) {
-      float av[4], bv[4];
-      for (int i = 0; i < 4; ++i) av[i] = As[kk][ty + 16 * i];
-      for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][tx + 16 * j];
-      for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
-    }
+    fma_tiles(acc, As, Bs, tx, ty);
     __syncthreads();
   }
   float* d = dw + int64_t(g) * OC * C;
